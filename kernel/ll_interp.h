@@ -1,0 +1,80 @@
+/* ll_interp: the persistent embedded Python interpreter that runs CPU cells
+ * (and, in workers, GPU cells) with IPython's InteractiveShell.
+ *
+ * This is the contract between the gateway (C: sockets, signing, threads) and
+ * the interpreter (CPython embedded through PyConfig + the Python package
+ * kernel/py/looseleaf_kernel).  Requests cross as JSON text so neither side
+ * depends on the other's object model; the hot path (stream output) crosses
+ * as raw bytes.
+ *
+ * Threads: ll_interp_init/handle/finalize run on the gateway's shell thread,
+ * which owns the GIL between requests.  ll_interp_interrupt may be called
+ * from any thread or from a signal handler.  The hooks are called by Python
+ * code on whatever thread it runs (user threads too), so they must be
+ * thread-safe. */
+#ifndef LL_INTERP_H
+#define LL_INTERP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* How the interpreter reaches the outside world; implemented by the gateway. */
+typedef struct {
+    void *ctx;  /* passed back to every hook */
+
+    /* Append DATA to stream NAME ("stdout" or "stderr").  Coalesced and sent
+     * by the gateway; never blocks on the network.  Thread-safe. */
+    void (*stream_write)(void *ctx, const char *name, const char *data, size_t len);
+
+    /* Send any buffered stream text now (called before a display/result so
+     * output keeps its order, and at the end of each cell). */
+    void (*stream_flush)(void *ctx);
+
+    /* Publish an iopub message (display_data, update_display_data,
+     * clear_output, execute_result, error, comm_open/msg/close, ...) under the
+     * current request's parent header.  CONTENT_JSON and METADATA_JSON are
+     * JSON object texts (METADATA_JSON may be NULL).  Flushes streams first.
+     * BUFS/BUFLENS/NBUFS are optional binary buffers.  Thread-safe. */
+    void (*publish)(void *ctx, const char *msg_type, const char *content_json,
+                    const char *metadata_json, const void *const *bufs,
+                    const size_t *buflens, size_t nbufs);
+
+    /* Ask the frontend for one line on the stdin channel and block until the
+     * reply.  Called with the GIL released.  Returns a malloc'd string, or
+     * NULL with *ERR = 1 (interrupted) or 2 (stdin not allowed / no frontend). */
+    char *(*input_request)(void *ctx, const char *prompt, bool password, int *err);
+} ll_interp_hooks_t;
+
+/* Register a builtin extension module (PyImport_AppendInittab) so Python
+ * code in the interpreter can import it.  Only before ll_interp_init. */
+int ll_interp_add_builtin(const char *name, void *(*initfunc)(void));
+
+/* Start CPython (PyConfig, every status checked), import looseleaf_kernel and
+ * create the shell.  ARGV0 is the program path (used to find the Python
+ * package).  Returns 0, or -1 with a reason in ERR. */
+int ll_interp_init(const char *argv0, const ll_interp_hooks_t *hooks, char *err,
+                   size_t errlen);
+
+/* Handle one request in Python: MSG_TYPE is the Jupyter request type
+ * (execute_request, complete_request, inspect_request, history_request,
+ * is_complete_request, kernel_info_request, comm_info_request, comm_open,
+ * comm_msg, comm_close, shutdown_request, ...).  CONTENT_JSON and
+ * PARENT_JSON (the request's full header) are JSON texts.  Returns the
+ * reply's content as malloc'd JSON text (NULL for messages that have no
+ * reply, e.g. comm_msg), and when *REPLY_METADATA_JSON is non-NULL on
+ * return, a malloc'd JSON object for the reply's metadata.  Never lets a
+ * Python exception escape: an internal failure becomes an error reply. */
+char *ll_interp_handle(const char *msg_type, const char *content_json,
+                       const char *parent_json, char **reply_metadata_json);
+
+/* Make the code now running raise KeyboardInterrupt; a no-op when idle.
+ * Async-signal-safe. */
+void ll_interp_interrupt(void);
+
+/* Whether a cell is running right now. */
+bool ll_interp_busy(void);
+
+/* Stop the interpreter (atexit handlers run, history saved). */
+void ll_interp_finalize(void);
+
+#endif

@@ -1,0 +1,44 @@
+/* ll_log: the one logging facility of every LooseLeaf process.
+ *
+ * Lines go to stderr as   <pid>:<role> <HH:MM:SS.mmm> <level> <module>: message
+ * where role is G (kernel/gateway), P (host pool), Z (zygote), W (worker),
+ * A (command-line tools).  The level is checked before any formatting, so a
+ * debug line in a hot path costs one comparison.  Never log the HMAC key, and
+ * log user code only at debug level.
+ *
+ * The level comes from LOOSELEAF_LOG (error|warn|info|debug), default info. */
+#ifndef LL_LOG_H
+#define LL_LOG_H
+
+#include <stdarg.h>
+
+typedef enum {
+    LL_LOG_ERROR = 0,
+    LL_LOG_WARN = 1,
+    LL_LOG_INFO = 2,
+    LL_LOG_DEBUG = 3,
+} ll_log_level_t;
+
+/* Current threshold; lines above it are skipped.  Written only by ll_log_init. */
+extern int ll_log_level;
+
+/* Set this process's role letter and read LOOSELEAF_LOG.  Call again after a
+ * fork to change the role. */
+void ll_log_init(char role);
+
+/* Format and write one line; use the macros below instead. */
+void ll_log_write(int level, const char *module, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#define LL_LOG(level, module, ...)                                             \
+    do {                                                                       \
+        if ((level) <= ll_log_level)                                           \
+            ll_log_write((level), (module), __VA_ARGS__);                      \
+    } while (0)
+
+#define ll_error(module, ...) LL_LOG(LL_LOG_ERROR, module, __VA_ARGS__)
+#define ll_warn(module, ...) LL_LOG(LL_LOG_WARN, module, __VA_ARGS__)
+#define ll_info(module, ...) LL_LOG(LL_LOG_INFO, module, __VA_ARGS__)
+#define ll_debug(module, ...) LL_LOG(LL_LOG_DEBUG, module, __VA_ARGS__)
+
+#endif

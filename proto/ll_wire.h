@@ -1,0 +1,77 @@
+/* ll_wire: Jupyter messages (protocol 5.3) on the wire.
+ *
+ * A message on a ROUTER/DEALER socket is
+ *     [identities...] "<IDS|MSG>" signature header parent_header metadata content [buffers...]
+ * and the signature is hex(HMAC-SHA256(key, header|parent|metadata|content)).
+ *
+ * ll_session_t plays the role of jupyter_client's Session: it holds the key,
+ * the kernel's session id and the history of seen signatures.  Decoding
+ * verifies BEFORE any JSON is parsed, in this order: delimiter present,
+ * enough frames, signature of exactly 64 hex chars, constant-time HMAC over
+ * the raw received frames, signature not seen before (bounded history).  A
+ * message that fails is dropped with a reason; nothing here asserts on wire
+ * input.
+ *
+ * Threads: a session is shared by the kernel's threads (shell loop, control,
+ * iopub, stdin).  Encode and decode are safe to call concurrently; the replay
+ * history is guarded internally. */
+#ifndef LL_WIRE_H
+#define LL_WIRE_H
+
+#include <czmq.h>
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef struct ll_session_t ll_session_t;
+
+/* One decoded (or to-be-sent) message.  Fields are public: the dispatcher
+ * reads them directly.  All json_t fields are owned references. */
+typedef struct {
+    zmsg_t *identities;      /* routing frames before the delimiter (owned, may be empty) */
+    json_t *header;          /* object; has msg_id, msg_type, session, username, date, version */
+    json_t *parent_header;   /* object, {} when none */
+    json_t *metadata;        /* object */
+    json_t *content;         /* object */
+    zmsg_t *buffers;         /* extra binary frames after content (owned, may be empty) */
+    const char *msg_type;    /* borrowed from header, valid while header lives */
+} ll_msg_t;
+
+/* KEY may be NULL/empty: then messages are neither signed nor checked (the
+ * caller warns loudly).  SCHEME must be "hmac-sha256".  REPLAY_HISTORY is the
+ * number of recent signatures remembered (0: default 4096).  Returns NULL if
+ * the scheme is unsupported. */
+ll_session_t *ll_session_new(const unsigned char *key, size_t key_len, const char *scheme,
+                             size_t replay_history);
+void ll_session_destroy(ll_session_t **self_p);
+
+/* This kernel's session id (a uuid), used in every header it writes. */
+const char *ll_session_id(const ll_session_t *self);
+
+/* Verify and parse RAW (all frames as received from a ROUTER socket, or from
+ * a SUB/DEALER without identities).  Takes ownership of *RAW_P and nulls it.
+ * Returns a new message, or NULL with a reason in WHY (message dropped). */
+ll_msg_t *ll_session_decode(ll_session_t *self, zmsg_t **raw_p, char *why, size_t whylen);
+
+/* Build the signed frames of MSG (identities first, then delimiter, ...).
+ * MSG is not consumed.  Returns a new zmsg_t owned by the caller, or NULL
+ * if a part fails to serialize. */
+zmsg_t *ll_session_encode(ll_session_t *self, const ll_msg_t *msg);
+
+/* Encode and send *MSG_P on SOCK, then destroy the message and null
+ * *MSG_P.  Returns 0 or -1. */
+int ll_session_send(ll_session_t *self, zsock_t *sock, ll_msg_t **msg_p);
+
+/* A new message of MSG_TYPE in reply to PARENT (may be NULL): copies the
+ * parent's identities and its header as parent_header, writes a fresh header
+ * (new msg_id, this session, date, version "5.3").  Steals the reference to
+ * CONTENT (NULL means {}).  Returns NULL only on allocation failure. */
+ll_msg_t *ll_msg_new(ll_session_t *self, const char *msg_type, const ll_msg_t *parent,
+                     json_t *content);
+
+void ll_msg_destroy(ll_msg_t **self_p);
+
+/* Convenience: a string field of content, or NULL. Borrowed. */
+const char *ll_msg_content_str(const ll_msg_t *msg, const char *key);
+
+#endif
