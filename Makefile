@@ -85,7 +85,7 @@ bench: all
 DEB_BUILD := build-essential pkg-config libzmq3-dev libczmq-dev libssl-dev \
              libjansson-dev libpython3-dev libhiredis-dev libxxhash-dev redis-server \
              python3-ipython python3-comm python3-cloudpickle python3-numpy \
-             python3-jupyter-client
+             python3-jupyter-client jupyter-client
 DEB_TEST  := python3-ipykernel jupyter-console python3-nbclient python3-nbformat \
              python3-pytest python3-pexpect python3-torch python3-matplotlib \
              python3-pandas tmux
