@@ -2,7 +2,7 @@
 # library sources plus the gateway's main; one C self-test runner
 # (build/ll_selftest) that runs each module's self-test from a generated table.
 #
-# Each module owns a `module.mk` that appends to:
+# Each module owns one or more `<dir>/*.mk` fragments that append to:
 #   LIB_SRCS   sources linked into the binary and the self-test runner
 #   BIN_SRCS   sources only the binary needs (main)
 #   TEST_SRCS  sources only the self-test runner needs
@@ -34,8 +34,7 @@ PYTESTS   :=
 BENCHES   :=
 EXTRA_TARGETS :=
 
-include $(wildcard proto/module.mk kernel/module.mk store/module.mk \
-                   gateway/module.mk zygote/module.mk tests/module.mk)
+include $(sort $(wildcard */*.mk))
 
 LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 BIN_OBJS  := $(BIN_SRCS:%.c=$(BUILD)/%.o)
