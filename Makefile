@@ -69,12 +69,12 @@ selftest: $(BUILD)/ll_selftest
 	$(BUILD)/ll_selftest
 
 pytest: all
-	$(PYTHON) -m pytest -q $(PYTEST_ARGS) $(PYTESTS)
+	$(if $(strip $(PYTESTS)),$(PYTHON) -m pytest -q -ra -p no:cacheprovider $(PYTEST_ARGS) $(PYTESTS))
 
 # Everything: the C self-tests, then the integration tests.
 test: all
 	$(BUILD)/ll_selftest
-	$(PYTHON) -m pytest -q -ra $(PYTEST_ARGS) $(PYTESTS)
+	$(if $(strip $(PYTESTS)),$(PYTHON) -m pytest -q -ra -p no:cacheprovider $(PYTEST_ARGS) $(PYTESTS))
 
 bench: all
 	@set -e; for b in $(BENCHES); do echo "== $$b"; $$b; done
@@ -84,10 +84,10 @@ bench: all
 DEB_BUILD := build-essential pkg-config libzmq3-dev libczmq-dev libssl-dev \
              libjansson-dev libpython3-dev libhiredis-dev libxxhash-dev redis-server \
              python3-ipython python3-comm python3-cloudpickle python3-numpy \
-             python3-jupyter-client jupyter-client
+             python3-jupyter-client jupyter-client python3-matplotlib-inline
 DEB_TEST  := python3-ipykernel jupyter-console python3-nbclient python3-nbformat \
              python3-pytest python3-pexpect python3-torch python3-matplotlib \
-             python3-pandas tmux
+             python3-pandas python3-pytest-timeout tmux
 DEB_RUN   := jupyter-notebook
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
