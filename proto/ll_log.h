@@ -6,7 +6,12 @@
  * debug line in a hot path costs one comparison.  Never log the HMAC key, and
  * log user code only at debug level.
  *
- * The level comes from LOOSELEAF_LOG (error|warn|info|debug), default info. */
+ * The level comes from LOOSELEAF_LOG (error|warn|info|debug), default info.
+ *
+ * Each line is written with a single write(2) of at most PIPE_BUF bytes
+ * (longer messages are cut and end in "..."), so lines from threads and
+ * processes sharing one pipe never interleave.  Control characters in a
+ * message become spaces: one call, one line.  errno is preserved. */
 #ifndef LL_LOG_H
 #define LL_LOG_H
 
@@ -25,6 +30,17 @@ extern int ll_log_level;
 /* Set this process's role letter and read LOOSELEAF_LOG.  Call again after a
  * fork to change the role. */
 void ll_log_init(char role);
+
+/* Send lines to FD from now on (default 2).  The gateway redirects fds 1 and
+ * 2 into capture pipes and points the logger at a dup of the original
+ * stderr.  Safe to call while other threads log; the caller owns FD. */
+void ll_log_set_fd(int fd);
+
+/* The fd lines currently go to. */
+int ll_log_fd(void);
+
+/* "error", "warn"/"warning", "info", "debug" (any case) to a level, else -1. */
+int ll_log_parse_level(const char *text);
 
 /* Format and write one line; use the macros below instead. */
 void ll_log_write(int level, const char *module, const char *fmt, ...)

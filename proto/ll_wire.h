@@ -26,7 +26,9 @@
 typedef struct ll_session_t ll_session_t;
 
 /* One decoded (or to-be-sent) message.  Fields are public: the dispatcher
- * reads them directly.  All json_t fields are owned references. */
+ * reads them directly.  All json_t fields are owned references.  Treat a
+ * decoded header as read-only: replies built by ll_msg_new share it (by
+ * reference) as their parent_header. */
 typedef struct {
     zmsg_t *identities;      /* routing frames before the delimiter (owned, may be empty) */
     json_t *header;          /* object; has msg_id, msg_type, session, username, date, version */
@@ -38,9 +40,11 @@ typedef struct {
 } ll_msg_t;
 
 /* KEY may be NULL/empty: then messages are neither signed nor checked (the
- * caller warns loudly).  SCHEME must be "hmac-sha256".  REPLAY_HISTORY is the
- * number of recent signatures remembered (0: default 4096).  Returns NULL if
- * the scheme is unsupported. */
+ * caller warns loudly) and SCHEME is ignored.  With a key SCHEME must be
+ * "hmac-sha256".  REPLAY_HISTORY is the number of recent signatures
+ * remembered (0: default 65536, jupyter_client's digest_history_size); the
+ * oldest is forgotten first.  The key is copied into OpenSSL's context.
+ * Returns NULL if the scheme is unsupported. */
 ll_session_t *ll_session_new(const unsigned char *key, size_t key_len, const char *scheme,
                              size_t replay_history);
 void ll_session_destroy(ll_session_t **self_p);
@@ -48,9 +52,21 @@ void ll_session_destroy(ll_session_t **self_p);
 /* This kernel's session id (a uuid), used in every header it writes. */
 const char *ll_session_id(const ll_session_t *self);
 
+/* True when the session has a key (signs and verifies). */
+bool ll_session_is_signed(const ll_session_t *self);
+
+/* hex(HMAC-SHA256(key, parts[0] | ... | parts[3])) into HEX (64 lowercase
+ * hex characters + NUL; "" for an unsigned session).  Returns 0 or -1. */
+int ll_session_sign(const ll_session_t *self, const void *const parts[4], const size_t lens[4],
+                    char hex[65]);
+
 /* Verify and parse RAW (all frames as received from a ROUTER socket, or from
  * a SUB/DEALER without identities).  Takes ownership of *RAW_P and nulls it.
- * Returns a new message, or NULL with a reason in WHY (message dropped). */
+ * Returns a new message, or NULL with a reason in WHY (message dropped).
+ * With a key the signature must be 64 hex characters (either case); without
+ * one the signature frame is ignored, as jupyter_client does.  JSON strings
+ * may contain \u0000 (a NUL inside `code` is kept; use json_string_length).
+ * Frames after content are kept, in order, in msg->buffers. */
 ll_msg_t *ll_session_decode(ll_session_t *self, zmsg_t **raw_p, char *why, size_t whylen);
 
 /* Build the signed frames of MSG (identities first, then delimiter, ...).
@@ -73,5 +89,13 @@ void ll_msg_destroy(ll_msg_t **self_p);
 
 /* Convenience: a string field of content, or NULL. Borrowed. */
 const char *ll_msg_content_str(const ll_msg_t *msg, const char *key);
+
+/* A fresh uuid4-formatted id ("8-4-4-4-12" hex + NUL), unique within the
+ * process (and across a fork), without a syscall per id.  Thread-safe. */
+void ll_wire_new_id(char out[37]);
+
+/* The current time as ISO 8601 UTC with microseconds
+ * ("2026-11-30T07:09:57.123456Z"), the format of header.date. */
+void ll_wire_now(char out[32]);
 
 #endif
