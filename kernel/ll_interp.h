@@ -7,11 +7,23 @@
  * depends on the other's object model; the hot path (stream output) crosses
  * as raw bytes.
  *
- * Threads: ll_interp_init/handle/finalize run on the gateway's shell thread,
- * which owns the GIL between requests.  ll_interp_interrupt may be called
- * from any thread or from a signal handler.  The hooks are called by Python
- * code on whatever thread it runs (user threads too), so they must be
- * thread-safe. */
+ * Threads: ll_interp_init/handle/finalize run on one thread, the gateway's
+ * shell thread; it becomes Python's main thread (where signal handlers, hence
+ * KeyboardInterrupt, run).  Between requests the GIL is released, so Python
+ * threads of the user keep running while the kernel is idle.
+ * ll_interp_interrupt may be called from any thread or from a signal handler.
+ * The hooks are called by Python code on whatever thread it runs (user
+ * threads too), so they must be thread-safe.
+ *
+ * Signals: ll_interp_init ignores SIGPIPE if it was at its default, and
+ * installs a no-op handler for SIGRTMIN+3, which ll_interp_interrupt sends to
+ * the shell thread so a blocking call there (time.sleep, and the gateway's
+ * own wait inside input_request) returns EINTR at once.  The SIGINT action
+ * of the process stays the caller's.
+ *
+ * After fork() in a child (multiprocessing, os.fork in a cell) the hooks are
+ * not called: stream text goes straight to fds 1/2, publications are
+ * dropped, input requests fail. */
 #ifndef LL_INTERP_H
 #define LL_INTERP_H
 
@@ -40,13 +52,17 @@ typedef struct {
                     const size_t *buflens, size_t nbufs);
 
     /* Ask the frontend for one line on the stdin channel and block until the
-     * reply.  Called with the GIL released.  Returns a malloc'd string, or
-     * NULL with *ERR = 1 (interrupted) or 2 (stdin not allowed / no frontend). */
+     * reply.  Called with the GIL released, on the thread that runs the cell
+     * (ll_interp_interrupt makes its blocking wait return EINTR).  Returns a
+     * malloc'd string (the frontend's "\x04" means EOF), or NULL with
+     * *ERR = 1 (interrupted) or 2 (stdin not allowed / no frontend). */
     char *(*input_request)(void *ctx, const char *prompt, bool password, int *err);
 } ll_interp_hooks_t;
 
 /* Register a builtin extension module (PyImport_AppendInittab) so Python
- * code in the interpreter can import it.  Only before ll_interp_init. */
+ * code in the interpreter can import it.  Only before ll_interp_init; NAME
+ * must stay valid for the life of the process (a string literal).  INITFUNC
+ * is the module's PyInit function (returns PyObject *). */
 int ll_interp_add_builtin(const char *name, void *(*initfunc)(void));
 
 /* Start CPython (PyConfig, every status checked), import looseleaf_kernel and

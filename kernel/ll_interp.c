@@ -1,0 +1,767 @@
+/* ll_interp: CPython embedded through PyConfig, running IPython's shell from
+ * the Python package kernel/py/looseleaf_kernel.
+ *
+ * Runs in the kernel process (and later in GPU workers).  ll_interp_init,
+ * ll_interp_handle and ll_interp_finalize must be called on one thread (the
+ * gateway's shell thread): that thread becomes Python's main thread, the only
+ * one on which Python runs signal handlers, so it is where KeyboardInterrupt
+ * lands.  Between requests the GIL is released, so Python threads started by
+ * user code (and IPython's history writer) keep running while the kernel is
+ * idle.
+ *
+ * The outside world is reached only through the hooks (ll_interp_hooks_t),
+ * which Python sees as the builtin module `_looseleaf_kernel`.  Nothing here
+ * knows about sockets.
+ *
+ * Interrupts: ll_interp_interrupt trips Python's SIGINT flag
+ * (PyErr_SetInterruptEx, async-signal-safe) and then sends LL_WAKE_SIGNAL to
+ * the interpreter thread, whose handler does nothing: its only job is to make
+ * a blocking system call (time.sleep, select, a read) return EINTR, so Python
+ * checks its signal flags and raises KeyboardInterrupt at once instead of
+ * after the call.  Python's own SIGINT handler is installed at the Python
+ * level only: the process-level SIGINT action stays whatever the program set
+ * (the gateway's handler), so a SIGINT that arrives while idle is ignored
+ * instead of raising in the next cell.
+ *
+ * After fork() in a child (multiprocessing, os.fork in a cell) the hooks
+ * belong to the parent's threads; the child writes its stream text straight
+ * to file descriptors 1 and 2 (which the gateway captures) and drops
+ * publications. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "kernel/ll_interp.h"
+#include "proto/ll_log.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef LL_SRCDIR
+#define LL_SRCDIR "."
+#endif
+#ifndef LL_PYTHON_EXE
+#define LL_PYTHON_EXE "/usr/bin/python3"
+#endif
+
+/* The signal that wakes the interpreter thread out of a blocking call. */
+#define LL_WAKE_SIGNAL (SIGRTMIN + 3)
+
+#define LL_MAX_BUILTINS 16
+
+static ll_interp_hooks_t s_hooks;          /* copy of the gateway's hooks */
+static bool s_initialized;                 /* between init and finalize */
+static atomic_bool s_busy;                 /* an execute_request is running */
+static atomic_bool s_in_child;             /* we are a fork()ed child */
+static pthread_t s_thread;                 /* the interpreter (Python main) thread */
+static PyThreadState *s_main_tstate;       /* its thread state */
+static PyObject *s_handle_fn;              /* looseleaf_kernel.handle */
+static int s_nbuiltins;                    /* builtins registered so far */
+
+/* ------------------------------------------------------------------ */
+/* Builtin module _looseleaf_kernel: the hooks as Python functions.   */
+
+static void s_fd_write_all(int fd, const char *data, size_t len)
+{
+    while (len > 0) {
+        ssize_t n = write(fd, data, len);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return;
+        }
+        data += n;
+        len -= (size_t)n;
+    }
+}
+
+static void s_stream_out(const char *name, const char *data, size_t len)
+{
+    if (atomic_load_explicit(&s_in_child, memory_order_relaxed) || !s_hooks.stream_write)
+        s_fd_write_all(strcmp(name, "stderr") == 0 ? 2 : 1, data, len);
+    else
+        s_hooks.stream_write(s_hooks.ctx, name, data, len);
+}
+
+/* Write the text of the str TEXT to stream NAME; returns len(text) like
+ * io.TextIOBase.write. */
+static PyObject *s_write_text(const char *name, PyObject *text)
+{
+    if (!PyUnicode_Check(text)) {
+        PyErr_Format(PyExc_TypeError, "write() argument must be str, not %.100s",
+                     Py_TYPE(text)->tp_name);
+        return NULL;
+    }
+    Py_ssize_t size;
+    const char *utf8 = PyUnicode_AsUTF8AndSize(text, &size);
+    PyObject *tmp = NULL;
+    if (!utf8) {
+        /* Lone surrogates (e.g. from surrogateescape'd file names): keep the
+         * text, replacing what UTF-8 cannot carry. */
+        PyErr_Clear();
+        tmp = PyUnicode_AsEncodedString(text, "utf-8", "replace");
+        if (!tmp)
+            return NULL;
+        utf8 = PyBytes_AS_STRING(tmp);
+        size = PyBytes_GET_SIZE(tmp);
+    }
+    if (size > 0)
+        s_stream_out(name, utf8, (size_t)size);
+    Py_XDECREF(tmp);
+    return PyLong_FromSsize_t(PyUnicode_GET_LENGTH(text));
+}
+
+static PyObject *s_py_stream_write(PyObject *self, PyObject *args)
+{
+    const char *name;
+    PyObject *text;
+    if (!PyArg_ParseTuple(args, "sO:stream_write", &name, &text))
+        return NULL;
+    return s_write_text(name, text);
+}
+
+static PyObject *s_py_stdout_write(PyObject *self, PyObject *text)
+{
+    return s_write_text("stdout", text);
+}
+
+static PyObject *s_py_stderr_write(PyObject *self, PyObject *text)
+{
+    return s_write_text("stderr", text);
+}
+
+static PyObject *s_py_stream_flush(PyObject *self, PyObject *unused)
+{
+    if (!atomic_load(&s_in_child) && s_hooks.stream_flush)
+        s_hooks.stream_flush(s_hooks.ctx);
+    Py_RETURN_NONE;
+}
+
+static PyObject *s_py_publish(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"msg_type", "content_json", "metadata_json", "buffers", NULL};
+    const char *msg_type, *content, *metadata = NULL;
+    PyObject *buffers = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ss|zO:publish", kwlist, &msg_type,
+                                     &content, &metadata, &buffers))
+        return NULL;
+    if (atomic_load(&s_in_child) || !s_hooks.publish)
+        Py_RETURN_NONE; /* a fork()ed child has no iopub: dropped */
+
+    Py_ssize_t nbufs = 0;
+    PyObject *seq = NULL;
+    if (buffers != Py_None) {
+        seq = PySequence_Fast(buffers, "buffers must be a sequence of bytes-like objects");
+        if (!seq)
+            return NULL;
+        nbufs = PySequence_Fast_GET_SIZE(seq);
+    }
+    Py_buffer *views = nbufs ? PyMem_Calloc((size_t)nbufs, sizeof(Py_buffer)) : NULL;
+    const void **ptrs = nbufs ? PyMem_Calloc((size_t)nbufs, sizeof(void *)) : NULL;
+    size_t *lens = nbufs ? PyMem_Calloc((size_t)nbufs, sizeof(size_t)) : NULL;
+    Py_ssize_t got = 0;
+    PyObject *result = NULL;
+    if (nbufs && (!views || !ptrs || !lens)) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (; got < nbufs; got++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, got), &views[got],
+                               PyBUF_C_CONTIGUOUS) < 0)
+            goto out;
+        ptrs[got] = views[got].buf;
+        lens[got] = (size_t)views[got].len;
+    }
+    s_hooks.publish(s_hooks.ctx, msg_type, content, metadata, ptrs, lens, (size_t)nbufs);
+    result = Py_NewRef(Py_None);
+out:
+    for (Py_ssize_t i = 0; i < got; i++)
+        PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    PyMem_Free(ptrs);
+    PyMem_Free(lens);
+    Py_XDECREF(seq);
+    return result;
+}
+
+/* input_request(prompt, password) -> str.  Raises KeyboardInterrupt when
+ * interrupted, RuntimeError when no frontend can answer. */
+static PyObject *s_py_input_request(PyObject *self, PyObject *args)
+{
+    const char *prompt;
+    int password = 0;
+    if (!PyArg_ParseTuple(args, "s|p:input_request", &prompt, &password))
+        return NULL;
+    if (atomic_load(&s_in_child) || !s_hooks.input_request) {
+        PyErr_SetString(PyExc_RuntimeError, "no frontend to ask for input");
+        return NULL;
+    }
+    int err = 0;
+    char *line;
+    Py_BEGIN_ALLOW_THREADS
+    line = s_hooks.input_request(s_hooks.ctx, prompt, password != 0, &err);
+    Py_END_ALLOW_THREADS
+    if (!line) {
+        if (err == 1) {
+            /* Make sure a pending trip of the SIGINT flag does not raise a
+             * second KeyboardInterrupt later in the cell. */
+            if (PyErr_CheckSignals() < 0)
+                return NULL;
+            PyErr_SetNone(PyExc_KeyboardInterrupt);
+        } else {
+            PyErr_SetString(PyExc_RuntimeError, "stdin is not available for input requests");
+        }
+        return NULL;
+    }
+    PyObject *res = PyUnicode_DecodeUTF8(line, (Py_ssize_t)strlen(line), "replace");
+    free(line);
+    return res;
+}
+
+static PyObject *s_py_in_child(PyObject *self, PyObject *unused)
+{
+    return PyBool_FromLong(atomic_load(&s_in_child));
+}
+
+static PyMethodDef s_methods[] = {
+    {"stream_write", s_py_stream_write, METH_VARARGS,
+     "stream_write(name, text) -> int: send text to stream NAME now."},
+    {"stdout_write", s_py_stdout_write, METH_O, "stdout_write(text) -> int"},
+    {"stderr_write", s_py_stderr_write, METH_O, "stderr_write(text) -> int"},
+    {"stream_flush", s_py_stream_flush, METH_NOARGS, "stream_flush(): send buffered text now."},
+    {"publish", (PyCFunction)(void (*)(void))s_py_publish, METH_VARARGS | METH_KEYWORDS,
+     "publish(msg_type, content_json, metadata_json=None, buffers=None): iopub message."},
+    {"input_request", s_py_input_request, METH_VARARGS,
+     "input_request(prompt, password=False) -> str: ask the frontend for a line."},
+    {"in_child", s_py_in_child, METH_NOARGS,
+     "in_child() -> bool: whether this is a fork()ed child without hooks."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef s_module = {
+    PyModuleDef_HEAD_INIT, "_looseleaf_kernel",
+    "The LooseLeaf kernel process, as seen from Python (hooks).", -1, s_methods,
+    NULL, NULL, NULL, NULL};
+
+static PyObject *s_module_init(void)
+{
+    return PyModule_Create(&s_module);
+}
+
+/* ------------------------------------------------------------------ */
+/* Signals and fork.                                                  */
+
+static void s_wake_handler(int sig)
+{
+    (void)sig; /* only here so blocking calls return EINTR */
+}
+
+static void s_atfork_child(void)
+{
+    atomic_store(&s_in_child, true);
+    atomic_store(&s_busy, false);
+}
+
+/* Install the wake handler, keep SIGPIPE from killing the process (Python
+ * normally ignores it; we asked Python not to install handlers). */
+static void s_setup_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = s_wake_handler;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0; /* no SA_RESTART: the point is EINTR */
+    sigaction(LL_WAKE_SIGNAL, &sa, NULL);
+
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, LL_WAKE_SIGNAL);
+    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+
+    struct sigaction old;
+    if (sigaction(SIGPIPE, NULL, &old) == 0 && old.sa_handler == SIG_DFL) {
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = SIG_IGN;
+        sigaction(SIGPIPE, &sa, NULL);
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Initialisation.                                                    */
+
+int ll_interp_add_builtin(const char *name, void *(*initfunc)(void))
+{
+    if (s_initialized || !name || !initfunc || s_nbuiltins >= LL_MAX_BUILTINS)
+        return -1;
+    if (PyImport_AppendInittab(name, (PyObject * (*)(void)) initfunc) < 0)
+        return -1;
+    s_nbuiltins++;
+    return 0;
+}
+
+static void s_set_err(char *err, size_t errlen, const char *what, const char *detail)
+{
+    if (err && errlen)
+        snprintf(err, errlen, "%s%s%s", what, detail ? ": " : "", detail ? detail : "");
+}
+
+static void s_status_err(char *err, size_t errlen, const char *what, PyStatus status)
+{
+    char detail[256];
+    snprintf(detail, sizeof detail, "%s%s%s", status.func ? status.func : "",
+             status.func ? ": " : "", status.err_msg ? status.err_msg : "exit requested");
+    s_set_err(err, errlen, what, detail);
+}
+
+/* Describe the pending Python exception into ERR and clear it. */
+static void s_pyerr_to(char *err, size_t errlen, const char *what)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    const char *msg = NULL;
+    PyObject *str = value ? PyObject_Str(value) : NULL;
+    if (str)
+        msg = PyUnicode_AsUTF8(str);
+    PyErr_Clear();
+    char detail[512];
+    snprintf(detail, sizeof detail, "%s: %s",
+             type ? ((PyTypeObject *)type)->tp_name : "error", msg ? msg : "?");
+    s_set_err(err, errlen, what, detail);
+    Py_XDECREF(str);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+}
+
+/* Directories holding the looseleaf_kernel package (and the store's), as a
+ * ':'-separated list: LOOSELEAF_PYTHONPATH if set, else the source tree, else
+ * the installed layout next to the binary (<bindir>/../lib/looseleaf/python). */
+static void s_package_path(char *out, size_t outlen)
+{
+    const char *env = getenv("LOOSELEAF_PYTHONPATH");
+    if (env && *env) {
+        snprintf(out, outlen, "%s", env);
+        return;
+    }
+    char exe[PATH_MAX];
+    char installed[PATH_MAX + 64] = "";
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = '\0';
+            snprintf(installed, sizeof installed, "%s/../lib/looseleaf/python", exe);
+            if (access(installed, R_OK) != 0)
+                installed[0] = '\0';
+        }
+    }
+    snprintf(out, outlen, "%s/kernel/py:%s/store/py%s%s", LL_SRCDIR, LL_SRCDIR,
+             installed[0] ? ":" : "", installed);
+}
+
+/* Python code run once after start: sys.path, SIGINT handler at the Python
+ * level only.  %s is the package path. */
+static const char s_bootstrap[] =
+    "import sys, os, signal\n"
+    "_pp = [p for p in os.environ.get('PYTHONPATH', '').split(':') if p]\n"
+    "_ll = [p for p in %s.split(':') if p]\n"
+    "sys.path[:0] = [''] + _ll + _pp\n"
+    "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+    "del _pp, _ll\n";
+
+int ll_interp_init(const char *argv0, const ll_interp_hooks_t *hooks, char *err, size_t errlen)
+{
+    if (s_initialized) {
+        s_set_err(err, errlen, "interpreter already initialized", NULL);
+        return -1;
+    }
+    if (!hooks) {
+        s_set_err(err, errlen, "no hooks given", NULL);
+        return -1;
+    }
+    s_hooks = *hooks;
+    s_thread = pthread_self();
+    atomic_store(&s_in_child, false);
+
+    static bool inittab_done;
+    if (!inittab_done) {
+        if (PyImport_AppendInittab("_looseleaf_kernel", s_module_init) < 0) {
+            s_set_err(err, errlen, "cannot register _looseleaf_kernel", NULL);
+            return -1;
+        }
+        pthread_atfork(NULL, NULL, s_atfork_child);
+        inittab_done = true;
+    }
+
+    PyStatus status;
+    PyConfig config;
+    PyConfig_InitPythonConfig(&config);
+    /* The environment may belong to another Python (pyenv sets PYTHONHOME
+     * and friends): ignore PYTHON* variables; PYTHONPATH is added back by
+     * the bootstrap, after the standard library. */
+    config.use_environment = 0;
+    config.parse_argv = 0;
+    /* The gateway owns the process's signal handling. */
+    config.install_signal_handlers = 0;
+    config.safe_path = 1;
+
+    /* sys.executable is a real Python (multiprocessing's spawn, %pip and
+     * subprocess.run([sys.executable, ...]) must find one), and it is what
+     * the prefix (hence the standard library and dist-packages) comes from. */
+    status = PyConfig_SetBytesString(&config, &config.program_name, LL_PYTHON_EXE);
+    if (PyStatus_Exception(status))
+        goto fail_status;
+    status = PyConfig_SetBytesString(&config, &config.executable, LL_PYTHON_EXE);
+    if (PyStatus_Exception(status))
+        goto fail_status;
+    char *argv[1] = {(char *)(argv0 ? argv0 : "looseleaf")};
+    status = PyConfig_SetBytesArgv(&config, 1, argv);
+    if (PyStatus_Exception(status))
+        goto fail_status;
+    status = Py_InitializeFromConfig(&config);
+    if (PyStatus_Exception(status))
+        goto fail_status;
+    PyConfig_Clear(&config);
+    s_initialized = true;
+
+    char pkgpath[3 * PATH_MAX];
+    s_package_path(pkgpath, sizeof pkgpath);
+    PyObject *pkg = PyUnicode_DecodeFSDefault(pkgpath);
+    PyObject *pkg_repr = pkg ? PyObject_Repr(pkg) : NULL;
+    Py_XDECREF(pkg);
+    if (!pkg_repr) {
+        s_pyerr_to(err, errlen, "package path");
+        goto fail_py;
+    }
+    size_t codelen = sizeof s_bootstrap + strlen(PyUnicode_AsUTF8(pkg_repr));
+    char *code = malloc(codelen);
+    if (!code) {
+        Py_DECREF(pkg_repr);
+        s_set_err(err, errlen, "out of memory", NULL);
+        goto fail_py;
+    }
+    snprintf(code, codelen, s_bootstrap, PyUnicode_AsUTF8(pkg_repr));
+    Py_DECREF(pkg_repr);
+    PyObject *globals = PyDict_New();
+    PyObject *res = globals ? PyRun_String(code, Py_file_input, globals, globals) : NULL;
+    free(code);
+    Py_XDECREF(globals);
+    if (!res) {
+        s_pyerr_to(err, errlen, "bootstrap");
+        goto fail_py;
+    }
+    Py_DECREF(res);
+
+    PyObject *mod = PyImport_ImportModule("looseleaf_kernel");
+    if (!mod) {
+        s_pyerr_to(err, errlen, "import looseleaf_kernel");
+        goto fail_py;
+    }
+    PyObject *start = PyObject_GetAttrString(mod, "start");
+    s_handle_fn = PyObject_GetAttrString(mod, "handle");
+    Py_DECREF(mod);
+    if (!start || !s_handle_fn) {
+        Py_XDECREF(start);
+        s_pyerr_to(err, errlen, "looseleaf_kernel lacks start/handle");
+        goto fail_py;
+    }
+    res = PyObject_CallNoArgs(start);
+    Py_DECREF(start);
+    if (!res) {
+        s_pyerr_to(err, errlen, "looseleaf_kernel.start");
+        goto fail_py;
+    }
+    Py_DECREF(res);
+
+    s_setup_signals();
+    s_main_tstate = PyEval_SaveThread();
+    ll_debug("interp", "interpreter ready");
+    return 0;
+
+fail_status:
+    s_status_err(err, errlen, "Python initialization failed", status);
+    PyConfig_Clear(&config);
+    return -1;
+fail_py:
+    /* Python is up but unusable; leave it (finalizing a half-built shell can
+     * hang) and let the caller exit. */
+    Py_CLEAR(s_handle_fn);
+    s_main_tstate = PyEval_SaveThread();
+    return -1;
+}
+
+/* ------------------------------------------------------------------ */
+/* Requests.                                                          */
+
+/* Swallow an interrupt that arrived too late to hit the cell it was meant
+ * for, so it does not raise in whatever runs next. */
+static void s_drop_pending_interrupt(void)
+{
+    if (PyErr_CheckSignals() < 0)
+        PyErr_Clear();
+}
+
+static char *s_internal_error_reply(const char *why)
+{
+    ll_error("interp", "internal error: %s", why);
+    const char *fmt = "{\"status\": \"error\", \"ename\": \"LooseLeafInternalError\", "
+                      "\"evalue\": \"%s\", \"traceback\": []}";
+    /* WHY comes from our own messages only; keep it JSON-safe anyway. */
+    char clean[200];
+    size_t j = 0;
+    for (size_t i = 0; why[i] && j < sizeof clean - 1; i++)
+        clean[j++] = (why[i] == '"' || why[i] == '\\' || (unsigned char)why[i] < 0x20) ? ' ' : why[i];
+    clean[j] = '\0';
+    size_t len = strlen(fmt) + j + 1;
+    char *out = malloc(len);
+    if (out)
+        snprintf(out, len, fmt, clean);
+    return out;
+}
+
+static char *s_strdup_utf8(PyObject *str)
+{
+    Py_ssize_t size;
+    const char *utf8 = PyUnicode_AsUTF8AndSize(str, &size);
+    if (!utf8)
+        return NULL;
+    char *out = malloc((size_t)size + 1);
+    if (out)
+        memcpy(out, utf8, (size_t)size + 1);
+    return out;
+}
+
+char *ll_interp_handle(const char *msg_type, const char *content_json, const char *parent_json,
+                       char **reply_metadata_json)
+{
+    if (reply_metadata_json)
+        *reply_metadata_json = NULL;
+    if (!s_initialized || !s_handle_fn)
+        return s_internal_error_reply("interpreter not initialized");
+    if (!msg_type)
+        return s_internal_error_reply("no message type");
+    if (!pthread_equal(pthread_self(), s_thread))
+        ll_warn("interp", "%s handled on a thread other than the one that started Python: "
+                          "interrupts will not reach it", msg_type);
+
+    PyGILState_STATE gil = PyGILState_Ensure();
+    bool execute = strcmp(msg_type, "execute_request") == 0;
+    s_drop_pending_interrupt();
+    if (execute)
+        atomic_store(&s_busy, true);
+
+    char *reply = NULL;
+    PyObject *res = PyObject_CallFunction(s_handle_fn, "sss", msg_type,
+                                          content_json ? content_json : "{}",
+                                          parent_json ? parent_json : "{}");
+    if (execute)
+        atomic_store(&s_busy, false);
+    if (!res) {
+        char why[512];
+        s_pyerr_to(why, sizeof why, "looseleaf_kernel.handle raised");
+        reply = s_internal_error_reply(why);
+        goto out;
+    }
+    /* handle() returns (reply_json or None, metadata_json or None). */
+    if (!PyTuple_Check(res) || PyTuple_GET_SIZE(res) != 2) {
+        reply = s_internal_error_reply("looseleaf_kernel.handle returned no pair");
+        goto out;
+    }
+    PyObject *r = PyTuple_GET_ITEM(res, 0), *md = PyTuple_GET_ITEM(res, 1);
+    if (PyUnicode_Check(r)) {
+        reply = s_strdup_utf8(r);
+        if (!reply) {
+            PyErr_Clear();
+            reply = s_internal_error_reply("reply is not UTF-8");
+        }
+    }
+    if (reply && reply_metadata_json && PyUnicode_Check(md)) {
+        *reply_metadata_json = s_strdup_utf8(md);
+        if (!*reply_metadata_json)
+            PyErr_Clear();
+    }
+out:
+    Py_XDECREF(res);
+    s_drop_pending_interrupt();
+    PyGILState_Release(gil);
+    return reply;
+}
+
+void ll_interp_interrupt(void)
+{
+    if (!atomic_load(&s_busy))
+        return;
+    /* Both calls are async-signal-safe. */
+    PyErr_SetInterruptEx(SIGINT);
+    pthread_kill(s_thread, LL_WAKE_SIGNAL);
+}
+
+bool ll_interp_busy(void)
+{
+    return atomic_load(&s_busy);
+}
+
+void ll_interp_finalize(void)
+{
+    if (!s_initialized)
+        return;
+    PyGILState_STATE gil = PyGILState_Ensure();
+    (void)gil; /* Py_FinalizeEx below ends the thread state for good */
+    bool finalize = true;
+    PyObject *mod = PyImport_ImportModule("looseleaf_kernel");
+    PyObject *res = mod ? PyObject_CallMethod(mod, "shutdown", NULL) : NULL;
+    if (!res) {
+        char why[512];
+        s_pyerr_to(why, sizeof why, "looseleaf_kernel.shutdown");
+        ll_warn("interp", "%s", why);
+    } else {
+        /* shutdown() returns whether Python may be finalized: a live
+         * non-daemon user thread would make Py_FinalizeEx wait forever. */
+        finalize = PyObject_IsTrue(res) == 1;
+    }
+    Py_XDECREF(res);
+    Py_XDECREF(mod);
+    Py_CLEAR(s_handle_fn);
+    if (finalize) {
+        if (Py_FinalizeEx() < 0)
+            ll_warn("interp", "errors while finalizing Python");
+    } else {
+        ll_warn("interp", "user threads still running; not finalizing Python");
+        PyEval_SaveThread();
+    }
+    s_initialized = false;
+}
+
+/* ------------------------------------------------------------------ */
+/* Self-test: runs in a forked child so the runner process stays free of
+ * Python (another module's test may embed it too). */
+
+static char s_st_out[1 << 16];  /* stream text received */
+static size_t s_st_outlen;
+static char s_st_pub[1 << 16];  /* "msg_type content\n" per publish */
+static size_t s_st_publen;
+
+static void s_st_append(char *buf, size_t *len, size_t cap, const char *data, size_t n)
+{
+    if (*len + n >= cap)
+        n = cap - *len - 1;
+    memcpy(buf + *len, data, n);
+    *len += n;
+    buf[*len] = '\0';
+}
+
+static void s_st_stream(void *ctx, const char *name, const char *data, size_t len)
+{
+    s_st_append(s_st_out, &s_st_outlen, sizeof s_st_out, data, len);
+}
+
+static void s_st_flush(void *ctx)
+{
+}
+
+static void s_st_publish(void *ctx, const char *msg_type, const char *content, const char *md,
+                         const void *const *bufs, const size_t *buflens, size_t nbufs)
+{
+    s_st_append(s_st_pub, &s_st_publen, sizeof s_st_pub, msg_type, strlen(msg_type));
+    s_st_append(s_st_pub, &s_st_publen, sizeof s_st_pub, " ", 1);
+    s_st_append(s_st_pub, &s_st_publen, sizeof s_st_pub, content, strlen(content));
+    s_st_append(s_st_pub, &s_st_publen, sizeof s_st_pub, "\n", 1);
+}
+
+static char *s_st_input(void *ctx, const char *prompt, bool password, int *err)
+{
+    return strdup("forty-two");
+}
+
+static int s_st_check(bool verbose, bool ok, const char *what)
+{
+    if (verbose || !ok)
+        fprintf(stderr, "  %s: %s\n", what, ok ? "ok" : "FAILED");
+    return ok ? 0 : 1;
+}
+
+static int s_st_child(bool verbose)
+{
+    ll_interp_hooks_t hooks = {NULL, s_st_stream, s_st_flush, s_st_publish, s_st_input};
+    char err[512];
+    int fails = 0;
+    if (ll_interp_init("ll_selftest", &hooks, err, sizeof err) != 0) {
+        fprintf(stderr, "  init: %s\n", err);
+        return 1;
+    }
+    fails += s_st_check(verbose, !ll_interp_busy(), "idle after init");
+    ll_interp_interrupt(); /* idle: must be a no-op */
+
+    char *md = NULL;
+    char *reply = ll_interp_handle("execute_request",
+                                   "{\"code\": \"print('hi'); 6*7\", \"silent\": false}",
+                                   "{\"msg_id\": \"t1\", \"msg_type\": \"execute_request\"}", &md);
+    fails += s_st_check(verbose, reply && strstr(reply, "\"status\": \"ok\""), "execute ok");
+    fails += s_st_check(verbose, strstr(s_st_out, "hi\n") != NULL, "stream text");
+    fails += s_st_check(verbose, strstr(s_st_pub, "execute_result") && strstr(s_st_pub, "\"42\""),
+                        "execute_result 42");
+    fails += s_st_check(verbose, md && strstr(md, "\"status\""), "reply metadata");
+    free(reply);
+    free(md);
+
+    reply = ll_interp_handle("execute_request", "{\"code\": \"1/0\"}", "{}", NULL);
+    fails += s_st_check(verbose, reply && strstr(reply, "ZeroDivisionError"), "error reply");
+    free(reply);
+
+    reply = ll_interp_handle("execute_request",
+                             "{\"code\": \"x = input('? ')\\nprint(x * 2)\", \"allow_stdin\": true}",
+                             "{}", NULL);
+    fails += s_st_check(verbose, reply && strstr(s_st_out, "forty-twoforty-two"), "input()");
+    free(reply);
+
+    reply = ll_interp_handle("kernel_info_request", "{}", "{}", NULL);
+    fails += s_st_check(verbose, reply && strstr(reply, "\"implementation\": \"looseleaf\""),
+                        "kernel_info");
+    free(reply);
+
+    reply = ll_interp_handle("no_such_request", "{}", "{}", NULL);
+    fails += s_st_check(verbose, reply == NULL || strstr(reply, "error"), "unknown request");
+    free(reply);
+
+    reply = ll_interp_handle("execute_request", "not json", "{}", NULL);
+    fails += s_st_check(verbose, reply && strstr(reply, "\"status\": \"error\""), "bad JSON");
+    free(reply);
+
+    ll_interp_finalize();
+    return fails ? 1 : 0;
+}
+
+int ll_interp_selftest(bool verbose)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0)
+        return 1;
+    if (pid == 0) {
+        /* A private IPython directory: no history of the user's touched. */
+        char dir[] = "/tmp/ll-interp-selftest-XXXXXX";
+        if (!mkdtemp(dir))
+            _exit(1);
+        setenv("IPYTHONDIR", dir, 1);
+        int rc = s_st_child(verbose);
+        char cmd[sizeof dir + 16];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        if (system(cmd) != 0)
+            rc = rc ? rc : 0;
+        fflush(NULL);
+        _exit(rc);
+    }
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 1;
+}

@@ -1,0 +1,412 @@
+"""The request handlers of the LooseLeaf interpreter: one function per
+Jupyter shell/control request, called by ll_interp_handle (C) through
+handle(), with JSON texts in and JSON texts out.
+
+Runs on the interpreter thread, one request at a time.  What ipykernel does
+is the reference (ipykernel/ipkernel.py, kernelbase.py): execution_count
+semantics, reply shapes, metadata.  Every exception is caught here: a broken
+request gets an error reply, never a dead kernel.
+"""
+import builtins
+import getpass
+import logging
+import sys
+import time
+import uuid
+from datetime import datetime, timezone
+
+from IPython.core import release
+from IPython.core.error import StdinNotImplementedError
+from IPython.utils.tokenutil import line_at_cursor, token_at_cursor
+
+import _looseleaf_kernel as _lk
+
+from . import comms
+from ._json import dumps, loads
+from .display import flush_streams, publish
+from .iostream import OutStream
+from .shell import LooseLeafShell
+
+try:
+    from IPython.core.completer import provisionalcompleter, rectify_completions
+
+    _HAVE_EXPERIMENTAL_COMPLETIONS = True
+except ImportError:  # pragma: no cover - older IPython
+    _HAVE_EXPERIMENTAL_COMPLETIONS = False
+
+__all__ = ["Kernel", "start", "handle", "shutdown", "get_kernel"]
+
+__version__ = "0.1.0"
+PROTOCOL_VERSION = "5.3"
+_EXPERIMENTAL_KEY = "_jupyter_types_experimental"
+
+log = logging.getLogger("looseleaf_kernel")
+
+HELP_LINKS = [
+    {"text": "Python Reference", "url": "https://docs.python.org/%i.%i" % sys.version_info[:2]},
+    {"text": "IPython Reference", "url": "https://ipython.org/documentation.html"},
+    {"text": "NumPy Reference", "url": "https://docs.scipy.org/doc/numpy/reference/"},
+    {"text": "SciPy Reference", "url": "https://docs.scipy.org/doc/scipy/reference/"},
+    {"text": "Matplotlib Reference", "url": "https://matplotlib.org/contents.html"},
+    {"text": "SymPy Reference", "url": "http://docs.sympy.org/latest/index.html"},
+    {"text": "pandas Reference", "url": "https://pandas.pydata.org/pandas-docs/stable/"},
+]
+
+
+def _now():
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+class Kernel:
+    """The interpreter side of one kernel: a shell plus request handlers."""
+
+    implementation = "looseleaf"
+    implementation_version = __version__
+
+    def __init__(self):
+        self.ident = str(uuid.uuid4())
+        self.parent_header = {}
+        self.allow_stdin = False
+        self._stdout = OutStream("stdout", 1)
+        self._stderr = OutStream("stderr", 2)
+        sys.stdout, sys.stderr = self._stdout, self._stderr
+        comms.install()
+        # Comm errors are the kernel's business, not the cell's output.
+        comm_log = logging.getLogger("Comm")
+        comm_log.addHandler(logging.StreamHandler(sys.__stderr__))
+        comm_log.propagate = False
+
+        self.shell = LooseLeafShell.instance(kernel=self)
+        self.shell.displayhook.get_execution_count = lambda: self.shell.execution_count
+        self.comm_manager = comms.manager()
+        self.language_info = {
+            "name": "python",
+            "version": sys.version.split()[0],
+            "mimetype": "text/x-python",
+            "codemirror_mode": {"name": "ipython", "version": sys.version_info[0]},
+            "pygments_lexer": "ipython%d" % sys.version_info[0],
+            "nbconvert_exporter": "python",
+            "file_extension": ".py",
+        }
+        builtins.input = self.raw_input
+        getpass.getpass = self.getpass
+        self.handlers = {
+            "execute_request": self.execute_request,
+            "complete_request": self.complete_request,
+            "inspect_request": self.inspect_request,
+            "history_request": self.history_request,
+            "is_complete_request": self.is_complete_request,
+            "kernel_info_request": self.kernel_info_request,
+            "comm_info_request": self.comm_info_request,
+            "comm_open": self.comm_open,
+            "comm_msg": self.comm_msg,
+            "comm_close": self.comm_close,
+            "shutdown_request": self.shutdown_request,
+        }
+
+    # -- entry ------------------------------------------------------------
+
+    def handle(self, msg_type, content_json, parent_json):
+        """Run one request; returns (reply_json or None, metadata_json or None)."""
+        try:
+            content = loads(content_json)
+            parent = loads(parent_json) if parent_json else {}
+            if not isinstance(content, dict):
+                raise ValueError("request content is not a JSON object")
+            if not isinstance(parent, dict):
+                parent = {}
+        except ValueError as e:
+            return self._error_json("BadRequest", "invalid %s: %s" % (msg_type, e))
+        handler = self.handlers.get(msg_type)
+        if handler is None:
+            return self._error_json("UnknownRequest", "unknown request type %r" % (msg_type,))
+        self.set_parent(parent)
+        try:
+            return handler(content, parent)
+        except BaseException as e:  # KeyboardInterrupt too: the kernel lives on
+            log.exception("%s failed", msg_type)
+            return self._error_json(type(e).__name__, str(e))
+
+    def _error_json(self, ename, evalue):
+        reply = {"status": "error", "ename": ename, "evalue": evalue, "traceback": []}
+        return dumps(reply), None
+
+    def set_parent(self, parent):
+        self.parent_header = parent
+        self.shell.set_parent(parent)
+
+    def get_parent(self, channel="shell"):
+        return self.parent_header
+
+    # -- execute ----------------------------------------------------------
+
+    def execute_request(self, content, parent):
+        shell = self.shell
+        code = content.get("code")
+        if not isinstance(code, str):
+            reply = {
+                "status": "error",
+                "ename": "BadRequest",
+                "evalue": "execute_request without a 'code' string",
+                "traceback": [],
+                "execution_count": shell.execution_count,
+                "user_expressions": {},
+                "payload": [],
+            }
+            return dumps(reply), dumps({"started": _now(), "status": "error"})
+        silent = bool(content.get("silent", False))
+        store_history = bool(content.get("store_history", not silent))
+        user_expressions = content.get("user_expressions") or {}
+        self.allow_stdin = bool(content.get("allow_stdin", False))
+        cell_id = (parent.get("metadata") or {}).get("cellId") if isinstance(parent, dict) else None
+        metadata = {"started": _now(), "dependencies_met": True, "engine": self.ident}
+
+        if not silent:
+            publish("execute_input", {"code": code, "execution_count": shell.execution_count})
+        try:
+            res = shell.run_cell(code, store_history=store_history, silent=silent, cell_id=cell_id)
+        finally:
+            self.allow_stdin = False
+            self._flush_streams()
+
+        reply = {}
+        if res.success:
+            reply["status"] = "ok"
+        else:
+            err = res.error_before_exec if res.error_before_exec is not None else res.error_in_exec
+            reply["status"] = "error"
+            reply["traceback"] = shell._last_traceback or []
+            reply["ename"] = str(type(err).__name__)
+            reply["evalue"] = str(err)
+            reply["engine_info"] = {"engine_uuid": self.ident, "engine_id": -1, "method": "execute"}
+        reply["execution_count"] = shell.execution_count - 1
+        if reply["status"] == "ok" and isinstance(user_expressions, dict):
+            reply["user_expressions"] = shell.user_expressions(user_expressions)
+        else:
+            reply["user_expressions"] = {}
+        reply["payload"] = shell.payload_manager.read_payload()
+        shell.payload_manager.clear_payload()
+        metadata["status"] = reply["status"]
+        return dumps(reply), dumps(metadata)
+
+    def _flush_streams(self):
+        flush_streams()
+        _lk.stream_flush()
+
+    # -- stdin --------------------------------------------------------------
+
+    def _input_request(self, prompt, password):
+        self._flush_streams()
+        try:
+            value = _lk.input_request(str(prompt), bool(password))
+        except RuntimeError as e:
+            raise StdinNotImplementedError(str(e)) from None
+        if value == "\x04":
+            # The frontend's way of saying end of file (Ctrl-D).
+            raise EOFError("EOF when reading a line")
+        return value
+
+    def raw_input(self, prompt=""):
+        """input() of the user's code: a line from the frontend."""
+        if not self.allow_stdin:
+            raise StdinNotImplementedError(
+                "raw_input was called, but this frontend does not support input requests."
+            )
+        return self._input_request(prompt, False)
+
+    def getpass(self, prompt="Password: ", stream=None):
+        """getpass.getpass of the user's code: a hidden line from the frontend."""
+        if not self.allow_stdin:
+            raise StdinNotImplementedError(
+                "getpass was called, but this frontend does not support input requests."
+            )
+        if stream is not None:
+            import warnings
+
+            warnings.warn(
+                "The `stream` parameter of `getpass.getpass` will have no effect "
+                "when using the LooseLeaf kernel",
+                UserWarning,
+                stacklevel=2,
+            )
+        return self._input_request(prompt, True)
+
+    # -- edit-time requests ---------------------------------------------
+
+    def complete_request(self, content, parent):
+        code = content.get("code", "")
+        cursor_pos = content.get("cursor_pos")
+        if not isinstance(code, str):
+            code = ""
+        if not isinstance(cursor_pos, int) or not 0 <= cursor_pos <= len(code):
+            cursor_pos = len(code)
+        if _HAVE_EXPERIMENTAL_COMPLETIONS:
+            with provisionalcompleter():
+                raw = self.shell.Completer.completions(code, cursor_pos)
+                completions = list(rectify_completions(code, raw))
+                comps = [
+                    {"start": c.start, "end": c.end, "text": c.text, "type": c.type,
+                     "signature": c.signature}
+                    for c in completions
+                ]
+            if completions:
+                start, end = completions[0].start, completions[0].end
+                matches = [c.text for c in completions]
+            else:
+                start = end = cursor_pos
+                matches = []
+            reply = {"matches": matches, "cursor_end": end, "cursor_start": start,
+                     "metadata": {_EXPERIMENTAL_KEY: comps}, "status": "ok"}
+        else:  # pragma: no cover
+            line, offset = line_at_cursor(code, cursor_pos)
+            txt, matches = self.shell.complete("", line, cursor_pos - offset)
+            reply = {"matches": matches, "cursor_end": cursor_pos,
+                     "cursor_start": cursor_pos - len(txt), "metadata": {}, "status": "ok"}
+        return dumps(reply), None
+
+    def inspect_request(self, content, parent):
+        code = content.get("code", "")
+        cursor_pos = content.get("cursor_pos")
+        if not isinstance(code, str):
+            code = ""
+        if not isinstance(cursor_pos, int) or not 0 <= cursor_pos <= len(code):
+            cursor_pos = len(code)
+        detail_level = content.get("detail_level", 0)
+        if detail_level not in (0, 1):
+            detail_level = 0
+        omit = content.get("omit_sections", ())
+        name = token_at_cursor(code, cursor_pos)
+        reply = {"status": "ok", "data": {}, "metadata": {}}
+        try:
+            bundle = self.shell.object_inspect_mime(
+                name, detail_level=detail_level, omit_sections=omit
+            )
+            reply["data"].update(bundle)
+            if not self.shell.enable_html_pager:
+                reply["data"].pop("text/html", None)
+            reply["found"] = True
+        except KeyError:
+            reply["found"] = False
+        return dumps(reply), None
+
+    def is_complete_request(self, content, parent):
+        code = content.get("code", "")
+        if not isinstance(code, str):
+            return self._error_json("BadRequest", "is_complete_request without a 'code' string")
+        status, indent = self.shell.input_transformer_manager.check_complete(code)
+        reply = {"status": status}
+        if status == "incomplete":
+            reply["indent"] = " " * (indent or 0)
+        return dumps(reply), None
+
+    # -- history ----------------------------------------------------------
+
+    def history_request(self, content, parent):
+        hm = self.shell.history_manager
+        kind = content.get("hist_access_type")
+        output = bool(content.get("output", False))
+        raw = bool(content.get("raw", True))
+        n = content.get("n")
+        if kind == "tail":
+            hist = hm.get_tail(n if isinstance(n, int) else 10, raw=raw, output=output,
+                               include_latest=True)
+        elif kind == "range":
+            hist = hm.get_range(content.get("session", 0), content.get("start", 0),
+                                content.get("stop"), raw=raw, output=output)
+        elif kind == "search":
+            hist = hm.search(content.get("pattern", "*"), raw=raw, output=output,
+                             n=n if isinstance(n, int) else None,
+                             unique=bool(content.get("unique", False)))
+        else:
+            hist = []
+        return dumps({"status": "ok", "history": list(hist)}), None
+
+    # -- kernel info, comms, shutdown ----------------------------------
+
+    def kernel_info_request(self, content, parent):
+        reply = {
+            "status": "ok",
+            "protocol_version": PROTOCOL_VERSION,
+            "implementation": self.implementation,
+            "implementation_version": self.implementation_version,
+            "language_info": self.language_info,
+            "banner": self.shell.banner,
+            "help_links": HELP_LINKS,
+            "debugger": False,
+        }
+        return dumps(reply), None
+
+    def comm_info_request(self, content, parent):
+        target = content.get("target_name")
+        return dumps({"status": "ok", "comms": comms.comm_info(target)}), None
+
+    def _comm_message(self, msg_type, content, parent):
+        return {
+            "header": parent,
+            "msg_id": parent.get("msg_id", ""),
+            "msg_type": msg_type,
+            "parent_header": {},
+            "metadata": {},
+            "content": content,
+            "buffers": [],
+        }
+
+    def _comm_args_ok(self, content, *keys):
+        return all(isinstance(content.get(k), str) for k in keys)
+
+    def comm_open(self, content, parent):
+        if self._comm_args_ok(content, "comm_id", "target_name"):
+            self.comm_manager.comm_open(None, None, self._comm_message("comm_open", content, parent))
+        else:
+            log.warning("comm_open without comm_id/target_name ignored")
+        return None, None
+
+    def comm_msg(self, content, parent):
+        if self._comm_args_ok(content, "comm_id"):
+            self.comm_manager.comm_msg(None, None, self._comm_message("comm_msg", content, parent))
+        return None, None
+
+    def comm_close(self, content, parent):
+        if self._comm_args_ok(content, "comm_id"):
+            self.comm_manager.comm_close(None, None, self._comm_message("comm_close", content, parent))
+        return None, None
+
+    def shutdown_request(self, content, parent):
+        restart = bool(content.get("restart", False))
+        self.shell.exit_now = True
+        return dumps({"status": "ok", "restart": restart}), None
+
+
+
+_kernel = None
+
+
+def get_kernel():
+    return _kernel
+
+
+def start():
+    """Create the kernel (called once by ll_interp_init)."""
+    global _kernel
+    if _kernel is None:
+        _kernel = Kernel()
+    return _kernel
+
+
+def handle(msg_type, content_json, parent_json):
+    return _kernel.handle(msg_type, content_json, parent_json)
+
+
+def shutdown():
+    """Run exit handlers; return whether Python may be finalized (no live
+    non-daemon thread that Py_FinalizeEx would wait for)."""
+    import atexit
+    import threading
+
+    # IPython registered its atexit_operations (history saved, temp files
+    # removed); run them now, while the hooks still work.
+    atexit._run_exitfuncs()
+    main = threading.main_thread()
+    return not any(
+        t.is_alive() and not t.daemon and t is not main for t in threading.enumerate()
+    )

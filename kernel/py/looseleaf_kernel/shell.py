@@ -1,0 +1,164 @@
+"""LooseLeafShell: IPython's InteractiveShell for a kernel that talks through
+hooks instead of a terminal (the counterpart of ipykernel's
+ZMQInteractiveShell, written for LooseLeaf).
+
+Runs on the interpreter thread.  Errors are published as `error` messages
+with IPython's formatted (ANSI-coloured) traceback, the cell's value as
+`execute_result`, display() as `display_data`; `!cmd` runs through a pipe so
+its output reaches the cell's stream; the pager becomes a payload.
+"""
+import os
+import sys
+import warnings
+
+from IPython.core import page, payloadpage
+from IPython.core.autocall import ZMQExitAutocall
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell, InteractiveShellABC
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.utils.process import system
+from traitlets import Any, Bool, CBool, Instance, Type, default
+
+from .display import LooseLeafDisplayHook, LooseLeafDisplayPublisher, flush_streams, publish
+
+__all__ = ["LooseLeafShell"]
+
+
+@magics_class
+class KernelMagics(Magics):
+    """The few magics whose terminal meaning does not fit a kernel."""
+
+    @line_magic
+    def clear(self, arg_s):
+        """Clear the cell's output."""
+        self.shell.display_pub.clear_output()
+
+    @line_magic
+    def less(self, arg_s):
+        """Show a file in the pager (a payload the frontend shows)."""
+        if not arg_s:
+            raise UsageError("Missing filename.")
+        if arg_s.endswith(".py"):
+            cont = self.shell.pycolorize(open(arg_s, encoding="utf-8").read())
+        else:
+            with open(arg_s, encoding="utf-8") as f:
+                cont = f.read()
+        page.page(cont)
+
+    more = line_magic("more")(less)
+
+    @line_magic
+    def man(self, arg_s):
+        """Find the man page for the given command and display in pager."""
+        page.page(self.shell.getoutput("man %s | col -b" % arg_s, split=False))
+
+    @line_magic
+    def autosave(self, arg_s):
+        """Set the notebook's autosave interval in seconds (0 disables)."""
+        try:
+            interval = int(arg_s)
+        except ValueError as e:
+            raise UsageError("%%autosave requires an integer, got %r" % arg_s) from e
+        from IPython.display import Javascript, display
+
+        display(Javascript("IPython.notebook.set_autosave_interval(%i)" % (interval * 1000)))
+        print("Autosaving every %i seconds" % interval if interval else "Autosave disabled")
+
+
+class LooseLeafShell(InteractiveShell):
+    """InteractiveShell publishing through the kernel's hooks."""
+
+    displayhook_class = Type(LooseLeafDisplayHook)
+    display_pub_class = Type(LooseLeafDisplayPublisher)
+    kernel = Any()
+    parent_header = Any()
+
+    # No readline and no autoindent: the frontend edits the code.
+    readline_use = CBool(False)
+    autoindent = CBool(False)
+
+    exiter = Instance(ZMQExitAutocall)
+
+    @default("exiter")
+    def _default_exiter(self):
+        return ZMQExitAutocall(self)
+
+    keepkernel_on_exit = None
+    _last_traceback = None
+
+    def init_environment(self):
+        env = os.environ
+        # As ipykernel: coloured `ls` on BSD-derived systems, and no
+        # interactive pagers in subprocesses (nobody can press a key there).
+        env["TERM"] = "xterm-color"
+        env["CLICOLOR"] = "1"
+        env["PAGER"] = "cat"
+        env["GIT_PAGER"] = "cat"
+        # matplotlib draws inline unless the user chose a backend.
+        env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+
+    def init_hooks(self):
+        super().init_hooks()
+        self.set_hook("show_in_pager", page.as_hook(payloadpage.page), 99)
+
+    def init_virtualenv(self):
+        # A kernel runs the interpreter it was built with; a virtualenv on
+        # PATH says nothing about it.
+        pass
+
+    def init_magics(self):
+        super().init_magics()
+        self.register_magics(KernelMagics)
+
+    def enable_gui(self, gui=None):
+        if gui in (None, "inline"):
+            self.active_eventloop = gui
+            return
+        raise UsageError(
+            "GUI event loop %r is not supported by the LooseLeaf kernel; "
+            "use %%matplotlib inline" % (gui,)
+        )
+
+    def ask_exit(self):
+        self.exit_now = not self.keepkernel_on_exit
+        self.payload_manager.write_payload(
+            {"source": "ask_exit", "keepkernel": self.keepkernel_on_exit}
+        )
+
+    def run_cell(self, *args, **kwargs):
+        self._last_traceback = None
+        return super().run_cell(*args, **kwargs)
+
+    def _showtraceback(self, etype, evalue, stb):
+        # Flush first so the traceback comes after the cell's output.
+        flush_streams()
+        publish(
+            "error",
+            {"traceback": stb, "ename": str(etype.__name__), "evalue": str(evalue)},
+        )
+        self._last_traceback = stb
+
+    def set_next_input(self, text, replace=False):
+        self.payload_manager.write_payload(
+            {"source": "set_next_input", "text": text, "replace": replace}
+        )
+
+    def set_parent(self, parent):
+        self.parent_header = parent
+        self.display_pub.set_parent(parent)
+
+    def get_parent(self):
+        return self.parent_header
+
+    def system_piped(self, cmd):
+        """Run CMD through a pty (pexpect), its output printed to sys.stdout
+        as it comes, like ipykernel; the exit status goes to _exit_code."""
+        if cmd.rstrip().endswith("&"):
+            # Backgrounded processes cannot be read from; os.system() can.
+            raise OSError("Background processes not supported.")
+        self.user_ns["_exit_code"] = system(self.var_expand(cmd, depth=1))
+
+    system = system_piped
+
+
+InteractiveShellABC.register(LooseLeafShell)
