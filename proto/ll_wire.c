@@ -22,6 +22,7 @@
  * per message. */
 #include "proto/ll_wire.h"
 
+#include "proto/ll_json.h"
 #include "proto/ll_log.h"
 
 #include <openssl/core_names.h>
@@ -575,63 +576,42 @@ out_drop:
 
 /* ---- encode ------------------------------------------------------------- */
 
-#define LL_WIRE_DUMP_FLAGS (JSON_COMPACT)
-
-/* Serialize V into a new frame.  Most parts fit the stack buffer, so the
- * common case is one dump and one copy into the frame. */
-static zframe_t *s_dump_frame(const json_t *v)
-{
-    char stack[8192];
-    size_t n = json_dumpb(v, stack, sizeof stack, LL_WIRE_DUMP_FLAGS);
-    if (n == 0)
-        return NULL;
-    if (n <= sizeof stack)
-        return zframe_new(stack, n);
-    char *heap = malloc(n);
-    if (!heap)
-        return NULL;
-    size_t m = json_dumpb(v, heap, n, LL_WIRE_DUMP_FLAGS);
-    zframe_t *f = m == n ? zframe_new(heap, n) : NULL;
-    free(heap);
-    return f;
-}
-
 zmsg_t *ll_session_encode(ll_session_t *self, const ll_msg_t *msg)
 {
-    if (!self || !msg)
+    if (!self || !msg || !msg->header)   /* a message without a header cannot be routed */
         return NULL;
+    /* The four parts are written one after another into one buffer (on the
+     * stack for all but large messages), signed in place, then copied into
+     * their frames. */
+    char storage[16384];
+    ll_jbuf_t buf;
+    ll_jbuf_init(&buf, storage, sizeof storage);
+    static const char empty_object[] = "{}";
     const json_t *src[4] = {msg->header, msg->parent_header, msg->metadata, msg->content};
-    zframe_t *parts[4] = {NULL};
+    size_t offsets[5] = {0};
     zmsg_t *out = NULL;
-    json_t *empty = NULL;
     for (int i = 0; i < 4; i++) {
-        const json_t *v = src[i];
-        if (!v) {
-            if (i == 0)
-                goto out_fail;   /* a message without a header cannot be routed */
-            if (!empty && !(empty = json_object()))
+        offsets[i] = buf.len;
+        if (!src[i]) {
+            if (!ll_jbuf_put(&buf, empty_object, 2))
                 goto out_fail;
-            v = empty;
-        }
-        parts[i] = s_dump_frame(v);
-        if (!parts[i]) {
+        } else if (ll_json_write(&buf, src[i]) != 0) {
             ll_warn("wire", "cannot serialize the %s of a %s message", s_part_names[i],
                     msg->msg_type ? msg->msg_type : "?");
             goto out_fail;
         }
     }
+    offsets[4] = buf.len;
+    const void *data[4];
+    size_t lens[4];
+    for (int i = 0; i < 4; i++) {
+        data[i] = buf.data + offsets[i];
+        lens[i] = offsets[i + 1] - offsets[i];
+    }
 
     char sig[65] = "";
-    if (self->is_signed) {
-        const void *data[4];
-        size_t lens[4];
-        for (int i = 0; i < 4; i++) {
-            data[i] = zframe_data(parts[i]);
-            lens[i] = zframe_size(parts[i]);
-        }
-        if (ll_session_sign(self, data, lens, sig))
-            goto out_fail;
-    }
+    if (self->is_signed && ll_session_sign(self, data, lens, sig))
+        goto out_fail;
 
     out = msg->identities ? zmsg_dup(msg->identities) : zmsg_new();
     if (!out)
@@ -640,7 +620,7 @@ zmsg_t *ll_session_encode(ll_session_t *self, const ll_msg_t *msg)
         zmsg_addmem(out, sig, self->is_signed ? LL_WIRE_SIG_HEX_LEN : 0))
         goto out_fail;
     for (int i = 0; i < 4; i++)
-        if (zmsg_append(out, &parts[i]))
+        if (zmsg_addmem(out, data[i], lens[i]))
             goto out_fail;
     if (msg->buffers)
         for (zframe_t *f = zmsg_first(msg->buffers); f; f = zmsg_next(msg->buffers)) {
@@ -648,14 +628,12 @@ zmsg_t *ll_session_encode(ll_session_t *self, const ll_msg_t *msg)
             if (!copy || zmsg_append(out, &copy))
                 goto out_fail;
         }
-    json_decref(empty);
+    ll_jbuf_release(&buf);
     return out;
 
 out_fail:
-    for (int i = 0; i < 4; i++)
-        zframe_destroy(&parts[i]);
     zmsg_destroy(&out);
-    json_decref(empty);
+    ll_jbuf_release(&buf);
     return NULL;
 }
 

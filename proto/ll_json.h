@@ -1,0 +1,43 @@
+/* ll_json: a fast compact JSON writer for jansson values (any thread).
+ *
+ * jansson's json_dumpb goes through a per-character callback and costs
+ * ~50 instructions per byte of string; the kernel's hottest path (a stream
+ * message carrying a cell's printed output) is almost all string.  This
+ * writer copies runs of plain bytes with memcpy and only stops at bytes that
+ * need escaping.  Output matches Python's json.dumps(ensure_ascii=False,
+ * separators=(",", ":")): UTF-8 kept, control characters, '"' and '\\'
+ * escaped, reals in their shortest round-trip form ("0.1", "1.0").
+ *
+ * Strings are assumed valid UTF-8 (jansson checks that unless a value was
+ * made with json_string_nocheck). */
+#ifndef LL_JSON_H
+#define LL_JSON_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+/* A growable byte buffer that starts in caller-provided (stack) storage. */
+typedef struct {
+    char *data;     /* current storage: the caller's, or malloc'd once outgrown */
+    size_t len;     /* bytes written */
+    size_t cap;     /* bytes available at data */
+    bool heap;      /* data was malloc'd by us and is freed by ll_jbuf_release */
+    bool failed;    /* an allocation failed; contents are incomplete */
+} ll_jbuf_t;
+
+/* Start with STORAGE of CAP bytes (may be NULL/0). */
+void ll_jbuf_init(ll_jbuf_t *buf, char *storage, size_t cap);
+
+/* Free heap storage, if any.  The buffer is empty and reusable afterwards
+ * only after another ll_jbuf_init. */
+void ll_jbuf_release(ll_jbuf_t *buf);
+
+/* Append N raw bytes.  Returns false when memory runs out. */
+bool ll_jbuf_put(ll_jbuf_t *buf, const void *bytes, size_t n);
+
+/* Append the compact JSON text of VALUE.  Returns 0, or -1 when VALUE is
+ * NULL, nested deeper than 2048 levels (or cyclic), or memory runs out. */
+int ll_json_write(ll_jbuf_t *buf, const json_t *value);
+
+#endif

@@ -1,0 +1,166 @@
+/* bench_wire: encode and decode time of a ~1 KiB Jupyter message (a stream
+ * message in reply to an execute_request, the kernel's hottest path while a
+ * cell prints), against jupyter_client's Session.serialize / deserialize
+ * measured in the same run by /usr/bin/python3.  Prints per-message times
+ * and the ratio ours / jupyter_client (lower is better).
+ *
+ * Usage: bench_wire [iterations]   (run by `make bench`) */
+#include "proto/ll_log.h"
+#include "proto/ll_wire.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const unsigned char s_key[] = "a0436f6c-1916-498b-8eb9-e81ab9368e84";
+#define S_TEXT_LEN 530   /* with the headers, about 1 KiB on the wire */
+
+static double s_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int s_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The same workload in Python: prints "encode_us decode_us bytes". */
+static const char s_python[] =
+    "import sys, time, statistics\n"
+    "from jupyter_client.session import Session\n"
+    "n = int(sys.argv[1])\n"
+    "key = b'a0436f6c-1916-498b-8eb9-e81ab9368e84'\n"
+    "client, kernel = Session(key=key), Session(key=key)\n"
+    "req = client.msg('execute_request', content={'code': 'for i in range(10**6): print(i)',\n"
+    "                 'silent': False, 'store_history': True, 'user_expressions': {},\n"
+    "                 'allow_stdin': True, 'stop_on_error': True})\n"
+    "text = 'x' * 529 + '\\n'\n"
+    "def encode_round():\n"
+    "    t = time.perf_counter()\n"
+    "    for _ in range(n):\n"
+    "        msg = kernel.msg('stream', content={'name': 'stdout', 'text': text}, parent=req)\n"
+    "        frames = kernel.serialize(msg, ident=[b'kernel.x.stream'])\n"
+    "    return (time.perf_counter() - t) / n * 1e6, frames\n"
+    "def decode_round():\n"
+    "    wire = [client.serialize(client.msg('stream', content={'name': 'stdout', 'text': text},\n"
+    "            parent=req), ident=[b'kernel.x.stream']) for _ in range(n)]\n"
+    "    t = time.perf_counter()\n"
+    "    for frames in wire:\n"
+    "        idents, rest = kernel.feed_identities(frames)\n"
+    "        kernel.deserialize(rest)\n"
+    "    return (time.perf_counter() - t) / n * 1e6\n"
+    "enc, dec = [], []\n"
+    "for _ in range(5):\n"
+    "    e, frames = encode_round(); enc.append(e); dec.append(decode_round())\n"
+    "size = sum(len(f) for f in frames)\n"
+    "print(statistics.median(enc), statistics.median(dec), size)\n";
+
+static int s_python_bench(int n, double *enc_us, double *dec_us, long *bytes)
+{
+    char path[] = "/tmp/bench_wire_XXXXXX.py";
+    int fd = mkstemps(path, 3);
+    if (fd < 0)
+        return -1;
+    FILE *f = fdopen(fd, "w");
+    fputs(s_python, f);
+    fclose(f);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s %d", path, n);
+    FILE *p = popen(cmd, "r");
+    int rc = -1;
+    if (p) {
+        if (fscanf(p, "%lf %lf %ld", enc_us, dec_us, bytes) == 3)
+            rc = 0;
+        if (pclose(p) != 0)
+            rc = -1;
+    }
+    remove(path);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    ll_log_init('A');
+    int n = argc > 1 ? atoi(argv[1]) : 20000;
+    if (n < 100 || n > 10000000) {
+        fprintf(stderr, "bench_wire: iterations must be 100..10000000\n");
+        return 2;
+    }
+    ll_session_t *client = ll_session_new(s_key, sizeof s_key - 1, "hmac-sha256", 0);
+    ll_session_t *kernel = ll_session_new(s_key, sizeof s_key - 1, "hmac-sha256", 0);
+    if (!client || !kernel)
+        return 1;
+    ll_msg_t *req = ll_msg_new(client, "execute_request", NULL,
+                               json_pack("{s:s,s:b,s:b,s:{},s:b,s:b}", "code",
+                                         "for i in range(10**6): print(i)", "silent", 0,
+                                         "store_history", 1, "user_expressions", "allow_stdin", 1,
+                                         "stop_on_error", 1));
+    char text[S_TEXT_LEN + 1];
+    memset(text, 'x', S_TEXT_LEN - 1);
+    text[S_TEXT_LEN - 1] = '\n';
+    text[S_TEXT_LEN] = '\0';
+
+    enum { ROUNDS = 5 };
+    double enc[ROUNDS], dec[ROUNDS];
+    long bytes = 0;
+    zmsg_t **wire = calloc((size_t)n, sizeof *wire);
+    for (int r = 0; r < ROUNDS; r++) {
+        /* Encode: build the reply (fresh header, parent shared) and sign it. */
+        double t0 = s_now();
+        for (int i = 0; i < n; i++) {
+            ll_msg_t *msg = ll_msg_new(kernel, "stream", req,
+                                       json_pack("{s:s,s:s}", "name", "stdout", "text", text));
+            zmsg_t *frames = ll_session_encode(kernel, msg);
+            if (i == 0 && r == 0)
+                bytes = (long)zmsg_content_size(frames);
+            zmsg_destroy(&frames);
+            ll_msg_destroy(&msg);
+        }
+        enc[r] = (s_now() - t0) / n * 1e6;
+
+        /* Decode: distinct messages (the replay history sees each once). */
+        for (int i = 0; i < n; i++) {
+            ll_msg_t *msg = ll_msg_new(client, "stream", req,
+                                       json_pack("{s:s,s:s}", "name", "stdout", "text", text));
+            zmsg_destroy(&wire[i]);
+            wire[i] = ll_session_encode(client, msg);
+            zmsg_pushstr(wire[i], "kernel.x.stream");
+            ll_msg_destroy(&msg);
+        }
+        char why[256];
+        t0 = s_now();
+        for (int i = 0; i < n; i++) {
+            ll_msg_t *msg = ll_session_decode(kernel, &wire[i], why, sizeof why);
+            if (!msg) {
+                fprintf(stderr, "bench_wire: decode failed: %s\n", why);
+                return 1;
+            }
+            ll_msg_destroy(&msg);
+        }
+        dec[r] = (s_now() - t0) / n * 1e6;
+    }
+    free(wire);
+    qsort(enc, ROUNDS, sizeof enc[0], s_cmp_double);
+    qsort(dec, ROUNDS, sizeof dec[0], s_cmp_double);
+
+    double py_enc, py_dec;
+    long py_bytes;
+    int py_n = n / 4 < 2000 ? (n < 2000 ? n : 2000) : n / 4;
+    if (s_python_bench(py_n, &py_enc, &py_dec, &py_bytes) != 0) {
+        fprintf(stderr, "bench_wire: jupyter_client baseline failed to run\n");
+        return 1;
+    }
+    printf("wire encode (stream msg, %ld B ours / %ld B jupyter_client): %.2f us vs %.2f us  "
+           "ratio %.3f\n", bytes, py_bytes, enc[ROUNDS / 2], py_enc, enc[ROUNDS / 2] / py_enc);
+    printf("wire decode (verify + parse):                              %.2f us vs %.2f us  "
+           "ratio %.3f\n", dec[ROUNDS / 2], py_dec, dec[ROUNDS / 2] / py_dec);
+    ll_msg_destroy(&req);
+    ll_session_destroy(&client);
+    ll_session_destroy(&kernel);
+    return 0;
+}
