@@ -1,0 +1,157 @@
+/* ll_analysis: static analysis of notebook cells (issue 3, DESIGN.md
+ * mechanism 1).  For a cell's source it finds the names the cell binds and
+ * reads, what it imports, and for each function or class it defines the
+ * global names its body reads; a session of executed cells then yields a
+ * candidate cell's state closure (the live variables it needs), its import
+ * closure (the packages it needs) and its CPU/GPU label.
+ *
+ * Runs on the gateway's shell thread (or in the `looseleaf analyze` CLI).
+ * Every call that takes source text (ll_analysis_init, ll_analysis_new) needs
+ * Python initialised and the GIL held by the caller: cells are parsed by
+ * CPython's own parser (ast, via Py_CompileStringExFlags) after IPython's
+ * input transformation, so the whole 3.11 grammar and IPython's magics are
+ * understood.  Sessions and closures never touch Python.  Not thread-safe:
+ * use one thread, or a lock around all calls.
+ *
+ * Semantics, in short (the long version is at the top of ll_analysis.c and
+ * ll_analysis_session.c):
+ * - reads: global names the cell's top-level code may read before binding
+ *   them itself, including what comprehensions, lambdas, class bodies,
+ *   decorators and default arguments read, and the globals of the cell's own
+ *   functions that it calls or passes on.
+ * - state closure: the live variables (bound by executed cells, excluding
+ *   import-bound names) the cell may read when it runs in a fresh namespace:
+ *   its reads, plus transitively the globals read by the functions and
+ *   classes it references, plus the globals of functions a referenced value
+ *   was built with (a Trainer holding compute_metrics=f needs f's globals).
+ * - import closure: top-level packages of the import-bound names it reaches
+ *   and of the modules the variables in its state closure were built with,
+ *   plus the cell's own imports.  effective imports: the same without the
+ *   cell's own import statements that it never uses; GPU label when those
+ *   contain a GPU framework (ll_analysis_gpu_add, LOOSELEAF_GPU_PACKAGES).
+ * - opaque: exec/eval/globals()/locals()/vars()/dir(), star imports, %run,
+ *   unknown magics, get_ipython() used beyond its magic calls: the closure
+ *   is then every live variable and every live import. */
+#ifndef LL_ANALYSIS_H
+#define LL_ANALYSIS_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef struct ll_analysis_t ll_analysis_t;
+typedef struct ll_analysis_session_t ll_analysis_session_t;
+typedef struct ll_analysis_closure_t ll_analysis_closure_t;
+
+/* A read-only list of strings owned by the object it came from, valid until
+ * that object is destroyed (or, for a session, changed). */
+typedef struct {
+    const char *const *items;
+    size_t count;
+} ll_analysis_strs_t;
+
+typedef enum {
+    LL_ANALYSIS_CPU = 0,
+    LL_ANALYSIS_GPU = 1,
+} ll_analysis_label_t;
+
+/* Cache the AST node types and the builtins; read LOOSELEAF_GPU_PACKAGES
+ * (comma- or space-separated package names or dotted module paths) into the
+ * GPU list.  GIL held.  Idempotent.  0, or -1 with a reason in ERR. */
+int ll_analysis_init(char *err, size_t errlen);
+
+/* Drop the cached Python objects (GIL held; before Py_Finalize). */
+void ll_analysis_shutdown(void);
+
+/* Add a package ("mylib") or module path ("mylib.cuda") to the GPU list. */
+int ll_analysis_gpu_add(const char *package);
+
+/* Whether a module path ("torch.nn", "numba.cuda.random") is a GPU one. */
+bool ll_analysis_is_gpu_module(const char *path);
+
+/* Analyse cell source CODE of LEN bytes (need not be NUL-terminated).  A
+ * first line `%%gpu` or `%%cpu` forces the label and is stripped.  Returns
+ * a new analysis; when the cell cannot be parsed the analysis carries the
+ * error (ll_analysis_error) and no facts.  NULL only when out of memory or
+ * ll_analysis_init has not succeeded.  GIL held. */
+ll_analysis_t *ll_analysis_new(const char *code, size_t len);
+
+/* Destroy and NULL *SELF_P; safe on NULL. */
+void ll_analysis_destroy(ll_analysis_t **self_p);
+
+/* NULL when the cell parsed; else why not ("SyntaxError: ... (line 3)"). */
+const char *ll_analysis_error(const ll_analysis_t *self);
+
+/* Top-level names the cell binds (possibly, e.g. in a branch), in order. */
+ll_analysis_strs_t ll_analysis_defs(const ll_analysis_t *self);
+/* Names read before the cell binds them (builtins left out), in order. */
+ll_analysis_strs_t ll_analysis_reads(const ll_analysis_t *self);
+/* Top-level names whose objects the cell may change in place (x.a = 1,
+ * x[0] = 1, del x[0], x += 1, x.method(...) as a statement). */
+ll_analysis_strs_t ll_analysis_mutates(const ll_analysis_t *self);
+/* Top-level names the cell certainly deletes. */
+ll_analysis_strs_t ll_analysis_deletes(const ll_analysis_t *self);
+/* Top-level packages of the cell's own import statements. */
+ll_analysis_strs_t ll_analysis_imports(const ll_analysis_t *self);
+
+/* Functions and classes the cell defines at top level. */
+size_t ll_analysis_function_count(const ll_analysis_t *self);
+const char *ll_analysis_function_name(const ll_analysis_t *self, size_t i);
+bool ll_analysis_function_is_class(const ll_analysis_t *self, size_t i);
+ll_analysis_strs_t ll_analysis_function_globals(const ll_analysis_t *self,
+                                                size_t i);
+
+/* Whether the cell defeats static analysis (see above). */
+bool ll_analysis_is_opaque(const ll_analysis_t *self);
+
+/* -1 no `%%gpu`/`%%cpu` line, else the forced ll_analysis_label_t. */
+int ll_analysis_forced_label(const ll_analysis_t *self);
+
+/* The per-cell facts as a new JSON object (caller owns the reference). */
+json_t *ll_analysis_json(const ll_analysis_t *self);
+
+/* ---- session ---------------------------------------------------------- */
+
+/* An empty session (no cell executed yet). */
+ll_analysis_session_t *ll_analysis_session_new(void);
+void ll_analysis_session_destroy(ll_analysis_session_t **self_p);
+
+/* Record that CELL has just executed (whether or not it raised): its
+ * bindings replace earlier ones, its deletions end them.  A cell that did
+ * not parse changed nothing and is skipped.  0, or -1 when out of memory. */
+int ll_analysis_session_record(ll_analysis_session_t *self,
+                               const ll_analysis_t *cell);
+
+/* Number of cells recorded, and of live variables (bound by a recorded cell,
+ * not deleted, not bound by an import). */
+size_t ll_analysis_session_cells(const ll_analysis_session_t *self);
+size_t ll_analysis_session_live_count(const ll_analysis_session_t *self);
+
+/* The closures of CELL (analysed, not yet executed) if it ran now.  A new
+ * object the caller destroys; NULL when out of memory or CELL did not
+ * parse.  Does not change the session. */
+ll_analysis_closure_t *ll_analysis_session_closure(ll_analysis_session_t *self,
+                                                   const ll_analysis_t *cell);
+void ll_analysis_closure_destroy(ll_analysis_closure_t **self_p);
+
+/* The live variables the cell needs, sorted. */
+ll_analysis_strs_t ll_analysis_closure_state(const ll_analysis_closure_t *self);
+/* Top-level packages it needs, sorted. */
+ll_analysis_strs_t ll_analysis_closure_imports(const ll_analysis_closure_t *self);
+/* Packages reachable from its top-level statements, sorted. */
+ll_analysis_strs_t ll_analysis_closure_effective(const ll_analysis_closure_t *self);
+/* Import statements that re-create the import-bound names it reads, sorted
+ * ("import numpy as np", "from transformers import Trainer"). */
+ll_analysis_strs_t ll_analysis_closure_import_stmts(const ll_analysis_closure_t *self);
+ll_analysis_label_t ll_analysis_closure_label(const ll_analysis_closure_t *self);
+bool ll_analysis_closure_is_opaque(const ll_analysis_closure_t *self);
+/* Live variables in the session at the time of the query. */
+size_t ll_analysis_closure_live_count(const ll_analysis_closure_t *self);
+
+/* The closures as a new JSON object (caller owns the reference). */
+json_t *ll_analysis_closure_json(const ll_analysis_closure_t *self);
+
+/* C self-test (czmq style). */
+int ll_analysis_selftest(bool verbose);
+
+#endif

@@ -1,0 +1,107 @@
+/* ll_analysis_internal: what the parts of the cell analysis share and nobody
+ * else should see: an insertion-ordered set of owned strings (names, module
+ * paths), the per-cell event stream the AST walker produces, and the facts
+ * the session replays.  Runs wherever the analysis runs (the gateway's shell
+ * thread, or the `looseleaf analyze` CLI); nothing here touches Python.
+ *
+ * The event stream is the heart of the design.  The walker (ll_analysis.c)
+ * turns a cell's AST into an ordered list of module-level events: LOAD of a
+ * global name, BIND of a top-level name (with its kind: value, import,
+ * function, class), MUTATE, DEL, UNIT (a new top-level simple statement).
+ * Function and class bodies are not executed at definition, so their global
+ * reads are not events but a "group" attached to the BIND.  The session
+ * (ll_analysis_session.c) replays the events against the recorded cells:
+ * the same replay computes a draft cell's closures and records an executed
+ * cell, so there is one notion of what a cell reads. */
+#ifndef LL_ANALYSIS_INTERNAL_H
+#define LL_ANALYSIS_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- ll_names_t: insertion-ordered set of owned strings ---------------- */
+typedef struct {
+    char **items;     /* owned copies, in insertion order */
+    size_t count;     /* number of items */
+    size_t cap;       /* allocated slots in items */
+    uint32_t *index;  /* open-addressing table of item index + 1 (0 = empty) */
+    size_t icap;      /* slots in index, a power of two (0 = no table yet) */
+} ll_names_t;
+
+/* Add NAME (copied) unless present.  Returns 1 if added, 0 if present, -1 on
+ * allocation failure. */
+int ll_names_add(ll_names_t *self, const char *name);
+bool ll_names_has(const ll_names_t *self, const char *name);
+/* Add every item of OTHER.  0 or -1. */
+int ll_names_union(ll_names_t *self, const ll_names_t *other);
+void ll_names_clear(ll_names_t *self);
+/* Index of NAME or -1. */
+long ll_names_find(const ll_names_t *self, const char *name);
+/* Remove NAME if present (keeps the order of the others). */
+void ll_names_remove(ll_names_t *self, const char *name);
+/* A newly allocated array of the items sorted by strcmp (pointers into
+ * SELF, valid while SELF is unchanged); NULL when empty or out of memory. */
+const char **ll_names_sorted(const ll_names_t *self);
+
+/* ---- events ----------------------------------------------------------- */
+typedef enum {
+    LL_EV_UNIT = 0,   /* start of a top-level statement (or compound header) */
+    LL_EV_LOAD,       /* a global name is read at module level, now */
+    LL_EV_BIND,       /* a top-level name is bound */
+    LL_EV_MUTATE,     /* a top-level name's object may be changed in place */
+    LL_EV_DEL,        /* a top-level name is deleted */
+    LL_EV_DEFER,      /* a lambda's body globals become deps of this unit */
+} ll_ev_type_t;
+
+typedef enum {
+    LL_BK_VALUE = 0,  /* any object built by running code */
+    LL_BK_IMPORT,     /* a module or a name taken from one by an import */
+    LL_BK_FUNC,       /* def */
+    LL_BK_CLASS,      /* class */
+    LL_BK_STAR,       /* from m import * (name is "*m") */
+} ll_bind_kind_t;
+
+typedef struct {
+    uint8_t type;     /* ll_ev_type_t */
+    uint8_t kind;     /* ll_bind_kind_t, for BIND */
+    bool cond;        /* inside a branch, loop, try or handler: may not run */
+    bool direct;      /* LOAD written in the cell (not added by the walker) */
+    const char *name; /* interned in the analysis's name pool */
+    int ref;          /* BIND FUNC/CLASS, DEFER: group index; BIND IMPORT/STAR:
+                         import index; else -1 */
+} ll_ev_t;
+
+/* The deferred body of a function, class (its methods) or lambda. */
+typedef struct {
+    const char *name;     /* bound name, NULL for a lambda */
+    int kind;             /* LL_BK_FUNC, LL_BK_CLASS, or LL_BK_VALUE (lambda) */
+    ll_names_t globals;   /* global names read by the body (any depth) */
+    ll_names_t gwrites;   /* names the body assigns after `global` */
+    bool opaque;          /* the body uses exec/eval/globals()/... */
+} ll_group_t;
+
+/* One name bound by an import statement. */
+typedef struct {
+    const char *bound;    /* name bound in the namespace ("*m" for a star) */
+    char *module;         /* module imported ("a.b.c"), relative: ".x" */
+    char *attr;           /* from-import: the name taken, else NULL */
+    char *path;           /* dotted path of the bound object: module[.attr] */
+    char *stmt;           /* the statement that re-creates the binding */
+} ll_import_t;
+
+/* Accessors for the session: the analysis's event stream. */
+typedef struct ll_analysis_t ll_analysis_t;
+const ll_ev_t *ll_analysis_events(const ll_analysis_t *self, size_t *count);
+const ll_group_t *ll_analysis_group(const ll_analysis_t *self, int index);
+const ll_import_t *ll_analysis_import(const ll_analysis_t *self, int index);
+bool ll_analysis_opaque_flag(const ll_analysis_t *self);
+
+/* Top-level package of a module path ("a" of "a.b.c"); NULL for relative
+ * imports and __future__.  Writes into BUF. */
+const char *ll_analysis_package_of(const char *path, char *buf, size_t buflen);
+
+/* Whether NAME is a Python builtin (set by ll_analysis_init). */
+bool ll_analysis_is_builtin(const char *name);
+
+#endif

@@ -1,0 +1,231 @@
+/* ll_iopub: the IOPub PUB socket, the stream coalescer feeding it, and the
+ * current parent (see ll_iopub.h).  Kernel process; every function is called
+ * from several threads (shell loop, control thread, Python threads through
+ * the hooks, the fd-capture reader, the stream flusher).
+ *
+ * What must stay true: the PUB socket and `parent` are touched only with the
+ * coalescer's send lock held, i.e. inside an ll_stream emit callback or an
+ * ll_stream_flush_then function. */
+#include "gateway/ll_iopub.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "gateway/ll_stream.h"
+#include "proto/ll_log.h"
+
+/* How long queued iopub messages may take to leave at shutdown. */
+#define LL_IOPUB_LINGER_MS 1000
+
+struct ll_iopub_t {
+    ll_session_t *session; /* borrowed */
+    zsock_t *pub;          /* send lock */
+    ll_stream_t *stream;   /* coalescer; owns the send lock */
+    ll_msg_t *parent;      /* current parent (identities + header); send lock */
+};
+
+/* Topic frame as ipykernel writes it; subscribers filter on a prefix, and
+ * every Jupyter client subscribes to everything. */
+static void s_set_topic(ll_iopub_t *self, ll_msg_t *msg)
+{
+    zmsg_destroy(&msg->identities);
+    msg->identities = zmsg_new();
+    if (msg->identities)
+        zmsg_addstrf(msg->identities, "kernel.%s.%s", ll_session_id(self->session),
+                     msg->msg_type ? msg->msg_type : "");
+}
+
+/* Send under the send lock; consumes *MSG_P. */
+static int s_send_locked(ll_iopub_t *self, ll_msg_t **msg_p)
+{
+    s_set_topic(self, *msg_p);
+    if (ll_session_send(self->session, self->pub, msg_p) != 0) {
+        ll_warn("iopub", "cannot send an iopub message");
+        return -1;
+    }
+    return 0;
+}
+
+/* Stream emit callback: one "stream" message per coalesced chunk. */
+static void s_emit_stream(void *ctx, const char *name, const char *text, size_t len)
+{
+    ll_iopub_t *self = ctx;
+    json_t *content = json_object();
+    if (!content)
+        return;
+    /* The coalescer guarantees valid UTF-8; skip jansson's second check. */
+    json_object_set_new(content, "name", json_string(name));
+    json_object_set_new(content, "text", json_stringn_nocheck(text, len));
+    ll_msg_t *msg = ll_msg_new(self->session, "stream", self->parent, content);
+    if (msg)
+        s_send_locked(self, &msg);
+}
+
+ll_iopub_t *ll_iopub_new(ll_session_t *session, const char *endpoint, char *err, size_t errlen)
+{
+    ll_iopub_t *self = calloc(1, sizeof *self);
+    if (!self) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    self->session = session;
+    self->pub = zsock_new(ZMQ_PUB);
+    if (!self->pub) {
+        snprintf(err, errlen, "cannot create the iopub socket");
+        goto out_fail;
+    }
+    zsock_set_linger(self->pub, LL_IOPUB_LINGER_MS);
+    /* Never drop output because a slow frontend fills the queue (the
+     * default high-water mark of 1000 messages loses text silently). */
+    zsock_set_sndhwm(self->pub, 0);
+    if (zsock_bind(self->pub, "%s", endpoint) == -1) {
+        snprintf(err, errlen, "cannot bind iopub to %s: %s", endpoint, zmq_strerror(zmq_errno()));
+        goto out_fail;
+    }
+    self->stream = ll_stream_new(s_emit_stream, self, 0, 0);
+    if (!self->stream) {
+        snprintf(err, errlen, "cannot start the stream flusher");
+        goto out_fail;
+    }
+    return self;
+
+out_fail:
+    zsock_destroy(&self->pub);
+    free(self);
+    return NULL;
+}
+
+void ll_iopub_destroy(ll_iopub_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    ll_iopub_t *self = *self_p;
+    ll_stream_destroy(&self->stream); /* flushes */
+    ll_msg_destroy(&self->parent);
+    zsock_destroy(&self->pub);        /* lingers for queued messages */
+    free(self);
+    *self_p = NULL;
+}
+
+ll_msg_t *ll_iopub_parent_copy(const ll_msg_t *req)
+{
+    if (!req || !req->header)
+        return NULL;
+    ll_msg_t *copy = calloc(1, sizeof *copy);
+    if (!copy)
+        return NULL;
+    copy->identities = req->identities ? zmsg_dup(req->identities) : zmsg_new();
+    copy->header = json_incref(req->header); /* read-only once decoded; refcount is atomic */
+    copy->parent_header = json_object();
+    copy->metadata = json_object();
+    copy->content = json_object();
+    copy->buffers = zmsg_new();
+    copy->msg_type = req->msg_type;
+    if (!copy->identities || !copy->parent_header || !copy->metadata || !copy->content ||
+        !copy->buffers)
+        ll_msg_destroy(&copy);
+    return copy;
+}
+
+typedef struct {
+    ll_iopub_t *self;
+    ll_msg_t *parent;
+} s_swap_t;
+
+static void s_swap_parent(void *arg)
+{
+    s_swap_t *a = arg;
+    ll_msg_destroy(&a->self->parent);
+    a->self->parent = a->parent;
+}
+
+void ll_iopub_set_parent(ll_iopub_t *self, const ll_msg_t *req)
+{
+    s_swap_t a = {self, ll_iopub_parent_copy(req)};
+    ll_stream_flush_then(self->stream, s_swap_parent, &a);
+}
+
+typedef struct {
+    ll_iopub_t *self;
+    const ll_msg_t *parent;
+    const char *msg_type;
+    json_t *content;
+    json_t *metadata;
+    zmsg_t *buffers;
+    int rc;
+} s_pub_t;
+
+static void s_publish(void *arg)
+{
+    s_pub_t *a = arg;
+    const ll_msg_t *parent = a->parent ? a->parent : a->self->parent;
+    ll_msg_t *msg = ll_msg_new(a->self->session, a->msg_type, parent, a->content);
+    a->content = NULL;
+    if (!msg)
+        return;
+    if (a->metadata) {
+        json_decref(msg->metadata);
+        msg->metadata = a->metadata;
+        a->metadata = NULL;
+    }
+    if (a->buffers) {
+        zmsg_destroy(&msg->buffers);
+        msg->buffers = a->buffers;
+        a->buffers = NULL;
+    }
+    a->rc = s_send_locked(a->self, &msg);
+}
+
+int ll_iopub_send(ll_iopub_t *self, const char *msg_type, const ll_msg_t *parent, json_t *content,
+                  json_t *metadata, zmsg_t **buffers_p)
+{
+    s_pub_t a = {self, parent, msg_type, content, metadata, buffers_p ? *buffers_p : NULL, -1};
+    if (buffers_p)
+        *buffers_p = NULL;
+    ll_stream_flush_then(self->stream, s_publish, &a);
+    /* Whatever s_publish did not take (allocation failure) is freed here. */
+    json_decref(a.content);
+    json_decref(a.metadata);
+    zmsg_destroy(&a.buffers);
+    return a.rc;
+}
+
+int ll_iopub_status(ll_iopub_t *self, const char *state, const ll_msg_t *parent)
+{
+    return ll_iopub_send(self, "status", parent, json_pack("{s:s}", "execution_state", state), NULL,
+                         NULL);
+}
+
+void ll_iopub_stream_write(ll_iopub_t *self, const char *name, const char *data, size_t len)
+{
+    ll_stream_write(self->stream, name, data, len);
+}
+
+void ll_iopub_stream_flush(ll_iopub_t *self)
+{
+    ll_stream_flush(self->stream);
+}
+
+typedef struct {
+    ll_iopub_t *self;
+    const char *msg_type;
+    json_t *content;
+    ll_msg_t *out;
+} s_to_parent_t;
+
+static void s_to_parent(void *arg)
+{
+    s_to_parent_t *a = arg;
+    if (!a->self->parent)
+        return;
+    a->out = ll_msg_new(a->self->session, a->msg_type, a->self->parent, a->content);
+    a->content = NULL;
+}
+
+ll_msg_t *ll_iopub_msg_to_parent(ll_iopub_t *self, const char *msg_type, json_t *content)
+{
+    s_to_parent_t a = {self, msg_type, content, NULL};
+    ll_stream_flush_then(self->stream, s_to_parent, &a);
+    json_decref(a.content);
+    return a.out;
+}

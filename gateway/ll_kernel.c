@@ -1,0 +1,853 @@
+/* ll_kernel: the kernel process (see ll_kernel.h for the threads).
+ *
+ * DESIGN.  One dispatcher (s_dispatch) owns the ordering every frontend
+ * relies on: status busy -> handler (execute_input, output, reply) -> all
+ * output flushed -> status idle, each under the request's header.  Handlers
+ * are found in one table by msg_type, with the channels they are valid on.
+ * Shell requests run on the main thread, one at a time, because that is
+ * where the interpreter lives; control requests run on the control thread
+ * and touch the interpreter only through ll_interp_interrupt / ll_interp_busy
+ * (async-signal-safe) and the kernel_info reply cached at start-up.
+ *
+ * Interrupts, by signal or by interrupt_request (which raises SIGINT on our
+ * process group, as ipykernel does, so `!sleep` children stop too), end in
+ * s_on_sigint: a running cell gets KeyboardInterrupt, an input() waiting on
+ * stdin is woken, and when idle nothing happens.  SIGTERM and a shutdown
+ * request wake the main loop, which leaves and tears down in order:
+ * interpreter (atexit handlers still reach iopub), fd capture, threads,
+ * sockets.
+ *
+ * Bad wire input is logged (the reason only, never the key or user code)
+ * and dropped; nothing here asserts on it. */
+#include "gateway/ll_kernel.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gateway/ll_fdcap.h"
+#include "gateway/ll_iopub.h"
+#include "gateway/ll_kernelspec.h"
+#include "kernel/ll_interp.h"
+#include "proto/ll_conn.h"
+#include "proto/ll_log.h"
+#include "proto/ll_wire.h"
+
+/* Which channel a request came in on (a bit, so a handler can name both). */
+typedef enum { S_SHELL = 1, S_CONTROL = 2 } s_chan_t;
+
+typedef void(s_handler_fn)(ll_msg_t *req, s_chan_t chan, zsock_t *sock);
+
+typedef struct {
+    const char *msg_type; /* request type */
+    unsigned channels;    /* S_SHELL | S_CONTROL where it is accepted */
+    s_handler_fn *fn;
+} s_handler_t;
+
+/* The kernel process's state.  A singleton because signal handlers and the
+ * interpreter hooks (plain C callbacks) need it. */
+static struct {
+    ll_conn_info_t conn;        /* ports (the key is wiped after start) */
+    ll_session_t *session;      /* signing, ids, replay history */
+    zsock_t *shell;             /* main thread */
+    zsock_t *control;           /* control thread */
+    zsock_t *stdin_sock;        /* under stdin_lock */
+    zsock_t *hb;                /* heartbeat thread */
+    ll_iopub_t *iopub;          /* any thread */
+    ll_fdcap_t *fdcap;          /* fds 1/2 capture, NULL if it failed */
+    int wake_fd;                /* eventfd: wakes the main loop (shutdown, SIGTERM) */
+    int intr_fd;                /* eventfd: wakes an input() wait (SIGINT) */
+    int stop_fd;                /* eventfd: tells control and heartbeat to exit */
+    pthread_t control_thread, hb_thread;
+    bool control_started, hb_started;
+    json_t *kernel_info;        /* cached kernel_info_reply content; read-only once set */
+    long long exec_count;       /* last execution_count the interpreter replied; main thread */
+    atomic_bool allow_stdin;    /* of the execute_request now running */
+    atomic_bool shutdown;       /* a shutdown_request was answered */
+    volatile sig_atomic_t terminate; /* SIGTERM arrived */
+    pthread_mutex_t stdin_lock; /* one input() at a time on the stdin socket */
+} s_k = {.wake_fd = -1, .intr_fd = -1, .stop_fd = -1, .stdin_lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* ---- small helpers ------------------------------------------------------- */
+
+static void s_eventfd_signal(int fd)
+{
+    if (fd < 0)
+        return;
+    uint64_t one = 1;
+    ssize_t w = write(fd, &one, sizeof one); /* async-signal-safe */
+    (void) w;
+}
+
+static void s_eventfd_drain(int fd)
+{
+    uint64_t v;
+    ssize_t r = read(fd, &v, sizeof v); /* EFD_NONBLOCK: never waits */
+    (void) r;
+}
+
+/* "xxx_request" -> "xxx_reply" into BUF; false for types that get no reply
+ * (comm_open, comm_msg, comm_close). */
+static bool s_reply_type(const char *req_type, char *buf, size_t len)
+{
+    size_t n = strlen(req_type);
+    const char *suffix = "_request";
+    size_t sl = strlen(suffix);
+    if (n <= sl || strcmp(req_type + n - sl, suffix) != 0)
+        return false;
+    int w = snprintf(buf, len, "%.*s_reply", (int) (n - sl), req_type);
+    return w > 0 && (size_t) w < len;
+}
+
+/* ISO 8601 UTC with microseconds, as jupyter_client writes dates. */
+static void s_now_iso(char buf[64])
+{
+    struct timeval tv;
+    struct tm tm;
+    gettimeofday(&tv, NULL);
+    gmtime_r(&tv.tv_sec, &tm);
+    snprintf(buf, 64, "%04d-%02d-%02dT%02d:%02d:%02d.%06ldZ", tm.tm_year + 1900, tm.tm_mon + 1,
+             tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (long) tv.tv_usec);
+}
+
+static int s_send_reply(zsock_t *sock, ll_msg_t *req, const char *reply_type, json_t *content,
+                        json_t *metadata)
+{
+    ll_msg_t *reply = ll_msg_new(s_k.session, reply_type, req, content);
+    if (!reply) {
+        json_decref(metadata);
+        return -1;
+    }
+    if (metadata) {
+        json_decref(reply->metadata);
+        reply->metadata = metadata;
+    }
+    if (ll_session_send(s_k.session, sock, &reply) != 0) {
+        ll_warn("kernel", "cannot send %s", reply_type);
+        return -1;
+    }
+    return 0;
+}
+
+/* An error reply for a request we cannot serve (bad content, interpreter
+ * failure), shaped like ipykernel's so frontends show it. */
+static json_t *s_error_content(const char *ename, const char *evalue)
+{
+    return json_pack("{s:s, s:s, s:s, s:[]}", "status", "error", "ename", ename, "evalue", evalue,
+                     "traceback");
+}
+
+/* Make everything the request wrote to fds 1/2 (C stdio buffers included)
+ * stream text before its idle status. */
+static void s_collect_output(void)
+{
+    fflush(NULL);
+    ll_fdcap_sync(s_k.fdcap);
+}
+
+/* Interrupt the running cell (or an input() wait) the way a frontend's
+ * SIGINT would: to the whole process group when we lead one, so shell
+ * commands started by the cell stop as well. */
+static void s_raise_interrupt(void)
+{
+    if (getpgrp() == getpid())
+        killpg(0, SIGINT);
+    else
+        kill(getpid(), SIGINT);
+}
+
+static void s_request_shutdown(void)
+{
+    atomic_store(&s_k.shutdown, true);
+    s_eventfd_signal(s_k.wake_fd);
+    s_eventfd_signal(s_k.intr_fd);
+    ll_interp_interrupt(); /* a running cell ends now, so we can exit cleanly */
+}
+
+/* ---- handlers ------------------------------------------------------------ */
+
+static void s_on_kernel_info(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
+{
+    s_send_reply(sock, req, "kernel_info_reply", json_incref(s_k.kernel_info), NULL);
+}
+
+static void s_on_connect(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
+{
+    const int *p = s_k.conn.ports;
+    s_send_reply(sock, req, "connect_reply",
+                 json_pack("{s:s, s:i, s:i, s:i, s:i, s:i}", "status", "ok", "shell_port",
+                           p[LL_CHAN_SHELL], "iopub_port", p[LL_CHAN_IOPUB], "stdin_port",
+                           p[LL_CHAN_STDIN], "hb_port", p[LL_CHAN_HB], "control_port",
+                           p[LL_CHAN_CONTROL]),
+                 NULL);
+}
+
+static void s_on_interrupt(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
+{
+    ll_info("kernel", "interrupt_request on %s", chan == S_SHELL ? "shell" : "control");
+    s_raise_interrupt();
+    s_send_reply(sock, req, "interrupt_reply", json_pack("{s:s}", "status", "ok"), NULL);
+}
+
+static void s_on_shutdown(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
+{
+    bool restart = json_is_true(json_object_get(req->content, "restart"));
+    ll_info("kernel", "shutdown_request (restart: %s)", restart ? "yes" : "no");
+    json_t *content = json_pack("{s:s, s:b}", "status", "ok", "restart", restart);
+    /* ipykernel 6 also publishes the reply on iopub, for other frontends. */
+    ll_iopub_send(s_k.iopub, "shutdown_reply", req, json_deep_copy(content), NULL, NULL);
+    s_send_reply(sock, req, "shutdown_reply", content, NULL);
+    s_request_shutdown();
+}
+
+/* Forward a request to the interpreter and send its reply, if it has one. */
+static void s_on_interp(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
+{
+    char reply_type[96];
+    bool has_reply = s_reply_type(req->msg_type, reply_type, sizeof reply_type);
+    char *content = json_dumps(req->content, JSON_COMPACT);
+    char *header = json_dumps(req->header, JSON_COMPACT);
+    char *md_text = NULL;
+    char *reply_text =
+        content && header ? ll_interp_handle(req->msg_type, content, header, &md_text) : NULL;
+    free(content);
+    free(header);
+    s_collect_output();
+    if (!has_reply) {
+        free(reply_text);
+        free(md_text);
+        return;
+    }
+    json_error_t jerr;
+    json_t *reply = reply_text ? json_loads(reply_text, JSON_ALLOW_NUL, &jerr) : NULL;
+    if (!json_is_object(reply)) {
+        ll_error("kernel", "no valid %s from the interpreter", reply_type);
+        json_decref(reply);
+        reply = s_error_content("InternalError", "the interpreter gave no valid reply");
+    }
+    json_t *md = md_text ? json_loads(md_text, 0, &jerr) : NULL;
+    if (md && !json_is_object(md)) {
+        json_decref(md);
+        md = NULL;
+    }
+    free(reply_text);
+    free(md_text);
+    s_send_reply(sock, req, reply_type, reply, md);
+}
+
+static void s_dispatch(ll_msg_t *req, s_chan_t chan, zsock_t *sock);
+
+/* After an error with stop_on_error: answer every execute_request already
+ * queued on shell "aborted" (ipykernel drains what is queued at that moment);
+ * other requests in the queue are served normally, in order. */
+static void s_abort_queued(void)
+{
+    char why[256];
+    int aborted = 0;
+    while (!atomic_load(&s_k.shutdown) && !s_k.terminate) {
+        zmsg_t *raw = zmsg_recv(s_k.shell); /* receive timeout 0: never waits */
+        if (!raw)
+            break;
+        ll_msg_t *req = ll_session_decode(s_k.session, &raw, why, sizeof why);
+        if (!req) {
+            ll_warn("kernel", "dropped a message on shell: %s", why);
+            continue;
+        }
+        if (strcmp(req->msg_type, "execute_request") == 0) {
+            ll_iopub_status(s_k.iopub, "busy", req);
+            json_t *md = json_pack("{s:s, s:b, s:s}", "status", "aborted", "dependencies_met", 1,
+                                   "engine", ll_session_id(s_k.session));
+            s_send_reply(s_k.shell, req, "execute_reply", json_pack("{s:s}", "status", "aborted"),
+                         md);
+            ll_iopub_status(s_k.iopub, "idle", req);
+            aborted++;
+        } else {
+            s_dispatch(req, S_SHELL, s_k.shell);
+        }
+        ll_msg_destroy(&req);
+    }
+    if (aborted)
+        ll_info("kernel", "aborted %d queued execute_request(s) after an error", aborted);
+}
+
+static void s_on_execute(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
+{
+    json_t *content = req->content;
+    json_t *code = json_object_get(content, "code");
+    bool silent = json_is_true(json_object_get(content, "silent"));
+    json_t *stop = json_object_get(content, "stop_on_error");
+    bool stop_on_error = stop ? json_is_true(stop) : true;
+    /* ipykernel's default when the field is missing. */
+    atomic_store(&s_k.allow_stdin, json_is_true(json_object_get(content, "allow_stdin")));
+
+    if (!json_is_string(code)) {
+        ll_warn("kernel", "execute_request without a string 'code': error reply");
+        json_t *err = s_error_content("ValueError", "execute_request has no 'code' string");
+        json_object_set_new(err, "execution_count", json_integer(s_k.exec_count));
+        s_send_reply(sock, req, "execute_reply", err, NULL);
+        return;
+    }
+    /* execute_input is published by the interpreter, which knows IPython's
+     * execution_count before the cell runs. */
+    char started[64];
+    s_now_iso(started);
+    char *ctext = json_dumps(content, JSON_COMPACT);
+    char *htext = json_dumps(req->header, JSON_COMPACT);
+    char *md_text = NULL;
+    char *reply_text = ctext && htext ? ll_interp_handle("execute_request", ctext, htext, &md_text)
+                                      : NULL;
+    free(ctext);
+    free(htext);
+    s_collect_output();
+
+    json_error_t jerr;
+    json_t *reply = reply_text ? json_loads(reply_text, JSON_ALLOW_NUL, &jerr) : NULL;
+    free(reply_text);
+    if (!json_is_object(reply)) {
+        ll_error("kernel", "no valid execute_reply from the interpreter");
+        json_decref(reply);
+        reply = s_error_content("InternalError", "the interpreter gave no valid reply");
+        json_object_set_new(reply, "execution_count", json_integer(s_k.exec_count));
+    }
+    json_t *count = json_object_get(reply, "execution_count");
+    if (json_is_integer(count))
+        s_k.exec_count = json_integer_value(count);
+    const char *status = json_string_value(json_object_get(reply, "status"));
+    if (!status)
+        status = "error";
+
+    /* Reply metadata as ipykernel writes it; the interpreter's, if any, wins. */
+    json_t *md = md_text ? json_loads(md_text, 0, &jerr) : NULL;
+    free(md_text);
+    if (!json_is_object(md)) {
+        json_decref(md);
+        md = json_object();
+    }
+    json_t *ours = json_pack("{s:s, s:b, s:s, s:s}", "started", started, "dependencies_met", 1,
+                             "engine", ll_session_id(s_k.session), "status", status);
+    json_object_update_missing(md, ours);
+    json_decref(ours);
+    bool failed = strcmp(status, "error") == 0;
+    s_send_reply(sock, req, "execute_reply", reply, md);
+
+    if (failed && stop_on_error && !silent)
+        s_abort_queued();
+}
+
+/* The dispatch table: every request type the kernel serves and where. */
+static const s_handler_t s_handlers[] = {
+    {"execute_request", S_SHELL, s_on_execute},
+    {"kernel_info_request", S_SHELL | S_CONTROL, s_on_kernel_info},
+    {"shutdown_request", S_SHELL | S_CONTROL, s_on_shutdown},
+    {"interrupt_request", S_SHELL | S_CONTROL, s_on_interrupt},
+    {"connect_request", S_SHELL | S_CONTROL, s_on_connect},
+    {"complete_request", S_SHELL, s_on_interp},
+    {"inspect_request", S_SHELL, s_on_interp},
+    {"history_request", S_SHELL, s_on_interp},
+    {"is_complete_request", S_SHELL, s_on_interp},
+    {"comm_info_request", S_SHELL, s_on_interp},
+    {"comm_open", S_SHELL, s_on_interp},
+    {"comm_msg", S_SHELL, s_on_interp},
+    {"comm_close", S_SHELL, s_on_interp},
+    {NULL, 0, NULL},
+};
+
+static const s_handler_t *s_find_handler(const char *msg_type, s_chan_t chan)
+{
+    for (const s_handler_t *h = s_handlers; h->msg_type; h++)
+        if (strcmp(h->msg_type, msg_type) == 0)
+            return (h->channels & chan) ? h : NULL;
+    return NULL;
+}
+
+/* busy -> handler -> output flushed -> idle, all under REQ's header. */
+static void s_dispatch(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
+{
+    const char *chan_name = chan == S_SHELL ? "shell" : "control";
+    ll_iopub_status(s_k.iopub, "busy", req);
+    if (chan == S_SHELL)
+        ll_iopub_set_parent(s_k.iopub, req);
+    const s_handler_t *h = s_find_handler(req->msg_type, chan);
+    if (h)
+        h->fn(req, chan, sock);
+    else
+        ll_warn("kernel", "unknown message type '%.64s' on %s: ignored", req->msg_type,
+                chan_name);
+    if (chan == S_SHELL)
+        s_collect_output();
+    ll_iopub_status(s_k.iopub, "idle", req); /* flushes stream text first */
+}
+
+/* ---- threads ------------------------------------------------------------- */
+
+/* Wait until SOCK is readable or stop_fd fires.  Returns 1 readable, 0 stop,
+ * -1 error. */
+static int s_wait(zsock_t *sock, int fd)
+{
+    zmq_pollitem_t items[2] = {{zsock_resolve(sock), 0, ZMQ_POLLIN, 0},
+                               {NULL, fd, ZMQ_POLLIN, 0}};
+    for (;;) {
+        int rc = zmq_poll(items, 2, -1);
+        if (rc < 0 && errno == EINTR)
+            continue;
+        if (rc < 0)
+            return -1;
+        if (items[1].revents)
+            return 0;
+        if (items[0].revents)
+            return 1;
+    }
+}
+
+static void *s_heartbeat_main(void *arg)
+{
+    /* REP echo: whatever arrives goes straight back. */
+    while (s_wait(s_k.hb, s_k.stop_fd) == 1) {
+        zmsg_t *ping = zmsg_recv(s_k.hb);
+        if (ping && zmsg_send(&ping, s_k.hb) != 0)
+            zmsg_destroy(&ping);
+    }
+    return NULL;
+}
+
+static void *s_control_main(void *arg)
+{
+    char why[256];
+    while (s_wait(s_k.control, s_k.stop_fd) == 1) {
+        zmsg_t *raw = zmsg_recv(s_k.control);
+        if (!raw)
+            continue;
+        ll_msg_t *req = ll_session_decode(s_k.session, &raw, why, sizeof why);
+        if (!req) {
+            ll_warn("kernel", "dropped a message on control: %s", why);
+            continue;
+        }
+        s_dispatch(req, S_CONTROL, s_k.control);
+        ll_msg_destroy(&req);
+    }
+    return NULL;
+}
+
+/* ---- interpreter hooks --------------------------------------------------- */
+
+static void s_hook_stream_write(void *ctx, const char *name, const char *data, size_t len)
+{
+    ll_iopub_stream_write(s_k.iopub, name, data, len);
+}
+
+static void s_hook_stream_flush(void *ctx)
+{
+    ll_iopub_stream_flush(s_k.iopub);
+}
+
+static void s_hook_publish(void *ctx, const char *msg_type, const char *content_json,
+                           const char *metadata_json, const void *const *bufs,
+                           const size_t *buflens, size_t nbufs)
+{
+    json_error_t jerr;
+    if (!msg_type || !content_json) {
+        ll_warn("kernel", "interpreter published without a type or content: dropped");
+        return;
+    }
+    json_t *content = json_loads(content_json, JSON_ALLOW_NUL, &jerr);
+    if (!json_is_object(content)) {
+        ll_warn("kernel", "interpreter published a %.64s with invalid content (%s): dropped",
+                msg_type, jerr.text);
+        json_decref(content);
+        return;
+    }
+    json_t *md = metadata_json ? json_loads(metadata_json, JSON_ALLOW_NUL, &jerr) : NULL;
+    if (md && !json_is_object(md)) {
+        json_decref(md);
+        md = NULL;
+    }
+    zmsg_t *buffers = NULL;
+    if (nbufs && bufs && buflens) {
+        buffers = zmsg_new();
+        for (size_t i = 0; buffers && i < nbufs; i++)
+            zmsg_addmem(buffers, bufs[i], buflens[i]);
+    }
+    ll_iopub_send(s_k.iopub, msg_type, NULL, content, md, &buffers);
+}
+
+/* input()/getpass(): input_request on stdin to the frontend of the current
+ * request, then wait for its input_reply or an interrupt.  Runs on the
+ * thread that called input(), with the GIL released. */
+static char *s_hook_input(void *ctx, const char *prompt, bool password, int *err)
+{
+    char why[256];
+    *err = 0;
+    if (!atomic_load(&s_k.allow_stdin)) {
+        *err = 2;
+        return NULL;
+    }
+    pthread_mutex_lock(&s_k.stdin_lock);
+    /* Replies to earlier, interrupted prompts must not answer this one. */
+    zmsg_t *stale;
+    while ((stale = zmsg_recv(s_k.stdin_sock)))
+        zmsg_destroy(&stale);
+    s_eventfd_drain(s_k.intr_fd);
+
+    ll_msg_t *msg = ll_iopub_msg_to_parent(
+        s_k.iopub, "input_request",
+        json_pack("{s:s, s:b}", "prompt", prompt ? prompt : "", "password", password));
+    if (!msg || ll_session_send(s_k.session, s_k.stdin_sock, &msg) != 0) {
+        ll_warn("kernel", "cannot send input_request");
+        pthread_mutex_unlock(&s_k.stdin_lock);
+        *err = 2;
+        return NULL;
+    }
+    char *value = NULL;
+    while (!value) {
+        if (atomic_load(&s_k.shutdown) || s_k.terminate) {
+            *err = 1;
+            break;
+        }
+        int rc = s_wait(s_k.stdin_sock, s_k.intr_fd);
+        if (rc <= 0) {
+            s_eventfd_drain(s_k.intr_fd);
+            *err = 1; /* interrupted (or the socket failed): KeyboardInterrupt */
+            break;
+        }
+        zmsg_t *raw = zmsg_recv(s_k.stdin_sock);
+        if (!raw)
+            continue;
+        ll_msg_t *reply = ll_session_decode(s_k.session, &raw, why, sizeof why);
+        if (!reply) {
+            ll_warn("kernel", "dropped a message on stdin: %s", why);
+            continue;
+        }
+        if (strcmp(reply->msg_type, "input_reply") != 0) {
+            ll_warn("kernel", "unexpected %.64s on stdin: ignored", reply->msg_type);
+        } else {
+            const char *v = ll_msg_content_str(reply, "value");
+            value = strdup(v ? v : "");
+            if (!value)
+                *err = 2;
+        }
+        ll_msg_destroy(&reply);
+        if (*err)
+            break;
+    }
+    pthread_mutex_unlock(&s_k.stdin_lock);
+    return value;
+}
+
+/* ---- signals ------------------------------------------------------------- */
+
+static void s_on_sigint(int sig)
+{
+    int saved = errno;
+    ll_interp_interrupt(); /* no-op when idle: an idle SIGINT is ignored */
+    s_eventfd_signal(s_k.intr_fd);
+    errno = saved;
+}
+
+static void s_on_sigterm(int sig)
+{
+    int saved = errno;
+    s_k.terminate = 1;
+    s_eventfd_signal(s_k.wake_fd);
+    s_eventfd_signal(s_k.intr_fd);
+    ll_interp_interrupt();
+    errno = saved;
+}
+
+static void s_install_handlers(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0; /* no SA_RESTART: a blocking call must see EINTR */
+    sa.sa_handler = s_on_sigint;
+    sigaction(SIGINT, &sa, NULL);
+    sa.sa_handler = s_on_sigterm;
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+static void s_block_signals(bool block)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(block ? SIG_BLOCK : SIG_UNBLOCK, &set, NULL);
+}
+
+/* ---- start-up and the shell loop ------------------------------------------ */
+
+static zsock_t *s_bind(int type, ll_channel_t ch, char *err, size_t errlen)
+{
+    char endpoint[300];
+    if (ll_conn_endpoint(&s_k.conn, ch, endpoint, sizeof endpoint) < 0) {
+        snprintf(err, errlen, "%s: endpoint too long", ll_conn_channel_name(ch));
+        return NULL;
+    }
+    zsock_t *sock = zsock_new(type);
+    if (!sock) {
+        snprintf(err, errlen, "%s: cannot create a socket", ll_conn_channel_name(ch));
+        return NULL;
+    }
+    zsock_set_linger(sock, 1000); /* let the last replies (shutdown) leave */
+    if (type == ZMQ_ROUTER)
+        zsock_set_rcvtimeo(sock, 0); /* receive only after polling: never block */
+    if (zsock_bind(sock, "%s", endpoint) == -1) {
+        snprintf(err, errlen, "%s: cannot bind %.300s: %.100s", ll_conn_channel_name(ch), endpoint,
+                 zmq_strerror(zmq_errno()));
+        zsock_destroy(&sock);
+        return NULL;
+    }
+    return sock;
+}
+
+/* Required fields of kernel_info_reply the gateway answers for. */
+static void s_kernel_info_complete(json_t *info)
+{
+    json_object_set_new(info, "status", json_string("ok"));
+    json_object_set_new(info, "protocol_version", json_string("5.3"));
+    json_object_set_new(info, "implementation", json_string("looseleaf"));
+    if (!json_is_string(json_object_get(info, "implementation_version")))
+        json_object_set_new(info, "implementation_version", json_string(LL_VERSION));
+    if (!json_object_get(info, "debugger"))
+        json_object_set_new(info, "debugger", json_false());
+}
+
+static int s_cache_kernel_info(char *err, size_t errlen)
+{
+    char *text = ll_interp_handle("kernel_info_request", "{}",
+                                  "{\"msg_type\":\"kernel_info_request\",\"msg_id\":\"\"}", NULL);
+    json_error_t jerr;
+    json_t *info = text ? json_loads(text, 0, &jerr) : NULL;
+    free(text);
+    if (!json_is_object(info) || !json_is_object(json_object_get(info, "language_info"))) {
+        json_decref(info);
+        snprintf(err, errlen, "the interpreter gave no kernel_info with language_info");
+        return -1;
+    }
+    s_kernel_info_complete(info);
+    s_k.kernel_info = info;
+    return 0;
+}
+
+static void s_shell_loop(void)
+{
+    char why[256];
+    zmq_pollitem_t items[2] = {{zsock_resolve(s_k.shell), 0, ZMQ_POLLIN, 0},
+                               {NULL, s_k.wake_fd, ZMQ_POLLIN, 0}};
+    while (!atomic_load(&s_k.shutdown) && !s_k.terminate) {
+        int rc = zmq_poll(items, 2, -1);
+        if (rc < 0) {
+            if (errno == EINTR)
+                continue;
+            ll_error("kernel", "polling shell failed: %s", zmq_strerror(errno));
+            break;
+        }
+        if (items[1].revents) {
+            s_eventfd_drain(s_k.wake_fd);
+            continue;
+        }
+        if (!items[0].revents)
+            continue;
+        zmsg_t *raw = zmsg_recv(s_k.shell);
+        if (!raw)
+            continue;
+        ll_msg_t *req = ll_session_decode(s_k.session, &raw, why, sizeof why);
+        if (!req) {
+            ll_warn("kernel", "dropped a message on shell: %s", why);
+            continue;
+        }
+        ll_debug("kernel", "shell: %s", req->msg_type);
+        s_dispatch(req, S_SHELL, s_k.shell);
+        ll_msg_destroy(&req);
+    }
+}
+
+static void s_teardown(bool interp_started)
+{
+    if (interp_started)
+        ll_interp_finalize(); /* atexit handlers may still print: keep iopub up */
+    fflush(NULL);
+    if (s_k.fdcap) {
+        ll_fdcap_destroy(&s_k.fdcap); /* hands over the rest, restores fds 1/2 */
+        ll_log_set_fd(2);
+    }
+    s_eventfd_signal(s_k.stop_fd);
+    if (s_k.control_started)
+        pthread_join(s_k.control_thread, NULL);
+    if (s_k.hb_started)
+        pthread_join(s_k.hb_thread, NULL);
+    s_k.control_started = s_k.hb_started = false;
+    ll_iopub_destroy(&s_k.iopub);
+    zsock_destroy(&s_k.shell);
+    zsock_destroy(&s_k.control);
+    zsock_destroy(&s_k.stdin_sock);
+    zsock_destroy(&s_k.hb);
+    ll_session_destroy(&s_k.session);
+    json_decref(s_k.kernel_info);
+    s_k.kernel_info = NULL;
+    for (int *fd = &s_k.wake_fd; fd <= &s_k.stop_fd; fd++)
+        if (*fd >= 0) {
+            close(*fd);
+            *fd = -1;
+        }
+}
+
+int ll_kernel_run(const char *connection_file)
+{
+    char err[512];
+    bool interp_started = false;
+    ll_log_init('G');
+
+    if (ll_conn_load(connection_file, &s_k.conn, err, sizeof err) < 0) {
+        fprintf(stderr, "looseleaf: bad connection file %s: %s\n", connection_file, err);
+        return 1;
+    }
+    if (s_k.conn.key_len == 0)
+        ll_warn("kernel", "!!! the connection file has an EMPTY KEY: messages are neither signed "
+                          "nor verified, anyone who can reach these ports can run code !!!");
+    s_k.session = ll_session_new(s_k.conn.key, s_k.conn.key_len, s_k.conn.signature_scheme, 0);
+    ll_conn_clear(&s_k.conn); /* the session keeps its own copy of the key */
+    if (!s_k.session) {
+        fprintf(stderr, "looseleaf: bad connection file %s: signature_scheme '%s' is not supported\n",
+                connection_file, s_k.conn.signature_scheme);
+        return 1;
+    }
+
+    /* Threads created from here on (ZeroMQ's, ours) must not take SIGINT or
+     * SIGTERM: they belong to the main thread (see ll_kernel.h). */
+    s_block_signals(true);
+    zsys_handler_set(NULL); /* czmq must not install its own SIGINT handler */
+    s_k.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    s_k.intr_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    s_k.stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (s_k.wake_fd < 0 || s_k.intr_fd < 0 || s_k.stop_fd < 0) {
+        snprintf(err, sizeof err, "eventfd: %s", strerror(errno));
+        goto out_fail;
+    }
+    char endpoint[512];
+    if (!(s_k.shell = s_bind(ZMQ_ROUTER, LL_CHAN_SHELL, err, sizeof err)) ||
+        !(s_k.control = s_bind(ZMQ_ROUTER, LL_CHAN_CONTROL, err, sizeof err)) ||
+        !(s_k.stdin_sock = s_bind(ZMQ_ROUTER, LL_CHAN_STDIN, err, sizeof err)) ||
+        !(s_k.hb = s_bind(ZMQ_REP, LL_CHAN_HB, err, sizeof err)))
+        goto out_fail;
+    if (ll_conn_endpoint(&s_k.conn, LL_CHAN_IOPUB, endpoint, sizeof endpoint) < 0) {
+        snprintf(err, sizeof err, "iopub: endpoint too long");
+        goto out_fail;
+    }
+    if (!(s_k.iopub = ll_iopub_new(s_k.session, endpoint, err, sizeof err)))
+        goto out_fail;
+    if (pthread_create(&s_k.hb_thread, NULL, s_heartbeat_main, NULL) != 0) {
+        snprintf(err, sizeof err, "cannot start the heartbeat thread");
+        goto out_fail;
+    }
+    s_k.hb_started = true;
+
+    /* Capture fds 1/2; the log keeps going to the original stderr. */
+    static const int fds[2] = {1, 2};
+    static const char *const names[2] = {"stdout", "stderr"};
+    char cap_err[256];
+    fflush(NULL);
+    s_k.fdcap = ll_fdcap_new(fds, names, 2, (ll_fdcap_sink_fn *) ll_iopub_stream_write, s_k.iopub,
+                             cap_err, sizeof cap_err);
+    if (s_k.fdcap) {
+        ll_log_set_fd(ll_fdcap_original(s_k.fdcap, 1));
+        /* C code printing to stdout should reach the frontend line by line
+         * while the cell runs, not in 4 KiB blocks at its end. */
+        setvbuf(stdout, NULL, _IOLBF, 0);
+    } else {
+        ll_warn("kernel", "output written to fds 1/2 will not be captured: %s", cap_err);
+    }
+
+    s_block_signals(false);
+    s_install_handlers();
+    char self_path[PATH_MAX];
+    if (ll_kernelspec_self_path(self_path, sizeof self_path) < 0)
+        snprintf(self_path, sizeof self_path, "looseleaf");
+    ll_interp_hooks_t hooks = {
+        .ctx = NULL,
+        .stream_write = s_hook_stream_write,
+        .stream_flush = s_hook_stream_flush,
+        .publish = s_hook_publish,
+        .input_request = s_hook_input,
+    };
+    if (ll_interp_init(self_path, &hooks, err, sizeof err) < 0)
+        goto out_fail;
+    interp_started = true;
+    s_install_handlers(); /* in case Python's start-up replaced them */
+    if (s_cache_kernel_info(err, sizeof err) < 0)
+        goto out_fail;
+
+    s_block_signals(true);
+    int rc = pthread_create(&s_k.control_thread, NULL, s_control_main, NULL);
+    s_block_signals(false);
+    if (rc != 0) {
+        snprintf(err, sizeof err, "cannot start the control thread");
+        goto out_fail;
+    }
+    s_k.control_started = true;
+
+    ll_iopub_status(s_k.iopub, "starting", NULL);
+    ll_info("kernel", "looseleaf %s ready (pid %d)", LL_VERSION, (int) getpid());
+    s_shell_loop();
+    ll_info("kernel", "%s", s_k.terminate ? "SIGTERM: exiting" : "shutting down");
+    s_teardown(interp_started);
+    return 0;
+
+out_fail:
+    ll_error("kernel", "cannot start: %s", err);
+    s_teardown(interp_started);
+    fprintf(stderr, "looseleaf: cannot start: %s\n", err);
+    return 1;
+}
+
+/* ---- self-test ----------------------------------------------------------- */
+
+int ll_kernel_selftest(bool verbose)
+{
+    char buf[64];
+    if (!s_reply_type("execute_request", buf, sizeof buf) || strcmp(buf, "execute_reply") != 0)
+        return -1;
+    if (s_reply_type("comm_msg", buf, sizeof buf) || s_reply_type("_request", buf, sizeof buf))
+        return -1;
+    /* The table: shell-only requests are refused on control, unknown types
+     * find nothing, shared ones are found on both. */
+    if (!s_find_handler("execute_request", S_SHELL) || s_find_handler("execute_request", S_CONTROL))
+        return -1;
+    if (!s_find_handler("interrupt_request", S_CONTROL) ||
+        !s_find_handler("shutdown_request", S_SHELL) || s_find_handler("no_such_request", S_SHELL))
+        return -1;
+    for (const s_handler_t *h = s_handlers; h->msg_type; h++)
+        if (!h->fn || !h->channels)
+            return -1;
+    /* kernel_info completion keeps the interpreter's fields, fixes ours. */
+    json_t *info = json_pack("{s:s, s:s, s:{s:s}}", "implementation", "ipython",
+                             "implementation_version", "9", "language_info", "name", "python");
+    s_kernel_info_complete(info);
+    bool ok = strcmp(json_string_value(json_object_get(info, "implementation")), "looseleaf") == 0 &&
+              strcmp(json_string_value(json_object_get(info, "implementation_version")), "9") == 0 &&
+              strcmp(json_string_value(json_object_get(info, "protocol_version")), "5.3") == 0 &&
+              json_is_false(json_object_get(info, "debugger"));
+    json_decref(info);
+    if (!ok)
+        return -1;
+    char date[64];
+    s_now_iso(date);
+    if (strlen(date) != 27 || date[10] != 'T' || date[26] != 'Z')
+        return -1;
+    json_t *e = s_error_content("ValueError", "x");
+    ok = e && json_array_size(json_object_get(e, "traceback")) == 0;
+    json_decref(e);
+    if (verbose)
+        printf("(%zu handlers) ", sizeof s_handlers / sizeof s_handlers[0] - 1);
+    return ok ? 0 : -1;
+}

@@ -1,0 +1,49 @@
+/* ll_kernelspec: the Jupyter kernelspec of LooseLeaf (kernel.json) and where
+ * `looseleaf install` puts it.
+ *
+ * Used by the `install` subcommand and by the build (which runs
+ * `looseleaf install --dir build/kernelspec/looseleaf` so that
+ * `jupyter kernelspec install build/kernelspec/looseleaf` works too).  Runs
+ * in the command-line process only; no threads. */
+#ifndef LL_KERNELSPEC_H
+#define LL_KERNELSPEC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#define LL_KERNELSPEC_NAME "looseleaf"
+#define LL_KERNELSPEC_DISPLAY_NAME "LooseLeaf (GPU)"
+
+typedef enum {
+    LL_KERNELSPEC_USER = 0,   /* $JUPYTER_DATA_DIR or $XDG_DATA_HOME/jupyter or ~/.local/share/jupyter */
+    LL_KERNELSPEC_SYSTEM,     /* /usr/local/share/jupyter */
+    LL_KERNELSPEC_SYS_PREFIX, /* <prefix of the embedded Python>/share/jupyter */
+    LL_KERNELSPEC_PREFIX,     /* <given prefix>/share/jupyter */
+    LL_KERNELSPEC_DIR,        /* exactly the given directory */
+} ll_kernelspec_where_t;
+
+/* Whether NAME is a valid kernel name (what jupyter_client accepts:
+ * letters, digits, '.', '_', '-'). */
+bool ll_kernelspec_name_ok(const char *name);
+
+/* Write into BUF the directory a kernelspec named NAME goes to.  ARG is the
+ * prefix (PREFIX) or the directory (DIR), else ignored.  Returns 0, or -1
+ * with a reason in ERR. */
+int ll_kernelspec_dir(ll_kernelspec_where_t where, const char *arg, const char *name, char *buf,
+                      size_t len, char *err, size_t errlen);
+
+/* The kernel.json text for the kernel binary at BINARY (absolute path), with
+ * DISPLAY_NAME (NULL: the default).  Returns a malloc'd string or NULL. */
+char *ll_kernelspec_json(const char *binary, const char *display_name);
+
+/* Create DIR (and parents) and write DIR/kernel.json atomically.  Returns 0,
+ * or -1 with a reason in ERR. */
+int ll_kernelspec_write(const char *dir, const char *binary, const char *display_name, char *err,
+                        size_t errlen);
+
+/* Absolute path of the running binary into BUF.  Returns 0 or -1. */
+int ll_kernelspec_self_path(char *buf, size_t len);
+
+int ll_kernelspec_selftest(bool verbose);
+
+#endif

@@ -1,0 +1,145 @@
+/* looseleaf: the program Jupyter starts for a notebook, and its tools.
+ *
+ *   looseleaf -f CONNECTION_FILE          the kernel (what kernel.json runs)
+ *   looseleaf kernel -f CONNECTION_FILE   the same
+ *   looseleaf install [...]               write the kernelspec
+ *   looseleaf analyze ...                 cell analysis (gateway/ll_analyze_cli.c)
+ *   looseleaf --version | --help
+ *
+ * Runs in the kernel process (or a short-lived command-line process); only
+ * argument parsing lives here. */
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gateway/ll_kernel.h"
+#include "gateway/ll_kernelspec.h"
+
+/* Provided by the analysis module; weak so the binary links without it. */
+int ll_analyze_main(int argc, char **argv) __attribute__((weak));
+
+static void s_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: looseleaf -f CONNECTION_FILE         run the kernel (Jupyter starts this)\n"
+            "       looseleaf kernel -f CONNECTION_FILE  the same\n"
+            "       looseleaf install [--user | --system | --sys-prefix | --prefix DIR | --dir DIR]\n"
+            "                         [--name NAME] [--display-name TEXT]\n"
+            "                         write the Jupyter kernelspec (default: --user, name %s)\n"
+            "       looseleaf analyze ...                static analysis of cells (see analyze --help)\n"
+            "       looseleaf --version | --help\n",
+            LL_KERNELSPEC_NAME);
+}
+
+/* Find the connection file in "-f FILE" / "-f=FILE" / "--f=FILE". */
+static int s_kernel_main(int argc, char **argv)
+{
+    const char *file = NULL;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "-f") == 0 || strcmp(a, "--f") == 0 ||
+            strcmp(a, "--connection-file") == 0) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "looseleaf: %s needs a connection file\n", a);
+                return 2;
+            }
+            file = argv[++i];
+        } else if (strncmp(a, "-f=", 3) == 0) {
+            file = a + 3;
+        } else if (strncmp(a, "--f=", 4) == 0) {
+            file = a + 4;
+        } else {
+            fprintf(stderr, "looseleaf: unknown kernel argument '%s'\n", a);
+            s_usage(stderr);
+            return 2;
+        }
+    }
+    if (!file || !*file) {
+        fprintf(stderr, "looseleaf: no connection file (-f CONNECTION_FILE)\n");
+        s_usage(stderr);
+        return 2;
+    }
+    return ll_kernel_run(file);
+}
+
+static int s_install_main(int argc, char **argv)
+{
+    ll_kernelspec_where_t where = LL_KERNELSPEC_USER;
+    const char *arg = NULL, *name = LL_KERNELSPEC_NAME, *display = NULL;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        bool has_next = i + 1 < argc;
+        if (strcmp(a, "--user") == 0)
+            where = LL_KERNELSPEC_USER;
+        else if (strcmp(a, "--system") == 0)
+            where = LL_KERNELSPEC_SYSTEM;
+        else if (strcmp(a, "--sys-prefix") == 0)
+            where = LL_KERNELSPEC_SYS_PREFIX;
+        else if ((strcmp(a, "--prefix") == 0 || strcmp(a, "--dir") == 0) && has_next) {
+            where = strcmp(a, "--prefix") == 0 ? LL_KERNELSPEC_PREFIX : LL_KERNELSPEC_DIR;
+            arg = argv[++i];
+        } else if (strcmp(a, "--name") == 0 && has_next)
+            name = argv[++i];
+        else if (strcmp(a, "--display-name") == 0 && has_next)
+            display = argv[++i];
+        else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            s_usage(stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "looseleaf install: bad or incomplete argument '%s'\n", a);
+            s_usage(stderr);
+            return 2;
+        }
+    }
+    char dir[PATH_MAX], binary[PATH_MAX], err[512];
+    if (ll_kernelspec_dir(where, arg, name, dir, sizeof dir, err, sizeof err) < 0) {
+        fprintf(stderr, "looseleaf install: %s\n", err);
+        return 1;
+    }
+    if (ll_kernelspec_self_path(binary, sizeof binary) < 0) {
+        fprintf(stderr, "looseleaf install: cannot find the path of this program\n");
+        return 1;
+    }
+    if (ll_kernelspec_write(dir, binary, display, err, sizeof err) < 0) {
+        fprintf(stderr, "looseleaf install: %s\n", err);
+        return 1;
+    }
+    printf("Installed kernelspec %s in %s\n", where == LL_KERNELSPEC_DIR ? LL_KERNELSPEC_NAME : name,
+           dir);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        s_usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "-V") == 0) {
+        printf("looseleaf %s\n", LL_VERSION);
+        return 0;
+    }
+    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
+        s_usage(stdout);
+        return 0;
+    }
+    if (strcmp(cmd, "kernel") == 0)
+        return s_kernel_main(argc - 2, argv + 2);
+    if (strcmp(cmd, "install") == 0)
+        return s_install_main(argc - 2, argv + 2);
+    if (strcmp(cmd, "analyze") == 0) {
+        if (!ll_analyze_main) {
+            fprintf(stderr, "looseleaf analyze: this build has no analysis module\n");
+            return 1;
+        }
+        return ll_analyze_main(argc - 1, argv + 1);
+    }
+    if (cmd[0] == '-')
+        return s_kernel_main(argc - 1, argv + 1);
+    fprintf(stderr, "looseleaf: unknown command '%s'\n", cmd);
+    s_usage(stderr);
+    return 2;
+}
