@@ -1,0 +1,101 @@
+"""Shared pytest fixtures: a private Jupyter environment for the whole test run.
+
+Runs in the pytest process (/usr/bin/python3).  Every test that starts a
+kernel does so through the kernelspecs registered here, in a temp directory
+put first on JUPYTER_PATH, so no test depends on (or disturbs) a kernelspec,
+history database or runtime directory of the user who runs the tests:
+
+  looseleaf         argv [<repo>/build/looseleaf, -f, {connection_file}],
+                    interrupt_mode signal (as `looseleaf install` writes it)
+  looseleaf-msgint  the same with interrupt_mode message
+  python3           the reference: Debian's ipykernel on /usr/bin/python3
+                    (the python3 first on PATH may be another interpreter)
+  python3-msgint    the same with interrupt_mode message
+"""
+import json
+import os
+import shutil
+import tempfile
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LOOSELEAF_BIN = os.path.join(REPO, "build", "looseleaf")
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+def _kernelspecs():
+    looseleaf_argv = [LOOSELEAF_BIN, "-f", "{connection_file}"]
+    python_argv = [SYSTEM_PYTHON, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    return {
+        "looseleaf": {"argv": looseleaf_argv, "display_name": "LooseLeaf (GPU)",
+                      "language": "python", "interrupt_mode": "signal"},
+        "looseleaf-msgint": {"argv": looseleaf_argv, "display_name": "LooseLeaf (message interrupt)",
+                             "language": "python", "interrupt_mode": "message"},
+        "python3": {"argv": python_argv, "display_name": "Python 3 (ipykernel)",
+                    "language": "python", "interrupt_mode": "signal"},
+        "python3-msgint": {"argv": python_argv, "display_name": "Python 3 (message interrupt)",
+                           "language": "python", "interrupt_mode": "message"},
+    }
+
+
+# The environment is set up at import time (and torn down at session end) so
+# that even code which reads JUPYTER_PATH or IPYTHONDIR once at import sees the
+# private directories.
+_ROOT = tempfile.mkdtemp(prefix="ll-jupyter-")
+_ENV = {
+    "JUPYTER_PATH": os.path.join(_ROOT, "share"),
+    "JUPYTER_DATA_DIR": os.path.join(_ROOT, "data"),
+    "JUPYTER_RUNTIME_DIR": os.path.join(_ROOT, "runtime"),
+    "JUPYTER_CONFIG_DIR": os.path.join(_ROOT, "config"),
+    "IPYTHONDIR": os.path.join(_ROOT, "ipython"),
+    # ipykernel's debugger prints a frozen-modules warning on stderr at start
+    # unless told not to; it is noise, not kernel output.
+    "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+    # Keep matplotlib's font cache and config out of the user's home.
+    "MPLCONFIGDIR": os.path.join(_ROOT, "mpl"),
+}
+_SAVED_ENV = {k: os.environ.get(k) for k in _ENV}
+
+
+def _install_environment():
+    for path in _ENV.values():
+        if path.startswith(_ROOT):
+            os.makedirs(path, exist_ok=True)
+    for name, spec in _kernelspecs().items():
+        kdir = os.path.join(_ENV["JUPYTER_PATH"], "kernels", name)
+        os.makedirs(kdir, exist_ok=True)
+        with open(os.path.join(kdir, "kernel.json"), "w") as f:
+            json.dump(spec, f, indent=1)
+    os.environ.update(_ENV)
+
+
+_install_environment()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for key, value in _SAVED_ENV.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    shutil.rmtree(_ROOT, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def jupyter_env():
+    """The private Jupyter environment: dict of the variables set (JUPYTER_PATH, ...)."""
+    return dict(_ENV)
+
+
+@pytest.fixture(scope="session")
+def kernel_dir(jupyter_env):
+    """The directory holding the private kernelspecs."""
+    return os.path.join(jupyter_env["JUPYTER_PATH"], "kernels")
+
+
+@pytest.fixture(scope="session")
+def looseleaf_bin():
+    """Absolute path of the built kernel binary; the test fails if it is missing."""
+    if not os.access(LOOSELEAF_BIN, os.X_OK):
+        pytest.fail("%s is not built (run `make all`)" % LOOSELEAF_BIN)
+    return LOOSELEAF_BIN

@@ -1,0 +1,96 @@
+"""stream messages: stdout and stderr, coalescing, output written below
+Python (file descriptors 1 and 2 from os.write, C code through libc, child
+processes of os.system and `!cmd`), and output that must reach the frontend
+while the cell is still running."""
+import os
+
+import pytest
+
+from itest_util import of_type, stream_text
+
+# Kernel-side code that blocks until the test creates GO (bounded at 30 s so a
+# failing test cannot hang the kernel).  The test creates GO only after it
+# has seen the first output, so that output provably arrived while the cell
+# was still running.
+WAIT_FOR_GO = """
+import os as _os, time as _time
+_deadline = _time.monotonic() + 30
+while not _os.path.exists(%r) and _time.monotonic() < _deadline:
+    _time.sleep(0.01)
+"""
+
+WRITERS = {
+    "print": ("print('first')", "stdout"),
+    "print_stderr": ("import sys; print('first', file=sys.stderr)", "stderr"),
+    "os_write_1": ("import os; os.write(1, b'first\\n')", "stdout"),
+    "os_write_2": ("import os; os.write(2, b'first\\n')", "stderr"),
+    "libc_printf": ("import ctypes; _libc = ctypes.CDLL(None); _libc.printf(b'first\\n'); _libc.fflush(None)",
+                    "stdout"),
+    "os_system": ("import os; os.system('echo first')", "stdout"),
+    "os_system_stderr": ("import os; os.system('echo first >&2')", "stderr"),
+    "bang": ("!echo first", "stdout"),
+}
+
+
+@pytest.mark.parametrize("writer", sorted(WRITERS))
+def test_output_arrives_while_cell_runs(kernel, writer, tmp_path):
+    code, name = WRITERS[writer]
+    go = str(tmp_path / "go")
+    msg_id = kernel.send("execute_request", {
+        "code": code + "\n" + (WAIT_FOR_GO % go) + "\nprint('second')\n",
+        "silent": False, "store_history": True, "user_expressions": {}, "allow_stdin": False})
+
+    def is_first(m):
+        return m["msg_type"] == "stream" and "first" in m["content"]["text"]
+
+    first, before = kernel.iopub_next(msg_id, is_first, timeout=25)
+    open(go, "w").close()
+    assert first["content"]["name"] == name, "%s went to %s" % (writer, first["content"]["name"])
+    assert not any(m["msg_type"] == "status" and m["content"]["execution_state"] == "idle"
+                   for m in before)
+    rest = kernel.iopub_until_idle(msg_id)
+    reply = kernel.reply(msg_id)
+    assert reply["content"]["status"] == "ok"
+    text = stream_text(before + rest, name)
+    assert text.replace("\r\n", "\n").count("first\n") == 1
+    assert stream_text(before + rest, "stdout").endswith("second\n")
+
+
+def test_stdout_and_stderr(kernel):
+    msgs = kernel.run_ok("import sys\nprint('out')\nprint('err', file=sys.stderr)\n"
+                         "sys.stdout.write('no newline')")
+    assert stream_text(msgs, "stdout") == "out\nno newline"
+    assert stream_text(msgs, "stderr") == "err\n"
+
+
+def test_unicode(kernel):
+    msgs = kernel.run_ok("print('h\\u00e9llo \\u2713 \\u65e5\\u672c \\U0001F600')")
+    assert stream_text(msgs) == "h\u00e9llo \u2713 \u65e5\u672c \U0001F600\n"
+
+
+def test_coalesced(kernel):
+    """Many small prints in a fast loop become few stream messages."""
+    msgs = kernel.run_ok("for i in range(5000):\n    print(i)")
+    assert stream_text(msgs) == "".join("%d\n" % i for i in range(5000))
+    n = len(of_type(msgs, "stream"))
+    assert n <= 50, "5000 prints became %d stream messages" % n
+
+
+def test_large_output_complete(kernel):
+    msgs = kernel.run_ok("for i in range(200000):\n    print(i)", timeout=120)
+    text = stream_text(msgs)
+    assert text == "".join("%d\n" % i for i in range(200000))
+
+
+def test_fd_output_complete(kernel):
+    """A child process writing a lot to fd 1: nothing lost, order kept."""
+    msgs = kernel.run_ok("import os\nos.system('seq 1 20000')", timeout=60)
+    assert stream_text(msgs).replace("\r\n", "\n") == "".join("%d\n" % i for i in range(1, 20001))
+
+
+def test_output_order_with_results(kernel):
+    """Stream text printed before a display comes before it on iopub."""
+    msgs = kernel.run_ok("print('before')\ndisplay('shown')\nprint('after')")
+    seq = [(m["msg_type"], m["content"].get("text") or m["content"].get("data", {}).get("text/plain"))
+           for m in msgs if m["msg_type"] in ("stream", "display_data")]
+    assert seq == [("stream", "before\n"), ("display_data", "'shown'"), ("stream", "after\n")]
