@@ -1,0 +1,25 @@
+"""looseleaf_store: the Python half of LooseLeaf's checkpoint store.
+
+Used by the kernel's interpreter and by GPU workers:
+
+    import _llstore
+    from looseleaf_store import Checkpointer
+    cp = Checkpointer(_llstore.Store(runtime_dir, session_id), user_ns)
+    cp.save(["model", "opt"])      # -> SaveReport (saved/unchanged/deleted/failed ...), one atomic commit
+    cp.restore(["opt"])            # -> RestoreReport; brings `model` too, sharing intact
+    cp.versions()                  # {name: version}
+
+serial.py documents how variables are pickled so that sharing survives; checkpoint.py what save and
+restore guarantee.  `_llstore` is the C store (store/API.md): a builtin module of build/looseleaf, and
+build/py/_llstore*.so for /usr/bin/python3.
+"""
+from .checkpoint import Checkpointer, RestoreReport, SaveReport
+from .serial import BIG_BYTES
+
+__all__ = ["Checkpointer", "SaveReport", "RestoreReport", "BIG_BYTES", "open_store"]
+
+
+def open_store(runtime_dir, session_id, **kwargs):
+    """An `_llstore.Store` (imported here so callers need not know where the module comes from)."""
+    import _llstore
+    return _llstore.Store(runtime_dir, session_id, **kwargs)

@@ -1,0 +1,509 @@
+"""looseleaf_store.checkpoint: save(names) / restore(names) / versions() of one notebook namespace.
+
+Runs in the kernel's embedded interpreter (after CPU cells) and in GPU workers (restore before, save after a
+cell), on the thread that runs cells; one Checkpointer per (store, namespace), not thread-safe.
+
+What it keeps true (see serial.py for how one variable is pickled):
+* A commit holds every variable of one save or none (one `_llstore` commit).  A variable whose pickling
+  or payload write fails is reported with the reason and left out, with every variable of this save that
+  references its objects; its committed version is untouched.
+* A stream names its owners by memo index, so whenever a variable's exports change (new blob, or its
+  exported objects are other objects now) every committed variable that references it is re-pickled into
+  the same commit (restored first if this process does not hold it).  A variable that reaches an object
+  a committed variable exports is saved together with that owner (NeedOwner).
+* Unchanged payloads cost no bytes: the previous ref of the same payload slot is the base of an
+  incremental put (the C store hashes 2 MiB regions), and a restored payload this process never wrote
+  (pagemap.py) is committed again by reference without even hashing it.
+* Restore maps payloads copy-on-write (`map_payload(ref, writable=True)`): zero copy, a user writing to a
+  restored array changes only this process, and the pool's bytes never change under a reader.
+"""
+import itertools
+import os
+import sys
+import time
+import weakref
+
+import numpy as np
+
+from . import pagemap
+from .serial import NeedOwner, SaveContext, Unpickler, pickle_var, split_blob, torch_dtype
+
+_cell_counter = itertools.count(1)
+
+
+def _reason(e):
+    msg = str(e) or e.__class__.__name__
+    if isinstance(e, RecursionError):
+        msg = "structure too deeply nested to pickle"
+    return "%s: %s" % (e.__class__.__name__, msg)
+
+
+class SaveReport:
+    """What a save did.  saved: {name: new version}; unchanged: names whose committed version still holds;
+    deleted: names removed from the store; failed: {name: reason}; added: names not asked for that were
+    saved too (owners and dependents); bytes_written: payload bytes copied into the pool; payload_bytes:
+    payload bytes of the saved variables; error: why the commit failed (nothing committed), else None."""
+
+    def __init__(self):
+        self.saved = {}
+        self.unchanged = []
+        self.deleted = []
+        self.failed = {}
+        self.added = []
+        self.bytes_written = 0
+        self.payload_bytes = 0
+        self.error = None
+        self.seconds = 0.0
+
+    def __repr__(self):
+        return ("SaveReport(saved=%r, unchanged=%d, deleted=%r, failed=%r, added=%r, bytes_written=%d, "
+                "error=%r, seconds=%.4f)" % (self.saved, len(self.unchanged), self.deleted, self.failed,
+                                             self.added, self.bytes_written, self.error, self.seconds))
+
+
+class RestoreReport:
+    """What a restore did.  restored: {name: version} bound into the namespace (the asked names and what they
+    reference); skipped: names whose held version is current; missing: asked names not in the store;
+    failed: {name: reason}; payload_bytes: bytes mapped; warnings: e.g. a CUDA tensor restored on CPU."""
+
+    def __init__(self):
+        self.restored = {}
+        self.skipped = []
+        self.missing = []
+        self.failed = {}
+        self.payload_bytes = 0
+        self.warnings = []
+        self.seconds = 0.0
+
+    def __repr__(self):
+        return ("RestoreReport(restored=%r, skipped=%d, missing=%r, failed=%r, warnings=%r, seconds=%.4f)"
+                % (self.restored, len(self.skipped), self.missing, self.failed, self.warnings, self.seconds))
+
+
+class _VarState:
+    """This process's knowledge of one variable it saved or restored."""
+
+    __slots__ = ("version", "hash", "prefs", "pmeta", "deps", "exports")
+
+    def __init__(self, version, hash_, prefs, pmeta, deps, exports):
+        self.version = version  # committed version the namespace value corresponds to
+        self.hash = hash_  # hash of the committed blob
+        self.prefs = prefs  # committed payload refs (str), one per payload slot
+        self.pmeta = pmeta  # payload metadata per slot (kind, nbytes, ...)
+        self.deps = deps  # owner names its stream references
+        self.exports = exports  # {(kind, index): obj}
+
+
+class Checkpointer:
+    """Saves and restores the variables of NAMESPACE (a dict, e.g. the shell's user_ns) in STORE (an
+    `_llstore.Store`)."""
+
+    def __init__(self, store, namespace):
+        self.store = store
+        self.namespace = namespace
+        self._state = {}  # name -> _VarState
+        self._owner = {}  # export key -> (name, kind, index, obj), for every variable in _state
+        self._graph = {}  # name -> (version, set of owner names), every committed variable of the session
+        self._mapped = {}  # address -> (weakref to the mapping's ndarray, ref, nbytes)
+        self._mapped_purge = 64
+
+    # ---- queries -------------------------------------------------------------------------------------
+    def versions(self):
+        """{name: version} of every committed variable of the session."""
+        return self.store.versions()
+
+    def held(self):
+        """{name: version} the namespace holds (saved or restored by this Checkpointer)."""
+        return {n: s.version for n, s in self._state.items() if n in self.namespace}
+
+    # ---- bookkeeping ---------------------------------------------------------------------------------
+    def _install(self, name, state):
+        self._drop_exports(name)
+        self._state[name] = state
+        for (kind, idx), obj in state.exports.items():
+            key = ("st", obj._storage._cdata) if kind == "p" and hasattr(obj, "_storage") else id(obj)
+            self._owner[key] = (name, kind, idx, obj)
+
+    def _drop_exports(self, name):
+        st = self._state.pop(name, None)
+        if st is None:
+            return
+        for (kind, idx), obj in st.exports.items():
+            key = ("st", obj._storage._cdata) if kind == "p" and hasattr(obj, "_storage") else id(obj)
+            own = self._owner.get(key)
+            if own is not None and own[0] == name:
+                del self._owner[key]
+
+    def _sync_graph(self):
+        """Bring the refs graph of the whole session up to date (entries other processes committed)."""
+        vers = self.store.versions()
+        stale = [n for n, v in vers.items() if self._graph.get(n, (None,))[0] != v]
+        for i in range(0, len(stale), 4096):
+            for n, e in self.store.fetch(stale[i:i + 4096]).items():
+                try:
+                    hdr, _ = split_blob(e[1])
+                    hard = set(hdr.get("hard", ()))
+                except Exception:
+                    hard = set(e[3])
+                self._graph[n] = (e[0], hard)
+        for n in [n for n in self._graph if n not in vers]:
+            del self._graph[n]
+        return vers
+
+    def _dependents(self, names):
+        return {v for v, (_, deps) in self._graph.items() if deps & names}
+
+    def _exports_changed(self, name, pk):
+        st = self._state.get(name)
+        gv = self._graph.get(name)
+        if st is None:
+            return gv is not None  # committed by someone else: its references are not ours to trust
+        if gv is not None and gv[0] != st.version:
+            return True
+        if st.hash != pk.hash or len(st.exports) != len(pk.exports):
+            return True
+        old = st.exports
+        for _, kind, idx, obj in pk.exports:
+            if old.get((kind, idx)) is not obj:
+                return True
+        return False
+
+    # ---- save ----------------------------------------------------------------------------------------
+    def save(self, names, cell_id=None):
+        """Save NAMES (absent from the namespace = delete) and whatever must go with them; one commit.
+        Returns a SaveReport; never raises for a variable that cannot be saved."""
+        t0 = time.perf_counter()
+        rep = SaveReport()
+        ns = self.namespace
+        names = list(dict.fromkeys(names))
+        if cell_id is None:
+            cell_id = "save-%d-%d" % (os.getpid(), next(_cell_counter))
+        try:
+            self._sync_graph()
+        except Exception as e:
+            rep.error = _reason(e)
+            rep.failed = {n: rep.error for n in names}
+            rep.seconds = time.perf_counter() - t0
+            return rep
+        deletes = [n for n in names if n not in ns and n in self._graph]
+        for n in names:
+            if n not in ns:
+                self._drop_exports(n)
+        order = [n for n in names if n in ns]
+        unrestorable = {}
+        for _attempt in range(10000):
+            saving = set(order)
+            ctx = SaveContext(ns, self._owner, saving)
+            res, failed, need = {}, {}, None
+            for n in order:
+                try:
+                    pk = pickle_var(ctx, n, ns[n])
+                except NeedOwner as e:
+                    need = e.name
+                    break
+                except Exception as e:
+                    failed[n] = _reason(e)
+                    continue
+                res[n] = pk
+                for key, kind, idx, obj in pk.exports:
+                    ctx.cur.setdefault(key, (n, kind, idx, obj))
+            if need is not None:
+                if need in ns:
+                    order.insert(0, need)
+                else:
+                    # Deleted from the namespace without a save: its old objects have no owner any more.
+                    self._drop_exports(need)
+                continue
+            changed = {n for n in res if self._exports_changed(n, res[n])} | set(deletes)
+            extra = [d for d in sorted(self._dependents(changed)) if d not in saving and d not in unrestorable
+                     and d not in deletes]
+            if not extra:
+                break
+            for d in extra:
+                if d not in ns:
+                    r = self.restore([d], protect=saving)
+                    if d in r.failed or d not in ns:
+                        unrestorable[d] = r.failed.get(d, "not restorable")
+                        continue
+                order.append(d)
+        failed.update(unrestorable)
+        rep.added = [n for n in order if n not in names]
+
+        writes, fresh, pmeta, ok = {}, [], {}, {}
+        for n in order:
+            pk = res.get(n)
+            if pk is None:
+                continue
+            bad = sorted(d for d in pk.deps if d in failed or d not in ok)
+            if bad:
+                failed[n] = "references objects of %s, which could not be saved" % ", ".join(bad)
+                continue
+            try:
+                prefs, written, new = self._put_payloads(n, pk)
+            except Exception as e:
+                failed[n] = _reason(e)
+                continue
+            fresh += new
+            rep.bytes_written += written
+            rep.payload_bytes += sum(m[1] for m, _ in pk.payloads)
+            ok[n] = prefs
+            st = self._state.get(n)
+            gv = self._graph.get(n)
+            if (st is not None and gv is not None and gv[0] == st.version and st.hash == pk.hash
+                    and st.prefs == prefs and st.deps == pk.deps):
+                rep.unchanged.append(n)
+                continue
+            refs = sorted(pk.deps) + sorted(s for s in pk.soft if s not in pk.deps and s != n)
+            writes[n] = (pk.blob, prefs, refs)
+            pmeta[n] = [m for m, _ in pk.payloads]
+        rep.failed = failed
+
+        versions = {}
+        if writes or deletes:
+            try:
+                versions = self.store.commit(cell_id, writes, deletes)
+            except Exception as e:
+                for r in fresh:
+                    try:
+                        self.store.discard(r)
+                    except Exception:
+                        pass
+                rep.error = "commit failed, nothing saved: " + _reason(e)
+                for n in writes:
+                    rep.failed[n] = rep.error
+                rep.seconds = time.perf_counter() - t0
+                return rep
+        for n in deletes:
+            self._graph.pop(n, None)
+            rep.deleted.append(n)
+        for n, prefs in ok.items():
+            pk = res[n]
+            exports = {(kind, idx): obj for _, kind, idx, obj in pk.exports}
+            if n in writes:
+                v = versions[n]
+                self._install(n, _VarState(v, pk.hash, prefs, pmeta[n], set(pk.deps), exports))
+                self._graph[n] = (v, set(pk.deps))
+                rep.saved[n] = v
+            else:
+                st = self._state[n]
+                st.exports = exports
+                self._install(n, st)
+        rep.seconds = time.perf_counter() - t0
+        return rep
+
+    def _payload_buffer(self, meta, obj):
+        if meta[0] != "s":
+            return obj
+        torch = sys.modules["torch"]
+        n = meta[1]
+        view = torch.empty(0, dtype=torch.uint8, device=obj.device).set_(obj, 0, (n,), (1,))
+        if obj.device.type == "cpu":
+            return view.numpy()
+        # Device memory goes through pinned host memory (DMA), then into the pool.
+        host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+        host.copy_(view)
+        return host.numpy()
+
+    def _put_payloads(self, name, pk):
+        st = self._state.get(name)
+        oldp = st.prefs if st is not None else []
+        oldm = st.pmeta if st is not None else []
+        out, new, written = [], [], 0
+        try:
+            for k, (meta, obj) in enumerate(pk.payloads):
+                buf = self._payload_buffer(meta, obj)
+                base = oldp[k] if k < len(oldp) and tuple(oldm[k]) == tuple(meta) else None
+                if base is not None and self._unwritten(buf, base, meta[1]):
+                    out.append(base)
+                    continue
+                r = self.store.put_payload(buf, base=base)
+                if base is not None and r.written == 0:
+                    self.store.discard(r)
+                    out.append(base)
+                    continue
+                new.append(r)
+                out.append(str(r))
+                written += r.written
+        except BaseException:
+            for r in new:
+                try:
+                    self.store.discard(r)
+                except Exception:
+                    pass
+            raise
+        return out, written, new
+
+    def _unwritten(self, buf, base, nbytes):
+        """BUF is the private mapping of payload BASE and this process never wrote to it."""
+        if nbytes <= 0 or not self._mapped:
+            return False
+        addr = np.frombuffer(buf, dtype=np.uint8).__array_interface__["data"][0]
+        m = self._mapped.get(addr)
+        if m is None or m[0]() is None or m[1] != base or m[2] != nbytes:
+            return False
+        return not pagemap.written_since_mapped(addr, nbytes)
+
+    # ---- restore -------------------------------------------------------------------------------------
+    def _fetch_closure(self, names):
+        """Entries of NAMES and of everything they reference, from one atomic read."""
+        want = list(dict.fromkeys(names))
+        entries = {}
+        for _ in range(1000):
+            snap = self.store.fetch(want)
+            more = [r for e in snap.values() for r in e[3] if r not in snap and r not in want]
+            if not more and all(entries.get(n, (None,))[0] == e[0] for n, e in snap.items()) \
+                    and len(entries) == len(snap):
+                return snap
+            entries = snap
+            want += list(dict.fromkeys(more))
+        raise RuntimeError("the store kept changing while reading the closure of %r" % (names,))
+
+    def _map(self, ref, nbytes):
+        if nbytes == 0:
+            return np.empty(0, dtype=np.uint8)
+        mv = self.store.map_payload(ref, writable=True)
+        base = np.frombuffer(mv, dtype=np.uint8)
+        addr = base.__array_interface__["data"][0]
+        if len(self._mapped) >= self._mapped_purge:
+            self._mapped = {a: m for a, m in self._mapped.items() if m[0]() is not None}
+            self._mapped_purge = max(64, 2 * len(self._mapped))
+        self._mapped[addr] = (weakref.ref(base), str(ref), nbytes)
+        return base
+
+    def _storage_from(self, name, meta, base, rep):
+        torch = sys.modules.get("torch") or __import__("torch")
+        dtype = torch_dtype(meta[2])
+        t = torch.from_numpy(base) if base.size else torch.empty(0, dtype=torch.uint8)
+        device = meta[3]
+        if device.startswith("cuda"):
+            if torch.cuda.is_available():
+                dev = torch.empty(t.numel(), dtype=torch.uint8, device=device)
+                dev.copy_(t)
+                t = dev
+            else:
+                rep.warnings.append("%s: a %s tensor was restored on the CPU (no CUDA here)" % (name, device))
+        return torch.storage.TypedStorage(wrap_storage=t.storage()._storage, dtype=dtype)
+
+    def _load_one(self, name, entry, resolve, rep):
+        version, blob, prefs, refs = entry
+        hdr, stream = split_blob(blob)
+        pays = hdr["pay"]
+        if len(pays) != len(prefs):
+            raise ValueError("%s: %d payloads described, %d stored" % (name, len(pays), len(prefs)))
+        bases = [self._map(r, m[1]) for m, r in zip(pays, prefs)]
+        rep.payload_bytes += sum(m[1] for m in pays)
+        oob = [memoryview(b) for m, b in zip(pays, bases) if m[0] == "n"]
+
+        def local(k):
+            meta = pays[k]
+            if meta[0] == "b":
+                return bytes(bases[k])
+            if meta[0] == "a":
+                return bytearray(bases[k])
+            if meta[0] == "s":
+                return self._storage_from(name, meta, bases[k], rep)
+            raise ValueError("%s: payload %d of kind %r is not a persistent object" % (name, k, meta[0]))
+
+        u = Unpickler(stream, self.namespace, resolve, local, oob)
+        value = u.load()
+        exports = {(kind, idx): obj for _, kind, idx, obj in u.exports()}
+        return value, _VarState(version, hash(blob), list(prefs), pays, set(hdr.get("hard", ())), exports)
+
+    def restore(self, names, held=None, protect=()):
+        """Bind NAMES and everything they reference into the namespace, each shared object once, owners
+        first.  A name whose committed version equals the held one (HELD, default: what this Checkpointer
+        saved or restored) is skipped.  Names in PROTECT are loaded if needed but never bound (a save uses
+        it to restore a dependent without overwriting the values it is saving)."""
+        t0 = time.perf_counter()
+        rep = RestoreReport()
+        ns = self.namespace
+        names = list(dict.fromkeys(names))
+        try:
+            entries = self._fetch_closure(names)
+        except Exception as e:
+            rep.failed = {n: _reason(e) for n in names}
+            rep.seconds = time.perf_counter() - t0
+            return rep
+        rep.missing = [n for n in names if n not in entries]
+
+        def is_held(n):
+            st = self._state.get(n)
+            v = entries[n][0]
+            if st is None or st.version != v or n not in ns:
+                return False
+            return held is None or held.get(n) == v
+
+        load = {n for n in entries if not is_held(n)}
+        # A held variable that references a reloaded one would keep the old objects: reload it too.
+        for _ in range(1000):
+            more = {v for v, st in self._state.items() if v not in load and v in ns and st.deps & load}
+            if not more:
+                break
+            try:
+                entries = self._fetch_closure(list(entries) + sorted(more))
+            except Exception as e:
+                rep.failed = {n: _reason(e) for n in names}
+                rep.seconds = time.perf_counter() - t0
+                return rep
+            load |= {n for n in entries if not is_held(n)} | (more & set(entries))
+        rep.skipped = sorted(n for n in entries if n not in load)
+
+        hard = {}
+        for n in load:
+            try:
+                hard[n] = set(split_blob(entries[n][1])[0].get("hard", ()))
+            except Exception as e:
+                rep.failed[n] = _reason(e)
+        order, seen = [], set()
+
+        def visit(n, stack):
+            if n in seen or n not in hard:
+                return
+            if n in stack:
+                return  # refs are acyclic by construction; a cycle would come from a foreign writer
+            stack.add(n)
+            for d in sorted(hard[n]):
+                visit(d, stack)
+            stack.discard(n)
+            seen.add(n)
+            order.append(n)
+
+        for n in sorted(hard):
+            visit(n, set())
+
+        overlay, loaded = {}, {}
+
+        def resolve(owner, kind, idx):
+            ex = overlay.get(owner)
+            if ex is None:
+                st = self._state.get(owner)
+                ex = st.exports if st is not None else None
+            if ex is None:
+                raise LookupError("variable %r is not available to resolve a shared object" % owner)
+            try:
+                return ex[(kind, idx)]
+            except KeyError:
+                raise LookupError("variable %r has no shared object %s%d (stale reference)"
+                                  % (owner, kind, idx)) from None
+
+        for n in order:
+            bad = sorted(d for d in hard[n] if d in rep.failed or (d not in entries))
+            if bad:
+                rep.failed[n] = "references %s, which could not be restored" % ", ".join(bad)
+                continue
+            try:
+                value, st = self._load_one(n, entries[n], resolve, rep)
+            except Exception as e:
+                rep.failed[n] = _reason(e)
+                continue
+            overlay[n] = st.exports
+            loaded[n] = (value, st)
+        for n, (value, st) in loaded.items():
+            if n in protect:
+                continue
+            ns[n] = value
+            self._install(n, st)
+            self._graph[n] = (st.version, st.deps)
+            rep.restored[n] = st.version
+        rep.seconds = time.perf_counter() - t0
+        return rep

@@ -1,0 +1,372 @@
+"""looseleaf_store.serial: pickle one variable at a time, yet keep the objects variables share.
+
+Runs in whichever process saves or restores a notebook's variables (the kernel's embedded interpreter, a GPU
+worker), on the thread that runs cells.  Nothing here talks to the store: the Checkpointer (checkpoint.py)
+hands streams and payload buffers to `_llstore` and maps payloads back.
+
+DESIGN
+Each variable is pickled on its own (protocol 5, the C `_pickle` Pickler through cloudpickle's subclass, so
+functions and classes defined in cells go by value).  Three hooks take things out of the stream:
+
+* Payloads.  Out-of-band PickleBuffers (numpy arrays, pandas blocks: anything protocol 5 exports), torch
+  storages (caught by `persistent_id` on the TypedStorage every tensor reduce hands over; keyed by the
+  StorageImpl pointer so a view and its base name ONE storage) and bytes/bytearray of at least
+  `BIG_BYTES` become entries of the variable's payload list.  The stream keeps only `('P', k)` or a
+  NEXT_BUFFER opcode; the bytes go to the pool.  Tensors are reduced by `_reduce_tensor` so dtype, size,
+  stride, storage offset, requires_grad, grad and the Parameter class survive and restore is
+  `tensor.set_(storage, ...)` over the mapped payload: no copy.
+
+* Sharing across variables: an object-ownership table.  After a variable is pickled, the pickler's memo
+  says which objects it contains and at which memo index; every identity-bearing object in it (lists,
+  dicts, instances, tensors, arrays, cell-defined functions and classes - not strings, numbers, tuples or
+  things pickled by reference such as modules and library classes) is *exported* by that variable under
+  its memo index.  When a later variable reaches an exported object, `persistent_id` writes
+  `('R', owner, index)` instead of the object (`('Q', owner, k)` for an owner's payload object such as a
+  torch storage), and the owner's name goes into the variable's refs.  Memo indices are the same on both
+  sides of pickle (MEMOIZE opcodes number objects in stream order), so after the owner is unpickled its
+  Unpickler memo maps the index back to the object: `optimizer.param_groups[0]['params'][0] is
+  model.weight` holds after restoring `model` and `optimizer` separately, two names for one list are one
+  list, and cycles inside a variable are ordinary pickle memo cycles.
+  References only ever point to variables pickled earlier in the same save (or to committed variables the
+  Checkpointer pulls into the save), so the refs graph is acyclic and restore loads owners first.
+
+* The namespace.  A function defined in a cell keeps the notebook namespace as its globals: the namespace
+  dict is the persistent id `('G',)`, and the globals the function reads are not pickled into it (they
+  are variables of their own, listed as "soft" dependencies); only module globals are kept.
+
+LIMITS
+* Ownership is by memo index, so a variable's stream is only valid together with the owners it names at
+  the versions committed with it.  The Checkpointer keeps that true by re-pickling the dependents of every
+  variable whose exports changed, in the same commit.
+* An object only *reachable* from a variable's payload-free parts is shared; numpy views of another
+  variable's array are stored as copies (torch views share storage).  Non-leaf tensors come back as leaves
+  (autograd history is not state).  Tensor subclasses other than Parameter, sparse and quantized tensors
+  use torch's own reduce (their storages still leave the stream).
+* Objects pickle cannot handle (open files, sockets, generators, locks) fail their variable only.
+"""
+import enum
+import io
+import pickle
+import struct
+import sys
+import types
+
+import _pickle
+import cloudpickle
+from cloudpickle import cloudpickle_fast as _cpf
+from cloudpickle.cloudpickle import _make_empty_cell, _should_pickle_by_reference
+
+# bytes/bytearray at least this long leave the stream (smaller ones cost less inline than a payload).
+BIG_BYTES = 64 * 1024
+
+# Blob = MAGIC, u32 header length, header (plain pickle of a dict), stream.
+_MAGIC = b"LLS1"
+_HDR = struct.Struct("<4sI")
+
+# Types that never carry identity a user could observe across variables (or that pickle by value anyway).
+_PLAIN = {int, float, bool, type(None), str, tuple, complex}
+_NOSHARE_BASES = (str, bytes, int, float, complex, bool, type(None), tuple, frozenset, range, slice,
+                  type(Ellipsis), type(NotImplemented), enum.Enum, types.ModuleType,
+                  types.BuiltinFunctionType, types.CodeType, types.MethodType, types.MethodWrapperType,
+                  types.WrapperDescriptorType, types.MethodDescriptorType, types.GetSetDescriptorType)
+_share_cache = {}
+
+
+class NeedOwner(Exception):
+    """Raised inside a pickle: the variable reaches an object exported by committed variable NAME, which
+    is not part of this save; the Checkpointer adds NAME to the save and pickles again."""
+
+    def __init__(self, name):
+        super().__init__(name)
+        self.name = name
+
+
+def _noshare_types():
+    extra = []
+    np = sys.modules.get("numpy")
+    if np is not None:
+        extra += [np.generic, np.dtype]
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        extra += [torch.dtype, torch.device, torch.layout, torch.memory_format, torch.finfo, torch.iinfo]
+    return tuple(extra)
+
+
+def shareable(obj):
+    """Whether OBJ's identity matters across variables (so it is exported by its owner)."""
+    t = type(obj)
+    r = _share_cache.get(t)
+    if r is None:
+        if issubclass(t, _NOSHARE_BASES) or issubclass(t, _noshare_types()):
+            r = 0
+        elif issubclass(t, type) or t is types.FunctionType:
+            r = 2  # decided per object: cell-defined ones only
+        else:
+            r = 1
+        _share_cache[t] = r
+    if r == 2:
+        try:
+            return not _should_pickle_by_reference(obj)
+        except Exception:
+            return False
+    return r == 1
+
+
+def torch_dtype(name):
+    torch = sys.modules.get("torch") or __import__("torch")
+    return getattr(torch, name.rsplit(".", 1)[-1])
+
+
+def _reduce_tensor(t):
+    torch = sys.modules["torch"]
+    cls = type(t)
+    if cls is torch.Tensor:
+        kind = 0
+    elif cls is torch.nn.Parameter:
+        kind = 1
+    else:
+        return NotImplemented
+    if t.layout != torch.strided or t.is_quantized or t.is_meta:
+        return NotImplemented
+    if t.is_conj() or t.is_neg():
+        t = t.resolve_conj().resolve_neg()
+    grad = t.grad if t.is_leaf else None
+    state = dict(t.__dict__) if t.__dict__ else None
+    return (_rebuild_tensor, (t.storage(), t.storage_offset(), tuple(t.size()), tuple(t.stride()),
+                              t.dtype, t.requires_grad, grad, kind, state))
+
+
+def _rebuild_tensor(storage, offset, size, stride, dtype, requires_grad, grad, kind, state):
+    torch = sys.modules.get("torch") or __import__("torch")
+    u = storage._storage if isinstance(storage, torch.storage.TypedStorage) else storage
+    t = torch.empty(0, dtype=dtype, device=u.device).set_(u, offset, size, stride)
+    if kind == 1:
+        t = torch.nn.Parameter(t, requires_grad=requires_grad)
+    elif requires_grad:
+        t.requires_grad_(True)
+    if grad is not None:
+        t.grad = grad
+    if state:
+        t.__dict__.update(state)
+    return t
+
+
+def _make_function(code, globals, name, argdefs, closure):
+    # cloudpickle's own _make_function would write its module's __builtins__ into the globals, which here
+    # are the notebook namespace.
+    return types.FunctionType(code, globals, name, argdefs, closure)
+
+
+def _function_setstate_keep_builtins(obj, state):
+    # cloudpickle's setstate writes its own module's __builtins__ into the function's globals, which here
+    # are the notebook namespace: keep the namespace's own entry.
+    g = obj.__globals__
+    missing = object()
+    old = g.get("__builtins__", missing)
+    _cpf._function_setstate(obj, state)
+    if old is not missing:
+        g["__builtins__"] = old
+
+
+class SaveContext:
+    """State shared by the picklers of one save: who exports what."""
+
+    def __init__(self, namespace, old_owner, saving):
+        self.namespace = namespace
+        self.cur = {}  # key -> (owner, kind, index, obj): exports of variables pickled earlier in this save
+        self.old = old_owner  # same, for committed variables (only consulted for names not in `saving`)
+        self.saving = saving  # set of names being pickled in this save
+
+
+class Pickled:
+    """One variable's pickle: the blob to commit and what leaves the stream."""
+
+    __slots__ = ("name", "blob", "payloads", "pobjs", "deps", "soft", "exports", "hash")
+
+    def __init__(self, name, blob, payloads, pobjs, deps, soft, exports):
+        self.name = name
+        self.blob = blob  # bytes: header + stream
+        self.payloads = payloads  # [(meta, obj)]: meta = (kind, nbytes, ...); obj = buffer or storage
+        self.pobjs = pobjs  # [(key, obj) or None] per payload: objects other variables may reference
+        self.deps = deps  # set of owner names this stream references
+        self.soft = soft  # set of global names cell functions read
+        self.exports = exports  # [(key, kind, index, obj)]
+        self.hash = hash(blob)
+
+
+class _Pickler(cloudpickle.CloudPickler):
+    def __init__(self, file, ctx, name):
+        super().__init__(file, protocol=5, buffer_callback=self._oob)
+        self._ctx = ctx
+        self._name = name
+        self.payloads = []
+        self.pobjs = []
+        self._pkey = {}  # local payload key -> index, so one object is one payload
+        self.deps = set()
+        self.soft = set()
+        torch = sys.modules.get("torch")
+        self._torch = torch
+        self._storage_types = (torch.storage.TypedStorage, torch.storage.UntypedStorage) if torch else ()
+
+    def _oob(self, pb):
+        raw = pb.raw()
+        self.payloads.append((("n", raw.nbytes), raw))
+        self.pobjs.append(None)
+        return False
+
+    def _local(self, key, meta, obj, export_obj):
+        k = self._pkey.get(key)
+        if k is None:
+            k = len(self.payloads)
+            self._pkey[key] = k
+            self.payloads.append((meta, obj))
+            self.pobjs.append((key, export_obj) if export_obj is not None else None)
+        return ("P", k)
+
+    def _owned(self, key, obj_check):
+        ctx = self._ctx
+        own = ctx.cur.get(key)
+        if own is None:
+            own = ctx.old.get(key)
+            if own is None or not obj_check(own[3]):
+                return None
+            if own[0] not in ctx.saving:
+                raise NeedOwner(own[0])
+            return None  # the owner is re-pickled in this save; whoever reaches it first owns it now
+        if not obj_check(own[3]):
+            return None
+        self.deps.add(own[0])
+        return ("R" if own[1] == "o" else "Q", own[0], own[2])
+
+    def persistent_id(self, obj):
+        t = type(obj)
+        if t in _PLAIN:
+            return None
+        if t is bytes:
+            if len(obj) < BIG_BYTES:
+                return None
+            return self._local(("id", id(obj)), ("b", len(obj)), obj, None)
+        if self._storage_types and isinstance(obj, self._storage_types):
+            return self._storage(obj)
+        ref = self._owned(id(obj), lambda o: o is obj)
+        if ref is not None:
+            return ref
+        if obj is self._ctx.namespace:
+            return ("G",)
+        if t is bytearray and len(obj) >= BIG_BYTES:
+            return self._local(id(obj), ("a", len(obj)), obj, obj)
+        return None
+
+    def _storage(self, obj):
+        torch = self._torch
+        if isinstance(obj, torch.storage.TypedStorage):
+            u, dtype = obj._storage, obj.dtype
+        else:
+            u, dtype = obj, torch.uint8
+        key = ("st", u._cdata)
+        ref = self._owned(key, lambda o: o._storage._cdata == u._cdata)
+        if ref is not None:
+            return ref
+        typed = torch.storage.TypedStorage(wrap_storage=u, dtype=dtype)
+        return self._local(key, ("s", u.nbytes(), str(dtype), str(u.device)), u, typed)
+
+    def reducer_override(self, obj):
+        if isinstance(obj, io.IOBase):
+            # cloudpickle would save a readable file's *contents*; an open file is process state.
+            raise TypeError("cannot pickle %r object: an open file cannot be saved" % type(obj).__name__)
+        torch = self._torch
+        if torch is not None and isinstance(obj, torch.Tensor):
+            r = _reduce_tensor(obj)
+            if r is not NotImplemented:
+                return r
+        return super().reducer_override(obj)
+
+    def _dynamic_function_reduce(self, func):
+        if func.__globals__ is not self._ctx.namespace:
+            return super()._dynamic_function_reduce(func)
+        code = func.__code__
+        closure = None
+        if func.__closure__ is not None:
+            closure = tuple(_make_empty_cell() for _ in range(len(code.co_freevars)))
+        state, slotstate = _cpf._function_getstate(func)
+        g = slotstate["__globals__"]
+        keep = {k: v for k, v in g.items() if isinstance(v, types.ModuleType)}
+        self.soft.update(k for k in g if k not in keep)
+        slotstate["__globals__"] = keep
+        return (_make_function, (code, self._ctx.namespace, None, None, closure), (state, slotstate),
+                None, None, _function_setstate_keep_builtins)
+
+
+def pickle_var(ctx, name, value):
+    """Pickle VALUE as variable NAME.  Returns a Pickled; raises what pickle raises (and NeedOwner)."""
+    f = io.BytesIO()
+    p = _Pickler(f, ctx, name)
+    p.dump(value)
+    stream = f.getvalue()
+    exports = []
+    for idx, obj in p.memo.copy().values():
+        if shareable(obj):
+            exports.append((id(obj), "o", idx, obj))
+    for k, po in enumerate(p.pobjs):
+        if po is not None:
+            exports.append((po[0], "p", k, po[1]))
+    hdr = pickle.dumps({"pay": [m for m, _ in p.payloads], "hard": sorted(p.deps), "soft": sorted(p.soft)},
+                       protocol=5)
+    blob = _HDR.pack(_MAGIC, len(hdr)) + hdr + stream
+    return Pickled(name, blob, p.payloads, p.pobjs, p.deps, p.soft, exports)
+
+
+def split_blob(blob):
+    """Header dict and stream of a blob; ValueError for anything that is not one of ours."""
+    mv = memoryview(blob)
+    if len(mv) < _HDR.size:
+        raise ValueError("store entry is too short to be a LooseLeaf blob")
+    magic, n = _HDR.unpack_from(mv)
+    if magic != _MAGIC or _HDR.size + n > len(mv):
+        raise ValueError("store entry is not a LooseLeaf blob (bad magic or header length)")
+    hdr = pickle.loads(mv[_HDR.size:_HDR.size + n])
+    return hdr, mv[_HDR.size + n:]
+
+
+class Unpickler(_pickle.Unpickler):
+    """Unpickles one variable.  RESOLVE(owner, kind, index) returns another variable's exported object;
+    LOCAL(k) builds this variable's payload object k (called once per k)."""
+
+    def __init__(self, stream, namespace, resolve, local, buffers):
+        super().__init__(io.BytesIO(stream), buffers=buffers)
+        self._ns = namespace
+        self._resolve = resolve
+        self._localf = local
+        self._locals = {}
+
+    def persistent_load(self, pid):
+        if not isinstance(pid, tuple) or not pid:
+            raise pickle.UnpicklingError("bad persistent id %r" % (pid,))
+        tag = pid[0]
+        if tag == "P":
+            k = pid[1]
+            o = self._locals.get(k)
+            if o is None:
+                o = self._locals[k] = self._localf(k)
+            return o
+        if tag == "R":
+            return self._resolve(pid[1], "o", pid[2])
+        if tag == "Q":
+            return self._resolve(pid[1], "p", pid[2])
+        if tag == "G":
+            return self._ns
+        raise pickle.UnpicklingError("unknown persistent id %r" % (pid,))
+
+    def exports(self):
+        """What this variable exports, after load: [(key, kind, index, obj)]."""
+        out = []
+        for idx, obj in self.memo.copy().items():
+            if shareable(obj):
+                out.append((id(obj), "o", idx, obj))
+        torch = sys.modules.get("torch")
+        for k, obj in self._locals.items():
+            if torch is not None and isinstance(obj, torch.storage.TypedStorage):
+                out.append((("st", obj._storage._cdata), "p", k, obj))
+            elif isinstance(obj, bytearray):
+                out.append((id(obj), "p", k, obj))
+        return out
