@@ -1,7 +1,7 @@
 # kernel/: the embedded interpreter (owned by the interpreter engineer).
 LIB_SRCS  += kernel/ll_interp.c
 SELFTESTS += ll_interp
-PYTESTS   +=
+PYTESTS   += tests/kernel/test_interp.py
 EXTRA_TARGETS += $(BUILD)/tests/kernel/embed_driver
 
 # sys.executable of the embedded interpreter: the Python we build against.

@@ -258,9 +258,15 @@ static PyObject *s_module_init(void)
 /* ------------------------------------------------------------------ */
 /* Signals and fork.                                                  */
 
+/* Runs on the interpreter thread.  Besides making a blocking call return
+ * EINTR, it trips the SIGINT flag again from this thread: Python only arms
+ * its eval-loop breaker when the flag is tripped on the main thread, so a
+ * trip from another thread alone would never stop a pure-Python loop. */
 static void s_wake_handler(int sig)
 {
-    (void)sig; /* only here so blocking calls return EINTR */
+    (void)sig;
+    if (atomic_load(&s_busy))
+        PyErr_SetInterruptEx(SIGINT);
 }
 
 static void s_atfork_child(void)

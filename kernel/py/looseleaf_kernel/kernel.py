@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 
 from IPython.core import release
 from IPython.core.error import StdinNotImplementedError
+from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult
 from IPython.utils.tokenutil import line_at_cursor, token_at_cursor
 
 import _looseleaf_kernel as _lk
@@ -164,7 +165,15 @@ class Kernel:
         if not silent:
             publish("execute_input", {"code": code, "execution_count": shell.execution_count})
         try:
-            res = shell.run_cell(code, store_history=store_history, silent=silent, cell_id=cell_id)
+            try:
+                res = shell.run_cell(code, store_history=store_history, silent=silent,
+                                     cell_id=cell_id)
+            except Exception as e:
+                # IPython itself failed on this cell: still a cell error for
+                # the user (published, replied), not a broken kernel.
+                shell.showtraceback()
+                res = ExecutionResult(ExecutionInfo(code, store_history, silent, False, cell_id))
+                res.error_before_exec = e
         finally:
             self.allow_stdin = False
             self._flush_streams()

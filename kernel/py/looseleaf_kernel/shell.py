@@ -125,6 +125,17 @@ class LooseLeafShell(InteractiveShell):
             {"source": "ask_exit", "keepkernel": self.keepkernel_on_exit}
         )
 
+    def should_run_async(self, raw_cell, *, transformed_cell=None, preprocessing_exc_tuple=None):
+        # IPython 8.5 lets the ValueError of compile() on code with NUL bytes
+        # escape from here; run it synchronously so that run_cell reports it
+        # as the cell's error, as it does for any syntax error.
+        try:
+            return super().should_run_async(
+                raw_cell, transformed_cell=transformed_cell,
+                preprocessing_exc_tuple=preprocessing_exc_tuple)
+        except ValueError:
+            return False
+
     def run_cell(self, *args, **kwargs):
         self._last_traceback = None
         return super().run_cell(*args, **kwargs)
