@@ -1,0 +1,102 @@
+/* ll_pool: the payload pool, a shared-memory file cut into 2 MiB regions.
+ *
+ * Every process of a session (kernel, workers, tests) opens the same pool
+ * file and allocates, leases and reclaims regions through atomic words in
+ * the file's header, so no lock is held across processes and a process
+ * killed at any instant leaves nothing that a later reclamation cannot undo.
+ * Which regions committed versions use is not known here: that is Redis's
+ * business (ll_store); ll_pool_gc asks the caller.  Thread-safe: a mutex
+ * guards this process's lease counts. */
+#ifndef LL_POOL_H
+#define LL_POOL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define LL_POOL_REGION_BYTES ((size_t)2 << 20)
+#define LL_POOL_MAX_PROCS 64 /* processes that may hold leases at once */
+
+typedef struct ll_pool_t ll_pool_t;
+typedef struct ll_pool_map_t ll_pool_map_t;
+
+/* One region of a payload: its index in the pool and the generation it had
+ * when the payload was written (a reused index has a higher generation). */
+typedef struct {
+    uint32_t idx;
+    uint64_t gen;
+    uint64_t hash; /* XXH3-64 of the region's payload bytes */
+} ll_pool_region_t;
+
+/* Error kinds, also used by ll_store. */
+typedef enum {
+    LL_POOL_OK = 0,
+    LL_POOL_EIO = 1,   /* system call failed, bad file, ... */
+    LL_POOL_EFULL = 2, /* no free region or no memory to back one */
+    LL_POOL_EGONE = 3, /* a region was reclaimed (or reused) since */
+    LL_POOL_EINVAL = 4,
+} ll_pool_errkind_t;
+
+/* Open the pool file PATH, creating it (0600) with room for POOL_BYTES when
+ * it does not exist; an existing pool keeps its size.  PATH "memfd:hugetlb"
+ * or "memfd:thp" creates a nameless private pool (benchmarks).  Returns NULL
+ * with a reason in ERR. */
+ll_pool_t *ll_pool_open(const char *path, size_t pool_bytes, char *err, size_t errlen);
+
+/* Drop this handle; the pool lives on while a mapping made from it lives. */
+void ll_pool_destroy(ll_pool_t **pool_p);
+
+/* Remove the pool's file name (its memory goes once every process let go). */
+int ll_pool_unlink(ll_pool_t *pool);
+
+/* Allocate one region for writing, leased by this process; *ADDR is where to
+ * write it.  Returns 0, or -1 with LL_POOL_EFULL/EIO in *KIND. */
+int ll_pool_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind,
+                  char *err, size_t errlen);
+
+/* Lease a region (keeps it from reclamation); fails with LL_POOL_EGONE when
+ * it no longer holds generation REG->gen.  Returns 0 or -1. */
+int ll_pool_lease(ll_pool_t *pool, const ll_pool_region_t *reg);
+void ll_pool_unlease(ll_pool_t *pool, uint32_t idx);
+
+/* Address of region IDX in this process's writable mapping. */
+void *ll_pool_addr(ll_pool_t *pool, uint32_t idx);
+
+/* Bump the commit epoch: call after a commit became visible and before its
+ * writer's leases are released (see the reclamation protocol in ll_pool.c). */
+void ll_pool_commit_done(ll_pool_t *pool);
+
+/* Reclaim regions that no live process leases and that REFERENCED (called
+ * once, after the candidates were chosen) does not mark: it fills MARK[idx]
+ * with the generation a committed version uses, 0 for none.  Returns the
+ * number freed, or -1 with a reason. */
+typedef int (*ll_pool_refs_fn)(void *ctx, uint64_t *mark, size_t nregions);
+int ll_pool_gc(ll_pool_t *pool, ll_pool_refs_fn referenced, void *ctx, char *err,
+               size_t errlen);
+
+/* Map NREG leased-or-leasable regions at consecutive addresses, NBYTES long,
+ * read-only (or private copy-on-write when WRITABLE).  Leases them for the
+ * mapping's life.  Returns NULL with *KIND EGONE/EIO and a reason. */
+ll_pool_map_t *ll_pool_map(ll_pool_t *pool, const ll_pool_region_t *regs, size_t nreg,
+                           size_t nbytes, bool writable, int *kind, char *err,
+                           size_t errlen);
+void *ll_pool_map_addr(ll_pool_map_t *map);
+size_t ll_pool_map_len(ll_pool_map_t *map);
+/* Unmap and release the leases; nulls *MAP_P; safe on NULL. */
+void ll_pool_unmap(ll_pool_map_t **map_p);
+
+typedef struct {
+    const char *page_kind; /* "hugetlb", "thp" or "4k" */
+    const char *path;
+    size_t pool_bytes;
+    size_t regions_total;
+    size_t regions_used;   /* allocated, committed or not yet reclaimed */
+    size_t regions_leased; /* by this process */
+} ll_pool_stats_t;
+void ll_pool_stats(ll_pool_t *pool, ll_pool_stats_t *out);
+
+/* Whether this handle was opened by the calling process (false in a fork
+ * child, which must open its own). */
+bool ll_pool_owned_here(ll_pool_t *pool);
+
+#endif

@@ -1,0 +1,503 @@
+/* ll_redis: private redis-server launcher and a reconnecting hiredis
+ * connection (see ll_redis.h).  Runs in any process of a session; the
+ * launcher is called by the process that owns the runtime directory.
+ *
+ * DESIGN
+ * ------
+ * The private server listens only on RUNTIME_DIR/redis.sock (port 0,
+ * unixsocketperm 700, the directory 0700), in its own process group so a
+ * Ctrl-C or a killpg() meant for the kernel does not take it down.  It is
+ * spawned with posix_spawn, never fork(): the kernel process has ZeroMQ
+ * threads by then.  It writes an append-only file in the runtime directory:
+ * a commit is acknowledged only after Redis wrote it to the AOF (Redis
+ * writes the AOF buffer before it sends replies), so a server that is
+ * killed and restarted mid-session comes back with every acknowledged
+ * commit.  "everysec" fsync is enough because only an OS crash could lose the
+ * page cache, and an OS crash loses the shared-memory pool anyway.  A crash
+ * of the *saving* process needs nothing from Redis: MULTI/EXEC is atomic.
+ *
+ * hiredis contexts carry a sticky err/errstr: once set the context is dead,
+ * so every call checks it and reconnects (after a Redis restart the socket
+ * reappears once the server answers).  Writes to a closed socket would raise
+ * SIGPIPE and kill the process: we set SIGPIPE to SIG_IGN if it is still the
+ * default (CPython already does so). */
+#include "store/ll_redis.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "proto/ll_log.h"
+
+extern char **environ;
+
+struct ll_redis_t {
+    redisContext *c;         /* NULL or a context (maybe with err set) */
+    char *url;               /* as given */
+    char *path;              /* unix socket, or NULL */
+    char *host;              /* tcp host, or NULL */
+    int port;                /* tcp port */
+    char err[256];           /* last error */
+    unsigned long reconnects; /* successful reconnects after a failure */
+};
+
+static double s_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void s_nap(long usec)
+{
+    struct timespec ts = {0, usec * 1000};
+    nanosleep(&ts, NULL);
+}
+
+static void s_ignore_sigpipe(void)
+{
+    struct sigaction old;
+    if (sigaction(SIGPIPE, NULL, &old) == 0 && old.sa_handler == SIG_DFL &&
+        !(old.sa_flags & SA_SIGINFO)) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = SIG_IGN;
+        sigaction(SIGPIPE, &sa, NULL);
+    }
+}
+
+/* mkdir -p DIR with 0700 for what it creates. */
+static int s_mkdirs(const char *dir)
+{
+    char *p = strdup(dir);
+    if (!p)
+        return -1;
+    for (char *s = p + 1; *s; s++) {
+        if (*s != '/')
+            continue;
+        *s = 0;
+        if (mkdir(p, 0700) != 0 && errno != EEXIST) {
+            free(p);
+            return -1;
+        }
+        *s = '/';
+    }
+    int rc = mkdir(p, 0700) != 0 && errno != EEXIST ? -1 : 0;
+    free(p);
+    return rc;
+}
+
+/* Make RUNTIME_DIR exist, belong to us and be closed to others. */
+static int s_prepare_dir(const char *dir, char *err, size_t errlen)
+{
+    if (s_mkdirs(dir) != 0) {
+        snprintf(err, errlen, "cannot create runtime directory %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        snprintf(err, errlen, "runtime directory %s is not a directory", dir);
+        return -1;
+    }
+    if (st.st_uid != geteuid()) {
+        snprintf(err, errlen, "runtime directory %s belongs to another user", dir);
+        return -1;
+    }
+    if ((st.st_mode & 077) && chmod(dir, 0700) != 0) {
+        snprintf(err, errlen, "cannot make %s private (0700): %s", dir, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static char *s_join(const char *dir, const char *name)
+{
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = malloc(n);
+    if (p)
+        snprintf(p, n, "%s/%s", dir, name);
+    return p;
+}
+
+/* 1 when a server answers PING on SOCK, 0 when none (or still loading). */
+static int s_ping(const char *sock)
+{
+    struct timeval tv = {0, 500000};
+    redisContext *c = redisConnectUnixWithTimeout(sock, tv);
+    if (!c)
+        return 0;
+    int ok = 0;
+    if (!c->err) {
+        redisReply *r = redisCommand(c, "PING");
+        ok = r && r->type == REDIS_REPLY_STATUS && strcmp(r->str, "PONG") == 0;
+        if (r)
+            freeReplyObject(r);
+    }
+    redisFree(c);
+    return ok;
+}
+
+static void s_log_tail(const char *dir, char *err, size_t errlen)
+{
+    char *log = s_join(dir, "redis.log");
+    FILE *f = log ? fopen(log, "re") : NULL;
+    free(log);
+    if (!f)
+        return;
+    char line[512], last[512] = "";
+    while (fgets(line, sizeof line, f))
+        if (line[0] != '\n')
+            snprintf(last, sizeof last, "%s", line);
+    fclose(f);
+    last[strcspn(last, "\n")] = 0;
+    size_t n = strlen(err);
+    if (last[0] && n + 10 < errlen)
+        snprintf(err + n, errlen - n, " (redis.log: %s)", last);
+}
+
+char *ll_redis_start(const char *runtime_dir, bool *started, char *err, size_t errlen)
+{
+    *started = false;
+    s_ignore_sigpipe();
+    if (s_prepare_dir(runtime_dir, err, errlen) != 0)
+        return NULL;
+    char *sock = s_join(runtime_dir, "redis.sock");
+    char *pidf = s_join(runtime_dir, "redis.pid");
+    char *logf = s_join(runtime_dir, "redis.log");
+    char *result = NULL;
+    if (!sock || !pidf || !logf) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    if (strlen(sock) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
+        snprintf(err, errlen, "runtime directory path too long for a unix socket: %s", sock);
+        goto out;
+    }
+    if (s_ping(sock)) {
+        result = sock;
+        sock = NULL;
+        goto out;
+    }
+    unlink(sock);
+    const char *server = getenv("LL_REDIS_SERVER");
+    if (!server || !*server)
+        server = "redis-server";
+    const char *argv[] = {server, "--port", "0", "--unixsocket", sock,
+                          "--unixsocketperm", "700", "--dir", runtime_dir,
+                          "--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
+                          "--appenddirname", "redis-aof", "--pidfile", pidf,
+                          "--logfile", logf, "--daemonize", "no", "--databases", "1",
+                          NULL};
+    posix_spawnattr_t attr;
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_init(&attr);
+    posix_spawnattr_setpgroup(&attr, 0);
+    sigset_t none;
+    sigemptyset(&none);
+    posix_spawnattr_setsigmask(&attr, &none);
+    /* Signals we ignore stay ignored across exec: give Redis the defaults. */
+    sigset_t def;
+    sigemptyset(&def);
+    sigaddset(&def, SIGPIPE);
+    sigaddset(&def, SIGTERM);
+    sigaddset(&def, SIGINT);
+    posix_spawnattr_setsigdefault(&attr, &def);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK |
+                                        POSIX_SPAWN_SETSIGDEF);
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
+    posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+#endif
+    pid_t pid;
+    int rc = posix_spawnp(&pid, server, &fa, &attr, (char *const *)argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&attr);
+    if (rc != 0) {
+        snprintf(err, errlen, "cannot start %s: %s", server, strerror(rc));
+        goto out;
+    }
+    double deadline = s_now() + 15.0;
+    for (;;) {
+        if (s_ping(sock))
+            break;
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid) {
+            snprintf(err, errlen, "redis-server in %s exited at start (status %d)", runtime_dir,
+                     WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+            s_log_tail(runtime_dir, err, errlen);
+            goto out;
+        }
+        if (s_now() > deadline) {
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
+            snprintf(err, errlen, "redis-server in %s did not answer within 15 s", runtime_dir);
+            s_log_tail(runtime_dir, err, errlen);
+            goto out;
+        }
+        s_nap(2000);
+    }
+    ll_info("store", "started redis-server %d on %s", (int)pid, sock);
+    *started = true;
+    result = sock;
+    sock = NULL;
+out:
+    free(sock);
+    free(pidf);
+    free(logf);
+    return result;
+}
+
+/* Whether PID runs a redis-server (so a recycled pid is never killed). */
+static bool s_is_redis(pid_t pid)
+{
+    char path[64], comm[64] = "";
+    snprintf(path, sizeof path, "/proc/%d/comm", (int)pid);
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return false;
+    if (!fgets(comm, sizeof comm, f))
+        comm[0] = 0;
+    fclose(f);
+    return strncmp(comm, "redis", 5) == 0;
+}
+
+int ll_redis_stop(const char *runtime_dir, char *err, size_t errlen)
+{
+    char *pidf = s_join(runtime_dir, "redis.pid");
+    if (!pidf) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    FILE *f = fopen(pidf, "re");
+    free(pidf);
+    if (!f)
+        return 0;
+    int pid = 0;
+    if (fscanf(f, "%d", &pid) != 1)
+        pid = 0;
+    fclose(f);
+    if (pid <= 0 || !s_is_redis(pid))
+        return 0;
+    if (kill(pid, SIGTERM) != 0) {
+        if (errno == ESRCH)
+            return 0;
+        snprintf(err, errlen, "cannot stop redis-server %d: %s", pid, strerror(errno));
+        return -1;
+    }
+    double deadline = s_now() + 10.0;
+    bool killed = false;
+    for (;;) {
+        int status;
+        pid_t w = waitpid(pid, &status, WNOHANG); /* reap it if it is our child */
+        if (w == pid || (w < 0 && kill(pid, 0) != 0 && errno == ESRCH))
+            break;
+        if (w < 0 && !s_is_redis(pid)) /* a zombie of someone else's */
+            break;
+        if (!killed && s_now() > deadline) {
+            ll_warn("store", "redis-server %d ignored SIGTERM for 10 s; killing it", pid);
+            kill(pid, SIGKILL);
+            killed = true;
+        }
+        s_nap(2000);
+    }
+    ll_info("store", "stopped redis-server %d of %s", pid, runtime_dir);
+    return 1;
+}
+
+static int s_connect(ll_redis_t *r)
+{
+    struct timeval tv = {2, 0};
+    if (r->c) {
+        redisFree(r->c);
+        r->c = NULL;
+    }
+    r->c = r->path ? redisConnectUnixWithTimeout(r->path, tv)
+                   : redisConnectWithTimeout(r->host, r->port, tv);
+    if (!r->c) {
+        snprintf(r->err, sizeof r->err, "cannot connect to Redis at %s: out of memory", r->url);
+        return -1;
+    }
+    if (r->c->err) {
+        snprintf(r->err, sizeof r->err, "cannot connect to Redis at %s: %s", r->url,
+                 r->c->errstr);
+        redisFree(r->c);
+        r->c = NULL;
+        return -1;
+    }
+    struct timeval cmd_tv = {60, 0}; /* a hung server becomes an error, not a hang */
+    redisSetTimeout(r->c, cmd_tv);
+    return 0;
+}
+
+ll_redis_t *ll_redis_connect(const char *url, char *err, size_t errlen)
+{
+    s_ignore_sigpipe();
+    ll_redis_t *r = calloc(1, sizeof *r);
+    if (!r || !(r->url = strdup(url))) {
+        free(r);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    if (strncmp(url, "unix://", 7) == 0) {
+        r->path = strdup(url + 7);
+    } else if (strncmp(url, "redis://", 8) == 0) {
+        const char *hp = url + 8;
+        const char *at = strrchr(hp, '@');
+        if (at)
+            hp = at + 1;
+        const char *colon = strrchr(hp, ':');
+        size_t hl = colon ? (size_t)(colon - hp) : strcspn(hp, "/");
+        r->host = strndup(hp, hl);
+        r->port = 6379;
+        if (colon) {
+            char *end;
+            long port = strtol(colon + 1, &end, 10);
+            if (port <= 0 || port > 65535 || (*end && *end != '/')) {
+                snprintf(err, errlen, "bad Redis URL %s: port", url);
+                ll_redis_destroy(&r);
+                return NULL;
+            }
+            r->port = (int)port;
+        }
+    } else if (url[0] == '/') {
+        r->path = strdup(url);
+    } else {
+        snprintf(err, errlen, "bad Redis URL %s (want unix:///path or redis://host:port)", url);
+        ll_redis_destroy(&r);
+        return NULL;
+    }
+    if ((!r->path && !r->host) || s_connect(r) != 0) {
+        snprintf(err, errlen, "%s", r->err[0] ? r->err : "out of memory");
+        ll_redis_destroy(&r);
+        return NULL;
+    }
+    return r;
+}
+
+void ll_redis_destroy(ll_redis_t **r_p)
+{
+    if (!r_p || !*r_p)
+        return;
+    ll_redis_t *r = *r_p;
+    if (r->c)
+        redisFree(r->c);
+    free(r->url);
+    free(r->path);
+    free(r->host);
+    free(r);
+    *r_p = NULL;
+}
+
+int ll_redis_ensure(ll_redis_t *r)
+{
+    if (r->c && !r->c->err)
+        return 0;
+    if (r->c)
+        snprintf(r->err, sizeof r->err, "Redis at %s: %s", r->url, r->c->errstr);
+    /* A restarting server needs a moment before its socket answers. */
+    double deadline = s_now() + 5.0;
+    while (s_connect(r) != 0) {
+        if (s_now() > deadline)
+            return -1;
+        s_nap(20000);
+    }
+    r->reconnects++;
+    ll_info("store", "reconnected to Redis at %s", r->url);
+    return 0;
+}
+
+static void s_note_io_error(ll_redis_t *r)
+{
+    if (r->c && r->c->err)
+        snprintf(r->err, sizeof r->err, "Redis at %s: %s", r->url, r->c->errstr);
+    else
+        snprintf(r->err, sizeof r->err, "Redis at %s: no reply", r->url);
+}
+
+redisReply *ll_redis_cmd(ll_redis_t *r, int argc, const char **argv, const size_t *lens)
+{
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (ll_redis_ensure(r) != 0)
+            return NULL;
+        redisReply *reply = redisCommandArgv(r->c, argc, argv, lens);
+        if (reply) {
+            /* A server still loading its AOF after a restart says so. */
+            if (reply->type == REDIS_REPLY_ERROR && strncmp(reply->str, "LOADING", 7) == 0 &&
+                attempt == 0) {
+                freeReplyObject(reply);
+                s_nap(50000);
+                continue;
+            }
+            return reply;
+        }
+        s_note_io_error(r);
+    }
+    return NULL;
+}
+
+redisReply *ll_redis_cmdf(ll_redis_t *r, const char *fmt, ...)
+{
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (ll_redis_ensure(r) != 0)
+            return NULL;
+        va_list ap;
+        va_start(ap, fmt);
+        redisReply *reply = redisvCommand(r->c, fmt, ap);
+        va_end(ap);
+        if (reply)
+            return reply;
+        s_note_io_error(r);
+    }
+    return NULL;
+}
+
+int ll_redis_append(ll_redis_t *r, int argc, const char **argv, const size_t *lens)
+{
+    if (!r->c || r->c->err) {
+        s_note_io_error(r);
+        return -1;
+    }
+    if (redisAppendCommandArgv(r->c, argc, argv, lens) != REDIS_OK) {
+        s_note_io_error(r);
+        return -1;
+    }
+    return 0;
+}
+
+redisReply *ll_redis_reply(ll_redis_t *r)
+{
+    void *reply = NULL;
+    if (!r->c || r->c->err || redisGetReply(r->c, &reply) != REDIS_OK || !reply) {
+        s_note_io_error(r);
+        return NULL;
+    }
+    return reply;
+}
+
+const char *ll_redis_errstr(ll_redis_t *r)
+{
+    return r->err;
+}
+
+const char *ll_redis_url(ll_redis_t *r)
+{
+    return r->url;
+}
+
+unsigned long ll_redis_reconnects(ll_redis_t *r)
+{
+    return r->reconnects;
+}

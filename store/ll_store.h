@@ -1,0 +1,137 @@
+/* ll_store: the checkpoint store's C interface (issue 4).  Per-variable
+ * entries in Redis (version, structure blob, payload refs, refs) committed
+ * a cell at a time, payload bytes in the shared-memory pool (ll_pool).
+ * Used by the _llstore Python module (ll_store_py.c) in the kernel, in
+ * workers and in tests.  Thread-safe: calls on one store are serialized. */
+#ifndef LL_STORE_H
+#define LL_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "store/ll_pool.h"
+
+typedef struct ll_store_t ll_store_t;
+
+/* Error kinds (ll_store_errkind); ll_store_errstr says the rest. */
+typedef enum {
+    LL_STORE_OK = 0,
+    LL_STORE_EIO = 1,       /* Redis, system calls, corrupt data */
+    LL_STORE_EFULL = 2,     /* the payload pool has no room */
+    LL_STORE_EGONE = 3,     /* a payload's space was reclaimed since */
+    LL_STORE_EINVAL = 4,    /* bad argument (e.g. a malformed payload ref) */
+    LL_STORE_ECONFLICT = 5, /* base_versions did not match */
+} ll_store_errkind_t;
+
+typedef struct {
+    const char *redis_url; /* NULL: private redis-server of the runtime dir */
+    size_t pool_bytes;     /* 0: default (half of RAM, at most 16 GiB) */
+    const char *pool_path; /* NULL: /dev/shm/looseleaf-<uid>-<hash>-<session>.pool */
+} ll_store_opts_t;
+
+/* Open session SESSION of RUNTIME_DIR.  Returns NULL with a reason in ERR. */
+ll_store_t *ll_store_open(const char *runtime_dir, const char *session,
+                          const ll_store_opts_t *opts, char *err, size_t errlen);
+
+/* Release leases, stop an owned redis-server, free; nulls *STORE_P. */
+void ll_store_destroy(ll_store_t **store_p);
+
+/* The last failure of a call on STORE. */
+const char *ll_store_errstr(ll_store_t *store);
+int ll_store_errkind(ll_store_t *store);
+
+/* Copy LEN bytes at DATA into the pool; with BASE_REF (a ref of an earlier
+ * payload) regions whose hash matches are shared.  Returns a malloc'd ref
+ * (caller frees) and the bytes copied in *WRITTEN, or NULL. */
+char *ll_store_put(ll_store_t *store, const void *data, size_t len, const char *base_ref,
+                   size_t *written);
+
+/* Give back an uncommitted payload.  0, or -1 when REF is not pending. */
+int ll_store_discard(ll_store_t *store, const char *ref);
+
+/* Map a payload (see ll_pool_map).  NULL on failure. */
+ll_pool_map_t *ll_store_map(ll_store_t *store, const char *ref, bool writable);
+
+/* Length of the payload a ref names, or -1 if REF is malformed. */
+long long ll_store_ref_nbytes(const char *ref);
+
+/* One variable written by a commit; PREFS payload refs, REFS names. */
+typedef struct {
+    const char *name;
+    const void *blob;
+    size_t bloblen;
+    const char *const *prefs;
+    size_t nprefs;
+    const char *const *refs;
+    size_t nrefs;
+} ll_store_write_t;
+
+/* Expected current version of NAME (0: must not exist). */
+typedef struct {
+    const char *name;
+    uint64_t version;
+} ll_store_base_t;
+
+/* Commit every write and delete of cell CELL_ID atomically.  All written
+ * names get version *VERSION (greater than every earlier version).  Returns
+ * 0, or -1 (ECONFLICT when BASES do not match; nothing written). */
+int ll_store_commit(ll_store_t *store, const char *cell_id, const ll_store_write_t *writes,
+                    size_t nwrites, const char *const *deletes, size_t ndeletes,
+                    const ll_store_base_t *bases, size_t nbases, uint64_t *version);
+
+/* One committed entry, as fetched. */
+typedef struct {
+    char *name;
+    uint64_t version;
+    char *blob;
+    size_t bloblen;
+    char **prefs;
+    size_t nprefs;
+    char **refs;
+    size_t nrefs;
+} ll_store_entry_t;
+
+/* Fetch NAMES in one atomic read.  *ENTRIES gets an array of the names that
+ * exist (in NAMES order), *NENTRIES its length; free with
+ * ll_store_entries_free.  0 or -1. */
+int ll_store_fetch(ll_store_t *store, const char *const *names, size_t nnames,
+                   ll_store_entry_t **entries, size_t *nentries);
+void ll_store_entries_free(ll_store_entry_t *entries, size_t n);
+
+/* Every committed name with its version: parallel malloc'd arrays. */
+int ll_store_versions(ll_store_t *store, char ***names, uint64_t **versions, size_t *n);
+
+/* Newest commit: version and cell id (malloc'd, NULL when none). */
+int ll_store_last_commit(ll_store_t *store, uint64_t *version, char **cell_id);
+
+/* Reclaim unused regions now; returns how many, or -1. */
+int ll_store_gc(ll_store_t *store);
+
+/* Delete every key of the session and the pool file. 0 or -1. */
+int ll_store_delete_session(ll_store_t *store);
+
+typedef struct {
+    ll_pool_stats_t pool;
+    uint64_t bytes_written;   /* copied into the pool by puts */
+    uint64_t bytes_shared;    /* of puts, shared with their base instead */
+    uint64_t puts;
+    uint64_t commits;
+    uint64_t gc_runs;
+    uint64_t regions_reclaimed;
+    unsigned long redis_reconnects;
+    size_t pending;           /* uncommitted payloads held */
+    const char *redis_url;
+    bool redis_owned;         /* this store started the redis-server */
+} ll_store_stats_t;
+void ll_store_stats(ll_store_t *store, ll_store_stats_t *out);
+
+/* The _llstore module's init function (ll_store_py.c), for
+ * ll_interp_add_builtin("_llstore", ll_store_pyinit).  Returns a new
+ * module object (PyObject *), NULL with a Python exception set. */
+void *ll_store_pyinit(void);
+
+/* Fault injection for tests: LL_STORE_FAULT=after_payload|before_commit|
+ * after_commit makes the process SIGKILL itself at that step. */
+
+#endif

@@ -1,0 +1,757 @@
+/* _llstore: the CPython extension module over ll_store (API in store/API.md).
+ * Built twice from this file: as build/py/_llstore*.so for tests run by
+ * /usr/bin/python3 (LL_STORE_PY_STANDALONE), and into build/looseleaf, where
+ * the interpreter registers ll_store_pyinit as the builtin "_llstore".
+ * Runs in whatever process imports it; every call that copies, hashes or
+ * talks to Redis releases the GIL (ll_store serializes calls itself).
+ *
+ * Objects whose memory C code reads with the GIL released (names, blobs,
+ * refs) are kept referenced in a list for the duration of the call, so
+ * another thread mutating the caller's dict cannot free them under us.
+ * A mapped payload is a small exporter object (_Mapping) wrapped in a
+ * memoryview: the mapping and its leases live exactly as long as some
+ * buffer view of it does. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "proto/ll_log.h"
+#include "store/ll_redis.h"
+#include "store/ll_store.h"
+
+static PyObject *s_StoreError;
+static PyObject *s_PoolFullError;
+static PyObject *s_ConflictError;
+static PyObject *s_PayloadGoneError;
+static PyObject *s_PayloadRef; /* class PayloadRef(str) */
+
+static PyObject *s_exc_for(int kind)
+{
+    switch (kind) {
+    case LL_STORE_EFULL:
+        return s_PoolFullError;
+    case LL_STORE_ECONFLICT:
+        return s_ConflictError;
+    case LL_STORE_EGONE:
+        return s_PayloadGoneError;
+    case LL_STORE_EINVAL:
+        return PyExc_ValueError;
+    default:
+        return s_StoreError;
+    }
+}
+
+/* ---- _Mapping: exporter of a mapped payload --------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    ll_pool_map_t *map; /* owned; unmapped at dealloc */
+    int readonly;       /* 0 for a private copy-on-write mapping */
+} MappingObject;
+
+static void Mapping_dealloc(MappingObject *self)
+{
+    ll_pool_unmap(&self->map);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int Mapping_getbuffer(MappingObject *self, Py_buffer *view, int flags)
+{
+    if (!self->map) {
+        PyErr_SetString(PyExc_BufferError, "payload mapping is gone");
+        view->obj = NULL;
+        return -1;
+    }
+    return PyBuffer_FillInfo(view, (PyObject *)self, ll_pool_map_addr(self->map),
+                             (Py_ssize_t)ll_pool_map_len(self->map), self->readonly, flags);
+}
+
+static PyBufferProcs s_mapping_buffer = {
+    .bf_getbuffer = (getbufferproc)Mapping_getbuffer,
+};
+
+static PyTypeObject MappingType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "_llstore._Mapping",
+    .tp_basicsize = sizeof(MappingObject),
+    .tp_dealloc = (destructor)Mapping_dealloc,
+    .tp_as_buffer = &s_mapping_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A payload mapped from the pool (exported through memoryview).",
+};
+
+/* ---- Store --------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    ll_store_t *st; /* NULL once closed */
+} StoreObject;
+
+static int s_check_open(StoreObject *self)
+{
+    if (!self->st) {
+        PyErr_SetString(s_StoreError, "store is closed");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *s_raise(StoreObject *self)
+{
+    PyErr_SetString(s_exc_for(ll_store_errkind(self->st)), ll_store_errstr(self->st));
+    return NULL;
+}
+
+static int Store_init(StoreObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"runtime_dir", "session_id", "redis_url", "pool_bytes", "pool_path",
+                             NULL};
+    const char *rd, *session, *url = NULL, *pool_path = NULL;
+    PyObject *pool_bytes_o = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "ss|zOz:Store", kwlist, &rd, &session, &url,
+                                     &pool_bytes_o, &pool_path))
+        return -1;
+    size_t pool_bytes = 0;
+    if (pool_bytes_o != Py_None) {
+        pool_bytes = PyLong_AsSize_t(pool_bytes_o);
+        if (pool_bytes == (size_t)-1 && PyErr_Occurred())
+            return -1;
+        if (pool_bytes < LL_POOL_REGION_BYTES) {
+            PyErr_Format(PyExc_ValueError, "pool_bytes must be at least %zu",
+                         (size_t)LL_POOL_REGION_BYTES);
+            return -1;
+        }
+    }
+    if (self->st) {
+        PyErr_SetString(s_StoreError, "Store is already open");
+        return -1;
+    }
+    ll_store_opts_t opts = {.redis_url = url, .pool_bytes = pool_bytes, .pool_path = pool_path};
+    char err[512] = "";
+    ll_store_t *st;
+    Py_BEGIN_ALLOW_THREADS
+    st = ll_store_open(rd, session, &opts, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    if (!st) {
+        PyErr_SetString(s_StoreError, err);
+        return -1;
+    }
+    self->st = st;
+    return 0;
+}
+
+static void Store_dealloc(StoreObject *self)
+{
+    if (self->st) {
+        Py_BEGIN_ALLOW_THREADS
+        ll_store_destroy(&self->st);
+        Py_END_ALLOW_THREADS
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *s_make_ref(const char *ref, size_t nbytes, size_t written)
+{
+    PyObject *r = PyObject_CallFunction(s_PayloadRef, "s", ref);
+    if (!r)
+        return NULL;
+    PyObject *nb = PyLong_FromSize_t(nbytes), *wr = PyLong_FromSize_t(written);
+    if (!nb || !wr || PyObject_SetAttrString(r, "nbytes", nb) != 0 ||
+        PyObject_SetAttrString(r, "written", wr) != 0) {
+        Py_XDECREF(nb);
+        Py_XDECREF(wr);
+        Py_DECREF(r);
+        return NULL;
+    }
+    Py_DECREF(nb);
+    Py_DECREF(wr);
+    return r;
+}
+
+static PyObject *Store_put_payload(StoreObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"buffer", "base", NULL};
+    PyObject *obj, *base_o = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:put_payload", kwlist, &obj, &base_o))
+        return NULL;
+    if (s_check_open(self) != 0)
+        return NULL;
+    const char *base = NULL;
+    if (base_o != Py_None) {
+        if (!PyUnicode_Check(base_o))
+            return PyErr_Format(PyExc_TypeError, "base must be a payload ref (str) or None");
+        base = PyUnicode_AsUTF8(base_o);
+        if (!base)
+            return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS) != 0) {
+        PyErr_Clear();
+        return PyErr_Format(PyExc_TypeError,
+                            "put_payload needs a C-contiguous buffer, not %.100s",
+                            Py_TYPE(obj)->tp_name);
+    }
+    Py_INCREF(base_o); /* keeps BASE's UTF-8 alive without the GIL */
+    size_t written = 0;
+    char *ref;
+    Py_BEGIN_ALLOW_THREADS
+    ref = ll_store_put(self->st, view.buf, (size_t)view.len, base, &written);
+    Py_END_ALLOW_THREADS
+    size_t nbytes = (size_t)view.len;
+    PyBuffer_Release(&view);
+    Py_DECREF(base_o);
+    if (!ref)
+        return s_raise(self);
+    PyObject *r = s_make_ref(ref, nbytes, written);
+    free(ref);
+    return r;
+}
+
+static PyObject *Store_map_payload(StoreObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"ref", "writable", NULL};
+    PyObject *ref_o;
+    int writable = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "U|p:map_payload", kwlist, &ref_o, &writable))
+        return NULL;
+    if (s_check_open(self) != 0)
+        return NULL;
+    const char *ref = PyUnicode_AsUTF8(ref_o);
+    if (!ref)
+        return NULL;
+    Py_INCREF(ref_o);
+    ll_pool_map_t *map;
+    Py_BEGIN_ALLOW_THREADS
+    map = ll_store_map(self->st, ref, writable != 0);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(ref_o);
+    if (!map)
+        return s_raise(self);
+    MappingObject *m = PyObject_New(MappingObject, &MappingType);
+    if (!m) {
+        ll_pool_unmap(&map);
+        return NULL;
+    }
+    m->map = map;
+    m->readonly = !writable;
+    PyObject *mv = PyMemoryView_FromObject((PyObject *)m);
+    Py_DECREF(m); /* the memoryview holds it now */
+    return mv;
+}
+
+/* Append O to KEEP and return its UTF-8 (NULL with an exception). */
+static const char *s_utf8_kept(PyObject *keep, PyObject *o, const char *what)
+{
+    if (!PyUnicode_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "%s must be str, not %.100s", what, Py_TYPE(o)->tp_name);
+        return NULL;
+    }
+    if (PyList_Append(keep, o) != 0)
+        return NULL;
+    return PyUnicode_AsUTF8(o);
+}
+
+/* A list of str as a malloc'd array of UTF-8 pointers (kept alive by KEEP). */
+static const char **s_str_array(PyObject *keep, PyObject *seq_o, size_t *n, const char *what)
+{
+    PyObject *seq = PySequence_Fast(seq_o, "expected a list of str");
+    if (!seq)
+        return NULL;
+    if (PyList_Append(keep, seq) != 0) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    Py_DECREF(seq);
+    Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
+    const char **arr = malloc(((size_t)len + 1) * sizeof *arr);
+    if (!arr) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < len; i++) {
+        arr[i] = s_utf8_kept(keep, PySequence_Fast_GET_ITEM(seq, i), what);
+        if (!arr[i]) {
+            free(arr);
+            return NULL;
+        }
+    }
+    *n = (size_t)len;
+    return arr;
+}
+
+static PyObject *Store_commit(StoreObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"cell_id", "writes", "deletes", "base_versions", NULL};
+    PyObject *cell_o, *writes_o, *deletes_o = NULL, *bases_o = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO!|OO:commit", kwlist, &cell_o, &PyDict_Type,
+                                     &writes_o, &deletes_o, &bases_o))
+        return NULL;
+    if (s_check_open(self) != 0)
+        return NULL;
+    PyObject *keep = PyList_New(0), *result = NULL;
+    Py_ssize_t nw = PyDict_Size(writes_o);
+    ll_store_write_t *w = calloc((size_t)nw + 1, sizeof *w);
+    Py_buffer *blobs = calloc((size_t)nw + 1, sizeof *blobs);
+    Py_ssize_t nblobs = 0;
+    const char **deletes = NULL;
+    size_t nd = 0, nb = 0;
+    ll_store_base_t *bases = NULL;
+    if (!keep || !w || !blobs) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    PyObject *cell_s = cell_o == Py_None ? NULL : PyObject_Str(cell_o);
+    if (cell_o != Py_None && !cell_s)
+        goto out;
+    const char *cell = "";
+    if (cell_s) {
+        int bad = PyList_Append(keep, cell_s);
+        Py_DECREF(cell_s);
+        if (bad || !(cell = PyUnicode_AsUTF8(cell_s)))
+            goto out;
+    }
+    PyObject *key, *val;
+    Py_ssize_t pos = 0, i = 0;
+    while (PyDict_Next(writes_o, &pos, &key, &val)) {
+        if (!(w[i].name = s_utf8_kept(keep, key, "variable name")))
+            goto out;
+        PyObject *blob_o, *prefs_o, *refs_o;
+        if (!PyTuple_Check(val) || PyTuple_GET_SIZE(val) != 3) {
+            PyErr_Format(PyExc_TypeError,
+                         "writes['%s'] must be a tuple (blob, payload_refs, refs)", w[i].name);
+            goto out;
+        }
+        blob_o = PyTuple_GET_ITEM(val, 0);
+        prefs_o = PyTuple_GET_ITEM(val, 1);
+        refs_o = PyTuple_GET_ITEM(val, 2);
+        if (PyObject_GetBuffer(blob_o, &blobs[nblobs], PyBUF_C_CONTIGUOUS) != 0) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "writes['%s']: the blob must be bytes-like", w[i].name);
+            goto out;
+        }
+        w[i].blob = blobs[nblobs].buf;
+        w[i].bloblen = (size_t)blobs[nblobs].len;
+        nblobs++;
+        if (!(w[i].prefs = s_str_array(keep, prefs_o, &w[i].nprefs, "a payload ref")) ||
+            !(w[i].refs = s_str_array(keep, refs_o, &w[i].nrefs, "a ref")))
+            goto out;
+        i++;
+    }
+    if (deletes_o && deletes_o != Py_None &&
+        !(deletes = s_str_array(keep, deletes_o, &nd, "a name to delete")))
+        goto out;
+    if (bases_o != Py_None) {
+        if (!PyDict_Check(bases_o)) {
+            PyErr_SetString(PyExc_TypeError, "base_versions must be a dict {name: version or None}");
+            goto out;
+        }
+        bases = calloc((size_t)PyDict_Size(bases_o) + 1, sizeof *bases);
+        if (!bases) {
+            PyErr_NoMemory();
+            goto out;
+        }
+        pos = 0;
+        while (PyDict_Next(bases_o, &pos, &key, &val)) {
+            if (!(bases[nb].name = s_utf8_kept(keep, key, "variable name")))
+                goto out;
+            if (val == Py_None) {
+                bases[nb].version = 0;
+            } else {
+                unsigned long long v = PyLong_AsUnsignedLongLong(val);
+                if (PyErr_Occurred())
+                    goto out;
+                bases[nb].version = v;
+            }
+            nb++;
+        }
+    }
+    uint64_t version = 0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ll_store_commit(self->st, cell, w, (size_t)nw, deletes, nd, bases, nb, &version);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
+        s_raise(self);
+        goto out;
+    }
+    result = PyDict_New();
+    if (!result)
+        goto out;
+    for (Py_ssize_t k = 0; k < nw; k++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(version);
+        if (!v || PyDict_SetItemString(result, w[k].name, v) != 0) {
+            Py_XDECREF(v);
+            Py_CLEAR(result);
+            goto out;
+        }
+        Py_DECREF(v);
+    }
+out:
+    for (Py_ssize_t k = 0; k < nblobs; k++)
+        PyBuffer_Release(&blobs[k]);
+    if (w)
+        for (Py_ssize_t k = 0; k < nw; k++) {
+            free((void *)w[k].prefs);
+            free((void *)w[k].refs);
+        }
+    free(w);
+    free(blobs);
+    free(deletes);
+    free(bases);
+    Py_XDECREF(keep);
+    return result;
+}
+
+static PyObject *s_list_of_str(char **items, size_t n)
+{
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    if (!l)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        PyObject *s = PyUnicode_FromString(items[i]);
+        if (!s) {
+            Py_DECREF(l);
+            return NULL;
+        }
+        PyList_SET_ITEM(l, (Py_ssize_t)i, s);
+    }
+    return l;
+}
+
+static PyObject *Store_fetch(StoreObject *self, PyObject *names_o)
+{
+    if (s_check_open(self) != 0)
+        return NULL;
+    if (PyUnicode_Check(names_o))
+        return PyErr_Format(PyExc_TypeError, "fetch takes a list of names, not one str");
+    PyObject *keep = PyList_New(0), *result = NULL;
+    if (!keep)
+        return NULL;
+    size_t n = 0, ne = 0;
+    const char **names = s_str_array(keep, names_o, &n, "a variable name");
+    ll_store_entry_t *e = NULL;
+    if (!names)
+        goto out;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ll_store_fetch(self->st, names, n, &e, &ne);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
+        s_raise(self);
+        goto out;
+    }
+    result = PyDict_New();
+    for (size_t i = 0; result && i < ne; i++) {
+        PyObject *prefs = s_list_of_str(e[i].prefs, e[i].nprefs);
+        PyObject *refs = s_list_of_str(e[i].refs, e[i].nrefs);
+        PyObject *t = prefs && refs ? Py_BuildValue("(Ky#OO)", (unsigned long long)e[i].version,
+                                                    e[i].blob, (Py_ssize_t)e[i].bloblen, prefs,
+                                                    refs)
+                                    : NULL;
+        Py_XDECREF(prefs);
+        Py_XDECREF(refs);
+        if (!t || PyDict_SetItemString(result, e[i].name, t) != 0) {
+            Py_XDECREF(t);
+            Py_CLEAR(result);
+            break;
+        }
+        Py_DECREF(t);
+    }
+out:
+    ll_store_entries_free(e, ne);
+    free(names);
+    Py_DECREF(keep);
+    return result;
+}
+
+static PyObject *Store_versions(StoreObject *self, PyObject *unused)
+{
+    if (s_check_open(self) != 0)
+        return NULL;
+    char **names;
+    uint64_t *vers;
+    size_t n;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ll_store_versions(self->st, &names, &vers, &n);
+    Py_END_ALLOW_THREADS
+    if (rc != 0)
+        return s_raise(self);
+    PyObject *d = PyDict_New();
+    for (size_t i = 0; d && i < n; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(vers[i]);
+        if (!v || PyDict_SetItemString(d, names[i], v) != 0)
+            Py_CLEAR(d);
+        Py_XDECREF(v);
+    }
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    free(vers);
+    return d;
+}
+
+static PyObject *Store_last_commit(StoreObject *self, PyObject *unused)
+{
+    if (s_check_open(self) != 0)
+        return NULL;
+    uint64_t v;
+    char *cell;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ll_store_last_commit(self->st, &v, &cell);
+    Py_END_ALLOW_THREADS
+    if (rc != 0)
+        return s_raise(self);
+    PyObject *r = cell ? Py_BuildValue("(Ks)", (unsigned long long)v, cell)
+                       : Py_BuildValue("(KO)", (unsigned long long)v, Py_None);
+    free(cell);
+    return r;
+}
+
+static PyObject *Store_discard(StoreObject *self, PyObject *ref_o)
+{
+    if (s_check_open(self) != 0)
+        return NULL;
+    if (!PyUnicode_Check(ref_o))
+        return PyErr_Format(PyExc_TypeError, "discard takes a payload ref (str)");
+    const char *ref = PyUnicode_AsUTF8(ref_o);
+    if (!ref)
+        return NULL;
+    if (ll_store_discard(self->st, ref) != 0)
+        return s_raise(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Store_gc(StoreObject *self, PyObject *unused)
+{
+    if (s_check_open(self) != 0)
+        return NULL;
+    int n;
+    Py_BEGIN_ALLOW_THREADS
+    n = ll_store_gc(self->st);
+    Py_END_ALLOW_THREADS
+    if (n < 0)
+        return s_raise(self);
+    return PyLong_FromLong(n);
+}
+
+static PyObject *Store_delete_session(StoreObject *self, PyObject *unused)
+{
+    if (s_check_open(self) != 0)
+        return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ll_store_delete_session(self->st);
+    Py_END_ALLOW_THREADS
+    if (rc != 0)
+        return s_raise(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Store_close(StoreObject *self, PyObject *unused)
+{
+    if (self->st) {
+        Py_BEGIN_ALLOW_THREADS
+        ll_store_destroy(&self->st);
+        Py_END_ALLOW_THREADS
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Store_enter(StoreObject *self, PyObject *unused)
+{
+    Py_INCREF(self);
+    return (PyObject *)self;
+}
+
+static PyObject *Store_exit(StoreObject *self, PyObject *args)
+{
+    return Store_close(self, NULL);
+}
+
+static PyObject *Store_stats(StoreObject *self, PyObject *unused)
+{
+    if (s_check_open(self) != 0)
+        return NULL;
+    ll_store_stats_t s;
+    ll_store_stats(self->st, &s);
+    return Py_BuildValue(
+        "{s:s,s:s,s:n,s:n,s:n,s:n,s:n,s:K,s:K,s:K,s:K,s:K,s:K,s:k,s:n,s:s,s:O}", "page_kind",
+        s.pool.page_kind, "pool_path", s.pool.path, "pool_bytes", (Py_ssize_t)s.pool.pool_bytes,
+        "region_bytes", (Py_ssize_t)LL_POOL_REGION_BYTES, "regions_total",
+        (Py_ssize_t)s.pool.regions_total, "regions_used", (Py_ssize_t)s.pool.regions_used,
+        "regions_leased", (Py_ssize_t)s.pool.regions_leased, "bytes_written",
+        (unsigned long long)s.bytes_written, "bytes_shared", (unsigned long long)s.bytes_shared,
+        "puts", (unsigned long long)s.puts, "commits", (unsigned long long)s.commits, "gc_runs",
+        (unsigned long long)s.gc_runs, "regions_reclaimed", (unsigned long long)s.regions_reclaimed,
+        "redis_reconnects", s.redis_reconnects, "pending", (Py_ssize_t)s.pending, "redis_url",
+        s.redis_url, "redis_owned", s.redis_owned ? Py_True : Py_False);
+}
+
+static PyMethodDef Store_methods[] = {
+    {"put_payload", (PyCFunction)(void (*)(void))Store_put_payload, METH_VARARGS | METH_KEYWORDS,
+     "put_payload(buffer, base=None) -> PayloadRef: copy a buffer into the pool"},
+    {"map_payload", (PyCFunction)(void (*)(void))Store_map_payload, METH_VARARGS | METH_KEYWORDS,
+     "map_payload(ref, writable=False) -> memoryview of the payload (no copy)"},
+    {"commit", (PyCFunction)(void (*)(void))Store_commit, METH_VARARGS | METH_KEYWORDS,
+     "commit(cell_id, writes, deletes=(), base_versions=None) -> {name: version}"},
+    {"fetch", (PyCFunction)Store_fetch, METH_O,
+     "fetch(names) -> {name: (version, blob, payload_refs, refs)}"},
+    {"versions", (PyCFunction)Store_versions, METH_NOARGS, "versions() -> {name: version}"},
+    {"last_commit", (PyCFunction)Store_last_commit, METH_NOARGS,
+     "last_commit() -> (version, cell_id) of the newest commit"},
+    {"discard", (PyCFunction)Store_discard, METH_O, "discard(ref): give back an uncommitted payload"},
+    {"gc", (PyCFunction)Store_gc, METH_NOARGS, "gc() -> regions reclaimed"},
+    {"delete_session", (PyCFunction)Store_delete_session, METH_NOARGS,
+     "delete_session(): drop every key of the session and the pool file"},
+    {"close", (PyCFunction)Store_close, METH_NOARGS, "close(): release everything (idempotent)"},
+    {"stats", (PyCFunction)Store_stats, METH_NOARGS, "stats() -> dict"},
+    {"__enter__", (PyCFunction)Store_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)Store_exit, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject StoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "_llstore.Store",
+    .tp_basicsize = sizeof(StoreObject),
+    .tp_dealloc = (destructor)Store_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "Store(runtime_dir, session_id, redis_url=None, pool_bytes=None, pool_path=None)",
+    .tp_methods = Store_methods,
+    .tp_init = (initproc)Store_init,
+    .tp_new = PyType_GenericNew,
+};
+
+/* ---- module functions ----------------------------------------------------- */
+
+static PyObject *mod_start_redis(PyObject *mod, PyObject *dir_o)
+{
+    PyObject *bytes;
+    if (!PyUnicode_FSConverter(dir_o, &bytes))
+        return NULL;
+    char err[512] = "";
+    bool started;
+    char *sock;
+    Py_BEGIN_ALLOW_THREADS
+    sock = ll_redis_start(PyBytes_AS_STRING(bytes), &started, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(bytes);
+    if (!sock) {
+        PyErr_SetString(s_StoreError, err);
+        return NULL;
+    }
+    PyObject *r = PyUnicode_DecodeFSDefault(sock);
+    free(sock);
+    return r;
+}
+
+static PyObject *mod_stop_redis(PyObject *mod, PyObject *dir_o)
+{
+    PyObject *bytes;
+    if (!PyUnicode_FSConverter(dir_o, &bytes))
+        return NULL;
+    char err[512] = "";
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ll_redis_stop(PyBytes_AS_STRING(bytes), err, sizeof err);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(bytes);
+    if (rc < 0) {
+        PyErr_SetString(s_StoreError, err);
+        return NULL;
+    }
+    return PyBool_FromLong(rc);
+}
+
+static PyObject *mod_ref_nbytes(PyObject *mod, PyObject *ref_o)
+{
+    if (!PyUnicode_Check(ref_o))
+        return PyErr_Format(PyExc_TypeError, "ref_nbytes takes a payload ref (str)");
+    const char *ref = PyUnicode_AsUTF8(ref_o);
+    if (!ref)
+        return NULL;
+    long long n = ll_store_ref_nbytes(ref);
+    if (n < 0)
+        return PyErr_Format(PyExc_ValueError, "not a payload ref: %.80s", ref);
+    return PyLong_FromLongLong(n);
+}
+
+static PyMethodDef s_module_methods[] = {
+    {"start_redis", mod_start_redis, METH_O,
+     "start_redis(runtime_dir) -> socket path of the private redis-server (started if needed)"},
+    {"stop_redis", mod_stop_redis, METH_O,
+     "stop_redis(runtime_dir) -> bool: stop the private redis-server"},
+    {"ref_nbytes", mod_ref_nbytes, METH_O, "ref_nbytes(ref) -> payload length"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef s_module = {
+    PyModuleDef_HEAD_INIT, "_llstore",
+    "LooseLeaf checkpoint store: payload pool in shared memory, metadata in Redis "
+    "(see store/API.md).",
+    -1, s_module_methods, NULL, NULL, NULL, NULL,
+};
+
+static const char s_py_source[] =
+    "class PayloadRef(str):\n"
+    "    '''A payload ref: a str, plus .nbytes (payload length) and .written\n"
+    "    (bytes put_payload copied; the rest was shared with the base).'''\n"
+    "    def __reduce__(self):\n"
+    "        return (str, (str(self),))\n";
+
+PyMODINIT_FUNC PyInit__llstore(void)
+{
+#ifdef LL_STORE_PY_STANDALONE
+    ll_log_init('W');
+#endif
+    if (PyType_Ready(&StoreType) < 0 || PyType_Ready(&MappingType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&s_module);
+    if (!m)
+        return NULL;
+    s_StoreError = PyErr_NewExceptionWithDoc("_llstore.StoreError",
+                                             "A store operation failed.", NULL, NULL);
+    s_PoolFullError = PyErr_NewExceptionWithDoc(
+        "_llstore.PoolFullError", "The payload pool has no room.", s_StoreError, NULL);
+    s_ConflictError = PyErr_NewExceptionWithDoc(
+        "_llstore.ConflictError", "base_versions did not match.", s_StoreError, NULL);
+    s_PayloadGoneError = PyErr_NewExceptionWithDoc(
+        "_llstore.PayloadGoneError", "The payload's space was reclaimed.", s_StoreError, NULL);
+    if (!s_StoreError || !s_PoolFullError || !s_ConflictError || !s_PayloadGoneError)
+        goto fail;
+    PyObject *d = PyModule_GetDict(m);
+    PyObject *r = PyRun_String(s_py_source, Py_file_input, d, d);
+    if (!r)
+        goto fail;
+    Py_DECREF(r);
+    s_PayloadRef = PyDict_GetItemString(d, "PayloadRef");
+    if (!s_PayloadRef)
+        goto fail;
+    Py_INCREF(s_PayloadRef);
+    Py_INCREF(&StoreType);
+    Py_INCREF(&MappingType);
+    Py_INCREF(s_StoreError);
+    Py_INCREF(s_PoolFullError);
+    Py_INCREF(s_ConflictError);
+    Py_INCREF(s_PayloadGoneError);
+    if (PyModule_AddObject(m, "Store", (PyObject *)&StoreType) ||
+        PyModule_AddObject(m, "_Mapping", (PyObject *)&MappingType) ||
+        PyModule_AddObject(m, "StoreError", s_StoreError) ||
+        PyModule_AddObject(m, "PoolFullError", s_PoolFullError) ||
+        PyModule_AddObject(m, "ConflictError", s_ConflictError) ||
+        PyModule_AddObject(m, "PayloadGoneError", s_PayloadGoneError) ||
+        PyModule_AddIntConstant(m, "REGION_BYTES", (long)LL_POOL_REGION_BYTES))
+        goto fail;
+    return m;
+fail:
+    Py_DECREF(m);
+    return NULL;
+}
+
+/* For the kernel binary: ll_interp_add_builtin("_llstore", ll_store_pyinit). */
+void *ll_store_pyinit(void)
+{
+    return PyInit__llstore();
+}

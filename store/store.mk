@@ -1,0 +1,24 @@
+# store/: the checkpoint store's C half (owned by the store-C engineer):
+# payload pool, Redis metadata, the _llstore Python extension, its tests and
+# benchmark.  See store/API.md.
+STORE_SRCS := store/ll_pool.c store/ll_redis.c store/ll_store.c store/ll_store_py.c
+LIB_SRCS   += $(STORE_SRCS)
+SELFTESTS  += ll_pool ll_store
+
+# The same sources as a standalone extension module for /usr/bin/python3
+# (tests put build/py on sys.path).  Objects built apart: -DLL_STORE_PY_STANDALONE.
+STORE_PYEXT   := $(BUILD)/py/_llstore.cpython-311-x86_64-linux-gnu.so
+STORE_PY_OBJS := $(patsubst %.c,$(BUILD)/pyext/%.o,$(STORE_SRCS) proto/ll_log.c)
+STORE_PY_LIBS := $(shell pkg-config --libs hiredis libxxhash jansson) -lpthread
+EXTRA_TARGETS += $(STORE_PYEXT)
+
+$(BUILD)/pyext/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DLL_STORE_PY_STANDALONE -fvisibility=hidden -MMD -MP -c $< -o $@
+
+$(STORE_PYEXT): $(STORE_PY_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -shared -o $@ $^ $(STORE_PY_LIBS)
+
+$(BUILD)/ll_store_bench: $(BUILD)/store/ll_store_bench.o $(LIB_OBJS)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
