@@ -10,3 +10,6 @@ $(PROTO_BENCH): $(BUILD)/tests/proto/bench_wire.o $(BUILD)/proto/ll_wire.o $(BUI
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 EXTRA_TARGETS += $(PROTO_BENCH)
 BENCHES   += $(PROTO_BENCH)
+
+# Bad wire input against the real kernel and ipykernel (needs build/looseleaf).
+PYTESTS   += tests/integration/test_wire_badinput.py
