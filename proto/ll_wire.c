@@ -17,9 +17,9 @@
  * the history, and we compare digests as bytes, so re-casing the hex of a
  * captured signature does not make a replay look new.
  *
- * Message ids: 64 random bits per process (re-drawn in a forked child) and
- * a bijective mix of an atomic counter, so ids are unique without a syscall
- * per message. */
+ * Message ids: 60 random bits per process (re-drawn in a forked child) and
+ * a bijective 62-bit mix of an atomic counter, so ids are unique without a
+ * syscall per message. */
 #include "proto/ll_wire.h"
 
 #include "proto/ll_json.h"
@@ -109,14 +109,17 @@ static void s_ids_init(void)
     pthread_atfork(NULL, NULL, s_ids_after_fork);
 }
 
-/* splitmix64's finaliser: a bijection on 64 bits, so distinct counters give
- * distinct ids. */
-static uint64_t s_mix64(uint64_t x)
+/* A bijection on 62-bit values (xor-shifts and odd multipliers modulo
+ * 2^62, after splitmix64), so distinct counters give distinct ids while the
+ * other two bits carry the uuid variant. */
+#define LL_WIRE_MASK62 ((1ULL << 62) - 1)
+static uint64_t s_mix62(uint64_t x)
 {
+    x &= LL_WIRE_MASK62;
     x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
+    x = (x * 0xbf58476d1ce4e5b9ULL) & LL_WIRE_MASK62;
     x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
+    x = (x * 0x94d049bb133111ebULL) & LL_WIRE_MASK62;
     x ^= x >> 31;
     return x;
 }
@@ -131,10 +134,12 @@ static void s_hex(const unsigned char *in, size_t n, char *out)
     }
 }
 
-/* 16 bytes as 8-4-4-4-12 hex with the uuid4 version nibble. */
+/* 16 bytes as 8-4-4-4-12 hex with the uuid4 version nibble and the RFC 4122
+ * variant bits (Python's uuid.UUID(...).version is None without them). */
 static void s_format_uuid(unsigned char b[16], char out[37])
 {
     b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
+    b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
     char hex[32];
     s_hex(b, 16, hex);
     memcpy(out, hex, 8);
@@ -153,7 +158,7 @@ void ll_wire_new_id(char out[37])
 {
     pthread_once(&s_ids_once, s_ids_init);
     uint64_t n = atomic_fetch_add_explicit(&s_ids_counter, 1, memory_order_relaxed);
-    uint64_t lo = s_mix64(n + s_ids_salt);
+    uint64_t lo = s_mix62(n + s_ids_salt) | (2ULL << 62);
     unsigned char b[16];
     for (int i = 0; i < 8; i++) {
         b[i] = (unsigned char)(s_ids_prefix >> (56 - 8 * i));

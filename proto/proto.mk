@@ -1,15 +1,25 @@
-# proto/: logging, connection file, Jupyter wire format (owned by the proto engineer).
+# proto/: logging, connection file, JSON writer, Jupyter wire format (owned by
+# the proto engineer).  Self-tests live in tests/proto/*_test.c.
 LIB_SRCS  += proto/ll_log.c proto/ll_conn.c proto/ll_json.c proto/ll_wire.c
 TEST_SRCS += tests/proto/ll_log_test.c tests/proto/ll_conn_test.c tests/proto/ll_json_test.c \
              tests/proto/ll_wire_test.c
 SELFTESTS += ll_log ll_conn ll_json ll_wire
 
+PROTO_OBJS := $(BUILD)/proto/ll_wire.o $(BUILD)/proto/ll_json.o $(BUILD)/proto/ll_log.o
+
 # Wire micro-benchmark against jupyter_client's Session (make bench).
 PROTO_BENCH := $(BUILD)/tests/proto/bench_wire
-$(PROTO_BENCH): $(BUILD)/tests/proto/bench_wire.o $(BUILD)/proto/ll_wire.o $(BUILD)/proto/ll_json.o $(BUILD)/proto/ll_log.o
+$(PROTO_BENCH): $(BUILD)/tests/proto/bench_wire.o $(PROTO_OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
-EXTRA_TARGETS += $(PROTO_BENCH)
+
+# Interoperability driver for tests/proto/test_wire_interop.py.
+PROTO_ECHO := $(BUILD)/tests/proto/wire_echo
+$(PROTO_ECHO): $(BUILD)/tests/proto/wire_echo.o $(PROTO_OBJS)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+EXTRA_TARGETS += $(PROTO_BENCH) $(PROTO_ECHO)
 BENCHES   += $(PROTO_BENCH)
 
-# Bad wire input against the real kernel and ipykernel (needs build/looseleaf).
-PYTESTS   += tests/integration/test_wire_badinput.py
+# ll_wire against jupyter_client's Session both ways; bad wire input against
+# the real kernel and ipykernel (needs build/looseleaf).
+PYTESTS   += tests/proto/test_wire_interop.py tests/integration/test_wire_badinput.py

@@ -377,6 +377,8 @@ static bool s_is_uuid(const char *s)
 {
     if (strlen(s) != 36 || s[8] != '-' || s[13] != '-' || s[18] != '-' || s[23] != '-' || s[14] != '4')
         return false;
+    if (!strchr("89ab", s[19]))   /* RFC 4122 variant */
+        return false;
     return s_is_hex(s, 8) && s_is_hex(s + 9, 4) && s_is_hex(s + 14, 4) && s_is_hex(s + 19, 4) &&
            s_is_hex(s + 24, 12);
 }
