@@ -51,7 +51,7 @@ $(BUILD)/looseleaf: $(LIB_OBJS) $(BIN_OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # The self-test table is generated from SELFTESTS so no module edits a shared file.
-$(BUILD)/selftest_table.h: Makefile $(wildcard */module.mk)
+$(BUILD)/selftest_table.h: Makefile $(wildcard */*.mk)
 	@mkdir -p $(BUILD)
 	@{ for t in $(SELFTESTS); do echo "int $${t}_selftest(bool verbose);"; done; \
 	   echo "static const ll_selftest_t s_selftests[] = {"; \
