@@ -40,6 +40,7 @@ def session(runtime_dir):
         opened.append(st)
         return st
 
+    open_store.session_id = sid
     yield open_store
     if opened:
         try:

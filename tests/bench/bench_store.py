@@ -1,0 +1,245 @@
+#!/usr/bin/python3
+"""bench_store: looseleaf_store save/restore against the baselines of issue 4, measured in one run.
+
+Run by `make bench` (after `make all`: needs build/py/_llstore).  Starts its own redis-server in a temp
+runtime dir.  Peak memory about 6 GiB (a 1 GiB source, a prefaulted 1 GiB memcpy target, pool versions,
+pickle's and torch.save's copies), freed between sections.  Prints absolute figures and the ratios the
+issue sets targets for:
+  restore of an unchanged CPU payload faster than memcpy (it maps, never copies),
+  save within 2x of memcpy, incremental save of unchanged state under 10 ms.
+Set LL_BENCH_GIB to use another size (e.g. 0.25 for a quick run).
+"""
+import builtins
+import gc
+import os
+import pickle
+import shutil
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path[:0] = [os.path.join(REPO, "build", "py"), os.path.join(REPO, "store", "py")]
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import _llstore  # noqa: E402
+from looseleaf_store import Checkpointer  # noqa: E402
+
+GIB = 1 << 30
+NBYTES = int(float(os.environ.get("LL_BENCH_GIB", "1")) * GIB) // (2 << 20) * (2 << 20)
+REGION = _llstore.REGION_BYTES
+_sid = [0]
+_results = []
+
+
+def best(fn, repeat=3, setup=None):
+    ts = []
+    for _ in range(repeat):
+        if setup:
+            setup()
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return min(ts)
+
+
+def gbps(seconds, nbytes=None):
+    return (nbytes or NBYTES) / seconds / 1e9
+
+
+def line(what, seconds, ratio_to=None, note=""):
+    s = "  %-58s %9.2f ms" % (what, seconds * 1e3)
+    if ratio_to:
+        s += "  %7.2f GB/s  %6.2fx memcpy time" % (gbps(seconds), seconds / ratio_to)
+    print(s + ("  " + note if note else ""), flush=True)
+    _results.append((what, seconds))
+
+
+def new_ns():
+    return {"__name__": "__main__", "__builtins__": builtins}
+
+
+def new_store(rt):
+    _sid[0] += 1
+    return _llstore.Store(rt, "bench%d-%d" % (os.getpid(), _sid[0]), pool_bytes=3 * GIB)
+
+
+def drop(st):
+    st.delete_session()
+    st.close()
+
+
+def bench_payload(rt, kind, make, t_memcpy):
+    print("%s, %.2f GiB:" % (kind, NBYTES / GIB), flush=True)
+    value = make()
+    # full save into a fresh session (first save of a variable writes every byte)
+    saves, restores, touches, stores = [], [], [], []
+    for _ in range(2):
+        st = new_store(rt)
+        stores.append(st)
+        ns = new_ns()
+        ns["x"] = value
+        cp = Checkpointer(st, ns)
+        t0 = time.perf_counter()
+        rep = cp.save(["x"])
+        saves.append(time.perf_counter() - t0)
+        assert not rep.failed and rep.bytes_written == NBYTES, rep
+        ns2 = new_ns()
+        cp2 = Checkpointer(st, ns2)
+        t0 = time.perf_counter()
+        r = cp2.restore(["x"])
+        restores.append(time.perf_counter() - t0)
+        assert not r.failed, r
+        t0 = time.perf_counter()
+        y = ns2["x"]
+        float(y.sum()) if kind.startswith("numpy") else float(y.sum().item())
+        touches.append(time.perf_counter() - t0)
+        del ns2, cp2, y
+    page_kind = stores[0].stats()["page_kind"]
+    line("save (pool pages: %s)" % page_kind, min(saves), t_memcpy)
+    line("restore (maps, zero copy)", min(restores), t_memcpy,
+         "%.0fx faster than memcpy" % (t_memcpy / min(restores)))
+    line("  then first full read of the restored payload", min(touches), t_memcpy)
+
+    # incremental saves: the kernel's own (unchanged) state is hashed per 2 MiB region ...
+    st = stores[-1]  # ns and cp: the Checkpointer that saved `value` there
+    for s in stores[:-1]:
+        drop(s)
+    t = best(lambda: cp.save(["x"]))
+    line("incremental save, unchanged, own memory (hash regions)", t, None,
+         "target < 10 ms" + (" MET" if t < 0.010 else " (not met)"))
+    # ... a worker's restored, untouched state is re-committed by reference (pagemap, no hashing)
+    nsw = new_ns()
+    cpw = Checkpointer(st, nsw)
+    cpw.restore(["x"])
+    t = best(lambda: cpw.save(["x"]))
+    line("incremental save, unchanged, restored state (pagemap)", t, None,
+         "target < 10 ms" + (" MET" if t < 0.010 else " (not met)"))
+    # 1% of the regions dirtied
+    arr = nsw["x"].numpy() if isinstance(nsw["x"], torch.Tensor) else nsw["x"]
+    flat = arr.reshape(-1).view(np.uint8)
+    nreg = NBYTES // REGION
+    dirty = list(range(0, nreg, 100))
+
+    def dirty_some():
+        for i in dirty:
+            flat[i * REGION] ^= 1
+
+    def save_dirty():
+        rep = cpw.save(["x"])
+        assert rep.bytes_written == len(dirty) * REGION, rep
+
+    t = best(save_dirty, setup=dirty_some)
+    line("incremental save, 1%% of regions dirty (%d x 2 MiB)" % len(dirty), t, t_memcpy)
+    del nsw, cpw, arr, flat, ns, cp
+    gc.collect()
+    drop(st)
+    return value
+
+
+def bench_baselines(value, t_memcpy, rt):
+    tens = isinstance(value, torch.Tensor)
+    blob = None
+
+    def dumps():
+        nonlocal blob
+        blob = pickle.dumps(value, protocol=5)
+
+    t = best(dumps, repeat=2)
+    line("pickle.dumps", t, t_memcpy)
+    t = best(lambda: pickle.loads(blob), repeat=2)
+    line("pickle.loads", t, t_memcpy)
+    blob = None
+    gc.collect()
+    path = os.path.join("/dev/shm", "ll-bench-%d.pt" % os.getpid())
+    try:
+        obj = value if tens else torch.from_numpy(value)
+        t = best(lambda: torch.save(obj, path), repeat=2)
+        line("torch.save to /dev/shm", t, t_memcpy)
+        t = best(lambda: torch.load(path), repeat=2)
+        line("torch.load from /dev/shm", t, t_memcpy)
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+
+
+def bench_model(rt):
+    print("small model + Adam closure:", flush=True)
+    st = new_store(rt)
+    ns = new_ns()
+    exec("""
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                            torch.nn.ReLU(), torch.nn.Linear(256, 10))
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+x = torch.randn(32, 64)
+model(x).sum().backward()
+opt.step()
+""", ns)
+    cp = Checkpointer(st, ns)
+    t_save = best(lambda: Checkpointer(st, ns).save(["model", "opt"]), repeat=1)
+    line("save model+opt (first)", t_save)
+    t = best(lambda: cp.save(["model", "opt"]))
+    line("save model+opt again, unchanged", t)
+
+    def restore():
+        ns2 = new_ns()
+        r = Checkpointer(st, ns2).restore(["opt"])
+        assert set(r.restored) == {"model", "opt"} and not r.failed, r
+        assert ns2["opt"].param_groups[0]["params"][0] is ns2["model"][0].weight
+
+    t_restore = best(restore, repeat=5)
+    line("restore opt (+ model, sharing kept)", t_restore)
+    data = pickle.dumps((ns["model"], ns["opt"]))
+    t_pl = best(lambda: pickle.loads(data), repeat=5)
+    line("baseline: pickle.loads of (model, opt) together", t_pl, None,
+         "restore = %.2fx its time" % (t_restore / t_pl))
+    buf = []
+    t_ts = best(lambda: torch.load(_to_io(ns, buf)), repeat=5)
+    line("baseline: torch.load of (model, opt) from memory", t_ts, None,
+         "restore = %.2fx its time" % (t_restore / t_ts))
+    drop(st)
+
+
+def _to_io(ns, cache):
+    import io
+    if not cache:
+        b = io.BytesIO()
+        torch.save((ns["model"], ns["opt"]), b)
+        cache.append(b.getvalue())
+    return io.BytesIO(cache[0])
+
+
+def main():
+    rt = tempfile.mkdtemp(prefix="ll-bench-store-")
+    _llstore.start_redis(rt)
+    try:
+        src = np.ones(NBYTES // 4, dtype=np.float32)
+        dst = np.zeros_like(src)  # prefaulted by zeros_like's write
+        dst[:] = 1
+        t_memcpy = best(lambda: np.copyto(dst, src), repeat=5)
+        del dst, src
+        print("baseline memcpy of %.2f GiB into a prefaulted buffer: %.2f ms, %.2f GB/s"
+              % (NBYTES / GIB, t_memcpy * 1e3, gbps(t_memcpy)), flush=True)
+        _results.append(("memcpy", t_memcpy))
+
+        v = bench_payload(rt, "numpy float32 array", lambda: np.random.default_rng(0).random(
+            NBYTES // 4, dtype=np.float32), t_memcpy)
+        bench_baselines(v, t_memcpy, rt)
+        del v
+        gc.collect()
+        v = bench_payload(rt, "torch float32 tensor", lambda: torch.rand(NBYTES // 4), t_memcpy)
+        bench_baselines(v, t_memcpy, rt)
+        del v
+        gc.collect()
+        bench_model(rt)
+    finally:
+        _llstore.stop_redis(rt)
+        shutil.rmtree(rt, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
