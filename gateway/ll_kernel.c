@@ -72,6 +72,7 @@ static struct {
     bool control_started, hb_started;
     json_t *kernel_info;        /* cached kernel_info_reply content; read-only once set */
     long long exec_count;       /* last execution_count the interpreter replied; main thread */
+    bool abort_queued;          /* an execute failed with stop_on_error; main thread */
     atomic_bool allow_stdin;    /* of the execute_request now running */
     atomic_bool shutdown;       /* a shutdown_request was answered */
     volatile sig_atomic_t terminate; /* SIGTERM arrived */
@@ -272,7 +273,7 @@ static void s_abort_queued(void)
             ll_iopub_status(s_k.iopub, "idle", req);
             aborted++;
         } else {
-            s_dispatch(req, S_SHELL, s_k.shell);
+            s_dispatch(req, S_SHELL, s_k.shell); /* cannot set abort_queued: not an execute */
         }
         ll_msg_destroy(&req);
     }
@@ -340,8 +341,9 @@ static void s_on_execute(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
     bool failed = strcmp(status, "error") == 0;
     s_send_reply(sock, req, "execute_reply", reply, md);
 
+    /* The queue is aborted after this request's idle, as ipykernel orders it. */
     if (failed && stop_on_error && !silent)
-        s_abort_queued();
+        s_k.abort_queued = true;
 }
 
 /* The dispatch table: every request type the kernel serves and where. */
@@ -669,6 +671,10 @@ static void s_shell_loop(void)
         ll_debug("kernel", "shell: %s", req->msg_type);
         s_dispatch(req, S_SHELL, s_k.shell);
         ll_msg_destroy(&req);
+        if (s_k.abort_queued) {
+            s_k.abort_queued = false;
+            s_abort_queued();
+        }
     }
 }
 
