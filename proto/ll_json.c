@@ -84,44 +84,72 @@ static const unsigned char s_escape[256] = {
     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0,   /* '\\' */
 };
 
+/* True if none of the 8 bytes of W needs escaping (< 0x20, '"', '\\').
+ * The classic "has a zero byte" test, exact as to whether one exists. */
+static inline bool s_word_plain(uint64_t w)
+{
+    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+    uint64_t control = (w - ones * 0x20) & ~w & highs;
+    uint64_t q = w ^ (ones * '"');
+    uint64_t quote = (q - ones) & ~q & highs;
+    uint64_t b = w ^ (ones * '\\');
+    uint64_t backslash = (b - ones) & ~b & highs;
+    return (control | quote | backslash) == 0;
+}
+
+/* Index of the first byte at or after I that needs escaping, or N. */
+static size_t s_plain_run_end(const char *s, size_t i, size_t n)
+{
+    while (i + 8 <= n) {
+        uint64_t w;
+        memcpy(&w, s + i, 8);
+        if (!s_word_plain(w))
+            break;
+        i += 8;
+    }
+    while (i < n && !s_escape[(unsigned char)s[i]])
+        i++;
+    return i;
+}
+
 static bool s_write_string(ll_jbuf_t *buf, const char *s, size_t n)
 {
-    /* Worst case every byte becomes \u00XX: reserve once, then no checks. */
-    if (n > (SIZE_MAX - 2) / 6 || !s_reserve(buf, 2 + 6 * n))
+    if (!ll_jbuf_put(buf, "\"", 1))
         return false;
-    char *out = buf->data + buf->len;
-    *out++ = '"';
     size_t i = 0;
     while (i < n) {
-        size_t run = i;
-        while (run < n && !s_escape[(unsigned char)s[run]])
-            run++;
+        size_t run = s_plain_run_end(s, i, n);
+        /* The plain run, plus room for one escape (at most 6 bytes) and
+         * the closing quote: sized to the text, never 6x ahead of it. */
+        if (!s_reserve(buf, run - i + 7))
+            return false;
+        char *out = buf->data + buf->len;
         memcpy(out, s + i, run - i);
         out += run - i;
-        if (run == n)
-            break;
-        unsigned char c = (unsigned char)s[run];
-        *out++ = '\\';
-        switch (c) {
-        case '"': *out++ = '"'; break;
-        case '\\': *out++ = '\\'; break;
-        case '\n': *out++ = 'n'; break;
-        case '\r': *out++ = 'r'; break;
-        case '\t': *out++ = 't'; break;
-        case '\b': *out++ = 'b'; break;
-        case '\f': *out++ = 'f'; break;
-        default:
-            *out++ = 'u';
-            *out++ = '0';
-            *out++ = '0';
-            *out++ = "0123456789abcdef"[c >> 4];
-            *out++ = "0123456789abcdef"[c & 15];
+        if (run < n) {
+            unsigned char c = (unsigned char)s[run];
+            *out++ = '\\';
+            switch (c) {
+            case '"': *out++ = '"'; break;
+            case '\\': *out++ = '\\'; break;
+            case '\n': *out++ = 'n'; break;
+            case '\r': *out++ = 'r'; break;
+            case '\t': *out++ = 't'; break;
+            case '\b': *out++ = 'b'; break;
+            case '\f': *out++ = 'f'; break;
+            default:
+                *out++ = 'u';
+                *out++ = '0';
+                *out++ = '0';
+                *out++ = "0123456789abcdef"[c >> 4];
+                *out++ = "0123456789abcdef"[c & 15];
+            }
+            run++;
         }
-        i = run + 1;
+        buf->len = (size_t)(out - buf->data);
+        i = run;
     }
-    *out++ = '"';
-    buf->len = (size_t)(out - buf->data);
-    return true;
+    return ll_jbuf_put(buf, "\"", 1);
 }
 
 static bool s_write_integer(ll_jbuf_t *buf, json_int_t v)

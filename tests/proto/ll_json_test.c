@@ -117,6 +117,45 @@ int ll_json_selftest(bool verbose)
     json_object_setn_new(nul_key, "k\0ey", 4, json_integer(1));
     S_EXPECT(nul_key, "{\"k\\u0000ey\":1}");
 
+    /* Escapes at every offset around the 8-byte blocks the writer scans,
+     * with bytes on both sides that must not be escaped (0x7f, UTF-8). */
+    static const char specials[] = {'"', '\\', '\n', '\x01', '\x1f', '\0'};
+    for (size_t k = 0; k < sizeof specials; k++)
+        for (int pos = 0; pos < 24; pos++) {
+            char text[24], want[64];
+            for (int i = 0; i < 24; i++)
+                text[i] = i % 5 == 4 ? '\x7f' : (char)(i % 3 ? 'a' + i : 0xc3 - (i & 0));
+            /* Keep UTF-8 valid: 0xc3 must be followed by a continuation byte. */
+            for (int i = 0; i < 23; i++)
+                if ((unsigned char)text[i] == 0xc3)
+                    text[i + 1] = (char)0xa9;
+            if ((unsigned char)text[23] == 0xc3)
+                text[23] = 'z';
+            text[pos] = specials[k];
+            if (pos > 0 && (unsigned char)text[pos - 1] == 0xc3)
+                text[pos - 1] = 'y';
+            if (pos < 23 && (unsigned char)text[pos + 1] == 0xa9)
+                text[pos + 1] = 'w';
+            size_t w = 0;
+            want[w++] = '"';
+            for (int i = 0; i < 24; i++) {
+                unsigned char c = (unsigned char)text[i];
+                if (c == '"' || c == '\\') {
+                    want[w++] = '\\';
+                    want[w++] = (char)c;
+                } else if (c == '\n') {
+                    want[w++] = '\\';
+                    want[w++] = 'n';
+                } else if (c < 0x20) {
+                    w += (size_t)snprintf(want + w, 7, "\\u%04x", c);
+                } else {
+                    want[w++] = (char)c;
+                }
+            }
+            want[w++] = '"';
+            s_expect(json_stringn(text, 24), want, w, __LINE__);
+        }
+
     /* Depth: 2000 levels are written, 3000 are refused without a crash. */
     for (int levels = 2000; levels <= 3000; levels += 1000) {
         json_t *deep = json_array();
