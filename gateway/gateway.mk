@@ -10,3 +10,6 @@ GATEWAY_KERNELSPEC := $(BUILD)/kernelspec/looseleaf/kernel.json
 EXTRA_TARGETS += $(GATEWAY_KERNELSPEC)
 $(GATEWAY_KERNELSPEC): $(BUILD)/looseleaf
 	$(BUILD)/looseleaf install --dir $(BUILD)/kernelspec/looseleaf >/dev/null
+
+# Command line, kernelspec, connection-file errors, signals, shutdown, log/stream behaviour.
+PYTESTS   += tests/gateway

@@ -1,0 +1,380 @@
+"""Tests of the kernel process itself (gateway/): command line, kernelspec,
+connection-file errors, unsigned mode, signals, shutdown, the kernel's own
+log staying off iopub, stream coalescing, interrupt of shell children.
+
+Runs in the pytest process (/usr/bin/python3).  Each test starts
+build/looseleaf itself from a connection file it writes (so it can see the
+kernel's stderr and exit status) and talks to it with jupyter_client's
+BlockingKernelClient.  Every wait polls with a deadline; none sleeps a fixed
+time.  The message-level behaviour shared with ipykernel is covered by
+tests/integration.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from jupyter_client import BlockingKernelClient
+from jupyter_client.connect import write_connection_file
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.path.join(REPO, "build", "looseleaf")
+TIMEOUT = 30
+
+
+def _poll(cond, timeout=TIMEOUT, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError("timed out waiting for " + what)
+
+
+class Proc:
+    """build/looseleaf started on a fresh connection file, stderr to a file."""
+
+    def __init__(self, tmp_path, key=b"secret-key", new_session=True):
+        self.cf = str(tmp_path / "kernel.json")
+        write_connection_file(self.cf, key=key, transport="tcp", ip="127.0.0.1")
+        self.errpath = tmp_path / "kernel.stderr"
+        env = dict(os.environ)
+        env.pop("PYTEST_CURRENT_TEST", None)
+        with open(self.errpath, "wb") as err:
+            self.p = subprocess.Popen([BIN, "-f", self.cf], stdout=subprocess.DEVNULL, stderr=err,
+                                      stdin=subprocess.DEVNULL, env=env,
+                                      start_new_session=new_session)
+        self.kc = BlockingKernelClient(connection_file=self.cf)
+        self.kc.load_connection_file()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
+
+    def stderr(self):
+        return self.errpath.read_text(errors="replace")
+
+    def execute(self, code, **kw):
+        """Run CODE; returns (reply content, iopub messages of the request)."""
+        msg_id = self.kc.execute(code, **kw)
+        return self.reply(msg_id), self.iopub_until_idle(msg_id)
+
+    def reply(self, msg_id):
+        while True:
+            m = self.kc.get_shell_msg(timeout=TIMEOUT)
+            if m["parent_header"].get("msg_id") == msg_id:
+                return m["content"]
+
+    def iopub_until_idle(self, msg_id):
+        got = []
+        while True:
+            m = self.kc.get_iopub_msg(timeout=TIMEOUT)
+            if m["parent_header"].get("msg_id") != msg_id:
+                continue
+            got.append(m)
+            if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
+                return got
+
+    def wait_exit(self, timeout=TIMEOUT):
+        try:
+            return self.p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("kernel did not exit within %ss" % timeout)
+
+    def close(self):
+        self.kc.stop_channels()
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait()
+
+
+@pytest.fixture
+def proc(tmp_path):
+    p = Proc(tmp_path)
+    yield p
+    p.close()
+
+
+def _stream_text(msgs, name=None):
+    return "".join(m["content"]["text"] for m in msgs
+                   if m["msg_type"] == "stream" and (name is None or m["content"]["name"] == name))
+
+
+def _run(*args, env=None):
+    return subprocess.run([BIN, *args], capture_output=True, text=True, timeout=TIMEOUT,
+                          env=dict(os.environ, **(env or {})))
+
+
+# ---- command line ---------------------------------------------------------------------------
+
+def test_version_and_help():
+    r = _run("--version")
+    assert r.returncode == 0 and r.stdout.startswith("looseleaf ")
+    r = _run("--help")
+    assert r.returncode == 0 and "install" in r.stdout and "-f CONNECTION_FILE" in r.stdout
+
+
+def test_bad_command_line():
+    for args in (["frobnicate"], [], ["-f"], ["kernel"], ["install", "--prefix"],
+                 ["install", "--bogus"]):
+        r = _run(*args)
+        assert r.returncode == 2, args
+        assert "usage" in r.stderr or "needs" in r.stderr, args
+
+
+def test_analyze_subcommand_does_not_crash():
+    # Either the analysis module is linked in and handles --help, or the
+    # binary says clearly that it is missing; never a crash.
+    r = _run("analyze", "--help")
+    assert r.returncode in (0, 1, 2)
+    if r.returncode == 1:
+        assert "analysis" in r.stderr
+
+
+# ---- kernelspec -------------------------------------------------------------------------------
+
+def _check_spec(path):
+    with open(path) as f:
+        spec = json.load(f)
+    assert spec["argv"] == [os.path.realpath(BIN), "-f", "{connection_file}"]
+    assert spec["display_name"] == "LooseLeaf (GPU)"
+    assert spec["language"] == "python"
+    assert spec["interrupt_mode"] == "signal"
+    assert spec["metadata"] == {"debugger": False}
+
+
+def test_build_produces_kernelspec_dir():
+    _check_spec(os.path.join(REPO, "build", "kernelspec", "looseleaf", "kernel.json"))
+
+
+def test_install_user_honours_jupyter_data_dir(tmp_path):
+    data = tmp_path / "data"
+    r = _run("install", "--user", env={"JUPYTER_DATA_DIR": str(data)})
+    assert r.returncode == 0, r.stderr
+    _check_spec(data / "kernels" / "looseleaf" / "kernel.json")
+    # jupyter itself finds it there.
+    env = dict(os.environ, JUPYTER_DATA_DIR=str(data), JUPYTER_PATH="")
+    out = subprocess.run(["/usr/bin/python3", "-m", "jupyter_client.kernelspecapp", "list", "--json"],
+                         capture_output=True, text=True, env=env, timeout=TIMEOUT)
+    assert out.returncode == 0, out.stderr
+    specs = json.loads(out.stdout)["kernelspecs"]
+    assert specs["looseleaf"]["resource_dir"] == str(data / "kernels" / "looseleaf")
+
+
+def test_install_prefix_and_name(tmp_path):
+    r = _run("install", "--prefix", str(tmp_path), "--name", "ll-test", "--display-name", "X Y")
+    assert r.returncode == 0, r.stderr
+    with open(tmp_path / "share" / "jupyter" / "kernels" / "ll-test" / "kernel.json") as f:
+        assert json.load(f)["display_name"] == "X Y"
+    r = _run("install", "--prefix", str(tmp_path), "--name", "bad/name")
+    assert r.returncode == 1 and "invalid kernel name" in r.stderr
+
+
+def test_jupyter_kernelspec_install_from_build_dir(tmp_path):
+    env = dict(os.environ, JUPYTER_DATA_DIR=str(tmp_path / "data"), JUPYTER_PATH="")
+    src = os.path.join(REPO, "build", "kernelspec", "looseleaf")
+    r = subprocess.run(["/usr/bin/python3", "-m", "jupyter_client.kernelspecapp", "install", src,
+                        "--user"], capture_output=True, text=True, env=env, timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    _check_spec(tmp_path / "data" / "kernels" / "looseleaf" / "kernel.json")
+
+
+# ---- connection file errors -------------------------------------------------------------------
+
+GOOD = {"transport": "tcp", "ip": "127.0.0.1", "shell_port": 50001, "iopub_port": 50002,
+        "stdin_port": 50003, "control_port": 50004, "hb_port": 50005, "key": "k",
+        "signature_scheme": "hmac-sha256"}
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"shell_port": None}, "shell_port"),
+    ({"hb_port": 70000}, "hb_port"),
+    ({"transport": "udp"}, "transport"),
+    ({"signature_scheme": "hmac-md5"}, "signature_scheme"),
+])
+def test_bad_connection_file_names_the_field(tmp_path, change, field):
+    cf = dict(GOOD)
+    for k, v in change.items():
+        if v is None:
+            del cf[k]
+        else:
+            cf[k] = v
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(cf))
+    r = _run("-f", str(path))
+    assert r.returncode == 1
+    assert field in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_unreadable_connection_file(tmp_path):
+    r = _run("-f", str(tmp_path / "missing.json"))
+    assert r.returncode == 1 and "missing.json" in r.stderr
+    bad = tmp_path / "garbage.json"
+    bad.write_text("{not json")
+    r = _run("-f", str(bad))
+    assert r.returncode == 1 and "garbage.json" in r.stderr
+
+
+def test_port_in_use_is_reported(tmp_path):
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    cf = dict(GOOD, shell_port=s.getsockname()[1])
+    path = tmp_path / "busy.json"
+    path.write_text(json.dumps(cf))
+    try:
+        r = _run("-f", str(path))
+    finally:
+        s.close()
+    assert r.returncode == 1 and "shell" in r.stderr
+
+
+# ---- running kernel ---------------------------------------------------------------------------
+
+def test_empty_key_runs_unsigned_with_warning(tmp_path):
+    p = Proc(tmp_path, key=b"")
+    try:
+        reply, msgs = p.execute("print(6 * 7)")
+        assert reply["status"] == "ok" and _stream_text(msgs) == "42\n"
+        assert "EMPTY KEY" in p.stderr()
+    finally:
+        p.close()
+
+
+def test_log_goes_to_original_stderr_not_iopub(proc):
+    # A bad message makes the kernel log a warning.  With fds 1/2 captured for
+    # the cells, that line must still go to the kernel's real stderr.
+    import zmq
+    ctx = zmq.Context.instance()
+    s = ctx.socket(zmq.DEALER)
+    s.connect("tcp://127.0.0.1:%d" % proc.kc.shell_port)
+    s.send_multipart([b"<IDS|MSG>", b"0" * 64, b"{}", b"{}", b"{}", b"{}"])
+    _poll(lambda: "dropped a message on shell" in proc.stderr(), what="the warning")
+    s.close(linger=0)
+    reply, msgs = proc.execute("import os; os.write(2, b'cell-stderr\\n'); None")
+    assert reply["status"] == "ok"
+    assert _stream_text(msgs, "stderr") == "cell-stderr\n"
+    assert "cell-stderr" not in proc.stderr()
+    assert "secret-key" not in proc.stderr()
+
+
+def test_stream_text_is_coalesced(proc):
+    reply, msgs = proc.execute("for i in range(20000): print(i)")
+    assert reply["status"] == "ok"
+    text = _stream_text(msgs, "stdout")
+    assert text == "".join("%d\n" % i for i in range(20000))
+    # One message per ~50 ms or 256 KiB, not one per line.
+    assert sum(m["msg_type"] == "stream" for m in msgs) < 200
+
+
+def test_stream_order_between_stdout_and_stderr(proc):
+    code = ("import sys\n"
+            "for i in range(50):\n"
+            "    print('o%d' % i); print('e%d' % i, file=sys.stderr)\n")
+    reply, msgs = proc.execute(code)
+    assert reply["status"] == "ok"
+    seq = "".join(m["content"]["text"] for m in msgs if m["msg_type"] == "stream")
+    assert seq == "".join("o%d\ne%d\n" % (i, i) for i in range(50))
+
+
+def test_output_while_cell_runs(proc):
+    # The first line must arrive before the cell ends (the flush timer, not
+    # the end of the cell, sends it).
+    msg_id = proc.kc.execute("import time; print('early'); time.sleep(3); print('late')")
+    t0 = time.monotonic()
+    while True:
+        m = proc.kc.get_iopub_msg(timeout=TIMEOUT)
+        if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "stream":
+            break
+    assert m["content"]["text"] == "early\n"
+    assert time.monotonic() - t0 < 2.5
+    proc.iopub_until_idle(msg_id)
+    proc.reply(msg_id)
+
+
+def test_invalid_utf8_from_fd_becomes_replacement(proc):
+    reply, msgs = proc.execute("import os; os.write(1, b'a\\xffb\\xe2\\x82\\xac\\n'); None")
+    assert reply["status"] == "ok"
+    assert _stream_text(msgs) == "a\ufffdb\u20ac\n"
+
+
+def test_sigterm_while_idle_exits_cleanly(proc):
+    proc.p.send_signal(signal.SIGTERM)
+    assert proc.wait_exit() == 0
+
+
+def test_sigterm_during_cell_exits_cleanly(proc):
+    msg_id = proc.kc.execute("import time; time.sleep(60)")
+    _poll(lambda: any(m["msg_type"] == "execute_input"
+                      for m in [proc.kc.get_iopub_msg(timeout=TIMEOUT)]), what="execute_input")
+    proc.p.send_signal(signal.SIGTERM)
+    assert proc.wait_exit(timeout=15) == 0
+
+
+def test_shutdown_on_control_during_cell(proc):
+    msg_id = proc.kc.execute("import time; time.sleep(60)")
+    _poll(lambda: any(m["msg_type"] == "execute_input"
+                      for m in [proc.kc.get_iopub_msg(timeout=TIMEOUT)]), what="execute_input")
+    proc.kc.shutdown()
+    m = proc.kc.get_control_msg(timeout=TIMEOUT)
+    assert m["msg_type"] == "shutdown_reply"
+    assert m["content"] == {"status": "ok", "restart": False}
+    assert proc.wait_exit(timeout=15) == 0
+
+
+def test_shutdown_reply_on_iopub(proc):
+    proc.kc.shutdown(restart=True)
+    got = []
+    _poll(lambda: got.append(proc.kc.get_iopub_msg(timeout=TIMEOUT)) or
+          got[-1]["msg_type"] == "shutdown_reply", what="shutdown_reply on iopub")
+    assert got[-1]["content"] == {"status": "ok", "restart": True}
+    assert proc.wait_exit() == 0
+
+
+def test_interrupt_message_stops_shell_child(tmp_path):
+    # interrupt_request raises SIGINT on the kernel's process group, so a `!`
+    # command stops too (not only Python code).  os.system is the hard case:
+    # C's system() ignores SIGINT in the caller and retries its wait, so only
+    # the signal reaching the child itself ends the cell early.
+    p = Proc(tmp_path)
+    try:
+        msg_id = p.kc.execute("import os; rc = os.system('sleep 60'); print('rc', rc)")
+        _poll(lambda: subprocess.run(["pgrep", "-g", str(os.getpgid(p.p.pid)), "-x", "sleep"],
+                                     capture_output=True).returncode == 0, what="sleep to start")
+        t0 = time.monotonic()
+        msg = p.kc.session.msg("interrupt_request", {})
+        p.kc.control_channel.send(msg)
+        reply = p.reply(msg_id)
+        assert time.monotonic() - t0 < 15
+        assert reply["status"] in ("ok", "error")
+    finally:
+        p.close()
+
+
+def test_unknown_and_bad_requests_keep_kernel_alive(proc):
+    msg = proc.kc.session.msg("no_such_request", {})
+    proc.kc.shell_channel.send(msg)
+    idle = proc.iopub_until_idle(msg["header"]["msg_id"])
+    assert [m["content"]["execution_state"] for m in idle] == ["busy", "idle"]
+    msg = proc.kc.session.msg("execute_request", {"silent": False})
+    proc.kc.shell_channel.send(msg)
+    assert proc.reply(msg["header"]["msg_id"])["status"] == "error"
+    reply, msgs = proc.execute("print('still here')")
+    assert _stream_text(msgs) == "still here\n"
+    assert "unknown message type 'no_such_request'" in proc.stderr()
+
+
+def test_control_answers_while_cell_runs(proc):
+    msg_id = proc.kc.execute("import time; time.sleep(5)")
+    msg = proc.kc.session.msg("kernel_info_request", {})
+    t0 = time.monotonic()
+    proc.kc.control_channel.send(msg)
+    rep = proc.kc.get_control_msg(timeout=TIMEOUT)
+    assert rep["msg_type"] == "kernel_info_reply"
+    assert rep["content"]["implementation"] == "looseleaf"
+    assert time.monotonic() - t0 < 4
+    proc.reply(msg_id)
