@@ -547,3 +547,23 @@ def test_threads_and_fork(env):
     assert text(g1) == "from thread\n"
     assert r2["content"]["status"] == "ok" and "[1, 2]" in text(g2)
     assert r3["content"]["status"] == "ok"
+
+
+def test_kernel_magics(env, tmp_path):
+    src = tmp_path / "mod.py"
+    src.write_text("x = 1\n")
+    evs = run(env, ex("%%edit %s" % src),
+              ex("%ed " + str(src)),
+              ex("v = 5\n%store v"), ex("%store -r v\nv"),
+              ex("%connect_info"),
+              ex("def f(:\n    pass"))
+    (g1, r1), (g2, r2), (g3, r3), (g4, r4), (g5, r5), (g6, r6) = split_replies(evs)
+    assert r1["content"]["payload"] == [{"source": "edit_magic", "filename": str(src),
+                                         "line_number": None}]
+    assert r2["content"]["payload"][0]["filename"] == str(src)
+    assert "Stored 'v'" in text(g3)
+    assert pubs(g4, "execute_result")[0]["data"]["text/plain"] == "5"
+    # no connection file in the driver: a warning, not a crash
+    assert r5["content"]["status"] == "ok" and "connection" in text(g5, "stderr")
+    # cells are named like ipykernel's, <tmp>/looseleaf_<pid>/<hash>.py
+    assert re.search(r"\(\d+\.py, line 1\)$", r6["content"]["evalue"])

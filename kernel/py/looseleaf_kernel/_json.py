@@ -27,7 +27,8 @@ def _default(obj):
     if isinstance(obj, date):
         return obj.isoformat()
     if isinstance(obj, (bytes, bytearray, memoryview)):
-        return b2a_base64(bytes(obj), newline=False).decode("ascii")
+        # with the trailing newline, exactly as jupyter_client encodes bytes
+        return b2a_base64(bytes(obj)).decode("ascii")
     if isinstance(obj, numbers.Integral):
         return int(obj)
     if isinstance(obj, numbers.Real):

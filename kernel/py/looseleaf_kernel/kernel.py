@@ -26,7 +26,7 @@ from . import comms
 from ._json import dumps, loads
 from .display import flush_streams, publish
 from .iostream import OutStream
-from .shell import LooseLeafShell
+from .shell import CellCompiler, LooseLeafShell
 
 try:
     from IPython.core.completer import provisionalcompleter, rectify_completions
@@ -77,7 +77,12 @@ class Kernel:
         comm_log.addHandler(logging.StreamHandler(sys.__stderr__))
         comm_log.propagate = False
 
-        self.shell = LooseLeafShell.instance(kernel=self)
+        self.shell = LooseLeafShell.instance(kernel=self, compiler_class=CellCompiler)
+        # IPython's default extension, loaded by every IPython app (%store).
+        try:
+            self.shell.extension_manager.load_extension("storemagic")
+        except Exception:
+            log.warning("storemagic extension not loaded", exc_info=True)
         self.shell.displayhook.get_execution_count = lambda: self.shell.execution_count
         self.comm_manager = comms.manager()
         self.language_info = {

@@ -8,12 +8,19 @@ with IPython's formatted (ANSI-coloured) traceback, the cell's value as
 its output reaches the cell's stream; the pager becomes a payload.
 """
 import os
+import shlex
+import subprocess
 import sys
+import tempfile
 import warnings
+import zlib
 
 from IPython.core import page, payloadpage
 from IPython.core.autocall import ZMQExitAutocall
+from IPython.core.compilerop import CachingCompiler
 from IPython.core.error import UsageError
+from IPython.core.magics import CodeMagics
+from IPython.core.magics.code import MacroToEdit
 from IPython.core.interactiveshell import InteractiveShell, InteractiveShellABC
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.utils.process import system
@@ -21,7 +28,39 @@ from traitlets import Any, Bool, CBool, Instance, Type, default
 
 from .display import LooseLeafDisplayHook, LooseLeafDisplayPublisher, flush_streams, publish
 
-__all__ = ["LooseLeafShell"]
+__all__ = ["LooseLeafShell", "CellCompiler", "connection_file"]
+
+
+class CellCompiler(CachingCompiler):
+    """Names each cell like ipykernel does, <tmp>/looseleaf_<pid>/<hash>.py,
+    instead of IPython's <ipython-input-N-hash>: a real-looking path is what
+    debuggers and tools expect, and tracebacks then read as ipykernel's.
+    The hash is CRC-32 (C speed) where ipykernel spends a pure-Python
+    murmur2 loop per byte of every cell."""
+
+    _dir = None
+
+    def get_code_name(self, raw_code, code, number):
+        if CellCompiler._dir is None:
+            CellCompiler._dir = os.path.join(tempfile.gettempdir(), "looseleaf_%d" % os.getpid())
+        return os.path.join(CellCompiler._dir, "%d.py" % zlib.crc32(raw_code.encode("utf-8",
+                                                                             "surrogatepass")))
+
+
+def connection_file():
+    """The connection file this kernel was started with (`-f FILE` on its
+    command line), or None."""
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return None
+    for i, arg in enumerate(argv[:-1]):
+        if arg == b"-f":
+            return os.fsdecode(argv[i + 1])
+        if arg.startswith(b"--f="):
+            return os.fsdecode(arg[4:])
+    return None
 
 
 @magics_class
@@ -29,9 +68,28 @@ class KernelMagics(Magics):
     """The few magics whose terminal meaning does not fit a kernel."""
 
     @line_magic
+    def edit(self, parameter_s="", last_call=None):
+        """Open a file (or the source of an object, or history lines) in the
+        frontend's editor.
+
+        Unlike in the terminal the edited code is not run afterwards: the
+        frontend gets an edit_magic payload naming the file and line (as with
+        ipykernel).  See IPython's %edit for the arguments."""
+        last_call = last_call or ["", ""]
+        opts, args = self.parse_options(parameter_s, "prn:")
+        try:
+            filename, lineno, _ = CodeMagics._find_edit_target(self.shell, args, opts, last_call)
+        except MacroToEdit:
+            print("Macro editing not yet implemented in 2-process model.")
+            return
+        self.shell.payload_manager.write_payload(
+            {"source": "edit_magic", "filename": os.path.abspath(filename),
+             "line_number": lineno})
+
+    @line_magic
     def clear(self, arg_s):
-        """Clear the cell's output."""
-        self.shell.display_pub.clear_output()
+        """Clear the terminal."""
+        self.shell.system("clear")
 
     @line_magic
     def less(self, arg_s):
@@ -51,6 +109,48 @@ class KernelMagics(Magics):
     def man(self, arg_s):
         """Find the man page for the given command and display in pager."""
         page.page(self.shell.getoutput("man %s | col -b" % arg_s, split=False))
+
+    @line_magic
+    def connect_info(self, arg_s):
+        """Print the connection file of this kernel and how to attach another
+        client to it."""
+        cf = connection_file()
+        try:
+            with open(cf, encoding="utf-8") as f:
+                info = f.read()
+        except (OSError, TypeError) as e:
+            warnings.warn("Could not get connection info: %r" % (e,))
+            return
+        try:
+            from jupyter_core.paths import jupyter_runtime_dir
+
+            if jupyter_runtime_dir() == os.path.dirname(cf):
+                cf = os.path.basename(cf)
+        except ImportError:
+            pass
+        print(info + "\n")
+        print(
+            f"Paste the above JSON into a file, and connect with:\n"
+            f"    $> jupyter <app> --existing <file>\n"
+            f"or, if you are local, you can connect with just:\n"
+            f"    $> jupyter <app> --existing {cf}\n"
+            f"or even just:\n"
+            f"    $> jupyter <app> --existing\n"
+            f"if this is the most recent Jupyter kernel you have started."
+        )
+
+    @line_magic
+    def qtconsole(self, arg_s):
+        """Open a Jupyter QtConsole attached to this kernel."""
+        cf = connection_file()
+        if cf is None:
+            warnings.warn("Could not start qtconsole: no connection file")
+            return
+        cmd = [sys.executable, "-m", "qtconsole", "--existing", cf] + shlex.split(arg_s)
+        try:
+            subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError as e:
+            warnings.warn("Could not start qtconsole: %r" % (e,))
 
     @line_magic
     def autosave(self, arg_s):
@@ -109,6 +209,7 @@ class LooseLeafShell(InteractiveShell):
     def init_magics(self):
         super().init_magics()
         self.register_magics(KernelMagics)
+        self.magics_manager.register_alias("ed", "edit")
 
     def enable_gui(self, gui=None):
         if gui in (None, "inline"):
