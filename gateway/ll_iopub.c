@@ -78,6 +78,8 @@ ll_iopub_t *ll_iopub_new(ll_session_t *session, const char *endpoint, char *err,
     /* Never drop output because a slow frontend fills the queue (the
      * default high-water mark of 1000 messages loses text silently). */
     zsock_set_sndhwm(self->pub, 0);
+    if (strstr(endpoint, "://["))
+        zsock_set_ipv6(self->pub, 1); /* tcp://[::1]:port */
     if (zsock_bind(self->pub, "%s", endpoint) == -1) {
         snprintf(err, errlen, "cannot bind iopub to %s: %s", endpoint, zmq_strerror(zmq_errno()));
         goto out_fail;

@@ -601,6 +601,8 @@ static zsock_t *s_bind(int type, ll_channel_t ch, char *err, size_t errlen)
         return NULL;
     }
     zsock_set_linger(sock, 1000); /* let the last replies (shutdown) leave */
+    if (strchr(s_k.conn.ip, ':'))
+        zsock_set_ipv6(sock, 1);  /* an IPv6 address ("::1") binds only with this */
     if (type == ZMQ_ROUTER)
         zsock_set_rcvtimeo(sock, 0); /* receive only after polling: never block */
     if (zsock_bind(sock, "%s", endpoint) == -1) {
