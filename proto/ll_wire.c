@@ -432,12 +432,10 @@ static const char *const s_part_names[4] = {"header", "parent_header", "metadata
 
 static json_t *s_parse_part(zframe_t *frame, int part, char *why, size_t whylen)
 {
-    json_error_t jerr;
-    json_t *v = json_loadb((const char *)zframe_data(frame), zframe_size(frame), JSON_ALLOW_NUL,
-                           &jerr);
+    char err[160];
+    json_t *v = ll_json_parse((const char *)zframe_data(frame), zframe_size(frame), err, sizeof err);
     if (!v) {
-        s_fail(why, whylen, "%s: invalid JSON at byte %d: %s", s_part_names[part], jerr.position,
-               jerr.text);
+        s_fail(why, whylen, "%s: invalid JSON %s", s_part_names[part], err);
         return NULL;
     }
     if (!json_is_object(v)) {

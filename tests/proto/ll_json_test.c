@@ -89,6 +89,172 @@ static json_t *s_random_value(int depth)
     }
 }
 
+/* Parsing TEXT succeeds and equals WANT (stolen), or fails when WANT is NULL. */
+static void s_parse_expect(const char *text, size_t len, json_t *want, int line)
+{
+    char err[200];
+    json_t *got = ll_json_parse(text, len, err, sizeof err);
+    bool ok = want ? got && json_equal(got, want) : got == NULL && err[0] != '\0';
+    if (!ok) {
+        fprintf(stderr, "\n  ll_json_test.c:%d: parse of \"%.*s\": got %s%s%s", line, (int)len, text,
+                got ? "a value" : "an error: ", got ? "" : err, want ? "" : " (wanted an error)");
+        s_failures++;
+    }
+    json_decref(got);
+    json_decref(want);
+}
+#define S_PARSE_OK(text, want) s_parse_expect((text), sizeof(text) - 1, (want), __LINE__)
+#define S_PARSE_BAD(text) s_parse_expect((text), sizeof(text) - 1, NULL, __LINE__)
+
+static void s_test_parse_cases(void)
+{
+    S_PARSE_OK("{}", json_object());
+    S_PARSE_OK(" \t\r\n[ ] \n", json_array());
+    S_PARSE_OK("0", json_integer(0));
+    S_PARSE_OK("-0", json_integer(0));
+    S_PARSE_OK("9223372036854775807", json_integer(INT64_MAX));
+    S_PARSE_OK("-9223372036854775808", json_integer(INT64_MIN));
+    S_PARSE_OK("1.5e3", json_real(1500.0));
+    S_PARSE_OK("-0.25E-2", json_real(-0.0025));
+    S_PARSE_OK("1e-400", json_real(0.0));
+    S_PARSE_OK("0.1", json_real(0.1));
+    S_PARSE_OK("true", json_true());
+    S_PARSE_OK("\"a\\u0000b\"", json_stringn("a\0b", 3));
+    S_PARSE_OK("\"\\ud834\\udd1e \\u00e9 \\/ \\b\\f\\n\\r\\t\\\"\\\\\"",
+               json_string("\xf0\x9d\x84\x9e \xc3\xa9 / \b\f\n\r\t\"\\"));
+    S_PARSE_OK("\"h\xc3\xa9 \xe2\x98\x83 \xf0\x9d\x84\x9e\x7f\"",
+               json_string("h\xc3\xa9 \xe2\x98\x83 \xf0\x9d\x84\x9e\x7f"));
+    S_PARSE_OK("{\"a\":1,\"a\":2}", json_pack("{s:i}", "a", 2));   /* last wins, as in Python */
+    /* A NUL in a key (json_equal cannot compare those: check the text). */
+    {
+        static const char text[] = "{\"k\\u0000\":[1,{\"x\":null}],\"k\":2}";
+        char err[64];
+        json_t *v = ll_json_parse(text, sizeof text - 1, err, sizeof err);
+        LL_CHECK(v && json_object_size(v) == 2);
+        ll_jbuf_t out;
+        ll_jbuf_init(&out, NULL, 0);
+        LL_CHECK(v && ll_json_write(&out, v) == 0 && out.len == sizeof text - 1 &&
+                 memcmp(out.data, text, out.len) == 0);
+        ll_jbuf_release(&out);
+        json_decref(v);
+    }
+
+    S_PARSE_BAD("");
+    S_PARSE_BAD("   ");
+    S_PARSE_BAD("{");
+    S_PARSE_BAD("{\"a\"}");
+    S_PARSE_BAD("{\"a\":}");
+    S_PARSE_BAD("{\"a\":1,}");
+    S_PARSE_BAD("[1,]");
+    S_PARSE_BAD("[1 2]");
+    S_PARSE_BAD("{a:1}");
+    S_PARSE_BAD("{} x");
+    S_PARSE_BAD("{}{}");
+    S_PARSE_BAD("01");
+    S_PARSE_BAD("-");
+    S_PARSE_BAD("1.");
+    S_PARSE_BAD(".5");
+    S_PARSE_BAD("1e");
+    S_PARSE_BAD("+1");
+    S_PARSE_BAD("9223372036854775808");
+    S_PARSE_BAD("-9223372036854775809");
+    S_PARSE_BAD("1e400");
+    S_PARSE_BAD("NaN");
+    S_PARSE_BAD("Infinity");
+    S_PARSE_BAD("tru");
+    S_PARSE_BAD("nul");
+    S_PARSE_BAD("\"abc");
+    S_PARSE_BAD("\"a\nb\"");                  /* raw control character */
+    S_PARSE_BAD("\"a\\x\"");                 /* unknown escape */
+    S_PARSE_BAD("\"\\u12\"");
+    S_PARSE_BAD("\"\\ud800\"");              /* lone high surrogate */
+    S_PARSE_BAD("\"\\udc00\"");              /* lone low surrogate */
+    S_PARSE_BAD("\"\\ud800\\u0041\"");
+    S_PARSE_BAD("\"\xc3\"");                  /* truncated UTF-8 */
+    S_PARSE_BAD("\"\xc0\xaf\"");             /* overlong */
+    S_PARSE_BAD("\"\xed\xa0\x80\"");         /* encoded surrogate */
+    S_PARSE_BAD("\"\xf4\x90\x80\x80\"");     /* above U+10FFFF */
+    S_PARSE_BAD("\"\xff\"");
+    S_PARSE_BAD("\xef\xbb\xbf{}");            /* BOM: not JSON text */
+    s_parse_expect("{}\0", 3, NULL, __LINE__);  /* NUL after the value */
+    s_parse_expect("{\"a\":1}", 4, NULL, __LINE__);   /* cut short: never reads past LEN */
+    char err[64];
+    LL_CHECK(ll_json_parse(NULL, 0, err, sizeof err) == NULL);
+
+    /* Nesting: 2048 levels parse, 2049 do not (jansson's limit). */
+    for (int levels = 2048; levels <= 2049; levels++) {
+        char *text = malloc(2 * (size_t)levels);
+        memset(text, '[', (size_t)levels);
+        memset(text + levels, ']', (size_t)levels);
+        json_t *v = ll_json_parse(text, 2 * (size_t)levels, err, sizeof err);
+        LL_CHECK(levels == 2048 ? v != NULL : v == NULL);
+        json_decref(v);
+        free(text);
+    }
+}
+
+/* One random change to TEXT (length *LEN, capacity CAP). */
+static void s_mutate_text(char *text, size_t *len, size_t cap)
+{
+    static const char tokens[] = "{}[]\",:\\u0-9eE.+ tfn\x80\xc3\xa9\xed\xf4\x00";
+    size_t n = *len;
+    size_t at = n ? s_rand() % n : 0;
+    switch (s_rand() % 4) {
+    case 0:
+        if (n)
+            text[at] = tokens[s_rand() % (sizeof tokens - 1)];
+        break;
+    case 1:
+        if (n < cap) {
+            memmove(text + at + 1, text + at, n - at);
+            text[at] = tokens[s_rand() % (sizeof tokens - 1)];
+            *len = n + 1;
+        }
+        break;
+    case 2:
+        if (n) {
+            memmove(text + at, text + at + 1, n - at - 1);
+            *len = n - 1;
+        }
+        break;
+    default:
+        *len = at;
+        break;
+    }
+}
+
+/* Our parser and jansson agree on TEXT: both reject, or both accept equal
+ * values.  jansson refuses NUL in object keys, which Python's json (and we)
+ * accept: the one allowed disagreement. */
+static bool s_agrees_with_jansson(const char *text, size_t len, bool verbose)
+{
+    char err[200];
+    json_error_t jerr;
+    json_t *ours = ll_json_parse(text, len, err, sizeof err);
+    json_t *theirs = json_loadb(text, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
+    bool agree;
+    if (!ours || !theirs)
+        agree = !ours && !theirs;
+    else
+        agree = json_equal(ours, theirs);
+    if (!agree && ours && !theirs && strstr(jerr.text, "NUL"))
+        agree = true;
+    /* jansson stops reading at a NUL byte after a complete value; RFC 8259
+     * (and Python) call the NUL extra data, as we do. */
+    const char *nul = memchr(text, '\0', len);
+    if (!agree && !ours && theirs && nul) {
+        json_t *prefix = ll_json_parse(text, (size_t)(nul - text), err, sizeof err);
+        agree = prefix && json_equal(prefix, theirs);
+        json_decref(prefix);
+    }
+    if (!agree && verbose)
+        fprintf(stderr, "\n    disagree on \"%.*s\": ours %s, jansson %s", (int)len, text,
+                ours ? "accepts" : err, theirs ? "accepts" : jerr.text);
+    json_decref(ours);
+    json_decref(theirs);
+    return agree;
+}
+
 int ll_json_selftest(bool verbose)
 {
     s_failures = 0;
@@ -215,6 +381,59 @@ int ll_json_selftest(bool verbose)
         json_decref(v);
     }
     LL_CHECK(mismatches == 0);
+
+    s_test_parse_cases();
+
+    /* Random trees, written by us and by jansson in several styles (\u
+     * escapes and surrogate pairs with JSON_ENSURE_ASCII), parse back equal;
+     * mutated texts are judged the same way jansson judges them. */
+    int parse_mismatches = 0, disagreements = 0;
+    static const size_t styles[] = {JSON_COMPACT, 0, JSON_ENSURE_ASCII, JSON_INDENT(2)};
+    for (int i = 0; i < 3000; i++) {
+        json_t *v = s_random_value(0);
+        char *text = NULL;
+        size_t len = 0;
+        if (i % 5 == 4) {
+            ll_jbuf_init(&buf, NULL, 0);
+            if (ll_json_write(&buf, v) == 0) {
+                text = malloc(buf.len + 64);
+                memcpy(text, buf.data, buf.len);
+                len = buf.len;
+            }
+            ll_jbuf_release(&buf);
+        } else {
+            char *dumped = json_dumps(v, JSON_ENCODE_ANY | styles[i % 4]);
+            if (dumped) {
+                len = strlen(dumped);
+                text = malloc(len + 64);
+                memcpy(text, dumped, len);
+                free(dumped);
+            }
+        }
+        if (!text) {
+            parse_mismatches++;
+            json_decref(v);
+            continue;
+        }
+        char err[200];
+        json_t *parsed = ll_json_parse(text, len, err, sizeof err);
+        if (!parsed || !json_equal(parsed, v)) {
+            if (verbose)
+                fprintf(stderr, "\n    parse mismatch: %.*s (%s)", (int)len, text, parsed ? "" : err);
+            parse_mismatches++;
+        }
+        json_decref(parsed);
+        for (int m = 0; m < 4; m++) {
+            int rounds = 1 + (int)(s_rand() % 3);
+            for (int r = 0; r < rounds; r++)
+                s_mutate_text(text, &len, len + 64 - 8);
+            disagreements += !s_agrees_with_jansson(text, len, verbose);
+        }
+        free(text);
+        json_decref(v);
+    }
+    LL_CHECK(parse_mismatches == 0);
+    LL_CHECK(disagreements == 0);
     if (s_failures)
         fprintf(stderr, "\n");
     return s_failures ? -1 : 0;
