@@ -150,6 +150,25 @@ class Checkpointer:
             del self._graph[n]
         return vers
 
+    def _stable_order(self, order):
+        """ORDER with every variable after the owners it referenced at its last commit, so ownership (and
+        with it every blob) stays the same from one save to the next when nothing changed."""
+        pos = {n: i for i, n in enumerate(order)}
+        out, seen = [], set()
+
+        def visit(n):
+            if n in seen:
+                return
+            seen.add(n)
+            for d in sorted(self._graph.get(n, (0, ()))[1], key=lambda d: pos.get(d, -1)):
+                if d in pos:
+                    visit(d)
+            out.append(n)
+
+        for n in order:
+            visit(n)
+        return out
+
     def _dependents(self, names):
         return {v for v, (_, deps) in self._graph.items() if deps & names}
 
@@ -192,6 +211,7 @@ class Checkpointer:
         order = [n for n in names if n in ns]
         unrestorable = {}
         for _attempt in range(10000):
+            order = self._stable_order(order)
             saving = set(order)
             ctx = SaveContext(ns, self._owner, saving)
             res, failed, need = {}, {}, None

@@ -38,8 +38,8 @@ LIMITS
 * Ownership is by memo index, so a variable's stream is only valid together with the owners it names at
   the versions committed with it.  The Checkpointer keeps that true by re-pickling the dependents of every
   variable whose exports changed, in the same commit.
-* An object only *reachable* from a variable's payload-free parts is shared; numpy views of another
-  variable's array are stored as copies (torch views share storage).  Non-leaf tensors come back as leaves
+* A numpy view shares memory with its base after restore when the base is saved too (or the view covers
+  at least half of it); a small view of an array nobody saves is stored as a copy of the view.  Non-leaf tensors come back as leaves
   (autograd history is not state).  Tensor subclasses other than Parameter, sparse and quantized tensors
   use torch's own reduce (their storages still leave the stream).
 * Objects pickle cannot handle (open files, sockets, generators, locks) fail their variable only.
@@ -151,6 +151,14 @@ def _rebuild_tensor(storage, offset, size, stride, dtype, requires_grad, grad, k
     return t
 
 
+def _rebuild_ndarray_view(root, offset, shape, strides, dtype, writeable):
+    np = sys.modules.get("numpy") or __import__("numpy")
+    a = np.ndarray(shape, dtype, buffer=root, offset=offset, strides=strides)
+    if not writeable:
+        a.flags.writeable = False
+    return a
+
+
 def _make_function(code, globals, name, argdefs, closure):
     # cloudpickle's own _make_function would write its module's __builtins__ into the globals, which here
     # are the notebook namespace.
@@ -176,6 +184,28 @@ class SaveContext:
         self.cur = {}  # key -> (owner, kind, index, obj): exports of variables pickled earlier in this save
         self.old = old_owner  # same, for committed variables (only consulted for names not in `saving`)
         self.saving = saving  # set of names being pickled in this save
+        self.arrays = {}  # id -> base arrays pickled in this save (held, so ids stay unique)
+        self.anchors = {}  # id(foreign-buffer base) -> (the whole array standing for it, that base)
+        np = sys.modules.get("numpy")
+        # Arrays that are variables of this save: their views are saved as views whatever the order.
+        self.top_arrays = set()
+        if np is not None:
+            for v in (namespace.get(n) for n in saving):
+                if type(v) is np.ndarray:
+                    self.top_arrays.add(id(v))
+                    self._anchor(np, v)
+
+    def _anchor(self, np, v):
+        """A restored array is a view of the flat array over its mapping, and numpy makes views of it
+        views of that flat array: remember which variable stands for the whole buffer."""
+        root = v.base
+        if not isinstance(root, np.ndarray):
+            return
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        if (not root.flags.owndata and v.flags.c_contiguous and v.nbytes == root.nbytes
+                and v.__array_interface__["data"][0] == root.__array_interface__["data"][0]):
+            self.anchors.setdefault(id(root), (v, root))
 
 
 class Pickled:
@@ -204,6 +234,7 @@ class _Pickler(cloudpickle.CloudPickler):
         self._pkey = {}  # local payload key -> index, so one object is one payload
         self.deps = set()
         self.soft = set()
+        self._np = sys.modules.get("numpy")
         torch = sys.modules.get("torch")
         self._torch = torch
         self._storage_types = (torch.storage.TypedStorage, torch.storage.UntypedStorage) if torch else ()
@@ -270,7 +301,57 @@ class _Pickler(cloudpickle.CloudPickler):
         typed = torch.storage.TypedStorage(wrap_storage=u, dtype=dtype)
         return self._local(key, ("s", u.nbytes(), str(dtype), str(u.device)), u, typed)
 
+    def _reduce_ndarray_view(self, a):
+        """A numpy view whose base array is (or will be) saved anyway becomes (base, offset, strides), so
+        it shares memory with that base after restore, as torch views share storage.  A small view of a
+        big array nobody else saves keeps numpy's own reduce (a copy of just the view)."""
+        np = self._np
+        chain = [a.base]
+        while isinstance(chain[-1].base, np.ndarray):
+            chain.append(chain[-1].base)
+        root = chain[-1]
+        if a.dtype.hasobject or root.dtype.hasobject or not root.flags.c_contiguous:
+            return NotImplemented
+        rptr = root.__array_interface__["data"][0]
+        offset = a.__array_interface__["data"][0] - rptr
+        if offset < 0 or offset > root.nbytes:
+            return NotImplemented
+
+        def covers(x):
+            return (x.__array_interface__["data"][0] == rptr and x.nbytes == root.nbytes
+                    and x.flags.c_contiguous)
+
+        ctx = self._ctx
+        anchor = ctx.anchors.get(id(root))
+        if anchor is None and not root.flags.owndata and covers(a):
+            # `a` is all there is of a foreign buffer (a restored array over its mapping): it stands for
+            # that memory, and views of that memory are rebuilt on it.
+            anchor = ctx.anchors[id(root)] = (a, root)
+        if anchor is not None:
+            if anchor[0] is a:
+                return NotImplemented
+            root = anchor[0]  # same first byte as the foreign base, so the offset holds
+        else:
+            for x in chain[:-1]:  # an array in between that is the whole buffer
+                if covers(x):
+                    root = x
+                    break
+        rid = id(root)
+        known = rid in ctx.arrays or rid in ctx.cur or rid in ctx.old or rid in ctx.top_arrays
+        if not known and root.nbytes > 2 * a.nbytes:
+            return NotImplemented
+        return (_rebuild_ndarray_view, (root, offset, a.shape, a.strides, a.dtype, a.flags.writeable))
+
     def reducer_override(self, obj):
+        np = self._np
+        if np is not None and type(obj) is np.ndarray:
+            if isinstance(obj.base, np.ndarray):
+                r = self._reduce_ndarray_view(obj)
+                if r is not NotImplemented:
+                    return r
+            else:
+                self._ctx.arrays[id(obj)] = obj
+            return NotImplemented
         if isinstance(obj, io.IOBase):
             # cloudpickle would save a readable file's *contents*; an open file is process state.
             raise TypeError("cannot pickle %r object: an open file cannot be saved" % type(obj).__name__)
