@@ -71,13 +71,18 @@ static bool s_reserve(ll_jbuf_t *buf, size_t need)
     return true;
 }
 
-bool ll_jbuf_put(ll_jbuf_t *buf, const void *bytes, size_t n)
+static bool s_put(ll_jbuf_t *buf, const void *bytes, size_t n)
 {
     if (!s_reserve(buf, n))
         return false;
     memcpy(buf->data + buf->len, bytes, n);
     buf->len += n;
     return true;
+}
+
+int ll_jbuf_put(ll_jbuf_t *buf, const void *bytes, size_t n)
+{
+    return buf && s_put(buf, bytes, n) ? 0 : -1;
 }
 
 static bool s_putc(ll_jbuf_t *buf, char c)
@@ -128,7 +133,7 @@ static size_t s_plain_run_end(const char *s, size_t i, size_t n)
 
 static bool s_write_string(ll_jbuf_t *buf, const char *s, size_t n)
 {
-    if (!ll_jbuf_put(buf, "\"", 1))
+    if (!s_put(buf, "\"", 1))
         return false;
     size_t i = 0;
     while (i < n) {
@@ -163,7 +168,7 @@ static bool s_write_string(ll_jbuf_t *buf, const char *s, size_t n)
         buf->len = (size_t)(out - buf->data);
         i = run;
     }
-    return ll_jbuf_put(buf, "\"", 1);
+    return s_put(buf, "\"", 1);
 }
 
 static bool s_write_integer(ll_jbuf_t *buf, json_int_t v)
@@ -178,7 +183,7 @@ static bool s_write_integer(ll_jbuf_t *buf, json_int_t v)
     } while (u);
     if (v < 0)
         *--p = '-';
-    return ll_jbuf_put(buf, p, (size_t)(end - p));
+    return s_put(buf, p, (size_t)(end - p));
 }
 
 static bool s_write_real(ll_jbuf_t *buf, double v)
@@ -201,7 +206,7 @@ static bool s_write_real(ll_jbuf_t *buf, double v)
         tmp[n++] = '.';
         tmp[n++] = '0';
     }
-    return ll_jbuf_put(buf, tmp, (size_t)n);
+    return s_put(buf, tmp, (size_t)n);
 }
 
 static bool s_write(ll_jbuf_t *buf, const json_t *v, int depth)
@@ -240,11 +245,11 @@ static bool s_write(ll_jbuf_t *buf, const json_t *v, int depth)
     case JSON_REAL:
         return s_write_real(buf, json_real_value(v));
     case JSON_TRUE:
-        return ll_jbuf_put(buf, "true", 4);
+        return s_put(buf, "true", 4);
     case JSON_FALSE:
-        return ll_jbuf_put(buf, "false", 5);
+        return s_put(buf, "false", 5);
     case JSON_NULL:
-        return ll_jbuf_put(buf, "null", 4);
+        return s_put(buf, "null", 4);
     }
     return false;
 }
@@ -360,7 +365,7 @@ static bool s_put_utf8(ll_jbuf_t *buf, unsigned cp)
         out[3] = (unsigned char)(0x80 | (cp & 0x3f));
         n = 4;
     }
-    return ll_jbuf_put(buf, out, n);
+    return s_put(buf, out, n);
 }
 
 /* Parse the string whose opening quote is at ps->p.  On success *OUT and
@@ -410,7 +415,7 @@ static bool s_parse_string(s_parser_t *ps, const char **out, size_t *out_len)
             ps->scratch.len = 0;
             escaped = true;
         }
-        if (!ll_jbuf_put(&ps->scratch, run, (size_t)(p - run)))
+        if (!s_put(&ps->scratch, run, (size_t)(p - run)))
             goto out_nomem;
         if (end - p < 2) {
             s_perror(ps, p, "unterminated string");
@@ -433,7 +438,7 @@ static bool s_parse_string(s_parser_t *ps, const char **out, size_t *out_len)
             return false;
         }
         if (simple) {
-            if (!ll_jbuf_put(&ps->scratch, simple, 1))
+            if (!s_put(&ps->scratch, simple, 1))
                 goto out_nomem;
             p += 2;
         } else {
@@ -462,7 +467,7 @@ static bool s_parse_string(s_parser_t *ps, const char **out, size_t *out_len)
         run = p;
     }
     if (escaped) {
-        if (!ll_jbuf_put(&ps->scratch, run, (size_t)(p - run)))
+        if (!s_put(&ps->scratch, run, (size_t)(p - run)))
             goto out_nomem;
         *out = ps->scratch.data;
         *out_len = ps->scratch.len;

@@ -42,8 +42,8 @@ void ll_jbuf_init(ll_jbuf_t *buf, char *storage, size_t cap);
  * only after another ll_jbuf_init. */
 void ll_jbuf_release(ll_jbuf_t *buf);
 
-/* Append N raw bytes.  Returns false when memory runs out. */
-bool ll_jbuf_put(ll_jbuf_t *buf, const void *bytes, size_t n);
+/* Append N raw bytes.  Returns 0, or -1 when memory runs out. */
+int ll_jbuf_put(ll_jbuf_t *buf, const void *bytes, size_t n);
 
 /* Append the compact JSON text of VALUE.  Returns 0, or -1 when VALUE is
  * NULL, nested deeper than 2048 levels (or cyclic), or memory runs out. */

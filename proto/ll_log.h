@@ -11,7 +11,9 @@
  * Each line is written with a single write(2) of at most PIPE_BUF bytes
  * (longer messages are cut and end in "..."), so lines from threads and
  * processes sharing one pipe never interleave.  Control characters in a
- * message become spaces: one call, one line.  errno is preserved. */
+ * message become spaces: one call, one line.  errno is preserved.  Not
+ * async-signal-safe (it formats the local time): never log from a signal
+ * handler. */
 #ifndef LL_LOG_H
 #define LL_LOG_H
 

@@ -596,7 +596,7 @@ zmsg_t *ll_session_encode(ll_session_t *self, const ll_msg_t *msg)
     for (int i = 0; i < 4; i++) {
         offsets[i] = buf.len;
         if (!src[i]) {
-            if (!ll_jbuf_put(&buf, empty_object, 2))
+            if (ll_jbuf_put(&buf, empty_object, 2) != 0)
                 goto out_fail;
         } else if (ll_json_write(&buf, src[i]) != 0) {
             ll_warn("wire", "cannot serialize the %s of a %s message", s_part_names[i],
