@@ -67,6 +67,7 @@ typedef struct {
     uint8_t kind;     /* ll_bind_kind_t, for BIND */
     bool cond;        /* inside a branch, loop, try or handler: may not run */
     bool direct;      /* LOAD written in the cell (not added by the walker) */
+    int block;        /* innermost conditional block (0: the cell itself) */
     const char *name; /* interned in the analysis's name pool */
     int ref;          /* BIND FUNC/CLASS, DEFER: group index; BIND IMPORT/STAR:
                          import index; else -1 */
@@ -78,6 +79,7 @@ typedef struct {
     int kind;             /* LL_BK_FUNC, LL_BK_CLASS, or LL_BK_VALUE (lambda) */
     ll_names_t globals;   /* global names read by the body (any depth) */
     ll_names_t gwrites;   /* names the body assigns after `global` */
+    ll_names_t paths;     /* module paths the body imports itself */
     bool opaque;          /* the body uses exec/eval/globals()/... */
 } ll_group_t;
 
@@ -96,10 +98,19 @@ const ll_ev_t *ll_analysis_events(const ll_analysis_t *self, size_t *count);
 const ll_group_t *ll_analysis_group(const ll_analysis_t *self, int index);
 const ll_import_t *ll_analysis_import(const ll_analysis_t *self, int index);
 bool ll_analysis_opaque_flag(const ll_analysis_t *self);
+/* Whether conditional block OUTER is INNER or encloses it: a binding made in
+ * OUTER earlier in the cell is certainly done when code in INNER runs.
+ * Block -1 encloses nothing. */
+bool ll_analysis_block_encloses(const ll_analysis_t *self, int outer, int inner);
 
 /* Top-level package of a module path ("a" of "a.b.c"); NULL for relative
  * imports and __future__.  Writes into BUF. */
 const char *ll_analysis_package_of(const char *path, char *buf, size_t buflen);
+
+/* Replay the cell against an empty session: the names it reads from
+ * outside (ll_analysis_reads).  0 or -1 (out of memory).  In
+ * ll_analysis_session.c. */
+int ll_analysis_compute_reads(const ll_analysis_t *cell, ll_names_t *reads);
 
 /* Whether NAME is a Python builtin (set by ll_analysis_init). */
 bool ll_analysis_is_builtin(const char *name);

@@ -1,0 +1,2048 @@
+/* ll_analysis: per-cell facts from CPython's own AST (issue 3).
+ *
+ * Runs on whichever thread calls it, with the GIL held (the gateway's shell
+ * thread, or the CLI's main thread).  Python is only used to parse: the cell
+ * is compiled with PyCF_ONLY_AST and the resulting ast.Module is walked here
+ * in C, comparing node types by pointer and reading fields through interned
+ * attribute names, so a typical cell costs tens of microseconds on top of
+ * the parse.
+ *
+ * DESIGN
+ * The walker keeps a stack of scopes (module, function/lambda, class,
+ * comprehension).  Entering a function, class or comprehension first scans
+ * its body for the names it binds and its global/nonlocal declarations, the
+ * way CPython's symtable does, so a read can be resolved to "global" or
+ * "local somewhere" exactly: class bodies are invisible to the functions and
+ * comprehensions inside them, a comprehension's first iterator belongs to
+ * the enclosing scope, walrus targets bind in the nearest non-comprehension
+ * scope, decorators, defaults and annotations are evaluated where the def
+ * stands.
+ *
+ * What runs now (module level, class bodies, comprehensions at module level)
+ * becomes events (see ll_analysis_internal.h): LOAD, BIND, MUTATE, DEL, one
+ * UNIT per top-level statement, each flagged `cond` when it sits in a branch,
+ * loop, try or handler and so may not happen.  What runs later (function
+ * bodies, methods) is collected into a group: the global names the body reads
+ * and assigns, the modules it imports, whether it is opaque.  A lambda at
+ * module level is both: it may be called at once (sorted(key=...)) or kept,
+ * so its globals are LOADs now and deps of whatever the statement binds.
+ *
+ * IPython: when a cheap scan finds a line starting with % ! ? (or `x = !cmd`,
+ * `x = %magic`), the cell goes through IPython's TransformerManager first,
+ * which turns magics into get_ipython().run_line_magic(...) calls.  Those
+ * calls are recognised here: %time/%%time/%prun/%%capture analyse their
+ * code as if it stood in the cell, %timeit/%%timeit as a function body (its
+ * assignments stay local), $name and {expr} in shell commands and magic lines
+ * are reads, known harmless magics are facts-free, and %run, %reset, %who,
+ * %pylab, unknown magics, or get_ipython() used any other way make the cell
+ * opaque.  %%gpu / %%cpu on the first line force the label and are removed
+ * before anything else sees the cell.
+ *
+ * Bad input never crashes: NUL bytes and undecodable text are errors, so is
+ * a parse failure (CPython bounds nesting: 200 brackets, 100 indents,
+ * RecursionError for absurdly deep expressions), and the walker refuses
+ * trees deeper than LL_ANALYSIS_MAX_DEPTH rather than risk the C stack. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "gateway/ll_analysis.h"
+#include "gateway/ll_analysis_internal.h"
+#include "proto/ll_log.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LL_ANALYSIS_MAX_DEPTH 1500
+
+/* ---- cached Python objects (set once by ll_analysis_init) -------------- */
+
+/* Node types we treat specially; all others are walked field by field. */
+#define LL_AST_TYPES(X)                                                        \
+    X(AST) X(Module) X(FunctionDef) X(AsyncFunctionDef) X(ClassDef) X(Lambda)  \
+    X(ListComp) X(SetComp) X(DictComp) X(GeneratorExp) X(Name) X(Load)         \
+    X(Store) X(Del) X(Assign) X(AnnAssign) X(AugAssign) X(NamedExpr) X(For)    \
+    X(AsyncFor) X(While) X(If) X(With) X(AsyncWith) X(Try) X(TryStar)          \
+    X(ExceptHandler) X(Match) X(MatchAs) X(MatchStar) X(MatchMapping)          \
+    X(Import) X(ImportFrom) X(Global) X(Nonlocal) X(Delete) X(Expr) X(Call)    \
+    X(Attribute) X(Subscript) X(Starred) X(Constant) X(arguments)
+
+#define LL_AST_ATTRS(X)                                                        \
+    X(body) X(orelse) X(finalbody) X(handlers) X(name) X(names) X(asname)      \
+    X(module) X(level) X(id) X(ctx) X(targets) X(target) X(value) X(iter)      \
+    X(ifs) X(generators) X(elt) X(key) X(test) X(items) X(context_expr)        \
+    X(optional_vars) X(type) X(args) X(posonlyargs) X(vararg) X(kwonlyargs)    \
+    X(kwarg) X(arg) X(annotation) X(returns) X(decorator_list) X(bases)        \
+    X(keywords) X(func) X(attr) X(slice) X(cases) X(pattern) X(guard)          \
+    X(subject) X(rest) X(lineno) X(msg) X(_fields)
+
+typedef struct {
+#define X(n) PyObject *t_##n;
+    LL_AST_TYPES(X)
+#undef X
+#define X(n) PyObject *a_##n;
+    LL_AST_ATTRS(X)
+#undef X
+    PyObject *builtins;     /* dict of the builtins module */
+    PyObject *transformer;  /* IPython TransformerManager, created on demand */
+    bool transformer_failed;
+    bool ready;
+} s_py_t;
+
+static s_py_t s_py;
+
+/* Per-type field tuples for the generic walk, keyed by type pointer. */
+#define LL_FIELD_SLOTS 512
+static struct {
+    PyTypeObject *type;
+    PyObject *fields; /* tuple of str */
+} s_fields[LL_FIELD_SLOTS];
+
+/* The GPU frameworks (package names or dotted module paths). */
+static const char *const s_gpu_builtin[] = {
+    "torch", "torchvision", "torchaudio", "torchtext", "transformers",
+    "accelerate", "peft", "bitsandbytes", "tensorflow", "keras", "jax",
+    "jaxlib", "flax", "optax", "cupy", "cupyx", "numba.cuda", "triton",
+    "xformers", "deepspeed", "diffusers", "lightning", "pytorch_lightning",
+    "torch_geometric", "dgl", "vllm", "sentence_transformers", "timm",
+    "trl", "apex", "cudf", "cuml", "cugraph", "rapids", "pycuda", "mxnet",
+    "paddle", "onnxruntime_gpu", "tensorrt", "flash_attn", "unsloth",
+    "fastai", "detectron2", "mmcv", "ultralytics", NULL};
+static ll_names_t s_gpu_extra;
+
+/* ---- the analysis object ---------------------------------------------- */
+
+struct ll_analysis_t {
+    char *error;          /* parse failure, or NULL */
+    int forced;           /* -1, LL_ANALYSIS_CPU or LL_ANALYSIS_GPU */
+    bool opaque;          /* the cell's own top-level code is opaque */
+    ll_names_t pool;      /* interned names events point into */
+    ll_ev_t *ev;          /* event stream */
+    size_t nev, capev;
+    ll_group_t *groups;   /* deferred bodies */
+    size_t ngroups, capgroups;
+    ll_import_t *imports; /* import bindings */
+    size_t nimports, capimports;
+    /* facts for callers (derived from the events) */
+    ll_names_t defs, reads, mutates, deletes, packages;
+    int *funcs;           /* indexes of the named groups, in order */
+    size_t nfuncs;
+    int *block_parent;    /* conditional blocks: parent of each (0 = cell) */
+    size_t nblocks, capblocks;
+};
+
+/* ---- scopes and walker ------------------------------------------------ */
+
+enum { SC_MODULE, SC_FUNC, SC_CLASS, SC_COMP };
+
+typedef struct s_scope {
+    int kind;
+    struct s_scope *parent;
+    bool immediate;       /* runs now: its global reads are LOAD events */
+    ll_names_t locals;    /* names bound in the scope */
+    ll_names_t globals;   /* declared global */
+    ll_names_t nonlocals; /* declared nonlocal */
+} s_scope_t;
+
+typedef struct {
+    ll_analysis_t *a;
+    s_scope_t *scope;
+    int group;        /* deferred group receiving global reads, or -1 */
+    int class_group;  /* group of the top-level class being walked, or -1 */
+    int cond;         /* depth of conditional module-level blocks */
+    int block;        /* innermost conditional block (0: none) */
+    int depth;        /* recursion depth of the walk */
+    bool oom;         /* allocation failed */
+    bool too_deep;    /* refused a tree deeper than LL_ANALYSIS_MAX_DEPTH */
+} s_walker_t;
+
+static void s_walk(s_walker_t *w, PyObject *node);
+static void s_walk_body(s_walker_t *w, PyObject *list);
+static void s_scan(s_walker_t *w, PyObject *node, s_scope_t *sc, bool comp);
+static void s_walk_code(s_walker_t *w, const char *code, bool as_function);
+
+/* A new reference to NODE.ATTR, or NULL (no exception left set). */
+static PyObject *s_get(PyObject *node, PyObject *attr)
+{
+    PyObject *v = PyObject_GetAttr(node, attr);
+    if (!v)
+        PyErr_Clear();
+    return v;
+}
+
+static bool s_is(PyObject *node, PyObject *type)
+{
+    return node && (PyObject *)Py_TYPE(node) == type;
+}
+
+static bool s_is_ast(PyObject *obj)
+{
+    return obj && PyObject_TypeCheck(obj, (PyTypeObject *)s_py.t_AST);
+}
+
+/* NODE.ATTR as a UTF-8 string owned by the AST, or NULL. */
+static const char *s_get_str(PyObject *node, PyObject *attr)
+{
+    PyObject *v = s_get(node, attr);
+    if (!v)
+        return NULL;
+    const char *s = NULL;
+    if (PyUnicode_Check(v)) {
+        s = PyUnicode_AsUTF8(v);
+        if (!s)
+            PyErr_Clear();
+    }
+    /* The AST keeps the str alive while the walk runs. */
+    Py_DECREF(v);
+    return s;
+}
+
+static const char *s_intern(s_walker_t *w, const char *name)
+{
+    ll_names_t *pool = &w->a->pool;
+    long at = ll_names_find(pool, name);
+    if (at >= 0)
+        return pool->items[at];
+    if (ll_names_add(pool, name) < 0) {
+        w->oom = true;
+        return NULL;
+    }
+    return pool->items[pool->count - 1];
+}
+
+static void s_emit(s_walker_t *w, int type, int kind, const char *name, int ref,
+                   bool direct)
+{
+    ll_analysis_t *a = w->a;
+    const char *interned = NULL;
+    if (name && !(interned = s_intern(w, name)))
+        return;
+    if (a->nev == a->capev) {
+        size_t cap = a->capev ? a->capev * 2 : 64;
+        ll_ev_t *ev = realloc(a->ev, cap * sizeof *ev);
+        if (!ev) {
+            w->oom = true;
+            return;
+        }
+        a->ev = ev;
+        a->capev = cap;
+    }
+    a->ev[a->nev++] = (ll_ev_t){.type = (uint8_t)type,
+                                .kind = (uint8_t)kind,
+                                .cond = w->cond > 0,
+                                .direct = direct,
+                                .block = w->block,
+                                .name = interned,
+                                .ref = ref};
+}
+
+static int s_new_group(s_walker_t *w, const char *name, int kind)
+{
+    ll_analysis_t *a = w->a;
+    if (a->ngroups == a->capgroups) {
+        size_t cap = a->capgroups ? a->capgroups * 2 : 8;
+        ll_group_t *g = realloc(a->groups, cap * sizeof *g);
+        if (!g) {
+            w->oom = true;
+            return -1;
+        }
+        a->groups = g;
+        a->capgroups = cap;
+    }
+    const char *interned = name ? s_intern(w, name) : NULL;
+    if (name && !interned)
+        return -1;
+    a->groups[a->ngroups] = (ll_group_t){.name = interned, .kind = kind};
+    return (int)a->ngroups++;
+}
+
+static void s_add(s_walker_t *w, ll_names_t *set, const char *name)
+{
+    if (ll_names_add(set, name) < 0)
+        w->oom = true;
+}
+
+/* Enter a conditional block (branch, loop body, try body, handler, case);
+ * returns the block to give back to s_leave_block. */
+static int s_enter_block(s_walker_t *w)
+{
+    ll_analysis_t *a = w->a;
+    int saved = w->block;
+    w->cond++;
+    if (a->nblocks == a->capblocks) {
+        size_t cap = a->capblocks ? a->capblocks * 2 : 16;
+        int *p = realloc(a->block_parent, cap * sizeof *p);
+        if (!p) {
+            w->oom = true;
+            return saved;
+        }
+        a->block_parent = p;
+        a->capblocks = cap;
+        if (a->nblocks == 0)
+            a->block_parent[a->nblocks++] = -1; /* block 0: the cell */
+    }
+    a->block_parent[a->nblocks] = saved;
+    w->block = (int)a->nblocks++;
+    return saved;
+}
+
+static void s_leave_block(s_walker_t *w, int saved)
+{
+    w->cond--;
+    w->block = saved;
+}
+
+bool ll_analysis_block_encloses(const ll_analysis_t *self, int outer, int inner)
+{
+    if (outer < 0 || inner < 0)
+        return false;
+    for (int b = inner, guard = 0; b >= 0 && guard < 100000; guard++) {
+        if (b == outer)
+            return true;
+        b = (size_t)b < self->nblocks ? self->block_parent[b] : -1;
+    }
+    return false;
+}
+
+/* Mark opaque whatever is running: the cell now, and/or the deferred body. */
+static void s_opaque(s_walker_t *w)
+{
+    if (w->scope->immediate)
+        w->a->opaque = true;
+    if (w->group >= 0)
+        w->a->groups[w->group].opaque = true;
+}
+
+/* ---- name resolution -------------------------------------------------- */
+
+/* Whether NAME read in scope SC refers to the module namespace. */
+static bool s_resolves_global(const s_scope_t *sc, const char *name)
+{
+    if (sc->kind == SC_MODULE)
+        return true;
+    if (ll_names_has(&sc->globals, name))
+        return true;
+    if (ll_names_has(&sc->nonlocals, name) || ll_names_has(&sc->locals, name))
+        return false;
+    /* Free name: enclosing function scopes, skipping class bodies. */
+    for (sc = sc->parent; sc; sc = sc->parent) {
+        if (sc->kind == SC_MODULE)
+            return true;
+        if (sc->kind == SC_CLASS)
+            continue;
+        if (ll_names_has(&sc->globals, name))
+            return true;
+        if (ll_names_has(&sc->locals, name) ||
+            ll_names_has(&sc->nonlocals, name))
+            return false;
+    }
+    return true;
+}
+
+static void s_load(s_walker_t *w, const char *name)
+{
+    if (!s_resolves_global(w->scope, name))
+        return;
+    if (strcmp(name, "get_ipython") == 0 || strcmp(name, "__main__") == 0)
+        s_opaque(w); /* the namespace itself escapes */
+    if (w->scope->immediate)
+        s_emit(w, LL_EV_LOAD, 0, name, -1, true);
+    if (w->group >= 0)
+        s_add(w, &w->a->groups[w->group].globals, name);
+}
+
+/* Bind NAME in scope SC (the current one, or a walrus's target scope). */
+static void s_store_in(s_walker_t *w, s_scope_t *sc, const char *name,
+                       int kind, int ref)
+{
+    if (sc->kind == SC_MODULE) {
+        s_emit(w, LL_EV_BIND, kind, name, ref, false);
+        return;
+    }
+    if (!ll_names_has(&sc->globals, name))
+        return; /* a local of the function, class or comprehension */
+    if (sc->immediate)
+        s_emit(w, LL_EV_BIND, kind == LL_BK_IMPORT ? kind : LL_BK_VALUE, name,
+               kind == LL_BK_IMPORT ? ref : -1, false);
+    if (w->group >= 0)
+        s_add(w, &w->a->groups[w->group].gwrites, name);
+}
+
+static void s_store(s_walker_t *w, const char *name, int kind, int ref)
+{
+    s_store_in(w, w->scope, name, kind, ref);
+}
+
+static void s_delete(s_walker_t *w, const char *name)
+{
+    if (w->scope->kind == SC_MODULE)
+        s_emit(w, LL_EV_DEL, 0, name, -1, false);
+}
+
+/* The Name at the bottom of an attribute/subscript chain (x of x.a[0].b). */
+static const char *s_base_name(PyObject *node)
+{
+    PyObject *cur = node;
+    Py_INCREF(cur);
+    for (int guard = 0; guard < 10000; guard++) {
+        PyObject *next = NULL;
+        if (s_is(cur, s_py.t_Attribute) || s_is(cur, s_py.t_Subscript))
+            next = s_get(cur, s_py.a_value);
+        else if (s_is(cur, s_py.t_Call))
+            next = s_get(cur, s_py.a_func);
+        else if (s_is(cur, s_py.t_Name)) {
+            const char *id = s_get_str(cur, s_py.a_id);
+            Py_DECREF(cur);
+            return id;
+        }
+        Py_DECREF(cur);
+        if (!next)
+            return NULL;
+        cur = next;
+    }
+    Py_DECREF(cur);
+    return NULL;
+}
+
+static void s_mutate(s_walker_t *w, PyObject *target)
+{
+    const char *base = s_base_name(target);
+    if (base && w->scope->kind == SC_MODULE &&
+        s_resolves_global(w->scope, base))
+        s_emit(w, LL_EV_MUTATE, 0, base, -1, false);
+}
+
+/* ---- scanning a scope's own bindings (symtable's first pass) ----------- */
+
+static void s_scan_list(s_walker_t *w, PyObject *list, s_scope_t *sc, bool comp)
+{
+    if (!list || !PyList_Check(list))
+        return;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); i++)
+        s_scan(w, PyList_GET_ITEM(list, i), sc, comp);
+}
+
+static void s_scan_field(s_walker_t *w, PyObject *node, PyObject *attr,
+                         s_scope_t *sc, bool comp)
+{
+    PyObject *v = s_get(node, attr);
+    if (!v)
+        return;
+    if (PyList_Check(v))
+        s_scan_list(w, v, sc, comp);
+    else if (s_is_ast(v))
+        s_scan(w, v, sc, comp);
+    Py_DECREF(v);
+}
+
+static PyObject *s_fields_of(PyObject *node)
+{
+    PyTypeObject *t = Py_TYPE(node);
+    size_t slot = ((uintptr_t)t >> 4) & (LL_FIELD_SLOTS - 1);
+    for (size_t n = 0; n < LL_FIELD_SLOTS; n++) {
+        size_t i = (slot + n) & (LL_FIELD_SLOTS - 1);
+        if (s_fields[i].type == t)
+            return s_fields[i].fields;
+        if (!s_fields[i].type) {
+            PyObject *f = PyObject_GetAttr((PyObject *)t, s_py.a__fields);
+            if (!f || !PyTuple_Check(f)) {
+                PyErr_Clear();
+                Py_XDECREF(f);
+                return NULL;
+            }
+            Py_INCREF(t);
+            s_fields[i].type = t;
+            s_fields[i].fields = f;
+            return f;
+        }
+    }
+    return NULL;
+}
+
+/* Collect into SC the names its code binds.  In COMP mode (inside a
+ * comprehension of SC) only walrus targets bind in SC. */
+static void s_scan(s_walker_t *w, PyObject *node, s_scope_t *sc, bool comp)
+{
+    if (!s_is_ast(node) || w->depth > LL_ANALYSIS_MAX_DEPTH)
+        return;
+    w->depth++;
+    PyObject *t = (PyObject *)Py_TYPE(node);
+    if (t == s_py.t_Name) {
+        PyObject *ctx = s_get(node, s_py.a_ctx);
+        if (!comp && ctx && !s_is(ctx, s_py.t_Load)) {
+            const char *id = s_get_str(node, s_py.a_id);
+            if (id)
+                s_add(w, &sc->locals, id);
+        }
+        Py_XDECREF(ctx);
+    }
+    else if (t == s_py.t_NamedExpr) {
+        PyObject *target = s_get(node, s_py.a_target);
+        const char *id = target ? s_get_str(target, s_py.a_id) : NULL;
+        if (id)
+            s_add(w, &sc->locals, id);
+        Py_XDECREF(target);
+        s_scan_field(w, node, s_py.a_value, sc, comp);
+    }
+    else if (t == s_py.t_FunctionDef || t == s_py.t_AsyncFunctionDef ||
+             t == s_py.t_ClassDef) {
+        const char *id = s_get_str(node, s_py.a_name);
+        if (id && !comp)
+            s_add(w, &sc->locals, id);
+    }
+    else if (t == s_py.t_Lambda) {
+        /* its own scope */
+    }
+    else if (t == s_py.t_ListComp || t == s_py.t_SetComp ||
+             t == s_py.t_DictComp || t == s_py.t_GeneratorExp) {
+        PyObject *fields = s_fields_of(node);
+        for (Py_ssize_t i = 0; fields && i < PyTuple_GET_SIZE(fields); i++)
+            s_scan_field(w, node, PyTuple_GET_ITEM(fields, i), sc, true);
+    }
+    else if (t == s_py.t_Import || t == s_py.t_ImportFrom) {
+        PyObject *names = s_get(node, s_py.a_names);
+        for (Py_ssize_t i = 0; !comp && names && PyList_Check(names) &&
+                               i < PyList_GET_SIZE(names);
+             i++) {
+            PyObject *alias = PyList_GET_ITEM(names, i);
+            const char *as = s_get_str(alias, s_py.a_asname);
+            const char *nm = s_get_str(alias, s_py.a_name);
+            if (as)
+                s_add(w, &sc->locals, as);
+            else if (nm && strcmp(nm, "*") != 0) {
+                char buf[256];
+                snprintf(buf, sizeof buf, "%s", nm);
+                char *dot = strchr(buf, '.');
+                if (dot)
+                    *dot = '\0';
+                s_add(w, &sc->locals, buf);
+            }
+        }
+        Py_XDECREF(names);
+    }
+    else if (t == s_py.t_Global || t == s_py.t_Nonlocal) {
+        PyObject *names = s_get(node, s_py.a_names);
+        ll_names_t *into = t == s_py.t_Global ? &sc->globals : &sc->nonlocals;
+        for (Py_ssize_t i = 0; names && PyList_Check(names) &&
+                               i < PyList_GET_SIZE(names);
+             i++) {
+            PyObject *s = PyList_GET_ITEM(names, i);
+            const char *id = PyUnicode_Check(s) ? PyUnicode_AsUTF8(s) : NULL;
+            if (id)
+                s_add(w, into, id);
+            else
+                PyErr_Clear();
+        }
+        Py_XDECREF(names);
+    }
+    else {
+        if (!comp && (t == s_py.t_ExceptHandler || t == s_py.t_MatchAs ||
+                      t == s_py.t_MatchStar)) {
+            const char *id = s_get_str(node, s_py.a_name);
+            if (id)
+                s_add(w, &sc->locals, id);
+        }
+        if (!comp && t == s_py.t_MatchMapping) {
+            const char *id = s_get_str(node, s_py.a_rest);
+            if (id)
+                s_add(w, &sc->locals, id);
+        }
+        PyObject *fields = s_fields_of(node);
+        for (Py_ssize_t i = 0; fields && i < PyTuple_GET_SIZE(fields); i++)
+            s_scan_field(w, node, PyTuple_GET_ITEM(fields, i), sc, comp);
+    }
+    w->depth--;
+}
+
+/* ---- the walk --------------------------------------------------------- */
+
+static void s_scope_init(s_scope_t *sc, int kind, s_scope_t *parent,
+                         bool immediate)
+{
+    memset(sc, 0, sizeof *sc);
+    sc->kind = kind;
+    sc->parent = parent;
+    sc->immediate = immediate;
+}
+
+static void s_scope_free(s_scope_t *sc)
+{
+    ll_names_clear(&sc->locals);
+    ll_names_clear(&sc->globals);
+    ll_names_clear(&sc->nonlocals);
+}
+
+static void s_walk_list(s_walker_t *w, PyObject *list)
+{
+    if (!list || !PyList_Check(list))
+        return;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list) && !w->oom; i++)
+        s_walk(w, PyList_GET_ITEM(list, i));
+}
+
+static void s_walk_field(s_walker_t *w, PyObject *node, PyObject *attr)
+{
+    PyObject *v = s_get(node, attr);
+    if (!v)
+        return;
+    if (PyList_Check(v))
+        s_walk_list(w, v);
+    else if (s_is_ast(v))
+        s_walk(w, v);
+    Py_DECREF(v);
+}
+
+static void s_walk_generic(s_walker_t *w, PyObject *node)
+{
+    PyObject *fields = s_fields_of(node);
+    for (Py_ssize_t i = 0; fields && i < PyTuple_GET_SIZE(fields); i++)
+        s_walk_field(w, node, PyTuple_GET_ITEM(fields, i));
+}
+
+/* A statement list; at module level each statement starts a unit. */
+static void s_walk_body(s_walker_t *w, PyObject *list)
+{
+    if (!list || !PyList_Check(list))
+        return;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list) && !w->oom; i++) {
+        if (w->scope->kind == SC_MODULE)
+            s_emit(w, LL_EV_UNIT, 0, NULL, -1, false);
+        s_walk(w, PyList_GET_ITEM(list, i));
+    }
+}
+
+static void s_walk_body_field(s_walker_t *w, PyObject *node, PyObject *attr,
+                              bool cond)
+{
+    PyObject *v = s_get(node, attr);
+    if (!v)
+        return;
+    int saved = cond ? s_enter_block(w) : 0;
+    s_walk_body(w, v);
+    if (cond)
+        s_leave_block(w, saved);
+    Py_DECREF(v);
+}
+
+static void s_walk_name(s_walker_t *w, PyObject *node)
+{
+    const char *id = s_get_str(node, s_py.a_id);
+    PyObject *ctx = s_get(node, s_py.a_ctx);
+    if (id && ctx) {
+        if (s_is(ctx, s_py.t_Load))
+            s_load(w, id);
+        else if (s_is(ctx, s_py.t_Store))
+            s_store(w, id, LL_BK_VALUE, -1);
+        else
+            s_delete(w, id);
+    }
+    Py_XDECREF(ctx);
+}
+
+/* Parameter names of an `arguments` node into SC's locals. */
+static void s_params(s_walker_t *w, PyObject *args, s_scope_t *sc)
+{
+    if (!args)
+        return;
+    PyObject *lists[] = {s_py.a_posonlyargs, s_py.a_args, s_py.a_kwonlyargs};
+    for (size_t k = 0; k < 3; k++) {
+        PyObject *l = s_get(args, lists[k]);
+        for (Py_ssize_t i = 0; l && PyList_Check(l) && i < PyList_GET_SIZE(l);
+             i++) {
+            const char *id = s_get_str(PyList_GET_ITEM(l, i), s_py.a_arg);
+            if (id)
+                s_add(w, &sc->locals, id);
+        }
+        Py_XDECREF(l);
+    }
+    PyObject *singles[] = {s_py.a_vararg, s_py.a_kwarg};
+    for (size_t k = 0; k < 2; k++) {
+        PyObject *a = s_get(args, singles[k]);
+        const char *id = s_is_ast(a) ? s_get_str(a, s_py.a_arg) : NULL;
+        if (id)
+            s_add(w, &sc->locals, id);
+        Py_XDECREF(a);
+    }
+}
+
+static bool s_has_items(PyObject *node, PyObject *attr)
+{
+    PyObject *v = s_get(node, attr);
+    bool yes = v && PyList_Check(v) && PyList_GET_SIZE(v) > 0;
+    Py_XDECREF(v);
+    return yes;
+}
+
+/* def / async def: decorators, defaults and annotations now, body later. */
+static void s_walk_def(s_walker_t *w, PyObject *node)
+{
+    const char *name = s_get_str(node, s_py.a_name);
+    if (!name)
+        return;
+    s_walk_field(w, node, s_py.a_decorator_list);
+    PyObject *args = s_get(node, s_py.a_args);
+    if (args)
+        s_walk_generic(w, args); /* defaults, kw_defaults, annotations */
+    s_walk_field(w, node, s_py.a_returns);
+
+    bool own = w->group < 0 && w->class_group < 0;
+    int g = w->group >= 0 ? w->group
+          : w->class_group >= 0 ? w->class_group
+                                : s_new_group(w, name, LL_BK_FUNC);
+    s_scope_t sc;
+    s_scope_init(&sc, SC_FUNC, w->scope, false);
+    s_params(w, args, &sc);
+    Py_XDECREF(args);
+    PyObject *body = s_get(node, s_py.a_body);
+    s_scan_list(w, body, &sc, false);
+    s_scope_t *saved_scope = w->scope;
+    int saved_group = w->group;
+    w->scope = &sc;
+    w->group = g;
+    s_walk_body(w, body);
+    w->scope = saved_scope;
+    w->group = saved_group;
+    Py_XDECREF(body);
+    s_scope_free(&sc);
+
+    s_store(w, name, LL_BK_FUNC, own ? g : -1);
+    /* A decorator receives the function and may call it right away. */
+    if (w->scope->kind == SC_MODULE && s_has_items(node, s_py.a_decorator_list))
+        s_emit(w, LL_EV_LOAD, 0, name, -1, false);
+}
+
+static void s_walk_class(s_walker_t *w, PyObject *node)
+{
+    const char *name = s_get_str(node, s_py.a_name);
+    if (!name)
+        return;
+    s_walk_field(w, node, s_py.a_decorator_list);
+    s_walk_field(w, node, s_py.a_bases);
+    s_walk_field(w, node, s_py.a_keywords);
+
+    bool own = w->group < 0 && w->class_group < 0;
+    int cg = own ? s_new_group(w, name, LL_BK_CLASS) : -1;
+    int saved_cg = w->class_group;
+    if (own)
+        w->class_group = cg;
+    s_scope_t sc;
+    s_scope_init(&sc, SC_CLASS, w->scope, w->scope->immediate && w->group < 0);
+    PyObject *body = s_get(node, s_py.a_body);
+    s_scan_list(w, body, &sc, false);
+    s_scope_t *saved_scope = w->scope;
+    w->scope = &sc;
+    s_walk_body(w, body);
+    w->scope = saved_scope;
+    w->class_group = saved_cg;
+    Py_XDECREF(body);
+    s_scope_free(&sc);
+
+    s_store(w, name, LL_BK_CLASS, own ? cg : -1);
+    if (w->scope->kind == SC_MODULE && s_has_items(node, s_py.a_decorator_list))
+        s_emit(w, LL_EV_LOAD, 0, name, -1, false);
+}
+
+/* A lambda may run now (sorted(key=...)) or later (kept in a value): its
+ * globals are read now when it stands in code that runs now, and they are
+ * deps of the statement's bindings. */
+static void s_walk_lambda(s_walker_t *w, PyObject *node)
+{
+    PyObject *args = s_get(node, s_py.a_args);
+    if (args)
+        s_walk_generic(w, args);
+    bool own = w->group < 0 && w->class_group < 0;
+    int g = w->group >= 0 ? w->group
+          : w->class_group >= 0 ? w->class_group
+                                : s_new_group(w, NULL, LL_BK_VALUE);
+    s_scope_t sc;
+    s_scope_init(&sc, SC_FUNC, w->scope, w->scope->immediate);
+    s_params(w, args, &sc);
+    Py_XDECREF(args);
+    PyObject *body = s_get(node, s_py.a_body);
+    if (body)
+        s_scan(w, body, &sc, false);
+    s_scope_t *saved_scope = w->scope;
+    int saved_group = w->group;
+    w->scope = &sc;
+    w->group = g;
+    if (body)
+        s_walk(w, body);
+    w->scope = saved_scope;
+    w->group = saved_group;
+    Py_XDECREF(body);
+    s_scope_free(&sc);
+    if (own && g >= 0)
+        s_emit(w, LL_EV_DEFER, 0, NULL, g, false);
+}
+
+static void s_walk_comp(s_walker_t *w, PyObject *node)
+{
+    PyObject *gens = s_get(node, s_py.a_generators);
+    if (!gens || !PyList_Check(gens) || PyList_GET_SIZE(gens) == 0) {
+        Py_XDECREF(gens);
+        s_walk_generic(w, node);
+        return;
+    }
+    /* The first iterable is evaluated in the enclosing scope. */
+    s_walk_field(w, PyList_GET_ITEM(gens, 0), s_py.a_iter);
+    s_scope_t sc;
+    s_scope_init(&sc, SC_COMP, w->scope, w->scope->immediate);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(gens); i++)
+        s_scan_field(w, PyList_GET_ITEM(gens, i), s_py.a_target, &sc, false);
+    s_scope_t *saved_scope = w->scope;
+    w->scope = &sc;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(gens); i++) {
+        PyObject *gen = PyList_GET_ITEM(gens, i);
+        if (i > 0)
+            s_walk_field(w, gen, s_py.a_iter);
+        s_walk_field(w, gen, s_py.a_target);
+        s_walk_field(w, gen, s_py.a_ifs);
+    }
+    if (s_is(node, s_py.t_DictComp)) {
+        s_walk_field(w, node, s_py.a_key);
+        s_walk_field(w, node, s_py.a_value);
+    }
+    else
+        s_walk_field(w, node, s_py.a_elt);
+    w->scope = saved_scope;
+    s_scope_free(&sc);
+    Py_DECREF(gens);
+}
+
+static void s_walk_namedexpr(s_walker_t *w, PyObject *node)
+{
+    s_walk_field(w, node, s_py.a_value);
+    PyObject *target = s_get(node, s_py.a_target);
+    const char *id = target ? s_get_str(target, s_py.a_id) : NULL;
+    if (id) {
+        s_scope_t *t = w->scope;
+        while (t->kind == SC_COMP && t->parent)
+            t = t->parent;
+        s_store_in(w, t, id, LL_BK_VALUE, -1);
+    }
+    Py_XDECREF(target);
+}
+
+static int s_add_import(s_walker_t *w, const char *bound, const char *module,
+                        const char *attr, const char *path, const char *stmt)
+{
+    ll_analysis_t *a = w->a;
+    if (a->nimports == a->capimports) {
+        size_t cap = a->capimports ? a->capimports * 2 : 8;
+        ll_import_t *im = realloc(a->imports, cap * sizeof *im);
+        if (!im) {
+            w->oom = true;
+            return -1;
+        }
+        a->imports = im;
+        a->capimports = cap;
+    }
+    ll_import_t *im = &a->imports[a->nimports];
+    memset(im, 0, sizeof *im);
+    im->bound = s_intern(w, bound);
+    im->module = strdup(module);
+    im->attr = attr ? strdup(attr) : NULL;
+    im->path = strdup(path);
+    im->stmt = strdup(stmt);
+    if (!im->bound || !im->module || (attr && !im->attr) || !im->path ||
+        !im->stmt) {
+        free(im->module);
+        free(im->attr);
+        free(im->path);
+        free(im->stmt);
+        w->oom = true;
+        return -1;
+    }
+    return (int)a->nimports++;
+}
+
+static void s_walk_import(s_walker_t *w, PyObject *node)
+{
+    bool from = s_is(node, s_py.t_ImportFrom);
+    char mod[512] = "";
+    if (from) {
+        PyObject *lv = s_get(node, s_py.a_level);
+        long level = lv && PyLong_Check(lv) ? PyLong_AsLong(lv) : 0;
+        Py_XDECREF(lv);
+        const char *m = s_get_str(node, s_py.a_module);
+        size_t n = 0;
+        for (long i = 0; i < level && n + 1 < sizeof mod; i++)
+            mod[n++] = '.';
+        snprintf(mod + n, sizeof mod - n, "%s", m ? m : "");
+    }
+    PyObject *names = s_get(node, s_py.a_names);
+    for (Py_ssize_t i = 0; names && PyList_Check(names) &&
+                           i < PyList_GET_SIZE(names) && !w->oom;
+         i++) {
+        PyObject *alias = PyList_GET_ITEM(names, i);
+        const char *nm = s_get_str(alias, s_py.a_name);
+        const char *as = s_get_str(alias, s_py.a_asname);
+        if (!nm)
+            continue;
+        char bound[512], path[1024], stmt[1280];
+        int kind = LL_BK_IMPORT;
+        const char *module = nm, *attr = NULL;
+        if (!from) {
+            snprintf(bound, sizeof bound, "%s", as ? as : nm);
+            if (!as) {
+                char *dot = strchr(bound, '.');
+                if (dot)
+                    *dot = '\0';
+            }
+            snprintf(path, sizeof path, "%s", nm);
+            if (as)
+                snprintf(stmt, sizeof stmt, "import %s as %s", nm, as);
+            else
+                snprintf(stmt, sizeof stmt, "import %s", nm);
+        }
+        else if (strcmp(nm, "*") == 0) {
+            kind = LL_BK_STAR;
+            module = mod;
+            snprintf(bound, sizeof bound, "*%s", mod);
+            snprintf(path, sizeof path, "%s", mod);
+            snprintf(stmt, sizeof stmt, "from %s import *", mod);
+            s_opaque(w); /* the names it binds are unknown */
+        }
+        else {
+            module = mod;
+            attr = nm;
+            snprintf(bound, sizeof bound, "%s", as ? as : nm);
+            snprintf(path, sizeof path, "%s%s%s", mod,
+                     mod[0] && mod[strlen(mod) - 1] != '.' ? "." : "", nm);
+            if (as)
+                snprintf(stmt, sizeof stmt, "from %s import %s as %s", mod, nm,
+                         as);
+            else
+                snprintf(stmt, sizeof stmt, "from %s import %s", mod, nm);
+        }
+        if (w->group >= 0)
+            s_add(w, &w->a->groups[w->group].paths, path);
+        int idx = -1;
+        if (w->scope->kind == SC_MODULE ||
+            ll_names_has(&w->scope->globals, bound))
+            idx = s_add_import(w, bound, module, attr, path, stmt);
+        s_store(w, bound, kind, idx);
+    }
+    Py_XDECREF(names);
+}
+
+static void s_walk_try(s_walker_t *w, PyObject *node)
+{
+    /* Anything in the body may be skipped by an exception. */
+    s_walk_body_field(w, node, s_py.a_body, true);
+    PyObject *handlers = s_get(node, s_py.a_handlers);
+    for (Py_ssize_t i = 0; handlers && PyList_Check(handlers) &&
+                           i < PyList_GET_SIZE(handlers);
+         i++) {
+        PyObject *h = PyList_GET_ITEM(handlers, i);
+        int saved = s_enter_block(w);
+        if (w->scope->kind == SC_MODULE)
+            s_emit(w, LL_EV_UNIT, 0, NULL, -1, false);
+        s_walk_field(w, h, s_py.a_type);
+        const char *name = s_get_str(h, s_py.a_name);
+        if (name)
+            s_store(w, name, LL_BK_VALUE, -1);
+        s_walk_body_field(w, h, s_py.a_body, false);
+        /* `except E as e` unbinds e when the handler ends. */
+        if (name)
+            s_delete(w, name);
+        s_leave_block(w, saved);
+    }
+    Py_XDECREF(handlers);
+    s_walk_body_field(w, node, s_py.a_orelse, true);
+    s_walk_body_field(w, node, s_py.a_finalbody, false);
+}
+
+static void s_walk_match(s_walker_t *w, PyObject *node)
+{
+    s_walk_field(w, node, s_py.a_subject);
+    PyObject *cases = s_get(node, s_py.a_cases);
+    for (Py_ssize_t i = 0; cases && PyList_Check(cases) &&
+                           i < PyList_GET_SIZE(cases);
+         i++) {
+        PyObject *c = PyList_GET_ITEM(cases, i);
+        int saved = s_enter_block(w);
+        s_walk_field(w, c, s_py.a_pattern);
+        s_walk_field(w, c, s_py.a_guard);
+        s_walk_body_field(w, c, s_py.a_body, false);
+        s_leave_block(w, saved);
+    }
+    Py_XDECREF(cases);
+}
+
+/* ---- IPython magics --------------------------------------------------- */
+
+enum { MG_HARMLESS, MG_CODE, MG_TIMEIT, MG_EXPR, MG_CAPTURE, MG_SCRIPT,
+       MG_OPAQUE };
+
+typedef struct {
+    const char *name;
+    int kind;
+    const char *argopts; /* single-letter options that take a value */
+} s_magic_t;
+
+/* Magics whose effect on the namespace we know.  Anything else is opaque. */
+static const s_magic_t s_magics[] = {
+    {"time", MG_CODE, ""}, {"prun", MG_CODE, "DlsT"},
+    {"timeit", MG_TIMEIT, "nrp"}, {"capture", MG_CAPTURE, ""},
+    {"pinfo", MG_EXPR, ""}, {"pinfo2", MG_EXPR, ""}, {"pdef", MG_EXPR, ""},
+    {"pdoc", MG_EXPR, ""}, {"psource", MG_EXPR, ""}, {"pfile", MG_EXPR, ""},
+    {"page", MG_EXPR, ""},
+    {"bash", MG_SCRIPT, ""}, {"sh", MG_SCRIPT, ""}, {"script", MG_SCRIPT, ""},
+    {"perl", MG_SCRIPT, ""}, {"ruby", MG_SCRIPT, ""},
+    {"python", MG_SCRIPT, ""}, {"python2", MG_SCRIPT, ""},
+    {"python3", MG_SCRIPT, ""}, {"pypy", MG_SCRIPT, ""},
+    {"run", MG_OPAQUE, ""}, {"reset", MG_OPAQUE, ""},
+    {"reset_selective", MG_OPAQUE, ""}, {"who", MG_OPAQUE, ""},
+    {"whos", MG_OPAQUE, ""}, {"who_ls", MG_OPAQUE, ""},
+    {"store", MG_OPAQUE, ""}, {"pylab", MG_OPAQUE, ""},
+    {"recall", MG_OPAQUE, ""}, {"rerun", MG_OPAQUE, ""},
+    {"macro", MG_OPAQUE, ""}, {"edit", MG_OPAQUE, ""},
+    {"psearch", MG_OPAQUE, ""}, {"xdel", MG_OPAQUE, ""},
+    {"debug", MG_OPAQUE, ""}, {"paste", MG_OPAQUE, ""},
+    {"cpaste", MG_OPAQUE, ""},
+    /* no effect on the user namespace */
+    {"matplotlib", MG_HARMLESS, ""}, {"load_ext", MG_HARMLESS, ""},
+    {"reload_ext", MG_HARMLESS, ""}, {"unload_ext", MG_HARMLESS, ""},
+    {"autoreload", MG_HARMLESS, ""}, {"aimport", MG_HARMLESS, ""},
+    {"config", MG_HARMLESS, ""}, {"pwd", MG_HARMLESS, ""},
+    {"cd", MG_HARMLESS, ""}, {"env", MG_HARMLESS, ""},
+    {"set_env", MG_HARMLESS, ""}, {"precision", MG_HARMLESS, ""},
+    {"xmode", MG_HARMLESS, ""}, {"colors", MG_HARMLESS, ""},
+    {"pip", MG_HARMLESS, ""}, {"conda", MG_HARMLESS, ""},
+    {"mamba", MG_HARMLESS, ""}, {"lsmagic", MG_HARMLESS, ""},
+    {"magic", MG_HARMLESS, ""}, {"history", MG_HARMLESS, ""},
+    {"hist", MG_HARMLESS, ""}, {"alias", MG_HARMLESS, ""},
+    {"unalias", MG_HARMLESS, ""}, {"alias_magic", MG_HARMLESS, ""},
+    {"rehashx", MG_HARMLESS, ""}, {"automagic", MG_HARMLESS, ""},
+    {"autocall", MG_HARMLESS, ""}, {"doctest_mode", MG_HARMLESS, ""},
+    {"pdb", MG_HARMLESS, ""}, {"tb", MG_HARMLESS, ""},
+    {"quickref", MG_HARMLESS, ""}, {"gui", MG_HARMLESS, ""},
+    {"pprint", MG_HARMLESS, ""}, {"bookmark", MG_HARMLESS, ""},
+    {"dhist", MG_HARMLESS, ""}, {"dirs", MG_HARMLESS, ""},
+    {"popd", MG_HARMLESS, ""}, {"pushd", MG_HARMLESS, ""},
+    {"ls", MG_HARMLESS, ""}, {"ll", MG_HARMLESS, ""},
+    {"lf", MG_HARMLESS, ""}, {"lk", MG_HARMLESS, ""},
+    {"lx", MG_HARMLESS, ""}, {"ldir", MG_HARMLESS, ""},
+    {"mkdir", MG_HARMLESS, ""}, {"rmdir", MG_HARMLESS, ""},
+    {"mv", MG_HARMLESS, ""}, {"rm", MG_HARMLESS, ""},
+    {"cp", MG_HARMLESS, ""}, {"cat", MG_HARMLESS, ""},
+    {"clear", MG_HARMLESS, ""}, {"less", MG_HARMLESS, ""},
+    {"more", MG_HARMLESS, ""}, {"man", MG_HARMLESS, ""},
+    {"sx", MG_HARMLESS, ""}, {"sc", MG_HARMLESS, ""},
+    {"system", MG_HARMLESS, ""}, {"killbgscripts", MG_HARMLESS, ""},
+    {"load", MG_HARMLESS, ""}, {"loadpy", MG_HARMLESS, ""},
+    {"save", MG_HARMLESS, ""}, {"logstart", MG_HARMLESS, ""},
+    {"logon", MG_HARMLESS, ""}, {"logoff", MG_HARMLESS, ""},
+    {"logstop", MG_HARMLESS, ""}, {"logstate", MG_HARMLESS, ""},
+    {"notebook", MG_HARMLESS, ""}, {"autosave", MG_HARMLESS, ""},
+    {"connect_info", MG_HARMLESS, ""}, {"qtconsole", MG_HARMLESS, ""},
+    {"html", MG_HARMLESS, ""}, {"HTML", MG_HARMLESS, ""},
+    {"javascript", MG_HARMLESS, ""}, {"js", MG_HARMLESS, ""},
+    {"latex", MG_HARMLESS, ""}, {"markdown", MG_HARMLESS, ""},
+    {"svg", MG_HARMLESS, ""}, {"writefile", MG_HARMLESS, ""},
+    {"file", MG_HARMLESS, ""}, {"sql", MG_OPAQUE, ""},
+    {NULL, 0, NULL}};
+
+static const s_magic_t *s_find_magic(const char *name)
+{
+    for (const s_magic_t *m = s_magics; m->name; m++)
+        if (strcmp(m->name, name) == 0)
+            return m;
+    return NULL;
+}
+
+/* IPython expands $name and {expr} in shell commands and magic lines. */
+static void s_expand(s_walker_t *w, const char *text)
+{
+    for (const char *p = text; *p && !w->oom; p++) {
+        if (p[0] == '$' && p[1] == '$') {
+            p++;
+            continue;
+        }
+        if (p[0] == '$' && (isalpha((unsigned char)p[1]) || p[1] == '_')) {
+            char name[256];
+            size_t n = 0;
+            for (p++; (isalnum((unsigned char)*p) || *p == '_') &&
+                      n + 1 < sizeof name;
+                 p++)
+                name[n++] = *p;
+            name[n] = '\0';
+            s_load(w, name);
+            p--;
+            continue;
+        }
+        if (p[0] == '{' && p[1] == '{') {
+            p++;
+            continue;
+        }
+        if (p[0] == '{') {
+            int depth = 0;
+            const char *q = p;
+            for (; *q; q++) {
+                if (*q == '{')
+                    depth++;
+                else if (*q == '}' && --depth == 0)
+                    break;
+            }
+            if (!*q)
+                return;
+            size_t n = (size_t)(q - p - 1);
+            char *expr = malloc(n + 1);
+            if (!expr) {
+                w->oom = true;
+                return;
+            }
+            memcpy(expr, p + 1, n);
+            expr[n] = '\0';
+            PyCompilerFlags flags = _PyCompilerFlags_INIT;
+            flags.cf_flags = PyCF_ONLY_AST;
+            PyObject *tree = Py_CompileStringExFlags(expr, "<expand>",
+                                                     Py_eval_input, &flags, -1);
+            free(expr);
+            if (tree) {
+                s_walk_field(w, tree, s_py.a_body);
+                Py_DECREF(tree);
+            }
+            else
+                PyErr_Clear(); /* IPython leaves it as text */
+            p = q;
+        }
+    }
+}
+
+/* Skip a magic line's leading options; ARGOPTS lists options with values. */
+static const char *s_skip_options(const char *line, const char *argopts)
+{
+    const char *p = line;
+    for (;;) {
+        while (*p == ' ' || *p == '\t')
+            p++;
+        if (p[0] != '-' || p[1] == '\0' || p[1] == ' ')
+            return p;
+        char opt = p[1];
+        bool attached = p[2] && p[2] != ' ' && p[2] != '\t';
+        while (*p && *p != ' ' && *p != '\t')
+            p++;
+        if (strchr(argopts, opt) && !attached && opt != '-') {
+            while (*p == ' ' || *p == '\t')
+                p++;
+            while (*p && *p != ' ' && *p != '\t')
+                p++;
+        }
+    }
+}
+
+/* Bind the values of --out/--err/--proc (script magics) or the first plain
+ * word (%%capture). */
+static void s_bind_option_vars(s_walker_t *w, const char *line, bool capture)
+{
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", line);
+    char *save = NULL;
+    bool take_next = false;
+    for (char *tok = strtok_r(buf, " \t", &save); tok;
+         tok = strtok_r(NULL, " \t", &save)) {
+        if (take_next) {
+            s_store(w, tok, LL_BK_VALUE, -1);
+            take_next = false;
+        }
+        else if (!capture && (strcmp(tok, "--out") == 0 ||
+                              strcmp(tok, "--err") == 0 ||
+                              strcmp(tok, "--proc") == 0))
+            take_next = true;
+        else if (capture && tok[0] != '-') {
+            s_store(w, tok, LL_BK_VALUE, -1);
+            return;
+        }
+    }
+}
+
+/* get_ipython().METHOD(ARGS...) with constant string arguments. */
+static void s_walk_magic(s_walker_t *w, const char *method, const char **argv,
+                         int argc)
+{
+    if (strcmp(method, "system") == 0 || strcmp(method, "getoutput") == 0) {
+        if (argc >= 1)
+            s_expand(w, argv[0]);
+        return;
+    }
+    bool cell = strcmp(method, "run_cell_magic") == 0;
+    if (argc < (cell ? 3 : 2)) {
+        s_opaque(w);
+        return;
+    }
+    const char *line = argv[1];
+    const s_magic_t *m = s_find_magic(argv[0]);
+    if (!m || m->kind == MG_OPAQUE) {
+        s_opaque(w);
+        return;
+    }
+    switch (m->kind) {
+    case MG_HARMLESS:
+        s_expand(w, line);
+        break;
+    case MG_EXPR: {
+        /* `x?` -> pinfo 'x': the object named is read. */
+        char buf[1024];
+        snprintf(buf, sizeof buf, "%s", line);
+        size_t n = strlen(buf);
+        while (n && (buf[n - 1] == '?' || buf[n - 1] == ' '))
+            buf[--n] = '\0';
+        PyCompilerFlags flags = _PyCompilerFlags_INIT;
+        flags.cf_flags = PyCF_ONLY_AST;
+        PyObject *tree =
+            Py_CompileStringExFlags(buf, "<magic>", Py_eval_input, &flags, -1);
+        if (tree) {
+            s_walk_field(w, tree, s_py.a_body);
+            Py_DECREF(tree);
+        }
+        else
+            PyErr_Clear(); /* a wildcard search: reads nothing we can name */
+        break;
+    }
+    case MG_CODE:
+        if (cell)
+            s_walk_code(w, argv[2], false);
+        else
+            s_walk_code(w, s_skip_options(line, m->argopts), false);
+        break;
+    case MG_TIMEIT:
+        /* timeit runs its code in a function: assignments stay local. */
+        if (cell) {
+            const char *setup = s_skip_options(line, m->argopts);
+            size_t n1 = strlen(setup), n2 = strlen(argv[2]);
+            char *both = malloc(n1 + n2 + 2);
+            if (!both) {
+                w->oom = true;
+                return;
+            }
+            memcpy(both, setup, n1);
+            both[n1] = '\n';
+            memcpy(both + n1 + 1, argv[2], n2 + 1);
+            s_walk_code(w, both, true);
+            free(both);
+        }
+        else
+            s_walk_code(w, s_skip_options(line, m->argopts), true);
+        break;
+    case MG_CAPTURE:
+        if (cell)
+            s_walk_code(w, argv[2], false);
+        s_bind_option_vars(w, line, true);
+        break;
+    case MG_SCRIPT:
+        s_bind_option_vars(w, line, false);
+        break;
+    }
+}
+
+/* Returns true when NODE was get_ipython().method('..', ...) and handled. */
+static bool s_try_magic(s_walker_t *w, PyObject *node, PyObject *func)
+{
+    if (!s_is(func, s_py.t_Attribute))
+        return false;
+    PyObject *recv = s_get(func, s_py.a_value);
+    bool is_gi = false;
+    if (s_is(recv, s_py.t_Call)) {
+        PyObject *f = s_get(recv, s_py.a_func);
+        PyObject *args = s_get(recv, s_py.a_args);
+        const char *id = s_is(f, s_py.t_Name) ? s_get_str(f, s_py.a_id) : NULL;
+        is_gi = id && strcmp(id, "get_ipython") == 0 && args &&
+                PyList_Check(args) && PyList_GET_SIZE(args) == 0;
+        Py_XDECREF(f);
+        Py_XDECREF(args);
+    }
+    Py_XDECREF(recv);
+    if (!is_gi)
+        return false;
+    const char *method = s_get_str(func, s_py.a_attr);
+    if (!method || (strcmp(method, "run_line_magic") != 0 &&
+                    strcmp(method, "run_cell_magic") != 0 &&
+                    strcmp(method, "system") != 0 &&
+                    strcmp(method, "getoutput") != 0)) {
+        s_opaque(w);
+        return false;
+    }
+    PyObject *args = s_get(node, s_py.a_args);
+    const char *argv[3] = {NULL, NULL, NULL};
+    int argc = 0;
+    bool constant = args && PyList_Check(args);
+    for (Py_ssize_t i = 0; constant && i < PyList_GET_SIZE(args) && i < 3;
+         i++) {
+        PyObject *c = PyList_GET_ITEM(args, i);
+        PyObject *v = s_is(c, s_py.t_Constant) ? s_get(c, s_py.a_value) : NULL;
+        if (v && PyUnicode_Check(v)) {
+            argv[argc] = PyUnicode_AsUTF8(v); /* owned by the AST */
+            if (argv[argc])
+                argc++;
+            else {
+                PyErr_Clear();
+                constant = false;
+            }
+        }
+        else
+            constant = false;
+        Py_XDECREF(v);
+    }
+    Py_XDECREF(args);
+    if (!constant) {
+        s_opaque(w);
+        return false;
+    }
+    s_walk_magic(w, method, argv, argc);
+    return true;
+}
+
+static void s_walk_call(s_walker_t *w, PyObject *node)
+{
+    PyObject *func = s_get(node, s_py.a_func);
+    if (func && s_try_magic(w, node, func)) {
+        Py_DECREF(func);
+        return;
+    }
+    const char *id = s_is(func, s_py.t_Name) ? s_get_str(func, s_py.a_id) : NULL;
+    if (id && s_resolves_global(w->scope, id)) {
+        bool noargs = !s_has_items(node, s_py.a_args) &&
+                      !s_has_items(node, s_py.a_keywords);
+        if (strcmp(id, "exec") == 0 || strcmp(id, "eval") == 0 ||
+            strcmp(id, "globals") == 0 || strcmp(id, "locals") == 0 ||
+            strcmp(id, "execfile") == 0 ||
+            ((strcmp(id, "vars") == 0 || strcmp(id, "dir") == 0) && noargs))
+            s_opaque(w);
+    }
+    Py_XDECREF(func);
+    s_walk_generic(w, node);
+}
+
+/* ---- dispatch --------------------------------------------------------- */
+
+static void s_walk(s_walker_t *w, PyObject *node)
+{
+    if (!s_is_ast(node) || w->oom)
+        return;
+    if (w->depth >= LL_ANALYSIS_MAX_DEPTH) {
+        w->too_deep = true;
+        return;
+    }
+    w->depth++;
+    PyObject *t = (PyObject *)Py_TYPE(node);
+    if (t == s_py.t_Name)
+        s_walk_name(w, node);
+    else if (t == s_py.t_Call)
+        s_walk_call(w, node);
+    else if (t == s_py.t_Attribute || t == s_py.t_Subscript) {
+        s_walk_generic(w, node);
+        PyObject *ctx = s_get(node, s_py.a_ctx);
+        if (ctx && !s_is(ctx, s_py.t_Load))
+            s_mutate(w, node);
+        Py_XDECREF(ctx);
+        if (t == s_py.t_Attribute) {
+            const char *attr = s_get_str(node, s_py.a_attr);
+            if (attr && (strcmp(attr, "user_ns") == 0 ||
+                         strcmp(attr, "user_global_ns") == 0))
+                s_opaque(w);
+        }
+    }
+    else if (t == s_py.t_FunctionDef || t == s_py.t_AsyncFunctionDef)
+        s_walk_def(w, node);
+    else if (t == s_py.t_ClassDef)
+        s_walk_class(w, node);
+    else if (t == s_py.t_Lambda)
+        s_walk_lambda(w, node);
+    else if (t == s_py.t_ListComp || t == s_py.t_SetComp ||
+             t == s_py.t_DictComp || t == s_py.t_GeneratorExp)
+        s_walk_comp(w, node);
+    else if (t == s_py.t_NamedExpr)
+        s_walk_namedexpr(w, node);
+    else if (t == s_py.t_Assign) {
+        s_walk_field(w, node, s_py.a_value);
+        s_walk_field(w, node, s_py.a_targets);
+    }
+    else if (t == s_py.t_AugAssign) {
+        PyObject *target = s_get(node, s_py.a_target);
+        if (s_is(target, s_py.t_Name)) {
+            const char *id = s_get_str(target, s_py.a_id);
+            if (id)
+                s_load(w, id);
+            s_walk_field(w, node, s_py.a_value);
+            if (id) {
+                s_store(w, id, LL_BK_VALUE, -1);
+                if (w->scope->kind == SC_MODULE)
+                    s_emit(w, LL_EV_MUTATE, 0, id, -1, false);
+            }
+        }
+        else {
+            s_walk_field(w, node, s_py.a_target);
+            s_walk_field(w, node, s_py.a_value);
+        }
+        Py_XDECREF(target);
+    }
+    else if (t == s_py.t_AnnAssign) {
+        s_walk_field(w, node, s_py.a_annotation);
+        PyObject *value = s_get(node, s_py.a_value);
+        bool has_value = value && value != Py_None;
+        if (has_value)
+            s_walk(w, value);
+        Py_XDECREF(value);
+        PyObject *target = s_get(node, s_py.a_target);
+        if (has_value || !s_is(target, s_py.t_Name))
+            s_walk(w, target);
+        Py_XDECREF(target);
+    }
+    else if (t == s_py.t_For || t == s_py.t_AsyncFor) {
+        s_walk_field(w, node, s_py.a_iter);
+        int saved = s_enter_block(w); /* zero iterations bind nothing */
+        s_walk_field(w, node, s_py.a_target);
+        s_walk_body_field(w, node, s_py.a_body, false);
+        s_leave_block(w, saved);
+        s_walk_body_field(w, node, s_py.a_orelse, true);
+    }
+    else if (t == s_py.t_While || t == s_py.t_If) {
+        s_walk_field(w, node, s_py.a_test);
+        s_walk_body_field(w, node, s_py.a_body, true);
+        s_walk_body_field(w, node, s_py.a_orelse, true);
+    }
+    else if (t == s_py.t_With || t == s_py.t_AsyncWith) {
+        s_walk_field(w, node, s_py.a_items);
+        s_walk_body_field(w, node, s_py.a_body, false);
+    }
+    else if (t == s_py.t_Try || t == s_py.t_TryStar)
+        s_walk_try(w, node);
+    else if (t == s_py.t_Match)
+        s_walk_match(w, node);
+    else if (t == s_py.t_MatchAs || t == s_py.t_MatchStar) {
+        s_walk_generic(w, node);
+        const char *name = s_get_str(node, s_py.a_name);
+        if (name)
+            s_store(w, name, LL_BK_VALUE, -1);
+    }
+    else if (t == s_py.t_MatchMapping) {
+        s_walk_generic(w, node);
+        const char *rest = s_get_str(node, s_py.a_rest);
+        if (rest)
+            s_store(w, rest, LL_BK_VALUE, -1);
+    }
+    else if (t == s_py.t_Import || t == s_py.t_ImportFrom)
+        s_walk_import(w, node);
+    else if (t == s_py.t_Global || t == s_py.t_Nonlocal) {
+        /* declarations only; a global statement at top level is a no-op */
+    }
+    else if (t == s_py.t_Expr) {
+        PyObject *value = s_get(node, s_py.a_value);
+        if (value) {
+            s_walk(w, value);
+            /* x.method(...) as a statement: x may change in place. */
+            PyObject *func =
+                s_is(value, s_py.t_Call) ? s_get(value, s_py.a_func) : NULL;
+            if (s_is(func, s_py.t_Attribute)) {
+                PyObject *recv = s_get(func, s_py.a_value);
+                if (recv && !s_is(recv, s_py.t_Call))
+                    s_mutate(w, recv);
+                else if (recv) {
+                    /* get_ipython().x(...) is not a mutation of anything */
+                    const char *base = s_base_name(recv);
+                    if (base && strcmp(base, "get_ipython") != 0)
+                        s_mutate(w, recv);
+                }
+                Py_XDECREF(recv);
+            }
+            Py_XDECREF(func);
+            Py_DECREF(value);
+        }
+    }
+    else
+        s_walk_generic(w, node);
+    w->depth--;
+}
+
+/* Parse CODE and walk its statements here, as cell code or (timeit) as the
+ * body of a function that runs now.  Unparseable code makes it opaque. */
+static void s_walk_code(s_walker_t *w, const char *code, bool as_function)
+{
+    PyCompilerFlags flags = _PyCompilerFlags_INIT;
+    flags.cf_flags = PyCF_ONLY_AST;
+    PyObject *tree =
+        Py_CompileStringExFlags(code, "<magic>", Py_file_input, &flags, -1);
+    if (!tree) {
+        PyErr_Clear();
+        s_opaque(w);
+        return;
+    }
+    PyObject *body = s_get(tree, s_py.a_body);
+    if (as_function) {
+        s_scope_t sc;
+        s_scope_init(&sc, SC_FUNC, w->scope, w->scope->immediate);
+        s_scan_list(w, body, &sc, false);
+        s_scope_t *saved = w->scope;
+        w->scope = &sc;
+        s_walk_body(w, body);
+        w->scope = saved;
+        s_scope_free(&sc);
+    }
+    else
+        s_walk_body(w, body);
+    Py_XDECREF(body);
+    Py_DECREF(tree);
+}
+
+/* ---- set-up ----------------------------------------------------------- */
+
+static ll_names_t s_builtins; /* builtin names, so sessions need no GIL */
+
+bool ll_analysis_is_builtin(const char *name)
+{
+    if (ll_names_has(&s_builtins, name))
+        return true;
+    /* IPython's own names: __name__ & co, _, __, ___, _N, _iN, _ih, ... */
+    size_t n = strlen(name);
+    if (n > 4 && name[0] == '_' && name[1] == '_' && name[n - 1] == '_' &&
+        name[n - 2] == '_')
+        return true;
+    if (strcmp(name, "_") == 0 || strcmp(name, "__") == 0 ||
+        strcmp(name, "___") == 0)
+        return true;
+    const char *p = name[0] == '_' ? name + 1 : NULL;
+    if (p && (*p == 'i'))
+        p++;
+    if (p && *p) {
+        while (isdigit((unsigned char)*p))
+            p++;
+        if (*p == '\0')
+            return true;
+    }
+    return false;
+}
+
+static int s_gpu_add_list(const char *list)
+{
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", list);
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ", \t\n:;", &save); tok;
+         tok = strtok_r(NULL, ", \t\n:;", &save))
+        if (ll_analysis_gpu_add(tok) != 0)
+            return -1;
+    return 0;
+}
+
+int ll_analysis_init(char *err, size_t errlen)
+{
+    if (s_py.ready)
+        return 0;
+    if (!Py_IsInitialized()) {
+        snprintf(err, errlen, "Python is not initialised");
+        return -1;
+    }
+    PyObject *ast = PyImport_ImportModule("_ast");
+    if (!ast)
+        goto fail_python;
+#define X(n)                                                                   \
+    if (!(s_py.t_##n = PyObject_GetAttrString(ast, #n)))                       \
+        goto fail_python;
+    LL_AST_TYPES(X)
+#undef X
+    Py_DECREF(ast);
+    ast = NULL;
+#define X(n)                                                                   \
+    if (!(s_py.a_##n = PyUnicode_InternFromString(#n)))                        \
+        goto fail_python;
+    LL_AST_ATTRS(X)
+#undef X
+    PyObject *bmod = PyImport_ImportModule("builtins");
+    if (!bmod)
+        goto fail_python;
+    PyObject *bdict = PyModule_GetDict(bmod);
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(bdict, &pos, &key, &value)) {
+        const char *k = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
+        if (k && ll_names_add(&s_builtins, k) < 0) {
+            Py_DECREF(bmod);
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+    }
+    Py_DECREF(bmod);
+    /* Names IPython puts in every namespace or in builtins while a cell runs. */
+    const char *ipy[] = {"get_ipython", "display", "exit", "quit", "In",
+                         "Out", "_ih", "_oh", "_dh", "_i", "_ii", "_iii",
+                         NULL};
+    for (const char **p = ipy; *p; p++)
+        ll_names_add(&s_builtins, *p);
+    const char *env = getenv("LOOSELEAF_GPU_PACKAGES");
+    if (env && s_gpu_add_list(env) != 0) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    s_py.ready = true;
+    return 0;
+
+fail_python:
+    Py_XDECREF(ast);
+    {
+        PyObject *type, *val, *tb;
+        PyErr_Fetch(&type, &val, &tb);
+        PyObject *str = val ? PyObject_Str(val) : NULL;
+        const char *msg = str ? PyUnicode_AsUTF8(str) : NULL;
+        snprintf(err, errlen, "cannot load the ast module: %s",
+                 msg ? msg : "unknown error");
+        Py_XDECREF(str);
+        Py_XDECREF(type);
+        Py_XDECREF(val);
+        Py_XDECREF(tb);
+        PyErr_Clear();
+    }
+    return -1;
+}
+
+void ll_analysis_shutdown(void)
+{
+    if (!Py_IsInitialized())
+        return;
+#define X(n) Py_CLEAR(s_py.t_##n);
+    LL_AST_TYPES(X)
+#undef X
+#define X(n) Py_CLEAR(s_py.a_##n);
+    LL_AST_ATTRS(X)
+#undef X
+    Py_CLEAR(s_py.transformer);
+    for (size_t i = 0; i < LL_FIELD_SLOTS; i++) {
+        if (s_fields[i].type) {
+            Py_DECREF((PyObject *)s_fields[i].type);
+            Py_CLEAR(s_fields[i].fields);
+            s_fields[i].type = NULL;
+        }
+    }
+    ll_names_clear(&s_builtins);
+    s_py.transformer_failed = false;
+    s_py.ready = false;
+}
+
+int ll_analysis_gpu_add(const char *package)
+{
+    if (!package || !*package)
+        return -1;
+    return ll_names_add(&s_gpu_extra, package) < 0 ? -1 : 0;
+}
+
+static bool s_gpu_match(const char *path, const char *entry)
+{
+    size_t n = strlen(entry);
+    if (strchr(entry, '.'))
+        return strncmp(path, entry, n) == 0 &&
+               (path[n] == '\0' || path[n] == '.');
+    /* a package name matches the package and all its modules */
+    return strncmp(path, entry, n) == 0 && (path[n] == '\0' || path[n] == '.');
+}
+
+bool ll_analysis_is_gpu_module(const char *path)
+{
+    if (!path)
+        return false;
+    for (const char *const *e = s_gpu_builtin; *e; e++)
+        if (s_gpu_match(path, *e))
+            return true;
+    for (size_t i = 0; i < s_gpu_extra.count; i++)
+        if (s_gpu_match(path, s_gpu_extra.items[i]))
+            return true;
+    return false;
+}
+
+const char *ll_analysis_package_of(const char *path, char *buf, size_t buflen)
+{
+    if (!path || !*path || path[0] == '.')
+        return NULL;
+    size_t n = strcspn(path, ".");
+    if (n == 0 || n >= buflen)
+        return NULL;
+    memcpy(buf, path, n);
+    buf[n] = '\0';
+    if (strcmp(buf, "__future__") == 0)
+        return NULL;
+    return buf;
+}
+
+/* ---- building an analysis --------------------------------------------- */
+
+/* Cheap test for IPython syntax: a line starting with % ! ? (or the escapes
+ * / ; ,), a line ending in ?, or `= !cmd` / `= %magic`.  A false positive
+ * costs one transform call; a false negative is caught by a parse failure. */
+static bool s_needs_transform(const char *src)
+{
+    const char *p = src;
+    while (*p) {
+        const char *line = p;
+        const char *end = strchr(p, '\n');
+        if (!end)
+            end = p + strlen(p);
+        while (line < end && (*line == ' ' || *line == '\t'))
+            line++;
+        if (line < end && strchr("%!?/;,", *line))
+            return true;
+        const char *last = end;
+        while (last > line && isspace((unsigned char)last[-1]))
+            last--;
+        if (last > line && last[-1] == '?')
+            return true;
+        for (const char *q = line; q < end; q++) {
+            if (*q != '=' || (q > line && strchr("=!<>+-*/%&|^@:~", q[-1])))
+                continue;
+            const char *r = q + 1;
+            if (r < end && *r == '=')
+                continue;
+            while (r < end && (*r == ' ' || *r == '\t'))
+                r++;
+            if (r < end && (*r == '!' || *r == '%'))
+                return true;
+        }
+        p = *end ? end + 1 : end;
+    }
+    return false;
+}
+
+/* IPython's input transformation; a malloc'd string, or NULL. */
+static char *s_transform(const char *src)
+{
+    if (!s_py.transformer && !s_py.transformer_failed) {
+        PyObject *mod = PyImport_ImportModule("IPython.core.inputtransformer2");
+        PyObject *cls = mod ? PyObject_GetAttrString(mod, "TransformerManager")
+                            : NULL;
+        s_py.transformer = cls ? PyObject_CallNoArgs(cls) : NULL;
+        Py_XDECREF(cls);
+        Py_XDECREF(mod);
+        if (!s_py.transformer) {
+            PyErr_Clear();
+            s_py.transformer_failed = true;
+            ll_warn("analysis", "IPython's input transformer is unavailable: "
+                                "magics are not understood");
+        }
+    }
+    if (!s_py.transformer)
+        return NULL;
+    PyObject *res =
+        PyObject_CallMethod(s_py.transformer, "transform_cell", "s", src);
+    const char *out = res && PyUnicode_Check(res) ? PyUnicode_AsUTF8(res) : NULL;
+    char *copy = out ? strdup(out) : NULL;
+    Py_XDECREF(res);
+    PyErr_Clear();
+    return copy;
+}
+
+/* The pending exception as one line; clears it.  Malloc'd. */
+static char *s_error_text(void)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    const char *tname =
+        type && PyType_Check(type) ? ((PyTypeObject *)type)->tp_name : "Error";
+    char buf[600];
+    PyObject *msg = NULL, *lineno = NULL;
+    if (value && PyErr_GivenExceptionMatches(type, PyExc_SyntaxError)) {
+        msg = PyObject_GetAttrString(value, "msg");
+        lineno = PyObject_GetAttrString(value, "lineno");
+    }
+    if (!msg && value)
+        msg = PyObject_Str(value);
+    PyErr_Clear();
+    const char *m = msg && PyUnicode_Check(msg) ? PyUnicode_AsUTF8(msg) : NULL;
+    PyErr_Clear();
+    long line = lineno && PyLong_Check(lineno) ? PyLong_AsLong(lineno) : -1;
+    if (line > 0)
+        snprintf(buf, sizeof buf, "%s: %.400s (line %ld)", tname,
+                 m ? m : "", line);
+    else
+        snprintf(buf, sizeof buf, "%s: %.400s", tname, m ? m : "");
+    Py_XDECREF(msg);
+    Py_XDECREF(lineno);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    PyErr_Clear();
+    return strdup(buf);
+}
+
+static PyObject *s_parse(const char *src, char **err)
+{
+    PyCompilerFlags flags = _PyCompilerFlags_INIT;
+    flags.cf_flags = PyCF_ONLY_AST;
+    PyObject *tree =
+        Py_CompileStringExFlags(src, "<cell>", Py_file_input, &flags, -1);
+    if (!tree) {
+        free(*err);
+        *err = s_error_text();
+    }
+    return tree;
+}
+
+/* Derive the caller-facing facts from the events. */
+static int s_facts(ll_analysis_t *a)
+{
+    for (size_t i = 0; i < a->nev; i++) {
+        const ll_ev_t *e = &a->ev[i];
+        int rc = 0;
+        if (e->type == LL_EV_BIND && e->kind != LL_BK_STAR) {
+            rc = ll_names_add(&a->defs, e->name);
+            if (rc == 1 && (e->kind == LL_BK_FUNC || e->kind == LL_BK_CLASS) &&
+                e->ref >= 0) {
+                int *f = realloc(a->funcs, (a->nfuncs + 1) * sizeof *f);
+                if (!f)
+                    return -1;
+                a->funcs = f;
+                a->funcs[a->nfuncs++] = e->ref;
+            }
+        }
+        else if (e->type == LL_EV_MUTATE)
+            rc = ll_names_add(&a->mutates, e->name);
+        else if (e->type == LL_EV_DEL && !e->cond)
+            rc = ll_names_add(&a->deletes, e->name);
+        if (rc < 0)
+            return -1;
+    }
+    for (size_t i = 0; i < a->nimports; i++) {
+        char buf[256];
+        const char *pkg = ll_analysis_package_of(a->imports[i].module, buf,
+                                                 sizeof buf);
+        if (pkg && ll_names_add(&a->packages, pkg) < 0)
+            return -1;
+    }
+    return ll_analysis_compute_reads(a, &a->reads);
+}
+
+static void s_set_error(ll_analysis_t *a, const char *msg)
+{
+    free(a->error);
+    a->error = strdup(msg);
+}
+
+ll_analysis_t *ll_analysis_new(const char *code, size_t len)
+{
+    if (!s_py.ready || (!code && len))
+        return NULL;
+    ll_analysis_t *a = calloc(1, sizeof *a);
+    if (!a)
+        return NULL;
+    a->forced = -1;
+    if (len && memchr(code, '\0', len)) {
+        s_set_error(a, "ValueError: source code string cannot contain null bytes");
+        return a;
+    }
+    char *src = malloc(len + 1);
+    if (!src) {
+        free(a);
+        return NULL;
+    }
+    if (len)
+        memcpy(src, code, len);
+    src[len] = '\0';
+
+    /* %%gpu / %%cpu: ours, not IPython's; blank the line, keep numbering. */
+    size_t first = strcspn(src, "\n");
+    size_t n = first;
+    while (n && isspace((unsigned char)src[n - 1]))
+        n--;
+    size_t lead = strspn(src, " \t");
+    if (n > lead && (n - lead == 5) &&
+        (strncmp(src + lead, "%%gpu", 5) == 0 ||
+         strncmp(src + lead, "%%cpu", 5) == 0)) {
+        a->forced = src[lead + 2] == 'g' ? LL_ANALYSIS_GPU : LL_ANALYSIS_CPU;
+        memmove(src, src + first, len - first + 1);
+    }
+
+    char *err = NULL;
+    bool transformed = false;
+    if (s_needs_transform(src)) {
+        char *t = s_transform(src);
+        if (t) {
+            free(src);
+            src = t;
+            transformed = true;
+        }
+    }
+    PyObject *tree = s_parse(src, &err);
+    if (!tree && !transformed) {
+        char *t = s_transform(src);
+        if (t && strcmp(t, src) != 0) {
+            PyObject *again = s_parse(t, &err);
+            if (again) {
+                tree = again;
+                free(err);
+                err = NULL;
+            }
+        }
+        free(t);
+    }
+    free(src);
+    if (!tree) {
+        a->error = err ? err : strdup("SyntaxError: cannot parse the cell");
+        return a;
+    }
+
+    s_scope_t module;
+    s_scope_init(&module, SC_MODULE, NULL, true);
+    s_walker_t w = {.a = a, .scope = &module, .group = -1, .class_group = -1};
+    PyObject *body = s_get(tree, s_py.a_body);
+    s_walk_body(&w, body);
+    Py_XDECREF(body);
+    Py_DECREF(tree);
+    s_scope_free(&module);
+    PyErr_Clear();
+    if (w.oom || (!w.too_deep && s_facts(a) != 0)) {
+        ll_analysis_destroy(&a);
+        return NULL;
+    }
+    if (w.too_deep) {
+        char msg[128];
+        snprintf(msg, sizeof msg,
+                 "RecursionError: the cell nests deeper than %d levels",
+                 LL_ANALYSIS_MAX_DEPTH);
+        /* Facts from a partial walk would be wrong: drop them. */
+        ll_analysis_t *fresh = calloc(1, sizeof *fresh);
+        if (!fresh) {
+            ll_analysis_destroy(&a);
+            return NULL;
+        }
+        fresh->forced = a->forced;
+        ll_analysis_destroy(&a);
+        s_set_error(fresh, msg);
+        return fresh;
+    }
+    return a;
+}
+
+void ll_analysis_destroy(ll_analysis_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    ll_analysis_t *a = *self_p;
+    free(a->error);
+    ll_names_clear(&a->pool);
+    free(a->ev);
+    for (size_t i = 0; i < a->ngroups; i++) {
+        ll_names_clear(&a->groups[i].globals);
+        ll_names_clear(&a->groups[i].gwrites);
+        ll_names_clear(&a->groups[i].paths);
+    }
+    free(a->groups);
+    for (size_t i = 0; i < a->nimports; i++) {
+        free(a->imports[i].module);
+        free(a->imports[i].attr);
+        free(a->imports[i].path);
+        free(a->imports[i].stmt);
+    }
+    free(a->imports);
+    ll_names_clear(&a->defs);
+    ll_names_clear(&a->reads);
+    ll_names_clear(&a->mutates);
+    ll_names_clear(&a->deletes);
+    ll_names_clear(&a->packages);
+    free(a->funcs);
+    free(a->block_parent);
+    free(a);
+    *self_p = NULL;
+}
+
+/* ---- accessors -------------------------------------------------------- */
+
+static ll_analysis_strs_t s_strs(const ll_names_t *n)
+{
+    return (ll_analysis_strs_t){(const char *const *)n->items, n->count};
+}
+
+const char *ll_analysis_error(const ll_analysis_t *self) { return self->error; }
+ll_analysis_strs_t ll_analysis_defs(const ll_analysis_t *self) { return s_strs(&self->defs); }
+ll_analysis_strs_t ll_analysis_reads(const ll_analysis_t *self) { return s_strs(&self->reads); }
+ll_analysis_strs_t ll_analysis_mutates(const ll_analysis_t *self) { return s_strs(&self->mutates); }
+ll_analysis_strs_t ll_analysis_deletes(const ll_analysis_t *self) { return s_strs(&self->deletes); }
+ll_analysis_strs_t ll_analysis_imports(const ll_analysis_t *self) { return s_strs(&self->packages); }
+size_t ll_analysis_function_count(const ll_analysis_t *self) { return self->nfuncs; }
+bool ll_analysis_is_opaque(const ll_analysis_t *self) { return self->opaque; }
+bool ll_analysis_opaque_flag(const ll_analysis_t *self) { return self->opaque; }
+int ll_analysis_forced_label(const ll_analysis_t *self) { return self->forced; }
+
+const char *ll_analysis_function_name(const ll_analysis_t *self, size_t i)
+{
+    return i < self->nfuncs ? self->groups[self->funcs[i]].name : NULL;
+}
+
+bool ll_analysis_function_is_class(const ll_analysis_t *self, size_t i)
+{
+    return i < self->nfuncs && self->groups[self->funcs[i]].kind == LL_BK_CLASS;
+}
+
+ll_analysis_strs_t ll_analysis_function_globals(const ll_analysis_t *self,
+                                                size_t i)
+{
+    if (i >= self->nfuncs)
+        return (ll_analysis_strs_t){NULL, 0};
+    return s_strs(&self->groups[self->funcs[i]].globals);
+}
+
+const ll_ev_t *ll_analysis_events(const ll_analysis_t *self, size_t *count)
+{
+    *count = self->nev;
+    return self->ev;
+}
+
+const ll_group_t *ll_analysis_group(const ll_analysis_t *self, int index)
+{
+    return index >= 0 && (size_t)index < self->ngroups ? &self->groups[index]
+                                                      : NULL;
+}
+
+const ll_import_t *ll_analysis_import(const ll_analysis_t *self, int index)
+{
+    return index >= 0 && (size_t)index < self->nimports ? &self->imports[index]
+                                                       : NULL;
+}
+
+static json_t *s_json_list(const ll_names_t *n)
+{
+    json_t *arr = json_array();
+    for (size_t i = 0; arr && i < n->count; i++)
+        json_array_append_new(arr, json_string(n->items[i]));
+    return arr;
+}
+
+json_t *ll_analysis_json(const ll_analysis_t *self)
+{
+    json_t *o = json_object();
+    if (!o)
+        return NULL;
+    json_object_set_new(o, "error",
+                        self->error ? json_string(self->error) : json_null());
+    json_object_set_new(o, "forced_label",
+                        self->forced < 0 ? json_null()
+                        : json_string(self->forced == LL_ANALYSIS_GPU ? "gpu"
+                                                                      : "cpu"));
+    if (self->error)
+        return o;
+    json_object_set_new(o, "defs", s_json_list(&self->defs));
+    json_object_set_new(o, "reads", s_json_list(&self->reads));
+    json_object_set_new(o, "mutates", s_json_list(&self->mutates));
+    json_object_set_new(o, "deletes", s_json_list(&self->deletes));
+    json_object_set_new(o, "packages", s_json_list(&self->packages));
+    json_t *imports = json_array();
+    for (size_t i = 0; imports && i < self->nimports; i++) {
+        const ll_import_t *im = &self->imports[i];
+        json_array_append_new(
+            imports, json_pack("{s:s, s:s, s:s?, s:s}", "name", im->bound,
+                               "module", im->module, "attr", im->attr, "stmt",
+                               im->stmt));
+    }
+    json_object_set_new(o, "imports", imports);
+    json_t *funcs = json_array();
+    for (size_t i = 0; funcs && i < self->nfuncs; i++) {
+        const ll_group_t *g = &self->groups[self->funcs[i]];
+        json_array_append_new(
+            funcs, json_pack("{s:s, s:s, s:o, s:b}", "name", g->name, "kind",
+                             g->kind == LL_BK_CLASS ? "class" : "function",
+                             "globals", s_json_list(&g->globals), "opaque",
+                             g->opaque));
+    }
+    json_object_set_new(o, "functions", funcs);
+    json_object_set_new(o, "opaque", json_boolean(self->opaque));
+    return o;
+}
