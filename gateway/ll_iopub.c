@@ -231,3 +231,125 @@ ll_msg_t *ll_iopub_msg_to_parent(ll_iopub_t *self, const char *msg_type, json_t 
     json_decref(a.content);
     return a.out;
 }
+
+/* ---- self-test ----------------------------------------------------------- */
+
+/* Next message on SUB within 5 s, decoded, or NULL; late subscription
+ * probes ("starting" without a parent) are skipped. */
+static ll_msg_t *s_st_recv(ll_session_t *session, zsock_t *sub)
+{
+    zpoller_t *poller = zpoller_new(sub, NULL);
+    ll_msg_t *msg = NULL;
+    char why[128];
+    while (poller && !msg && zpoller_wait(poller, 5000)) {
+        zmsg_t *raw = zmsg_recv(sub);
+        if (raw)
+            msg = ll_session_decode(session, &raw, why, sizeof why);
+        const char *state = msg ? json_string_value(json_object_get(msg->content, "execution_state")) : NULL;
+        if (state && strcmp(state, "starting") == 0)
+            ll_msg_destroy(&msg);
+    }
+    zpoller_destroy(&poller);
+    return msg;
+}
+
+/* Whether MSG is of TYPE with a parent whose msg_id is PARENT_ID ("" for none). */
+static bool s_st_is(const ll_msg_t *msg, const char *type, const char *parent_id)
+{
+    if (!msg || strcmp(msg->msg_type, type) != 0)
+        return false;
+    const char *pid = json_string_value(json_object_get(msg->parent_header, "msg_id"));
+    return strcmp(pid ? pid : "", parent_id) == 0;
+}
+
+int ll_iopub_selftest(bool verbose)
+{
+    int rc = -1;
+    char err[256];
+    ll_msg_t *req1 = NULL, *req2 = NULL, *got = NULL;
+    zsock_t *sub = NULL;
+    ll_session_t *session = ll_session_new((const unsigned char *) "k", 1, "hmac-sha256", 0);
+    ll_iopub_t *iopub = session ? ll_iopub_new(session, "inproc://ll-iopub-selftest", err, sizeof err)
+                                : NULL;
+    if (!iopub)
+        goto out;
+    sub = zsock_new_sub(">inproc://ll-iopub-selftest", "");
+    if (!sub)
+        goto out;
+    /* A subscription takes a moment to reach the publisher: publish probes
+     * until one arrives. */
+    for (int i = 0; i < 500 && !got; i++) {
+        ll_iopub_status(iopub, "starting", NULL);
+        zpoller_t *p = zpoller_new(sub, NULL);
+        if (p && zpoller_wait(p, 10)) {
+            zmsg_t *raw = zmsg_recv(sub);
+            got = raw ? ll_session_decode(session, &raw, err, sizeof err) : NULL;
+        }
+        zpoller_destroy(&p);
+    }
+    if (!s_st_is(got, "status", ""))
+        goto out;
+    ll_msg_destroy(&got);
+
+    req1 = ll_msg_new(session, "execute_request", NULL, NULL);
+    req2 = ll_msg_new(session, "execute_request", NULL, NULL);
+    if (!req1 || !req2)
+        goto out;
+    const char *id1 = json_string_value(json_object_get(req1->header, "msg_id"));
+    const char *id2 = json_string_value(json_object_get(req2->header, "msg_id"));
+
+    /* Text, then a publish: the text arrives first, both under req1. */
+    ll_iopub_set_parent(iopub, req1);
+    ll_iopub_stream_write(iopub, "stdout", "one ", 4);
+    ll_iopub_stream_write(iopub, "stdout", "two\n", 4);
+    ll_iopub_send(iopub, "display_data", NULL, json_pack("{s:{s:s}}", "data", "text/plain", "x"),
+                  NULL, NULL);
+    got = s_st_recv(session, sub);
+    if (!s_st_is(got, "stream", id1) ||
+        strcmp(json_string_value(json_object_get(got->content, "text")), "one two\n") != 0 ||
+        strncmp(zframe_data(zmsg_first(got->identities)) ? (char *) zframe_data(zmsg_first(got->identities)) : "",
+                "kernel.", 7) != 0)
+        goto out;
+    ll_msg_destroy(&got);
+    got = s_st_recv(session, sub);
+    if (!s_st_is(got, "display_data", id1))
+        goto out;
+    ll_msg_destroy(&got);
+
+    /* Text buffered before a parent switch stays with the old parent. */
+    ll_iopub_stream_write(iopub, "stderr", "late", 4);
+    ll_iopub_set_parent(iopub, req2);
+    ll_iopub_stream_write(iopub, "stdout", "new", 3);
+    ll_iopub_status(iopub, "idle", req2);
+    got = s_st_recv(session, sub);
+    if (!s_st_is(got, "stream", id1) ||
+        strcmp(json_string_value(json_object_get(got->content, "name")), "stderr") != 0)
+        goto out;
+    ll_msg_destroy(&got);
+    got = s_st_recv(session, sub);
+    if (!s_st_is(got, "stream", id2))
+        goto out;
+    ll_msg_destroy(&got);
+    got = s_st_recv(session, sub);
+    if (!s_st_is(got, "status", id2))
+        goto out;
+    ll_msg_destroy(&got);
+
+    /* A message addressed to the parent carries its header. */
+    got = ll_iopub_msg_to_parent(iopub, "input_request", json_pack("{s:s}", "prompt", "?"));
+    if (!s_st_is(got, "input_request", id2))
+        goto out;
+    if (verbose)
+        printf("(ordering and parents ok) ");
+    rc = 0;
+out:
+    if (rc != 0)
+        fprintf(stderr, "ll_iopub selftest failed%s%s\n", iopub ? "" : ": ", iopub ? "" : err);
+    ll_msg_destroy(&got);
+    ll_msg_destroy(&req1);
+    ll_msg_destroy(&req2);
+    zsock_destroy(&sub);
+    ll_iopub_destroy(&iopub);
+    ll_session_destroy(&session);
+    return rc;
+}

@@ -59,4 +59,6 @@ ll_msg_t *ll_iopub_msg_to_parent(ll_iopub_t *self, const char *msg_type, json_t 
  * enough to address replies to it.  NULL on allocation failure. */
 ll_msg_t *ll_iopub_parent_copy(const ll_msg_t *req);
 
+int ll_iopub_selftest(bool verbose);
+
 #endif
