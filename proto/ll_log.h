@@ -26,7 +26,8 @@ typedef enum {
     LL_LOG_DEBUG = 3,
 } ll_log_level_t;
 
-/* Current threshold; lines above it are skipped.  Written only by ll_log_init. */
+/* Current threshold; lines above it are skipped.  Written by ll_log_init (and
+ * by self-tests silencing an expected error: -1 silences everything). */
 extern int ll_log_level;
 
 /* Set this process's role letter and read LOOSELEAF_LOG.  Call again after a
