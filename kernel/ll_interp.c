@@ -549,6 +549,29 @@ static char *s_strdup_utf8(PyObject *str)
 char *ll_interp_handle(const char *msg_type, const char *content_json, const char *parent_json,
                        char **reply_metadata_json)
 {
+    return ll_interp_handle_ex(msg_type, content_json, parent_json, NULL, NULL, NULL, 0,
+                               reply_metadata_json);
+}
+
+/* The buffers as a list of bytes (copies: Python code may keep them). */
+static PyObject *s_buffers_list(const void *const *bufs, const size_t *buflens, size_t nbufs)
+{
+    PyObject *list = PyList_New((Py_ssize_t)nbufs);
+    for (size_t i = 0; list && i < nbufs; i++) {
+        PyObject *b = PyBytes_FromStringAndSize(bufs[i], (Py_ssize_t)buflens[i]);
+        if (!b)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, (Py_ssize_t)i, b);
+    }
+    return list;
+}
+
+char *ll_interp_handle_ex(const char *msg_type, const char *content_json,
+                          const char *parent_json, const char *metadata_json,
+                          const void *const *bufs, const size_t *buflens, size_t nbufs,
+                          char **reply_metadata_json)
+{
     if (reply_metadata_json)
         *reply_metadata_json = NULL;
     if (!s_initialized || !s_handle_fn)
@@ -566,9 +589,15 @@ char *ll_interp_handle(const char *msg_type, const char *content_json, const cha
         atomic_store(&s_busy, true);
 
     char *reply = NULL;
-    PyObject *res = PyObject_CallFunction(s_handle_fn, "sss", msg_type,
-                                          content_json ? content_json : "{}",
-                                          parent_json ? parent_json : "{}");
+    PyObject *buffers = nbufs && bufs && buflens ? s_buffers_list(bufs, buflens, nbufs)
+                                                 : PyList_New(0);
+    PyObject *res = buffers ? PyObject_CallFunction(s_handle_fn, "ssssO", msg_type,
+                                                    content_json ? content_json : "{}",
+                                                    parent_json ? parent_json : "{}",
+                                                    metadata_json ? metadata_json : "{}",
+                                                    buffers)
+                            : NULL;
+    Py_XDECREF(buffers);
     if (execute)
         atomic_store(&s_busy, false);
     if (!res) {

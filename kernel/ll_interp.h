@@ -83,6 +83,15 @@ int ll_interp_init(const char *argv0, const ll_interp_hooks_t *hooks, char *err,
 char *ll_interp_handle(const char *msg_type, const char *content_json,
                        const char *parent_json, char **reply_metadata_json);
 
+/* ll_interp_handle with the request's METADATA_JSON (may be NULL) and its
+ * binary buffers (BUFS/BUFLENS/NBUFS, copied; NBUFS may be 0): a comm_msg
+ * from the frontend can carry both (ipywidgets' FileUpload sends the file as
+ * a buffer), and comm callbacks see them in msg["metadata"]/msg["buffers"]. */
+char *ll_interp_handle_ex(const char *msg_type, const char *content_json,
+                          const char *parent_json, const char *metadata_json,
+                          const void *const *bufs, const size_t *buflens, size_t nbufs,
+                          char **reply_metadata_json);
+
 /* Make the code now running raise KeyboardInterrupt; a no-op when idle.
  * Async-signal-safe. */
 void ll_interp_interrupt(void);

@@ -10,6 +10,8 @@
  *     @sigint <ms>                after MS ms send SIGINT to this process
  *                                 (whose handler calls ll_interp_interrupt)
  *     @busy                       print whether ll_interp_busy()
+ *     @metadata <JSON object>     request metadata of the next request
+ *     @buffers <hex>[,<hex>...]   binary buffers of the next request
  *     # ...                       comment
  * Everything the hooks receive, and every reply, is printed as one JSON
  * object per line on the original stdout, with "t" = ms since start:
@@ -41,6 +43,10 @@ static char *s_inputs[64];     /* queued input answers; "" + flag for interrupt 
 static bool s_input_intr[64];
 static int s_ninputs, s_next_input;
 static int s_seq;              /* request counter for made-up msg_ids */
+static char *s_next_md;        /* metadata for the next request, or NULL */
+static unsigned char *s_next_bufs[8]; /* buffers for the next request */
+static size_t s_next_buflens[8];
+static size_t s_next_nbufs;
 
 static double s_ms(void)
 {
@@ -184,6 +190,22 @@ static void s_line(char *line)
         s_start_timer(atoi(strchr(line, ' ') + 1), sig);
         return;
     }
+    if (strncmp(line, "@metadata ", 10) == 0) {
+        free(s_next_md);
+        s_next_md = strdup(line + 10);
+        return;
+    }
+    if (strncmp(line, "@buffers ", 9) == 0) {
+        for (char *tok = strtok(line + 9, ","); tok && s_next_nbufs < 8; tok = strtok(NULL, ",")) {
+            size_t nbytes = strlen(tok) / 2;
+            unsigned char *b = malloc(nbytes + 1);
+            for (size_t i = 0; b && i < nbytes; i++)
+                sscanf(tok + 2 * i, "%2hhx", &b[i]);
+            s_next_bufs[s_next_nbufs] = b;
+            s_next_buflens[s_next_nbufs++] = nbytes;
+        }
+        return;
+    }
     if (strcmp(line, "@busy") == 0) {
         s_emit(json_pack("{s:s, s:b}", "ev", "busy", "busy", ll_interp_busy()));
         return;
@@ -200,7 +222,14 @@ static void s_line(char *line)
              "\"username\": \"test\", \"version\": \"5.3\"}",
              ++s_seq, line);
     char *md = NULL;
-    char *reply = ll_interp_handle(line, content, parent, &md);
+    char *reply = ll_interp_handle_ex(line, content, parent, s_next_md,
+                                      (const void *const *)s_next_bufs, s_next_buflens,
+                                      s_next_nbufs, &md);
+    free(s_next_md);
+    s_next_md = NULL;
+    for (size_t i = 0; i < s_next_nbufs; i++)
+        free(s_next_bufs[i]);
+    s_next_nbufs = 0;
     s_emit(json_pack("{s:s, s:s, s:o, s:o}", "ev", "reply", "msg_type", line, "content",
                      s_parse(reply), "metadata", s_parse(md)));
     free(reply);

@@ -19,6 +19,7 @@ from IPython.core import release
 from IPython.core.error import StdinNotImplementedError
 from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult
 from IPython.utils.tokenutil import line_at_cursor, token_at_cursor
+from traitlets.config import Config
 
 import _looseleaf_kernel as _lk
 
@@ -26,7 +27,7 @@ from . import comms
 from ._json import dumps, loads
 from .display import flush_streams, publish
 from .iostream import OutStream
-from .shell import CellCompiler, LooseLeafShell
+from .shell import CellCompiler, ZMQInteractiveShell, connection_file
 
 try:
     from IPython.core.completer import provisionalcompleter, rectify_completions
@@ -67,6 +68,8 @@ class Kernel:
     def __init__(self):
         self.ident = str(uuid.uuid4())
         self.parent_header = {}
+        self._request_metadata = {}
+        self._request_buffers = []
         self.allow_stdin = False
         self._stdout = OutStream("stdout", 1)
         self._stderr = OutStream("stderr", 2)
@@ -77,7 +80,12 @@ class Kernel:
         comm_log.addHandler(logging.StreamHandler(sys.__stderr__))
         comm_log.propagate = False
 
-        self.shell = LooseLeafShell.instance(kernel=self, compiler_class=CellCompiler)
+        # What ipykernel's config holds: libraries (tqdm.auto, ...) look for
+        # this section to know they run in a Jupyter kernel.
+        config = Config()
+        config.IPKernelApp.connection_file = connection_file() or ""
+        self.shell = ZMQInteractiveShell.instance(kernel=self, compiler_class=CellCompiler,
+                                                  config=config)
         # IPython's default extension, loaded by every IPython app (%store).
         try:
             self.shell.extension_manager.load_extension("storemagic")
@@ -112,21 +120,26 @@ class Kernel:
 
     # -- entry ------------------------------------------------------------
 
-    def handle(self, msg_type, content_json, parent_json):
+    def handle(self, msg_type, content_json, parent_json, metadata_json="{}", buffers=()):
         """Run one request; returns (reply_json or None, metadata_json or None)."""
         try:
             content = loads(content_json)
             parent = loads(parent_json) if parent_json else {}
+            metadata = loads(metadata_json) if metadata_json else {}
             if not isinstance(content, dict):
                 raise ValueError("request content is not a JSON object")
             if not isinstance(parent, dict):
                 parent = {}
+            if not isinstance(metadata, dict):
+                metadata = {}
         except ValueError as e:
             return self._error_json("BadRequest", "invalid %s: %s" % (msg_type, e))
         handler = self.handlers.get(msg_type)
         if handler is None:
             return self._error_json("UnknownRequest", "unknown request type %r" % (msg_type,))
         self.set_parent(parent)
+        self._request_metadata = metadata
+        self._request_buffers = list(buffers) if buffers else []
         try:
             return handler(content, parent)
         except BaseException as e:  # KeyboardInterrupt too: the kernel lives on
@@ -164,7 +177,7 @@ class Kernel:
         store_history = bool(content.get("store_history", not silent))
         user_expressions = content.get("user_expressions") or {}
         self.allow_stdin = bool(content.get("allow_stdin", False))
-        cell_id = (parent.get("metadata") or {}).get("cellId") if isinstance(parent, dict) else None
+        cell_id = self._request_metadata.get("cellId")
         metadata = {"started": _now(), "dependencies_met": True, "engine": self.ident}
 
         if not silent:
@@ -360,9 +373,9 @@ class Kernel:
             "msg_id": parent.get("msg_id", ""),
             "msg_type": msg_type,
             "parent_header": {},
-            "metadata": {},
+            "metadata": self._request_metadata,
             "content": content,
-            "buffers": [],
+            "buffers": self._request_buffers,
         }
 
     def _comm_args_ok(self, content, *keys):
@@ -407,8 +420,8 @@ def start():
     return _kernel
 
 
-def handle(msg_type, content_json, parent_json):
-    return _kernel.handle(msg_type, content_json, parent_json)
+def handle(msg_type, content_json, parent_json, metadata_json="{}", buffers=()):
+    return _kernel.handle(msg_type, content_json, parent_json, metadata_json, buffers)
 
 
 def shutdown():

@@ -28,7 +28,7 @@ from traitlets import Any, Bool, CBool, Instance, Type, default
 
 from .display import LooseLeafDisplayHook, LooseLeafDisplayPublisher, flush_streams, publish
 
-__all__ = ["LooseLeafShell", "CellCompiler", "connection_file"]
+__all__ = ["LooseLeafShell", "ZMQInteractiveShell", "CellCompiler", "connection_file"]
 
 
 class CellCompiler(CachingCompiler):
@@ -274,3 +274,12 @@ class LooseLeafShell(InteractiveShell):
 
 
 InteractiveShellABC.register(LooseLeafShell)
+
+
+class ZMQInteractiveShell(LooseLeafShell):
+    """The shell the kernel runs, under the class name of ipykernel's shell.
+
+    Libraries tell "running in a Jupyter kernel" from "running in a
+    terminal" by `get_ipython().__class__.__name__ == 'ZMQInteractiveShell'`
+    (and by an IPKernelApp section in its config, which Kernel adds); a
+    LooseLeaf notebook must get the same rich behaviour from them."""
