@@ -408,7 +408,7 @@ int ll_redis_ensure(ll_redis_t *r)
     if (r->c)
         snprintf(r->err, sizeof r->err, "Redis at %s: %s", r->url, r->c->errstr);
     /* A restarting server needs a moment before its socket answers. */
-    double deadline = s_now() + 5.0;
+    double deadline = s_now() + 3.0;
     while (s_connect(r) != 0) {
         if (s_now() > deadline)
             return -1;

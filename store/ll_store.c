@@ -452,7 +452,7 @@ static int s_enter(ll_store_t *st)
     st->errkind = LL_STORE_OK;
     st->err[0] = 0;
     if (getpid() != st->pid) {
-        s_fail(st, LL_STORE_EINVAL,
+        s_fail(st, LL_STORE_EIO,
                "this store was opened by process %d; open a new one after fork", (int)st->pid);
         pthread_mutex_unlock(&st->mu);
         return -1;

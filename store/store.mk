@@ -4,6 +4,7 @@
 STORE_SRCS := store/ll_pool.c store/ll_redis.c store/ll_store.c store/ll_store_py.c
 LIB_SRCS   += $(STORE_SRCS)
 SELFTESTS  += ll_pool ll_store
+PYTESTS    += tests/store_c
 
 # The same sources as a standalone extension module for /usr/bin/python3
 # (tests put build/py on sys.path).  Objects built apart: -DLL_STORE_PY_STANDALONE.

@@ -38,6 +38,33 @@ def _reason(e):
     return "%s: %s" % (e.__class__.__name__, msg)
 
 
+_STAGE_BYTES = 64 << 20
+
+
+def _to_device(torch, src, device):
+    """Copy the mapped payload SRC (uint8, CPU) to DEVICE through two pinned staging buffers, so the
+    DMA of one chunk overlaps the copy of the next out of the (pageable, shared) pool mapping."""
+    n = src.numel()
+    dev = torch.empty(n, dtype=torch.uint8, device=device)
+    if n == 0:
+        return dev
+    stream = torch.cuda.current_stream(dev.device)
+    bufs = [torch.empty(min(_STAGE_BYTES, n), dtype=torch.uint8, pin_memory=True)
+            for _ in range(2 if n > _STAGE_BYTES else 1)]
+    done = [None] * len(bufs)
+    for i, off in enumerate(range(0, n, _STAGE_BYTES)):
+        k = i % len(bufs)
+        m = min(_STAGE_BYTES, n - off)
+        if done[k] is not None:
+            done[k].synchronize()  # the DMA out of this staging buffer has finished
+        bufs[k][:m].copy_(src[off:off + m])
+        dev[off:off + m].copy_(bufs[k][:m], non_blocking=True)
+        done[k] = torch.cuda.Event()
+        done[k].record(stream)
+    stream.synchronize()
+    return dev
+
+
 class SaveReport:
     """What a save did.  saved: {name: new version}; unchanged: names whose committed version still holds;
     deleted: names removed from the store; failed: {name: reason}; added: names not asked for that were
@@ -106,6 +133,7 @@ class Checkpointer:
         self._graph = {}  # name -> (version, set of owner names), every committed variable of the session
         self._mapped = {}  # address -> (weakref to the mapping's ndarray, ref, nbytes)
         self._mapped_purge = 64
+        self._pinned = None  # pinned host buffer for device-to-pool copies (CUDA hosts only)
 
     # ---- queries -------------------------------------------------------------------------------------
     def versions(self):
@@ -319,10 +347,13 @@ class Checkpointer:
         view = torch.empty(0, dtype=torch.uint8, device=obj.device).set_(obj, 0, (n,), (1,))
         if obj.device.type == "cpu":
             return view.numpy()
-        # Device memory goes through pinned host memory (DMA), then into the pool.
-        host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
-        host.copy_(view)
-        return host.numpy()
+        # Device memory is copied by DMA into pinned host memory (kept for the next save), then into
+        # the pool.
+        host = self._pinned
+        if host is None or host.numel() < n:
+            host = self._pinned = torch.empty(max(n, 1), dtype=torch.uint8, pin_memory=True)
+        host[:n].copy_(view)
+        return host[:n].numpy()
 
     def _put_payloads(self, name, pk):
         st = self._state.get(name)
@@ -397,9 +428,7 @@ class Checkpointer:
         device = meta[3]
         if device.startswith("cuda"):
             if torch.cuda.is_available():
-                dev = torch.empty(t.numel(), dtype=torch.uint8, device=device)
-                dev.copy_(t)
-                t = dev
+                t = _to_device(torch, t, device)
             else:
                 rep.warnings.append("%s: a %s tensor was restored on the CPU (no CUDA here)" % (name, device))
         return torch.storage.TypedStorage(wrap_storage=t.storage()._storage, dtype=dtype)

@@ -50,6 +50,7 @@ import pickle
 import struct
 import sys
 import types
+import weakref
 
 import _pickle
 import cloudpickle
@@ -151,6 +152,20 @@ def _rebuild_tensor(storage, offset, size, stride, dtype, requires_grad, grad, k
     return t
 
 
+# id(flat array over a restored payload) -> the array _rebuild_ndarray built on it (weakly held: the
+# flat array lives exactly as long as that array, its base, does).
+_anchor_of = weakref.WeakValueDictionary()
+
+
+def _rebuild_ndarray(buf, dtype, shape, order):
+    np = sys.modules.get("numpy") or __import__("numpy")
+    flat = np.frombuffer(buf, dtype=dtype)
+    a = flat.reshape(shape, order=order)
+    if a.base is flat:
+        _anchor_of[id(flat)] = a
+    return a
+
+
 def _rebuild_ndarray_view(root, offset, shape, strides, dtype, writeable):
     np = sys.modules.get("numpy") or __import__("numpy")
     a = np.ndarray(shape, dtype, buffer=root, offset=offset, strides=strides)
@@ -185,27 +200,12 @@ class SaveContext:
         self.old = old_owner  # same, for committed variables (only consulted for names not in `saving`)
         self.saving = saving  # set of names being pickled in this save
         self.arrays = {}  # id -> base arrays pickled in this save (held, so ids stay unique)
-        self.anchors = {}  # id(foreign-buffer base) -> (the whole array standing for it, that base)
+        self.anchors = {}  # id(foreign buffer's flat array) -> the whole array standing for it
         np = sys.modules.get("numpy")
         # Arrays that are variables of this save: their views are saved as views whatever the order.
         self.top_arrays = set()
         if np is not None:
-            for v in (namespace.get(n) for n in saving):
-                if type(v) is np.ndarray:
-                    self.top_arrays.add(id(v))
-                    self._anchor(np, v)
-
-    def _anchor(self, np, v):
-        """A restored array is a view of the flat array over its mapping, and numpy makes views of it
-        views of that flat array: remember which variable stands for the whole buffer."""
-        root = v.base
-        if not isinstance(root, np.ndarray):
-            return
-        while isinstance(root.base, np.ndarray):
-            root = root.base
-        if (not root.flags.owndata and v.flags.c_contiguous and v.nbytes == root.nbytes
-                and v.__array_interface__["data"][0] == root.__array_interface__["data"][0]):
-            self.anchors.setdefault(id(root), (v, root))
+            self.top_arrays = {id(v) for v in (namespace.get(n) for n in saving) if type(v) is np.ndarray}
 
 
 class Pickled:
@@ -301,42 +301,49 @@ class _Pickler(cloudpickle.CloudPickler):
         typed = torch.storage.TypedStorage(wrap_storage=u, dtype=dtype)
         return self._local(key, ("s", u.nbytes(), str(dtype), str(u.device)), u, typed)
 
+    def _reduce_ndarray_whole(self, a):
+        """A contiguous array whose bytes leave the stream (as numpy's own protocol-5 reduce), rebuilt
+        by _rebuild_ndarray, which remembers it as the array standing for the mapped buffer."""
+        if a.dtype.hasobject or not (a.flags.c_contiguous or a.flags.f_contiguous):
+            return NotImplemented
+        try:
+            pb = pickle.PickleBuffer(a)
+        except (ValueError, TypeError, BufferError):
+            return NotImplemented  # e.g. datetime64: no buffer export, numpy's reduce copies it in-band
+        self._ctx.arrays[id(a)] = a
+        order = "F" if a.flags.f_contiguous and not a.flags.c_contiguous else "C"
+        return (_rebuild_ndarray, (pb, a.dtype, a.shape, order))
+
     def _reduce_ndarray_view(self, a):
         """A numpy view whose base array is (or will be) saved anyway becomes (base, offset, strides), so
         it shares memory with that base after restore, as torch views share storage.  A small view of a
         big array nobody else saves keeps numpy's own reduce (a copy of just the view)."""
         np = self._np
-        chain = [a.base]
-        while isinstance(chain[-1].base, np.ndarray):
-            chain.append(chain[-1].base)
-        root = chain[-1]
+        root = a.base
+        while isinstance(root.base, np.ndarray):
+            root = root.base
         if a.dtype.hasobject or root.dtype.hasobject or not root.flags.c_contiguous:
             return NotImplemented
         rptr = root.__array_interface__["data"][0]
         offset = a.__array_interface__["data"][0] - rptr
         if offset < 0 or offset > root.nbytes:
             return NotImplemented
-
-        def covers(x):
-            return (x.__array_interface__["data"][0] == rptr and x.nbytes == root.nbytes
-                    and x.flags.c_contiguous)
-
-        ctx = self._ctx
-        anchor = ctx.anchors.get(id(root))
-        if anchor is None and not root.flags.owndata and covers(a):
-            # `a` is all there is of a foreign buffer (a restored array over its mapping): it stands for
-            # that memory, and views of that memory are rebuilt on it.
-            anchor = ctx.anchors[id(root)] = (a, root)
-        if anchor is not None:
-            if anchor[0] is a:
-                return NotImplemented
-            root = anchor[0]  # same first byte as the foreign base, so the offset holds
-        else:
-            for x in chain[:-1]:  # an array in between that is the whole buffer
-                if covers(x):
-                    root = x
-                    break
+        if not root.flags.owndata:
+            # A foreign buffer (a restored payload's mapping): the array rebuilt over it stands for it
+            # (numpy makes every later view of it a view of the flat array underneath).
+            ctx = self._ctx
+            anchor = _anchor_of.get(id(root))
+            if anchor is None:
+                anchor = ctx.anchors.get(id(root))
+            if anchor is None and (a.__array_interface__["data"][0] == rptr and a.nbytes == root.nbytes
+                                   and a.flags.c_contiguous):
+                anchor = ctx.anchors[id(root)] = a
+            if anchor is a:
+                return self._reduce_ndarray_whole(a)
+            if anchor is not None:
+                root = anchor  # same first byte as the flat array, so the offset holds
         rid = id(root)
+        ctx = self._ctx
         known = rid in ctx.arrays or rid in ctx.cur or rid in ctx.old or rid in ctx.top_arrays
         if not known and root.nbytes > 2 * a.nbytes:
             return NotImplemented
@@ -346,12 +353,8 @@ class _Pickler(cloudpickle.CloudPickler):
         np = self._np
         if np is not None and type(obj) is np.ndarray:
             if isinstance(obj.base, np.ndarray):
-                r = self._reduce_ndarray_view(obj)
-                if r is not NotImplemented:
-                    return r
-            else:
-                self._ctx.arrays[id(obj)] = obj
-            return NotImplemented
+                return self._reduce_ndarray_view(obj)
+            return self._reduce_ndarray_whole(obj)
         if isinstance(obj, io.IOBase):
             # cloudpickle would save a readable file's *contents*; an open file is process state.
             raise TypeError("cannot pickle %r object: an open file cannot be saved" % type(obj).__name__)
