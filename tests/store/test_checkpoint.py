@@ -520,7 +520,7 @@ def test_numpy_views_share_memory_with_a_saved_base(store):
         assert np.array_equal(ns[n], ns2[n]) and ns[n].strides == ns2[n].strides, n
     # restored arrays saved again unchanged keep their blobs (no new versions), views included
     rep = save_ok(cp2, ["base", "window", "grid"])
-    assert sorted(rep.unchanged) == ["base", "grid", "window"] and not rep.saved, rep
+    assert not rep.saved and rep.bytes_written == 0 and set(rep.unchanged) >= {"base", "grid", "window"}, rep
     ns2["base"][15] = -5
     assert ns2["window"][5] == -5 and ns2["grid"][1, 5] == -5 and ns2["both"]["b"] is ns2["base"]
     ns2["base"][3] = -7
