@@ -1764,13 +1764,22 @@ static char *s_error_text(void)
     return strdup(buf);
 }
 
-static PyObject *s_parse(const char *src, char **err)
+/* Parse SRC; on failure set *ERR and *SYNTAX (a SyntaxError, which
+ * IPython's transformation might cure, rather than a RecursionError or
+ * MemoryError, which it would only make slower). */
+static PyObject *s_parse(const char *src, char **err, bool *syntax)
 {
     PyCompilerFlags flags = _PyCompilerFlags_INIT;
     flags.cf_flags = PyCF_ONLY_AST;
+    /* Building the AST allocates thousands of objects, none of them in a
+     * cycle: the cyclic collector would only walk the heap repeatedly. */
+    int gc_was_on = PyGC_Disable();
     PyObject *tree =
         Py_CompileStringExFlags(src, "<cell>", Py_file_input, &flags, -1);
+    if (gc_was_on)
+        PyGC_Enable();
     if (!tree) {
+        *syntax = PyErr_ExceptionMatches(PyExc_SyntaxError);
         free(*err);
         *err = s_error_text();
     }
@@ -1861,11 +1870,12 @@ ll_analysis_t *ll_analysis_new(const char *code, size_t len)
             transformed = true;
         }
     }
-    PyObject *tree = s_parse(src, &err);
-    if (!tree && !transformed) {
+    bool syntax = false;
+    PyObject *tree = s_parse(src, &err, &syntax);
+    if (!tree && !transformed && syntax) {
         char *t = s_transform(src);
         if (t && strcmp(t, src) != 0) {
-            PyObject *again = s_parse(t, &err);
+            PyObject *again = s_parse(t, &err, &syntax);
             if (again) {
                 tree = again;
                 free(err);

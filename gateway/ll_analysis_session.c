@@ -156,6 +156,7 @@ typedef struct {
     bool record;
     bool oom;
     s_map_t overlay;          /* name -> s_entry_t* */
+    ll_names_t ostars;        /* overlay keys of the cell's star imports */
     /* results */
     ll_names_t reads;         /* read from outside the cell */
     ll_names_t state;         /* live non-import names reached */
@@ -311,11 +312,9 @@ static void s_drain(s_sim_t *sim)
             if (star)
                 s_visit(sim, w.name, star, false, false, w.block);
         }
-        for (size_t i = 0; i < sim->overlay.keys.count; i++) {
-            if (sim->overlay.keys.items[i][0] != '*')
-                continue;
-            s_entry_t *se = sim->overlay.vals[i];
-            for (size_t k = 0; k < se->nalts; k++)
+        for (size_t i = 0; i < sim->ostars.count; i++) {
+            s_entry_t *se = s_map_get(&sim->overlay, sim->ostars.items[i]);
+            for (size_t k = 0; se && k < se->nalts; k++)
                 s_visit(sim, w.name, se->alts[k], true, false, w.block);
         }
     }
@@ -409,8 +408,10 @@ static void s_bind(s_sim_t *sim, const ll_ev_t *ev)
             sim->oom = true;
     }
     s_put(sim, ev->name, b, ev->cond, ev->block);
-    if (kind == LL_BK_STAR)
+    if (kind == LL_BK_STAR) {
         sim->opaque = true;
+        s_add(sim, &sim->ostars, ev->name);
+    }
 }
 
 static void s_apply_gwrites(s_sim_t *sim)
@@ -522,6 +523,7 @@ static void s_sim_free(s_sim_t *sim)
         free(e);
     }
     s_map_free(&sim->overlay);
+    ll_names_clear(&sim->ostars);
     for (size_t i = 0; i < sim->nowned; i++)
         if (!sim->owned[i]->moved)
             s_binding_free(sim->owned[i]);
