@@ -257,3 +257,27 @@ def test_nul_in_code_not_truncated(raw, kernel):
         assert reply["content"]["status"] == "error", reply["content"]
         assert "null" in reply["content"]["evalue"].lower(), reply["content"]
     assert _eval(kernel, "'nul_marker' in globals()") == "False"
+
+
+def test_ipc_transport(kernel_name, jupyter_env, tmp_path):
+    """A connection file with transport "ipc" (endpoints ipc://<ip>-<port>)."""
+    from jupyter_client import KernelManager
+    from itest_util import kernel_env
+    km = KernelManager(kernel_name=kernel_name, transport="ipc", ip=str(tmp_path / "kernel"))
+    km.start_kernel(env=kernel_env())
+    kc = km.client()
+    try:
+        kc.start_channels()
+        kc.wait_for_ready(timeout=60)
+        msg_id = kc.execute("print(6 * 7)")
+        reply = kc.get_shell_msg(timeout=REPLY_TIMEOUT)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = kc.get_shell_msg(timeout=REPLY_TIMEOUT)
+        assert reply["content"]["status"] == "ok"
+        sockets = sorted(p.name for p in tmp_path.iterdir())
+        assert sockets == sorted("kernel-%d" % port for port in
+                                 (km.shell_port, km.iopub_port, km.stdin_port,
+                                  km.control_port, km.hb_port))
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=False)
