@@ -12,6 +12,7 @@ import hmac
 import hashlib
 import json
 import os
+import subprocess
 import time
 import uuid
 
@@ -278,6 +279,65 @@ def test_ipc_transport(kernel_name, jupyter_env, tmp_path):
         assert sockets == sorted("kernel-%d" % port for port in
                                  (km.shell_port, km.iopub_port, km.stdin_port,
                                   km.control_port, km.hb_port))
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=False)
+
+
+_GOOD_CONNECTION = {"transport": "tcp", "ip": "127.0.0.1", "shell_port": 1, "iopub_port": 2,
+                    "stdin_port": 3, "control_port": 4, "hb_port": 5, "key": "k",
+                    "signature_scheme": "hmac-sha256", "kernel_name": "looseleaf"}
+
+
+def _without(field):
+    c = dict(_GOOD_CONNECTION)
+    del c[field]
+    return c
+
+
+@pytest.mark.parametrize("content, field", [
+    (_without("key"), '"key"'),
+    (_without("hb_port"), '"hb_port"'),
+    (dict(_GOOD_CONNECTION, shell_port=70000), '"shell_port"'),
+    (dict(_GOOD_CONNECTION, iopub_port="5555"), '"iopub_port"'),
+    (dict(_GOOD_CONNECTION, signature_scheme="hmac-md5"), '"signature_scheme"'),
+    (dict(_GOOD_CONNECTION, transport="udp"), '"transport"'),
+    (dict(_GOOD_CONNECTION, ip=""), '"ip"'),
+    ("{not json", "invalid JSON"),
+    (None, "No such file"),
+], ids=["no-key", "no-hb_port", "port-range", "port-type", "scheme", "transport", "empty-ip",
+        "bad-json", "unreadable"])
+def test_bad_connection_file_stops_kernel(looseleaf_bin, tmp_path, content, field):
+    """The kernel exits with an error naming the field instead of running half-configured."""
+    path = tmp_path / "kernel.json"
+    if content is not None:
+        path.write_text(content if isinstance(content, str) else json.dumps(content))
+    # Port numbers 1..5 are never bound: validation fails before any socket exists.
+    proc = subprocess.run([looseleaf_bin, "-f", str(path)], capture_output=True, timeout=60)
+    err = proc.stderr.decode(errors="replace")
+    assert proc.returncode != 0, err
+    assert field in err, err
+    assert str(path) in err, err
+
+
+def test_empty_key_runs_unsigned(kernel_name, jupyter_env):
+    """An empty key: messages go unsigned both ways, as Jupyter allows."""
+    from jupyter_client import KernelManager
+    from itest_util import kernel_env
+    km = KernelManager(kernel_name=kernel_name)
+    km.session.key = b""
+    km.start_kernel(env=kernel_env())
+    with open(km.connection_file) as f:
+        assert json.load(f)["key"] == ""
+    kc = km.client()
+    try:
+        kc.start_channels()
+        kc.wait_for_ready(timeout=60)
+        msg_id = kc.execute("print('unsigned ok')")
+        reply = kc.get_shell_msg(timeout=REPLY_TIMEOUT)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = kc.get_shell_msg(timeout=REPLY_TIMEOUT)
+        assert reply["content"]["status"] == "ok"
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=False)
