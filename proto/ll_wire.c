@@ -5,8 +5,10 @@
  * Verification order (ll_session_decode) is the security property of this
  * file: delimiter, frame count, signature length and alphabet, constant-time
  * HMAC over the frames exactly as received, replay history, and only then
- * JSON.  Nothing from the wire reaches jansson before its HMAC checked out,
- * so an unauthenticated peer can only make us hash bytes.
+ * JSON.  With a key, nothing from the wire reaches the JSON parser (ll_json)
+ * before its HMAC checked out, so an unauthenticated peer can only make us
+ * hash bytes.  Encoding uses ll_json's writer, not json_dumps (see ll_json.h
+ * for why both are ours).
  *
  * Signing uses one HMAC context keyed at session creation and duplicated per
  * message, so the key schedule is paid once (MEASURED.md: 1.1 us per KiB).
