@@ -134,6 +134,8 @@ class Checkpointer:
         self._mapped = {}  # address -> (weakref to the mapping's ndarray, ref, nbytes)
         self._mapped_purge = 64
         self._pinned = None  # pinned host buffer for device-to-pool copies (CUDA hosts only)
+        self._put_dirty = True  # whether put_payload takes dirty= (regions known written)
+        self._region_bytes = getattr(sys.modules.get(type(store).__module__), "REGION_BYTES", 2 << 20)
 
     # ---- queries -------------------------------------------------------------------------------------
     def versions(self):
@@ -275,7 +277,8 @@ class Checkpointer:
                         continue
                 order.append(d)
         failed.update(unrestorable)
-        rep.added = [n for n in order if n not in names]
+        asked = set(names)
+        rep.added = [n for n in order if n not in asked]
 
         writes, fresh, pmeta, ok = {}, [], {}, {}
         for n in order:
@@ -339,6 +342,14 @@ class Checkpointer:
         rep.seconds = time.perf_counter() - t0
         return rep
 
+    def _put(self, buf, base, dirty):
+        if dirty is not None and self._put_dirty:
+            try:
+                return self.store.put_payload(buf, base=base, dirty=dirty)
+            except TypeError:
+                self._put_dirty = False  # an _llstore without region hints: hash every region
+        return self.store.put_payload(buf, base=base)
+
     def _payload_buffer(self, meta, obj):
         if meta[0] != "s":
             return obj
@@ -364,10 +375,11 @@ class Checkpointer:
             for k, (meta, obj) in enumerate(pk.payloads):
                 buf = self._payload_buffer(meta, obj)
                 base = oldp[k] if k < len(oldp) and tuple(oldm[k]) == tuple(meta) else None
-                if base is not None and self._unwritten(buf, base, meta[1]):
-                    out.append(base)
+                dirty = self._written_regions(buf, base, meta[1]) if base is not None else None
+                if dirty == []:
+                    out.append(base)  # a restored payload nobody wrote: the same bytes, no hashing
                     continue
-                r = self.store.put_payload(buf, base=base)
+                r = self._put(buf, base, dirty)
                 if base is not None and r.written == 0:
                     self.store.discard(r)
                     out.append(base)
@@ -384,15 +396,16 @@ class Checkpointer:
             raise
         return out, written, new
 
-    def _unwritten(self, buf, base, nbytes):
-        """BUF is the private mapping of payload BASE and this process never wrote to it."""
+    def _written_regions(self, buf, base, nbytes):
+        """If BUF is this process's private mapping of payload BASE: the indices of the 2 MiB regions it
+        wrote since mapping it ([] = untouched).  None when BUF is anything else."""
         if nbytes <= 0 or not self._mapped:
-            return False
+            return None
         addr = np.frombuffer(buf, dtype=np.uint8).__array_interface__["data"][0]
         m = self._mapped.get(addr)
         if m is None or m[0]() is None or m[1] != base or m[2] != nbytes:
-            return False
-        return not pagemap.written_since_mapped(addr, nbytes)
+            return None
+        return pagemap.written_regions(addr, nbytes, self._region_bytes)
 
     # ---- restore -------------------------------------------------------------------------------------
     def _fetch_closure(self, names):

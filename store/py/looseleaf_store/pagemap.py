@@ -35,6 +35,36 @@ def reset_after_fork():
 os.register_at_fork(after_in_child=reset_after_fork)
 
 
+def written_regions(addr, nbytes, region_bytes):
+    """Indices of the REGION_BYTES-sized regions of [addr, addr+nbytes) (a private file mapping starting
+    at ADDR) that hold a page this process wrote, or None if that cannot be told."""
+    if nbytes <= 0:
+        return []
+    fd = _pagemap_fd()
+    if fd < 0 or addr % _PAGE or region_bytes % _PAGE:
+        return None
+    per = region_bytes // _PAGE
+    p0 = addr // _PAGE
+    npages = (nbytes + _PAGE - 1) // _PAGE
+    out = []
+    chunk = per * max(1, (1 << 18) // per)
+    try:
+        for a in range(0, npages, chunk):
+            n = min(chunk, npages - a)
+            raw = os.pread(fd, n * 8, (p0 + a) * 8)
+            if len(raw) != n * 8:
+                return None
+            hi = (np.frombuffer(raw, dtype=np.uint64) >> np.uint64(61)).astype(np.uint8)
+            w = ((hi & 6) != 0) & ((hi & 1) == 0)
+            if not w.any():
+                continue
+            idx = np.nonzero(w)[0] // per + a // per
+            out.extend(np.unique(idx).tolist())
+    except OSError:
+        return None
+    return out
+
+
 def written_since_mapped(addr, nbytes):
     """True if any page of [addr, addr+nbytes) of a private file mapping holds data this process wrote
     (or if that cannot be told)."""
