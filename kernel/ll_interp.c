@@ -226,6 +226,25 @@ static PyObject *s_py_input_request(PyObject *self, PyObject *args)
     return res;
 }
 
+/* log(level, module, text): one line through ll_log (the kernel's log on
+ * its original stderr, not the notebook).  LEVEL is an ll_log_level_t. */
+static PyObject *s_py_log(PyObject *self, PyObject *args)
+{
+    int level;
+    const char *module, *text;
+    if (!PyArg_ParseTuple(args, "iss:log", &level, &module, &text))
+        return NULL;
+    if (level < LL_LOG_ERROR)
+        level = LL_LOG_ERROR;
+    LL_LOG(level, module, "%s", text);
+    Py_RETURN_NONE;
+}
+
+static PyObject *s_py_log_level(PyObject *self, PyObject *unused)
+{
+    return PyLong_FromLong(ll_log_level);
+}
+
 static PyObject *s_py_in_child(PyObject *self, PyObject *unused)
 {
     return PyBool_FromLong(atomic_load(&s_in_child));
@@ -241,6 +260,8 @@ static PyMethodDef s_methods[] = {
      "publish(msg_type, content_json, metadata_json=None, buffers=None): iopub message."},
     {"input_request", s_py_input_request, METH_VARARGS,
      "input_request(prompt, password=False) -> str: ask the frontend for a line."},
+    {"log", s_py_log, METH_VARARGS, "log(level, module, text): a line in the kernel's log."},
+    {"log_level", s_py_log_level, METH_NOARGS, "log_level() -> int: the kernel's log threshold."},
     {"in_child", s_py_in_child, METH_NOARGS,
      "in_child() -> bool: whether this is a fork()ed child without hooks."},
     {NULL, NULL, 0, NULL}};

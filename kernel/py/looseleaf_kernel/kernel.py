@@ -44,6 +44,37 @@ _EXPERIMENTAL_KEY = "_jupyter_types_experimental"
 
 log = logging.getLogger("looseleaf_kernel")
 
+
+class KernelLogHandler(logging.Handler):
+    """Sends Python log records of the kernel's own code to the kernel's log
+    (ll_log, the process's original stderr) instead of the cell's stderr."""
+
+    # ll_log levels: 0 error, 1 warn, 2 info, 3 debug
+    @staticmethod
+    def _level(levelno):
+        if levelno >= logging.ERROR:
+            return 0
+        if levelno >= logging.WARNING:
+            return 1
+        return 2 if levelno >= logging.INFO else 3
+
+    def emit(self, record):
+        try:
+            _lk.log(self._level(record.levelno), "py." + record.name, self.format(record))
+        except Exception:
+            self.handleError(record)
+
+
+def _route_logs():
+    level = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO}.get(_lk.log_level(),
+                                                                      logging.DEBUG)
+    handler = KernelLogHandler()
+    for name in ("looseleaf_kernel", "Comm"):
+        logger = logging.getLogger(name)
+        logger.addHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = False
+
 HELP_LINKS = [
     {"text": "Python Reference", "url": "https://docs.python.org/%i.%i" % sys.version_info[:2]},
     {"text": "IPython Reference", "url": "https://ipython.org/documentation.html"},
@@ -75,10 +106,9 @@ class Kernel:
         self._stderr = OutStream("stderr", 2)
         sys.stdout, sys.stderr = self._stdout, self._stderr
         comms.install()
-        # Comm errors are the kernel's business, not the cell's output.
-        comm_log = logging.getLogger("Comm")
-        comm_log.addHandler(logging.StreamHandler(sys.__stderr__))
-        comm_log.propagate = False
+        # Our errors and the comm package's are the kernel's business, not
+        # the cell's output.
+        _route_logs()
 
         # What ipykernel's config holds: libraries (tqdm.auto, ...) look for
         # this section to know they run in a Jupyter kernel.
