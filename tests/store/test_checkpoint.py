@@ -530,3 +530,30 @@ def test_numpy_views_share_memory_with_a_saved_base(store):
     assert ns2["tiny"].base is None or ns2["tiny"].base.nbytes < 10 ** 5
     rep = save_ok(cp2, ["base"])  # written through the views: the owner's payload changed
     assert rep.bytes_written == 800 and set(rep.saved) >= {"window"}, rep
+
+
+def test_worker_rebinding_an_owner_it_restored_keeps_an_unrestored_dependent_valid(store):
+    ns, cp = fresh(store)
+    run(ns, "a = [1, 2]; b = {'a': a, 'tag': 'b'}")
+    save_ok(cp, ["a", "b"])
+    ns_w, cp_w = fresh(store)  # a worker that only needed `a`
+    restore_ok(cp_w, ["a"])
+    assert "b" not in ns_w
+    run(ns_w, "a = ['new']")
+    rep = save_ok(cp_w, ["a"])  # b referenced the old a: it is restored here and re-saved with it
+    assert "b" in rep.added and "b" in rep.saved, rep
+    ns2, cp2 = fresh(store)
+    restore_ok(cp2, ["b", "a"])
+    assert ns2["a"] == ["new"] and ns2["b"] == {"a": [1, 2], "tag": "b"}
+    assert ns2["b"]["a"] is not ns2["a"]
+
+
+def test_restore_brings_the_current_globals_a_function_reads(store):
+    ns, cp = fresh(store)
+    run(ns, "rate = 2\ndef f(x):\n    return x * rate\n")
+    save_ok(cp, ["rate", "f"])
+    run(ns, "rate = 5")
+    save_ok(cp, ["rate"])
+    ns2, cp2 = fresh(store)
+    rep = restore_ok(cp2, ["f"])
+    assert set(rep.restored) == {"f", "rate"} and ns2["f"](3) == 15
