@@ -22,3 +22,5 @@ $(ANALYSIS_BENCH): $(BUILD)/tests/bench/bench_analysis.o $(ANALYSIS_OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 EXTRA_TARGETS += $(ANALYZE_BIN) $(ANALYSIS_BENCH)
+
+PYTESTS   += tests/analysis/test_corpus.py

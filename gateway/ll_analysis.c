@@ -374,10 +374,14 @@ static void s_store(s_walker_t *w, const char *name, int kind, int ref)
     s_store_in(w, w->scope, name, kind, ref);
 }
 
-static void s_delete(s_walker_t *w, const char *name)
+/* `del x` needs x to exist (NameError otherwise), so it reads it first. */
+static void s_delete(s_walker_t *w, const char *name, bool reads)
 {
-    if (w->scope->kind == SC_MODULE)
-        s_emit(w, LL_EV_DEL, 0, name, -1, false);
+    if (w->scope->kind != SC_MODULE)
+        return;
+    if (reads)
+        s_emit(w, LL_EV_LOAD, 0, name, -1, true);
+    s_emit(w, LL_EV_DEL, 0, name, -1, false);
 }
 
 /* The Name at the bottom of an attribute/subscript chain (x of x.a[0].b). */
@@ -635,7 +639,7 @@ static void s_walk_name(s_walker_t *w, PyObject *node)
         else if (s_is(ctx, s_py.t_Store))
             s_store(w, id, LL_BK_VALUE, -1);
         else
-            s_delete(w, id);
+            s_delete(w, id, true);
     }
     Py_XDECREF(ctx);
 }
@@ -792,6 +796,8 @@ static void s_walk_comp(s_walker_t *w, PyObject *node)
         s_scan_field(w, PyList_GET_ITEM(gens, i), s_py.a_target, &sc, false);
     s_scope_t *saved_scope = w->scope;
     w->scope = &sc;
+    /* A walrus in it binds only if the loop runs. */
+    int saved_block = s_enter_block(w);
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(gens); i++) {
         PyObject *gen = PyList_GET_ITEM(gens, i);
         if (i > 0)
@@ -805,6 +811,7 @@ static void s_walk_comp(s_walker_t *w, PyObject *node)
     }
     else
         s_walk_field(w, node, s_py.a_elt);
+    s_leave_block(w, saved_block);
     w->scope = saved_scope;
     s_scope_free(&sc);
     Py_DECREF(gens);
@@ -880,6 +887,8 @@ static void s_walk_import(s_walker_t *w, PyObject *node)
         const char *as = s_get_str(alias, s_py.a_asname);
         if (!nm)
             continue;
+        if (strcmp(from ? mod : nm, "__main__") == 0)
+            s_opaque(w); /* the user namespace itself */
         char bound[512], path[1024], stmt[1280];
         int kind = LL_BK_IMPORT;
         const char *module = nm, *attr = NULL;
@@ -946,7 +955,7 @@ static void s_walk_try(s_walker_t *w, PyObject *node)
         s_walk_body_field(w, h, s_py.a_body, false);
         /* `except E as e` unbinds e when the handler ends. */
         if (name)
-            s_delete(w, name);
+            s_delete(w, name, false);
         s_leave_block(w, saved);
     }
     Py_XDECREF(handlers);
@@ -1810,6 +1819,13 @@ static int s_facts(ll_analysis_t *a)
         if (rc < 0)
             return -1;
     }
+    for (size_t i = 0; i < a->ngroups; i++) {
+        ll_group_t *g = &a->groups[i];
+        for (size_t k = 0; k < g->globals.count; k++)
+            if (!ll_analysis_is_builtin(g->globals.items[k]) &&
+                ll_names_add(&g->shown, g->globals.items[k]) < 0)
+                return -1;
+    }
     for (size_t i = 0; i < a->nimports; i++) {
         char buf[256];
         const char *pkg = ll_analysis_package_of(a->imports[i].module, buf,
@@ -1934,6 +1950,7 @@ void ll_analysis_destroy(ll_analysis_t **self_p)
         ll_names_clear(&a->groups[i].globals);
         ll_names_clear(&a->groups[i].gwrites);
         ll_names_clear(&a->groups[i].paths);
+        ll_names_clear(&a->groups[i].shown);
     }
     free(a->groups);
     for (size_t i = 0; i < a->nimports; i++) {
@@ -1987,7 +2004,7 @@ ll_analysis_strs_t ll_analysis_function_globals(const ll_analysis_t *self,
 {
     if (i >= self->nfuncs)
         return (ll_analysis_strs_t){NULL, 0};
-    return s_strs(&self->groups[self->funcs[i]].globals);
+    return s_strs(&self->groups[self->funcs[i]].shown);
 }
 
 const ll_ev_t *ll_analysis_events(const ll_analysis_t *self, size_t *count)
@@ -2049,7 +2066,7 @@ json_t *ll_analysis_json(const ll_analysis_t *self)
         json_array_append_new(
             funcs, json_pack("{s:s, s:s, s:o, s:b}", "name", g->name, "kind",
                              g->kind == LL_BK_CLASS ? "class" : "function",
-                             "globals", s_json_list(&g->globals), "opaque",
+                             "globals", s_json_list(&g->shown), "opaque",
                              g->opaque));
     }
     json_object_set_new(o, "functions", funcs);

@@ -80,6 +80,7 @@ typedef struct {
     ll_names_t globals;   /* global names read by the body (any depth) */
     ll_names_t gwrites;   /* names the body assigns after `global` */
     ll_names_t paths;     /* module paths the body imports itself */
+    ll_names_t shown;     /* globals without builtins, for callers */
     bool opaque;          /* the body uses exec/eval/globals()/... */
 } ll_group_t;
 

@@ -604,11 +604,11 @@ static s_binding_t *s_merge(s_sim_t *sim, s_binding_t **alts, size_t n,
         s_union(sim, &m->deps, &b->deps);
         s_union(sim, &m->gwrites, &b->gwrites);
         m->opaque |= b->opaque;
+        if (s_is_import(b) && b->path)
+            s_add(sim, &m->prov, b->path);
         if (!s_is_import(b) || !b->path || !alts[0]->path ||
             strcmp(b->path, alts[0]->path) != 0 || b->kind != alts[0]->kind)
             same_import = false;
-        else
-            s_add(sim, &m->prov, b->path);
     }
     if (same_import) {
         m->kind = alts[0]->kind;
