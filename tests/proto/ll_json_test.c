@@ -239,13 +239,20 @@ static bool s_agrees_with_jansson(const char *text, size_t len, bool verbose)
         agree = json_equal(ours, theirs);
     if (!agree && ours && !theirs && strstr(jerr.text, "NUL"))
         agree = true;
-    /* jansson stops reading at a NUL byte after a complete value; RFC 8259
-     * (and Python) call the NUL extra data, as we do. */
-    const char *nul = memchr(text, '\0', len);
-    if (!agree && !ours && theirs && nul) {
-        json_t *prefix = ll_json_parse(text, (size_t)(nul - text), err, sizeof err);
-        agree = prefix && json_equal(prefix, theirs);
-        json_decref(prefix);
+    /* jansson's lexer drops a raw NUL byte that follows a number or a
+     * literal ("[1\0,2]" parses as [1,2]); RFC 8259 and Python reject it,
+     * as we do.  Agreement then means: without its NUL bytes the text
+     * parses, for us, to jansson's value. */
+    if (!agree && !ours && theirs && memchr(text, '\0', len)) {
+        char *stripped = malloc(len);
+        size_t n = 0;
+        for (size_t i = 0; i < len; i++)
+            if (text[i] != '\0')
+                stripped[n++] = text[i];
+        json_t *again = ll_json_parse(stripped, n, err, sizeof err);
+        agree = again && json_equal(again, theirs);
+        json_decref(again);
+        free(stripped);
     }
     if (!agree && verbose)
         fprintf(stderr, "\n    disagree on \"%.*s\": ours %s, jansson %s", (int)len, text,
