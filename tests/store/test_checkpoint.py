@@ -557,3 +557,13 @@ def test_restore_brings_the_current_globals_a_function_reads(store):
     ns2, cp2 = fresh(store)
     rep = restore_ok(cp2, ["f"])
     assert set(rep.restored) == {"f", "rate"} and ns2["f"](3) == 15
+
+
+def test_bad_arguments_are_clear_errors(store):
+    ns, cp = fresh(store)
+    with pytest.raises(TypeError, match="list of variable names"):
+        cp.save("x")
+    with pytest.raises(TypeError, match="must be str"):
+        cp.restore([1])
+    with pytest.raises(TypeError, match="namespace must be a dict"):
+        Checkpointer(store, [])
