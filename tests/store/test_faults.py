@@ -10,6 +10,7 @@ import textwrap
 
 import numpy as np
 import pytest
+import torch
 
 from looseleaf_store import Checkpointer
 
@@ -84,3 +85,56 @@ def test_pool_full_is_a_clear_error_and_keeps_old_versions(session):
     ns2 = {"__name__": "__main__", "__builtins__": builtins}
     r = Checkpointer(store, ns2).restore(["x", "y"])
     assert not r.failed and ns2["y"] == [1, 2] and int(ns2["x"].sum()) == 4 << 20
+
+
+WORKER = textwrap.dedent("""
+    import builtins, os, sys
+    sys.path[:0] = [os.path.join(%(repo)r, "build", "py"), os.path.join(%(repo)r, "store", "py")]
+    import _llstore
+    from looseleaf_store import Checkpointer
+    st = _llstore.Store(%(rt)r, %(sid)r, pool_bytes=1 << 28)
+    ns = {"__name__": "__main__", "__builtins__": builtins}
+    cp = Checkpointer(st, ns)
+    r = cp.restore(["train"])
+    assert not r.failed and {"model", "opt", "train"} <= set(r.restored), r
+    assert ns["opt"].param_groups[0]["params"][0] is ns["model"][0].weight
+    ns["losses"] = [ns["train"]() for _ in range(3)]
+    rep = cp.save(["model", "opt", "losses"])
+    assert not rep.failed and rep.error is None, rep
+    print("worker", rep, flush=True)
+    st.close()
+""")
+
+
+def test_worker_process_restores_trains_and_saves(session, runtime_dir):
+    store = session(pool_bytes=1 << 28)
+    ns = {"__name__": "__main__", "__builtins__": builtins}
+    exec(textwrap.dedent("""
+        import torch
+        torch.manual_seed(3)
+        model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 1))
+        opt = torch.optim.Adam(model.parameters(), lr=0.05)
+        X = torch.randn(16, 5); Y = torch.randn(16, 1)
+        def train():
+            opt.zero_grad()
+            loss = ((model(X) - Y) ** 2).mean()
+            loss.backward()
+            opt.step()
+            return loss.item()
+        train()
+    """), ns)
+    cp = Checkpointer(store, ns)
+    rep = cp.save(["model", "opt", "X", "Y", "train"])
+    assert not rep.failed, rep
+    code = WORKER % {"repo": REPO, "rt": runtime_dir, "sid": session.session_id}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "worker" in p.stdout, (p.stdout, p.stderr)
+    expected = [ns["train"]() for _ in range(3)]  # the same steps, in this process
+    r = cp.restore(["model", "opt", "losses"])
+    assert not r.failed and {"model", "opt", "losses"} <= set(r.restored), r
+    assert ns["losses"] == expected
+    assert ns["opt"].param_groups[0]["params"][0] is ns["model"][0].weight
+    # the function restored earlier reads the namespace: it now trains the restored model
+    before = [p.clone() for p in ns["model"].parameters()]
+    ns["train"]()
+    assert any(not torch.equal(a, b) for a, b in zip(before, ns["model"].parameters()))
