@@ -183,6 +183,35 @@ static void s_test_vectors(bool verbose)
     }
 }
 
+/* RFC 4231 HMAC-SHA256 vectors, the data split over the four parts. */
+static void s_test_rfc4231(void)
+{
+    unsigned char big_key[131];
+    memset(big_key, 0xaa, sizeof big_key);
+    static const char data6[] = "Test Using Larger Than Block-Size Key - Hash Key First";
+    struct {
+        const unsigned char *key;
+        size_t key_len;
+        const char *data;
+        const char *hex;
+    } cases[] = {
+        {(const unsigned char *)"Jefe", 4, "what do ya want for nothing?",
+         "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"},
+        {big_key, sizeof big_key, data6,
+         "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ll_session_t *s = ll_session_new(cases[i].key, cases[i].key_len, "hmac-sha256", 16);
+        size_t n = strlen(cases[i].data), cut1 = n / 3, cut2 = n / 2;
+        const void *parts[4] = {cases[i].data, cases[i].data + cut1, cases[i].data + cut2,
+                                cases[i].data + n};
+        size_t lens[4] = {cut1, cut2 - cut1, n - cut2, 0};
+        char hex[65];
+        LL_CHECK(s && ll_session_sign(s, parts, lens, hex) == 0 && strcmp(hex, cases[i].hex) == 0);
+        ll_session_destroy(&s);
+    }
+}
+
 static void s_test_bad_input(void)
 {
     ll_session_t *session = ll_session_new(s_key, S_KEY_LEN, "hmac-sha256", 0);
@@ -711,6 +740,7 @@ static void s_test_fuzz(bool verbose)
 int ll_wire_selftest(bool verbose)
 {
     s_failures = 0;
+    s_test_rfc4231();
     s_test_vectors(verbose);
     s_test_bad_input();
     s_test_unsigned();
