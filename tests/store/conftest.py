@@ -5,6 +5,7 @@ runtime dir, stopped at the end); each test its own session id, whose keys and p
 afterwards.  `_llstore` is the real C store built at build/py (make all); nothing here fakes it.
 """
 import os
+import shutil
 import sys
 import tempfile
 import uuid
@@ -27,6 +28,7 @@ def runtime_dir():
     _llstore.start_redis(d)
     yield d
     _llstore.stop_redis(d)
+    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture
