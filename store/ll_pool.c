@@ -112,6 +112,7 @@ struct ll_pool_t {
     uint64_t me;              /* my slot word */
     pid_t pid;                /* process that opened this handle */
     uint32_t *counts;         /* my leases per region (process local) */
+    uint8_t *populated;       /* region backed and prefaulted in my mapping */
     pthread_mutex_t mu;       /* guards counts and my lease bits */
     _Atomic int refs;         /* this handle plus live mappings */
     char page_kind[16];       /* "hugetlb", "thp", "4k" */
@@ -266,7 +267,8 @@ static int s_fail(char *err, size_t errlen, const char *fmt, const char *a, int 
 }
 
 /* Initialise a new (empty) pool file: size, header, backing of the header. */
-static int s_init_file(int fd, size_t pool_bytes, const char *path, char *err, size_t errlen)
+static int s_init_file(int fd, size_t pool_bytes, const char *path, const char *kind,
+                       char *err, size_t errlen)
 {
     size_t nregions = pool_bytes / LL_POOL_REGION_BYTES;
     if (nregions == 0)
@@ -291,7 +293,10 @@ static int s_init_file(int fd, size_t pool_bytes, const char *path, char *err, s
     hdr->nregions = nregions;
     hdr->data_offset = data_offset;
     bool advise;
-    s_detect_kind(fd, hdr->page_kind, &advise);
+    if (kind)
+        snprintf(hdr->page_kind, sizeof hdr->page_kind, "%s", kind);
+    else
+        s_detect_kind(fd, hdr->page_kind, &advise);
     atomic_thread_fence(memory_order_seq_cst);
     memcpy(hdr->magic, S_MAGIC, 8); /* last: marks the pool usable */
     munmap(hdr, data_offset);
@@ -331,14 +336,8 @@ ll_pool_t *ll_pool_open(const char *path, size_t pool_bytes, char *err, size_t e
             goto out_free;
         }
         pool->is_memfd = true;
-        if (s_init_file(pool->fd, pool_bytes, path, err, errlen) != 0)
+        if (s_init_file(pool->fd, pool_bytes, path, want, err, errlen) != 0)
             goto out_close;
-        s_hdr_t *h = mmap(NULL, sizeof(s_hdr_t), PROT_READ | PROT_WRITE, MAP_SHARED, pool->fd, 0);
-        if (h != MAP_FAILED) {
-            snprintf(h->page_kind, sizeof h->page_kind, "%s",
-                     flags & MFD_HUGETLB ? "hugetlb" : strcmp(want, "thp") == 0 ? "thp" : "4k");
-            munmap(h, sizeof(s_hdr_t));
-        }
         pool->thp_advise = strcmp(want, "thp") == 0;
         created = true;
     } else {
@@ -364,7 +363,7 @@ ll_pool_t *ll_pool_open(const char *path, size_t pool_bytes, char *err, size_t e
             goto out_close;
         }
         if (st.st_size == 0) {
-            if (s_init_file(pool->fd, pool_bytes, path, err, errlen) != 0) {
+            if (s_init_file(pool->fd, pool_bytes, path, NULL, err, errlen) != 0) {
                 if (ftruncate(pool->fd, 0) != 0) {
                     /* nothing more to undo */
                 }
@@ -414,7 +413,8 @@ ll_pool_t *ll_pool_open(const char *path, size_t pool_bytes, char *err, size_t e
     if (strcmp(pool->page_kind, "thp") == 0)
         madvise(pool->data, pool->nregions * LL_POOL_REGION_BYTES, MADV_HUGEPAGE);
     pool->counts = calloc(pool->nregions, sizeof *pool->counts);
-    if (!pool->counts) {
+    pool->populated = calloc(pool->nregions, 1);
+    if (!pool->counts || !pool->populated) {
         snprintf(err, errlen, "out of memory");
         goto out_unmap;
     }
@@ -438,6 +438,7 @@ out_close:
         unlink(path);
 out_free:
     free(pool->counts);
+    free(pool->populated);
     free(pool->path);
     pthread_mutex_destroy(&pool->mu);
     free(pool);
@@ -459,6 +460,7 @@ static void s_pool_unref(ll_pool_t *pool)
     munmap(pool->base, pool->file_len);
     close(pool->fd);
     free(pool->counts);
+    free(pool->populated);
     free(pool->path);
     pthread_mutex_destroy(&pool->mu);
     free(pool);
@@ -556,9 +558,13 @@ int ll_pool_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind
             continue;
         }
         atomic_store(&pool->hdr->cursor, i + 1);
-        /* Back the region now so running out of memory is an error here. */
+        /* Back the region now so running out of memory is an error here.
+         * Pool pages are never given back, so once is enough per process
+         * (re-populating 512 present 4 KiB pages costs as much as the copy). */
         char *p = pool->data + (size_t)i * LL_POOL_REGION_BYTES;
         int rc = 0;
+        if (pool->populated[i])
+            goto backed;
         if (!pool->thp_advise)
             rc = posix_fallocate(pool->fd, (off_t)(pool->hdr->data_offset +
                                                    (size_t)i * LL_POOL_REGION_BYTES),
@@ -574,6 +580,8 @@ int ll_pool_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind
                      pool->path, strerror(rc));
             return -1;
         }
+        pool->populated[i] = 1;
+    backed:
         reg->idx = i;
         reg->gen = gen;
         reg->hash = 0;

@@ -42,10 +42,13 @@ const char *ll_store_errstr(ll_store_t *store);
 int ll_store_errkind(ll_store_t *store);
 
 /* Copy LEN bytes at DATA into the pool; with BASE_REF (a ref of an earlier
- * payload) regions whose hash matches are shared.  Returns a malloc'd ref
- * (caller frees) and the bytes copied in *WRITTEN, or NULL. */
+ * payload) regions whose hash matches are shared.  DIRTY (NULL, or one flag
+ * per region; needs BASE_REF of the same length) says which regions may
+ * have changed: the others are shared with the base without being hashed
+ * (the caller vouches for them).  Returns a malloc'd ref (caller frees) and
+ * the bytes copied in *WRITTEN, or NULL. */
 char *ll_store_put(ll_store_t *store, const void *data, size_t len, const char *base_ref,
-                   size_t *written);
+                   const uint8_t *dirty, size_t *written);
 
 /* Give back an uncommitted payload.  0, or -1 when REF is not pending. */
 int ll_store_discard(ll_store_t *store, const char *ref);

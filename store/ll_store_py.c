@@ -169,11 +169,48 @@ static PyObject *s_make_ref(const char *ref, size_t nbytes, size_t written)
     return r;
 }
 
+/* DIRTY_O (an iterable of region indices) as a flag per region of a payload
+ * of NBYTES; NULL with an exception on bad input. */
+static uint8_t *s_dirty_mask(PyObject *dirty_o, size_t nbytes)
+{
+    size_t n = (nbytes + LL_POOL_REGION_BYTES - 1) / LL_POOL_REGION_BYTES;
+    uint8_t *mask = calloc(n ? n : 1, 1);
+    PyObject *it = mask ? PyObject_GetIter(dirty_o) : NULL;
+    if (!mask) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    if (!it) {
+        free(mask);
+        return NULL;
+    }
+    PyObject *item;
+    while ((item = PyIter_Next(it))) {
+        Py_ssize_t i = PyNumber_AsSsize_t(item, PyExc_OverflowError);
+        Py_DECREF(item);
+        if (i == -1 && PyErr_Occurred())
+            break;
+        if (i < 0 || (size_t)i >= n) {
+            PyErr_Format(PyExc_ValueError, "dirty region %zd is out of range (payload has %zu)",
+                         i, n);
+            break;
+        }
+        mask[i] = 1;
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred()) {
+        free(mask);
+        return NULL;
+    }
+    return mask;
+}
+
 static PyObject *Store_put_payload(StoreObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"buffer", "base", NULL};
-    PyObject *obj, *base_o = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:put_payload", kwlist, &obj, &base_o))
+    static char *kwlist[] = {"buffer", "base", "dirty", NULL};
+    PyObject *obj, *base_o = Py_None, *dirty_o = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OO:put_payload", kwlist, &obj, &base_o,
+                                     &dirty_o))
         return NULL;
     if (s_check_open(self) != 0)
         return NULL;
@@ -192,15 +229,28 @@ static PyObject *Store_put_payload(StoreObject *self, PyObject *args, PyObject *
                             "put_payload needs a C-contiguous buffer, not %.100s",
                             Py_TYPE(obj)->tp_name);
     }
+    uint8_t *dirty = NULL;
+    if (dirty_o != Py_None) {
+        if (!base) {
+            PyBuffer_Release(&view);
+            return PyErr_Format(PyExc_ValueError, "dirty needs a base");
+        }
+        dirty = s_dirty_mask(dirty_o, (size_t)view.len);
+        if (!dirty) {
+            PyBuffer_Release(&view);
+            return NULL;
+        }
+    }
     Py_INCREF(base_o); /* keeps BASE's UTF-8 alive without the GIL */
     size_t written = 0;
     char *ref;
     Py_BEGIN_ALLOW_THREADS
-    ref = ll_store_put(self->st, view.buf, (size_t)view.len, base, &written);
+    ref = ll_store_put(self->st, view.buf, (size_t)view.len, base, dirty, &written);
     Py_END_ALLOW_THREADS
     size_t nbytes = (size_t)view.len;
     PyBuffer_Release(&view);
     Py_DECREF(base_o);
+    free(dirty);
     if (!ref)
         return s_raise(self);
     PyObject *r = s_make_ref(ref, nbytes, written);
@@ -592,7 +642,7 @@ static PyObject *Store_stats(StoreObject *self, PyObject *unused)
 
 static PyMethodDef Store_methods[] = {
     {"put_payload", (PyCFunction)(void (*)(void))Store_put_payload, METH_VARARGS | METH_KEYWORDS,
-     "put_payload(buffer, base=None) -> PayloadRef: copy a buffer into the pool"},
+     "put_payload(buffer, base=None, dirty=None) -> PayloadRef: copy a buffer into the pool"},
     {"map_payload", (PyCFunction)(void (*)(void))Store_map_payload, METH_VARARGS | METH_KEYWORDS,
      "map_payload(ref, writable=False) -> memoryview of the payload (no copy)"},
     {"commit", (PyCFunction)(void (*)(void))Store_commit, METH_VARARGS | METH_KEYWORDS,

@@ -1,17 +1,22 @@
 # store/: the checkpoint store's C half (owned by the store-C engineer):
 # payload pool, Redis metadata, the _llstore Python extension, its tests and
 # benchmark.  See store/API.md.
-STORE_SRCS := store/ll_pool.c store/ll_redis.c store/ll_store.c store/ll_store_py.c
+STORE_SRCS := store/ll_pool.c store/ll_redis.c store/ll_store.c store/ll_store_py.c \
+              store/ll_hash.c store/ll_hash_avx2.c
 LIB_SRCS   += $(STORE_SRCS)
 SELFTESTS  += ll_pool ll_store
 PYTESTS    += tests/store_c
+BENCHES    += $(BUILD)/ll_store_bench
 
 # The same sources as a standalone extension module for /usr/bin/python3
 # (tests put build/py on sys.path).  Objects built apart: -DLL_STORE_PY_STANDALONE.
 STORE_PYEXT   := $(BUILD)/py/_llstore.cpython-311-x86_64-linux-gnu.so
 STORE_PY_OBJS := $(patsubst %.c,$(BUILD)/pyext/%.o,$(STORE_SRCS) proto/ll_log.c)
 STORE_PY_LIBS := $(shell pkg-config --libs hiredis libxxhash jansson) -lpthread
-EXTRA_TARGETS += $(STORE_PYEXT)
+EXTRA_TARGETS += $(STORE_PYEXT) $(BUILD)/ll_store_bench
+
+# Only this file may use AVX2 instructions; ll_hash.c checks the CPU first.
+$(BUILD)/store/ll_hash_avx2.o $(BUILD)/pyext/store/ll_hash_avx2.o: CFLAGS += -mavx2
 
 $(BUILD)/pyext/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -21,5 +26,5 @@ $(STORE_PYEXT): $(STORE_PY_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -shared -o $@ $^ $(STORE_PY_LIBS)
 
-$(BUILD)/ll_store_bench: $(BUILD)/store/ll_store_bench.o $(LIB_OBJS)
+$(BUILD)/ll_store_bench: $(BUILD)/store/ll_store_bench.o $(patsubst %.c,$(BUILD)/%.o,$(STORE_SRCS) proto/ll_log.c)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)

@@ -305,3 +305,23 @@ def test_default_pool_is_shared_by_runtime_dir_and_session(runtime_dir, redis_ur
         a.close()
         b.close()
     assert not os.path.exists(pa)
+
+
+def test_put_with_dirty_regions_shares_the_rest_unhashed(store):
+    a = np.zeros(6 * R, np.uint8)
+    base = store.put_payload(a)
+    a[2 * R + 1] = 5  # region 2 changed
+    a[4 * R] = 7      # region 4 changed but not declared: the caller vouched, so it is shared
+    r = store.put_payload(a, base=base, dirty=[2, 3])
+    assert r.written == R  # region 3 was hashed and found unchanged
+    got = np.frombuffer(store.map_payload(r), np.uint8)
+    assert got[2 * R + 1] == 5 and got[4 * R] == 0
+    assert store.put_payload(a, base=base, dirty=[]).written == 0
+    with pytest.raises(ValueError, match="out of range"):
+        store.put_payload(a, base=base, dirty=[6])
+    with pytest.raises(ValueError, match="same length"):
+        store.put_payload(a[:-1], base=base, dirty=[0])
+    with pytest.raises(ValueError, match="needs a base"):
+        store.put_payload(a, dirty=[0])
+    with pytest.raises(TypeError):
+        store.put_payload(a, base=base, dirty=["x"])
