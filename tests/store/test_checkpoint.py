@@ -4,6 +4,7 @@ Each test plays a notebook: cells are exec'd in a namespace dict (module __main_
 variables are saved from it and restored - separately, as GPU workers do - into fresh namespaces.
 """
 import builtins
+import os
 import socket
 import textwrap
 import threading
@@ -567,3 +568,29 @@ def test_bad_arguments_are_clear_errors(store):
         cp.restore([1])
     with pytest.raises(TypeError, match="namespace must be a dict"):
         Checkpointer(store, [])
+
+
+def test_untouched_restored_payload_is_committed_without_a_put(store):
+    if not os.access("/proc/self/pagemap", os.R_OK):
+        pytest.skip("no /proc/self/pagemap here: restored payloads are hashed instead")
+    ns, cp = fresh(store)
+    ns["w"] = np.arange(16 * MiB // 8, dtype=np.float64)
+    save_ok(cp, ["w"])
+    ns2, cp2 = fresh(store)
+    restore_ok(cp2, ["w"])
+    float(ns2["w"].sum())  # reading maps pages in; only writing makes them this process's own
+    puts = store.stats()["puts"]
+    rep = save_ok(cp2, ["w"])
+    assert rep.unchanged == ["w"] and store.stats()["puts"] == puts  # not even hashed
+    from looseleaf_store import pagemap
+    addr = ns2["w"].__array_interface__["data"][0]
+    assert pagemap.written_regions(addr, ns2["w"].nbytes, 2 * MiB) == []
+    ns2["w"][(2 * MiB + 8) // 8] = -1.0
+    ns2["w"][(10 * MiB) // 8 + 3] = -2.0
+    assert pagemap.written_regions(addr, ns2["w"].nbytes, 2 * MiB) == [1, 5]
+    rep = save_ok(cp2, ["w"])
+    assert rep.bytes_written == 2 * 2 * MiB and "w" in rep.saved
+    ns3, cp3 = fresh(store)
+    restore_ok(cp3, ["w"])
+    assert ns3["w"][(2 * MiB + 8) // 8] == -1.0 and ns3["w"][(10 * MiB) // 8 + 3] == -2.0
+    assert ns3["w"][0] == 0.0 and ns3["w"][-1] == 16 * MiB // 8 - 1
