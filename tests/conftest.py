@@ -20,7 +20,9 @@ import tempfile
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LOOSELEAF_BIN = os.path.join(REPO, "build", "looseleaf")
+# LL_TEST_LOOSELEAF runs the suite against another build of the kernel (e.g. a
+# snapshot while the tree is being rebuilt); the default is the tree's own.
+LOOSELEAF_BIN = os.environ.get("LL_TEST_LOOSELEAF", os.path.join(REPO, "build", "looseleaf"))
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 def _kernelspecs():

@@ -1,6 +1,7 @@
 # Integration tests, examples and the kernel benchmark (integration-test engineer).
 #
-# tests/integration/ starts real kernels through jupyter_client and compares
-# looseleaf with ipykernel.  A test file is listed here only once it passes
-# against looseleaf (LL_TEST_KERNELS=looseleaf narrows a run to it); the rest
-# stay out of `make test` until the kernel can pass them.
+# tests/integration/test_int_*.py start real kernels through jupyter_client
+# and compare looseleaf with ipykernel (LL_TEST_KERNELS=looseleaf narrows a
+# run to ours; LL_TEST_LOOSELEAF points the suite at another build).  A test
+# file is listed here only once it passes against looseleaf.
+PYTESTS += $(sort $(wildcard tests/integration/test_int_*.py))

@@ -15,7 +15,7 @@ from jupyter_client import KernelManager
 
 ALL_KERNELS = ("looseleaf", "python3")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LOOSELEAF_BIN = os.path.join(REPO, "build", "looseleaf")
+LOOSELEAF_BIN = os.environ.get("LL_TEST_LOOSELEAF", os.path.join(REPO, "build", "looseleaf"))
 
 # Generous bounds: the suite runs on 2 shared cores next to other builds.
 START_TIMEOUT = 60
@@ -171,7 +171,15 @@ class Kernel:
         content = {"code": code, "silent": False, "store_history": True,
                    "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}
         content.update(kw)
-        return self.request("execute_request", content, timeout=timeout)
+        reply, msgs = self.request("execute_request", content, timeout=timeout)
+        if reply["content"]["status"] == "aborted" and self.name.startswith("python3"):
+            # ipykernel 6.17 races after an error: a request sent right after
+            # the failing one's idle is sometimes aborted as if it had been
+            # queued behind it.  The reference is given a second try so tests
+            # compare behaviour, not this race; looseleaf gets no second try
+            # (test_int_execute.py tests it never does this).
+            reply, msgs = self.request("execute_request", content, timeout=timeout)
+        return reply, msgs
 
     def run_ok(self, code, timeout=REPLY_TIMEOUT, **kw):
         """Run CODE, assert it succeeded; returns the iopub messages."""
@@ -184,6 +192,7 @@ class Kernel:
         """text/plain of EXPR evaluated in the kernel (through user_expressions)."""
         reply, _ = self.execute("", silent=True, store_history=False,
                                 user_expressions={"v": expr})
+        assert reply["content"]["status"] == "ok", "%s: %r: %s" % (self.name, expr, reply["content"])
         res = reply["content"]["user_expressions"]["v"]
         assert res["status"] == "ok", "%s: %r: %s" % (self.name, expr, res)
         return res["data"]["text/plain"]

@@ -15,7 +15,6 @@ ERRORS = {
     "library_frame": ("import json\njson.loads('{bad')", "JSONDecodeError"),
     "custom_class": ("class MyErr(Exception):\n    pass\nraise MyErr('mine', 2)", "MyErr"),
     "keyboard_interrupt_raised": ("raise KeyboardInterrupt", "KeyboardInterrupt"),
-    "system_exit": ("raise SystemExit(3)", None),
 }
 
 
@@ -60,3 +59,16 @@ def test_error_in_silent_cell_is_not_published(kernel, reference):
     ref_reply, ref = reference.execute("1/0", silent=True)
     assert mine_reply["content"]["status"] == ref_reply["content"]["status"] == "error"
     assert normalized(mine) == normalized(ref)
+
+
+def test_system_exit_keeps_kernel(kernel, reference):
+    """`raise SystemExit` in a cell does not end the kernel (IPython catches it
+    and warns on stderr; the warning is shown once per process, so only the
+    reply is compared)."""
+    pid = kernel.pid
+    mine, _ = kernel.execute("raise SystemExit(3)")
+    ref, _ = reference.execute("raise SystemExit(3)")
+    assert mine["content"]["status"] == ref["content"]["status"]
+    assert mine["content"].get("ename") == ref["content"].get("ename")
+    assert kernel.eval_text("'alive'") == "'alive'"
+    assert kernel.pid == pid and kernel.km.is_alive()

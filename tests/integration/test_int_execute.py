@@ -2,6 +2,8 @@
 header, execution_count, silent, store_history, user_expressions, allow_stdin
 and stop_on_error aborting the queued requests (protocol 5.3; behaviour
 checked against ipykernel by running every test on it too)."""
+import pytest
+
 from itest_util import check_envelope, of_type, stream_text, types
 
 
@@ -105,14 +107,16 @@ def _queue(kernel, codes, **kw):
     return replies, iopubs
 
 
-# The first cell spins until the test's other requests are surely queued
-# behind it: it waits for a file the test never creates, but only briefly, so
-# that "queued" holds without relying on timing of the test's own sends
-# (they are sent before the first request can even be read).
+# The queue tests run on a kernel of their own, so that no earlier test's
+# error can leave anything behind.
+# The first cell runs 0.5 s before it fails: the requests the test sends
+# right behind it (microseconds later, over loopback) are then queued in the
+# kernel while it runs, which is the situation stop_on_error is about.
 FAIL_SLOWLY = "import time\ntime.sleep(0.5)\nraise ValueError('boom')"
 
 
-def test_stop_on_error_aborts_queue(kernel):
+def test_stop_on_error_aborts_queue(fresh_kernel):
+    kernel = fresh_kernel
     replies, iopubs = _queue(kernel, [FAIL_SLOWLY, "print('must not run')", "print('nor this')"])
     assert replies[0]["content"]["status"] == "error"
     assert replies[0]["content"]["ename"] == "ValueError"
@@ -126,14 +130,34 @@ def test_stop_on_error_aborts_queue(kernel):
     assert stream_text(msgs) == "runs again\n"
 
 
-def test_stop_on_error_false_runs_queue(kernel):
+def test_request_after_error_not_aborted(kernel):
+    """Only requests queued while the failing cell ran are aborted: one sent
+    after its reply and idle arrived runs (ipykernel: stop_on_error_timeout
+    0).  Repeated, because a kernel that aborts for a while after the error
+    fails this only when the next request arrives in that window."""
+    if kernel.name == "python3":
+        # ipykernel 6.17 itself races here (its stop-aborting callback can be
+        # scheduled after a request that arrives right after the idle); we
+        # hold looseleaf to the better behaviour.
+        pytest.skip("ipykernel 6.17 sometimes aborts a request sent after the error's idle")
+    for i in range(20):
+        reply, _ = kernel.execute("1/0")
+        assert reply["content"]["status"] == "error"
+        reply, msgs = kernel.execute("print('next')")
+        assert reply["content"]["status"] == "ok", "round %d: %s" % (i, reply["content"])
+        assert stream_text(msgs) == "next\n"
+
+
+def test_stop_on_error_false_runs_queue(fresh_kernel):
+    kernel = fresh_kernel
     replies, iopubs = _queue(kernel, [FAIL_SLOWLY, "print('runs')"], stop_on_error=False)
     assert replies[0]["content"]["status"] == "error"
     assert replies[1]["content"]["status"] == "ok"
     assert stream_text(iopubs[1]) == "runs\n"
 
 
-def test_silent_error_does_not_abort_queue(kernel):
+def test_silent_error_does_not_abort_queue(fresh_kernel):
+    kernel = fresh_kernel
     ids = [kernel.send("execute_request", {"code": FAIL_SLOWLY, "silent": True, "store_history": False,
                                            "user_expressions": {}, "allow_stdin": False}),
            kernel.send("execute_request", {"code": "print('runs')", "silent": False,
@@ -147,7 +171,8 @@ def test_silent_error_does_not_abort_queue(kernel):
     assert stream_text(m1) == "runs\n"
 
 
-def test_non_execute_requests_not_aborted(kernel):
+def test_non_execute_requests_not_aborted(fresh_kernel):
+    kernel = fresh_kernel
     """Only execute requests are aborted after an error (as ipykernel does)."""
     first = kernel.send("execute_request", {"code": FAIL_SLOWLY, "silent": False, "store_history": True,
                                             "user_expressions": {}, "allow_stdin": False,
