@@ -344,6 +344,13 @@ class Checkpointer:
                     rep.failed[n] = rep.error
                 rep.seconds = time.perf_counter() - t0
                 return rep
+        committed = {r for w in writes.values() for r in w[1]}
+        for r in fresh:
+            if str(r) not in committed:
+                try:
+                    self.store.discard(r)  # a hold that only kept a base's regions alive
+                except Exception:
+                    pass
         for n in deletes:
             self._graph.pop(n, None)
             rep.deleted.append(n)
@@ -368,7 +375,13 @@ class Checkpointer:
                 return self.store.put_payload(buf, base=base, dirty=dirty)
             except TypeError:
                 self._put_dirty = False  # an _llstore without region hints: hash every region
-        return self.store.put_payload(buf, base=base)
+        try:
+            return self.store.put_payload(buf, base=base)
+        except Exception as e:
+            if base is None or type(e).__name__ != "PayloadGoneError":
+                raise
+            # The base was superseded by another process's commit and reclaimed: write it all.
+            return self.store.put_payload(buf)
 
     def _payload_buffer(self, meta, obj):
         if meta[0] != "s":
@@ -401,7 +414,9 @@ class Checkpointer:
                     continue
                 r = self._put(buf, base, dirty)
                 if base is not None and r.written == 0:
-                    self.store.discard(r)
+                    # Same bytes as the committed base: commit the base ref (no new version), and keep
+                    # holding r, which shares its regions, until the commit so they cannot be reclaimed.
+                    new.append(r)
                     out.append(base)
                     continue
                 new.append(r)
