@@ -72,7 +72,7 @@ static struct {
     bool control_started, hb_started;
     json_t *kernel_info;        /* cached kernel_info_reply content; read-only once set */
     long long exec_count;       /* last execution_count the interpreter replied; main thread */
-    bool abort_queued;          /* an execute failed with stop_on_error; main thread */
+    zlist_t *to_abort;          /* raw shell messages queued when an execute failed; main thread */
     atomic_bool allow_stdin;    /* of the execute_request now running */
     atomic_bool shutdown;       /* a shutdown_request was answered */
     volatile sig_atomic_t terminate; /* SIGTERM arrived */
@@ -211,18 +211,47 @@ static void s_on_shutdown(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
     s_request_shutdown();
 }
 
+/* Hand REQ to the interpreter: content, header and metadata as JSON text,
+ * binary buffers (comm messages from widgets) as they came.  Returns the
+ * reply text (malloc'd) or NULL; *MD_TEXT gets reply metadata or NULL. */
+static char *s_interp_call(const ll_msg_t *req, char **md_text)
+{
+    enum { S_MAX_BUFS = 64 };
+    const void *bufs[S_MAX_BUFS];
+    size_t lens[S_MAX_BUFS];
+    size_t nbufs = 0;
+    *md_text = NULL;
+    if (req->buffers)
+        for (zframe_t *f = zmsg_first(req->buffers); f && nbufs < S_MAX_BUFS;
+             f = zmsg_next(req->buffers)) {
+            bufs[nbufs] = zframe_data(f);
+            lens[nbufs++] = zframe_size(f);
+        }
+    if (req->buffers && zmsg_size(req->buffers) > S_MAX_BUFS)
+        ll_warn("kernel", "%s carries %zu buffers; only the first %d are passed on", req->msg_type,
+                zmsg_size(req->buffers), S_MAX_BUFS);
+    char *content = json_dumps(req->content, JSON_COMPACT);
+    char *header = json_dumps(req->header, JSON_COMPACT);
+    char *metadata = req->metadata ? json_dumps(req->metadata, JSON_COMPACT) : NULL;
+    char *reply = NULL;
+    if (content && header)
+        reply = ll_interp_handle_ex(req->msg_type, content, header, metadata, bufs, lens, nbufs,
+                                    md_text);
+    else
+        ll_error("kernel", "cannot serialize a %.64s for the interpreter", req->msg_type);
+    free(content);
+    free(header);
+    free(metadata);
+    return reply;
+}
+
 /* Forward a request to the interpreter and send its reply, if it has one. */
 static void s_on_interp(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
 {
     char reply_type[96];
     bool has_reply = s_reply_type(req->msg_type, reply_type, sizeof reply_type);
-    char *content = json_dumps(req->content, JSON_COMPACT);
-    char *header = json_dumps(req->header, JSON_COMPACT);
     char *md_text = NULL;
-    char *reply_text =
-        content && header ? ll_interp_handle(req->msg_type, content, header, &md_text) : NULL;
-    free(content);
-    free(header);
+    char *reply_text = s_interp_call(req, &md_text);
     s_collect_output();
     if (!has_reply) {
         free(reply_text);
@@ -248,17 +277,32 @@ static void s_on_interp(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
 
 static void s_dispatch(ll_msg_t *req, s_chan_t chan, zsock_t *sock);
 
-/* After an error with stop_on_error: answer every execute_request already
- * queued on shell "aborted" (ipykernel drains what is queued at that moment);
- * other requests in the queue are served normally, in order. */
-static void s_abort_queued(void)
+/* After an error with stop_on_error, every execute_request already queued
+ * on shell is answered "aborted" (ipykernel drains what is queued at that
+ * moment).  "That moment" is before the error reply leaves: a request the
+ * client sends after seeing the reply must run, so the queue is taken here
+ * and answered after the failing request's idle (s_abort_taken). */
+static void s_take_queue(void)
+{
+    if (!s_k.to_abort && !(s_k.to_abort = zlist_new()))
+        return;
+    zmsg_t *raw;
+    while ((raw = zmsg_recv(s_k.shell))) /* receive timeout 0: never waits */
+        zlist_append(s_k.to_abort, raw);
+}
+
+/* Execute requests in the taken queue get "aborted" (with busy/idle); other
+ * requests in it are served normally, in order. */
+static void s_abort_taken(void)
 {
     char why[256];
     int aborted = 0;
-    while (!atomic_load(&s_k.shutdown) && !s_k.terminate) {
-        zmsg_t *raw = zmsg_recv(s_k.shell); /* receive timeout 0: never waits */
-        if (!raw)
-            break;
+    zmsg_t *raw;
+    while (s_k.to_abort && (raw = zlist_pop(s_k.to_abort))) {
+        if (atomic_load(&s_k.shutdown) || s_k.terminate) {
+            zmsg_destroy(&raw);
+            continue;
+        }
         ll_msg_t *req = ll_session_decode(s_k.session, &raw, why, sizeof why);
         if (!req) {
             ll_warn("kernel", "dropped a message on shell: %s", why);
@@ -273,7 +317,7 @@ static void s_abort_queued(void)
             ll_iopub_status(s_k.iopub, "idle", req);
             aborted++;
         } else {
-            s_dispatch(req, S_SHELL, s_k.shell); /* cannot set abort_queued: not an execute */
+            s_dispatch(req, S_SHELL, s_k.shell); /* not an execute: cannot take the queue again */
         }
         ll_msg_destroy(&req);
     }
@@ -302,13 +346,8 @@ static void s_on_execute(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
      * execution_count before the cell runs. */
     char started[64];
     s_now_iso(started);
-    char *ctext = json_dumps(content, JSON_COMPACT);
-    char *htext = json_dumps(req->header, JSON_COMPACT);
     char *md_text = NULL;
-    char *reply_text = ctext && htext ? ll_interp_handle("execute_request", ctext, htext, &md_text)
-                                      : NULL;
-    free(ctext);
-    free(htext);
+    char *reply_text = s_interp_call(req, &md_text);
     s_collect_output();
 
     json_error_t jerr;
@@ -338,12 +377,9 @@ static void s_on_execute(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
                              "engine", ll_session_id(s_k.session), "status", status);
     json_object_update_missing(md, ours);
     json_decref(ours);
-    bool failed = strcmp(status, "error") == 0;
+    if (strcmp(status, "error") == 0 && stop_on_error && !silent)
+        s_take_queue();
     s_send_reply(sock, req, "execute_reply", reply, md);
-
-    /* The queue is aborted after this request's idle, as ipykernel orders it. */
-    if (failed && stop_on_error && !silent)
-        s_k.abort_queued = true;
 }
 
 /* The dispatch table: every request type the kernel serves and where. */
@@ -673,10 +709,7 @@ static void s_shell_loop(void)
         ll_debug("kernel", "shell: %s", req->msg_type);
         s_dispatch(req, S_SHELL, s_k.shell);
         ll_msg_destroy(&req);
-        if (s_k.abort_queued) {
-            s_k.abort_queued = false;
-            s_abort_queued();
-        }
+        s_abort_taken(); /* after the failing request's idle, as ipykernel orders it */
     }
 }
 
@@ -703,6 +736,10 @@ static void s_teardown(bool interp_started)
     ll_session_destroy(&s_k.session);
     json_decref(s_k.kernel_info);
     s_k.kernel_info = NULL;
+    zmsg_t *left;
+    while (s_k.to_abort && (left = zlist_pop(s_k.to_abort)))
+        zmsg_destroy(&left);
+    zlist_destroy(&s_k.to_abort);
     for (int *fd = &s_k.wake_fd; fd <= &s_k.stop_fd; fd++)
         if (*fd >= 0) {
             close(*fd);
@@ -717,7 +754,7 @@ int ll_kernel_run(const char *connection_file)
     ll_log_init('G');
 
     if (ll_conn_load(connection_file, &s_k.conn, err, sizeof err) < 0) {
-        fprintf(stderr, "looseleaf: bad connection file %s: %s\n", connection_file, err);
+        fprintf(stderr, "looseleaf: %s\n", err);
         return 1;
     }
     if (s_k.conn.key_len == 0)
