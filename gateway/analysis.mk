@@ -24,3 +24,4 @@ $(ANALYSIS_BENCH): $(BUILD)/tests/bench/bench_analysis.o $(ANALYSIS_OBJS)
 EXTRA_TARGETS += $(ANALYZE_BIN) $(ANALYSIS_BENCH)
 
 PYTESTS   += tests/analysis/test_corpus.py tests/analysis/test_soundness.py
+BENCHES   += tests/bench/bench_analysis.py

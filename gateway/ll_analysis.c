@@ -126,6 +126,8 @@ struct ll_analysis_t {
     size_t nimports, capimports;
     /* facts for callers (derived from the events) */
     ll_names_t defs, reads, mutates, deletes, packages;
+    bool reads_done;      /* reads are computed on first use (a replay) */
+    ll_names_t loaded;    /* names LOADed or read by a body anywhere */
     int *funcs;           /* indexes of the named groups, in order */
     size_t nfuncs;
     int *block_parent;    /* conditional blocks: parent of each (0 = cell) */
@@ -162,9 +164,21 @@ static void s_walk_body(s_walker_t *w, PyObject *list);
 static void s_scan(s_walker_t *w, PyObject *node, s_scope_t *sc, bool comp);
 static void s_walk_code(s_walker_t *w, const char *code, bool as_function);
 
-/* A new reference to NODE.ATTR, or NULL (no exception left set). */
+/* A new reference to NODE.ATTR, or NULL (no exception left set).  AST
+ * nodes keep their fields in their instance dict, and ATTR is an interned
+ * string with its hash cached, so one dict lookup replaces the generic
+ * attribute protocol (type MRO walk first): the walk's hottest call. */
 static PyObject *s_get(PyObject *node, PyObject *attr)
 {
+    PyObject **dictp = _PyObject_GetDictPtr(node);
+    if (dictp && *dictp) {
+        PyObject *v = PyDict_GetItemWithError(*dictp, attr);
+        if (v) {
+            Py_INCREF(v);
+            return v;
+        }
+        PyErr_Clear();
+    }
     PyObject *v = PyObject_GetAttr(node, attr);
     if (!v)
         PyErr_Clear();
@@ -1819,8 +1833,14 @@ static int s_facts(ll_analysis_t *a)
         if (rc < 0)
             return -1;
     }
+    for (size_t i = 0; i < a->nev; i++)
+        if (a->ev[i].type == LL_EV_LOAD &&
+            ll_names_add(&a->loaded, a->ev[i].name) < 0)
+            return -1;
     for (size_t i = 0; i < a->ngroups; i++) {
         ll_group_t *g = &a->groups[i];
+        if (ll_names_union(&a->loaded, &g->globals) < 0)
+            return -1;
         for (size_t k = 0; k < g->globals.count; k++)
             if (!ll_analysis_is_builtin(g->globals.items[k]) &&
                 ll_names_add(&g->shown, g->globals.items[k]) < 0)
@@ -1833,7 +1853,7 @@ static int s_facts(ll_analysis_t *a)
         if (pkg && ll_names_add(&a->packages, pkg) < 0)
             return -1;
     }
-    return ll_analysis_compute_reads(a, &a->reads);
+    return 0;
 }
 
 static void s_set_error(ll_analysis_t *a, const char *msg)
@@ -1965,6 +1985,7 @@ void ll_analysis_destroy(ll_analysis_t **self_p)
     ll_names_clear(&a->mutates);
     ll_names_clear(&a->deletes);
     ll_names_clear(&a->packages);
+    ll_names_clear(&a->loaded);
     free(a->funcs);
     free(a->block_parent);
     free(a);
@@ -1980,13 +2001,28 @@ static ll_analysis_strs_t s_strs(const ll_names_t *n)
 
 const char *ll_analysis_error(const ll_analysis_t *self) { return self->error; }
 ll_analysis_strs_t ll_analysis_defs(const ll_analysis_t *self) { return s_strs(&self->defs); }
-ll_analysis_strs_t ll_analysis_reads(const ll_analysis_t *self) { return s_strs(&self->reads); }
+ll_analysis_strs_t ll_analysis_reads(const ll_analysis_t *self)
+{
+    /* Callers that only want closures never pay for this replay.  The
+     * object is logically const: reads are a function of the events. */
+    ll_analysis_t *a = (ll_analysis_t *)self;
+    if (!a->reads_done && !a->error) {
+        if (ll_analysis_compute_reads(a, &a->reads) != 0)
+            ll_names_clear(&a->reads);
+        a->reads_done = true;
+    }
+    return s_strs(&a->reads);
+}
 ll_analysis_strs_t ll_analysis_mutates(const ll_analysis_t *self) { return s_strs(&self->mutates); }
 ll_analysis_strs_t ll_analysis_deletes(const ll_analysis_t *self) { return s_strs(&self->deletes); }
 ll_analysis_strs_t ll_analysis_imports(const ll_analysis_t *self) { return s_strs(&self->packages); }
 size_t ll_analysis_function_count(const ll_analysis_t *self) { return self->nfuncs; }
 bool ll_analysis_is_opaque(const ll_analysis_t *self) { return self->opaque; }
 bool ll_analysis_opaque_flag(const ll_analysis_t *self) { return self->opaque; }
+bool ll_analysis_may_load(const ll_analysis_t *self, const char *name)
+{
+    return ll_names_has(&self->loaded, name);
+}
 int ll_analysis_forced_label(const ll_analysis_t *self) { return self->forced; }
 
 const char *ll_analysis_function_name(const ll_analysis_t *self, size_t i)
@@ -2047,6 +2083,7 @@ json_t *ll_analysis_json(const ll_analysis_t *self)
     if (self->error)
         return o;
     json_object_set_new(o, "defs", s_json_list(&self->defs));
+    ll_analysis_reads(self);
     json_object_set_new(o, "reads", s_json_list(&self->reads));
     json_object_set_new(o, "mutates", s_json_list(&self->mutates));
     json_object_set_new(o, "deletes", s_json_list(&self->deletes));

@@ -27,6 +27,8 @@ typedef struct {
     size_t cap;       /* allocated slots in items */
     uint32_t *index;  /* open-addressing table of item index + 1 (0 = empty) */
     size_t icap;      /* slots in index, a power of two (0 = no table yet) */
+    bool borrow;      /* items are borrowed, not copied: the caller keeps the
+                         strings alive as long as the set (replay scratch) */
 } ll_names_t;
 
 /* Add NAME (copied) unless present.  Returns 1 if added, 0 if present, -1 on
@@ -36,6 +38,8 @@ bool ll_names_has(const ll_names_t *self, const char *name);
 /* Add every item of OTHER.  0 or -1. */
 int ll_names_union(ll_names_t *self, const ll_names_t *other);
 void ll_names_clear(ll_names_t *self);
+/* Empty the set but keep its memory for reuse. */
+void ll_names_reset(ll_names_t *self);
 /* Index of NAME or -1. */
 long ll_names_find(const ll_names_t *self, const char *name);
 /* Remove NAME if present (keeps the order of the others). */
@@ -99,6 +103,9 @@ const ll_ev_t *ll_analysis_events(const ll_analysis_t *self, size_t *count);
 const ll_group_t *ll_analysis_group(const ll_analysis_t *self, int index);
 const ll_import_t *ll_analysis_import(const ll_analysis_t *self, int index);
 bool ll_analysis_opaque_flag(const ll_analysis_t *self);
+/* Whether the cell may look NAME up after binding it: a LOAD event or a
+ * body global of one of its functions or lambdas. */
+bool ll_analysis_may_load(const ll_analysis_t *self, const char *name);
 /* Whether conditional block OUTER is INNER or encloses it: a binding made in
  * OUTER earlier in the cell is certainly done when code in INNER runs.
  * Block -1 encloses nothing. */

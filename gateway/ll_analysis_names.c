@@ -70,7 +70,7 @@ int ll_names_add(ll_names_t *self, const char *name)
         self->items = items;
         self->cap = cap;
     }
-    char *copy = strdup(name);
+    char *copy = self->borrow ? (char *)name : strdup(name);
     if (!copy)
         return -1;
     self->items[self->count++] = copy;
@@ -79,7 +79,9 @@ int ll_names_add(ll_names_t *self, const char *name)
         while (self->count * 2 > icap)
             icap *= 2;
         if (s_reindex(self, icap) != 0) {
-            free(self->items[--self->count]);
+            self->count--;
+            if (!self->borrow)
+                free(self->items[self->count]);
             return -1;
         }
     }
@@ -107,7 +109,8 @@ void ll_names_remove(ll_names_t *self, const char *name)
     long at = ll_names_find(self, name);
     if (at < 0)
         return;
-    free(self->items[at]);
+    if (!self->borrow)
+        free(self->items[at]);
     memmove(self->items + at, self->items + at + 1,
             (self->count - (size_t)at - 1) * sizeof *self->items);
     self->count--;
@@ -121,11 +124,22 @@ void ll_names_remove(ll_names_t *self, const char *name)
 
 void ll_names_clear(ll_names_t *self)
 {
-    for (size_t i = 0; i < self->count; i++)
+    bool borrow = self->borrow;
+    for (size_t i = 0; !borrow && i < self->count; i++)
         free(self->items[i]);
     free(self->items);
     free(self->index);
     memset(self, 0, sizeof *self);
+    self->borrow = borrow;
+}
+
+void ll_names_reset(ll_names_t *self)
+{
+    for (size_t i = 0; !self->borrow && i < self->count; i++)
+        free(self->items[i]);
+    self->count = 0;
+    if (self->icap)
+        memset(self->index, 0, self->icap * sizeof *self->index);
 }
 
 static int s_cmp(const void *a, const void *b)

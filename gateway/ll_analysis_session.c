@@ -166,6 +166,7 @@ typedef struct {
     /* the current unit (top-level statement) */
     ll_names_t uprov, udeps, umut, pending_gwrites;
     s_binding_t **ubinds;
+    const char **ubinds_names; /* the names ubinds[i] were bound to */
     size_t nubinds, capubinds;
     const void **visited;     /* open-addressing set of bindings */
     size_t nvisited, capvisited;
@@ -265,9 +266,9 @@ static void s_visit(s_sim_t *sim, const char *name, s_binding_t *b,
         s_add(sim, &sim->state, name);
     if (s_visited(sim, b))
         return;
+    /* Its prov and deps reach the unit's new bindings in s_end_unit, from
+     * the visited set, and only when something will use them. */
     s_union(sim, &sim->paths, &b->prov);
-    s_union(sim, &sim->uprov, &b->prov);
-    s_union(sim, &sim->udeps, &b->deps);
     if (b->opaque)
         sim->opaque = true;
     for (size_t i = 0; i < b->deps.count; i++)
@@ -369,11 +370,15 @@ static void s_put(s_sim_t *sim, const char *name, s_binding_t *b, bool cond,
     }
     e->alts[e->nalts] = b;
     e->blocks[e->nalts++] = block;
-    if (s_grow((void **)&sim->ubinds, &sim->capubinds, sim->nubinds + 1,
+    size_t capnames = sim->capubinds;
+    if (s_grow((void **)&sim->ubinds_names, &capnames, sim->nubinds + 1,
+               sizeof *sim->ubinds_names) ||
+        s_grow((void **)&sim->ubinds, &sim->capubinds, sim->nubinds + 1,
                sizeof *sim->ubinds)) {
         sim->oom = true;
         return;
     }
+    sim->ubinds_names[sim->nubinds] = name;
     sim->ubinds[sim->nubinds++] = b;
 }
 
@@ -426,33 +431,45 @@ static void s_apply_gwrites(s_sim_t *sim)
     ll_names_clear(&sim->pending_gwrites);
 }
 
+/* What the statement read flows into B: modules and deps. */
+static void s_feed(s_sim_t *sim, s_binding_t *b)
+{
+    if (s_is_import(b))
+        return;
+    s_union(sim, &b->prov, &sim->uprov);
+    s_union(sim, &b->deps, &sim->udeps);
+    for (size_t i = 0; i < sim->capvisited; i++) {
+        const s_binding_t *v = sim->visited[i];
+        if (!v || v == b)
+            continue;
+        s_union(sim, &b->prov, &v->prov);
+        s_union(sim, &b->deps, &v->deps);
+    }
+}
+
 static void s_end_unit(s_sim_t *sim)
 {
-    for (size_t i = 0; i < sim->nubinds; i++) {
-        s_binding_t *b = sim->ubinds[i];
-        if (s_is_import(b))
-            continue;
-        s_union(sim, &b->prov, &sim->uprov);
-        s_union(sim, &b->deps, &sim->udeps);
-    }
-    for (size_t i = 0; i < sim->umut.count; i++) {
+    /* A draft replay only needs a binding's prov and deps if the cell
+     * itself looks the name up again later. */
+    bool need = sim->record;
+    for (size_t i = 0; !need && i < sim->nubinds; i++)
+        need = ll_analysis_may_load(sim->a, sim->ubinds_names[i]);
+    for (size_t i = 0; !need && i < sim->umut.count; i++)
+        need = ll_analysis_may_load(sim->a, sim->umut.items[i]);
+    for (size_t i = 0; need && i < sim->nubinds; i++)
+        s_feed(sim, sim->ubinds[i]);
+    for (size_t i = 0; need && i < sim->umut.count; i++) {
         const char *name = sim->umut.items[i];
         s_entry_t *e = s_map_get(&sim->overlay, name);
-        for (size_t k = 0; e && k < e->nalts; k++) {
-            if (s_is_import(e->alts[k]))
-                continue;
-            s_union(sim, &e->alts[k]->prov, &sim->uprov);
-            s_union(sim, &e->alts[k]->deps, &sim->udeps);
-        }
+        for (size_t k = 0; e && k < e->nalts; k++)
+            s_feed(sim, e->alts[k]);
         s_binding_t *b = (!e || e->base) ? s_base(sim, name) : NULL;
-        if (b && sim->record && !s_is_import(b)) {
-            s_union(sim, &b->prov, &sim->uprov);
-            s_union(sim, &b->deps, &sim->udeps);
-        }
+        if (b && sim->record)
+            s_feed(sim, b);
     }
-    ll_names_clear(&sim->uprov);
-    ll_names_clear(&sim->udeps);
-    ll_names_clear(&sim->umut);
+    ll_names_reset(&sim->uprov);
+    ll_names_reset(&sim->udeps);
+    ll_names_reset(&sim->umut);
     sim->nubinds = 0;
     if (sim->nvisited) {
         memset(sim->visited, 0, sim->capvisited * sizeof *sim->visited);
@@ -514,6 +531,22 @@ static void s_run(s_sim_t *sim)
     s_end_unit(sim);
 }
 
+/* The replay's scratch sets borrow their strings: every name it handles
+ * belongs to the analysis or to a binding that outlives the replay. */
+static void s_sim_init(s_sim_t *sim, ll_analysis_session_t *s,
+                       const ll_analysis_t *a, bool record)
+{
+    memset(sim, 0, sizeof *sim);
+    sim->s = s;
+    sim->a = a;
+    sim->record = record;
+    ll_names_t *sets[] = {&sim->reads, &sim->state, &sim->stmts, &sim->paths,
+                          &sim->uprov, &sim->udeps, &sim->umut,
+                          &sim->pending_gwrites, &sim->ostars};
+    for (size_t i = 0; i < sizeof sets / sizeof *sets; i++)
+        sets[i]->borrow = true;
+}
+
 static void s_sim_free(s_sim_t *sim)
 {
     for (size_t i = 0; i < sim->overlay.keys.count; i++) {
@@ -537,13 +570,15 @@ static void s_sim_free(s_sim_t *sim)
     ll_names_clear(&sim->umut);
     ll_names_clear(&sim->pending_gwrites);
     free(sim->ubinds);
+    free(sim->ubinds_names);
     free(sim->visited);
     free(sim->stack);
 }
 
 int ll_analysis_compute_reads(const ll_analysis_t *cell, ll_names_t *reads)
 {
-    s_sim_t sim = {.a = cell};
+    s_sim_t sim;
+    s_sim_init(&sim, NULL, cell, false);
     s_run(&sim);
     int rc = sim.oom ? -1 : 0;
     if (rc == 0)
@@ -667,7 +702,8 @@ int ll_analysis_session_record(ll_analysis_session_t *self,
         return -1;
     if (ll_analysis_error(cell))
         return 0;
-    s_sim_t sim = {.s = self, .a = cell, .record = true};
+    s_sim_t sim;
+    s_sim_init(&sim, self, cell, true);
     s_run(&sim);
     if (!sim.oom)
         s_commit(&sim);
@@ -732,10 +768,14 @@ ll_analysis_closure_t *ll_analysis_session_closure(ll_analysis_session_t *self,
 {
     if (!self || !cell || ll_analysis_error(cell))
         return NULL;
-    s_sim_t sim = {.s = self, .a = cell};
+    s_sim_t sim;
+    s_sim_init(&sim, self, cell, false);
     s_run(&sim);
     ll_analysis_closure_t *c = calloc(1, sizeof *c);
-    ll_names_t state = {0}, stmts = {0}, paths = {0}, imports = {0};
+    /* Scratch sets borrow from the replay, the session and the cell; only
+     * the closure's own sets copy. */
+    ll_names_t state = {.borrow = true}, stmts = {.borrow = true},
+               paths = {.borrow = true}, imports = {0};
     int rc = sim.oom || !c ? -1 : 0;
     if (rc == 0 && sim.opaque) {
         /* Everything live, and every module anything live was built with. */

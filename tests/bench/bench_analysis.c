@@ -9,6 +9,7 @@
 #include "gateway/ll_analysis.h"
 #include "proto/ll_log.h"
 
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,9 +86,33 @@ static void s_session_cell(char *buf, size_t len, int i)
     }
 }
 
+static const char *s_candidate =
+    "out = [obj498.go(k) for k in range(10)] + [f497(v499), w]\n"
+    "summary = sum(len(r) for r in out if r is not None)\n";
+
+/* --dump: the inputs as JSON, so the Python baseline measures the same. */
+static int s_dump(void)
+{
+    json_t *cells = json_array();
+    char buf[512];
+    for (int i = 0; i < 500; i++) {
+        s_session_cell(buf, sizeof buf, i);
+        json_array_append_new(cells, json_string(buf));
+    }
+    json_t *doc = json_pack("{s:s, s:o, s:s}", "cell", s_cell, "session", cells,
+                            "candidate", s_candidate);
+    char *text = json_dumps(doc, 0);
+    printf("%s\n", text);
+    free(text);
+    json_decref(doc);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     ll_log_init('A');
+    if (argc > 1 && strcmp(argv[1], "--dump") == 0)
+        return s_dump();
     char err[256];
     if (ll_analysis_python_start(err, sizeof err) != 0) {
         fprintf(stderr, "bench_analysis: %s\n", err);
@@ -131,9 +156,7 @@ int main(int argc, char **argv)
     }
     /* the candidate: reads the latest object, whose class's methods reach
      * back through the chain of functions */
-    const char *cand = "out = [obj498.go(k) for k in range(10)] + [f497(v499), w]\n"
-                       "summary = sum(len(r) for r in out if r is not None)\n";
-    ll_analysis_t *a = ll_analysis_new(cand, strlen(cand));
+    ll_analysis_t *a = ll_analysis_new(s_candidate, strlen(s_candidate));
     ll_analysis_closure_t *c = ll_analysis_session_closure(s, a);
     size_t state = c ? ll_analysis_closure_state(c).count : 0;
     ll_analysis_closure_destroy(&c);
