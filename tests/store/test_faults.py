@@ -3,6 +3,7 @@
 torn cell; a pool too small for a save gives a clear error and keeps the old versions.
 """
 import builtins
+import os
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import torch
 
 from looseleaf_store import Checkpointer
 
-from conftest import REPO
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SAVER = textwrap.dedent("""
     import builtins, os, sys
