@@ -58,6 +58,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/random.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -76,7 +77,7 @@
 #define S_HUGETLBFS_MAGIC 0x958458f6
 #define S_TMPFS_MAGIC 0x01021994
 
-#define S_MAGIC "LLPOOL01"
+#define S_MAGIC "LLPOOL02"
 #define S_FREE 0u
 #define S_ALLOC 1u
 #define S_FREEING 2u
@@ -91,6 +92,7 @@ typedef struct {
     uint64_t nregions;         /* regions in the data area */
     uint64_t data_offset;      /* file offset of region 0 (region aligned) */
     char page_kind[16];        /* as chosen by the creator */
+    uint64_t id;               /* random, never 0: refs name the pool they point into */
     _Atomic uint64_t epoch;    /* bumped after every commit (see DESIGN) */
     _Atomic uint64_t cursor;   /* next-fit start for allocation */
     _Atomic uint64_t slots[LL_POOL_MAX_PROCS]; /* owner of each lease bit */
@@ -116,6 +118,7 @@ struct ll_pool_t {
     pthread_mutex_t mu;       /* guards counts and my lease bits */
     _Atomic int refs;         /* this handle plus live mappings */
     char page_kind[16];       /* "hugetlb", "thp", "4k" */
+    char share_path[64];      /* how other processes open a memfd pool */
     bool thp_advise;          /* madvise(MADV_HUGEPAGE), populate instead of fallocate */
 };
 
@@ -292,6 +295,9 @@ static int s_init_file(int fd, size_t pool_bytes, const char *path, const char *
     hdr->region_bytes = (uint32_t)LL_POOL_REGION_BYTES;
     hdr->nregions = nregions;
     hdr->data_offset = data_offset;
+    while (hdr->id == 0)
+        if (getrandom(&hdr->id, sizeof hdr->id, 0) != (ssize_t)sizeof hdr->id)
+            hdr->id = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uintptr_t)hdr;
     bool advise;
     if (kind)
         snprintf(hdr->page_kind, sizeof hdr->page_kind, "%s", kind);
@@ -336,12 +342,16 @@ ll_pool_t *ll_pool_open(const char *path, size_t pool_bytes, char *err, size_t e
             goto out_free;
         }
         pool->is_memfd = true;
+        fchmod(pool->fd, 0600); /* others reach it through /proc/<pid>/fd */
         if (s_init_file(pool->fd, pool_bytes, path, want, err, errlen) != 0)
             goto out_close;
         pool->thp_advise = strcmp(want, "thp") == 0;
         created = true;
     } else {
-        pool->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+        /* /proc/<pid>/fd/<n> is how other processes reach a memfd pool: a
+         * link to follow, never a file to create. */
+        bool proc = strncmp(path, "/proc/", 6) == 0;
+        pool->fd = open(path, O_RDWR | O_CLOEXEC | (proc ? 0 : O_CREAT | O_NOFOLLOW), 0600);
         if (pool->fd < 0) {
             s_fail(err, errlen, "cannot open pool %s: %s", path, errno);
             goto out_free;
@@ -419,6 +429,7 @@ ll_pool_t *ll_pool_open(const char *path, size_t pool_bytes, char *err, size_t e
         goto out_unmap;
     }
     pool->pid = getpid();
+    snprintf(pool->share_path, sizeof pool->share_path, "/proc/%d/fd/%d", (int)pool->pid, pool->fd);
     pool->me = s_slot_word(pool->pid);
     pool->slot = s_claim_slot(pool);
     if (pool->slot < 0) {
@@ -481,6 +492,16 @@ int ll_pool_unlink(ll_pool_t *pool)
     if (unlink(pool->path) != 0 && errno != ENOENT)
         return -1;
     return 0;
+}
+
+uint64_t ll_pool_id(ll_pool_t *pool)
+{
+    return pool->hdr->id;
+}
+
+const char *ll_pool_share_path(ll_pool_t *pool)
+{
+    return pool->is_memfd ? pool->share_path : pool->path;
 }
 
 bool ll_pool_owned_here(ll_pool_t *pool)
@@ -761,7 +782,7 @@ void ll_pool_stats(ll_pool_t *pool, ll_pool_stats_t *out)
 {
     memset(out, 0, sizeof *out);
     out->page_kind = pool->page_kind;
-    out->path = pool->path;
+    out->path = ll_pool_share_path(pool);
     out->regions_total = pool->nregions;
     out->pool_bytes = pool->nregions * LL_POOL_REGION_BYTES;
     pthread_mutex_lock(&pool->mu);

@@ -38,9 +38,9 @@ typedef enum {
 } ll_pool_errkind_t;
 
 /* Open the pool file PATH, creating it (0600) with room for POOL_BYTES when
- * it does not exist; an existing pool keeps its size.  PATH "memfd:hugetlb"
- * or "memfd:thp" creates a nameless private pool (benchmarks).  Returns NULL
- * with a reason in ERR. */
+ * it does not exist; an existing pool keeps its size.  PATH "memfd:hugetlb",
+ * "memfd:thp" or "memfd:4k" creates a nameless pool that other processes
+ * open through ll_pool_share_path.  Returns NULL with a reason in ERR. */
 ll_pool_t *ll_pool_open(const char *path, size_t pool_bytes, char *err, size_t errlen);
 
 /* Drop this handle; the pool lives on while a mapping made from it lives. */
@@ -94,6 +94,14 @@ typedef struct {
     size_t regions_leased; /* by this process */
 } ll_pool_stats_t;
 void ll_pool_stats(ll_pool_t *pool, ll_pool_stats_t *out);
+
+/* The pool's random identity (refs carry it, so a ref never resolves in a
+ * pool recreated under the same name). */
+uint64_t ll_pool_id(ll_pool_t *pool);
+
+/* A path another process can open the same pool by: the file, or for a
+ * memfd pool /proc/<pid>/fd/<n> (valid while this process lives). */
+const char *ll_pool_share_path(ll_pool_t *pool);
 
 /* Whether this handle was opened by the calling process (false in a fork
  * child, which must open its own). */

@@ -141,8 +141,9 @@ static bool s_session_ok(const char *s)
 
 /* ---- payload refs --------------------------------------------------- */
 
-/* Parse REF into *NBYTES and a malloc'd region array.  0 or -1. */
-static int s_ref_parse(const char *ref, size_t *nbytes, ll_pool_region_t **regs, size_t *nreg)
+/* Parse REF into its pool id, *NBYTES and a malloc'd region array.  0 or -1. */
+static int s_ref_parse(const char *ref, uint64_t *pool_id, size_t *nbytes, ll_pool_region_t **regs,
+                       size_t *nreg)
 {
     *regs = NULL;
     *nreg = 0;
@@ -150,6 +151,12 @@ static int s_ref_parse(const char *ref, size_t *nbytes, ll_pool_region_t **regs,
         return -1;
     const char *p = ref + 3;
     char *end;
+    errno = 0;
+    unsigned long long id = strtoull(p, &end, 16);
+    if (errno || end == p || *end != '/' || id == 0)
+        return -1;
+    *pool_id = id;
+    p = end + 1;
     errno = 0;
     unsigned long long nb = strtoull(p, &end, 16);
     if (errno || end == p || *end != '/')
@@ -194,13 +201,13 @@ bad:
     return -1;
 }
 
-static char *s_ref_format(size_t nbytes, const ll_pool_region_t *regs, size_t n)
+static char *s_ref_format(uint64_t pool_id, size_t nbytes, const ll_pool_region_t *regs, size_t n)
 {
-    size_t cap = 32 + n * 44;
+    size_t cap = 64 + n * 44;
     char *s = malloc(cap);
     if (!s)
         return NULL;
-    size_t len = (size_t)snprintf(s, cap, "P1/%zx/", nbytes);
+    size_t len = (size_t)snprintf(s, cap, "P1/%llx/%zx/", (unsigned long long)pool_id, nbytes);
     for (size_t i = 0; i < n; i++)
         len += (size_t)snprintf(s + len, cap - len, "%s%x.%llx.%llx", i ? "," : "",
                                 (unsigned)regs[i].idx, (unsigned long long)regs[i].gen,
@@ -211,8 +218,9 @@ static char *s_ref_format(size_t nbytes, const ll_pool_region_t *regs, size_t n)
 long long ll_store_ref_nbytes(const char *ref)
 {
     size_t nb, n;
+    uint64_t id;
     ll_pool_region_t *r;
-    if (!ref || s_ref_parse(ref, &nb, &r, &n) != 0)
+    if (!ref || s_ref_parse(ref, &id, &nb, &r, &n) != 0)
         return -1;
     free(r);
     return (long long)nb;
@@ -262,6 +270,67 @@ static void s_pending_release_all(ll_store_t *st)
     for (size_t b = 0; b < S_PENDING_BUCKETS; b++)
         while (st->pending[b])
             s_pending_release(st, st->pending[b]->ref);
+}
+
+/* ---- pipelined commands ---------------------------------------------- */
+
+/* argv builder for pipelined commands */
+typedef struct {
+    const char **argv;
+    size_t *lens;
+    int argc, cap;
+} s_args_t;
+
+static int s_arg(s_args_t *a, const char *s, size_t len)
+{
+    if (a->argc == a->cap) {
+        int cap = a->cap ? a->cap * 2 : 16;
+        const char **v = realloc(a->argv, (size_t)cap * sizeof *v);
+        if (!v)
+            return -1;
+        a->argv = v;
+        size_t *l = realloc(a->lens, (size_t)cap * sizeof *l);
+        if (!l)
+            return -1;
+        a->lens = l;
+        a->cap = cap;
+    }
+    a->argv[a->argc] = s;
+    a->lens[a->argc++] = len;
+    return 0;
+}
+
+static int s_args(s_args_t *a, const char *s)
+{
+    return s_arg(a, s, strlen(s));
+}
+
+static int s_send(ll_store_t *st, s_args_t *a)
+{
+    int rc = ll_redis_append(st->redis, a->argc, a->argv, a->lens);
+    a->argc = 0;
+    return rc;
+}
+
+/* Read and free N replies; -1 on an I/O error. */
+static int s_drain(ll_store_t *st, int n)
+{
+    for (int i = 0; i < n; i++) {
+        redisReply *r = ll_redis_reply(st->redis);
+        if (!r)
+            return -1;
+        freeReplyObject(r);
+    }
+    return 0;
+}
+
+static uint64_t s_reply_u64(redisReply *r)
+{
+    if (r && r->type == REDIS_REPLY_STRING)
+        return strtoull(r->str, NULL, 10);
+    if (r && r->type == REDIS_REPLY_INTEGER)
+        return (uint64_t)r->integer;
+    return 0;
 }
 
 /* ---- open / close ----------------------------------------------------- */
@@ -319,6 +388,100 @@ static char *s_default_pool_path(const char *runtime_dir, const char *session, s
     return p;
 }
 
+/* Find or create the session's pool.  Redis records "<path> <id>" under
+ * ll:S:pool so that every process of the session opens the same pool (a
+ * memfd pool by its owner's /proc/<pid>/fd/<n>).  A recorded pool that is
+ * gone (owner dead, file removed) is replaced, and since refs carry the pool
+ * id, the old payloads then read as gone rather than as someone else's
+ * bytes.  WANT is the caller's explicit pool_path (NULL for the default
+ * DEFAULT_PATH).  0, or -1 with a reason in ERR. */
+static int s_attach_pool(ll_store_t *st, const char *want, const char *default_path,
+                         size_t pool_bytes, char *err, size_t errlen)
+{
+    char *key = s_key(st, "pool", NULL);
+    int rc = -1;
+    if (!key) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (int attempt = 0; attempt < 10 && rc != 0; attempt++) {
+        ll_pool_t *pool = NULL;
+        redisReply *r = ll_redis_cmdf(st->redis, "WATCH %s", key);
+        if (r)
+            freeReplyObject(r);
+        unsigned long watched_on = ll_redis_reconnects(st->redis);
+        r = r ? ll_redis_cmdf(st->redis, "GET %s", key) : NULL;
+        if (!r || (r->type != REDIS_REPLY_STRING && r->type != REDIS_REPLY_NIL)) {
+            snprintf(err, errlen, "cannot read the session's pool from Redis: %s",
+                     r && r->type == REDIS_REPLY_ERROR ? r->str : ll_redis_errstr(st->redis));
+            if (r)
+                freeReplyObject(r);
+            break;
+        }
+        char rec_path[1024] = "";
+        unsigned long long rec_id = 0;
+        if (r->type == REDIS_REPLY_STRING &&
+            sscanf(r->str, "%1023s %llx", rec_path, &rec_id) != 2)
+            rec_path[0] = 0;
+        freeReplyObject(r);
+        if (rec_path[0]) {
+            if (want && strncmp(want, "memfd:", 6) != 0 && strcmp(want, rec_path) != 0) {
+                snprintf(err, errlen, "session %s already uses pool %s, not %s", st->session,
+                         rec_path, want);
+                break;
+            }
+            char e2[512];
+            pool = ll_pool_open(rec_path, pool_bytes, e2, sizeof e2);
+            if (pool && ll_pool_id(pool) == rec_id) {
+                st->pool = pool;
+                rc = 0;
+                break;
+            }
+            if (!pool && strncmp(rec_path, "/proc/", 6) != 0) {
+                snprintf(err, errlen, "%s", e2);
+                break;
+            }
+            ll_warn("store", "session %s: pool %s is gone (%s); payloads saved in it are lost",
+                    st->session, rec_path, pool ? "recreated" : e2);
+        }
+        if (!pool) {
+            pool = ll_pool_open(want ? want : default_path, pool_bytes, err, errlen);
+            if (!pool)
+                break;
+        }
+        char value[1100];
+        snprintf(value, sizeof value, "%s %llx", ll_pool_share_path(pool),
+                 (unsigned long long)ll_pool_id(pool));
+        redisReply *m = NULL;
+        if (ll_redis_reconnects(st->redis) == watched_on) {
+            s_args_t a = {0};
+            int bad = s_args(&a, "MULTI") || s_send(st, &a) || s_args(&a, "SET") ||
+                      s_args(&a, key) || s_args(&a, value) || s_send(st, &a) ||
+                      s_args(&a, "EXEC") || s_send(st, &a);
+            free(a.argv);
+            free(a.lens);
+            if (!bad && s_drain(st, 2) == 0)
+                m = ll_redis_reply(st->redis);
+        }
+        if (m && m->type == REDIS_REPLY_ARRAY) {
+            st->pool = pool;
+            rc = 0;
+        } else {
+            ll_pool_destroy(&pool); /* another process recorded its pool first */
+        }
+        if (m)
+            freeReplyObject(m);
+    }
+    if (rc != 0 && !err[0])
+        snprintf(err, errlen, "cannot agree on the session's pool in Redis: %s",
+                 ll_redis_errstr(st->redis));
+    redisReply *u = ll_redis_cmdf(st->redis, "UNWATCH");
+    if (u)
+        freeReplyObject(u);
+    free(key);
+    return rc;
+}
+
 ll_store_t *ll_store_open(const char *runtime_dir, const char *session,
                           const ll_store_opts_t *opts, char *err, size_t errlen)
 {
@@ -373,37 +536,13 @@ ll_store_t *ll_store_open(const char *runtime_dir, const char *session,
         goto fail;
 
     size_t pool_bytes = opts->pool_bytes ? opts->pool_bytes : s_default_pool_bytes();
-    pool_path = opts->pool_path && *opts->pool_path
-                    ? strdup(opts->pool_path)
-                    : s_default_pool_path(runtime_dir, session, pool_bytes);
+    pool_path = s_default_pool_path(runtime_dir, session, pool_bytes);
     if (!pool_path) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
-    /* A session's refs point into one pool: refuse to mix two. */
-    char *pool_key = s_key(st, "pool", NULL);
-    redisReply *r = pool_key ? ll_redis_cmdf(st->redis, "SET %s %s NX GET", pool_key, pool_path)
-                             : NULL;
-    free(pool_key);
-    if (!r) {
-        snprintf(err, errlen, "cannot record the pool in Redis: %s", ll_redis_errstr(st->redis));
-        goto fail;
-    }
-    if (r->type == REDIS_REPLY_ERROR) {
-        snprintf(err, errlen, "Redis refused to record the pool: %s", r->str);
-        freeReplyObject(r);
-        goto fail;
-    }
-    if (r->type == REDIS_REPLY_STRING && strcmp(r->str, pool_path) != 0 &&
-        strncmp(pool_path, "memfd:", 6) != 0) {
-        snprintf(err, errlen, "session %s already uses pool %s, not %s", session, r->str,
-                 pool_path);
-        freeReplyObject(r);
-        goto fail;
-    }
-    freeReplyObject(r);
-    st->pool = ll_pool_open(pool_path, pool_bytes, err, errlen);
-    if (!st->pool)
+    if (s_attach_pool(st, opts->pool_path && *opts->pool_path ? opts->pool_path : NULL,
+                      pool_path, pool_bytes, err, errlen) != 0)
         goto fail;
     free(url);
     free(pool_path);
@@ -562,10 +701,13 @@ char *ll_store_put(ll_store_t *st, const void *data, size_t len, const char *bas
         s_fail(st, LL_STORE_EIO, "out of memory");
         goto out;
     }
-    if (base_ref && s_ref_parse(base_ref, &bnb, &base, &bn) != 0) {
+    uint64_t base_pool = 0;
+    if (base_ref && s_ref_parse(base_ref, &base_pool, &bnb, &base, &bn) != 0) {
         s_fail(st, LL_STORE_EINVAL, "base is not a payload ref: %.80s", base_ref);
         goto out;
     }
+    if (base_ref && base_pool != ll_pool_id(st->pool))
+        bn = 0; /* a base in a pool that no longer exists shares nothing */
     if (dirty && (!base_ref || bnb != len)) {
         s_fail(st, LL_STORE_EINVAL, "dirty regions need a base payload of the same length");
         goto out;
@@ -621,7 +763,7 @@ char *ll_store_put(ll_store_t *st, const void *data, size_t len, const char *bas
     clock_gettime(CLOCK_MONOTONIC, &ts3);
     ll_debug("store", "put %zu bytes: compare %.2f ms, allocate %.2f ms, copy %.2f ms (%zu bytes)",
              len, s_ms(&ts0, &ts1), s_ms(&ts1, &ts2), s_ms(&ts2, &ts3), nwritten);
-    ref = s_ref_format(len, p.regs, n);
+    ref = s_ref_format(ll_pool_id(st->pool), len, p.regs, n);
     char *ref_copy = ref ? strdup(ref) : NULL;
     if (!ref_copy) {
         free(ref);
@@ -667,10 +809,16 @@ ll_pool_map_t *ll_store_map(ll_store_t *st, const char *ref, bool writable)
     if (s_enter(st) != 0)
         return NULL;
     size_t nb, n;
+    uint64_t pool_id;
     ll_pool_region_t *regs;
     ll_pool_map_t *map = NULL;
-    if (s_ref_parse(ref, &nb, &regs, &n) != 0) {
+    if (s_ref_parse(ref, &pool_id, &nb, &regs, &n) != 0) {
         s_fail(st, LL_STORE_EINVAL, "not a payload ref: %.80s", ref);
+        goto out;
+    }
+    if (pool_id != ll_pool_id(st->pool)) {
+        free(regs);
+        s_fail(st, LL_STORE_EGONE, "payload is in another pool (the session's pool was recreated)");
         goto out;
     }
     int kind;
@@ -738,65 +886,6 @@ static int s_json_parse_list(const char *text, size_t len, char ***items, size_t
 
 /* ---- commit ---------------------------------------------------------- */
 
-/* argv builder for pipelined commands */
-typedef struct {
-    const char **argv;
-    size_t *lens;
-    int argc, cap;
-} s_args_t;
-
-static int s_arg(s_args_t *a, const char *s, size_t len)
-{
-    if (a->argc == a->cap) {
-        int cap = a->cap ? a->cap * 2 : 16;
-        const char **v = realloc(a->argv, (size_t)cap * sizeof *v);
-        if (!v)
-            return -1;
-        a->argv = v;
-        size_t *l = realloc(a->lens, (size_t)cap * sizeof *l);
-        if (!l)
-            return -1;
-        a->lens = l;
-        a->cap = cap;
-    }
-    a->argv[a->argc] = s;
-    a->lens[a->argc++] = len;
-    return 0;
-}
-
-static int s_args(s_args_t *a, const char *s)
-{
-    return s_arg(a, s, strlen(s));
-}
-
-static int s_send(ll_store_t *st, s_args_t *a)
-{
-    int rc = ll_redis_append(st->redis, a->argc, a->argv, a->lens);
-    a->argc = 0;
-    return rc;
-}
-
-/* Read and free N replies; -1 on an I/O error. */
-static int s_drain(ll_store_t *st, int n)
-{
-    for (int i = 0; i < n; i++) {
-        redisReply *r = ll_redis_reply(st->redis);
-        if (!r)
-            return -1;
-        freeReplyObject(r);
-    }
-    return 0;
-}
-
-static uint64_t s_reply_u64(redisReply *r)
-{
-    if (r && r->type == REDIS_REPLY_STRING)
-        return strtoull(r->str, NULL, 10);
-    if (r && r->type == REDIS_REPLY_INTEGER)
-        return (uint64_t)r->integer;
-    return 0;
-}
-
 int ll_store_commit(ll_store_t *st, const char *cell_id, const ll_store_write_t *writes,
                     size_t nwrites, const char *const *deletes, size_t ndeletes,
                     const ll_store_base_t *bases, size_t nbases, uint64_t *version)
@@ -839,9 +928,17 @@ int ll_store_commit(ll_store_t *st, const char *cell_id, const ll_store_write_t 
             }
         for (size_t j = 0; j < w->nprefs; j++) {
             size_t nb, n;
+            uint64_t pool_id;
             ll_pool_region_t *regs;
-            if (s_ref_parse(w->prefs[j], &nb, &regs, &n) != 0) {
+            if (s_ref_parse(w->prefs[j], &pool_id, &nb, &regs, &n) != 0) {
                 s_fail(st, LL_STORE_EINVAL, "'%s': not a payload ref: %.80s", w->name, w->prefs[j]);
+                goto out;
+            }
+            if (pool_id != ll_pool_id(st->pool)) {
+                free(regs);
+                s_fail(st, LL_STORE_EGONE,
+                       "'%s': payload is in another pool (the session's pool was recreated)",
+                       w->name);
                 goto out;
             }
             if (nleased + n > cap_leased) {
@@ -1345,9 +1442,10 @@ static int s_mark_refs(void *ctx, uint64_t *mark, size_t nregions)
         if (r->type == REDIS_REPLY_STRING && s_json_parse_list(r->str, r->len, &prefs, &np) == 0) {
             for (size_t j = 0; j < np; j++) {
                 size_t nb, n;
+                uint64_t pool_id;
                 ll_pool_region_t *regs;
-                if (s_ref_parse(prefs[j], &nb, &regs, &n) == 0) {
-                    for (size_t q = 0; q < n; q++)
+                if (s_ref_parse(prefs[j], &pool_id, &nb, &regs, &n) == 0) {
+                    for (size_t q = 0; q < n && pool_id == ll_pool_id(st->pool); q++)
                         if (regs[q].idx < nregions)
                             mark[regs[q].idx] = regs[q].gen;
                     free(regs);

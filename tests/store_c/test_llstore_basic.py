@@ -325,3 +325,50 @@ def test_put_with_dirty_regions_shares_the_rest_unhashed(store):
         store.put_payload(a, dirty=[0])
     with pytest.raises(TypeError):
         store.put_payload(a, base=base, dirty=["x"])
+
+
+def test_memfd_pool_is_found_by_other_processes(runtime_dir, redis_url, session):
+    st = _llstore.Store(runtime_dir, session, redis_url=redis_url, pool_path="memfd:4k",
+                        pool_bytes=8 << 20)
+    try:
+        share = st.stats()["pool_path"]
+        assert share.startswith("/proc/%d/fd/" % os.getpid())
+        st.commit("c", {"a": (b"", [st.put_payload(b"in a memfd")], [])})
+        code = """
+import sys, _llstore
+st = _llstore.Store(sys.argv[1], sys.argv[2], redis_url=sys.argv[3])  # no pool_path: Redis knows
+(v, blob, prefs, refs), = st.fetch(["a"]).values()
+print(bytes(st.map_payload(prefs[0])).decode(), st.stats()["pool_path"])
+"""
+        out = subprocess.run([sys.executable, "-c", code, runtime_dir, session, redis_url],
+                             env=child_env(), capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == ["in", "a", "memfd", share]
+    finally:
+        st.delete_session()
+        st.close()
+
+
+def test_refs_into_a_vanished_pool_read_as_gone(runtime_dir, redis_url, session, pool_path):
+    st = _llstore.Store(runtime_dir, session, redis_url=redis_url, pool_path=pool_path,
+                        pool_bytes=8 << 20)
+    ref = st.put_payload(b"old bytes")
+    st.commit("c", {"a": (b"", [ref], [])})
+    st.close()
+    os.unlink(pool_path)  # e.g. /dev/shm was cleaned; Redis still has the entry
+    st = _llstore.Store(runtime_dir, session, redis_url=redis_url, pool_path=pool_path,
+                        pool_bytes=8 << 20)
+    try:
+        new = st.put_payload(b"new bytes")  # the new pool reuses region 0, generation 1
+        (v, blob, prefs, refs), = st.fetch(["a"]).values()
+        assert prefs == [ref]
+        with pytest.raises(_llstore.PayloadGoneError, match="another pool"):
+            st.map_payload(ref)
+        with pytest.raises(_llstore.PayloadGoneError, match="another pool"):
+            st.commit("c2", {"b": (b"", [ref], [])})
+        assert bytes(st.map_payload(new)) == b"new bytes"
+        with pytest.raises(_llstore.StoreError, match="already uses pool"):
+            _llstore.Store(runtime_dir, session, redis_url=redis_url, pool_path=pool_path + "x")
+    finally:
+        st.delete_session()
+        st.close()
