@@ -494,6 +494,11 @@ int ll_pool_unlink(ll_pool_t *pool)
     return 0;
 }
 
+size_t ll_pool_nregions(ll_pool_t *pool)
+{
+    return pool->nregions;
+}
+
 uint64_t ll_pool_id(ll_pool_t *pool)
 {
     return pool->hdr->id;

@@ -95,6 +95,9 @@ typedef struct {
 } ll_pool_stats_t;
 void ll_pool_stats(ll_pool_t *pool, ll_pool_stats_t *out);
 
+/* Number of regions (the pool's size limit in regions). */
+size_t ll_pool_nregions(ll_pool_t *pool);
+
 /* The pool's random identity (refs carry it, so a ref never resolves in a
  * pool recreated under the same name). */
 uint64_t ll_pool_id(ll_pool_t *pool);

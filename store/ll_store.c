@@ -708,6 +708,11 @@ char *ll_store_put(ll_store_t *st, const void *data, size_t len, const char *bas
     }
     if (base_ref && base_pool != ll_pool_id(st->pool))
         bn = 0; /* a base in a pool that no longer exists shares nothing */
+    if (n > ll_pool_nregions(st->pool)) {
+        s_fail(st, LL_STORE_EFULL, "payload pool full: a payload of %zu bytes is larger than the "
+               "whole pool (%zu bytes)", len, ll_pool_nregions(st->pool) * S_R);
+        goto out;
+    }
     if (dirty && (!base_ref || bnb != len)) {
         s_fail(st, LL_STORE_EINVAL, "dirty regions need a base payload of the same length");
         goto out;

@@ -86,7 +86,19 @@ static PyTypeObject MappingType = {
 typedef struct {
     PyObject_HEAD
     ll_store_t *st; /* NULL once closed */
+    int busy;       /* calls running without the GIL (changed only under it) */
 } StoreObject;
+
+/* Run EXPR without the GIL, counted so close() cannot free the store under
+ * another thread's call. */
+#define S_NOGIL(self, expr)                                                    \
+    do {                                                                       \
+        (self)->busy++;                                                        \
+        PyThreadState *s_ts_ = PyEval_SaveThread();                            \
+        expr;                                                                  \
+        PyEval_RestoreThread(s_ts_);                                           \
+        (self)->busy--;                                                        \
+    } while (0)
 
 static int s_check_open(StoreObject *self)
 {
@@ -244,9 +256,7 @@ static PyObject *Store_put_payload(StoreObject *self, PyObject *args, PyObject *
     Py_INCREF(base_o); /* keeps BASE's UTF-8 alive without the GIL */
     size_t written = 0;
     char *ref;
-    Py_BEGIN_ALLOW_THREADS
-    ref = ll_store_put(self->st, view.buf, (size_t)view.len, base, dirty, &written);
-    Py_END_ALLOW_THREADS
+    S_NOGIL(self, ref = ll_store_put(self->st, view.buf, (size_t)view.len, base, dirty, &written));
     size_t nbytes = (size_t)view.len;
     PyBuffer_Release(&view);
     Py_DECREF(base_o);
@@ -272,9 +282,7 @@ static PyObject *Store_map_payload(StoreObject *self, PyObject *args, PyObject *
         return NULL;
     Py_INCREF(ref_o);
     ll_pool_map_t *map;
-    Py_BEGIN_ALLOW_THREADS
-    map = ll_store_map(self->st, ref, writable != 0);
-    Py_END_ALLOW_THREADS
+    S_NOGIL(self, map = ll_store_map(self->st, ref, writable != 0));
     Py_DECREF(ref_o);
     if (!map)
         return s_raise(self);
@@ -418,9 +426,7 @@ static PyObject *Store_commit(StoreObject *self, PyObject *args, PyObject *kw)
     }
     uint64_t version = 0;
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ll_store_commit(self->st, cell, w, (size_t)nw, deletes, nd, bases, nb, &version);
-    Py_END_ALLOW_THREADS
+    S_NOGIL(self, rc = ll_store_commit(self->st, cell, w, (size_t)nw, deletes, nd, bases, nb, &version));
     if (rc != 0) {
         s_raise(self);
         goto out;
@@ -484,9 +490,7 @@ static PyObject *Store_fetch(StoreObject *self, PyObject *names_o)
     if (!names)
         goto out;
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ll_store_fetch(self->st, names, n, &e, &ne);
-    Py_END_ALLOW_THREADS
+    S_NOGIL(self, rc = ll_store_fetch(self->st, names, n, &e, &ne));
     if (rc != 0) {
         s_raise(self);
         goto out;
@@ -523,9 +527,7 @@ static PyObject *Store_versions(StoreObject *self, PyObject *unused)
     uint64_t *vers;
     size_t n;
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ll_store_versions(self->st, &names, &vers, &n);
-    Py_END_ALLOW_THREADS
+    S_NOGIL(self, rc = ll_store_versions(self->st, &names, &vers, &n));
     if (rc != 0)
         return s_raise(self);
     PyObject *d = PyDict_New();
@@ -549,9 +551,7 @@ static PyObject *Store_last_commit(StoreObject *self, PyObject *unused)
     uint64_t v;
     char *cell;
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ll_store_last_commit(self->st, &v, &cell);
-    Py_END_ALLOW_THREADS
+    S_NOGIL(self, rc = ll_store_last_commit(self->st, &v, &cell));
     if (rc != 0)
         return s_raise(self);
     PyObject *r = cell ? Py_BuildValue("(Ks)", (unsigned long long)v, cell)
@@ -579,9 +579,7 @@ static PyObject *Store_gc(StoreObject *self, PyObject *unused)
     if (s_check_open(self) != 0)
         return NULL;
     int n;
-    Py_BEGIN_ALLOW_THREADS
-    n = ll_store_gc(self->st);
-    Py_END_ALLOW_THREADS
+    S_NOGIL(self, n = ll_store_gc(self->st));
     if (n < 0)
         return s_raise(self);
     return PyLong_FromLong(n);
@@ -592,9 +590,7 @@ static PyObject *Store_delete_session(StoreObject *self, PyObject *unused)
     if (s_check_open(self) != 0)
         return NULL;
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ll_store_delete_session(self->st);
-    Py_END_ALLOW_THREADS
+    S_NOGIL(self, rc = ll_store_delete_session(self->st));
     if (rc != 0)
         return s_raise(self);
     Py_RETURN_NONE;
@@ -602,6 +598,10 @@ static PyObject *Store_delete_session(StoreObject *self, PyObject *unused)
 
 static PyObject *Store_close(StoreObject *self, PyObject *unused)
 {
+    if (self->busy) {
+        PyErr_SetString(s_StoreError, "store is in use by another thread; close it after that call");
+        return NULL;
+    }
     if (self->st) {
         Py_BEGIN_ALLOW_THREADS
         ll_store_destroy(&self->st);

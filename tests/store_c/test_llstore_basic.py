@@ -372,3 +372,36 @@ def test_refs_into_a_vanished_pool_read_as_gone(runtime_dir, redis_url, session,
     finally:
         st.delete_session()
         st.close()
+
+
+def test_close_while_another_thread_uses_the_store(store):
+    """close() refuses while a call runs without the GIL (no use after free)."""
+    a = np.ones(24 * R, np.uint8)
+    started = threading.Event()
+    errors = []
+
+    def put():
+        started.set()
+        try:
+            for _ in range(3):
+                store.discard(store.put_payload(a))
+        except _llstore.StoreError as e:
+            if "closed" not in str(e):  # closed between two calls: fine
+                errors.append(e)
+        except Exception as e:  # noqa: BLE001 - the test reports it
+            errors.append(e)
+
+    t = threading.Thread(target=put)
+    t.start()
+    started.wait()
+    refused = 0
+    while t.is_alive():
+        try:
+            store.close()
+            break
+        except _llstore.StoreError as e:
+            assert "in use" in str(e)
+            refused += 1
+    t.join()
+    assert not errors
+    store.close()
