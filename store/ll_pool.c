@@ -115,6 +115,9 @@ struct ll_pool_t {
     pid_t pid;                /* process that opened this handle */
     uint32_t *counts;         /* my leases per region (process local) */
     uint8_t *populated;       /* region backed and prefaulted in my mapping */
+    uint32_t *warm;           /* the populated regions, in the order they were */
+    size_t nwarm;             /* entries in warm */
+    size_t warm_cursor;       /* where the next warm search starts */
     pthread_mutex_t mu;       /* guards counts and my lease bits */
     _Atomic int refs;         /* this handle plus live mappings */
     char page_kind[16];       /* "hugetlb", "thp", "4k" */
@@ -424,7 +427,8 @@ ll_pool_t *ll_pool_open(const char *path, size_t pool_bytes, char *err, size_t e
         madvise(pool->data, pool->nregions * LL_POOL_REGION_BYTES, MADV_HUGEPAGE);
     pool->counts = calloc(pool->nregions, sizeof *pool->counts);
     pool->populated = calloc(pool->nregions, 1);
-    if (!pool->counts || !pool->populated) {
+    pool->warm = calloc(pool->nregions, sizeof *pool->warm);
+    if (!pool->counts || !pool->populated || !pool->warm) {
         snprintf(err, errlen, "out of memory");
         goto out_unmap;
     }
@@ -450,6 +454,7 @@ out_close:
 out_free:
     free(pool->counts);
     free(pool->populated);
+    free(pool->warm);
     free(pool->path);
     pthread_mutex_destroy(&pool->mu);
     free(pool);
@@ -472,6 +477,7 @@ static void s_pool_unref(ll_pool_t *pool)
     close(pool->fd);
     free(pool->counts);
     free(pool->populated);
+    free(pool->warm);
     free(pool->path);
     pthread_mutex_destroy(&pool->mu);
     free(pool);
@@ -572,8 +578,18 @@ int ll_pool_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind
 {
     size_t n = pool->nregions;
     size_t start = atomic_fetch_add(&pool->hdr->cursor, 1) % n;
-    for (size_t k = 0; k < n; k++) {
-        uint32_t i = (uint32_t)((start + k) % n);
+    /* Two passes: first the free regions this process already prefaulted
+     * (a steady-state save then costs a copy, not page faults), then any. */
+    size_t nwarm = pool->nwarm;
+    for (size_t k = 0; k < nwarm + n; k++) {
+        uint32_t i;
+        if (k < nwarm) {
+            i = pool->warm[(pool->warm_cursor + k) % nwarm];
+        } else {
+            i = (uint32_t)((start + k - nwarm) % n);
+            if (pool->populated[i])
+                continue; /* seen in the first pass */
+        }
         uint64_t s = atomic_load(&pool->state[i]);
         if ((s & 3) != S_FREE)
             continue;
@@ -583,7 +599,10 @@ int ll_pool_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind
             ll_pool_unlease(pool, i);
             continue;
         }
-        atomic_store(&pool->hdr->cursor, i + 1);
+        if (k < nwarm)
+            pool->warm_cursor = (pool->warm_cursor + k + 1) % nwarm;
+        else
+            atomic_store(&pool->hdr->cursor, i + 1);
         /* Back the region now so running out of memory is an error here.
          * Pool pages are never given back, so once is enough per process
          * (re-populating 512 present 4 KiB pages costs as much as the copy). */
@@ -607,6 +626,7 @@ int ll_pool_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind
             return -1;
         }
         pool->populated[i] = 1;
+        pool->warm[pool->nwarm++] = i;
     backed:
         reg->idx = i;
         reg->gen = gen;

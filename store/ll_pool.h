@@ -50,7 +50,9 @@ void ll_pool_destroy(ll_pool_t **pool_p);
 int ll_pool_unlink(ll_pool_t *pool);
 
 /* Allocate one region for writing, leased by this process; *ADDR is where to
- * write it.  Returns 0, or -1 with LL_POOL_EFULL/EIO in *KIND. */
+ * write it.  Prefers free regions this process already prefaulted.  Calls on
+ * one handle must not overlap (ll_store serializes them).  Returns 0, or -1
+ * with LL_POOL_EFULL/EIO in *KIND. */
 int ll_pool_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind,
                   char *err, size_t errlen);
 

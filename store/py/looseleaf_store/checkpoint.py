@@ -33,7 +33,7 @@ import weakref
 import numpy as np
 
 from . import pagemap
-from .serial import NeedOwner, SaveContext, Unpickler, pickle_var, split_blob, torch_dtype
+from .serial import NeedOwner, SaveContext, Unpickler, blob_digest, pickle_var, split_blob, torch_dtype
 
 _cell_counter = itertools.count(1)
 
@@ -504,7 +504,7 @@ class Checkpointer:
         u = Unpickler(stream, self.namespace, resolve, local, oob)
         value = u.load()
         exports = {(kind, idx): obj for _, kind, idx, obj in u.exports()}
-        return value, _VarState(version, hash(blob), list(prefs), pays, set(hdr.get("hard", ())), exports)
+        return value, _VarState(version, blob_digest(blob), list(prefs), pays, set(hdr.get("hard", ())), exports)
 
     def restore(self, names, held=None, protect=()):
         """Bind NAMES and everything they reference into the namespace, each shared object once, owners
