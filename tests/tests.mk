@@ -5,3 +5,6 @@
 # run to ours; LL_TEST_LOOSELEAF points the suite at another build).  A test
 # file is listed here only once it passes against looseleaf.
 PYTESTS += $(sort $(wildcard tests/integration/test_int_*.py))
+
+# looseleaf vs ipykernel: start, `pass` round trip, 1,000,000 printed lines.
+BENCHES += tests/bench/bench_kernel.py
