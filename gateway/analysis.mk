@@ -25,3 +25,4 @@ EXTRA_TARGETS += $(ANALYZE_BIN) $(ANALYSIS_BENCH)
 
 PYTESTS   += tests/analysis/test_corpus.py tests/analysis/test_soundness.py
 BENCHES   += tests/bench/bench_analysis.py
+PYTESTS   += tests/analysis/test_bad_input.py

@@ -123,8 +123,11 @@ int ll_analyze_main(int argc, char **argv)
         return s_usage();
 
     json_error_t jerr;
-    json_t *nb = strcmp(path, "-") == 0 ? json_loadf(stdin, 0, &jerr)
-                                        : json_load_file(path, 0, &jerr);
+    /* Cells may hold NUL characters (\u0000): analysis rejects those per
+     * cell, the notebook as a whole is still read. */
+    json_t *nb = strcmp(path, "-") == 0
+                     ? json_loadf(stdin, JSON_ALLOW_NUL, &jerr)
+                     : json_load_file(path, JSON_ALLOW_NUL, &jerr);
     if (!nb) {
         fprintf(stderr, "looseleaf analyze: %s: not a JSON notebook: %s (line %d)\n",
                 path, jerr.text, jerr.line);
