@@ -500,6 +500,24 @@ int ll_pool_unlink(ll_pool_t *pool)
     return 0;
 }
 
+void ll_pool_warm_counts(ll_pool_t *pool, size_t *free_warm, size_t *idle_warm)
+{
+    *free_warm = *idle_warm = 0;
+    for (size_t k = 0; k < pool->nwarm; k++) {
+        uint32_t i = pool->warm[k];
+        uint64_t s = atomic_load(&pool->state[i]);
+        if ((s & 3) == S_FREE)
+            (*free_warm)++;
+        else if ((s & 3) == S_ALLOC && atomic_load(&pool->lease[i]) == 0)
+            (*idle_warm)++;
+    }
+}
+
+uint64_t ll_pool_epoch(ll_pool_t *pool)
+{
+    return atomic_load(&pool->hdr->epoch);
+}
+
 size_t ll_pool_nregions(ll_pool_t *pool)
 {
     return pool->nregions;

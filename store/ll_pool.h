@@ -97,6 +97,13 @@ typedef struct {
 } ll_pool_stats_t;
 void ll_pool_stats(ll_pool_t *pool, ll_pool_stats_t *out);
 
+/* Of the regions this process prefaulted: how many are free, and how many
+ * are allocated but unleased (reclaimable unless a commit uses them). */
+void ll_pool_warm_counts(ll_pool_t *pool, size_t *free_warm, size_t *idle_warm);
+
+/* The commit epoch (moves with every commit of any process). */
+uint64_t ll_pool_epoch(ll_pool_t *pool);
+
 /* Number of regions (the pool's size limit in regions). */
 size_t ll_pool_nregions(ll_pool_t *pool);
 
