@@ -190,3 +190,37 @@ def test_state_persists_between_cells(kernel):
     assert kernel.eval_text("data") == "[1, 2]"
     assert kernel.eval_text("__name__") == "'__main__'"
     assert kernel.eval_text("type(get_ipython()).__name__ != ''") == "True"
+
+
+def test_queued_requests_run_in_order(kernel):
+    """Requests sent together run one after another, in the order sent, each
+    framed by its own busy/idle."""
+    ids = [kernel.send("execute_request", {"code": "print(%d)" % i, "silent": False,
+                                           "store_history": True, "user_expressions": {},
+                                           "allow_stdin": False}) for i in range(5)]
+    replies = [kernel.reply(i) for i in ids]
+    counts = [r["content"]["execution_count"] for r in replies]
+    assert counts == list(range(counts[0], counts[0] + 5))
+    for i, msg_id in enumerate(ids):
+        msgs = kernel.iopub_until_idle(msg_id)
+        check_envelope(kernel, msg_id, msgs)
+        assert stream_text(msgs) == "%d\n" % i
+
+
+def test_control_answers_while_cell_runs(kernel, tmp_path):
+    """kernel_info on the control channel is answered while a cell runs."""
+    go = str(tmp_path / "go")
+    code = ("import os, time\nprint('started', flush=True)\n_t = time.monotonic() + 30\n"
+            "while not os.path.exists(%r) and time.monotonic() < _t:\n    time.sleep(0.01)\n"
+            "print('finished')" % go)
+    msg_id = kernel.send("execute_request", {"code": code, "silent": False, "store_history": True,
+                                             "user_expressions": {}, "allow_stdin": False})
+    kernel.iopub_next(msg_id, lambda m: m["msg_type"] == "stream" and "started" in m["content"]["text"])
+    info = kernel.reply(kernel.send("kernel_info_request", {}, channel="control"), channel="control",
+                        timeout=10)
+    assert info["content"]["status"] == "ok"
+    # The cell is still running: it ends only once the test lets it.
+    open(go, "w").close()
+    rest = kernel.iopub_until_idle(msg_id)
+    assert stream_text(rest).endswith("finished\n")
+    assert kernel.reply(msg_id)["content"]["status"] == "ok"
