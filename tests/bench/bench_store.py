@@ -102,7 +102,7 @@ def bench_payload(rt, kind, make, t_memcpy):
     line("save (pool pages: %s)" % page_kind, min(saves), t_memcpy)
     line("restore (maps, zero copy)", min(restores), t_memcpy,
          "%.0fx faster than memcpy" % (t_memcpy / min(restores)))
-    _targets.append(("%s: save within 2x of memcpy" % kind, "%.2fx" % (min(saves) / t_memcpy),
+    _targets.append(("%s: save within 2x of memcpy (first save, fresh pool)" % kind, "%.2fx" % (min(saves) / t_memcpy),
                      min(saves) <= 2 * t_memcpy))
     _targets.append(("%s: restore faster than memcpy" % kind, "%.3fx" % (min(restores) / t_memcpy),
                      min(restores) < t_memcpy))
@@ -121,6 +121,8 @@ def bench_payload(rt, kind, make, t_memcpy):
 
     t = best(lambda: cp.save(["x"]), setup=flip_all, repeat=2)
     line("save, every region changed, warm pool (reclaimed space)", t, t_memcpy)
+    _targets.append(("%s: save within 2x of memcpy (warm pool)" % kind, "%.2fx" % (t / t_memcpy),
+                     t <= 2 * t_memcpy))
     t = best(lambda: cp.save(["x"]))
     line("incremental save, unchanged, own memory (hash regions)", t, None,
          "target < 10 ms" + (" MET" if t < 0.010 else " (not met)"))
