@@ -594,3 +594,16 @@ def test_untouched_restored_payload_is_committed_without_a_put(store):
     restore_ok(cp3, ["w"])
     assert ns3["w"][(2 * MiB + 8) // 8] == -1.0 and ns3["w"][(10 * MiB) // 8 + 3] == -2.0
     assert ns3["w"][0] == 0.0 and ns3["w"][-1] == 16 * MiB // 8 - 1
+
+
+def test_big_structure_goes_to_the_pool_not_redis(store):
+    ns, cp = fresh(store)
+    run(ns, "shared = {'k': 1}\nbig = [float(i) for i in range(300000)] + [shared]\n")
+    rep = save_ok(cp, ["shared", "big"])
+    assert rep.payload_bytes > 300000 * 9
+    assert len(store.fetch(["big"])["big"][1]) < 4096  # the Redis blob is only a header
+    rep = save_ok(cp, ["shared", "big"])
+    assert rep.bytes_written == 0 and sorted(rep.unchanged) == ["big", "shared"]
+    ns2, cp2 = fresh(store)
+    restore_ok(cp2, ["big"])
+    assert ns2["big"][:-1] == ns["big"][:-1] and ns2["big"][-1] is ns2["shared"]

@@ -490,6 +490,8 @@ class Checkpointer:
         bases = [self._map(r, m[1]) for m, r in zip(pays, prefs)]
         rep.payload_bytes += sum(m[1] for m in pays)
         oob = [memoryview(b) for m, b in zip(pays, bases) if m[0] == "n"]
+        if "stream" in hdr:
+            stream = memoryview(bases[hdr["stream"]])
 
         def local(k):
             meta = pays[k]

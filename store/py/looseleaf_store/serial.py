@@ -30,6 +30,9 @@ functions and classes defined in cells go by value).  Three hooks take things ou
   References only ever point to variables pickled earlier in the same save (or to committed variables the
   Checkpointer pulls into the save), so the refs graph is acyclic and restore loads owners first.
 
+* Big structures.  A stream longer than STREAM_INLINE_MAX (a long list, an object array) is itself a
+  payload (kind "x"), so Redis only ever holds small blobs and an unchanged structure costs no bytes.
+
 * The namespace.  A function defined in a cell keeps the notebook namespace as its globals: the namespace
   dict is the persistent id `('G',)`, and the globals the function reads are not pickled into it (they
   are variables of their own, listed as "soft" dependencies); only module globals are kept.
@@ -60,6 +63,9 @@ from cloudpickle.cloudpickle import _make_empty_cell, _should_pickle_by_referenc
 
 # bytes/bytearray at least this long leave the stream (smaller ones cost less inline than a payload).
 BIG_BYTES = 64 * 1024
+
+# A pickle stream longer than this is stored as a payload (kind "x") instead of in the Redis blob.
+STREAM_INLINE_MAX = 1 << 20
 
 # Blob = MAGIC, u32 header length, header (plain pickle of a dict), stream.
 _MAGIC = b"LLS1"
@@ -395,8 +401,16 @@ def pickle_var(ctx, name, value):
     for k, po in enumerate(p.pobjs):
         if po is not None:
             exports.append((po[0], "p", k, po[1]))
-    hdr = pickle.dumps({"pay": [m for m, _ in p.payloads], "hard": sorted(p.deps), "soft": sorted(p.soft)},
-                       protocol=5)
+    hdr = {"hard": sorted(p.deps), "soft": sorted(p.soft)}
+    if len(stream) > STREAM_INLINE_MAX:
+        # A big structure (a long list of floats, an object array) goes to the pool like any payload:
+        # Redis keeps small metadata, and an unchanged stream costs no bytes on the next save.
+        hdr["stream"] = len(p.payloads)
+        p.payloads.append((("x", len(stream)), stream))
+        p.pobjs.append(None)
+        stream = b""
+    hdr["pay"] = [m for m, _ in p.payloads]
+    hdr = pickle.dumps(hdr, protocol=5)
     blob = _HDR.pack(_MAGIC, len(hdr)) + hdr + stream
     return Pickled(name, blob, p.payloads, p.pobjs, p.deps, p.soft, exports)
 
