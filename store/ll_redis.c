@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -175,12 +176,23 @@ char *ll_redis_start(const char *runtime_dir, bool *started, char *err, size_t e
     char *pidf = s_join(runtime_dir, "redis.pid");
     char *logf = s_join(runtime_dir, "redis.log");
     char *result = NULL;
+    int lock_fd = -1;
     if (!sock || !pidf || !logf) {
         snprintf(err, errlen, "out of memory");
         goto out;
     }
     if (strlen(sock) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
         snprintf(err, errlen, "runtime directory path too long for a unix socket: %s", sock);
+        goto out;
+    }
+    /* Two processes starting the server at once would each spawn one, and
+     * the second would take over the socket and share the first's AOF: a
+     * lock file serializes starters; the second then finds it answering. */
+    char *lockf = s_join(runtime_dir, "redis.lock");
+    lock_fd = lockf ? open(lockf, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600) : -1;
+    free(lockf);
+    if (lock_fd < 0 || flock(lock_fd, LOCK_EX) != 0) {
+        snprintf(err, errlen, "cannot lock %s/redis.lock: %s", runtime_dir, strerror(errno));
         goto out;
     }
     if (s_ping(sock)) {
@@ -254,6 +266,8 @@ char *ll_redis_start(const char *runtime_dir, bool *started, char *err, size_t e
     result = sock;
     sock = NULL;
 out:
+    if (lock_fd >= 0)
+        close(lock_fd); /* releases the lock */
     free(sock);
     free(pidf);
     free(logf);

@@ -178,3 +178,19 @@ def test_pool_full_is_a_clear_error_and_keeps_old_versions(store):
     assert ref.written == 22 * R
     with pytest.raises(_llstore.PoolFullError):
         store.put_payload(np.ones(R, np.uint8))
+
+
+def test_concurrent_starters_share_one_redis(runtime_dir):
+    code = "import sys, _llstore; print(_llstore.start_redis(sys.argv[1]))"
+    procs = [subprocess.Popen([sys.executable, "-c", code, runtime_dir], env=child_env(),
+                              stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    outs = [p.communicate(timeout=60)[0].strip() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert len(set(outs)) == 1
+    with open(os.path.join(runtime_dir, "redis.pid")) as f:
+        pid = int(f.read())
+    assert _llstore.stop_redis(runtime_dir)
+    # exactly one server ran: no other redis-server holds this directory's AOF
+    out = subprocess.run(["pgrep", "-f", "redis-server.*%s" % runtime_dir], capture_output=True,
+                         text=True)
+    assert out.stdout.split() == [] or out.stdout.split() == [str(pid)]
