@@ -6,7 +6,8 @@ hands streams and payload buffers to `_llstore` and maps payloads back.
 
 DESIGN
 Each variable is pickled on its own (protocol 5, the C `_pickle` Pickler through cloudpickle's subclass, so
-functions and classes defined in cells go by value).  Three hooks take things out of the stream:
+functions and classes defined in cells go by value; small immutable values stay in the stream).  Hooks
+(persistent_id, buffer_callback, reducer_override) take things out of the stream:
 
 * Payloads.  Out-of-band PickleBuffers (numpy arrays, pandas blocks: anything protocol 5 exports), torch
   storages (caught by `persistent_id` on the TypedStorage every tensor reduce hands over; keyed by the
@@ -42,10 +43,12 @@ LIMITS
   the versions committed with it.  The Checkpointer keeps that true by re-pickling the dependents of every
   variable whose exports changed, in the same commit.
 * A numpy view shares memory with its base after restore when the base is saved too (or the view covers
-  at least half of it); a small view of an array nobody saves is stored as a copy of the view.  Non-leaf tensors come back as leaves
-  (autograd history is not state).  Tensor subclasses other than Parameter, sparse and quantized tensors
+  at least half of it); a small view of an array nobody saves is stored as a copy of the view.
+* Non-leaf tensors come back as leaves (autograd history is not state).  Tensor subclasses other than Parameter, sparse and quantized tensors
   use torch's own reduce (their storages still leave the stream).
-* Objects pickle cannot handle (open files, sockets, generators, locks) fail their variable only.
+* Objects pickle cannot handle (open files, sockets, generators, locks) fail their variable only, and
+  every variable of the same save that references them.
+* Exports hold their objects alive (ids must stay unique): see checkpoint.py.
 """
 import enum
 import hashlib
