@@ -444,17 +444,19 @@ class Checkpointer:
 
     # ---- restore -------------------------------------------------------------------------------------
     def _fetch_closure(self, names):
-        """Entries of NAMES and of everything they reference, from one atomic read."""
+        """Entries of NAMES and of everything they reference.  The read that is returned is one atomic
+        fetch whose entries reference nothing outside it, so it never mixes two commits."""
         want = list(dict.fromkeys(names))
-        entries = {}
+        asked = set(want)
         for _ in range(1000):
             snap = self.store.fetch(want)
-            more = [r for e in snap.values() for r in e[3] if r not in snap and r not in want]
-            if not more and all(entries.get(n, (None,))[0] == e[0] for n, e in snap.items()) \
-                    and len(entries) == len(snap):
+            more = [r for e in snap.values() for r in e[3] if r not in asked]
+            if not more:
                 return snap
-            entries = snap
-            want += list(dict.fromkeys(more))
+            for r in more:
+                if r not in asked:
+                    asked.add(r)
+                    want.append(r)
         raise RuntimeError("the store kept changing while reading the closure of %r" % (names,))
 
     def _map(self, ref, nbytes):
