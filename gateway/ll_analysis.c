@@ -692,6 +692,26 @@ static bool s_has_items(PyObject *node, PyObject *attr)
     return yes;
 }
 
+/* A decorator receives the function or class: it may call it right away
+ * (so its body's globals are read now) and may keep it (`@app.route`,
+ * `@registry.register` store it in app / registry, which then need its
+ * globals whenever they are used). */
+static void s_decorated(s_walker_t *w, PyObject *node, const char *name)
+{
+    if (w->scope->kind != SC_MODULE)
+        return;
+    PyObject *decs = s_get(node, s_py.a_decorator_list);
+    for (Py_ssize_t i = 0; decs && PyList_Check(decs) && i < PyList_GET_SIZE(decs);
+         i++) {
+        PyObject *d = PyList_GET_ITEM(decs, i);
+        if (!s_is(d, s_py.t_Name))
+            s_mutate(w, d);
+    }
+    if (decs && PyList_Check(decs) && PyList_GET_SIZE(decs) > 0)
+        s_emit(w, LL_EV_LOAD, 0, name, -1, false);
+    Py_XDECREF(decs);
+}
+
 /* def / async def: decorators, defaults and annotations now, body later. */
 static void s_walk_def(s_walker_t *w, PyObject *node)
 {
@@ -725,9 +745,7 @@ static void s_walk_def(s_walker_t *w, PyObject *node)
     s_scope_free(&sc);
 
     s_store(w, name, LL_BK_FUNC, own ? g : -1);
-    /* A decorator receives the function and may call it right away. */
-    if (w->scope->kind == SC_MODULE && s_has_items(node, s_py.a_decorator_list))
-        s_emit(w, LL_EV_LOAD, 0, name, -1, false);
+    s_decorated(w, node, name);
 }
 
 static void s_walk_class(s_walker_t *w, PyObject *node)
@@ -757,8 +775,7 @@ static void s_walk_class(s_walker_t *w, PyObject *node)
     s_scope_free(&sc);
 
     s_store(w, name, LL_BK_CLASS, own ? cg : -1);
-    if (w->scope->kind == SC_MODULE && s_has_items(node, s_py.a_decorator_list))
-        s_emit(w, LL_EV_LOAD, 0, name, -1, false);
+    s_decorated(w, node, name);
 }
 
 /* A lambda may run now (sorted(key=...)) or later (kept in a value): its
@@ -804,6 +821,15 @@ static void s_walk_comp(s_walker_t *w, PyObject *node)
     }
     /* The first iterable is evaluated in the enclosing scope. */
     s_walk_field(w, PyList_GET_ITEM(gens, 0), s_py.a_iter);
+    /* A generator expression runs when it is iterated, maybe in a later
+     * cell: like a lambda, its globals are read now and are deps of what the
+     * statement binds. */
+    bool lazy = s_is(node, s_py.t_GeneratorExp) && w->group < 0 &&
+                w->class_group < 0;
+    int saved_group = w->group;
+    int g = lazy ? s_new_group(w, NULL, LL_BK_VALUE) : -1;
+    if (g >= 0)
+        w->group = g;
     s_scope_t sc;
     s_scope_init(&sc, SC_COMP, w->scope, w->scope->immediate);
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(gens); i++)
@@ -829,6 +855,9 @@ static void s_walk_comp(s_walker_t *w, PyObject *node)
     w->scope = saved_scope;
     s_scope_free(&sc);
     Py_DECREF(gens);
+    w->group = saved_group;
+    if (g >= 0)
+        s_emit(w, LL_EV_DEFER, 0, NULL, g, false);
 }
 
 static void s_walk_namedexpr(s_walker_t *w, PyObject *node)

@@ -69,6 +69,13 @@ WRITTEN = {
         "print(undefined_name)\n",
         "%%gpu\nprint(helper(2))\n",
         "x\n",
+        "k = 2\ng = (v * k for v in range(3))\n",
+        "print(list(g))\n",
+        "class Registry:\n    def __init__(self):\n        self.funcs = []\n"
+        "    def register(self, f):\n        self.funcs.append(f)\n        return f\n"
+        "registry = Registry()\n",
+        "LIMIT = 5\n@registry.register\ndef check(v):\n    return v < LIMIT\n",
+        "print([f(3) for f in registry.funcs])\n",
     ],
     "torch_training": [
         "import torch\nfrom torch import nn\ntorch.manual_seed(0)\n",
