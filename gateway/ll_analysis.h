@@ -31,7 +31,13 @@
  *   contain a GPU framework (ll_analysis_gpu_add, LOOSELEAF_GPU_PACKAGES).
  * - opaque: exec/eval/globals()/locals()/vars()/dir(), star imports, %run,
  *   unknown magics, get_ipython() used beyond its magic calls: the closure
- *   is then every live variable and every live import. */
+ *   is then every live variable and every live import (and the label GPU
+ *   when any of those modules is a GPU one).
+ * Known limits (static analysis cannot see them): a function stored into a
+ * container by another function's code (`register(f)` appending to a global
+ * list) or into a module attribute (`np.helper = f`) does not pass its
+ * globals on to that container; IPython's output history (_, _N, Out, In)
+ * is not a variable of any closure. */
 #ifndef LL_ANALYSIS_H
 #define LL_ANALYSIS_H
 

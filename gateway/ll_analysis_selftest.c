@@ -282,6 +282,51 @@ static void s_test_bad_input(void)
     }
 }
 
+static void s_test_config_and_contracts(void)
+{
+    CHECK(ll_analysis_is_gpu_module("torch"));
+    CHECK(ll_analysis_is_gpu_module("torch.nn.functional"));
+    CHECK(ll_analysis_is_gpu_module("numba.cuda"));
+    CHECK(!ll_analysis_is_gpu_module("numba"));
+    CHECK(!ll_analysis_is_gpu_module("torchx")); /* a prefix is not a package */
+    CHECK(!ll_analysis_is_gpu_module("selftestgpu"));
+    CHECK(ll_analysis_gpu_add("selftestgpu") == 0);
+    CHECK(ll_analysis_gpu_add("") == -1);
+    CHECK(ll_analysis_is_gpu_module("selftestgpu.sub"));
+
+    ll_analysis_session_t *s = ll_analysis_session_new();
+    ll_analysis_t *a = s_new("import selftestgpu\nselftestgpu.go()\n");
+    ll_analysis_closure_t *c = ll_analysis_session_closure(s, a);
+    CHECK(c && ll_analysis_closure_label(c) == LL_ANALYSIS_GPU);
+    json_t *j = c ? ll_analysis_closure_json(c) : NULL;
+    CHECK(j && strcmp(json_string_value(json_object_get(j, "label")), "gpu") == 0);
+    json_decref(j);
+    ll_analysis_closure_destroy(&c);
+    ll_analysis_closure_destroy(&c); /* safe twice */
+    ll_analysis_destroy(&a);
+
+    /* A cell that did not parse has no closure and records nothing. */
+    a = s_new("def (:\n");
+    CHECK(a && ll_analysis_error(a));
+    CHECK(ll_analysis_session_closure(s, a) == NULL);
+    CHECK(ll_analysis_session_record(s, a) == 0);
+    CHECK(ll_analysis_session_cells(s) == 0);
+    CHECK(ll_analysis_defs(a).count == 0 && ll_analysis_reads(a).count == 0);
+    j = ll_analysis_json(a);
+    CHECK(j && json_is_string(json_object_get(j, "error")));
+    json_decref(j);
+    ll_analysis_destroy(&a);
+
+    a = s_new("def f():\n    return 1\n");
+    CHECK(ll_analysis_function_name(a, 1) == NULL);
+    CHECK(ll_analysis_function_globals(a, 7).count == 0);
+    CHECK(ll_analysis_session_record(NULL, a) == -1);
+    CHECK(ll_analysis_session_closure(NULL, a) == NULL);
+    ll_analysis_destroy(&a);
+    ll_analysis_session_destroy(&s);
+    ll_analysis_session_destroy(&s); /* safe twice */
+}
+
 int ll_analysis_selftest(bool verbose)
 {
     s_verbose = verbose;
@@ -298,6 +343,7 @@ int ll_analysis_selftest(bool verbose)
     s_test_paper();
     s_test_session();
     s_test_bad_input();
+    s_test_config_and_contracts();
     ll_analysis_shutdown();
     PyGILState_Release(gil);
     if (started)
