@@ -209,6 +209,7 @@ class SaveContext:
         self.cur = {}  # key -> (owner, kind, index, obj): exports of variables pickled earlier in this save
         self.old = old_owner  # same, for committed variables (only consulted for names not in `saving`)
         self.saving = saving  # set of names being pickled in this save
+        self.pickler = None  # the save's _Pickler, made on first use
         self.arrays = {}  # id -> base arrays pickled in this save (held, so ids stay unique)
         self.anchors = {}  # id(foreign buffer's flat array) -> the whole array standing for it
         np = sys.modules.get("numpy")
@@ -235,19 +236,29 @@ class Pickled:
 
 
 class _Pickler(cloudpickle.CloudPickler):
-    def __init__(self, file, ctx, name):
+    """One per save, reused for each variable (start() resets it): creating a pickler costs more than
+    pickling a small variable."""
+
+    def __init__(self, file, ctx):
         super().__init__(file, protocol=5, buffer_callback=self._oob)
+        self._file = file
         self._ctx = ctx
-        self._name = name
-        self.payloads = []
-        self.pobjs = []
-        self._pkey = {}  # local payload key -> index, so one object is one payload
-        self.deps = set()
-        self.soft = set()
         self._np = sys.modules.get("numpy")
         torch = sys.modules.get("torch")
         self._torch = torch
         self._storage_types = (torch.storage.TypedStorage, torch.storage.UntypedStorage) if torch else ()
+
+    def start(self):
+        """Ready for the next variable: empty stream, memo, payload list and dependencies."""
+        self._file.seek(0)
+        self._file.truncate()
+        self.clear_memo()
+        self.globals_ref = {}
+        self.payloads = []  # [(meta, buffer or storage)]
+        self.pobjs = []  # per payload: (export key, object) or None
+        self._pkey = {}  # local payload key -> index, so one object is one payload
+        self.deps = set()
+        self.soft = set()
 
     def _oob(self, pb):
         raw = pb.raw()
@@ -393,10 +404,12 @@ class _Pickler(cloudpickle.CloudPickler):
 
 def pickle_var(ctx, name, value):
     """Pickle VALUE as variable NAME.  Returns a Pickled; raises what pickle raises (and NeedOwner)."""
-    f = io.BytesIO()
-    p = _Pickler(f, ctx, name)
+    p = ctx.pickler
+    if p is None:
+        p = ctx.pickler = _Pickler(io.BytesIO(), ctx)
+    p.start()
     p.dump(value)
-    stream = f.getvalue()
+    stream = p._file.getvalue()
     exports = []
     for idx, obj in p.memo.copy().values():
         if shareable(obj):
