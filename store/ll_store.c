@@ -749,8 +749,9 @@ char *ll_store_put(ll_store_t *st, const void *data, size_t len, const char *bas
     /* Allocate the regions to write; a full pool first tries reclamation.
      * So does a put that would otherwise first-touch fresh regions while
      * prefaulted ones may have become garbage (a commit happened since the
-     * last reclamation): first touch of 4 KiB pages costs about 1 ms per
-     * region here (MEASURED.md), a reclamation what the last one took. */
+     * last reclamation): first touch costs what it cost this process so
+     * far (about 1 ms per region with 4 KiB pages, MEASURED.md), a
+     * reclamation what the last one took. */
     bool tried_gc = false;
     size_t need = 0;
     for (size_t i = 0; i < n; i++)
@@ -761,7 +762,7 @@ char *ll_store_put(ll_store_t *st, const void *data, size_t len, const char *bas
         size_t gain = need > free_warm ? need - free_warm : 0;
         if (gain > idle_warm)
             gain = idle_warm;
-        if (gain >= S_GC_MIN_GAIN && (double)gain * 1.0 > 2.0 * st->gc_ms) {
+        if (gain >= S_GC_MIN_GAIN && (double)gain * ll_pool_touch_ms(st->pool) > 2.0 * st->gc_ms) {
             tried_gc = true;
             if (s_gc_locked(st) < 0)
                 ll_debug("store", "%s", st->err); /* the put goes on without it */
