@@ -117,7 +117,7 @@ def test_optimizer_saved_in_a_later_cell_pulls_in_its_model(store):
     save_ok(cp, ["model"])
     run(ns, "opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)")
     rep = save_ok(cp, ["opt"])
-    assert "model" in rep.added or "model" in rep.unchanged or "model" in rep.saved
+    assert rep.added == ["model"] and rep.unchanged == ["model"] and list(rep.saved) == ["opt"], rep
     ns2, cp2 = fresh(store)
     restore_ok(cp2, ["opt"])  # brings model along
     assert ns2["opt"].param_groups[0]["params"][0] is ns2["model"].weight
