@@ -155,6 +155,7 @@ typedef struct {
     int cond;         /* depth of conditional module-level blocks */
     int block;        /* innermost conditional block (0: none) */
     int depth;        /* recursion depth of the walk */
+    bool one_unit;    /* magic body walked as one statement (%%capture) */
     bool oom;         /* allocation failed */
     bool too_deep;    /* refused a tree deeper than LL_ANALYSIS_MAX_DEPTH */
 } s_walker_t;
@@ -624,7 +625,7 @@ static void s_walk_body(s_walker_t *w, PyObject *list)
     if (!list || !PyList_Check(list))
         return;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list) && !w->oom; i++) {
-        if (w->scope->kind == SC_MODULE)
+        if (w->scope->kind == SC_MODULE && !w->one_unit)
             s_emit(w, LL_EV_UNIT, 0, NULL, -1, false);
         s_walk(w, PyList_GET_ITEM(list, i));
     }
@@ -1279,11 +1280,17 @@ static void s_walk_magic(s_walker_t *w, const char *method, const char **argv,
         else
             s_walk_code(w, s_skip_options(line, m->argopts), true);
         break;
-    case MG_CAPTURE:
+    case MG_CAPTURE: {
+        /* The captured output holds whatever the body displayed: one unit,
+         * so the variable's modules are all of the body's. */
+        bool saved = w->one_unit;
+        w->one_unit = true;
         if (cell)
             s_walk_code(w, argv[2], false);
         s_bind_option_vars(w, line, true);
+        w->one_unit = saved;
         break;
+    }
     case MG_SCRIPT:
         s_bind_option_vars(w, line, false);
         break;
