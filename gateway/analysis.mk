@@ -23,6 +23,7 @@ $(ANALYSIS_BENCH): $(BUILD)/tests/bench/bench_analysis.o $(ANALYSIS_OBJS)
 
 EXTRA_TARGETS += $(ANALYZE_BIN) $(ANALYSIS_BENCH)
 
-PYTESTS   += tests/analysis/test_corpus.py tests/analysis/test_soundness.py
+# The corpus (>= 150 hand-checked cells), soundness on real notebooks, bad input.
+PYTESTS   += tests/analysis/test_analysis_corpus.py tests/analysis/test_analysis_soundness.py \
+             tests/analysis/test_analysis_bad_input.py
 BENCHES   += tests/bench/bench_analysis.py
-PYTESTS   += tests/analysis/test_bad_input.py

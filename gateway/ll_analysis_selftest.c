@@ -1,7 +1,7 @@
 /* ll_analysis_selftest: the C self-test of the cell analysis, run by
  * build/ll_selftest (single-threaded).  Starts an embedded Python when none
  * is running and finalizes it again, so later self-tests start clean.  The
- * large table-driven corpus is tests/analysis/corpus.txt (pytest, through
+ * large table-driven corpus is tests/analysis/corpus.txt (test_analysis_corpus.py, through
  * the CLI); here are the API's contracts, the paper's five-cell notebook and
  * the bad inputs. */
 #define PY_SSIZE_T_CLEAN

@@ -1,6 +1,6 @@
 """Execute a notebook with IPython, each cell with the full namespace or with
 only its computed closure; write every cell's outputs as JSON (issue 3's
-soundness test; run by tests/analysis/test_soundness.py, one process per
+soundness test; run by tests/analysis/test_analysis_soundness.py, one process per
 run, in a fresh working directory).
 
     soundness_runner.py NOTEBOOK OUT.json full

@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from test_corpus import ANALYZE, notebook
+from test_analysis_corpus import ANALYZE, notebook
 
 MEMORY_LIMIT = 3 << 30  # bytes of address space for one analysis process
 
