@@ -205,3 +205,39 @@ def test_cli_bad_usage_and_bad_notebooks(tmp_path):
     doc = json.loads(proc.stdout)
     assert doc["summary"]["code_cells"] == 2
     assert doc["cells"][0]["facts"]["defs"] == ["a", "b"]
+
+
+def test_python_baseline_agrees_with_c():
+    """`make bench` compares the C analysis with tests/bench/bench_analysis_py.py;
+    that comparison is only fair if both compute the same thing.  On every
+    corpus session without IPython syntax (the baseline leaves magics out),
+    both must give the same reads, state closure, import closure and import
+    statements for every cell."""
+    import sys
+    sys.path.insert(0, str(ROOT / "tests" / "bench"))
+    import bench_analysis_py as py
+
+    checked, failures = 0, []
+    for session in SESSIONS:
+        if session["env"] or any(ch in c["code"] for c in session["cells"] for ch in "%!?"):
+            continue
+        result = analyze(session["cells"])
+        baseline = py.Session()
+        for cell, got in zip(session["cells"], result["cells"]):
+            pc = py.Cell(cell["code"])
+            if pc.error or got["facts"]["error"]:
+                assert bool(pc.error) == bool(got["facts"]["error"]), cell["code"]
+                continue
+            want = baseline.closure(pc)
+            have = got["closure"]
+            pairs = [(sorted(pc.reads - py.BUILTINS), sorted(got["facts"]["reads"])),
+                     (want["state"], have["state_closure"]),
+                     (want["imports"], have["import_closure"]),
+                     (want["stmts"], have["import_statements"]),
+                     (want["opaque"], have["opaque"])]
+            if any(a != b for a, b in pairs):
+                failures.append(f"corpus.txt:{cell['line']}: python {pairs}")
+            baseline.record(pc)
+            checked += 1
+    assert checked >= 100
+    assert not failures, "\n".join(failures)

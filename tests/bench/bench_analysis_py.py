@@ -10,7 +10,8 @@ are left out (the benchmark cells have none).  Run by bench_analysis.py.
 import ast
 import builtins
 
-BUILTINS = set(dir(builtins))
+BUILTINS = set(dir(builtins)) | {"get_ipython", "display", "exit", "quit", "In", "Out",
+                                  "_ih", "_oh", "_dh", "_i", "_ii", "_iii"}
 MODULE, FUNC, CLASS, COMP = range(4)
 VALUE, IMPORT, FUNCK, CLASSK, STAR = range(5)
 
@@ -82,6 +83,11 @@ class Cell:
         self.block_parent = [-1]
         self.opaque = False
         self.error = None
+        first = src.lstrip("\r\n")
+        indent = first[:len(first) - len(first.lstrip(" \t"))]
+        if indent:  # IPython's leading_indent
+            src = "".join(line[len(indent):] if line.startswith(indent) else line
+                          for line in src.splitlines(True))
         try:
             tree = ast.parse(src)
         except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
@@ -131,6 +137,8 @@ class Cell:
     def load(self, name):
         if not resolves_global(self.scope, name):
             return
+        if name in ("get_ipython", "__main__"):
+            self.mark_opaque()
         if self.scope.immediate:
             self.emit("LOAD", name)
         if self.group >= 0:
@@ -228,7 +236,13 @@ class Cell:
         self.body(node.body)
         self.scope, self.group = saved
         self.store(node.name, FUNCK, g if own else -1)
+        self.decorated(node)
+
+    def decorated(self, node):
         if self.scope.kind == MODULE and node.decorator_list:
+            for d in node.decorator_list:
+                if not isinstance(d, ast.Name):
+                    self.mutate(d)
             self.emit("LOAD", node.name)
 
     v_AsyncFunctionDef = v_FunctionDef
@@ -250,8 +264,7 @@ class Cell:
         self.body(node.body)
         self.scope, self.class_group = saved, saved_cg
         self.store(node.name, CLASSK, cg)
-        if self.scope.kind == MODULE and node.decorator_list:
-            self.emit("LOAD", node.name)
+        self.decorated(node)
 
     def v_Lambda(self, node):
         self.generic(node.args)
@@ -271,6 +284,11 @@ class Cell:
     def v_ListComp(self, node):
         gens = node.generators
         self.visit(gens[0].iter)
+        lazy = isinstance(node, ast.GeneratorExp) and self.group < 0 and self.class_group < 0
+        saved_group = self.group
+        g = self.new_group(None, VALUE) if lazy else -1
+        if lazy:
+            self.group = g
         sc = Scope(COMP, self.scope, self.scope.immediate)
         for gen in gens:
             scan(gen.target, sc)
@@ -289,6 +307,9 @@ class Cell:
             self.visit(node.elt)
         self.leave(blk)
         self.scope = saved
+        self.group = saved_group
+        if lazy:
+            self.emit("DEFER", ref=g)
 
     v_SetComp = v_GeneratorExp = v_DictComp = v_ListComp
 
@@ -403,10 +424,15 @@ class Cell:
                     path = f"{mod}.{a.name}"
                     stmt = f"from {mod} import {a.name}" + (f" as {a.asname}" if a.asname else "")
                     kind = IMPORT
+            if (mod if isinstance(node, ast.ImportFrom) else a.name) == "__main__":
+                self.mark_opaque()
             if self.group >= 0:
                 self.groups[self.group]["paths"].add(path)
-            self.imports.append({"module": mod, "path": path, "stmt": stmt})
-            self.store(bound, kind, len(self.imports) - 1)
+            ref = -1
+            if self.scope.kind == MODULE or bound in self.scope.globals:
+                self.imports.append({"module": mod, "path": path, "stmt": stmt})
+                ref = len(self.imports) - 1
+            self.store(bound, kind, ref)
 
     v_ImportFrom = v_Import
 
@@ -439,8 +465,8 @@ class Binding:
 class Replay:
     """Replays a cell's events against a session (None: an empty one)."""
 
-    def __init__(self, session, cell):
-        self.s, self.cell = session, cell
+    def __init__(self, session, cell, record=False):
+        self.s, self.cell, self.record = session, cell, record
         self.overlay = {}  # name -> [alts [(binding, block)], base, deleted]
         self.reads, self.state, self.stmts, self.paths = set(), set(), set(), set()
         self.opaque = cell.opaque
@@ -512,7 +538,10 @@ class Replay:
                 b.deps |= self.udeps
         for name in self.umut:
             e = self.overlay.get(name)
-            for b, _ in (e[0] if e else []):
+            targets = [b for b, _ in (e[0] if e else [])]
+            if self.record and (not e or e[1]) and self.base(name) is not None:
+                targets.append(self.base(name))
+            for b in targets:
                 if b.kind not in (IMPORT, STAR):
                     b.prov |= self.uprov
                     b.deps |= self.udeps
@@ -561,7 +590,7 @@ class Session:
     def record(self, cell):
         if cell.error:
             return
-        r = Replay(self, cell).run()
+        r = Replay(self, cell, record=True).run()
         for name, (alts, base, deleted) in r.overlay.items():
             if deleted:
                 self.names.pop(name, None)
