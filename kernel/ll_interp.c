@@ -666,6 +666,42 @@ bool ll_interp_busy(void)
     return atomic_load(&s_busy);
 }
 
+int ll_interp_fork(void)
+{
+    if (!s_initialized) {
+        errno = EINVAL;
+        return -1;
+    }
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyOS_BeforeFork();
+    pid_t pid = fork();
+    int saved = errno;
+    if (pid == 0) {
+        /* Only this thread survives; it is Python's main thread now. */
+        PyOS_AfterFork_Child();
+        s_thread = pthread_self();
+    } else {
+        PyOS_AfterFork_Parent();
+    }
+    PyGILState_Release(gil);
+    errno = saved;
+    return (int)pid;
+}
+
+int ll_interp_set_hooks(const ll_interp_hooks_t *hooks)
+{
+    if (!s_initialized || !hooks)
+        return -1;
+    s_hooks = *hooks;
+    s_thread = pthread_self();
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, LL_WAKE_SIGNAL);
+    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+    atomic_store(&s_in_child, false);
+    return 0;
+}
+
 void ll_interp_finalize(void)
 {
     if (!s_initialized)

@@ -99,6 +99,18 @@ void ll_interp_interrupt(void);
 /* Whether a cell is running right now. */
 bool ll_interp_busy(void);
 
+/* Fork the process that runs the interpreter, the way CPython needs it done
+ * (GIL taken, PyOS_BeforeFork, fork, PyOS_AfterFork_Parent/Child): for a
+ * zygote making a worker.  The calling thread becomes the child's Python
+ * main thread.  In the child the hooks stay off (as after any fork) until
+ * ll_interp_set_hooks.  Returns fork()'s result (-1 with errno on failure). */
+int ll_interp_fork(void);
+
+/* Make HOOKS this process's hooks and the calling thread the interpreter
+ * thread (interrupts land there): in a child made by ll_interp_fork, before
+ * it starts other threads or runs requests.  Returns 0, -1 if not started. */
+int ll_interp_set_hooks(const ll_interp_hooks_t *hooks);
+
 /* Stop the interpreter (atexit handlers run, history saved). */
 void ll_interp_finalize(void);
 

@@ -12,6 +12,9 @@
  *     @busy                       print whether ll_interp_busy()
  *     @metadata <JSON object>     request metadata of the next request
  *     @buffers <hex>[,<hex>...]   binary buffers of the next request
+ *     @fork <request line>        ll_interp_fork(); the child sets the hooks
+ *                                 again, runs the request, exits; the parent
+ *                                 waits ({"ev": "child_exit", "status"})
  *     # ...                       comment
  * Everything the hooks receive, and every reply, is printed as one JSON
  * object per line on the original stdout, with "t" = ms since start:
@@ -34,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static pthread_mutex_t s_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -164,6 +168,32 @@ static void s_start_timer(int ms, bool sigint)
         free(t);
 }
 
+static ll_interp_hooks_t s_hooks;
+
+static void s_line(char *line);
+
+static void s_fork(char *request)
+{
+    fflush(s_out);
+    int pid = ll_interp_fork();
+    if (pid < 0) {
+        s_emit(json_pack("{s:s, s:b}", "ev", "fork", "ok", false));
+        return;
+    }
+    if (pid == 0) {
+        ll_interp_set_hooks(&s_hooks);
+        s_emit(json_pack("{s:s, s:i}", "ev", "child", "pid", (int)getpid()));
+        s_line(request);
+        fflush(s_out);
+        _exit(0);
+    }
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0)
+        ;
+    s_emit(json_pack("{s:s, s:i}", "ev", "child_exit", "status",
+                     WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st)));
+}
+
 static void s_line(char *line)
 {
     size_t n = strlen(line);
@@ -204,6 +234,10 @@ static void s_line(char *line)
             s_next_bufs[s_next_nbufs] = b;
             s_next_buflens[s_next_nbufs++] = nbytes;
         }
+        return;
+    }
+    if (strncmp(line, "@fork ", 6) == 0) {
+        s_fork(line + 6);
         return;
     }
     if (strcmp(line, "@busy") == 0) {
@@ -252,6 +286,7 @@ int main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
 
     ll_interp_hooks_t hooks = {NULL, s_stream_write, s_stream_flush, s_publish, s_input_request};
+    s_hooks = hooks;
     char err[512];
     if (ll_interp_init(argv[0], &hooks, err, sizeof err) != 0) {
         s_emit(json_pack("{s:s, s:b, s:s}", "ev", "init", "ok", false, "error", err));

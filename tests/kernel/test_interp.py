@@ -578,3 +578,25 @@ def test_kernel_magics(env, tmp_path):
     assert r5["content"]["status"] == "ok" and "connection" in text(g5, "stderr")
     # cells are named like ipykernel's, <tmp>/looseleaf_<pid>/<hash>.py
     assert re.search(r"\(\d+\.py, line 1\)$", r6["content"]["evalue"])
+
+
+def test_fork_a_worker(env):
+    """ll_interp_fork + ll_interp_set_hooks: a forked child runs requests on
+    the parent's state with its own hooks; the parent is unaffected."""
+    evs = run(env, ex("import os\nx = 41\nparent = os.getpid()"),
+              "@fork " + ex("print(os.getpid() != parent)\nx += 1\nx"),
+              ex("x"),
+              "@fork " + ex("y = 'in child'\n%history -l 2"))
+    kinds = [e["ev"] for e in evs]
+    assert kinds.count("child") == 2 and kinds.count("child_exit") == 2
+    child = evs[kinds.index("child"):kinds.index("child_exit")]
+    assert text(child) == "True\n"
+    assert pubs(child, "execute_result")[0]["data"]["text/plain"] == "42"
+    assert [e for e in evs if e["ev"] == "child_exit"][0]["status"] == 0
+    after = evs[kinds.index("child_exit"):]
+    assert pubs(after, "execute_result")[0]["data"]["text/plain"] == "41"
+    # the second child sees the session's history (not the first child's
+    # cell, which never happened in the parent)
+    second = evs[len(kinds) - 1 - kinds[::-1].index("child"):]
+    assert text(second) == "import os\nx = 41\nparent = os.getpid()\nx\n"
+    assert [e for e in evs if e["ev"] == "child_exit"][1]["status"] == 0

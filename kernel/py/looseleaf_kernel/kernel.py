@@ -10,8 +10,10 @@ request gets an error reply, never a dead kernel.
 import builtins
 import getpass
 import logging
+import os
+import sqlite3
 import sys
-import time
+import threading
 import uuid
 from datetime import datetime, timezone
 
@@ -134,6 +136,7 @@ class Kernel:
         }
         builtins.input = self.raw_input
         getpass.getpass = self.getpass
+        os.register_at_fork(after_in_child=self._after_fork_child)
         self.handlers = {
             "execute_request": self.execute_request,
             "complete_request": self.complete_request,
@@ -147,6 +150,53 @@ class Kernel:
             "comm_close": self.comm_close,
             "shutdown_request": self.shutdown_request,
         }
+
+    def _after_fork_child(self):
+        """In a fork()ed child (a worker, multiprocessing): the history
+        writer thread did not survive the fork and may have died holding the
+        history locks, and the parent's sqlite database must not be touched
+        from the child: using, or even closing, an inherited connection can
+        break the parent's (sqlite's locks are per process), and reading the
+        live file races the parent's writer.  The child keeps the inherited
+        connections alive untouched and gets fresh locks and an in-memory
+        database holding this session's inputs, so %history and _i<N> work,
+        and nothing reaches the parent's file."""
+        hm = getattr(self.shell, "history_manager", None)
+        if hm is None:
+            return
+        thread = getattr(hm, "save_thread", None)
+        _fork_keepalive.extend([hm.db, thread, getattr(thread, "db", None)])
+        # Reentrant: the write-out below runs inside store_inputs' lock.
+        hm.db_input_cache_lock = threading.RLock()
+        hm.db_output_cache_lock = threading.RLock()
+        hm.save_thread = None
+        hm.db_input_cache = []
+        hm.db_output_cache = []
+        hm.end_session = lambda: None
+        db = sqlite3.connect(":memory:", detect_types=sqlite3.PARSE_DECLTYPES |
+                             sqlite3.PARSE_COLNAMES, check_same_thread=False)
+        db.execute("CREATE TABLE sessions (session integer primary key autoincrement,"
+                   " start timestamp, end timestamp, num_cmds integer, remark text)")
+        db.execute("CREATE TABLE history (session integer, line integer, source text,"
+                   " source_raw text, PRIMARY KEY (session, line))")
+        db.execute("CREATE TABLE output_history (session integer, line integer,"
+                   " output text, PRIMARY KEY (session, line))")
+        session = hm.session_number
+        db.execute("INSERT INTO sessions VALUES (?, NULL, NULL, NULL, '')", (session,))
+        rows = [(session, i, parsed, raw) for i, (parsed, raw) in
+                enumerate(zip(hm.input_hist_parsed, hm.input_hist_raw)) if i > 0]
+        db.executemany("INSERT OR REPLACE INTO history VALUES (?, ?, ?, ?)", rows)
+        db.commit()
+        hm.db = db
+        # Inputs are written to this database at once, by the interpreter
+        # thread itself (there is no writer thread in the child).
+        hm.db_cache_size = 0
+
+        class _WriteNow(threading.Event):
+            def set(self):
+                hm.writeout_cache(db)
+
+        hm.save_flag = _WriteNow()
 
     # -- entry ------------------------------------------------------------
 
@@ -436,6 +486,7 @@ class Kernel:
 
 
 _kernel = None
+_fork_keepalive = []  # the parent's sqlite connections, never closed in a child
 
 
 def get_kernel():
