@@ -50,6 +50,7 @@
 #include "proto/ll_log.h"
 
 #include <ctype.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -158,7 +159,35 @@ typedef struct {
     bool one_unit;    /* magic body walked as one statement (%%capture) */
     bool oom;         /* allocation failed */
     bool too_deep;    /* refused a tree deeper than LL_ANALYSIS_MAX_DEPTH */
+    const char *stack_base; /* a local of ll_analysis_new */
+    size_t stack_budget;    /* bytes of C stack the walk may use below it */
 } s_walker_t;
+
+/* How much C stack the walk may use on this thread: what lies below the
+ * caller's frame, less a margin for the Python calls made during the walk
+ * (parsing and transforming magic code).  The gateway's threads and the CLI
+ * differ; a deep cell must end in an error, not a stack overflow. */
+static size_t s_stack_budget(const char *base)
+{
+    const size_t margin = 128 * 1024;
+    pthread_attr_t attr;
+    void *lo = NULL;
+    size_t size = 0;
+    if (pthread_getattr_np(pthread_self(), &attr) != 0)
+        return 512 * 1024;
+    int rc = pthread_attr_getstack(&attr, &lo, &size);
+    pthread_attr_destroy(&attr);
+    if (rc != 0 || !lo || base <= (const char *)lo)
+        return 512 * 1024;
+    size_t room = (size_t)(base - (const char *)lo);
+    return room > 2 * margin ? room - margin : room / 2;
+}
+
+static bool s_stack_low(const s_walker_t *w)
+{
+    char here;
+    return w->stack_base && (size_t)(w->stack_base - &here) > w->stack_budget;
+}
 
 static void s_walk(s_walker_t *w, PyObject *node);
 static void s_walk_body(s_walker_t *w, PyObject *list);
@@ -485,6 +514,10 @@ static void s_scan(s_walker_t *w, PyObject *node, s_scope_t *sc, bool comp)
 {
     if (!s_is_ast(node) || w->depth > LL_ANALYSIS_MAX_DEPTH)
         return;
+    if (s_stack_low(w)) {
+        w->too_deep = true;
+        return;
+    }
     w->depth++;
     PyObject *t = (PyObject *)Py_TYPE(node);
     if (t == s_py.t_Name) {
@@ -1381,7 +1414,7 @@ static void s_walk(s_walker_t *w, PyObject *node)
 {
     if (!s_is_ast(node) || w->oom)
         return;
-    if (w->depth >= LL_ANALYSIS_MAX_DEPTH) {
+    if (w->depth >= LL_ANALYSIS_MAX_DEPTH || s_stack_low(w)) {
         w->too_deep = true;
         return;
     }
@@ -2173,7 +2206,10 @@ ll_analysis_t *ll_analysis_new(const char *code, size_t len)
 
     s_scope_t module;
     s_scope_init(&module, SC_MODULE, NULL, true);
-    s_walker_t w = {.a = a, .scope = &module, .group = -1, .class_group = -1};
+    char base;
+    s_walker_t w = {.a = a, .scope = &module, .group = -1, .class_group = -1,
+                    .stack_base = &base};
+    w.stack_budget = s_stack_budget(&base);
     PyObject *body = s_get(tree, s_py.a_body);
     s_walk_body(&w, body);
     Py_XDECREF(body);
@@ -2187,7 +2223,8 @@ ll_analysis_t *ll_analysis_new(const char *code, size_t len)
     if (w.too_deep) {
         char msg[128];
         snprintf(msg, sizeof msg,
-                 "RecursionError: the cell nests deeper than %d levels",
+                 "RecursionError: the cell nests too deeply to analyse "
+                 "(more than %d levels, or this thread's stack)",
                  LL_ANALYSIS_MAX_DEPTH);
         /* Facts from a partial walk would be wrong: drop them. */
         ll_analysis_t *fresh = calloc(1, sizeof *fresh);

@@ -97,9 +97,16 @@ static int s_cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static int s_usage(void)
+static int s_usage(FILE *out)
 {
-    fprintf(stderr, "usage: looseleaf analyze [--json] NOTEBOOK.ipynb|-\n");
+    fprintf(out,
+            "usage: looseleaf analyze [--json] NOTEBOOK.ipynb|-\n"
+            "Static analysis of every code cell (run in notebook order): defs,\n"
+            "reads, functions' globals, state closure, import closure, CPU/GPU\n"
+            "label, opaque flag; then the share of GPU cells and |state closure|\n"
+            "/ |live variables| per GPU cell.  `-` reads the notebook from stdin.\n"
+            "LOOSELEAF_GPU_PACKAGES=a,b.c adds GPU packages.  Exit status 1 when\n"
+            "a cell does not parse, 2 on bad usage or an unreadable notebook.\n");
     return 2;
 }
 
@@ -111,16 +118,16 @@ int ll_analyze_main(int argc, char **argv)
         if (strcmp(argv[i], "--json") == 0)
             as_json = true;
         else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-            s_usage();
+            s_usage(stdout);
             return 0;
         }
         else if (!path)
             path = argv[i];
         else
-            return s_usage();
+            return s_usage(stderr);
     }
     if (!path)
-        return s_usage();
+        return s_usage(stderr);
 
     json_error_t jerr;
     /* Cells may hold NUL characters (\u0000): analysis rejects those per

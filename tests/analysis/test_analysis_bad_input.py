@@ -94,3 +94,23 @@ def test_nul_byte_is_named():
 def test_bad_magic_code_is_opaque_not_fatal():
     _, doc = analyse_one("%time def (\n")
     assert doc["cells"][0]["closure"]["opaque"] is True
+
+
+@pytest.mark.parametrize("stack_kib", [256, 512, 1024])
+def test_deep_cell_on_a_small_stack(stack_kib):
+    """The walk measures the C stack it has left (the gateway's threads may
+    have less than the CLI's main thread): a deep tree is an error, never a
+    stack overflow."""
+    def small_stack():
+        _limit()
+        resource.setrlimit(resource.RLIMIT_STACK, (stack_kib << 10, stack_kib << 10))
+
+    cells = [{"code": "x = " + "-" * n + "1\n"} for n in (100, 1000, 1490, 2500)]
+    proc = subprocess.run([str(ANALYZE), "--json", "-"], input=json.dumps(notebook(cells)),
+                          capture_output=True, text=True, timeout=120, preexec_fn=small_stack)
+    assert proc.returncode in (0, 1), f"exit {proc.returncode}: {proc.stderr[-2000:]}"
+    doc = json.loads(proc.stdout)
+    assert doc["cells"][0]["facts"]["error"] is None  # shallow cells still work
+    for cell in doc["cells"][1:]:
+        error = cell["facts"]["error"]
+        assert error is None or error.startswith(("RecursionError", "MemoryError")), error
