@@ -241,3 +241,17 @@ def test_python_baseline_agrees_with_c():
             checked += 1
     assert checked >= 100
     assert not failures, "\n".join(failures)
+
+
+def test_cli_ignores_python_environment_variables():
+    """The CLI embeds Debian's Python; PYTHONHOME/PYTHONPATH of another
+    interpreter (a pyenv on PATH) must not break it."""
+    env = dict(os.environ, PYTHONHOME="/nonexistent", PYTHONPATH="/nonexistent/lib",
+               PYTHONSTARTUP="/nonexistent/startup.py")
+    cells = [{"code": "%time x = 1\n"}, {"code": "y = x\n"}]
+    proc = subprocess.run([str(ANALYZE), "--json", "-"], input=json.dumps(notebook(cells)),
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["cells"][0]["facts"]["defs"] == ["x"]  # IPython found and used
+    assert doc["cells"][1]["closure"]["state_closure"] == ["x"]
