@@ -77,6 +77,25 @@ WRITTEN = {
         "LIMIT = 5\n@registry.register\ndef check(v):\n    return v < LIMIT\n",
         "print([f(3) for f in registry.funcs])\n",
     ],
+    "pandas_analysis": [
+        "import pandas as pd\nimport numpy as np\nrng = np.random.default_rng(0)\n",
+        "df = pd.DataFrame({'city': rng.choice(['a', 'b', 'c'], 50), "
+        "'temp': rng.normal(20, 5, 50).round(1), 'rain': rng.integers(0, 2, 50)})\n",
+        "CUTOFF = 22\ndef label(t):\n    return 'hot' if t > CUTOFF else 'mild'\n",
+        "df['kind'] = df['temp'].apply(label)\ndf.head()\n",
+        "summary = df.groupby('city').agg(mean_temp=('temp', 'mean'), rainy=('rain', 'sum'))\n"
+        "summary\n",
+        "hot = df[df.kind == 'hot']\nprint(len(hot), sorted(hot.city.unique()))\n",
+        "scale = 1.8\nconv = lambda c: c * scale + 32\ndf['temp_f'] = df.temp.map(conv)\n",
+        "print(df.temp_f.describe().round(2))\n",
+        "pivot = df.pivot_table(index='city', columns='kind', values='temp', aggfunc='count')\n"
+        "print(pivot.fillna(0).astype(int))\n",
+        "styled = summary.assign(z=lambda d: (d.mean_temp - d.mean_temp.mean()) / d.mean_temp.std())\n"
+        "print(styled.round(3))\n",
+        "for name, group in df.groupby('city'):\n    print(name, round(group.temp.max(), 1))\n",
+        "CUTOFF = 25\nprint(df.temp.apply(label).value_counts().to_dict())\n",
+        "del hot\nprint(sorted(k for k in ('df', 'summary', 'pivot')))\n",
+    ],
     "torch_training": [
         "import torch\nfrom torch import nn\ntorch.manual_seed(0)\n",
         "X = torch.randn(32, 4)\ny = X.sum(dim=1, keepdim=True)\n",
