@@ -149,6 +149,13 @@ ll_analysis_strs_t ll_analysis_closure_effective(const ll_analysis_closure_t *se
 /* Import statements that re-create the import-bound names it reads, sorted
  * ("import numpy as np", "from transformers import Trainer"). */
 ll_analysis_strs_t ll_analysis_closure_import_stmts(const ll_analysis_closure_t *self);
+/* Names the cell may bind, rebind or change in place, sorted: its own
+ * bindings, globals assigned by the functions it calls, the objects it
+ * mutates (x.a = 1, x[0] = 1, x.append(...)); modules left out.  What a
+ * worker must save afterwards (an opaque cell may change anything). */
+ll_analysis_strs_t ll_analysis_closure_writes(const ll_analysis_closure_t *self);
+/* Names the cell certainly deletes, sorted. */
+ll_analysis_strs_t ll_analysis_closure_deletes(const ll_analysis_closure_t *self);
 ll_analysis_label_t ll_analysis_closure_label(const ll_analysis_closure_t *self);
 bool ll_analysis_closure_is_opaque(const ll_analysis_closure_t *self);
 /* Live variables in the session at the time of the query. */

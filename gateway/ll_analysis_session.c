@@ -165,6 +165,7 @@ typedef struct {
     bool opaque;
     /* the current unit (top-level statement) */
     ll_names_t uprov, udeps, umut, pending_gwrites;
+    ll_names_t mutated;       /* every name the cell may change in place */
     s_binding_t **ubinds;
     const char **ubinds_names; /* the names ubinds[i] were bound to */
     size_t nubinds, capubinds;
@@ -512,6 +513,7 @@ static void s_run(s_sim_t *sim)
             break;
         case LL_EV_MUTATE:
             s_add(sim, &sim->umut, ev[i].name);
+            s_add(sim, &sim->mutated, ev[i].name);
             break;
         case LL_EV_DEL:
             s_del(sim, &ev[i]);
@@ -541,7 +543,7 @@ static void s_sim_init(s_sim_t *sim, ll_analysis_session_t *s,
     sim->a = a;
     sim->record = record;
     ll_names_t *sets[] = {&sim->reads, &sim->state, &sim->stmts, &sim->paths,
-                          &sim->uprov, &sim->udeps, &sim->umut,
+                          &sim->uprov, &sim->udeps, &sim->umut, &sim->mutated,
                           &sim->pending_gwrites, &sim->ostars};
     for (size_t i = 0; i < sizeof sets / sizeof *sets; i++)
         sets[i]->borrow = true;
@@ -568,6 +570,7 @@ static void s_sim_free(s_sim_t *sim)
     ll_names_clear(&sim->uprov);
     ll_names_clear(&sim->udeps);
     ll_names_clear(&sim->umut);
+    ll_names_clear(&sim->mutated);
     ll_names_clear(&sim->pending_gwrites);
     free(sim->ubinds);
     free(sim->ubinds_names);
@@ -721,6 +724,8 @@ struct ll_analysis_closure_t {
     ll_names_t effective; /* sorted packages */
     ll_names_t stmts;     /* sorted import statements */
     ll_names_t reads;     /* as the cell reads them */
+    ll_names_t writes;    /* sorted: may bind, rebind or change in place */
+    ll_names_t deletes;   /* sorted: certainly deletes */
     bool opaque;
     int label;
     size_t live;
@@ -759,6 +764,8 @@ void ll_analysis_closure_destroy(ll_analysis_closure_t **self_p)
     ll_names_clear(&c->effective);
     ll_names_clear(&c->stmts);
     ll_names_clear(&c->reads);
+    ll_names_clear(&c->writes);
+    ll_names_clear(&c->deletes);
     free(c);
     *self_p = NULL;
 }
@@ -814,6 +821,35 @@ ll_analysis_closure_t *ll_analysis_session_closure(ll_analysis_session_t *self,
         ll_names_clear(&eff);
     }
     if (rc == 0) {
+        /* What the worker must save afterwards: the cell's bindings (also
+         * those made by functions it calls, through `global`) and whatever
+         * it may have changed in place.  A mutation through an alias or by
+         * an opaque cell is invisible here: the saver compares versions. */
+        ll_names_t writes = {.borrow = true}, deletes = {.borrow = true};
+        for (size_t i = 0; rc == 0 && i < sim.overlay.keys.count; i++) {
+            const char *name = sim.overlay.keys.items[i];
+            const s_entry_t *e = sim.overlay.vals[i];
+            if (name[0] == '*')
+                continue;
+            if (e->nalts && ll_names_add(&writes, name) < 0)
+                rc = -1;
+            if (e->deleted && ll_names_add(&deletes, name) < 0)
+                rc = -1;
+        }
+        for (size_t i = 0; rc == 0 && i < sim.mutated.count; i++) {
+            s_binding_t *b = s_base(&sim, sim.mutated.items[i]);
+            s_entry_t *e = s_map_get(&sim.overlay, sim.mutated.items[i]);
+            bool module = (b && s_is_import(b) && !e) ||
+                          (e && e->nalts && s_is_import(e->alts[e->nalts - 1]));
+            if (!module && ll_names_add(&writes, sim.mutated.items[i]) < 0)
+                rc = -1;
+        }
+        if (rc == 0)
+            rc = s_sorted_into(&c->writes, &writes) | s_sorted_into(&c->deletes, &deletes);
+        ll_names_clear(&writes);
+        ll_names_clear(&deletes);
+    }
+    if (rc == 0) {
         c->opaque = sim.opaque;
         c->live = ll_analysis_session_live_count(self);
         int forced = ll_analysis_forced_label(cell);
@@ -843,6 +879,8 @@ ll_analysis_strs_t ll_analysis_closure_state(const ll_analysis_closure_t *self) 
 ll_analysis_strs_t ll_analysis_closure_imports(const ll_analysis_closure_t *self) { return s_strs(&self->imports); }
 ll_analysis_strs_t ll_analysis_closure_effective(const ll_analysis_closure_t *self) { return s_strs(&self->effective); }
 ll_analysis_strs_t ll_analysis_closure_import_stmts(const ll_analysis_closure_t *self) { return s_strs(&self->stmts); }
+ll_analysis_strs_t ll_analysis_closure_writes(const ll_analysis_closure_t *self) { return s_strs(&self->writes); }
+ll_analysis_strs_t ll_analysis_closure_deletes(const ll_analysis_closure_t *self) { return s_strs(&self->deletes); }
 ll_analysis_label_t ll_analysis_closure_label(const ll_analysis_closure_t *self) { return self->label; }
 bool ll_analysis_closure_is_opaque(const ll_analysis_closure_t *self) { return self->opaque; }
 size_t ll_analysis_closure_live_count(const ll_analysis_closure_t *self) { return self->live; }
@@ -857,11 +895,13 @@ static json_t *s_json_list(const ll_names_t *n)
 
 json_t *ll_analysis_closure_json(const ll_analysis_closure_t *self)
 {
-    return json_pack("{s:o, s:o, s:o, s:o, s:s, s:b, s:I}", "state_closure",
-                     s_json_list(&self->state), "import_closure",
-                     s_json_list(&self->imports), "effective_imports",
-                     s_json_list(&self->effective), "import_statements",
-                     s_json_list(&self->stmts), "label",
+    return json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:s, s:b, s:I}",
+                     "state_closure", s_json_list(&self->state),
+                     "import_closure", s_json_list(&self->imports),
+                     "effective_imports", s_json_list(&self->effective),
+                     "import_statements", s_json_list(&self->stmts),
+                     "writes", s_json_list(&self->writes),
+                     "deletes", s_json_list(&self->deletes), "label",
                      self->label == LL_ANALYSIS_GPU ? "gpu" : "cpu", "opaque",
                      self->opaque, "live", (json_int_t)self->live);
 }

@@ -11,8 +11,8 @@ before it in its session.  Format:
     >>> field: value
 
 Fields (each optional, a missing field is not checked): defs, reads,
-mutates, deletes, imports, effective, state (comma-separated sets, `-` for
-empty), stmts (import statements, `;`-separated), funcs (`f: a, b; C: c`),
+mutates, deletes, imports, effective, state, writes (comma-separated sets,
+`-` for empty), stmts (import statements, `;`-separated), funcs (`f: a, b; C: c`),
 label (cpu/gpu), opaque (yes/no), error (yes/no).
 """
 import json
@@ -34,6 +34,7 @@ SET_FIELDS = {
     "imports": ("closure", "import_closure"),
     "effective": ("closure", "effective_imports"),
     "state": ("closure", "state_closure"),
+    "writes": ("closure", "writes"),
 }
 
 
