@@ -600,3 +600,19 @@ def test_fork_a_worker(env):
     second = evs[len(kinds) - 1 - kinds[::-1].index("child"):]
     assert text(second) == "import os\nx = 41\nparent = os.getpid()\nx\n"
     assert [e for e in evs if e["ev"] == "child_exit"][1]["status"] == 0
+
+
+def test_placement_magics_are_stripped(env):
+    evs = run(env, ex("%%gpu\nx = 6\nx * 7"), ex("  %%cpu  \nprint(x)"), ex("%%gpu"),
+              req("is_complete_request", code="%%gpu"),
+              req("is_complete_request", code="%%cpu\nfor i in x:"),
+              req("history_request", hist_access_type="tail", n=3, raw=True, output=False))
+    (g1, r1), (g2, r2), (g3, r3), (_, c1), (_, c2), (_, h) = split_replies(evs)
+    assert r1["content"]["status"] == "ok" and r1["content"]["execution_count"] == 1
+    assert pubs(g1, "execute_result")[0]["data"]["text/plain"] == "42"
+    assert text(g2) == "6\n" and r2["content"]["execution_count"] == 2
+    assert r3["content"]["status"] == "ok"
+    assert c1["content"]["status"] == "complete"
+    assert c2["content"] == {"status": "incomplete", "indent": "    "}
+    assert [e[2] for e in h["content"]["history"]] == ["%%gpu\nx = 6\nx * 7",
+                                                       "  %%cpu  \nprint(x)", "%%gpu"]

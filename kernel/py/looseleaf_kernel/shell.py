@@ -47,6 +47,20 @@ class CellCompiler(CachingCompiler):
                                                                              "surrogatepass")))
 
 
+PLACEMENT_MAGICS = ("%%gpu", "%%cpu")
+
+
+def strip_placement_magic(lines):
+    """Input transformer: drop a first line that is exactly %%gpu or %%cpu.
+
+    These are LooseLeaf's per-cell overrides of where a cell runs (read by
+    the gateway's analysis, which strips them the same way); for IPython the
+    cell is the rest.  History keeps the raw cell, line numbers stay."""
+    if lines and lines[0].strip() in PLACEMENT_MAGICS:
+        return lines[1:] or ["\n"]
+    return lines
+
+
 def connection_file():
     """The connection file this kernel was started with (`-f FILE` on its
     command line), or None."""
@@ -208,6 +222,8 @@ class LooseLeafShell(InteractiveShell):
 
     def init_magics(self):
         super().init_magics()
+        # Cell placement overrides come first, before IPython sees a magic.
+        self.input_transformers_cleanup.insert(0, strip_placement_magic)
         self.register_magics(KernelMagics)
         self.magics_manager.register_alias("ed", "edit")
 
