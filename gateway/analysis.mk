@@ -1,11 +1,12 @@
 # Cell analysis (issue 3; owned by the analysis engineer): per-cell facts from
 # CPython's AST, the session's def-use graph and closures, `looseleaf analyze`.
-LIB_SRCS  += gateway/ll_analysis.c gateway/ll_analysis_names.c \
+LIB_SRCS  += gateway/ll_analysis.c gateway/ll_analysis_ipython.c gateway/ll_analysis_names.c \
              gateway/ll_analysis_session.c gateway/ll_analyze_cli.c
 TEST_SRCS += gateway/ll_analysis_selftest.c
 SELFTESTS += ll_analysis
 
-ANALYSIS_OBJS := $(BUILD)/gateway/ll_analysis.o $(BUILD)/gateway/ll_analysis_names.o \
+ANALYSIS_OBJS := $(BUILD)/gateway/ll_analysis.o $(BUILD)/gateway/ll_analysis_ipython.o \
+                 $(BUILD)/gateway/ll_analysis_names.o \
                  $(BUILD)/gateway/ll_analysis_session.o $(BUILD)/gateway/ll_analyze_cli.o \
                  $(BUILD)/proto/ll_log.o
 

@@ -120,6 +120,20 @@ const char *ll_analysis_package_of(const char *path, char *buf, size_t buflen);
  * ll_analysis_session.c. */
 int ll_analysis_compute_reads(const ll_analysis_t *cell, ll_names_t *reads);
 
+/* ---- IPython input transformation (ll_analysis_ipython.c; GIL held) ---- */
+
+/* IPython's leading_indent, in place: strip the first line's indentation
+ * from every line that starts with it. */
+void ll_analysis_dedent(char *src);
+/* SRC with IPython syntax turned into Python, as a malloc'd string, or NULL
+ * when nothing needed changing (or IPython is unavailable).  *WHOLE is set
+ * when the whole cell went through IPython (a cell magic). */
+char *ll_analysis_prepare(const char *src, bool *whole);
+/* IPython's TransformerManager().transform_cell(SRC), malloc'd, or NULL. */
+char *ll_analysis_transform(const char *src);
+/* Drop the cached transformer (before Py_Finalize). */
+void ll_analysis_ipython_shutdown(void);
+
 /* Whether NAME is a Python builtin (set by ll_analysis_init). */
 bool ll_analysis_is_builtin(const char *name);
 
