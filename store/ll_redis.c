@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -499,6 +500,25 @@ redisReply *ll_redis_reply(ll_redis_t *r)
         return NULL;
     }
     return reply;
+}
+
+void ll_redis_reset(ll_redis_t *r)
+{
+    if (r->c) {
+        redisFree(r->c);
+        r->c = NULL;
+    }
+}
+
+void ll_redis_fault_drop(ll_redis_t *r)
+{
+    if (!r->c || r->c->err)
+        return;
+    int done = 0;
+    while (!done && redisBufferWrite(r->c, &done) == REDIS_OK)
+        ;
+    shutdown(r->c->fd, SHUT_RDWR);
+    ll_warn("store", "LL_STORE_FAULT: dropped the Redis connection after sending");
 }
 
 const char *ll_redis_errstr(ll_redis_t *r)

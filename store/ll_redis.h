@@ -41,6 +41,13 @@ redisReply *ll_redis_reply(ll_redis_t *r);
 /* Make sure the connection is usable (reconnect if broken).  0 or -1. */
 int ll_redis_ensure(ll_redis_t *r);
 
+/* Drop the connection and anything queued on it; the next call reconnects. */
+void ll_redis_reset(ll_redis_t *r);
+
+/* Tests: send what is buffered, then cut the connection before any reply
+ * is read (LL_STORE_FAULT=drop_after_exec). */
+void ll_redis_fault_drop(ll_redis_t *r);
+
 /* The last error (sticky until the next successful reconnect). */
 const char *ll_redis_errstr(ll_redis_t *r);
 const char *ll_redis_url(ll_redis_t *r);

@@ -107,6 +107,12 @@ static int s_redis_fail(ll_store_t *st, const char *what)
     return s_fail(st, LL_STORE_EIO, "%s: %s", what, ll_redis_errstr(st->redis));
 }
 
+static bool s_fault_is(const char *step)
+{
+    const char *f = getenv("LL_STORE_FAULT");
+    return f && strcmp(f, step) == 0;
+}
+
 /* Fault injection: SIGKILL ourselves when LL_STORE_FAULT names STEP. */
 static void s_fault(const char *step)
 {
@@ -521,6 +527,8 @@ static int s_attach_pool(ll_store_t *st, const char *want, const char *default_p
             free(a.lens);
             if (!bad && s_drain(st, 2) == 0)
                 m = ll_redis_reply(st->redis);
+            if (bad)
+                ll_redis_reset(st->redis); /* drop a half-queued transaction */
         }
         if (m && m->type == REDIS_REPLY_ARRAY) {
             st->pool = pool;
@@ -1079,6 +1087,12 @@ int ll_store_commit(ll_store_t *st, const char *cell_id, const ll_store_write_t 
     for (size_t i = 0; i < sizeof rnd; i++)
         snprintf(token + 2 * i, 3, "%02x", rnd[i]);
 
+    /* Commit numbers at which an EXEC of ours may have run although its
+     * reply was lost with the connection.  Redis may even run it after we
+     * reconnected, so every later attempt first looks for our token there. */
+    uint64_t lost[8];
+    int nlost = 0;
+    bool landed = false;
     for (int attempt = 0;; attempt++) {
         if (attempt == 200) {
             s_fail(st, LL_STORE_EIO, "commit kept conflicting with other commits; gave up");
@@ -1088,6 +1102,23 @@ int ll_store_commit(ll_store_t *st, const char *cell_id, const ll_store_write_t 
             s_redis_fail(st, "commit failed");
             goto out;
         }
+        for (int i = 0; i < nlost && !landed; i++) {
+            char lbuf[32];
+            snprintf(lbuf, sizeof lbuf, "%llu", (unsigned long long)lost[i]);
+            char *k = s_key(st, "c:", lbuf);
+            redisReply *t = k ? ll_redis_cmdf(st->redis, "HGET %s token", k) : NULL;
+            if (t && t->type == REDIS_REPLY_STRING && strcmp(t->str, token) == 0) {
+                landed = true;
+                *version = lost[i];
+                ll_info("store", "commit %llu ran although its reply was lost",
+                        (unsigned long long)lost[i]);
+            }
+            if (t)
+                freeReplyObject(t);
+            free(k);
+        }
+        if (landed)
+            break;
         redisReply *r = ll_redis_cmdf(st->redis, "WATCH %s", k_seq);
         if (!r || r->type == REDIS_REPLY_ERROR) {
             if (r)
@@ -1200,25 +1231,32 @@ int ll_store_commit(ll_store_t *st, const char *cell_id, const ll_store_write_t 
             s_fault("before_commit");
         bad |= s_args(&a, "EXEC") || s_send(st, &a);
         a.argc = 0;
+        if (!bad && s_fault_is("drop_after_exec"))
+            ll_redis_fault_drop(st->redis);
         redisReply *exec = NULL;
         if (!bad && s_drain(st, sent) == 0)
             exec = ll_redis_reply(st->redis);
+        if (exec && s_fault_is("lose_exec_reply")) { /* it ran; pretend we never heard */
+            freeReplyObject(exec);
+            exec = NULL;
+            ll_redis_reset(st->redis);
+        }
         if (!exec) {
-            /* The connection broke: did EXEC run?  The commit record says. */
-            if (ll_redis_ensure(st->redis) != 0) {
-                free(k_commit);
-                s_redis_fail(st, "commit failed");
+            /* The connection broke: did EXEC run?  The commit record says
+             * (checked at the top of the next attempt). */
+            free(k_commit);
+            if (bad) {
+                /* Nothing was sent, but half a transaction may sit in the
+                 * output buffer: throw the connection away, then retry. */
+                ll_redis_reset(st->redis);
+                continue;
+            }
+            if (nlost == (int)(sizeof lost / sizeof lost[0])) {
+                s_fail(st, LL_STORE_EIO, "commit failed: the connection to Redis keeps breaking");
                 goto out;
             }
-            r = ll_redis_cmdf(st->redis, "HGET %s token", k_commit);
-            bool done = r && r->type == REDIS_REPLY_STRING && strcmp(r->str, token) == 0;
-            if (r)
-                freeReplyObject(r);
-            free(k_commit);
-            if (!done)
-                continue;
-            *version = next;
-            break;
+            lost[nlost++] = next;
+            continue;
         }
         free(k_commit);
         if (exec->type == REDIS_REPLY_NIL) { /* another commit won the race */
@@ -1329,6 +1367,8 @@ static redisReply *s_fetch_raw(ll_store_t *st, const char *const *names, size_t 
             exec = ll_redis_reply(st->redis);
         if (exec)
             return exec;
+        if (bad)
+            ll_redis_reset(st->redis); /* drop a half-queued transaction */
     }
     return NULL;
 }

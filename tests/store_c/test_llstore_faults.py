@@ -194,3 +194,19 @@ def test_concurrent_starters_share_one_redis(runtime_dir):
     out = subprocess.run(["pgrep", "-f", "redis-server.*%s" % runtime_dir], capture_output=True,
                          text=True)
     assert out.stdout.split() == [] or out.stdout.split() == [str(pid)]
+
+
+@pytest.mark.parametrize("fault", ["drop_after_exec", "lose_exec_reply"])
+def test_commit_whose_reply_is_lost_lands_exactly_once(store, monkeypatch, fault):
+    """The connection drops after EXEC was sent (before Redis ran it, or after): the commit
+    record's token tells whether it ran, and a retry never commits the cell twice."""
+    ref = store.put_payload(b"payload")
+    monkeypatch.setenv("LL_STORE_FAULT", fault)
+    v = store.commit("lost-reply", {"a": (b"1", [ref], []), "b": (b"1", [], [])})
+    monkeypatch.delenv("LL_STORE_FAULT")
+    assert v == {"a": 1, "b": 1}
+    assert store.last_commit() == (1, "lost-reply")
+    assert store.versions() == {"a": 1, "b": 1}
+    assert store.stats()["redis_reconnects"] >= 1
+    assert store.stats()["pending"] == 0
+    assert store.commit("next", {"a": (b"2", [], [])}) == {"a": 2}
