@@ -32,7 +32,7 @@ import weakref
 
 import numpy as np
 
-from . import pagemap
+from . import pagemap, wptrack
 from .serial import NeedOwner, SaveContext, Unpickler, blob_digest, pickle_var, split_blob, torch_dtype
 
 _cell_counter = itertools.count(1)
@@ -56,6 +56,10 @@ def _reason(e):
 
 
 _STAGE_BYTES = 64 << 20
+
+# Payloads this process owns are write-tracked from this size on (smaller ones hash in microseconds, and
+# each tracked range costs a kernel mapping).
+TRACK_MIN_BYTES = 8 << 20
 
 
 def _to_device(torch, src, device):
@@ -127,15 +131,31 @@ class RestoreReport:
 class _VarState:
     """This process's knowledge of one variable it saved or restored."""
 
-    __slots__ = ("version", "hash", "prefs", "pmeta", "deps", "exports")
+    __slots__ = ("version", "hash", "prefs", "pmeta", "deps", "exports", "track")
 
-    def __init__(self, version, hash_, prefs, pmeta, deps, exports):
+    def __init__(self, version, hash_, prefs, pmeta, deps, exports, track=None):
         self.version = version  # committed version the namespace value corresponds to
         self.hash = hash_  # hash of the committed blob
         self.prefs = prefs  # committed payload refs (str), one per payload slot
         self.pmeta = pmeta  # payload metadata per slot (kind, nbytes, ...)
         self.deps = deps  # owner names its stream references
         self.exports = exports  # {(kind, index): obj}
+        self.track = track or {}  # payload slot -> _Track: write tracking of this process's own memory
+
+
+class _Track:
+    """A payload slot whose memory (this process's own) is write-tracked (wptrack.py): it differs from the
+    committed payload REF only in pages written since, plus CARRY (regions reported by a scan whose save
+    did not commit)."""
+
+    __slots__ = ("addr", "nbytes", "holder", "ref", "carry")
+
+    def __init__(self, addr, nbytes, holder, ref):
+        self.addr = addr
+        self.nbytes = nbytes
+        self.holder = holder  # the array / storage owning the memory: kept alive, so never freed under us
+        self.ref = ref
+        self.carry = set()
 
 
 class Checkpointer:
@@ -155,6 +175,8 @@ class Checkpointer:
         self._mapped_purge = 64
         self._pinned = None  # pinned host buffer for device-to-pool copies (CUDA hosts only)
         self._put_dirty = True  # whether put_payload takes dirty= (regions known written)
+        self._wp = wptrack.tracker()  # write tracking of this process's own big payloads
+        self._untrackable = set()  # (address, nbytes) that arm() refused (shared memory, ...)
         self._region_bytes = getattr(sys.modules.get(type(store).__module__), "REGION_BYTES", 2 << 20)
 
     # ---- queries -------------------------------------------------------------------------------------
@@ -300,7 +322,7 @@ class Checkpointer:
         asked = set(names)
         rep.added = [n for n in order if n not in asked]
 
-        writes, fresh, pmeta, ok = {}, [], {}, {}
+        writes, fresh, pmeta, ok, tracks = {}, [], {}, {}, {}
         for n in order:
             pk = res.get(n)
             if pk is None:
@@ -310,7 +332,7 @@ class Checkpointer:
                 failed[n] = "references objects of %s, which could not be saved" % ", ".join(bad)
                 continue
             try:
-                prefs, written, new = self._put_payloads(n, pk)
+                prefs, written, new, tracks[n] = self._put_payloads(n, pk)
             except Exception as e:
                 failed[n] = _reason(e)
                 continue
@@ -359,12 +381,13 @@ class Checkpointer:
             exports = {(kind, idx): obj for _, kind, idx, obj in pk.exports}
             if n in writes:
                 v = versions[n]
-                self._install(n, _VarState(v, pk.hash, prefs, pmeta[n], set(pk.deps), exports))
+                self._install(n, _VarState(v, pk.hash, prefs, pmeta[n], set(pk.deps), exports, tracks[n]))
                 self._graph[n] = (v, set(pk.deps))
                 rep.saved[n] = v
             else:
                 st = self._state[n]
                 st.exports = exports
+                st.track = tracks[n]
                 self._install(n, st)
         rep.seconds = time.perf_counter() - t0
         return rep
@@ -399,29 +422,76 @@ class Checkpointer:
         host[:n].copy_(view)
         return host[:n].numpy()
 
+    def _own_memory(self, meta, obj):
+        """(holder, address) when payload OBJ is big memory this process owns privately and can track."""
+        if meta[1] < TRACK_MIN_BYTES or not self._wp.available():
+            return None
+        if meta[0] == "n":
+            a = obj.obj
+            if type(a) is np.ndarray and a.flags.owndata and a.base is None:
+                return a, a.__array_interface__["data"][0]
+        elif meta[0] == "s" and obj.device.type == "cpu" and not obj.is_pinned():
+            return obj, obj.data_ptr()
+        return None
+
+    @staticmethod
+    def _same_owner(rec, holder, addr, nbytes):
+        if rec.addr != addr or rec.nbytes != nbytes:
+            return False
+        if rec.holder is holder:
+            return True
+        cdata = getattr(holder, "_cdata", None)  # a torch storage: a new wrapper for the same storage
+        return cdata is not None and getattr(rec.holder, "_cdata", None) == cdata
+
     def _put_payloads(self, name, pk):
+        """Put the payloads of PK.  Returns (refs, bytes written, fresh refs to release after the commit,
+        {slot: _Track} for the new state)."""
         st = self._state.get(name)
         oldp = st.prefs if st is not None else []
         oldm = st.pmeta if st is not None else []
-        out, new, written = [], [], 0
+        oldt = st.track if st is not None else {}
+        out, new, written, tracks = [], [], 0, {}
         try:
             for k, (meta, obj) in enumerate(pk.payloads):
                 buf = self._payload_buffer(meta, obj)
                 base = oldp[k] if k < len(oldp) and tuple(oldm[k]) == tuple(meta) else None
-                dirty = self._written_regions(buf, base, meta[1]) if base is not None else None
+                own = self._own_memory(meta, obj)
+                rec = oldt.get(k)
+                tracked = (own is not None and rec is not None and base is not None and rec.ref == base
+                           and self._same_owner(rec, own[0], own[1], meta[1]))
+                dirty = None
+                if base is not None:
+                    dirty = self._written_regions(buf, base, meta[1])  # a restored mapping?
+                    if dirty is not None:
+                        own = None  # shared with the pool: pagemap tells, write tracking cannot
+                    elif tracked:
+                        scanned = self._wp.scan(own[1], meta[1], self._region_bytes)
+                        if scanned is None:
+                            tracked = False
+                        else:
+                            rec.carry.update(scanned)  # kept until a commit covers them
+                            dirty = sorted(rec.carry)
+                if own is not None and not tracked and (own[1], meta[1]) not in self._untrackable:
+                    # Start tracking before the copy, so a write during it shows next time.
+                    tracked = self._wp.arm(own[1], meta[1])
+                    if not tracked:
+                        if len(self._untrackable) > 4096:
+                            self._untrackable.clear()
+                        self._untrackable.add((own[1], meta[1]))  # do not read /proc/self/maps again
                 if dirty == []:
-                    out.append(base)  # a restored payload nobody wrote: the same bytes, no hashing
-                    continue
-                r = self._put(buf, base, dirty)
-                if base is not None and r.written == 0:
-                    # Same bytes as the committed base: commit the base ref (no new version), and keep
-                    # holding r, which shares its regions, until the commit so they cannot be reclaimed.
+                    out.append(base)  # nobody wrote it since it was committed: no copy, no hashing
+                else:
+                    r = self._put(buf, base, dirty)
                     new.append(r)
-                    out.append(base)
-                    continue
-                new.append(r)
-                out.append(str(r))
-                written += r.written
+                    if base is not None and r.written == 0:
+                        # Same bytes as the committed base: commit the base ref (no new version); r,
+                        # which shares its regions, is held until the commit so they cannot be reclaimed.
+                        out.append(base)
+                    else:
+                        out.append(str(r))
+                        written += r.written
+                if tracked:
+                    tracks[k] = _Track(own[1], meta[1], own[0], out[-1])
         except BaseException:
             for r in new:
                 try:
@@ -429,7 +499,7 @@ class Checkpointer:
                 except Exception:
                     pass
             raise
-        return out, written, new
+        return out, written, new, tracks
 
     def _written_regions(self, buf, base, nbytes):
         """If BUF is this process's private mapping of payload BASE: the indices of the 2 MiB regions it

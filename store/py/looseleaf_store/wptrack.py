@@ -1,0 +1,184 @@
+"""looseleaf_store.wptrack: which pages of this process's own big buffers were written since the last save.
+
+Runs in the saving process (kernel interpreter or worker), on the cell thread, called by the Checkpointer.
+An unchanged 1 GiB array would otherwise be hashed on every save (~60-150 ms here); with this, the save
+asks the kernel which pages were written since the array was last committed (microseconds) and hands only
+those 2 MiB regions to put_payload(dirty=...).
+
+How: userfaultfd in asynchronous write-protect mode (UFFD_FEATURE_WP_ASYNC, Linux >= 6.7): pages of a
+registered range are write-protected when armed; the first write to a page is resolved by the kernel
+itself (no handler thread, a minor fault) and leaves the page "written"; the PAGEMAP_SCAN ioctl on
+/proc/self/pagemap lists written pages and re-protects them in the same step (PM_SCAN_WP_MATCHING).
+Writes by the kernel on our behalf (read(2) into the buffer, O_DIRECT, process_vm_writev) fault the same
+way.  Soft-dirty bits would do the same job but this kernel has no CONFIG_MEM_SOFT_DIRTY.
+
+What must stay true (the Checkpointer guarantees it):
+* Only private anonymous memory is tracked (checked in /proc/self/maps before arming): another process
+  may write shared memory (shm, memfd, a pool mapping) without faulting here.  Pinned memory (CUDA DMA
+  writes without faults) is never offered.
+* A range is trusted only while the object that owns its memory is alive and unchanged (same address and
+  size); freed memory could come back zeroed without a write.
+* Regions holding a partial page at either end of a buffer (other data shares those pages) are always
+  reported written.
+* A scan re-protects what it reports; if the save then fails, the caller keeps the reported regions and
+  adds them to the next scan (`carry`), so nothing written is ever forgotten.
+Anything unexpected (old kernel, no userfaultfd permission, an ioctl error) makes `available()` false or
+a scan return None, and the caller hashes every region as before.  LL_STORE_WPTRACK=0 turns it off.
+"""
+import ctypes
+import fcntl
+import os
+import struct
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+_SYS_userfaultfd = {"x86_64": 323, "aarch64": 282}.get(os.uname().machine)
+_UFFD_USER_MODE_ONLY = 1
+_UFFD_API = 0xAA
+_UFFD_FEATURE_WP_UNPOPULATED = 1 << 13
+_UFFD_FEATURE_WP_ASYNC = 1 << 15
+_UFFDIO_REGISTER_MODE_WP = 1 << 1
+_UFFDIO_WRITEPROTECT_MODE_WP = 1 << 0
+_PAGE_IS_WRITTEN = 1 << 1
+_PM_SCAN_WP_MATCHING = 1 << 0
+_PM_SCAN_CHECK_WPASYNC = 1 << 1
+_VEC_LEN = 4096  # page ranges per PAGEMAP_SCAN call
+
+
+def _iowr(typ, nr, size):
+    return (3 << 30) | (size << 16) | (typ << 8) | nr
+
+
+_UFFDIO_API = _iowr(0xAA, 0x3F, 24)
+_UFFDIO_REGISTER = _iowr(0xAA, 0x00, 32)
+_UFFDIO_WRITEPROTECT = _iowr(0xAA, 0x06, 24)
+_PAGEMAP_SCAN = _iowr(ord("f"), 16, 96)
+
+
+class Tracker:
+    """One per process (see `tracker()`): a userfaultfd in async write-protect mode and a pagemap fd."""
+
+    def __init__(self):
+        self._uffd = -1
+        self._pm = -1
+        self._pid = os.getpid()
+        self._vec = (ctypes.c_uint64 * (3 * _VEC_LEN))()  # struct page_region {start, end, categories}
+        self.error = None  # why tracking is unavailable, if it is
+        self._open()
+
+    def _open(self):
+        if os.environ.get("LL_STORE_WPTRACK", "1") == "0":
+            self.error = "turned off by LL_STORE_WPTRACK=0"
+            return
+        if _SYS_userfaultfd is None:
+            self.error = "no userfaultfd syscall number for this machine"
+            return
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = libc.syscall(_SYS_userfaultfd, os.O_CLOEXEC | os.O_NONBLOCK | _UFFD_USER_MODE_ONLY)
+        if fd < 0:
+            self.error = "userfaultfd: %s" % os.strerror(ctypes.get_errno())
+            return
+        try:
+            api = bytearray(struct.pack("QQQ", _UFFD_API,
+                                        _UFFD_FEATURE_WP_ASYNC | _UFFD_FEATURE_WP_UNPOPULATED, 0))
+            fcntl.ioctl(fd, _UFFDIO_API, api)
+            self._pm = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            os.close(fd)
+            self.error = "userfaultfd async write-protect unavailable: %s" % e
+            return
+        self._uffd = fd
+
+    def available(self):
+        return self._uffd >= 0 and self._pid == os.getpid()
+
+    @staticmethod
+    def _interior(addr, nbytes):
+        start = (addr + _PAGE - 1) // _PAGE * _PAGE
+        end = (addr + nbytes) // _PAGE * _PAGE
+        return start, end
+
+    @staticmethod
+    def _private_anonymous(start, end):
+        """Whether [start, end) lies in private anonymous mappings only (nobody else can write it)."""
+        covered = start
+        try:
+            with open("/proc/self/maps") as f:
+                for line in f:
+                    parts = line.split(None, 5)
+                    lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                    if hi <= covered or lo >= end:
+                        continue
+                    path = parts[5].strip() if len(parts) > 5 else ""
+                    if lo > covered or parts[1][3] != "p" or parts[1][1] != "w":
+                        return False
+                    if path and path != "[heap]" and not path.startswith("[anon:"):
+                        return False
+                    covered = hi
+                    if covered >= end:
+                        return True
+        except (OSError, ValueError, IndexError):
+            return False
+        return False
+
+    def arm(self, addr, nbytes):
+        """Write-protect the whole pages of [addr, addr+nbytes) (registering them first); from now on a
+        write to any of them shows in `scan`.  False if this memory cannot be tracked."""
+        if not self.available():
+            return False
+        start, end = self._interior(addr, nbytes)
+        if end <= start or not self._private_anonymous(start, end):
+            return False
+        try:
+            fcntl.ioctl(self._uffd, _UFFDIO_REGISTER,
+                        bytearray(struct.pack("QQQQ", start, end - start, _UFFDIO_REGISTER_MODE_WP, 0)))
+            fcntl.ioctl(self._uffd, _UFFDIO_WRITEPROTECT,
+                        bytearray(struct.pack("QQQ", start, end - start, _UFFDIO_WRITEPROTECT_MODE_WP)))
+        except OSError:
+            return False
+        return True
+
+    def scan(self, addr, nbytes, region_bytes):
+        """Indices of the REGION_BYTES regions of the buffer at ADDR that were written since it was armed
+        (edge regions with partial pages always count), re-protecting what it reports.  None if the
+        range is not (or no longer) tracked."""
+        if not self.available():
+            return None
+        start, end = self._interior(addr, nbytes)
+        if end <= start:
+            return None
+        nreg = (nbytes + region_bytes - 1) // region_bytes
+        out = set()
+        if start != addr:
+            out.add(0)
+        if end != addr + nbytes:
+            out.add(nreg - 1)
+        vec = self._vec
+        pos = start
+        while pos < end:
+            arg = bytearray(struct.pack("12Q", 96, _PM_SCAN_WP_MATCHING | _PM_SCAN_CHECK_WPASYNC, pos, end,
+                                        0, ctypes.addressof(vec), _VEC_LEN, 0, 0, _PAGE_IS_WRITTEN, 0,
+                                        _PAGE_IS_WRITTEN))
+            try:
+                n = fcntl.ioctl(self._pm, _PAGEMAP_SCAN, arg)
+            except OSError:
+                return None  # not registered (any more): PM_SCAN_CHECK_WPASYNC refuses
+            for i in range(n):
+                a, b = vec[3 * i], vec[3 * i + 1]
+                out.update(range((a - addr) // region_bytes, (b - 1 - addr) // region_bytes + 1))
+            walk_end = struct.unpack_from("Q", arg, 32)[0]
+            if n < _VEC_LEN or walk_end >= end:
+                break
+            pos = walk_end
+        return sorted(r for r in out if 0 <= r < nreg)
+
+
+_tracker = None
+
+
+def tracker():
+    """This process's Tracker (a forked child makes its own: uffd registrations do not survive fork)."""
+    global _tracker
+    if _tracker is None or _tracker._pid != os.getpid():
+        _tracker = Tracker()
+    return _tracker
