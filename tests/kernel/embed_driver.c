@@ -140,12 +140,15 @@ static void *s_timer(void *arg)
     free(arg);
     struct timespec ts = {t.ms / 1000, (long)(t.ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
-    s_emit(json_pack("{s:s, s:b, s:b}", "ev", t.sigint ? "sigint" : "interrupt", "busy",
-                     ll_interp_busy(), "sent", true));
+    /* Reported after the interrupt is delivered, so a test that waits for
+     * this line knows no interrupt is still on its way. */
+    bool busy = ll_interp_busy();
     if (t.sigint)
         kill(getpid(), SIGINT);
     else
         ll_interp_interrupt();
+    s_emit(json_pack("{s:s, s:b, s:b}", "ev", t.sigint ? "sigint" : "interrupt", "busy", busy,
+                     "sent", true));
     return NULL;
 }
 
