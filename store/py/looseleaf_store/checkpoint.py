@@ -12,17 +12,20 @@ What it keeps true (see serial.py for how one variable is pickled):
   the same commit (restored first if this process does not hold it).  A variable that reaches an object
   a committed variable exports is saved together with that owner (NeedOwner).
 * Unchanged payloads cost no bytes: the previous ref of the same payload slot is the base of an
-  incremental put (the C store hashes 2 MiB regions), and a restored payload this process never wrote
-  (pagemap.py) is committed again by reference without even hashing it.
+  incremental put (the C store hashes 2 MiB regions, or only those named dirty), and a restored payload
+  this process never wrote (pagemap.py) is committed again by reference without even hashing it.
 * Names are validated (a list of str; TypeError otherwise); everything else that goes wrong with a
   variable or with the store is a reason in the report, never an exception.
 * Restore maps payloads copy-on-write (`map_payload(ref, writable=True)`): zero copy, a user writing to a
   restored array changes only this process, and the pool's bytes never change under a reader.
 
+* Unchanged payloads of this process's own memory (numpy arrays, CPU tensors of 8 MiB or more) are not
+  even hashed: wptrack.py write-protects them after a save and asks the kernel which pages were written.
+  The price is a minor fault on the first write to each such page after a save (~0.2 s per GiB
+  rewritten here); LL_STORE_WPTRACK=0 turns it off (every region is hashed then, ~10 GB/s).
+
 Limits: the ownership table keeps every exported object of every saved or restored variable alive until
-the variable is saved again or deleted (a list of a million dicts costs a million table entries); saving
-a payload this process created (not a restored one) hashes all of it (about 10 GB/s here), so "unchanged
-1 GiB in under 10 ms" holds for restored state only.
+the variable is saved again or deleted (a list of a million dicts costs a million table entries).
 """
 import itertools
 import os
