@@ -598,6 +598,45 @@ int ll_pool_lease(ll_pool_t *pool, const ll_pool_region_t *reg)
     return -1;
 }
 
+/* Back region I with memory and prefault it in this process's mapping
+ * (neither changes its bytes, so it is safe on a region someone else is
+ * writing).  0 or an errno. */
+static int s_touch(ll_pool_t *pool, uint32_t i)
+{
+    char *p = pool->data + (size_t)i * LL_POOL_REGION_BYTES;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int rc = 0;
+    if (!pool->thp_advise)
+        rc = posix_fallocate(pool->fd,
+                             (off_t)(pool->hdr->data_offset + (size_t)i * LL_POOL_REGION_BYTES),
+                             (off_t)LL_POOL_REGION_BYTES);
+    if (rc == 0 && madvise(p, LL_POOL_REGION_BYTES, MADV_POPULATE_WRITE) != 0 && errno != EINVAL)
+        rc = errno;
+    if (rc != 0)
+        return rc;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    pool->touch_ms +=
+        (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+    pool->touched++;
+    pool->populated[i] = 1;
+    pool->warm[pool->nwarm++] = i;
+    return 0;
+}
+
+size_t ll_pool_prefault(ll_pool_t *pool, size_t nregions)
+{
+    size_t done = 0;
+    for (size_t i = 0; i < pool->nregions && done < nregions; i++) {
+        if (pool->populated[i] || (atomic_load(&pool->state[i]) & 3) != S_FREE)
+            continue;
+        if (s_touch(pool, (uint32_t)i) != 0)
+            break; /* out of memory: the allocation will say so */
+        done++;
+    }
+    return done;
+}
+
 int ll_pool_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind, char *err,
                   size_t errlen)
 {
@@ -631,19 +670,7 @@ int ll_pool_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind
         /* Back the region now so running out of memory is an error here.
          * Pool pages are never given back, so once is enough per process
          * (re-populating 512 present 4 KiB pages costs as much as the copy). */
-        char *p = pool->data + (size_t)i * LL_POOL_REGION_BYTES;
-        int rc = 0;
-        if (pool->populated[i])
-            goto backed;
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        if (!pool->thp_advise)
-            rc = posix_fallocate(pool->fd, (off_t)(pool->hdr->data_offset +
-                                                   (size_t)i * LL_POOL_REGION_BYTES),
-                                 (off_t)LL_POOL_REGION_BYTES);
-        if (rc == 0 && madvise(p, LL_POOL_REGION_BYTES, MADV_POPULATE_WRITE) != 0 &&
-            errno != EINVAL)
-            rc = errno;
+        int rc = pool->populated[i] ? 0 : s_touch(pool, i);
         if (rc != 0) {
             atomic_store(&pool->state[i], gen << 2 | S_FREE);
             ll_pool_unlease(pool, i);
@@ -652,17 +679,10 @@ int ll_pool_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind
                      pool->path, strerror(rc));
             return -1;
         }
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        pool->touch_ms += (double)(t1.tv_sec - t0.tv_sec) * 1e3 +
-                          (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
-        pool->touched++;
-        pool->populated[i] = 1;
-        pool->warm[pool->nwarm++] = i;
-    backed:
         reg->idx = i;
         reg->gen = gen;
         reg->hash = 0;
-        *addr = p;
+        *addr = pool->data + (size_t)i * LL_POOL_REGION_BYTES;
         return 0;
     }
     *kind = LL_POOL_EFULL;
@@ -840,6 +860,7 @@ void ll_pool_stats(ll_pool_t *pool, ll_pool_stats_t *out)
     out->page_kind = pool->page_kind;
     out->path = ll_pool_share_path(pool);
     out->regions_total = pool->nregions;
+    out->regions_prefaulted = pool->nwarm;
     out->pool_bytes = pool->nregions * LL_POOL_REGION_BYTES;
     pthread_mutex_lock(&pool->mu);
     for (size_t i = 0; i < pool->nregions; i++) {

@@ -56,6 +56,12 @@ int ll_pool_unlink(ll_pool_t *pool);
 int ll_pool_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind,
                   char *err, size_t errlen);
 
+/* Back and prefault up to NREGIONS free regions in this process ahead of
+ * use (at idle time), so a later save copies at memcpy speed.  Same rule
+ * as ll_pool_alloc: calls on one handle must not overlap.  Returns how many
+ * were prefaulted (fewer when memory or free regions run out). */
+size_t ll_pool_prefault(ll_pool_t *pool, size_t nregions);
+
 /* Lease a region (keeps it from reclamation); fails with LL_POOL_EGONE when
  * it no longer holds generation REG->gen.  Returns 0 or -1. */
 int ll_pool_lease(ll_pool_t *pool, const ll_pool_region_t *reg);
@@ -94,6 +100,7 @@ typedef struct {
     size_t regions_total;
     size_t regions_used;   /* allocated, committed or not yet reclaimed */
     size_t regions_leased; /* by this process */
+    size_t regions_prefaulted; /* backed and prefaulted in this process */
 } ll_pool_stats_t;
 void ll_pool_stats(ll_pool_t *pool, ll_pool_stats_t *out);
 

@@ -1606,6 +1606,15 @@ static int s_gc_locked(ll_store_t *st)
     return freed;
 }
 
+long long ll_store_prefault(ll_store_t *st, size_t nbytes)
+{
+    if (s_enter(st) != 0)
+        return -1;
+    size_t n = ll_pool_prefault(st->pool, (nbytes + S_R - 1) / S_R);
+    s_leave(st);
+    return (long long)(n * S_R);
+}
+
 int ll_store_gc(ll_store_t *st)
 {
     if (s_enter(st) != 0)

@@ -108,6 +108,10 @@ int ll_store_versions(ll_store_t *store, char ***names, uint64_t **versions, siz
 /* Newest commit: version and cell id (malloc'd, NULL when none). */
 int ll_store_last_commit(ll_store_t *store, uint64_t *version, char **cell_id);
 
+/* Back and prefault up to NBYTES of free pool space in this process ahead
+ * of a save (idle time); returns the bytes prefaulted, or -1. */
+long long ll_store_prefault(ll_store_t *store, size_t nbytes);
+
 /* Reclaim unused regions now; returns how many, or -1. */
 int ll_store_gc(ll_store_t *store);
 

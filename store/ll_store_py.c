@@ -585,6 +585,20 @@ static PyObject *Store_gc(StoreObject *self, PyObject *unused)
     return PyLong_FromLong(n);
 }
 
+static PyObject *Store_prefault(StoreObject *self, PyObject *arg)
+{
+    if (s_check_open(self) != 0)
+        return NULL;
+    size_t nbytes = PyLong_AsSize_t(arg);
+    if (nbytes == (size_t)-1 && PyErr_Occurred())
+        return NULL;
+    long long n;
+    S_NOGIL(self, n = ll_store_prefault(self->st, nbytes));
+    if (n < 0)
+        return s_raise(self);
+    return PyLong_FromLongLong(n);
+}
+
 static PyObject *Store_delete_session(StoreObject *self, PyObject *unused)
 {
     if (s_check_open(self) != 0)
@@ -628,11 +642,12 @@ static PyObject *Store_stats(StoreObject *self, PyObject *unused)
     ll_store_stats_t s;
     ll_store_stats(self->st, &s);
     return Py_BuildValue(
-        "{s:s,s:s,s:n,s:n,s:n,s:n,s:n,s:K,s:K,s:K,s:K,s:K,s:K,s:k,s:n,s:s,s:O}", "page_kind",
+        "{s:s,s:s,s:n,s:n,s:n,s:n,s:n,s:n,s:K,s:K,s:K,s:K,s:K,s:K,s:k,s:n,s:s,s:O}", "page_kind",
         s.pool.page_kind, "pool_path", s.pool.path, "pool_bytes", (Py_ssize_t)s.pool.pool_bytes,
         "region_bytes", (Py_ssize_t)LL_POOL_REGION_BYTES, "regions_total",
         (Py_ssize_t)s.pool.regions_total, "regions_used", (Py_ssize_t)s.pool.regions_used,
-        "regions_leased", (Py_ssize_t)s.pool.regions_leased, "bytes_written",
+        "regions_leased", (Py_ssize_t)s.pool.regions_leased, "regions_prefaulted",
+        (Py_ssize_t)s.pool.regions_prefaulted, "bytes_written",
         (unsigned long long)s.bytes_written, "bytes_shared", (unsigned long long)s.bytes_shared,
         "puts", (unsigned long long)s.puts, "commits", (unsigned long long)s.commits, "gc_runs",
         (unsigned long long)s.gc_runs, "regions_reclaimed", (unsigned long long)s.regions_reclaimed,
@@ -654,6 +669,8 @@ static PyMethodDef Store_methods[] = {
      "last_commit() -> (version, cell_id) of the newest commit"},
     {"discard", (PyCFunction)Store_discard, METH_O, "discard(ref): give back an uncommitted payload"},
     {"gc", (PyCFunction)Store_gc, METH_NOARGS, "gc() -> regions reclaimed"},
+    {"prefault", (PyCFunction)Store_prefault, METH_O,
+     "prefault(nbytes) -> bytes of free pool space backed and prefaulted ahead of a save"},
     {"delete_session", (PyCFunction)Store_delete_session, METH_NOARGS,
      "delete_session(): drop every key of the session and the pool file"},
     {"close", (PyCFunction)Store_close, METH_NOARGS, "close(): release everything (idempotent)"},

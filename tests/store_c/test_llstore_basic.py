@@ -421,3 +421,14 @@ def test_rewrites_reuse_reclaimed_prefaulted_regions(store):
     assert store.stats()["gc_runs"] >= 4
     (v, blob, prefs, refs), = store.fetch(["a"]).values()
     assert (np.frombuffer(store.map_payload(prefs[0]), np.uint8) == 5).all()
+
+
+def test_prefault_ahead_of_a_save(store):
+    assert store.prefault(5 * R) == 5 * R
+    assert store.stats()["regions_prefaulted"] == 5
+    ref = store.put_payload(np.ones(5 * R, np.uint8))
+    assert store.stats()["regions_prefaulted"] == 5  # the save used the prefaulted regions
+    assert store.prefault(1 << 40) == 27 * R  # only what is free
+    assert (np.frombuffer(store.map_payload(ref), np.uint8) == 1).all()
+    with pytest.raises(OverflowError):
+        store.prefault(-1)
