@@ -77,6 +77,51 @@ WRITTEN = {
         "LIMIT = 5\n@registry.register\ndef check(v):\n    return v < LIMIT\n",
         "print([f(3) for f in registry.funcs])\n",
     ],
+    "scoping_edge_cases": [
+        "size = 10\nclass A:\n    size = 1\n    def get(self):\n        return size\n",
+        "print(A().get(), A.size)\n",
+        "factor = 3\nclass B:\n    vals = [1, 2]\n    scaled = [v * factor for v in vals]\n",
+        "print(B.scaled)\n",
+        "PREFIX = '>'\ndef deco(fn):\n    def wrapper(*a):\n        return PREFIX + str(fn(*a))\n"
+        "    return wrapper\n",
+        "BASE = 5\n@deco\ndef val():\n    return BASE\n",
+        "print(val())\n",
+        "REGISTRY = []\nclass Base:\n    def __init_subclass__(cls):\n"
+        "        REGISTRY.append(cls.__name__)\n",
+        "class Child(Base):\n    pass\nprint(REGISTRY)\n",
+        "FMT = '<{}>'\nclass Box:\n    def __init__(self, v):\n        self.v = v\n"
+        "    def __repr__(self):\n        return FMT.format(self.v)\n",
+        "box = Box(3)\n",
+        "box\n",
+        "print([box])\n",
+        "def gen():\n    for i in range(3):\n        yield i * MULT\nMULT = 2\nit = gen()\n",
+        "print(list(it))\n",
+        "class AppError(Exception):\n    def __str__(self):\n        return 'app: ' + CODE\nCODE = 'x1'\n",
+        "try:\n    raise AppError()\nexcept AppError as e:\n    print(e)\n",
+        "from dataclasses import dataclass, field\nDEFAULTS = {'a': 1}\n"
+        "@dataclass\nclass Conf:\n    opts: dict = field(default_factory=lambda: dict(DEFAULTS))\n",
+        "print(Conf())\n",
+        "import functools\nWEIGHTS = {'a': 2, 'b': 3}\n"
+        "total = functools.reduce(lambda acc, k: acc + WEIGHTS[k], ['a', 'b'], 0)\nprint(total)\n",
+        "order = sorted(WEIGHTS, key=lambda k: -WEIGHTS[k])\nprint(order)\n",
+        "def outer():\n    count = 0\n    def inc():\n        nonlocal count\n        count += STEP\n"
+        "        return count\n    return inc\nSTEP = 4\ninc = outer()\n",
+        "inc(); print(inc())\n",
+        "def set_mode(m):\n    global MODE\n    MODE = m\nset_mode('fast')\n",
+        "print(MODE)\n",
+        "vals = [y for x in range(4) if (y := x * x) > 2]\nprint(vals, y)\n",
+        "print(y + 1)\n",
+        "def fib(n, memo={}):\n    if n < 2:\n        return n\n    if n not in memo:\n"
+        "        memo[n] = fib(n - 1) + fib(n - 2)\n    return memo[n]\n",
+        "print(fib(30))\n",
+        "handlers = {'sq': lambda v: v * v * SCALE2}\nSCALE2 = 3\n",
+        "print(handlers['sq'](2))\n",
+        "import math as m\ndef area(r):\n    return m.pi * r * r\n",
+        "print(round(area(2), 3))\n",
+        "class Meta(type):\n    def __call__(cls, *a):\n        return ('made', TAG, cls.__name__)\n"
+        "TAG = 't'\nclass Thing(metaclass=Meta):\n    pass\n",
+        "print(Thing())\n",
+    ],
     "pandas_analysis": [
         "import pandas as pd\nimport numpy as np\nrng = np.random.default_rng(0)\n",
         "df = pd.DataFrame({'city': rng.choice(['a', 'b', 'c'], 50), "
