@@ -154,6 +154,8 @@ static int s_bench_kind(const char *label, const char *pool_path, const char *di
         return -1;
     }
     s_line("save, fresh pool (first touch)", t_fresh, n, t_memcpy);
+    printf("  %-34s %9s    %7.2f ms per 2 MiB region\n", "", "",
+           t_fresh * 1e3 / (double)((n + R - 1) / R));
     ll_store_discard(st, ref);
     free(ref);
     ll_store_gc(st);
