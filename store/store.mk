@@ -13,7 +13,7 @@ BENCHES    += $(BUILD)/ll_store_bench
 STORE_PYEXT   := $(BUILD)/py/_llstore.cpython-311-x86_64-linux-gnu.so
 STORE_PY_OBJS := $(patsubst %.c,$(BUILD)/pyext/%.o,$(STORE_SRCS) proto/ll_log.c)
 STORE_PY_LIBS := $(shell pkg-config --libs hiredis libxxhash jansson) -lpthread
-EXTRA_TARGETS += $(STORE_PYEXT) $(BUILD)/ll_store_bench
+EXTRA_TARGETS += $(STORE_PYEXT) $(BUILD)/ll_store_bench $(BUILD)/tests/store_c/embed_llstore
 
 # Only this file may use AVX2 instructions; ll_hash.c checks the CPU first.
 $(BUILD)/store/ll_hash_avx2.o $(BUILD)/pyext/store/ll_hash_avx2.o: CFLAGS += -mavx2
@@ -27,4 +27,8 @@ $(STORE_PYEXT): $(STORE_PY_OBJS)
 	$(CC) $(LDFLAGS) -shared -o $@ $^ $(STORE_PY_LIBS)
 
 $(BUILD)/ll_store_bench: $(BUILD)/store/ll_store_bench.o $(patsubst %.c,$(BUILD)/%.o,$(STORE_SRCS) proto/ll_log.c)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# The builtin flavour (as linked into build/looseleaf), for tests/store_c/test_llstore_embedded.py.
+$(BUILD)/tests/store_c/embed_llstore: $(BUILD)/tests/store_c/embed_llstore.o $(patsubst %.c,$(BUILD)/%.o,$(STORE_SRCS) proto/ll_log.c)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
