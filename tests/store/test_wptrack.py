@@ -116,3 +116,18 @@ def test_regions_reported_by_a_failed_save_are_not_forgotten(store):
     rep = save_ok(cp, ["a"])  # the scan that reported region 3 re-protected it: it must be carried
     assert rep.bytes_written == 2 * MiB and "a" in rep.saved, rep
     assert restored(store, "a")[(6 * MiB) // 8] == 1.0
+
+
+def test_two_checkpointers_tracking_one_array_both_see_every_write(session):
+    st1, st2 = session(), session()
+    ns1 = {"__name__": "__main__", "__builtins__": builtins}
+    cp1 = Checkpointer(st1, ns1)
+    ns1["a"] = np.zeros(16 * MiB // 8)
+    ns2 = {"__name__": "__main__", "__builtins__": builtins, "a": ns1["a"]}  # the same array
+    cp2 = Checkpointer(st2, ns2)
+    save_ok(cp1, ["a"])
+    save_ok(cp2, ["a"])
+    ns1["a"][(4 * MiB) // 8] = 1.0
+    rep1 = save_ok(cp1, ["a"])  # this scan re-protects the page ...
+    rep2 = save_ok(cp2, ["a"])  # ... and cp2 must still learn about it
+    assert rep1.bytes_written == 2 * MiB and rep2.bytes_written == 2 * MiB, (rep1, rep2)

@@ -148,17 +148,17 @@ class _VarState:
 
 class _Track:
     """A payload slot whose memory (this process's own) is write-tracked (wptrack.py): it differs from the
-    committed payload REF only in pages written since, plus CARRY (regions reported by a scan whose save
-    did not commit)."""
+    committed payload REF only in the regions SUB reports written."""
 
-    __slots__ = ("addr", "nbytes", "holder", "ref", "carry")
+    __slots__ = ("addr", "nbytes", "holder", "ref", "sub", "used")
 
-    def __init__(self, addr, nbytes, holder, ref):
+    def __init__(self, addr, nbytes, holder, ref, sub, used):
         self.addr = addr
         self.nbytes = nbytes
         self.holder = holder  # the array / storage owning the memory: kept alive, so never freed under us
         self.ref = ref
-        self.carry = set()
+        self.sub = sub  # wptrack.Subscription
+        self.used = used  # the dirty regions this save copied: cleared from sub once it commits
 
 
 class Checkpointer:
@@ -376,6 +376,10 @@ class Checkpointer:
                     self.store.discard(r)  # a hold that only kept a base's regions alive
                 except Exception:
                     pass
+        for n in ok:
+            for tr in tracks[n].values():
+                tr.sub.dirty -= tr.used  # those regions are in the committed payload now
+                tr.used = ()
         for n in deletes:
             self._graph.pop(n, None)
             rep.deleted.append(n)
@@ -460,24 +464,23 @@ class Checkpointer:
                 base = oldp[k] if k < len(oldp) and tuple(oldm[k]) == tuple(meta) else None
                 own = self._own_memory(meta, obj)
                 rec = oldt.get(k)
-                tracked = (own is not None and rec is not None and base is not None and rec.ref == base
-                           and self._same_owner(rec, own[0], own[1], meta[1]))
+                sub = None
+                if (own is not None and rec is not None and base is not None and rec.ref == base
+                        and self._same_owner(rec, own[0], own[1], meta[1])):
+                    sub = rec.sub
                 dirty = None
                 if base is not None:
                     dirty = self._written_regions(buf, base, meta[1])  # a restored mapping?
                     if dirty is not None:
-                        own = None  # shared with the pool: pagemap tells, write tracking cannot
-                    elif tracked:
-                        scanned = self._wp.scan(own[1], meta[1], self._region_bytes)
-                        if scanned is None:
-                            tracked = False
-                        else:
-                            rec.carry.update(scanned)  # kept until a commit covers them
-                            dirty = sorted(rec.carry)
-                if own is not None and not tracked and (own[1], meta[1]) not in self._untrackable:
+                        own = sub = None  # shared with the pool: pagemap tells, write tracking cannot
+                    elif sub is not None:
+                        dirty = self._wp.written(sub, self._region_bytes)
+                        if dirty is None:
+                            sub = None
+                if own is not None and sub is None and (own[1], meta[1]) not in self._untrackable:
                     # Start tracking before the copy, so a write during it shows next time.
-                    tracked = self._wp.arm(own[1], meta[1])
-                    if not tracked:
+                    sub = self._wp.subscribe(own[1], meta[1])
+                    if sub is None:
                         if len(self._untrackable) > 4096:
                             self._untrackable.clear()
                         self._untrackable.add((own[1], meta[1]))  # do not read /proc/self/maps again
@@ -493,8 +496,8 @@ class Checkpointer:
                     else:
                         out.append(str(r))
                         written += r.written
-                if tracked:
-                    tracks[k] = _Track(own[1], meta[1], own[0], out[-1])
+                if sub is not None:
+                    tracks[k] = _Track(own[1], meta[1], own[0], out[-1], sub, set(dirty or ()))
         except BaseException:
             for r in new:
                 try:

@@ -20,8 +20,10 @@ What must stay true (the Checkpointer guarantees it):
   size); freed memory could come back zeroed without a write.
 * Regions holding a partial page at either end of a buffer (other data shares those pages) are always
   reported written.
-* A scan re-protects what it reports; if the save then fails, the caller keeps the reported regions and
-  adds them to the next scan (`carry`), so nothing written is ever forgotten.
+* A scan re-protects what it reports, so every consumer of a range (a Subscription: one payload slot of
+  one Checkpointer) gets what a scan finds added to its own `dirty` set, which only that consumer clears,
+  and only of the regions its committed save covered.  Arming a range that is already tracked harvests
+  first.  So two Checkpointers tracking one array, or a save that fails, never lose a write.
 Anything unexpected (old kernel, no userfaultfd permission, an ioctl error) makes `available()` false or
 a scan return None, and the caller hashes every region as before.  LL_STORE_WPTRACK=0 turns it off.
 """
@@ -29,6 +31,7 @@ import ctypes
 import fcntl
 import os
 import struct
+import weakref
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -55,6 +58,18 @@ _UFFDIO_WRITEPROTECT = _iowr(0xAA, 0x06, 24)
 _PAGEMAP_SCAN = _iowr(ord("f"), 16, 96)
 
 
+class Subscription:
+    """One consumer's view of a tracked buffer: KEY = (address, nbytes); DIRTY = region indices written
+    and not yet covered by one of this consumer's commits."""
+
+    __slots__ = ("key", "dirty", "broken", "__weakref__")
+
+    def __init__(self, key):
+        self.key = key
+        self.dirty = set()
+        self.broken = False
+
+
 class Tracker:
     """One per process (see `tracker()`): a userfaultfd in async write-protect mode and a pagemap fd."""
 
@@ -63,6 +78,8 @@ class Tracker:
         self._pm = -1
         self._pid = os.getpid()
         self._vec = (ctypes.c_uint64 * (3 * _VEC_LEN))()  # struct page_region {start, end, categories}
+        self._subs = {}  # (address, nbytes) -> WeakSet of live Subscriptions
+        self._region_bytes = {}  # (address, nbytes) -> region size its subscribers count in
         self.error = None  # why tracking is unavailable, if it is
         self._open()
 
@@ -121,38 +138,69 @@ class Tracker:
             return False
         return False
 
-    def arm(self, addr, nbytes):
-        """Write-protect the whole pages of [addr, addr+nbytes) (registering them first); from now on a
-        write to any of them shows in `scan`.  False if this memory cannot be tracked."""
+    def subscribe(self, addr, nbytes):
+        """Track the whole pages of the buffer [addr, addr+nbytes) for a new consumer: returns a
+        Subscription whose `dirty` fills with the indices of regions written from now on, or None if
+        this memory cannot be tracked."""
         if not self.available():
-            return False
+            return None
         start, end = self._interior(addr, nbytes)
         if end <= start or not self._private_anonymous(start, end):
-            return False
+            return None
+        key = (addr, nbytes)
+        subs = self._subs.get(key)
+        if subs:
+            self._harvest(key, region_bytes=None)  # what they have not seen yet, before protecting again
         try:
             fcntl.ioctl(self._uffd, _UFFDIO_REGISTER,
                         bytearray(struct.pack("QQQQ", start, end - start, _UFFDIO_REGISTER_MODE_WP, 0)))
             fcntl.ioctl(self._uffd, _UFFDIO_WRITEPROTECT,
                         bytearray(struct.pack("QQQ", start, end - start, _UFFDIO_WRITEPROTECT_MODE_WP)))
         except OSError:
-            return False
-        return True
+            return None
+        sub = Subscription(key)
+        if subs is None:
+            subs = self._subs[key] = weakref.WeakSet()
+        subs.add(sub)
+        return sub
+
+    def written(self, sub, region_bytes):
+        """Regions of SUB's buffer written since SUB last cleared them (edge regions with partial pages
+        always count), as a sorted list; None if the range is no longer tracked."""
+        if sub.broken or not self.available() or self._harvest(sub.key, region_bytes) is None:
+            return None
+        addr, nbytes = sub.key
+        start, end = self._interior(addr, nbytes)
+        out = set(sub.dirty)
+        nreg = (nbytes + region_bytes - 1) // region_bytes
+        if start != addr:
+            out.add(0)
+        if end != addr + nbytes:
+            out.add(nreg - 1)
+        return sorted(out)
+
+    def _harvest(self, key, region_bytes):
+        """Scan KEY's range for written pages, re-protect them, add their regions to every subscriber."""
+        region_bytes = region_bytes or self._region_bytes.get(key, 2 << 20)
+        self._region_bytes[key] = region_bytes
+        found = self.scan(key[0], key[1], region_bytes)
+        if found is None:
+            for sub in list(self._subs.get(key, ())):
+                sub.broken = True  # writes may have gone unseen: never trust it again
+            return None
+        for sub in list(self._subs.get(key, ())):
+            sub.dirty.update(found)
+        return found
 
     def scan(self, addr, nbytes, region_bytes):
-        """Indices of the REGION_BYTES regions of the buffer at ADDR that were written since it was armed
-        (edge regions with partial pages always count), re-protecting what it reports.  None if the
-        range is not (or no longer) tracked."""
-        if not self.available():
-            return None
+        """Indices of the REGION_BYTES regions of the buffer at ADDR holding whole pages written since
+        they were last protected, re-protecting them.  None if the range is not (or no longer) tracked.
+        Consumers use `written` (a scan consumes what it finds)."""
         start, end = self._interior(addr, nbytes)
         if end <= start:
             return None
         nreg = (nbytes + region_bytes - 1) // region_bytes
         out = set()
-        if start != addr:
-            out.add(0)
-        if end != addr + nbytes:
-            out.add(nreg - 1)
         vec = self._vec
         pos = start
         while pos < end:
@@ -171,7 +219,6 @@ class Tracker:
                 break
             pos = walk_end
         return sorted(r for r in out if 0 <= r < nreg)
-
 
 _tracker = None
 
