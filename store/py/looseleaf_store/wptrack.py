@@ -26,6 +26,10 @@ What must stay true (the Checkpointer guarantees it):
   first.  So two Checkpointers tracking one array, or a save that fails, never lose a write.
 Anything unexpected (old kernel, no userfaultfd permission, an ioctl error) makes `available()` false or
 a scan return None, and the caller hashes every region as before.  LL_STORE_WPTRACK=0 turns it off.
+
+Limit: a write that takes no page fault is not seen: DMA into memory pinned earlier (cudaHostRegister of
+a numpy array, RDMA registration, io_uring fixed buffers).  torch's pinned tensors are never tracked;
+code that pins numpy memory for DMA must run with LL_STORE_WPTRACK=0.
 """
 import ctypes
 import fcntl
@@ -159,6 +163,11 @@ class Tracker:
         except OSError:
             return None
         sub = Subscription(key)
+        if len(self._subs) > 1024:
+            for k in [k for k, v in self._subs.items() if not v]:
+                del self._subs[k]
+                self._region_bytes.pop(k, None)
+            subs = self._subs.get(key)
         if subs is None:
             subs = self._subs[key] = weakref.WeakSet()
         subs.add(sub)
