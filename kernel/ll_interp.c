@@ -59,7 +59,7 @@
 
 static ll_interp_hooks_t s_hooks;          /* copy of the gateway's hooks */
 static bool s_initialized;                 /* between init and finalize */
-static atomic_bool s_busy;                 /* an execute_request is running */
+static atomic_bool s_busy;                 /* a cell's code is running (set by Python) */
 static atomic_bool s_in_child;             /* we are a fork()ed child */
 static pthread_t s_thread;                 /* the interpreter (Python main) thread */
 static PyThreadState *s_main_tstate;       /* its thread state */
@@ -245,6 +245,23 @@ static PyObject *s_py_log_level(PyObject *self, PyObject *unused)
     return PyLong_FromLong(ll_log_level);
 }
 
+static void s_drop_pending_interrupt(void);
+
+/* set_busy(flag): the user's code runs from now on (True) / no longer
+ * (False).  Only then may an interrupt land; turning it off also swallows
+ * an interrupt that tripped just too late, so it cannot hit the kernel's own
+ * code (reply building) instead of the cell. */
+static PyObject *s_py_set_busy(PyObject *self, PyObject *flag)
+{
+    int on = PyObject_IsTrue(flag);
+    if (on < 0)
+        return NULL;
+    atomic_store(&s_busy, on != 0);
+    if (!on)
+        s_drop_pending_interrupt();
+    Py_RETURN_NONE;
+}
+
 static PyObject *s_py_in_child(PyObject *self, PyObject *unused)
 {
     return PyBool_FromLong(atomic_load(&s_in_child));
@@ -262,6 +279,8 @@ static PyMethodDef s_methods[] = {
      "input_request(prompt, password=False) -> str: ask the frontend for a line."},
     {"log", s_py_log, METH_VARARGS, "log(level, module, text): a line in the kernel's log."},
     {"log_level", s_py_log_level, METH_NOARGS, "log_level() -> int: the kernel's log threshold."},
+    {"set_busy", s_py_set_busy, METH_O,
+     "set_busy(flag): whether user code runs now (interrupts land only then)."},
     {"in_child", s_py_in_child, METH_NOARGS,
      "in_child() -> bool: whether this is a fork()ed child without hooks."},
     {NULL, NULL, 0, NULL}};
@@ -604,10 +623,7 @@ char *ll_interp_handle_ex(const char *msg_type, const char *content_json,
                           "interrupts will not reach it", msg_type);
 
     PyGILState_STATE gil = PyGILState_Ensure();
-    bool execute = strcmp(msg_type, "execute_request") == 0;
     s_drop_pending_interrupt();
-    if (execute)
-        atomic_store(&s_busy, true);
 
     char *reply = NULL;
     PyObject *buffers = nbufs && bufs && buflens ? s_buffers_list(bufs, buflens, nbufs)
@@ -619,8 +635,7 @@ char *ll_interp_handle_ex(const char *msg_type, const char *content_json,
                                                     buffers)
                             : NULL;
     Py_XDECREF(buffers);
-    if (execute)
-        atomic_store(&s_busy, false);
+    atomic_store(&s_busy, false); /* in case Python did not get to say so */
     if (!res) {
         char why[512];
         s_pyerr_to(why, sizeof why, "looseleaf_kernel.handle raised");

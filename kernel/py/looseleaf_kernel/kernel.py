@@ -262,17 +262,21 @@ class Kernel:
 
         if not silent:
             publish("execute_input", {"code": code, "execution_count": shell.execution_count})
+        # Interrupts land only while the cell runs, never in the reply.
+        _lk.set_busy(True)
         try:
             try:
                 res = shell.run_cell(code, store_history=store_history, silent=silent,
                                      cell_id=cell_id)
-            except Exception as e:
-                # IPython itself failed on this cell: still a cell error for
-                # the user (published, replied), not a broken kernel.
+            except BaseException as e:
+                # IPython itself failed on this cell (or an interrupt hit its
+                # own code): still a cell error for the user, published and
+                # replied, not a broken kernel.
                 shell.showtraceback()
                 res = ExecutionResult(ExecutionInfo(code, store_history, silent, False, cell_id))
-                res.error_before_exec = e
+                res.error_in_exec = e
         finally:
+            _lk.set_busy(False)
             self.allow_stdin = False
             self._flush_streams()
 
