@@ -26,5 +26,5 @@ EXTRA_TARGETS += $(ANALYZE_BIN) $(ANALYSIS_BENCH)
 
 # The corpus (>= 150 hand-checked cells), soundness on real notebooks, bad input.
 PYTESTS   += tests/analysis/test_analysis_corpus.py tests/analysis/test_analysis_soundness.py \
-             tests/analysis/test_analysis_bad_input.py
+             tests/analysis/test_analysis_bad_input.py tests/analysis/test_analysis_differential.py
 BENCHES   += tests/bench/bench_analysis.py

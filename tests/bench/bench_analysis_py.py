@@ -600,8 +600,14 @@ class Session:
                 if len(alts) == 1 and old is None:
                     nb = alts[0][0]
                 else:
-                    nb = Binding(VALUE)
-                    for b in [a for a, _ in alts] + ([old] if old else []):
+                    every = [a for a, _ in alts] + ([old] if old else [])
+                    first = every[0]
+                    same_import = all(b.kind in (IMPORT, STAR) and b.kind == first.kind and
+                                      b.path is not None and b.path == first.path for b in every)
+                    nb = Binding(first.kind if same_import else VALUE)
+                    if same_import:
+                        nb.path, nb.stmt = first.path, first.stmt
+                    for b in every:
                         nb.prov |= b.prov | ({b.path} if b.path else set())
                         nb.deps |= b.deps
                         nb.gwrites |= b.gwrites
