@@ -734,14 +734,17 @@ int ll_pool_gc(ll_pool_t *pool, ll_pool_refs_fn referenced, void *ctx, char *err
             continue;
         if (!atomic_compare_exchange_strong(&pool->state[i], &s, gen << 2 | S_FREEING))
             continue;
+        /* CAS, not store, out of FREEING: a leaser that waited too long for
+         * us (we were descheduled) may have taken the region back to ALLOC. */
+        uint64_t freeing = gen << 2 | S_FREEING;
         if (atomic_load(&pool->lease[i]) != 0 || atomic_load(&pool->hdr->epoch) != epoch) {
-            atomic_store(&pool->state[i], gen << 2 | S_ALLOC);
+            atomic_compare_exchange_strong(&pool->state[i], &freeing, gen << 2 | S_ALLOC);
             if (atomic_load(&pool->hdr->epoch) != epoch)
                 break; /* a commit landed: our reference set is stale */
             continue;
         }
-        atomic_store(&pool->state[i], gen << 2 | S_FREE);
-        freed++;
+        if (atomic_compare_exchange_strong(&pool->state[i], &freeing, gen << 2 | S_FREE))
+            freed++;
     }
     ll_debug("store", "pool gc: %zu candidates, %d freed", ncand, freed);
 out:
