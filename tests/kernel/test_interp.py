@@ -616,3 +616,19 @@ def test_placement_magics_are_stripped(env):
     assert c2["content"] == {"status": "incomplete", "indent": "    "}
     assert [e[2] for e in h["content"]["history"]] == ["%%gpu\nx = 6\nx * 7",
                                                        "  %%cpu  \nprint(x)", "%%gpu"]
+
+
+def test_profile_config_and_startup_files(env, tmp_path):
+    profile = tmp_path / "ipython" / "profile_default"
+    (profile / "startup").mkdir(parents=True)
+    (profile / "ipython_kernel_config.py").write_text(
+        "c.InteractiveShell.ast_node_interactivity = 'all'\n")
+    (profile / "startup" / "00-first.py").write_text("from_startup = 'yes'\nseen = [__file__]\n")
+    (profile / "startup" / "01-broken.py").write_text("raise RuntimeError('bad startup')\n")
+    (profile / "startup" / "02-magic.ipy").write_text("%config InteractiveShell.colors = 'NoColor'\n"
+                                                      "after_broken = True\n")
+    evs = run(env, ex("from_startup, after_broken, '__file__' in globals()"), ex("1\n2"))
+    (g1, r1), (g2, r2) = split_replies(evs)
+    assert pubs(g1, "execute_result")[0]["data"]["text/plain"] == "('yes', True, False)"
+    # ast_node_interactivity = 'all' from the profile's kernel config
+    assert [p["data"]["text/plain"] for p in pubs(g2, "execute_result")] == ["1", "2"]

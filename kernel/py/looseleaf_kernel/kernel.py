@@ -9,11 +9,13 @@ request gets an error reply, never a dead kernel.
 """
 import builtins
 import getpass
+import glob
 import logging
 import os
 import sqlite3
 import sys
 import threading
+import traceback
 import uuid
 from datetime import datetime, timezone
 
@@ -114,7 +116,7 @@ class Kernel:
 
         # What ipykernel's config holds: libraries (tqdm.auto, ...) look for
         # this section to know they run in a Jupyter kernel.
-        config = Config()
+        config = _profile_config()
         config.IPKernelApp.connection_file = connection_file() or ""
         self.shell = ZMQInteractiveShell.instance(kernel=self, compiler_class=CellCompiler,
                                                   config=config)
@@ -137,6 +139,7 @@ class Kernel:
         builtins.input = self.raw_input
         getpass.getpass = self.getpass
         os.register_at_fork(after_in_child=self._after_fork_child)
+        self._run_startup_files()
         self.handlers = {
             "execute_request": self.execute_request,
             "complete_request": self.complete_request,
@@ -150,6 +153,34 @@ class Kernel:
             "comm_close": self.comm_close,
             "shutdown_request": self.shutdown_request,
         }
+
+    def _run_startup_files(self):
+        """Run the profile's startup/*.py and *.ipy files in the user
+        namespace, in name order, as IPython apps (and ipykernel) do.
+        Their failures go to the kernel's log: no frontend is listening yet."""
+        from IPython.core.application import ENV_CONFIG_DIRS, SYSTEM_CONFIG_DIRS
+
+        dirs = [self.shell.profile_dir.startup_dir]
+        dirs += [os.path.join(p, "startup") for p in ENV_CONFIG_DIRS + SYSTEM_CONFIG_DIRS]
+        files = []
+        for d in dirs[::-1]:
+            files += glob.glob(os.path.join(d, "*.py")) + glob.glob(os.path.join(d, "*.ipy"))
+        for fname in sorted(files):
+            ns = self.shell.user_ns
+            had_file, old_file = "__file__" in ns, ns.get("__file__")
+            ns["__file__"] = fname
+            try:
+                if fname.endswith(".ipy"):
+                    self.shell.safe_execfile_ipy(fname)
+                else:
+                    self.shell.safe_execfile(fname, ns, raise_exceptions=True)
+            except BaseException:
+                log.error("startup file %s failed:\n%s", fname, traceback.format_exc())
+            finally:
+                if had_file:
+                    ns["__file__"] = old_file
+                else:
+                    ns.pop("__file__", None)
 
     def _after_fork_child(self):
         """In a fork()ed child (a worker, multiprocessing): the history
@@ -487,6 +518,28 @@ class Kernel:
         self.shell.exit_now = True
         return dumps({"status": "ok", "restart": restart}), None
 
+
+
+def _profile_config():
+    """ipython_config.py and ipython_kernel_config.py of the default profile,
+    which ipykernel's IPKernelApp loads too (a user's InlineBackend or
+    InteractiveShell settings must apply here as well)."""
+    from IPython.core.profiledir import ProfileDir
+    from IPython.paths import get_ipython_dir
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = Config()
+    try:
+        location = ProfileDir.find_profile_dir_by_name(get_ipython_dir(), "default").location
+    except Exception:
+        return config
+    for name in ("ipython_config.py", "ipython_kernel_config.py"):
+        if os.path.isfile(os.path.join(location, name)):
+            try:
+                config.merge(PyFileConfigLoader(name, path=location).load_config())
+            except Exception:
+                log.error("config file %s failed:\n%s", name, traceback.format_exc())
+    return config
 
 
 _kernel = None
