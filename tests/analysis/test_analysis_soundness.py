@@ -9,14 +9,15 @@ error in both runs.  A missed name shows up as a NameError in the second run.
 
 Notebooks: the public ones from /work/shared/notebooks (copied into
 tests/analysis/notebooks/ with their licences, see SOURCES.md there) and the
-ones written below for the constructs they lack.  A negative control checks
+ones written below for the constructs they lack, and random runnable
+sessions (fixed seeds).  A negative control checks
 that the harness does catch a closure with one needed name removed.
 """
 import json
 import os
 import pathlib
+import random
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -159,6 +160,61 @@ WRITTEN = {
 }
 
 
+# Random but runnable sessions: variables, functions reading globals, lists
+# of callables, objects whose methods read globals, lazy generators,
+# rebinding, deletion, `global` setters, branches, loops, walrus, match.
+def random_program(seed, ncells=40):
+    r = random.Random(seed)
+    V = [f"v{i}" for i in range(6)]
+    F = [f"f{i}" for i in range(4)]
+    H = [f"h{i}" for i in range(3)]
+    O = [f"o{i}" for i in range(3)]
+    C = [f"C{i}" for i in range(3)]
+    G = [f"g{i}" for i in range(2)]
+    def v(): return r.choice(V)
+    def ie(d=0):
+        k = r.random()
+        if d > 1 or k < 0.4: return v() if r.random() < 0.8 else str(r.randint(1, 5))
+        if k < 0.6: return f"({ie(d+1)} + {ie(d+1)})"
+        if k < 0.75: return f"{r.choice(F)}({ie(d+1)})"
+        if k < 0.85: return f"{r.choice(O)}.m({ie(d+1)})"
+        return f"sum(c({ie(d+1)}) for c in {r.choice(H)})"
+    cells = [f"{x} = {i}\n" for i, x in enumerate(V)]
+    cells += [f"def {f}(x):\n    return x + {v()}\n" for f in F]
+    cells += [f"class {c}:\n    k = {v()}\n    def m(self, x):\n        return x + {v()}\n" for c in C]
+    cells += [f"{o} = {r.choice(C)}()\n" for o in O]
+    cells += [f"{h} = [{r.choice(F)}]\n" for h in H]
+    cells += [f"{g} = (x + {v()} for x in range(3))\n" for g in G]
+    T = [
+        lambda: f"{v()} = {ie()}\n",
+        lambda: f"{v()} += {ie()}\n",
+        lambda: f"def {r.choice(F)}(x):\n    return x * {ie(1)} + {v()}\n",
+        lambda: f"def {r.choice(F)}(x):\n    def inner(y):\n        return y + {v()}\n    return inner(x) + {r.choice(F)}(0)\n",
+        lambda: f"{r.choice(H)} = [{r.choice(F)}, lambda x: x + {v()}]\n",
+        lambda: f"{r.choice(H)}.append({r.choice(F)})\n",
+        lambda: (lambda c: f"class {c}:\n    k = {v()}\n    def m(self, x):\n        return x + {v()} + {r.choice(F)}(1)\n")(r.choice(C)),
+        lambda: f"{r.choice(O)} = {r.choice(C)}()\n",
+        lambda: f"{r.choice(G)} = (x + {v()} for x in range(3))\n",
+        lambda: f"print(sum({r.choice(G)}))\n",
+        lambda: f"print({ie()})\n",
+        lambda: f"print([c(2) for c in {r.choice(H)}])\n",
+        lambda: f"print({r.choice(O)}.m({ie()}))\n",
+        lambda: f"if {ie()} > 4:\n    {v()} = {ie()}\nelse:\n    {v()} = {ie()}\nprint({v()})\n",
+        lambda: f"for i in range(3):\n    {v()} = {ie()} + i\nprint(i)\n",
+        lambda: f"try:\n    {v()} = 10 // ({ie()} - 3)\nexcept ZeroDivisionError as err:\n    print('zero', err)\n",
+        lambda: f"def setter():\n    global {v()}\n    {v()} = {ie()}\nsetter()\n",
+        lambda: (lambda x: f"del {x}\n{x} = 7\n")(v()),
+        lambda: f"print([y for x in range(3) if (y := x + {v()})])\nprint(y)\n",
+        lambda: f"key = lambda x: -x * {v()}\nprint(sorted([3, 1, 2], key=key))\n",
+        lambda: f"print(sorted([3, 1, 2], key=key if 'key' in dir() else None))\n",
+        lambda: f"match {ie()}:\n    case 1:\n        {v()} = 1\n    case n:\n        {v()} = n + {v()}\n",
+        lambda: f"{v()} = {r.choice(C)}.k + {ie()}\n",
+    ]
+    for _ in range(ncells):
+        cells.append(r.choice(T)())
+    return cells
+
+
 def write_notebook(path, sources):
     nb = {"cells": [{"cell_type": "code", "execution_count": None, "metadata": {},
                      "outputs": [], "source": s} for s in sources],
@@ -201,6 +257,9 @@ def compare(nb_path, tmp_path, analysis):
             diffs.append(f"code cell {i + 1} (closure {closure}):\n  full:    {a}\n  closure: {b}")
     return diffs
 
+
+for _seed in (1, 2, 3):
+    WRITTEN[f"random_{_seed}"] = random_program(_seed, 60)
 
 NOTEBOOKS = [pytest.param(p, id=p.stem) for p in PUBLIC] + \
             [pytest.param(name, id=name) for name in WRITTEN]
