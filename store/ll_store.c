@@ -800,7 +800,11 @@ char *ll_store_put(ll_store_t *st, const void *data, size_t len, const char *bas
     }
     struct timespec ts0, ts1, ts2, ts3;
     clock_gettime(CLOCK_MONOTONIC, &ts0);
-    s_parallel(n, len, s_hash_cmp, &p);
+    size_t to_hash = 0;
+    for (size_t i = 0; i < n; i++)
+        to_hash += p.cand[i] ? s_chunk(len, i) : 0;
+    if (to_hash)
+        s_parallel(n, to_hash, s_hash_cmp, &p);
     clock_gettime(CLOCK_MONOTONIC, &ts1);
     for (size_t i = 0; i < n; i++) {
         if (p.reuse[i]) {
@@ -853,7 +857,8 @@ char *ll_store_put(ll_store_t *st, const void *data, size_t len, const char *bas
         nwritten += s_chunk(len, i);
     }
     clock_gettime(CLOCK_MONOTONIC, &ts2);
-    s_parallel(n, nwritten, s_copy_hash, &p);
+    if (nwritten)
+        s_parallel(n, nwritten, s_copy_hash, &p);
     clock_gettime(CLOCK_MONOTONIC, &ts3);
     ll_debug("store", "put %zu bytes: compare %.2f ms, allocate %.2f ms, copy %.2f ms (%zu bytes)",
              len, s_ms(&ts0, &ts1), s_ms(&ts1, &ts2), s_ms(&ts2, &ts3), nwritten);
