@@ -1385,6 +1385,56 @@ static bool s_try_magic(s_walker_t *w, PyObject *node, PyObject *func)
     return true;
 }
 
+/* A call that gets a function (or lambda) may keep it: register(f) in a
+ * global list that register reads, registry.add(f) in registry.  The
+ * arguments that are names or lambdas, then the callee, become ARG/PASS
+ * events; the session decides, knowing which names are functions, what may
+ * now hold the function and so needs its globals. */
+static void s_call_args(s_walker_t *w, PyObject *node, PyObject *func)
+{
+    bool any = false;
+    PyObject *lists[2] = {s_get(node, s_py.a_args), s_get(node, s_py.a_keywords)};
+    for (int k = 0; k < 2; k++) {
+        PyObject *l = lists[k];
+        for (Py_ssize_t i = 0; l && PyList_Check(l) && i < PyList_GET_SIZE(l);
+             i++) {
+            PyObject *arg = PyList_GET_ITEM(l, i);
+            PyObject *v = k == 0 ? (Py_INCREF(arg), arg) : s_get(arg, s_py.a_value);
+            if (s_is(v, s_py.t_Starred)) {
+                PyObject *inner = s_get(v, s_py.a_value);
+                Py_DECREF(v);
+                v = inner;
+            }
+            if (s_is(v, s_py.t_Name)) {
+                const char *id = s_get_str(v, s_py.a_id);
+                if (id) {
+                    s_emit(w, LL_EV_ARG, 0, id, -1, false);
+                    any = true;
+                }
+            }
+            else if (s_is(v, s_py.t_Lambda)) {
+                s_emit(w, LL_EV_ARG, 1, NULL, -1, false);
+                any = true;
+            }
+            Py_XDECREF(v);
+        }
+        Py_XDECREF(l);
+    }
+    if (!any || !func)
+        return;
+    if (s_is(func, s_py.t_Name)) {
+        const char *id = s_get_str(func, s_py.a_id);
+        if (id)
+            s_emit(w, LL_EV_PASS, 0, id, -1, false);
+        return;
+    }
+    PyObject *recv = s_is(func, s_py.t_Attribute) ? s_get(func, s_py.a_value) : NULL;
+    const char *base = recv ? s_base_name(recv) : NULL;
+    if (base && strcmp(base, "get_ipython") != 0)
+        s_emit(w, LL_EV_PASS, 1, base, -1, false);
+    Py_XDECREF(recv);
+}
+
 static void s_walk_call(s_walker_t *w, PyObject *node)
 {
     PyObject *func = s_get(node, s_py.a_func);
@@ -1402,8 +1452,10 @@ static void s_walk_call(s_walker_t *w, PyObject *node)
             ((strcmp(id, "vars") == 0 || strcmp(id, "dir") == 0) && noargs))
             s_opaque(w);
     }
-    Py_XDECREF(func);
     s_walk_generic(w, node);
+    if (w->scope->immediate && w->group < 0 && w->class_group < 0)
+        s_call_args(w, node, func);
+    Py_XDECREF(func);
 }
 
 /* ---- dispatch --------------------------------------------------------- */

@@ -33,11 +33,14 @@
  *   unknown magics, get_ipython() used beyond its magic calls: the closure
  *   is then every live variable and every live import (and the label GPU
  *   when any of those modules is a GPU one).
- * Known limits (static analysis cannot see them): a function stored into a
- * container by another function's code (`register(f)` appending to a global
- * list) or into a module attribute (`np.helper = f`) does not pass its
- * globals on to that container; IPython's output history (_, _N, Out, In)
- * is not a variable of any closure. */
+ * A function or lambda passed to a call may be kept by it: `register(f)`
+ * marks the variables register's body reads as holding f, `reg.add(f)`
+ * marks reg.
+ * Known limits (static analysis cannot see them): a function kept by a call
+ * that received it indirectly (`register(wrap(f))`, or inside a value
+ * passed along) or stored into a module attribute (`np.helper = f`) does
+ * not pass its globals on; IPython's output history (_, _N, Out, In) is not
+ * a variable of any closure. */
 #ifndef LL_ANALYSIS_H
 #define LL_ANALYSIS_H
 

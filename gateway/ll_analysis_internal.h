@@ -56,6 +56,9 @@ typedef enum {
     LL_EV_MUTATE,     /* a top-level name's object may be changed in place */
     LL_EV_DEL,        /* a top-level name is deleted */
     LL_EV_DEFER,      /* a lambda's body globals become deps of this unit */
+    LL_EV_ARG,        /* a call's argument: a name (kind 0) or a lambda (1) */
+    LL_EV_PASS,       /* the call those ARGs went to: a function's name
+                         (kind 0) or a method's receiver (kind 1) */
 } ll_ev_type_t;
 
 typedef enum {

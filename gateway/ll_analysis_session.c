@@ -166,6 +166,8 @@ typedef struct {
     /* the current unit (top-level statement) */
     ll_names_t uprov, udeps, umut, pending_gwrites;
     ll_names_t mutated;       /* every name the cell may change in place */
+    ll_names_t pargs;         /* names passed to the call being read */
+    bool plambda;             /* ... and whether a lambda was passed too */
     s_binding_t **ubinds;
     const char **ubinds_names; /* the names ubinds[i] were bound to */
     size_t nubinds, capubinds;
@@ -492,6 +494,70 @@ static void s_del(s_sim_t *sim, const ll_ev_t *ev)
         e->nalts = 0; /* `except ... as e` ends: e is the old one, or gone */
 }
 
+/* The bindings NAME may have at this point of the cell: the cell's own
+ * alternatives, then (if still possible) the session's. */
+static size_t s_current(s_sim_t *sim, const char *name, s_binding_t **out,
+                        size_t max)
+{
+    size_t n = 0;
+    s_entry_t *e = s_map_get(&sim->overlay, name);
+    for (size_t i = 0; e && i < e->nalts && n < max; i++)
+        out[n++] = e->alts[i];
+    s_binding_t *b = (!e || e->base) ? s_base(sim, name) : NULL;
+    if (b && n < max)
+        out[n++] = b;
+    return n;
+}
+
+static bool s_is_code(const s_binding_t *b)
+{
+    return b->kind == LL_BK_FUNC || b->kind == LL_BK_CLASS;
+}
+
+/* NAME may be changed in place by the current statement. */
+static void s_mutates(s_sim_t *sim, const char *name)
+{
+    s_add(sim, &sim->umut, name);
+    s_add(sim, &sim->mutated, name);
+}
+
+/* A call received the ARGs: if one of them is a function, class or lambda,
+ * whatever the call may store it in needs its globals from now on: the
+ * receiver of a method, or the variables a called function's body reads. */
+static void s_pass(s_sim_t *sim, const ll_ev_t *ev)
+{
+    bool code = sim->plambda;
+    s_binding_t *alts[16];
+    for (size_t i = 0; !code && i < sim->pargs.count; i++) {
+        size_t n = s_current(sim, sim->pargs.items[i], alts, 16);
+        for (size_t k = 0; k < n; k++)
+            code |= s_is_code(alts[k]);
+    }
+    ll_names_reset(&sim->pargs);
+    sim->plambda = false;
+    if (!code)
+        return;
+    if (ev->kind == 1) {
+        s_mutates(sim, ev->name);
+        return;
+    }
+    size_t n = s_current(sim, ev->name, alts, 16);
+    for (size_t k = 0; k < n; k++) {
+        if (!s_is_code(alts[k]))
+            continue;
+        const ll_names_t *deps = &alts[k]->deps;
+        for (size_t i = 0; i < deps->count; i++) {
+            s_binding_t *held[16];
+            size_t m = s_current(sim, deps->items[i], held, 16);
+            for (size_t j = 0; j < m; j++)
+                if (!s_is_import(held[j]) && !s_is_code(held[j])) {
+                    s_mutates(sim, deps->items[i]);
+                    break;
+                }
+        }
+    }
+}
+
 static void s_run(s_sim_t *sim)
 {
     size_t nev = 0;
@@ -502,6 +568,8 @@ static void s_run(s_sim_t *sim)
         switch (ev[i].type) {
         case LL_EV_UNIT:
             s_end_unit(sim);
+            ll_names_reset(&sim->pargs);
+            sim->plambda = false;
             break;
         case LL_EV_LOAD:
             s_push(sim, ev[i].name, true, ev[i].block);
@@ -512,8 +580,16 @@ static void s_run(s_sim_t *sim)
             s_bind(sim, &ev[i]);
             break;
         case LL_EV_MUTATE:
-            s_add(sim, &sim->umut, ev[i].name);
-            s_add(sim, &sim->mutated, ev[i].name);
+            s_mutates(sim, ev[i].name);
+            break;
+        case LL_EV_ARG:
+            if (ev[i].kind == 1)
+                sim->plambda = true;
+            else if (ev[i].name)
+                s_add(sim, &sim->pargs, ev[i].name);
+            break;
+        case LL_EV_PASS:
+            s_pass(sim, &ev[i]);
             break;
         case LL_EV_DEL:
             s_del(sim, &ev[i]);
@@ -544,6 +620,7 @@ static void s_sim_init(s_sim_t *sim, ll_analysis_session_t *s,
     sim->record = record;
     ll_names_t *sets[] = {&sim->reads, &sim->state, &sim->stmts, &sim->paths,
                           &sim->uprov, &sim->udeps, &sim->umut, &sim->mutated,
+                          &sim->pargs,
                           &sim->pending_gwrites, &sim->ostars};
     for (size_t i = 0; i < sizeof sets / sizeof *sets; i++)
         sets[i]->borrow = true;
@@ -571,6 +648,7 @@ static void s_sim_free(s_sim_t *sim)
     ll_names_clear(&sim->udeps);
     ll_names_clear(&sim->umut);
     ll_names_clear(&sim->mutated);
+    ll_names_clear(&sim->pargs);
     ll_names_clear(&sim->pending_gwrites);
     free(sim->ubinds);
     free(sim->ubinds_names);

@@ -77,6 +77,12 @@ WRITTEN = {
         "registry = Registry()\n",
         "LIMIT = 5\n@registry.register\ndef check(v):\n    return v < LIMIT\n",
         "print([f(3) for f in registry.funcs])\n",
+        "HOOKS = []\ndef register(fn):\n    HOOKS.append(fn)\n    return fn\n"
+        "def run_all():\n    return [h() for h in HOOKS]\n",
+        "LEVEL = 3\ndef probe():\n    return LEVEL * 2\nregister(probe)\n",
+        "print(run_all())\n",
+        "table = {}\nok = table.setdefault('k', lambda: LIMIT2)\nLIMIT2 = 9\n",
+        "print(table['k']())\n",
     ],
     "scoping_edge_cases": [
         "size = 10\nclass A:\n    size = 1\n    def get(self):\n        return size\n",

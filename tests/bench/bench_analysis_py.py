@@ -200,10 +200,30 @@ class Cell:
     def v_Call(self, node):
         f = node.func
         if isinstance(f, ast.Name) and resolves_global(self.scope, f.id):
-            if f.id in ("exec", "eval", "globals", "locals") or \
+            if f.id in ("exec", "eval", "globals", "locals", "execfile") or \
                     (f.id in ("vars", "dir") and not node.args and not node.keywords):
                 self.mark_opaque()
         self.generic(node)
+        if self.scope.immediate and self.group < 0 and self.class_group < 0:
+            any_arg = False
+            for a in list(node.args) + [k.value for k in node.keywords]:
+                if isinstance(a, ast.Starred):
+                    a = a.value
+                if isinstance(a, ast.Name):
+                    self.emit("ARG", a.id, 0)
+                    any_arg = True
+                elif isinstance(a, ast.Lambda):
+                    self.emit("ARG", None, 1)
+                    any_arg = True
+            if any_arg:
+                if isinstance(f, ast.Name):
+                    self.emit("PASS", f.id, 0)
+                elif isinstance(f, ast.Attribute):
+                    base = f.value
+                    while isinstance(base, (ast.Attribute, ast.Subscript, ast.Call)):
+                        base = base.func if isinstance(base, ast.Call) else base.value
+                    if isinstance(base, ast.Name) and base.id != "get_ipython":
+                        self.emit("PASS", base.id, 1)
 
     def v_Attribute(self, node):
         self.generic(node)
@@ -472,6 +492,7 @@ class Replay:
         self.opaque = cell.opaque
         self.uprov, self.udeps, self.umut, self.ubinds = set(), set(), set(), []
         self.visited, self.pending = set(), set()
+        self.mutated, self.pargs, self.plambda = set(), [], False
 
     def base(self, name):
         return self.s.names.get(name) if self.s else None
@@ -548,11 +569,41 @@ class Replay:
         self.uprov, self.udeps, self.umut, self.ubinds = set(), set(), set(), []
         self.visited = set()
 
+    def current(self, name):
+        e = self.overlay.get(name)
+        out = [b for b, _ in e[0]] if e else []
+        if (not e or e[1]) and self.base(name) is not None:
+            out.append(self.base(name))
+        return out
+
+    def pass_call(self, name, kind):
+        code = self.plambda or any(b.kind in (FUNCK, CLASSK)
+                                   for a in self.pargs for b in self.current(a))
+        self.pargs, self.plambda = [], False
+        if not code:
+            return
+        if kind == 1:
+            self.umut.add(name)
+            return
+        for callee in self.current(name):
+            if callee.kind in (FUNCK, CLASSK):
+                for d in callee.deps:
+                    if any(b.kind not in (IMPORT, STAR, FUNCK, CLASSK) for b in self.current(d)):
+                        self.umut.add(d)
+
     def run(self):
         cell = self.cell
         for typ, name, kind, cond, block, ref in cell.events:
             if typ == "UNIT":
                 self.end_unit()
+                self.pargs, self.plambda = [], False
+            elif typ == "ARG":
+                if kind == 1:
+                    self.plambda = True
+                else:
+                    self.pargs.append(name)
+            elif typ == "PASS":
+                self.pass_call(name, kind)
             elif typ == "LOAD":
                 self.load(name, block)
             elif typ == "BIND":
