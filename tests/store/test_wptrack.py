@@ -131,3 +131,27 @@ def test_two_checkpointers_tracking_one_array_both_see_every_write(session):
     rep1 = save_ok(cp1, ["a"])  # this scan re-protects the page ...
     rep2 = save_ok(cp2, ["a"])  # ... and cp2 must still learn about it
     assert rep1.bytes_written == 2 * MiB and rep2.bytes_written == 2 * MiB, (rep1, rep2)
+
+
+def test_tracking_backs_off_from_an_array_rewritten_wholesale_and_comes_back(store):
+    ns, cp = fresh(store)
+    ns["a"] = np.zeros(16 * MiB // 8)
+    save_ok(cp, ["a"])
+    assert cp._state["a"].track[0].sub is not None
+    ns["a"] += 1  # every region
+    rep = save_ok(cp, ["a"])
+    assert rep.bytes_written == 16 * MiB
+    assert cp._state["a"].track[0].sub is None  # no longer tracked: the next cell's writes do not fault
+    ns["a"][5] = 7.0  # while untracked, saves hash: still exact
+    rep = save_ok(cp, ["a"])
+    assert rep.bytes_written == 2 * MiB
+    assert cp._state["a"].track[0].sub is None
+    rep = save_ok(cp, ["a"])  # unchanged: calm again ...
+    assert rep.bytes_written == 0 and 0 not in cp._state["a"].track
+    rep = save_ok(cp, ["a"])  # ... so tracked again (armed before this save's hashing)
+    assert rep.bytes_written == 0 and cp._state["a"].track[0].sub is not None
+    ns["a"][(9 * MiB) // 8] = 3.0
+    rep = save_ok(cp, ["a"])
+    assert rep.bytes_written == 2 * MiB
+    b = restored(store, "a")
+    assert b[5] == 7.0 and b[(9 * MiB) // 8] == 3.0 and b[1] == 1.0

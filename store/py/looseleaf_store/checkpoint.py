@@ -22,7 +22,8 @@ What it keeps true (see serial.py for how one variable is pickled):
 * Unchanged payloads of this process's own memory (numpy arrays, CPU tensors of 8 MiB or more) are not
   even hashed: wptrack.py write-protects them after a save and asks the kernel which pages were written.
   The price is a minor fault on the first write to each such page after a save (~0.2 s per GiB
-  rewritten here); LL_STORE_WPTRACK=0 turns it off (every region is hashed then, ~10 GB/s).
+  rewritten here), so a payload found more than half rewritten stops being tracked until a save finds
+  it (nearly) unchanged again.  LL_STORE_WPTRACK=0 turns it off (every region is hashed, ~10 GB/s).
 
 Limits: the ownership table keeps every exported object of every saved or restored variable alive until
 the variable is saved again or deleted (a list of a million dicts costs a million table entries).
@@ -157,7 +158,7 @@ class _Track:
         self.nbytes = nbytes
         self.holder = holder  # the array / storage owning the memory: kept alive, so never freed under us
         self.ref = ref
-        self.sub = sub  # wptrack.Subscription
+        self.sub = sub  # wptrack.Subscription; None: rewritten wholesale lately, so left untracked
         self.used = used  # the dirty regions this save copied: cleared from sub once it commits
 
 
@@ -378,8 +379,9 @@ class Checkpointer:
                     pass
         for n in ok:
             for tr in tracks[n].values():
-                tr.sub.dirty -= tr.used  # those regions are in the committed payload now
-                tr.used = ()
+                if tr.sub is not None:
+                    tr.sub.dirty -= tr.used  # those regions are in the committed payload now
+                    tr.used = ()
         for n in deletes:
             self._graph.pop(n, None)
             rep.deleted.append(n)
@@ -464,10 +466,9 @@ class Checkpointer:
                 base = oldp[k] if k < len(oldp) and tuple(oldm[k]) == tuple(meta) else None
                 own = self._own_memory(meta, obj)
                 rec = oldt.get(k)
-                sub = None
-                if (own is not None and rec is not None and base is not None and rec.ref == base
-                        and self._same_owner(rec, own[0], own[1], meta[1])):
-                    sub = rec.sub
+                same = own is not None and rec is not None and self._same_owner(rec, own[0], own[1], meta[1])
+                sub = rec.sub if same and base is not None and rec.ref == base else None
+                busy = same and rec.sub is None  # found rewritten wholesale lately: left untracked
                 dirty = None
                 if base is not None:
                     dirty = self._written_regions(buf, base, meta[1])  # a restored mapping?
@@ -477,13 +478,19 @@ class Checkpointer:
                         dirty = self._wp.written(sub, self._region_bytes)
                         if dirty is None:
                             sub = None
-                if own is not None and sub is None and (own[1], meta[1]) not in self._untrackable:
+                if (own is not None and sub is None and not busy
+                        and (own[1], meta[1]) not in self._untrackable):
                     # Start tracking before the copy, so a write during it shows next time.
                     sub = self._wp.subscribe(own[1], meta[1])
                     if sub is None:
                         if len(self._untrackable) > 4096:
                             self._untrackable.clear()
                         self._untrackable.add((own[1], meta[1]))  # do not read /proc/self/maps again
+                nregions = -(-meta[1] // self._region_bytes)
+                if sub is not None and dirty is not None and 2 * len(dirty) > nregions:
+                    # Rewritten wholesale: tracking would only cost the next cell a fault per page.
+                    self._wp.unsubscribe(sub)
+                    sub, busy = None, True
                 if dirty == []:
                     out.append(base)  # nobody wrote it since it was committed: no copy, no hashing
                 else:
@@ -496,8 +503,12 @@ class Checkpointer:
                     else:
                         out.append(str(r))
                         written += r.written
+                    if busy and dirty is None and base is not None and 10 * r.written <= meta[1]:
+                        busy = False  # calm again: track it from the next save on
                 if sub is not None:
                     tracks[k] = _Track(own[1], meta[1], own[0], out[-1], sub, set(dirty or ()))
+                elif busy and own is not None:
+                    tracks[k] = _Track(own[1], meta[1], own[0], out[-1], None, ())
         except BaseException:
             for r in new:
                 try:

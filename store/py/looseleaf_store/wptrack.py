@@ -59,6 +59,7 @@ def _iowr(typ, nr, size):
 _UFFDIO_API = _iowr(0xAA, 0x3F, 24)
 _UFFDIO_REGISTER = _iowr(0xAA, 0x00, 32)
 _UFFDIO_WRITEPROTECT = _iowr(0xAA, 0x06, 24)
+_UFFDIO_UNREGISTER = (2 << 30) | (16 << 16) | (0xAA << 8) | 0x01  # _IOR(0xAA, 1, struct uffdio_range)
 _PAGEMAP_SCAN = _iowr(ord("f"), 16, 96)
 
 
@@ -172,6 +173,24 @@ class Tracker:
             subs = self._subs[key] = weakref.WeakSet()
         subs.add(sub)
         return sub
+
+    def unsubscribe(self, sub):
+        """SUB stops tracking (and is never trusted again); the last one out unprotects and unregisters
+        the range, so writes to it stop faulting."""
+        sub.broken = True
+        subs = self._subs.get(sub.key)
+        if subs is None:
+            return
+        subs.discard(sub)
+        if subs or not self.available():
+            return
+        start, end = self._interior(*sub.key)
+        try:
+            fcntl.ioctl(self._uffd, _UFFDIO_WRITEPROTECT, bytearray(struct.pack("QQQ", start, end - start, 0)))
+            fcntl.ioctl(self._uffd, _UFFDIO_UNREGISTER, bytearray(struct.pack("QQ", start, end - start)))
+        except OSError:
+            pass  # gone already
+        del self._subs[sub.key]
 
     def written(self, sub, region_bytes):
         """Regions of SUB's buffer written since SUB last cleared them (edge regions with partial pages
