@@ -701,8 +701,29 @@ static void s_shell_loop(void)
     }
 }
 
+/* How long an exit may take before the watchdog ends the process. */
+#define LL_KERNEL_EXIT_GRACE_S 5
+
+static void *s_exit_watchdog(void *arg)
+{
+    struct timespec ts = {LL_KERNEL_EXIT_GRACE_S, 0};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+    ll_warn("kernel", "exit took over %d s (a non-daemon thread or an atexit handler hangs?): "
+                      "leaving now", LL_KERNEL_EXIT_GRACE_S);
+    _exit(0);
+    return NULL;
+}
+
 static void s_teardown(bool interp_started)
 {
+    /* Python waits for non-daemon threads at finalization; a user thread that
+     * never ends must not keep a shut-down kernel alive. */
+    pthread_t watchdog;
+    s_block_signals(true);
+    if (pthread_create(&watchdog, NULL, s_exit_watchdog, NULL) == 0)
+        pthread_detach(watchdog);
+    s_block_signals(false);
     if (interp_started)
         ll_interp_finalize(); /* atexit handlers may still print: keep iopub up */
     fflush(NULL);

@@ -378,3 +378,23 @@ def test_control_answers_while_cell_runs(proc):
     assert rep["content"]["implementation"] == "looseleaf"
     assert time.monotonic() - t0 < 4
     proc.reply(msg_id)
+
+
+def test_shutdown_with_a_never_ending_thread(proc):
+    # Python waits for non-daemon threads when it finalizes; the kernel must
+    # exit anyway.
+    reply, _ = proc.execute("import threading, time\n"
+                            "threading.Thread(target=lambda: time.sleep(3600)).start()")
+    assert reply["status"] == "ok"
+    proc.kc.shutdown()
+    assert proc.wait_exit(timeout=20) == 0
+
+
+def test_shutdown_with_a_hanging_atexit_handler(proc):
+    # An atexit handler that never returns: the exit watchdog ends the
+    # process a few seconds after the shutdown.
+    reply, _ = proc.execute("import atexit, time; atexit.register(time.sleep, 3600)")
+    assert reply["status"] == "ok"
+    proc.kc.shutdown()
+    assert proc.wait_exit(timeout=20) == 0
+    assert "exit took over" in proc.stderr()
