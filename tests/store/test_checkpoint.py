@@ -607,3 +607,33 @@ def test_big_structure_goes_to_the_pool_not_redis(store):
     ns2, cp2 = fresh(store)
     restore_ok(cp2, ["big"])
     assert ns2["big"][:-1] == ns["big"][:-1] and ns2["big"][-1] is ns2["shared"]
+
+
+class _MapGoneOnce:
+    """The real store, whose next map_payload raises PayloadGoneError, as when another process's commit
+    and reclamation free a payload between our fetch and our map."""
+
+    def __init__(self, store):
+        self._store = store
+        self.armed = True
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def map_payload(self, ref, writable=False):
+        if self.armed:
+            self.armed = False
+            import _llstore
+            raise _llstore.PayloadGoneError("payload %s was reclaimed (injected)" % ref)
+        return self._store.map_payload(ref, writable=writable)
+
+
+def test_restore_reads_again_when_a_payload_was_reclaimed_under_it(store):
+    ns, cp = fresh(store)
+    ns["arr"] = np.arange(1000.0)
+    ns["other"] = [1]
+    save_ok(cp, ["arr", "other"])
+    ns2 = new_ns()
+    rep = Checkpointer(_MapGoneOnce(store), ns2).restore(["arr", "other"])
+    assert not rep.failed and set(rep.restored) == {"arr", "other"}, rep
+    assert np.array_equal(ns2["arr"], ns["arr"])
