@@ -118,8 +118,6 @@ struct ll_pool_t {
     uint32_t *warm;           /* the populated regions, in the order they were */
     size_t nwarm;             /* entries in warm */
     size_t warm_cursor;       /* where the next warm search starts */
-    double touch_ms;          /* time spent backing + prefaulting regions */
-    size_t touched;           /* regions that took */
     pthread_mutex_t mu;       /* guards counts and my lease bits */
     _Atomic int refs;         /* this handle plus live mappings */
     char page_kind[16];       /* "hugetlb", "thp", "4k" */
@@ -515,9 +513,9 @@ void ll_pool_warm_counts(ll_pool_t *pool, size_t *free_warm, size_t *idle_warm)
     }
 }
 
-double ll_pool_touch_ms(ll_pool_t *pool)
+const char *ll_pool_page_kind(ll_pool_t *pool)
 {
-    return pool->touched ? pool->touch_ms / (double)pool->touched : 1.0;
+    return pool->page_kind;
 }
 
 uint64_t ll_pool_epoch(ll_pool_t *pool)
@@ -604,8 +602,6 @@ int ll_pool_lease(ll_pool_t *pool, const ll_pool_region_t *reg)
 static int s_touch(ll_pool_t *pool, uint32_t i)
 {
     char *p = pool->data + (size_t)i * LL_POOL_REGION_BYTES;
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
     int rc = 0;
     if (!pool->thp_advise)
         rc = posix_fallocate(pool->fd,
@@ -615,10 +611,6 @@ static int s_touch(ll_pool_t *pool, uint32_t i)
         rc = errno;
     if (rc != 0)
         return rc;
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    pool->touch_ms +=
-        (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
-    pool->touched++;
     pool->populated[i] = 1;
     pool->warm[pool->nwarm++] = i;
     return 0;

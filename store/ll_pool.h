@@ -108,9 +108,8 @@ void ll_pool_stats(ll_pool_t *pool, ll_pool_stats_t *out);
  * are allocated but unleased (reclaimable unless a commit uses them). */
 void ll_pool_warm_counts(ll_pool_t *pool, size_t *free_warm, size_t *idle_warm);
 
-/* Milliseconds this process took, on average, to back and prefault a fresh
- * region (1.0 before it did any). */
-double ll_pool_touch_ms(ll_pool_t *pool);
+/* "hugetlb", "thp" or "4k". */
+const char *ll_pool_page_kind(ll_pool_t *pool);
 
 /* The commit epoch (moves with every commit of any process). */
 uint64_t ll_pool_epoch(ll_pool_t *pool);

@@ -85,7 +85,7 @@ struct ll_store_t {
     int errkind;
     uint64_t bytes_written, bytes_shared, puts, commits, gc_runs, reclaimed;
     uint64_t gc_epoch;          /* commit epoch when this store last reclaimed */
-    double gc_ms;               /* how long that took */
+    size_t gc_vars;             /* variables that reclamation read from Redis */
 };
 
 /* ---- small helpers -------------------------------------------------- */
@@ -817,9 +817,11 @@ char *ll_store_put(ll_store_t *st, const void *data, size_t len, const char *bas
     /* Allocate the regions to write; a full pool first tries reclamation.
      * So does a put that would otherwise first-touch fresh regions while
      * prefaulted ones may have become garbage (a commit happened since the
-     * last reclamation): first touch costs what it cost this process so
-     * far (about 1 ms per region with 4 KiB pages, MEASURED.md), a
-     * reclamation what the last one took. */
+     * last reclamation), when that pays: first touch of a region costs
+     * about 1 ms with 4 KiB pages (MEASURED.md; ~10x less with huge pages),
+     * a reclamation about 1 us per variable it reads from Redis.  Counted
+     * in variables, not measured in time, so the choice does not flip with
+     * the machine's load. */
     bool tried_gc = false;
     size_t need = 0;
     for (size_t i = 0; i < n; i++)
@@ -830,7 +832,8 @@ char *ll_store_put(ll_store_t *st, const void *data, size_t len, const char *bas
         size_t gain = need > free_warm ? need - free_warm : 0;
         if (gain > idle_warm)
             gain = idle_warm;
-        if (gain >= S_GC_MIN_GAIN && (double)gain * ll_pool_touch_ms(st->pool) > 2.0 * st->gc_ms) {
+        size_t vars_per_region = strcmp(ll_pool_page_kind(st->pool), "4k") == 0 ? 1000 : 100;
+        if (gain >= S_GC_MIN_GAIN && gain * vars_per_region >= st->gc_vars + 64) {
             tried_gc = true;
             if (s_gc_locked(st) < 0)
                 ll_debug("store", "%s", st->err); /* the put goes on without it */
@@ -1552,6 +1555,7 @@ static int s_mark_refs(void *ctx, uint64_t *mark, size_t nregions)
     }
     int rc = 0;
     size_t sent = 0;
+    st->gc_vars = names->elements;
     for (size_t i = 0; i < names->elements && rc == 0; i++) {
         char *vk = s_key(st, "v:", names->element[i]->str);
         const char *argv[] = {"HGET", vk, "prefs"};
@@ -1596,12 +1600,8 @@ static int s_gc_locked(ll_store_t *st)
     char err[256];
     if (ll_redis_ensure(st->redis) != 0)
         return s_redis_fail(st, "reclamation failed");
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
     uint64_t epoch = ll_pool_epoch(st->pool);
     int freed = ll_pool_gc(st->pool, s_mark_refs, st, err, sizeof err);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    st->gc_ms = s_ms(&t0, &t1);
     st->gc_epoch = epoch;
     st->gc_runs++;
     if (freed < 0)
