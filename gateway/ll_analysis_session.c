@@ -36,6 +36,11 @@
  * overlay the session's new state, so draft analysis and recording can
  * never disagree.
  *
+ * Values change in place too: a statement that mutates x (x.a = f,
+ * x[k] = v, x.append(f), a decorator @x.register, a call x.add(f) or
+ * register(f) given a function, which marks the variables register's body
+ * reads) passes its prov and deps on to x's binding when it is recorded.
+ *
  * When anything reached is opaque the closure is every live variable and
  * every live import: imprecision may cost time, never correctness. */
 #include "gateway/ll_analysis.h"
