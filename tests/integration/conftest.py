@@ -30,8 +30,11 @@ def fresh_kernel(kernel_name, jupyter_env):
 
 
 @pytest.fixture(scope="module")
-def reference(jupyter_env):
-    """An ipykernel to compare answers with, whatever kernel is under test."""
+def reference(kernel_name, jupyter_env):
+    """An ipykernel to compare answers with, whatever kernel is under test.
+    One per module and kernel under test, so that the reference has run
+    exactly the cells the kernel under test has (magics and extensions
+    leave state behind)."""
     k = Kernel("python3")
     yield k
     k.stop()

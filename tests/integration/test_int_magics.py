@@ -83,6 +83,10 @@ MAGICS = {
     "unknown_magic": "%no_such_magic_xyz",
     "autoreload": "%load_ext autoreload\n%autoreload 2\nprint('ok')",
     "alias": "%alias ll_echo echo %s-suffix\n%ll_echo word",
+    "bash_cell": "%%bash\necho out-line\necho err-line >&2\nexit 0",
+    "script_python": "%%python3\nimport sys\nprint('from a child python', sys.version_info[0])",
+    "reset": "reset_me = 1\n%reset -f\nprint('reset_me' in dir())",
+    "who_after": "%who int",
 }
 
 
