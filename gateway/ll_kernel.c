@@ -528,7 +528,7 @@ static char *s_hook_input(void *ctx, const char *prompt, bool password, int *err
         s_k.iopub, "input_request",
         json_pack("{s:s, s:b}", "prompt", prompt ? prompt : "", "password", password));
     if (!msg || ll_session_send(s_k.session, s_k.stdin_sock, &msg) != 0) {
-        ll_warn("kernel", "cannot send input_request");
+        ll_warn("kernel", "cannot send input_request (no frontend on stdin?)");
         pthread_mutex_unlock(&s_k.stdin_lock);
         *err = 2;
         return NULL;
@@ -798,6 +798,10 @@ int ll_kernel_run(const char *connection_file)
         snprintf(err, sizeof err, "iopub: endpoint too long");
         goto out_fail;
     }
+    /* An input_request nobody can receive (the frontend has no stdin channel
+     * under the shell identity) must fail at once, not leave input() waiting
+     * forever: the cell then gets StdinNotImplementedError. */
+    zsock_set_router_mandatory(s_k.stdin_sock, 1);
     if (!(s_k.iopub = ll_iopub_new(s_k.session, endpoint, err, sizeof err)))
         goto out_fail;
     if (pthread_create(&s_k.hb_thread, NULL, s_heartbeat_main, NULL) != 0) {

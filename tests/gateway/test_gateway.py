@@ -398,3 +398,29 @@ def test_shutdown_with_a_hanging_atexit_handler(proc):
     proc.kc.shutdown()
     assert proc.wait_exit(timeout=20) == 0
     assert "exit took over" in proc.stderr()
+
+
+def test_input_without_a_stdin_channel_fails_fast(tmp_path):
+    # allow_stdin true but the client has no stdin socket: the kernel cannot
+    # deliver input_request, so input() fails at once instead of hanging.
+    import zmq
+    from jupyter_client.session import Session
+    p = Proc(tmp_path)
+    try:
+        cf = json.load(open(p.cf))
+        ctx = zmq.Context.instance()
+        sh = ctx.socket(zmq.DEALER)
+        sh.setsockopt(zmq.IDENTITY, b"no-stdin-client")
+        sh.connect("tcp://127.0.0.1:%d" % cf["shell_port"])
+        session = Session(key=cf["key"].encode())
+        session.send(sh, "execute_request", {"code": "input('?')", "silent": False,
+                                             "store_history": False, "user_expressions": {},
+                                             "allow_stdin": True})
+        assert sh.poll(TIMEOUT * 1000), "no execute_reply"
+        _, reply = session.recv(sh)
+        assert reply["content"]["status"] == "error"
+        assert reply["content"]["ename"] == "StdinNotImplementedError"
+        sh.close(linger=0)
+        assert "no frontend on stdin" in p.stderr()
+    finally:
+        p.close()
