@@ -10,13 +10,14 @@ Used by the kernel's interpreter and by GPU workers:
     cp.versions()                  # {name: version}
 
 serial.py documents how variables are pickled so that sharing survives; checkpoint.py what save and
-restore guarantee.  `_llstore` is the C store (store/API.md): a builtin module of build/looseleaf, and
+restore guarantee; pagemap.py and wptrack.py how unchanged payloads are found without hashing them
+(LL_STORE_WPTRACK=0 turns write tracking off).  `_llstore` is the C store (store/API.md): a builtin module of build/looseleaf, and
 build/py/_llstore*.so for /usr/bin/python3.
 """
 from .checkpoint import Checkpointer, RestoreReport, SaveReport
-from .serial import BIG_BYTES
+from .serial import BIG_BYTES, STREAM_INLINE_MAX
 
-__all__ = ["Checkpointer", "SaveReport", "RestoreReport", "BIG_BYTES", "open_store"]
+__all__ = ["Checkpointer", "SaveReport", "RestoreReport", "BIG_BYTES", "STREAM_INLINE_MAX", "open_store"]
 
 
 def open_store(runtime_dir, session_id, **kwargs):
