@@ -340,6 +340,9 @@ class Checkpointer:
             except Exception as e:
                 failed[n] = _reason(e)
                 continue
+            except BaseException:  # KeyboardInterrupt: nothing is committed, give the space back
+                self._discard(fresh)
+                raise
             fresh += new
             rep.bytes_written += written
             rep.payload_bytes += sum(m[1] for m, _ in pk.payloads)
@@ -360,23 +363,14 @@ class Checkpointer:
             try:
                 versions = self.store.commit(cell_id, writes, deletes)
             except Exception as e:
-                for r in fresh:
-                    try:
-                        self.store.discard(r)
-                    except Exception:
-                        pass
+                self._discard(fresh)
                 rep.error = "commit failed, nothing saved: " + _reason(e)
                 for n in writes:
                     rep.failed[n] = rep.error
                 rep.seconds = time.perf_counter() - t0
                 return rep
         committed = {r for w in writes.values() for r in w[1]}
-        for r in fresh:
-            if str(r) not in committed:
-                try:
-                    self.store.discard(r)  # a hold that only kept a base's regions alive
-                except Exception:
-                    pass
+        self._discard(r for r in fresh if str(r) not in committed)  # holds that kept bases' regions
         if any(str(r) in committed for r in fresh) or deletes:
             # Superseded payloads go back to the free list now (~0.5 ms), so the next save reuses
             # regions this process already faulted in instead of touching fresh ones.
@@ -407,6 +401,13 @@ class Checkpointer:
                 self._install(n, st)
         rep.seconds = time.perf_counter() - t0
         return rep
+
+    def _discard(self, refs):
+        for r in refs:
+            try:
+                self.store.discard(r)
+            except Exception:
+                pass
 
     def _put(self, buf, base, dirty):
         if dirty is not None and self._put_dirty:
