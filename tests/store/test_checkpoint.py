@@ -637,3 +637,18 @@ def test_restore_reads_again_when_a_payload_was_reclaimed_under_it(store):
     rep = Checkpointer(_MapGoneOnce(store), ns2).restore(["arr", "other"])
     assert not rep.failed and set(rep.restored) == {"arr", "other"}, rep
     assert np.array_equal(ns2["arr"], ns["arr"])
+
+
+def test_forget_drops_local_knowledge_only(store):
+    ns, cp = fresh(store)
+    run(ns, "a = [1]; b = {'a': a}")
+    save_ok(cp, ["a", "b"])
+    assert cp.held() == cp.versions()
+    cp.forget(["a"])
+    assert "a" not in cp.held() and "b" in cp.held()
+    cp.forget()
+    assert cp.held() == {} and set(cp.versions()) == {"a", "b"}
+    ns.clear()
+    ns.update(new_ns())
+    rep = restore_ok(cp, ["b"])
+    assert set(rep.restored) == {"a", "b"} and ns["b"]["a"] is ns["a"]

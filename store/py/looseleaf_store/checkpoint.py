@@ -192,6 +192,13 @@ class Checkpointer:
         """{name: version} the namespace holds (saved or restored by this Checkpointer)."""
         return {n: s.version for n, s in self._state.items() if n in self.namespace}
 
+    def forget(self, names=None):
+        """Drop what this process knows of NAMES (default: all) - held versions, exported objects (which
+        it keeps alive), write tracking - without touching the store; e.g. after the namespace is reset.
+        A later save of such a name writes its payloads in full; a restore loads it again."""
+        for n in list(self._state) if names is None else _names(names):
+            self._drop_exports(n)
+
     # ---- bookkeeping ---------------------------------------------------------------------------------
     def _install(self, name, state):
         self._drop_exports(name)
