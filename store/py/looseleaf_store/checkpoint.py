@@ -197,7 +197,15 @@ class Checkpointer:
         it keeps alive), write tracking - without touching the store; e.g. after the namespace is reset.
         A later save of such a name writes its payloads in full; a restore loads it again."""
         for n in list(self._state) if names is None else _names(names):
-            self._drop_exports(n)
+            self._forget(n)
+
+    def _forget(self, name):
+        st = self._state.get(name)
+        if st is not None:
+            for tr in st.track.values():
+                if tr.sub is not None:
+                    self._wp.unsubscribe(tr.sub)  # its writes need not fault any more
+        self._drop_exports(name)
 
     # ---- bookkeeping ---------------------------------------------------------------------------------
     def _install(self, name, state):
@@ -290,7 +298,7 @@ class Checkpointer:
         deletes = [n for n in names if n not in ns and n in self._graph]
         for n in names:
             if n not in ns:
-                self._drop_exports(n)
+                self._forget(n)
         order = [n for n in names if n in ns]
         unrestorable = {}
         for _attempt in range(10000):
