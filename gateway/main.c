@@ -17,8 +17,11 @@
 #include "gateway/ll_kernel.h"
 #include "gateway/ll_kernelspec.h"
 
-/* Provided by the analysis module; weak so the binary links without it. */
+/* Provided by other modules (analysis, zygote/); weak so the binary links
+ * without them.  Each gets argv[0] = its subcommand name. */
 int ll_analyze_main(int argc, char **argv) __attribute__((weak));
+int ll_pool_main(int argc, char **argv) __attribute__((weak));
+int ll_zygote_main(int argc, char **argv) __attribute__((weak));
 
 static void s_usage(FILE *out)
 {
@@ -29,6 +32,7 @@ static void s_usage(FILE *out)
             "                         [--name NAME] [--display-name TEXT]\n"
             "                         write the Jupyter kernelspec (default: --user, name %s)\n"
             "       looseleaf analyze ...                static analysis of cells (see analyze --help)\n"
+            "       looseleaf pool ... | zygote ...      the host pool and its zygotes (started by kernels)\n"
             "       looseleaf --version | --help\n",
             LL_KERNELSPEC_NAME);
 }
@@ -130,12 +134,21 @@ int main(int argc, char **argv)
         return s_kernel_main(argc - 2, argv + 2);
     if (strcmp(cmd, "install") == 0)
         return s_install_main(argc - 2, argv + 2);
-    if (strcmp(cmd, "analyze") == 0) {
-        if (!ll_analyze_main) {
-            fprintf(stderr, "looseleaf analyze: this build has no analysis module\n");
+    static const struct {
+        const char *name;
+        int (*fn)(int, char **);
+        const char *module;
+    } subs[] = {{"analyze", ll_analyze_main, "analysis"},
+                {"pool", ll_pool_main, "host pool"},
+                {"zygote", ll_zygote_main, "zygote"}};
+    for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) {
+        if (strcmp(cmd, subs[i].name) != 0)
+            continue;
+        if (!subs[i].fn) {
+            fprintf(stderr, "looseleaf %s: this build has no %s module\n", cmd, subs[i].module);
             return 1;
         }
-        return ll_analyze_main(argc - 1, argv + 1);
+        return subs[i].fn(argc - 1, argv + 1);
     }
     if (cmd[0] == '-')
         return s_kernel_main(argc - 1, argv + 1);
