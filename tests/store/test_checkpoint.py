@@ -652,3 +652,19 @@ def test_forget_drops_local_knowledge_only(store):
     ns.update(new_ns())
     rep = restore_ok(cp, ["b"])
     assert set(rep.restored) == {"a", "b"} and ns["b"]["a"] is ns["a"]
+
+
+def test_owner_is_not_committed_when_a_dependent_cannot_come_along(store):
+    ns, cp = fresh(store)
+    run(ns, "a = [{'x': 1}, {'y': 2}]; d = [a[1]]")
+    save_ok(cp, ["a", "d"])
+    entry = store.fetch(["d"])["d"]
+    store.commit("corrupt-d", {"d": (b"LLS1garbage", [], list(entry[3]))})  # d can no longer be loaded
+    ns_w, cp_w = fresh(store)  # a worker that holds only `a`
+    restore_ok(cp_w, ["a"])
+    run(ns_w, "a.reverse()")  # a's memo indices now name other objects
+    rep = cp_w.save(["a"])
+    assert "a" in rep.failed and "d" in rep.failed["a"] and "a" not in rep.saved, rep
+    ns2, cp2 = fresh(store)
+    restore_ok(cp2, ["a"])
+    assert ns2["a"] == [{'x': 1}, {'y': 2}]  # the committed a is untouched

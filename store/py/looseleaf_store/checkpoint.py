@@ -338,6 +338,17 @@ class Checkpointer:
                         continue
                 order.append(d)
         failed.update(unrestorable)
+        if unrestorable:
+            # Their streams name objects of these owners by memo index: committing an owner's new
+            # exports (or deleting it) without re-saving them would leave them pointing at other objects.
+            for n in sorted(changed):
+                stuck = sorted(d for d in self._dependents({n}) if d in unrestorable)
+                if stuck:
+                    why = "its committed dependents %s could not be re-saved with it" % ", ".join(stuck)
+                    if n in deletes:
+                        deletes.remove(n)
+                    res.pop(n, None)
+                    failed[n] = why
         asked = set(names)
         rep.added = [n for n in order if n not in asked]
 
