@@ -8,13 +8,14 @@
  * unixsocketperm 700, the directory 0700), in its own process group so a
  * Ctrl-C or a killpg() meant for the kernel does not take it down.  It is
  * spawned with posix_spawn, never fork(): the kernel process has ZeroMQ
- * threads by then.  It writes an append-only file in the runtime directory:
- * a commit is acknowledged only after Redis wrote it to the AOF (Redis
- * writes the AOF buffer before it sends replies), so a server that is
- * killed and restarted mid-session comes back with every acknowledged
- * commit.  "everysec" fsync is enough because only an OS crash could lose the
- * page cache, and an OS crash loses the shared-memory pool anyway.  A crash
- * of the *saving* process needs nothing from Redis: MULTI/EXEC is atomic.
+ * threads by then.  It keeps an append-only file in the runtime directory
+ * with appendfsync "always": Redis writes and fsyncs a transaction before it
+ * replies, so a server killed and restarted mid-session comes back with every
+ * commit it acknowledged.  ("everysec" would be cheaper, but while a slow
+ * background fsync is pending Redis postpones the write and still replies,
+ * so a kill -9 can lose acknowledged commits.)  Measured here: 0.2 ms median,
+ * 2 ms p90 per commit on disk, nothing on tmpfs.  A crash of the *saving*
+ * process needs nothing from Redis: MULTI/EXEC is atomic.
  *
  * hiredis contexts carry a sticky err/errstr: once set the context is dead,
  * so every call checks it and reconnects (after a Redis restart the socket
@@ -207,7 +208,7 @@ char *ll_redis_start(const char *runtime_dir, bool *started, char *err, size_t e
         server = "redis-server";
     const char *argv[] = {server, "--port", "0", "--unixsocket", sock,
                           "--unixsocketperm", "700", "--dir", runtime_dir,
-                          "--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
+                          "--save", "", "--appendonly", "yes", "--appendfsync", "always",
                           "--appenddirname", "redis-aof", "--pidfile", pidf,
                           "--logfile", logf, "--daemonize", "no", "--databases", "1",
                           NULL};
