@@ -1,0 +1,69 @@
+"""Pool, zygote, fork, worker: a cell runs on a forked worker, streams its output as it happens, and its
+variables reach the store for the next worker (through the C client API, without the gateway)."""
+import os
+import stat
+
+from zyghelp import wait_for
+
+
+def test_cell_runs_on_worker_and_state_flows(env):
+    c = env.client()
+    a = c.run("c1", "import numpy as np\nx = np.arange(5)\nprint('hi', x)\nx", defines=["x"],
+              execution_count=3)
+    assert a.ok, a.events
+    assert a.types()[0] == "started"
+    assert a.stdout == "hi [0 1 2 3 4]\n"
+    assert a.result() == "array([0, 1, 2, 3, 4])"
+    assert a.content["execution_count"] == 3
+    ll = a.ll
+    for key in ("worker_pid", "zygote_node", "prep_ms", "exec_ms", "save_ms", "bytes_restored", "bytes_saved"):
+        assert key in ll, key
+    assert set(ll["prep_ms"]) == {"fork", "import", "restore"}
+    assert ll["route"] == "gpu" and ll["saved"] == ["x"]
+    started = a.events[0]
+    assert started["pid"] == ll["worker_pid"] and started["pid"] != env.pool_pid
+
+    # The next cell runs in another worker and sees x through the store, np through its import statement.
+    b = c.run("c2", "x += 1\nprint(np.sum(x))", state_closure=["x"], import_stmts=["import numpy as np"])
+    assert b.ok, b.events
+    assert b.stdout == "15\n"
+    assert b.ll["worker_pid"] != ll["worker_pid"]
+    assert b.ll["restored"] == ["x"] and b.ll["bytes_restored"] > 0
+    d = c.run("c3", "x", state_closure=["x"])
+    assert d.result() == "array([1, 2, 3, 4, 5])"
+    # The worker processes are gone once they replied.
+    wait_for(lambda: not os.path.exists("/proc/%d" % ll["worker_pid"]), 10, "worker exit")
+
+
+def test_runtime_dir_is_private(env):
+    env.client()
+    st = os.stat(env.pool_dir)
+    assert stat.S_IMODE(st.st_mode) == 0o700
+    assert stat.S_ISSOCK(os.stat(os.path.join(env.pool_dir, "pool.sock")).st_mode)
+
+
+def test_streams_arrive_while_the_cell_runs(env):
+    c = env.client()
+    c.submit("s", "import sys, time\nprint('first', flush=True)\n"
+                  "while not __import__('os').path.exists(%r): time.sleep(0.01)\nprint('second')"
+             % os.path.join(env.tmp, "go"))
+    ev = c.next()
+    while ev["type"] != "stream":
+        ev = c.next()
+    assert ev["text"].startswith("first")
+    open(os.path.join(env.tmp, "go"), "w").close()
+    rest = c.collect("s")
+    assert rest[-1]["content"]["status"] == "ok"
+    assert "second" in "".join(e.get("text", "") for e in rest)
+
+
+def test_bad_requests_get_clear_errors(env):
+    c = env.client()
+    c.send(op="run", id="b1", session="s", code=1, store_dir="x")
+    ev = c.next()
+    assert ev["type"] == "driver_error" and "code" in ev["error"]
+    c.send(op="run", id="b2", session="s", code="1", store_dir="x", state_closure="notalist")
+    ev = c.next()
+    assert ev["type"] == "error" and "arrays of strings" in ev["error"]
+    # The pool lives on.
+    assert c.run("ok", "1+1").result() == "2"

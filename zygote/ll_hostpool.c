@@ -1,0 +1,1201 @@
+/* ll_hostpool: the host pool (`looseleaf pool`), one process per runtime dir
+ * (per uid), shared by every kernel on the host.
+ *
+ * Runs single-threaded: one poll loop over the listening socket, the clients,
+ * the zygote nodes, the workers, the CUDA-safety probes and a signalfd for
+ * SIGCHLD.  It never forks a Python process: zygotes are started by exec,
+ * workers and child nodes are forked by zygotes.  It is a child subreaper,
+ * so a worker whose zygote died is reaped here and its fate still reported.
+ *
+ * What must stay true:
+ * - a slot is held from the fork of a worker until its reply (sent by the
+ *   worker only after its save committed) or its death; a cell arriving when
+ *   every slot is held waits and its client is told so;
+ * - a client that goes away takes only its own cells with it;
+ * - the base node is respawned when it dies; at most max_nodes nodes exist,
+ *   least-recently-used leaves are evicted, the base is kept;
+ * - a child node holds only modules that passed the CUDA-safety probe. */
+#include "zygote/ll_zygote.h"
+#include "zygote/ll_zframe.h"
+#include "proto/ll_log.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define S_MAX_CLIENTS 128
+#define S_MAX_NODES 256
+#define S_MAX_RUNS 512
+#define S_MAX_PROBES 32
+#define S_MAX_SLOTS 64
+
+typedef struct {
+    int fd;            /* -1: free entry */
+    ll_zreader_t *rd;  /* frames from the client */
+} s_client_t;
+
+typedef struct {
+    bool used;          /* entry in use */
+    int id;             /* node id (0 = base), unique for the pool's life */
+    int parent;         /* index of the parent node, -1 for the base */
+    int fd;             /* control socket to the zygote */
+    ll_zreader_t *rd;   /* frames from the zygote */
+    pid_t pid;          /* 0 until the zygote said ready */
+    bool ready;         /* imported its modules, accepts forks */
+    json_t *modules;    /* array of top-level module names it imported */
+    double last_used;   /* ms, for LRU eviction */
+    int forking;        /* forks sent and not yet answered */
+} s_node_t;
+
+enum { S_QUEUED = 1, S_FORKING, S_RUNNING };
+
+typedef struct {
+    bool used;          /* entry in use */
+    int client;         /* index of the client that asked */
+    char *id;           /* the client's id for the cell */
+    json_t *req;        /* the run request */
+    int state;          /* S_QUEUED / S_FORKING / S_RUNNING */
+    int slot;           /* held slot, -1 while queued */
+    int node;           /* node index it was forked from */
+    int node_id;        /* that node's id (for the report) */
+    int wfd;            /* socket to the worker */
+    ll_zreader_t *wrd;  /* frames from the worker */
+    pid_t wpid;         /* worker pid, 0 until ready/forked */
+    bool eof;           /* worker socket closed */
+    bool exited;        /* exit status known */
+    int status;         /* waitpid status */
+    bool cancelled;     /* killed on request (cancel, client gone) */
+    bool waited;        /* a wait event was sent */
+    double t_queued;    /* ms, when the request arrived */
+    double wait_ms;     /* time spent waiting for a slot */
+} s_run_t;
+
+typedef struct {
+    pid_t pid;          /* 0: free */
+    int fd;             /* read end of its stdout */
+    char module[128];   /* the package probed */
+    int node;           /* node index to grow from when safe */
+    char out[512];      /* its output */
+    size_t outlen;
+} s_probe_t;
+
+static struct {
+    char dir[PATH_MAX];      /* runtime dir */
+    char sock[PATH_MAX + 16]; /* listening socket path */
+    char exe[PATH_MAX];      /* our binary, exec'd as `zygote` */
+    char head[1024];         /* comma list of the base node's modules */
+    int listen_fd;
+    int sig_fd;
+    int nslots;              /* slots */
+    bool cuda;               /* slots are CUDA devices */
+    int idle_exit_s;         /* exit this long after the last client left */
+    int max_nodes;           /* zygote nodes per host */
+    bool grow;               /* grow child nodes for tail packages */
+    int slot_run[S_MAX_SLOTS]; /* run index holding each slot, -1 free */
+    s_client_t clients[S_MAX_CLIENTS];
+    s_node_t nodes[S_MAX_NODES];
+    s_run_t runs[S_MAX_RUNS];
+    s_probe_t probes[S_MAX_PROBES];
+    json_t *safety;          /* {module: true (safe) | false} from probes */
+    int next_node_id;
+    double idle_since;       /* ms, 0 while busy */
+    bool stop;
+    int base_respawns;
+} P;
+
+static void s_drop_run(int r);
+static void s_schedule(void);
+
+/* ------------------------------------------------------------------ */
+/* Slots: CUDA devices counted through the runtime loaded with dlopen  */
+/* (never linked), else virtual ones.                                 */
+
+static int s_count_cuda(void)
+{
+    static const char *names[] = {"libcudart.so", "libcudart.so.12", "libcudart.so.11.0", NULL};
+    for (int i = 0; names[i]; i++) {
+        void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (!h)
+            continue;
+        int (*count)(int *) = (int (*)(int *))dlsym(h, "cudaGetDeviceCount");
+        int n = 0;
+        if (count && count(&n) == 0 && n > 0) {
+            /* Keep the library loaded: unloading after cuInit is not safe. */
+            return n;
+        }
+        dlclose(h);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Helpers                                                            */
+
+static void s_nonblock(int fd)
+{
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0)
+        fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+static bool s_has_module(const json_t *arr, const char *name)
+{
+    size_t i;
+    json_t *v;
+    json_array_foreach(arr, i, v) if (json_is_string(v) && strcmp(json_string_value(v), name) == 0) return true;
+    return false;
+}
+
+static void s_send_client(int c, json_t *msg)
+{
+    if (c < 0 || P.clients[c].fd < 0) {
+        json_decref(msg);
+        return;
+    }
+    if (ll_zframe_send(P.clients[c].fd, msg, -1) < 0)
+        ll_debug("pool", "client %d: send failed: %s", c, strerror(errno));
+    json_decref(msg);
+}
+
+static const char *s_signame(int sig)
+{
+    const char *d = sigabbrev_np(sig);
+    return d ? d : "?";
+}
+
+/* The reply of a cell whose worker never replied. */
+static void s_reply_error(int r, const char *ename, const char *evalue)
+{
+    s_run_t *run = &P.runs[r];
+    json_t *tb = json_pack("[s]", evalue);
+    json_t *content = json_pack("{s:s, s:s, s:s, s:o, s:O, s:{}, s:[]}", "status", "error", "ename", ename,
+                                "evalue", evalue, "traceback", tb, "execution_count",
+                                json_object_get(run->req, "execution_count") ? json_object_get(run->req, "execution_count")
+                                                                             : json_null(),
+                                "user_expressions", "payload");
+    json_t *ll = json_pack("{s:s, s:i, s:i, s:f}", "route", "gpu", "worker_pid", (int)run->wpid, "zygote_node",
+                           run->node_id, "wait_ms", run->wait_ms);
+    json_t *md = json_pack("{s:s, s:o}", "status", "error", "looseleaf", ll);
+    s_send_client(run->client,
+                  json_pack("{s:s, s:s, s:o, s:o}", "type", "reply", "id", run->id, "content", content, "metadata", md));
+}
+
+/* ------------------------------------------------------------------ */
+/* Nodes                                                              */
+
+/* Start a zygote by exec (the base, or a replacement after its death). */
+static int s_spawn_base(void)
+{
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+        return -1;
+    int n = -1;
+    for (int i = 0; i < S_MAX_NODES; i++)
+        if (!P.nodes[i].used) {
+            n = i;
+            break;
+        }
+    if (n < 0) {
+        close(sv[0]);
+        close(sv[1]);
+        return -1;
+    }
+    char fdarg[16], idarg[16];
+    int id = P.next_node_id++;
+    snprintf(idarg, sizeof idarg, "%d", id);
+    pid_t pid = fork(); /* this process is single-threaded: fork+exec is safe */
+    if (pid < 0) {
+        close(sv[0]);
+        close(sv[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        int fd = dup(sv[1]); /* without CLOEXEC */
+        snprintf(fdarg, sizeof fdarg, "%d", fd);
+        sigset_t all;
+        sigemptyset(&all);
+        sigprocmask(SIG_SETMASK, &all, NULL);
+        execl(P.exe, P.exe, "zygote", "--fd", fdarg, "--head", P.head, "--node", idarg, (char *)NULL);
+        _exit(127);
+    }
+    close(sv[1]);
+    s_node_t *nd = &P.nodes[n];
+    memset(nd, 0, sizeof *nd);
+    nd->used = true;
+    nd->id = id;
+    nd->parent = -1;
+    nd->fd = sv[0];
+    nd->rd = ll_zreader_new(sv[0]);
+    nd->pid = pid;
+    nd->modules = json_array();
+    s_nonblock(sv[0]);
+    ll_info("pool", "base zygote node %d started (pid %d, head %s)", id, (int)pid, P.head);
+    return n;
+}
+
+static int s_node_count(void)
+{
+    int k = 0;
+    for (int i = 0; i < S_MAX_NODES; i++)
+        k += P.nodes[i].used;
+    return k;
+}
+
+static bool s_is_leaf(int n)
+{
+    for (int i = 0; i < S_MAX_NODES; i++)
+        if (P.nodes[i].used && P.nodes[i].parent == n)
+            return false;
+    return true;
+}
+
+static void s_node_gone(int n, const char *why)
+{
+    s_node_t *nd = &P.nodes[n];
+    ll_warn("pool", "zygote node %d (pid %d) gone: %s", nd->id, (int)nd->pid, why);
+    /* Cells being forked there never got a worker. */
+    for (int r = 0; r < S_MAX_RUNS; r++) {
+        s_run_t *run = &P.runs[r];
+        if (run->used && run->state == S_FORKING && run->node == n && run->wpid == 0) {
+            s_reply_error(r, "ZygoteDied", "the zygote died before the worker started; run the cell again");
+            s_drop_run(r);
+        }
+    }
+    bool base = nd->parent < 0;
+    /* Children of a dead node stay (they hold their own sockets) but hang
+     * from the base now. */
+    for (int i = 0; i < S_MAX_NODES; i++)
+        if (P.nodes[i].used && P.nodes[i].parent == n)
+            P.nodes[i].parent = base ? -2 : nd->parent;
+    close(nd->fd);
+    ll_zreader_destroy(&nd->rd);
+    json_decref(nd->modules);
+    memset(nd, 0, sizeof *nd);
+    if (base && !P.stop) {
+        P.base_respawns++;
+        int b = s_spawn_base();
+        for (int i = 0; i < S_MAX_NODES; i++)
+            if (P.nodes[i].used && P.nodes[i].parent == -2)
+                P.nodes[i].parent = b;
+    }
+}
+
+/* Evict least-recently-used leaves (never the base, never a node forking). */
+static void s_evict(void)
+{
+    while (s_node_count() > P.max_nodes) {
+        int victim = -1;
+        for (int i = 0; i < S_MAX_NODES; i++) {
+            s_node_t *nd = &P.nodes[i];
+            if (!nd->used || nd->parent < 0 || !nd->ready || nd->forking || !s_is_leaf(i))
+                continue;
+            if (victim < 0 || nd->last_used < P.nodes[victim].last_used)
+                victim = i;
+        }
+        if (victim < 0)
+            return;
+        ll_info("pool", "evicting zygote node %d (least recently used leaf)", P.nodes[victim].id);
+        json_t *m = json_pack("{s:s}", "type", "exit");
+        ll_zframe_send(P.nodes[victim].fd, m, -1);
+        json_decref(m);
+        s_node_gone(victim, "evicted");
+    }
+}
+
+/* Best node for an import closure: covers most of it; ties go to the most
+ * recently made (deeper) node. */
+static int s_best_node(const json_t *imports)
+{
+    int best = -1, best_score = -1;
+    for (int i = 0; i < S_MAX_NODES; i++) {
+        s_node_t *nd = &P.nodes[i];
+        if (!nd->used || !nd->ready)
+            continue;
+        int score = 0;
+        size_t k;
+        json_t *v;
+        json_array_foreach(imports, k, v) if (json_is_string(v) && s_has_module(nd->modules, json_string_value(v)))
+            score++;
+        if (score > best_score || (score == best_score && nd->id > P.nodes[best].id)) {
+            best = i;
+            best_score = score;
+        }
+    }
+    return best;
+}
+
+/* ------------------------------------------------------------------ */
+/* CUDA-safety probes and growth                                      */
+
+static bool s_probing(const char *module)
+{
+    for (int i = 0; i < S_MAX_PROBES; i++)
+        if (P.probes[i].pid && strcmp(P.probes[i].module, module) == 0)
+            return true;
+    return false;
+}
+
+static void s_start_probe(const char *module, int node)
+{
+    int slot = -1;
+    for (int i = 0; i < S_MAX_PROBES; i++)
+        if (!P.probes[i].pid) {
+            slot = i;
+            break;
+        }
+    if (slot < 0 || strlen(module) >= sizeof P.probes[0].module)
+        return;
+    int pfd[2];
+    if (pipe2(pfd, O_CLOEXEC) < 0)
+        return;
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(pfd[0]);
+        close(pfd[1]);
+        return;
+    }
+    if (pid == 0) {
+        dup2(pfd[1], 1);
+        sigset_t all;
+        sigemptyset(&all);
+        sigprocmask(SIG_SETMASK, &all, NULL);
+        const char *pp = getenv("PYTHONPATH");
+        char path[3 * PATH_MAX];
+        snprintf(path, sizeof path, "%s/zygote/py%s%s", LL_SRCDIR, pp && *pp ? ":" : "", pp ? pp : "");
+        setenv("PYTHONPATH", path, 1);
+        execl("/usr/bin/python3", "python3", "-m", "looseleaf_zygote.probe", module, (char *)NULL);
+        _exit(127);
+    }
+    close(pfd[1]);
+    s_nonblock(pfd[0]);
+    s_probe_t *pr = &P.probes[slot];
+    memset(pr, 0, sizeof *pr);
+    pr->pid = pid;
+    pr->fd = pfd[0];
+    pr->node = P.nodes[node].id;
+    snprintf(pr->module, sizeof pr->module, "%s", module);
+    ll_info("pool", "probing whether importing %s touches CUDA (pid %d)", module, (int)pid);
+}
+
+static int s_node_by_id(int id)
+{
+    for (int i = 0; i < S_MAX_NODES; i++)
+        if (P.nodes[i].used && P.nodes[i].id == id)
+            return i;
+    return -1;
+}
+
+/* Ask node N's zygote to fork a child node that also imports MODULES. */
+static void s_grow(int n, json_t *modules)
+{
+    if (!P.grow || n < 0 || !P.nodes[n].ready)
+        return;
+    int c = -1;
+    for (int i = 0; i < S_MAX_NODES; i++)
+        if (!P.nodes[i].used) {
+            c = i;
+            break;
+        }
+    if (c < 0)
+        return;
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+        return;
+    int id = P.next_node_id++;
+    json_t *m = json_pack("{s:s, s:i, s:O}", "type", "grow", "node", id, "modules", modules);
+    int rc = ll_zframe_send(P.nodes[n].fd, m, sv[1]);
+    json_decref(m);
+    close(sv[1]);
+    if (rc < 0) {
+        close(sv[0]);
+        return;
+    }
+    s_node_t *nd = &P.nodes[c];
+    memset(nd, 0, sizeof *nd);
+    nd->used = true;
+    nd->id = id;
+    nd->parent = n;
+    nd->fd = sv[0];
+    nd->rd = ll_zreader_new(sv[0]);
+    nd->modules = json_array();
+    nd->last_used = ll_zframe_now_ms();
+    s_nonblock(sv[0]);
+    ll_info("pool", "growing node %d from node %d", id, P.nodes[n].id);
+    s_evict();
+}
+
+static void s_probe_done(int i, int status)
+{
+    s_probe_t *pr = &P.probes[i];
+    /* Drain what is left of its output. */
+    for (; pr->fd >= 0;) {
+        ssize_t r = read(pr->fd, pr->out + pr->outlen, sizeof pr->out - 1 - pr->outlen);
+        if (r <= 0)
+            break;
+        pr->outlen += (size_t)r;
+    }
+    pr->out[pr->outlen] = '\0';
+    if (pr->fd >= 0)
+        close(pr->fd);
+    json_error_t jerr;
+    json_t *res = json_loads(pr->out, 0, &jerr);
+    bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0 && res && json_is_true(json_object_get(res, "imported"));
+    bool safe = ok && json_is_true(json_object_get(res, "safe"));
+    json_object_set_new(P.safety, pr->module, json_boolean(safe));
+    ll_info("pool", "probe of %s: %s%s%s", pr->module, safe ? "CUDA-safe" : ok ? "touches CUDA" : "import failed",
+            res && json_string_value(json_object_get(res, "why")) ? ": " : "",
+            res && json_string_value(json_object_get(res, "why")) ? json_string_value(json_object_get(res, "why")) : "");
+    if (safe) {
+        int n = s_node_by_id(pr->node);
+        if (n >= 0) {
+            json_t *mods = json_pack("[s]", pr->module);
+            s_grow(n, mods);
+            json_decref(mods);
+        }
+    }
+    json_decref(res);
+    memset(pr, 0, sizeof *pr);
+}
+
+/* After choosing node N for a cell: grow towards the packages it lacked. */
+static void s_consider_growth(int n, const json_t *imports)
+{
+    if (!P.grow)
+        return;
+    size_t k;
+    json_t *v;
+    json_array_foreach(imports, k, v)
+    {
+        const char *m = json_string_value(v);
+        if (!m || !*m || s_has_module(P.nodes[n].modules, m))
+            continue;
+        json_t *known = json_object_get(P.safety, m);
+        if (json_is_false(known))
+            continue; /* touches CUDA or fails: imported after the fork */
+        if (json_is_true(known)) {
+            /* Safe but missing here: some other node may have it already. */
+            bool exists = false;
+            for (int i = 0; i < S_MAX_NODES; i++)
+                if (P.nodes[i].used && P.nodes[i].parent == n && s_has_module(P.nodes[i].modules, m))
+                    exists = true;
+            if (!exists) {
+                json_t *mods = json_pack("[s]", m);
+                s_grow(n, mods);
+                json_decref(mods);
+            }
+            continue;
+        }
+        if (!s_probing(m))
+            s_start_probe(m, n);
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Runs                                                               */
+
+static void s_drop_run(int r)
+{
+    s_run_t *run = &P.runs[r];
+    if (run->slot >= 0)
+        P.slot_run[run->slot] = -1;
+    if (run->wfd >= 0)
+        close(run->wfd);
+    ll_zreader_destroy(&run->wrd);
+    free(run->id);
+    json_decref(run->req);
+    memset(run, 0, sizeof *run);
+    run->wfd = -1;
+    run->slot = -1;
+}
+
+/* A worker whose socket closed and whose exit status is known, without a
+ * reply: tell the client how it died. */
+static void s_finish_dead(int r)
+{
+    s_run_t *run = &P.runs[r];
+    char why[512];
+    if (run->cancelled)
+        snprintf(why, sizeof why, "the cell was cancelled (worker pid %d killed)", (int)run->wpid);
+    else if (WIFSIGNALED(run->status))
+        snprintf(why, sizeof why,
+                 "the worker (pid %d) running this cell was killed by signal SIG%s (%d); the session continues "
+                 "from the last committed versions of its variables",
+                 (int)run->wpid, s_signame(WTERMSIG(run->status)), WTERMSIG(run->status));
+    else
+        snprintf(why, sizeof why,
+                 "the worker (pid %d) running this cell exited with status %d before replying; the session "
+                 "continues from the last committed versions of its variables",
+                 (int)run->wpid, WIFEXITED(run->status) ? WEXITSTATUS(run->status) : -1);
+    ll_warn("pool", "cell %s: %s", run->id, why);
+    s_reply_error(r, run->cancelled ? "Cancelled" : "WorkerDied", why);
+    s_drop_run(r);
+    s_schedule();
+}
+
+static void s_worker_exited(pid_t pid, int status)
+{
+    for (int r = 0; r < S_MAX_RUNS; r++) {
+        s_run_t *run = &P.runs[r];
+        if (run->used && run->wpid == pid && !run->exited) {
+            run->exited = true;
+            run->status = status;
+            if (run->eof)
+                s_finish_dead(r);
+            return;
+        }
+    }
+}
+
+static void s_start_run(int r, int slot)
+{
+    s_run_t *run = &P.runs[r];
+    int n = s_best_node(json_object_get(run->req, "import_closure"));
+    if (n < 0)
+        return; /* no node ready yet: stays queued */
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+        return;
+    run->wait_ms = ll_zframe_now_ms() - run->t_queued;
+    json_t *job = json_deep_copy(run->req);
+    json_object_set_new(job, "device", P.cuda ? json_integer(slot) : json_null());
+    json_object_set_new(job, "slot", json_integer(slot));
+    json_object_set_new(job, "client", json_integer(run->client));
+    json_object_set_new(job, "node", json_integer(P.nodes[n].id));
+    json_object_set_new(job, "wait_ms", json_real(run->wait_ms));
+    json_object_set_new(job, "node_modules", json_copy(P.nodes[n].modules));
+    json_t *m = json_pack("{s:s, s:o}", "type", "fork", "job", job);
+    int rc = ll_zframe_send(P.nodes[n].fd, m, sv[1]);
+    json_decref(m);
+    close(sv[1]);
+    if (rc < 0) {
+        close(sv[0]);
+        return;
+    }
+    s_nonblock(sv[0]);
+    run->wfd = sv[0];
+    run->wrd = ll_zreader_new(sv[0]);
+    run->state = S_FORKING;
+    run->slot = slot;
+    run->node = n;
+    run->node_id = P.nodes[n].id;
+    P.slot_run[slot] = r;
+    P.nodes[n].last_used = ll_zframe_now_ms();
+    P.nodes[n].forking++;
+    ll_info("pool", "cell %s: fork from node %d on slot %d", run->id, P.nodes[n].id, slot);
+    s_consider_growth(n, json_object_get(run->req, "import_closure"));
+}
+
+/* Hand free slots to queued cells, oldest first; tell waiting cells. */
+static void s_schedule(void)
+{
+    for (;;) {
+        int slot = -1;
+        for (int s = 0; s < P.nslots; s++)
+            if (P.slot_run[s] < 0) {
+                slot = s;
+                break;
+            }
+        int oldest = -1;
+        for (int r = 0; r < S_MAX_RUNS; r++)
+            if (P.runs[r].used && P.runs[r].state == S_QUEUED &&
+                (oldest < 0 || P.runs[r].t_queued < P.runs[oldest].t_queued))
+                oldest = r;
+        if (oldest < 0)
+            return;
+        if (slot < 0 || s_best_node(json_object_get(P.runs[oldest].req, "import_closure")) < 0)
+            break;
+        s_start_run(oldest, slot);
+        if (P.runs[oldest].state == S_QUEUED)
+            break;
+    }
+    int queued = 0;
+    for (int r = 0; r < S_MAX_RUNS; r++)
+        if (P.runs[r].used && P.runs[r].state == S_QUEUED)
+            queued++;
+    bool all_held = true;
+    for (int s = 0; s < P.nslots; s++)
+        if (P.slot_run[s] < 0)
+            all_held = false;
+    if (!all_held)
+        return;
+    for (int r = 0; r < S_MAX_RUNS; r++) {
+        s_run_t *run = &P.runs[r];
+        if (run->used && run->state == S_QUEUED && !run->waited) {
+            run->waited = true;
+            ll_info("pool", "cell %s waits: all %d slots are held", run->id, P.nslots);
+            s_send_client(run->client, json_pack("{s:s, s:s, s:i, s:i}", "type", "wait", "id", run->id, "slots",
+                                                 P.nslots, "queued", queued));
+        }
+    }
+}
+
+static int s_find_run(int c, const char *id)
+{
+    if (!id)
+        return -1;
+    for (int r = 0; r < S_MAX_RUNS; r++)
+        if (P.runs[r].used && P.runs[r].client == c && strcmp(P.runs[r].id, id) == 0)
+            return r;
+    return -1;
+}
+
+static bool s_str_array(const json_t *a)
+{
+    if (!a)
+        return true;
+    if (!json_is_array(a))
+        return false;
+    size_t i;
+    json_t *v;
+    json_array_foreach(a, i, v) if (!json_is_string(v)) return false;
+    return true;
+}
+
+static void s_client_error(int c, const char *id, const char *why)
+{
+    s_send_client(c, json_pack("{s:s, s:s?, s:s}", "type", "error", "id", id, "error", why));
+}
+
+static void s_kill_run(int r, int sig)
+{
+    s_run_t *run = &P.runs[r];
+    if (run->wpid > 0)
+        kill(run->wpid, sig);
+}
+
+static json_t *s_stats(void)
+{
+    json_t *nodes = json_array(), *slots = json_array(), *runs = json_array();
+    for (int i = 0; i < S_MAX_NODES; i++) {
+        s_node_t *nd = &P.nodes[i];
+        if (nd->used)
+            json_array_append_new(nodes, json_pack("{s:i, s:i, s:i, s:b, s:O, s:f}", "id", nd->id, "parent",
+                                                   nd->parent >= 0 ? P.nodes[nd->parent].id : -1, "pid",
+                                                   (int)nd->pid, "ready", nd->ready, "modules", nd->modules,
+                                                   "last_used", nd->last_used));
+    }
+    for (int s = 0; s < P.nslots; s++)
+        json_array_append_new(slots, P.slot_run[s] >= 0 ? json_string(P.runs[P.slot_run[s]].id) : json_null());
+    for (int r = 0; r < S_MAX_RUNS; r++)
+        if (P.runs[r].used)
+            json_array_append_new(runs, json_pack("{s:s, s:i, s:i}", "id", P.runs[r].id, "state", P.runs[r].state,
+                                                  "pid", (int)P.runs[r].wpid));
+    return json_pack("{s:s, s:i, s:o, s:o, s:o, s:b, s:i, s:O, s:i}", "type", "stats", "pid", (int)getpid(), "nodes",
+                     nodes, "slots", slots, "runs", runs, "cuda", P.cuda, "max_nodes", P.max_nodes, "safety",
+                     P.safety, "base_respawns", P.base_respawns);
+}
+
+static void s_client_frame(int c, json_t *m)
+{
+    const char *type = json_string_value(json_object_get(m, "type"));
+    const char *id = json_string_value(json_object_get(m, "id"));
+    if (!type) {
+        s_client_error(c, id, "frame without a type");
+        return;
+    }
+    if (strcmp(type, "run") == 0) {
+        const char *bad = NULL;
+        if (!id || !*id)
+            bad = "run: 'id' must be a non-empty string";
+        else if (s_find_run(c, id) >= 0)
+            bad = "run: a cell with this id is already running";
+        else if (!json_is_string(json_object_get(m, "session")))
+            bad = "run: 'session' must be a string";
+        else if (!json_is_string(json_object_get(m, "code")))
+            bad = "run: 'code' must be a string";
+        else if (!json_is_string(json_object_get(m, "store_dir")))
+            bad = "run: 'store_dir' must be a string";
+        else if (!s_str_array(json_object_get(m, "state_closure")) ||
+                 !s_str_array(json_object_get(m, "import_closure")) || !s_str_array(json_object_get(m, "defines")) ||
+                 !s_str_array(json_object_get(m, "deletes")))
+            bad = "run: state_closure, import_closure, defines and deletes must be arrays of strings";
+        if (bad) {
+            s_client_error(c, id, bad);
+            return;
+        }
+        int r = -1;
+        for (int i = 0; i < S_MAX_RUNS; i++)
+            if (!P.runs[i].used) {
+                r = i;
+                break;
+            }
+        if (r < 0) {
+            s_client_error(c, id, "run: too many cells in flight");
+            return;
+        }
+        s_run_t *run = &P.runs[r];
+        memset(run, 0, sizeof *run);
+        run->used = true;
+        run->client = c;
+        run->id = strdup(id);
+        run->req = json_incref(m);
+        if (!json_is_array(json_object_get(m, "import_closure")))
+            json_object_set_new(m, "import_closure", json_array());
+        run->state = S_QUEUED;
+        run->slot = -1;
+        run->wfd = -1;
+        run->node = -1;
+        run->t_queued = ll_zframe_now_ms();
+        s_schedule();
+        return;
+    }
+    int r = s_find_run(c, id);
+    if (strcmp(type, "stats") == 0) {
+        s_send_client(c, s_stats());
+    } else if (strcmp(type, "input_reply") == 0) {
+        if (r < 0 || P.runs[r].wfd < 0)
+            return;
+        json_t *f = json_pack("{s:s, s:O}", "type", "input_reply", "value",
+                              json_object_get(m, "value") ? json_object_get(m, "value") : json_string(""));
+        ll_zframe_send(P.runs[r].wfd, f, -1);
+        json_decref(f);
+    } else if (strcmp(type, "interrupt") == 0 || strcmp(type, "cancel") == 0) {
+        if (r < 0)
+            return;
+        bool cancel = type[0] == 'c';
+        if (P.runs[r].state == S_QUEUED) {
+            s_reply_error(r, cancel ? "Cancelled" : "KeyboardInterrupt",
+                          cancel ? "the cell was cancelled before it started" : "interrupted while waiting for a GPU slot");
+            s_drop_run(r);
+        } else if (cancel) {
+            P.runs[r].cancelled = true;
+            s_kill_run(r, SIGKILL);
+        } else {
+            s_kill_run(r, SIGINT);
+        }
+    } else {
+        s_client_error(c, id, "unknown frame type");
+    }
+}
+
+static void s_client_gone(int c)
+{
+    for (int r = 0; r < S_MAX_RUNS; r++) {
+        s_run_t *run = &P.runs[r];
+        if (!run->used || run->client != c)
+            continue;
+        run->client = -1;
+        if (run->state == S_QUEUED) {
+            s_drop_run(r);
+        } else {
+            run->cancelled = true;
+            s_kill_run(r, SIGKILL);
+        }
+    }
+    close(P.clients[c].fd);
+    ll_zreader_destroy(&P.clients[c].rd);
+    P.clients[c].fd = -1;
+    ll_info("pool", "client %d left", c);
+}
+
+/* ------------------------------------------------------------------ */
+/* Frames from zygotes and workers                                    */
+
+static void s_node_frame(int n, json_t *m)
+{
+    s_node_t *nd = &P.nodes[n];
+    const char *type = json_string_value(json_object_get(m, "type"));
+    if (!type)
+        return;
+    if (strcmp(type, "ready") == 0) {
+        nd->ready = true;
+        nd->pid = (pid_t)json_integer_value(json_object_get(m, "pid"));
+        json_t *mods = json_object_get(m, "modules");
+        if (json_is_array(mods)) {
+            json_decref(nd->modules);
+            nd->modules = json_copy(mods);
+        }
+        nd->last_used = ll_zframe_now_ms();
+        ll_info("pool", "zygote node %d ready (pid %d, %zu modules, %.0f ms)", nd->id, (int)nd->pid,
+                json_array_size(nd->modules), json_number_value(json_object_get(m, "load_ms")));
+        s_schedule();
+    } else if (strcmp(type, "forked") == 0 || strcmp(type, "refused") == 0) {
+        if (nd->forking > 0)
+            nd->forking--;
+        const char *rid = json_string_value(json_object_get(m, "run"));
+        int client = (int)json_integer_value(json_object_get(m, "client"));
+        int r = s_find_run(client, rid);
+        if (r < 0)
+            return;
+        if (type[0] == 'f') {
+            if (!P.runs[r].wpid)
+                P.runs[r].wpid = (pid_t)json_integer_value(json_object_get(m, "pid"));
+            return;
+        }
+        const char *why = json_string_value(json_object_get(m, "why"));
+        char msg[600];
+        snprintf(msg, sizeof msg, "the zygote refused to fork a worker: %s", why ? why : "?");
+        ll_error("pool", "cell %s: %s", P.runs[r].id, msg);
+        s_reply_error(r, "ZygoteRefused", msg);
+        s_drop_run(r);
+        s_schedule();
+    } else if (strcmp(type, "exited") == 0) {
+        s_worker_exited((pid_t)json_integer_value(json_object_get(m, "pid")),
+                        (int)json_integer_value(json_object_get(m, "status")));
+    }
+}
+
+static void s_worker_frame(int r, json_t *m)
+{
+    s_run_t *run = &P.runs[r];
+    const char *type = json_string_value(json_object_get(m, "type"));
+    if (!type)
+        return;
+    if (strcmp(type, "ready") == 0) {
+        run->wpid = (pid_t)json_integer_value(json_object_get(m, "pid"));
+        run->state = S_RUNNING;
+        json_object_set_new(m, "type", json_string("started"));
+        json_object_set_new(m, "node", json_integer(run->node_id));
+        json_object_set_new(m, "wait_ms", json_real(run->wait_ms));
+    } else if (strcmp(type, "reply") == 0) {
+        /* The worker replies only after its save committed: the slot is free. */
+        json_t *md = json_object_get(m, "metadata");
+        json_t *ll = md ? json_object_get(md, "looseleaf") : NULL;
+        if (ll) {
+            json_object_set_new(ll, "zygote_node", json_integer(run->node_id));
+            json_object_set_new(ll, "wait_ms", json_real(run->wait_ms));
+        }
+        if (run->slot >= 0)
+            P.slot_run[run->slot] = -1;
+        run->slot = -1;
+    }
+    json_object_set_new(m, "id", json_string(run->id));
+    bool reply = strcmp(type, "reply") == 0;
+    s_send_client(run->client, json_incref(m));
+    if (reply) {
+        s_drop_run(r); /* the worker exits by itself; its zygote reaps it */
+        s_schedule();
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Start-up and the loop                                              */
+
+static int s_prepare_dir(void)
+{
+    if (mkdir(P.dir, 0700) < 0 && errno != EEXIST) {
+        ll_error("pool", "cannot create %s: %s", P.dir, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (stat(P.dir, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077)) {
+        ll_error("pool", "%s must be a directory owned by uid %d with mode 0700", P.dir, (int)getuid());
+        return -1;
+    }
+    return 0;
+}
+
+static int s_listen(void)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (strlen(P.sock) >= sizeof sa.sun_path) {
+        ll_error("pool", "socket path too long: %s", P.sock);
+        return -1;
+    }
+    strcpy(sa.sun_path, P.sock);
+    unlink(P.sock); /* stale: we hold the lock, so no pool listens there */
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(fd, 64) < 0) {
+        ll_error("pool", "cannot listen on %s: %s", P.sock, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    chmod(P.sock, 0600);
+    return fd;
+}
+
+static void s_usage(void)
+{
+    fprintf(stderr, "usage: looseleaf pool [--runtime-dir DIR] [--slots N] [--idle-exit SECONDS]\n"
+                    "                      [--head MOD,MOD,...] [--max-nodes N] [--no-grow] [--foreground]\n");
+}
+
+int ll_pool_main(int argc, char **argv)
+{
+    ll_log_init('P');
+    memset(&P, 0, sizeof P);
+    ll_zclient_default_dir(P.dir, sizeof P.dir);
+    snprintf(P.head, sizeof P.head, "%s",
+             getenv("LL_POOL_HEAD") ? getenv("LL_POOL_HEAD") : "numpy,torch,IPython,looseleaf_kernel,looseleaf_store");
+    P.nslots = getenv("LL_POOL_SLOTS") ? atoi(getenv("LL_POOL_SLOTS")) : 2;
+    P.idle_exit_s = getenv("LL_POOL_IDLE_EXIT") ? atoi(getenv("LL_POOL_IDLE_EXIT")) : 300;
+    P.max_nodes = getenv("LL_POOL_MAX_NODES") ? atoi(getenv("LL_POOL_MAX_NODES")) : 50;
+    P.grow = true;
+    bool foreground = false;
+    const char *log = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        bool nx = i + 1 < argc;
+        if (strcmp(a, "--runtime-dir") == 0 && nx)
+            snprintf(P.dir, sizeof P.dir, "%s", argv[++i]);
+        else if (strcmp(a, "--slots") == 0 && nx)
+            P.nslots = atoi(argv[++i]);
+        else if (strcmp(a, "--idle-exit") == 0 && nx)
+            P.idle_exit_s = atoi(argv[++i]);
+        else if (strcmp(a, "--head") == 0 && nx)
+            snprintf(P.head, sizeof P.head, "%s", argv[++i]);
+        else if (strcmp(a, "--max-nodes") == 0 && nx)
+            P.max_nodes = atoi(argv[++i]);
+        else if (strcmp(a, "--log") == 0 && nx)
+            log = argv[++i];
+        else if (strcmp(a, "--no-grow") == 0)
+            P.grow = false;
+        else if (strcmp(a, "--foreground") == 0)
+            foreground = true;
+        else {
+            s_usage();
+            return 2;
+        }
+    }
+    if (P.nslots < 1 || P.nslots > S_MAX_SLOTS || P.max_nodes < 1 || P.max_nodes > S_MAX_NODES ||
+        P.idle_exit_s < 0) {
+        fprintf(stderr, "looseleaf pool: --slots must be 1..%d, --max-nodes 1..%d, --idle-exit >= 0\n", S_MAX_SLOTS,
+                S_MAX_NODES);
+        return 2;
+    }
+    if (readlink("/proc/self/exe", P.exe, sizeof P.exe - 1) < 0) {
+        fprintf(stderr, "looseleaf pool: cannot find its own binary: %s\n", strerror(errno));
+        return 1;
+    }
+    if (s_prepare_dir() < 0)
+        return 1;
+    char lockpath[PATH_MAX + 16];
+    snprintf(lockpath, sizeof lockpath, "%s/pool.lock", P.dir);
+    snprintf(P.sock, sizeof P.sock, "%s/pool.sock", P.dir);
+    if (!foreground) {
+        /* Detach: the client that started us must not be our parent (it
+         * would have to reap us) nor share our output pipes. */
+        pid_t pid = fork();
+        if (pid < 0)
+            return 1;
+        if (pid > 0)
+            return 0;
+        setsid();
+        char logpath[PATH_MAX + 16];
+        snprintf(logpath, sizeof logpath, "%s/pool.log", P.dir);
+        int lfd = open(log ? log : logpath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+        int nfd = open("/dev/null", O_RDONLY);
+        if (nfd >= 0) {
+            dup2(nfd, 0);
+            close(nfd);
+        }
+        if (lfd >= 0) {
+            dup2(lfd, 1);
+            dup2(lfd, 2);
+            close(lfd);
+        }
+        ll_log_init('P');
+    }
+    int lock = open(lockpath, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (lock < 0 || flock(lock, LOCK_EX | LOCK_NB) < 0) {
+        ll_info("pool", "another pool already serves %s", P.dir);
+        return 0;
+    }
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGCHLD);
+    sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGINT);
+    sigprocmask(SIG_BLOCK, &mask, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    P.sig_fd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    P.listen_fd = s_listen();
+    if (P.listen_fd < 0 || P.sig_fd < 0)
+        return 1;
+    int ncuda = getenv("LL_POOL_NO_CUDA") ? 0 : s_count_cuda();
+    if (ncuda > 0) {
+        P.cuda = true;
+        P.nslots = ncuda < S_MAX_SLOTS ? ncuda : S_MAX_SLOTS;
+    }
+    for (int s = 0; s < S_MAX_SLOTS; s++)
+        P.slot_run[s] = -1;
+    for (int c = 0; c < S_MAX_CLIENTS; c++)
+        P.clients[c].fd = -1;
+    for (int r = 0; r < S_MAX_RUNS; r++) {
+        P.runs[r].wfd = -1;
+        P.runs[r].slot = -1;
+    }
+    P.safety = json_object();
+    ll_info("pool", "serving %s: %d %s slot(s), up to %d zygote nodes, idle exit %d s", P.dir, P.nslots,
+            P.cuda ? "CUDA" : "virtual", P.max_nodes, P.idle_exit_s);
+    if (s_spawn_base() < 0) {
+        ll_error("pool", "cannot start the base zygote: %s", strerror(errno));
+        return 1;
+    }
+    P.idle_since = ll_zframe_now_ms();
+
+    enum { K_LISTEN, K_SIG, K_CLIENT, K_NODE, K_WORKER, K_PROBE };
+    struct pollfd pfd[2 + S_MAX_CLIENTS + S_MAX_NODES + S_MAX_RUNS + S_MAX_PROBES];
+    int kind[sizeof pfd / sizeof pfd[0]], idx[sizeof pfd / sizeof pfd[0]];
+    while (!P.stop) {
+        int np = 0;
+        pfd[np] = (struct pollfd){P.listen_fd, POLLIN, 0}, kind[np] = K_LISTEN, idx[np++] = 0;
+        pfd[np] = (struct pollfd){P.sig_fd, POLLIN, 0}, kind[np] = K_SIG, idx[np++] = 0;
+        int nclients = 0;
+        for (int c = 0; c < S_MAX_CLIENTS; c++)
+            if (P.clients[c].fd >= 0) {
+                nclients++;
+                pfd[np] = (struct pollfd){P.clients[c].fd, POLLIN, 0}, kind[np] = K_CLIENT, idx[np++] = c;
+            }
+        for (int n = 0; n < S_MAX_NODES; n++)
+            if (P.nodes[n].used)
+                pfd[np] = (struct pollfd){P.nodes[n].fd, POLLIN, 0}, kind[np] = K_NODE, idx[np++] = n;
+        int nruns = 0;
+        for (int r = 0; r < S_MAX_RUNS; r++)
+            if (P.runs[r].used) {
+                nruns++;
+                if (P.runs[r].wfd >= 0 && !P.runs[r].eof)
+                    pfd[np] = (struct pollfd){P.runs[r].wfd, POLLIN, 0}, kind[np] = K_WORKER, idx[np++] = r;
+            }
+        for (int i = 0; i < S_MAX_PROBES; i++)
+            if (P.probes[i].pid && P.probes[i].fd >= 0)
+                pfd[np] = (struct pollfd){P.probes[i].fd, POLLIN, 0}, kind[np] = K_PROBE, idx[np++] = i;
+
+        double now = ll_zframe_now_ms();
+        if (nclients || nruns)
+            P.idle_since = 0;
+        else if (!P.idle_since)
+            P.idle_since = now;
+        int timeout = -1;
+        if (P.idle_since) {
+            double left = P.idle_since + P.idle_exit_s * 1000.0 - now;
+            if (left <= 0) {
+                ll_info("pool", "no client for %d s: exiting", P.idle_exit_s);
+                break;
+            }
+            timeout = (int)left + 1;
+        }
+        int rc = poll(pfd, (nfds_t)np, timeout);
+        if (rc < 0 && errno != EINTR)
+            break;
+        for (int i = 0; i < np && rc > 0; i++) {
+            if (!pfd[i].revents)
+                continue;
+            int k = idx[i];
+            switch (kind[i]) {
+            case K_LISTEN: {
+                int fd;
+                while ((fd = accept4(P.listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0) {
+                    int c = -1;
+                    for (int j = 0; j < S_MAX_CLIENTS; j++)
+                        if (P.clients[j].fd < 0) {
+                            c = j;
+                            break;
+                        }
+                    if (c < 0) {
+                        close(fd);
+                        continue;
+                    }
+                    P.clients[c].fd = fd;
+                    P.clients[c].rd = ll_zreader_new(fd);
+                    ll_info("pool", "client %d connected", c);
+                }
+                break;
+            }
+            case K_SIG: {
+                struct signalfd_siginfo si;
+                while (read(P.sig_fd, &si, sizeof si) == sizeof si)
+                    if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT)
+                        P.stop = true;
+                int status;
+                pid_t pid;
+                while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+                    bool known = false;
+                    for (int j = 0; j < S_MAX_PROBES; j++)
+                        if (P.probes[j].pid == pid) {
+                            s_probe_done(j, status);
+                            known = true;
+                        }
+                    if (!known)
+                        s_worker_exited(pid, status); /* orphaned worker, or a node (ignored) */
+                }
+                break;
+            }
+            case K_CLIENT: {
+                if (P.clients[k].fd != pfd[i].fd)
+                    break;
+                int fr = ll_zreader_fill(P.clients[k].rd);
+                json_t *m;
+                bool bad = false;
+                while ((m = ll_zreader_pop(P.clients[k].rd, &bad))) {
+                    s_client_frame(k, m);
+                    json_decref(m);
+                }
+                if (bad)
+                    ll_warn("pool", "client %d sent a malformed frame: dropped", k);
+                if (fr < 0 || bad)
+                    s_client_gone(k);
+                break;
+            }
+            case K_NODE: {
+                if (!P.nodes[k].used || P.nodes[k].fd != pfd[i].fd)
+                    break;
+                int fr = ll_zreader_fill(P.nodes[k].rd);
+                json_t *m;
+                bool bad = false;
+                while (P.nodes[k].used && (m = ll_zreader_pop(P.nodes[k].rd, &bad))) {
+                    s_node_frame(k, m);
+                    json_decref(m);
+                }
+                if (P.nodes[k].used && (fr < 0 || bad))
+                    s_node_gone(k, bad ? "malformed frame" : "its socket closed");
+                break;
+            }
+            case K_WORKER: {
+                if (!P.runs[k].used || P.runs[k].wfd != pfd[i].fd)
+                    break;
+                int fr = ll_zreader_fill(P.runs[k].wrd);
+                json_t *m;
+                bool bad = false;
+                while (P.runs[k].used && (m = ll_zreader_pop(P.runs[k].wrd, &bad))) {
+                    s_worker_frame(k, m);
+                    json_decref(m);
+                }
+                if (P.runs[k].used && (fr < 0 || bad)) {
+                    P.runs[k].eof = true;
+                    if (P.runs[k].exited)
+                        s_finish_dead(k);
+                }
+                break;
+            }
+            case K_PROBE: {
+                s_probe_t *pr = &P.probes[k];
+                ssize_t r = read(pr->fd, pr->out + pr->outlen, sizeof pr->out - 1 - pr->outlen);
+                if (r > 0)
+                    pr->outlen += (size_t)r;
+                else if (r == 0 || (errno != EAGAIN && errno != EINTR)) {
+                    close(pr->fd); /* its exit (SIGCHLD) finishes the probe */
+                    pr->fd = -1;
+                }
+                break;
+            }
+            }
+        }
+        s_schedule();
+    }
+    ll_info("pool", "stopping");
+    for (int n = 0; n < S_MAX_NODES; n++)
+        if (P.nodes[n].used && P.nodes[n].pid > 0)
+            kill(P.nodes[n].pid, SIGTERM);
+    for (int r = 0; r < S_MAX_RUNS; r++)
+        if (P.runs[r].used)
+            s_kill_run(r, SIGKILL);
+    unlink(P.sock);
+    return 0;
+}

@@ -1,0 +1,123 @@
+/* ll_zdriver: a small test driver for the zygote module (tests/zygote/).
+ *
+ *   ll_zdriver pool ...    / ll_zdriver zygote ...   the subcommands, as
+ *       build/looseleaf will run them once the gateway dispatches them;
+ *   ll_zdriver client DIR [POOL ARGS...]   connect through the client API
+ *       (starting the pool with POOL ARGS when none answers), then read
+ *       commands as JSON lines on stdin and print every event as a JSON line:
+ *       {"op":"run", ...request} {"op":"input","id","value"}
+ *       {"op":"interrupt","id"} {"op":"cancel","id"} {"op":"stats"}.
+ * One thread; polls stdin and the client's fd. */
+#include "zygote/ll_zygote.h"
+#include "proto/ll_log.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void s_print(json_t *ev)
+{
+    char *s = json_dumps(ev, JSON_COMPACT);
+    if (s) {
+        printf("%s\n", s);
+        fflush(stdout);
+    }
+    free(s);
+}
+
+static int s_client(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: ll_zdriver client DIR [POOL ARGS...]\n");
+        return 2;
+    }
+    char err[512];
+    ll_zclient_t *c = ll_zclient_connect(argv[1], NULL, (const char *const *)argv + 2, err, sizeof err);
+    if (!c) {
+        json_t *e = json_pack("{s:s, s:s}", "type", "connect_error", "error", err);
+        s_print(e);
+        json_decref(e);
+        return 1;
+    }
+    json_t *hello = json_pack("{s:s}", "type", "connected");
+    s_print(hello);
+    json_decref(hello);
+    char *line = NULL;
+    size_t cap = 0;
+    FILE *in = stdin;
+    bool in_open = true;
+    while (ll_zclient_ok(c)) {
+        struct pollfd p[2] = {{ll_zclient_fd(c), POLLIN, 0}, {in_open ? 0 : -1, POLLIN, 0}};
+        if (poll(p, 2, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            break;
+        }
+        if (p[0].revents) {
+            json_t *ev;
+            while ((ev = ll_zclient_next(c, 0))) {
+                s_print(ev);
+                json_decref(ev);
+            }
+        }
+        if (p[1].revents) {
+            ssize_t n = getline(&line, &cap, in);
+            if (n <= 0) {
+                in_open = false;
+                break;
+            }
+            json_error_t jerr;
+            json_t *cmd = json_loads(line, 0, &jerr);
+            const char *op = json_string_value(json_object_get(cmd, "op"));
+            const char *id = json_string_value(json_object_get(cmd, "id"));
+            int rc = 0;
+            if (!op)
+                rc = -1, snprintf(err, sizeof err, "bad command");
+            else if (strcmp(op, "run") == 0) {
+                json_object_del(cmd, "op");
+                rc = ll_zclient_run(c, cmd, err, sizeof err);
+            } else if (strcmp(op, "input") == 0)
+                rc = ll_zclient_input_reply(c, id ? id : "", json_string_value(json_object_get(cmd, "value")));
+            else if (strcmp(op, "interrupt") == 0)
+                rc = ll_zclient_interrupt(c, id ? id : "");
+            else if (strcmp(op, "cancel") == 0)
+                rc = ll_zclient_cancel(c, id ? id : "");
+            else if (strcmp(op, "stats") == 0)
+                rc = ll_zclient_stats(c);
+            else if (strcmp(op, "quit") == 0) {
+                json_decref(cmd);
+                break;
+            }
+            if (rc < 0) {
+                json_t *e = json_pack("{s:s, s:s}", "type", "driver_error", "error", err);
+                s_print(e);
+                json_decref(e);
+            }
+            json_decref(cmd);
+        }
+    }
+    free(line);
+    ll_zclient_destroy(&c);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: ll_zdriver pool|zygote|client ...\n");
+        return 2;
+    }
+    if (strcmp(argv[1], "pool") == 0)
+        return ll_pool_main(argc - 1, argv + 1);
+    if (strcmp(argv[1], "zygote") == 0)
+        return ll_zygote_main(argc - 1, argv + 1);
+    if (strcmp(argv[1], "client") == 0) {
+        ll_log_init('G');
+        return s_client(argc - 1, argv + 1);
+    }
+    fprintf(stderr, "ll_zdriver: unknown subcommand %s\n", argv[1]);
+    return 2;
+}

@@ -1,0 +1,239 @@
+/* ll_zframe: length-prefixed JSON frames (+ optional SCM_RIGHTS fd) over unix
+ * stream sockets; used by the pool, the zygotes, the workers and the client.
+ * No threads, no state besides a reader's buffer. */
+#include "zygote/ll_zframe.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+struct ll_zreader_t {
+    int fd;       /* not owned */
+    char *buf;    /* bytes read and not yet popped */
+    size_t len;   /* bytes in buf */
+    size_t cap;   /* allocated */
+};
+
+double ll_zframe_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+int ll_zframe_send(int fd, const json_t *msg, int passfd)
+{
+    char *body = json_dumps(msg, JSON_COMPACT | JSON_ENSURE_ASCII);
+    if (!body) {
+        errno = ENOMEM;
+        return -1;
+    }
+    size_t n = strlen(body);
+    unsigned char hdr[4] = {(unsigned char)(n >> 24), (unsigned char)(n >> 16),
+                            (unsigned char)(n >> 8), (unsigned char)n};
+    struct iovec iov[2] = {{hdr, 4}, {body, n}};
+    struct msghdr mh = {0};
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } cbuf;
+    mh.msg_iov = iov;
+    mh.msg_iovlen = 2;
+    if (passfd >= 0) {
+        memset(&cbuf, 0, sizeof cbuf);
+        mh.msg_control = cbuf.buf;
+        mh.msg_controllen = sizeof cbuf.buf;
+        struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &passfd, sizeof(int));
+    }
+    size_t total = 4 + n, sent = 0;
+    while (sent < total) {
+        ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN) {
+                /* A slow reader: the pool's sockets are non-blocking; wait
+                 * for room rather than drop a frame half-written. */
+                struct timespec ts = {0, 1000000};
+                nanosleep(&ts, NULL);
+                continue;
+            }
+            int e = errno;
+            free(body);
+            errno = e;
+            return -1;
+        }
+        sent += (size_t)w;
+        mh.msg_control = NULL; /* the fd went with the first byte */
+        mh.msg_controllen = 0;
+        /* Advance the iovecs past what was written. */
+        size_t skip = (size_t)w;
+        while (mh.msg_iovlen && skip >= mh.msg_iov[0].iov_len) {
+            skip -= mh.msg_iov[0].iov_len;
+            mh.msg_iov++;
+            mh.msg_iovlen--;
+        }
+        if (mh.msg_iovlen) {
+            mh.msg_iov[0].iov_base = (char *)mh.msg_iov[0].iov_base + skip;
+            mh.msg_iov[0].iov_len -= skip;
+        }
+    }
+    free(body);
+    return 0;
+}
+
+/* Read exactly LEN bytes; the first read may pick up a passed fd. */
+static int s_read_full(int fd, void *dst, size_t len, int *passfd, bool nointr)
+{
+    size_t got = 0;
+    while (got < len) {
+        struct iovec iov = {(char *)dst + got, len - got};
+        struct msghdr mh = {0};
+        union {
+            struct cmsghdr align;
+            char buf[CMSG_SPACE(sizeof(int))];
+        } cbuf;
+        mh.msg_iov = &iov;
+        mh.msg_iovlen = 1;
+        mh.msg_control = cbuf.buf;
+        mh.msg_controllen = sizeof cbuf.buf;
+        ssize_t r = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+        if (r < 0) {
+            if (errno == EINTR && nointr)
+                continue;
+            return -1;
+        }
+        if (r == 0) {
+            errno = got ? EPROTO : 0;
+            return -1;
+        }
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+                int pfd;
+                memcpy(&pfd, CMSG_DATA(c), sizeof(int));
+                if (passfd && *passfd < 0)
+                    *passfd = pfd;
+                else
+                    close(pfd);
+            }
+        }
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+json_t *ll_zframe_recv(int fd, int *passfd, bool nointr)
+{
+    if (passfd)
+        *passfd = -1;
+    unsigned char hdr[4];
+    if (s_read_full(fd, hdr, 4, passfd, nointr) < 0)
+        return NULL;
+    uint32_t n = ((uint32_t)hdr[0] << 24) | ((uint32_t)hdr[1] << 16) | ((uint32_t)hdr[2] << 8) | hdr[3];
+    if (n > LL_ZFRAME_MAX) {
+        errno = EPROTO;
+        return NULL;
+    }
+    char *body = malloc(n + 1);
+    if (!body) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    if (s_read_full(fd, body, n, passfd, true) < 0) {
+        int e = errno ? errno : EPROTO;
+        free(body);
+        errno = e;
+        return NULL;
+    }
+    json_error_t jerr;
+    json_t *msg = json_loadb(body, n, 0, &jerr);
+    free(body);
+    if (!msg || !json_is_object(msg)) {
+        json_decref(msg);
+        errno = EPROTO;
+        return NULL;
+    }
+    return msg;
+}
+
+ll_zreader_t *ll_zreader_new(int fd)
+{
+    ll_zreader_t *self = calloc(1, sizeof *self);
+    if (self)
+        self->fd = fd;
+    return self;
+}
+
+void ll_zreader_destroy(ll_zreader_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    free((*self_p)->buf);
+    free(*self_p);
+    *self_p = NULL;
+}
+
+int ll_zreader_fill(ll_zreader_t *self)
+{
+    int any = 0;
+    for (;;) {
+        if (self->cap - self->len < 65536) {
+            size_t cap = self->cap ? self->cap * 2 : 131072;
+            char *nb = realloc(self->buf, cap);
+            if (!nb) {
+                errno = ENOMEM;
+                return -1;
+            }
+            self->buf = nb;
+            self->cap = cap;
+        }
+        ssize_t r = read(self->fd, self->buf + self->len, self->cap - self->len);
+        if (r > 0) {
+            self->len += (size_t)r;
+            any = 1;
+            continue;
+        }
+        if (r == 0) {
+            errno = 0;
+            return any ? 1 : -1; /* report the bytes first; EOF on the next call */
+        }
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN)
+            return any;
+        return -1;
+    }
+}
+
+json_t *ll_zreader_pop(ll_zreader_t *self, bool *bad)
+{
+    *bad = false;
+    if (self->len < 4)
+        return NULL;
+    const unsigned char *h = (const unsigned char *)self->buf;
+    uint32_t n = ((uint32_t)h[0] << 24) | ((uint32_t)h[1] << 16) | ((uint32_t)h[2] << 8) | h[3];
+    if (n > LL_ZFRAME_MAX) {
+        *bad = true;
+        return NULL;
+    }
+    if (self->len < 4 + (size_t)n)
+        return NULL;
+    json_error_t jerr;
+    json_t *msg = json_loadb(self->buf + 4, n, 0, &jerr);
+    memmove(self->buf, self->buf + 4 + n, self->len - 4 - n);
+    self->len -= 4 + n;
+    if (!msg || !json_is_object(msg)) {
+        json_decref(msg);
+        *bad = true;
+        return NULL;
+    }
+    return msg;
+}

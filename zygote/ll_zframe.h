@@ -1,0 +1,46 @@
+/* ll_zframe: the framing every zygote-module process speaks on its unix
+ * sockets (client <-> pool, pool <-> zygote, pool <-> worker): a 4-byte
+ * big-endian length, then one compact JSON object.  A frame may carry one
+ * file descriptor (SCM_RIGHTS) attached to its first byte.
+ *
+ * Blocking helpers (ll_zframe_send/recv) serve the zygote and the worker,
+ * which are single-threaded and wait on one peer; the pool and the client use
+ * a reader (ll_zreader_t) fed from a non-blocking fd in their poll loops.
+ * Frames above LL_ZFRAME_MAX are refused (a bad peer, not a big cell). */
+#ifndef LL_ZFRAME_H
+#define LL_ZFRAME_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#define LL_ZFRAME_MAX (256u << 20)
+
+/* Send MSG (borrowed) as one frame; PASSFD >= 0 travels with it.  Retries on
+ * EINTR.  Returns 0, or -1 with errno. */
+int ll_zframe_send(int fd, const json_t *msg, int passfd);
+
+/* Receive one frame, blocking.  Returns a new reference, or NULL with errno
+ * (0 = orderly EOF, EPROTO = bad frame, EINTR only if NOINTR is false).
+ * A passed descriptor lands in *PASSFD (else -1); PASSFD may be NULL (a
+ * passed fd is then closed). */
+json_t *ll_zframe_recv(int fd, int *passfd, bool nointr);
+
+typedef struct ll_zreader_t ll_zreader_t;
+
+/* A reader of frames from FD (not owned). */
+ll_zreader_t *ll_zreader_new(int fd);
+void ll_zreader_destroy(ll_zreader_t **self_p);
+
+/* Read what FD has now (non-blocking fd).  Returns 1 if bytes came, 0 if none
+ * (EAGAIN), -1 on EOF or error (errno 0 = EOF). */
+int ll_zreader_fill(ll_zreader_t *self);
+
+/* Next complete frame (new reference) or NULL.  *BAD set on a malformed
+ * frame (the peer should be dropped). */
+json_t *ll_zreader_pop(ll_zreader_t *self, bool *bad);
+
+/* Milliseconds of CLOCK_MONOTONIC (the same clock in every process on the host). */
+double ll_zframe_now_ms(void);
+
+#endif

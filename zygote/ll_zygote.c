@@ -1,0 +1,518 @@
+/* ll_zygote: a zygote node (`looseleaf zygote`) and the workers it forks.
+ *
+ * A zygote is started by exec from the pool (the base node) or forked from a
+ * parent zygote (a child node that imports more).  It embeds the interpreter
+ * (kernel/ll_interp.h) without hooks, imports its modules, then waits on its
+ * control socket for requests from the pool.  It stays single-threaded: one
+ * blocking loop over the control socket and a signalfd for SIGCHLD.
+ *
+ * Before every fork it checks (s_prefork_check) that it is single-threaded,
+ * maps no CUDA driver, holds no /dev/nvidia* descriptor and only descriptors
+ * it knows, and it freezes the garbage collector (a child's GC would
+ * otherwise touch every page: MEASURED.md).  A failed check refuses the fork
+ * and says why; it never forks a zygote in a state a child cannot survive.
+ *
+ * A worker is the child of a fork: it drops the zygote's descriptors, takes
+ * the worker socket passed by the pool, logs as role W, installs its hooks
+ * (stream/display/input go to the pool as frames), and runs
+ * looseleaf_zygote.worker: prepare (CUDA device, imports, restore), the cell
+ * through the kernel's own execute_request, finish (save).  Only then does it
+ * send the reply, so the pool frees the slot after the save committed.
+ * Errors after the fork end the child (_exit), never return into the loop. */
+#include "zygote/ll_zygote.h"
+#include "zygote/ll_zframe.h"
+#include "kernel/ll_interp.h"
+#include "proto/ll_log.h"
+#include "store/ll_store.h"
+
+#include <Python.h>
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static int s_ctl = -1;      /* control socket to the pool */
+static int s_sigfd = -1;    /* SIGCHLD of workers and child nodes */
+static int s_node_id;       /* this node's id */
+
+/* ------------------------------------------------------------------ */
+/* Python calls (module looseleaf_zygote.zyg): JSON text in and out.  */
+
+/* Call looseleaf_zygote.zyg.FN(ARG_JSON) -> malloc'd JSON text, or NULL with
+ * the Python error in ERR. */
+static char *s_py_call(const char *fn, const char *arg_json, char *err, size_t errlen)
+{
+    PyGILState_STATE gil = PyGILState_Ensure();
+    char *out = NULL;
+    PyObject *mod = PyImport_ImportModule("looseleaf_zygote.zyg");
+    PyObject *f = mod ? PyObject_GetAttrString(mod, fn) : NULL;
+    PyObject *res = f ? PyObject_CallFunction(f, "s", arg_json ? arg_json : "null") : NULL;
+    if (res && PyUnicode_Check(res)) {
+        const char *u = PyUnicode_AsUTF8(res);
+        out = u ? strdup(u) : NULL;
+    }
+    if (!out) {
+        PyObject *type, *val, *tb;
+        PyErr_Fetch(&type, &val, &tb);
+        PyObject *s = val ? PyObject_Str(val) : NULL;
+        snprintf(err, errlen, "%s: %s", fn, s && PyUnicode_AsUTF8(s) ? PyUnicode_AsUTF8(s) : "no result");
+        Py_XDECREF(s);
+        Py_XDECREF(type);
+        Py_XDECREF(val);
+        Py_XDECREF(tb);
+        PyErr_Clear();
+    }
+    Py_XDECREF(res);
+    Py_XDECREF(f);
+    Py_XDECREF(mod);
+    PyGILState_Release(gil);
+    return out;
+}
+
+/* ------------------------------------------------------------------ */
+/* Pre-fork checks                                                    */
+
+static int s_count_tasks(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    if (!d)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (e->d_name[0] != '.')
+            n++;
+    closedir(d);
+    return n;
+}
+
+/* 0 if this process may fork a child now; else -1 with the reason in WHY.
+ * ALLOW is an extra descriptor (the one being passed on), or -1. */
+static int s_prefork_check(int allow, char *why, size_t whylen)
+{
+    int tasks = s_count_tasks();
+    if (tasks != 1) {
+        snprintf(why, whylen, "the zygote is not single-threaded (%d threads): a forked child could hang", tasks);
+        return -1;
+    }
+    FILE *maps = fopen("/proc/self/maps", "re");
+    if (maps) {
+        char line[1024];
+        while (fgets(line, sizeof line, maps))
+            if (strstr(line, "libcuda.so") || strstr(line, "libnvidia-")) {
+                fclose(maps);
+                snprintf(why, whylen, "the zygote has the CUDA driver mapped (a CUDA context does not survive fork)");
+                return -1;
+            }
+        fclose(maps);
+    }
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) {
+        snprintf(why, whylen, "cannot list /proc/self/fd: %s", strerror(errno));
+        return -1;
+    }
+    int dfd = dirfd(d), rc = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        int fd = atoi(e->d_name);
+        if (fd == dfd || fd <= 2 || fd == s_ctl || fd == s_sigfd || fd == allow || fd == ll_log_fd())
+            continue;
+        char path[64], target[PATH_MAX];
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+        ssize_t n = readlink(path, target, sizeof target - 1);
+        target[n > 0 ? n : 0] = '\0';
+        if (strncmp(target, "/dev/nvidia", 11) == 0) {
+            snprintf(why, whylen, "the zygote holds %.200s (fd %d): CUDA was touched", target, fd);
+            rc = -1;
+            break;
+        }
+        /* Regular files (modules' data files, IPython's history database)
+         * are inherited harmlessly; sockets, pipes and devices are not ours
+         * to share with every worker. */
+        bool harmless = strcmp(target, "/dev/null") == 0 || strcmp(target, "/dev/urandom") == 0 ||
+                        strcmp(target, "/dev/random") == 0;
+        if (!harmless && (target[0] != '/' || strncmp(target, "/dev/", 5) == 0)) {
+            snprintf(why, whylen, "the zygote holds an unexpected descriptor %d (%.200s)", fd, target);
+            rc = -1;
+            break;
+        }
+    }
+    closedir(d);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* Worker: hooks that turn output into frames to the pool             */
+
+static int s_wfd = -1;                                 /* worker socket */
+static pthread_mutex_t s_wlock = PTHREAD_MUTEX_INITIALIZER; /* one frame at a time */
+
+static void s_wsend(json_t *msg)
+{
+    pthread_mutex_lock(&s_wlock);
+    ll_zframe_send(s_wfd, msg, -1);
+    pthread_mutex_unlock(&s_wlock);
+    json_decref(msg);
+}
+
+/* JSON strings must be UTF-8: replace what is not (never expected from
+ * Python's own encoding, but a C extension may write bytes). */
+static json_t *s_text(const char *data, size_t len)
+{
+    json_t *s = json_stringn(data, len);
+    if (s)
+        return s;
+    char *copy = malloc(len ? len : 1);
+    if (!copy)
+        return json_string("");
+    for (size_t i = 0; i < len; i++)
+        copy[i] = (unsigned char)data[i] < 0x80 ? data[i] : '?';
+    s = json_stringn(copy, len);
+    free(copy);
+    return s ? s : json_string("");
+}
+
+static void s_w_stream(void *ctx, const char *name, const char *data, size_t len)
+{
+    s_wsend(json_pack("{s:s, s:s, s:o}", "type", "stream", "name", name, "text", s_text(data, len)));
+}
+
+static void s_w_flush(void *ctx)
+{
+}
+
+static void s_w_publish(void *ctx, const char *msg_type, const char *content_json, const char *metadata_json,
+                        const void *const *bufs, const size_t *buflens, size_t nbufs)
+{
+    json_error_t jerr;
+    json_t *content = json_loads(content_json ? content_json : "{}", 0, &jerr);
+    json_t *md = metadata_json ? json_loads(metadata_json, 0, &jerr) : NULL;
+    if (!content)
+        return;
+    if (nbufs)
+        ll_warn("worker", "%s with %zu binary buffer(s): buffers are not relayed from workers yet", msg_type, nbufs);
+    s_wsend(json_pack("{s:s, s:s, s:o, s:o}", "type", "iopub", "msg_type", msg_type, "content", content, "metadata",
+                      md ? md : json_object()));
+}
+
+static char *s_w_input(void *ctx, const char *prompt, bool password, int *err)
+{
+    s_wsend(json_pack("{s:s, s:s, s:b}", "type", "input_request", "prompt", prompt ? prompt : "", "password",
+                      password));
+    for (;;) {
+        json_t *m = ll_zframe_recv(s_wfd, NULL, false);
+        if (!m) {
+            *err = errno == EINTR ? 1 : 2;
+            return NULL;
+        }
+        const char *type = json_string_value(json_object_get(m, "type"));
+        if (type && strcmp(type, "input_reply") == 0) {
+            const char *v = json_string_value(json_object_get(m, "value"));
+            char *line = strdup(v ? v : "");
+            json_decref(m);
+            return line;
+        }
+        json_decref(m);
+    }
+}
+
+static void s_w_sigint(int sig)
+{
+    (void)sig;
+    ll_interp_interrupt();
+}
+
+static void s_merge_looseleaf(json_t *md, const char *report_json)
+{
+    json_error_t jerr;
+    json_t *rep = report_json ? json_loads(report_json, 0, &jerr) : NULL;
+    json_t *ll = json_object_get(md, "looseleaf");
+    if (!ll) {
+        ll = json_object();
+        json_object_set_new(md, "looseleaf", ll);
+    }
+    if (json_is_object(rep))
+        json_object_update(ll, rep);
+    json_decref(rep);
+}
+
+/* The child after fork: never returns. */
+static void s_worker_main(int wfd, json_t *job, double t_before_fork)
+{
+    double t_child = ll_zframe_now_ms();
+    ll_log_init('W');
+    close(s_ctl);
+    close(s_sigfd);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    signal(SIGCHLD, SIG_DFL);
+    s_wfd = wfd;
+    ll_interp_hooks_t hooks = {NULL, s_w_stream, s_w_flush, s_w_publish, s_w_input};
+    if (ll_interp_set_hooks(&hooks) < 0)
+        _exit(70);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = s_w_sigint;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+
+    double fork_ms = t_child - t_before_fork;
+    s_wsend(json_pack("{s:s, s:i, s:f}", "type", "ready", "pid", (int)getpid(), "fork_ms", fork_ms));
+    json_object_set_new(job, "fork_ms", json_real(fork_ms));
+    char *job_json = json_dumps(job, JSON_COMPACT);
+    char err[1024];
+    char *prep = s_py_call("worker_prepare", job_json, err, sizeof err);
+    json_error_t jerr;
+    json_t *prep_j = prep ? json_loads(prep, 0, &jerr) : NULL;
+    const char *fatal = prep_j ? json_string_value(json_object_get(prep_j, "fatal")) : err;
+    char *reply = NULL, *md_text = NULL;
+    double t_exec0 = ll_zframe_now_ms(), t_exec1 = t_exec0;
+    if (fatal) {
+        /* The cell cannot run here (store unreachable, closure not
+         * restorable): an error reply, nothing saved. */
+        ll_error("worker", "cannot prepare the cell: %s", fatal);
+        json_t *c = json_pack("{s:s, s:s, s:s, s:[s], s:O, s:{}, s:[]}", "status", "error", "ename", "WorkerPrepareError",
+                              "evalue", fatal, "traceback", fatal, "execution_count",
+                              json_object_get(job, "execution_count") ? json_object_get(job, "execution_count")
+                                                                       : json_null(),
+                              "user_expressions", "payload");
+        reply = json_dumps(c, JSON_COMPACT);
+        json_decref(c);
+    } else {
+        json_t *content = json_pack("{s:O, s:b, s:b, s:b, s:O}", "code", json_object_get(job, "code"), "silent", 0,
+                                    "store_history", 1, "allow_stdin",
+                                    json_is_true(json_object_get(job, "allow_stdin")), "user_expressions",
+                                    json_object_get(job, "user_expressions") ? json_object_get(job, "user_expressions")
+                                                                             : json_object());
+        char *content_text = json_dumps(content, JSON_COMPACT);
+        json_t *parent = json_object_get(job, "parent");
+        char *parent_text = json_dumps(json_is_object(parent) ? parent : json_object(), JSON_COMPACT);
+        t_exec0 = ll_zframe_now_ms();
+        reply = ll_interp_handle("execute_request", content_text, parent_text, &md_text);
+        t_exec1 = ll_zframe_now_ms();
+        free(content_text);
+        free(parent_text);
+        json_decref(content);
+    }
+    char *fin = fatal ? NULL : s_py_call("worker_finish", job_json, err, sizeof err);
+    json_t *reply_j = reply ? json_loads(reply, 0, &jerr) : NULL;
+    json_t *md = md_text ? json_loads(md_text, 0, &jerr) : NULL;
+    if (!json_is_object(md)) {
+        json_decref(md);
+        md = json_object();
+    }
+    s_merge_looseleaf(md, prep);
+    s_merge_looseleaf(md, fin);
+    json_t *ll = json_object_get(md, "looseleaf");
+    json_object_set_new(ll, "route", json_string("gpu"));
+    json_object_set_new(ll, "worker_pid", json_integer(getpid()));
+    json_object_set_new(ll, "zygote_node", json_integer(s_node_id));
+    json_object_set_new(ll, "fork_ms", json_real(fork_ms));
+    json_object_set_new(ll, "exec_ms", json_real(t_exec1 - t_exec0));
+    if (!fatal && !fin)
+        json_object_set_new(ll, "save_error", json_string(err));
+    s_wsend(json_pack("{s:s, s:o, s:o}", "type", "reply", "content", reply_j ? reply_j : json_object(), "metadata",
+                      md));
+    free(prep);
+    free(fin);
+    free(reply);
+    free(md_text);
+    free(job_json);
+    json_decref(prep_j);
+    /* No interpreter teardown: the store leases die with the process and the
+     * pages are the zygote's (copy-on-write); exiting at once is the point. */
+    fflush(NULL);
+    _exit(0);
+}
+
+/* ------------------------------------------------------------------ */
+/* The zygote loop                                                    */
+
+static int s_announce(double t0, const char *loaded)
+{
+    json_error_t jerr;
+    json_t *l = loaded ? json_loads(loaded, 0, &jerr) : NULL;
+    json_t *m = json_pack("{s:s, s:i, s:i, s:O, s:O, s:f}", "type", "ready", "pid", (int)getpid(), "node", s_node_id,
+                          "modules", l ? json_object_get(l, "modules") : json_array(), "failed",
+                          l ? json_object_get(l, "failed") : json_object(), "load_ms", ll_zframe_now_ms() - t0);
+    int rc = ll_zframe_send(s_ctl, m, -1);
+    json_decref(m);
+    json_decref(l);
+    return rc;
+}
+
+static void s_reap(void)
+{
+    struct signalfd_siginfo si;
+    while (read(s_sigfd, &si, sizeof si) == sizeof si)
+        ;
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        json_t *m = json_pack("{s:s, s:i, s:i}", "type", "exited", "pid", (int)pid, "status", status);
+        ll_zframe_send(s_ctl, m, -1);
+        json_decref(m);
+    }
+}
+
+/* Fork for request M (a worker, or a child node when GROW).  Returns in the
+ * zygote (parent) and in a child node; a worker never returns. */
+static void s_fork_request(json_t *m, int passfd, bool grow)
+{
+    json_t *job = json_object_get(m, "job");
+    char why[512];
+    if (s_prefork_check(passfd, why, sizeof why) < 0) {
+        ll_error("zygote", "refusing to fork: %s", why);
+        json_t *r = json_pack("{s:s, s:O, s:O, s:s}", "type", "refused", "run",
+                              job ? json_object_get(job, "id") : json_null(), "client",
+                              job && json_object_get(job, "client") ? json_object_get(job, "client") : json_integer(-1),
+                              "why", why);
+        ll_zframe_send(s_ctl, r, -1);
+        json_decref(r);
+        close(passfd);
+        return;
+    }
+    char err[512];
+    char *ok = s_py_call("prefork", "null", err, sizeof err);
+    free(ok);
+    double t0 = ll_zframe_now_ms();
+    int pid = ll_interp_fork();
+    if (pid < 0) {
+        json_t *r = json_pack("{s:s, s:O, s:O, s:s}", "type", "refused", "run",
+                              job ? json_object_get(job, "id") : json_null(), "client",
+                              job && json_object_get(job, "client") ? json_object_get(job, "client") : json_integer(-1),
+                              "why", strerror(errno));
+        ll_zframe_send(s_ctl, r, -1);
+        json_decref(r);
+        close(passfd);
+        return;
+    }
+    if (pid == 0) {
+        if (!grow)
+            s_worker_main(passfd, json_incref(job), t0);
+        /* A child node: the passed socket is its control socket now. */
+        close(s_ctl);
+        s_ctl = passfd;
+        s_node_id = (int)json_integer_value(json_object_get(m, "node"));
+        ll_log_init('Z');
+        char *mods = json_dumps(json_object_get(m, "modules"), JSON_COMPACT);
+        char *loaded = s_py_call("grow", mods, err, sizeof err);
+        free(mods);
+        if (!loaded)
+            ll_error("zygote", "child node %d: %s", s_node_id, err);
+        s_announce(t0, loaded);
+        free(loaded);
+        return;
+    }
+    close(passfd);
+    if (!grow) {
+        json_t *r = json_pack("{s:s, s:O, s:O, s:i}", "type", "forked", "run", json_object_get(job, "id"), "client",
+                              json_object_get(job, "client") ? json_object_get(job, "client") : json_integer(-1), "pid",
+                              pid);
+        ll_zframe_send(s_ctl, r, -1);
+        json_decref(r);
+    }
+}
+
+int ll_zygote_main(int argc, char **argv)
+{
+    ll_log_init('Z');
+    const char *head = "numpy,torch,IPython,looseleaf_kernel,looseleaf_store";
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--fd") == 0 && i + 1 < argc)
+            s_ctl = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--head") == 0 && i + 1 < argc)
+            head = argv[++i];
+        else if (strcmp(argv[i], "--node") == 0 && i + 1 < argc)
+            s_node_id = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: looseleaf zygote --fd N [--head MOD,...] [--node ID]  (started by the pool)\n");
+            return 2;
+        }
+    }
+    if (s_ctl < 3) {
+        fprintf(stderr, "looseleaf zygote: --fd names the control socket from the pool\n");
+        return 2;
+    }
+    double t0 = ll_zframe_now_ms();
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &mask, NULL);
+    s_sigfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    ll_interp_add_builtin("_llstore", ll_store_pyinit);
+    ll_interp_hooks_t none = {0};
+    char err[1024];
+    if (ll_interp_init(argv[0], &none, err, sizeof err) < 0) {
+        ll_error("zygote", "interpreter: %s", err);
+        return 1;
+    }
+    PyGILState_STATE gil = PyGILState_Ensure();
+    int prc = PyRun_SimpleString("import sys\nsys.path.insert(1, " "'" LL_SRCDIR "/zygote/py')\n");
+    PyGILState_Release(gil);
+    json_t *hl = json_array();
+    char *dup = strdup(head);
+    for (char *tok = strtok(dup, ","); tok; tok = strtok(NULL, ","))
+        if (*tok)
+            json_array_append_new(hl, json_string(tok));
+    free(dup);
+    char *hj = json_dumps(hl, JSON_COMPACT);
+    json_decref(hl);
+    char *loaded = prc == 0 ? s_py_call("load_head", hj, err, sizeof err) : NULL;
+    free(hj);
+    if (!loaded) {
+        ll_error("zygote", "cannot load the head: %s", err);
+        return 1;
+    }
+    s_announce(t0, loaded);
+    free(loaded);
+
+    for (;;) {
+        struct pollfd p[2] = {{s_ctl, POLLIN, 0}, {s_sigfd, POLLIN, 0}};
+        if (poll(p, 2, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            break;
+        }
+        if (p[1].revents)
+            s_reap();
+        if (!p[0].revents)
+            continue;
+        int passfd = -1;
+        json_t *m = ll_zframe_recv(s_ctl, &passfd, true);
+        if (!m) {
+            if (errno == 0)
+                ll_info("zygote", "pool closed the control socket: exiting");
+            else
+                ll_error("zygote", "control socket: %s", strerror(errno));
+            break;
+        }
+        const char *type = json_string_value(json_object_get(m, "type"));
+        if (type && strcmp(type, "fork") == 0 && passfd >= 0)
+            s_fork_request(m, passfd, false);
+        else if (type && strcmp(type, "grow") == 0 && passfd >= 0)
+            s_fork_request(m, passfd, true);
+        else if (type && strcmp(type, "exit") == 0) {
+            json_decref(m);
+            break;
+        } else {
+            ll_warn("zygote", "unexpected request %s", type ? type : "(no type)");
+            if (passfd >= 0)
+                close(passfd);
+        }
+        json_decref(m);
+    }
+    /* Exit without finalizing: workers we forked live on (reparented). */
+    _exit(0);
+}

@@ -1,0 +1,86 @@
+/* ll_zygote: GPU cells on forked workers (zygote/API.md tells the whole story).
+ *
+ *   host pool   `looseleaf pool`   one per uid and runtime dir, started on
+ *               demand by the first client; owns the slots (CUDA devices or
+ *               virtual ones), the zygote tree and the workers.
+ *   zygote      `looseleaf zygote` started by exec from the pool; imports the
+ *               head, then forks workers (and child nodes) on request.
+ *   worker      forked from a zygote: restores the cell's closure from the
+ *               store, runs the cell with the kernel's IPython engine,
+ *               streams its output, saves, exits.
+ *
+ * The client API below is what the kernel (gateway) uses.  A client is not
+ * thread-safe: use it from one thread (its fd fits a poll loop). */
+#ifndef LL_ZYGOTE_H
+#define LL_ZYGOTE_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+/* Subcommand entry points (argv[0] is "pool" / "zygote"). */
+int ll_pool_main(int argc, char **argv);
+int ll_zygote_main(int argc, char **argv);
+
+/* Default runtime dir of the pool: $LOOSELEAF_POOL_DIR, else
+ * $XDG_RUNTIME_DIR/looseleaf-pool, else /tmp/looseleaf-pool-<uid>. */
+void ll_zclient_default_dir(char *out, size_t outlen);
+
+typedef struct ll_zclient_t ll_zclient_t;
+
+/* Connect to the pool of RUNTIME_DIR (NULL: the default), starting it when
+ * none answers: exec of EXE (NULL: /proc/self/exe) with
+ * `pool --runtime-dir DIR` plus EXTRA_ARGS (NULL-terminated, may be NULL),
+ * which detaches itself.  Returns a client or NULL with a reason in ERR. */
+ll_zclient_t *ll_zclient_connect(const char *runtime_dir, const char *exe,
+                                 const char *const *extra_args, char *err, size_t errlen);
+
+/* Close the connection (the pool cancels this client's running cells). */
+void ll_zclient_destroy(ll_zclient_t **self_p);
+
+/* A fd that becomes readable when an event may be waiting. */
+int ll_zclient_fd(ll_zclient_t *self);
+
+/* Run one GPU cell.  REQUEST is a JSON object (borrowed) with:
+ *   id (str, unique per client)        session (str)       code (str)
+ *   store_dir (str: the store's runtime dir)   redis_url (str, optional)
+ *   state_closure, import_closure, defines, deletes (arrays of str)
+ *   parent (object: the execute_request's header)   execution_count (int)
+ *   allow_stdin (bool)   user_expressions (object, optional)
+ * Events for it come back through ll_zclient_next.  Returns 0, or -1 with
+ * a reason in ERR (bad request, pool gone). */
+int ll_zclient_run(ll_zclient_t *self, const json_t *request, char *err, size_t errlen);
+
+/* Next event (a JSON object, caller owns it) or NULL when none arrived
+ * within TIMEOUT_MS (0: do not wait, -1: forever).  Every event has "type"
+ * and, for a cell, "id":
+ *   wait          {slots, queued}: every slot is held; the cell waits
+ *   started       {pid, node, fork_ms}: the worker is ready (pid final)
+ *   stream        {name, text}
+ *   iopub         {msg_type, content, metadata}: display_data, execute_result,
+ *                 error, clear_output, ... to publish under the parent header
+ *   input_request {prompt, password}: answer with ll_zclient_input_reply
+ *   reply         {content, metadata}: the execute_reply; metadata.looseleaf
+ *                 holds the per-cell report.  The last event of a cell.
+ *   pool_gone     the connection to the pool broke (every running cell is lost)
+ * On a broken connection NULL is returned and ll_zclient_ok() turns false. */
+json_t *ll_zclient_next(ll_zclient_t *self, int timeout_ms);
+
+/* Whether the connection to the pool is still up. */
+bool ll_zclient_ok(ll_zclient_t *self);
+
+/* Answer the input_request of cell ID with VALUE ("\x04" = EOF). */
+int ll_zclient_input_reply(ll_zclient_t *self, const char *id, const char *value);
+
+/* Interrupt the cell ID (SIGINT to its worker: KeyboardInterrupt in the cell;
+ * a waiting cell is dropped with an interrupted reply). */
+int ll_zclient_interrupt(ll_zclient_t *self, const char *id);
+
+/* Cancel the cell ID: its worker is killed (nothing after the last commit is
+ * kept) and its reply says "cancelled". */
+int ll_zclient_cancel(ll_zclient_t *self, const char *id);
+
+/* Ask the pool for its state (event type "stats": slots, nodes, workers). */
+int ll_zclient_stats(ll_zclient_t *self);
+
+#endif
