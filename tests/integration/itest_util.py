@@ -267,7 +267,7 @@ ADDR = re.compile(r"0x[0-9a-fA-F]{4,}")
 PROMPT = re.compile(r"In ?\[\d+\]")
 # (The directory part only ever starts at a "/", so the pattern stays linear
 # on long outputs.)
-CELL_FILE = re.compile(r"(?:/[^\s'\"/]+)*/\d{6,}\.py\b|\b\d{6,}\.py\b")
+CELL_FILE = re.compile(r"(?:/[^\s'\"/]+)*/\d+\.py\b|\b\d+\.py\b")
 
 
 def norm_text(text):

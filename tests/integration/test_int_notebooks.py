@@ -93,6 +93,20 @@ def reference_outputs(path, tmp_root):
     return _REFERENCE[path]
 
 
+def test_example_dependencies_installed():
+    """The notebooks import these; without them both kernels would fail the
+    same cells alike and the comparison would prove little.  (Debian
+    packages: python3-scipy, python3-pandas, python3-matplotlib, python3-torch.)"""
+    import importlib
+    missing = []
+    for mod in ("numpy", "scipy", "pandas", "matplotlib", "torch"):
+        try:
+            importlib.import_module(mod)
+        except ImportError:
+            missing.append(mod)
+    assert not missing, "examples need %s installed (make deps-test)" % missing
+
+
 def test_examples_exist():
     names = [os.path.basename(p) for p in NOTEBOOKS]
     assert len(names) >= 6, names
