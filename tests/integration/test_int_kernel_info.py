@@ -42,3 +42,5 @@ def test_kernel_info_on_control(kernel):
     reply = kernel.reply(msg_id, channel="control")
     assert reply["content"]["status"] == "ok"
     assert reply["content"]["language_info"]["name"] == "python"
+    # Control requests are framed by busy/idle too (as ipykernel does).
+    check_envelope(kernel, msg_id, kernel.iopub_until_idle(msg_id))
