@@ -1922,8 +1922,16 @@ static void s_set_error(ll_analysis_t *a, const char *msg)
 
 ll_analysis_t *ll_analysis_new(const char *code, size_t len)
 {
-    if (!s_py.ready || (!code && len))
+    if (!code && len)
         return NULL;
+    if (!s_py.ready) {
+        /* A caller that forgot ll_analysis_init still gets an analysis. */
+        char err[256];
+        if (ll_analysis_init(err, sizeof err) != 0) {
+            ll_warn("analysis", "%s", err);
+            return NULL;
+        }
+    }
     ll_analysis_t *a = calloc(1, sizeof *a);
     if (!a)
         return NULL;

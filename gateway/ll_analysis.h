@@ -81,8 +81,9 @@ bool ll_analysis_is_gpu_module(const char *path);
 /* Analyse cell source CODE of LEN bytes (need not be NUL-terminated).  A
  * first line `%%gpu` or `%%cpu` forces the label and is stripped.  Returns
  * a new analysis; when the cell cannot be parsed the analysis carries the
- * error (ll_analysis_error) and no facts.  NULL only when out of memory or
- * ll_analysis_init has not succeeded.  GIL held. */
+ * error (ll_analysis_error) and no facts.  Calls ll_analysis_init if nobody
+ * did.  NULL only when out of memory or Python is not initialised.  GIL
+ * held. */
 ll_analysis_t *ll_analysis_new(const char *code, size_t len);
 
 /* Destroy and NULL *SELF_P; safe on NULL. */
