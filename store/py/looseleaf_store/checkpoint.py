@@ -258,6 +258,7 @@ class Checkpointer:
 
         for n in order:
             visit(n)
+        visit = None  # a recursive closure is a reference cycle that would keep self alive until gc
         return out
 
     def _dependents(self, names):
@@ -705,6 +706,7 @@ class Checkpointer:
 
         for n in sorted(hard):
             visit(n, set())
+        visit = None  # break the recursive closure's cycle (it holds self)
 
         overlay, loaded = {}, {}
 
