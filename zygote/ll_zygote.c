@@ -28,6 +28,7 @@
 #include <Python.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
@@ -226,10 +227,22 @@ static char *s_w_input(void *ctx, const char *prompt, bool password, int *err)
     }
 }
 
+static int s_intpipe[2] = {-1, -1}; /* SIGINT that came while no cell code ran */
+
+/* An interrupt while the cell's code runs raises KeyboardInterrupt there;
+ * one that comes earlier (during restore, or before the kernel marked the
+ * cell busy) is left in a pipe that the worker's run_cell wrapper checks
+ * first (looseleaf_zygote.zyg), so no interrupt is lost between the two. */
 static void s_w_sigint(int sig)
 {
     (void)sig;
-    ll_interp_interrupt();
+    int saved = errno;
+    if (ll_interp_busy())
+        ll_interp_interrupt();
+    else if (s_intpipe[1] >= 0 && write(s_intpipe[1], "i", 1) < 0) {
+        /* full pipe: an interrupt is pending already */
+    }
+    errno = saved;
 }
 
 static void s_merge_looseleaf(json_t *md, const char *report_json)
@@ -261,6 +274,9 @@ static void s_worker_main(int wfd, json_t *job, double t_before_fork)
     ll_interp_hooks_t hooks = {NULL, s_w_stream, s_w_flush, s_w_publish, s_w_input};
     if (ll_interp_set_hooks(&hooks) < 0)
         _exit(70);
+    if (pipe2(s_intpipe, O_CLOEXEC | O_NONBLOCK) < 0)
+        _exit(71);
+    json_object_set_new(job, "int_fd", json_integer(s_intpipe[0]));
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = s_w_sigint;

@@ -104,6 +104,31 @@ def _visible(shell):
     return out
 
 
+def _fault(job, stage):
+    """Tests only: a job's "fault" names the stage at which the worker SIGKILLs itself."""
+    if job.get("fault") == stage:
+        import signal
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _guard_interrupts(shell, fd):
+    """An interrupt that reached the worker before the cell's code ran (ll_zygote.c leaves it in pipe FD)
+    interrupts the cell at its start, as in ipykernel."""
+    if fd is None:
+        return
+    run_cell = shell.run_cell
+
+    def guarded(*a, **k):
+        try:
+            pending = os.read(fd, 64)
+        except BlockingIOError:
+            pending = b""
+        if pending:
+            raise KeyboardInterrupt()
+        return run_cell(*a, **k)
+    shell.run_cell = guarded
+
+
 def worker_prepare(arg):
     global _cp, _store, _before
     job = json.loads(arg)
@@ -132,6 +157,7 @@ def worker_prepare(arg):
         rep["import_failed"] = failed
     shell = _shell()
     ns = shell.user_ns
+    _guard_interrupts(shell, job.get("int_fd"))
     for stmt in job.get("import_stmts") or []:
         try:
             exec(compile(stmt, "<looseleaf import>", "exec"), ns)
@@ -146,6 +172,7 @@ def worker_prepare(arg):
         _cp = Checkpointer(_store, ns)
         names = list(job.get("state_closure") or []) + [procstate.NAME]
         r = _cp.restore(names)
+        _fault(job, "restore")
     except Exception as e:  # noqa: BLE001 - becomes the cell's error reply
         return json.dumps({"fatal": "cannot restore the cell's variables: %s: %s" % (type(e).__name__, e)})
     if r.failed:
@@ -186,6 +213,9 @@ def worker_finish(arg):
     names |= {k for k in _before if k not in after}
     names = {n for n in names if not isinstance(ns.get(n), type(sys))}
     ns[procstate.NAME] = procstate.capture()
+    if (job.get("fault") or "") == "save":
+        # Die inside the commit: after the payloads went into the pool, just before Redis' EXEC.
+        os.environ["LL_STORE_FAULT"] = "before_commit"
     try:
         rep = _cp.save(sorted(names) + [procstate.NAME], cell_id=str(job.get("id")))
     finally:

@@ -1,0 +1,146 @@
+"""Faults: a worker SIGKILLed while it executes, restores or saves (the last committed versions stay, the error
+names the signal); the base zygote killed (respawned); a client that dies (others undisturbed); slots
+exhausted (the wait is reported); interrupt of a running worker cell; input() through the client; several
+clients sharing one pool; a multi-threaded zygote refuses to fork; the pool exits when idle."""
+import os
+import signal
+import textwrap
+
+from zyghelp import pid_alive, wait_for
+
+
+def _started(c, cid):
+    while True:
+        ev = c.next()
+        if ev.get("id") == cid and ev["type"] == "started":
+            return ev
+        assert ev["type"] not in ("reply", "error"), ev
+
+
+def _setup_x(c):
+    r = c.run("x0", "x = 1", defines=["x"])
+    assert r.ok, r.events
+
+
+def test_sigkill_during_execution(env):
+    c = env.client()
+    _setup_x(c)
+    c.submit("k", "x = 2\nimport time\nwhile True: time.sleep(0.01)", defines=["x"], state_closure=["x"])
+    pid = _started(c, "k")["pid"]
+    os.kill(pid, signal.SIGKILL)
+    r = c.collect("k")[-1]
+    assert r["content"]["status"] == "error"
+    assert "SIGKILL" in r["content"]["evalue"] and str(pid) in r["content"]["evalue"]
+    r2 = c.run("after", "print(x)", state_closure=["x"])
+    assert r2.stdout == "1\n"
+
+
+def test_sigkill_during_restore_and_save(env):
+    c = env.client()
+    _setup_x(c)
+    r = c.run("r", "x = 5", state_closure=["x"], defines=["x"], fault="restore")
+    assert r.content["status"] == "error" and "SIGKILL" in r.content["evalue"], r.events
+    r = c.run("s", "x = 6\nprint('ran')", state_closure=["x"], defines=["x"], fault="save")
+    assert r.stdout == "ran\n"
+    assert r.content["status"] == "error" and "SIGKILL" in r.content["evalue"], r.events
+    # Neither commit landed: the session goes on from x = 1, and saving works again.
+    r = c.run("t", "x += 10\nprint(x)", state_closure=["x"], defines=["x"])
+    assert r.stdout == "11\n" and r.ok
+    assert c.run("u", "print(x)", state_closure=["x"]).stdout == "11\n"
+
+
+def test_base_zygote_killed_is_respawned(env):
+    c = env.client()
+    _setup_x(c)
+    base = [n for n in c.stats()["nodes"] if n["parent"] == -1][0]
+    os.kill(base["pid"], signal.SIGKILL)
+    wait_for(lambda: c.stats()["base_respawns"] == 1, 30, "respawn")
+    r = c.run("after", "print(x)", state_closure=["x"])
+    assert r.stdout == "1\n", r.events
+    nodes = c.stats()["nodes"]
+    assert [n for n in nodes if n["parent"] == -1][0]["pid"] != base["pid"]
+
+
+def test_slots_exhausted_wait_is_reported(env):
+    c = env.client(slots=1)
+    go = os.path.join(env.tmp, "go")
+    c.submit("long", "import os, time\nwhile not os.path.exists(%r): time.sleep(0.01)" % go)
+    _started(c, "long")
+    c.submit("next", "print('second')")
+    ev = c.next()
+    assert ev["type"] == "wait" and ev["id"] == "next" and ev["slots"] == 1, ev
+    open(go, "w").close()
+    assert c.collect("long")[-1]["content"]["status"] == "ok"
+    r = c.collect("next")
+    assert r[-1]["content"]["status"] == "ok"
+    assert r[-1]["metadata"]["looseleaf"]["wait_ms"] > 0
+
+
+def test_interrupt_keeps_state_before_it(env):
+    c = env.client()
+    c.submit("i", "y = 7\nprint('looping', flush=True)\nimport time\nwhile True: time.sleep(0.01)",
+             defines=["y"])
+    while c.next().get("type") != "stream":
+        pass
+    c.send(op="interrupt", id="i")
+    r = c.collect("i")[-1]
+    assert r["content"]["status"] == "error" and r["content"]["ename"] == "KeyboardInterrupt", r
+    assert c.run("j", "print(y)", state_closure=["y"]).stdout == "7\n"
+
+
+def test_interrupt_before_the_cell_starts_is_not_lost(env):
+    c = env.client()
+    c.submit("i0", "import time\nwhile True: time.sleep(0.01)")
+    _started(c, "i0")  # the worker may still be restoring: the interrupt waits for the cell
+    c.send(op="interrupt", id="i0")
+    r = c.collect("i0")[-1]
+    assert r["content"]["ename"] == "KeyboardInterrupt", r
+
+
+def test_input_through_the_client(env):
+    c = env.client()
+    c.submit("in", "name = input('who? ')\nprint('hi', name)", allow_stdin=True, defines=["name"])
+    while True:
+        ev = c.next()
+        if ev["type"] == "input_request":
+            break
+        assert ev["type"] not in ("reply", "error"), ev
+    assert ev["prompt"] == "who? "
+    c.send(op="input", id="in", value="ada")
+    cell = c.collect("in")
+    assert "".join(e.get("text", "") for e in cell if e["type"] == "stream") == "hi ada\n"
+
+
+def test_clients_share_one_pool_and_a_dying_client_disturbs_no_other(env):
+    a = env.client()
+    b = env.client()
+    assert a.stats()["pid"] == b.stats()["pid"]
+    a.submit("la", "import time\nwhile True: time.sleep(0.01)")
+    pid = _started(a, "la")["pid"]
+    a.proc.kill()
+    a.proc.wait()
+    wait_for(lambda: not pid_alive(pid), 30, "the dead client's worker to be killed")
+    r = b.run("b1", "z = 3\nprint(z)", defines=["z"])
+    assert r.stdout == "3\n"
+
+
+def test_multithreaded_zygote_refuses_to_fork(env):
+    mods = os.path.join(env.tmp, "mods")
+    os.makedirs(mods)
+    with open(os.path.join(mods, "llz_threads.py"), "w") as f:
+        f.write("import threading, time\nthreading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n")
+    env.environ["PYTHONPATH"] = mods
+    c = env.client(head="IPython,looseleaf_kernel,looseleaf_store,llz_threads")
+    r = c.run("t", "print(1)")
+    assert r.content["status"] == "error" and r.content["ename"] == "ZygoteRefused"
+    assert "not single-threaded (2 threads)" in r.content["evalue"]
+    assert "refusing to fork" in env.log()
+
+
+def test_pool_exits_when_idle(env):
+    c = env.client(idle_exit=1)
+    assert c.run("a", "1").ok
+    pid = env.pool_pid
+    c.close()
+    wait_for(lambda: not pid_alive(pid), 30, "idle pool exit")
+    assert not os.path.exists(os.path.join(env.pool_dir, "pool.sock"))
