@@ -316,8 +316,8 @@ static void s_evict(void)
     }
 }
 
-/* Best node for an import closure: covers most of it; ties go to the most
- * recently made (deeper) node. */
+/* Best node for an import closure: covers most of it; ties go to the node
+ * with the fewest modules (the least memory copied, the most general). */
 static int s_best_node(const json_t *imports)
 {
     int best = -1, best_score = -1;
@@ -330,7 +330,8 @@ static int s_best_node(const json_t *imports)
         json_t *v;
         json_array_foreach(imports, k, v) if (json_is_string(v) && s_has_module(nd->modules, json_string_value(v)))
             score++;
-        if (score > best_score || (score == best_score && nd->id > P.nodes[best].id)) {
+        if (score > best_score ||
+            (score == best_score && json_array_size(nd->modules) < json_array_size(P.nodes[best].modules))) {
             best = i;
             best_score = score;
         }
