@@ -25,7 +25,11 @@
  * bodies, methods) is collected into a group: the global names the body reads
  * and assigns, the modules it imports, whether it is opaque.  A lambda at
  * module level is both: it may be called at once (sorted(key=...)) or kept,
- * so its globals are LOADs now and deps of whatever the statement binds.
+ * so its globals are LOADs now and deps of whatever the statement binds; so
+ * is a generator expression (it runs when iterated, maybe cells later).  A
+ * call at module level that gets names or lambdas as arguments also leaves
+ * ARG/PASS events, so the session can tell which objects may now keep a
+ * function (register(f), reg.add(f)).
  *
  * IPython: the cell first goes through IPython's input transformation
  * (ll_analysis_ipython.c: only the lines that need it, cheaply), which turns
@@ -41,7 +45,8 @@
  * Bad input never crashes: NUL bytes and undecodable text are errors, so is
  * a parse failure (CPython bounds nesting: 200 brackets, 100 indents,
  * RecursionError for absurdly deep expressions), and the walker refuses
- * trees deeper than LL_ANALYSIS_MAX_DEPTH rather than risk the C stack. */
+ * trees deeper than LL_ANALYSIS_MAX_DEPTH, or deeper than the C stack left
+ * on the calling thread allows, rather than overflow it. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
