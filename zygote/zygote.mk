@@ -7,3 +7,4 @@ EXTRA_TARGETS += $(BUILD)/zygote/ll_zdriver
 $(BUILD)/zygote/ll_zdriver: $(BUILD)/zygote/ll_zdriver.o $(LIB_SRCS:%.c=$(BUILD)/%.o)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 PYTESTS   += tests/zygote
+BENCHES   += tests/bench/bench_zygote.py
