@@ -417,6 +417,11 @@ void ll_redis_destroy(ll_redis_t **r_p)
     *r_p = NULL;
 }
 
+bool ll_redis_connected(ll_redis_t *r)
+{
+    return r->c && !r->c->err;
+}
+
 int ll_redis_ensure(ll_redis_t *r)
 {
     if (r->c && !r->c->err)

@@ -38,6 +38,9 @@ redisReply *ll_redis_cmdf(ll_redis_t *r, const char *fmt, ...);
 int ll_redis_append(ll_redis_t *r, int argc, const char **argv, const size_t *lens);
 redisReply *ll_redis_reply(ll_redis_t *r);
 
+/* Whether the connection is up (no sticky error). */
+bool ll_redis_connected(ll_redis_t *r);
+
 /* Make sure the connection is usable (reconnect if broken).  0 or -1. */
 int ll_redis_ensure(ll_redis_t *r);
 

@@ -542,7 +542,7 @@ static int s_attach_pool(ll_store_t *st, const char *want, const char *default_p
     if (rc != 0 && !err[0])
         snprintf(err, errlen, "cannot agree on the session's pool in Redis: %s",
                  ll_redis_errstr(st->redis));
-    redisReply *u = ll_redis_cmdf(st->redis, "UNWATCH");
+    redisReply *u = ll_redis_connected(st->redis) ? ll_redis_cmdf(st->redis, "UNWATCH") : NULL;
     if (u)
         freeReplyObject(u);
     free(key);
@@ -1302,8 +1302,9 @@ int ll_store_commit(ll_store_t *st, const char *cell_id, const ll_store_write_t 
 oom:
     s_fail(st, LL_STORE_EIO, "out of memory");
 out:
-    if (rc != 0 && st->redis) {
-        /* Leave no WATCH behind on a connection we reuse. */
+    if (rc != 0 && st->redis && ll_redis_connected(st->redis)) {
+        /* Leave no WATCH behind on a connection we reuse (a broken one
+         * took its WATCH with it: no need to wait for a reconnect). */
         redisReply *r = ll_redis_cmdf(st->redis, "UNWATCH");
         if (r)
             freeReplyObject(r);
