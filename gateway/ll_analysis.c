@@ -162,6 +162,9 @@ typedef struct {
     bool one_unit;    /* magic body walked as one statement (%%capture) */
     bool oom;         /* allocation failed */
     bool too_deep;    /* refused a tree deeper than LL_ANALYSIS_MAX_DEPTH */
+    ll_names_t *defset;     /* names certainly bound in the current branch
+                               (block defblock) of an if/else, or NULL */
+    int defblock;
     const char *stack_base; /* a local of ll_analysis_new */
     size_t stack_budget;    /* bytes of C stack the walk may use below it */
 } s_walker_t;
@@ -405,6 +408,8 @@ static void s_store_in(s_walker_t *w, s_scope_t *sc, const char *name,
 {
     if (sc->kind == SC_MODULE) {
         s_emit(w, LL_EV_BIND, kind, name, ref, false);
+        if (w->defset && w->block == w->defblock && sc == w->scope)
+            s_add(w, w->defset, name);
         return;
     }
     if (!ll_names_has(&sc->globals, name))
@@ -429,6 +434,8 @@ static void s_delete(s_walker_t *w, const char *name, bool reads)
     if (reads)
         s_emit(w, LL_EV_LOAD, 0, name, -1, true);
     s_emit(w, LL_EV_DEL, 0, name, -1, false);
+    if (w->defset)
+        ll_names_remove(w->defset, name);
 }
 
 /* The Name at the bottom of an attribute/subscript chain (x of x.a[0].b). */
@@ -1016,6 +1023,47 @@ static void s_walk_import(s_walker_t *w, PyObject *node)
     Py_XDECREF(names);
 }
 
+/* One branch of an if/else; INTO collects the names it certainly binds. */
+static void s_walk_branch(s_walker_t *w, PyObject *node, PyObject *attr,
+                          ll_names_t *into)
+{
+    PyObject *v = s_get(node, attr);
+    if (!v)
+        return;
+    int saved = s_enter_block(w);
+    ll_names_t *saved_set = w->defset;
+    int saved_block = w->defblock;
+    w->defset = into;
+    w->defblock = w->block;
+    s_walk_body(w, v);
+    w->defset = saved_set;
+    w->defblock = saved_block;
+    s_leave_block(w, saved);
+    Py_DECREF(v);
+}
+
+/* if/elif/else: each branch may not run, but when every branch binds x,
+ * x is certainly (re)bound afterwards and its older value is gone. */
+static void s_walk_if(s_walker_t *w, PyObject *node)
+{
+    s_walk_field(w, node, s_py.a_test);
+    ll_names_t then = {0}, other = {0};
+    s_walk_branch(w, node, s_py.a_body, &then);
+    bool has_else = s_has_items(node, s_py.a_orelse);
+    s_walk_branch(w, node, s_py.a_orelse, &other);
+    for (size_t i = 0; has_else && w->scope->kind == SC_MODULE && i < then.count;
+         i++) {
+        const char *name = then.items[i];
+        if (!ll_names_has(&other, name))
+            continue;
+        s_emit(w, LL_EV_SETTLE, 0, name, -1, false);
+        if (w->defset && w->block == w->defblock)
+            s_add(w, w->defset, name);
+    }
+    ll_names_clear(&then);
+    ll_names_clear(&other);
+}
+
 static void s_walk_try(s_walker_t *w, PyObject *node)
 {
     /* Anything in the body may be skipped by an exception. */
@@ -1546,11 +1594,13 @@ static void s_walk(s_walker_t *w, PyObject *node)
         s_leave_block(w, saved);
         s_walk_body_field(w, node, s_py.a_orelse, true);
     }
-    else if (t == s_py.t_While || t == s_py.t_If) {
+    else if (t == s_py.t_While) {
         s_walk_field(w, node, s_py.a_test);
         s_walk_body_field(w, node, s_py.a_body, true);
         s_walk_body_field(w, node, s_py.a_orelse, true);
     }
+    else if (t == s_py.t_If)
+        s_walk_if(w, node);
     else if (t == s_py.t_With || t == s_py.t_AsyncWith) {
         s_walk_field(w, node, s_py.a_items);
         s_walk_body_field(w, node, s_py.a_body, false);

@@ -59,6 +59,8 @@ typedef enum {
     LL_EV_ARG,        /* a call's argument: a name (kind 0) or a lambda (1) */
     LL_EV_PASS,       /* the call those ARGs went to: a function's name
                          (kind 0) or a method's receiver (kind 1) */
+    LL_EV_SETTLE,     /* every branch of an if/else bound the name: the
+                         binding from before the statement is gone */
 } ll_ev_type_t;
 
 typedef enum {

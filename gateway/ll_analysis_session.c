@@ -596,6 +596,13 @@ static void s_run(s_sim_t *sim)
         case LL_EV_PASS:
             s_pass(sim, &ev[i]);
             break;
+        case LL_EV_SETTLE: {
+            /* every branch rebound it: what it was before the cell is gone */
+            s_entry_t *e = s_entry(sim, ev[i].name);
+            if (e && e->nalts)
+                e->base = false;
+            break;
+        }
         case LL_EV_DEL:
             s_del(sim, &ev[i]);
             break;

@@ -95,6 +95,7 @@ class Cell:
             return
         self.scope = Scope(MODULE, None, True)
         self.group = self.class_group = -1
+        self.defset, self.defblock = None, 0
         self.cond = self.block = 0
         self.body(tree.body)
         self.reads = Replay(None, self).run().reads
@@ -147,6 +148,8 @@ class Cell:
     def store_in(self, sc, name, kind=VALUE, ref=-1):
         if sc.kind == MODULE:
             self.emit("BIND", name, kind, ref)
+            if self.defset is not None and self.block == self.defblock and sc is self.scope:
+                self.defset.add(name)
         elif name in sc.globals:
             if sc.immediate:
                 self.emit("BIND", name, VALUE)
@@ -196,6 +199,8 @@ class Cell:
         elif self.scope.kind == MODULE:
             self.emit("LOAD", node.id)
             self.emit("DEL", node.id)
+            if self.defset is not None:
+                self.defset.discard(node.id)
 
     def v_Call(self, node):
         f = node.func
@@ -377,7 +382,25 @@ class Cell:
         self.body(node.body, True)
         self.body(node.orelse, True)
 
-    v_If = v_While
+    def branch(self, stmts):
+        saved = self.enter()
+        saved_set, saved_block = self.defset, self.defblock
+        self.defset, self.defblock = set(), self.block
+        self.body(stmts)
+        got = self.defset
+        self.defset, self.defblock = saved_set, saved_block
+        self.leave(saved)
+        return got
+
+    def v_If(self, node):
+        self.visit(node.test)
+        then = self.branch(node.body)
+        other = self.branch(node.orelse)
+        if node.orelse and self.scope.kind == MODULE:
+            for name in [n for n in then if n in other]:
+                self.emit("SETTLE", name)
+                if self.defset is not None and self.block == self.defblock:
+                    self.defset.add(name)
 
     def v_With(self, node):
         self.visit_list(node.items)
@@ -604,6 +627,10 @@ class Replay:
                     self.pargs.append(name)
             elif typ == "PASS":
                 self.pass_call(name, kind)
+            elif typ == "SETTLE":
+                e = self.overlay.setdefault(name, [[], True, False])
+                if e[0]:
+                    e[1] = False
             elif typ == "LOAD":
                 self.load(name, block)
             elif typ == "BIND":
