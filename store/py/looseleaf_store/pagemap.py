@@ -63,30 +63,3 @@ def written_regions(addr, nbytes, region_bytes):
     except OSError:
         return None
     return out
-
-
-def written_since_mapped(addr, nbytes):
-    """True if any page of [addr, addr+nbytes) of a private file mapping holds data this process wrote
-    (or if that cannot be told)."""
-    if nbytes <= 0:
-        return False
-    fd = _pagemap_fd()
-    if fd < 0:
-        return True
-    p0 = addr // _PAGE
-    p1 = (addr + nbytes - 1) // _PAGE + 1
-    chunk = 1 << 18  # pages per read: 2 MiB of pagemap
-    try:
-        for a in range(p0, p1, chunk):
-            n = min(chunk, p1 - a)
-            raw = os.pread(fd, n * 8, a * 8)
-            if len(raw) != n * 8:
-                return True
-            e = np.frombuffer(raw, dtype=np.uint64)
-            # written = (present or swapped) and not a file page
-            hi = (e >> np.uint64(61)).astype(np.uint8)  # bit0 file, bit1 swapped, bit2 present
-            if np.any(((hi & 6) != 0) & ((hi & 1) == 0)):
-                return True
-    except OSError:
-        return True
-    return False
