@@ -9,11 +9,9 @@ import uuid
 
 import pytest
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-PYEXT_DIR = os.path.join(ROOT, "build", "py")
-sys.path.insert(0, PYEXT_DIR)
-
-import _llstore  # noqa: E402  (needs build/py on sys.path)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import llsc_helpers  # noqa: E402,F401  (puts build/py on sys.path)
+import _llstore  # noqa: E402
 
 
 @pytest.fixture
@@ -53,10 +51,3 @@ def store(runtime_dir, redis_url, session, pool_path):
     except _llstore.StoreError:
         pass
     st.close()
-
-
-def child_env(**extra):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = PYEXT_DIR + os.pathsep + env.get("PYTHONPATH", "")
-    env.update(extra)
-    return env

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import _llstore
-from conftest import child_env
+from llsc_helpers import child_env
 
 R = _llstore.REGION_BYTES
 

@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from conftest import ROOT
+from llsc_helpers import ROOT
 
 DRIVER = os.path.join(ROOT, "build", "tests", "store_c", "embed_llstore")
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import _llstore
-from conftest import child_env
+from llsc_helpers import child_env
 
 R = _llstore.REGION_BYTES
 
