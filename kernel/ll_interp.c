@@ -561,11 +561,14 @@ static char *s_internal_error_reply(const char *why)
     ll_error("interp", "internal error: %s", why);
     const char *fmt = "{\"status\": \"error\", \"ename\": \"LooseLeafInternalError\", "
                       "\"evalue\": \"%s\", \"traceback\": []}";
-    /* WHY comes from our own messages only; keep it JSON-safe anyway. */
+    /* WHY may quote a Python exception: keep it JSON-safe and ASCII (the
+     * cut at the buffer's end must not split a UTF-8 sequence). */
     char clean[200];
     size_t j = 0;
-    for (size_t i = 0; why[i] && j < sizeof clean - 1; i++)
-        clean[j++] = (why[i] == '"' || why[i] == '\\' || (unsigned char)why[i] < 0x20) ? ' ' : why[i];
+    for (size_t i = 0; why[i] && j < sizeof clean - 1; i++) {
+        unsigned char c = (unsigned char)why[i];
+        clean[j++] = (c == '"' || c == '\\' || c < 0x20) ? ' ' : c >= 0x80 ? '?' : (char)c;
+    }
     clean[j] = '\0';
     size_t len = strlen(fmt) + j + 1;
     char *out = malloc(len);
