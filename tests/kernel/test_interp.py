@@ -249,6 +249,16 @@ def test_display_update_clear(env):
     assert order[4] == ("clear_output", {"wait": False})
 
 
+def test_display_data_is_always_valid_json(env):
+    evs = run(env, ex("display({'text/plain': 'a\\udcffb \U0001F600'}, raw=True,"
+                      " metadata={'nan': float('nan'), 'when': __import__('datetime').date(2020, 1, 2),"
+                      " 'raw': b'hi'})"))
+    ((g, r),) = split_replies(evs)
+    (d,) = pubs(g, "display_data")
+    assert d["data"]["text/plain"] == "a\ufffdb \U0001F600"
+    assert d["metadata"] == {"nan": "nan", "when": "2020-01-02", "raw": "aGk=\n"}
+
+
 def test_rich_reprs(env):
     png = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"
            "YPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==")

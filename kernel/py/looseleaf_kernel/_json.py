@@ -9,6 +9,7 @@ C side can hand it on as UTF-8 whatever lone surrogates the data held.
 """
 import json
 import math
+import re
 import numbers
 from binascii import b2a_base64
 from datetime import date, datetime, timezone
@@ -60,8 +61,23 @@ def clean(obj):
         return repr(obj)
 
 
-def dumps(obj):
-    """OBJ as JSON text; never raises for data a user could put in a message."""
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _no_surrogates(obj):
+    """OBJ with lone surrogates in its strings replaced by U+FFFD: JSON
+    parsers (jansson) reject a lone \\udXXX escape.  (In a Python str every
+    surrogate is lone; characters beyond the BMP are single code points.)"""
+    if isinstance(obj, str):
+        return _SURROGATE.sub("\ufffd", obj)
+    if isinstance(obj, dict):
+        return {_no_surrogates(k): _no_surrogates(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_no_surrogates(v) for v in obj]
+    return obj
+
+
+def _dumps(obj):
     try:
         return _strict(obj)
     except (TypeError, ValueError):
@@ -70,3 +86,13 @@ def dumps(obj):
         return _lenient(obj)
     except (TypeError, ValueError):
         return _lenient(clean(obj))
+
+
+def dumps(obj):
+    """OBJ as JSON text; never raises for data a user could put in a message."""
+    text = _dumps(obj)
+    if "\\ud" in text:  # a surrogate escape: a pair (fine) or a lone one
+        cleaned = _no_surrogates(obj)
+        if cleaned != obj:
+            text = _dumps(cleaned)
+    return text
