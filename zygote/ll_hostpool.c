@@ -987,6 +987,9 @@ int ll_pool_main(int argc, char **argv)
         if (pid > 0)
             return 0;
         setsid();
+        /* Descriptors the starting process leaked (not close-on-exec) would
+         * live on in every zygote and fail its pre-fork check. */
+        close_range(3, ~0U, 0);
         char logpath[PATH_MAX + 16];
         snprintf(logpath, sizeof logpath, "%s/pool.log", P.dir);
         int lfd = open(log ? log : logpath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);

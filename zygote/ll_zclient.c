@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,8 +88,28 @@ ll_zclient_t *ll_zclient_connect(const char *runtime_dir, const char *exe, const
         for (int i = 0; extra_args && extra_args[i] && na < 62; i++)
             argv[na++] = extra_args[i];
         argv[na] = NULL;
+        /* The pool outlives this kernel and serves others: its own session
+         * (a notebook interrupt signals the kernel's process group), no
+         * signal blocked (the kernel's threads block some), and not the
+         * kernel's stdout/stderr (they may be the capture pipes that feed the
+         * notebook): the pool redirects them to its log as it detaches. */
+        posix_spawnattr_t attr;
+        posix_spawnattr_init(&attr);
+        sigset_t none;
+        sigemptyset(&none);
+        posix_spawnattr_setsigmask(&attr, &none);
+        posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK);
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+        if (ll_log_fd() > 2) {
+            posix_spawn_file_actions_adddup2(&fa, ll_log_fd(), 1);
+            posix_spawn_file_actions_adddup2(&fa, ll_log_fd(), 2);
+        }
         pid_t pid;
-        int rc = posix_spawn(&pid, exe, NULL, NULL, (char *const *)argv, environ);
+        int rc = posix_spawn(&pid, exe, &fa, &attr, (char *const *)argv, environ);
+        posix_spawn_file_actions_destroy(&fa);
+        posix_spawnattr_destroy(&attr);
         if (rc != 0) {
             snprintf(err, errlen, "cannot start the pool (%s): %s", exe, strerror(rc));
             return NULL;

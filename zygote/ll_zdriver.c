@@ -3,7 +3,8 @@
  *   ll_zdriver pool ...    / ll_zdriver zygote ...   the subcommands, as
  *       build/looseleaf will run them once the gateway dispatches them;
  *   ll_zdriver client DIR [POOL ARGS...]   connect through the client API
- *       (starting the pool with POOL ARGS when none answers), then read
+ *       (starting the pool with POOL ARGS when none answers, from the binary
+ *       $LL_POOL_EXE, default this one), then read
  *       commands as JSON lines on stdin and print every event as a JSON line:
  *       {"op":"run", ...request} {"op":"input","id","value"}
  *       {"op":"interrupt","id"} {"op":"cancel","id"} {"op":"stats"}.
@@ -35,7 +36,9 @@ static int s_client(int argc, char **argv)
         return 2;
     }
     char err[512];
-    ll_zclient_t *c = ll_zclient_connect(argv[1], NULL, (const char *const *)argv + 2, err, sizeof err);
+    /* LL_POOL_EXE: start the pool from another binary (build/looseleaf). */
+    ll_zclient_t *c = ll_zclient_connect(argv[1], getenv("LL_POOL_EXE"), (const char *const *)argv + 2, err,
+                                         sizeof err);
     if (!c) {
         json_t *e = json_pack("{s:s, s:s}", "type", "connect_error", "error", err);
         s_print(e);

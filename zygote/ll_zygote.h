@@ -62,8 +62,11 @@ int ll_zclient_run(ll_zclient_t *self, const json_t *request, char *err, size_t 
  *   input_request {prompt, password}: answer with ll_zclient_input_reply
  *   reply         {content, metadata}: the execute_reply; metadata.looseleaf
  *                 holds the per-cell report.  The last event of a cell.
- *   pool_gone     the connection to the pool broke (every running cell is lost)
- * On a broken connection NULL is returned and ll_zclient_ok() turns false. */
+ *   error         {error}: a malformed request (nothing ran)
+ *   stats         answer to ll_zclient_stats
+ *   pool_gone     the connection to the pool broke (every running cell is
+ *                 lost); returned once, then ll_zclient_ok() is false and
+ *                 every later call returns NULL. */
 json_t *ll_zclient_next(ll_zclient_t *self, int timeout_ms);
 
 /* Whether the connection to the pool is still up. */

@@ -160,6 +160,8 @@ class Env:
         self.environ = dict(os.environ)
         self.environ["IPYTHONDIR"] = os.path.join(tmp, "ipython")
         self.environ.pop("LOOSELEAF_POOL_DIR", None)
+        # The pool (hence its zygotes) runs as the product binary does: build/looseleaf pool.
+        self.environ["LL_POOL_EXE"] = os.path.join(REPO, "build", "looseleaf")
         self.clients = []
         self.stray = []
         self.pool_pid = None
