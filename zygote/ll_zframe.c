@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <stdio.h>
 #include <unistd.h>
 
 struct ll_zreader_t {
@@ -236,4 +237,84 @@ json_t *ll_zreader_pop(ll_zreader_t *self, bool *bad)
         return NULL;
     }
     return msg;
+}
+
+/* ------------------------------------------------------------------ */
+/* Self-test: round trip, a passed descriptor, partial and bad frames. */
+
+#include <fcntl.h>
+
+int ll_zframe_selftest(bool verbose)
+{
+    int sv[2], fails = 0;
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+        return 1;
+#define S_CHECK(cond)                                                                                              \
+    do {                                                                                                           \
+        if (!(cond)) {                                                                                             \
+            fails++;                                                                                               \
+            if (verbose)                                                                                           \
+                fprintf(stderr, "ll_zframe: failed: %s (line %d)\n", #cond, __LINE__);                            \
+        }                                                                                                          \
+    } while (0)
+    /* Blocking round trip with a descriptor. */
+    int pfd[2];
+    S_CHECK(pipe2(pfd, O_CLOEXEC) == 0);
+    json_t *m = json_pack("{s:s, s:i, s:s}", "type", "fork", "n", 42, "text", "h\xc3\xa9llo");
+    S_CHECK(ll_zframe_send(sv[0], m, pfd[1]) == 0);
+    int got = -1;
+    json_t *r = ll_zframe_recv(sv[1], &got, true);
+    S_CHECK(r && json_equal(r, m));
+    S_CHECK(got >= 0 && got != pfd[1]);
+    if (got >= 0) {
+        S_CHECK(write(got, "x", 1) == 1); /* the passed fd is the pipe's write end */
+        char c = 0;
+        S_CHECK(read(pfd[0], &c, 1) == 1 && c == 'x');
+        close(got);
+    }
+    json_decref(r);
+    close(pfd[0]);
+    close(pfd[1]);
+    /* A reader on a non-blocking fd: frames split anywhere, several in one read. */
+    fcntl(sv[1], F_SETFL, fcntl(sv[1], F_GETFL) | O_NONBLOCK);
+    ll_zreader_t *rd = ll_zreader_new(sv[1]);
+    S_CHECK(ll_zframe_send(sv[0], m, -1) == 0 && ll_zframe_send(sv[0], m, -1) == 0);
+    bool bad = true;
+    S_CHECK(ll_zreader_fill(rd) == 1);
+    json_t *a = ll_zreader_pop(rd, &bad), *b = ll_zreader_pop(rd, &bad), *c3 = ll_zreader_pop(rd, &bad);
+    S_CHECK(a && b && !c3 && !bad && json_equal(a, m) && json_equal(b, m));
+    json_decref(a);
+    json_decref(b);
+    S_CHECK(ll_zreader_fill(rd) == 0); /* nothing more: EAGAIN */
+    const unsigned char part[] = {0, 0, 0, 2, '{'};
+    S_CHECK(write(sv[0], part, sizeof part) == (ssize_t)sizeof part);
+    S_CHECK(ll_zreader_fill(rd) == 1 && !ll_zreader_pop(rd, &bad) && !bad);
+    S_CHECK(write(sv[0], "}", 1) == 1);
+    S_CHECK(ll_zreader_fill(rd) == 1);
+    a = ll_zreader_pop(rd, &bad);
+    S_CHECK(a && json_object_size(a) == 0);
+    json_decref(a);
+    /* Not an object, and an oversize length: bad, never a crash. */
+    const unsigned char arr[] = {0, 0, 0, 2, '[', ']'};
+    S_CHECK(write(sv[0], arr, sizeof arr) == (ssize_t)sizeof arr);
+    ll_zreader_fill(rd);
+    S_CHECK(!ll_zreader_pop(rd, &bad) && bad);
+    ll_zreader_destroy(&rd);
+    S_CHECK(rd == NULL);
+    ll_zreader_destroy(&rd); /* safe twice */
+    const unsigned char huge[] = {0xff, 0xff, 0xff, 0xff};
+    S_CHECK(write(sv[0], huge, sizeof huge) == 4);
+    fcntl(sv[1], F_SETFL, fcntl(sv[1], F_GETFL) & ~O_NONBLOCK);
+    errno = 0;
+    S_CHECK(!ll_zframe_recv(sv[1], NULL, true) && errno == EPROTO);
+    /* Orderly EOF. */
+    close(sv[0]);
+    errno = 1;
+    S_CHECK(!ll_zframe_recv(sv[1], NULL, true) && errno == 0);
+    close(sv[1]);
+    json_decref(m);
+#undef S_CHECK
+    if (verbose)
+        fprintf(stderr, "ll_zframe: %s\n", fails ? "FAILED" : "ok");
+    return fails ? 1 : 0;
 }

@@ -144,3 +144,24 @@ def test_pool_exits_when_idle(env):
     c.close()
     wait_for(lambda: not pid_alive(pid), 30, "idle pool exit")
     assert not os.path.exists(os.path.join(env.pool_dir, "pool.sock"))
+
+
+def test_worker_outlives_its_dead_zygote_and_its_fate_is_still_reported(env):
+    c = env.client()
+    go = os.path.join(env.tmp, "go")
+    base = [n for n in c.stats()["nodes"] if n["parent"] == -1][0]
+    c.submit("w1", "import os, time\nv = 1\nwhile not os.path.exists(%r): time.sleep(0.01)\nprint('done')" % go,
+             defines=["v"])
+    _started(c, "w1")
+    c.submit("w2", "import time\nwhile True: time.sleep(0.01)")
+    pid2 = _started(c, "w2")["pid"]
+    os.kill(base["pid"], signal.SIGKILL)
+    wait_for(lambda: c.stats()["base_respawns"] == 1, 30, "respawn")
+    # The pool reaps the orphaned workers (child subreaper): a finished cell replies, a killed one is named.
+    open(go, "w").close()
+    r1 = c.collect("w1")[-1]
+    assert r1["content"]["status"] == "ok", r1
+    os.kill(pid2, signal.SIGKILL)
+    r2 = c.collect("w2")[-1]
+    assert "SIGKILL" in r2["content"]["evalue"], r2
+    assert c.run("w3", "print(v)", state_closure=["v"]).stdout == "1\n"
