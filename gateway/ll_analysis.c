@@ -355,6 +355,12 @@ bool ll_analysis_block_encloses(const ll_analysis_t *self, int outer, int inner)
     return false;
 }
 
+static void s_add_all(s_walker_t *w, ll_names_t *set, const ll_names_t *other)
+{
+    if (ll_names_union(set, other) < 0)
+        w->oom = true;
+}
+
 /* Mark opaque whatever is running: the cell now, and/or the deferred body. */
 static void s_opaque(s_walker_t *w)
 {
@@ -1023,14 +1029,16 @@ static void s_walk_import(s_walker_t *w, PyObject *node)
     Py_XDECREF(names);
 }
 
-/* One branch of an if/else; INTO collects the names it certainly binds. */
-static void s_walk_branch(s_walker_t *w, PyObject *node, PyObject *attr,
-                          ll_names_t *into)
+/* One branch of an if/else; INTO collects the names it certainly binds.
+ * Returns the branch's block. */
+static int s_walk_branch(s_walker_t *w, PyObject *node, PyObject *attr,
+                         ll_names_t *into)
 {
     PyObject *v = s_get(node, attr);
     if (!v)
-        return;
+        return w->block;
     int saved = s_enter_block(w);
+    int block = w->block;
     ll_names_t *saved_set = w->defset;
     int saved_block = w->defblock;
     w->defset = into;
@@ -1040,6 +1048,7 @@ static void s_walk_branch(s_walker_t *w, PyObject *node, PyObject *attr,
     w->defblock = saved_block;
     s_leave_block(w, saved);
     Py_DECREF(v);
+    return block;
 }
 
 /* if/elif/else: each branch may not run, but when every branch binds x,
@@ -1064,16 +1073,23 @@ static void s_walk_if(s_walker_t *w, PyObject *node)
     ll_names_clear(&other);
 }
 
+/* try/except/else/finally.  Anything in the body may be skipped by an
+ * exception, so it is conditional; but when the body (or else) and every
+ * handler all bind x, x is certainly rebound once the statement is done. */
 static void s_walk_try(s_walker_t *w, PyObject *node)
 {
-    /* Anything in the body may be skipped by an exception. */
-    s_walk_body_field(w, node, s_py.a_body, true);
+    ll_names_t ok = {0}, common = {0};
+    int body_block = s_walk_branch(w, node, s_py.a_body, &ok);
     PyObject *handlers = s_get(node, s_py.a_handlers);
-    for (Py_ssize_t i = 0; handlers && PyList_Check(handlers) &&
-                           i < PyList_GET_SIZE(handlers);
-         i++) {
+    Py_ssize_t nh = handlers && PyList_Check(handlers) ? PyList_GET_SIZE(handlers) : 0;
+    for (Py_ssize_t i = 0; i < nh; i++) {
         PyObject *h = PyList_GET_ITEM(handlers, i);
+        ll_names_t mine = {0};
         int saved = s_enter_block(w);
+        ll_names_t *saved_set = w->defset;
+        int saved_block = w->defblock;
+        w->defset = &mine;
+        w->defblock = w->block;
         if (w->scope->kind == SC_MODULE)
             s_emit(w, LL_EV_UNIT, 0, NULL, -1, false);
         s_walk_field(w, h, s_py.a_type);
@@ -1084,11 +1100,34 @@ static void s_walk_try(s_walker_t *w, PyObject *node)
         /* `except E as e` unbinds e when the handler ends. */
         if (name)
             s_delete(w, name, false);
+        w->defset = saved_set;
+        w->defblock = saved_block;
         s_leave_block(w, saved);
+        if (i == 0)
+            s_add_all(w, &common, &mine);
+        else
+            for (size_t k = common.count; k-- > 0;)
+                if (!ll_names_has(&mine, common.items[k]))
+                    ll_names_remove(&common, common.items[k]);
+        ll_names_clear(&mine);
     }
     Py_XDECREF(handlers);
-    s_walk_body_field(w, node, s_py.a_orelse, true);
+    /* else runs only after the whole body did: its block sits inside the
+     * body's, so what the body bound is certain there. */
+    int outer = w->block;
+    w->block = body_block;
+    s_walk_branch(w, node, s_py.a_orelse, &ok);
+    w->block = outer;
     s_walk_body_field(w, node, s_py.a_finalbody, false);
+    for (size_t i = 0; nh > 0 && w->scope->kind == SC_MODULE && i < ok.count; i++) {
+        if (!ll_names_has(&common, ok.items[i]))
+            continue;
+        s_emit(w, LL_EV_SETTLE, 0, ok.items[i], -1, false);
+        if (w->defset && w->block == w->defblock)
+            s_add(w, w->defset, ok.items[i]);
+    }
+    ll_names_clear(&ok);
+    ll_names_clear(&common);
 }
 
 static void s_walk_match(s_walker_t *w, PyObject *node)

@@ -495,8 +495,18 @@ static void s_del(s_sim_t *sim, const ll_ev_t *ev)
         e->base = false;
         e->deleted = true;
     }
-    else if (e->base)
-        e->nalts = 0; /* `except ... as e` ends: e is the old one, or gone */
+    else {
+        /* A conditional delete (`except ... as e` ending, `if c: del x`)
+         * ends the bindings made in its own block; older ones may remain. */
+        size_t keep = 0;
+        for (size_t i = 0; i < e->nalts; i++) {
+            if (e->blocks[i] == ev->block)
+                continue;
+            e->alts[keep] = e->alts[i];
+            e->blocks[keep++] = e->blocks[i];
+        }
+        e->nalts = keep;
+    }
 }
 
 /* The bindings NAME may have at this point of the cell: the cell's own

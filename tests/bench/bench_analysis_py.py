@@ -382,14 +382,19 @@ class Cell:
         self.body(node.body, True)
         self.body(node.orelse, True)
 
-    def branch(self, stmts):
+    def branch(self, stmts, parent=None):
+        outer = self.block
+        if parent is not None:
+            self.block = parent
         saved = self.enter()
+        self.last_branch = self.block
         saved_set, saved_block = self.defset, self.defblock
         self.defset, self.defblock = set(), self.block
         self.body(stmts)
         got = self.defset
         self.defset, self.defblock = saved_set, saved_block
         self.leave(saved)
+        self.block = outer
         return got
 
     def v_If(self, node):
@@ -409,9 +414,13 @@ class Cell:
     v_AsyncWith = v_With
 
     def v_Try(self, node):
-        self.body(node.body, True)
+        ok = self.branch(node.body)
+        body_block = self.last_branch
+        common = None
         for h in node.handlers:
             saved = self.enter()
+            saved_set, saved_block = self.defset, self.defblock
+            self.defset, self.defblock = set(), self.block
             if self.scope.kind == MODULE:
                 self.emit("UNIT")
             if h.type:
@@ -421,9 +430,18 @@ class Cell:
             self.body(h.body)
             if h.name and self.scope.kind == MODULE:
                 self.emit("DEL", h.name)
+                self.defset.discard(h.name)
+            mine = self.defset
+            self.defset, self.defblock = saved_set, saved_block
             self.leave(saved)
-        self.body(node.orelse, True)
+            common = set(mine) if common is None else common & mine
+        ok |= self.branch(node.orelse, parent=body_block)
         self.body(node.finalbody)
+        if node.handlers and self.scope.kind == MODULE:
+            for name in [n for n in ok if n in common]:
+                self.emit("SETTLE", name)
+                if self.defset is not None and self.block == self.defblock:
+                    self.defset.add(name)
 
     v_TryStar = v_Try
 
@@ -650,8 +668,8 @@ class Replay:
                 e = self.overlay.setdefault(name, [[], True, False])
                 if not cond:
                     e[0], e[1], e[2] = [], False, True
-                elif e[1]:
-                    e[0] = []
+                else:
+                    e[0] = [(b, blk) for b, blk in e[0] if blk != block]
             elif typ == "DEFER":
                 g = cell.groups[ref]
                 self.udeps |= g["globals"]
