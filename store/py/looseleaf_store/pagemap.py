@@ -7,13 +7,28 @@ present, bit 62 swapped, bit 61 file-page/shared-anon), 8 bytes per 4 KiB page, 
 2 MiB of pagemap instead of hashing 1 GiB.  Only ever trusted for a range that is known to be such a
 mapping (the Checkpointer keeps the mapping alive while it asks); any doubt answers "dirty", which costs
 a hash, never correctness.
+
+Where the kernel has the PAGEMAP_SCAN ioctl (Linux >= 6.7) the kernel itself returns just the ranges of
+present-or-swapped non-file pages (about 1 ms for 1 GiB); otherwise the 8-byte entries are read and
+tested here.
 """
+import ctypes
+import fcntl
 import os
+import struct
 
 import numpy as np
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _fd = None
+_scan_ok = True  # PAGEMAP_SCAN works here (cleared at the first EINVAL/ENOTTY)
+
+_PAGEMAP_SCAN = (3 << 30) | (96 << 16) | (ord("f") << 8) | 16  # _IOWR('f', 16, struct pm_scan_arg)
+_PAGE_IS_FILE = 1 << 2
+_PAGE_IS_PRESENT = 1 << 3
+_PAGE_IS_SWAPPED = 1 << 4
+_VEC_LEN = 4096
+_vec = (ctypes.c_uint64 * (3 * _VEC_LEN))()  # struct page_region {start, end, categories}
 
 
 def _pagemap_fd():
@@ -35,6 +50,32 @@ def reset_after_fork():
 os.register_at_fork(after_in_child=reset_after_fork)
 
 
+def _scan(fd, addr, nbytes, region_bytes):
+    """written_regions through PAGEMAP_SCAN; None if the ioctl is not there."""
+    global _scan_ok
+    end = addr + (nbytes + _PAGE - 1) // _PAGE * _PAGE
+    out = set()
+    pos = addr
+    while pos < end:
+        # pages that are NOT file pages and are present or swapped: the ones this process wrote
+        arg = bytearray(struct.pack("12Q", 96, 0, pos, end, 0, ctypes.addressof(_vec), _VEC_LEN, 0,
+                                    _PAGE_IS_FILE, _PAGE_IS_FILE, _PAGE_IS_PRESENT | _PAGE_IS_SWAPPED,
+                                    _PAGE_IS_PRESENT))
+        try:
+            n = fcntl.ioctl(fd, _PAGEMAP_SCAN, arg)
+        except OSError:
+            _scan_ok = False
+            return None
+        for i in range(n):
+            a, b = _vec[3 * i], _vec[3 * i + 1]
+            out.update(range((a - addr) // region_bytes, (b - 1 - addr) // region_bytes + 1))
+        walk_end = struct.unpack_from("Q", arg, 32)[0]
+        if n < _VEC_LEN or walk_end >= end:
+            break
+        pos = walk_end
+    return sorted(out)
+
+
 def written_regions(addr, nbytes, region_bytes):
     """Indices of the REGION_BYTES-sized regions of [addr, addr+nbytes) (a private file mapping starting
     at ADDR) that hold a page this process wrote, or None if that cannot be told."""
@@ -43,6 +84,10 @@ def written_regions(addr, nbytes, region_bytes):
     fd = _pagemap_fd()
     if fd < 0 or addr % _PAGE or region_bytes % _PAGE:
         return None
+    if _scan_ok:
+        r = _scan(fd, addr, nbytes, region_bytes)
+        if r is not None:
+            return r
     per = region_bytes // _PAGE
     p0 = addr // _PAGE
     npages = (nbytes + _PAGE - 1) // _PAGE
