@@ -163,6 +163,8 @@ static void s_request_shutdown(void)
     ll_interp_interrupt(); /* a running cell ends now, so we can exit cleanly */
 }
 
+static void s_install_handlers(void);
+
 /* ---- handlers ------------------------------------------------------------ */
 
 static void s_on_kernel_info(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
@@ -409,8 +411,13 @@ static void s_dispatch(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
     else
         ll_warn("kernel", "unknown message type '%.64s' on %s: ignored", req->msg_type,
                 chan_name);
-    if (chan == S_SHELL)
+    if (chan == S_SHELL) {
         s_collect_output();
+        /* User code may have taken SIGINT over (asyncio.run restores Python's
+         * own handler when it ends); an interrupt while idle must stay
+         * ignored, so the process-level handlers are ours again. */
+        s_install_handlers();
+    }
     ll_iopub_status(s_k.iopub, "idle", req); /* flushes stream text first */
 }
 

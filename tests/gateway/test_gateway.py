@@ -424,3 +424,33 @@ def test_input_without_a_stdin_channel_fails_fast(tmp_path):
         assert "no frontend on stdin" in p.stderr()
     finally:
         p.close()
+
+
+def test_interrupt_after_user_code_took_sigint(proc):
+    # asyncio.run installs its own SIGINT handler and, when done, Python's
+    # default one, which only sets a flag: a SIGINT that lands on another
+    # thread than the one running the cell would then not wake time.sleep.
+    # The kernel takes SIGINT back after each request, so its handler (which
+    # wakes the cell's thread) gets it, whichever thread the kernel picks.
+    import ctypes
+    import platform
+    if platform.machine() != "x86_64":
+        pytest.skip("uses the x86_64 tgkill system call number")
+    reply, _ = proc.execute("import asyncio; asyncio.run(asyncio.sleep(0))")
+    assert reply["status"] == "ok"
+    msg_id = proc.kc.execute("import time\nprint('started', flush=True)\ntime.sleep(60)")
+    _poll(lambda: any(m["msg_type"] == "stream"
+                      for m in [proc.kc.get_iopub_msg(timeout=TIMEOUT)]), what="the cell to start")
+    pid = proc.p.pid
+    others = []
+    for tid in sorted(int(t) for t in os.listdir("/proc/%d/task" % pid)):
+        with open("/proc/%d/task/%d/status" % (pid, tid)) as f:
+            blocked = int([l.split()[1] for l in f if l.startswith("SigBlk")][0], 16)
+        if tid != pid and not blocked & (1 << (signal.SIGINT - 1)):
+            others.append(tid)
+    assert others, "expected a Python thread (IPython's history) that accepts SIGINT"
+    t0 = time.monotonic()
+    ctypes.CDLL(None, use_errno=True).syscall(234, pid, others[0], signal.SIGINT)  # tgkill
+    reply = proc.reply(msg_id)
+    assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
+    assert time.monotonic() - t0 < 30
