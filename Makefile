@@ -81,17 +81,19 @@ bench: all
 
 # ---- set-up on a fresh Debian 12 machine --------------------------------
 # Packages to build and run the kernel, and what the tests drive it with.
+# Recommends are installed too: the machines the suite was developed on had them,
+# and a fresh machine must see the same Python packages (scipy, for one).
 DEB_BUILD := build-essential pkg-config libzmq3-dev libczmq-dev libssl-dev \
              libjansson-dev libpython3-dev libhiredis-dev libxxhash-dev redis-server \
              python3-ipython python3-comm python3-cloudpickle python3-numpy \
              python3-jupyter-client jupyter-client python3-matplotlib-inline
 DEB_TEST  := python3-ipykernel jupyter-console python3-nbclient python3-nbformat \
              python3-pytest python3-pexpect python3-torch python3-matplotlib \
-             python3-pandas python3-pytest-timeout tmux
+             python3-pandas python3-scipy python3-pytest-timeout tmux
 DEB_RUN   := jupyter-notebook
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-APT  := DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends
+APT  := DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q
 
 deps:
 	$(SUDO) apt-get update -q
