@@ -165,6 +165,8 @@ typedef struct {
     ll_names_t *defset;     /* names certainly bound in the current branch
                                (block defblock) of an if/else, or NULL */
     int defblock;
+    ll_names_t *loopdefs;   /* functions/classes defined in the loop body
+                               being walked, or NULL */
     const char *stack_base; /* a local of ll_analysis_new */
     size_t stack_budget;    /* bytes of C stack the walk may use below it */
 } s_walker_t;
@@ -416,6 +418,8 @@ static void s_store_in(s_walker_t *w, s_scope_t *sc, const char *name,
         s_emit(w, LL_EV_BIND, kind, name, ref, false);
         if (w->defset && w->block == w->defblock && sc == w->scope)
             s_add(w, w->defset, name);
+        if (w->loopdefs && (kind == LL_BK_FUNC || kind == LL_BK_CLASS))
+            s_add(w, w->loopdefs, name);
         return;
     }
     if (!ll_names_has(&sc->globals, name))
@@ -1029,6 +1033,33 @@ static void s_walk_import(s_walker_t *w, PyObject *node)
     Py_XDECREF(names);
 }
 
+/* for / while.  Zero iterations bind nothing, so the body is a block.  A
+ * later iteration may call a function an earlier one defined, before the
+ * def is reached again: the body's functions and classes are looked up
+ * once more at its end, so what they read is in the closure. */
+static void s_walk_loop(s_walker_t *w, PyObject *node, bool is_while)
+{
+    s_walk_field(w, node, is_while ? s_py.a_test : s_py.a_iter);
+    ll_names_t defs = {0};
+    ll_names_t *saved_defs = w->loopdefs;
+    w->loopdefs = &defs;
+    int saved = s_enter_block(w);
+    if (!is_while)
+        s_walk_field(w, node, s_py.a_target);
+    s_walk_body_field(w, node, s_py.a_body, false);
+    if (defs.count && w->scope->kind == SC_MODULE) {
+        s_emit(w, LL_EV_UNIT, 0, NULL, -1, false);
+        for (size_t i = 0; i < defs.count; i++)
+            s_emit(w, LL_EV_LOAD, 0, defs.items[i], -1, false);
+    }
+    s_leave_block(w, saved);
+    w->loopdefs = saved_defs;
+    if (saved_defs)
+        s_add_all(w, saved_defs, &defs);
+    ll_names_clear(&defs);
+    s_walk_body_field(w, node, s_py.a_orelse, true);
+}
+
 /* One branch of an if/else; INTO collects the names it certainly binds.
  * Returns the branch's block. */
 static int s_walk_branch(s_walker_t *w, PyObject *node, PyObject *attr,
@@ -1625,19 +1656,8 @@ static void s_walk(s_walker_t *w, PyObject *node)
             s_walk(w, target);
         Py_XDECREF(target);
     }
-    else if (t == s_py.t_For || t == s_py.t_AsyncFor) {
-        s_walk_field(w, node, s_py.a_iter);
-        int saved = s_enter_block(w); /* zero iterations bind nothing */
-        s_walk_field(w, node, s_py.a_target);
-        s_walk_body_field(w, node, s_py.a_body, false);
-        s_leave_block(w, saved);
-        s_walk_body_field(w, node, s_py.a_orelse, true);
-    }
-    else if (t == s_py.t_While) {
-        s_walk_field(w, node, s_py.a_test);
-        s_walk_body_field(w, node, s_py.a_body, true);
-        s_walk_body_field(w, node, s_py.a_orelse, true);
-    }
+    else if (t == s_py.t_For || t == s_py.t_AsyncFor || t == s_py.t_While)
+        s_walk_loop(w, node, t == s_py.t_While);
     else if (t == s_py.t_If)
         s_walk_if(w, node);
     else if (t == s_py.t_With || t == s_py.t_AsyncWith) {

@@ -128,6 +128,8 @@ WRITTEN = {
         "class Meta(type):\n    def __call__(cls, *a):\n        return ('made', TAG, cls.__name__)\n"
         "TAG = 't'\nclass Thing(metaclass=Meta):\n    pass\n",
         "print(Thing())\n",
+        "ZZ = 7\n",
+        "for i in range(3):\n    if i:\n        print(later())\n    def later():\n        return ZZ * i\n",
     ],
     "pandas_analysis": [
         "import pandas as pd\nimport numpy as np\nrng = np.random.default_rng(0)\n",

@@ -96,6 +96,7 @@ class Cell:
         self.scope = Scope(MODULE, None, True)
         self.group = self.class_group = -1
         self.defset, self.defblock = None, 0
+        self.loopdefs = None
         self.cond = self.block = 0
         self.body(tree.body)
         self.reads = Replay(None, self).run().reads
@@ -150,6 +151,8 @@ class Cell:
             self.emit("BIND", name, kind, ref)
             if self.defset is not None and self.block == self.defblock and sc is self.scope:
                 self.defset.add(name)
+            if self.loopdefs is not None and kind in (FUNCK, CLASSK) and name not in self.loopdefs:
+                self.loopdefs.append(name)
         elif name in sc.globals:
             if sc.immediate:
                 self.emit("BIND", name, VALUE)
@@ -367,20 +370,31 @@ class Cell:
         if node.value is not None or not isinstance(node.target, ast.Name):
             self.visit(node.target)
 
-    def v_For(self, node):
-        self.visit(node.iter)
+    def loop(self, node, is_while):
+        self.visit(node.test if is_while else node.iter)
+        saved_defs, self.loopdefs = self.loopdefs, []
         saved = self.enter()
-        self.visit(node.target)
+        if not is_while:
+            self.visit(node.target)
         self.body(node.body)
+        defs = self.loopdefs
+        if defs and self.scope.kind == MODULE:
+            self.emit("UNIT")
+            for name in defs:
+                self.emit("LOAD", name)
         self.leave(saved)
+        self.loopdefs = saved_defs
+        if saved_defs is not None:
+            saved_defs.extend(n for n in defs if n not in saved_defs)
         self.body(node.orelse, True)
+
+    def v_For(self, node):
+        self.loop(node, False)
 
     v_AsyncFor = v_For
 
     def v_While(self, node):
-        self.visit(node.test)
-        self.body(node.body, True)
-        self.body(node.orelse, True)
+        self.loop(node, True)
 
     def branch(self, stmts, parent=None):
         outer = self.block
