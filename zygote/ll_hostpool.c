@@ -43,9 +43,17 @@
 #define S_MAX_PROBES 32
 #define S_MAX_SLOTS 64
 
+/* Frames to a client are queued and written as its socket takes them, so a
+ * client that stops reading stalls only itself; past S_CLIENT_QUEUE_MAX it
+ * is dropped (its cells are cancelled) instead of growing without bound. */
+#define S_CLIENT_QUEUE_MAX (512u << 20)
+
 typedef struct {
     int fd;            /* -1: free entry */
     ll_zreader_t *rd;  /* frames from the client */
+    char *out;         /* bytes queued for it */
+    size_t olen, ocap; /* queued, allocated */
+    bool dead;         /* to be dropped at the end of this loop turn */
 } s_client_t;
 
 typedef struct {
@@ -160,15 +168,58 @@ static bool s_has_module(const json_t *arr, const char *name)
     return false;
 }
 
+/* Write what the socket takes now. */
+static void s_client_flush(int c)
+{
+    s_client_t *cl = &P.clients[c];
+    size_t done = 0;
+    while (done < cl->olen) {
+        ssize_t w = send(cl->fd, cl->out + done, cl->olen - done, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (w > 0) {
+            done += (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && errno != EAGAIN) {
+            ll_debug("pool", "client %d: send failed: %s", c, strerror(errno));
+            cl->dead = true;
+        }
+        break;
+    }
+    memmove(cl->out, cl->out + done, cl->olen - done);
+    cl->olen -= done;
+}
+
 static void s_send_client(int c, json_t *msg)
 {
-    if (c < 0 || P.clients[c].fd < 0) {
-        json_decref(msg);
+    size_t n = 0;
+    char *bytes = c >= 0 && P.clients[c].fd >= 0 && !P.clients[c].dead ? ll_zframe_encode(msg, &n) : NULL;
+    json_decref(msg);
+    if (!bytes)
+        return;
+    s_client_t *cl = &P.clients[c];
+    if (cl->olen + n > S_CLIENT_QUEUE_MAX) {
+        ll_warn("pool", "client %d does not read its events (%zu bytes queued): dropping it", c, cl->olen);
+        cl->dead = true;
+        free(bytes);
         return;
     }
-    if (ll_zframe_send(P.clients[c].fd, msg, -1) < 0)
-        ll_debug("pool", "client %d: send failed: %s", c, strerror(errno));
-    json_decref(msg);
+    if (cl->olen + n > cl->ocap) {
+        size_t cap = (cl->olen + n) * 2;
+        char *nb = realloc(cl->out, cap);
+        if (!nb) {
+            cl->dead = true;
+            free(bytes);
+            return;
+        }
+        cl->out = nb;
+        cl->ocap = cap;
+    }
+    memcpy(cl->out + cl->olen, bytes, n);
+    cl->olen += n;
+    free(bytes);
+    s_client_flush(c);
 }
 
 static const char *s_signame(int sig)
@@ -799,6 +850,8 @@ static void s_client_gone(int c)
     }
     close(P.clients[c].fd);
     ll_zreader_destroy(&P.clients[c].rd);
+    free(P.clients[c].out);
+    memset(&P.clients[c], 0, sizeof P.clients[c]);
     P.clients[c].fd = -1;
     ll_info("pool", "client %d left", c);
 }
@@ -1055,7 +1108,8 @@ int ll_pool_main(int argc, char **argv)
         for (int c = 0; c < S_MAX_CLIENTS; c++)
             if (P.clients[c].fd >= 0) {
                 nclients++;
-                pfd[np] = (struct pollfd){P.clients[c].fd, POLLIN, 0}, kind[np] = K_CLIENT, idx[np++] = c;
+                pfd[np] = (struct pollfd){P.clients[c].fd, (short)(POLLIN | (P.clients[c].olen ? POLLOUT : 0)), 0},
+                kind[np] = K_CLIENT, idx[np++] = c;
             }
         for (int n = 0; n < S_MAX_NODES; n++)
             if (P.nodes[n].used)
@@ -1106,6 +1160,15 @@ int ll_pool_main(int argc, char **argv)
                         close(fd);
                         continue;
                     }
+                    /* The dir is 0700; still, only our own uid may use the pool. */
+                    struct ucred cred;
+                    socklen_t cl = sizeof cred;
+                    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0 || cred.uid != getuid()) {
+                        ll_warn("pool", "refusing a client of another uid");
+                        close(fd);
+                        continue;
+                    }
+                    memset(&P.clients[c], 0, sizeof P.clients[c]);
                     P.clients[c].fd = fd;
                     P.clients[c].rd = ll_zreader_new(fd);
                     ll_info("pool", "client %d connected", c);
@@ -1133,6 +1196,10 @@ int ll_pool_main(int argc, char **argv)
             }
             case K_CLIENT: {
                 if (P.clients[k].fd != pfd[i].fd)
+                    break;
+                if (pfd[i].revents & POLLOUT)
+                    s_client_flush(k);
+                if (!(pfd[i].revents & (POLLIN | POLLHUP | POLLERR)))
                     break;
                 int fr = ll_zreader_fill(P.clients[k].rd);
                 json_t *m;
@@ -1192,6 +1259,9 @@ int ll_pool_main(int argc, char **argv)
             }
         }
         s_schedule();
+        for (int c = 0; c < S_MAX_CLIENTS; c++)
+            if (P.clients[c].fd >= 0 && P.clients[c].dead)
+                s_client_gone(c);
     }
     ll_info("pool", "stopping");
     for (int n = 0; n < S_MAX_NODES; n++)

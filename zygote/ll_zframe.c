@@ -26,6 +26,22 @@ double ll_zframe_now_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+char *ll_zframe_encode(const json_t *msg, size_t *len)
+{
+    char *body = json_dumps(msg, JSON_COMPACT | JSON_ENSURE_ASCII);
+    if (!body)
+        return NULL;
+    size_t n = strlen(body);
+    char *out = malloc(n + 4);
+    if (out) {
+        out[0] = (char)(n >> 24), out[1] = (char)(n >> 16), out[2] = (char)(n >> 8), out[3] = (char)n;
+        memcpy(out + 4, body, n);
+        *len = n + 4;
+    }
+    free(body);
+    return out;
+}
+
 int ll_zframe_send(int fd, const json_t *msg, int passfd)
 {
     char *body = json_dumps(msg, JSON_COMPACT | JSON_ENSURE_ASCII);

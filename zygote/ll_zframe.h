@@ -20,6 +20,10 @@
  * EINTR.  Returns 0, or -1 with errno. */
 int ll_zframe_send(int fd, const json_t *msg, int passfd);
 
+/* MSG as frame bytes (length + JSON), malloc'd, length in *LEN; NULL on
+ * failure. */
+char *ll_zframe_encode(const json_t *msg, size_t *len);
+
 /* Receive one frame, blocking.  Returns a new reference, or NULL with errno
  * (0 = orderly EOF, EPROTO = bad frame, EINTR only if NOINTR is false).
  * A passed descriptor lands in *PASSFD (else -1); PASSFD may be NULL (a

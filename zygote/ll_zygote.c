@@ -158,9 +158,12 @@ static int s_prefork_check(int allow, char *why, size_t whylen)
 static int s_wfd = -1;                                 /* worker socket */
 static pthread_mutex_t s_wlock = PTHREAD_MUTEX_INITIALIZER; /* one frame at a time */
 
+static void s_flush_locked(void);
+
 static void s_wsend(json_t *msg)
 {
     pthread_mutex_lock(&s_wlock);
+    s_flush_locked();
     ll_zframe_send(s_wfd, msg, -1);
     pthread_mutex_unlock(&s_wlock);
     json_decref(msg);
@@ -183,13 +186,87 @@ static json_t *s_text(const char *data, size_t len)
     return s ? s : json_string("");
 }
 
+/* Stream text is coalesced (a print is several writes) and sent by a
+ * flusher thread at most S_FLUSH_MS after it was written, at once when the
+ * buffer is big, and before any other frame so output keeps its order.  The
+ * thread exists only in the worker (after the fork). */
+#define S_FLUSH_MS 20
+#define S_FLUSH_BYTES (64u << 10)
+
+static char s_sname[8];          /* stream of the buffered text */
+static char *s_sbuf;             /* buffered text */
+static size_t s_slen, s_scap;    /* its length, allocation */
+static pthread_cond_t s_scond = PTHREAD_COND_INITIALIZER; /* text arrived */
+
+/* Send the buffered text; s_wlock held. */
+static void s_flush_locked(void)
+{
+    if (!s_slen)
+        return;
+    json_t *m = json_pack("{s:s, s:s, s:o}", "type", "stream", "name", s_sname, "text", s_text(s_sbuf, s_slen));
+    s_slen = 0;
+    ll_zframe_send(s_wfd, m, -1);
+    json_decref(m);
+}
+
 static void s_w_stream(void *ctx, const char *name, const char *data, size_t len)
 {
-    s_wsend(json_pack("{s:s, s:s, s:o}", "type", "stream", "name", name, "text", s_text(data, len)));
+    pthread_mutex_lock(&s_wlock);
+    if (s_slen && strcmp(s_sname, name) != 0)
+        s_flush_locked();
+    snprintf(s_sname, sizeof s_sname, "%s", name);
+    if (s_slen + len > s_scap) {
+        size_t cap = (s_slen + len) * 2;
+        char *nb = realloc(s_sbuf, cap);
+        if (!nb) {
+            s_flush_locked();
+            json_t *m = json_pack("{s:s, s:s, s:o}", "type", "stream", "name", name, "text", s_text(data, len));
+            ll_zframe_send(s_wfd, m, -1);
+            json_decref(m);
+            pthread_mutex_unlock(&s_wlock);
+            return;
+        }
+        s_sbuf = nb;
+        s_scap = cap;
+    }
+    memcpy(s_sbuf + s_slen, data, len);
+    s_slen += len;
+    if (s_slen >= S_FLUSH_BYTES)
+        s_flush_locked();
+    else
+        pthread_cond_signal(&s_scond);
+    pthread_mutex_unlock(&s_wlock);
 }
 
 static void s_w_flush(void *ctx)
 {
+    pthread_mutex_lock(&s_wlock);
+    s_flush_locked();
+    pthread_mutex_unlock(&s_wlock);
+}
+
+static void *s_flusher(void *arg)
+{
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL); /* SIGINT belongs to the cell's thread */
+    pthread_mutex_lock(&s_wlock);
+    for (;;) {
+        while (!s_slen)
+            pthread_cond_wait(&s_scond, &s_wlock);
+        /* Let a burst of writes gather, then send it. */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += S_FLUSH_MS * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        while (s_slen && pthread_cond_timedwait(&s_scond, &s_wlock, &ts) == 0)
+            ;
+        s_flush_locked();
+    }
+    return arg;
 }
 
 static void s_w_publish(void *ctx, const char *msg_type, const char *content_json, const char *metadata_json,
@@ -274,6 +351,10 @@ static void s_worker_main(int wfd, json_t *job, double t_before_fork)
     ll_interp_hooks_t hooks = {NULL, s_w_stream, s_w_flush, s_w_publish, s_w_input};
     if (ll_interp_set_hooks(&hooks) < 0)
         _exit(70);
+    pthread_t flusher;
+    if (pthread_create(&flusher, NULL, s_flusher, NULL) != 0)
+        _exit(72);
+    pthread_detach(flusher);
     if (pipe2(s_intpipe, O_CLOEXEC | O_NONBLOCK) < 0)
         _exit(71);
     json_object_set_new(job, "int_fd", json_integer(s_intpipe[0]));

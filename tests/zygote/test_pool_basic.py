@@ -67,3 +67,27 @@ def test_bad_requests_get_clear_errors(env):
     assert ev["type"] == "error" and "arrays of strings" in ev["error"]
     # The pool lives on.
     assert c.run("ok", "1+1").result() == "2"
+
+
+def test_big_output_is_complete_ordered_and_coalesced(env):
+    c = env.client()
+    r = c.run("big", "import sys\nfor i in range(100000):\n    print(i)\nprint('err', file=sys.stderr)\n"
+                     "from IPython.display import display\ndisplay({'a': 1}, raw=True)\nprint('after')")
+    assert r.ok, r.events[-1]
+    lines = r.stdout.splitlines()
+    assert lines[:100000] == [str(i) for i in range(100000)] and lines[-1] == "after"
+    assert r.stderr == "err\n"
+    streams = [e for e in r.events if e["type"] == "stream"]
+    assert len(streams) < 200, len(streams)
+    kinds = [(e["type"], e.get("name") or e.get("msg_type")) for e in r.events]
+    # stderr before the display, the display before the last stdout line.
+    assert kinds.index(("stream", "stderr")) < kinds.index(("iopub", "display_data")) < len(kinds) - 2
+    assert r.events[-2]["type"] == "stream" and r.events[-2]["text"].endswith("after\n")
+
+
+def test_unreachable_store_is_a_clear_error(env):
+    c = env.client()
+    r = c.run("bad", "x = 1", redis_url="unix://" + env.tmp + "/nope.sock", state_closure=["x"])
+    assert r.content["ename"] == "WorkerPrepareError"
+    assert "nope.sock" in r.content["evalue"], r.content
+    assert c.run("good", "print(2)").stdout == "2\n"
