@@ -42,6 +42,7 @@
 #define S_MAX_RUNS 512
 #define S_MAX_PROBES 32
 #define S_MAX_SLOTS 64
+#define S_PROBE_MS 120000.0
 
 /* Frames to a client are queued and written as its socket takes them, so a
  * client that stops reading stalls only itself; past S_CLIENT_QUEUE_MAX it
@@ -99,6 +100,7 @@ typedef struct {
     int node;           /* node index to grow from when safe */
     char out[512];      /* its output */
     size_t outlen;
+    double started;     /* ms; a probe that hangs is killed after S_PROBE_MS */
 } s_probe_t;
 
 static struct {
@@ -123,6 +125,8 @@ static struct {
     double idle_since;       /* ms, 0 while busy */
     bool stop;
     int base_respawns;
+    int base_failures;       /* base deaths in a row before it was ready */
+    bool base_broken;        /* gave up respawning the base */
 } P;
 
 static void s_drop_run(int r);
@@ -314,6 +318,17 @@ static bool s_is_leaf(int n)
     return true;
 }
 
+/* Every queued cell gets an error reply (no zygote will fork it). */
+static void s_fail_queued(void)
+{
+    for (int r = 0; r < S_MAX_RUNS; r++)
+        if (P.runs[r].used && P.runs[r].state == S_QUEUED) {
+            s_reply_error(r, "ZygoteUnavailable",
+                          "the pool cannot start its base zygote (see pool.log in the pool's runtime dir)");
+            s_drop_run(r);
+        }
+}
+
 static void s_node_gone(int n, const char *why)
 {
     s_node_t *nd = &P.nodes[n];
@@ -326,9 +341,9 @@ static void s_node_gone(int n, const char *why)
             s_drop_run(r);
         }
     }
-    bool base = nd->parent < 0;
+    bool base = nd->parent == -1, was_ready = nd->ready;
     /* Children of a dead node stay (they hold their own sockets) but hang
-     * from the base now. */
+     * from the base now (-2: from the base about to be respawned). */
     for (int i = 0; i < S_MAX_NODES; i++)
         if (P.nodes[i].used && P.nodes[i].parent == n)
             P.nodes[i].parent = base ? -2 : nd->parent;
@@ -337,10 +352,22 @@ static void s_node_gone(int n, const char *why)
     json_decref(nd->modules);
     memset(nd, 0, sizeof *nd);
     if (base && !P.stop) {
-        P.base_respawns++;
-        int b = s_spawn_base();
+        /* A base that dies before it was ever ready (exec failed, the head
+         * crashes the interpreter) is not respawned forever. */
+        P.base_failures = was_ready ? 0 : P.base_failures + 1;
+        int b = -1;
+        if (P.base_failures < 3) {
+            P.base_respawns++;
+            b = s_spawn_base();
+        }
+        if (b < 0) {
+            ll_error("pool", "the base zygote cannot be started (see the lines above): GPU cells fail until the "
+                             "pool restarts");
+            P.base_broken = true;
+            s_fail_queued();
+        }
         for (int i = 0; i < S_MAX_NODES; i++)
-            if (P.nodes[i].used && P.nodes[i].parent == -2)
+            if (P.nodes[i].used && P.nodes[i].parent == -2 && b >= 0)
                 P.nodes[i].parent = b;
     }
 }
@@ -352,7 +379,7 @@ static void s_evict(void)
         int victim = -1;
         for (int i = 0; i < S_MAX_NODES; i++) {
             s_node_t *nd = &P.nodes[i];
-            if (!nd->used || nd->parent < 0 || !nd->ready || nd->forking || !s_is_leaf(i))
+            if (!nd->used || nd->parent == -1 || !nd->ready || nd->forking || !s_is_leaf(i))
                 continue;
             if (victim < 0 || nd->last_used < P.nodes[victim].last_used)
                 victim = i;
@@ -440,6 +467,7 @@ static void s_start_probe(const char *module, int node)
     pr->fd = pfd[0];
     pr->node = P.nodes[node].id;
     snprintf(pr->module, sizeof pr->module, "%s", module);
+    pr->started = ll_zframe_now_ms();
     ll_info("pool", "probing whether importing %s touches CUDA (pid %d)", module, (int)pid);
 }
 
@@ -736,7 +764,7 @@ static json_t *s_stats(void)
         s_node_t *nd = &P.nodes[i];
         if (nd->used)
             json_array_append_new(nodes, json_pack("{s:i, s:i, s:i, s:b, s:O, s:f}", "id", nd->id, "parent",
-                                                   nd->parent >= 0 ? P.nodes[nd->parent].id : -1, "pid",
+                                                   nd->parent >= 0 ? P.nodes[nd->parent].id : nd->parent, "pid",
                                                    (int)nd->pid, "ready", nd->ready, "modules", nd->modules,
                                                    "last_used", nd->last_used));
     }
@@ -746,9 +774,10 @@ static json_t *s_stats(void)
         if (P.runs[r].used)
             json_array_append_new(runs, json_pack("{s:s, s:i, s:i}", "id", P.runs[r].id, "state", P.runs[r].state,
                                                   "pid", (int)P.runs[r].wpid));
-    return json_pack("{s:s, s:i, s:o, s:o, s:o, s:b, s:i, s:O, s:i}", "type", "stats", "pid", (int)getpid(), "nodes",
+    return json_pack("{s:s, s:i, s:o, s:o, s:o, s:b, s:i, s:O, s:i, s:b}", "type", "stats", "pid", (int)getpid(), "nodes",
                      nodes, "slots", slots, "runs", runs, "cuda", P.cuda, "max_nodes", P.max_nodes, "safety",
-                     P.safety, "base_respawns", P.base_respawns);
+                     P.safety, "base_respawns", P.base_respawns,
+                     "base_broken", P.base_broken);
 }
 
 static void s_client_frame(int c, json_t *m)
@@ -802,7 +831,10 @@ static void s_client_frame(int c, json_t *m)
         run->wfd = -1;
         run->node = -1;
         run->t_queued = ll_zframe_now_ms();
-        s_schedule();
+        if (P.base_broken)
+            s_fail_queued();
+        else
+            s_schedule();
         return;
     }
     int r = s_find_run(c, id);
@@ -1131,13 +1163,23 @@ int ll_pool_main(int argc, char **argv)
         else if (!P.idle_since)
             P.idle_since = now;
         int timeout = -1;
+        for (int j = 0; j < S_MAX_PROBES; j++)
+            if (P.probes[j].pid) {
+                if (now - P.probes[j].started > S_PROBE_MS) {
+                    ll_warn("pool", "probe of %s hangs: killed (the package stays out of zygotes)",
+                            P.probes[j].module);
+                    kill(P.probes[j].pid, SIGKILL); /* reaped through SIGCHLD: verdict "failed" */
+                    P.probes[j].started = now;
+                }
+                timeout = 1000;
+            }
         if (P.idle_since) {
             double left = P.idle_since + P.idle_exit_s * 1000.0 - now;
             if (left <= 0) {
                 ll_info("pool", "no client for %d s: exiting", P.idle_exit_s);
                 break;
             }
-            timeout = (int)left + 1;
+            timeout = timeout < 0 || (int)left + 1 < timeout ? (int)left + 1 : timeout;
         }
         int rc = poll(pfd, (nfds_t)np, timeout);
         if (rc < 0 && errno != EINTR)

@@ -165,3 +165,17 @@ def test_worker_outlives_its_dead_zygote_and_its_fate_is_still_reported(env):
     r2 = c.collect("w2")[-1]
     assert "SIGKILL" in r2["content"]["evalue"], r2
     assert c.run("w3", "print(v)", state_closure=["v"]).stdout == "1\n"
+
+
+def test_a_base_zygote_that_cannot_start_is_not_respawned_forever(env):
+    mods = os.path.join(env.tmp, "mods")
+    os.makedirs(mods)
+    with open(os.path.join(mods, "llz_exit.py"), "w") as f:
+        f.write("import os\nos._exit(3)\n")
+    env.environ["PYTHONPATH"] = mods
+    c = env.client(head="IPython,llz_exit")
+    r = c.run("x", "print(1)")
+    assert r.content["ename"] == "ZygoteUnavailable", r.content
+    st = c.stats()
+    assert st["base_broken"] and st["base_respawns"] == 2
+    assert c.run("y", "print(1)").content["ename"] == "ZygoteUnavailable"
