@@ -21,6 +21,7 @@
  * Errors after the fork end the child (_exit), never return into the loop. */
 #include "zygote/ll_zygote.h"
 #include "zygote/ll_zframe.h"
+#include "gateway/ll_fdcap.h"
 #include "kernel/ll_interp.h"
 #include "proto/ll_log.h"
 #include "store/ll_store.h"
@@ -355,6 +356,16 @@ static void s_worker_main(int wfd, json_t *job, double t_before_fork)
     if (pthread_create(&flusher, NULL, s_flusher, NULL) != 0)
         _exit(72);
     pthread_detach(flusher);
+    /* What C code and subprocesses write to fds 1/2 is cell output too (as in
+     * the kernel, gateway/ll_fdcap.h); the log keeps the original stderr. */
+    static const int cap_fds[2] = {1, 2};
+    static const char *const cap_names[2] = {"stdout", "stderr"};
+    char cap_err[256];
+    ll_fdcap_t *cap = ll_fdcap_new(cap_fds, cap_names, 2, s_w_stream, NULL, cap_err, sizeof cap_err);
+    if (cap)
+        ll_log_set_fd(ll_fdcap_original(cap, 1));
+    else
+        ll_warn("worker", "fd output of this cell is not captured: %s", cap_err);
     if (pipe2(s_intpipe, O_CLOEXEC | O_NONBLOCK) < 0)
         _exit(71);
     json_object_set_new(job, "int_fd", json_integer(s_intpipe[0]));
@@ -398,11 +409,19 @@ static void s_worker_main(int wfd, json_t *job, double t_before_fork)
         t_exec0 = ll_zframe_now_ms();
         reply = ll_interp_handle("execute_request", content_text, parent_text, &md_text);
         t_exec1 = ll_zframe_now_ms();
+        if (cap) {
+            fflush(NULL);
+            ll_fdcap_sync(cap);
+        }
         free(content_text);
         free(parent_text);
         json_decref(content);
     }
     char *fin = fatal ? NULL : s_py_call("worker_finish", job_json, err, sizeof err);
+    if (cap) {
+        fflush(NULL);
+        ll_fdcap_sync(cap);
+    }
     json_t *reply_j = reply ? json_loads(reply, 0, &jerr) : NULL;
     json_t *md = md_text ? json_loads(md_text, 0, &jerr) : NULL;
     if (!json_is_object(md)) {

@@ -91,3 +91,13 @@ def test_unreachable_store_is_a_clear_error(env):
     assert r.content["ename"] == "WorkerPrepareError"
     assert "nope.sock" in r.content["evalue"], r.content
     assert c.run("good", "print(2)").stdout == "2\n"
+
+
+def test_fd_level_output_is_cell_output(env):
+    c = env.client()
+    r = c.run("fd", "import os\nos.write(1, b'raw1\\n')\nos.system('echo from-shell; echo to-err >&2')\n"
+                    "print('py')")
+    assert r.ok
+    assert "raw1\n" in r.stdout and "from-shell\n" in r.stdout and "py\n" in r.stdout
+    assert "to-err\n" in r.stderr
+    assert "from-shell" not in env.log()
