@@ -634,8 +634,13 @@ static zsock_t *s_bind(int type, ll_channel_t ch, char *err, size_t errlen)
     zsock_set_linger(sock, 1000); /* let the last replies (shutdown) leave */
     if (strchr(s_k.conn.ip, ':'))
         zsock_set_ipv6(sock, 1);  /* an IPv6 address ("::1") binds only with this */
-    if (type == ZMQ_ROUTER)
+    if (type == ZMQ_ROUTER) {
         zsock_set_rcvtimeo(sock, 0); /* receive only after polling: never block */
+        /* A frontend that reconnects with the same identity (every client of
+         * one KernelManager shares its session id) takes the route over, as
+         * ipykernel does; otherwise its replies would go to the dead peer. */
+        zsock_set_router_handover(sock, 1);
+    }
     if (zsock_bind(sock, "%s", endpoint) == -1) {
         snprintf(err, errlen, "%s: cannot bind %.300s: %.100s", ll_conn_channel_name(ch), endpoint,
                  zmq_strerror(zmq_errno()));
