@@ -33,13 +33,33 @@ void ll_analysis_ipython_shutdown(void)
  * starts with % ! ? (or the autocall escapes / ; ,), ends in ?, or is
  * `x = !cmd` / `x = %magic`.  Cheap and generous: a false positive costs one
  * transform call on that line, which returns it unchanged. */
+/* Where a comment starts on the line (outside quotes), or END. */
+static const char *s_comment(const char *p, const char *end)
+{
+    char quote = 0;
+    for (; p < end; p++) {
+        if (quote) {
+            if (*p == '\\')
+                p++;
+            else if (*p == quote)
+                quote = 0;
+        }
+        else if (*p == '\'' || *p == '"')
+            quote = *p;
+        else if (*p == '#')
+            return p;
+    }
+    return end;
+}
+
 static bool s_line_needs(const char *line, const char *end)
 {
     while (line < end && (*line == ' ' || *line == '\t'))
         line++;
     if (line < end && strchr("%!?/;,", *line))
         return true;
-    const char *last = end;
+    /* `obj?` asks for help; a question in a comment does not. */
+    const char *last = s_comment(line, end);
     while (last > line && isspace((unsigned char)last[-1]))
         last--;
     if (last > line && last[-1] == '?')
