@@ -5,7 +5,7 @@
  * DESIGN
  * ------
  * The private server listens only on RUNTIME_DIR/redis.sock (port 0,
- * unixsocketperm 700, the directory 0700), in its own process group so a
+ * unixsocketperm 700, the directory 0700), in its own session so a
  * Ctrl-C or a killpg() meant for the kernel does not take it down.  It is
  * spawned with posix_spawn, never fork(): the kernel process has ZeroMQ
  * threads by then.  It keeps an append-only file in the runtime directory
@@ -215,7 +215,6 @@ char *ll_redis_start(const char *runtime_dir, bool *started, char *err, size_t e
     posix_spawnattr_t attr;
     posix_spawn_file_actions_t fa;
     posix_spawnattr_init(&attr);
-    posix_spawnattr_setpgroup(&attr, 0);
     sigset_t none;
     sigemptyset(&none);
     posix_spawnattr_setsigmask(&attr, &none);
@@ -226,7 +225,7 @@ char *ll_redis_start(const char *runtime_dir, bool *started, char *err, size_t e
     sigaddset(&def, SIGTERM);
     sigaddset(&def, SIGINT);
     posix_spawnattr_setsigdefault(&attr, &def);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK |
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK |
                                         POSIX_SPAWN_SETSIGDEF);
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
