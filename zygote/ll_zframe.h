@@ -44,6 +44,10 @@ int ll_zreader_fill(ll_zreader_t *self);
  * frame (the peer should be dropped). */
 json_t *ll_zreader_pop(ll_zreader_t *self, bool *bad);
 
+/* Base64 (RFC 4648, padded) of LEN bytes as a new JSON string (binary
+ * buffers of iopub messages travel so in frames), or NULL. */
+json_t *ll_zframe_b64(const void *data, size_t len);
+
 /* Milliseconds of CLOCK_MONOTONIC (the same clock in every process on the host). */
 double ll_zframe_now_ms(void);
 

@@ -278,10 +278,15 @@ static void s_w_publish(void *ctx, const char *msg_type, const char *content_jso
     json_t *md = metadata_json ? json_loads(metadata_json, 0, &jerr) : NULL;
     if (!content)
         return;
-    if (nbufs)
-        ll_warn("worker", "%s with %zu binary buffer(s): buffers are not relayed from workers yet", msg_type, nbufs);
-    s_wsend(json_pack("{s:s, s:s, s:o, s:o}", "type", "iopub", "msg_type", msg_type, "content", content, "metadata",
-                      md ? md : json_object()));
+    json_t *m = json_pack("{s:s, s:s, s:o, s:o}", "type", "iopub", "msg_type", msg_type, "content", content,
+                          "metadata", md ? md : json_object());
+    if (nbufs) {
+        json_t *arr = json_array();
+        for (size_t i = 0; i < nbufs; i++)
+            json_array_append_new(arr, ll_zframe_b64(bufs[i], buflens[i]));
+        json_object_set_new(m, "buffers", arr);
+    }
+    s_wsend(m);
 }
 
 static char *s_w_input(void *ctx, const char *prompt, bool password, int *err)

@@ -101,3 +101,15 @@ def test_fd_level_output_is_cell_output(env):
     assert "raw1\n" in r.stdout and "from-shell\n" in r.stdout and "py\n" in r.stdout
     assert "to-err\n" in r.stderr
     assert "from-shell" not in env.log()
+
+
+def test_comm_messages_with_buffers_are_relayed(env):
+    import base64
+    c = env.client()
+    r = c.run("comm", "from comm import create_comm\ncm = create_comm(target_name='llz', data={'a': 1}, "
+                      "buffers=[b'\\x00\\x01binary'])\ncm.send({'b': 2}, buffers=[b'xyz'])")
+    assert r.ok, r.events[-1]
+    msgs = [e for e in r.events if e["type"] == "iopub" and e["msg_type"].startswith("comm_")]
+    assert [m["msg_type"] for m in msgs][:2] == ["comm_open", "comm_msg"], msgs
+    assert base64.b64decode(msgs[0]["buffers"][0]) == b"\x00\x01binary"
+    assert msgs[1]["content"]["data"] == {"b": 2} and base64.b64decode(msgs[1]["buffers"][0]) == b"xyz"
