@@ -132,6 +132,15 @@ def test_execute_result_and_counts(env):
     assert r5["content"]["execution_count"] == 3
 
 
+def test_parent_is_the_request(env):
+    evs = run(env, ex("k = get_ipython().kernel\np = k.get_parent()\n"
+                      "(p['header']['msg_id'], p['msg_type'], p['content']['code'][:5],"
+                      " k._parent_header is p, get_ipython().get_parent() is p)"))
+    ((g, r),) = split_replies(evs)
+    assert pubs(g, "execute_result")[0]["data"]["text/plain"] == \
+        "('driver-1', 'execute_request', 'k = g', True, True)"
+
+
 def test_user_expressions_and_payload(env):
     evs = run(env, ex("a = 1", user_expressions={"ok": "a + 1", "bad": "1/0"}),
               ex("get_ipython().set_next_input('next')"), ex("exit"))

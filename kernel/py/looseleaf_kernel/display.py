@@ -80,7 +80,7 @@ class LooseLeafDisplayPublisher(DisplayPublisher):
             msg = {
                 "header": {"msg_type": msg_type},
                 "msg_type": msg_type,
-                "parent_header": self.parent_header,
+                "parent_header": (self.parent_header or {}).get("header", {}),
                 "content": content,
                 "metadata": {},
             }

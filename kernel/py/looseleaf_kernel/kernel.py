@@ -19,7 +19,6 @@ import traceback
 import uuid
 from datetime import datetime, timezone
 
-from IPython.core import release
 from IPython.core.error import StdinNotImplementedError
 from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult
 from IPython.utils.tokenutil import line_at_cursor, token_at_cursor
@@ -248,9 +247,19 @@ class Kernel:
         handler = self.handlers.get(msg_type)
         if handler is None:
             return self._error_json("UnknownRequest", "unknown request type %r" % (msg_type,))
-        self.set_parent(parent)
         self._request_metadata = metadata
         self._request_buffers = list(buffers) if buffers else []
+        # The whole request, as ipykernel's get_parent() gives it (the
+        # Output widget reads get_parent()["header"]["msg_id"]).
+        self.set_parent({
+            "header": parent,
+            "msg_id": parent.get("msg_id", ""),
+            "msg_type": msg_type,
+            "parent_header": {},
+            "metadata": metadata,
+            "content": content,
+            "buffers": self._request_buffers,
+        })
         try:
             return handler(content, parent)
         except BaseException as e:  # KeyboardInterrupt too: the kernel lives on
@@ -262,10 +271,17 @@ class Kernel:
         return dumps(reply), None
 
     def set_parent(self, parent):
+        """PARENT: the current request as a message dict (header, content,
+        metadata, ...), like ipykernel's."""
         self.parent_header = parent
         self.shell.set_parent(parent)
 
     def get_parent(self, channel="shell"):
+        return self.parent_header
+
+    @property
+    def _parent_header(self):
+        # ipykernel's name for the same, used by ipywidgets
         return self.parent_header
 
     # -- execute ----------------------------------------------------------
@@ -483,15 +499,8 @@ class Kernel:
         return dumps({"status": "ok", "comms": comms.comm_info(target)}), None
 
     def _comm_message(self, msg_type, content, parent):
-        return {
-            "header": parent,
-            "msg_id": parent.get("msg_id", ""),
-            "msg_type": msg_type,
-            "parent_header": {},
-            "metadata": self._request_metadata,
-            "content": content,
-            "buffers": self._request_buffers,
-        }
+        # The request itself, as the comm package's handlers expect it.
+        return self.parent_header
 
     def _comm_args_ok(self, content, *keys):
         return all(isinstance(content.get(k), str) for k in keys)

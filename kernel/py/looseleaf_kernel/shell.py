@@ -24,7 +24,7 @@ from IPython.core.magics.code import MacroToEdit
 from IPython.core.interactiveshell import InteractiveShell, InteractiveShellABC
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.utils.process import system
-from traitlets import Any, Bool, CBool, Instance, Type, default
+from traitlets import Any, CBool, Instance, Type, default
 
 from .display import LooseLeafDisplayHook, LooseLeafDisplayPublisher, flush_streams, publish
 
