@@ -283,8 +283,37 @@ char *ll_analysis_prepare(const char *src, bool *whole)
     return out.buf;
 }
 
+/* The running IPython shell's own transformer manager (in the kernel: the
+ * one that will transform the cell for execution, with any transformer an
+ * extension registered), as a new reference; NULL outside a shell. */
+static PyObject *s_shell_manager(void)
+{
+    PyObject *name = PyUnicode_FromString("IPython");
+    PyObject *ipy = name ? PyImport_GetModule(name) : NULL; /* never imports */
+    Py_XDECREF(name);
+    PyObject *shell = ipy ? PyObject_CallMethod(ipy, "get_ipython", NULL) : NULL;
+    Py_XDECREF(ipy);
+    PyObject *mgr = shell && shell != Py_None
+                        ? PyObject_GetAttrString(shell, "input_transformer_manager")
+                        : NULL;
+    Py_XDECREF(shell);
+    PyErr_Clear();
+    return mgr;
+}
+
 char *ll_analysis_transform(const char *src)
 {
+    PyObject *shell_mgr = s_shell_manager();
+    if (shell_mgr) {
+        PyObject *res = PyObject_CallMethod(shell_mgr, "transform_cell", "s", src);
+        Py_DECREF(shell_mgr);
+        const char *out = res && PyUnicode_Check(res) ? PyUnicode_AsUTF8(res) : NULL;
+        char *copy = out ? strdup(out) : NULL;
+        Py_XDECREF(res);
+        PyErr_Clear();
+        if (copy)
+            return copy;
+    }
     if (!s_transformer && !s_transformer_failed) {
         PyObject *mod = PyImport_ImportModule("IPython.core.inputtransformer2");
         PyObject *cls = mod ? PyObject_GetAttrString(mod, "TransformerManager")

@@ -10,9 +10,11 @@
 #include "gateway/ll_analysis.h"
 #include "gateway/ll_analysis_internal.h"
 
+#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 static int s_failures;
@@ -327,6 +329,45 @@ static void s_test_config_and_contracts(void)
     ll_analysis_session_destroy(&s); /* safe twice */
 }
 
+static int s_rm(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+/* In a running IPython shell (the kernel), cells are transformed by the
+ * shell's own manager, so transformers an extension registered apply.  The
+ * shell's profile lives in DIR (IPython writes to it until Py_Finalize). */
+static void s_test_shell_transformer(const char *dir)
+{
+    char script[1024];
+    snprintf(script, sizeof script,
+             "import os\n"
+             "os.environ['IPYTHONDIR'] = '%s'\n"
+             "from traitlets.config import Config\n"
+             "from IPython.core.interactiveshell import InteractiveShell\n"
+             "_c = Config()\n"
+             "_c.HistoryManager.enabled = False\n"
+             "InteractiveShell.instance(config=_c).input_transformers_cleanup.append(\n"
+             "    lambda lines: [l.replace('%%llselftest', 'made = source') for l in lines])\n",
+             dir);
+    int rc = PyRun_SimpleString(script);
+    CHECK(rc == 0);
+    ll_analysis_t *a = s_new("%llselftest\n");
+    CHECK(a && !ll_analysis_error(a));
+    CHECK(a && s_same(ll_analysis_defs(a), "made") && s_same(ll_analysis_reads(a), "source"));
+    CHECK(a && !ll_analysis_is_opaque(a));
+    ll_analysis_destroy(&a);
+    /* (the shell made itself __main__: nothing from the first script is
+     * visible here) */
+    rc = PyRun_SimpleString(
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "InteractiveShell.clear_instance()\n");
+    CHECK(rc == 0);
+}
+
 int ll_analysis_selftest(bool verbose)
 {
     s_verbose = verbose;
@@ -344,9 +385,16 @@ int ll_analysis_selftest(bool verbose)
     s_test_session();
     s_test_bad_input();
     s_test_config_and_contracts();
+    char dir[] = "/tmp/ll-analysis-selftest-XXXXXX";
+    /* never install a shell in someone else's interpreter */
+    bool shell = started && mkdtemp(dir) != NULL;
+    if (shell)
+        s_test_shell_transformer(dir);
     ll_analysis_shutdown();
     PyGILState_Release(gil);
     if (started)
         Py_FinalizeEx();
+    if (shell)
+        nftw(dir, s_rm, 16, FTW_DEPTH | FTW_PHYS);
     return s_failures ? 1 : 0;
 }
