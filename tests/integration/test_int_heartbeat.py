@@ -5,7 +5,7 @@ import time
 
 import zmq
 
-from itest_util import Kernel
+from itest_util import Kernel, skip_slow_on_reference
 
 HB_TIMEOUT = 5  # seconds one ping may take before the kernel counts as dead
 CELL_SECONDS = 30  # as the issue asks
@@ -25,8 +25,16 @@ def _ping(sock, payload):
     return sock.recv()
 
 
-def test_heartbeat_during_long_cell(fresh_kernel):
-    k = fresh_kernel
+def test_heartbeat_during_long_cell(kernel_name, jupyter_env):
+    skip_slow_on_reference(kernel_name)
+    k = Kernel(kernel_name)
+    try:
+        _heartbeat_during_long_cell(k)
+    finally:
+        k.stop()
+
+
+def _heartbeat_during_long_cell(k):
     sock = _hb_socket(k)
     try:
         assert _ping(sock, b"ping-idle") == b"ping-idle"

@@ -13,7 +13,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from itest_util import REPO, kernel_env, norm_text
+from itest_util import REPO, kernel_env, norm_text, skip_slow_on_reference
 
 NOTEBOOKS = sorted(glob.glob(os.path.join(REPO, "examples", "*.ipynb")))
 CELL_TIMEOUT = 300
@@ -118,6 +118,7 @@ def test_examples_exist():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[os.path.basename(p)[:-6] for p in NOTEBOOKS])
 def test_notebook_matches_ipykernel(kernel_name, jupyter_env, tmp_path_factory, path):
+    skip_slow_on_reference(kernel_name)
     tmp_root = str(tmp_path_factory.getbasetemp())
     expected = reference_outputs(path, tmp_root)
     nb = run_notebook(path, kernel_name, str(tmp_path_factory.mktemp("nb-" + kernel_name)))
