@@ -21,7 +21,9 @@ from jupyter_client import BlockingKernelClient
 from jupyter_client.connect import write_connection_file
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BIN = os.path.join(REPO, "build", "looseleaf")
+BUILT = os.path.join(REPO, "build", "looseleaf")
+# LL_TEST_LOOSELEAF runs the suite against a copy (e.g. while the tree rebuilds).
+BIN = os.environ.get("LL_TEST_LOOSELEAF", BUILT)
 TIMEOUT = 30
 
 
@@ -135,10 +137,10 @@ def test_analyze_subcommand_does_not_crash():
 
 # ---- kernelspec -------------------------------------------------------------------------------
 
-def _check_spec(path):
+def _check_spec(path, binary=BIN):
     with open(path) as f:
         spec = json.load(f)
-    assert spec["argv"] == [os.path.realpath(BIN), "-f", "{connection_file}"]
+    assert spec["argv"] == [os.path.realpath(binary), "-f", "{connection_file}"]
     assert spec["display_name"] == "LooseLeaf (GPU)"
     assert spec["language"] == "python"
     assert spec["interrupt_mode"] == "signal"
@@ -146,7 +148,7 @@ def _check_spec(path):
 
 
 def test_build_produces_kernelspec_dir():
-    _check_spec(os.path.join(REPO, "build", "kernelspec", "looseleaf", "kernel.json"))
+    _check_spec(os.path.join(REPO, "build", "kernelspec", "looseleaf", "kernel.json"), BUILT)
 
 
 def test_install_user_honours_jupyter_data_dir(tmp_path):
@@ -178,7 +180,7 @@ def test_jupyter_kernelspec_install_from_build_dir(tmp_path):
     r = subprocess.run(["/usr/bin/python3", "-m", "jupyter_client.kernelspecapp", "install", src,
                         "--user"], capture_output=True, text=True, env=env, timeout=TIMEOUT)
     assert r.returncode == 0, r.stderr
-    _check_spec(tmp_path / "data" / "kernels" / "looseleaf" / "kernel.json")
+    _check_spec(tmp_path / "data" / "kernels" / "looseleaf" / "kernel.json", BUILT)
 
 
 # ---- connection file errors -------------------------------------------------------------------
