@@ -110,3 +110,34 @@ def test_is_complete(both, case):
         assert mine["status"] == expected[case]
     if case == "open_block":
         assert mine["indent"] == "    "
+
+
+def test_requests_while_cell_runs(kernel, tmp_path):
+    """JupyterLab sends complete/inspect/is_complete while a cell runs (the
+    user keeps typing): every one is answered, with the same answers as when
+    idle, and the running cell is unaffected."""
+    go = str(tmp_path / "go")
+    kernel.run_ok("typing_target = [1, 2]")
+    code = ("import os, time\nprint('started', flush=True)\n_t = time.monotonic() + 30\n"
+            "while not os.path.exists(%r) and time.monotonic() < _t:\n    time.sleep(0.01)\n"
+            "typing_target.append(3)" % go)
+    cell = kernel.send("execute_request", {"code": code, "silent": False, "store_history": True,
+                                           "user_expressions": {}, "allow_stdin": False})
+    kernel.iopub_next(cell, lambda m: m["msg_type"] == "stream" and "started" in m["content"]["text"])
+    sent = []
+    for i in range(3):
+        sent.append(("complete", kernel.send("complete_request", {"code": "typing_t", "cursor_pos": 8})))
+        sent.append(("inspect", kernel.send("inspect_request", {"code": "typing_target", "cursor_pos": 5,
+                                                                "detail_level": 0})))
+        sent.append(("is_complete", kernel.send("is_complete_request", {"code": "for x in y:"})))
+    open(go, "w").close()
+    assert kernel.reply(cell)["content"]["status"] == "ok"
+    for kind, msg_id in sent:
+        c = kernel.reply(msg_id)["content"]
+        if kind == "complete":
+            assert c["status"] == "ok" and "typing_target" in c["matches"]
+        elif kind == "inspect":
+            assert c["status"] == "ok" and c["found"] is True
+        else:
+            assert c["status"] == "incomplete"
+    assert kernel.eval_text("typing_target") == "[1, 2, 3]"
