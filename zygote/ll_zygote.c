@@ -328,6 +328,22 @@ static void s_w_sigint(int sig)
     errno = saved;
 }
 
+/* A worker whose pool is gone has nobody to report to, and no slot to keep
+ * count of: it ends (without this it would run on as an orphan).  The pool
+ * closes a worker's socket only after its reply, or by dying. */
+static void *s_watchdog(void *arg)
+{
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL);
+    struct pollfd p = {s_wfd, POLLRDHUP, 0};
+    while (poll(&p, 1, -1) < 0 && errno == EINTR)
+        ;
+    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR))
+        _exit(75);
+    return arg;
+}
+
 static void s_merge_looseleaf(json_t *md, const char *report_json)
 {
     json_error_t jerr;
@@ -361,6 +377,10 @@ static void s_worker_main(int wfd, json_t *job, double t_before_fork)
     if (pthread_create(&flusher, NULL, s_flusher, NULL) != 0)
         _exit(72);
     pthread_detach(flusher);
+    pthread_t watchdog;
+    if (pthread_create(&watchdog, NULL, s_watchdog, NULL) != 0)
+        _exit(72);
+    pthread_detach(watchdog);
     /* What C code and subprocesses write to fds 1/2 is cell output too (as in
      * the kernel, gateway/ll_fdcap.h); the log keeps the original stderr. */
     static const int cap_fds[2] = {1, 2};

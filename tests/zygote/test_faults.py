@@ -4,7 +4,7 @@ exhausted (the wait is reported); interrupt of a running worker cell; input() th
 clients sharing one pool; a multi-threaded zygote refuses to fork; the pool exits when idle."""
 import os
 import signal
-import textwrap
+import subprocess
 
 from zyghelp import pid_alive, wait_for
 
@@ -179,3 +179,54 @@ def test_a_base_zygote_that_cannot_start_is_not_respawned_forever(env):
     st = c.stats()
     assert st["base_broken"] and st["base_respawns"] == 2
     assert c.run("y", "print(1)").content["ename"] == "ZygoteUnavailable"
+
+
+def _head_module(env, name, code):
+    mods = os.path.join(env.tmp, "mods")
+    os.makedirs(mods, exist_ok=True)
+    with open(os.path.join(mods, name + ".py"), "w") as f:
+        f.write(code)
+    env.environ["PYTHONPATH"] = mods
+    return mods
+
+
+def test_zygote_with_the_cuda_driver_mapped_refuses_to_fork(env):
+    mods = _head_module(env, "llz_fakecuda", "import ctypes, os\n"
+                        "LIB = ctypes.CDLL(os.path.join(os.path.dirname(__file__), 'libcuda.so.1'))\n")
+    # A library named like the CUDA driver (empty: mapping it is what the check looks for).
+    src = os.path.join(env.tmp, "empty.c")
+    with open(src, "w") as f:
+        f.write("int ll_fake_cuda_symbol;\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", os.path.join(mods, "libcuda.so.1"), src], check=True)
+    c = env.client(head="IPython,looseleaf_kernel,looseleaf_store,llz_fakecuda")
+    r = c.run("t", "print(1)")
+    assert r.content["ename"] == "ZygoteRefused"
+    assert "CUDA driver mapped" in r.content["evalue"], r.content
+
+
+def test_zygote_holding_a_foreign_descriptor_refuses_to_fork(env):
+    _head_module(env, "llz_pipe", "import os\nR, W = os.pipe()\n")
+    c = env.client(head="IPython,looseleaf_kernel,looseleaf_store,llz_pipe")
+    r = c.run("t", "print(1)")
+    assert r.content["ename"] == "ZygoteRefused"
+    assert "unexpected descriptor" in r.content["evalue"] and "pipe:" in r.content["evalue"], r.content
+
+
+def test_pool_killed_clients_are_told_and_a_new_pool_starts(env):
+    c = env.client()
+    c.submit("p", "import time\nwhile True: time.sleep(0.01)")
+    worker = _started(c, "p")["pid"]
+    zygotes = [n["pid"] for n in c.stats()["nodes"]]
+    old = env.pool_pid
+    os.kill(old, signal.SIGKILL)
+    ev = c.next()
+    while ev["type"] not in ("pool_gone", "eof"):
+        ev = c.next()
+    assert ev["type"] == "pool_gone"
+    # Nothing of the dead pool lives on: its zygotes and its worker end.
+    for pid in zygotes + [worker]:
+        wait_for(lambda: not pid_alive(pid), 30, "process %d of the dead pool to end" % pid)
+    env.pool_pid = None
+    c2 = env.client()
+    assert env.pool_pid != old
+    assert c2.run("q", "print(3)").stdout == "3\n"
