@@ -1,21 +1,29 @@
 /* ll_kernel: the kernel process (see ll_kernel.h for the threads).
  *
  * DESIGN.  One dispatcher (s_dispatch) owns the ordering every frontend
- * relies on: status busy -> handler (execute_input, output, reply) -> all
- * output flushed -> status idle, each under the request's header.  Handlers
- * are found in one table by msg_type, with the channels they are valid on.
- * Shell requests run on the main thread, one at a time, because that is
- * where the interpreter lives; control requests run on the control thread
- * and touch the interpreter only through ll_interp_interrupt / ll_interp_busy
- * (async-signal-safe) and the kernel_info reply cached at start-up.
+ * relies on: status busy -> handler (output, reply; the interpreter itself
+ * publishes execute_input, since it knows IPython's execution_count) -> all
+ * output flushed, fds 1/2 drained -> status idle, each under the request's
+ * header.  Handlers are found in one table by msg_type, with the channels
+ * they are valid on.  Shell requests run on the main thread, one at a time,
+ * because that is where the interpreter lives; control requests run on the
+ * control thread and touch the interpreter only through ll_interp_interrupt
+ * / ll_interp_busy (async-signal-safe) and the kernel_info reply cached at
+ * start-up.
+ *
+ * stop_on_error: when an execute fails, the execute_requests already queued
+ * on shell are taken before the error reply leaves and answered "aborted"
+ * after the failing request's idle; a request the client sends after seeing
+ * the reply therefore always runs.
  *
  * Interrupts, by signal or by interrupt_request (which raises SIGINT on our
  * process group, as ipykernel does, so `!sleep` children stop too), end in
  * s_on_sigint: a running cell gets KeyboardInterrupt, an input() waiting on
- * stdin is woken, and when idle nothing happens.  SIGTERM and a shutdown
- * request wake the main loop, which leaves and tears down in order:
- * interpreter (atexit handlers still reach iopub), fd capture, threads,
- * sockets.
+ * stdin is woken, and when idle nothing happens.  User code can replace the
+ * SIGINT handler (asyncio.run does), so it is re-installed after every shell
+ * request.  SIGTERM and a shutdown request wake the main loop, which leaves
+ * and tears down in order: interpreter (atexit handlers still reach iopub),
+ * fd capture, threads, sockets; a watchdog ends a teardown that hangs.
  *
  * Bad wire input is logged (the reason only, never the key or user code)
  * and dropped; nothing here asserts on it. */
