@@ -11,6 +11,21 @@ from itest_util import normalized, of_type, stream_text
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+def test_matplotlib_inline_by_default(kernel, reference):
+    """Without any %matplotlib, a figure made in a cell is shown at its end
+    (ipykernel sets the inline backend by default).  First in this module, so
+    the kernels have run no %matplotlib yet."""
+    code = "import matplotlib\nimport matplotlib.pyplot as plt\nplt.plot([3, 1, 2]);\nmatplotlib.get_backend()"
+    mine_reply, mine = kernel.execute(code, timeout=60)
+    ref_reply, ref = reference.execute(code, timeout=60)
+    assert mine_reply["content"]["status"] == ref_reply["content"]["status"] == "ok"
+    assert [m["msg_type"] for m in mine] == [m["msg_type"] for m in ref]
+    assert of_type(mine, "execute_result")[0]["content"]["data"]["text/plain"] == \
+        "'module://matplotlib_inline.backend_inline'"
+    shown = of_type(mine, "display_data")
+    assert len(shown) == 1 and "image/png" in shown[0]["content"]["data"]
+
+
 def test_time(kernel):
     msgs = kernel.run_ok("%time sum(range(10))")
     out = stream_text(msgs)

@@ -29,12 +29,20 @@ WRITERS = {
     "os_system": ("import os; os.system('echo first')", "stdout"),
     "os_system_stderr": ("import os; os.system('echo first >&2')", "stderr"),
     "bang": ("!echo first", "stdout"),
+    # A child given sys.stdout writes to the kernel's fd 1 (via fileno()).
+    "subprocess_stdout": ("import subprocess, sys; subprocess.run(['echo', 'first'], stdout=sys.stdout)",
+                          "stdout"),
 }
 
 
 @pytest.mark.parametrize("writer", sorted(WRITERS))
 def test_output_arrives_while_cell_runs(kernel, writer, tmp_path):
     code, name = WRITERS[writer]
+    if writer == "subprocess_stdout" and kernel.name == "python3":
+        # ipykernel 6.17's sys.stdout.fileno() is a copy of the kernel's
+        # original fd 1, not the captured one: the child's output bypasses
+        # the frontend.  looseleaf is held to showing it.
+        pytest.skip("ipykernel 6.17 does not capture output of a child given sys.stdout")
     go = str(tmp_path / "go")
     msg_id = kernel.send("execute_request", {
         "code": code + "\n" + (WAIT_FOR_GO % go) + "\nprint('second')\n",
@@ -94,3 +102,35 @@ def test_output_order_with_results(kernel):
     seq = [(m["msg_type"], m["content"].get("text") or m["content"].get("data", {}).get("text/plain"))
            for m in msgs if m["msg_type"] in ("stream", "display_data")]
     assert seq == [("stream", "before\n"), ("display_data", "'shown'"), ("stream", "after\n")]
+
+
+# Ways user code and libraries reach the output streams, compared with
+# ipykernel (libraries probe sys.stdout's attributes and hand its file
+# descriptor to child processes).
+STREAM_SNIPPETS = {
+    "stdout_attributes": "import sys\nprint(sys.stdout.isatty(), sys.stdout.encoding, sys.stdout.writable(),\n"
+                         "      sys.stderr.isatty(), sys.stdout.name if hasattr(sys.stdout, 'name') else None)",
+    "subprocess_pipe": "import subprocess\nprint(subprocess.check_output(['echo', 'piped']).decode(), end='')",
+    "logging": "import logging\nlogging.warning('careful')",
+    "warnings": "import warnings\nwarnings.warn('deprecated thing', DeprecationWarning)\n"
+                "warnings.warn('plain user warning')",
+    "faulthandler": "import faulthandler\nfaulthandler.enable()\nfaulthandler.is_enabled()",
+    "print_flush_file": "import sys\nprint('a', end='', flush=True)\nprint('b', file=sys.stdout)\nsys.stdout.flush()",
+    "carriage_returns": "for i in range(3):\n    print('\\rprogress %d' % i, end='')\nprint()",
+    "writelines": "import sys\nsys.stdout.writelines(['x\\n', 'y\\n'])",
+}
+
+
+@pytest.mark.parametrize("snippet", sorted(STREAM_SNIPPETS))
+def test_stream_matches_ipykernel(kernel, reference, snippet):
+    from itest_util import norm_text, normalized
+    code = STREAM_SNIPPETS[snippet]
+    mine_reply, mine = kernel.execute(code)
+    ref_reply, ref = reference.execute(code)
+    assert mine_reply["content"]["status"] == ref_reply["content"]["status"] == "ok"
+    # fd-level output (a child process) may arrive before or after Python's
+    # own output and the result; compare each kind on its own.
+    for kind in ("stdout", "stderr"):
+        assert norm_text(stream_text(mine, kind)) == norm_text(stream_text(ref, kind)), kind
+    strip = [m for m in normalized(mine) if m[0] != "stream"]
+    assert strip == [m for m in normalized(ref) if m[0] != "stream"]
