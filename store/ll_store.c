@@ -8,6 +8,8 @@
  *   ll:S:seq         the newest commit number; every commit WATCHes it
  *   ll:S:ver         hash name -> version of every committed variable
  *   ll:S:v:NAME      hash ver, blob, prefs (JSON list), refs (JSON list), cell
+ *   ll:S:prefs       hash name -> prefs of every variable that has payloads:
+ *                    the one read reclamation needs (HVALS), kept by commits
  *   ll:S:c:N         the commit record of commit N: cell, token, writes, deletes
  *   ll:S:pool        path of the session's payload pool
  * A commit is WATCH seq, GET seq (and the base versions), then one
@@ -29,8 +31,9 @@
  * leaves only unreferenced regions, which reclamation frees once the dead
  * process's leases are dropped; committed data is untouched.
  *
- * Reclamation (ll_pool_gc) runs when an allocation finds the pool full and
- * on request; the regions committed versions use are read from ll:S:v:*.
+ * Reclamation (ll_pool_gc) runs when an allocation finds the pool full, before
+ * a put that would first-touch fresh regions (when that pays) and on request;
+ * the regions committed versions use are read from ll:S:prefs.
  *
  * Copies and hashes of large payloads run on up to 4 threads: page faults
  * are paid at allocation (prefaulted regions), so the copy runs at memcpy
@@ -1002,9 +1005,10 @@ int ll_store_commit(ll_store_t *st, const char *cell_id, const ll_store_write_t 
     size_t nleased = 0, cap_leased = 0;
     s_args_t a = {0};
     char *k_seq = s_key(st, "seq", NULL), *k_ver = s_key(st, "ver", NULL);
+    char *k_prefs = s_key(st, "prefs", NULL);
     char *writes_json = NULL, *deletes_json = NULL;
     const char **names = calloc(nwrites + 1, sizeof *names);
-    if (!prefs_json || !refs_json || !vkeys || !k_seq || !k_ver || !names) {
+    if (!prefs_json || !refs_json || !vkeys || !k_seq || !k_ver || !k_prefs || !names) {
         s_fail(st, LL_STORE_EIO, "out of memory");
         goto out;
     }
@@ -1212,6 +1216,26 @@ int ll_store_commit(ll_store_t *st, const char *cell_id, const ll_store_write_t 
                 bad |= s_args(&a, writes[i].name) || s_args(&a, vbuf);
             bad |= s_send(st, &a);
             sent++;
+            /* The payload index: what reclamation reads (one HVALS). */
+            size_t with = 0;
+            for (size_t i = 0; i < nwrites; i++)
+                with += writes[i].nprefs > 0;
+            if (with && !bad) {
+                bad |= s_args(&a, "HSET") || s_args(&a, k_prefs);
+                for (size_t i = 0; i < nwrites && !bad; i++)
+                    if (writes[i].nprefs)
+                        bad |= s_args(&a, writes[i].name) || s_args(&a, prefs_json[i]);
+                bad |= s_send(st, &a);
+                sent++;
+            }
+            if (with < nwrites && !bad) {
+                bad |= s_args(&a, "HDEL") || s_args(&a, k_prefs);
+                for (size_t i = 0; i < nwrites && !bad; i++)
+                    if (!writes[i].nprefs)
+                        bad |= s_args(&a, writes[i].name);
+                bad |= s_send(st, &a);
+                sent++;
+            }
         }
         if (ndeletes && !bad) {
             bad |= s_args(&a, "DEL");
@@ -1222,7 +1246,11 @@ int ll_store_commit(ll_store_t *st, const char *cell_id, const ll_store_write_t 
             for (size_t j = 0; j < ndeletes && !bad; j++)
                 bad |= s_args(&a, deletes[j]);
             bad |= s_send(st, &a);
-            sent += 2;
+            bad |= s_args(&a, "HDEL") || s_args(&a, k_prefs);
+            for (size_t j = 0; j < ndeletes && !bad; j++)
+                bad |= s_args(&a, deletes[j]);
+            bad |= s_send(st, &a);
+            sent += 3;
         }
         bad |= s_args(&a, "SET") || s_args(&a, k_seq) || s_args(&a, vbuf) || s_send(st, &a);
         bad |= s_args(&a, "HSET") || s_args(&a, k_commit) || s_args(&a, "cell") ||
@@ -1330,6 +1358,7 @@ out:
     free(a.lens);
     free(k_seq);
     free(k_ver);
+    free(k_prefs);
     s_leave(st);
     return rc;
 }
@@ -1546,54 +1575,37 @@ out:
 static int s_mark_refs(void *ctx, uint64_t *mark, size_t nregions)
 {
     ll_store_t *st = ctx;
-    char *k = s_key(st, "ver", NULL);
-    redisReply *names = k ? ll_redis_cmdf(st->redis, "HKEYS %s", k) : NULL;
+    char *k = s_key(st, "prefs", NULL);
+    redisReply *vals = k ? ll_redis_cmdf(st->redis, "HVALS %s", k) : NULL;
     free(k);
-    if (!names || names->type != REDIS_REPLY_ARRAY) {
-        if (names)
-            freeReplyObject(names);
+    if (!vals || vals->type != REDIS_REPLY_ARRAY) {
+        if (vals)
+            freeReplyObject(vals);
         return -1;
     }
-    int rc = 0;
-    size_t sent = 0;
-    st->gc_vars = names->elements;
-    for (size_t i = 0; i < names->elements && rc == 0; i++) {
-        char *vk = s_key(st, "v:", names->element[i]->str);
-        const char *argv[] = {"HGET", vk, "prefs"};
-        size_t lens[] = {4, vk ? strlen(vk) : 0, 5};
-        if (!vk || ll_redis_append(st->redis, 3, argv, lens) != 0)
-            rc = -1;
-        else
-            sent++;
-        free(vk);
-    }
-    for (size_t i = 0; i < sent; i++) {
-        redisReply *r = ll_redis_reply(st->redis);
-        if (!r) {
-            rc = -1;
-            break;
-        }
+    st->gc_vars = vals->elements;
+    for (size_t i = 0; i < vals->elements; i++) {
+        redisReply *r = vals->element[i];
         char **prefs;
         size_t np;
-        if (r->type == REDIS_REPLY_STRING && s_json_parse_list(r->str, r->len, &prefs, &np) == 0) {
-            for (size_t j = 0; j < np; j++) {
-                size_t nb, n;
-                uint64_t pool_id;
-                ll_pool_region_t *regs;
-                if (s_ref_parse(prefs[j], &pool_id, &nb, &regs, &n) == 0) {
-                    for (size_t q = 0; q < n && pool_id == ll_pool_id(st->pool); q++)
-                        if (regs[q].idx < nregions)
-                            mark[regs[q].idx] = regs[q].gen;
-                    free(regs);
-                }
-                free(prefs[j]);
+        if (r->type != REDIS_REPLY_STRING || s_json_parse_list(r->str, r->len, &prefs, &np) != 0)
+            continue;
+        for (size_t j = 0; j < np; j++) {
+            size_t nb, n;
+            uint64_t pool_id;
+            ll_pool_region_t *regs;
+            if (s_ref_parse(prefs[j], &pool_id, &nb, &regs, &n) == 0) {
+                for (size_t q = 0; q < n && pool_id == ll_pool_id(st->pool); q++)
+                    if (regs[q].idx < nregions)
+                        mark[regs[q].idx] = regs[q].gen;
+                free(regs);
             }
-            free(prefs);
+            free(prefs[j]);
         }
-        freeReplyObject(r);
+        free(prefs);
     }
-    freeReplyObject(names);
-    return rc;
+    freeReplyObject(vals);
+    return 0;
 }
 
 static int s_gc_locked(ll_store_t *st)

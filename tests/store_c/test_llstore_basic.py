@@ -432,3 +432,18 @@ def test_prefault_ahead_of_a_save(store):
     assert (np.frombuffer(store.map_payload(ref), np.uint8) == 1).all()
     with pytest.raises(OverflowError):
         store.prefault(-1)
+
+
+def test_reclamation_follows_payloads_through_rewrites_and_deletes(store):
+    ra = store.put_payload(np.ones(2 * R, np.uint8))
+    rb = store.put_payload(np.ones(3 * R, np.uint8))
+    store.commit("c1", {"a": (b"", [ra], []), "b": (b"", [rb], []), "small": (b"s", [], [])})
+    assert store.gc() == 0
+    store.commit("c2", {"a": (b"now small", [], [])})  # a loses its payload
+    assert store.gc() == 2
+    store.commit("c3", {"c": (b"", [rb], [])})  # c shares b's payload
+    store.commit("c4", {}, deletes=["b"])
+    assert store.gc() == 0  # c still uses it
+    store.commit("c5", {}, deletes=["c"])
+    assert store.gc() == 3
+    assert store.stats()["regions_used"] == 0
