@@ -122,3 +122,22 @@ def test_kernel_starts_in_given_cwd(kernel_name, jupyter_env, tmp_path):
         kc.stop_channels()
         km.shutdown_kernel(now=False)
 
+
+def test_client_with_same_identity_takes_over(kernel):
+    """A frontend that reconnects with the same session (so the same zmq
+    identity, as km.client() gives every client of one manager) is answered:
+    ipykernel sets ROUTER_HANDOVER on shell, control and stdin for this."""
+    kc2 = kernel.km.client()
+    assert kc2.session.bsession == kernel.kc.session.bsession
+    kc2.start_channels()
+    try:
+        kc2.wait_for_ready(timeout=30)
+        reply = kc2.execute("'taken over'", reply=True, timeout=REPLY_TIMEOUT)
+        assert reply["content"]["status"] == "ok"
+        info = kc2.kernel_info(reply=True, timeout=REPLY_TIMEOUT)
+        assert info["content"]["status"] == "ok"
+    finally:
+        kc2.stop_channels()
+    # The first client reconnects the same way and is answered again.
+    kernel.connect()
+    assert kernel.eval_text("1 + 1") == "2"
