@@ -5,8 +5,8 @@
 # run to ours; LL_TEST_LOOSELEAF points the suite at another build;
 # LL_TEST_VALIDATE=1 also runs the slowest checks on ipykernel, which only
 # re-validates the tests themselves).  A test file is listed here only once it
-# passes against looseleaf; tests/integration/test_pending.py holds the ones
-# looseleaf does not pass yet.
+# passes against looseleaf; one it does not pass yet goes into
+# tests/integration/test_pending.py (not listed) until it does (none now).
 PYTESTS += $(sort $(wildcard tests/integration/test_int_*.py))
 
 # looseleaf vs ipykernel: start, `pass` round trip, 1,000,000 printed lines.
