@@ -18,6 +18,16 @@
 /* Debian's python3-embed lives under /usr: its sys.prefix. */
 #define LL_KERNELSPEC_PY_PREFIX "/usr"
 
+/* The launcher icon (JupyterLab shows logo-svg.svg from the kernelspec
+ * directory): a loose leaf, drawn here so the installed binary needs no
+ * resource files. */
+static const char s_logo_svg[] =
+    "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 64 64\" width=\"64\" height=\"64\">\n"
+    "  <path d=\"M10 54 C10 26 26 10 56 8 C54 38 38 54 10 54 Z\" fill=\"#3c9a4a\"/>\n"
+    "  <path d=\"M10 54 C24 40 36 28 50 14\" stroke=\"#e8f5e9\" stroke-width=\"3\" "
+    "fill=\"none\" stroke-linecap=\"round\"/>\n"
+    "</svg>\n";
+
 bool ll_kernelspec_name_ok(const char *name)
 {
     if (!name || !*name || strlen(name) > 64)
@@ -137,42 +147,59 @@ static int s_mkdirs(const char *dir, char *err, size_t errlen)
     return 0;
 }
 
-int ll_kernelspec_write(const char *dir, const char *binary, const char *display_name, char *err,
+/* Write TEXT to DIR/NAME atomically (temporary name, then rename). */
+static int s_write_file(const char *dir, const char *name, const char *text, char *err,
                         size_t errlen)
 {
     char path[PATH_MAX], tmp[PATH_MAX];
-    if (!binary || binary[0] != '/') {
-        snprintf(err, errlen, "the kernel binary path must be absolute");
-        return -1;
-    }
-    if (s_mkdirs(dir, err, errlen) < 0)
-        return -1;
-    int n = snprintf(path, sizeof path, "%s/kernel.json", dir);
-    int m = snprintf(tmp, sizeof tmp, "%s/.kernel.json.%d", dir, (int) getpid());
+    int n = snprintf(path, sizeof path, "%s/%s", dir, name);
+    int m = snprintf(tmp, sizeof tmp, "%s/.%s.%d", dir, name, (int) getpid());
     if (n < 0 || (size_t) n >= sizeof path || m < 0 || (size_t) m >= sizeof tmp) {
         snprintf(err, errlen, "directory name too long");
-        return -1;
-    }
-    char *text = ll_kernelspec_json(binary, display_name);
-    if (!text) {
-        snprintf(err, errlen, "cannot build kernel.json");
         return -1;
     }
     FILE *f = fopen(tmp, "w");
     if (!f) {
         snprintf(err, errlen, "cannot write %s: %s", tmp, strerror(errno));
-        free(text);
         return -1;
     }
-    bool ok = fputs(text, f) >= 0 && fputc('\n', f) != EOF;
+    bool ok = fputs(text, f) >= 0;
     ok = (fclose(f) == 0) && ok;
-    free(text);
     if (!ok || rename(tmp, path) < 0) {
         snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
         unlink(tmp);
         return -1;
     }
     return 0;
+}
+
+int ll_kernelspec_write(const char *dir, const char *binary, const char *display_name, char *err,
+                        size_t errlen)
+{
+    if (!binary || binary[0] != '/') {
+        snprintf(err, errlen, "the kernel binary path must be absolute");
+        return -1;
+    }
+    if (s_mkdirs(dir, err, errlen) < 0)
+        return -1;
+    char *text = ll_kernelspec_json(binary, display_name);
+    if (!text) {
+        snprintf(err, errlen, "cannot build kernel.json");
+        return -1;
+    }
+    size_t len = strlen(text);
+    char *line = realloc(text, len + 2); /* end the file with a newline */
+    if (!line) {
+        free(text);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    memcpy(line + len, "\n", 2);
+    int rc = s_write_file(dir, "logo-svg.svg", s_logo_svg, err, errlen);
+    if (rc == 0)
+        rc = s_write_file(dir, "kernel.json", line, err, errlen);
+    free(line);
+    return rc;
 }
 
 int ll_kernelspec_self_path(char *buf, size_t len)
@@ -244,6 +271,9 @@ int ll_kernelspec_selftest(bool verbose)
         strcmp(json_string_value(json_object_get(spec, "language")), "python") != 0 ||
         strcmp(json_string_value(json_object_get(spec, "interrupt_mode")), "signal") != 0 ||
         !json_is_false(json_object_get(json_object_get(spec, "metadata"), "debugger")))
+        goto out;
+    snprintf(file, sizeof file, "%s/logo-svg.svg", dir);
+    if (access(file, R_OK) != 0)
         goto out;
     if (verbose)
         printf("(%s) ", file);

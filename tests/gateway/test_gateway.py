@@ -145,6 +145,8 @@ def _check_spec(path, binary=BIN):
     assert spec["language"] == "python"
     assert spec["interrupt_mode"] == "signal"
     assert spec["metadata"] == {"debugger": False}
+    with open(os.path.join(os.path.dirname(path), "logo-svg.svg")) as f:
+        assert f.read().startswith("<svg")
 
 
 def test_build_produces_kernelspec_dir():
