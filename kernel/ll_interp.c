@@ -60,7 +60,7 @@
 static ll_interp_hooks_t s_hooks;          /* copy of the gateway's hooks */
 static bool s_initialized;                 /* between init and finalize */
 static atomic_bool s_busy;                 /* a cell's code is running (set by Python) */
-static atomic_bool s_in_child;             /* we are a fork()ed child */
+static atomic_bool s_hooks_off;            /* fork()ed child, or finalizing: no hooks */
 static pthread_t s_thread;                 /* the interpreter (Python main) thread */
 static PyThreadState *s_main_tstate;       /* its thread state */
 static PyObject *s_handle_fn;              /* looseleaf_kernel.handle */
@@ -85,7 +85,7 @@ static void s_fd_write_all(int fd, const char *data, size_t len)
 
 static void s_stream_out(const char *name, const char *data, size_t len)
 {
-    if (atomic_load_explicit(&s_in_child, memory_order_relaxed) || !s_hooks.stream_write)
+    if (atomic_load_explicit(&s_hooks_off, memory_order_relaxed) || !s_hooks.stream_write)
         s_fd_write_all(strcmp(name, "stderr") == 0 ? 2 : 1, data, len);
     else
         s_hooks.stream_write(s_hooks.ctx, name, data, len);
@@ -140,7 +140,7 @@ static PyObject *s_py_stderr_write(PyObject *self, PyObject *text)
 
 static PyObject *s_py_stream_flush(PyObject *self, PyObject *unused)
 {
-    if (!atomic_load(&s_in_child) && s_hooks.stream_flush)
+    if (!atomic_load(&s_hooks_off) && s_hooks.stream_flush)
         s_hooks.stream_flush(s_hooks.ctx);
     Py_RETURN_NONE;
 }
@@ -153,7 +153,7 @@ static PyObject *s_py_publish(PyObject *self, PyObject *args, PyObject *kwargs)
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ss|zO:publish", kwlist, &msg_type,
                                      &content, &metadata, &buffers))
         return NULL;
-    if (atomic_load(&s_in_child) || !s_hooks.publish)
+    if (atomic_load(&s_hooks_off) || !s_hooks.publish)
         Py_RETURN_NONE; /* a fork()ed child has no iopub: dropped */
 
     Py_ssize_t nbufs = 0;
@@ -200,7 +200,7 @@ static PyObject *s_py_input_request(PyObject *self, PyObject *args)
     int password = 0;
     if (!PyArg_ParseTuple(args, "s|p:input_request", &prompt, &password))
         return NULL;
-    if (atomic_load(&s_in_child) || !s_hooks.input_request) {
+    if (atomic_load(&s_hooks_off) || !s_hooks.input_request) {
         PyErr_SetString(PyExc_RuntimeError, "no frontend to ask for input");
         return NULL;
     }
@@ -262,9 +262,9 @@ static PyObject *s_py_set_busy(PyObject *self, PyObject *flag)
     Py_RETURN_NONE;
 }
 
-static PyObject *s_py_in_child(PyObject *self, PyObject *unused)
+static PyObject *s_py_hooks_off(PyObject *self, PyObject *unused)
 {
-    return PyBool_FromLong(atomic_load(&s_in_child));
+    return PyBool_FromLong(atomic_load(&s_hooks_off));
 }
 
 static PyMethodDef s_methods[] = {
@@ -281,8 +281,8 @@ static PyMethodDef s_methods[] = {
     {"log_level", s_py_log_level, METH_NOARGS, "log_level() -> int: the kernel's log threshold."},
     {"set_busy", s_py_set_busy, METH_O,
      "set_busy(flag): whether user code runs now (interrupts land only then)."},
-    {"in_child", s_py_in_child, METH_NOARGS,
-     "in_child() -> bool: whether this is a fork()ed child without hooks."},
+    {"hooks_off", s_py_hooks_off, METH_NOARGS,
+     "hooks_off() -> bool: whether the hooks are off (a fork()ed child, or finalizing)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef s_module = {
@@ -311,7 +311,7 @@ static void s_wake_handler(int sig)
 
 static void s_atfork_child(void)
 {
-    atomic_store(&s_in_child, true);
+    atomic_store(&s_hooks_off, true);
     atomic_store(&s_busy, false);
 }
 
@@ -436,7 +436,7 @@ int ll_interp_init(const char *argv0, const ll_interp_hooks_t *hooks, char *err,
     }
     s_hooks = *hooks;
     s_thread = pthread_self();
-    atomic_store(&s_in_child, false);
+    atomic_store(&s_hooks_off, false);
 
     static bool inittab_done;
     if (!inittab_done) {
@@ -716,7 +716,7 @@ int ll_interp_set_hooks(const ll_interp_hooks_t *hooks)
     sigemptyset(&set);
     sigaddset(&set, LL_WAKE_SIGNAL);
     pthread_sigmask(SIG_UNBLOCK, &set, NULL);
-    atomic_store(&s_in_child, false);
+    atomic_store(&s_hooks_off, false);
     return 0;
 }
 
@@ -741,6 +741,10 @@ void ll_interp_finalize(void)
     Py_XDECREF(res);
     Py_XDECREF(mod);
     Py_CLEAR(s_handle_fn);
+    /* The caller tears its side down after we return, while Python threads
+     * that outlive us (daemons, or the non-daemon ones below) may still
+     * print: from here on their text goes to the file descriptors. */
+    atomic_store(&s_hooks_off, true);
     if (finalize) {
         if (Py_FinalizeEx() < 0)
             ll_warn("interp", "errors while finalizing Python");

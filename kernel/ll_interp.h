@@ -21,9 +21,11 @@
  * own wait inside input_request) returns EINTR at once.  The SIGINT action
  * of the process stays the caller's.
  *
- * After fork() in a child (multiprocessing, os.fork in a cell) the hooks are
- * not called: stream text goes straight to fds 1/2, publications are
- * dropped, input requests fail. */
+ * After fork() in a child (multiprocessing, os.fork in a cell), and once
+ * ll_interp_finalize has run the exit handlers, the hooks are not called:
+ * stream text goes straight to fds 1/2, publications are dropped, input
+ * requests fail.  So the caller may free what its hooks use after
+ * ll_interp_finalize returns, even if Python threads live on. */
 #ifndef LL_INTERP_H
 #define LL_INTERP_H
 

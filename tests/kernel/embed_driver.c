@@ -10,6 +10,8 @@
  *     @sigint <ms>                after MS ms send SIGINT to this process
  *                                 (whose handler calls ll_interp_interrupt)
  *     @busy                       print whether ll_interp_busy()
+ *     @linger <ms>                after ll_interp_finalize, wait MS ms before
+ *                                 exiting (threads that outlive Python run on)
  *     @metadata <JSON object>     request metadata of the next request
  *     @buffers <hex>[,<hex>...]   binary buffers of the next request
  *     @fork <request line>        ll_interp_fork(); the child sets the hooks
@@ -51,6 +53,7 @@ static char *s_next_md;        /* metadata for the next request, or NULL */
 static unsigned char *s_next_bufs[8]; /* buffers for the next request */
 static size_t s_next_buflens[8];
 static size_t s_next_nbufs;
+static int s_linger_ms;        /* wait after finalize */
 
 static double s_ms(void)
 {
@@ -243,6 +246,10 @@ static void s_line(char *line)
         s_fork(line + 6);
         return;
     }
+    if (strncmp(line, "@linger ", 8) == 0) {
+        s_linger_ms = atoi(line + 8);
+        return;
+    }
     if (strcmp(line, "@busy") == 0) {
         s_emit(json_pack("{s:s, s:b}", "ev", "busy", "busy", ll_interp_busy()));
         return;
@@ -308,6 +315,11 @@ int main(int argc, char **argv)
     }
     ll_interp_finalize();
     s_emit(json_pack("{s:s}", "ev", "finalized"));
+    if (s_linger_ms > 0) {
+        struct timespec ts = {s_linger_ms / 1000, (long)(s_linger_ms % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) < 0)
+            ;
+    }
     for (int i = 0; i < s_ninputs; i++)
         free(s_inputs[i]);
     return 0;

@@ -651,3 +651,22 @@ def test_profile_config_and_startup_files(env, tmp_path):
     assert pubs(g1, "execute_result")[0]["data"]["text/plain"] == "('yes', True, False)"
     # ast_node_interactivity = 'all' from the profile's kernel config
     assert [p["data"]["text/plain"] for p in pubs(g2, "execute_result")] == ["1", "2"]
+
+
+def test_threads_outliving_finalize_do_not_use_the_hooks(env):
+    # (imports inside: the shell's exit handlers clear the user namespace)
+    code = ("import threading\n"
+            "def chatter(print=print):\n"
+            "    import time\n"
+            "    for i in range(40):\n"
+            "        print('late', i)\n"
+            "        time.sleep(0.02)\n"
+            "threading.Thread(target=chatter).start()\n")
+    p = subprocess.run([DRIVER, ex(code), "@linger 3000"], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr[-2000:]
+    events = [json.loads(l) for l in p.stdout.splitlines()]
+    assert events[-1]["ev"] == "finalized"  # no hook call after finalize
+    assert "not finalizing Python" in p.stderr
+    # what the thread printed after finalize went to fd 1 (the driver's stderr)
+    assert "late 39\n" in p.stderr
