@@ -68,8 +68,15 @@ typedef struct {
 int ll_interp_add_builtin(const char *name, void *(*initfunc)(void));
 
 /* Start CPython (PyConfig, every status checked), import looseleaf_kernel and
- * create the shell.  ARGV0 is the program path (used to find the Python
- * package).  Returns 0, or -1 with a reason in ERR. */
+ * create the shell.  ARGV0 becomes sys.argv[0]; sys.executable is the system
+ * Python the build used.  PYTHON* environment variables are ignored (another
+ * interpreter's PYTHONHOME cannot break us) except PYTHONPATH, which is added
+ * to sys.path.  The package comes from LOOSELEAF_PYTHONPATH (':'-separated)
+ * if set, else the source tree (kernel/py, store/py), else
+ * <dir of the binary>/../lib/looseleaf/python.  HOOKS is copied; its
+ * functions may be NULL (a zygote: text to fds 1/2, no publications, no
+ * input).  Takes a few hundred ms (IPython's import).  Returns 0, or -1 with
+ * a reason in ERR. */
 int ll_interp_init(const char *argv0, const ll_interp_hooks_t *hooks, char *err,
                    size_t errlen);
 
