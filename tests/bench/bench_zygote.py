@@ -138,7 +138,7 @@ def run(env, tmp):
         med_cold, med_naive, ratio, "met" if ratio >= 10 else "NOT met"))
     print(json.dumps({"bench": "zygote", "cold_prep_ms_median": med_cold, "naive_prep_ms_median": med_naive,
                       "ratio": ratio, "fork_ms_median": statistics.median(forks)}))
-    store.close()
+    store.close()  # Env.close drops the session (its pool in /dev/shm) with its keys
 
 
 if __name__ == "__main__":

@@ -150,12 +150,14 @@ class Cell:
 
 
 class Env:
+    _count = 0  # sessions made by this process
     def __init__(self, tmp):
         import _llstore
         self.tmp = tmp
         self.store_dir = os.path.join(tmp, "store")
         self.pool_dir = os.path.join(tmp, "pool")
-        self.session = "sess-%d" % os.getpid()
+        Env._count += 1
+        self.session = "llzyg-%d-%d" % (os.getpid(), Env._count)
         self.redis_url = "unix://" + _llstore.start_redis(self.store_dir)
         self.environ = dict(os.environ)
         self.environ["IPYTHONDIR"] = os.path.join(tmp, "ipython")
@@ -187,6 +189,12 @@ class Env:
         if self.pool_pid and pid_alive(self.pool_pid):
             os.kill(self.pool_pid, signal.SIGTERM)
             wait_for(lambda: not pid_alive(self.pool_pid), 30, "the pool to exit")
-        _llstore.stop_redis(self.store_dir)
+        # The session's payload pool lives in /dev/shm: drop it with the session's keys.
+        try:
+            st = _llstore.Store(self.store_dir, self.session, redis_url=self.redis_url)
+            st.delete_session()
+            st.close()
+        finally:
+            _llstore.stop_redis(self.store_dir)
 
 
