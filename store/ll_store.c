@@ -11,18 +11,22 @@
  *   ll:S:prefs       hash name -> prefs of every variable that has payloads:
  *                    the one read reclamation needs (HVALS), kept by commits
  *   ll:S:c:N         the commit record of commit N: cell, token, writes, deletes
- *   ll:S:pool        path of the session's payload pool
+ *   ll:S:pool        "<path> <id>" of the session's payload pool
  * A commit is WATCH seq, GET seq (and the base versions), then one
  * MULTI ... EXEC that writes every entry, the version hash, seq and the
  * commit record: all of a cell or nothing, and a concurrent commit makes
  * EXEC fail and us retry.  Versions are commit numbers, so a name's version
  * only moves forward even across delete and re-create.  If the connection
- * breaks after EXEC was sent we cannot know whether it ran: after
- * reconnecting, the commit record's random token tells.  fetch reads all
+ * breaks after EXEC was sent we cannot know whether it ran (Redis may even
+ * run it after we reconnected): every later attempt first looks for the
+ * commit record's random token at that commit number, so a cell lands
+ * exactly once.  fetch reads all
  * names in one MULTI/EXEC, so a reader sees a cell's writes all or none.
  *
  * A payload ref names the pool regions of one payload and their XXH3
- * hashes: "P1/<nbytes>/<idx>.<gen>.<hash>,..." (hex).  A put writes new
+ * hashes: "P1/<pool id>/<nbytes>/<idx>.<gen>.<hash>,..." (hex); the pool id
+ * keeps a ref from resolving in a pool recreated under the same name.  A
+ * put writes new
  * regions (leased by this process until a commit lists the ref, so neither a
  * reclaimer nor a crash of another process can lose them), and with a base
  * shares each region whose hash is unchanged.  Refs in a commit are leased
@@ -36,8 +40,10 @@
  * the regions committed versions use are read from ll:S:prefs.
  *
  * Copies and hashes of large payloads run on up to 4 threads: page faults
- * are paid at allocation (prefaulted regions), so the copy runs at memcpy
- * speed and a second thread helps (MEASURED.md: 15 -> 28 GB/s). */
+ * are paid at allocation (prefaulted regions, and a process reuses the ones
+ * it already prefaulted first), so the copy runs at memcpy speed and a
+ * second thread helps (MEASURED.md: 15 -> 28 GB/s); each 64 KiB piece is
+ * hashed right after it is copied, while it is still in cache. */
 #include "store/ll_store.h"
 
 #include <errno.h>
