@@ -16,7 +16,9 @@
  * leave behind only lease bits of a dead slot and ALLOC regions no commit
  * refers to, both of which reclamation undoes.
  *
- * Allocation: set my lease bit, then CAS state FREE(g) -> ALLOC(g+1).  The
+ * Allocation (free regions this process already prefaulted first, so a
+ * steady-state save does not fault): set my lease bit, then CAS state
+ * FREE(g) -> ALLOC(g+1).  The
  * new generation makes any older reference to the index stale, so a reader
  * holding a reference from before can never map someone else's bytes.  Then
  * the region is backed (fallocate, or MADV_POPULATE_WRITE with shmem THP in
@@ -27,7 +29,7 @@
  * Lease (a reader mapping a payload, a writer reusing a base region, a commit
  * in flight): set my bit, then check state == ALLOC(gen).  Reclamation of a
  * candidate does the mirror image: CAS ALLOC(g) -> FREEING(g), then check the
- * lease word is 0, then FREE(g) (or back to ALLOC(g)).  With sequentially
+ * lease word is 0, then CAS to FREE(g) (or back to ALLOC(g)).  With sequentially
  * consistent atomics either the leaser sees FREEING/FREE (and gives up, or
  * waits for FREEING to resolve) or the reclaimer sees the bit (and backs off):
  * the Dekker pattern.  Which regions committed versions use lives in Redis;
