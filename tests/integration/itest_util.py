@@ -9,6 +9,8 @@ did instead.
 import os
 import queue
 import re
+import shutil
+import tempfile
 import time
 
 from jupyter_client import KernelManager
@@ -65,8 +67,14 @@ class Kernel:
         if name.startswith("looseleaf") and not os.access(LOOSELEAF_BIN, os.X_OK):
             raise AssertionError("%s is not built (run `make all`)" % LOOSELEAF_BIN)
         self.name = name
+        # Each kernel gets its own IPython directory, so its own history
+        # database: two kernels writing one sqlite file can hit "database is
+        # locked", which IPython reports on stderr, into some cell's output.
+        self._ipython_dir = tempfile.mkdtemp(prefix="ll-ipython-")
+        full_env = dict(kernel_env(), IPYTHONDIR=self._ipython_dir)
+        full_env.update(env or {})
         self.km = KernelManager(kernel_name=name)
-        self.km.start_kernel(env=dict(kernel_env(), **(env or {})))
+        self.km.start_kernel(env=full_env)
         self.kc = None
         self.connect()
 
@@ -93,6 +101,7 @@ class Kernel:
             self.kc = None
         if self.km.has_kernel:
             self.km.shutdown_kernel(now=False)
+        shutil.rmtree(self._ipython_dir, ignore_errors=True)
 
     # ---- sending -------------------------------------------------------
     def send(self, msg_type, content, channel="shell"):
