@@ -453,7 +453,7 @@ int ll_interp_init(const char *argv0, const ll_interp_hooks_t *hooks, char *err,
     PyConfig_InitPythonConfig(&config);
     /* The environment may belong to another Python (pyenv sets PYTHONHOME
      * and friends): ignore PYTHON* variables; PYTHONPATH is added back by
-     * the bootstrap, after the standard library. */
+     * the bootstrap, ahead of the standard library as Python does. */
     config.use_environment = 0;
     config.parse_argv = 0;
     /* The gateway owns the process's signal handling. */
@@ -497,8 +497,14 @@ int ll_interp_init(const char *argv0, const ll_interp_hooks_t *hooks, char *err,
     }
     snprintf(code, codelen, s_bootstrap, PyUnicode_AsUTF8(pkg_repr));
     Py_DECREF(pkg_repr);
+    /* signal.signal() in the bootstrap sets the process-level SIGINT
+     * action too; give the caller's back, keeping only Python's table
+     * entry (what PyErr_SetInterruptEx needs). */
+    struct sigaction caller_sigint;
+    sigaction(SIGINT, NULL, &caller_sigint);
     PyObject *globals = PyDict_New();
     PyObject *res = globals ? PyRun_String(code, Py_file_input, globals, globals) : NULL;
+    sigaction(SIGINT, &caller_sigint, NULL);
     free(code);
     Py_XDECREF(globals);
     if (!res) {
@@ -808,10 +814,16 @@ static int s_st_child(bool verbose)
     ll_interp_hooks_t hooks = {NULL, s_st_stream, s_st_flush, s_st_publish, s_st_input};
     char err[512];
     int fails = 0;
+    struct sigaction ign, after;
+    memset(&ign, 0, sizeof ign);
+    ign.sa_handler = SIG_IGN;
+    sigaction(SIGINT, &ign, NULL);
     if (ll_interp_init("ll_selftest", &hooks, err, sizeof err) != 0) {
         fprintf(stderr, "  init: %s\n", err);
         return 1;
     }
+    sigaction(SIGINT, NULL, &after);
+    fails += s_st_check(verbose, after.sa_handler == SIG_IGN, "caller's SIGINT action kept");
     fails += s_st_check(verbose, !ll_interp_busy(), "idle after init");
     ll_interp_interrupt(); /* idle: must be a no-op */
 
