@@ -4,9 +4,11 @@ that speak to the pool through the C client API (build/zygote/ll_zdriver client:
 Each test gets its own store and pool; the pool is stopped (SIGTERM) at teardown and the test waits until it
 is gone.  Nothing sleeps for a fixed time: every wait polls a condition with a deadline.
 """
+import atexit
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +19,20 @@ import time
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DRIVER = os.path.join(REPO, "build", "zygote", "ll_zdriver")
+
+
+def _snapshot(path):
+    """A private copy of a built binary, so a rebuild of the shared tree during the tests cannot swap it
+    under a running pool (the pool re-execs its binary for every zygote)."""
+    d = tempfile.mkdtemp(prefix="ll-zyg-bin-")
+    atexit.register(shutil.rmtree, d, True)
+    dst = os.path.join(d, os.path.basename(path))
+    shutil.copy2(path, dst)
+    return dst
+
+
+DRIVER = _snapshot(os.path.join(REPO, "build", "zygote", "ll_zdriver"))
+LOOSELEAF = _snapshot(os.path.join(REPO, "build", "looseleaf"))
 sys.path.insert(0, os.path.join(REPO, "build", "py"))
 sys.path.insert(0, os.path.join(REPO, "store", "py"))
 
@@ -163,7 +178,7 @@ class Env:
         self.environ["IPYTHONDIR"] = os.path.join(tmp, "ipython")
         self.environ.pop("LOOSELEAF_POOL_DIR", None)
         # The pool (hence its zygotes) runs as the product binary does: build/looseleaf pool.
-        self.environ["LL_POOL_EXE"] = os.path.join(REPO, "build", "looseleaf")
+        self.environ["LL_POOL_EXE"] = LOOSELEAF
         self.clients = []
         self.stray = []
         self.pool_pid = None

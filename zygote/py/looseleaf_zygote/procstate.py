@@ -65,3 +65,23 @@ def apply(st):
         torch.set_default_dtype(getattr(torch, st.get("torch_dtype", "float32")))
         torch.set_grad_enabled(bool(st.get("torch_grad", True)))
     return problems
+
+
+def restore(cp):
+    """Bring the session's process state into the process of Checkpointer CP when its stored version moved
+    (the kernel before a CPU cell, a worker before its cell).  Returns the RestoreReport and the problems of
+    apply()."""
+    rep = cp.restore([NAME])
+    st = cp.namespace.pop(NAME, None)
+    return rep, (apply(st) if st is not None else [])
+
+
+def save_with(cp, names, **kwargs):
+    """CP.save(NAMES) with this process's state as the entry NAME in the same commit (the kernel after a
+    CPU cell, a worker after its cell)."""
+    ns = cp.namespace
+    ns[NAME] = capture()
+    try:
+        return cp.save(list(names) + [NAME], **kwargs)
+    finally:
+        ns.pop(NAME, None)

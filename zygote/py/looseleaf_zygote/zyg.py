@@ -170,18 +170,16 @@ def worker_prepare(arg):
         from looseleaf_store import Checkpointer
         _store = _llstore.Store(job["store_dir"], job["session"], redis_url=job.get("redis_url") or None)
         _cp = Checkpointer(_store, ns)
-        names = list(job.get("state_closure") or []) + [procstate.NAME]
-        r = _cp.restore(names)
+        r = _cp.restore(list(job.get("state_closure") or []))
+        prep, probs = procstate.restore(_cp)
         _fault(job, "restore")
     except Exception as e:  # noqa: BLE001 - becomes the cell's error reply
         return json.dumps({"fatal": "cannot restore the cell's variables: %s: %s" % (type(e).__name__, e)})
-    if r.failed:
-        return json.dumps({"fatal": "cannot restore %s" % "; ".join("%s: %s" % kv for kv in r.failed.items())})
-    st = ns.pop(procstate.NAME, None)
-    if st is not None:
-        probs = procstate.apply(st)
-        if probs:
-            rep["procstate_problems"] = probs
+    failed = dict(r.failed, **prep.failed)
+    if failed:
+        return json.dumps({"fatal": "cannot restore %s" % "; ".join("%s: %s" % kv for kv in failed.items())})
+    if probs:
+        rep["procstate_problems"] = probs
     if isinstance(job.get("execution_count"), int):
         shell.execution_count = job["execution_count"]
     t3 = time.perf_counter()
@@ -190,7 +188,7 @@ def worker_prepare(arg):
         "cuda_ms": (t1 - t0) * 1e3,
         "import_ms": (t2 - t1) * 1e3,
         "restore_ms": (t3 - t2) * 1e3,
-        "bytes_restored": r.payload_bytes,
+        "bytes_restored": r.payload_bytes + prep.payload_bytes,
         "restored": sorted(n for n in r.restored if n != procstate.NAME),
         "missing": [n for n in r.missing if n != procstate.NAME],
     })
@@ -212,14 +210,10 @@ def worker_finish(arg):
             names.add(k)
     names |= {k for k in _before if k not in after}
     names = {n for n in names if not isinstance(ns.get(n), type(sys))}
-    ns[procstate.NAME] = procstate.capture()
     if (job.get("fault") or "") == "save":
         # Die inside the commit: after the payloads went into the pool, just before Redis' EXEC.
         os.environ["LL_STORE_FAULT"] = "before_commit"
-    try:
-        rep = _cp.save(sorted(names) + [procstate.NAME], cell_id=str(job.get("id")))
-    finally:
-        ns.pop(procstate.NAME, None)
+    rep = procstate.save_with(_cp, sorted(names), cell_id=str(job.get("id")))
     out = {
         "save_ms": (time.perf_counter() - t0) * 1e3,
         "bytes_saved": rep.bytes_written,
