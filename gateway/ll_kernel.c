@@ -45,6 +45,7 @@
 #include "gateway/ll_fdcap.h"
 #include "gateway/ll_iopub.h"
 #include "gateway/ll_kernelspec.h"
+#include "gateway/ll_usage.h"
 #include "kernel/ll_interp.h"
 #include "proto/ll_conn.h"
 #include "proto/ll_log.h"
@@ -189,6 +190,15 @@ static void s_on_connect(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
                            p[LL_CHAN_STDIN], "hb_port", p[LL_CHAN_HB], "control_port",
                            p[LL_CHAN_CONTROL]),
                  NULL);
+}
+
+/* Resource figures for monitors (ipykernel answers this on control only). */
+static void s_on_usage(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
+{
+    json_t *content = ll_usage_reply();
+    if (!content)
+        content = s_error_content("MemoryError", "cannot build usage_reply");
+    s_send_reply(sock, req, "usage_reply", content, NULL);
 }
 
 static void s_on_interrupt(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
@@ -387,6 +397,7 @@ static const s_handler_t s_handlers[] = {
     {"shutdown_request", S_SHELL | S_CONTROL, s_on_shutdown},
     {"interrupt_request", S_SHELL | S_CONTROL, s_on_interrupt},
     {"connect_request", S_SHELL | S_CONTROL, s_on_connect},
+    {"usage_request", S_CONTROL, s_on_usage},
     {"complete_request", S_SHELL, s_on_interp},
     {"inspect_request", S_SHELL, s_on_interp},
     {"history_request", S_SHELL, s_on_interp},

@@ -474,3 +474,23 @@ def test_interrupt_after_user_code_took_sigint(proc):
     reply = proc.reply(msg_id)
     assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
     assert time.monotonic() - t0 < 30
+
+
+def test_usage_request_on_control(proc):
+    # The fields ipykernel 6.17 sends (psutil figures), here read from /proc.
+    for _ in range(2):
+        msg = proc.kc.session.msg("usage_request", {})
+        proc.kc.control_channel.send(msg)
+        rep = proc.kc.get_control_msg(timeout=TIMEOUT)
+        assert rep["msg_type"] == "usage_reply"
+        assert rep["parent_header"]["msg_id"] == msg["header"]["msg_id"]
+    c = rep["content"]
+    assert set(c) - {"host_cpu_percent"} == {"hostname", "pid", "kernel_cpu", "kernel_memory",
+                                             "cpu_count", "host_virtual_memory"}
+    assert c["pid"] == proc.p.pid
+    assert c["kernel_memory"] > 10 * 2**20      # an embedded IPython is tens of MB
+    assert c["cpu_count"] == os.cpu_count()
+    vm = c["host_virtual_memory"]
+    assert set(vm) == {"total", "available", "percent", "used", "free", "active", "inactive",
+                       "buffers", "cached", "shared", "slab"}
+    assert 0 < vm["available"] <= vm["total"]
