@@ -50,6 +50,7 @@
 #include "proto/ll_conn.h"
 #include "proto/ll_log.h"
 #include "proto/ll_wire.h"
+#include "store/ll_store.h"
 
 /* Which channel a request came in on (a bit, so a handler can name both). */
 typedef enum { S_SHELL = 1, S_CONTROL = 2 } s_chan_t;
@@ -869,6 +870,10 @@ int ll_kernel_run(const char *connection_file)
         .publish = s_hook_publish,
         .input_request = s_hook_input,
     };
+    /* The checkpoint store's module is part of the binary (issue 4): cells
+     * and the interpreter's own code `import _llstore` without a .so. */
+    if (ll_interp_add_builtin("_llstore", ll_store_pyinit) < 0)
+        ll_warn("kernel", "cannot register the _llstore module: 'import _llstore' will fail");
     if (ll_interp_init(self_path, &hooks, err, sizeof err) < 0)
         goto out_fail;
     interp_started = true;

@@ -494,3 +494,12 @@ def test_usage_request_on_control(proc):
     assert set(vm) == {"total", "available", "percent", "used", "free", "active", "inactive",
                        "buffers", "cached", "shared", "slab"}
     assert 0 < vm["available"] <= vm["total"]
+
+
+def test_store_module_is_built_in(proc):
+    # The kernel binary registers the store's extension (issue 4) before
+    # starting Python: importable in a cell without any .so on sys.path.
+    reply, msgs = proc.execute("import sys, _llstore\n"
+                               "print('_llstore' in sys.builtin_module_names, _llstore.__name__)")
+    assert reply["status"] == "ok", reply
+    assert _stream_text(msgs) == "True _llstore\n"
