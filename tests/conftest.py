@@ -53,8 +53,9 @@ _ENV = {
     # ipykernel's debugger prints a frozen-modules warning on stderr at start
     # unless told not to; it is noise, not kernel output.
     "PYDEVD_DISABLE_FILE_VALIDATION": "1",
-    # Keep matplotlib's font cache and config out of the user's home.
-    "MPLCONFIGDIR": os.path.join(_ROOT, "mpl"),
+    # (MPLCONFIGDIR is deliberately left alone: a fresh one per run makes
+    # every process that imports matplotlib rebuild the font cache under one
+    # lock at once, and some then time out.)
 }
 _SAVED_ENV = {k: os.environ.get(k) for k in _ENV}
 
