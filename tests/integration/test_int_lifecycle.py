@@ -61,3 +61,61 @@ def test_shutdown_while_busy_by_manager(fresh_kernel):
                                "store_history": True, "user_expressions": {}, "allow_stdin": False})
     k.km.shutdown_kernel(now=False)
     assert not k.km.is_alive()
+
+
+def test_crash_then_restart(fresh_kernel):
+    """A cell that kills the kernel process (a C extension crashing, here a
+    deliberate segfault) ends it; the manager's restart brings up a working
+    kernel, as with ipykernel."""
+    k = fresh_kernel
+    k.run_ok("before_crash = 1")
+    k.send("execute_request", {"code": "import ctypes\nctypes.string_at(0)", "silent": False,
+                               "store_history": True, "user_expressions": {}, "allow_stdin": False})
+    code = _wait_exit(k)
+    assert code != 0
+    assert not k.km.is_alive()
+    k.km.restart_kernel(now=True)
+    k.connect()
+    assert k.eval_text("'back'") == "'back'"
+    reply, _ = k.execute("before_crash")
+    assert reply["content"]["ename"] == "NameError"
+
+
+def test_os_exit_in_cell(fresh_kernel):
+    k = fresh_kernel
+    k.send("execute_request", {"code": "import os\nos._exit(7)", "silent": False, "store_history": True,
+                               "user_expressions": {}, "allow_stdin": False})
+    assert _wait_exit(k) == 7
+
+
+def _group_members(pgid):
+    """Pids of live (non-zombie) processes in process group PGID."""
+    import os
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % pid) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # fields[0] is the state, fields[2] the process group.
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            out.append(int(pid))
+    return out
+
+
+def test_shutdown_leaves_no_processes(fresh_kernel):
+    """jupyter_client starts the kernel in a session of its own; after a
+    shutdown nothing of that process group is left running (children the
+    kernel or the cells started included)."""
+    k = fresh_kernel
+    pgid = k.pid
+    k.run_ok("import subprocess\n_child = subprocess.Popen(['sleep', '300'])")
+    assert len(_group_members(pgid)) >= 2
+    k.km.shutdown_kernel(now=False)
+    deadline = time.monotonic() + 30
+    while _group_members(pgid):
+        assert time.monotonic() < deadline, "left running: %s" % _group_members(pgid)
+        time.sleep(0.05)  # polling /proc
