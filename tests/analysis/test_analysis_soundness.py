@@ -17,7 +17,9 @@ import json
 import os
 import pathlib
 import random
+import shutil
 import subprocess
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -237,13 +239,30 @@ def analyse(nb_path):
     return json.loads(proc.stdout)
 
 
+_MPLCONFIG = []
+
+
+def mpl_config_dir():
+    """One matplotlib config dir whose font cache is built once, before any
+    two runners start together: two processes building it at the same time
+    contend for its lock, and one of them fails with a TimeoutError."""
+    if not _MPLCONFIG:
+        path = pathlib.Path(tempfile.mkdtemp(prefix="ll-analysis-mpl-"))
+        subprocess.run([PYTHON, "-c", "import matplotlib.font_manager"], timeout=300,
+                       env=dict(os.environ, MPLCONFIGDIR=str(path), MPLBACKEND="Agg"),
+                       capture_output=True)
+        _MPLCONFIG.append(path)
+    return _MPLCONFIG[0]
+
+
 def run(nb_path, workdir, mode, analysis_path=None):
     workdir.mkdir()
     out = workdir / "out.json"
     args = [PYTHON, str(RUNNER), str(nb_path), str(out), mode]
     if analysis_path:
         args.append(str(analysis_path))
-    env = dict(os.environ, MPLBACKEND="Agg", PYTHONHASHSEED="0")
+    env = dict(os.environ, MPLBACKEND="Agg", PYTHONHASHSEED="0",
+               MPLCONFIGDIR=str(mpl_config_dir()))
     proc = subprocess.run(args, cwd=workdir, capture_output=True, text=True,
                           timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -253,6 +272,7 @@ def run(nb_path, workdir, mode, analysis_path=None):
 def compare(nb_path, tmp_path, analysis):
     analysis_path = tmp_path / "analysis.json"
     analysis_path.write_text(json.dumps(analysis))
+    mpl_config_dir()  # before the two runs start in parallel
     with ThreadPoolExecutor(2) as pool:
         full = pool.submit(run, nb_path, tmp_path / "full", "full")
         narrow = pool.submit(run, nb_path, tmp_path / "closure", "closure", analysis_path)
@@ -299,3 +319,11 @@ def test_harness_catches_a_missing_name(tmp_path):
     analysis["cells"][1]["closure"]["state_closure"] = ["f"]  # lose A
     diffs = compare(nb_path, tmp_path, analysis)
     assert len(diffs) == 1 and "NameError" in diffs[0]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _remove_mpl_config():
+    yield
+    for path in _MPLCONFIG:
+        shutil.rmtree(path, ignore_errors=True)
+    _MPLCONFIG.clear()
