@@ -88,6 +88,7 @@ typedef struct {
     bool exited;        /* exit status known */
     int status;         /* waitpid status */
     bool cancelled;     /* killed on request (cancel, client gone) */
+    int pending_sig;    /* signal asked for before the worker's pid was known */
     bool waited;        /* a wait event was sent */
     double t_queued;    /* ms, when the request arrived */
     double wait_ms;     /* time spent waiting for a slot */
@@ -755,6 +756,22 @@ static void s_kill_run(int r, int sig)
     s_run_t *run = &P.runs[r];
     if (run->wpid > 0)
         kill(run->wpid, sig);
+    else if (sig == SIGKILL || !run->pending_sig)
+        run->pending_sig = sig; /* sent when the zygote reports the fork */
+}
+
+/* The worker's pid became known. */
+static void s_run_pid(int r, pid_t pid)
+{
+    s_run_t *run = &P.runs[r];
+    if (run->wpid)
+        return;
+    run->wpid = pid;
+    if (run->pending_sig) {
+        ll_debug("pool", "cell %s: signal %d, asked before the fork, sent to worker %d", run->id, run->pending_sig,
+                 (int)pid);
+        kill(pid, run->pending_sig);
+    }
 }
 
 static json_t *s_stats(void)
@@ -853,7 +870,7 @@ static void s_client_frame(int c, json_t *m)
         bool cancel = type[0] == 'c';
         if (P.runs[r].state == S_QUEUED) {
             s_reply_error(r, cancel ? "Cancelled" : "KeyboardInterrupt",
-                          cancel ? "the cell was cancelled before it started" : "interrupted while waiting for a GPU slot");
+                          cancel ? "the cell was cancelled before it started" : "interrupted before the cell started");
             s_drop_run(r);
         } else if (cancel) {
             P.runs[r].cancelled = true;
@@ -918,8 +935,7 @@ static void s_node_frame(int n, json_t *m)
         if (r < 0)
             return;
         if (type[0] == 'f') {
-            if (!P.runs[r].wpid)
-                P.runs[r].wpid = (pid_t)json_integer_value(json_object_get(m, "pid"));
+            s_run_pid(r, (pid_t)json_integer_value(json_object_get(m, "pid")));
             return;
         }
         const char *why = json_string_value(json_object_get(m, "why"));
@@ -942,7 +958,7 @@ static void s_worker_frame(int r, json_t *m)
     if (!type)
         return;
     if (strcmp(type, "ready") == 0) {
-        run->wpid = (pid_t)json_integer_value(json_object_get(m, "pid"));
+        s_run_pid(r, (pid_t)json_integer_value(json_object_get(m, "pid")));
         run->state = S_RUNNING;
         json_object_set_new(m, "type", json_string("started"));
         json_object_set_new(m, "node", json_integer(run->node_id));

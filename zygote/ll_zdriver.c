@@ -51,6 +51,9 @@ static int s_client(int argc, char **argv)
     char *line = NULL;
     size_t cap = 0;
     FILE *in = stdin;
+    /* Unbuffered: a second command must not sit in stdio's buffer while
+     * poll() says fd 0 has nothing. */
+    setvbuf(in, NULL, _IONBF, 0);
     bool in_open = true;
     while (ll_zclient_ok(c)) {
         struct pollfd p[2] = {{ll_zclient_fd(c), POLLIN, 0}, {in_open ? 0 : -1, POLLIN, 0}};

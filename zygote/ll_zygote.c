@@ -365,9 +365,6 @@ static void s_worker_main(int wfd, json_t *job, double t_before_fork)
     ll_log_init('W');
     close(s_ctl);
     close(s_sigfd);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL);
     signal(SIGCHLD, SIG_DFL);
     s_wfd = wfd;
     ll_interp_hooks_t hooks = {NULL, s_w_stream, s_w_flush, s_w_publish, s_w_input};
@@ -399,6 +396,11 @@ static void s_worker_main(int wfd, json_t *job, double t_before_fork)
     sa.sa_handler = s_w_sigint;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
+    /* SIGINT was blocked across the fork (s_fork_request): one sent as soon
+     * as the pool learnt our pid is delivered now, to the handler above. */
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
 
     double fork_ms = t_child - t_before_fork;
     s_wsend(json_pack("{s:s, s:i, s:f}", "type", "ready", "pid", (int)getpid(), "fork_ms", fork_ms));
@@ -528,7 +530,15 @@ static void s_fork_request(json_t *m, int passfd, bool grow)
     char *ok = s_py_call("prefork", "null", err, sizeof err);
     free(ok);
     double t0 = ll_zframe_now_ms();
+    /* Block SIGINT until the worker has its own handler: the pool may
+     * interrupt the worker the moment it hears of its pid. */
+    sigset_t intmask, oldmask;
+    sigemptyset(&intmask);
+    sigaddset(&intmask, SIGINT);
+    sigprocmask(SIG_BLOCK, &intmask, &oldmask);
     int pid = ll_interp_fork();
+    if (pid != 0)
+        sigprocmask(SIG_SETMASK, &oldmask, NULL);
     if (pid < 0) {
         json_t *r = json_pack("{s:s, s:O, s:O, s:s}", "type", "refused", "run",
                               job ? json_object_get(job, "id") : json_null(), "client",
@@ -543,6 +553,7 @@ static void s_fork_request(json_t *m, int passfd, bool grow)
         if (!grow)
             s_worker_main(passfd, json_incref(job), t0);
         /* A child node: the passed socket is its control socket now. */
+        sigprocmask(SIG_SETMASK, &oldmask, NULL);
         close(s_ctl);
         s_ctl = passfd;
         s_node_id = (int)json_integer_value(json_object_get(m, "node"));

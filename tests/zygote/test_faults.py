@@ -230,3 +230,16 @@ def test_pool_killed_clients_are_told_and_a_new_pool_starts(env):
     c2 = env.client()
     assert env.pool_pid != old
     assert c2.run("q", "print(3)").stdout == "3\n"
+
+
+def test_interrupt_and_cancel_sent_right_after_submit_are_not_lost(env):
+    c = env.client()
+    c.submit("i1", "import time\nwhile True: time.sleep(0.01)")
+    c.send(op="interrupt", id="i1")
+    r = c.collect("i1")[-1]
+    assert r["content"]["ename"] == "KeyboardInterrupt", r
+    c.submit("c1", "import time\nwhile True: time.sleep(0.01)")
+    c.send(op="cancel", id="c1")
+    r = c.collect("c1")[-1]
+    assert r["content"]["ename"] == "Cancelled", r
+    assert c.run("after", "print(4)").stdout == "4\n"
