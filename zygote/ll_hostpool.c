@@ -273,15 +273,23 @@ static int s_spawn_base(void)
     char fdarg[16], idarg[16];
     int id = P.next_node_id++;
     snprintf(idarg, sizeof idarg, "%d", id);
-    pid_t pid = fork(); /* this process is single-threaded: fork+exec is safe */
-    if (pid < 0) {
+    /* The child only calls async-signal-safe functions before exec (the CUDA
+     * runtime, when loaded, may have started threads in this process). */
+    int ctl = fcntl(sv[1], F_DUPFD, 3); /* a copy without CLOEXEC for the zygote */
+    if (ctl < 0) {
         close(sv[0]);
         close(sv[1]);
         return -1;
     }
+    snprintf(fdarg, sizeof fdarg, "%d", ctl);
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(sv[0]);
+        close(sv[1]);
+        close(ctl);
+        return -1;
+    }
     if (pid == 0) {
-        int fd = dup(sv[1]); /* without CLOEXEC */
-        snprintf(fdarg, sizeof fdarg, "%d", fd);
         sigset_t all;
         sigemptyset(&all);
         sigprocmask(SIG_SETMASK, &all, NULL);
@@ -289,6 +297,7 @@ static int s_spawn_base(void)
         _exit(127);
     }
     close(sv[1]);
+    close(ctl);
     s_node_t *nd = &P.nodes[n];
     memset(nd, 0, sizeof *nd);
     nd->used = true;
@@ -442,8 +451,30 @@ static void s_start_probe(const char *module, int node)
     int pfd[2];
     if (pipe2(pfd, O_CLOEXEC) < 0)
         return;
+    /* The probe's environment is ours with zygote/py first on PYTHONPATH,
+     * built before the fork (see s_spawn_base). */
+    extern char **environ;
+    size_t nenv = 0;
+    while (environ[nenv])
+        nenv++;
+    char **envp = calloc(nenv + 2, sizeof *envp);
+    const char *pp = getenv("PYTHONPATH");
+    char path[3 * PATH_MAX];
+    snprintf(path, sizeof path, "PYTHONPATH=%s/zygote/py%s%s", LL_SRCDIR, pp && *pp ? ":" : "", pp ? pp : "");
+    if (!envp) {
+        close(pfd[0]);
+        close(pfd[1]);
+        return;
+    }
+    size_t k = 0;
+    envp[k++] = path;
+    for (size_t i = 0; i < nenv; i++)
+        if (strncmp(environ[i], "PYTHONPATH=", 11) != 0)
+            envp[k++] = environ[i];
+    envp[k] = NULL;
     pid_t pid = fork();
     if (pid < 0) {
+        free(envp);
         close(pfd[0]);
         close(pfd[1]);
         return;
@@ -453,13 +484,10 @@ static void s_start_probe(const char *module, int node)
         sigset_t all;
         sigemptyset(&all);
         sigprocmask(SIG_SETMASK, &all, NULL);
-        const char *pp = getenv("PYTHONPATH");
-        char path[3 * PATH_MAX];
-        snprintf(path, sizeof path, "%s/zygote/py%s%s", LL_SRCDIR, pp && *pp ? ":" : "", pp ? pp : "");
-        setenv("PYTHONPATH", path, 1);
-        execl("/usr/bin/python3", "python3", "-m", "looseleaf_zygote.probe", module, (char *)NULL);
+        execle("/usr/bin/python3", "python3", "-m", "looseleaf_zygote.probe", module, (char *)NULL, envp);
         _exit(127);
     }
+    free(envp);
     close(pfd[1]);
     s_nonblock(pfd[0]);
     s_probe_t *pr = &P.probes[slot];
