@@ -79,3 +79,12 @@ def test_process_state_follows_the_session(env):
     plain = subprocess.run(["/usr/bin/python3", "-c", code1 + "\n" + code2], capture_output=True, text=True,
                            check=True).stdout
     assert a.stdout + b.stdout == plain
+
+
+def test_a_variable_that_cannot_be_saved_is_named(env):
+    c = env.client()
+    r = c.run("g", "g = (i for i in range(3))\nok = 5", defines=["g", "ok"])
+    assert r.ok
+    assert "g" in r.ll["save_failed"] and "g (" in r.stderr, (r.ll, r.stderr)
+    assert r.ll["saved"] == ["ok"]
+    assert c.run("h", "print(ok)", state_closure=["ok"]).stdout == "5\n"
