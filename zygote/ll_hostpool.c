@@ -540,7 +540,11 @@ static void s_grow(int n, json_t *modules)
     nd->parent = n;
     nd->fd = sv[0];
     nd->rd = ll_zreader_new(sv[0]);
-    nd->modules = json_array();
+    /* What it will hold, until it says what it does hold: a cell arriving
+     * meanwhile must not grow the same node again (it is not ready, so no
+     * cell forks from it yet). */
+    nd->modules = json_copy(P.nodes[n].modules);
+    json_array_extend(nd->modules, modules);
     nd->last_used = ll_zframe_now_ms();
     s_nonblock(sv[0]);
     ll_info("pool", "growing node %d from node %d", id, P.nodes[n].id);

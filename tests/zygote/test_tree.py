@@ -65,3 +65,13 @@ def test_no_growth_when_disabled(env):
     c.run("a", "import llz_tail1", import_closure=["llz_tail1"])
     c.run("b", "import llz_tail1", import_closure=["llz_tail1"])
     assert len(c.stats()["nodes"]) == 1
+
+
+def test_cells_arriving_while_a_node_grows_do_not_grow_it_twice(env):
+    _mods(env)
+    c = env.client()
+    for i in range(6):
+        c.run("a%d" % i, "import llz_tail1", import_closure=["llz_tail1"])
+    wait_for(lambda: _node_with(c, "llz_tail1"), 60, "a node with llz_tail1")
+    assert sum("llz_tail1" in n["modules"] for n in c.stats()["nodes"]) == 1
+    assert env.log().count("growing node") == 1
