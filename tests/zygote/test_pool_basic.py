@@ -113,3 +113,20 @@ def test_comm_messages_with_buffers_are_relayed(env):
     assert [m["msg_type"] for m in msgs][:2] == ["comm_open", "comm_msg"], msgs
     assert base64.b64decode(msgs[0]["buffers"][0]) == b"\x00\x01binary"
     assert msgs[1]["content"]["data"] == {"b": 2} and base64.b64decode(msgs[1]["buffers"][0]) == b"xyz"
+
+
+def test_subcommands_reject_bad_arguments_clearly(env):
+    import subprocess
+    from zyghelp import LOOSELEAF
+    p = subprocess.run([LOOSELEAF, "pool", "--slots", "0"], capture_output=True, text=True)
+    assert p.returncode == 2 and "--slots must be" in p.stderr
+    p = subprocess.run([LOOSELEAF, "pool", "--bogus"], capture_output=True, text=True)
+    assert p.returncode == 2 and "usage: looseleaf pool" in p.stderr
+    p = subprocess.run([LOOSELEAF, "zygote"], capture_output=True, text=True)
+    assert p.returncode == 2 and "control socket" in p.stderr
+    open_dir = os.path.join(env.tmp, "open")
+    os.mkdir(open_dir, 0o755)
+    os.chmod(open_dir, 0o755)
+    p = subprocess.run([LOOSELEAF, "pool", "--foreground", "--runtime-dir", open_dir], capture_output=True,
+                       text=True, timeout=30)
+    assert p.returncode == 1 and "mode 0700" in p.stderr
