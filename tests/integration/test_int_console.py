@@ -103,3 +103,34 @@ def test_console_session(kernel_name, jupyter_env, tmp_path):
             time.sleep(0.05)
     finally:
         t.kill()
+
+
+
+def test_console_completion(kernel_name, jupyter_env, tmp_path):
+    """Tab completes a name defined in the kernel (complete_request).
+
+    (Ctrl-C is not tested here: Debian's jupyter-console 6.4.4 lets the
+    KeyboardInterrupt escape its event loop and never interrupts the kernel,
+    on ipykernel just the same; test_int_interrupt.py covers interrupts.)"""
+    env = kernel_env()
+    env["TERM"] = "xterm-256color"
+    env.pop("TMUX", None)
+    status = tmp_path / "status"
+    t = Tmux(tmp_path, "/usr/bin/jupyter console --kernel %s; echo $? > %s" % (kernel_name, status), env)
+    try:
+        t.wait(lambda s: "In [1]:" in s, "first prompt")
+        t.keys("completion_target_xyz = 5", "Enter")
+        t.wait(lambda s: "In [2]:" in s, "prompt after the assignment")
+        t.keys("completion_tar", "Tab")
+        t.wait(lambda s: "In [2]: completion_target_xyz" in s, "the completed name")
+        t.keys("Enter")
+        screen = t.wait(lambda s: "In [3]:" in s, "prompt after the completed line")
+        assert "Out[2]: 5" in screen
+        t.keys("exit", "Enter")
+        deadline = time.monotonic() + TIMEOUT
+        while not (status.exists() and status.read_text().strip()):
+            assert time.monotonic() < deadline, "console did not exit; screen:\n" + t.screen()
+            time.sleep(0.05)  # polling for the exit status file
+        assert status.read_text().strip() == "0"
+    finally:
+        t.kill()
