@@ -792,6 +792,10 @@ int ll_kernel_run(const char *connection_file)
 {
     char err[512];
     bool interp_started = false;
+    /* A kernel started by `jupyter console` shares the user's terminal:
+     * only warnings and errors by default (ipykernel prints nothing there);
+     * LOOSELEAF_LOG=info|debug asks for more. */
+    setenv("LOOSELEAF_LOG", "warn", 0);
     ll_log_init('G');
 
     if (ll_conn_load(connection_file, &s_k.conn, err, sizeof err) < 0) {
