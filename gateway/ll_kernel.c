@@ -45,6 +45,7 @@
 #include "gateway/ll_fdcap.h"
 #include "gateway/ll_iopub.h"
 #include "gateway/ll_kernelspec.h"
+#include "gateway/ll_route.h"
 #include "gateway/ll_usage.h"
 #include "kernel/ll_interp.h"
 #include "proto/ll_conn.h"
@@ -82,6 +83,7 @@ static struct {
     json_t *kernel_info;        /* cached kernel_info_reply content; read-only once set */
     long long exec_count;       /* last execution_count the interpreter replied; main thread */
     zlist_t *to_abort;          /* raw shell messages queued when an execute failed; main thread */
+    ll_route_t *route;          /* cell analysis/routing, NULL unless LOOSELEAF_GPU_ROUTING=1; main thread */
     atomic_bool allow_stdin;    /* of the execute_request now running */
     atomic_bool shutdown;       /* a shutdown_request was answered */
     volatile sig_atomic_t terminate; /* SIGTERM arrived */
@@ -355,6 +357,9 @@ static void s_on_execute(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
      * execution_count before the cell runs. */
     char started[32];
     ll_wire_now(started);
+    ll_route_plan_t *plan =
+        s_k.route ? ll_route_plan(s_k.route, json_string_value(code), json_string_length(code))
+                  : NULL;
     char *md_text = NULL;
     char *reply_text = s_interp_call(req, &md_text);
     s_collect_output();
@@ -386,6 +391,10 @@ static void s_on_execute(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
                              "engine", ll_session_id(s_k.session), "status", status);
     json_object_update_missing(md, ours);
     json_decref(ours);
+    if (plan) {
+        json_object_set_new(md, "looseleaf", ll_route_plan_json(plan));
+        ll_route_done(s_k.route, &plan);
+    }
     if (strcmp(status, "error") == 0 && stop_on_error && !silent)
         s_take_queue();
     s_send_reply(sock, req, "execute_reply", reply, md);
@@ -756,6 +765,7 @@ static void s_teardown(bool interp_started)
     if (pthread_create(&watchdog, NULL, s_exit_watchdog, NULL) == 0)
         pthread_detach(watchdog);
     s_block_signals(false);
+    ll_route_destroy(&s_k.route); /* before Python goes */
     if (interp_started)
         ll_interp_finalize(); /* atexit handlers may still print: keep iopub up */
     fflush(NULL);
@@ -882,6 +892,13 @@ int ll_kernel_run(const char *connection_file)
         goto out_fail;
     interp_started = true;
     s_install_handlers(); /* in case Python's start-up replaced them */
+    if (ll_route_enabled()) {
+        char route_err[256];
+        s_k.route = ll_route_new(route_err, sizeof route_err);
+        if (!s_k.route)
+            ll_warn("kernel", "LOOSELEAF_GPU_ROUTING=1 but the cell analysis cannot start: %s",
+                    route_err);
+    }
     if (s_cache_kernel_info(err, sizeof err) < 0)
         goto out_fail;
 

@@ -40,11 +40,11 @@ def _poll(cond, timeout=TIMEOUT, what="condition"):
 class Proc:
     """build/looseleaf started on a fresh connection file, stderr to a file."""
 
-    def __init__(self, tmp_path, key=b"secret-key", new_session=True):
+    def __init__(self, tmp_path, key=b"secret-key", new_session=True, env=None):
         self.cf = str(tmp_path / "kernel.json")
         write_connection_file(self.cf, key=key, transport="tcp", ip="127.0.0.1")
         self.errpath = tmp_path / "kernel.stderr"
-        env = dict(os.environ)
+        env = dict(os.environ, **(env or {}))
         env.pop("PYTEST_CURRENT_TEST", None)
         with open(self.errpath, "wb") as err:
             self.p = subprocess.Popen([BIN, "-f", self.cf], stdout=subprocess.DEVNULL, stderr=err,
@@ -503,3 +503,37 @@ def test_store_module_is_built_in(proc):
                                "print('_llstore' in sys.builtin_module_names, _llstore.__name__)")
     assert reply["status"] == "ok", reply
     assert _stream_text(msgs) == "True _llstore\n"
+
+
+def test_routing_switch_reports_analysis(tmp_path):
+    # LOOSELEAF_GPU_ROUTING=1 (off by default): every cell is analysed and
+    # the reply metadata carries label and closures.  Running GPU cells on
+    # workers is not wired yet: the route stays "cpu".
+    p = Proc(tmp_path, env={"LOOSELEAF_GPU_ROUTING": "1"})
+    try:
+        def meta(code):
+            msg_id = p.kc.execute(code)
+            while True:
+                m = p.kc.get_shell_msg(timeout=TIMEOUT)
+                if m["parent_header"].get("msg_id") == msg_id:
+                    assert m["content"]["status"] == "ok", m["content"]
+                    return m["metadata"]["looseleaf"]
+        first = meta("w = 2\ny = 3")
+        assert first["route"] == "cpu" and first["label"] == "cpu"
+        second = meta("z = y + 1")
+        assert second["closure"]["state_closure"] == ["y"]
+        gpu = meta("import torch\nt = torch.zeros(2) + z")
+        assert gpu["label"] == "gpu" and gpu["route"] == "cpu" and "not wired" in gpu["note"]
+        bad = meta("%%cpu\nprint(1)")
+        assert bad["label"] == "cpu"
+    finally:
+        p.close()
+
+
+def test_routing_is_off_by_default(proc):
+    msg_id = proc.kc.execute("x = 1")
+    while True:
+        m = proc.kc.get_shell_msg(timeout=TIMEOUT)
+        if m["parent_header"].get("msg_id") == msg_id:
+            break
+    assert "looseleaf" not in m["metadata"]
