@@ -41,6 +41,19 @@ class Tmux:
             time.sleep(0.05)  # polling the rendered screen
         raise AssertionError("console: %s not seen within %ss; screen:\n%s" % (what, TIMEOUT, self.screen()))
 
+    def wait_prompt(self, n):
+        """Wait until prompt In [N] is drawn and the cursor sits right after
+        it, i.e. prompt_toolkit is ready for keys (keys typed while it is
+        still setting up the terminal can be lost)."""
+        prompt = "In [%d]: " % n
+
+        def ready(screen):
+            lines = [line for line in screen.splitlines() if line.strip()]
+            if not lines or lines[-1].rstrip() != prompt.rstrip():
+                return False
+            return self.run("display-message", "-p", "#{cursor_x}").strip() == str(len(prompt))
+        return self.wait(ready, "prompt %r ready for input" % prompt)
+
     def kill(self):
         subprocess.run(["tmux", "-S", self.sock, "kill-server"], env=self.env, capture_output=True)
 
@@ -70,7 +83,7 @@ def test_console_session(kernel_name, jupyter_env, tmp_path):
         kernel_name, cf, status)
     t = Tmux(tmp_path, command, env)
     try:
-        t.wait(lambda s: "In [1]:" in s, "first prompt")
+        t.wait_prompt(1)
         kernel_pids = _kernel_processes(cf)
         assert kernel_pids, "no kernel process runs with %s" % cf
         t.keys("def twice(x):", "Enter")
@@ -80,16 +93,16 @@ def test_console_session(kernel_name, jupyter_env, tmp_path):
         t.keys("return x * 2", "Enter")
         t.wait(lambda s: s.count("...:") >= 2, "second continuation prompt")
         t.keys("Enter")
-        t.wait(lambda s: "In [2]:" in s, "prompt after the definition")
+        t.wait_prompt(2)
         t.keys("print(twice(21))", "Enter")
-        screen = t.wait(lambda s: "In [3]:" in s, "prompt after the call")
+        screen = t.wait_prompt(3)
         lines = [line.rstrip() for line in screen.splitlines()]
         assert "In [1]: def twice(x):" in lines
         assert "   ...:     return x * 2" in lines
         call = lines.index("In [2]: print(twice(21))")
         assert lines[call + 1] == "42"
         t.keys("twice('ab')", "Enter")
-        screen = t.wait(lambda s: "In [4]:" in s, "prompt after the result")
+        screen = t.wait_prompt(4)
         assert "Out[3]: 'abab'" in [line.rstrip() for line in screen.splitlines()]
         t.keys("exit", "Enter")
         deadline = time.monotonic() + TIMEOUT
@@ -118,13 +131,13 @@ def test_console_completion(kernel_name, jupyter_env, tmp_path):
     status = tmp_path / "status"
     t = Tmux(tmp_path, "/usr/bin/jupyter console --kernel %s; echo $? > %s" % (kernel_name, status), env)
     try:
-        t.wait(lambda s: "In [1]:" in s, "first prompt")
+        t.wait_prompt(1)
         t.keys("completion_target_xyz = 5", "Enter")
-        t.wait(lambda s: "In [2]:" in s, "prompt after the assignment")
+        t.wait_prompt(2)
         t.keys("completion_tar", "Tab")
         t.wait(lambda s: "In [2]: completion_target_xyz" in s, "the completed name")
         t.keys("Enter")
-        screen = t.wait(lambda s: "In [3]:" in s, "prompt after the completed line")
+        screen = t.wait_prompt(3)
         assert "Out[2]: 5" in screen
         t.keys("exit", "Enter")
         deadline = time.monotonic() + TIMEOUT
