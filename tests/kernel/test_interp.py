@@ -670,3 +670,18 @@ def test_threads_outliving_finalize_do_not_use_the_hooks(env):
     assert "not finalizing Python" in p.stderr
     # what the thread printed after finalize went to fd 1 (the driver's stderr)
     assert "late 39\n" in p.stderr
+
+
+def test_fork_right_after_cells_never_hangs(env):
+    """Each cell wakes IPython's history writer, which then works inside
+    sqlite with the GIL released; a fork at that instant used to leave the
+    child holding sqlite's locked mutex, hanging its first history write
+    (about one run in two of the test above).  Many back-to-back
+    cell + fork pairs make that window all but certain to be hit."""
+    lines = []
+    for i in range(25):
+        lines.append(ex("v%d = %d" % (i, i)))
+        lines.append("@fork " + ex("print(v%d)" % i))
+    evs = run(env, *lines, timeout=120)
+    exits = [e for e in evs if e["ev"] == "child_exit"]
+    assert len(exits) == 25 and all(e["status"] == 0 for e in exits)

@@ -15,6 +15,7 @@ import os
 import sqlite3
 import sys
 import threading
+import time
 import traceback
 import uuid
 from datetime import datetime, timezone
@@ -137,7 +138,9 @@ class Kernel:
         }
         builtins.input = self.raw_input
         getpass.getpass = self.getpass
-        os.register_at_fork(after_in_child=self._after_fork_child)
+        os.register_at_fork(before=self._before_fork, after_in_parent=self._after_fork_parent,
+                            after_in_child=self._after_fork_child)
+        self._fork_held = []
         self._run_startup_files()
         self.handlers = {
             "execute_request": self.execute_request,
@@ -181,6 +184,32 @@ class Kernel:
                 else:
                     ns.pop("__file__", None)
 
+    def _before_fork(self):
+        """Keep the history writer thread out of sqlite across fork().  While
+        it writes it holds sqlite's process-wide mutexes with the GIL
+        released; a child forked at that instant inherits them locked, and
+        its first sqlite call (even on a fresh in-memory database) hangs for
+        ever.  The writer does all its sqlite work inside the two cache locks,
+        so holding both over the fork (and waiting for the thread's first
+        connect, which is outside them) excludes it."""
+        hm = getattr(self.shell, "history_manager", None)
+        if hm is None:
+            return
+        thread = getattr(hm, "save_thread", None)
+        if thread is not None and thread.is_alive():
+            deadline = time.monotonic() + 2.0
+            while getattr(thread, "db", None) is None and time.monotonic() < deadline:
+                time.sleep(0.001)
+        for lock in (hm.db_input_cache_lock, hm.db_output_cache_lock):
+            if lock.acquire(timeout=5.0):
+                self._fork_held.append(lock)
+            else:
+                log.warning("history writer held its lock for 5 s; forking anyway")
+
+    def _after_fork_parent(self):
+        while self._fork_held:
+            self._fork_held.pop().release()
+
     def _after_fork_child(self):
         """In a fork()ed child (a worker, multiprocessing): the history
         writer thread did not survive the fork and may have died holding the
@@ -191,6 +220,7 @@ class Kernel:
         connections alive untouched and gets fresh locks and an in-memory
         database holding this session's inputs, so %history and _i<N> work,
         and nothing reaches the parent's file."""
+        self._fork_held = []  # the parent's; the child gets fresh locks below
         hm = getattr(self.shell, "history_manager", None)
         if hm is None:
             return
