@@ -120,7 +120,7 @@ struct ll_pool_t {
     uint32_t *warm;           /* the populated regions, in the order they were */
     size_t nwarm;             /* entries in warm */
     size_t warm_cursor;       /* where the next warm search starts */
-    pthread_mutex_t mu;       /* guards counts and my lease bits */
+    pthread_mutex_t mu;       /* guards counts, my lease bits, populated/warm */
     _Atomic int refs;         /* this handle plus live mappings */
     char page_kind[16];       /* "hugetlb", "thp", "4k" */
     char share_path[64];      /* how other processes open a memfd pool */
@@ -613,9 +613,33 @@ static int s_touch(ll_pool_t *pool, uint32_t i)
         rc = errno;
     if (rc != 0)
         return rc;
-    pool->populated[i] = 1;
-    pool->warm[pool->nwarm++] = i;
+    /* ll_pool_back runs this on several copy threads at once (distinct
+     * regions): the warm list is shared bookkeeping. */
+    pthread_mutex_lock(&pool->mu);
+    if (!pool->populated[i]) {
+        pool->populated[i] = 1;
+        pool->warm[pool->nwarm++] = i;
+    }
+    pthread_mutex_unlock(&pool->mu);
     return 0;
+}
+
+int ll_pool_back(ll_pool_t *pool, uint32_t idx)
+{
+    if (idx >= pool->nregions)
+        return EINVAL;
+    pthread_mutex_lock(&pool->mu);
+    bool done = pool->populated[idx];
+    pthread_mutex_unlock(&pool->mu);
+    return done ? 0 : s_touch(pool, idx);
+}
+
+void ll_pool_free_unwritten(ll_pool_t *pool, const ll_pool_region_t *reg)
+{
+    if (reg->idx >= pool->nregions)
+        return;
+    uint64_t s = reg->gen << 2 | S_ALLOC;
+    atomic_compare_exchange_strong(&pool->state[reg->idx], &s, reg->gen << 2 | S_FREE);
 }
 
 size_t ll_pool_prefault(ll_pool_t *pool, size_t nregions)
@@ -631,8 +655,8 @@ size_t ll_pool_prefault(ll_pool_t *pool, size_t nregions)
     return done;
 }
 
-int ll_pool_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind, char *err,
-                  size_t errlen)
+static int s_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind, char *err,
+                   size_t errlen, bool back)
 {
     size_t n = pool->nregions;
     size_t start = atomic_fetch_add(&pool->hdr->cursor, 1) % n;
@@ -664,7 +688,7 @@ int ll_pool_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind
         /* Back the region now so running out of memory is an error here.
          * Pool pages are never given back, so once is enough per process
          * (re-populating 512 present 4 KiB pages costs as much as the copy). */
-        int rc = pool->populated[i] ? 0 : s_touch(pool, i);
+        int rc = pool->populated[i] || !back ? 0 : s_touch(pool, i);
         if (rc != 0) {
             atomic_store(&pool->state[i], gen << 2 | S_FREE);
             ll_pool_unlease(pool, i);
@@ -683,6 +707,18 @@ int ll_pool_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind
     snprintf(err, errlen, "payload pool full: all %zu regions (%zu MiB) of %s are in use", n,
              n * (LL_POOL_REGION_BYTES >> 20), pool->path);
     return -1;
+}
+
+int ll_pool_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind, char *err,
+                  size_t errlen)
+{
+    return s_alloc(pool, reg, addr, kind, err, errlen, true);
+}
+
+int ll_pool_alloc_unbacked(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind,
+                           char *err, size_t errlen)
+{
+    return s_alloc(pool, reg, addr, kind, err, errlen, false);
 }
 
 void ll_pool_commit_done(ll_pool_t *pool)

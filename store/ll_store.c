@@ -723,6 +723,8 @@ typedef struct {
     char *reuse;                 /* per region: 1 when shared with base */
     char *cand;                  /* per region: base region leased, compare */
     void **dst;                  /* per region: where to copy (new ones) */
+    ll_pool_t *pool;             /* backs new regions right before their copy */
+    int *backerr;                /* per region: errno of a failed backing */
 } s_put_t;
 
 static double s_ms(const struct timespec *a, const struct timespec *b)
@@ -751,6 +753,11 @@ static void s_copy_hash(void *ctx, size_t i)
     s_put_t *p = ctx;
     if (p->reuse[i])
         return;
+    int rc = ll_pool_back(p->pool, p->regs[i].idx);
+    if (rc != 0) {
+        p->backerr[i] = rc;
+        return;
+    }
     p->regs[i].hash = ll_hash_copy(p->dst[i], p->src + i * S_R, s_chunk(p->len, i));
 }
 
@@ -766,14 +773,15 @@ char *ll_store_put(ll_store_t *st, const void *data, size_t len, const char *bas
     size_t n = (len + S_R - 1) / S_R, bnb = 0, bn = 0;
     ll_pool_region_t *base = NULL;
     char *ref = NULL;
-    s_put_t p = {.src = data, .len = len};
+    s_put_t p = {.src = data, .len = len, .pool = st->pool};
     p.regs = calloc(n ? n : 1, sizeof *p.regs);
     p.reuse = calloc(n ? n : 1, 1);
     p.cand = calloc(n ? n : 1, 1);
     p.dst = calloc(n ? n : 1, sizeof *p.dst);
+    p.backerr = calloc(n ? n : 1, sizeof *p.backerr);
     uint32_t *held = malloc((n ? n : 1) * sizeof *held);
     size_t nheld = 0, nwritten = 0;
-    if (!p.regs || !p.reuse || !p.cand || !p.dst || !held) {
+    if (!p.regs || !p.reuse || !p.cand || !p.dst || !p.backerr || !held) {
         s_fail(st, LL_STORE_EIO, "out of memory");
         goto out;
     }
@@ -855,7 +863,7 @@ char *ll_store_put(ll_store_t *st, const void *data, size_t len, const char *bas
             continue;
         int kind;
         char err[512];
-        while (ll_pool_alloc(st->pool, &p.regs[i], &p.dst[i], &kind, err, sizeof err) != 0) {
+        while (ll_pool_alloc_unbacked(st->pool, &p.regs[i], &p.dst[i], &kind, err, sizeof err) != 0) {
             if (kind == LL_POOL_EFULL && !tried_gc) {
                 tried_gc = true;
                 if (s_gc_locked(st) > 0)
@@ -869,9 +877,24 @@ char *ll_store_put(ll_store_t *st, const void *data, size_t len, const char *bas
         nwritten += s_chunk(len, i);
     }
     clock_gettime(CLOCK_MONOTONIC, &ts2);
+    /* Fresh regions are backed inside the copy, region by region on each
+     * copy thread (MADV_POPULATE_WRITE, then the copy while the region is
+     * still in the TLB): on 4 KiB pages the faults, not the copy, dominate a
+     * first save, and this spreads them over the threads instead of paying
+     * them on this one before the copy starts. */
     if (nwritten)
         s_parallel(n, nwritten, s_copy_hash, &p);
     clock_gettime(CLOCK_MONOTONIC, &ts3);
+    for (size_t i = 0; i < n; i++) {
+        if (!p.backerr[i])
+            continue;
+        for (size_t j = 0; j < n; j++)
+            if (!p.reuse[j] && p.dst[j])
+                ll_pool_free_unwritten(st->pool, &p.regs[j]);
+        s_fail(st, LL_STORE_EFULL, "payload pool full: cannot back a 2 MiB region of the pool: %s "
+               "(payload of %zu bytes)", strerror(p.backerr[i]), len);
+        goto out;
+    }
     ll_debug("store", "put %zu bytes: compare %.2f ms, allocate %.2f ms, copy %.2f ms (%zu bytes)",
              len, s_ms(&ts0, &ts1), s_ms(&ts1, &ts2), s_ms(&ts2, &ts3), nwritten);
     ref = s_ref_format(ll_pool_id(st->pool), len, p.regs, n);
@@ -902,6 +925,7 @@ out:
     free(p.reuse);
     free(p.cand);
     free(p.dst);
+    free(p.backerr);
     s_leave(st);
     return ref;
 }
