@@ -90,6 +90,19 @@ HELP_LINKS = [
 ]
 
 
+def _code_and_cursor(content):
+    """The draft code and cursor of a complete/inspect request, made safe:
+    a non-string code is empty and a missing or out-of-range cursor sits at
+    the end, as frontends mean when they omit it."""
+    code = content.get("code", "")
+    cursor_pos = content.get("cursor_pos")
+    if not isinstance(code, str):
+        code = ""
+    if not isinstance(cursor_pos, int) or not 0 <= cursor_pos <= len(code):
+        cursor_pos = len(code)
+    return code, cursor_pos
+
+
 def _now():
     return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
 
@@ -422,12 +435,7 @@ class Kernel:
     # -- edit-time requests ---------------------------------------------
 
     def complete_request(self, content, parent):
-        code = content.get("code", "")
-        cursor_pos = content.get("cursor_pos")
-        if not isinstance(code, str):
-            code = ""
-        if not isinstance(cursor_pos, int) or not 0 <= cursor_pos <= len(code):
-            cursor_pos = len(code)
+        code, cursor_pos = _code_and_cursor(content)
         if _HAVE_EXPERIMENTAL_COMPLETIONS:
             with provisionalcompleter():
                 raw = self.shell.Completer.completions(code, cursor_pos)
@@ -453,12 +461,7 @@ class Kernel:
         return dumps(reply), None
 
     def inspect_request(self, content, parent):
-        code = content.get("code", "")
-        cursor_pos = content.get("cursor_pos")
-        if not isinstance(code, str):
-            code = ""
-        if not isinstance(cursor_pos, int) or not 0 <= cursor_pos <= len(code):
-            cursor_pos = len(code)
+        code, cursor_pos = _code_and_cursor(content)
         detail_level = content.get("detail_level", 0)
         if detail_level not in (0, 1):
             detail_level = 0
