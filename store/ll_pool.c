@@ -314,6 +314,18 @@ static int s_init_file(int fd, size_t pool_bytes, const char *path, const char *
     return 0;
 }
 
+/* Free what a pool handle owns in this process once its mapping and fd are
+ * gone (or were never made): shared by a failed open and the last unref. */
+static void s_pool_free(ll_pool_t *pool)
+{
+    free(pool->counts);
+    free(pool->populated);
+    free(pool->warm);
+    free(pool->path);
+    pthread_mutex_destroy(&pool->mu);
+    free(pool);
+}
+
 ll_pool_t *ll_pool_open(const char *path, size_t pool_bytes, char *err, size_t errlen)
 {
     if (!path || !*path) {
@@ -454,12 +466,7 @@ out_close:
     if (created && !pool->is_memfd)
         unlink(path);
 out_free:
-    free(pool->counts);
-    free(pool->populated);
-    free(pool->warm);
-    free(pool->path);
-    pthread_mutex_destroy(&pool->mu);
-    free(pool);
+    s_pool_free(pool);
     return NULL;
 }
 
@@ -477,12 +484,7 @@ static void s_pool_unref(ll_pool_t *pool)
     }
     munmap(pool->base, pool->file_len);
     close(pool->fd);
-    free(pool->counts);
-    free(pool->populated);
-    free(pool->warm);
-    free(pool->path);
-    pthread_mutex_destroy(&pool->mu);
-    free(pool);
+    s_pool_free(pool);
 }
 
 void ll_pool_destroy(ll_pool_t **pool_p)
