@@ -134,35 +134,29 @@ class Kernel:
 
         ON_MSG(msg), when given, is called as each message arrives (e.g. to
         answer while the request still runs)."""
-        deadline = time.monotonic() + timeout
-        got = []
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError("%s: no idle for %s within %ss; got: %s"
-                                     % (self.name, msg_id, timeout, _summary(got)))
-            try:
-                msg = self.kc.get_iopub_msg(timeout=min(left, 1.0))
-            except queue.Empty:
-                continue
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue
-            got.append(msg)
+        def idle(msg):
             if on_msg is not None:
                 on_msg(msg)
-            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-                return got
+            return msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle"
+
+        return self._iopub_collect(msg_id, idle, timeout, "no idle for %s" % msg_id)[1]
 
     def iopub_next(self, msg_id, pred, timeout=REPLY_TIMEOUT):
         """Wait for the first iopub message for MSG_ID that satisfies PRED;
         returns (that message, all messages for MSG_ID seen so far)."""
+        return self._iopub_collect(msg_id, pred, timeout,
+                                   "expected iopub message for %s not seen" % msg_id)
+
+    def _iopub_collect(self, msg_id, pred, timeout, what):
+        """Gather iopub messages whose parent is MSG_ID until one satisfies
+        PRED; returns (it, all gathered).  Fails naming WHAT after TIMEOUT."""
         deadline = time.monotonic() + timeout
         got = []
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise AssertionError("%s: expected iopub message for %s not seen within %ss; got: %s"
-                                     % (self.name, msg_id, timeout, _summary(got)))
+                raise AssertionError("%s: %s within %ss; got: %s"
+                                     % (self.name, what, timeout, _summary(got)))
             try:
                 msg = self.kc.get_iopub_msg(timeout=min(left, 1.0))
             except queue.Empty:
