@@ -560,13 +560,16 @@ typedef struct {
     int accepted;
 } s_thread_arg_t;
 
+/* Decodes its own copies: a zmsg_t is not thread-safe even to read (zmsg_dup
+ * walks the frame list with the message's shared cursor), so the copies are
+ * made before the threads start. */
 static void *s_decoder_thread(void *p)
 {
     s_thread_arg_t *arg = p;
     char why[256];
     for (int i = 0; i < arg->count; i++) {
-        zmsg_t *copy = zmsg_dup(arg->messages[i]);
-        arg->accepted += s_accepts(arg->session, copy, why, sizeof why);
+        arg->accepted += s_accepts(arg->session, arg->messages[i], why, sizeof why);
+        arg->messages[i] = NULL; /* consumed by the decode */
     }
     return NULL;
 }
@@ -581,14 +584,21 @@ static void s_test_threads(void)
         messages[i] = s_unique(s, 2000000 + i);
     pthread_t tids[THREADS];
     s_thread_arg_t args[THREADS];
+    zmsg_t **copies[THREADS];
     for (int t = 0; t < THREADS; t++) {
-        args[t] = (s_thread_arg_t){s, messages, COUNT, 0};
+        copies[t] = calloc(COUNT, sizeof *copies[t]);
+        for (int i = 0; i < COUNT; i++)
+            copies[t][i] = zmsg_dup(messages[i]);
+    }
+    for (int t = 0; t < THREADS; t++) {
+        args[t] = (s_thread_arg_t){s, copies[t], COUNT, 0};
         pthread_create(&tids[t], NULL, s_decoder_thread, &args[t]);
     }
     int total = 0;
     for (int t = 0; t < THREADS; t++) {
         pthread_join(tids[t], NULL);
         total += args[t].accepted;
+        free(copies[t]);
     }
     LL_CHECK(total == COUNT);
     for (int i = 0; i < COUNT; i++)
