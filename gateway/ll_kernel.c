@@ -83,7 +83,7 @@ static struct {
     json_t *kernel_info;        /* cached kernel_info_reply content; read-only once set */
     long long exec_count;       /* last execution_count the interpreter replied; main thread */
     zlist_t *to_abort;          /* raw shell messages queued when an execute failed; main thread */
-    ll_route_t *route;          /* cell analysis/routing, NULL unless LOOSELEAF_GPU_ROUTING=1; main thread */
+    ll_route_t *route;          /* cell analysis and GPU routing, NULL when off; main thread */
     atomic_bool allow_stdin;    /* of the execute_request now running */
     atomic_bool shutdown;       /* a shutdown_request was answered */
     volatile sig_atomic_t terminate; /* SIGTERM arrived */
@@ -336,6 +336,96 @@ static void s_abort_taken(void)
         ll_info("kernel", "aborted %d queued execute_request(s) after an error", aborted);
 }
 
+static bool s_stopping(void)
+{
+    return atomic_load(&s_k.shutdown) || s_k.terminate;
+}
+
+/* Call one of the interpreter's own requests (looseleaf_before_gpu, ...)
+ * with CONTENT (borrowed) under REQ's header; the answer as a new object,
+ * NULL when there is none. */
+static json_t *s_interp_own(const char *msg_type, const json_t *content, const ll_msg_t *req)
+{
+    char *ctext = json_dumps(content, JSON_COMPACT);
+    char *htext = json_dumps(req->header, JSON_COMPACT);
+    char *out = ctext && htext ? ll_interp_handle(msg_type, ctext, htext, NULL) : NULL;
+    free(ctext);
+    free(htext);
+    json_error_t jerr;
+    json_t *reply = out ? json_loads(out, JSON_ALLOW_NUL, &jerr) : NULL;
+    free(out);
+    if (!json_is_object(reply) || json_object_get(reply, "ename")) {
+        ll_error("kernel", "%s failed in the interpreter: %s", msg_type,
+                 json_string_value(json_object_get(reply, "evalue")));
+        json_decref(reply);
+        return NULL;
+    }
+    return reply;
+}
+
+static void s_notice(const char *fmt, const char *why)
+{
+    char line[600];
+    snprintf(line, sizeof line, fmt, why);
+    ll_iopub_stream_write(s_k.iopub, "stderr", line, strlen(line));
+}
+
+/* Run a GPU-labelled cell on a worker (ll_route.h says how).  True with
+ * *REPLY_P / *MD_P set when it ran there; false when it must run in the
+ * interpreter instead (a notice saying why went to stderr, and *WHY_P says
+ * it for the metadata). */
+static bool s_execute_on_worker(ll_msg_t *req, ll_route_plan_t *plan, json_t **reply_p,
+                                json_t **md_p, json_t **why_p)
+{
+    json_t *closure = ll_route_plan_closure(plan);
+    json_t *sync = closure ? s_interp_own("looseleaf_before_gpu", closure, req) : NULL;
+    json_decref(closure);
+    if (!sync) {
+        *why_p = json_string("the kernel could not prepare the cell's variables");
+        s_notice("LooseLeaf: %s; this GPU cell runs in the kernel\n", json_string_value(*why_p));
+        return false;
+    }
+    const char *fallback = json_string_value(json_object_get(sync, "fallback"));
+    if (fallback) {
+        *why_p = json_string(fallback);
+        s_notice("LooseLeaf: %s; this GPU cell runs in the kernel\n", fallback);
+        json_decref(sync);
+        return false;
+    }
+    ll_route_io_t io = {.iopub = s_k.iopub, .session = s_k.session, .stdin_sock = s_k.stdin_sock,
+                        .stdin_lock = &s_k.stdin_lock, .intr_fd = s_k.intr_fd,
+                        .stopping = s_stopping};
+    char err[512];
+    s_eventfd_drain(s_k.intr_fd); /* an interrupt from before this cell is not for it */
+    if (ll_route_run_gpu(s_k.route, plan, req, sync, &io, reply_p, md_p, err, sizeof err) < 0) {
+        *why_p = json_sprintf("the GPU pool is unavailable (%s)", err);
+        s_notice("LooseLeaf: %s; this GPU cell runs in the kernel\n", json_string_value(*why_p));
+        json_decref(sync);
+        return false;
+    }
+    /* History, counter and deletions follow the worker (coherence.py). */
+    json_t *wmd = json_object_get(*md_p, "looseleaf");
+    json_t *after = json_pack("{s:O, s:O, s:O, s:O}", "code", json_object_get(req->content, "code"),
+                              "execution_count", json_object_get(sync, "execution_count"), "saved",
+                              json_object_get(wmd, "saved") ? json_object_get(wmd, "saved")
+                                                            : json_array(),
+                              "deleted", json_object_get(wmd, "deleted") ? json_object_get(wmd, "deleted")
+                                                                         : json_array());
+    json_decref(s_interp_own("looseleaf_after_gpu", after, req));
+    json_decref(after);
+    /* The kernel's part of the preparation, next to the worker's. */
+    json_t *ll = ll_route_plan_json(plan, "gpu");
+    if (json_is_object(wmd))
+        json_object_update(ll, wmd);
+    const char *keys[] = {"kernel_save_ms", "kernel_bytes_saved", "kernel_saved"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        if (json_object_get(sync, keys[i]))
+            json_object_set(ll, keys[i], json_object_get(sync, keys[i]));
+    json_object_set_new(*md_p, "looseleaf", ll);
+    json_decref(sync);
+    return true;
+}
+
 static void s_on_execute(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
 {
     json_t *content = req->content;
@@ -353,20 +443,37 @@ static void s_on_execute(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
         s_send_reply(sock, req, "execute_reply", err, NULL);
         return;
     }
-    /* execute_input is published by the interpreter, which knows IPython's
-     * execution_count before the cell runs. */
     char started[32];
     ll_wire_now(started);
     ll_route_plan_t *plan =
         s_k.route ? ll_route_plan(s_k.route, json_string_value(code), json_string_length(code))
                   : NULL;
-    char *md_text = NULL;
-    char *reply_text = s_interp_call(req, &md_text);
-    s_collect_output();
-
-    json_error_t jerr;
-    json_t *reply = reply_text ? json_loads(reply_text, JSON_ALLOW_NUL, &jerr) : NULL;
-    free(reply_text);
+    json_t *reply = NULL, *md = NULL, *why_not = NULL;
+    /* Silent cells are the frontend's own (%config, widget set-up): they
+     * stay in the interpreter. */
+    bool on_worker = plan && ll_route_is_gpu(plan) && !silent &&
+                     s_execute_on_worker(req, plan, &reply, &md, &why_not);
+    if (!on_worker) {
+        /* execute_input is published by the interpreter, which knows
+         * IPython's execution_count before the cell runs.  With routing,
+         * the cell's closure rides along in the request metadata (a
+         * client's own value under that key is dropped). */
+        if (json_is_object(req->metadata)) {
+            json_t *closure = plan ? ll_route_plan_closure(plan) : NULL;
+            if (closure)
+                json_object_set_new(req->metadata, "__looseleaf_plan__", closure);
+            else
+                json_object_del(req->metadata, "__looseleaf_plan__");
+        }
+        char *md_text = NULL;
+        char *reply_text = s_interp_call(req, &md_text);
+        s_collect_output();
+        json_error_t jerr;
+        reply = reply_text ? json_loads(reply_text, JSON_ALLOW_NUL, &jerr) : NULL;
+        free(reply_text);
+        md = md_text ? json_loads(md_text, 0, &jerr) : NULL;
+        free(md_text);
+    }
     if (!json_is_object(reply)) {
         ll_error("kernel", "no valid execute_reply from the interpreter");
         json_decref(reply);
@@ -380,9 +487,8 @@ static void s_on_execute(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
     if (!status)
         status = "error";
 
-    /* Reply metadata as ipykernel writes it; the interpreter's, if any, wins. */
-    json_t *md = md_text ? json_loads(md_text, 0, &jerr) : NULL;
-    free(md_text);
+    /* Reply metadata as ipykernel writes it; the interpreter's (or the
+     * worker's), if any, wins. */
     if (!json_is_object(md)) {
         json_decref(md);
         md = json_object();
@@ -392,9 +498,15 @@ static void s_on_execute(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
     json_object_update_missing(md, ours);
     json_decref(ours);
     if (plan) {
-        json_object_set_new(md, "looseleaf", ll_route_plan_json(plan));
+        if (!on_worker) {
+            json_t *ll = ll_route_plan_json(plan, "cpu");
+            if (why_not)
+                json_object_set(ll, "fallback", why_not);
+            json_object_set_new(md, "looseleaf", ll);
+        }
         ll_route_done(s_k.route, &plan);
     }
+    json_decref(why_not);
     if (strcmp(status, "error") == 0 && stop_on_error && !silent)
         s_take_queue();
     s_send_reply(sock, req, "execute_reply", reply, md);
@@ -896,8 +1008,7 @@ int ll_kernel_run(const char *connection_file)
         char route_err[256];
         s_k.route = ll_route_new(route_err, sizeof route_err);
         if (!s_k.route)
-            ll_warn("kernel", "LOOSELEAF_GPU_ROUTING=1 but the cell analysis cannot start: %s",
-                    route_err);
+            ll_warn("kernel", "GPU routing is off: the cell analysis cannot start: %s", route_err);
     }
     if (s_cache_kernel_info(err, sizeof err) < 0)
         goto out_fail;

@@ -1,21 +1,35 @@
-/* ll_route: per-cell routing decision (see ll_route.h).  Kernel process,
- * main thread.
+/* ll_route: per-cell routing decision and the GPU-cell relay (see
+ * ll_route.h).  Kernel process, main thread.
  *
  * The interpreter releases the GIL between requests, so the analysis calls
  * that parse source (ll_analysis_init, ll_analysis_new) take it here with
- * PyGILState_Ensure; sessions and closures never touch Python. */
+ * PyGILState_Ensure; sessions and closures never touch Python.
+ *
+ * The relay of a GPU cell is a poll loop on this thread over the pool
+ * connection, the interrupt eventfd and (while the worker waits in input())
+ * the stdin socket: the shell thread is where the cell "runs", exactly as
+ * when the interpreter runs it, so the dispatcher's busy/idle and reply
+ * ordering hold unchanged. */
 #include <Python.h>
 
 #include "gateway/ll_route.h"
 
+#include <errno.h>
+#include <openssl/evp.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "gateway/ll_analysis.h"
 #include "proto/ll_log.h"
+#include "zygote/ll_zygote.h"
 
 struct ll_route_t {
     ll_analysis_session_t *session; /* every executed cell, in order */
+    ll_zclient_t *pool;             /* connection to the host pool, made at the first GPU cell */
+    unsigned long long cells;       /* GPU cells sent: their ids */
 };
 
 struct ll_route_plan_t {
@@ -26,7 +40,7 @@ struct ll_route_plan_t {
 bool ll_route_enabled(void)
 {
     const char *v = getenv("LOOSELEAF_GPU_ROUTING");
-    return v && strcmp(v, "1") == 0;
+    return !v || strcmp(v, "0") != 0;
 }
 
 ll_route_t *ll_route_new(char *err, size_t errlen)
@@ -53,6 +67,7 @@ void ll_route_destroy(ll_route_t **self_p)
     if (!self_p || !*self_p)
         return;
     ll_route_t *self = *self_p;
+    ll_zclient_destroy(&self->pool);
     ll_analysis_session_destroy(&self->session);
     PyGILState_STATE gil = PyGILState_Ensure();
     ll_analysis_shutdown();
@@ -74,19 +89,36 @@ ll_route_plan_t *ll_route_plan(ll_route_t *self, const char *code, size_t len)
     return plan;
 }
 
-json_t *ll_route_plan_json(const ll_route_plan_t *plan)
+bool ll_route_is_gpu(const ll_route_plan_t *plan)
+{
+    return plan && plan->closure && ll_analysis_closure_label(plan->closure) == LL_ANALYSIS_GPU;
+}
+
+static json_t *s_strs_json(ll_analysis_strs_t strs)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < strs.count; i++)
+        json_array_append_new(a, json_string(strs.items[i]));
+    return a;
+}
+
+json_t *ll_route_plan_closure(const ll_route_plan_t *plan)
+{
+    if (!plan || !plan->closure)
+        return NULL;
+    return json_pack("{s:o, s:o, s:o}", "state",
+                     s_strs_json(ll_analysis_closure_state(plan->closure)), "writes",
+                     s_strs_json(ll_analysis_closure_writes(plan->closure)), "deletes",
+                     s_strs_json(ll_analysis_closure_deletes(plan->closure)));
+}
+
+json_t *ll_route_plan_json(const ll_route_plan_t *plan, const char *route)
 {
     json_t *out = json_object();
     if (!out || !plan)
         return out;
-    bool gpu = plan->closure && ll_analysis_closure_label(plan->closure) == LL_ANALYSIS_GPU;
-    /* Where the cell ran: the interpreter, until workers are wired in. */
-    json_object_set_new(out, "route", json_string("cpu"));
-    json_object_set_new(out, "label", json_string(gpu ? "gpu" : "cpu"));
-    if (gpu)
-        json_object_set_new(out, "note",
-                            json_string("GPU routing is not wired yet: the cell ran in the "
-                                        "kernel's interpreter"));
+    json_object_set_new(out, "route", json_string(route));
+    json_object_set_new(out, "label", json_string(ll_route_is_gpu(plan) ? "gpu" : "cpu"));
     if (plan->cell) {
         const char *error = ll_analysis_error(plan->cell);
         if (error)
@@ -111,4 +143,355 @@ void ll_route_done(ll_route_t *self, ll_route_plan_t **plan_p)
     ll_analysis_destroy(&plan->cell);
     free(plan);
     *plan_p = NULL;
+}
+
+/* ---- the GPU-cell relay -------------------------------------------------- */
+
+int ll_route_b64_frame(zmsg_t *msg, const char *text)
+{
+    size_t n = strlen(text), pad = 0;
+    while (pad < n && text[n - 1 - pad] == '=')
+        pad++;
+    if (n % 4 != 0 || n > (size_t) INT32_MAX || pad > 2)
+        return -1;
+    unsigned char *out = malloc(n / 4 * 3 + 1);
+    if (!out)
+        return -1;
+    int len = n ? EVP_DecodeBlock(out, (const unsigned char *) text, (int) n) : 0;
+    if (len < 0) {
+        free(out);
+        return -1;
+    }
+    len -= (int) pad; /* EVP_DecodeBlock counts the '=' padding as zero bytes */
+    int rc = zmsg_addmem(msg, out, (size_t) len);
+    free(out);
+    return rc;
+}
+
+/* A reply content shaped like an ipykernel error, for failures of the GPU
+ * path itself (the worker's own errors come in its reply). */
+static json_t *s_error_reply(const char *ename, const char *evalue, json_int_t count)
+{
+    return json_pack("{s:s, s:s, s:s, s:[s], s:I, s:{}, s:[]}", "status", "error", "ename", ename,
+                     "evalue", evalue, "traceback", evalue, "execution_count", count,
+                     "user_expressions", "payload");
+}
+
+static json_t *s_run_request(ll_route_plan_t *plan, const ll_msg_t *req, const json_t *sync,
+                             const char *id)
+{
+    json_t *content = req->content;
+    json_t *r = json_pack(
+        "{s:s, s:O, s:O, s:O, s:O, s:o, s:o, s:o, s:o, s:o, s:O, s:O, s:b}", "id", id, "session",
+        json_object_get(sync, "session"), "store_dir", json_object_get(sync, "store_dir"),
+        "redis_url", json_object_get(sync, "redis_url"), "code", json_object_get(content, "code"),
+        "state_closure", s_strs_json(ll_analysis_closure_state(plan->closure)), "import_closure",
+        s_strs_json(ll_analysis_closure_imports(plan->closure)), "import_stmts",
+        s_strs_json(ll_analysis_closure_import_stmts(plan->closure)), "defines",
+        s_strs_json(ll_analysis_closure_writes(plan->closure)), "deletes",
+        s_strs_json(ll_analysis_closure_deletes(plan->closure)), "parent", req->header,
+        "execution_count", json_object_get(sync, "execution_count"), "allow_stdin",
+        json_is_true(json_object_get(content, "allow_stdin")));
+    json_t *ue = json_object_get(content, "user_expressions");
+    if (r && json_is_object(ue))
+        json_object_set(r, "user_expressions", ue);
+    /* Fault tests (tests/routing): with LOOSELEAF_TEST_FAULTS=1 in the
+     * kernel's environment, execute_request metadata "looseleaf_fault"
+     * ("restore", "save", ...) makes the worker SIGKILL itself there. */
+    const char *faults = getenv("LOOSELEAF_TEST_FAULTS");
+    json_t *fault = json_object_get(req->metadata, "looseleaf_fault");
+    if (r && faults && strcmp(faults, "1") == 0 && json_is_string(fault))
+        json_object_set(r, "fault", fault);
+    return r;
+}
+
+/* Ask the frontend for the worker's input() on stdin.  Returns true when
+ * the request went out (the stdin lock is then held until the answer). */
+static bool s_ask_input(const ll_route_io_t *io, json_t *ev)
+{
+    pthread_mutex_lock(io->stdin_lock);
+    zmsg_t *stale; /* answers to earlier, interrupted prompts */
+    while ((stale = zmsg_recv(io->stdin_sock)))
+        zmsg_destroy(&stale);
+    const char *prompt = json_string_value(json_object_get(ev, "prompt"));
+    ll_msg_t *msg = ll_iopub_msg_to_parent(
+        io->iopub, "input_request",
+        json_pack("{s:s, s:b}", "prompt", prompt ? prompt : "", "password",
+                  json_is_true(json_object_get(ev, "password"))));
+    if (!msg || ll_session_send(io->session, io->stdin_sock, &msg) != 0) {
+        ll_warn("route", "cannot send input_request (no frontend on stdin?)");
+        pthread_mutex_unlock(io->stdin_lock);
+        return false;
+    }
+    return true;
+}
+
+/* The frontend's input_reply, or NULL if what arrived was something else. */
+static char *s_take_input(const ll_route_io_t *io)
+{
+    char why[256];
+    zmsg_t *raw;
+    while ((raw = zmsg_recv(io->stdin_sock))) {
+        ll_msg_t *reply = ll_session_decode(io->session, &raw, why, sizeof why);
+        if (!reply) {
+            ll_warn("route", "dropped a message on stdin: %s", why);
+            continue;
+        }
+        char *value = NULL;
+        if (strcmp(reply->msg_type, "input_reply") == 0) {
+            const char *v = ll_msg_content_str(reply, "value");
+            value = strdup(v ? v : "");
+        } else {
+            ll_warn("route", "unexpected %.64s on stdin: ignored", reply->msg_type);
+        }
+        ll_msg_destroy(&reply);
+        if (value)
+            return value;
+    }
+    return NULL;
+}
+
+/* Publish a worker's iopub event; returns its msg_type (borrowed) or NULL. */
+static const char *s_publish(const ll_route_io_t *io, json_t *ev)
+{
+    const char *type = json_string_value(json_object_get(ev, "msg_type"));
+    json_t *content = json_object_get(ev, "content");
+    if (!type || !json_is_object(content)) {
+        ll_warn("route", "a worker published without a type or content: dropped");
+        return NULL;
+    }
+    json_t *md = json_object_get(ev, "metadata");
+    json_t *b64 = json_object_get(ev, "buffers");
+    zmsg_t *buffers = NULL;
+    if (json_array_size(b64)) {
+        buffers = zmsg_new();
+        size_t i;
+        json_t *b;
+        json_array_foreach(b64, i, b)
+        {
+            if (!buffers || !json_is_string(b) || ll_route_b64_frame(buffers, json_string_value(b)) < 0) {
+                ll_warn("route", "a worker's %.64s has a bad buffer: dropped", type);
+                zmsg_destroy(&buffers);
+                return NULL;
+            }
+        }
+    }
+    ll_iopub_send(io->iopub, type, NULL, json_incref(content),
+                  json_is_object(md) ? json_incref(md) : NULL, &buffers);
+    return type;
+}
+
+/* A cell that failed outside the user's code (the worker died, could not
+ * restore, the pool went away) has no error on iopub yet: publish what
+ * ipykernel would have, so every frontend shows it. */
+static void s_publish_failure(const ll_route_io_t *io, const char *code, json_t *content,
+                              bool saw_input)
+{
+    if (!saw_input)
+        ll_iopub_send(io->iopub, "execute_input", NULL,
+                      json_pack("{s:s, s:O}", "code", code ? code : "", "execution_count",
+                                json_object_get(content, "execution_count")),
+                      NULL, NULL);
+    ll_iopub_send(io->iopub, "error", NULL,
+                  json_pack("{s:O, s:O, s:O}", "ename", json_object_get(content, "ename"), "evalue",
+                            json_object_get(content, "evalue"), "traceback",
+                            json_object_get(content, "traceback")),
+                  NULL, NULL);
+}
+
+static double s_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* How long a cancelled cell (the kernel is shutting down) may take to
+ * answer before the relay gives up on it. */
+#define S_CANCEL_GRACE_MS 3000
+
+int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *req,
+                     const json_t *sync, const ll_route_io_t *io, json_t **content_p,
+                     json_t **md_p, char *err, size_t errlen)
+{
+    *content_p = *md_p = NULL;
+    if (!plan || !plan->closure) {
+        snprintf(err, errlen, "the cell has no closure");
+        return -1;
+    }
+    char id[48];
+    snprintf(id, sizeof id, "cell-%llu", ++self->cells);
+    json_t *request = s_run_request(plan, req, sync, id);
+    if (!request) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    /* A pool that went away since the last GPU cell is replaced by a new
+     * one (started on demand): try twice. */
+    int sent = -1;
+    for (int attempt = 0; attempt < 2 && sent < 0; attempt++) {
+        if (self->pool && !ll_zclient_ok(self->pool))
+            ll_zclient_destroy(&self->pool);
+        if (!self->pool && !(self->pool = ll_zclient_connect(NULL, NULL, NULL, err, errlen)))
+            continue;
+        if ((sent = ll_zclient_run(self->pool, request, err, errlen)) < 0)
+            ll_zclient_destroy(&self->pool);
+    }
+    json_decref(request);
+    if (sent < 0)
+        return -1;
+
+    json_int_t count = json_integer_value(json_object_get(sync, "execution_count"));
+    bool asking = false;   /* the worker waits in input(); we hold the stdin lock */
+    double cancelled = 0;  /* when the cell was cancelled (kernel shutting down) */
+    bool waited = false, saw_input = false, saw_error = false;
+    json_t *content = NULL, *md = NULL;
+    while (!content) {
+        zmq_pollitem_t items[3] = {{NULL, ll_zclient_fd(self->pool), ZMQ_POLLIN, 0},
+                                   {NULL, io->intr_fd, ZMQ_POLLIN, 0},
+                                   {zsock_resolve(io->stdin_sock), 0, ZMQ_POLLIN, 0}};
+        long timeout = cancelled ? 100 : -1;
+        int rc = zmq_poll(items, asking ? 3 : 2, timeout);
+        if (rc < 0 && errno != EINTR) {
+            content = s_error_reply("PoolGone", "cannot wait for the GPU worker", count);
+            break;
+        }
+        if (rc > 0 && items[1].revents) {
+            uint64_t v;
+            ssize_t r = read(io->intr_fd, &v, sizeof v);
+            (void) r;
+            if (io->stopping()) {
+                if (!cancelled) {
+                    ll_zclient_cancel(self->pool, id);
+                    cancelled = s_now_ms();
+                }
+            } else {
+                ll_info("route", "interrupt: to the worker of %s", id);
+                ll_zclient_interrupt(self->pool, id);
+            }
+            if (asking) { /* the worker's input() ends with KeyboardInterrupt */
+                asking = false;
+                pthread_mutex_unlock(io->stdin_lock);
+            }
+        }
+        if (rc > 0 && asking && items[2].revents) {
+            char *value = s_take_input(io);
+            if (value) {
+                ll_zclient_input_reply(self->pool, id, value);
+                free(value);
+                asking = false;
+                pthread_mutex_unlock(io->stdin_lock);
+            }
+        }
+        json_t *ev;
+        while (!content && (ev = ll_zclient_next(self->pool, 0))) {
+            const char *type = json_string_value(json_object_get(ev, "type"));
+            const char *evid = json_string_value(json_object_get(ev, "id"));
+            if (!type) {
+                json_decref(ev);
+                continue;
+            }
+            if (strcmp(type, "pool_gone") == 0) {
+                content = s_error_reply("PoolGone",
+                                        "the GPU pool went away while this cell ran; the session "
+                                        "continues from the last committed versions of its variables",
+                                        count);
+            } else if (!evid || strcmp(evid, id) != 0) {
+                /* an earlier cell's late event, or stats: not ours */
+            } else if (strcmp(type, "stream") == 0) {
+                const char *name = json_string_value(json_object_get(ev, "name"));
+                json_t *text = json_object_get(ev, "text");
+                if (name && json_is_string(text))
+                    ll_iopub_stream_write(io->iopub, name, json_string_value(text),
+                                          json_string_length(text));
+            } else if (strcmp(type, "iopub") == 0) {
+                const char *t = s_publish(io, ev);
+                saw_input |= t && strcmp(t, "execute_input") == 0;
+                saw_error |= t && strcmp(t, "error") == 0;
+            } else if (strcmp(type, "input_request") == 0) {
+                if (asking) {
+                    pthread_mutex_unlock(io->stdin_lock);
+                    asking = false;
+                }
+                asking = s_ask_input(io, ev);
+                if (!asking)
+                    ll_zclient_input_reply(self->pool, id, "\x04"); /* EOF: EOFError in the cell */
+            } else if (strcmp(type, "wait") == 0 && !waited) {
+                waited = true;
+                char line[200];
+                snprintf(line, sizeof line,
+                         "LooseLeaf: every GPU slot is in use (%lld slots, %lld cells waiting); "
+                         "this cell starts when one is free\n",
+                         (long long) json_integer_value(json_object_get(ev, "slots")),
+                         (long long) json_integer_value(json_object_get(ev, "queued")));
+                ll_iopub_stream_write(io->iopub, "stderr", line, strlen(line));
+            } else if (strcmp(type, "reply") == 0) {
+                content = json_incref(json_object_get(ev, "content"));
+                md = json_incref(json_object_get(ev, "metadata"));
+                if (!json_is_object(content)) {
+                    json_decref(content);
+                    content = s_error_reply("WorkerError", "the worker sent no valid reply", count);
+                }
+            } else if (strcmp(type, "error") == 0) {
+                const char *why = json_string_value(json_object_get(ev, "error"));
+                content = s_error_reply("WorkerRequestError", why ? why : "bad request", count);
+            }
+            json_decref(ev);
+        }
+        if (!content && cancelled && s_now_ms() - cancelled > S_CANCEL_GRACE_MS)
+            content = s_error_reply("Cancelled", "the kernel is shutting down", count);
+    }
+    if (asking)
+        pthread_mutex_unlock(io->stdin_lock);
+    const char *status = json_string_value(json_object_get(content, "status"));
+    if (!saw_error && status && strcmp(status, "error") == 0 &&
+        json_is_string(json_object_get(content, "ename")))
+        s_publish_failure(io, json_string_value(json_object_get(req->content, "code")), content,
+                          saw_input);
+    if (!ll_zclient_ok(self->pool))
+        ll_zclient_destroy(&self->pool); /* the next GPU cell starts a new pool */
+    if (!json_is_object(md)) {
+        json_decref(md);
+        md = json_object();
+    }
+    *content_p = content;
+    *md_p = md;
+    return 0;
+}
+
+/* ---- self-test ----------------------------------------------------------- */
+
+int ll_route_selftest(bool verbose)
+{
+    static const struct {
+        const char *in;
+        const char *out;
+        size_t len;
+    } cases[] = {{"", "", 0},         {"YQ==", "a", 1},       {"YWI=", "ab", 2},
+                 {"YWJj", "abc", 3},  {"AAEC", "\0\1\2", 3}, {"/w==", "\xff", 1}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        zmsg_t *m = zmsg_new();
+        int rc = ll_route_b64_frame(m, cases[i].in);
+        zframe_t *f = zmsg_first(m);
+        bool ok = rc == 0 && f && zframe_size(f) == cases[i].len &&
+                  memcmp(zframe_data(f), cases[i].out, cases[i].len) == 0;
+        zmsg_destroy(&m);
+        if (!ok)
+            return -1;
+    }
+    const char *bad[] = {"abc", "a===", "ab!d"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        zmsg_t *m = zmsg_new();
+        int rc = ll_route_b64_frame(m, bad[i]);
+        zmsg_destroy(&m);
+        if (rc == 0)
+            return -1;
+    }
+    json_t *e = s_error_reply("PoolGone", "x", 3);
+    bool ok = e && json_integer_value(json_object_get(e, "execution_count")) == 3 &&
+              json_array_size(json_object_get(e, "traceback")) == 1;
+    json_decref(e);
+    if (verbose)
+        printf("(base64, error reply) ");
+    return ok ? 0 : -1;
 }

@@ -1,32 +1,52 @@
-/* ll_route: the per-cell routing decision of the kernel process (issue 5),
- * built on the cell analysis (gateway/ll_analysis.h).
+/* ll_route: where each cell of the kernel process runs, and running the
+ * GPU-labelled ones on forked workers (issue 5; DESIGN.md "life of a cell").
  *
- * Status: OFF unless LOOSELEAF_GPU_ROUTING=1.  When on, every executed cell
- * is analysed against the session's def-use graph (and recorded in it after
- * it ran), and execute_reply.metadata.looseleaf reports the route, the label
- * and the state and import closures.  Running GPU-labelled cells on forked
- * workers (zygote/ll_zclient) is NOT wired yet: every cell still runs in the
- * embedded interpreter, and the metadata says so.
+ * Every executed cell is analysed against the session's def-use graph
+ * (gateway/ll_analysis.h) and recorded in it after it ran.  A cell labelled
+ * CPU runs in the embedded interpreter; the gateway passes its closure to
+ * the interpreter (looseleaf_kernel/coherence.py), which refreshes from the
+ * store what workers changed and notes what the cell changes.  A cell
+ * labelled GPU:
+ *   1. the interpreter commits the dirty part of its closure and the process
+ *      state to the checkpoint store (request looseleaf_before_gpu), or says
+ *      why the cell must run in the interpreter instead (a closure variable
+ *      that cannot be saved, a store that cannot start);
+ *   2. ll_route_run_gpu hands it to the host pool (zygote/ll_zygote.h): a
+ *      worker forked from a zygote restores the closure, runs the cell,
+ *      streams its output, saves; this thread relays the worker's output to
+ *      iopub, its input() prompts to stdin, SIGINT to the worker, and waits
+ *      for the reply;
+ *   3. the interpreter records the cell in IPython's history and counter and
+ *      drops what the worker deleted (looseleaf_after_gpu).
+ *
+ * Switch: LOOSELEAF_GPU_ROUTING=0 turns routing off (every cell runs in the
+ * interpreter, no analysis); on by default.
  *
  * Threads: main (shell) thread only; takes the GIL itself where the
  * analysis needs Python. */
 #ifndef LL_ROUTE_H
 #define LL_ROUTE_H
 
+#include <czmq.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
+
+#include "gateway/ll_iopub.h"
+#include "proto/ll_wire.h"
 
 typedef struct ll_route_t ll_route_t;
 typedef struct ll_route_plan_t ll_route_plan_t;
 
-/* Whether LOOSELEAF_GPU_ROUTING asks for routing. */
+/* Whether routing is on (LOOSELEAF_GPU_ROUTING is not "0"). */
 bool ll_route_enabled(void);
 
 /* After ll_interp_init.  Returns NULL with a reason in ERR. */
 ll_route_t *ll_route_new(char *err, size_t errlen);
 
-/* Before ll_interp_finalize.  Nulls *SELF_P; safe on NULL. */
+/* Before ll_interp_finalize: also closes the connection to the host pool
+ * (which kills this kernel's running workers).  Nulls *SELF_P; NULL ok. */
 void ll_route_destroy(ll_route_t **self_p);
 
 /* Analyse CODE (LEN bytes, may contain NUL) before it runs.  Returns a plan
@@ -34,11 +54,46 @@ void ll_route_destroy(ll_route_t **self_p);
  * without closure. */
 ll_route_plan_t *ll_route_plan(ll_route_t *self, const char *code, size_t len);
 
-/* The plan as execute_reply.metadata.looseleaf (a new object). */
-json_t *ll_route_plan_json(const ll_route_plan_t *plan);
+/* Whether the plan sends the cell to a worker (labelled GPU). */
+bool ll_route_is_gpu(const ll_route_plan_t *plan);
+
+/* {state, writes, deletes} of the cell's closure (a new object), for the
+ * interpreter's coherence bookkeeping; NULL when the cell did not parse. */
+json_t *ll_route_plan_closure(const ll_route_plan_t *plan);
+
+/* The plan as execute_reply.metadata.looseleaf (a new object): ROUTE is
+ * where the cell ran ("cpu", "gpu"). */
+json_t *ll_route_plan_json(const ll_route_plan_t *plan, const char *route);
 
 /* The cell ran (successfully or not): record it in the session, free the
  * plan, null *PLAN_P. */
 void ll_route_done(ll_route_t *self, ll_route_plan_t **plan_p);
+
+/* What a GPU cell's relay needs from the kernel process. */
+typedef struct {
+    ll_iopub_t *iopub;            /* output goes out under the current parent */
+    ll_session_t *session;        /* signs input_request on stdin */
+    zsock_t *stdin_sock;          /* ROUTER, receive timeout 0 */
+    pthread_mutex_t *stdin_lock;  /* held while this cell owns the stdin socket */
+    int intr_fd;                  /* eventfd: SIGINT, shutdown or SIGTERM arrived */
+    bool (*stopping)(void);       /* the kernel is shutting down */
+} ll_route_io_t;
+
+/* Run the GPU cell of PLAN for REQ (its execute_request) on a worker.
+ * SYNC is the interpreter's looseleaf_before_gpu answer (store coordinates,
+ * execution_count).  On 0, *CONTENT_P is the execute_reply content and
+ * *MD_P the worker's reply metadata (both new; metadata.looseleaf holds the
+ * worker's report).  -1 with a reason in ERR when the cell could not be
+ * handed to a worker at all (no pool): nothing ran, the caller runs it in
+ * the interpreter. */
+int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *req,
+                     const json_t *sync, const ll_route_io_t *io, json_t **content_p,
+                     json_t **md_p, char *err, size_t errlen);
+
+/* Decode standard base64 TEXT into a new frame appended to MSG.  0, or -1
+ * when TEXT is not base64. */
+int ll_route_b64_frame(zmsg_t *msg, const char *text);
+
+int ll_route_selftest(bool verbose);
 
 #endif

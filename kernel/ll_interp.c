@@ -387,7 +387,8 @@ static void s_pyerr_to(char *err, size_t errlen, const char *what)
     Py_XDECREF(tb);
 }
 
-/* Directories holding the looseleaf_kernel package (and the store's), as a
+/* Directories holding the looseleaf_kernel package (and the store's and the
+ * zygote's: the kernel keeps process state coherent with workers), as a
  * ':'-separated list: LOOSELEAF_PYTHONPATH if set, else the source tree, else
  * the installed layout next to the binary (<bindir>/../lib/looseleaf/python). */
 static void s_package_path(char *out, size_t outlen)
@@ -410,8 +411,8 @@ static void s_package_path(char *out, size_t outlen)
                 installed[0] = '\0';
         }
     }
-    snprintf(out, outlen, "%s/kernel/py:%s/store/py%s%s", LL_SRCDIR, LL_SRCDIR,
-             installed[0] ? ":" : "", installed);
+    snprintf(out, outlen, "%s/kernel/py:%s/store/py:%s/zygote/py%s%s", LL_SRCDIR, LL_SRCDIR,
+             LL_SRCDIR, installed[0] ? ":" : "", installed);
 }
 
 /* Python code run once after start: sys.path, SIGINT handler at the Python

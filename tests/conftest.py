@@ -53,6 +53,9 @@ _ENV = {
     # ipykernel's debugger prints a frozen-modules warning on stderr at start
     # unless told not to; it is noise, not kernel output.
     "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+    # GPU cells run on workers of a host pool that kernels start on demand and share; the tests' pool
+    # is a private one, stopped at the end of the run (pytest_sessionfinish).
+    "LOOSELEAF_POOL_DIR": os.path.join(_ROOT, "pool"),
     # (MPLCONFIGDIR is deliberately left alone: a fresh one per run makes
     # every process that imports matplotlib rebuild the font cache under one
     # lock at once, and some then time out.)
@@ -75,7 +78,26 @@ def _install_environment():
 _install_environment()
 
 
+def _stop_pools(pool_dir):
+    """SIGTERM every `looseleaf pool` serving POOL_DIR (its zygotes and workers go with it)."""
+    import signal
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"pool" in argv[1:2] and pool_dir.encode() in argv:
+            try:
+                os.kill(int(pid), signal.SIGTERM)
+            except OSError:
+                pass
+
+
 def pytest_sessionfinish(session, exitstatus):
+    _stop_pools(_ENV["LOOSELEAF_POOL_DIR"])
     for key, value in _SAVED_ENV.items():
         if value is None:
             os.environ.pop(key, None)

@@ -28,6 +28,7 @@ from traitlets.config import Config
 import _looseleaf_kernel as _lk
 
 from . import comms
+from .coherence import Coherence
 from ._json import dumps, loads
 from .display import flush_streams, publish
 from .iostream import OutStream
@@ -45,6 +46,8 @@ __all__ = ["Kernel", "start", "handle", "shutdown", "get_kernel"]
 __version__ = "0.1.0"
 PROTOCOL_VERSION = "5.3"
 _EXPERIMENTAL_KEY = "_jupyter_types_experimental"
+# execute_request metadata key under which the gateway passes a routed CPU cell's closure.
+_PLAN_KEY = "__looseleaf_plan__"
 
 log = logging.getLogger("looseleaf_kernel")
 
@@ -167,7 +170,11 @@ class Kernel:
             "comm_msg": self.comm_msg,
             "comm_close": self.comm_close,
             "shutdown_request": self.shutdown_request,
+            # The gateway's own requests, around GPU cells run by workers (coherence.py).
+            "looseleaf_before_gpu": self.looseleaf_before_gpu,
+            "looseleaf_after_gpu": self.looseleaf_after_gpu,
         }
+        self.coherence = Coherence(self.shell)
 
     def _run_startup_files(self):
         """Run the profile's startup/*.py and *.ipy files in the user
@@ -352,6 +359,13 @@ class Kernel:
 
         if not silent:
             publish("execute_input", {"code": code, "execution_count": shell.execution_count})
+        # With GPU routing the gateway sends the cell's closure along: refresh what workers changed,
+        # then note what this cell changes (coherence.py).
+        plan = self._request_metadata.get(_PLAN_KEY)
+        if not isinstance(plan, dict):
+            plan = None
+        if plan is not None:
+            self.coherence.before_cpu(plan)
         # Interrupts land only while the cell runs, never in the reply.
         _lk.set_busy(True)
         try:
@@ -369,6 +383,8 @@ class Kernel:
             _lk.set_busy(False)
             self.allow_stdin = False
             self._flush_streams()
+            if plan is not None:
+                self.coherence.after_cpu(plan)
 
         reply = {}
         if res.success:
@@ -389,6 +405,12 @@ class Kernel:
         shell.payload_manager.clear_payload()
         metadata["status"] = reply["status"]
         return dumps(reply), dumps(metadata)
+
+    def looseleaf_before_gpu(self, content, parent):
+        return dumps(self.coherence.before_gpu(content)), None
+
+    def looseleaf_after_gpu(self, content, parent):
+        return dumps(self.coherence.after_gpu(content)), None
 
     def _flush_streams(self):
         flush_streams()
@@ -613,6 +635,8 @@ def shutdown():
     # IPython registered its atexit_operations (history saved, temp files
     # removed); run them now, while the hooks still work.
     atexit._run_exitfuncs()
+    if _kernel is not None:
+        _kernel.coherence.close()  # the session's store: its pool file would keep its memory
     main = threading.main_thread()
     return not any(
         t.is_alive() and not t.daemon and t is not main for t in threading.enumerate()

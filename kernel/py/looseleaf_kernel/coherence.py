@@ -1,0 +1,232 @@
+"""Coherence between the kernel's namespace and the checkpoint store, for GPU routing (issue 5).
+
+When the gateway routes GPU-labelled cells to forked workers, a variable lives in two places: the kernel's
+namespace (CPU cells run there) and the store (workers restore from it and save into it).  Variables flow
+only through the store, lazily, and this object keeps the two sides coherent:
+
+* After a CPU cell, every name the cell may have changed is *dirty*: the kernel's copy is newer than the
+  store's.  That is the analysis' writes, deletes and state closure (a method call can change an object in
+  place without the analysis seeing it) plus whatever the namespace shows rebound or deleted.
+* Before a GPU cell the dirty names of its state closure reach the store in one commit, with the process
+  state (cwd, env, sys.path, RNGs, torch dtype / grad mode; looseleaf_zygote.procstate).  A closure name
+  that cannot be saved makes the gateway run the cell here instead, with a one-line notice.
+* After a GPU cell the names its worker deleted leave the namespace; the ones it saved are no longer
+  dirty (the store's copy is now the newer one) and the cell enters IPython's history and counter.
+* Before a CPU cell, closure names whose store version moved (a worker changed them) are restored (payloads
+  mapped copy-on-write, so this costs no copy), and so is the process state.  Dirty names are never
+  overwritten: the kernel's copy of those is the newer.
+
+The store (a private redis-server and a payload pool, `_llstore`) opens at the first GPU cell, so a session
+that never uses one pays nothing but the bookkeeping, and is deleted when the kernel shuts down.
+
+Runs on the interpreter thread, inside request handling; not thread-safe.
+"""
+import logging
+import os
+import shutil
+import tempfile
+import time
+import types
+import uuid
+
+log = logging.getLogger("looseleaf_kernel")
+
+# IPython's own names: never variables of the session.
+_HIDDEN = {"_", "__", "___", "_i", "_ii", "_iii", "In", "Out", "_oh", "_ih", "_dh", "exit", "quit",
+           "get_ipython"}
+
+
+def _reason(e):
+    return "%s: %s" % (type(e).__name__, e)
+
+
+class Coherence:
+    """The kernel's side of the store protocol above, for the namespace of SHELL."""
+
+    def __init__(self, shell):
+        self.shell = shell
+        self.dirty = set()   # names whose newest copy is the kernel's, not yet in the store
+        self.store = None
+        self.cp = None
+        self.dir = None      # the store's runtime dir (redis socket, append-only file)
+        self.session = None
+        self._before = None  # {name: id(value)} when the running CPU cell started
+        self._ps = None      # the process state this process last applied or saved (procstate.capture())
+
+    # ---- the namespace -------------------------------------------------------------------------------
+    def _procstate(self):
+        from looseleaf_zygote import procstate
+        return procstate
+
+    def _visible(self):
+        ns = self.shell.user_ns
+        hidden = set(getattr(self.shell, "user_ns_hidden", {})) | _HIDDEN
+        out = {}
+        for k, v in ns.items():
+            if k in hidden or k.startswith("__") or (k.startswith("_i") and k[2:].isdigit()) or \
+                    (k.startswith("_") and k[1:].isdigit()) or isinstance(v, types.ModuleType):
+                continue
+            out[k] = id(v)
+        return out
+
+    def _saveable(self, names):
+        """NAMES without modules (import statements bring those back) and IPython's own names."""
+        ns = self.shell.user_ns
+        hidden = set(getattr(self.shell, "user_ns_hidden", {})) | _HIDDEN
+        return sorted(n for n in names if isinstance(n, str) and n not in hidden and
+                      not isinstance(ns.get(n), types.ModuleType))
+
+    # ---- the store -----------------------------------------------------------------------------------
+    def _open(self):
+        if self.cp is not None:
+            return
+        import _llstore
+        from looseleaf_store import Checkpointer
+        # On tmpfs: the private redis-server fsyncs its append-only file at every commit.
+        base = None
+        for d in (os.environ.get("XDG_RUNTIME_DIR"), "/dev/shm", tempfile.gettempdir()):
+            if d and os.path.isdir(d) and os.access(d, os.W_OK):
+                base = d
+                break
+        self.dir = tempfile.mkdtemp(prefix="looseleaf-store-", dir=base)  # 0700
+        self.session = uuid.uuid4().hex[:16]
+        try:
+            self.store = _llstore.Store(self.dir, self.session)
+            self.cp = Checkpointer(self.store, self.shell.user_ns)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self):
+        """Delete the session's store (every key, the pool file) and stop its redis-server."""
+        store, self.store, self.cp = self.store, None, None
+        if store is not None:
+            for step in (store.delete_session, store.close):
+                try:
+                    step()
+                except Exception:  # noqa: BLE001 - shutting down: log and go on
+                    log.warning("closing the checkpoint store", exc_info=True)
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+
+    # ---- process state ------------------------------------------------------------------------------
+    def _pull_procstate(self):
+        """Apply the stored process state if a worker committed a newer one than this process last
+        applied or saved.  (procstate.restore would apply it every time, undoing what CPU cells changed.)"""
+        procstate = self._procstate()
+        ns = self.shell.user_ns
+        if self._ps is not None:
+            ns[procstate.NAME] = self._ps  # held: restore skips it unless its version moved
+        try:
+            self.cp.restore([procstate.NAME])
+        finally:
+            st = ns.pop(procstate.NAME, None)
+        if st is not None and st is not self._ps:
+            self._ps = st
+            problems = procstate.apply(st)
+            if problems:
+                log.warning("process state not fully applied: %s", problems)
+
+    def _push(self, names):
+        """Save NAMES with this process's state in one commit (procstate.save_with, remembering what was
+        saved so _pull_procstate knows it)."""
+        procstate = self._procstate()
+        ns = self.shell.user_ns
+        st = ns[procstate.NAME] = procstate.capture()
+        try:
+            rep = self.cp.save(list(names) + [procstate.NAME], cell_id="kernel-%s" % uuid.uuid4().hex[:12])
+        finally:
+            ns.pop(procstate.NAME, None)
+        if procstate.NAME in rep.saved or procstate.NAME in rep.unchanged:
+            self._ps = st
+        return rep
+
+    # ---- around CPU cells ----------------------------------------------------------------------------
+    def before_cpu(self, plan):
+        """Refresh the cell's closure from the store where a worker changed it; remember the namespace."""
+        if self.cp is not None:
+            names = [n for n in plan.get("state") or [] if n not in self.dirty]
+            try:
+                rep = self.cp.restore(self._saveable(names), protect=sorted(self.dirty))
+                if rep.failed:
+                    log.warning("cannot refresh %s from the store", rep.failed)
+                self._pull_procstate()
+            except Exception:  # noqa: BLE001 - the cell runs with what the namespace has
+                log.warning("refreshing variables from the store failed", exc_info=True)
+        self._before = self._visible()
+
+    def after_cpu(self, plan):
+        """Mark what the CPU cell may have changed as dirty."""
+        before, self._before = self._before, None
+        if before is None:
+            return
+        after = self._visible()
+        changed = {k for k, ident in after.items() if before.get(k) != ident}
+        changed |= {k for k in before if k not in after}
+        for key in ("writes", "deletes", "state"):
+            changed.update(n for n in plan.get(key) or [] if isinstance(n, str))
+        self.dirty.update(self._saveable(changed))
+
+    # ---- around GPU cells ----------------------------------------------------------------------------
+    def before_gpu(self, plan):
+        """Commit the dirty part of a GPU cell's closure (and the process state) so its worker can restore
+        it.  Returns a dict for the gateway: the store's coordinates and the execution count, or
+        `fallback` (why the cell must run here instead)."""
+        t0 = time.perf_counter()
+        try:
+            self._open()
+        except Exception as e:  # noqa: BLE001 - reported; the cell runs in the interpreter
+            return {"fallback": "the checkpoint store cannot start (%s)" % _reason(e)}
+        ns = self.shell.user_ns
+        state = set(self._saveable(plan.get("state") or []))
+        # Dirty closure names, and every dirty name the kernel deleted (a delete costs nothing and keeps
+        # the store from handing a worker a variable the session no longer has).
+        # Closure names the kernel holds no stored copy of (defined before tracking began, by a startup
+        # file) count as dirty too.
+        held = self.cp.held()
+        fresh = {n for n in state if n in ns and n not in held}
+        names = sorted((self.dirty & state) | fresh | {n for n in self.dirty if n not in ns})
+        procstate = self._procstate()
+        # The process state a worker left comes here first: saving ours over it would undo the chdir or
+        # seed of an earlier GPU cell (a CPU cell in between has pulled it already: then a no-op).
+        try:
+            self._pull_procstate()
+        except Exception as e:  # noqa: BLE001 - the store is unusable: the cell runs here
+            return {"fallback": "the checkpoint store failed (%s)" % _reason(e)}
+        rep = self._push(names)
+        out = {"kernel_save_ms": (time.perf_counter() - t0) * 1e3, "kernel_bytes_saved": rep.bytes_written,
+               "kernel_saved": sorted(n for n in rep.saved if n != procstate.NAME)}
+        if rep.error:
+            return dict(out, fallback="the checkpoint store failed (%s)" % rep.error)
+        blocking = {n: why for n, why in rep.failed.items() if n in state or n == procstate.NAME}
+        if blocking:
+            name, why = sorted(blocking.items())[0]
+            return dict(out, fallback="variable '%s' cannot be saved (%s)" % (name, why),
+                        unsaveable=blocking)
+        self.dirty -= set(rep.saved) | set(rep.unchanged) | set(rep.deleted)
+        st = self.store.stats()
+        out.update({"store_dir": self.dir, "session": self.session, "redis_url": st.get("redis_url") or "",
+                    "execution_count": self.shell.execution_count})
+        return out
+
+    def after_gpu(self, info):
+        """A worker ran the cell (or tried to): history and counter as IPython's run_cell keeps them, and
+        the namespace follows what the worker saved and deleted."""
+        shell = self.shell
+        code = info.get("code")
+        count = info.get("execution_count")
+        if isinstance(code, str) and isinstance(count, int) and not info.get("silent"):
+            try:
+                shell.history_manager.store_inputs(count, code, code)
+            except Exception:  # noqa: BLE001 - history is a convenience, the cell ran
+                log.warning("cannot record a GPU cell in the history", exc_info=True)
+            shell.execution_count = count + 1
+        ns = shell.user_ns
+        for n in info.get("deleted") or []:
+            if isinstance(n, str):
+                ns.pop(n, None)
+                self.dirty.discard(n)
+        for n in info.get("saved") or []:
+            self.dirty.discard(n)
+        return {}
