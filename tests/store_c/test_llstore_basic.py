@@ -447,3 +447,46 @@ def test_reclamation_follows_payloads_through_rewrites_and_deletes(store):
     store.commit("c5", {}, deletes=["c"])
     assert store.gc() == 3
     assert store.stats()["regions_used"] == 0
+
+
+def _regions(ref):
+    return str(ref).split("/")[3].split(",")
+
+
+def test_rewrite_is_copied_first_and_an_unchanged_region_is_still_shared(store):
+    """When sampled regions all changed, a put copies without hashing first; a region that
+    turns out unchanged (not among the samples) is shared with the base all the same."""
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, 255, 16 * R, dtype=np.uint8)
+    r1 = store.put_payload(a)
+    b = a.copy()
+    b.reshape(16, R)[:, 7] ^= 1
+    b[R:2 * R] = a[R:2 * R]  # region 1 unchanged (the samples are 0, 4, 8, 12)
+    r2 = store.put_payload(b, base=r1)
+    assert r2.written == 15 * R
+    assert _regions(r2)[1] == _regions(r1)[1]
+    assert all(_regions(r2)[i] != _regions(r1)[i] for i in range(16) if i != 1)
+    assert np.array_equal(np.frombuffer(store.map_payload(r2), np.uint8), b)
+    assert np.array_equal(np.frombuffer(store.map_payload(r1), np.uint8), a)
+    assert store.stats()["regions_used"] == 31  # the copy of region 1 was given back
+
+
+def test_copy_first_without_room_falls_back_to_hashing_first(store):
+    """Copying every candidate needs room for the unchanged ones too; when the pool lacks it
+    the put gives those regions back and writes only what changed."""
+    rng = np.random.default_rng(4)
+    a = rng.integers(0, 255, 20 * R, dtype=np.uint8)
+    r1 = store.put_payload(a)  # 20 of the pool's 32 regions, held (uncommitted)
+    b = a.copy()
+    changed = [0, 2, 3, 5, 10, 15]  # every sample (0, 5, 10, 15) changed
+    for i in changed:
+        b[i * R + 11] ^= 0xFF
+    r2 = store.put_payload(b, base=r1)
+    assert r2.written == len(changed) * R
+    assert store.stats()["regions_used"] == 20 + len(changed)
+    assert np.array_equal(np.frombuffer(store.map_payload(r2), np.uint8), b)
+    # a rewrite that truly does not fit is still a clear error, and leaks nothing
+    c = a ^ 1
+    with pytest.raises(_llstore.PoolFullError):
+        store.put_payload(c, base=r1)
+    assert store.stats()["regions_used"] == 20 + len(changed)
