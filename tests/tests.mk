@@ -11,3 +11,6 @@ PYTESTS += $(sort $(wildcard tests/integration/test_int_*.py))
 
 # looseleaf vs ipykernel: start, `pass` round trip, 1,000,000 printed lines.
 BENCHES += tests/bench/bench_kernel.py
+
+# The issue-5 session through the real kernel: GPU cells on workers vs the naive path, per-cell prep split.
+BENCHES += tests/bench/bench_route.py
