@@ -1,0 +1,163 @@
+"""Helpers for the GPU-routing tests (tests/routing/): run cells on a looseleaf kernel and on ipykernel side
+by side, read the routing report in execute_reply.metadata.looseleaf, send execute requests with the fault
+hook's metadata, and find the processes of a host pool.
+
+Runs in the pytest process.  Builds on tests/integration/itest_util.py (the Kernel helper, normalisation),
+which is put on sys.path here.  Every wait is a poll with a deadline.
+"""
+import os
+import signal
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "integration"))
+
+from itest_util import (REPLY_TIMEOUT, Kernel, _error_text, normalized, stream_text,  # noqa: E402,F401
+                        strip_ansi)
+
+# GPU cells start workers (fork, restore, save) on 2 shared cores: give them room.
+GPU_TIMEOUT = 120
+
+
+def ll_md(reply):
+    """execute_reply.metadata.looseleaf (asserted present)."""
+    md = reply["metadata"].get("looseleaf")
+    assert isinstance(md, dict), "no metadata.looseleaf in %s" % reply["metadata"]
+    return md
+
+
+def execute(k, code, metadata=None, timeout=GPU_TIMEOUT, on_msg=None, **kw):
+    """Run CODE on kernel K with request METADATA; returns (execute_reply, iopub messages through idle)."""
+    msg_id = send_execute(k, code, metadata, **kw)
+    reply = k.reply(msg_id, timeout=timeout)
+    msgs = k.iopub_until_idle(msg_id, timeout, on_msg=on_msg)
+    return reply, msgs
+
+
+def send_execute(k, code, metadata=None, **kw):
+    """Send an execute_request (with request METADATA) without waiting; returns its msg_id."""
+    content = {"code": code, "silent": False, "store_history": True, "user_expressions": {},
+               "allow_stdin": False, "stop_on_error": True}
+    content.update(kw)
+    msg = k.kc.session.msg("execute_request", content, metadata=metadata or {})
+    k.kc.shell_channel.send(msg)
+    return msg["header"]["msg_id"]
+
+
+def run_route(k, code, route, timeout=GPU_TIMEOUT, **kw):
+    """Run CODE on looseleaf kernel K, assert it succeeded on ROUTE ("cpu"/"gpu"); returns (reply, msgs)."""
+    reply, msgs = execute(k, code, timeout=timeout, **kw)
+    assert reply["content"]["status"] == "ok", "%r failed: %s" % (code, _error_text(reply, msgs))
+    got = ll_md(reply).get("route")
+    assert got == route, "%r ran on %s, expected %s: %s" % (code, got, route, ll_md(reply))
+    return reply, msgs
+
+
+def comparable(reply, msgs):
+    """What a frontend sees of one cell, normalised: status, error name/value/traceback, outputs."""
+    c = reply["content"]
+    out = {"status": c["status"], "outputs": normalized(msgs)}
+    if c["status"] == "error":
+        out["error"] = [c["ename"], c["evalue"]]
+    for _, content in out["outputs"]:
+        if isinstance(content.get("data"), dict):
+            # Images by presence only: their text/plain says what was drawn; the bytes are no kernel property.
+            content["data"] = {m: v if m.startswith("text/") or m == "application/json" else "<%s>" % m
+                               for m, v in content["data"].items()}
+        if "traceback" in content:
+            content["traceback"] = [strip_ansi(line) for line in content["traceback"]]
+    return out
+
+
+class Pair:
+    """A looseleaf kernel and an ipykernel reference running the same cells."""
+
+    def __init__(self, ll, ref):
+        self.ll, self.ref = ll, ref
+
+    def cell(self, code, route):
+        """Run CODE on both; assert the frontend-visible results are equal and that looseleaf ran it on
+        ROUTE ("cpu", "gpu"; None: either).  Returns (looseleaf reply, looseleaf msgs)."""
+        r_ref, m_ref = execute(self.ref, code)
+        r_ll, m_ll = execute(self.ll, code)
+        md = ll_md(r_ll)
+        if route is not None:
+            assert md.get("route") == route, "%r ran on %s, expected %s: %s" % (
+                code, md.get("route"), route, {k: v for k, v in md.items() if k not in ("cell", "closure")})
+        assert "fallback" not in md, "%r fell back to the kernel: %s" % (code, md["fallback"])
+        a, b = comparable(r_ll, m_ll), comparable(r_ref, m_ref)
+        assert a == b, "%r differs (route %s):\nlooseleaf: %s\nipykernel: %s" % (code, md.get("route"), a, b)
+        return r_ll, m_ll
+
+    def cells(self, pairs):
+        """Run [(code, route), ...] in order through cell()."""
+        return [self.cell(code, route) for code, route in pairs]
+
+
+# ---- host pool processes ---------------------------------------------------------------------------------
+def _cmdline(pid):
+    try:
+        with open("/proc/%s/cmdline" % pid, "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0")[:-1]]
+    except OSError:
+        return None
+
+
+def _ppid(pid):
+    try:
+        with open("/proc/%s/stat" % pid) as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def pool_pids(pool_dir):
+    """Pids of the `looseleaf pool` processes serving POOL_DIR."""
+    out = []
+    for pid in os.listdir("/proc"):
+        argv = _cmdline(pid) if pid.isdigit() else None
+        if argv and argv[1:2] == ["pool"] and pool_dir in argv:
+            out.append(int(pid))
+    return out
+
+
+def zygote_pids(pool_dir, node=None):
+    """Pids of the `looseleaf zygote` children of POOL_DIR's pool (only node NODE's when given)."""
+    pools = set(pool_pids(pool_dir))
+    out = []
+    for pid in os.listdir("/proc"):
+        argv = _cmdline(pid) if pid.isdigit() else None
+        if not argv or argv[1:2] != ["zygote"] or _ppid(pid) not in pools:
+            continue
+        if node is not None and argv[argv.index("--node") + 1:][:1] != [str(node)]:
+            continue
+        out.append(int(pid))
+    return out
+
+
+def stop_pool(pool_dir):
+    """SIGTERM POOL_DIR's pool (its zygotes and workers go with it) and wait until it is gone."""
+    for pid in pool_pids(pool_dir):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
+    wait_for(lambda: not pool_pids(pool_dir), 30, "pool of %s to exit" % pool_dir)
+
+
+def alive(pid):
+    """Whether PID exists and is not a zombie."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_for(pred, timeout, what):
+    """Poll PRED until true; fail naming WHAT after TIMEOUT seconds."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out after %ss waiting for %s" % (timeout, what))
+        time.sleep(0.02)
