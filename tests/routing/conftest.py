@@ -10,8 +10,9 @@ from routehelp import Kernel, Pair
 @pytest.fixture(scope="session", autouse=True)
 def private_pool_dir(jupyter_env):
     """The run's pool dir must be private (0700) or the pool refuses it and every GPU cell falls back to the
-    kernel; tests/conftest.py creates it with the umask's mode."""
-    os.chmod(jupyter_env["LOOSELEAF_POOL_DIR"], 0o700)
+    kernel.  Older tests/conftest.py created it with the umask's mode; now the pool creates it itself."""
+    if os.path.isdir(jupyter_env["LOOSELEAF_POOL_DIR"]):
+        os.chmod(jupyter_env["LOOSELEAF_POOL_DIR"], 0o700)
     return jupyter_env["LOOSELEAF_POOL_DIR"]
 
 
