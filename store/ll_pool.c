@@ -55,6 +55,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,15 +117,26 @@ struct ll_pool_t {
     uint64_t me;              /* my slot word */
     pid_t pid;                /* process that opened this handle */
     uint32_t *counts;         /* my leases per region (process local) */
-    uint8_t *populated;       /* region backed and prefaulted in my mapping */
+    _Atomic uint8_t *populated; /* region backed and prefaulted in my mapping */
     uint32_t *warm;           /* the populated regions, in the order they were */
-    size_t nwarm;             /* entries in warm */
+    _Atomic size_t nwarm;     /* entries in warm (an entry is written before it counts) */
     size_t warm_cursor;       /* where the next warm search starts */
     pthread_mutex_t mu;       /* guards counts, my lease bits, populated/warm */
     _Atomic int refs;         /* this handle plus live mappings */
     char page_kind[16];       /* "hugetlb", "thp", "4k" */
     char share_path[64];      /* how other processes open a memfd pool */
     bool thp_advise;          /* madvise(MADV_HUGEPAGE), populate instead of fallocate */
+    /* The reserve (see ll_pool_reserve): a thread of this process keeps
+     * rtarget free regions prefaulted.  rmu guards the fields below. */
+    pthread_mutex_t rmu;
+    pthread_cond_t rcond;
+    pthread_t rthread;
+    bool rstarted;            /* rthread runs (in process pid) */
+    bool rstop;               /* asked to end */
+    bool rblocked;            /* backing failed or no free region left: wait for a kick */
+    int rhold;                /* saves in progress: do not compete with their copy */
+    size_t rtarget;           /* free prefaulted regions to keep */
+    size_t rcursor;           /* where the search for an unbacked free region goes on */
 };
 
 struct ll_pool_map_t {
@@ -137,6 +149,9 @@ struct ll_pool_map_t {
 };
 
 static char s_zero_byte; /* address of an empty mapping */
+
+static void s_reserve_stop(ll_pool_t *pool);
+static size_t s_free_warm(ll_pool_t *pool);
 
 static size_t s_round_up(size_t n, size_t to)
 {
@@ -323,6 +338,8 @@ static void s_pool_free(ll_pool_t *pool)
     free(pool->warm);
     free(pool->path);
     pthread_mutex_destroy(&pool->mu);
+    pthread_mutex_destroy(&pool->rmu);
+    pthread_cond_destroy(&pool->rcond);
     free(pool);
 }
 
@@ -341,6 +358,8 @@ ll_pool_t *ll_pool_open(const char *path, size_t pool_bytes, char *err, size_t e
     pool->slot = -1;
     pool->path = strdup(path);
     pthread_mutex_init(&pool->mu, NULL);
+    pthread_mutex_init(&pool->rmu, NULL);
+    pthread_cond_init(&pool->rcond, NULL);
     atomic_store(&pool->refs, 1);
     bool created = false;
 
@@ -491,6 +510,7 @@ void ll_pool_destroy(ll_pool_t **pool_p)
 {
     if (!pool_p || !*pool_p)
         return;
+    s_reserve_stop(*pool_p);
     s_pool_unref(*pool_p);
     *pool_p = NULL;
 }
@@ -507,7 +527,8 @@ int ll_pool_unlink(ll_pool_t *pool)
 void ll_pool_warm_counts(ll_pool_t *pool, size_t *free_warm, size_t *idle_warm)
 {
     *free_warm = *idle_warm = 0;
-    for (size_t k = 0; k < pool->nwarm; k++) {
+    size_t nwarm = atomic_load(&pool->nwarm);
+    for (size_t k = 0; k < nwarm; k++) {
         uint32_t i = pool->warm[k];
         uint64_t s = atomic_load(&pool->state[i]);
         if ((s & 3) == S_FREE)
@@ -619,8 +640,10 @@ static int s_touch(ll_pool_t *pool, uint32_t i)
      * regions): the warm list is shared bookkeeping. */
     pthread_mutex_lock(&pool->mu);
     if (!pool->populated[i]) {
+        size_t k = atomic_load(&pool->nwarm);
+        pool->warm[k] = i;
+        atomic_store(&pool->nwarm, k + 1);
         pool->populated[i] = 1;
-        pool->warm[pool->nwarm++] = i;
     }
     pthread_mutex_unlock(&pool->mu);
     return 0;
@@ -657,6 +680,130 @@ size_t ll_pool_prefault(ll_pool_t *pool, size_t nregions)
     return done;
 }
 
+/* ---- the reserve ------------------------------------------------------ */
+
+/* Free regions this process has prefaulted (what the next save finds warm). */
+static size_t s_free_warm(ll_pool_t *pool)
+{
+    size_t nwarm = atomic_load(&pool->nwarm), c = 0;
+    for (size_t k = 0; k < nwarm; k++)
+        c += (atomic_load(&pool->state[pool->warm[k]]) & 3) == S_FREE;
+    return c;
+}
+
+/* A free region this process has not prefaulted, or UINT32_MAX. */
+static uint32_t s_unbacked_free(ll_pool_t *pool)
+{
+    size_t n = pool->nregions;
+    for (size_t k = 0; k < n; k++) {
+        size_t i = (pool->rcursor + k) % n;
+        if (!pool->populated[i] && (atomic_load(&pool->state[i]) & 3) == S_FREE) {
+            pool->rcursor = (i + 1) % n;
+            return (uint32_t)i;
+        }
+    }
+    return UINT32_MAX;
+}
+
+/* The reserve thread: while fewer than rtarget free regions are prefaulted
+ * and no save is copying, prefault one more (~1 ms per region with 4 KiB
+ * pages).  At idle priority (SCHED_IDLE), so it only uses CPU time nothing
+ * else wants: between cells, while the user types.  Touching a region does
+ * not change its bytes and a region stays FREE, so allocation, the pool-full
+ * error and reclamation are as without it; a region another process (or
+ * this one) allocates meanwhile is merely prefaulted for its writer. */
+static void *s_reserve_main(void *arg)
+{
+    ll_pool_t *pool = arg;
+    struct sched_param sp = {0};
+    pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp);
+    pthread_mutex_lock(&pool->rmu);
+    while (!pool->rstop) {
+        uint32_t i = UINT32_MAX;
+        if (pool->rhold == 0 && !pool->rblocked && s_free_warm(pool) < pool->rtarget) {
+            i = s_unbacked_free(pool);
+            if (i == UINT32_MAX)
+                pool->rblocked = true; /* every free region is prefaulted already */
+        }
+        if (i == UINT32_MAX) {
+            /* Also wake now and then: another process may have taken our
+             * prefaulted regions, or freed some, without telling us. */
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_sec += 1;
+            if (pthread_cond_timedwait(&pool->rcond, &pool->rmu, &until) == ETIMEDOUT &&
+                pool->rblocked && s_free_warm(pool) < pool->rtarget)
+                pool->rblocked = s_unbacked_free(pool) == UINT32_MAX;
+            continue;
+        }
+        pthread_mutex_unlock(&pool->rmu);
+        int rc = s_touch(pool, i);
+        pthread_mutex_lock(&pool->rmu);
+        if (rc != 0) {
+            /* Out of memory (e.g. /dev/shm full): not an error here, the
+             * allocation that needs the memory will say so.  Wait for a kick. */
+            ll_debug("store", "pool reserve: cannot back region %u: %s", i, strerror(rc));
+            pool->rblocked = true;
+        }
+    }
+    pthread_mutex_unlock(&pool->rmu);
+    return NULL;
+}
+
+int ll_pool_reserve(ll_pool_t *pool, size_t nregions)
+{
+    if (getpid() != pool->pid)
+        return -1;
+    if (nregions > pool->nregions)
+        nregions = pool->nregions;
+    int rc = 0;
+    pthread_mutex_lock(&pool->rmu);
+    pool->rtarget = nregions;
+    pool->rblocked = false;
+    if (!pool->rstarted && nregions > 0 && !pool->rstop) {
+        /* Signals stay with the process's other threads (the kernel's
+         * SIGINT handling must never run on this one). */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        rc = pthread_create(&pool->rthread, NULL, s_reserve_main, pool);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (rc == 0)
+            pool->rstarted = true;
+        else
+            ll_warn("store", "pool reserve: cannot start its thread: %s", strerror(rc));
+    }
+    pthread_cond_signal(&pool->rcond);
+    pthread_mutex_unlock(&pool->rmu);
+    return rc == 0 ? 0 : -1;
+}
+
+void ll_pool_reserve_hold(ll_pool_t *pool, bool hold)
+{
+    pthread_mutex_lock(&pool->rmu);
+    if (hold) {
+        pool->rhold++;
+    } else if (pool->rhold > 0 && --pool->rhold == 0) {
+        pool->rblocked = false; /* regions may have been freed meanwhile */
+        pthread_cond_signal(&pool->rcond);
+    }
+    pthread_mutex_unlock(&pool->rmu);
+}
+
+static void s_reserve_stop(ll_pool_t *pool)
+{
+    if (getpid() != pool->pid)
+        return; /* a fork child: the thread exists only in the parent */
+    pthread_mutex_lock(&pool->rmu);
+    bool started = pool->rstarted;
+    pool->rstop = true;
+    pool->rstarted = false;
+    pthread_cond_signal(&pool->rcond);
+    pthread_mutex_unlock(&pool->rmu);
+    if (started)
+        pthread_join(pool->rthread, NULL);
+}
+
 static int s_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind, char *err,
                    size_t errlen, bool back)
 {
@@ -670,9 +817,9 @@ static int s_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kin
         if (k < nwarm) {
             i = pool->warm[(pool->warm_cursor + k) % nwarm];
         } else {
+            /* A prefaulted region is looked at again: it may have been
+             * freed, or prefaulted by the reserve, since the first pass. */
             i = (uint32_t)((start + k - nwarm) % n);
-            if (pool->populated[i])
-                continue; /* seen in the first pass */
         }
         uint64_t s = atomic_load(&pool->state[i]);
         if ((s & 3) != S_FREE)
@@ -895,7 +1042,11 @@ void ll_pool_stats(ll_pool_t *pool, ll_pool_stats_t *out)
     out->page_kind = pool->page_kind;
     out->path = ll_pool_share_path(pool);
     out->regions_total = pool->nregions;
-    out->regions_prefaulted = pool->nwarm;
+    out->regions_prefaulted = atomic_load(&pool->nwarm);
+    pthread_mutex_lock(&pool->rmu);
+    out->reserve_target = pool->rtarget;
+    pthread_mutex_unlock(&pool->rmu);
+    out->reserve_ready = s_free_warm(pool);
     out->pool_bytes = pool->nregions * LL_POOL_REGION_BYTES;
     pthread_mutex_lock(&pool->mu);
     for (size_t i = 0; i < pool->nregions; i++) {

@@ -78,6 +78,20 @@ void ll_pool_free_unwritten(ll_pool_t *pool, const ll_pool_region_t *reg);
  * were prefaulted (fewer when memory or free regions run out). */
 size_t ll_pool_prefault(ll_pool_t *pool, size_t nregions);
 
+/* Keep NREGIONS free regions backed and prefaulted in this process: a
+ * thread of this process (started on first use, at idle priority) refills
+ * the reserve whenever fewer are ready and no save holds it back, so a save
+ * after idle time copies at memcpy speed.  Reserved regions stay FREE (any
+ * process may allocate them; a full pool is still an error, never SIGBUS);
+ * it stops at memory exhaustion silently.  0 stops refilling (what is
+ * prefaulted stays).  Stopped by ll_pool_destroy.  0, or -1 when no thread
+ * could be started (or in a fork child). */
+int ll_pool_reserve(ll_pool_t *pool, size_t nregions);
+
+/* HOLD true: a save is about to copy, the reserve must not compete for the
+ * CPU (nests); false: done, refill. */
+void ll_pool_reserve_hold(ll_pool_t *pool, bool hold);
+
 /* Lease a region (keeps it from reclamation); fails with LL_POOL_EGONE when
  * it no longer holds generation REG->gen.  Returns 0 or -1. */
 int ll_pool_lease(ll_pool_t *pool, const ll_pool_region_t *reg);
@@ -117,6 +131,8 @@ typedef struct {
     size_t regions_used;   /* allocated, committed or not yet reclaimed */
     size_t regions_leased; /* by this process */
     size_t regions_prefaulted; /* backed and prefaulted in this process */
+    size_t reserve_target;     /* free prefaulted regions the reserve keeps */
+    size_t reserve_ready;      /* free prefaulted regions now */
 } ll_pool_stats_t;
 void ll_pool_stats(ll_pool_t *pool, ll_pool_stats_t *out);
 

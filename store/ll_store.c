@@ -96,6 +96,9 @@ struct ll_store_t {
     int errkind;
     uint64_t bytes_written, bytes_shared, puts, commits, gc_runs, reclaimed;
     uint64_t gc_epoch;          /* commit epoch when this store last reclaimed */
+    long long reserve_opt;      /* as ll_store_opts_t.reserve_bytes */
+    size_t largest_put;         /* bytes the largest put wrote (default reserve policy) */
+    size_t reserve_regions;     /* what the pool's reserve was asked to keep */
     size_t gc_vars;             /* variables that reclamation read from Redis */
 };
 
@@ -560,6 +563,28 @@ static int s_attach_pool(ll_store_t *st, const char *want, const char *default_p
     return rc;
 }
 
+/* Tell the pool's reserve how much free space to keep prefaulted, by the
+ * store's reserve option (see ll_store.h). */
+static void s_reserve_update(ll_store_t *st)
+{
+    size_t want = 0;
+    if (st->reserve_opt > 0) {
+        want = (size_t)st->reserve_opt;
+    } else if (st->reserve_opt == LL_STORE_RESERVE_DEFAULT) {
+        size_t cap = ll_pool_nregions(st->pool) * S_R / 2;
+        if (cap > LL_STORE_RESERVE_MAX)
+            cap = LL_STORE_RESERVE_MAX;
+        want = st->largest_put;
+        if (st->redis_owned && want < LL_STORE_RESERVE_OWNER_MIN)
+            want = LL_STORE_RESERVE_OWNER_MIN;
+        if (want > cap)
+            want = cap;
+    }
+    size_t nreg = want / S_R + (want % S_R != 0);
+    st->reserve_regions = nreg;
+    ll_pool_reserve(st->pool, nreg); /* starts its thread only for nreg > 0 */
+}
+
 ll_store_t *ll_store_open(const char *runtime_dir, const char *session,
                           const ll_store_opts_t *opts, char *err, size_t errlen)
 {
@@ -622,6 +647,8 @@ ll_store_t *ll_store_open(const char *runtime_dir, const char *session,
     if (s_attach_pool(st, opts->pool_path && *opts->pool_path ? opts->pool_path : NULL,
                       pool_path, pool_bytes, err, errlen) != 0)
         goto fail;
+    st->reserve_opt = opts->reserve_bytes;
+    s_reserve_update(st);
     free(url);
     free(pool_path);
     return st;
@@ -793,6 +820,7 @@ char *ll_store_put(ll_store_t *st, const void *data, size_t len, const char *bas
     p.dst = calloc(m, sizeof *p.dst);
     p.backerr = calloc(m, sizeof *p.backerr);
     uint8_t *bl = calloc(m, 1);            /* base region i leased by this put */
+    ll_pool_reserve_hold(st->pool, true);  /* the copy gets the CPUs, not the reserve */
     uint32_t *held = malloc(m * sizeof *held);
     size_t *cidx = malloc(m * sizeof *cidx); /* candidate indices, for sampling */
     size_t nwritten = 0;
@@ -882,7 +910,9 @@ hash_first:
      * about 1 ms with 4 KiB pages (MEASURED.md; ~10x less with huge pages),
      * a reclamation about 1 us per variable it reads from Redis.  Counted
      * in variables, not measured in time, so the choice does not flip with
-     * the machine's load. */
+     * the machine's load.  The reserve's prefaulted regions do not count as
+     * free here: they are kept for new data, and garbage reclaimed now saves
+     * refilling them (and memory). */
     bool tried_gc = false;
     size_t need = 0;
     for (size_t i = 0; i < n; i++)
@@ -890,6 +920,7 @@ hash_first:
     if (need > 0 && ll_pool_epoch(st->pool) != st->gc_epoch) {
         size_t free_warm, idle_warm;
         ll_pool_warm_counts(st->pool, &free_warm, &idle_warm);
+        free_warm = free_warm > st->reserve_regions ? free_warm - st->reserve_regions : 0;
         size_t gain = need > free_warm ? need - free_warm : 0;
         if (gain > idle_warm)
             gain = idle_warm;
@@ -1007,6 +1038,11 @@ out:
     free(p.cand);
     free(p.dst);
     free(p.backerr);
+    if (ref && nwritten > st->largest_put) {
+        st->largest_put = nwritten;
+        s_reserve_update(st);
+    }
+    ll_pool_reserve_hold(st->pool, false);
     s_leave(st);
     return ref;
 }
@@ -1733,6 +1769,16 @@ static int s_gc_locked(ll_store_t *st)
                       ll_redis_errstr(st->redis));
     st->reclaimed += (uint64_t)freed;
     return freed;
+}
+
+int ll_store_set_reserve(ll_store_t *st, long long nbytes)
+{
+    if (s_enter(st) != 0)
+        return -1;
+    st->reserve_opt = nbytes;
+    s_reserve_update(st);
+    s_leave(st);
+    return 0;
 }
 
 long long ll_store_prefault(ll_store_t *st, size_t nbytes)

@@ -28,7 +28,19 @@ typedef struct {
     const char *redis_url; /* NULL: private redis-server of the runtime dir */
     size_t pool_bytes;     /* 0: default (half of RAM, at most 16 GiB) */
     const char *pool_path; /* NULL: /dev/shm/looseleaf-<uid>-<hash>-<session>.pool */
+    /* Free pool space kept prefaulted in the background (ll_pool_reserve):
+     * 0 = the default policy (LL_STORE_RESERVE_DEFAULT), < 0 = none, > 0 = keep
+     * this many bytes (rounded up to regions, at most the pool). */
+    long long reserve_bytes;
 } ll_store_opts_t;
+
+/* The default reserve: as much as the largest put of this process wrote,
+ * at least 256 MiB in the session's owner (the Store that started the
+ * private redis-server: the kernel), at most half the pool and 2 GiB.  A
+ * process's next save of that size then finds its space prefaulted. */
+#define LL_STORE_RESERVE_DEFAULT 0
+#define LL_STORE_RESERVE_OWNER_MIN ((size_t)256 << 20)
+#define LL_STORE_RESERVE_MAX ((size_t)2 << 30)
 
 /* Open session SESSION of RUNTIME_DIR.  Returns NULL with a reason in ERR. */
 ll_store_t *ll_store_open(const char *runtime_dir, const char *session,
@@ -112,6 +124,10 @@ int ll_store_last_commit(ll_store_t *store, uint64_t *version, char **cell_id);
  * of a save (idle time); returns the bytes prefaulted, or -1. */
 long long ll_store_prefault(ll_store_t *store, size_t nbytes);
 
+/* Keep NBYTES of free pool space prefaulted in the background from now on
+ * (see ll_store_opts_t.reserve_bytes: 0 = default policy, < 0 = none).  0/-1. */
+int ll_store_set_reserve(ll_store_t *store, long long nbytes);
+
 /* Reclaim unused regions now; returns how many, or -1. */
 int ll_store_gc(ll_store_t *store);
 
@@ -131,6 +147,7 @@ typedef struct {
     const char *redis_url;
     bool redis_owned;         /* this store started the redis-server */
 } ll_store_stats_t;
+/* (The reserve: pool.reserve_target and pool.reserve_ready, in regions.) */
 void ll_store_stats(ll_store_t *store, ll_store_stats_t *out);
 
 /* The _llstore module's init function (ll_store_py.c), for

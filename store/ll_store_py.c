@@ -115,14 +115,36 @@ static PyObject *s_raise(StoreObject *self)
     return NULL;
 }
 
+/* reserve_bytes as Python says it (None: default policy, 0: none, N bytes)
+ * to ll_store_opts_t's encoding. */
+static int s_reserve_arg(PyObject *o, long long *out)
+{
+    if (o == Py_None) {
+        *out = LL_STORE_RESERVE_DEFAULT;
+        return 0;
+    }
+    long long n = PyLong_AsLongLong(o);
+    if (n == -1 && PyErr_Occurred())
+        return -1;
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "reserve_bytes must be None or >= 0");
+        return -1;
+    }
+    *out = n == 0 ? -1 : n;
+    return 0;
+}
+
 static int Store_init(StoreObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"runtime_dir", "session_id", "redis_url", "pool_bytes", "pool_path",
-                             NULL};
+                             "reserve_bytes", NULL};
     const char *rd, *session, *url = NULL, *pool_path = NULL;
-    PyObject *pool_bytes_o = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "ss|zOz:Store", kwlist, &rd, &session, &url,
-                                     &pool_bytes_o, &pool_path))
+    PyObject *pool_bytes_o = Py_None, *reserve_o = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "ss|zOzO:Store", kwlist, &rd, &session, &url,
+                                     &pool_bytes_o, &pool_path, &reserve_o))
+        return -1;
+    long long reserve;
+    if (s_reserve_arg(reserve_o, &reserve) != 0)
         return -1;
     size_t pool_bytes = 0;
     if (pool_bytes_o != Py_None) {
@@ -139,7 +161,8 @@ static int Store_init(StoreObject *self, PyObject *args, PyObject *kw)
         PyErr_SetString(s_StoreError, "Store is already open");
         return -1;
     }
-    ll_store_opts_t opts = {.redis_url = url, .pool_bytes = pool_bytes, .pool_path = pool_path};
+    ll_store_opts_t opts = {.redis_url = url, .pool_bytes = pool_bytes, .pool_path = pool_path,
+                            .reserve_bytes = reserve};
     char err[512] = "";
     ll_store_t *st;
     Py_BEGIN_ALLOW_THREADS
@@ -599,6 +622,20 @@ static PyObject *Store_prefault(StoreObject *self, PyObject *arg)
     return PyLong_FromLongLong(n);
 }
 
+static PyObject *Store_set_reserve(StoreObject *self, PyObject *arg)
+{
+    if (s_check_open(self) != 0)
+        return NULL;
+    long long n;
+    if (s_reserve_arg(arg, &n) != 0)
+        return NULL;
+    int rc;
+    S_NOGIL(self, rc = ll_store_set_reserve(self->st, n));
+    if (rc != 0)
+        return s_raise(self);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Store_delete_session(StoreObject *self, PyObject *unused)
 {
     if (s_check_open(self) != 0)
@@ -642,12 +679,14 @@ static PyObject *Store_stats(StoreObject *self, PyObject *unused)
     ll_store_stats_t s;
     ll_store_stats(self->st, &s);
     return Py_BuildValue(
-        "{s:s,s:s,s:n,s:n,s:n,s:n,s:n,s:n,s:K,s:K,s:K,s:K,s:K,s:K,s:k,s:n,s:s,s:O}", "page_kind",
+        "{s:s,s:s,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:K,s:K,s:K,s:K,s:K,s:K,s:k,s:n,s:s,s:O}", "page_kind",
         s.pool.page_kind, "pool_path", s.pool.path, "pool_bytes", (Py_ssize_t)s.pool.pool_bytes,
         "region_bytes", (Py_ssize_t)LL_POOL_REGION_BYTES, "regions_total",
         (Py_ssize_t)s.pool.regions_total, "regions_used", (Py_ssize_t)s.pool.regions_used,
         "regions_leased", (Py_ssize_t)s.pool.regions_leased, "regions_prefaulted",
-        (Py_ssize_t)s.pool.regions_prefaulted, "bytes_written",
+        (Py_ssize_t)s.pool.regions_prefaulted, "reserve_bytes",
+        (Py_ssize_t)(s.pool.reserve_target * LL_POOL_REGION_BYTES), "reserve_ready_bytes",
+        (Py_ssize_t)(s.pool.reserve_ready * LL_POOL_REGION_BYTES), "bytes_written",
         (unsigned long long)s.bytes_written, "bytes_shared", (unsigned long long)s.bytes_shared,
         "puts", (unsigned long long)s.puts, "commits", (unsigned long long)s.commits, "gc_runs",
         (unsigned long long)s.gc_runs, "regions_reclaimed", (unsigned long long)s.regions_reclaimed,
@@ -669,6 +708,9 @@ static PyMethodDef Store_methods[] = {
      "last_commit() -> (version, cell_id) of the newest commit"},
     {"discard", (PyCFunction)Store_discard, METH_O, "discard(ref): give back an uncommitted payload"},
     {"gc", (PyCFunction)Store_gc, METH_NOARGS, "gc() -> regions reclaimed"},
+    {"set_reserve", (PyCFunction)Store_set_reserve, METH_O,
+     "set_reserve(nbytes): keep this much free pool space prefaulted in the background "
+     "(None: default policy, 0: none)"},
     {"prefault", (PyCFunction)Store_prefault, METH_O,
      "prefault(nbytes) -> bytes of free pool space backed and prefaulted ahead of a save"},
     {"delete_session", (PyCFunction)Store_delete_session, METH_NOARGS,
@@ -685,7 +727,8 @@ static PyTypeObject StoreType = {
     .tp_basicsize = sizeof(StoreObject),
     .tp_dealloc = (destructor)Store_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "Store(runtime_dir, session_id, redis_url=None, pool_bytes=None, pool_path=None)",
+    .tp_doc = "Store(runtime_dir, session_id, redis_url=None, pool_bytes=None, pool_path=None, "
+              "reserve_bytes=None)",
     .tp_methods = Store_methods,
     .tp_init = (initproc)Store_init,
     .tp_new = PyType_GenericNew,
