@@ -1,6 +1,6 @@
 # zygote/: host pool, zygote import cache, workers (owned by the zygote engineer).  zygote/API.md.
-SELFTESTS += ll_zframe
-LIB_SRCS  += zygote/ll_zframe.c zygote/ll_hostpool.c zygote/ll_zygote.c zygote/ll_zclient.c
+SELFTESTS += ll_zframe ll_gdsf
+LIB_SRCS  += zygote/ll_zframe.c zygote/ll_gdsf.c zygote/ll_hostpool.c zygote/ll_zygote.c zygote/ll_zclient.c
 EXTRA_TARGETS += $(BUILD)/zygote/ll_zdriver
 
 # The test driver: the pool/zygote subcommands and a JSON-lines client (tests/zygote/).
