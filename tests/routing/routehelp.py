@@ -121,17 +121,14 @@ def pool_pids(pool_dir):
     return out
 
 
-def zygote_pids(pool_dir, node=None):
-    """Pids of the `looseleaf zygote` children of POOL_DIR's pool (only node NODE's when given)."""
+def zygotes(pool_dir):
+    """{node id: pid} of the `looseleaf zygote` children of POOL_DIR's pool (a respawned base gets a new id)."""
     pools = set(pool_pids(pool_dir))
-    out = []
+    out = {}
     for pid in os.listdir("/proc"):
         argv = _cmdline(pid) if pid.isdigit() else None
-        if not argv or argv[1:2] != ["zygote"] or _ppid(pid) not in pools:
-            continue
-        if node is not None and argv[argv.index("--node") + 1:][:1] != [str(node)]:
-            continue
-        out.append(int(pid))
+        if argv and argv[1:2] == ["zygote"] and "--node" in argv[:-1] and _ppid(pid) in pools:
+            out[int(argv[argv.index("--node") + 1])] = int(pid)
     return out
 
 

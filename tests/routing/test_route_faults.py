@@ -1,0 +1,143 @@
+"""Faults of GPU cells seen through the kernel: a worker SIGKILLed while it executes, restores or saves (the
+fault hook: LOOSELEAF_TEST_FAULTS=1 and execute_request metadata looseleaf_fault) gives a clear error naming
+SIGKILL, the kernel stays alive and the session goes on from the last committed versions; the base zygote
+killed (the next GPU cell still runs); an interrupt during a GPU cell (KeyboardInterrupt, what the cell did
+before is kept); input() in a GPU cell; a closure variable that cannot be saved (the cell runs in the kernel,
+with the notice).  The tests share one kernel and use names of their own."""
+import os
+import queue
+import signal
+import time
+
+import pytest
+
+from routehelp import (GPU_TIMEOUT, Kernel, alive, execute, ll_md, run_route, send_execute, stream_text,
+                       wait_for, zygotes)
+
+
+@pytest.fixture(scope="module")
+def ll(jupyter_env):
+    k = Kernel("looseleaf", env={"LOOSELEAF_TEST_FAULTS": "1"})
+    yield k
+    k.stop()
+
+
+def _worker_died(ll, reply, msgs):
+    """The cell failed with WorkerDied naming SIGKILL, in the reply and on iopub; the kernel lives."""
+    c = reply["content"]
+    assert c["status"] == "error" and c["ename"] == "WorkerDied", c
+    assert "SIGKILL" in c["evalue"], c["evalue"]
+    errors = [m["content"] for m in msgs if m["msg_type"] == "error"]
+    assert [e["ename"] for e in errors] == ["WorkerDied"] and "SIGKILL" in errors[0]["evalue"], errors
+    assert ll.km.is_alive()
+
+
+@pytest.fixture(scope="module")
+def committed(ll):
+    """fk (a tensor) and fk_n (an int), committed by a GPU cell: what every fault must leave as they are."""
+    run_route(ll, "import torch\nfk = torch.ones(2)\nfk_n = 1", "gpu")
+
+
+def _unchanged(ll):
+    _, msgs = run_route(ll, "print(fk, fk_n)", "gpu")
+    assert stream_text(msgs) == "tensor([1., 1.]) 1\n"
+    _, msgs = run_route(ll, "print(fk_n)", "cpu")
+    assert stream_text(msgs) == "1\n"
+
+
+def test_worker_sigkilled_while_executing(ll, committed):
+    reply, msgs = execute(ll, "import os\nfk.add_(1)\nfk_n = 2\nprint('about to die', flush=True)\n"
+                              "os.kill(os.getpid(), 9)")
+    assert ll_md(reply)["route"] == "gpu"
+    assert stream_text(msgs) == "about to die\n"
+    _worker_died(ll, reply, msgs)
+    _unchanged(ll)
+
+
+@pytest.mark.parametrize("stage", ["restore", "save"])
+def test_worker_sigkilled_while_restoring_or_saving(ll, committed, stage):
+    reply, msgs = execute(ll, "fk.add_(10)\nfk_n = 3\nprint('ran')", metadata={"looseleaf_fault": stage})
+    assert ll_md(reply)["route"] == "gpu"
+    # Killed while restoring, nothing ran; while saving, the cell ran but committed nothing.
+    assert stream_text(msgs) == ("" if stage == "restore" else "ran\n")
+    _worker_died(ll, reply, msgs)
+    _unchanged(ll)
+
+
+def test_base_zygote_killed(ll, committed, jupyter_env):
+    pool_dir = jupyter_env["LOOSELEAF_POOL_DIR"]
+    reply, _ = run_route(ll, "print(fk + fk_n)", "gpu")
+    before = zygotes(pool_dir)
+    base = before[ll_md(reply)["zygote_node"]]
+    os.kill(base, signal.SIGKILL)
+    wait_for(lambda: not alive(base), 30, "zygote %d to die" % base)
+    reply, msgs = run_route(ll, "print(fk * 2, fk_n)", "gpu")
+    assert stream_text(msgs) == "tensor([2., 2.]) 1\n"
+    # The pool started a new base (a new node id) and the cell was forked from it.
+    node = ll_md(reply)["zygote_node"]
+    now = zygotes(pool_dir)
+    assert node in now and now[node] != base and base not in now.values(), (before, now, node)
+
+
+def test_interrupt_during_gpu_cell(ll, committed):
+    code = ("import time, torch\nfk_i = torch.full((1,), 7.0)\nprint('sleeping', flush=True)\n"
+            "time.sleep(60)\nfk_i = None")
+    msg_id = send_execute(ll, code)
+    ll.iopub_next(msg_id, lambda m: m["msg_type"] == "stream" and "sleeping" in m["content"]["text"],
+                  timeout=GPU_TIMEOUT)
+    t0 = time.monotonic()
+    ll.km.interrupt_kernel()
+    reply = ll.reply(msg_id, timeout=30)
+    msgs = ll.iopub_until_idle(msg_id)
+    assert time.monotonic() - t0 < 30
+    c = reply["content"]
+    assert c["status"] == "error" and c["ename"] == "KeyboardInterrupt", c
+    assert ll_md(reply)["route"] == "gpu"
+    assert [m["content"]["ename"] for m in msgs if m["msg_type"] == "error"] == ["KeyboardInterrupt"]
+    _, msgs = run_route(ll, "print(fk_i, fk + 1)", "gpu")
+    assert stream_text(msgs) == "tensor([7.]) tensor([2., 2.])\n"
+
+
+def test_input_in_gpu_cell(ll):
+    msg_id = send_execute(ll, "import torch\nfk_ans = input('size? ')\nfk_in = torch.ones(int(fk_ans))\n"
+                              "print(fk_in)", allow_stdin=True)
+    deadline = time.monotonic() + GPU_TIMEOUT
+    while True:
+        assert time.monotonic() < deadline, "no input_request"
+        try:
+            req = ll.kc.get_stdin_msg(timeout=1)
+        except queue.Empty:
+            continue
+        if req["parent_header"].get("msg_id") == msg_id:
+            break
+    assert req["msg_type"] == "input_request" and req["content"]["prompt"] == "size? ", req
+    ll.kc.input("3")
+    reply = ll.reply(msg_id, timeout=GPU_TIMEOUT)
+    msgs = ll.iopub_until_idle(msg_id)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert ll_md(reply)["route"] == "gpu"
+    assert stream_text(msgs) == "tensor([1., 1., 1.])\n"
+    _, msgs = run_route(ll, "print(repr(fk_ans))", "cpu")
+    assert stream_text(msgs) == "'3'\n"
+
+
+def test_unsaveable_closure_variable_runs_gpu_cell_in_kernel(ll, tmp_path):
+    path = str(tmp_path / "out.txt")
+    run_route(ll, "fk_file = open(%r, 'w')" % path, "cpu")
+    reply, msgs = execute(ll, "import os, torch\nfk_file.write(str(torch.ones(2).sum().item()))\nfk_file.flush()\n"
+                              "fk_wrote = torch.arange(3)\nprint('wrote', os.getpid() == %d)" % ll.pid)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    md = ll_md(reply)
+    assert md["label"] == "gpu" and md["route"] == "cpu" and "fk_file" in md["fallback"], md
+    assert stream_text(msgs) == "wrote True\n"
+    notice = stream_text(msgs, "stderr")
+    assert notice.startswith("LooseLeaf: ") and "fk_file" in notice, notice
+    assert notice.endswith("; this GPU cell runs in the kernel\n") and notice.count("\n") == 1, notice
+    with open(path) as f:
+        assert f.read() == "2.0"
+    # What the cell defined in the kernel reaches the next worker; once the file is closed and gone, cells
+    # run on workers again.
+    reply, _ = execute(ll, "fk_file.close()\ndel fk_file")
+    assert reply["content"]["status"] == "ok", reply["content"]
+    _, msgs = run_route(ll, "print(fk_wrote + 1)", "gpu")
+    assert stream_text(msgs) == "tensor([1, 2, 3])\n"
