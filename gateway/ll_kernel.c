@@ -363,32 +363,25 @@ static json_t *s_interp_own(const char *msg_type, const json_t *content, const l
     return reply;
 }
 
-static void s_notice(const char *fmt, const char *why)
-{
-    char line[600];
-    snprintf(line, sizeof line, fmt, why);
-    ll_iopub_stream_write(s_k.iopub, "stderr", line, strlen(line));
-}
-
 /* Run a GPU-labelled cell on a worker (ll_route.h says how).  True with
  * *REPLY_P / *MD_P set when it ran there; false when it must run in the
- * interpreter instead (a notice saying why went to stderr, and *WHY_P says
- * it for the metadata). */
+ * interpreter instead, *WHY_P saying why (for the notice and the
+ * metadata). */
 static bool s_execute_on_worker(ll_msg_t *req, ll_route_plan_t *plan, json_t **reply_p,
                                 json_t **md_p, json_t **why_p)
 {
     json_t *closure = ll_route_plan_closure(plan);
+    if (closure)
+        json_object_set(closure, "code", json_object_get(req->content, "code"));
     json_t *sync = closure ? s_interp_own("looseleaf_before_gpu", closure, req) : NULL;
     json_decref(closure);
     if (!sync) {
         *why_p = json_string("the kernel could not prepare the cell's variables");
-        s_notice("LooseLeaf: %s; this GPU cell runs in the kernel\n", json_string_value(*why_p));
         return false;
     }
     const char *fallback = json_string_value(json_object_get(sync, "fallback"));
     if (fallback) {
         *why_p = json_string(fallback);
-        s_notice("LooseLeaf: %s; this GPU cell runs in the kernel\n", fallback);
         json_decref(sync);
         return false;
     }
@@ -399,7 +392,6 @@ static bool s_execute_on_worker(ll_msg_t *req, ll_route_plan_t *plan, json_t **r
     s_eventfd_drain(s_k.intr_fd); /* an interrupt from before this cell is not for it */
     if (ll_route_run_gpu(s_k.route, plan, req, sync, &io, reply_p, md_p, err, sizeof err) < 0) {
         *why_p = json_sprintf("the GPU pool is unavailable (%s)", err);
-        s_notice("LooseLeaf: %s; this GPU cell runs in the kernel\n", json_string_value(*why_p));
         json_decref(sync);
         return false;
     }
@@ -457,9 +449,14 @@ static void s_on_execute(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
         /* execute_input is published by the interpreter, which knows
          * IPython's execution_count before the cell runs.  With routing,
          * the cell's closure rides along in the request metadata (a
-         * client's own value under that key is dropped). */
+         * client's own value under that key is dropped), with the one-line
+         * notice a GPU cell running here gets after its execute_input. */
         if (json_is_object(req->metadata)) {
             json_t *closure = plan ? ll_route_plan_closure(plan) : NULL;
+            if (closure && why_not)
+                json_object_set_new(closure, "notice",
+                                    json_sprintf("LooseLeaf: %s; this GPU cell runs in the kernel\n",
+                                                 json_string_value(why_not)));
             if (closure)
                 json_object_set_new(req->metadata, "__looseleaf_plan__", closure);
             else
@@ -499,7 +496,11 @@ static void s_on_execute(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
     json_decref(ours);
     if (plan) {
         if (!on_worker) {
+            /* The plan, plus the interpreter's refresh and timing. */
             json_t *ll = ll_route_plan_json(plan, "cpu");
+            json_t *interp_ll = json_object_get(md, "looseleaf");
+            if (json_is_object(interp_ll))
+                json_object_update_missing(ll, interp_ll);
             if (why_not)
                 json_object_set(ll, "fallback", why_not);
             json_object_set_new(md, "looseleaf", ll);

@@ -53,6 +53,12 @@ def normalized_outputs(nb):
         outs = []
         for o in cell.outputs:
             t = o.output_type
+            if t == "stream" and o.name == "stderr" and "LooseLeaf: " in o.text:
+                # LooseLeaf's one-line notices (a GPU cell that runs in the kernel, a slot wait) are its
+                # documented addition to a cell's output, not a difference in what the cell did.
+                o.text = "".join(l for l in o.text.splitlines(True) if not l.startswith("LooseLeaf: "))
+                if not o.text:
+                    continue
             if t == "stream":
                 # How text is cut into stream messages depends on timing.
                 if outs and outs[-1][0] == "stream" and outs[-1][1] == o.name:

@@ -21,6 +21,8 @@ that never uses one pays nothing but the bookkeeping, and is deleted when the ke
 
 Runs on the interpreter thread, inside request handling; not thread-safe.
 """
+import ast
+import inspect
 import logging
 import os
 import shutil
@@ -38,6 +40,28 @@ _HIDDEN = {"_", "__", "___", "_i", "_ii", "_iii", "In", "Out", "_oh", "_ih", "_d
 
 def _reason(e):
     return "%s: %s" % (type(e).__name__, e)
+
+
+# Calls whose result can never be checkpointed (dotted name as written in the cell -> what it makes).
+_UNSAVEABLE_CALLS = {
+    "open": "an open file", "io.open": "an open file", "socket.socket": "a socket",
+    "socket.create_connection": "a socket", "subprocess.Popen": "a process handle",
+    "sqlite3.connect": "a database connection", "tempfile.TemporaryFile": "an open file",
+    "tempfile.NamedTemporaryFile": "an open file", "threading.Thread": "a thread", "threading.Lock": "a lock",
+    "threading.RLock": "a lock", "threading.Condition": "a lock", "threading.Semaphore": "a lock",
+    "threading.Event": "a lock",
+}
+
+
+def _dotted(node):
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
 
 
 class Coherence:
@@ -144,17 +168,26 @@ class Coherence:
 
     # ---- around CPU cells ----------------------------------------------------------------------------
     def before_cpu(self, plan):
-        """Refresh the cell's closure from the store where a worker changed it; remember the namespace."""
+        """Refresh the cell's closure from the store where a worker changed it; remember the namespace.
+        Returns the refresh's report for execute_reply.metadata.looseleaf."""
+        out = {}
         if self.cp is not None:
+            t0 = time.perf_counter()
             names = [n for n in plan.get("state") or [] if n not in self.dirty]
             try:
                 rep = self.cp.restore(self._saveable(names), protect=sorted(self.dirty))
                 if rep.failed:
                     log.warning("cannot refresh %s from the store", rep.failed)
+                    out["restore_failed"] = rep.failed
+                out["restored"] = sorted(rep.restored)
+                out["bytes_restored"] = rep.payload_bytes
                 self._pull_procstate()
-            except Exception:  # noqa: BLE001 - the cell runs with what the namespace has
+            except Exception as e:  # noqa: BLE001 - the cell runs with what the namespace has
                 log.warning("refreshing variables from the store failed", exc_info=True)
+                out["restore_failed"] = {"*": _reason(e)}
+            out["restore_ms"] = (time.perf_counter() - t0) * 1e3
         self._before = self._visible()
+        return out
 
     def after_cpu(self, plan):
         """Mark what the CPU cell may have changed as dirty."""
@@ -168,12 +201,56 @@ class Coherence:
             changed.update(n for n in plan.get(key) or [] if isinstance(n, str))
         self.dirty.update(self._saveable(changed))
 
+    def _will_hold_unsaveable(self, code):
+        """{name: what} for top-level assignments of CODE whose value certainly cannot be checkpointed: a
+        generator (a generator expression, or a call of a generator function of the namespace), an open
+        file, a socket, a lock, a thread, a process or database handle, an iterator over a DataLoader.  Such a
+        value would be lost with the worker that made it; made here, it lives on in the interpreter and the
+        cells that need it run here (DESIGN.md: cells that need it run where it lives)."""
+        try:
+            tree = ast.parse(self.shell.transform_cell(code))
+        except (SyntaxError, ValueError, TypeError):
+            return {}
+        ns = self.shell.user_ns
+        out = {}
+        for stmt in tree.body:
+            if isinstance(stmt, ast.Assign):
+                targets, value = stmt.targets, stmt.value
+            elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
+                targets, value = [stmt.target], stmt.value
+            else:
+                continue
+            what = None
+            if isinstance(value, ast.GeneratorExp):
+                what = "a generator"
+            elif isinstance(value, ast.Call):
+                fn = _dotted(value.func)
+                what = _UNSAVEABLE_CALLS.get(fn)
+                obj = ns.get(fn) if fn and "." not in fn else None
+                if what is None and obj is not None and (inspect.isgeneratorfunction(obj) or
+                                                         inspect.isasyncgenfunction(obj)):
+                    what = "a generator"
+                if what is None and fn in ("iter", "enumerate") and value.args and \
+                        isinstance(value.args[0], ast.Name) and \
+                        type(ns.get(value.args[0].id)).__name__ == "DataLoader":
+                    what = "an iterator over a DataLoader"
+            if what:
+                for t in targets:
+                    if isinstance(t, ast.Name):
+                        out[t.id] = what
+        return out
+
     # ---- around GPU cells ----------------------------------------------------------------------------
     def before_gpu(self, plan):
         """Commit the dirty part of a GPU cell's closure (and the process state) so its worker can restore
         it.  Returns a dict for the gateway: the store's coordinates and the execution count, or
         `fallback` (why the cell must run here instead)."""
         t0 = time.perf_counter()
+        code = plan.get("code")
+        hold = self._will_hold_unsaveable(code) if isinstance(code, str) else {}
+        if hold:
+            name, what = sorted(hold.items())[0]
+            return {"fallback": "'%s' will hold %s, which cannot be saved" % (name, what), "unsaveable": hold}
         try:
             self._open()
         except Exception as e:  # noqa: BLE001 - reported; the cell runs in the interpreter

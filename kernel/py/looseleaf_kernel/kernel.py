@@ -120,6 +120,7 @@ class Kernel:
         self.ident = str(uuid.uuid4())
         self.parent_header = {}
         self._request_metadata = {}
+        self._route_plan = None
         self._request_buffers = []
         self.allow_stdin = False
         self._stdout = OutStream("stdout", 1)
@@ -297,6 +298,8 @@ class Kernel:
         handler = self.handlers.get(msg_type)
         if handler is None:
             return self._error_json("UnknownRequest", "unknown request type %r" % (msg_type,))
+        # The gateway's own key (a routed CPU cell's closure) is not the client's metadata.
+        self._route_plan = metadata.pop(_PLAN_KEY, None)
         self._request_metadata = metadata
         self._request_buffers = list(buffers) if buffers else []
         # The whole request, as ipykernel's get_parent() gives it (the
@@ -361,11 +364,13 @@ class Kernel:
             publish("execute_input", {"code": code, "execution_count": shell.execution_count})
         # With GPU routing the gateway sends the cell's closure along: refresh what workers changed,
         # then note what this cell changes (coherence.py).
-        plan = self._request_metadata.get(_PLAN_KEY)
+        plan = self._route_plan
         if not isinstance(plan, dict):
             plan = None
-        if plan is not None:
-            self.coherence.before_cpu(plan)
+        if plan is not None and isinstance(plan.get("notice"), str):
+            sys.stderr.write(plan["notice"])  # why a GPU cell runs here (gateway/ll_kernel.c)
+        route_md = self.coherence.before_cpu(plan) if plan is not None else None
+        t_exec = time.perf_counter()
         # Interrupts land only while the cell runs, never in the reply.
         _lk.set_busy(True)
         try:
@@ -404,6 +409,9 @@ class Kernel:
         reply["payload"] = shell.payload_manager.read_payload()
         shell.payload_manager.clear_payload()
         metadata["status"] = reply["status"]
+        if route_md is not None:
+            route_md["exec_ms"] = (time.perf_counter() - t_exec) * 1e3
+            metadata["looseleaf"] = route_md
         return dumps(reply), dumps(metadata)
 
     def looseleaf_before_gpu(self, content, parent):
