@@ -64,6 +64,53 @@ def _dotted(node):
     return ".".join(reversed(parts))
 
 
+_OWNER = "owner"  # in a store dir: "<kernel pid> <session>", for _sweep
+
+
+def _alive(pid):
+    """Whether process PID exists and is not a zombie (a killed kernel its parent has not reaped yet)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _sweep(base):
+    """Remove the stores of kernels that died without shutting down (SIGKILL, OOM): their redis-server
+    would run for ever and their pool file would keep its memory.  Only our own directories (owner file,
+    0700, our uid) whose owner process is gone."""
+    import _llstore
+    try:
+        names = [n for n in os.listdir(base) if n.startswith("looseleaf-store-")]
+    except OSError:
+        return
+    for n in names:
+        d = os.path.join(base, n)
+        try:
+            st = os.lstat(d)
+            with open(os.path.join(d, _OWNER)) as f:
+                pid, session = f.read().split()
+            pid = int(pid)
+        except (OSError, ValueError):
+            continue
+        if st.st_uid != os.getuid() or st.st_mode & 0o077 or pid == os.getpid():
+            continue
+        if _alive(pid):
+            continue
+        try:
+            store = _llstore.Store(d, session)
+            store.delete_session()
+            store.close()
+        except Exception:  # noqa: BLE001 - best effort: at least stop its server
+            log.warning("cannot delete the store of dead kernel %d in %s", pid, d, exc_info=True)
+        try:
+            _llstore.stop_redis(d)
+        except Exception:  # noqa: BLE001
+            pass
+        shutil.rmtree(d, ignore_errors=True)
+
+
 class Coherence:
     """The kernel's side of the store protocol above, for the namespace of SHELL."""
 
@@ -112,9 +159,12 @@ class Coherence:
             if d and os.path.isdir(d) and os.access(d, os.W_OK):
                 base = d
                 break
+        _sweep(base)
         self.dir = tempfile.mkdtemp(prefix="looseleaf-store-", dir=base)  # 0700
         self.session = uuid.uuid4().hex[:16]
         try:
+            with open(os.path.join(self.dir, _OWNER), "w") as f:
+                f.write("%d %s\n" % (os.getpid(), self.session))
             self.store = _llstore.Store(self.dir, self.session)
             self.cp = Checkpointer(self.store, self.shell.user_ns)
         except BaseException:
