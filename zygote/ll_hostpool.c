@@ -8,14 +8,20 @@
  * so a worker whose zygote died is reaped here and its fate still reported.
  *
  * What must stay true:
- * - a slot is held from the fork of a worker until its reply (sent by the
- *   worker only after its save committed) or its death; a cell arriving when
- *   every slot is held waits and its client is told so;
+ * - a slot is held from the fork of a worker until its death, or its reply
+ *   (sent by the worker only after its save committed) when it does not stay
+ *   warm; a cell arriving when every slot is held evicts an idle warm worker
+ *   (GreedyDual, ll_gdsf.h) or waits, and its client is told so;
+ * - a warm worker (idle, its save committed) serves only its own client's
+ *   session: the next cell of that session runs on it (a hit); it is never
+ *   evicted while it prepares, runs or saves; it leaves under slot pressure,
+ *   after --warm-idle seconds unused, or when its client goes;
  * - a client that goes away takes only its own cells with it;
  * - the base node is respawned when it dies; at most max_nodes nodes exist,
  *   least-recently-used leaves are evicted, the base is kept;
  * - a child node holds only modules that passed the CUDA-safety probe. */
 #include "zygote/ll_zygote.h"
+#include "zygote/ll_gdsf.h"
 #include "zygote/ll_zframe.h"
 #include "proto/ll_log.h"
 
@@ -43,6 +49,8 @@
 #define S_MAX_PROBES 32
 #define S_MAX_SLOTS 64
 #define S_PROBE_MS 120000.0
+#define S_MAX_SESSIONS 512
+#define S_EXIT_GRACE_MS 5000.0 /* an evicted worker that does not leave by then is killed */
 
 /* Frames to a client are queued and written as its socket takes them, so a
  * client that stops reading stalls only itself; past S_CLIENT_QUEUE_MAX it
@@ -55,7 +63,17 @@ typedef struct {
     char *out;         /* bytes queued for it */
     size_t olen, ocap; /* queued, allocated */
     bool dead;         /* to be dropped at the end of this loop turn */
+    double connected;  /* ms, when it connected (a pinned session's GPU time starts here) */
 } s_client_t;
+
+/* A session of a client: its GPU-seconds (slot-held time) against the time
+ * it was connected, for stats and the line logged when it ends. */
+typedef struct {
+    bool used;          /* entry in use */
+    int client;         /* its client */
+    char *name;         /* the run requests' "session" */
+    double held_ms;     /* slot-held time of holdings that ended */
+} s_sess_t;
 
 typedef struct {
     bool used;          /* entry in use */
@@ -70,7 +88,18 @@ typedef struct {
     int forking;        /* forks sent and not yet answered */
 } s_node_t;
 
-enum { S_QUEUED = 1, S_FORKING, S_RUNNING };
+/* A run entry is a cell (or prefetch) and, once forked, its worker; a warm
+ * worker keeps its entry after the cell (S_WARM) and hands it to the next
+ * cell of its session.  Only S_WARM workers are evictable. */
+enum {
+    S_QUEUED = 1, /* waits for a slot (or a warm worker busy preparing) */
+    S_FORKING,    /* forked (or handed to a warm worker), not yet ready */
+    S_RUNNING,    /* the cell runs */
+    S_SAVING,     /* the cell ran; its save has not committed */
+    S_PREPARING,  /* a prefetch: restoring and importing, no cell */
+    S_WARM,       /* idle, its save committed: waits for its session's next job */
+    S_EVICTING    /* told to exit; holds its slot until it is gone */
+};
 
 typedef struct {
     bool used;          /* entry in use */
@@ -92,6 +121,17 @@ typedef struct {
     bool waited;        /* a wait event was sent */
     double t_queued;    /* ms, when the request arrived */
     double wait_ms;     /* time spent waiting for a slot */
+    char *session;      /* the request's session */
+    bool prefetch;      /* a prefetch request: prepare, run nothing */
+    bool handover;      /* handed to a warm worker that has not said ready: interrupts wait */
+    bool warm_hit;      /* this job runs on a warm worker */
+    bool fresh;         /* its worker was forked for this job */
+    bool spec;          /* the worker never ran a cell (a prefetch prepared it) */
+    int cells;          /* cells the worker ran */
+    double held_bytes;  /* bytes of state the worker holds (its last report) */
+    double slot_t0;     /* ms, when it took its slot */
+    double idle_since;  /* ms, when it became warm (idle timeout) */
+    double evict_t;     /* ms, when it was told to exit */
 } s_run_t;
 
 typedef struct {
@@ -115,6 +155,10 @@ static struct {
     bool cuda;               /* slots are CUDA devices */
     int idle_exit_s;         /* exit this long after the last client left */
     int max_nodes;           /* zygote nodes per host */
+    int warm_idle_s;         /* a warm worker unused this long leaves; 0: no warm workers */
+    int spec_s;              /* a speculative worker outranks completed ones this long */
+    ll_gdsf_t *gdsf;         /* eviction order of warm workers, keyed by pid */
+    s_sess_t sessions[S_MAX_SESSIONS];
     bool grow;               /* grow child nodes for tail packages */
     int slot_run[S_MAX_SLOTS]; /* run index holding each slot, -1 free */
     s_client_t clients[S_MAX_CLIENTS];
@@ -132,6 +176,7 @@ static struct {
 
 static void s_drop_run(int r);
 static void s_schedule(void);
+static void s_release_slot(int r);
 
 /* ------------------------------------------------------------------ */
 /* Slots: CUDA devices counted through the runtime loaded with dlopen  */
@@ -620,19 +665,100 @@ static void s_consider_growth(int n, const json_t *imports)
 /* ------------------------------------------------------------------ */
 /* Runs                                                               */
 
+/* ------------------------------------------------------------------ */
+/* Sessions: GPU-seconds held against a pinned session                */
+
+static int s_session(int c, const char *name, bool create)
+{
+    int free_i = -1;
+    for (int i = 0; i < S_MAX_SESSIONS; i++) {
+        s_sess_t *se = &P.sessions[i];
+        if (se->used && se->client == c && name && strcmp(se->name, name) == 0)
+            return i;
+        if (!se->used && free_i < 0)
+            free_i = i;
+    }
+    if (!create || free_i < 0 || c < 0 || !name)
+        return -1;
+    s_sess_t *se = &P.sessions[free_i];
+    se->used = true;
+    se->client = c;
+    se->name = strdup(name);
+    se->held_ms = 0;
+    if (!se->name) {
+        se->used = false;
+        return -1;
+    }
+    return free_i;
+}
+
+/* Slot-held ms of session I, the holdings still running included. */
+static double s_session_held(int i, double now)
+{
+    s_sess_t *se = &P.sessions[i];
+    double held = se->held_ms;
+    for (int r = 0; r < S_MAX_RUNS; r++) {
+        s_run_t *run = &P.runs[r];
+        if (run->used && run->slot >= 0 && run->client == se->client && run->session &&
+            strcmp(run->session, se->name) == 0)
+            held += now - run->slot_t0;
+    }
+    return held;
+}
+
+static void s_take_slot(int r, int slot)
+{
+    P.slot_run[slot] = r;
+    P.runs[r].slot = slot;
+    P.runs[r].slot_t0 = ll_zframe_now_ms();
+}
+
+static void s_release_slot(int r)
+{
+    s_run_t *run = &P.runs[r];
+    if (run->slot < 0)
+        return;
+    int i = s_session(run->client, run->session, false);
+    if (i >= 0)
+        P.sessions[i].held_ms += ll_zframe_now_ms() - run->slot_t0;
+    P.slot_run[run->slot] = -1;
+    run->slot = -1;
+}
+
+/* The client of session I left: one line on the pool log, then forget it. */
+static void s_session_end(int i)
+{
+    s_sess_t *se = &P.sessions[i];
+    double now = ll_zframe_now_ms();
+    double held = s_session_held(i, now) / 1000.0;
+    double conn = se->client >= 0 && P.clients[se->client].fd >= 0 ? (now - P.clients[se->client].connected) / 1000.0
+                                                                    : held;
+    ll_info("pool", "session %s: GPU held %.1f s of %.1f s connected (%.0f%%)", se->name, held, conn,
+            conn > 0 ? 100.0 * held / conn : 0.0);
+    free(se->name);
+    memset(se, 0, sizeof *se);
+}
+
 static void s_drop_run(int r)
 {
     s_run_t *run = &P.runs[r];
-    if (run->slot >= 0)
-        P.slot_run[run->slot] = -1;
+    s_release_slot(r);
+    if (run->wpid > 0)
+        ll_gdsf_remove(P.gdsf, (int)run->wpid);
     if (run->wfd >= 0)
         close(run->wfd);
     ll_zreader_destroy(&run->wrd);
     free(run->id);
+    free(run->session);
     json_decref(run->req);
     memset(run, 0, sizeof *run);
     run->wfd = -1;
     run->slot = -1;
+}
+
+static bool s_idle_worker(const s_run_t *run)
+{
+    return run->used && (run->state == S_WARM || run->state == S_EVICTING);
 }
 
 /* A worker whose socket closed and whose exit status is known, without a
@@ -641,6 +767,27 @@ static void s_finish_dead(int r)
 {
     s_run_t *run = &P.runs[r];
     char why[512];
+    if (s_idle_worker(run)) {
+        /* A warm worker gone: its last save committed, nothing is lost. */
+        if (run->state == S_WARM)
+            ll_warn("pool", "warm worker %d of session %s died (status %d): the session's next cell forks anew",
+                    (int)run->wpid, run->session ? run->session : "?", run->status);
+        s_drop_run(r);
+        s_schedule();
+        return;
+    }
+    if (run->prefetch) {
+        snprintf(why, sizeof why, "the worker (pid %d) preparing the prefetch %s ended (%s %d)", (int)run->wpid,
+                 run->cancelled ? "was cancelled" : "died",
+                 WIFSIGNALED(run->status) ? "signal" : "status",
+                 WIFSIGNALED(run->status) ? WTERMSIG(run->status) : WEXITSTATUS(run->status));
+        ll_info("pool", "%s", why);
+        s_send_client(run->client, json_pack("{s:s, s:s, s:b, s:s}", "type", "prefetched", "id", run->id, "ok", 0,
+                                             "error", why));
+        s_drop_run(r);
+        s_schedule();
+        return;
+    }
     if (run->cancelled)
         snprintf(why, sizeof why, "the cell was cancelled (worker pid %d killed)", (int)run->wpid);
     else if (WIFSIGNALED(run->status))
@@ -690,6 +837,8 @@ static void s_start_run(int r, int slot)
     json_object_set_new(job, "node", json_integer(P.nodes[n].id));
     json_object_set_new(job, "wait_ms", json_real(run->wait_ms));
     json_object_set_new(job, "node_modules", json_copy(P.nodes[n].modules));
+    json_object_set_new(job, "keep_warm", json_boolean(P.warm_idle_s > 0));
+    json_object_set_new(job, "prefetch", json_boolean(run->prefetch));
     json_t *m = json_pack("{s:s, s:o}", "type", "fork", "job", job);
     int rc = ll_zframe_send(P.nodes[n].fd, m, sv[1]);
     json_decref(m);
@@ -702,52 +851,220 @@ static void s_start_run(int r, int slot)
     run->wfd = sv[0];
     run->wrd = ll_zreader_new(sv[0]);
     run->state = S_FORKING;
-    run->slot = slot;
+    run->fresh = true;
+    run->spec = true;
     run->node = n;
     run->node_id = P.nodes[n].id;
-    P.slot_run[slot] = r;
+    s_take_slot(r, slot);
     P.nodes[n].last_used = ll_zframe_now_ms();
     P.nodes[n].forking++;
     ll_info("pool", "cell %s: fork from node %d on slot %d", run->id, P.nodes[n].id, slot);
     s_consider_growth(n, json_object_get(run->req, "import_closure"));
 }
 
-/* Hand free slots to queued cells, oldest first; tell waiting cells. */
+/* The session's warm worker for queued run R (idle, same client and session),
+ * else -1.  *BUSY is set when the session has a worker preparing a prefetch
+ * (the run waits for it rather than forking another), *RUNNING when one runs
+ * or saves a cell. */
+static int s_warm_for(int r, bool *busy, bool *running)
+{
+    s_run_t *run = &P.runs[r];
+    int best = -1;
+    *busy = *running = false;
+    for (int w = 0; w < S_MAX_RUNS; w++) {
+        s_run_t *wk = &P.runs[w];
+        if (w == r || !wk->used || wk->client != run->client || !wk->session || strcmp(wk->session, run->session) != 0)
+            continue;
+        if (wk->state == S_WARM && !wk->eof && !wk->exited) {
+            /* Several (cells that overlapped): the one that changed last. */
+            if (best < 0 || wk->idle_since > P.runs[best].idle_since)
+                best = w;
+        } else if (wk->state == S_PREPARING || (wk->prefetch && wk->state == S_FORKING)) {
+            *busy = true;
+        } else if (wk->state == S_FORKING || wk->state == S_RUNNING || wk->state == S_SAVING) {
+            *running = true;
+        }
+    }
+    return best;
+}
+
+/* Run queued R on warm worker W: the worker (socket, pid, slot) moves to R's
+ * entry, W's entry goes.  Interrupts for R are held until the worker says
+ * ready (it drops any stale one first). */
+static void s_start_warm(int r, int w)
+{
+    s_run_t *run = &P.runs[r], *wk = &P.runs[w];
+    run->wfd = wk->wfd;
+    run->wrd = wk->wrd;
+    run->wpid = wk->wpid;
+    run->node = wk->node;
+    run->node_id = wk->node_id;
+    run->spec = wk->spec;
+    run->cells = wk->cells;
+    run->held_bytes = wk->held_bytes;
+    run->slot = wk->slot;
+    run->slot_t0 = wk->slot_t0;
+    if (run->slot >= 0)
+        P.slot_run[run->slot] = r;
+    wk->wfd = -1;
+    wk->wrd = NULL;
+    wk->wpid = 0;
+    wk->slot = -1;
+    s_drop_run(w);
+    run->wait_ms = ll_zframe_now_ms() - run->t_queued;
+    run->state = run->prefetch ? S_PREPARING : S_FORKING;
+    run->handover = true;
+    run->warm_hit = true;
+    ll_gdsf_set_idle(P.gdsf, (int)run->wpid, false);
+    json_t *job = json_deep_copy(run->req);
+    json_object_set_new(job, "device", P.cuda ? json_integer(run->slot) : json_null());
+    json_object_set_new(job, "slot", json_integer(run->slot));
+    json_object_set_new(job, "client", json_integer(run->client));
+    json_object_set_new(job, "node", json_integer(run->node_id));
+    json_object_set_new(job, "wait_ms", json_real(run->wait_ms));
+    json_object_set_new(job, "keep_warm", json_boolean(P.warm_idle_s > 0));
+    json_t *m = json_pack("{s:s, s:o}", "type", run->prefetch ? "prefetch" : "run", "job", job);
+    if (ll_zframe_send(run->wfd, m, -1) < 0) {
+        /* It is dying: its exit reports the cell as lost (WorkerDied). */
+        ll_warn("pool", "cell %s: warm worker %d unreachable: %s", run->id, (int)run->wpid, strerror(errno));
+        kill(run->wpid, SIGKILL);
+    }
+    json_decref(m);
+    ll_info("pool", "%s %s: warm worker %d on slot %d", run->prefetch ? "prefetch" : "cell", run->id,
+            (int)run->wpid, run->slot);
+}
+
+/* Let warm worker R go: told to exit, it keeps its slot until it is gone.
+ * PRESSURE: evicted for a slot (GreedyDual's clock advances to its L). */
+static void s_evict_worker(int r, const char *why, bool pressure)
+{
+    s_run_t *run = &P.runs[r];
+    double l = 0;
+    ll_gdsf_value(P.gdsf, (int)run->wpid, &l);
+    if (pressure)
+        ll_gdsf_evict(P.gdsf, (int)run->wpid);
+    else
+        ll_gdsf_remove(P.gdsf, (int)run->wpid);
+    ll_info("pool", "warm worker %d of session %s leaves (%s; L %.0f, %.0f bytes held, %d cells, clock %.0f)",
+            (int)run->wpid, run->session ? run->session : "?", why, l, run->held_bytes, run->cells,
+            ll_gdsf_clock(P.gdsf));
+    json_t *m = json_pack("{s:s}", "type", "exit");
+    if (run->wfd < 0 || ll_zframe_send(run->wfd, m, -1) < 0)
+        kill(run->wpid, SIGKILL); /* its save committed: nothing is lost */
+    json_decref(m);
+    run->state = S_EVICTING;
+    run->evict_t = ll_zframe_now_ms();
+}
+
+/* Queued R is a prefetch, or waits for a slot: whether it may take a free
+ * slot now.  A prefetch never waits and never evicts: it takes a free slot
+ * only when no cell is waiting for one. */
+static bool s_cells_waiting(void)
+{
+    for (int r = 0; r < S_MAX_RUNS; r++)
+        if (P.runs[r].used && P.runs[r].state == S_QUEUED && !P.runs[r].prefetch)
+            return true;
+    return false;
+}
+
+/* Hand queued cells to their session's warm worker, or free slots, oldest
+ * first; under pressure evict idle warm workers (GreedyDual); tell waiting
+ * cells. */
 static void s_schedule(void)
 {
-    for (;;) {
-        int slot = -1;
-        for (int s = 0; s < P.nslots; s++)
-            if (P.slot_run[s] < 0) {
-                slot = s;
-                break;
+    int order[S_MAX_RUNS], nq = 0;
+    for (int r = 0; r < S_MAX_RUNS; r++)
+        if (P.runs[r].used && P.runs[r].state == S_QUEUED)
+            order[nq++] = r;
+    /* Oldest first (a handful at most: insertion sort). */
+    for (int i = 1; i < nq; i++)
+        for (int j = i; j > 0 && P.runs[order[j]].t_queued < P.runs[order[j - 1]].t_queued; j--) {
+            int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    int evicting = 0;
+    for (int r = 0; r < S_MAX_RUNS; r++)
+        if (P.runs[r].used && P.runs[r].state == S_EVICTING)
+            evicting++;
+    double now = ll_zframe_now_ms();
+    bool blocked = false; /* an older cell waits for a slot: younger ones may not take one first */
+    for (int i = 0; i < nq; i++) {
+        int r = order[i];
+        s_run_t *run = &P.runs[r];
+        if (!run->used || run->state != S_QUEUED)
+            continue;
+        bool busy = false, running = false;
+        int w = s_warm_for(r, &busy, &running);
+        if (w >= 0) {
+            s_start_warm(r, w);
+            continue;
+        }
+        if (busy)
+            continue; /* the session's prefetch is preparing its worker: wait for it */
+        if (run->prefetch && running) {
+            /* The session's cell runs: its worker stays warm after it. */
+            s_send_client(run->client, json_pack("{s:s, s:s, s:b, s:s}", "type", "prefetched", "id", run->id, "ok",
+                                                 0, "skipped", "the session's worker is running a cell"));
+            s_drop_run(r);
+            continue;
+        }
+        if (run->prefetch) {
+            int slot = -1;
+            for (int s2 = 0; s2 < P.nslots && slot < 0; s2++)
+                if (P.slot_run[s2] < 0)
+                    slot = s2;
+            if (slot >= 0 && !s_cells_waiting() && s_best_node(json_object_get(run->req, "import_closure")) >= 0) {
+                s_start_run(r, slot);
+            } else if (slot < 0 || s_cells_waiting()) {
+                s_send_client(run->client, json_pack("{s:s, s:s, s:b, s:s}", "type", "prefetched", "id", run->id,
+                                                     "ok", 0, "skipped", "no free GPU slot"));
+                s_drop_run(r);
             }
-        int oldest = -1;
-        for (int r = 0; r < S_MAX_RUNS; r++)
-            if (P.runs[r].used && P.runs[r].state == S_QUEUED &&
-                (oldest < 0 || P.runs[r].t_queued < P.runs[oldest].t_queued))
-                oldest = r;
-        if (oldest < 0)
-            return;
-        if (slot < 0 || s_best_node(json_object_get(P.runs[oldest].req, "import_closure")) < 0)
-            break;
-        s_start_run(oldest, slot);
-        if (P.runs[oldest].state == S_QUEUED)
-            break;
+            continue;
+        }
+        if (blocked)
+            continue;
+        int slot = -1;
+        for (int s2 = 0; s2 < P.nslots && slot < 0; s2++)
+            if (P.slot_run[s2] < 0)
+                slot = s2;
+        if (slot >= 0) {
+            if (s_best_node(json_object_get(run->req, "import_closure")) < 0) {
+                blocked = true; /* no node ready yet */
+                continue;
+            }
+            s_start_run(r, slot);
+            if (run->state == S_QUEUED)
+                blocked = true;
+            continue;
+        }
+        blocked = true;
+        if (evicting > 0) {
+            evicting--; /* a slot is on its way to this cell */
+            continue;
+        }
+        int victim = P.gdsf ? ll_gdsf_victim(P.gdsf, now) : -1;
+        for (int v = 0; v < S_MAX_RUNS && victim >= 0; v++)
+            if (P.runs[v].used && P.runs[v].state == S_WARM && P.runs[v].wpid == victim) {
+                char why[200];
+                snprintf(why, sizeof why, "slot pressure: cell %.80s of session %.40s needs a slot", run->id,
+                         run->session);
+                s_evict_worker(v, why, true);
+                victim = -1;
+            }
     }
     int queued = 0;
     for (int r = 0; r < S_MAX_RUNS; r++)
-        if (P.runs[r].used && P.runs[r].state == S_QUEUED)
+        if (P.runs[r].used && P.runs[r].state == S_QUEUED && !P.runs[r].prefetch)
             queued++;
     bool all_held = true;
-    for (int s = 0; s < P.nslots; s++)
-        if (P.slot_run[s] < 0)
+    for (int s2 = 0; s2 < P.nslots; s2++)
+        if (P.slot_run[s2] < 0)
             all_held = false;
-    if (!all_held)
-        return;
     for (int r = 0; r < S_MAX_RUNS; r++) {
         s_run_t *run = &P.runs[r];
-        if (run->used && run->state == S_QUEUED && !run->waited) {
+        if (run->used && run->state == S_QUEUED && !run->prefetch && !run->waited && all_held) {
             run->waited = true;
             ll_info("pool", "cell %s waits: all %d slots are held", run->id, P.nslots);
             s_send_client(run->client, json_pack("{s:s, s:s, s:i, s:i}", "type", "wait", "id", run->id, "slots",
@@ -761,7 +1078,7 @@ static int s_find_run(int c, const char *id)
     if (!id)
         return -1;
     for (int r = 0; r < S_MAX_RUNS; r++)
-        if (P.runs[r].used && P.runs[r].client == c && strcmp(P.runs[r].id, id) == 0)
+        if (P.runs[r].used && !s_idle_worker(&P.runs[r]) && P.runs[r].client == c && strcmp(P.runs[r].id, id) == 0)
             return r;
     return -1;
 }
@@ -786,7 +1103,7 @@ static void s_client_error(int c, const char *id, const char *why)
 static void s_kill_run(int r, int sig)
 {
     s_run_t *run = &P.runs[r];
-    if (run->wpid > 0)
+    if (run->wpid > 0 && (!run->handover || sig == SIGKILL))
         kill(run->wpid, sig);
     else if (sig == SIGKILL || !run->pending_sig)
         run->pending_sig = sig; /* sent when the zygote reports the fork */
@@ -819,14 +1136,49 @@ static json_t *s_stats(void)
     }
     for (int s = 0; s < P.nslots; s++)
         json_array_append_new(slots, P.slot_run[s] >= 0 ? json_string(P.runs[P.slot_run[s]].id) : json_null());
-    for (int r = 0; r < S_MAX_RUNS; r++)
-        if (P.runs[r].used)
-            json_array_append_new(runs, json_pack("{s:s, s:i, s:i}", "id", P.runs[r].id, "state", P.runs[r].state,
-                                                  "pid", (int)P.runs[r].wpid));
-    return json_pack("{s:s, s:i, s:o, s:o, s:o, s:b, s:i, s:O, s:i, s:b}", "type", "stats", "pid", (int)getpid(), "nodes",
-                     nodes, "slots", slots, "runs", runs, "cuda", P.cuda, "max_nodes", P.max_nodes, "safety",
-                     P.safety, "base_respawns", P.base_respawns,
-                     "base_broken", P.base_broken);
+    static const char *const state_names[] = {"", "queued", "forking", "running", "saving", "preparing", "warm",
+                                              "evicting"};
+    json_t *workers = json_array(), *sessions = json_array();
+    double now = ll_zframe_now_ms();
+    for (int r = 0; r < S_MAX_RUNS; r++) {
+        s_run_t *run = &P.runs[r];
+        if (!run->used)
+            continue;
+        if (!s_idle_worker(run))
+            json_array_append_new(runs, json_pack("{s:s, s:i, s:i}", "id", run->id, "state", run->state, "pid",
+                                                  (int)run->wpid));
+        if (run->wpid <= 0 || run->state == S_QUEUED)
+            continue;
+        /* Every worker that holds a slot: warm ones, and busy ones. */
+        const char *st = run->state == S_WARM && ll_gdsf_speculative(P.gdsf, (int)run->wpid, now)
+                             ? "speculative"
+                             : state_names[run->state];
+        double l = 0;
+        bool known = ll_gdsf_value(P.gdsf, (int)run->wpid, &l);
+        json_array_append_new(workers,
+                              json_pack("{s:s, s:i, s:i, s:s, s:o, s:f, s:i, s:b, s:i, s:f}", "session",
+                                        run->session ? run->session : "", "client", run->client, "pid", (int)run->wpid,
+                                        "state", st, "L", known ? json_real(l) : json_null(), "bytes", run->held_bytes,
+                                        "cells", run->cells, "spec", run->spec, "slot", run->slot, "idle_s",
+                                        run->state == S_WARM ? (now - run->idle_since) / 1000.0 : 0.0));
+    }
+    for (int i = 0; i < S_MAX_SESSIONS; i++) {
+        s_sess_t *se = &P.sessions[i];
+        if (!se->used)
+            continue;
+        double held = s_session_held(i, now) / 1000.0;
+        double conn = se->client >= 0 && P.clients[se->client].fd >= 0
+                          ? (now - P.clients[se->client].connected) / 1000.0
+                          : held;
+        json_array_append_new(sessions, json_pack("{s:s, s:i, s:f, s:f, s:f}", "session", se->name, "client",
+                                                  se->client, "gpu_held_s", held, "connected_s", conn, "held_share",
+                                                  conn > 0 ? held / conn : 0.0));
+    }
+    return json_pack("{s:s, s:i, s:o, s:o, s:o, s:b, s:i, s:O, s:i, s:b, s:o, s:o, s:f, s:i}", "type", "stats", "pid",
+                     (int)getpid(), "nodes", nodes, "slots", slots, "runs", runs, "cuda", P.cuda, "max_nodes",
+                     P.max_nodes, "safety", P.safety, "base_respawns", P.base_respawns, "base_broken", P.base_broken,
+                     "workers", workers, "sessions", sessions, "clock", ll_gdsf_clock(P.gdsf), "warm_idle_s",
+                     P.warm_idle_s);
 }
 
 static void s_client_frame(int c, json_t *m)
@@ -837,7 +1189,8 @@ static void s_client_frame(int c, json_t *m)
         s_client_error(c, id, "frame without a type");
         return;
     }
-    if (strcmp(type, "run") == 0) {
+    bool prefetch = strcmp(type, "prefetch") == 0;
+    if (strcmp(type, "run") == 0 || prefetch) {
         const char *bad = NULL;
         if (!id || !*id)
             bad = "run: 'id' must be a non-empty string";
@@ -845,7 +1198,9 @@ static void s_client_frame(int c, json_t *m)
             bad = "run: a cell with this id is already running";
         else if (!json_is_string(json_object_get(m, "session")))
             bad = "run: 'session' must be a string";
-        else if (!json_is_string(json_object_get(m, "code")))
+        else if (prefetch && P.warm_idle_s <= 0)
+            bad = "prefetch: warm workers are off in this pool (--warm-idle 0)";
+        else if (!prefetch && !json_is_string(json_object_get(m, "code")))
             bad = "run: 'code' must be a string";
         else if (!json_is_string(json_object_get(m, "store_dir")))
             bad = "run: 'store_dir' must be a string";
@@ -872,7 +1227,10 @@ static void s_client_frame(int c, json_t *m)
         run->used = true;
         run->client = c;
         run->id = strdup(id);
+        run->session = strdup(json_string_value(json_object_get(m, "session")));
+        run->prefetch = prefetch;
         run->req = json_incref(m);
+        s_session(c, run->session, true);
         if (!json_is_array(json_object_get(m, "import_closure")))
             json_object_set_new(m, "import_closure", json_array());
         run->state = S_QUEUED;
@@ -887,6 +1245,15 @@ static void s_client_frame(int c, json_t *m)
         return;
     }
     int r = s_find_run(c, id);
+    if (r < 0 && id && strcmp(type, "cancel") == 0) {
+        /* A prefetch that finished: its speculative worker (never ran a
+         * cell) leaves; a worker that ran cells stays. */
+        for (int w = 0; w < S_MAX_RUNS; w++)
+            if (P.runs[w].used && P.runs[w].state == S_WARM && P.runs[w].client == c && P.runs[w].spec &&
+                P.runs[w].id && strcmp(P.runs[w].id, id) == 0)
+                s_evict_worker(w, "its prefetch was cancelled", false);
+        return;
+    }
     if (strcmp(type, "stats") == 0) {
         s_send_client(c, s_stats());
     } else if (strcmp(type, "input_reply") == 0) {
@@ -900,6 +1267,19 @@ static void s_client_frame(int c, json_t *m)
         if (r < 0)
             return;
         bool cancel = type[0] == 'c';
+        if (P.runs[r].prefetch) {
+            /* Speculative work dropped: a worker forked for it goes (it
+             * committed nothing); a warm one finishes restoring and stays. */
+            if (P.runs[r].state == S_QUEUED) {
+                s_send_client(c, json_pack("{s:s, s:s, s:b, s:s}", "type", "prefetched", "id", id, "ok", 0, "skipped",
+                                           "cancelled"));
+                s_drop_run(r);
+            } else if (P.runs[r].fresh) {
+                P.runs[r].cancelled = true;
+                s_kill_run(r, SIGKILL);
+            }
+            return;
+        }
         if (P.runs[r].state == S_QUEUED) {
             s_reply_error(r, cancel ? "Cancelled" : "KeyboardInterrupt",
                           cancel ? "the cell was cancelled before it started" : "interrupted before the cell started");
@@ -921,14 +1301,23 @@ static void s_client_gone(int c)
         s_run_t *run = &P.runs[r];
         if (!run->used || run->client != c)
             continue;
-        run->client = -1;
         if (run->state == S_QUEUED) {
             s_drop_run(r);
-        } else {
+            continue;
+        }
+        if (run->state == S_WARM)
+            s_evict_worker(r, "its client left", false);
+        else if (run->state != S_EVICTING) {
             run->cancelled = true;
             s_kill_run(r, SIGKILL);
         }
     }
+    for (int i = 0; i < S_MAX_SESSIONS; i++)
+        if (P.sessions[i].used && P.sessions[i].client == c)
+            s_session_end(i);
+    for (int r = 0; r < S_MAX_RUNS; r++)
+        if (P.runs[r].used && P.runs[r].client == c)
+            P.runs[r].client = -1;
     close(P.clients[c].fd);
     ll_zreader_destroy(&P.clients[c].rd);
     free(P.clients[c].out);
@@ -983,37 +1372,104 @@ static void s_node_frame(int n, json_t *m)
     }
 }
 
+/* Worker R is idle now, its save committed (or a prefetch prepared it):
+ * keep it warm for its session.  CHANGED: its state changed (a cell ran, a
+ * prefetch restored something), so GreedyDual values it from the clock now. */
+static void s_make_warm(int r, bool changed)
+{
+    s_run_t *run = &P.runs[r];
+    double now = ll_zframe_now_ms();
+    run->state = S_WARM;
+    run->idle_since = now;
+    run->handover = false;
+    run->pending_sig = 0;
+    if (changed || !ll_gdsf_value(P.gdsf, (int)run->wpid, NULL))
+        ll_gdsf_changed(P.gdsf, (int)run->wpid, run->held_bytes, run->spec, now);
+    ll_gdsf_set_idle(P.gdsf, (int)run->wpid, true);
+    ll_debug("pool", "worker %d warm for session %s (%.0f bytes)", (int)run->wpid, run->session, run->held_bytes);
+}
+
 static void s_worker_frame(int r, json_t *m)
 {
     s_run_t *run = &P.runs[r];
     const char *type = json_string_value(json_object_get(m, "type"));
-    if (!type)
-        return;
+    if (!type || s_idle_worker(run))
+        return; /* an idle worker has nothing to say */
     if (strcmp(type, "ready") == 0) {
         s_run_pid(r, (pid_t)json_integer_value(json_object_get(m, "pid")));
+        if (run->handover) {
+            /* The warm worker dropped stale interrupts: forward new ones. */
+            run->handover = false;
+            if (run->pending_sig && run->wpid > 0)
+                kill(run->wpid, run->pending_sig);
+            run->pending_sig = 0;
+        }
+        if (run->prefetch) {
+            run->state = S_PREPARING;
+            return;
+        }
         run->state = S_RUNNING;
         json_object_set_new(m, "type", json_string("started"));
         json_object_set_new(m, "node", json_integer(run->node_id));
         json_object_set_new(m, "wait_ms", json_real(run->wait_ms));
+        json_object_set_new(m, "warm_hit", json_boolean(run->warm_hit));
+    } else if (strcmp(type, "saving") == 0) {
+        if (run->state == S_RUNNING)
+            run->state = S_SAVING;
+        return;
+    } else if (strcmp(type, "prepared") == 0 && run->prefetch) {
+        json_t *rep = json_object_get(m, "report");
+        json_t *ev = json_is_object(rep) ? json_deep_copy(rep) : json_object();
+        bool ok = !json_object_get(ev, "fatal");
+        bool stay = ok && json_is_true(json_object_get(ev, "stays_warm")) && P.warm_idle_s > 0 && run->client >= 0;
+        json_t *restored = json_object_get(ev, "restored");
+        bool changed = run->fresh || (json_is_array(restored) && json_array_size(restored) > 0) ||
+                       json_array_size(json_object_get(ev, "dropped_stale")) > 0;
+        if (json_is_number(json_object_get(ev, "held_bytes")))
+            run->held_bytes = json_number_value(json_object_get(ev, "held_bytes"));
+        json_object_set_new(ev, "type", json_string("prefetched"));
+        json_object_set_new(ev, "id", json_string(run->id));
+        json_object_set_new(ev, "ok", json_boolean(ok));
+        json_object_set_new(ev, "warm_hit", json_boolean(run->warm_hit));
+        json_object_set_new(ev, "zygote_node", json_integer(run->node_id));
+        json_object_set_new(ev, "wait_ms", json_real(run->wait_ms));
+        s_send_client(run->client, ev);
+        if (stay) {
+            s_make_warm(r, changed);
+            s_schedule();
+        } else {
+            s_drop_run(r); /* the worker leaves by itself */
+            s_schedule();
+        }
+        return;
     } else if (strcmp(type, "reply") == 0) {
-        /* The worker replies only after its save committed: the slot is free. */
+        /* The worker replies only after its save committed: the slot is free,
+         * or the worker stays warm for the session's next cell. */
         json_t *md = json_object_get(m, "metadata");
         json_t *ll = md ? json_object_get(md, "looseleaf") : NULL;
         if (ll) {
             json_object_set_new(ll, "zygote_node", json_integer(run->node_id));
             json_object_set_new(ll, "wait_ms", json_real(run->wait_ms));
+            json_object_set_new(ll, "warm_hit", json_boolean(run->warm_hit));
+            if (json_is_number(json_object_get(ll, "held_bytes")))
+                run->held_bytes = json_number_value(json_object_get(ll, "held_bytes"));
         }
-        if (run->slot >= 0)
-            P.slot_run[run->slot] = -1;
-        run->slot = -1;
+        json_object_set_new(m, "id", json_string(run->id));
+        s_send_client(run->client, json_incref(m));
+        bool stay = ll && json_is_true(json_object_get(ll, "stays_warm")) && P.warm_idle_s > 0 && run->client >= 0 &&
+                    !run->cancelled;
+        if (stay) {
+            run->cells++;
+            run->spec = false;
+            s_make_warm(r, true);
+        } else {
+            s_drop_run(r); /* the worker exits by itself; its zygote reaps it */
+        }
+        s_schedule();
+        return;
     }
     json_object_set_new(m, "id", json_string(run->id));
-    bool reply = strcmp(type, "reply") == 0;
     s_send_client(run->client, json_incref(m));
-    if (reply) {
-        s_drop_run(r); /* the worker exits by itself; its zygote reaps it */
-        s_schedule();
-    }
 }
 
 /* ------------------------------------------------------------------ */
@@ -1056,7 +1512,8 @@ static int s_listen(void)
 static void s_usage(void)
 {
     fprintf(stderr, "usage: looseleaf pool [--runtime-dir DIR] [--slots N] [--idle-exit SECONDS]\n"
-                    "                      [--head MOD,MOD,...] [--max-nodes N] [--no-grow] [--foreground]\n");
+                    "                      [--head MOD,MOD,...] [--max-nodes N] [--no-grow] [--foreground]\n"
+                    "                      [--warm-idle SECONDS] [--spec-window SECONDS]\n");
 }
 
 int ll_pool_main(int argc, char **argv)
@@ -1069,6 +1526,10 @@ int ll_pool_main(int argc, char **argv)
     P.nslots = getenv("LL_POOL_SLOTS") ? atoi(getenv("LL_POOL_SLOTS")) : 2;
     P.idle_exit_s = getenv("LL_POOL_IDLE_EXIT") ? atoi(getenv("LL_POOL_IDLE_EXIT")) : 300;
     P.max_nodes = getenv("LL_POOL_MAX_NODES") ? atoi(getenv("LL_POOL_MAX_NODES")) : 50;
+    /* Warm workers are off unless asked for (tests/routing expects a worker
+     * per cell until the lead turns them on by default). */
+    P.warm_idle_s = getenv("LL_POOL_WARM_IDLE_S") ? atoi(getenv("LL_POOL_WARM_IDLE_S")) : 0;
+    P.spec_s = getenv("LL_POOL_SPEC_S") ? atoi(getenv("LL_POOL_SPEC_S")) : 30;
     P.grow = true;
     bool foreground = false;
     const char *log = NULL;
@@ -1085,6 +1546,10 @@ int ll_pool_main(int argc, char **argv)
             snprintf(P.head, sizeof P.head, "%s", argv[++i]);
         else if (strcmp(a, "--max-nodes") == 0 && nx)
             P.max_nodes = atoi(argv[++i]);
+        else if (strcmp(a, "--warm-idle") == 0 && nx)
+            P.warm_idle_s = atoi(argv[++i]);
+        else if (strcmp(a, "--spec-window") == 0 && nx)
+            P.spec_s = atoi(argv[++i]);
         else if (strcmp(a, "--log") == 0 && nx)
             log = argv[++i];
         else if (strcmp(a, "--no-grow") == 0)
@@ -1097,11 +1562,15 @@ int ll_pool_main(int argc, char **argv)
         }
     }
     if (P.nslots < 1 || P.nslots > S_MAX_SLOTS || P.max_nodes < 1 || P.max_nodes > S_MAX_NODES ||
-        P.idle_exit_s < 0) {
-        fprintf(stderr, "looseleaf pool: --slots must be 1..%d, --max-nodes 1..%d, --idle-exit >= 0\n", S_MAX_SLOTS,
-                S_MAX_NODES);
+        P.idle_exit_s < 0 || P.warm_idle_s < 0 || P.spec_s < 0) {
+        fprintf(stderr, "looseleaf pool: --slots must be 1..%d, --max-nodes 1..%d, --idle-exit, --warm-idle and "
+                        "--spec-window >= 0\n",
+                S_MAX_SLOTS, S_MAX_NODES);
         return 2;
     }
+    P.gdsf = ll_gdsf_new(P.spec_s * 1000.0);
+    if (!P.gdsf)
+        return 1;
     if (readlink("/proc/self/exe", P.exe, sizeof P.exe - 1) < 0) {
         fprintf(stderr, "looseleaf pool: cannot find its own binary: %s\n", strerror(errno));
         return 1;
@@ -1221,6 +1690,29 @@ int ll_pool_main(int argc, char **argv)
                 }
                 timeout = 1000;
             }
+        /* Warm workers unused for --warm-idle leave; an evicted one that
+         * does not leave in time is killed (its save committed). */
+        for (int r = 0; r < S_MAX_RUNS; r++) {
+            s_run_t *run = &P.runs[r];
+            double left = -1;
+            if (run->used && run->state == S_WARM) {
+                left = run->idle_since + P.warm_idle_s * 1000.0 - now;
+                if (left <= 0) {
+                    s_evict_worker(r, "idle timeout", false);
+                    left = S_EXIT_GRACE_MS;
+                }
+            } else if (run->used && run->state == S_EVICTING) {
+                left = run->evict_t + S_EXIT_GRACE_MS - now;
+                if (left <= 0 && run->wpid > 0 && !run->exited) {
+                    ll_warn("pool", "warm worker %d did not exit: killed", (int)run->wpid);
+                    kill(run->wpid, SIGKILL);
+                    run->evict_t = now;
+                    left = S_EXIT_GRACE_MS;
+                }
+            }
+            if (left >= 0 && (timeout < 0 || (int)left + 1 < timeout))
+                timeout = (int)left + 1;
+        }
         if (P.idle_since) {
             double left = P.idle_since + P.idle_exit_s * 1000.0 - now;
             if (left <= 0) {
@@ -1261,6 +1753,7 @@ int ll_pool_main(int argc, char **argv)
                     memset(&P.clients[c], 0, sizeof P.clients[c]);
                     P.clients[c].fd = fd;
                     P.clients[c].rd = ll_zreader_new(fd);
+                    P.clients[c].connected = ll_zframe_now_ms();
                     ll_info("pool", "client %d connected", c);
                 }
                 break;
@@ -1354,6 +1847,9 @@ int ll_pool_main(int argc, char **argv)
                 s_client_gone(c);
     }
     ll_info("pool", "stopping");
+    for (int i = 0; i < S_MAX_SESSIONS; i++)
+        if (P.sessions[i].used)
+            s_session_end(i);
     for (int n = 0; n < S_MAX_NODES; n++)
         if (P.nodes[n].used && P.nodes[n].pid > 0)
             kill(P.nodes[n].pid, SIGTERM);

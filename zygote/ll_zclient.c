@@ -194,6 +194,22 @@ int ll_zclient_run(ll_zclient_t *self, const json_t *request, char *err, size_t 
     return 0;
 }
 
+int ll_zclient_prefetch(ll_zclient_t *self, const json_t *request, char *err, size_t errlen)
+{
+    if (!json_is_object(request) || !json_is_string(json_object_get(request, "id")) ||
+        !json_is_string(json_object_get(request, "session")) || !json_is_string(json_object_get(request, "store_dir"))) {
+        snprintf(err, errlen, "a prefetch request needs string fields id, session and store_dir");
+        return -1;
+    }
+    json_t *m = json_copy((json_t *)request);
+    json_object_set_new(m, "type", json_string("prefetch"));
+    if (s_send(self, m) < 0) {
+        snprintf(err, errlen, "the pool connection is gone: %s", strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
 json_t *ll_zclient_next(ll_zclient_t *self, int timeout_ms)
 {
     bool bad = false;

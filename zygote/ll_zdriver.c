@@ -6,7 +6,7 @@
  *       (starting the pool with POOL ARGS when none answers, from the binary
  *       $LL_POOL_EXE, default this one), then read
  *       commands as JSON lines on stdin and print every event as a JSON line:
- *       {"op":"run", ...request} {"op":"input","id","value"}
+ *       {"op":"run", ...request} {"op":"prefetch", ...request} {"op":"input","id","value"}
  *       {"op":"interrupt","id"} {"op":"cancel","id"} {"op":"stats"}.
  * One thread; polls stdin and the client's fd. */
 #include "zygote/ll_zygote.h"
@@ -85,6 +85,9 @@ static int s_client(int argc, char **argv)
             else if (strcmp(op, "run") == 0) {
                 json_object_del(cmd, "op");
                 rc = ll_zclient_run(c, cmd, err, sizeof err);
+            } else if (strcmp(op, "prefetch") == 0) {
+                json_object_del(cmd, "op");
+                rc = ll_zclient_prefetch(c, cmd, err, sizeof err);
             } else if (strcmp(op, "input") == 0)
                 rc = ll_zclient_input_reply(c, id ? id : "", json_string_value(json_object_get(cmd, "value")));
             else if (strcmp(op, "interrupt") == 0)

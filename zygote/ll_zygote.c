@@ -17,7 +17,9 @@
  * (stream/display/input go to the pool as frames), and runs
  * looseleaf_zygote.worker: prepare (CUDA device, imports, restore), the cell
  * through the kernel's own execute_request, finish (save).  Only then does it
- * send the reply, so the pool frees the slot after the save committed.
+ * send the reply, so the pool can free the slot (or keep the worker warm)
+ * after the save committed.  A warm worker then waits for its session's next
+ * job (a cell or a prefetch) and prepares again (only what moved).
  * Errors after the fork end the child (_exit), never return into the loop. */
 #include "zygote/ll_zygote.h"
 #include "zygote/ll_zframe.h"
@@ -358,53 +360,27 @@ static void s_merge_looseleaf(json_t *md, const char *report_json)
     json_decref(rep);
 }
 
-/* The child after fork: never returns. */
-static void s_worker_main(int wfd, json_t *job, double t_before_fork)
+/* Whether the worker may stay warm after a cell whose preparation and save
+ * reports are PREP and FIN: only when its namespace is exactly what the
+ * store committed (a failed preparation, a failed commit or a variable that
+ * could not be saved leaves values the store does not have). */
+static bool s_can_stay(const char *fin)
 {
-    double t_child = ll_zframe_now_ms();
-    ll_log_init('W');
-    close(s_ctl);
-    close(s_sigfd);
-    signal(SIGCHLD, SIG_DFL);
-    s_wfd = wfd;
-    ll_interp_hooks_t hooks = {NULL, s_w_stream, s_w_flush, s_w_publish, s_w_input};
-    if (ll_interp_set_hooks(&hooks) < 0)
-        _exit(70);
-    pthread_t flusher;
-    if (pthread_create(&flusher, NULL, s_flusher, NULL) != 0)
-        _exit(72);
-    pthread_detach(flusher);
-    pthread_t watchdog;
-    if (pthread_create(&watchdog, NULL, s_watchdog, NULL) != 0)
-        _exit(72);
-    pthread_detach(watchdog);
-    /* What C code and subprocesses write to fds 1/2 is cell output too (as in
-     * the kernel, gateway/ll_fdcap.h); the log keeps the original stderr. */
-    static const int cap_fds[2] = {1, 2};
-    static const char *const cap_names[2] = {"stdout", "stderr"};
-    char cap_err[256];
-    ll_fdcap_t *cap = ll_fdcap_new(cap_fds, cap_names, 2, s_w_stream, NULL, cap_err, sizeof cap_err);
-    if (cap)
-        ll_log_set_fd(ll_fdcap_original(cap, 1));
-    else
-        ll_warn("worker", "fd output of this cell is not captured: %s", cap_err);
-    if (pipe2(s_intpipe, O_CLOEXEC | O_NONBLOCK) < 0)
-        _exit(71);
-    json_object_set_new(job, "int_fd", json_integer(s_intpipe[0]));
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = s_w_sigint;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    /* SIGINT was blocked across the fork (s_fork_request): one sent as soon
-     * as the pool learnt our pid is delivered now, to the handler above. */
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL);
+    json_error_t jerr;
+    json_t *f = fin ? json_loads(fin, 0, &jerr) : NULL;
+    bool ok = json_is_object(f) && !json_object_get(f, "save_error") && !json_object_get(f, "save_failed");
+    json_decref(f);
+    return ok;
+}
 
-    double fork_ms = t_child - t_before_fork;
-    s_wsend(json_pack("{s:s, s:i, s:f}", "type", "ready", "pid", (int)getpid(), "fork_ms", fork_ms));
+/* One cell on this worker (forked for it, or warm): prepare, run, save,
+ * reply.  FORK_MS is 0 on a warm worker.  PREFETCHED: a prefetch prepared
+ * this worker since its last cell.  Returns whether the worker may stay warm
+ * (the pool asked for it and the namespace is the store's). */
+static bool s_worker_cell(json_t *job, double fork_ms, bool warm, bool prefetched, ll_fdcap_t *cap)
+{
     json_object_set_new(job, "fork_ms", json_real(fork_ms));
+    json_object_set_new(job, "warm", json_boolean(warm));
     char *job_json = json_dumps(job, JSON_COMPACT);
     char err[1024];
     char *prep = s_py_call("worker_prepare", job_json, err, sizeof err);
@@ -444,11 +420,15 @@ static void s_worker_main(int wfd, json_t *job, double t_before_fork)
         free(parent_text);
         json_decref(content);
     }
+    /* The pool shows the worker as saving (never evictable, as while it runs). */
+    if (!fatal)
+        s_wsend(json_pack("{s:s}", "type", "saving"));
     char *fin = fatal ? NULL : s_py_call("worker_finish", job_json, err, sizeof err);
     if (cap) {
         fflush(NULL);
         ll_fdcap_sync(cap);
     }
+    bool stay = json_is_true(json_object_get(job, "keep_warm")) && !fatal && s_can_stay(fin);
     json_t *reply_j = reply ? json_loads(reply, 0, &jerr) : NULL;
     json_t *md = md_text ? json_loads(md_text, 0, &jerr) : NULL;
     if (!json_is_object(md)) {
@@ -463,6 +443,9 @@ static void s_worker_main(int wfd, json_t *job, double t_before_fork)
     json_object_set_new(ll, "zygote_node", json_integer(s_node_id));
     json_object_set_new(ll, "fork_ms", json_real(fork_ms));
     json_object_set_new(ll, "exec_ms", json_real(t_exec1 - t_exec0));
+    json_object_set_new(ll, "warm_hit", json_boolean(warm));
+    json_object_set_new(ll, "prepared_by_prefetch", json_boolean(prefetched));
+    json_object_set_new(ll, "stays_warm", json_boolean(stay));
     if (!fatal && !fin)
         json_object_set_new(ll, "save_error", json_string(err));
     s_wsend(json_pack("{s:s, s:o, s:o}", "type", "reply", "content", reply_j ? reply_j : json_object(), "metadata",
@@ -473,10 +456,133 @@ static void s_worker_main(int wfd, json_t *job, double t_before_fork)
     free(md_text);
     free(job_json);
     json_decref(prep_j);
-    /* No interpreter teardown: the store leases die with the process and the
-     * pages are the zygote's (copy-on-write); exiting at once is the point. */
+    return stay;
+}
+
+/* A prefetch on this worker: the preparation of a cell without the cell
+ * (CUDA, imports, restore of the closure), reported as "prepared".  Returns
+ * whether the worker may stay (a failed preparation leaves it unusable). */
+static bool s_worker_prefetch(json_t *job, double fork_ms, bool warm)
+{
+    json_object_set_new(job, "fork_ms", json_real(fork_ms));
+    json_object_set_new(job, "warm", json_boolean(warm));
+    char *job_json = json_dumps(job, JSON_COMPACT);
+    char err[1024];
+    char *prep = s_py_call("worker_prepare", job_json, err, sizeof err);
+    json_error_t jerr;
+    json_t *rep = prep ? json_loads(prep, 0, &jerr) : NULL;
+    if (!json_is_object(rep)) {
+        json_decref(rep);
+        rep = json_pack("{s:s}", "fatal", err);
+    }
+    bool ok = !json_object_get(rep, "fatal");
+    json_object_set_new(rep, "worker_pid", json_integer(getpid()));
+    json_object_set_new(rep, "zygote_node", json_integer(s_node_id));
+    json_object_set_new(rep, "fork_ms", json_real(fork_ms));
+    json_object_set_new(rep, "stays_warm", json_boolean(ok));
+    s_wsend(json_pack("{s:s, s:o}", "type", "prepared", "report", rep));
+    free(prep);
+    free(job_json);
+    return ok;
+}
+
+/* Leave: close the store (its leases), then exit without interpreter
+ * teardown (the pages are the zygote's, copy-on-write). */
+static void s_worker_leave(int status)
+{
+    char err[256];
+    free(s_py_call("worker_exit", "null", err, sizeof err));
     fflush(NULL);
-    _exit(0);
+    _exit(status);
+}
+
+/* The child after fork: never returns.  It serves jobs until the pool lets
+ * it go: the first one (a cell, or a prefetch) came with the fork; after it
+ * the worker stays warm, holding its slot and namespace, and waits on its
+ * socket for the next job of its session ("run" / "prefetch") or "exit".
+ * The pool closing the socket ends it too (the watchdog). */
+static void s_worker_main(int wfd, json_t *job, double t_before_fork)
+{
+    double t_child = ll_zframe_now_ms();
+    ll_log_init('W');
+    close(s_ctl);
+    close(s_sigfd);
+    signal(SIGCHLD, SIG_DFL);
+    s_wfd = wfd;
+    ll_interp_hooks_t hooks = {NULL, s_w_stream, s_w_flush, s_w_publish, s_w_input};
+    if (ll_interp_set_hooks(&hooks) < 0)
+        _exit(70);
+    pthread_t flusher;
+    if (pthread_create(&flusher, NULL, s_flusher, NULL) != 0)
+        _exit(72);
+    pthread_detach(flusher);
+    pthread_t watchdog;
+    if (pthread_create(&watchdog, NULL, s_watchdog, NULL) != 0)
+        _exit(72);
+    pthread_detach(watchdog);
+    /* What C code and subprocesses write to fds 1/2 is cell output too (as in
+     * the kernel, gateway/ll_fdcap.h); the log keeps the original stderr. */
+    static const int cap_fds[2] = {1, 2};
+    static const char *const cap_names[2] = {"stdout", "stderr"};
+    char cap_err[256];
+    ll_fdcap_t *cap = ll_fdcap_new(cap_fds, cap_names, 2, s_w_stream, NULL, cap_err, sizeof cap_err);
+    if (cap)
+        ll_log_set_fd(ll_fdcap_original(cap, 1));
+    else
+        ll_warn("worker", "fd output of this cell is not captured: %s", cap_err);
+    if (pipe2(s_intpipe, O_CLOEXEC | O_NONBLOCK) < 0)
+        _exit(71);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = s_w_sigint;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    /* SIGINT was blocked across the fork (s_fork_request): one sent as soon
+     * as the pool learnt our pid is delivered now, to the handler above. */
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+
+    double fork_ms = t_child - t_before_fork;
+    bool warm = false, prefetched = false;
+    for (;;) {
+        bool prefetch = json_is_true(json_object_get(job, "prefetch"));
+        json_object_set_new(job, "int_fd", json_integer(s_intpipe[0]));
+        s_wsend(json_pack("{s:s, s:i, s:f, s:b}", "type", "ready", "pid", (int)getpid(), "fork_ms", fork_ms,
+                          "warm", warm));
+        bool stay = prefetch ? s_worker_prefetch(job, fork_ms, warm) : s_worker_cell(job, fork_ms, warm, prefetched,
+                                                                                      cap);
+        prefetched = prefetch; /* a cell consumes what a prefetch prepared */
+        json_decref(job);
+        job = NULL;
+        if (!stay)
+            s_worker_leave(0);
+        /* Warm: wait for the next job of the session. */
+        while (!job) {
+            json_t *m = ll_zframe_recv(s_wfd, NULL, true);
+            if (!m)
+                s_worker_leave(0); /* the pool closed the socket */
+            const char *type = json_string_value(json_object_get(m, "type"));
+            if (type && (strcmp(type, "run") == 0 || strcmp(type, "prefetch") == 0) &&
+                json_is_object(json_object_get(m, "job"))) {
+                job = json_incref(json_object_get(m, "job"));
+                json_object_set_new(job, "prefetch", json_boolean(type[0] == 'p'));
+            } else if (type && strcmp(type, "exit") == 0) {
+                json_decref(m);
+                s_worker_leave(0);
+            }
+            json_decref(m);
+        }
+        /* An interrupt that reached us after the last cell (the pool sends
+         * none to an idle worker; one for the last cell may arrive late) must
+         * not interrupt the next: drop it before saying ready, after which
+         * the pool forwards the new cell's interrupts. */
+        char junk[64];
+        while (read(s_intpipe[0], junk, sizeof junk) > 0)
+            ;
+        warm = true;
+        fork_ms = 0;
+    }
 }
 
 /* ------------------------------------------------------------------ */

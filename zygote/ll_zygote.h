@@ -7,7 +7,8 @@
  *               head, then forks workers (and child nodes) on request.
  *   worker      forked from a zygote: restores the cell's closure from the
  *               store, runs the cell with the kernel's IPython engine,
- *               streams its output, saves, exits.
+ *               streams its output, saves, then stays warm for its session
+ *               (when the pool runs with --warm-idle) until evicted.
  *
  * The client API below is what the kernel (gateway) uses.  A client is not
  * thread-safe: use it from one thread (its fd fits a poll loop). */
@@ -51,6 +52,16 @@ int ll_zclient_fd(ll_zclient_t *self);
  * a reason in ERR (bad request, pool gone). */
 int ll_zclient_run(ll_zclient_t *self, const json_t *request, char *err, size_t errlen);
 
+/* Prepare a worker for the session's next GPU cell without running code (an
+ * edit-time hint).  REQUEST as for ll_zclient_run, without code: id, session,
+ * store_dir, redis_url, state_closure, import_closure, import_stmts.  The
+ * session's warm worker restores what moved, else a worker is forked when a
+ * slot is free and no cell waits for one (a prefetch never waits, never
+ * evicts).  One event answers it: prefetched {ok, warm_hit, restored, ...}
+ * or {ok: false, skipped|error}.  ll_zclient_cancel(ID) drops it.  Refused
+ * (an error event) when the pool runs without warm workers. */
+int ll_zclient_prefetch(ll_zclient_t *self, const json_t *request, char *err, size_t errlen);
+
 /* Next event (a JSON object, caller owns it) or NULL when none arrived
  * within TIMEOUT_MS (0: do not wait, -1: forever).  Every event has "type"
  * and, for a cell, "id":
@@ -63,7 +74,8 @@ int ll_zclient_run(ll_zclient_t *self, const json_t *request, char *err, size_t 
  *   reply         {content, metadata}: the execute_reply; metadata.looseleaf
  *                 holds the per-cell report.  The last event of a cell.
  *   error         {error}: a malformed request (nothing ran)
- *   stats         answer to ll_zclient_stats
+ *   stats         answer to ll_zclient_stats (workers, sessions: GPU-seconds)
+ *   prefetched    answer to ll_zclient_prefetch
  *   pool_gone     the connection to the pool broke (every running cell is
  *                 lost); returned once, then ll_zclient_ok() is false and
  *                 every later call returns NULL. */

@@ -6,13 +6,17 @@ Zygote (single-threaded, never touches CUDA):
                     single-threaded), freeze the GC.
   grow(mods)        in a freshly forked child node: import more.
   prefork()         gc.freeze() right before each fork (the child's GC would touch every page otherwise).
-Worker (after the fork, in the child):
+Worker (after the fork, in the child; it stays warm for its session and prepares again for each job):
   worker_prepare(job)  CUDA on the assigned device, the rest of the import closure, the import statements
                        that re-create import-bound names, restore of the state closure and of the process
-                       state from the store.
+                       state from the store.  A warm worker first drops every name whose held version is not
+                       the committed one (the store is the truth: a CPU cell or another worker may have
+                       committed newer versions, or deleted names), and what references them; the restore
+                       then loads only what moved.  Also a prefetch's whole work (no cell follows at once).
   worker_finish(job)   save the cell's definitions, the state closure (in-place mutation is invisible to
                        static analysis), whatever the cell rebound or deleted, and the process state; one
-                       commit.
+                       commit.  The store stays open: the worker stays warm.
+  worker_exit(arg)     close the store (the worker leaves: evicted, idle, its client gone).
 """
 import gc
 import importlib
@@ -27,6 +31,8 @@ _orig_threads = None     # torch's intra-op threads before the zygote set 1 (wor
 _cp = None               # the worker's Checkpointer
 _store = None            # the worker's _llstore.Store
 _before = None           # {name: id(value)} of the namespace after restore
+_store_key = None        # (store_dir, session, redis_url) _store was opened with
+_orig_run_cell = None    # the shell's run_cell before _guard_interrupts wrapped it
 _hidden_extra = {"_", "__", "___", "_i", "_ii", "_iii", "In", "Out", "_oh", "_ih", "_dh", "exit", "quit",
                  "get_ipython", procstate.NAME}
 
@@ -114,9 +120,12 @@ def _fault(job, stage):
 def _guard_interrupts(shell, fd):
     """An interrupt that reached the worker before the cell's code ran (ll_zygote.c leaves it in pipe FD)
     interrupts the cell at its start, as in ipykernel."""
+    global _orig_run_cell
     if fd is None:
         return
-    run_cell = shell.run_cell
+    if _orig_run_cell is None:
+        _orig_run_cell = shell.run_cell
+    run_cell = _orig_run_cell
 
     def guarded(*a, **k):
         try:
@@ -129,14 +138,95 @@ def _guard_interrupts(shell, fd):
     shell.run_cell = guarded
 
 
+def _held_bytes():
+    """Payload bytes of the variables this worker holds at their committed versions (GreedyDual's c)."""
+    import _llstore
+    if _cp is None:
+        return 0
+    ns = _cp.namespace
+    total = 0
+    for name, st in getattr(_cp, "_state", {}).items():
+        if name in ns:
+            for ref in getattr(st, "prefs", ()) or ():
+                try:
+                    total += _llstore.ref_nbytes(ref)
+                except Exception:  # noqa: BLE001 - a ref we cannot size counts nothing
+                    pass
+    return total
+
+
+def _drop_stale(shell):
+    """A warm worker's namespace before its next job: keep only names held at their committed version (and
+    never what references a dropped one); everything else goes, so nothing stale can be read.  Returns the
+    names dropped."""
+    ns = shell.user_ns
+    vers = _cp.versions()
+    held = _cp.held()
+    drop = {n for n in _visible(shell) if held.get(n) is None or vers.get(n) != held[n]}
+    state = getattr(_cp, "_state", {})
+    grew = True
+    while grew:
+        grew = False
+        for n, st in state.items():
+            if n in ns and n not in drop and set(getattr(st, "deps", ())) & drop:
+                drop.add(n)
+                grew = True
+    for n in drop:
+        ns.pop(n, None)
+    _cp.forget(sorted(drop))
+    return sorted(drop)
+
+
+def _forget_outputs(shell):
+    """A warm worker's output cache (_, __, ___, _N, Out) holds results of its own earlier cells, which a cold
+    worker would not have and which may be stale: drop it, as a cold worker starts."""
+    ns = shell.user_ns
+    for k in [k for k in ns if k.startswith("_") and k[1:].isdigit()]:
+        del ns[k]
+    for k in ("_", "__", "___"):
+        if k in ns:
+            ns[k] = ""
+    dh = getattr(shell, "displayhook", None)
+    for k in ("_", "__", "___"):
+        if dh is not None and hasattr(dh, k):
+            setattr(dh, k, "")
+    oh = ns.get("_oh")
+    if isinstance(oh, dict):
+        oh.clear()
+
+
+def _open_store(job):
+    """The worker's store and Checkpointer, kept across the jobs of a warm worker."""
+    global _cp, _store, _store_key
+    key = (job["store_dir"], job["session"], job.get("redis_url") or None)
+    if _cp is not None and _store_key == key:
+        return False
+    if _store is not None:
+        # Another store (never expected: a warm worker serves one session): start from an empty namespace.
+        ns = _shell().user_ns
+        for n in _visible(_shell()):
+            ns.pop(n, None)
+        try:
+            _store.close()
+        except Exception:  # noqa: BLE001
+            pass
+    import _llstore
+    from looseleaf_store import Checkpointer
+    _store = _llstore.Store(key[0], key[1], redis_url=key[2])
+    _cp = Checkpointer(_store, _shell().user_ns)
+    _store_key = key
+    return True
+
+
 def worker_prepare(arg):
-    global _cp, _store, _before
+    global _before
     job = json.loads(arg)
     t0 = time.perf_counter()
-    rep = {"imported_after_fork": [], "device": job.get("device")}
-    # 1. CUDA on the assigned device, only now (after the fork).
+    warm = bool(job.get("warm"))
+    rep = {"imported_after_fork": [], "device": job.get("device"), "warm_hit": warm}
+    # 1. CUDA on the assigned device, only now (after the fork); a warm worker has it already.
     dev = job.get("device")
-    if dev is not None:
+    if dev is not None and not warm:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(dev)
         torch = sys.modules.get("torch")
         if torch is not None:
@@ -158,6 +248,13 @@ def worker_prepare(arg):
     shell = _shell()
     ns = shell.user_ns
     _guard_interrupts(shell, job.get("int_fd"))
+    if _cp is not None and warm:
+        try:
+            _forget_outputs(shell)
+            rep["dropped_stale"] = _drop_stale(shell)
+        except Exception as e:  # noqa: BLE001 - the store is unreachable: nothing held can be trusted
+            return json.dumps({"fatal": "cannot check the warm worker's variables: %s: %s"
+                                        % (type(e).__name__, e)})
     for stmt in job.get("import_stmts") or []:
         try:
             exec(compile(stmt, "<looseleaf import>", "exec"), ns)
@@ -166,10 +263,7 @@ def worker_prepare(arg):
     t2 = time.perf_counter()
     # 3. Restore the state closure and the process state.
     try:
-        import _llstore
-        from looseleaf_store import Checkpointer
-        _store = _llstore.Store(job["store_dir"], job["session"], redis_url=job.get("redis_url") or None)
-        _cp = Checkpointer(_store, ns)
+        _open_store(job)
         r = _cp.restore(list(job.get("state_closure") or []))
         prep, probs = procstate.restore(_cp)
         _fault(job, "restore")
@@ -191,6 +285,7 @@ def worker_prepare(arg):
         "bytes_restored": r.payload_bytes + prep.payload_bytes,
         "restored": sorted(n for n in r.restored if n != procstate.NAME),
         "missing": [n for n in r.missing if n != procstate.NAME],
+        "held_bytes": _held_bytes(),
     })
     rep["prep_ms"] = {"fork": job.get("fork_ms", 0.0), "import": rep["import_ms"] + rep["cuda_ms"],
                       "restore": rep["restore_ms"]}
@@ -226,8 +321,16 @@ def worker_finish(arg):
     if rep.error:
         out["save_error"] = rep.error
         sys.stderr.write("LooseLeaf: the cell's variables were not saved: %s\n" % rep.error)
-    try:
-        _store.close()
-    except Exception:  # noqa: BLE001
-        pass
+    out["held_bytes"] = _held_bytes()
     return json.dumps(out)
+
+
+def worker_exit(arg):
+    global _store, _cp
+    if _store is not None:
+        try:
+            _store.close()
+        except Exception:  # noqa: BLE001 - leaving anyway; the store drops a dead reader's leases
+            pass
+    _store = _cp = None
+    return "null"

@@ -1,0 +1,252 @@
+"""Warm workers (issue 6, pool side): after its cell committed its save a worker stays warm for its client's
+session and the session's next cell runs on it (same pid, no fork), restoring only what moved; what a CPU-side
+commit changed is seen (nothing stale); under slot pressure idle warm workers are evicted smallest L first
+(GreedyDual, zygote/ll_gdsf.c), never one that runs or saves; killing a warm worker loses nothing; interrupts
+reach a warm worker's cell; prefetch prepares a worker; stats list warm workers and each session's GPU-seconds,
+and the pool logs one line per session end.  Pools here run with --warm-idle (warm workers are off by
+default until tests/routing expects them)."""
+import os
+import signal
+
+from zyghelp import pid_alive, wait_for
+
+WARM = ["--warm-idle", "60"]
+
+
+def _workers(c):
+    return {w["pid"]: w for w in c.stats()["workers"]}
+
+
+def _kernel_commit(env, **values):
+    """What the kernel does after a CPU cell: commit VALUES (None = delete) from another process."""
+    import _llstore
+    from looseleaf_store import Checkpointer
+    st = _llstore.Store(env.store_dir, env.session, redis_url=env.redis_url)
+    try:
+        ns = {k: v for k, v in values.items() if v is not None}
+        rep = Checkpointer(st, ns).save(sorted(values))
+        assert not rep.error and not rep.failed, rep
+    finally:
+        st.close()
+
+
+def _next_of(c, cid, types):
+    while True:
+        ev = c.next()
+        if ev.get("id") == cid and ev["type"] in types:
+            return ev
+        assert not (ev.get("id") == cid and ev["type"] in ("reply", "error")), ev
+
+
+def test_second_cell_is_a_warm_hit(env):
+    c = env.client(extra=WARM)
+    a = c.run("a", "import os\nx = [1, 2]\nprint(os.getpid())", defines=["x"])
+    assert a.ok and a.ll["warm_hit"] is False and a.ll["prepared_by_prefetch"] is False, a.events
+    pid = int(a.stdout)
+    assert a.ll["worker_pid"] == pid and a.ll["stays_warm"] is True
+    w = wait_for(lambda: _workers(c).get(pid, {}).get("state") == "warm" and _workers(c)[pid], 10, "warm worker")
+    assert w["session"] == env.session and w["cells"] == 1 and w["bytes"] >= 0 and w["L"] is not None
+    b = c.run("b", "import os\nx.append(3)\nprint(x, os.getpid())", state_closure=["x"], import_stmts=["import os"])
+    assert b.ok, b.events
+    assert b.stdout == "[1, 2, 3] %d\n" % pid
+    assert b.types()[0] == "started" and b.events[0]["warm_hit"] is True and b.events[0]["pid"] == pid
+    assert b.ll["warm_hit"] is True and b.ll["worker_pid"] == pid
+    assert b.ll["fork_ms"] == 0 and b.ll["prep_ms"]["fork"] == 0, b.ll
+    assert b.ll["restored"] == [], b.ll            # x is held at its committed version: nothing to restore
+    assert b.ll["saved"] == ["x"]                  # in-place mutation still saved
+    # The worker's own output cache is not carried into the next cell (a cold worker has none either).
+    assert c.run("b2", "x", state_closure=["x"]).result() == "[1, 2, 3]"
+    b3 = c.run("b3", "print(repr(_), len(Out))")
+    assert b3.ll["warm_hit"] and b3.stdout == "'' 0\n", b3.events
+    # The store is the truth: a cold worker elsewhere sees the same x.
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: pid not in _workers(c), 10, "the killed warm worker to be dropped")
+    d = c.run("d", "print(x)", state_closure=["x"])
+    assert d.stdout == "[1, 2, 3]\n" and d.ll["warm_hit"] is False and d.ll["worker_pid"] != pid
+
+
+def test_cpu_side_commits_between_cells_are_seen(env):
+    c = env.client(extra=WARM)
+    a = c.run("a", "x = 1\ny = 'old'\nz = [x]", defines=["x", "y", "z"])
+    assert a.ok, a.events
+    pid = a.ll["worker_pid"]
+    # A CPU cell in the kernel rebinds x and deletes y; z is untouched.
+    _kernel_commit(env, x=5, y=None)
+    b = c.run("b", "print(x, 'y' in dir(), z)", state_closure=["x", "z"])
+    assert b.ok and b.ll["worker_pid"] == pid and b.ll["warm_hit"], b.events
+    assert b.stdout == "5 False [1]\n"
+    assert b.ll["restored"] == ["x"], b.ll          # only what moved
+    assert "x" in b.ll["dropped_stale"] and "y" in b.ll["dropped_stale"] and "z" not in b.ll["dropped_stale"]
+    # A name the analysis did not list is not read stale either: dropped, as a cold worker would lack it.
+    _kernel_commit(env, z=[7])
+    r = c.run("c", "print('z' in dir())")
+    assert r.stdout == "False\n" and r.ll["warm_hit"], r.events
+
+
+def test_sigkill_of_a_warm_worker_loses_nothing(env):
+    c = env.client(extra=WARM)
+    a = c.run("a", "import numpy as np\nv = np.arange(6) * 7", defines=["v"])
+    pid = a.ll["worker_pid"]
+    wait_for(lambda: _workers(c).get(pid, {}).get("state") == "warm", 10, "warm")
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: pid not in _workers(c), 10, "dropped")
+    assert all(s is None for s in c.stats()["slots"])  # its slot came back
+    b = c.run("b", "print(v.sum())", state_closure=["v"], import_stmts=["import numpy as np"])
+    assert b.stdout == "105\n" and not b.ll["warm_hit"], b.events
+    assert "WorkerDied" not in str(b.events)
+
+
+def test_interrupt_reaches_a_warm_workers_cell(env):
+    c = env.client(extra=WARM)
+    assert c.run("a", "y = 1", defines=["y"]).ok
+    c.submit("i", "y = 2\nprint('looping', flush=True)\nimport time\nwhile True: time.sleep(0.01)",
+             defines=["y"], state_closure=["y"])
+    st = _next_of(c, "i", ("started",))
+    assert st["warm_hit"] is True
+    _next_of(c, "i", ("stream",))
+    c.send(op="interrupt", id="i")
+    r = c.collect("i")[-1]
+    assert r["content"]["ename"] == "KeyboardInterrupt", r
+    assert r["metadata"]["looseleaf"]["warm_hit"] is True
+    # What the cell did before the interrupt is kept, and no stale interrupt hits the next cell.
+    b = c.run("b", "import time\ntime.sleep(0.2)\nprint(y)", state_closure=["y"])
+    assert b.ok and b.stdout == "2\n" and b.ll["warm_hit"], b.events
+
+
+def test_interrupt_sent_at_once_to_a_warm_hit_is_not_lost(env):
+    c = env.client(extra=WARM)
+    assert c.run("a", "q = 1", defines=["q"]).ok
+    c.submit("i", "import time\nwhile True: time.sleep(0.01)")
+    c.send(op="interrupt", id="i")
+    r = c.collect("i")[-1]
+    assert r["content"]["ename"] == "KeyboardInterrupt", r
+
+
+def test_eviction_under_pressure_follows_greedydual(env):
+    # Two slots, three sessions (one per client).  The two idle warm workers differ in the bytes they hold:
+    # the small one goes first, and the clock advances to its L.
+    big = env.client(slots=2, extra=WARM)
+    small = env.client(slots=2, extra=WARM)
+    third = env.client(slots=2, extra=WARM)
+    rb = big.run("b", "import numpy as np\nbig = np.ones(4 << 20, dtype=np.uint8)", defines=["big"])
+    rs = small.run("s", "small = b'x' * 1000", defines=["small"])
+    assert rb.ok and rs.ok, (rb.events, rs.events)
+    pb, ps = rb.ll["worker_pid"], rs.ll["worker_pid"]
+    ws = _workers(big)
+    assert ws[pb]["bytes"] >= 4 << 20 and ws[ps]["bytes"] < ws[pb]["bytes"], ws
+    ls = ws[ps]["L"]
+    assert big.stats()["clock"] == 0
+    rt = third.run("t", "t = 3\nprint(t)", defines=["t"])
+    assert rt.ok and rt.stdout == "3\n", rt.events
+    wait_for(lambda: not pid_alive(ps), 10, "the small worker to be evicted")
+    assert pid_alive(pb)
+    st = big.stats()
+    assert st["clock"] == ls, (st["clock"], ls)
+    assert "slot pressure" in env.log()
+    # The evicted session loses nothing: its next cell forks (evicting the next smallest L) and sees its state.
+    r = small.run("s2", "print(len(small))", state_closure=["small"])
+    assert r.stdout == "1000\n" and not r.ll["warm_hit"], r.events
+
+
+def test_one_slot_sessions_take_turns(env):
+    a = env.client(slots=1, extra=WARM)
+    b = env.client(slots=1, extra=WARM)
+    r1 = a.run("a1", "n = 1", defines=["n"])
+    r2 = b.run("b1", "m = 2", defines=["m"])        # evicts a's warm worker (its only slot)
+    assert r1.ok and r2.ok and not r2.ll["warm_hit"]
+    wait_for(lambda: not pid_alive(r1.ll["worker_pid"]), 10, "a's worker evicted")
+    r3 = a.run("a2", "print(n)", state_closure=["n"])
+    assert r3.stdout == "1\n" and not r3.ll["warm_hit"]
+    r4 = a.run("a3", "print(n + 1)", state_closure=["n"])
+    assert r4.stdout == "2\n" and r4.ll["warm_hit"] and r4.ll["worker_pid"] == r3.ll["worker_pid"]
+
+
+def test_a_worker_is_never_evicted_before_its_save_committed(env):
+    a = env.client(slots=1, extra=WARM)
+    b = env.client(slots=1, extra=WARM)
+    go = os.path.join(env.tmp, "go")
+    # Pickling `s` blocks until the test says so: the save is slow, and the pool must wait for it.
+    a.submit("slow", "class Slow:\n    def __reduce__(self):\n        import os, time\n"
+                     "        while not os.path.exists(%r): time.sleep(0.01)\n        return (int, (7,))\n"
+                     "s = Slow()" % go, defines=["s", "Slow"])
+    pid = _next_of(a, "slow", ("started",))["pid"]
+    wait_for(lambda: _workers(b).get(pid, {}).get("state") == "saving", 30, "the save to start")
+    b.submit("other", "print('other')")
+    ev = _next_of(b, "other", ("wait",))
+    assert ev["slots"] == 1
+    assert _workers(b)[pid]["state"] == "saving" and pid_alive(pid)
+    open(go, "w").close()
+    ra = a.collect("slow")[-1]
+    assert ra["content"]["status"] == "ok" and "s" in ra["metadata"]["looseleaf"]["saved"], ra
+    rb = b.collect("other")
+    assert rb[-1]["content"]["status"] == "ok" and "other" in "".join(e.get("text", "") for e in rb)
+    wait_for(lambda: not pid_alive(pid), 10, "the saved worker to be evicted")
+    assert a.run("check", "print(s)", state_closure=["s"]).stdout == "7\n"
+
+
+def test_prefetch_prepares_the_next_cell(env):
+    c = env.client(slots=3, extra=WARM)
+    assert c.run("a", "w = 41", defines=["w"]).ok
+    # Another session (client) prefetches: a fresh worker restores the closure, runs nothing.
+    d = env.client(extra=WARM)
+    d.send(op="prefetch", id="p1", session=env.session, store_dir=env.store_dir, redis_url=env.redis_url,
+           state_closure=["w"], import_closure=["numpy"], import_stmts=["import numpy as np"])
+    p = _next_of(d, "p1", ("prefetched",))
+    assert p["ok"] and not p["warm_hit"] and p["restored"] == ["w"], p
+    w = _workers(d)[p["worker_pid"]]
+    assert w["state"] == "speculative" and w["cells"] == 0, w
+    r = d.run("r", "print(w + 1, np.__name__)", state_closure=["w"], import_stmts=["import numpy as np"])
+    assert r.stdout == "42 numpy\n", r.events
+    assert r.ll["warm_hit"] and r.ll["prepared_by_prefetch"] and r.ll["worker_pid"] == p["worker_pid"]
+    assert r.ll["restored"] == [] and r.ll["fork_ms"] == 0, r.ll
+    # A prefetch for a session whose worker is warm re-checks versions only.
+    d.send(op="prefetch", id="p2", session=env.session, store_dir=env.store_dir, redis_url=env.redis_url,
+           state_closure=["w"])
+    p2 = _next_of(d, "p2", ("prefetched",))
+    assert p2["ok"] and p2["warm_hit"] and p2["restored"] == [] and p2["worker_pid"] == p["worker_pid"], p2
+    # Cancelling a prefetch whose worker never ran a cell lets that worker go.
+    e = env.client(extra=WARM)
+    e.send(op="prefetch", id="p3", session=env.session, store_dir=env.store_dir, redis_url=env.redis_url,
+           state_closure=["w"])
+    p3 = _next_of(e, "p3", ("prefetched",))
+    assert p3["ok"], p3
+    e.send(op="cancel", id="p3")
+    wait_for(lambda: not pid_alive(p3["worker_pid"]), 10, "the speculative worker to go")
+
+
+def test_prefetch_never_evicts_and_is_refused_without_warm_workers(env):
+    c = env.client(slots=1, extra=WARM)
+    assert c.run("a", "k = 1", defines=["k"]).ok
+    d = env.client(slots=1, extra=WARM)
+    d.send(op="prefetch", id="p", session=env.session, store_dir=env.store_dir, state_closure=["k"])
+    p = _next_of(d, "p", ("prefetched",))
+    assert not p["ok"] and p["skipped"] == "no free GPU slot", p
+    assert len(_workers(c)) == 1
+
+
+def test_prefetch_refused_by_a_pool_without_warm_workers(env):
+    c = env.client()
+    c.send(op="prefetch", id="p", session=env.session, store_dir=env.store_dir)
+    ev = _next_of(c, "p", ("error",))
+    assert "warm workers are off" in ev["error"]
+    r = c.run("a", "1")
+    assert r.ok and r.ll["stays_warm"] is False
+    wait_for(lambda: not pid_alive(r.ll["worker_pid"]), 10, "the worker to exit after its cell")
+
+
+def test_idle_timeout_and_client_exit_end_warm_workers_and_log_gpu_seconds(env):
+    c = env.client(extra=["--warm-idle", "1"])
+    r = c.run("a", "1")
+    wait_for(lambda: not pid_alive(r.ll["worker_pid"]), 15, "the idle warm worker to leave")
+    assert "idle timeout" in env.log()
+    d = env.client(extra=WARM)
+    r = d.run("b", "import time\ntime.sleep(0.3)")
+    pid = r.ll["worker_pid"]
+    sess = [s for s in d.stats()["sessions"] if s["session"] == env.session]
+    mine = max(sess, key=lambda s: s["gpu_held_s"])
+    assert 0.3 <= mine["gpu_held_s"] <= mine["connected_s"] and 0 < mine["held_share"] <= 1, sess
+    d.close()
+    wait_for(lambda: not pid_alive(pid), 10, "the warm worker of a client that left")
+    wait_for(lambda: "session %s: GPU held" % env.session in env.log(), 10, "the session line")
+    line = [l for l in env.log().splitlines() if "session %s: GPU held" % env.session in l][-1]
+    assert "s connected (" in line and "%)" in line, line
