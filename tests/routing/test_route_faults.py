@@ -46,12 +46,29 @@ def _unchanged(ll):
 
 
 def test_worker_sigkilled_while_executing(ll, committed):
-    reply, msgs = execute(ll, "import os\nfk.add_(1)\nfk_n = 2\nprint('about to die', flush=True)\n"
+    reply, msgs = execute(ll, "import os\nfk.add_(1)\nfk_n = 2\nfk_new = fk * 2\nprint('about to die', flush=True)\n"
                               "os.kill(os.getpid(), 9)")
     assert ll_md(reply)["route"] == "gpu"
     assert stream_text(msgs) == "about to die\n"
     _worker_died(ll, reply, msgs)
     _unchanged(ll)
+    # What the dead worker defined was never committed.
+    reply, _ = execute(ll, "fk_new")
+    assert reply["content"]["ename"] == "NameError", reply["content"]
+
+
+def test_requests_queued_behind_a_failed_gpu_cell_are_aborted(ll, committed):
+    """As in ipykernel (stop_on_error): execute requests already queued when a cell fails are aborted."""
+    first = send_execute(ll, "import torch\nfk_q = torch.zeros(1)\nraise RuntimeError('first fails')")
+    second = send_execute(ll, "fk_n = 99")
+    r1 = ll.reply(first, timeout=GPU_TIMEOUT)
+    r2 = ll.reply(second, timeout=GPU_TIMEOUT)
+    assert r1["content"]["ename"] == "RuntimeError" and ll_md(r1)["route"] == "gpu", r1["content"]
+    assert r2["content"]["status"] == "aborted", r2["content"]
+    ll.iopub_until_idle(second)
+    _unchanged(ll)
+    _, msgs = run_route(ll, "print(fk_q)", "gpu")
+    assert stream_text(msgs) == "tensor([0.])\n"
 
 
 @pytest.mark.parametrize("stage", ["restore", "save"])
@@ -96,6 +113,24 @@ def test_interrupt_during_gpu_cell(ll, committed):
     assert [m["content"]["ename"] for m in msgs if m["msg_type"] == "error"] == ["KeyboardInterrupt"]
     _, msgs = run_route(ll, "print(fk_i, fk + 1)", "gpu")
     assert stream_text(msgs) == "tensor([7.]) tensor([2., 2.])\n"
+
+
+def test_message_mode_interrupt_during_gpu_cell(jupyter_env):
+    """The same through an interrupt_request on the control channel (kernelspec interrupt_mode message)."""
+    k = Kernel("looseleaf-msgint")
+    try:
+        msg_id = send_execute(k, "import time, torch\nmi = torch.ones(1)\nprint('sleeping', flush=True)\n"
+                                 "time.sleep(60)")
+        k.iopub_next(msg_id, lambda m: m["msg_type"] == "stream" and "sleeping" in m["content"]["text"],
+                     timeout=GPU_TIMEOUT)
+        k.km.interrupt_kernel()
+        reply = k.reply(msg_id, timeout=30)
+        assert reply["content"]["ename"] == "KeyboardInterrupt" and ll_md(reply)["route"] == "gpu", reply
+        k.iopub_until_idle(msg_id)
+        _, msgs = run_route(k, "print(mi + 1)", "gpu")
+        assert stream_text(msgs) == "tensor([2.])\n"
+    finally:
+        k.stop()
 
 
 def test_input_in_gpu_cell(ll):

@@ -97,6 +97,23 @@ def test_slot_wait_is_reported(jupyter_env, tmp_path):
         md = ll_md(rb)
         assert md["route"] == "gpu" and md["wait_ms"] > 0, md
         assert len(pool_pids(pool_dir)) == 1
+
+        # A cell interrupted while it waits for the slot ends at once with KeyboardInterrupt.
+        go2 = str(tmp_path / "go2")
+        a_id = send_execute(a, HOLD % (go2, ""))
+        a_worker = _holding_pid(a, a_id)
+        b_id = send_execute(b, "import torch\nwaited = torch.ones(1)")
+        b.iopub_next(b_id, lambda m: m["msg_type"] == "stream" and "every GPU slot is in use"
+                     in m["content"]["text"], timeout=GPU_TIMEOUT)
+        b.km.interrupt_kernel()
+        rb = b.reply(b_id, timeout=30)
+        assert rb["content"]["ename"] == "KeyboardInterrupt", rb["content"]
+        b.iopub_until_idle(b_id)
+        assert alive(a_worker)   # b's cell ended while a still held the only slot
+        open(go2, "w").close()
+        assert a.reply(a_id, timeout=GPU_TIMEOUT)["content"]["status"] == "ok"
+        reply, _ = execute(b, "waited")
+        assert reply["content"]["ename"] == "NameError", reply["content"]
     finally:
         for k in ks:
             k.stop()
