@@ -106,10 +106,11 @@ json_t *ll_route_plan_closure(const ll_route_plan_t *plan)
 {
     if (!plan || !plan->closure)
         return NULL;
-    return json_pack("{s:o, s:o, s:o}", "state",
+    return json_pack("{s:o, s:o, s:o, s:o}", "state",
                      s_strs_json(ll_analysis_closure_state(plan->closure)), "writes",
                      s_strs_json(ll_analysis_closure_writes(plan->closure)), "deletes",
-                     s_strs_json(ll_analysis_closure_deletes(plan->closure)));
+                     s_strs_json(ll_analysis_closure_deletes(plan->closure)), "import_stmts",
+                     s_strs_json(ll_analysis_closure_import_stmts(plan->closure)));
 }
 
 json_t *ll_route_plan_json(const ll_route_plan_t *plan, const char *route)

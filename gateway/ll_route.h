@@ -57,7 +57,7 @@ ll_route_plan_t *ll_route_plan(ll_route_t *self, const char *code, size_t len);
 /* Whether the plan sends the cell to a worker (labelled GPU). */
 bool ll_route_is_gpu(const ll_route_plan_t *plan);
 
-/* {state, writes, deletes} of the cell's closure (a new object), for the
+/* {state, writes, deletes, import_stmts} of the cell's closure (a new object), for the
  * interpreter's coherence bookkeeping; NULL when the cell did not parse. */
 json_t *ll_route_plan_closure(const ll_route_plan_t *plan);
 

@@ -505,11 +505,12 @@ def test_store_module_is_built_in(proc):
     assert _stream_text(msgs) == "True _llstore\n"
 
 
-def test_routing_switch_reports_analysis(tmp_path):
-    # LOOSELEAF_GPU_ROUTING=1 (off by default): every cell is analysed and
-    # the reply metadata carries label and closures.  Running GPU cells on
-    # workers is not wired yet: the route stays "cpu".
-    p = Proc(tmp_path, env={"LOOSELEAF_GPU_ROUTING": "1"})
+def test_routing_reports_route_and_analysis(tmp_path):
+    # Routing is on by default: every cell is analysed, the reply metadata
+    # carries route, label and closures, and GPU-labelled cells run on a
+    # worker of the host pool (tests/routing covers that path in depth).
+    # (the run's private pool: tests/conftest.py)
+    p = Proc(tmp_path)
     try:
         def meta(code):
             msg_id = p.kc.execute(code)
@@ -523,17 +524,22 @@ def test_routing_switch_reports_analysis(tmp_path):
         second = meta("z = y + 1")
         assert second["closure"]["state_closure"] == ["y"]
         gpu = meta("import torch\nt = torch.zeros(2) + z")
-        assert gpu["label"] == "gpu" and gpu["route"] == "cpu" and "not wired" in gpu["note"]
+        assert gpu["label"] == "gpu" and gpu["route"] == "gpu", gpu
+        assert gpu["worker_pid"] != p.p.pid
         bad = meta("%%cpu\nprint(1)")
         assert bad["label"] == "cpu"
     finally:
         p.close()
 
 
-def test_routing_is_off_by_default(proc):
-    msg_id = proc.kc.execute("x = 1")
-    while True:
-        m = proc.kc.get_shell_msg(timeout=TIMEOUT)
-        if m["parent_header"].get("msg_id") == msg_id:
-            break
-    assert "looseleaf" not in m["metadata"]
+def test_routing_can_be_turned_off(tmp_path):
+    p = Proc(tmp_path, env={"LOOSELEAF_GPU_ROUTING": "0"})
+    try:
+        msg_id = p.kc.execute("import torch\nx = torch.ones(1)")
+        while True:
+            m = p.kc.get_shell_msg(timeout=TIMEOUT)
+            if m["parent_header"].get("msg_id") == msg_id:
+                break
+    finally:
+        p.close()
+    assert m["content"]["status"] == "ok" and "looseleaf" not in m["metadata"]

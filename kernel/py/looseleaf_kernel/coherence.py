@@ -67,6 +67,10 @@ def _dotted(node):
 _OWNER = "owner"  # in a store dir: "<kernel pid> <session>", for _sweep
 
 
+def node_module(node):
+    return ast.Module(body=[node], type_ignores=[])
+
+
 def _alive(pid):
     """Whether process PID exists and is not a zombie (a killed kernel its parent has not reaped yet)."""
     try:
@@ -217,10 +221,28 @@ class Coherence:
         return rep
 
     # ---- around CPU cells ----------------------------------------------------------------------------
+    def _imports(self, stmts):
+        """Run the import statements that bind names the cell reads and the namespace lacks (a GPU cell
+        on a worker imported them there)."""
+        ns = self.shell.user_ns
+        for stmt in stmts or []:
+            try:
+                node = ast.parse(stmt).body[0]
+                names = [(a.asname or a.name.split(".")[0]) for a in node.names]
+            except (SyntaxError, IndexError, AttributeError, ValueError):
+                continue
+            if all(n in ns for n in names):
+                continue
+            try:
+                exec(compile(node_module(node), "<looseleaf import>", "exec"), ns)
+            except BaseException:  # noqa: BLE001 - the cell meets the same error itself
+                log.info("import for a CPU cell failed: %s", stmt, exc_info=True)
+
     def before_cpu(self, plan):
-        """Refresh the cell's closure from the store where a worker changed it; remember the namespace.
-        Returns the refresh's report for execute_reply.metadata.looseleaf."""
+        """Refresh the cell's closure from the store where a worker changed it, and bring in the imports
+        it reads; remember the namespace.  Returns the refresh's report for metadata.looseleaf."""
         out = {}
+        self._imports(plan.get("import_stmts"))
         if self.cp is not None:
             t0 = time.perf_counter()
             names = [n for n in plan.get("state") or [] if n not in self.dirty]
