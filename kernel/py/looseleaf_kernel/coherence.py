@@ -7,8 +7,8 @@ only through the store, lazily, and this object keeps the two sides coherent:
 * After a CPU cell, every name the cell may have changed is *dirty*: the kernel's copy is newer than the
   store's.  That is the analysis' writes, deletes and state closure (a method call can change an object in
   place without the analysis seeing it) plus whatever the namespace shows rebound or deleted.
-* Before a GPU cell the dirty names of its state closure reach the store in one commit, with the process
-  state (cwd, env, sys.path, RNGs, torch dtype / grad mode; looseleaf_zygote.procstate).  A closure name
+* Before a GPU cell the dirty names reach the store in one commit (all of them, so that the store knows
+  what they share with the cell's closure), with the process state (cwd, env, sys.path, RNGs, torch dtype / grad mode; looseleaf_zygote.procstate).  A closure name
   that cannot be saved makes the gateway run the cell here instead, with a one-line notice.
 * After a GPU cell the names its worker deleted leave the namespace; the ones it saved are no longer
   dirty (the store's copy is now the newer one) and the cell enters IPython's history and counter.
@@ -329,13 +329,14 @@ class Coherence:
             return {"fallback": "the checkpoint store cannot start (%s)" % _reason(e)}
         ns = self.shell.user_ns
         state = set(self._saveable(plan.get("state") or []))
-        # Dirty closure names, and every dirty name the kernel deleted (a delete costs nothing and keeps
-        # the store from handing a worker a variable the session no longer has).
-        # Closure names the kernel holds no stored copy of (defined before tracking began, by a startup
-        # file) count as dirty too.
+        # Every dirty name, not only the closure's: the store must know what the kernel's variables share
+        # (b = a on a CPU cell, then a GPU cell mutating a): a worker's save re-commits the dependents of
+        # what it changed, and a later refresh here then brings b back as the same object as a.  Names
+        # deleted here are deletes.  Closure names the kernel holds no stored copy of (defined before
+        # tracking began, by a startup file) count as dirty too.
         held = self.cp.held()
         fresh = {n for n in state if n in ns and n not in held}
-        names = sorted((self.dirty & state) | fresh | {n for n in self.dirty if n not in ns})
+        names = sorted(self.dirty | fresh)
         procstate = self._procstate()
         # The process state a worker left comes here first: saving ours over it would undo the chdir or
         # seed of an earlier GPU cell (a CPU cell in between has pulled it already: then a no-op).
