@@ -64,8 +64,9 @@ _SAVED_ENV = {k: os.environ.get(k) for k in _ENV}
 
 
 def _install_environment():
-    for path in _ENV.values():
-        if path.startswith(_ROOT):
+    for key, path in _ENV.items():
+        # (the pool makes its own directory, 0700, and refuses any other)
+        if path.startswith(_ROOT) and key != "LOOSELEAF_POOL_DIR":
             os.makedirs(path, exist_ok=True)
     for name, spec in _kernelspecs().items():
         kdir = os.path.join(_ENV["JUPYTER_PATH"], "kernels", name)
