@@ -12,7 +12,10 @@ Prints, in one run:
   the worker fork latency from the base zygote (trivial cells);
   the same GPU cells on the naive path: a fresh /usr/bin/python3 that imports torch and numpy from scratch and
   loads the whole namespace with plain pickle, timed from spawn to ready;
-  the ratio naive / cold preparation.  Target: cold preparation at least 10x faster.
+  the ratio naive / cold preparation.  Target: cold preparation at least 10x faster;
+  the same session again on a pool with warm workers (--warm-idle, issue 6): per GPU cell whether it was a warm
+  hit and its preparation (a hit forks nothing and restores only what moved), the hit rate, and the median
+  preparation of hits against the cold one (no target yet: the kernel-level bench of issue 6 sets them).
 Restore maps payloads copy-on-write (no copy): the first touch of restored pages is paid inside the cell
 (exec ms), as MEASURED.md describes for 4 KiB pages.  LL_BENCH_RAW_MB changes the size of the unread array (default 256).
 """
@@ -82,9 +85,53 @@ def main():
     with tempfile.TemporaryDirectory(prefix="ll-bench-zyg-") as tmp:
         env = Env(tmp)
         try:
-            run(env, tmp)
+            med_cold = run(env, tmp)
         finally:
             env.close()
+    with tempfile.TemporaryDirectory(prefix="ll-bench-zyg-warm-") as tmp:
+        env = Env(tmp)
+        try:
+            run_warm(env, med_cold)
+        finally:
+            env.close()
+
+
+def run_warm(env, med_cold):
+    """The session again, on a pool whose workers stay warm: the CPU cells commit between GPU cells (so a
+    warm worker re-checks versions and restores what they changed), the GPU cells hit the session's worker."""
+    store = _llstore.Store(env.store_dir, env.session, redis_url=env.redis_url)
+    ns = {"np": np, "torch": torch}
+    cp = Checkpointer(store, ns)
+    c = env.client(head=HEAD, slots=1, extra=["--warm-idle", "300"])
+    stmts = ["import numpy as np", "import torch"]
+    rows = []
+    for i, (kind, code, closure, defines) in enumerate(SESSION):
+        if kind == "cpu":
+            rep = cp.restore(closure) if closure else None
+            assert rep is None or not rep.failed, rep
+            exec(compile(code, "<cpu cell %d>" % i, "exec"), ns)
+            srep = cp.save(defines)
+            assert not srep.failed and not srep.error, srep
+            continue
+        cell = c.run("w%d" % i, code, state_closure=closure, defines=defines, import_closure=["torch", "numpy"],
+                     import_stmts=stmts)
+        assert cell.ok, cell.events
+        ll = cell.ll
+        prep = ll["prep_ms"]
+        rows.append((i, bool(ll.get("warm_hit")), prep["fork"], prep["import"], prep["restore"],
+                     prep["fork"] + prep["import"] + prep["restore"], ll["bytes_restored"], ll["exec_ms"]))
+    print("  the same GPU cells on a pool with warm workers (--warm-idle)")
+    print("  %-5s %5s %8s %8s %9s %9s %11s %8s" % ("cell", "hit", "fork ms", "imp ms", "rest ms", "prep ms",
+                                                  "restored B", "exec ms"))
+    for r in rows:
+        print("  %-5d %5s %8.1f %8.1f %9.1f %9.1f %11d %8.1f" % (r[0], "yes" if r[1] else "no", *r[2:]))
+    hits = [r for r in rows if r[1]]
+    med_hit = statistics.median(r[5] for r in hits) if hits else float("nan")
+    print("  warm hits %d of %d GPU cells; warm-hit preparation median %.1f ms vs cold %.1f ms (%.1fx)" % (
+        len(hits), len(rows), med_hit, med_cold, med_cold / med_hit if hits and med_hit > 0 else float("nan")))
+    print(json.dumps({"bench": "zygote_warm", "hit_rate": len(hits) / len(rows), "warm_prep_ms_median": med_hit,
+                      "cold_prep_ms_median": med_cold}))
+    store.close()
 
 
 def run(env, tmp):
@@ -139,6 +186,7 @@ def run(env, tmp):
     print(json.dumps({"bench": "zygote", "cold_prep_ms_median": med_cold, "naive_prep_ms_median": med_naive,
                       "ratio": ratio, "fork_ms_median": statistics.median(forks)}))
     store.close()  # Env.close drops the session (its pool in /dev/shm) with its keys
+    return med_cold
 
 
 if __name__ == "__main__":
