@@ -171,6 +171,7 @@ class Coherence:
                 f.write("%d %s\n" % (os.getpid(), self.session))
             self.store = _llstore.Store(self.dir, self.session)
             self.cp = Checkpointer(self.store, self.shell.user_ns)
+            self.cp.cpu_only = True  # a CUDA tensor refreshed here comes back on the CPU: no context here
         except BaseException:
             self.close()
             raise
@@ -371,8 +372,19 @@ class Coherence:
                 shell.history_manager.store_inputs(count, code, code)
             except Exception:  # noqa: BLE001 - history is a convenience, the cell ran
                 log.warning("cannot record a GPU cell in the history", exc_info=True)
-            shell.execution_count = count + 1
         ns = shell.user_ns
+        out_name = "_%d" % count if isinstance(count, int) else None
+        if out_name and out_name in (info.get("saved") or []) and self.cp is not None:
+            # The cell's result (saved by its worker as _N): into Out, _, __, ___ as IPython's displayhook
+            # would have put it here.
+            try:
+                rep = self.cp.restore([out_name])
+                if out_name in ns and not rep.failed:
+                    shell.displayhook.update_user_ns(ns[out_name])
+            except Exception:  # noqa: BLE001 - the output was shown; only the history misses it
+                log.warning("cannot bring a GPU cell's result into the output history", exc_info=True)
+        if isinstance(count, int) and not info.get("silent"):
+            shell.execution_count = count + 1
         for n in info.get("deleted") or []:
             if isinstance(n, str):
                 ns.pop(n, None)

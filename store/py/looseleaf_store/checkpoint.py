@@ -179,6 +179,9 @@ class Checkpointer:
         self._mapped_purge = 64
         self._pinned = None  # pinned host buffer for device-to-pool copies (CUDA hosts only)
         self._put_dirty = True  # whether put_payload takes dirty= (regions known written)
+        # Restore CUDA tensors on the CPU without asking CUDA anything: the kernel process, which must
+        # never hold a CUDA context (only workers do), sets this.
+        self.cpu_only = False
         self._wp = wptrack.tracker()  # write tracking of this process's own big payloads
         self._untrackable = set()  # (address, nbytes) that arm() refused (shared memory, ...)
         self._region_bytes = getattr(sys.modules.get(type(store).__module__), "REGION_BYTES", 2 << 20)
@@ -599,7 +602,7 @@ class Checkpointer:
         t = torch.from_numpy(base) if base.size else torch.empty(0, dtype=torch.uint8)
         device = meta[3]
         if device.startswith("cuda"):
-            if torch.cuda.is_available():
+            if not self.cpu_only and torch.cuda.is_available():
                 t = _to_device(torch, t, device)
             else:
                 rep.warnings.append("%s: a %s tensor was restored on the CPU (no CUDA here)" % (name, device))

@@ -305,6 +305,10 @@ def worker_finish(arg):
             names.add(k)
     names |= {k for k in _before if k not in after}
     names = {n for n in names if not isinstance(ns.get(n), type(sys))}
+    # The cell's result (_N, set by the displayhook) goes too: the kernel puts it into its Out, _, __.
+    count = job.get("execution_count")
+    if isinstance(count, int) and ("_%d" % count) in ns:
+        names.add("_%d" % count)
     if (job.get("fault") or "") == "save":
         # Die inside the commit: after the payloads went into the pool, just before Redis' EXEC.
         os.environ["LL_STORE_FAULT"] = "before_commit"
