@@ -282,6 +282,12 @@ static const char *s_signame(int sig)
 static void s_reply_error(int r, const char *ename, const char *evalue)
 {
     s_run_t *run = &P.runs[r];
+    if (run->prefetch) {
+        /* A prefetch is answered by "prefetched", whatever went wrong. */
+        s_send_client(run->client, json_pack("{s:s, s:s, s:b, s:s, s:s}", "type", "prefetched", "id", run->id, "ok",
+                                             0, "ename", ename, "error", evalue));
+        return;
+    }
     json_t *tb = json_pack("[s]", evalue);
     json_t *content = json_pack("{s:s, s:s, s:s, s:o, s:O, s:{}, s:[]}", "status", "error", "ename", ename,
                                 "evalue", evalue, "traceback", tb, "execution_count",

@@ -250,3 +250,14 @@ def test_idle_timeout_and_client_exit_end_warm_workers_and_log_gpu_seconds(env):
     wait_for(lambda: "session %s: GPU held" % env.session in env.log(), 10, "the session line")
     line = [l for l in env.log().splitlines() if "session %s: GPU held" % env.session in l][-1]
     assert "s connected (" in line and "%)" in line, line
+
+
+def test_a_worker_whose_namespace_differs_from_the_store_does_not_stay(env):
+    # A generator cannot be saved: the worker's namespace would hold what the store does not, so it leaves.
+    c = env.client(extra=WARM)
+    r = c.run("g", "gen = (i for i in range(3))\nok = 1", defines=["gen", "ok"])
+    assert r.ll["stays_warm"] is False and "gen" in r.ll["save_failed"], r.ll
+    wait_for(lambda: not pid_alive(r.ll["worker_pid"]), 10, "the worker to leave")
+    r2 = c.run("h", "print(ok, 'gen' in dir())", state_closure=["ok"])
+    assert r2.stdout == "1 False\n" and not r2.ll["warm_hit"], r2.events
+    assert r2.ll["stays_warm"] is True
