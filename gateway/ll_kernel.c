@@ -82,7 +82,12 @@ static struct {
     bool control_started, hb_started;
     json_t *kernel_info;        /* cached kernel_info_reply content; read-only once set */
     long long exec_count;       /* last execution_count the interpreter replied; main thread */
-    zlist_t *to_abort;          /* raw shell messages queued when an execute failed; main thread */
+    zlist_t *to_abort;          /* decoded shell requests taken when an execute failed; main thread */
+    zlist_t *queued;            /* decoded shell requests read ahead (prefetch hints); main thread */
+    char *hint;                 /* latest edit-time hint's code, waiting out the debounce; main thread */
+    double hint_at;             /* when it came (ll_route_now_ms) */
+    zlist_t *prefetch_comms;    /* comm ids opened on the looseleaf.prefetch target; main thread */
+    atomic_bool interrupted;    /* SIGINT since the main thread last looked: drop speculative work */
     ll_route_t *route;          /* cell analysis and GPU routing, NULL when off; main thread */
     atomic_bool allow_stdin;    /* of the execute_request now running */
     atomic_bool shutdown;       /* a shutdown_request was answered */
@@ -256,6 +261,8 @@ static char *s_interp_call(const ll_msg_t *req, char **md_text)
     return reply;
 }
 
+static void s_hint_from(const ll_msg_t *req);
+
 /* Forward a request to the interpreter and send its reply, if it has one. */
 static void s_on_interp(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
 {
@@ -264,6 +271,7 @@ static void s_on_interp(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
     char *md_text = NULL;
     char *reply_text = s_interp_call(req, &md_text);
     s_collect_output();
+    s_hint_from(req);
     if (!has_reply) {
         free(reply_text);
         free(md_text);
@@ -288,6 +296,29 @@ static void s_on_interp(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
 
 static void s_dispatch(ll_msg_t *req, s_chan_t chan, zsock_t *sock);
 
+/* The next request waiting on shell, decoded (receive timeout 0: never
+ * waits), or NULL.  Undecodable messages are logged and dropped here. */
+static ll_msg_t *s_recv_shell(void)
+{
+    char why[256];
+    zmsg_t *raw;
+    while ((raw = zmsg_recv(s_k.shell))) {
+        ll_msg_t *req = ll_session_decode(s_k.session, &raw, why, sizeof why);
+        if (req)
+            return req;
+        ll_warn("kernel", "dropped a message on shell: %s", why);
+    }
+    return NULL;
+}
+
+static void s_drop_requests(zlist_t **list_p)
+{
+    ll_msg_t *req;
+    while (*list_p && (req = zlist_pop(*list_p)))
+        ll_msg_destroy(&req);
+    zlist_destroy(list_p);
+}
+
 /* After an error with stop_on_error, every execute_request already queued
  * on shell is answered "aborted" (ipykernel drains what is queued at that
  * moment).  "That moment" is before the error reply leaves: a request the
@@ -297,26 +328,22 @@ static void s_take_queue(void)
 {
     if (!s_k.to_abort && !(s_k.to_abort = zlist_new()))
         return;
-    zmsg_t *raw;
-    while ((raw = zmsg_recv(s_k.shell))) /* receive timeout 0: never waits */
-        zlist_append(s_k.to_abort, raw);
+    ll_msg_t *req;
+    while (s_k.queued && (req = zlist_pop(s_k.queued))) /* read ahead: first in line */
+        zlist_append(s_k.to_abort, req);
+    while ((req = s_recv_shell()))
+        zlist_append(s_k.to_abort, req);
 }
 
 /* Execute requests in the taken queue get "aborted" (with busy/idle); other
  * requests in it are served normally, in order. */
 static void s_abort_taken(void)
 {
-    char why[256];
     int aborted = 0;
-    zmsg_t *raw;
-    while (s_k.to_abort && (raw = zlist_pop(s_k.to_abort))) {
+    ll_msg_t *req;
+    while (s_k.to_abort && (req = zlist_pop(s_k.to_abort))) {
         if (atomic_load(&s_k.shutdown) || s_k.terminate) {
-            zmsg_destroy(&raw);
-            continue;
-        }
-        ll_msg_t *req = ll_session_decode(s_k.session, &raw, why, sizeof why);
-        if (!req) {
-            ll_warn("kernel", "dropped a message on shell: %s", why);
+            ll_msg_destroy(&req);
             continue;
         }
         if (strcmp(req->msg_type, "execute_request") == 0) {
@@ -342,12 +369,12 @@ static bool s_stopping(void)
 }
 
 /* Call one of the interpreter's own requests (looseleaf_before_gpu, ...)
- * with CONTENT (borrowed) under REQ's header; the answer as a new object,
- * NULL when there is none. */
+ * with CONTENT (borrowed) under REQ's header (REQ NULL: none); the answer
+ * as a new object, NULL when there is none. */
 static json_t *s_interp_own(const char *msg_type, const json_t *content, const ll_msg_t *req)
 {
     char *ctext = json_dumps(content, JSON_COMPACT);
-    char *htext = json_dumps(req->header, JSON_COMPACT);
+    char *htext = req ? json_dumps(req->header, JSON_COMPACT) : strdup("{}");
     char *out = ctext && htext ? ll_interp_handle(msg_type, ctext, htext, NULL) : NULL;
     free(ctext);
     free(htext);
@@ -367,8 +394,8 @@ static json_t *s_interp_own(const char *msg_type, const json_t *content, const l
  * *REPLY_P / *MD_P set when it ran there; false when it must run in the
  * interpreter instead, *WHY_P saying why (for the notice and the
  * metadata). */
-static bool s_execute_on_worker(ll_msg_t *req, ll_route_plan_t *plan, json_t **reply_p,
-                                json_t **md_p, json_t **why_p)
+static bool s_execute_on_worker(ll_msg_t *req, ll_route_plan_t *plan, double t_run,
+                                json_t **reply_p, json_t **md_p, json_t **why_p)
 {
     json_t *closure = ll_route_plan_closure(plan);
     if (closure)
@@ -387,7 +414,7 @@ static bool s_execute_on_worker(ll_msg_t *req, ll_route_plan_t *plan, json_t **r
     }
     ll_route_io_t io = {.iopub = s_k.iopub, .session = s_k.session, .stdin_sock = s_k.stdin_sock,
                         .stdin_lock = &s_k.stdin_lock, .intr_fd = s_k.intr_fd,
-                        .stopping = s_stopping};
+                        .stopping = s_stopping, .t_run = t_run};
     char err[512];
     s_eventfd_drain(s_k.intr_fd); /* an interrupt from before this cell is not for it */
     if (ll_route_run_gpu(s_k.route, plan, req, sync, &io, reply_p, md_p, err, sizeof err) < 0) {
@@ -418,6 +445,136 @@ static bool s_execute_on_worker(ll_msg_t *req, ll_route_plan_t *plan, json_t **r
     return true;
 }
 
+/* ---- edit-time prefetch (issue 6) ----------------------------------------
+ *
+ * Requests that carry draft code are hints: complete, inspect and
+ * is_complete requests, messages on a looseleaf.prefetch comm, and
+ * execute_requests read ahead while a CPU cell is about to run.  A hint
+ * waits out a debounce (LOOSELEAF_PREFETCH_DEBOUNCE_MS, default 250; the
+ * latest hint wins), then a GPU-labelled one makes the interpreter commit
+ * what CPU cells changed and the host pool prepare the session's worker.
+ * The run re-checks versions, so a stale prefetch costs time, never
+ * correctness; abort, stop_on_error and interrupt cancel it. */
+
+static double s_debounce_ms(void)
+{
+    const char *v = getenv("LOOSELEAF_PREFETCH_DEBOUNCE_MS");
+    char *end;
+    double ms = v ? strtod(v, &end) : 250;
+    return v && (end == v || ms < 0) ? 250 : ms;
+}
+
+static void s_hint(const char *code)
+{
+    if (!s_k.route || !code)
+        return;
+    free(s_k.hint);
+    s_k.hint = strdup(code);
+    s_k.hint_at = ll_route_now_ms();
+}
+
+/* Prefetch for CODE now, if it is a GPU cell. */
+static void s_prefetch(const char *code, const ll_msg_t *req)
+{
+    ll_route_plan_t *plan = ll_route_plan(s_k.route, code, strlen(code));
+    if (ll_route_is_gpu(plan)) {
+        json_t *closure = ll_route_plan_closure(plan);
+        if (closure)
+            json_object_set_new(closure, "code", json_string(code));
+        json_t *sync = closure ? s_interp_own("looseleaf_before_gpu", closure, req) : NULL;
+        json_decref(closure);
+        char err[256];
+        if (sync && !json_object_get(sync, "fallback") &&
+            ll_route_prefetch(s_k.route, plan, sync, err, sizeof err) < 0)
+            ll_info("kernel", "prefetch not sent: %s", err);
+        json_decref(sync);
+    }
+    ll_route_plan_free(&plan);
+}
+
+/* The debounce of the pending hint is over: act on it. */
+static void s_hint_due(void)
+{
+    char *code = s_k.hint;
+    s_k.hint = NULL;
+    if (code)
+        s_prefetch(code, NULL);
+    free(code);
+}
+
+/* Milliseconds until the pending hint is due; -1 when none. */
+static long s_hint_timeout(void)
+{
+    if (!s_k.hint)
+        return -1;
+    double left = s_k.hint_at + s_debounce_ms() - ll_route_now_ms();
+    return left > 0 ? (long) left + 1 : 0;
+}
+
+/* Hints carried by a request served by the interpreter. */
+static void s_hint_from(const ll_msg_t *req)
+{
+    const char *t = req->msg_type;
+    if (!s_k.route)
+        return;
+    if (strcmp(t, "complete_request") == 0 || strcmp(t, "inspect_request") == 0 ||
+        strcmp(t, "is_complete_request") == 0) {
+        s_hint(ll_msg_content_str(req, "code"));
+        return;
+    }
+    const char *comm_id = ll_msg_content_str(req, "comm_id");
+    if (!comm_id)
+        return;
+    json_t *data = json_object_get(req->content, "data");
+    const char *code = json_string_value(json_object_get(data, "code"));
+    if (strcmp(t, "comm_open") == 0) {
+        const char *target = ll_msg_content_str(req, "target_name");
+        if (!target || strcmp(target, "looseleaf.prefetch") != 0)
+            return;
+        if (!s_k.prefetch_comms)
+            s_k.prefetch_comms = zlist_new();
+        if (s_k.prefetch_comms) {
+            zlist_autofree(s_k.prefetch_comms);
+            zlist_append(s_k.prefetch_comms, (void *) comm_id);
+        }
+        s_hint(code);
+        return;
+    }
+    bool ours = false;
+    for (char *id = s_k.prefetch_comms ? zlist_first(s_k.prefetch_comms) : NULL; id && !ours;
+         id = zlist_next(s_k.prefetch_comms))
+        ours = strcmp(id, comm_id) == 0;
+    if (!ours)
+        return;
+    if (strcmp(t, "comm_msg") == 0)
+        s_hint(code);
+    else if (strcmp(t, "comm_close") == 0)
+        for (char *id = zlist_first(s_k.prefetch_comms); id; id = zlist_next(s_k.prefetch_comms))
+            if (strcmp(id, comm_id) == 0) {
+                zlist_remove(s_k.prefetch_comms, id);
+                break;
+            }
+}
+
+/* Before a CPU cell runs: read the shell queue ahead; the first queued
+ * execute_request that is a GPU cell ("Run all") gets its worker prepared
+ * while this cell runs. */
+static void s_hint_queued(void)
+{
+    if (!s_k.route || (!s_k.queued && !(s_k.queued = zlist_new())))
+        return;
+    ll_msg_t *next;
+    while ((next = s_recv_shell()))
+        zlist_append(s_k.queued, next);
+    for (ll_msg_t *q = zlist_first(s_k.queued); q; q = zlist_next(s_k.queued))
+        if (strcmp(q->msg_type, "execute_request") == 0) {
+            const char *code = ll_msg_content_str(q, "code");
+            if (code && !json_is_true(json_object_get(q->content, "silent")))
+                s_prefetch(code, NULL);
+            break;
+        }
+}
+
 static void s_on_execute(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
 {
     json_t *content = req->content;
@@ -437,6 +594,9 @@ static void s_on_execute(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
     }
     char started[32];
     ll_wire_now(started);
+    double t_run = ll_route_now_ms();
+    free(s_k.hint); /* the Run itself supersedes a hint still waiting */
+    s_k.hint = NULL;
     ll_route_plan_t *plan =
         s_k.route ? ll_route_plan(s_k.route, json_string_value(code), json_string_length(code))
                   : NULL;
@@ -444,8 +604,10 @@ static void s_on_execute(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
     /* Silent cells are the frontend's own (%config, widget set-up): they
      * stay in the interpreter. */
     bool on_worker = plan && ll_route_is_gpu(plan) && !silent &&
-                     s_execute_on_worker(req, plan, &reply, &md, &why_not);
+                     s_execute_on_worker(req, plan, t_run, &reply, &md, &why_not);
     if (!on_worker) {
+        if (plan && !silent)
+            s_hint_queued();
         /* execute_input is published by the interpreter, which knows
          * IPython's execution_count before the cell runs.  With routing,
          * the cell's closure rides along in the request metadata (a
@@ -508,8 +670,10 @@ static void s_on_execute(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
         ll_route_done(s_k.route, &plan);
     }
     json_decref(why_not);
-    if (strcmp(status, "error") == 0 && stop_on_error && !silent)
+    if (strcmp(status, "error") == 0 && stop_on_error && !silent) {
         s_take_queue();
+        ll_route_cancel_prefetch(s_k.route); /* prepared for a cell that will not run */
+    }
     s_send_reply(sock, req, "execute_reply", reply, md);
 }
 
@@ -724,6 +888,7 @@ static void s_on_sigint(int sig)
 {
     int saved = errno;
     ll_interp_interrupt(); /* no-op when idle: an idle SIGINT is ignored */
+    atomic_store(&s_k.interrupted, true); /* speculative work goes (main thread) */
     s_eventfd_signal(s_k.intr_fd);
     errno = saved;
 }
@@ -823,30 +988,37 @@ static int s_cache_kernel_info(char *err, size_t errlen)
 
 static void s_shell_loop(void)
 {
-    char why[256];
-    zmq_pollitem_t items[2] = {{zsock_resolve(s_k.shell), 0, ZMQ_POLLIN, 0},
-                               {NULL, s_k.wake_fd, ZMQ_POLLIN, 0}};
     while (!atomic_load(&s_k.shutdown) && !s_k.terminate) {
-        int rc = zmq_poll(items, 2, -1);
-        if (rc < 0) {
-            if (errno == EINTR)
-                continue;
-            ll_error("kernel", "polling shell failed: %s", zmq_strerror(errno));
-            break;
+        if (atomic_exchange(&s_k.interrupted, false)) {
+            free(s_k.hint);
+            s_k.hint = NULL;
+            ll_route_cancel_prefetch(s_k.route);
         }
-        if (items[1].revents) {
-            s_eventfd_drain(s_k.wake_fd);
-            continue;
-        }
-        if (!items[0].revents)
-            continue;
-        zmsg_t *raw = zmsg_recv(s_k.shell);
-        if (!raw)
-            continue;
-        ll_msg_t *req = ll_session_decode(s_k.session, &raw, why, sizeof why);
+        ll_msg_t *req = s_k.queued ? zlist_pop(s_k.queued) : NULL; /* read ahead first */
         if (!req) {
-            ll_warn("kernel", "dropped a message on shell: %s", why);
-            continue;
+            int pool_fd = ll_route_fd(s_k.route);
+            zmq_pollitem_t items[3] = {{zsock_resolve(s_k.shell), 0, ZMQ_POLLIN, 0},
+                                       {NULL, s_k.wake_fd, ZMQ_POLLIN, 0},
+                                       {NULL, pool_fd, ZMQ_POLLIN, 0}};
+            int rc = zmq_poll(items, pool_fd >= 0 ? 3 : 2, s_hint_timeout());
+            if (rc < 0) {
+                if (errno == EINTR)
+                    continue;
+                ll_error("kernel", "polling shell failed: %s", zmq_strerror(errno));
+                break;
+            }
+            if (pool_fd >= 0 && items[2].revents)
+                ll_route_poll(s_k.route); /* prefetch answers */
+            if (items[1].revents) {
+                s_eventfd_drain(s_k.wake_fd);
+                continue;
+            }
+            if (rc == 0 || (s_k.hint && s_hint_timeout() == 0)) {
+                s_hint_due();
+                continue;
+            }
+            if (!items[0].revents || !(req = s_recv_shell()))
+                continue;
         }
         ll_debug("kernel", "shell: %s", req->msg_type);
         s_dispatch(req, S_SHELL, s_k.shell);
@@ -900,10 +1072,11 @@ static void s_teardown(bool interp_started)
     ll_session_destroy(&s_k.session);
     json_decref(s_k.kernel_info);
     s_k.kernel_info = NULL;
-    zmsg_t *left;
-    while (s_k.to_abort && (left = zlist_pop(s_k.to_abort)))
-        zmsg_destroy(&left);
-    zlist_destroy(&s_k.to_abort);
+    s_drop_requests(&s_k.to_abort);
+    s_drop_requests(&s_k.queued);
+    zlist_destroy(&s_k.prefetch_comms);
+    free(s_k.hint);
+    s_k.hint = NULL;
     for (int *fd = &s_k.wake_fd; fd <= &s_k.stop_fd; fd++)
         if (*fd >= 0) {
             close(*fd);

@@ -29,7 +29,9 @@
 struct ll_route_t {
     ll_analysis_session_t *session; /* every executed cell, in order */
     ll_zclient_t *pool;             /* connection to the host pool, made at the first GPU cell */
-    unsigned long long cells;       /* GPU cells sent: their ids */
+    unsigned long long cells;       /* GPU cells and prefetches sent: their ids */
+    char prefetch_id[48];           /* the prefetch in flight, "" when none */
+    char *prefetch_key;             /* its closure (JSON text), to tell a repeat from a new one */
 };
 
 struct ll_route_plan_t {
@@ -68,6 +70,7 @@ void ll_route_destroy(ll_route_t **self_p)
         return;
     ll_route_t *self = *self_p;
     ll_zclient_destroy(&self->pool);
+    free(self->prefetch_key);
     ll_analysis_session_destroy(&self->session);
     PyGILState_STATE gil = PyGILState_Ensure();
     ll_analysis_shutdown();
@@ -132,6 +135,16 @@ json_t *ll_route_plan_json(const ll_route_plan_t *plan, const char *route)
     return out;
 }
 
+void ll_route_plan_free(ll_route_plan_t **plan_p)
+{
+    if (!plan_p || !*plan_p)
+        return;
+    ll_analysis_closure_destroy(&(*plan_p)->closure);
+    ll_analysis_destroy(&(*plan_p)->cell);
+    free(*plan_p);
+    *plan_p = NULL;
+}
+
 void ll_route_done(ll_route_t *self, ll_route_plan_t **plan_p)
 {
     if (!plan_p || !*plan_p)
@@ -140,10 +153,7 @@ void ll_route_done(ll_route_t *self, ll_route_plan_t **plan_p)
     /* The session mirrors what ran: errors and silent cells included. */
     if (plan->cell && ll_analysis_session_record(self->session, plan->cell) < 0)
         ll_warn("route", "cannot record a cell in the analysis session");
-    ll_analysis_closure_destroy(&plan->closure);
-    ll_analysis_destroy(&plan->cell);
-    free(plan);
-    *plan_p = NULL;
+    ll_route_plan_free(plan_p);
 }
 
 /* ---- the GPU-cell relay -------------------------------------------------- */
@@ -300,7 +310,7 @@ static void s_publish_failure(const ll_route_io_t *io, const char *code, json_t 
                   NULL, NULL);
 }
 
-static double s_now_ms(void)
+double ll_route_now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -310,6 +320,102 @@ static double s_now_ms(void)
 /* How long a cancelled cell (the kernel is shutting down) may take to
  * answer before the relay gives up on it. */
 #define S_CANCEL_GRACE_MS 3000
+
+/* Connect to the host pool when not connected (starting it on demand). */
+static int s_connect(ll_route_t *self, char *err, size_t errlen)
+{
+    if (self->pool && !ll_zclient_ok(self->pool))
+        ll_zclient_destroy(&self->pool);
+    if (!self->pool) {
+        /* Warm workers (issue 6) unless the user set the pool up otherwise. */
+        setenv("LL_POOL_WARM_IDLE_S", "300", 0);
+        self->pool = ll_zclient_connect(NULL, NULL, NULL, err, errlen);
+        self->prefetch_id[0] = '\0';
+    }
+    return self->pool ? 0 : -1;
+}
+
+int ll_route_fd(ll_route_t *self)
+{
+    return self && self->pool && ll_zclient_ok(self->pool) ? ll_zclient_fd(self->pool) : -1;
+}
+
+/* Events nobody waits for: prefetch answers (logged), a broken pool. */
+static void s_idle_event(ll_route_t *self, json_t *ev)
+{
+    const char *type = json_string_value(json_object_get(ev, "type"));
+    const char *id = json_string_value(json_object_get(ev, "id"));
+    if (type && strcmp(type, "prefetched") == 0) {
+        if (id && strcmp(id, self->prefetch_id) == 0)
+            self->prefetch_id[0] = '\0';
+        ll_debug("route", "prefetch %s: ok %d warm %d", id ? id : "?",
+                 json_is_true(json_object_get(ev, "ok")),
+                 json_is_true(json_object_get(ev, "warm_hit")));
+    } else if (type && strcmp(type, "pool_gone") == 0) {
+        self->prefetch_id[0] = '\0';
+    }
+}
+
+void ll_route_poll(ll_route_t *self)
+{
+    if (!self || !self->pool)
+        return;
+    json_t *ev;
+    while ((ev = ll_zclient_next(self->pool, 0))) {
+        s_idle_event(self, ev);
+        json_decref(ev);
+    }
+    if (!ll_zclient_ok(self->pool))
+        ll_zclient_destroy(&self->pool);
+}
+
+void ll_route_cancel_prefetch(ll_route_t *self)
+{
+    if (!self || !self->pool || !self->prefetch_id[0])
+        return;
+    ll_zclient_cancel(self->pool, self->prefetch_id);
+    self->prefetch_id[0] = '\0';
+    free(self->prefetch_key);
+    self->prefetch_key = NULL;
+}
+
+int ll_route_prefetch(ll_route_t *self, ll_route_plan_t *plan, const json_t *sync, char *err,
+                      size_t errlen)
+{
+    if (!plan || !plan->closure) {
+        snprintf(err, errlen, "the cell has no closure");
+        return -1;
+    }
+    if (s_connect(self, err, errlen) < 0)
+        return -1;
+    json_t *request = json_pack(
+        "{s:O, s:O, s:O, s:o, s:o, s:o}", "session", json_object_get(sync, "session"), "store_dir",
+        json_object_get(sync, "store_dir"), "redis_url", json_object_get(sync, "redis_url"),
+        "state_closure", s_strs_json(ll_analysis_closure_state(plan->closure)), "import_closure",
+        s_strs_json(ll_analysis_closure_imports(plan->closure)), "import_stmts",
+        s_strs_json(ll_analysis_closure_import_stmts(plan->closure)));
+    char *key = request ? json_dumps(request, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    if (!key) {
+        json_decref(request);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    /* A newer hint for another closure replaces the one in flight; the same
+     * closure again is still worth sending (versions may have moved), and
+     * the pool does not renew a worker's priority for a prefetch that
+     * changed nothing. */
+    if (self->prefetch_id[0] && (!self->prefetch_key || strcmp(self->prefetch_key, key) != 0))
+        ll_route_cancel_prefetch(self);
+    snprintf(self->prefetch_id, sizeof self->prefetch_id, "pf-%llu", ++self->cells);
+    json_object_set_new(request, "id", json_string(self->prefetch_id));
+    int rc = ll_zclient_prefetch(self->pool, request, err, errlen);
+    json_decref(request);
+    free(self->prefetch_key);
+    self->prefetch_key = key;
+    if (rc < 0)
+        self->prefetch_id[0] = '\0';
+    return rc;
+}
 
 int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *req,
                      const json_t *sync, const ll_route_io_t *io, json_t **content_p,
@@ -331,9 +437,7 @@ int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *re
      * one (started on demand): try twice. */
     int sent = -1;
     for (int attempt = 0; attempt < 2 && sent < 0; attempt++) {
-        if (self->pool && !ll_zclient_ok(self->pool))
-            ll_zclient_destroy(&self->pool);
-        if (!self->pool && !(self->pool = ll_zclient_connect(NULL, NULL, NULL, err, errlen)))
+        if (s_connect(self, err, errlen) < 0)
             continue;
         if ((sent = ll_zclient_run(self->pool, request, err, errlen)) < 0)
             ll_zclient_destroy(&self->pool);
@@ -346,6 +450,7 @@ int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *re
     bool asking = false;   /* the worker waits in input(); we hold the stdin lock */
     double cancelled = 0;  /* when the cell was cancelled (kernel shutting down) */
     bool waited = false, saw_input = false, saw_error = false;
+    double visible_wait = -1; /* Run to the cell's execute_input (the worker starts executing) */
     json_t *content = NULL, *md = NULL;
     while (!content) {
         zmq_pollitem_t items[3] = {{NULL, ll_zclient_fd(self->pool), ZMQ_POLLIN, 0},
@@ -364,7 +469,7 @@ int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *re
             if (io->stopping()) {
                 if (!cancelled) {
                     ll_zclient_cancel(self->pool, id);
-                    cancelled = s_now_ms();
+                    cancelled = ll_route_now_ms();
                 }
             } else {
                 ll_info("route", "interrupt: to the worker of %s", id);
@@ -398,7 +503,7 @@ int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *re
                                         "continues from the last committed versions of its variables",
                                         count);
             } else if (!evid || strcmp(evid, id) != 0) {
-                /* an earlier cell's late event, or stats: not ours */
+                s_idle_event(self, ev); /* a prefetch answer, an earlier cell's late event */
             } else if (strcmp(type, "stream") == 0) {
                 const char *name = json_string_value(json_object_get(ev, "name"));
                 json_t *text = json_object_get(ev, "text");
@@ -407,6 +512,8 @@ int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *re
                                           json_string_length(text));
             } else if (strcmp(type, "iopub") == 0) {
                 const char *t = s_publish(io, ev);
+                if (t && strcmp(t, "execute_input") == 0 && !saw_input)
+                    visible_wait = ll_route_now_ms() - io->t_run;
                 saw_input |= t && strcmp(t, "execute_input") == 0;
                 saw_error |= t && strcmp(t, "error") == 0;
             } else if (strcmp(type, "input_request") == 0) {
@@ -439,7 +546,7 @@ int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *re
             }
             json_decref(ev);
         }
-        if (!content && cancelled && s_now_ms() - cancelled > S_CANCEL_GRACE_MS)
+        if (!content && cancelled && ll_route_now_ms() - cancelled > S_CANCEL_GRACE_MS)
             content = s_error_reply("Cancelled", "the kernel is shutting down", count);
     }
     if (asking)
@@ -455,6 +562,9 @@ int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *re
         json_decref(md);
         md = json_object();
     }
+    json_t *ll = json_object_get(md, "looseleaf");
+    if (json_is_object(ll) && visible_wait >= 0)
+        json_object_set_new(ll, "visible_wait_ms", json_real(visible_wait));
     *content_p = content;
     *md_p = md;
     return 0;

@@ -77,18 +77,42 @@ typedef struct {
     pthread_mutex_t *stdin_lock;  /* held while this cell owns the stdin socket */
     int intr_fd;                  /* eventfd: SIGINT, shutdown or SIGTERM arrived */
     bool (*stopping)(void);       /* the kernel is shutting down */
+    double t_run;                 /* ll_route_now_ms() when the execute_request arrived */
 } ll_route_io_t;
+
+/* Monotonic clock, ms. */
+double ll_route_now_ms(void);
 
 /* Run the GPU cell of PLAN for REQ (its execute_request) on a worker.
  * SYNC is the interpreter's looseleaf_before_gpu answer (store coordinates,
  * execution_count).  On 0, *CONTENT_P is the execute_reply content and
  * *MD_P the worker's reply metadata (both new; metadata.looseleaf holds the
- * worker's report).  -1 with a reason in ERR when the cell could not be
+ * worker's report, plus visible_wait_ms: Run to the start of execution).  -1 with a reason in ERR when the cell could not be
  * handed to a worker at all (no pool): nothing ran, the caller runs it in
  * the interpreter. */
 int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *req,
                      const json_t *sync, const ll_route_io_t *io, json_t **content_p,
                      json_t **md_p, char *err, size_t errlen);
+
+/* Drop a plan without recording it (an edit-time hint, never executed). */
+void ll_route_plan_free(ll_route_plan_t **plan_p);
+
+/* Edit-time prefetch (issue 6): ask the host pool to prepare the session's
+ * worker for the GPU cell of PLAN (state and import closure), with SYNC the
+ * interpreter's looseleaf_before_gpu answer (the kernel committed what CPU
+ * cells changed).  A prefetch still in flight is superseded (cancelled when
+ * it prepared a different closure).  Answers arrive as `prefetched` events,
+ * read by the next ll_route_run_gpu or ll_route_poll.  0, or -1 with ERR. */
+int ll_route_prefetch(ll_route_t *self, ll_route_plan_t *plan, const json_t *sync, char *err,
+                      size_t errlen);
+
+/* Cancel speculative work (abort, stop_on_error, interrupt). */
+void ll_route_cancel_prefetch(ll_route_t *self);
+
+/* The pool connection's fd (-1 when none), for the shell loop's poll, and
+ * what to do when it is readable: drain events nobody waits for. */
+int ll_route_fd(ll_route_t *self);
+void ll_route_poll(ll_route_t *self);
 
 /* Decode standard base64 TEXT into a new frame appended to MSG.  0, or -1
  * when TEXT is not base64. */

@@ -37,10 +37,21 @@ def _create_comm(*args, **kwargs):
     return Comm(*args, **kwargs)
 
 
+# Edit-time prefetch hints (issue 6): a frontend opens a comm on this target and sends {code} as the user
+# edits a cell.  The gateway reads those messages itself (gateway/ll_kernel.c, s_hint); here the comm only
+# has to exist, so the frontend's comm_open is accepted like any other.
+PREFETCH_TARGET = "looseleaf.prefetch"
+
+
+def _prefetch_target(c, msg):
+    c.on_msg(lambda m: None)
+
+
 def install():
-    """Make the comm package hand out our Comm and manager."""
+    """Make the comm package hand out our Comm and manager; register the prefetch target."""
     comm.create_comm = _create_comm
     comm.get_comm_manager = manager
+    _manager.register_target(PREFETCH_TARGET, _prefetch_target)
 
 
 def comm_info(target_name=None):
