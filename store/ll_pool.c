@@ -86,6 +86,8 @@
 #define S_FREEING 2u
 #define S_PID_BITS 22
 #define S_SLOT_CLEANING UINT64_MAX
+#define S_RESERVE_IDLE_MS 100               /* store quiet this long: refill the reserve */
+#define S_RESERVE_STEP ((size_t)256 << 10)  /* bytes populated per mmap-lock hold */
 
 /* The shared header at offset 0 of the pool file. */
 typedef struct {
@@ -137,6 +139,7 @@ struct ll_pool_t {
     int rhold;                /* saves in progress: do not compete with their copy */
     size_t rtarget;           /* free prefaulted regions to keep */
     size_t rcursor;           /* where the search for an unbacked free region goes on */
+    _Atomic uint64_t ractive; /* ms (monotonic) of the store's last call */
 };
 
 struct ll_pool_map_t {
@@ -338,8 +341,13 @@ static void s_pool_free(ll_pool_t *pool)
     free(pool->warm);
     free(pool->path);
     pthread_mutex_destroy(&pool->mu);
-    pthread_mutex_destroy(&pool->rmu);
-    pthread_cond_destroy(&pool->rcond);
+    /* In a fork child the condition variable may count the parent's
+     * reserve thread as a waiter that will never leave: glibc's destroy
+     * would wait for it forever.  The child's copy just goes with the memory. */
+    if (getpid() == pool->pid || pool->pid == 0) {
+        pthread_mutex_destroy(&pool->rmu);
+        pthread_cond_destroy(&pool->rcond);
+    }
     free(pool);
 }
 
@@ -623,8 +631,9 @@ int ll_pool_lease(ll_pool_t *pool, const ll_pool_region_t *reg)
 
 /* Back region I with memory and prefault it in this process's mapping
  * (neither changes its bytes, so it is safe on a region someone else is
- * writing).  0 or an errno. */
-static int s_touch(ll_pool_t *pool, uint32_t i)
+ * writing), populating STEP bytes per call (each call holds the process's
+ * mmap lock for reading).  0 or an errno. */
+static int s_touch_step(ll_pool_t *pool, uint32_t i, size_t step)
 {
     char *p = pool->data + (size_t)i * LL_POOL_REGION_BYTES;
     int rc = 0;
@@ -632,8 +641,9 @@ static int s_touch(ll_pool_t *pool, uint32_t i)
         rc = posix_fallocate(pool->fd,
                              (off_t)(pool->hdr->data_offset + (size_t)i * LL_POOL_REGION_BYTES),
                              (off_t)LL_POOL_REGION_BYTES);
-    if (rc == 0 && madvise(p, LL_POOL_REGION_BYTES, MADV_POPULATE_WRITE) != 0 && errno != EINVAL)
-        rc = errno;
+    for (size_t off = 0; rc == 0 && off < LL_POOL_REGION_BYTES; off += step)
+        if (madvise(p + off, step, MADV_POPULATE_WRITE) != 0 && errno != EINVAL)
+            rc = errno;
     if (rc != 0)
         return rc;
     /* ll_pool_back runs this on several copy threads at once (distinct
@@ -647,6 +657,11 @@ static int s_touch(ll_pool_t *pool, uint32_t i)
     }
     pthread_mutex_unlock(&pool->mu);
     return 0;
+}
+
+static int s_touch(ll_pool_t *pool, uint32_t i)
+{
+    return s_touch_step(pool, i, LL_POOL_REGION_BYTES);
 }
 
 int ll_pool_back(ll_pool_t *pool, uint32_t idx)
@@ -705,39 +720,64 @@ static uint32_t s_unbacked_free(ll_pool_t *pool)
     return UINT32_MAX;
 }
 
-/* The reserve thread: while fewer than rtarget free regions are prefaulted
- * and no save is copying, prefault one more (~1 ms per region with 4 KiB
- * pages).  At idle priority (SCHED_IDLE), so it only uses CPU time nothing
- * else wants: between cells, while the user types.  Touching a region does
- * not change its bytes and a region stays FREE, so allocation, the pool-full
- * error and reclamation are as without it; a region another process (or
- * this one) allocates meanwhile is merely prefaulted for its writer. */
+static uint64_t s_now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000 + (uint64_t)t.tv_nsec / 1000000;
+}
+
+/* The reserve thread: while fewer than rtarget free regions are prefaulted,
+ * no save is copying and the store has been idle for S_RESERVE_IDLE_MS,
+ * prefault one more region (~1 ms with 4 KiB pages).  Between cells the
+ * kernel is idle while the user types: that is when this runs.
+ *
+ * Normal priority on purpose, not SCHED_IDLE or a high nice value:
+ * MADV_POPULATE_WRITE holds the process's mmap lock for reading, and a
+ * starved holder would stall every mmap/munmap of the process's other
+ * threads (a restore, numpy's large allocations) for as long as it waits
+ * for CPU, up to seconds on a loaded machine.  Populating 256 KiB per call
+ * keeps each hold to ~0.1 ms.
+ *
+ * Touching a region does not change its bytes and the region stays FREE,
+ * so allocation, the pool-full error and reclamation are as without it; a
+ * region another process (or this one) allocates meanwhile is merely
+ * prefaulted for its writer. */
 static void *s_reserve_main(void *arg)
 {
     ll_pool_t *pool = arg;
-    struct sched_param sp = {0};
-    pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp);
     pthread_mutex_lock(&pool->rmu);
     while (!pool->rstop) {
         uint32_t i = UINT32_MAX;
-        if (pool->rhold == 0 && !pool->rblocked && s_free_warm(pool) < pool->rtarget) {
+        uint64_t now = s_now_ms(), quiet = now - atomic_load(&pool->ractive);
+        bool idle = quiet >= S_RESERVE_IDLE_MS;
+        if (pool->rhold == 0 && idle && !pool->rblocked && s_free_warm(pool) < pool->rtarget) {
             i = s_unbacked_free(pool);
             if (i == UINT32_MAX)
                 pool->rblocked = true; /* every free region is prefaulted already */
         }
         if (i == UINT32_MAX) {
-            /* Also wake now and then: another process may have taken our
-             * prefaulted regions, or freed some, without telling us. */
+            /* Wait for the store to go quiet, for a kick, or a second:
+             * another process may have taken our prefaulted regions, or
+             * freed some, without telling us. */
+            uint64_t wait_ms = 1000;
+            if (!idle && pool->rhold == 0 && !pool->rblocked)
+                wait_ms = S_RESERVE_IDLE_MS - quiet;
             struct timespec until;
             clock_gettime(CLOCK_REALTIME, &until);
-            until.tv_sec += 1;
+            until.tv_sec += (time_t)(wait_ms / 1000);
+            until.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+            if (until.tv_nsec >= 1000000000L) {
+                until.tv_sec++;
+                until.tv_nsec -= 1000000000L;
+            }
             if (pthread_cond_timedwait(&pool->rcond, &pool->rmu, &until) == ETIMEDOUT &&
                 pool->rblocked && s_free_warm(pool) < pool->rtarget)
                 pool->rblocked = s_unbacked_free(pool) == UINT32_MAX;
             continue;
         }
         pthread_mutex_unlock(&pool->rmu);
-        int rc = s_touch(pool, i);
+        int rc = s_touch_step(pool, i, S_RESERVE_STEP);
         pthread_mutex_lock(&pool->rmu);
         if (rc != 0) {
             /* Out of memory (e.g. /dev/shm full): not an error here, the
@@ -778,8 +818,14 @@ int ll_pool_reserve(ll_pool_t *pool, size_t nregions)
     return rc == 0 ? 0 : -1;
 }
 
+void ll_pool_reserve_busy(ll_pool_t *pool)
+{
+    atomic_store(&pool->ractive, s_now_ms());
+}
+
 void ll_pool_reserve_hold(ll_pool_t *pool, bool hold)
 {
+    ll_pool_reserve_busy(pool);
     pthread_mutex_lock(&pool->rmu);
     if (hold) {
         pool->rhold++;

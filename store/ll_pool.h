@@ -79,9 +79,9 @@ void ll_pool_free_unwritten(ll_pool_t *pool, const ll_pool_region_t *reg);
 size_t ll_pool_prefault(ll_pool_t *pool, size_t nregions);
 
 /* Keep NREGIONS free regions backed and prefaulted in this process: a
- * thread of this process (started on first use, at idle priority) refills
- * the reserve whenever fewer are ready and no save holds it back, so a save
- * after idle time copies at memcpy speed.  Reserved regions stay FREE (any
+ * thread of this process (started on first use) refills the reserve
+ * whenever fewer are ready and the store is idle (no call for 100 ms, no
+ * save in progress), so a save after idle time copies at memcpy speed.  Reserved regions stay FREE (any
  * process may allocate them; a full pool is still an error, never SIGBUS);
  * it stops at memory exhaustion silently.  0 stops refilling (what is
  * prefaulted stays).  Stopped by ll_pool_destroy.  0, or -1 when no thread
@@ -89,8 +89,12 @@ size_t ll_pool_prefault(ll_pool_t *pool, size_t nregions);
 int ll_pool_reserve(ll_pool_t *pool, size_t nregions);
 
 /* HOLD true: a save is about to copy, the reserve must not compete for the
- * CPU (nests); false: done, refill. */
+ * CPU (nests); false: done, refill once the store is idle. */
 void ll_pool_reserve_hold(ll_pool_t *pool, bool hold);
+
+/* The store is in use (a restore, a commit...): the reserve waits until it
+ * has been quiet for a moment (100 ms) before it refills. */
+void ll_pool_reserve_busy(ll_pool_t *pool);
 
 /* Lease a region (keeps it from reclamation); fails with LL_POOL_EGONE when
  * it no longer holds generation REG->gen.  Returns 0 or -1. */

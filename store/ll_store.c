@@ -703,6 +703,8 @@ static int s_enter(ll_store_t *st)
         pthread_mutex_unlock(&st->mu);
         return -1;
     }
+    if (st->pool)
+        ll_pool_reserve_busy(st->pool); /* the reserve refills once we are idle */
     return 0;
 }
 
