@@ -12,8 +12,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "integration"))
 
-from itest_util import (REPLY_TIMEOUT, Kernel, _error_text, normalized, stream_text,  # noqa: E402,F401
-                        strip_ansi)
+from itest_util import (REPLY_TIMEOUT, Kernel, _error_text, norm_text, normalized,  # noqa: E402,F401
+                        stream_text, strip_ansi)
 
 # GPU cells start workers (fork, restore, save) on 2 shared cores: give them room.
 GPU_TIMEOUT = 120
@@ -58,7 +58,7 @@ def comparable(reply, msgs):
     c = reply["content"]
     out = {"status": c["status"], "outputs": normalized(msgs)}
     if c["status"] == "error":
-        out["error"] = [c["ename"], c["evalue"]]
+        out["error"] = [c["ename"], norm_text(c["evalue"])]
     for _, content in out["outputs"]:
         if isinstance(content.get("data"), dict):
             # Images by presence only: their text/plain says what was drawn; the bytes are no kernel property.

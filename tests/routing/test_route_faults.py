@@ -90,6 +90,14 @@ def test_base_zygote_killed(ll, committed, jupyter_env):
     wait_for(lambda: not alive(base), 30, "zygote %d to die" % base)
     reply, msgs = run_route(ll, "print(fk * 2, fk_n)", "gpu")
     assert stream_text(msgs) == "tensor([2., 2.]) 1\n"
+    if ll_md(reply).get("warm_hit"):
+        # A warm worker (issue 6) needed no fork: a new kernel's first GPU cell does.
+        other = Kernel("looseleaf")
+        try:
+            reply, _ = run_route(other, "import torch\nprint(torch.ones(1))", "gpu")
+        finally:
+            other.stop()
+        assert not ll_md(reply).get("warm_hit"), ll_md(reply)
     # The pool started a new base (a new node id) and the cell was forked from it.
     node = ll_md(reply)["zygote_node"]
     now = zygotes(pool_dir)

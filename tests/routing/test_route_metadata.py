@@ -49,16 +49,20 @@ def test_gpu_cell_report(ll):
     assert "rm_k" in md["restored"], md
     assert "rm_t" in md["saved"] and md["bytes_saved"] >= MIB, md   # a 1 MiB tensor was saved
     assert md["deleted"] == ["rm_gone"], md
-    # A worker lives for one cell: it is gone once its reply came.
-    wait_for(lambda: not alive(worker), 30, "worker %d to exit" % worker)
 
-    # The next GPU cell restores the tensor: its bytes count, and it gets a worker of its own.
+    # The next GPU cell gets either a fresh worker (which restores the 1 MiB tensor) or, with warm workers
+    # (issue 6), the same worker again (which holds the tensor already and restores nothing that did not move).
     reply, msgs = run_route(ll, "print(rm_t.sum().item(), os.getpid())", "gpu")
     md2 = ll_md(reply)
     total, pid2 = stream_text(msgs).split()
     assert float(total) == 3 * 256 * 1024
-    assert int(pid2) == md2["worker_pid"] != worker
-    assert "rm_t" in md2["restored"] and md2["bytes_restored"] >= MIB, md2
+    assert int(pid2) == md2["worker_pid"]
+    if md2.get("warm_hit"):
+        assert int(pid2) == worker and "rm_t" not in md2["restored"], md2
+    else:
+        assert int(pid2) != worker, md2
+        wait_for(lambda: not alive(worker), 30, "the first worker %d to exit" % worker)
+        assert "rm_t" in md2["restored"] and md2["bytes_restored"] >= MIB, md2
     assert md2["saved"] == [] and md2["kernel_saved"] == [], md2   # nothing changed on either side
 
 
