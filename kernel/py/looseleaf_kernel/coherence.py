@@ -25,6 +25,7 @@ import ast
 import inspect
 import logging
 import os
+import pickle
 import shutil
 import tempfile
 import time
@@ -69,6 +70,14 @@ _OWNER = "owner"  # in a store dir: "<kernel pid> <session>", for _sweep
 
 def node_module(node):
     return ast.Module(body=[node], type_ignores=[])
+
+
+def _state_blob(st):
+    """A comparable form of a procstate.capture() (None if it cannot be pickled)."""
+    try:
+        return pickle.dumps(st, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001 - then it is simply saved every time
+        return None
 
 
 def _alive(pid):
@@ -127,6 +136,7 @@ class Coherence:
         self.session = None
         self._before = None  # {name: id(value)} when the running CPU cell started
         self._ps = None      # the process state this process last applied or saved (procstate.capture())
+        self._ps_blob = None  # pickle of a capture() taken right then: unchanged state is not saved again
 
     # ---- the namespace -------------------------------------------------------------------------------
     def _procstate(self):
@@ -206,19 +216,28 @@ class Coherence:
             problems = procstate.apply(st)
             if problems:
                 log.warning("process state not fully applied: %s", problems)
+            self._ps_blob = _state_blob(procstate.capture())
 
     def _push(self, names):
         """Save NAMES with this process's state in one commit (procstate.save_with, remembering what was
         saved so _pull_procstate knows it)."""
         procstate = self._procstate()
         ns = self.shell.user_ns
-        st = ns[procstate.NAME] = procstate.capture()
+        st = procstate.capture()
+        blob = _state_blob(st)
+        if not names and blob is not None and blob == self._ps_blob:
+            # Nothing to commit (a Run right after a prefetch, GPU cells back to back): spare the
+            # store's round trips on the way to the worker.
+            from looseleaf_store.checkpoint import SaveReport
+            return SaveReport()
+        ns[procstate.NAME] = st
         try:
             rep = self.cp.save(list(names) + [procstate.NAME], cell_id="kernel-%s" % uuid.uuid4().hex[:12])
         finally:
             ns.pop(procstate.NAME, None)
         if procstate.NAME in rep.saved or procstate.NAME in rep.unchanged:
             self._ps = st
+            self._ps_blob = blob
         return rep
 
     # ---- around CPU cells ----------------------------------------------------------------------------
