@@ -749,7 +749,8 @@ static void *s_reserve_main(void *arg)
     pthread_mutex_lock(&pool->rmu);
     while (!pool->rstop) {
         uint32_t i = UINT32_MAX;
-        uint64_t now = s_now_ms(), quiet = now - atomic_load(&pool->ractive);
+        uint64_t now = s_now_ms(), last = atomic_load(&pool->ractive);
+        uint64_t quiet = now > last ? now - last : 0; /* (LAST may be set after NOW was read) */
         bool idle = quiet >= S_RESERVE_IDLE_MS;
         if (pool->rhold == 0 && idle && !pool->rblocked && s_free_warm(pool) < pool->rtarget) {
             i = s_unbacked_free(pool);
@@ -777,7 +778,9 @@ static void *s_reserve_main(void *arg)
             continue;
         }
         pthread_mutex_unlock(&pool->rmu);
-        int rc = s_touch_step(pool, i, S_RESERVE_STEP);
+        /* (Huge pages: one fault per region, nothing to split.) */
+        size_t step = strcmp(pool->page_kind, "4k") == 0 ? S_RESERVE_STEP : LL_POOL_REGION_BYTES;
+        int rc = s_touch_step(pool, i, step);
         pthread_mutex_lock(&pool->rmu);
         if (rc != 0) {
             /* Out of memory (e.g. /dev/shm full): not an error here, the
