@@ -1250,6 +1250,8 @@ static const s_magic_t s_magics[] = {
     {"latex", MG_HARMLESS, ""}, {"markdown", MG_HARMLESS, ""},
     {"svg", MG_HARMLESS, ""}, {"writefile", MG_HARMLESS, ""},
     {"file", MG_HARMLESS, ""}, {"sql", MG_OPAQUE, ""},
+    /* ours: reports where variables live and the GPU time held (runs in the kernel) */
+    {"looseleaf", MG_HARMLESS, ""},
     {NULL, 0, NULL}};
 
 static const s_magic_t *s_find_magic(const char *name)

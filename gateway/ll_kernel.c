@@ -206,6 +206,10 @@ static void s_on_usage(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
     json_t *content = ll_usage_reply();
     if (!content)
         content = s_error_content("MemoryError", "cannot build usage_reply");
+    /* The session's GPU-seconds held against a pinned session (issue 6). */
+    json_t *gpu = ll_route_usage();
+    if (gpu)
+        json_object_set_new(content, "looseleaf", gpu);
     s_send_reply(sock, req, "usage_reply", content, NULL);
 }
 
@@ -882,6 +886,16 @@ static char *s_hook_input(void *ctx, const char *prompt, bool password, int *err
     return value;
 }
 
+/* %looseleaf: the pool's state.  The interpreter thread is the main thread,
+ * which owns the pool connection. */
+static char *s_hook_pool_stats(void *ctx)
+{
+    json_t *st = ll_route_stats(s_k.route, 2000);
+    char *text = st ? json_dumps(st, JSON_COMPACT) : NULL;
+    json_decref(st);
+    return text;
+}
+
 /* ---- signals ------------------------------------------------------------- */
 
 static void s_on_sigint(int sig)
@@ -1169,6 +1183,7 @@ int ll_kernel_run(const char *connection_file)
         .stream_flush = s_hook_stream_flush,
         .publish = s_hook_publish,
         .input_request = s_hook_input,
+        .pool_stats = s_hook_pool_stats,
     };
     /* The checkpoint store's module is part of the binary (issue 4): cells
      * and the interpreter's own code `import _llstore` without a .so. */

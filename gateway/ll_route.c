@@ -16,6 +16,7 @@
 
 #include <errno.h>
 #include <openssl/evp.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,7 @@ struct ll_route_t {
     ll_zclient_t *pool;             /* connection to the host pool, made at the first GPU cell */
     unsigned long long cells;       /* GPU cells and prefetches sent: their ids */
     char prefetch_id[48];           /* the prefetch in flight, "" when none */
+    char store_session[64];         /* the store session GPU cells run under ("" before the first) */
     char *prefetch_key;             /* its closure (JSON text), to tell a repeat from a new one */
 };
 
@@ -38,6 +40,11 @@ struct ll_route_plan_t {
     ll_analysis_t *cell;            /* NULL if the analysis failed outright */
     ll_analysis_closure_t *closure; /* NULL when the cell did not parse */
 };
+
+/* The session's GPU time as of the pool's latest stats (usage_request):
+ * the only state shared with another thread. */
+static pthread_mutex_t s_usage_lock = PTHREAD_MUTEX_INITIALIZER;
+static json_t *s_usage;
 
 bool ll_route_enabled(void)
 {
@@ -71,6 +78,10 @@ void ll_route_destroy(ll_route_t **self_p)
     ll_route_t *self = *self_p;
     ll_zclient_destroy(&self->pool);
     free(self->prefetch_key);
+    pthread_mutex_lock(&s_usage_lock);
+    json_decref(s_usage);
+    s_usage = NULL;
+    pthread_mutex_unlock(&s_usage_lock);
     ll_analysis_session_destroy(&self->session);
     PyGILState_STATE gil = PyGILState_Ensure();
     ll_analysis_shutdown();
@@ -340,12 +351,43 @@ int ll_route_fd(ll_route_t *self)
     return self && self->pool && ll_zclient_ok(self->pool) ? ll_zclient_fd(self->pool) : -1;
 }
 
-/* Events nobody waits for: prefetch answers (logged), a broken pool. */
+
+json_t *ll_route_usage(void)
+{
+    pthread_mutex_lock(&s_usage_lock);
+    json_t *u = s_usage ? json_deep_copy(s_usage) : NULL;
+    pthread_mutex_unlock(&s_usage_lock);
+    return u;
+}
+
+static void s_keep_usage(ll_route_t *self, json_t *stats)
+{
+    size_t i;
+    json_t *se;
+    json_array_foreach(json_object_get(stats, "sessions"), i, se)
+    {
+        const char *name = json_string_value(json_object_get(se, "session"));
+        if (!name || strcmp(name, self->store_session) != 0)
+            continue;
+        json_t *u = json_pack("{s:O, s:O, s:O}", "gpu_held_s", json_object_get(se, "gpu_held_s"),
+                              "connected_s", json_object_get(se, "connected_s"), "held_share",
+                              json_object_get(se, "held_share"));
+        pthread_mutex_lock(&s_usage_lock);
+        json_decref(s_usage);
+        s_usage = u;
+        pthread_mutex_unlock(&s_usage_lock);
+        return;
+    }
+}
+
+/* Events nobody waits for: prefetch answers (logged), stats, a broken pool. */
 static void s_idle_event(ll_route_t *self, json_t *ev)
 {
     const char *type = json_string_value(json_object_get(ev, "type"));
     const char *id = json_string_value(json_object_get(ev, "id"));
-    if (type && strcmp(type, "prefetched") == 0) {
+    if (type && strcmp(type, "stats") == 0)
+        s_keep_usage(self, ev);
+    else if (type && strcmp(type, "prefetched") == 0) {
         if (id && strcmp(id, self->prefetch_id) == 0)
             self->prefetch_id[0] = '\0';
         ll_debug("route", "prefetch %s: ok %d warm %d", id ? id : "?",
@@ -367,6 +409,30 @@ void ll_route_poll(ll_route_t *self)
     }
     if (!ll_zclient_ok(self->pool))
         ll_zclient_destroy(&self->pool);
+}
+
+json_t *ll_route_stats(ll_route_t *self, int timeout_ms)
+{
+    if (!self || !self->pool || !ll_zclient_ok(self->pool) || ll_zclient_stats(self->pool) < 0)
+        return NULL;
+    double deadline = ll_route_now_ms() + timeout_ms;
+    for (;;) {
+        double left = deadline - ll_route_now_ms();
+        if (left <= 0)
+            return NULL;
+        json_t *ev = ll_zclient_next(self->pool, (int) left + 1);
+        if (!ev)
+            continue;
+        const char *type = json_string_value(json_object_get(ev, "type"));
+        if (type && strcmp(type, "stats") == 0) {
+            s_keep_usage(self, ev);
+            return ev;
+        }
+        s_idle_event(self, ev);
+        json_decref(ev);
+        if (!ll_zclient_ok(self->pool))
+            return NULL;
+    }
 }
 
 void ll_route_cancel_prefetch(ll_route_t *self)
@@ -428,6 +494,8 @@ int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *re
     }
     char id[48];
     snprintf(id, sizeof id, "cell-%llu", ++self->cells);
+    const char *session = json_string_value(json_object_get(sync, "session"));
+    snprintf(self->store_session, sizeof self->store_session, "%s", session ? session : "");
     json_t *request = s_run_request(plan, req, sync, id);
     if (!request) {
         snprintf(err, errlen, "out of memory");
@@ -558,6 +626,8 @@ int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *re
                           saw_input);
     if (!ll_zclient_ok(self->pool))
         ll_zclient_destroy(&self->pool); /* the next GPU cell starts a new pool */
+    else
+        ll_zclient_stats(self->pool); /* GPU time for usage_request, answered while idle */
     if (!json_is_object(md)) {
         json_decref(md);
         md = json_object();

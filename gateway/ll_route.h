@@ -114,6 +114,15 @@ void ll_route_cancel_prefetch(ll_route_t *self);
 int ll_route_fd(ll_route_t *self);
 void ll_route_poll(ll_route_t *self);
 
+/* The pool's `stats` answer (a new object; waits up to TIMEOUT_MS for it,
+ * serving other events meanwhile), NULL without a pool connection. */
+json_t *ll_route_stats(ll_route_t *self, int timeout_ms);
+
+/* This kernel's GPU time from the pool's latest stats, for usage_request:
+ * {gpu_held_s, connected_s, held_share} (a new object) or NULL before any.
+ * Thread-safe (the control thread answers usage_request). */
+json_t *ll_route_usage(void);
+
 /* Decode standard base64 TEXT into a new frame appended to MSG.  0, or -1
  * when TEXT is not base64. */
 int ll_route_b64_frame(zmsg_t *msg, const char *text);

@@ -226,6 +226,23 @@ static PyObject *s_py_input_request(PyObject *self, PyObject *args)
     return res;
 }
 
+/* pool_stats() -> str | None: the host pool's state as JSON text (None
+ * without a pool connection): what %looseleaf shows. */
+static PyObject *s_py_pool_stats(PyObject *self, PyObject *unused)
+{
+    if (atomic_load(&s_hooks_off) || !s_hooks.pool_stats)
+        Py_RETURN_NONE;
+    char *text;
+    Py_BEGIN_ALLOW_THREADS
+    text = s_hooks.pool_stats(s_hooks.ctx);
+    Py_END_ALLOW_THREADS
+    if (!text)
+        Py_RETURN_NONE;
+    PyObject *res = PyUnicode_DecodeUTF8(text, (Py_ssize_t)strlen(text), "replace");
+    free(text);
+    return res;
+}
+
 /* log(level, module, text): one line through ll_log (the kernel's log on
  * its original stderr, not the notebook).  LEVEL is an ll_log_level_t. */
 static PyObject *s_py_log(PyObject *self, PyObject *args)
@@ -278,6 +295,8 @@ static PyMethodDef s_methods[] = {
     {"input_request", s_py_input_request, METH_VARARGS,
      "input_request(prompt, password=False) -> str: ask the frontend for a line."},
     {"log", s_py_log, METH_VARARGS, "log(level, module, text): a line in the kernel's log."},
+    {"pool_stats", s_py_pool_stats, METH_NOARGS,
+     "pool_stats() -> str | None: the host pool's state (JSON), None without a pool."},
     {"log_level", s_py_log_level, METH_NOARGS, "log_level() -> int: the kernel's log threshold."},
     {"set_busy", s_py_set_busy, METH_O,
      "set_busy(flag): whether user code runs now (interrupts land only then)."},
@@ -812,7 +831,7 @@ static int s_st_check(bool verbose, bool ok, const char *what)
 
 static int s_st_child(bool verbose)
 {
-    ll_interp_hooks_t hooks = {NULL, s_st_stream, s_st_flush, s_st_publish, s_st_input};
+    ll_interp_hooks_t hooks = {NULL, s_st_stream, s_st_flush, s_st_publish, s_st_input, NULL};
     char err[512];
     int fails = 0;
     struct sigaction ign, after;

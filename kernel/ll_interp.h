@@ -59,6 +59,12 @@ typedef struct {
      * malloc'd string (the frontend's "\x04" means EOF), or NULL with
      * *ERR = 1 (interrupted) or 2 (stdin not allowed / no frontend). */
     char *(*input_request)(void *ctx, const char *prompt, bool password, int *err);
+
+    /* The host pool's state for this kernel (issue 6: %looseleaf): a
+     * malloc'd JSON object text (the pool's `stats` answer), or NULL when
+     * there is no pool connection.  Called on the interpreter's thread with
+     * the GIL released.  May be NULL. */
+    char *(*pool_stats)(void *ctx);
 } ll_interp_hooks_t;
 
 /* Register a builtin extension module (PyImport_AppendInittab) so Python

@@ -176,6 +176,8 @@ class Kernel:
             "looseleaf_after_gpu": self.looseleaf_after_gpu,
         }
         self.coherence = Coherence(self.shell)
+        from . import magic
+        magic.install(self)
 
     def _run_startup_files(self):
         """Run the profile's startup/*.py and *.ipy files in the user
