@@ -14,3 +14,6 @@ BENCHES += tests/bench/bench_kernel.py
 
 # The issue-5 session through the real kernel: GPU cells on workers vs the naive path, per-cell prep split.
 BENCHES += tests/bench/bench_route.py
+
+# Issue 6: scripted editing sessions (several kernels, fewer slots), visible wait with and without prefetch.
+BENCHES += tests/bench/bench_prefetch.py
