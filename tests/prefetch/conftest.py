@@ -1,0 +1,25 @@
+"""Fixtures of the edit-time prefetch tests: one private host pool (warm workers on, 4 virtual slots so no
+test's prefetch is skipped for want of a slot) for the whole directory, stopped at the end."""
+import os
+import tempfile
+
+import pytest
+
+from pfhelp import Pool
+
+
+@pytest.fixture(scope="session")
+def slow_module_dir():
+    """A directory on the pool's PYTHONPATH holding pf_slowmod, whose import takes 3 s: a prefetch of a cell
+    importing it stays in its preparation long enough for a test to act while it is in flight."""
+    d = tempfile.mkdtemp(prefix="ll-pf-mods-")
+    with open(os.path.join(d, "pf_slowmod.py"), "w") as f:
+        f.write("import time\ntime.sleep(3)\n")
+    return d
+
+
+@pytest.fixture(scope="session")
+def pool(jupyter_env, slow_module_dir):
+    p = Pool(slots=4, env={"PYTHONPATH": slow_module_dir})
+    yield p
+    p.close()
