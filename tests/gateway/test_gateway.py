@@ -543,3 +543,32 @@ def test_routing_can_be_turned_off(tmp_path):
     finally:
         p.close()
     assert m["content"]["status"] == "ok" and "looseleaf" not in m["metadata"]
+
+
+def test_looseleaf_magic_and_usage_report_gpu_time(tmp_path):
+    # Issue 6: %looseleaf says where each variable lives and which warm worker holds the session's slot;
+    # usage_request (what JupyterLab's resource panels poll) carries the GPU-seconds held vs connected.
+    p = Proc(tmp_path)
+    try:
+        reply, _ = p.execute("import torch\ng = torch.ones(4)\nc = 1")
+        assert reply["status"] == "ok", reply
+        reply, _ = p.execute("k = 2")
+        reply, msgs = p.execute("%looseleaf")
+        assert reply["status"] == "ok", reply
+        text = _stream_text(msgs)
+        assert "LooseLeaf session" in text and "GPU held" in text, text
+        lines = {l.split()[0]: l for l in text.splitlines() if l.startswith("  ") and l.split()}
+        assert "store only" in lines["g"] and "kernel only" in lines["k"], text
+        assert "Warm workers:" in text, text
+        reply, _ = p.execute("r = %looseleaf --json\nassert r['variables']['g']['version'] >= 1")
+        assert reply["status"] == "ok", reply
+        msg = p.kc.session.msg("usage_request", {})
+        p.kc.control_channel.send(msg)
+        while True:
+            m = p.kc.get_control_msg(timeout=TIMEOUT)
+            if m["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                break
+        ll = m["content"].get("looseleaf")
+        assert ll and ll["connected_s"] > 0 and 0 <= ll["gpu_held_s"] <= ll["connected_s"] + 1, m["content"]
+    finally:
+        p.close()
