@@ -1,0 +1,39 @@
+"""Hints are debounced (issue 6): a burst of hints of every kind, each for another closure, sent faster than
+LOOSELEAF_PREFETCH_DEBOUNCE_MS (default 250 ms), makes one prefetch, for the latest hint's cell."""
+import uuid
+
+from pfhelp import run_cpu, run_gpu
+
+
+def test_pf_burst_of_hints_makes_one_prefetch_latest_wins(pool):
+    k = pool.kernel()
+    try:
+        md, _ = run_gpu(k, "import torch\nw = torch.ones(10)")
+        pid = md["worker_pid"]
+        run_cpu(k, "\n".join("a%d = %d" % (i, i) for i in range(1, 9)))
+        comm = uuid.uuid4().hex
+        k.send("comm_open", {"comm_id": comm, "target_name": "looseleaf.prefetch", "data": {}})
+        before = len(pool.prefetches())
+        kinds = ["complete", "inspect", "comm", "is_complete"] * 2
+        for i, kind in enumerate(kinds, 1):
+            code = "print(int((w * a%d).sum()))" % i
+            if kind == "complete":
+                k.send("complete_request", {"code": code, "cursor_pos": len(code)})
+            elif kind == "inspect":
+                k.send("inspect_request", {"code": code, "cursor_pos": len(code), "detail_level": 0})
+            elif kind == "is_complete":
+                k.send("is_complete_request", {"code": code})
+            else:
+                k.send("comm_msg", {"comm_id": comm, "data": {"code": code}})
+        pool.wait_prepared(before, "the burst's prefetch")
+        md, out = run_gpu(k, "print(int((w * a8).sum()))")
+        assert out == "80\n"
+        assert md["prepared_by_prefetch"] and md["worker_pid"] == pid, md
+        assert "a8" not in md["restored"], "the latest hint's closure was prefetched: %s" % md
+        # Every hint was served before the Run, which drops a hint still waiting: the count is final.
+        assert [w for _, w in pool.prefetches()[before:]] == [pid], "one prefetch for 8 hints"
+        md, out = run_gpu(k, "print(int((w * a1).sum()))")
+        assert out == "10\n"
+        assert "a1" in md["restored"], "an earlier hint's closure was not prefetched: %s" % md
+    finally:
+        k.stop()
