@@ -56,6 +56,9 @@ _ENV = {
     # GPU cells run on workers of a host pool that kernels start on demand and share; the tests' pool
     # is a private one, stopped at the end of the run (pytest_sessionfinish).
     "LOOSELEAF_POOL_DIR": os.path.join(_ROOT, "pool"),
+    # Many kernels of the run share that pool: enough virtual slots that one test's idle warm workers
+    # rarely make another test's GPU cell wait (which would add a "LooseLeaf: every GPU slot ..." line).
+    "LL_POOL_SLOTS": "4",
     # (MPLCONFIGDIR is deliberately left alone: a fresh one per run makes
     # every process that imports matplotlib rebuild the font cache under one
     # lock at once, and some then time out.)
