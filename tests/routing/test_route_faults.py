@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from routehelp import (GPU_TIMEOUT, Kernel, alive, execute, ll_md, run_route, send_execute, stream_text,
-                       wait_for, zygotes)
+from routehelp import (GPU_TIMEOUT, Kernel, alive, execute, ll_md, run_route, send_execute, stop_pool,
+                       stream_text, wait_for, zygotes)
 
 
 @pytest.fixture(scope="module")
@@ -184,3 +184,48 @@ def test_unsaveable_closure_variable_runs_gpu_cell_in_kernel(ll, tmp_path):
     assert reply["content"]["status"] == "ok", reply["content"]
     _, msgs = run_route(ll, "print(fk_wrote + 1)", "gpu")
     assert stream_text(msgs) == "tensor([1, 2, 3])\n"
+
+
+@pytest.fixture
+def warm_kernel(jupyter_env, tmp_path):
+    """A kernel on a pool of its own with warm workers (issue 6), with wk (a tensor, 2.0s) committed by a warm
+    hit; yields (kernel, pid of the warm worker that ran the last cell, pool dir)."""
+    pool_dir = str(tmp_path / "pool")
+    k = Kernel("looseleaf", env={"LOOSELEAF_POOL_DIR": pool_dir, "LL_POOL_WARM_IDLE_S": "300"})
+    try:
+        run_route(k, "import torch\nwk = torch.ones(2)", "gpu")
+        reply, _ = run_route(k, "wk.add_(1)", "gpu")
+        md = ll_md(reply)
+        assert md.get("warm_hit") and alive(md["worker_pid"]), md
+        yield k, md["worker_pid"], pool_dir
+    finally:
+        k.stop()
+        stop_pool(pool_dir)
+
+
+def test_idle_warm_worker_killed(warm_kernel):
+    """The session's warm worker killed while it waits: once the pool saw it die (its log says so), the next
+    cell runs on a fresh worker from the committed versions.  (A cell sent before the pool saw the death may
+    get WorkerDied: a race reported to the lead, not tested here.)"""
+    k, worker, pool_dir = warm_kernel
+    os.kill(worker, signal.SIGKILL)
+    log = os.path.join(pool_dir, "pool.log")
+
+    def noticed():
+        with open(log, errors="replace") as f:
+            return "warm worker %d of session" % worker in f.read()
+    wait_for(noticed, 30, "the pool to log warm worker %d's death" % worker)
+    reply, msgs = run_route(k, "print(wk)", "gpu")
+    assert stream_text(msgs) == "tensor([2., 2.])\n"
+    assert not ll_md(reply).get("warm_hit") and ll_md(reply)["worker_pid"] != worker, ll_md(reply)
+
+
+def test_warm_worker_killed_while_running(warm_kernel):
+    """A warm worker killed while it runs a cell: the same error as a cold one, then a fresh worker."""
+    k, worker, _ = warm_kernel
+    reply, msgs = execute(k, "import os\nwk.add_(5)\nos.kill(os.getpid(), 9)")
+    _worker_died(k, reply, msgs)
+    assert "(pid %d)" % worker in reply["content"]["evalue"], (worker, reply["content"]["evalue"])
+    reply, msgs = run_route(k, "print(wk)", "gpu")
+    assert stream_text(msgs) == "tensor([2., 2.])\n"
+    assert ll_md(reply)["worker_pid"] != worker
