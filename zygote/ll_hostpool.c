@@ -51,6 +51,7 @@
 #define S_PROBE_MS 120000.0
 #define S_MAX_SESSIONS 512
 #define S_EXIT_GRACE_MS 5000.0 /* an evicted worker that does not leave by then is killed */
+#define S_SAVE_GRACE_MS 30000.0 /* a worker saving when its client left may finish that long */
 
 /* Frames to a client are queued and written as its socket takes them, so a
  * client that stops reading stalls only itself; past S_CLIENT_QUEUE_MAX it
@@ -126,6 +127,7 @@ typedef struct {
     bool handover;      /* handed to a warm worker that has not said ready: interrupts wait */
     bool warm_hit;      /* this job runs on a warm worker */
     bool fresh;         /* its worker was forked for this job */
+    bool evicted_for;   /* a prefetch that evicted a warm worker: waits for that slot */
     bool spec;          /* the worker never ran a cell (a prefetch prepared it) */
     int cells;          /* cells the worker ran */
     double held_bytes;  /* bytes of state the worker holds (its last report) */
@@ -739,8 +741,14 @@ static void s_session_end(int i)
     double held = s_session_held(i, now) / 1000.0;
     double conn = se->client >= 0 && P.clients[se->client].fd >= 0 ? (now - P.clients[se->client].connected) / 1000.0
                                                                     : held;
+    /* Written whatever the log level (kernels start the pool at warn):
+     * this line is the session's GPU bill, read by people and benches. */
+    int level = ll_log_level;
+    if (ll_log_level < LL_LOG_INFO)
+        ll_log_level = LL_LOG_INFO;
     ll_info("pool", "session %s: GPU held %.1f s of %.1f s connected (%.0f%%)", se->name, held, conn,
             conn > 0 ? 100.0 * held / conn : 0.0);
+    ll_log_level = level;
     free(se->name);
     memset(se, 0, sizeof *se);
 }
@@ -962,6 +970,30 @@ static void s_evict_worker(int r, const char *why, bool pressure)
     run->evict_t = ll_zframe_now_ms();
 }
 
+/* Prefetch R finds every slot held: evict the GreedyDual victim among idle
+ * warm workers (completed before speculative, smallest L), but only when
+ * the victim's L is below the L the prefetched worker would get (the clock
+ * now plus the bytes of its closure, `closure_bytes` when the request gives
+ * them, else 0): state that went unused since the clock passed it.  Repeated
+ * prefetches of an unchanged closure do not renew H, so they cannot keep
+ * evicting sessions whose state changed since.  Returns whether it evicted. */
+static bool s_prefetch_evicts(int r, double now)
+{
+    s_run_t *run = &P.runs[r];
+    int victim = ll_gdsf_victim(P.gdsf, now);
+    double l = 0, est = json_number_value(json_object_get(run->req, "closure_bytes"));
+    if (victim < 0 || !ll_gdsf_value(P.gdsf, victim, &l) || !(l < ll_gdsf_clock(P.gdsf) + (est > 0 ? est : 0)))
+        return false;
+    for (int v = 0; v < S_MAX_RUNS; v++)
+        if (P.runs[v].used && P.runs[v].state == S_WARM && P.runs[v].wpid == victim) {
+            char why[200];
+            snprintf(why, sizeof why, "slot pressure: prefetch %.80s of session %.40s", run->id, run->session);
+            s_evict_worker(v, why, true);
+            return true;
+        }
+    return false;
+}
+
 /* Queued R is a prefetch, or waits for a slot: whether it may take a free
  * slot now.  A prefetch never waits and never evicts: it takes a free slot
  * only when no cell is waiting for one. */
@@ -1020,11 +1052,15 @@ static void s_schedule(void)
             for (int s2 = 0; s2 < P.nslots && slot < 0; s2++)
                 if (P.slot_run[s2] < 0)
                     slot = s2;
-            if (slot >= 0 && !s_cells_waiting() && s_best_node(json_object_get(run->req, "import_closure")) >= 0) {
+            bool cells = s_cells_waiting();
+            if (slot >= 0 && !cells && s_best_node(json_object_get(run->req, "import_closure")) >= 0) {
                 s_start_run(r, slot);
-            } else if (slot < 0 || s_cells_waiting()) {
+            } else if (slot < 0 && !cells && !run->evicted_for && s_prefetch_evicts(r, now)) {
+                run->evicted_for = true; /* stays queued until that worker is gone */
+            } else if (cells || (slot < 0 && !run->evicted_for)) {
                 s_send_client(run->client, json_pack("{s:s, s:s, s:b, s:s}", "type", "prefetched", "id", run->id,
-                                                     "ok", 0, "skipped", "no free GPU slot"));
+                                                     "ok", 0, "skipped",
+                                                     cells ? "cells wait for a GPU slot" : "no free GPU slot"));
                 s_drop_run(r);
             }
             continue;
@@ -1311,9 +1347,13 @@ static void s_client_gone(int c)
             s_drop_run(r);
             continue;
         }
-        if (run->state == S_WARM)
+        if (run->state == S_WARM) {
             s_evict_worker(r, "its client left", false);
-        else if (run->state != S_EVICTING) {
+        } else if (run->state == S_SAVING) {
+            /* Its save commits (a cell that ran is kept, as if the client
+             * had waited), then it leaves: nobody takes it warm. */
+            run->evict_t = ll_zframe_now_ms();
+        } else if (run->state != S_EVICTING) {
             run->cancelled = true;
             s_kill_run(r, SIGKILL);
         }
@@ -1706,6 +1746,16 @@ int ll_pool_main(int argc, char **argv)
                 if (left <= 0) {
                     s_evict_worker(r, "idle timeout", false);
                     left = S_EXIT_GRACE_MS;
+                }
+            } else if (run->used && run->state == S_SAVING && run->client < 0) {
+                left = run->evict_t + S_SAVE_GRACE_MS - now;
+                if (left <= 0) {
+                    ll_warn("pool", "worker %d still saving %.0f s after its client left: killed", (int)run->wpid,
+                            S_SAVE_GRACE_MS / 1000);
+                    run->cancelled = true;
+                    kill(run->wpid, SIGKILL);
+                    run->evict_t = now; /* its exit ends the entry; until then, once per grace */
+                    left = S_SAVE_GRACE_MS;
                 }
             } else if (run->used && run->state == S_EVICTING) {
                 left = run->evict_t + S_EXIT_GRACE_MS - now;

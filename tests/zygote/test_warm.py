@@ -261,3 +261,99 @@ def test_a_worker_whose_namespace_differs_from_the_store_does_not_stay(env):
     r2 = c.run("h", "print(ok, 'gen' in dir())", state_closure=["ok"])
     assert r2.stdout == "1 False\n" and not r2.ll["warm_hit"], r2.events
     assert r2.ll["stays_warm"] is True
+
+
+def test_repeated_prefetches_cannot_keep_a_worker_against_an_honest_session(env):
+    # Two slots.  B's worker (8 MiB, completed) is evicted before G's fresh speculative one (4 MiB): the clock
+    # advances past G's L.  G then keeps prefetching the same closure: nothing changes, so neither its H nor
+    # its speculation window is renewed, and once the window passed the honest session's newer state wins.
+    _kernel_commit(env, big4=__import__("numpy").ones(4 << 20, dtype="uint8"))
+    b = env.client(slots=2, extra=WARM + ["--spec-window", "1"])
+    g = env.client(slots=2, extra=WARM)
+    a = env.client(slots=2, extra=WARM)
+    t = env.client(slots=2, extra=WARM)
+    rb = b.run("b", "import numpy as np\nbig8 = np.ones(8 << 20, dtype=np.uint8)", defines=["big8"])
+    assert rb.ok, rb.events
+    g.send(op="prefetch", id="g0", session=env.session, store_dir=env.store_dir, redis_url=env.redis_url,
+           state_closure=["big4"])
+    pg = _next_of(g, "g0", ("prefetched",))
+    assert pg["ok"] and pg["held_bytes"] >= 4 << 20, pg
+    ws = _workers(a)
+    assert ws[pg["worker_pid"]]["state"] == "speculative" and ws[pg["worker_pid"]]["L"] < ws[rb.ll["worker_pid"]]["L"]
+    ra = a.run("a1", "n = 1", defines=["n"])    # evicts B (completed before speculative), clock -> B's L
+    assert ra.ok
+    wait_for(lambda: not pid_alive(rb.ll["worker_pid"]), 10, "B's worker evicted")
+    assert pid_alive(pg["worker_pid"])
+    clock = a.stats()["clock"]
+    assert clock >= 8 << 20
+    wait_for(lambda: _workers(a)[pg["worker_pid"]]["state"] == "warm", 10, "G's speculation window to pass")
+    for k in range(5):
+        g.send(op="prefetch", id="g%d" % (k + 1), session=env.session, store_dir=env.store_dir,
+               redis_url=env.redis_url, state_closure=["big4"])
+        p = _next_of(g, "g%d" % (k + 1), ("prefetched",))
+        assert p["ok"] and p["warm_hit"] and p["restored"] == [] and p["dropped_stale"] == [], p
+    ra = a.run("a2", "n += 1", state_closure=["n"], defines=["n"])
+    assert ra.ll["warm_hit"]
+    ws = _workers(a)
+    assert ws[pg["worker_pid"]]["L"] < clock <= ws[ra.ll["worker_pid"]]["L"], ws
+    rt = t.run("t", "print('third')")             # evicts G, not the honest session
+    assert rt.stdout == "third\n"
+    wait_for(lambda: not pid_alive(pg["worker_pid"]), 10, "G's worker evicted")
+    assert pid_alive(ra.ll["worker_pid"])
+
+
+def test_a_client_leaving_while_its_worker_saves_lets_the_save_commit(env):
+    a = env.client(extra=WARM)
+    b = env.client(extra=WARM)
+    go = os.path.join(env.tmp, "go")
+    a.submit("slow", "class Slow:\n    def __reduce__(self):\n        import os, time\n"
+                     "        while not os.path.exists(%r): time.sleep(0.01)\n        return (int, (8,))\n"
+                     "s = Slow()" % go, defines=["s", "Slow"])
+    pid = _next_of(a, "slow", ("started",))["pid"]
+    wait_for(lambda: _workers(b).get(pid, {}).get("state") == "saving", 30, "the save to start")
+    a.proc.kill()
+    a.proc.wait()
+    wait_for(lambda: a.proc.pid and _workers(b).get(pid, {}).get("client") == -1, 10, "the pool to see a leave")
+    assert pid_alive(pid)
+    open(go, "w").close()
+    wait_for(lambda: not pid_alive(pid), 10, "the worker to leave after its save")
+    assert b.run("check", "print(s)", state_closure=["s"]).stdout == "8\n"
+
+
+def test_a_prefetch_evicts_only_state_older_than_what_it_brings(env):
+    a = env.client(slots=1, extra=WARM)
+    b = env.client(slots=1, extra=WARM)
+    ra = a.run("a", "import numpy as np\nav = np.ones(1 << 20, dtype=np.uint8)", defines=["av"])
+    pa = ra.ll["worker_pid"]
+    la = _workers(a)[pa]["L"]
+    assert la >= 1 << 20
+    # Without a size hint the prefetched worker would get L = clock (0) < A's L: no eviction.
+    b.send(op="prefetch", id="p1", session=env.session, store_dir=env.store_dir, redis_url=env.redis_url,
+           state_closure=["av"])
+    p = _next_of(b, "p1", ("prefetched",))
+    assert not p["ok"] and p["skipped"] == "no free GPU slot" and pid_alive(pa), p
+    # With the closure's bytes (more than A holds), A's unused state is older than what the prefetch brings.
+    b.send(op="prefetch", id="p2", session=env.session, store_dir=env.store_dir, redis_url=env.redis_url,
+           state_closure=["av"], closure_bytes=la + 1)
+    p = _next_of(b, "p2", ("prefetched",))
+    assert p["ok"] and p["restored"] == ["av"], p
+    wait_for(lambda: not pid_alive(pa), 10, "A's worker evicted by the prefetch")
+    assert b.stats()["clock"] == la
+
+
+def test_gpu_seconds_count_a_warm_worker_holding_its_slot(env):
+    c = env.client(extra=WARM)
+    r = c.run("a", "1 + 1")
+    assert r.ll["stays_warm"]
+
+    def held():
+        return max(s["gpu_held_s"] for s in c.stats()["sessions"] if s["session"] == env.session)
+    h0 = held()
+    wait_for(lambda: held() >= h0 + 0.3, 10, "the held time to grow while the worker idles warm")
+
+
+def test_an_unsaveable_result_is_only_history(env):
+    c = env.client(extra=WARM)
+    r = c.run("a", "(i for i in range(3))", execution_count=1)
+    assert r.ok and r.result().startswith("<generator"), r.events
+    assert "save_failed" not in r.ll and r.stderr == "" and r.ll["stays_warm"], r.ll

@@ -157,12 +157,14 @@ def _held_bytes():
 
 def _drop_stale(shell):
     """A warm worker's namespace before its next job: keep only names held at their committed version (and
-    never what references a dropped one); everything else goes, so nothing stale can be read.  Returns the
-    names dropped."""
+    never what references a dropped one) and modules; every other name goes, so nothing stale can be read.
+    Returns the names dropped."""
     ns = shell.user_ns
     vers = _cp.versions()
     held = _cp.held()
-    drop = {n for n in _visible(shell) if held.get(n) is None or vers.get(n) != held[n]}
+    # Modules are no variables (never saved; import statements bind them): they stay.
+    drop = {n for n in _visible(shell) if (held.get(n) is None or vers.get(n) != held[n])
+            and not isinstance(ns.get(n), type(sys))}
     state = getattr(_cp, "_state", {})
     grew = True
     while grew:
@@ -313,6 +315,9 @@ def worker_finish(arg):
         # Die inside the commit: after the payloads went into the pool, just before Redis' EXEC.
         os.environ["LL_STORE_FAULT"] = "before_commit"
     rep = procstate.save_with(_cp, sorted(names), cell_id=str(job.get("id")))
+    # _N is only output history (for the kernel's Out/_): a result that cannot be saved is no error.
+    for n in [n for n in rep.failed if n.startswith("_") and n[1:].isdigit()]:
+        del rep.failed[n]
     out = {
         "save_ms": (time.perf_counter() - t0) * 1e3,
         "bytes_saved": rep.bytes_written,
