@@ -31,7 +31,7 @@ struct ll_route_t {
     ll_analysis_session_t *session; /* every executed cell, in order */
     ll_zclient_t *pool;             /* connection to the host pool, made at the first GPU cell */
     unsigned long long cells;       /* GPU cells and prefetches sent: their ids */
-    char prefetch_id[48];           /* the prefetch in flight, "" when none */
+    char prefetch_id[48];           /* the last prefetch, until a cell runs or it is cancelled */
     char store_session[64];         /* the store session GPU cells run under ("" before the first) */
     char *prefetch_key;             /* its closure (JSON text), to tell a repeat from a new one */
 };
@@ -388,8 +388,8 @@ static void s_idle_event(ll_route_t *self, json_t *ev)
     if (type && strcmp(type, "stats") == 0)
         s_keep_usage(self, ev);
     else if (type && strcmp(type, "prefetched") == 0) {
-        if (id && strcmp(id, self->prefetch_id) == 0)
-            self->prefetch_id[0] = '\0';
+        /* The id stays: until a cell takes the prepared worker, an abort or
+         * interrupt cancels it (the pool then lets a speculative worker go). */
         ll_debug("route", "prefetch %s: ok %d warm %d", id ? id : "?",
                  json_is_true(json_object_get(ev, "ok")),
                  json_is_true(json_object_get(ev, "warm_hit")));
@@ -492,6 +492,7 @@ int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *re
         snprintf(err, errlen, "the cell has no closure");
         return -1;
     }
+    self->prefetch_id[0] = '\0'; /* this cell takes the prepared worker, if any */
     char id[48];
     snprintf(id, sizeof id, "cell-%llu", ++self->cells);
     const char *session = json_string_value(json_object_get(sync, "session"));
