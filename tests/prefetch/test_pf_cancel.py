@@ -7,10 +7,6 @@ import pytest
 
 from pfhelp import alive, execute, hint_is_complete, run_cpu, run_gpu, wait_for
 
-PENDING = ("kernel bug (.notes/lead.md 10:29): once the kernel has read the prefetch's 'prefetched' answer "
-           "(ll_route s_idle_event clears prefetch_id), ll_route_cancel_prefetch sends no cancel, so the "
-           "finished speculative worker stays")
-
 
 def _spec_session(pool, k, code, state):
     """Hint CODE on kernel K (no warm worker yet), wait until the pool's worker for it is in STATE
@@ -55,7 +51,6 @@ def test_pf_cancel_while_preparing(pool, how, mod):
         k.stop()
 
 
-@pytest.mark.xfail(strict=True, reason=PENDING)
 @pytest.mark.parametrize("how", ["interrupt", "stop_on_error"])
 def test_pf_cancel_after_prepared(pool, how):
     k = pool.kernel()
