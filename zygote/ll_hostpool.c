@@ -1572,8 +1572,8 @@ int ll_pool_main(int argc, char **argv)
     P.nslots = getenv("LL_POOL_SLOTS") ? atoi(getenv("LL_POOL_SLOTS")) : 2;
     P.idle_exit_s = getenv("LL_POOL_IDLE_EXIT") ? atoi(getenv("LL_POOL_IDLE_EXIT")) : 300;
     P.max_nodes = getenv("LL_POOL_MAX_NODES") ? atoi(getenv("LL_POOL_MAX_NODES")) : 50;
-    /* Warm workers are off unless asked for (tests/routing expects a worker
-     * per cell until the lead turns them on by default). */
+    /* Warm workers are off unless asked for: the kernel asks (300 s,
+     * gateway/ll_route.c); bare pools (tests/zygote) fork per cell. */
     P.warm_idle_s = getenv("LL_POOL_WARM_IDLE_S") ? atoi(getenv("LL_POOL_WARM_IDLE_S")) : 0;
     P.spec_s = getenv("LL_POOL_SPEC_S") ? atoi(getenv("LL_POOL_SPEC_S")) : 30;
     P.grow = true;
