@@ -93,6 +93,20 @@ class Pair:
         """Run [(code, route), ...] in order through cell()."""
         return [self.cell(code, route) for code, route in pairs]
 
+    def burst(self, pairs):
+        """Send every cell of [(code, route), ...] at once (as a frontend does with Run All), then compare
+        each one's results as cell() does; an aborted request (after an error) has no routing report."""
+        got = {}
+        for k in (self.ref, self.ll):
+            ids = [send_execute(k, code) for code, _ in pairs]
+            got[k] = [(k.reply(i, timeout=GPU_TIMEOUT), k.iopub_until_idle(i, GPU_TIMEOUT)) for i in ids]
+        for (code, route), (r_ll, m_ll), (r_ref, m_ref) in zip(pairs, got[self.ll], got[self.ref]):
+            if route is not None:
+                got_route = ll_md(r_ll).get("route")
+                assert got_route == route, "%r ran on %s, expected %s" % (code, got_route, route)
+            a, b = comparable(r_ll, m_ll), comparable(r_ref, m_ref)
+            assert a == b, "%r differs:\nlooseleaf: %s\nipykernel: %s" % (code, a, b)
+
 
 # ---- host pool processes ---------------------------------------------------------------------------------
 def _cmdline(pid):

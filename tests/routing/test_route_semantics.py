@@ -235,6 +235,24 @@ def test_syntax_error_and_system_exit_in_torch_cells(pair):
     ])
 
 
+def test_cells_queued_at_once(pair):
+    """Run All: the next cells are queued (and may be prepared ahead) while one runs; each still sees what the
+    cells before it did; after an error the rest are aborted."""
+    pair.burst([
+        ("import torch\nqa_t = torch.zeros(2)\nqa_n = 1", GPU),
+        ("qa_n = qa_n + 1", CPU),
+        ("qa_t.add_(qa_n)\nprint(qa_t)", GPU),
+        ("qa_n = 10\nqa_l = [qa_n]", CPU),
+        ("print(qa_t + qa_n, qa_l)", GPU),
+        ("qa_t.mul_(2)", GPU),
+        ("del qa_n", CPU),
+        ("print(qa_t)\nprint(qa_n)", GPU),
+        ("print('aborted')", None),
+    ])
+    _, msgs = pair.cell("print(qa_t, qa_l)", GPU)
+    assert stream_text(msgs) == "tensor([4., 4.]) [10]\n"
+
+
 def test_process_state_follows_the_session(pair, tmp_path):
     here = os.getcwd()
     work = str(tmp_path)
