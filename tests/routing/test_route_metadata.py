@@ -4,6 +4,8 @@ import and restore, execution and save times, bytes and names restored / saved /
 the kernel committed before it.  Checked for presence and for sense against what the cells did."""
 import os
 
+import pytest
+
 from routehelp import alive, ll_md, run_route, stream_text, wait_for
 
 MIB = 1 << 20
@@ -86,3 +88,23 @@ def test_forced_routes(ll):
     assert ll_md(reply)["worker_pid"] != ll.pid
     reply, msgs = run_route(ll, "%%cpu\nimport torch\nprint(torch.ones(1).sum().item() + rm_forced)", "cpu")
     assert stream_text(msgs) == "8.0\n"
+
+
+@pytest.mark.xfail(strict=True, reason="a GPU cell run with store_history=False advances execution_count (ipykernel "
+                   "leaves it); .notes/lead.md")
+def test_store_history_false_gpu_cell_keeps_the_counter(ll):
+    reply, _ = run_route(ll, "import torch\nsh_t = torch.ones(1)", "gpu")
+    n = reply["content"]["execution_count"]
+    reply, _ = run_route(ll, "sh_u = sh_t + 1\nsh_u", "gpu", store_history=False)
+    assert reply["content"]["execution_count"] == n, reply["content"]
+    reply, _ = run_route(ll, "print(sh_u)", "gpu")
+    assert reply["content"]["execution_count"] == n + 1, reply["content"]
+
+
+def test_store_history_false_cpu_cell_keeps_the_counter(ll):
+    reply, _ = run_route(ll, "sh_c = 1", "cpu")
+    n = reply["content"]["execution_count"]
+    reply, _ = run_route(ll, "sh_c += 1", "cpu", store_history=False)
+    assert reply["content"]["execution_count"] == n, reply["content"]
+    reply, _ = run_route(ll, "print(sh_c)", "cpu")
+    assert reply["content"]["execution_count"] == n + 1, reply["content"]
