@@ -11,9 +11,9 @@ from pfhelp import Pool
 
 @pytest.fixture(scope="session")
 def slow_module_dir():
-    """A directory on the pool's PYTHONPATH holding modules pf_slow_a ... pf_slow_d, whose import takes 4 s: a
-    prefetch of a cell importing one stays in its preparation long enough for a test to act while it is in
-    flight.  One module per test: once imported, the pool grows a zygote node holding it."""
+    """A directory on the PYTHONPATH of the pool and the kernels, holding modules pf_slow_a ... pf_slow_d whose
+    import takes 4 s: a prefetch of a cell importing one stays in its preparation long enough for a test to act
+    while it is in flight.  One module per test: once imported, the pool grows a zygote node holding it."""
     d = tempfile.mkdtemp(prefix="ll-pf-mods-")
     for name in "abcd":
         with open(os.path.join(d, "pf_slow_%s.py" % name), "w") as f:

@@ -51,13 +51,13 @@ class Pool:
     kernels of a test only connect to it.  close() SIGTERMs it and waits until it is gone."""
 
     def __init__(self, slots=2, env=None):
-        env_extra = env
+        env_extra = self.extra_env = dict(env or {})
         self.tmp = tempfile.mkdtemp(prefix="ll-pf-")
         self.dir = os.path.join(self.tmp, "pool")  # the pool makes it (0700)
         env = kernel_env()
         env.update(LOOSELEAF_POOL_DIR=self.dir, LL_POOL_EXE=LOOSELEAF_BIN, LL_POOL_WARM_IDLE_S="300",
                    LL_POOL_SLOTS=str(slots), LOOSELEAF_LOG="info")
-        env.update(env_extra or {})
+        env.update(env_extra)
         self.proc = subprocess.Popen([DRIVER, "client", self.dir], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, env=env)
         self.events = queue.Queue()
@@ -88,8 +88,9 @@ class Pool:
                 return ev
 
     def kernel(self, **env):
-        """A looseleaf kernel on this pool."""
-        return Kernel("looseleaf", env=dict(env, LOOSELEAF_POOL_DIR=self.dir))
+        """A looseleaf kernel on this pool, with the pool's extra environment (a session's sys.path follows it
+        to its workers, so both need the same PYTHONPATH)."""
+        return Kernel("looseleaf", env=dict(self.extra_env, LOOSELEAF_POOL_DIR=self.dir, **env))
 
     def log(self):
         try:

@@ -9,7 +9,7 @@ requests, a looseleaf.prefetch comm (comm_open, then comm_msg), and an execute_r
 """
 import pytest
 
-from pfhelp import HINTS, hint_comm, ll_md, run_cpu, run_gpu, send_execute, wait_for
+from pfhelp import HINTS, hint_comm, ll_md, run_cpu, run_gpu, send_execute
 
 GPU_CELL = "print(int((w * x).sum()))"
 
@@ -39,19 +39,25 @@ def test_pf_run_without_hint_restores_what_moved(warm):
 
 @pytest.mark.parametrize("kind", sorted(HINTS))
 def test_pf_hint_prepares_warm_worker(pool, warm, kind):
+    """The CPU cell changes x and binds a new array; the hint's prefetch restores both into the warm worker
+    before Run (the pool's stats count the array's bytes as held by it)."""
     k, pid = warm
-    value = 3 + sorted(HINTS).index(kind)
-    run_cpu(k, "x = %d" % value)
+    i = sorted(HINTS).index(kind)
+    value, name, n = 3 + i, "q_" + kind, 1000 * (i + 1)
+    run_cpu(k, "import numpy as np\nx = %d\n%s = np.full(%d, 2.0)" % (value, name, n))
+    code = "%s\nprint(int(torch.from_numpy(%s).sum()))" % (GPU_CELL, name)
+    (held,) = [w["bytes"] for w in pool.workers() if w["pid"] == pid]
     before = len(pool.prefetches())
-    HINTS[kind](k, GPU_CELL)
+    HINTS[kind](k, code)
     pf, st = pool.wait_prepared(before, "the %s hint's prefetch" % kind)
     assert pool.prefetches()[before:] == [(pf, pid)], "one prefetch, on the session's warm worker"
-    assert [w["state"] for w in st["workers"] if w["pid"] == pid] == ["warm"], st["workers"]
-    md, out = run_gpu(k, GPU_CELL)
-    assert out == "%d\n" % (10 * value)
+    (w,) = [w for w in st["workers"] if w["pid"] == pid]
+    assert w["state"] == "warm" and w["bytes"] >= held + 8 * n, (held, w)
+    md, out = run_gpu(k, code)
+    assert out == "%d\n%d\n" % (10 * value, 2 * n)
     assert md["warm_hit"] and md["fork_ms"] == 0 and md["worker_pid"] == pid, md
     assert md["prepared_by_prefetch"], md
-    assert "x" not in md["restored"], "the prefetch restored x before Run: %s" % md
+    assert not {"x", name} & set(md["restored"]), "the prefetch restored x and %s before Run: %s" % (name, md)
 
 
 def test_pf_queued_execute_prepares_worker(pool, warm):
@@ -80,19 +86,21 @@ def test_pf_cold_hint_forks_speculative_worker(pool):
     """The session's first GPU cell: a hint forks and prepares a speculative worker, which Run takes."""
     k = pool.kernel()
     try:
-        run_cpu(k, "x = 5")
+        run_cpu(k, "import numpy as np\nx = 5\nq = np.ones(2000)")
+        code = "import torch\nprint(int(torch.from_numpy(q).sum()) * x)"
         sessions = pool.sessions()
         before = len(pool.prefetches())
         comm = hint_comm(k, "print(1)")  # a CPU cell: no prefetch
-        k.send("comm_msg", {"comm_id": comm, "data": {"code": "import torch\nprint(int(torch.ones(4).sum()) * x)"}})
+        k.send("comm_msg", {"comm_id": comm, "data": {"code": code}})
         pf, st = pool.wait_prepared(before, "the comm hint's prefetch")
         assert pool.prefetches()[before:] == [(pf, None)], "one prefetch, forked (no warm worker yet)"
         (session,) = pool.sessions() - sessions
         spec = [w for w in st["workers"] if w["session"] == session]
         assert [(w["state"], w["cells"]) for w in spec] == [("speculative", 0)], st["workers"]
-        md, out = run_gpu(k, "import torch\nprint(int(torch.ones(4).sum()) * x)")
-        assert out == "20\n"
+        assert spec[0]["bytes"] >= 16000, "the prefetch restored q (16000 bytes): %s" % spec
+        md, out = run_gpu(k, code)
+        assert out == "10000\n"
         assert md["warm_hit"] and md["fork_ms"] == 0 and md["worker_pid"] == spec[0]["pid"], md
-        assert md["prepared_by_prefetch"] and "x" not in md["restored"], md
+        assert md["prepared_by_prefetch"] and not {"x", "q"} & set(md["restored"]), md
     finally:
         k.stop()
