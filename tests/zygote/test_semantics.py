@@ -1,6 +1,7 @@
 """A session whose cells run on different forked workers behaves like one Python process: torch training
 across cells (model + optimizer restored, sharing intact), views, in-place mutation, functions, redefinition,
 del, exceptions, and process state (cwd, env, sys.path, RNGs, torch dtype/grad mode)."""
+import os
 import subprocess
 
 TORCH_HEAD = "numpy,torch,IPython,looseleaf_kernel,looseleaf_store"
@@ -88,3 +89,17 @@ def test_a_variable_that_cannot_be_saved_is_named(env):
     assert "g" in r.ll["save_failed"] and "g (" in r.stderr, (r.ll, r.stderr)
     assert r.ll["saved"] == ["ok"]
     assert c.run("h", "print(ok)", state_closure=["ok"]).stdout == "5\n"
+
+
+def test_imports_see_the_sys_path_a_cell_set(env):
+    # A package reachable only through a directory an earlier cell put on sys.path: the next worker applies
+    # the session's process state before it imports the cell's import closure.
+    mods = os.path.join(env.tmp, "onpath")
+    os.makedirs(mods)
+    with open(os.path.join(mods, "llz_onpath.py"), "w") as f:
+        f.write("VALUE = 11\n")
+    c = env.client()
+    assert c.run("p", "import sys\nsys.path.append(%r)" % mods).ok
+    r = c.run("q", "print(llz_onpath.VALUE)", import_closure=["llz_onpath"], import_stmts=["import llz_onpath"])
+    assert r.stdout == "11\n", r.events
+    assert r.ll["imported_after_fork"] == ["llz_onpath"] and "import_failed" not in r.ll, r.ll

@@ -7,9 +7,9 @@ Zygote (single-threaded, never touches CUDA):
   grow(mods)        in a freshly forked child node: import more.
   prefork()         gc.freeze() right before each fork (the child's GC would touch every page otherwise).
 Worker (after the fork, in the child; it stays warm for its session and prepares again for each job):
-  worker_prepare(job)  CUDA on the assigned device, the rest of the import closure, the import statements
-                       that re-create import-bound names, restore of the state closure and of the process
-                       state from the store.  A warm worker first drops every name whose held version is not
+  worker_prepare(job)  CUDA on the assigned device, the session's process state from the store (its sys.path
+                       and cwd decide what imports find), the rest of the import closure, the import
+                       statements that re-create import-bound names, restore of the state closure.  A warm worker first drops every name whose held version is not
                        the committed one (the store is the truth: a CPU cell or another worker may have
                        committed newer versions, or deleted names), and what references them; the restore
                        then loads only what moved.  Also a prefetch's whole work (no cell follows at once).
@@ -238,7 +238,21 @@ def worker_prepare(arg):
             except Exception as e:  # noqa: BLE001 - reported; the cell then fails on its own CUDA use
                 rep["cuda_error"] = "%s: %s" % (type(e).__name__, e)
     t1 = time.perf_counter()
-    # 2. The rest of the import closure, and the names imports bind.
+    shell = _shell()
+    ns = shell.user_ns
+    _guard_interrupts(shell, job.get("int_fd"))
+    # 2. The session's process state first (its sys.path and cwd decide what the imports find), and on a warm
+    #    worker the names whose committed version moved go.
+    try:
+        _open_store(job)
+        if warm:
+            _forget_outputs(shell)
+            rep["dropped_stale"] = _drop_stale(shell)
+        prep, probs = procstate.restore(_cp)
+    except Exception as e:  # noqa: BLE001 - becomes the cell's error reply (nothing held can be trusted)
+        return json.dumps({"fatal": "cannot restore the session's state: %s: %s" % (type(e).__name__, e)})
+    t2 = time.perf_counter()
+    # 3. The rest of the import closure, and the names imports bind.
     torch = sys.modules.get("torch")
     if torch is not None and _orig_threads:
         torch.set_num_threads(_orig_threads)
@@ -247,27 +261,15 @@ def worker_prepare(arg):
     rep["imported_after_fork"] = loaded
     if failed:
         rep["import_failed"] = failed
-    shell = _shell()
-    ns = shell.user_ns
-    _guard_interrupts(shell, job.get("int_fd"))
-    if _cp is not None and warm:
-        try:
-            _forget_outputs(shell)
-            rep["dropped_stale"] = _drop_stale(shell)
-        except Exception as e:  # noqa: BLE001 - the store is unreachable: nothing held can be trusted
-            return json.dumps({"fatal": "cannot check the warm worker's variables: %s: %s"
-                                        % (type(e).__name__, e)})
     for stmt in job.get("import_stmts") or []:
         try:
             exec(compile(stmt, "<looseleaf import>", "exec"), ns)
         except BaseException as e:  # noqa: BLE001 - the cell will raise the same error itself
             rep.setdefault("import_failed", {})[stmt] = "%s: %s" % (type(e).__name__, e)
-    t2 = time.perf_counter()
-    # 3. Restore the state closure and the process state.
+    t3 = time.perf_counter()
+    # 4. Restore the state closure.
     try:
-        _open_store(job)
         r = _cp.restore(list(job.get("state_closure") or []))
-        prep, probs = procstate.restore(_cp)
         _fault(job, "restore")
     except Exception as e:  # noqa: BLE001 - becomes the cell's error reply
         return json.dumps({"fatal": "cannot restore the cell's variables: %s: %s" % (type(e).__name__, e)})
@@ -278,12 +280,12 @@ def worker_prepare(arg):
         rep["procstate_problems"] = probs
     if isinstance(job.get("execution_count"), int):
         shell.execution_count = job["execution_count"]
-    t3 = time.perf_counter()
+    t4 = time.perf_counter()
     _before = _visible(shell)
     rep.update({
         "cuda_ms": (t1 - t0) * 1e3,
-        "import_ms": (t2 - t1) * 1e3,
-        "restore_ms": (t3 - t2) * 1e3,
+        "import_ms": (t3 - t2) * 1e3,
+        "restore_ms": (t2 - t1) * 1e3 + (t4 - t3) * 1e3,
         "bytes_restored": r.payload_bytes + prep.payload_bytes,
         "restored": sorted(n for n in r.restored if n != procstate.NAME),
         "missing": [n for n in r.missing if n != procstate.NAME],
