@@ -268,7 +268,7 @@ def test_repeated_prefetches_cannot_keep_a_worker_against_an_honest_session(env)
     # advances past G's L.  G then keeps prefetching the same closure: nothing changes, so neither its H nor
     # its speculation window is renewed, and once the window passed the honest session's newer state wins.
     _kernel_commit(env, big4=__import__("numpy").ones(4 << 20, dtype="uint8"))
-    b = env.client(slots=2, extra=WARM + ["--spec-window", "1"])
+    b = env.client(slots=2, extra=WARM + ["--spec-window", "4"])
     g = env.client(slots=2, extra=WARM)
     a = env.client(slots=2, extra=WARM)
     t = env.client(slots=2, extra=WARM)
@@ -286,7 +286,7 @@ def test_repeated_prefetches_cannot_keep_a_worker_against_an_honest_session(env)
     assert pid_alive(pg["worker_pid"])
     clock = a.stats()["clock"]
     assert clock >= 8 << 20
-    wait_for(lambda: _workers(a)[pg["worker_pid"]]["state"] == "warm", 10, "G's speculation window to pass")
+    wait_for(lambda: _workers(a)[pg["worker_pid"]]["state"] == "warm", 15, "G's speculation window to pass")
     for k in range(5):
         g.send(op="prefetch", id="g%d" % (k + 1), session=env.session, store_dir=env.store_dir,
                redis_url=env.redis_url, state_closure=["big4"])
