@@ -428,7 +428,9 @@ static bool s_execute_on_worker(ll_msg_t *req, ll_route_plan_t *plan, double t_r
     }
     /* History, counter and deletions follow the worker (coherence.py). */
     json_t *wmd = json_object_get(*md_p, "looseleaf");
-    json_t *after = json_pack("{s:O, s:O, s:O, s:O}", "code", json_object_get(req->content, "code"),
+    json_t *sh = json_object_get(req->content, "store_history");
+    json_t *after = json_pack("{s:b, s:O, s:O, s:O, s:O}", "store_history", !sh || json_is_true(sh),
+                              "code", json_object_get(req->content, "code"),
                               "execution_count", json_object_get(sync, "execution_count"), "saved",
                               json_object_get(wmd, "saved") ? json_object_get(wmd, "saved")
                                                             : json_array(),
@@ -436,6 +438,12 @@ static bool s_execute_on_worker(ll_msg_t *req, ll_route_plan_t *plan, double t_r
                                                                          : json_array());
     json_decref(s_interp_own("looseleaf_after_gpu", after, req));
     json_decref(after);
+    /* store_history=False: the counter did not move, as the interpreter
+     * would reply (the worker's IPython counted the cell). */
+    json_t *count = json_object_get(sync, "execution_count");
+    if (sh && !json_is_true(sh) && json_is_integer(count) && json_is_object(*reply_p))
+        json_object_set_new(*reply_p, "execution_count",
+                            json_integer(json_integer_value(count) - 1));
     /* The kernel's part of the preparation, next to the worker's. */
     json_t *ll = ll_route_plan_json(plan, "gpu");
     if (json_is_object(wmd))

@@ -90,8 +90,6 @@ def test_forced_routes(ll):
     assert stream_text(msgs) == "8.0\n"
 
 
-@pytest.mark.xfail(strict=True, reason="a GPU cell run with store_history=False advances execution_count (ipykernel "
-                   "leaves it); .notes/lead.md")
 def test_store_history_false_gpu_cell_keeps_the_counter(ll):
     reply, _ = run_route(ll, "import torch\nsh_t = torch.ones(1)", "gpu")
     n = reply["content"]["execution_count"]

@@ -386,13 +386,15 @@ class Coherence:
         shell = self.shell
         code = info.get("code")
         count = info.get("execution_count")
-        if isinstance(code, str) and isinstance(count, int) and not info.get("silent"):
+        # store_history=False: IPython neither records the cell nor advances its counter.
+        keep = bool(info.get("store_history", True)) and not info.get("silent")
+        if isinstance(code, str) and isinstance(count, int) and keep:
             try:
                 shell.history_manager.store_inputs(count, code, code)
             except Exception:  # noqa: BLE001 - history is a convenience, the cell ran
                 log.warning("cannot record a GPU cell in the history", exc_info=True)
         ns = shell.user_ns
-        out_name = "_%d" % count if isinstance(count, int) else None
+        out_name = "_%d" % count if isinstance(count, int) and keep else None
         if out_name and out_name in (info.get("saved") or []) and self.cp is not None:
             # The cell's result (saved by its worker as _N): into Out, _, __, ___ as IPython's displayhook
             # would have put it here.
@@ -402,7 +404,7 @@ class Coherence:
                     shell.displayhook.update_user_ns(ns[out_name])
             except Exception:  # noqa: BLE001 - the output was shown; only the history misses it
                 log.warning("cannot bring a GPU cell's result into the output history", exc_info=True)
-        if isinstance(count, int) and not info.get("silent"):
+        if isinstance(count, int) and keep:
             shell.execution_count = count + 1
         for n in info.get("deleted") or []:
             if isinstance(n, str):
