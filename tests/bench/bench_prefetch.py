@@ -20,7 +20,6 @@ import json
 import os
 import random
 import re
-import signal
 import statistics
 import sys
 import tempfile
@@ -30,6 +29,9 @@ import time
 from jupyter_client import KernelManager
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path[:0] = [os.path.join(REPO, "tests", "bench")]
+
+from bench_route import _stop_pool  # noqa: E402
 LOOSELEAF = os.path.join(REPO, "build", "looseleaf")
 SESSIONS = int(os.environ.get("LL_BENCH_SESSIONS", "3"))
 SLOTS = int(os.environ.get("LL_BENCH_SLOTS", "2"))
@@ -66,17 +68,6 @@ def _kernelspec(root):
     with open(os.path.join(d, "kernel.json"), "w") as f:
         json.dump({"argv": [LOOSELEAF, "-f", "{connection_file}"], "display_name": "looseleaf",
                    "language": "python"}, f)
-
-
-def _stop_pool(pool_dir):
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open("/proc/%s/cmdline" % pid, "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if argv[1:2] == [b"pool"] and pool_dir.encode() in argv:
-            os.kill(int(pid), signal.SIGTERM)
 
 
 def _session(k, env, hints, out, errors):
