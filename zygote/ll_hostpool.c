@@ -781,6 +781,27 @@ static void s_finish_dead(int r)
 {
     s_run_t *run = &P.runs[r];
     char why[512];
+    if (run->handover && !run->cancelled) {
+        /* A warm worker that died before it took this job (it says ready
+         * before anything runs): nothing ran, so the job is queued again
+         * and gets a fresh worker, as if the pool had seen the death first. */
+        ll_warn("pool", "%s %s: warm worker %d was gone before it took the job: forking anew",
+                run->prefetch ? "prefetch" : "cell", run->id, (int)run->wpid);
+        s_release_slot(r);
+        ll_gdsf_remove(P.gdsf, (int)run->wpid);
+        close(run->wfd);
+        run->wfd = -1;
+        ll_zreader_destroy(&run->wrd);
+        run->wpid = 0;
+        run->eof = run->exited = false;
+        run->status = 0;
+        run->handover = run->warm_hit = false;
+        run->cells = 0;
+        run->held_bytes = 0;
+        run->state = S_QUEUED;
+        s_schedule();
+        return;
+    }
     if (s_idle_worker(run)) {
         /* A warm worker gone: its last save committed, nothing is lost. */
         if (run->state == S_WARM)

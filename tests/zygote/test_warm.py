@@ -357,3 +357,15 @@ def test_an_unsaveable_result_is_only_history(env):
     r = c.run("a", "(i for i in range(3))", execution_count=1)
     assert r.ok and r.result().startswith("<generator"), r.events
     assert "save_failed" not in r.ll and r.stderr == "" and r.ll["stays_warm"], r.ll
+
+
+def test_a_cell_sent_right_after_its_warm_worker_died_runs_on_a_fresh_one(env):
+    # Whether the pool sees the death before or after it hands the cell over, the cell runs (nothing ran on
+    # the dead worker: it says ready before anything runs).
+    c = env.client(extra=WARM)
+    for k in range(3):
+        a = c.run("a%d" % k, "v = %d" % k, defines=["v"])
+        os.kill(a.ll["worker_pid"], signal.SIGKILL)
+        r = c.run("b%d" % k, "print(v)", state_closure=["v"])
+        assert r.ok and r.stdout == "%d\n" % k, r.events
+        assert r.ll["worker_pid"] != a.ll["worker_pid"] and not r.ll["warm_hit"]
