@@ -146,27 +146,32 @@ def bench_payload(rt, kind, make, t_memcpy):
     line("  then first full read of the restored payload", min(touches), t_memcpy)
 
     # a new variable saved after idle time: the pool's reserve, grown to the largest save so far, was
-    # refilled in the background meanwhile (the kernel is idle while the user types the next cell)
-    st_idle = stores[0]
+    # refilled in the background meanwhile (the kernel is idle while the user types the next cell); once
+    # in each of the stores above (best of the two), the variable deleted again afterwards
     other = value.clone() if isinstance(value, torch.Tensor) else value.copy()
-    t0 = time.perf_counter()
-    while (st_idle.stats()["reserve_ready_bytes"] < min(NBYTES, st_idle.stats()["reserve_bytes"])
-           and time.perf_counter() - t0 < 60):
-        time.sleep(0.005)
-    t_refill = time.perf_counter() - t0
-    s_idle = st_idle.stats()
-    ns_idle = new_ns()
-    ns_idle["y"] = other
-    cp_idle = Checkpointer(st_idle, ns_idle)
-    t0 = time.perf_counter()
-    rep = cp_idle.save(["y"])
-    t = time.perf_counter() - t0
-    assert not rep.failed and rep.bytes_written == NBYTES, rep
-    line("save of a new variable after idle (reserve refilled)", t, t_memcpy,
-         "reserve %d MiB ready after %.2f s idle" % (s_idle["reserve_ready_bytes"] >> 20, t_refill))
+    idle_saves, notes = [], []
+    for st_idle in stores:
+        t0 = time.perf_counter()
+        while (st_idle.stats()["reserve_ready_bytes"] < min(NBYTES, st_idle.stats()["reserve_bytes"])
+               and time.perf_counter() - t0 < 60):
+            time.sleep(0.005)
+        t_refill = time.perf_counter() - t0
+        notes.append("%d MiB ready after %.2f s" % (st_idle.stats()["reserve_ready_bytes"] >> 20, t_refill))
+        ns_idle = new_ns()
+        ns_idle["y"] = other
+        cp_idle = Checkpointer(st_idle, ns_idle)
+        t0 = time.perf_counter()
+        rep = cp_idle.save(["y"])
+        idle_saves.append(time.perf_counter() - t0)
+        assert not rep.failed and rep.bytes_written == NBYTES, rep
+        del ns_idle, cp_idle, rep
+        st_idle.commit("drop-y", {}, deletes=["y"])
+        st_idle.gc()
+    t = min(idle_saves)
+    line("save of a new variable after idle (reserve refilled)", t, t_memcpy, "reserve " + ", ".join(notes))
     _targets.append(("%s: save within 2x of memcpy (new variable, after idle)" % kind, "%.2fx" % (t / t_memcpy),
                      t <= 2 * t_memcpy))
-    del ns_idle, cp_idle, other, rep
+    del other
 
     # incremental saves: the kernel's own (unchanged) state is hashed per 2 MiB region ...
     st = stores[-1]  # ns and cp: the Checkpointer that saved `value` there
