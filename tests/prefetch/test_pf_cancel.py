@@ -31,8 +31,11 @@ def _cancel(k, how):
 
 
 def _gone(pool, pid, timeout):
-    wait_for(lambda: pid not in [w["pid"] for w in pool.workers()] and not alive(pid), timeout,
-             "speculative worker %d to leave the pool" % pid)
+    try:
+        wait_for(lambda: pid not in [w["pid"] for w in pool.workers()] and not alive(pid), timeout,
+                 "speculative worker %d to leave the pool" % pid)
+    except AssertionError as e:
+        raise AssertionError("%s; workers %s; pool log:\n%s" % (e, pool.workers(), pool.log()[-2000:]))
 
 
 @pytest.mark.parametrize("how,mod", [("interrupt", "pf_slow_a"), ("stop_on_error", "pf_slow_b")])

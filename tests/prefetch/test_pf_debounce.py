@@ -37,3 +37,21 @@ def test_pf_burst_of_hints_makes_one_prefetch_latest_wins(pool):
         assert "a1" in md["restored"], "an earlier hint's closure was not prefetched: %s" % md
     finally:
         k.stop()
+
+
+def test_pf_no_debounce_each_gpu_hint_prefetches_cpu_hints_none(pool):
+    """LOOSELEAF_PREFETCH_DEBOUNCE_MS=0: every GPU-labelled hint makes its own prefetch, in order; a hint whose
+    cell is a CPU cell makes none."""
+    k = pool.kernel(LOOSELEAF_PREFETCH_DEBOUNCE_MS="0")
+    try:
+        md, _ = run_gpu(k, "import torch\nw = torch.ones(10)")
+        pid = md["worker_pid"]
+        run_cpu(k, "b1, b2 = 1, 2")
+        before = len(pool.prefetches())
+        for code in ["b1 + b2", "print(int((w * b1).sum()))", "b2 * 3", "print(int((w * b2).sum()))"]:
+            k.reply(k.send("is_complete_request", {"code": code}))
+        md, out = run_gpu(k, "print(int((w * b2).sum()))")
+        assert out == "20\n" and md["prepared_by_prefetch"] and "b2" not in md["restored"], md
+        assert [w for _, w in pool.prefetches()[before:]] == [pid, pid], "two GPU hints, two prefetches"
+    finally:
+        k.stop()
