@@ -149,7 +149,8 @@ typedef struct {
 static struct {
     char dir[PATH_MAX];      /* runtime dir */
     char sock[PATH_MAX + 16]; /* listening socket path */
-    char exe[PATH_MAX];      /* our binary, exec'd as `zygote` */
+    char exe[PATH_MAX];      /* our binary (/proc/self/exe: it survives a rebuild), exec'd as `zygote` */
+    char exe_name[PATH_MAX]; /* its name, for the zygotes' argv[0] */
     char head[1024];         /* comma list of the base node's modules */
     int listen_fd;
     int sig_fd;
@@ -346,7 +347,7 @@ static int s_spawn_base(void)
         sigset_t all;
         sigemptyset(&all);
         sigprocmask(SIG_SETMASK, &all, NULL);
-        execl(P.exe, P.exe, "zygote", "--fd", fdarg, "--head", P.head, "--node", idarg, (char *)NULL);
+        execl(P.exe, P.exe_name, "zygote", "--fd", fdarg, "--head", P.head, "--node", idarg, (char *)NULL);
         _exit(127);
     }
     close(sv[1]);
@@ -1638,7 +1639,7 @@ int ll_pool_main(int argc, char **argv)
     P.gdsf = ll_gdsf_new(P.spec_s * 1000.0);
     if (!P.gdsf)
         return 1;
-    if (readlink("/proc/self/exe", P.exe, sizeof P.exe - 1) < 0) {
+    if (ll_zframe_self_exe(P.exe, sizeof P.exe, P.exe_name, sizeof P.exe_name) < 0) {
         fprintf(stderr, "looseleaf pool: cannot find its own binary: %s\n", strerror(errno));
         return 1;
     }

@@ -73,17 +73,18 @@ ll_zclient_t *ll_zclient_connect(const char *runtime_dir, const char *exe, const
     snprintf(sock, sizeof sock, "%s/pool.sock", dir);
     int fd = s_connect(sock);
     if (fd < 0) {
-        char self[PATH_MAX];
+        char self[PATH_MAX], name[PATH_MAX];
+        const char *argv0 = exe;
         if (!exe) {
-            ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-            if (n < 0) {
+            /* Our own binary, even when a rebuild replaced it on disk. */
+            if (ll_zframe_self_exe(self, sizeof self, name, sizeof name) < 0) {
                 snprintf(err, errlen, "cannot find the looseleaf binary: %s", strerror(errno));
                 return NULL;
             }
-            self[n] = '\0';
             exe = self;
+            argv0 = name;
         }
-        const char *argv[64] = {exe, "pool", "--runtime-dir", dir};
+        const char *argv[64] = {argv0, "pool", "--runtime-dir", dir};
         int na = 4;
         for (int i = 0; extra_args && extra_args[i] && na < 62; i++)
             argv[na++] = extra_args[i];

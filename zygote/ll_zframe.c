@@ -3,6 +3,8 @@
  * No threads, no state besides a reader's buffer. */
 #include "zygote/ll_zframe.h"
 
+#include <limits.h>
+
 #include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -18,6 +20,22 @@ struct ll_zreader_t {
     size_t len;   /* bytes in buf */
     size_t cap;   /* allocated */
 };
+
+int ll_zframe_self_exe(char *exec_path, size_t plen, char *argv0, size_t alen)
+{
+    char buf[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+    if (n < 0)
+        return -1;
+    buf[n] = '\0';
+    static const char gone[] = " (deleted)";
+    size_t gl = sizeof gone - 1;
+    if ((size_t)n > gl && strcmp(buf + n - gl, gone) == 0)
+        buf[n - gl] = '\0';
+    snprintf(exec_path, plen, "/proc/self/exe");
+    snprintf(argv0, alen, "%s", buf);
+    return 0;
+}
 
 double ll_zframe_now_ms(void)
 {

@@ -48,6 +48,13 @@ json_t *ll_zreader_pop(ll_zreader_t *self, bool *bad);
  * buffers of iopub messages travel so in frames), or NULL. */
 json_t *ll_zframe_b64(const void *data, size_t len);
 
+/* This process's binary, to exec again (the pool from a kernel, zygotes from
+ * the pool): EXEC_PATH is /proc/self/exe, the very inode that runs, even
+ * after a rebuild replaced or removed the file on disk; ARGV0 is its path
+ * (without readlink's " (deleted)" suffix), for argv[0].  Returns 0, or -1
+ * with errno. */
+int ll_zframe_self_exe(char *exec_path, size_t plen, char *argv0, size_t alen);
+
 /* Milliseconds of CLOCK_MONOTONIC (the same clock in every process on the host). */
 double ll_zframe_now_ms(void);
 

@@ -401,8 +401,9 @@ static bool s_worker_cell(json_t *job, double fork_ms, bool warm, bool prefetche
         reply = json_dumps(c, JSON_COMPACT);
         json_decref(c);
     } else {
+        json_t *sh = json_object_get(job, "store_history");
         json_t *content = json_pack("{s:O, s:b, s:b, s:b, s:O}", "code", json_object_get(job, "code"), "silent", 0,
-                                    "store_history", 1, "allow_stdin",
+                                    "store_history", json_is_boolean(sh) ? json_is_true(sh) : 1, "allow_stdin",
                                     json_is_true(json_object_get(job, "allow_stdin")), "user_expressions",
                                     json_object_get(job, "user_expressions") ? json_object_get(job, "user_expressions")
                                                                              : json_object());

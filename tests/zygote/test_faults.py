@@ -243,3 +243,21 @@ def test_interrupt_and_cancel_sent_right_after_submit_are_not_lost(env):
     r = c.collect("c1")[-1]
     assert r["content"]["ename"] == "Cancelled", r
     assert c.run("after", "print(4)").stdout == "4\n"
+
+
+def test_the_pool_survives_its_binary_removed_on_disk(env):
+    # A rebuild replaces or removes the binary a pool (and the kernel that started it) runs from: the pool
+    # still respawns its base zygote, from the inode that runs (/proc/self/exe).
+    import shutil
+    copy = os.path.join(env.tmp, "looseleaf-copy")
+    shutil.copy2(env.environ["LL_POOL_EXE"], copy)
+    env.environ["LL_POOL_EXE"] = copy
+    c = env.client()
+    _setup_x(c)
+    os.unlink(copy)
+    base = [n for n in c.stats()["nodes"] if n["parent"] == -1][0]
+    os.kill(base["pid"], signal.SIGKILL)
+    wait_for(lambda: c.stats()["base_respawns"] == 1, 30, "respawn")
+    r = c.run("after", "print(x)", state_closure=["x"])
+    assert r.stdout == "1\n", r.events
+    assert not c.stats()["base_broken"]
