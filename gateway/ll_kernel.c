@@ -491,8 +491,10 @@ static void s_prefetch(const char *code, const ll_msg_t *req)
     ll_route_plan_t *plan = ll_route_plan(s_k.route, code, strlen(code));
     if (ll_route_is_gpu(plan)) {
         json_t *closure = ll_route_plan_closure(plan);
-        if (closure)
+        if (closure) {
             json_object_set_new(closure, "code", json_string(code));
+            json_object_set_new(closure, "prefetch", json_true());
+        }
         json_t *sync = closure ? s_interp_own("looseleaf_before_gpu", closure, req) : NULL;
         json_decref(closure);
         char err[256];

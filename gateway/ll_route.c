@@ -217,6 +217,9 @@ static json_t *s_run_request(ll_route_plan_t *plan, const ll_msg_t *req, const j
     json_t *ue = json_object_get(content, "user_expressions");
     if (r && json_is_object(ue))
         json_object_set(r, "user_expressions", ue);
+    json_t *sh = json_object_get(content, "store_history");
+    if (r && json_is_boolean(sh))
+        json_object_set(r, "store_history", sh);
     /* Fault tests (tests/routing): with LOOSELEAF_TEST_FAULTS=1 in the
      * kernel's environment, execute_request metadata "looseleaf_fault"
      * ("restore", "save", ...) makes the worker SIGKILL itself there. */
@@ -461,6 +464,10 @@ int ll_route_prefetch(ll_route_t *self, ll_route_plan_t *plan, const json_t *syn
         s_strs_json(ll_analysis_closure_imports(plan->closure)), "import_stmts",
         s_strs_json(ll_analysis_closure_import_stmts(plan->closure)));
     char *key = request ? json_dumps(request, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    /* (after the key: the same closure grown in bytes is still the same prefetch) */
+    json_t *bytes = json_object_get(sync, "closure_bytes");
+    if (request && json_is_integer(bytes))
+        json_object_set(request, "closure_bytes", bytes);
     if (!key) {
         json_decref(request);
         snprintf(err, errlen, "out of memory");

@@ -378,6 +378,14 @@ class Coherence:
         st = self.store.stats()
         out.update({"store_dir": self.dir, "session": self.session, "redis_url": st.get("redis_url") or "",
                     "execution_count": self.shell.execution_count})
+        if plan.get("prefetch"):
+            # What a prepared worker will hold: the pool's GreedyDual weighs a speculative worker by it.
+            try:
+                import _llstore
+                entries = self.store.fetch(sorted(state))
+                out["closure_bytes"] = sum(_llstore.ref_nbytes(r) for e in entries.values() for r in e[2])
+            except Exception:  # noqa: BLE001 - an estimate only
+                log.info("cannot size the closure of a prefetch", exc_info=True)
         return out
 
     def after_gpu(self, info):
