@@ -103,6 +103,17 @@ def bench_backing_floor(rt, t_memcpy):
         _floor["n"] = _floor["1"]
 
 
+def wait_reserve(st, timeout=60):
+    """Idle until the pool reserve of ST is refilled (at most TIMEOUT s); returns the seconds waited."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        s = st.stats()
+        if s["reserve_ready_bytes"] >= min(NBYTES, s["reserve_bytes"]):
+            break
+        time.sleep(0.005)
+    return time.perf_counter() - t0
+
+
 def drop(st):
     st.delete_session()
     st.close()
@@ -114,6 +125,10 @@ def bench_payload(rt, kind, make, t_memcpy):
     # full save into a fresh session (first save of a variable writes every byte)
     saves, restores, touches, stores = [], [], [], []
     for _ in range(2):
+        # an earlier store's reserve refilling in the background would compete with this save for the
+        # CPUs (one process has one store in real use): let it finish first
+        for s in stores:
+            wait_reserve(s)
         st = new_store(rt)
         stores.append(st)
         ns = new_ns()
@@ -151,11 +166,7 @@ def bench_payload(rt, kind, make, t_memcpy):
     other = value.clone() if isinstance(value, torch.Tensor) else value.copy()
     idle_saves, notes = [], []
     for st_idle in stores:
-        t0 = time.perf_counter()
-        while (st_idle.stats()["reserve_ready_bytes"] < min(NBYTES, st_idle.stats()["reserve_bytes"])
-               and time.perf_counter() - t0 < 60):
-            time.sleep(0.005)
-        t_refill = time.perf_counter() - t0
+        t_refill = wait_reserve(st_idle)
         notes.append("%d MiB ready after %.2f s" % (st_idle.stats()["reserve_ready_bytes"] >> 20, t_refill))
         ns_idle = new_ns()
         ns_idle["y"] = other
