@@ -436,6 +436,9 @@ static bool s_execute_on_worker(ll_msg_t *req, ll_route_plan_t *plan, double t_r
                                                             : json_array(),
                               "deleted", json_object_get(wmd, "deleted") ? json_object_get(wmd, "deleted")
                                                                          : json_array());
+    /* Without the worker's account of what it committed (it died, the pool
+     * went away), the kernel compares versions before its next CPU cell. */
+    json_object_set_new(after, "unknown", json_boolean(!json_is_array(json_object_get(wmd, "saved"))));
     json_decref(s_interp_own("looseleaf_after_gpu", after, req));
     json_decref(after);
     /* store_history=False: the counter did not move, as the interpreter

@@ -137,6 +137,13 @@ class Coherence:
         self._before = None  # {name: id(value)} when the running CPU cell started
         self._ps = None      # the process state this process last applied or saved (procstate.capture())
         self._ps_blob = None  # pickle of a capture() taken right then: unchanged state is not saved again
+        # What workers may have committed since this process last looked.  Only this session's workers write
+        # its store, and only during GPU cells, so between them a CPU cell needs no round trip to Redis:
+        # _moved is the set of names a worker reported saving or deleting (None: unknown, e.g. a worker died
+        # mid-commit; then the versions are compared once), _ps_moved whether a GPU cell ran since the
+        # process state was last pulled.
+        self._moved = set()
+        self._ps_moved = False
 
     # ---- the namespace -------------------------------------------------------------------------------
     def _procstate(self):
@@ -203,6 +210,9 @@ class Coherence:
     def _pull_procstate(self):
         """Apply the stored process state if a worker committed a newer one than this process last
         applied or saved.  (procstate.restore would apply it every time, undoing what CPU cells changed.)"""
+        if not self._ps_moved and self._ps is not None:
+            return
+        self._ps_moved = False
         procstate = self._procstate()
         ns = self.shell.user_ns
         if self._ps is not None:
@@ -258,6 +268,22 @@ class Coherence:
             except BaseException:  # noqa: BLE001 - the cell meets the same error itself
                 log.info("import for a CPU cell failed: %s", stmt, exc_info=True)
 
+    def _stale(self, names):
+        """NAMES a worker may have changed: moved themselves, or referencing (through the objects they
+        share) a variable that moved, whose new objects they must be rebuilt around."""
+        state = getattr(self.cp, "_state", {})
+        memo = {}
+
+        def stale(n):
+            if n not in memo:
+                memo[n] = False  # a cycle adds nothing
+                memo[n] = n in self._moved or any(stale(d) for d in getattr(state.get(n), "deps", ()))
+            return memo[n]
+
+        out = [n for n in names if stale(n)]
+        stale = None  # the recursive closure would keep itself alive until gc
+        return out
+
     def before_cpu(self, plan):
         """Refresh the cell's closure from the store where a worker changed it, and bring in the imports
         it reads; remember the namespace.  Returns the refresh's report for metadata.looseleaf."""
@@ -267,7 +293,23 @@ class Coherence:
             t0 = time.perf_counter()
             names = [n for n in plan.get("state") or [] if n not in self.dirty]
             try:
-                rep = self.cp.restore(self._saveable(names), protect=sorted(self.dirty))
+                if self._moved is None:
+                    held = self.cp.held()
+                    self._moved = {n for n, v in self.cp.versions().items() if held.get(n) != v}
+                names = self._stale(names)
+                rep = self.cp.restore(self._saveable(names), protect=sorted(self.dirty)) if names else None
+                if rep is not None:
+                    self._moved.difference_update(n for n in names if n not in rep.failed)
+                    self._moved.difference_update(rep.restored)
+            except Exception as e:  # noqa: BLE001 - the cell runs with what the namespace has
+                log.warning("refreshing variables from the store failed", exc_info=True)
+                out["restore_failed"] = {"*": _reason(e)}
+                self._moved = None
+                rep = None
+            try:
+                if rep is None:
+                    from looseleaf_store.checkpoint import RestoreReport
+                    rep = RestoreReport()
                 if rep.failed:
                     log.warning("cannot refresh %s from the store", rep.failed)
                     out["restore_failed"] = rep.failed
@@ -420,4 +462,11 @@ class Coherence:
                 self.dirty.discard(n)
         for n in info.get("saved") or []:
             self.dirty.discard(n)
+        self._ps_moved = True
+        saved, deleted = info.get("saved"), info.get("deleted")
+        if self._moved is not None and isinstance(saved, list) and isinstance(deleted, list) and \
+                not info.get("unknown"):
+            self._moved.update(n for n in saved + deleted if isinstance(n, str))
+        else:
+            self._moved = None
         return {}
