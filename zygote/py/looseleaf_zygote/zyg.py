@@ -214,7 +214,9 @@ def _open_store(job):
             pass
     import _llstore
     from looseleaf_store import Checkpointer
-    _store = _llstore.Store(key[0], key[1], redis_url=key[2])
+    # No prefaulted reserve in workers: a warm worker holding a big model would keep as much again of pool
+    # memory backed for its next save; the kernel's Store keeps the session's reserve.
+    _store = _llstore.Store(key[0], key[1], redis_url=key[2], reserve_bytes=0)
     _cp = Checkpointer(_store, _shell().user_ns)
     _store_key = key
     return True
