@@ -416,6 +416,16 @@ ll_pool_t *ll_pool_open(const char *path, size_t pool_bytes, char *err, size_t e
             flock(pool->fd, LOCK_UN);
             goto out_close;
         }
+        /* A creator killed inside s_init_file (after sizing the file, before
+         * its magic, written last) leaves a file no process can have used:
+         * initialise it again rather than refuse it for ever. */
+        s_hdr_t head;
+        static const char zero_magic[8];
+        bool unfinished = (size_t)st.st_size >= sizeof head &&
+                          pread(pool->fd, &head, sizeof head, 0) == (ssize_t)sizeof head &&
+                          memcmp(head.magic, zero_magic, 8) == 0;
+        if (unfinished && ftruncate(pool->fd, 0) == 0)
+            st.st_size = 0;
         if (st.st_size == 0) {
             if (s_init_file(pool->fd, pool_bytes, path, NULL, err, errlen) != 0) {
                 if (ftruncate(pool->fd, 0) != 0) {
@@ -1213,6 +1223,15 @@ int ll_pool_selftest(bool verbose)
     ll_pool_unlink(pool);
     ll_pool_destroy(&pool);
     S_CHECK(pool == NULL);
+    ll_pool_destroy(&pool);
+    /* A creator killed between sizing the file and writing the magic left a
+     * sized file of zeros: the next opener initialises it. */
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    S_CHECK(fd >= 0 && ftruncate(fd, 3 * LL_POOL_REGION_BYTES) == 0);
+    close(fd);
+    pool = ll_pool_open(path, 2 * LL_POOL_REGION_BYTES, err, sizeof err);
+    S_CHECK(pool && pool->nregions == 2);
+    ll_pool_unlink(pool);
     ll_pool_destroy(&pool);
     return 0;
 fail:
