@@ -373,17 +373,27 @@ static bool s_can_stay(const char *fin)
     return ok;
 }
 
+/* worker_prepare (CUDA, imports, restore) for JOB, shared by a cell and a
+ * prefetch: *JOB_JSON_P gets the job as the Python side saw it (the caller
+ * frees it); returns the answer (malloc'd) or NULL with ERR set. */
+static char *s_prepare(json_t *job, double fork_ms, bool warm, char **job_json_p, char *err,
+                       size_t errlen)
+{
+    json_object_set_new(job, "fork_ms", json_real(fork_ms));
+    json_object_set_new(job, "warm", json_boolean(warm));
+    *job_json_p = json_dumps(job, JSON_COMPACT);
+    return s_py_call("worker_prepare", *job_json_p, err, errlen);
+}
+
 /* One cell on this worker (forked for it, or warm): prepare, run, save,
  * reply.  FORK_MS is 0 on a warm worker.  PREFETCHED: a prefetch prepared
  * this worker since its last cell.  Returns whether the worker may stay warm
  * (the pool asked for it and the namespace is the store's). */
 static bool s_worker_cell(json_t *job, double fork_ms, bool warm, bool prefetched, ll_fdcap_t *cap)
 {
-    json_object_set_new(job, "fork_ms", json_real(fork_ms));
-    json_object_set_new(job, "warm", json_boolean(warm));
-    char *job_json = json_dumps(job, JSON_COMPACT);
+    char *job_json;
     char err[1024];
-    char *prep = s_py_call("worker_prepare", job_json, err, sizeof err);
+    char *prep = s_prepare(job, fork_ms, warm, &job_json, err, sizeof err);
     json_error_t jerr;
     json_t *prep_j = prep ? json_loads(prep, 0, &jerr) : NULL;
     const char *fatal = prep_j ? json_string_value(json_object_get(prep_j, "fatal")) : err;
@@ -465,11 +475,9 @@ static bool s_worker_cell(json_t *job, double fork_ms, bool warm, bool prefetche
  * whether the worker may stay (a failed preparation leaves it unusable). */
 static bool s_worker_prefetch(json_t *job, double fork_ms, bool warm)
 {
-    json_object_set_new(job, "fork_ms", json_real(fork_ms));
-    json_object_set_new(job, "warm", json_boolean(warm));
-    char *job_json = json_dumps(job, JSON_COMPACT);
+    char *job_json;
     char err[1024];
-    char *prep = s_py_call("worker_prepare", job_json, err, sizeof err);
+    char *prep = s_prepare(job, fork_ms, warm, &job_json, err, sizeof err);
     json_error_t jerr;
     json_t *rep = prep ? json_loads(prep, 0, &jerr) : NULL;
     if (!json_is_object(rep)) {
