@@ -71,6 +71,15 @@ sys.stdout.flush()
 """
 
 
+def _cpu_cell(cp, ns, i, code, closure, defines):
+    """A CPU cell as the kernel's interpreter runs it: restore what moved, run, save what it defined."""
+    rep = cp.restore(closure) if closure else None
+    assert rep is None or not rep.failed, rep
+    exec(compile(code, "<cpu cell %d>" % i, "exec"), ns)
+    srep = cp.save(defines)
+    assert not srep.failed and not srep.error, srep
+
+
 def naive_prep(path):
     t0 = time.perf_counter()
     p = subprocess.Popen(["/usr/bin/python3", "-c", NAIVE, path], stdout=subprocess.PIPE, text=True)
@@ -107,11 +116,7 @@ def run_warm(env, med_cold):
     rows = []
     for i, (kind, code, closure, defines) in enumerate(SESSION):
         if kind == "cpu":
-            rep = cp.restore(closure) if closure else None
-            assert rep is None or not rep.failed, rep
-            exec(compile(code, "<cpu cell %d>" % i, "exec"), ns)
-            srep = cp.save(defines)
-            assert not srep.failed and not srep.error, srep
+            _cpu_cell(cp, ns, i, code, closure, defines)
             continue
         cell = c.run("w%d" % i, code, state_closure=closure, defines=defines, import_closure=["torch", "numpy"],
                      import_stmts=stmts)
@@ -146,11 +151,7 @@ def run(env, tmp):
     rows = []
     for i, (kind, code, closure, defines) in enumerate(SESSION):
         if kind == "cpu":
-            rep = cp.restore(closure) if closure else None
-            assert rep is None or not rep.failed, rep
-            exec(compile(code, "<cpu cell %d>" % i, "exec"), ns)
-            srep = cp.save(defines)
-            assert not srep.failed and not srep.error, srep
+            _cpu_cell(cp, ns, i, code, closure, defines)
             continue
         # The naive path restores the whole namespace as it stands before this cell.
         allnames = sorted(store.versions())
