@@ -1,0 +1,100 @@
+"""The kernel's checkpoint store over its life (coherence.py): opened at the first GPU cell in a private 0700
+directory with its own redis-server, deleted at shutdown, and swept by the next kernel when its kernel died
+without shutting down.  And the rule that a GPU cell binding a value no store can hold (a generator, an open
+file) runs in the kernel, where the value lives on for later cells, with the one-line notice."""
+import glob
+import os
+import signal
+import tempfile
+
+from routehelp import Kernel, execute, ll_md, run_route, stream_text, wait_for
+
+
+def _store_dirs():
+    """looseleaf-store-* dirs of this uid where kernels put them (XDG_RUNTIME_DIR, /dev/shm, tmp)."""
+    out = []
+    for base in (os.environ.get("XDG_RUNTIME_DIR"), "/dev/shm", tempfile.gettempdir()):
+        if base and os.path.isdir(base):
+            out += glob.glob(os.path.join(base, "looseleaf-store-*"))
+    return out
+
+
+def _owned_by(pid):
+    found = []
+    for d in _store_dirs():
+        try:
+            with open(os.path.join(d, "owner")) as f:
+                if f.read().split()[0] == str(pid):
+                    found.append(d)
+        except (OSError, IndexError):
+            pass
+    return found
+
+
+def _redis_of(d):
+    """pids of redis-servers serving store dir D."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if b"redis-server" in cmd and d.encode() in cmd:
+            pids.append(int(pid))
+    return pids
+
+
+def test_store_opens_at_first_gpu_cell_and_goes_at_shutdown(jupyter_env):
+    k = Kernel("looseleaf")
+    try:
+        run_route(k, "sl_x = 1", "cpu")
+        assert _owned_by(k.pid) == [], "a store before any GPU cell"
+        run_route(k, "import torch\nsl_t = torch.ones(2)", "gpu")
+        dirs = _owned_by(k.pid)
+        assert len(dirs) == 1 and os.stat(dirs[0]).st_mode & 0o777 == 0o700, dirs
+        assert _redis_of(dirs[0]), "no redis-server for %s" % dirs[0]
+    finally:
+        k.stop()
+    wait_for(lambda: not os.path.exists(dirs[0]), 30, "the store dir to go at shutdown")
+    wait_for(lambda: not _redis_of(dirs[0]), 30, "the store's redis-server to stop")
+
+
+def test_next_kernel_sweeps_the_store_of_a_killed_kernel(jupyter_env):
+    k1 = Kernel("looseleaf")
+    run_route(k1, "import torch\nsw_t = torch.ones(2)", "gpu")
+    dirs = _owned_by(k1.pid)
+    assert len(dirs) == 1
+    os.kill(k1.pid, signal.SIGKILL)
+    wait_for(lambda: not k1.km.is_alive(), 30, "the kernel to die")
+    assert os.path.exists(dirs[0]) and _redis_of(dirs[0]), "SIGKILL left nothing behind?"
+    k2 = Kernel("looseleaf")
+    try:
+        run_route(k2, "import torch\nsw_u = torch.ones(2)", "gpu")  # opens its store: sweeps
+        wait_for(lambda: not os.path.exists(dirs[0]), 30, "the dead kernel's store dir to be swept")
+        wait_for(lambda: not _redis_of(dirs[0]), 30, "the dead kernel's redis-server to stop")
+    finally:
+        k2.stop()
+        k1.stop()
+
+
+def test_gpu_cell_binding_a_generator_runs_in_the_kernel(jupyter_env):
+    k = Kernel("looseleaf")
+    try:
+        run_route(k, "import torch\ngx = torch.arange(8.)", "gpu")
+        reply, msgs = execute(k, "gen = (gx[i:i + 2] for i in range(0, 8, 2))\nprint(next(gen).tolist())")
+        md = ll_md(reply)
+        assert reply["content"]["status"] == "ok" and md["label"] == "gpu" and md["route"] == "cpu", md
+        assert "'gen' will hold a generator" in md["fallback"], md
+        err = stream_text(msgs, "stderr")
+        assert err.startswith("LooseLeaf: 'gen' will hold a generator") and err.count("\n") == 1, err
+        assert stream_text(msgs) == "[0.0, 1.0]\n"
+        # Later GPU-labelled cells needing it run where it lives, and it kept its position.
+        reply, msgs = execute(k, "print(next(gen).tolist(), gx.sum().item())")
+        md = ll_md(reply)
+        assert md["route"] == "cpu" and "'gen' cannot be saved" in md["fallback"], md
+        assert stream_text(msgs) == "[2.0, 3.0] 28.0\n"
+        # A GPU cell that does not need it still runs on a worker.
+        run_route(k, "gy = gx * 2\nprint(gy[1].item())", "gpu")
+    finally:
+        k.stop()
