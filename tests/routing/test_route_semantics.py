@@ -217,8 +217,6 @@ def test_gpu_cell_result_enters_output_history(pair):
         assert stream_text(msgs) == "tensor([5.]) tensor([5.])\n", (k.name, stream_text(msgs))
 
 
-@pytest.mark.xfail(strict=True, reason="%%capture in a GPU cell: the CapturedIO (StringIO inside) cannot be saved, "
-                   "so the captured variable is lost (NameError later); .notes/lead.md")
 def test_capture_magic_in_gpu_cell(pair):
     pair.cells([
         ("%%capture cap_gpu\nimport torch\nprint('captured', torch.ones(2).sum())", GPU),

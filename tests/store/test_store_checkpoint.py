@@ -370,6 +370,25 @@ def test_unsaveable_variables_are_named_and_others_saved(store, tmp_path):
         s.close()
 
 
+def test_in_memory_buffers_are_values(store):
+    # IPython's %%capture keeps output in StringIOs: contents and position come back, shared once.
+    import io
+    ns, cp = fresh(store)
+    ns["s"] = io.StringIO("captured text")
+    ns["s"].seek(9)
+    ns["b"] = io.BytesIO(b"\x00\x01bytes")
+    ns["both"] = [ns["s"], ns["s"]]
+    closed = io.StringIO("x")
+    closed.close()
+    ns["closed"] = closed
+    rep = cp.save(["s", "b", "both", "closed"])
+    assert set(rep.failed) == {"closed"}, rep
+    ns2, cp2 = fresh(store)
+    restore_ok(cp2, ["s", "b", "both"])
+    assert ns2["s"].read() == "text" and ns2["b"].getvalue() == b"\x00\x01bytes"
+    assert ns2["both"][0] is ns2["both"][1] is ns2["s"]
+
+
 # ---- incremental save, versions, restore skipping ---------------------------------------------------
 
 def test_incremental_save_writes_only_changed_regions(store):

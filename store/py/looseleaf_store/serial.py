@@ -235,6 +235,12 @@ class Pickled:
         self.hash = blob_digest(blob)
 
 
+def _rebuild_memory_buffer(kind, value, pos):
+    buf = kind(value)
+    buf.seek(pos)
+    return buf
+
+
 class _Pickler(cloudpickle.CloudPickler):
     """One per save, reused for each variable (start() resets it): creating a pickler costs more than
     pickling a small variable."""
@@ -376,6 +382,10 @@ class _Pickler(cloudpickle.CloudPickler):
             if isinstance(obj.base, np.ndarray):
                 return self._reduce_ndarray_view(obj)
             return self._reduce_ndarray_whole(obj)
+        if type(obj) in (io.StringIO, io.BytesIO) and not obj.closed:
+            # In-memory buffers are values (IPython's %%capture keeps its output in StringIOs): their
+            # contents and position.
+            return (_rebuild_memory_buffer, (type(obj), obj.getvalue(), obj.tell()))
         if isinstance(obj, io.IOBase):
             # cloudpickle would save a readable file's *contents*; an open file is process state.
             raise TypeError("cannot pickle %r object: an open file cannot be saved" % type(obj).__name__)
