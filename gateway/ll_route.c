@@ -220,6 +220,9 @@ static json_t *s_run_request(ll_route_plan_t *plan, const ll_msg_t *req, const j
     json_t *sh = json_object_get(content, "store_history");
     if (r && json_is_boolean(sh))
         json_object_set(r, "store_history", sh);
+    json_t *cells = json_object_get(sync, "cells_dir"); /* where the session's cell sources are */
+    if (r && json_is_string(cells))
+        json_object_set(r, "cells_dir", cells);
     /* Fault tests (tests/routing): with LOOSELEAF_TEST_FAULTS=1 in the
      * kernel's environment, execute_request metadata "looseleaf_fault"
      * ("restore", "save", ...) makes the worker SIGKILL itself there. */

@@ -149,12 +149,13 @@ def test_exceptions_keep_what_the_cell_did_before_the_raise(pair):
     ])
 
 
-@pytest.mark.xfail(strict=True, reason="a worker's traceback shows no source line for a function defined in an "
-                   "earlier cell ('File <hash>.py:2, in f' instead of 'Cell In[N], line 2'); .notes/lead.md")
 def test_traceback_shows_source_of_functions_from_earlier_cells(pair):
     pair.cells([
         ("def fails_tb(t):\n    return t.undefined_attribute", CPU),
         ("import torch\nfails_tb(torch.zeros(1))", GPU),
+        # and the other way: defined by a worker, failing in the kernel
+        ("z_tb = torch.zeros(1)\ndef fails_tb2(x):\n    return x.undefined_attribute", GPU),
+        ("fails_tb2(1)", CPU),
     ])
 
 

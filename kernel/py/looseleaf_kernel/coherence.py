@@ -289,6 +289,9 @@ class Coherence:
         it reads; remember the namespace.  Returns the refresh's report for metadata.looseleaf."""
         out = {}
         self._imports(plan.get("import_stmts"))
+        load_index = getattr(self.shell.compile, "load_index", None)
+        if load_index is not None:
+            load_index()  # cells compiled by workers: their tracebacks read as ours
         if self.cp is not None:
             t0 = time.perf_counter()
             names = [n for n in plan.get("state") or [] if n not in self.dirty]
@@ -418,8 +421,9 @@ class Coherence:
                         unsaveable=blocking)
         self.dirty -= set(rep.saved) | set(rep.unchanged) | set(rep.deleted)
         st = self.store.stats()
+        from .shell import CellCompiler
         out.update({"store_dir": self.dir, "session": self.session, "redis_url": st.get("redis_url") or "",
-                    "execution_count": self.shell.execution_count})
+                    "execution_count": self.shell.execution_count, "cells_dir": CellCompiler.session_dir()})
         if plan.get("prefetch"):
             # What a prepared worker will hold: the pool's GreedyDual weighs a speculative worker by it.
             try:

@@ -647,6 +647,12 @@ def shutdown():
     atexit._run_exitfuncs()
     if _kernel is not None:
         _kernel.coherence.close()  # the session's store: its pool file would keep its memory
+        # The session's cell sources (shell.CellCompiler), if this kernel made the directory.
+        from .shell import CellCompiler
+        d = CellCompiler._dir
+        if d and d.endswith("_%d" % os.getpid()):
+            import shutil
+            shutil.rmtree(d, ignore_errors=True)
     main = threading.main_thread()
     return not any(
         t.is_alive() and not t.daemon and t is not main for t in threading.enumerate()

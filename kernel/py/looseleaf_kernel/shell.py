@@ -41,10 +41,73 @@ class CellCompiler(CachingCompiler):
     _dir = None
 
     def get_code_name(self, raw_code, code, number):
+        return os.path.join(CellCompiler.session_dir(), "%d.py" % zlib.crc32(raw_code.encode("utf-8",
+                                                                                  "surrogatepass")))
+
+    @staticmethod
+    def session_dir():
         if CellCompiler._dir is None:
             CellCompiler._dir = os.path.join(tempfile.gettempdir(), "looseleaf_%d" % os.getpid())
-        return os.path.join(CellCompiler._dir, "%d.py" % zlib.crc32(raw_code.encode("utf-8",
-                                                                             "surrogatepass")))
+        return CellCompiler._dir
+
+    # GPU cells run in workers (issue 5), and a function defined in one cell may fail in a cell that another
+    # process runs.  So that its traceback shows the source line and "Cell In[N]" as in one process, every
+    # process of a session writes each cell it compiles under its name in one directory (the kernel's,
+    # passed to workers) and appends "N<TAB>name" to an index there, which the others read into
+    # _filename_map; linecache reads the sources from disk when a traceback needs them.
+    _index_pos = 0  # bytes of the index this process has read
+    _checked = None  # the directory found private to this user
+
+    @staticmethod
+    def _private(path):
+        """Make PATH 0700 if missing; whether it is a directory of ours that nobody else can write."""
+        if CellCompiler._checked == path:
+            return True
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+        import stat
+        ok = stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
+        if ok:
+            CellCompiler._checked = path
+        return ok
+
+    def cache(self, transformed_code, number=0, raw_code=None):
+        name = super().cache(transformed_code, number, raw_code)
+        try:
+            if not CellCompiler._private(CellCompiler._dir):
+                return name  # a directory someone else made: write nothing into it
+            if not os.path.exists(name):
+                with open(name, "w", encoding="utf-8", errors="surrogateescape") as f:
+                    f.write(transformed_code)
+            with open(os.path.join(CellCompiler._dir, "cells.tsv"), "a") as f:
+                f.write("%d\t%s\n" % (number, name))
+        except OSError:
+            pass  # only tracebacks in other processes lose their source lines
+        return name
+
+    def load_index(self):
+        """Pick up the cells the session's other processes compiled since the last call."""
+        if CellCompiler._dir is None:
+            return
+        try:
+            with open(os.path.join(CellCompiler._dir, "cells.tsv"), encoding="utf-8",
+                      errors="surrogateescape") as f:
+                f.seek(CellCompiler._index_pos)
+                data = f.read()
+                CellCompiler._index_pos = f.tell()
+        except OSError:
+            return
+        for line in data.splitlines():
+            number, _, name = line.partition("\t")
+            if number.isdigit() and name:
+                self._filename_map.setdefault(name, int(number))
+
+    @staticmethod
+    def use_dir(path):
+        """Compile into PATH (a worker: the kernel's directory) from now on; read its index afresh."""
+        if path and path != CellCompiler._dir:
+            CellCompiler._dir = path
+            CellCompiler._index_pos = 0
 
 
 PLACEMENT_MAGICS = ("%%gpu", "%%cpu")

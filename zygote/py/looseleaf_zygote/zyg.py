@@ -241,6 +241,11 @@ def worker_prepare(arg):
                 rep["cuda_error"] = "%s: %s" % (type(e).__name__, e)
     t1 = time.perf_counter()
     shell = _shell()
+    # The session's cell sources: tracebacks through functions of earlier cells show their lines.
+    compiler = getattr(shell, "compile", None)
+    if job.get("cells_dir") and hasattr(compiler, "use_dir"):
+        compiler.use_dir(job["cells_dir"])
+        compiler.load_index()
     ns = shell.user_ns
     _guard_interrupts(shell, job.get("int_fd"))
     # 2. The session's process state first (its sys.path and cwd decide what the imports find), and on a warm
