@@ -88,9 +88,7 @@ def test_tensor_view_shares_storage_with_its_base(pair):
 
 
 def test_restored_view_keeps_its_base(pair, pool_mode, request):
-    if pool_mode == "cold":   # (a warm worker holds the view itself: nothing is restored)
-        request.applymarker(pytest.mark.xfail(strict=True, reason="a view restored from the store shares its base's "
-                                              "storage but is no view any more: v._base is None; .notes/lead.md"))
+    # (cold: restored from the store; warm: the worker holds the view itself)
     pair.cells([
         ("import torch\nbase_u = torch.arange(6.0)\nview_u = base_u[1:]\nprint(view_u._base is base_u)", GPU),
         ("print(view_u._base is base_u)", GPU),

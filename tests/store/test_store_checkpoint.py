@@ -157,6 +157,8 @@ def test_tensor_views_share_storage_across_variables(store):
     assert o.data_ptr() == base.data_ptr() + 6 * 4
     base[6] = -1.0
     assert o[0].item() == -1.0
+    # Views stay views of their base, as in the process that made them.
+    assert v._base is base and t._base is base and o._base is base
 
 
 # ---- numpy -----------------------------------------------------------------------------------------

@@ -141,6 +141,12 @@ def _reduce_tensor(t):
         return NotImplemented
     if t.is_conj() or t.is_neg():
         t = t.resolve_conj().resolve_neg()
+    base = t._base
+    if base is not None and kind == 0 and not t.requires_grad and not t.__dict__ and \
+            type(base) is torch.Tensor and base.layout == torch.strided and not base.is_conj() \
+            and not base.is_neg():
+        # A view stays a view of its base (v._base is t after restore, as in the process that made it).
+        return (_rebuild_view, (base, t.storage_offset(), tuple(t.size()), tuple(t.stride())))
     grad = t.grad if t.is_leaf else None
     state = dict(t.__dict__) if t.__dict__ else None
     return (_rebuild_tensor, (t.storage(), t.storage_offset(), tuple(t.size()), tuple(t.stride()),
@@ -160,6 +166,10 @@ def _rebuild_tensor(storage, offset, size, stride, dtype, requires_grad, grad, k
     if state:
         t.__dict__.update(state)
     return t
+
+
+def _rebuild_view(base, offset, size, stride):
+    return base.as_strided(size, stride, offset)
 
 
 # id(flat array over a restored payload) -> the array _rebuild_ndarray built on it (weakly held: the
