@@ -176,6 +176,7 @@ class Kernel:
             "looseleaf_after_gpu": self.looseleaf_after_gpu,
         }
         self.coherence = Coherence(self.shell)
+        CellCompiler.sweep()  # cell sources of kernels that were killed
         from . import magic
         magic.install(self)
 

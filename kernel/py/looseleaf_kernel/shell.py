@@ -57,6 +57,7 @@ class CellCompiler(CachingCompiler):
     # _filename_map; linecache reads the sources from disk when a traceback needs them.
     _index_pos = 0  # bytes of the index this process has read
     _checked = None  # the directory found private to this user
+    _share = True    # write cells (the kernel; a worker only once given the kernel's directory)
 
     @staticmethod
     def _private(path):
@@ -73,6 +74,8 @@ class CellCompiler(CachingCompiler):
 
     def cache(self, transformed_code, number=0, raw_code=None):
         name = super().cache(transformed_code, number, raw_code)
+        if not CellCompiler._share:
+            return name
         try:
             if not CellCompiler._private(CellCompiler._dir):
                 return name  # a directory someone else made: write nothing into it
@@ -108,6 +111,29 @@ class CellCompiler(CachingCompiler):
         if path and path != CellCompiler._dir:
             CellCompiler._dir = path
             CellCompiler._index_pos = 0
+        if path:
+            CellCompiler._share = True
+
+    @staticmethod
+    def sweep():
+        """Remove the cell directories of kernels that died without shutting down (ours, 0700)."""
+        import shutil
+        import stat
+        base = tempfile.gettempdir()
+        try:
+            names = [n for n in os.listdir(base) if n.startswith("looseleaf_") and n[10:].isdigit()]
+        except OSError:
+            return
+        for n in names:
+            pid, path = int(n[10:]), os.path.join(base, n)
+            if pid == os.getpid() or os.path.exists("/proc/%d" % pid):
+                continue
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077:
+                shutil.rmtree(path, ignore_errors=True)
 
 
 PLACEMENT_MAGICS = ("%%gpu", "%%cpu")

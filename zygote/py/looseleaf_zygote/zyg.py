@@ -72,11 +72,20 @@ def _modules_now(asked):
     return sorted(tops | set(asked))
 
 
+def _no_cell_files():
+    """Workers write the cells they compile only into a kernel's cell directory (worker_prepare, cells_dir),
+    never into one of their own that nobody would remove."""
+    shell_mod = sys.modules.get("looseleaf_kernel.shell")
+    if shell_mod is not None:
+        shell_mod.CellCompiler._share = False
+
+
 def load_head(arg):
     mods = json.loads(arg)
     loaded, failed = _import(mods)
     _calm_torch()
     _stop_history_thread()
+    _no_cell_files()
     gc.collect()
     gc.freeze()
     return json.dumps({"modules": _modules_now(loaded), "failed": failed})
