@@ -90,7 +90,9 @@ def main():
         _kernelspecs(tmp)
         pool_dir = os.path.join(tmp, "pool")
         env = dict(os.environ, JUPYTER_PATH=os.path.join(tmp, "share"), IPYTHONDIR=os.path.join(tmp, "ipy"),
-                   LOOSELEAF_POOL_DIR=pool_dir, LL_POOL_SLOTS="1", PYDEVD_DISABLE_FILE_VALIDATION="1")
+                   LOOSELEAF_POOL_DIR=pool_dir, LL_POOL_SLOTS="1", PYDEVD_DISABLE_FILE_VALIDATION="1",
+                   # cold preparation is what this measures: no warm workers (bench_prefetch has those)
+                   LL_POOL_WARM_IDLE_S="0")
         env.pop("PYTEST_CURRENT_TEST", None)
         os.environ["JUPYTER_PATH"] = env["JUPYTER_PATH"]  # where KernelManager looks the specs up
         try:
