@@ -39,6 +39,20 @@ _HIDDEN = {"_", "__", "___", "_i", "_ii", "_iii", "In", "Out", "_oh", "_ih", "_d
            "get_ipython"}
 
 
+def visible(shell, modules=False):
+    """{name: id(value)} of the session's variables in SHELL's namespace, in the kernel and in workers:
+    IPython's own names, dunder names (the process state entry among them) and the input/output history
+    (_iN, _N) left out, and modules too unless MODULES."""
+    hidden = set(getattr(shell, "user_ns_hidden", {})) | _HIDDEN
+    out = {}
+    for k, v in shell.user_ns.items():
+        if k in hidden or k.startswith("__") or (k.startswith("_i") and k[2:].isdigit()) or \
+                (k.startswith("_") and k[1:].isdigit()) or (not modules and isinstance(v, types.ModuleType)):
+            continue
+        out[k] = id(v)
+    return out
+
+
 def _reason(e):
     return "%s: %s" % (type(e).__name__, e)
 
@@ -151,15 +165,7 @@ class Coherence:
         return procstate
 
     def _visible(self):
-        ns = self.shell.user_ns
-        hidden = set(getattr(self.shell, "user_ns_hidden", {})) | _HIDDEN
-        out = {}
-        for k, v in ns.items():
-            if k in hidden or k.startswith("__") or (k.startswith("_i") and k[2:].isdigit()) or \
-                    (k.startswith("_") and k[1:].isdigit()) or isinstance(v, types.ModuleType):
-                continue
-            out[k] = id(v)
-        return out
+        return visible(self.shell)
 
     def _saveable(self, names):
         """NAMES without modules (import statements bring those back) and IPython's own names."""

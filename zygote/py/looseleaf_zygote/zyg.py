@@ -33,8 +33,6 @@ _store = None            # the worker's _llstore.Store
 _before = None           # {name: id(value)} of the namespace after restore
 _store_key = None        # (store_dir, session, redis_url) _store was opened with
 _orig_run_cell = None    # the shell's run_cell before _guard_interrupts wrapped it
-_hidden_extra = {"_", "__", "___", "_i", "_ii", "_iii", "In", "Out", "_oh", "_ih", "_dh", "exit", "quit",
-                 "get_ipython", procstate.NAME}
 
 
 def _import(mods):
@@ -109,14 +107,9 @@ def _shell():
 
 
 def _visible(shell):
-    hidden = set(getattr(shell, "user_ns_hidden", {})) | _hidden_extra
-    out = {}
-    for k, v in shell.user_ns.items():
-        if k in hidden or k.startswith("__") or (k.startswith("_i") and k[2:].isdigit()) or \
-                (k.startswith("_") and k[1:].isdigit()):
-            continue
-        out[k] = id(v)
-    return out
+    """The session's variables and modules in the namespace (the kernel's rule: coherence.visible)."""
+    from looseleaf_kernel.coherence import visible
+    return visible(shell, modules=True)
 
 
 def _fault(job, stage):
