@@ -301,32 +301,28 @@ class Coherence:
         if self.cp is not None:
             t0 = time.perf_counter()
             names = [n for n in plan.get("state") or [] if n not in self.dirty]
+            out["restored"], out["bytes_restored"] = [], 0
             try:
                 if self._moved is None:
                     held = self.cp.held()
                     self._moved = {n for n, v in self.cp.versions().items() if held.get(n) != v}
                 names = self._stale(names)
-                rep = self.cp.restore(self._saveable(names), protect=sorted(self.dirty)) if names else None
-                if rep is not None:
+                if names:
+                    rep = self.cp.restore(self._saveable(names), protect=sorted(self.dirty))
                     self._moved.difference_update(n for n in names if n not in rep.failed)
                     self._moved.difference_update(rep.restored)
+                    if rep.failed:
+                        log.warning("cannot refresh %s from the store", rep.failed)
+                        out["restore_failed"] = rep.failed
+                    out["restored"], out["bytes_restored"] = sorted(rep.restored), rep.payload_bytes
             except Exception as e:  # noqa: BLE001 - the cell runs with what the namespace has
                 log.warning("refreshing variables from the store failed", exc_info=True)
                 out["restore_failed"] = {"*": _reason(e)}
                 self._moved = None
-                rep = None
             try:
-                if rep is None:
-                    from looseleaf_store.checkpoint import RestoreReport
-                    rep = RestoreReport()
-                if rep.failed:
-                    log.warning("cannot refresh %s from the store", rep.failed)
-                    out["restore_failed"] = rep.failed
-                out["restored"] = sorted(rep.restored)
-                out["bytes_restored"] = rep.payload_bytes
                 self._pull_procstate()
-            except Exception as e:  # noqa: BLE001 - the cell runs with what the namespace has
-                log.warning("refreshing variables from the store failed", exc_info=True)
+            except Exception as e:  # noqa: BLE001 - the cell runs with the process state it has
+                log.warning("refreshing the process state from the store failed", exc_info=True)
                 out["restore_failed"] = {"*": _reason(e)}
             out["restore_ms"] = (time.perf_counter() - t0) * 1e3
         self._before = self._visible()
