@@ -841,25 +841,15 @@ static void s_hook_publish(void *ctx, const char *msg_type, const char *content_
  * thread that called input(), with the GIL released. */
 static char *s_hook_input(void *ctx, const char *prompt, bool password, int *err)
 {
-    char why[256];
     *err = 0;
     if (!atomic_load(&s_k.allow_stdin)) {
         *err = 2;
         return NULL;
     }
-    pthread_mutex_lock(&s_k.stdin_lock);
-    /* Replies to earlier, interrupted prompts must not answer this one. */
-    zmsg_t *stale;
-    while ((stale = zmsg_recv(s_k.stdin_sock)))
-        zmsg_destroy(&stale);
-    s_eventfd_drain(s_k.intr_fd);
-
-    ll_msg_t *msg = ll_iopub_msg_to_parent(
-        s_k.iopub, "input_request",
-        json_pack("{s:s, s:b}", "prompt", prompt ? prompt : "", "password", password));
-    if (!msg || ll_session_send(s_k.session, s_k.stdin_sock, &msg) != 0) {
-        ll_warn("kernel", "cannot send input_request (no frontend on stdin?)");
-        pthread_mutex_unlock(&s_k.stdin_lock);
+    ll_route_io_t io = {.iopub = s_k.iopub, .session = s_k.session, .stdin_sock = s_k.stdin_sock,
+                        .stdin_lock = &s_k.stdin_lock, .intr_fd = s_k.intr_fd};
+    s_eventfd_drain(s_k.intr_fd); /* an interrupt from before this prompt is not for it */
+    if (!ll_route_ask_input(&io, prompt, password)) {
         *err = 2;
         return NULL;
     }
@@ -875,25 +865,7 @@ static char *s_hook_input(void *ctx, const char *prompt, bool password, int *err
             *err = 1; /* interrupted (or the socket failed): KeyboardInterrupt */
             break;
         }
-        zmsg_t *raw = zmsg_recv(s_k.stdin_sock);
-        if (!raw)
-            continue;
-        ll_msg_t *reply = ll_session_decode(s_k.session, &raw, why, sizeof why);
-        if (!reply) {
-            ll_warn("kernel", "dropped a message on stdin: %s", why);
-            continue;
-        }
-        if (strcmp(reply->msg_type, "input_reply") != 0) {
-            ll_warn("kernel", "unexpected %.64s on stdin: ignored", reply->msg_type);
-        } else {
-            const char *v = ll_msg_content_str(reply, "value");
-            value = strdup(v ? v : "");
-            if (!value)
-                *err = 2;
-        }
-        ll_msg_destroy(&reply);
-        if (*err)
-            break;
+        value = ll_route_take_input(&io);
     }
     pthread_mutex_unlock(&s_k.stdin_lock);
     return value;

@@ -233,19 +233,15 @@ static json_t *s_run_request(ll_route_plan_t *plan, const ll_msg_t *req, const j
     return r;
 }
 
-/* Ask the frontend for the worker's input() on stdin.  Returns true when
- * the request went out (the stdin lock is then held until the answer). */
-static bool s_ask_input(const ll_route_io_t *io, json_t *ev)
+bool ll_route_ask_input(const ll_route_io_t *io, const char *prompt, bool password)
 {
     pthread_mutex_lock(io->stdin_lock);
     zmsg_t *stale; /* answers to earlier, interrupted prompts */
     while ((stale = zmsg_recv(io->stdin_sock)))
         zmsg_destroy(&stale);
-    const char *prompt = json_string_value(json_object_get(ev, "prompt"));
     ll_msg_t *msg = ll_iopub_msg_to_parent(
         io->iopub, "input_request",
-        json_pack("{s:s, s:b}", "prompt", prompt ? prompt : "", "password",
-                  json_is_true(json_object_get(ev, "password"))));
+        json_pack("{s:s, s:b}", "prompt", prompt ? prompt : "", "password", password));
     if (!msg || ll_session_send(io->session, io->stdin_sock, &msg) != 0) {
         ll_warn("route", "cannot send input_request (no frontend on stdin?)");
         pthread_mutex_unlock(io->stdin_lock);
@@ -254,8 +250,7 @@ static bool s_ask_input(const ll_route_io_t *io, json_t *ev)
     return true;
 }
 
-/* The frontend's input_reply, or NULL if what arrived was something else. */
-static char *s_take_input(const ll_route_io_t *io)
+char *ll_route_take_input(const ll_route_io_t *io)
 {
     char why[256];
     zmsg_t *raw;
@@ -560,7 +555,7 @@ int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *re
             }
         }
         if (rc > 0 && asking && items[2].revents) {
-            char *value = s_take_input(io);
+            char *value = ll_route_take_input(io);
             if (value) {
                 ll_zclient_input_reply(self->pool, id, value);
                 free(value);
@@ -600,7 +595,8 @@ int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *re
                     pthread_mutex_unlock(io->stdin_lock);
                     asking = false;
                 }
-                asking = s_ask_input(io, ev);
+                asking = ll_route_ask_input(io, json_string_value(json_object_get(ev, "prompt")),
+                                            json_is_true(json_object_get(ev, "password")));
                 if (!asking)
                     ll_zclient_input_reply(self->pool, id, "\x04"); /* EOF: EOFError in the cell */
             } else if (strcmp(type, "wait") == 0 && !waited) {

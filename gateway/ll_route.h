@@ -80,6 +80,16 @@ typedef struct {
     double t_run;                 /* ll_route_now_ms() when the execute_request arrived */
 } ll_route_io_t;
 
+/* input() on stdin, for the interpreter's own cells and for workers': send
+ * the current parent's frontend an input_request (earlier, unanswered
+ * replies dropped first).  True when it went out; the stdin lock is then
+ * held until the caller has its answer and unlocks. */
+bool ll_route_ask_input(const ll_route_io_t *io, const char *prompt, bool password);
+
+/* The input_reply among what waits on stdin (malloc'd value), or NULL when
+ * none did (other messages are logged and dropped). */
+char *ll_route_take_input(const ll_route_io_t *io);
+
 /* Monotonic clock, ms. */
 double ll_route_now_ms(void);
 
