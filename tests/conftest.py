@@ -15,11 +15,16 @@ history database or runtime directory of the user who runs the tests:
 import json
 import os
 import shutil
+import sys
 import tempfile
 
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tests"))
+
+from llpool_util import stop_pool  # noqa: E402
+
 # LL_TEST_LOOSELEAF runs the suite against another build of the kernel (e.g. a
 # snapshot while the tree is being rebuilt); the default is the tree's own.
 LOOSELEAF_BIN = os.environ.get("LL_TEST_LOOSELEAF", os.path.join(REPO, "build", "looseleaf"))
@@ -82,32 +87,17 @@ def _install_environment():
 _install_environment()
 
 
-def _stop_pools(pool_dir):
-    """SIGTERM every `looseleaf pool` serving POOL_DIR (its zygotes and workers go with it)."""
-    import signal
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open("/proc/%s/cmdline" % pid, "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if b"pool" in argv[1:2] and pool_dir.encode() in argv:
-            try:
-                os.kill(int(pid), signal.SIGTERM)
-            except OSError:
-                pass
-
-
 def pytest_sessionfinish(session, exitstatus):
-    _stop_pools(_ENV["LOOSELEAF_POOL_DIR"])
-    for key, value in _SAVED_ENV.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    shutil.rmtree(_ROOT, ignore_errors=True)
+    try:
+        # Wait for it (and its zygotes and workers) to be gone before its directory is removed.
+        stop_pool(_ENV["LOOSELEAF_POOL_DIR"])
+    finally:
+        for key, value in _SAVED_ENV.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        shutil.rmtree(_ROOT, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -20,20 +20,20 @@ import io
 import json
 import os
 import pickle
-import signal
 import statistics
 import sys
 import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path[:0] = [os.path.join(REPO, "tests", "bench")]
+sys.path[:0] = [os.path.join(REPO, "tests", "bench"), os.path.join(REPO, "tests")]
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from jupyter_client import KernelManager  # noqa: E402
 
 from bench_zygote import SESSION, naive_prep  # noqa: E402
+from llpool_util import stop_pool as _stop_pool  # noqa: E402  (bench_prefetch imports it from here)
 
 LOOSELEAF = os.path.join(REPO, "build", "looseleaf")
 
@@ -72,17 +72,6 @@ class Session:
     def close(self):
         self.kc.stop_channels()
         self.km.shutdown_kernel(now=False)
-
-
-def _stop_pool(pool_dir):
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open("/proc/%s/cmdline" % pid, "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if argv[1:2] == [b"pool"] and pool_dir.encode() in argv:
-            os.kill(int(pid), signal.SIGTERM)
 
 
 def main():

@@ -2,20 +2,15 @@
 whose state the tests read (its `stats` through build/zygote/ll_zdriver, its log), looseleaf kernels on that
 pool, and the hint requests a frontend sends while the user edits a cell.
 
-Runs in the pytest process.  Builds on tests/routing/routehelp.py (Kernel, execute, ll_md, wait_for), put on
-sys.path here.  Every wait is a poll with a deadline; nothing sleeps for a fixed time.
+Runs in the pytest process.  Builds on tests/routing/routehelp.py (Kernel, execute, ll_md), put on sys.path
+here, and tests/llpool_util.py (the pool client, stopping a pool, wait_for), which routehelp puts there.  Every
+wait is a poll with a deadline; nothing sleeps for a fixed time.
 """
-import json
 import os
-import queue
 import re
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -24,6 +19,7 @@ sys.path.insert(0, os.path.join(REPO, "tests", "routing"))
 from routehelp import (GPU_TIMEOUT, Kernel, alive, execute, ll_md, pool_pids, send_execute,  # noqa: E402,F401
                        stream_text)
 from itest_util import kernel_env  # noqa: E402  (routehelp put tests/integration on sys.path)
+from llpool_util import PoolClient, stop_pool, wait_for  # noqa: E402  (and tests/ too)
 
 LOOSELEAF_BIN = os.environ.get("LL_TEST_LOOSELEAF", os.path.join(REPO, "build", "looseleaf"))
 DRIVER = os.path.join(REPO, "build", "zygote", "ll_zdriver")
@@ -32,23 +28,11 @@ DRIVER = os.path.join(REPO, "build", "zygote", "ll_zdriver")
 PREFETCH_RE = re.compile(r"pool: (?:cell|prefetch) (pf-\d+): (fork from node \d+|warm worker (\d+)) on slot")
 
 
-def wait_for(cond, timeout, what):
-    """Poll COND until it returns something true, and return that; fail naming WHAT after TIMEOUT s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out after %ss waiting for %s" % (timeout, what))
-        time.sleep(0.02)
-
-
 class Pool:
     """A private host pool (own runtime dir, warm workers on, info log) and a client reading its stats.
 
     The pool is started the way a kernel starts it (build/looseleaf pool, the kernels' environment), so the
-    kernels of a test only connect to it.  close() SIGTERMs it and waits until it is gone."""
+    kernels of a test only connect to it.  close() stops it (llpool_util.stop_pool) and removes its dir."""
 
     def __init__(self, slots=2, env=None):
         env_extra = self.extra_env = dict(env or {})
@@ -58,34 +42,12 @@ class Pool:
         env.update(LOOSELEAF_POOL_DIR=self.dir, LL_POOL_EXE=LOOSELEAF_BIN, LL_POOL_WARM_IDLE_S="300",
                    LL_POOL_SLOTS=str(slots), LOOSELEAF_LOG="info")
         env.update(env_extra)
-        self.proc = subprocess.Popen([DRIVER, "client", self.dir], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, env=env)
-        self.events = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-        first = self._next(60)
-        assert first["type"] == "connected", first
+        self.client = PoolClient(DRIVER, self.dir, env=env)
         # The base zygote imports torch: wait for it, so a test's first hint finds a node to fork from.
         wait_for(lambda: any(n["ready"] for n in self.stats()["nodes"]), 90, "the base zygote to be ready")
 
-    def _read(self):
-        for line in self.proc.stdout:
-            self.events.put(json.loads(line))
-        self.events.put({"type": "eof"})
-
-    def _next(self, timeout):
-        try:
-            return self.events.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError("no event from the pool within %s s" % timeout)
-
     def stats(self):
-        self.proc.stdin.write(json.dumps({"op": "stats"}) + "\n")
-        self.proc.stdin.flush()
-        while True:
-            ev = self._next(30)
-            assert ev["type"] != "eof", "the pool connection closed"
-            if ev["type"] == "stats":
-                return ev
+        return self.client.stats(30)
 
     def kernel(self, **env):
         """A looseleaf kernel on this pool, with the pool's extra environment (a session's sys.path follows it
@@ -129,24 +91,11 @@ class Pool:
                         "worker %d in the pool's stats" % pid)[0]
 
     def close(self):
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
-                self.proc.stdin.flush()
-            except BrokenPipeError:
-                pass
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        for pid in pool_pids(self.dir):
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except OSError:
-                pass
-        wait_for(lambda: not pool_pids(self.dir), 30, "the pool of %s to exit" % self.dir)
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        try:
+            self.client.close()
+            stop_pool(self.dir)
+        finally:
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def run_gpu(k, code, timeout=GPU_TIMEOUT, **kw):

@@ -2,18 +2,19 @@
 by side, read the routing report in execute_reply.metadata.looseleaf, send execute requests with the fault
 hook's metadata, and find the processes of a host pool.
 
-Runs in the pytest process.  Builds on tests/integration/itest_util.py (the Kernel helper, normalisation),
-which is put on sys.path here.  Every wait is a poll with a deadline.
+Runs in the pytest process.  Builds on tests/integration/itest_util.py (the Kernel helper, normalisation)
+and tests/llpool_util.py (pool processes, liveness, wait_for), both put on sys.path here.  Every wait is a
+poll with a deadline.
 """
 import os
-import signal
 import sys
-import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "integration"))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.join(TESTS, "integration"), TESTS]
 
 from itest_util import (REPLY_TIMEOUT, Kernel, _error_text, norm_text, normalized,  # noqa: E402,F401
                         stream_text, strip_ansi)
+from llpool_util import alive, cmdline, pool_pids, ppid, stop_pool, wait_for  # noqa: E402,F401
 
 # GPU cells start workers (fork, restore, save) on 2 shared cores: give them room.
 GPU_TIMEOUT = 120
@@ -108,67 +109,13 @@ class Pair:
             assert a == b, "%r differs:\nlooseleaf: %s\nipykernel: %s" % (code, a, b)
 
 
-# ---- host pool processes ---------------------------------------------------------------------------------
-def _cmdline(pid):
-    try:
-        with open("/proc/%s/cmdline" % pid, "rb") as f:
-            return [a.decode(errors="replace") for a in f.read().split(b"\0")[:-1]]
-    except OSError:
-        return None
-
-
-def _ppid(pid):
-    try:
-        with open("/proc/%s/stat" % pid) as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def pool_pids(pool_dir):
-    """Pids of the `looseleaf pool` processes serving POOL_DIR."""
-    out = []
-    for pid in os.listdir("/proc"):
-        argv = _cmdline(pid) if pid.isdigit() else None
-        if argv and argv[1:2] == ["pool"] and pool_dir in argv:
-            out.append(int(pid))
-    return out
-
-
+# ---- host pool processes (finding and stopping a pool: llpool_util) ---------------------------------------
 def zygotes(pool_dir):
     """{node id: pid} of the `looseleaf zygote` children of POOL_DIR's pool (a respawned base gets a new id)."""
     pools = set(pool_pids(pool_dir))
     out = {}
     for pid in os.listdir("/proc"):
-        argv = _cmdline(pid) if pid.isdigit() else None
-        if argv and argv[1:2] == ["zygote"] and "--node" in argv[:-1] and _ppid(pid) in pools:
+        argv = cmdline(pid) if pid.isdigit() else None
+        if argv and argv[1:2] == ["zygote"] and "--node" in argv[:-1] and ppid(pid) in pools:
             out[int(argv[argv.index("--node") + 1])] = int(pid)
     return out
-
-
-def stop_pool(pool_dir):
-    """SIGTERM POOL_DIR's pool (its zygotes and workers go with it) and wait until it is gone."""
-    for pid in pool_pids(pool_dir):
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except OSError:
-            pass
-    wait_for(lambda: not pool_pids(pool_dir), 30, "pool of %s to exit" % pool_dir)
-
-
-def alive(pid):
-    """Whether PID exists and is not a zombie."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def wait_for(pred, timeout, what):
-    """Poll PRED until true; fail naming WHAT after TIMEOUT seconds."""
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out after %ss waiting for %s" % (timeout, what))
-        time.sleep(0.02)

@@ -1,24 +1,22 @@
 """Helpers of the zygote tests: a private redis-server (the store's), a private pool runtime dir, and clients
-that speak to the pool through the C client API (build/zygote/ll_zdriver client: JSON lines in and out).
+that speak to the pool through the C client API (build/zygote/ll_zdriver client: llpool_util.PoolClient).
 
-Each test gets its own store and pool; the pool is stopped (SIGTERM) at teardown and the test waits until it
-is gone.  Nothing sleeps for a fixed time: every wait polls a condition with a deadline.
+Each test gets its own store and pool; at teardown the pool is stopped (llpool_util.stop_pool: SIGTERM, then
+wait until it and its processes are gone).  Nothing sleeps for a fixed time: every wait polls a condition
+with a deadline.
 """
 import atexit
-import json
 import os
-import queue
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 
-import pytest
-
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "tests"))
+
+from llpool_util import PoolClient, stop_pool, wait_for  # noqa: E402,F401
+from llpool_util import alive as pid_alive  # noqa: E402,F401  (the tests' name for it)
 
 
 def _snapshot(path):
@@ -40,55 +38,13 @@ sys.path.insert(0, os.path.join(REPO, "store", "py"))
 LIGHT_HEAD = "numpy,IPython,looseleaf_kernel,looseleaf_store"
 
 
-def wait_for(cond, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.01)
-    raise AssertionError("timed out waiting for " + what)
-
-
-def pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().split(") ")[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-class Client:
-    """One client of the pool (a kernel, as far as the pool can tell)."""
+class Client(PoolClient):
+    """One client of the pool (a kernel, as far as the pool can tell) that runs cells of ENV's session; events
+    that are not the ones waited for go to env.stray."""
 
     def __init__(self, env, pool_args):
         self.env = env
-        self.proc = subprocess.Popen([DRIVER, "client", env.pool_dir] + pool_args, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, env=env.environ)
-        self.events = queue.Queue()
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-        first = self.next(60)
-        assert first["type"] == "connected", first
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.events.put(json.loads(line))
-        self.events.put({"type": "eof"})
-
-    def next(self, timeout=60):
-        try:
-            return self.events.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError("no event from the pool within %s s" % timeout)
-
-    def send(self, **cmd):
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
+        super().__init__(DRIVER, env.pool_dir, pool_args, env=env.environ, stray=env.stray)
 
     def submit(self, cid, code, **kw):
         req = dict(op="run", id=cid, session=self.env.session, code=code, store_dir=self.env.store_dir,
@@ -112,26 +68,6 @@ class Client:
     def run(self, cid, code, **kw):
         self.submit(cid, code, **kw)
         return Cell(self.collect(cid))
-
-    def stats(self):
-        self.send(op="stats")
-        while True:
-            ev = self.next()
-            if ev["type"] == "stats":
-                return ev
-            self.env.stray.append(ev)
-
-    def close(self):
-        if self.proc.poll() is None:
-            try:
-                self.send(op="quit")
-            except BrokenPipeError:
-                pass
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 class Cell:
@@ -199,17 +135,17 @@ class Env:
 
     def close(self):
         import _llstore
-        for c in self.clients:
-            c.close()
-        if self.pool_pid and pid_alive(self.pool_pid):
-            os.kill(self.pool_pid, signal.SIGTERM)
-            wait_for(lambda: not pid_alive(self.pool_pid), 30, "the pool to exit")
-        # The session's payload pool lives in /dev/shm: drop it with the session's keys.
         try:
-            st = _llstore.Store(self.store_dir, self.session, redis_url=self.redis_url)
-            st.delete_session()
-            st.close()
+            for c in self.clients:
+                c.close()
+            stop_pool(self.pool_dir)
         finally:
-            _llstore.stop_redis(self.store_dir)
+            # The session's payload pool lives in /dev/shm: drop it with the session's keys.
+            try:
+                st = _llstore.Store(self.store_dir, self.session, redis_url=self.redis_url)
+                st.delete_session()
+                st.close()
+            finally:
+                _llstore.stop_redis(self.store_dir)
 
 
