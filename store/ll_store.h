@@ -46,6 +46,16 @@ typedef struct {
 ll_store_t *ll_store_open(const char *runtime_dir, const char *session,
                           const ll_store_opts_t *opts, char *err, size_t errlen);
 
+/* The page kind ("hugetlb", "thp" or "4k") a new pool of POOL_BYTES (0: the
+ * default size) would get on this host, made by the session's owner (OWNER)
+ * or another process, with the reason in WHY: LL_STORE_PAGE_KIND (auto,
+ * hugetlb, 4k), huge pages free or allowed as surplus, shmem THP.  0, or -1
+ * (WHY says why) for a bad LL_STORE_PAGE_KIND or a kind this process cannot
+ * make.  A store open may still fall back to 4k when huge pages counted as
+ * available do not come (see API.md). */
+int ll_store_page_kind_choice(size_t pool_bytes, bool owner, char kind[16], char *why,
+                              size_t whylen);
+
 /* Release leases, stop an owned redis-server, free; nulls *STORE_P. */
 void ll_store_destroy(ll_store_t **store_p);
 

@@ -788,7 +788,32 @@ static PyObject *mod_ref_nbytes(PyObject *mod, PyObject *ref_o)
     return PyLong_FromLongLong(n);
 }
 
+static PyObject *mod_page_kind_choice(PyObject *mod, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"pool_bytes", "owner", NULL};
+    PyObject *pb = Py_None;
+    int owner = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|Op:page_kind_choice", kwlist, &pb, &owner))
+        return NULL;
+    size_t pool_bytes = 0;
+    if (pb != Py_None) {
+        pool_bytes = PyLong_AsSize_t(pb);
+        if (pool_bytes == (size_t)-1 && PyErr_Occurred())
+            return NULL;
+    }
+    char kind[16], why[768];
+    if (ll_store_page_kind_choice(pool_bytes, owner != 0, kind, why, sizeof why) != 0) {
+        PyErr_SetString(s_StoreError, why);
+        return NULL;
+    }
+    return Py_BuildValue("(ss)", kind, why);
+}
+
 static PyMethodDef s_module_methods[] = {
+    {"page_kind_choice", (PyCFunction)(void (*)(void))mod_page_kind_choice,
+     METH_VARARGS | METH_KEYWORDS,
+     "page_kind_choice(pool_bytes=None, owner=True) -> (kind, why): the page kind a new pool "
+     "would get here"},
     {"start_redis", mod_start_redis, METH_O,
      "start_redis(runtime_dir) -> socket path of the private redis-server (started if needed)"},
     {"stop_redis", mod_stop_redis, METH_O,
