@@ -4,12 +4,26 @@
  * temp dir and removes it.  Prints times and ratios measured in one run
  * (the machines are shared and noisy: compare ratios, not absolutes).
  *
+ * It says which page kind a kernel's pool would get on this host and why
+ * (ll_store_page_kind_choice), and measures that kind and 4 KiB pages
+ * (plus any other kind the host offers), each with its backing floor:
+ * fallocate + prefault of that many fresh pool bytes with no copy, on the
+ * copy threads.  A first save into a fresh pool is measured twice: right
+ * away (its memory may be pages this process just freed) and after
+ * LL_BENCH_IDLE seconds with the pool gone, by when this VM has handed freed
+ * memory back to the host (free page reporting), as between sessions.
+ *
  *   LL_BENCH_BYTES=N      payload size (default 1 GiB)
- *   LL_BENCH_SYSCTL=1     as root, enable shmem THP ("advise") and reserve
- *                         huge pages for the run, restoring both after, so
- *                         every page kind can be measured on this host. */
+ *   LL_BENCH_IDLE=S       seconds of idle before the second fresh save (default 10)
+ *   LL_BENCH_SYSCTL=1     as root, enable shmem THP ("advise") and allow
+ *                         surplus huge pages (vm.nr_overcommit_hugepages,
+ *                         nothing reserved) for the run, restoring both
+ *                         after, so every page kind can be measured here. */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -123,6 +137,76 @@ static void s_line(const char *what, double t, size_t n, double base)
            t > 0 ? (double)n / t / 1e9 : 0.0, t / base);
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+#ifndef MFD_HUGETLB
+#define MFD_HUGETLB 0x0004U
+#endif
+
+typedef struct {
+    int fd;
+    char *map;
+    size_t n;
+    bool falloc;
+    _Atomic size_t next;
+    _Atomic int err;
+} s_floor_t;
+
+static void *s_floor_worker(void *arg)
+{
+    s_floor_t *f = arg;
+    for (size_t i; (i = atomic_fetch_add(&f->next, 1)) < f->n / R;) {
+        int rc = f->falloc ? posix_fallocate(f->fd, (off_t)(i * R), (off_t)R) : 0;
+        if (rc == 0 && madvise(f->map + i * R, R, MADV_POPULATE_WRITE) != 0)
+            rc = errno;
+        if (rc != 0) {
+            atomic_store(&f->err, rc);
+            break;
+        }
+    }
+    return NULL;
+}
+
+/* The floor under a first save into a fresh pool of KIND ("hugetlb", "thp",
+ * "4k"): backing N fresh bytes of such memory as the pool backs a region
+ * (fallocate, MADV_POPULATE_WRITE), no copy, on 2 threads as a save spreads
+ * it.  Seconds, or -1. */
+static double s_backing_floor(const char *kind, size_t n)
+{
+    bool huge = strcmp(kind, "hugetlb") == 0, thp = strcmp(kind, "thp") == 0;
+    int fd = memfd_create("ll-bench-floor", MFD_CLOEXEC | (huge ? MFD_HUGETLB : 0));
+    if (fd < 0 || ftruncate(fd, (off_t)n) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    char *map = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+    if (map == MAP_FAILED) {
+        close(fd);
+        return -1;
+    }
+    if (thp)
+        madvise(map, n, MADV_HUGEPAGE);
+    s_floor_t f = {.fd = fd, .map = map, .n = n / R * R, .falloc = !thp};
+    double t0 = s_now();
+    pthread_t th;
+    int started = pthread_create(&th, NULL, s_floor_worker, &f) == 0;
+    s_floor_worker(&f);
+    if (started)
+        pthread_join(th, NULL);
+    double t = s_now() - t0;
+    munmap(map, n);
+    close(fd);
+    return atomic_load(&f.err) ? -1 : t;
+}
+
+static int s_idle_s(void)
+{
+    const char *e = getenv("LL_BENCH_IDLE");
+    return e && *e ? atoi(e) : 10;
+}
+
 /* One page kind: returns 0, or -1 when the pool could not be used. */
 static int s_bench_kind(const char *label, const char *pool_path, const char *dir, const char *url,
                         char *src, size_t n, double t_memcpy, uint64_t *sink)
@@ -156,6 +240,11 @@ static int s_bench_kind(const char *label, const char *pool_path, const char *di
     s_line("save, fresh pool (first touch)", t_fresh, n, t_memcpy);
     printf("  %-34s %9s    %7.2f ms per 2 MiB region\n", "", "",
            t_fresh * 1e3 / (double)((n + R - 1) / R));
+    double t_floor = s_backing_floor(stats.pool.page_kind, n);
+    if (t_floor > 0)
+        s_line("  backing floor (no copy, 2 thr)", t_floor, n, t_memcpy);
+    else
+        printf("  backing floor: could not back %zu bytes of %s memory\n", n, stats.pool.page_kind);
     ll_store_discard(st, ref);
     free(ref);
     ll_store_gc(st);
@@ -243,6 +332,34 @@ static int s_bench_kind(const char *label, const char *pool_path, const char *di
     free(ref);
     ll_store_delete_session(st);
     ll_store_destroy(&st);
+
+    /* The first save again, into a fresh pool made after the old one was
+     * gone for a while: on this VM freed memory goes back to the host within
+     * seconds (free page reporting), and touching it again costs a host
+     * fault per page: what a kernel's first save meets. */
+    int idle = s_idle_s();
+    if (idle > 0) {
+        sleep((unsigned)idle);
+        char session2[80];
+        snprintf(session2, sizeof session2, "%s-idle", session);
+        st = ll_store_open(dir, session2, &opts, err, sizeof err);
+        if (!st) {
+            printf("  fresh pool after idle: %s\n", err);
+            return 0;
+        }
+        t0 = s_now();
+        ref = ll_store_put(st, src, n, NULL, NULL, &written);
+        double t_idle = s_now() - t0;
+        char what[64];
+        snprintf(what, sizeof what, "save, fresh pool after %d s idle", idle);
+        if (ref)
+            s_line(what, t_idle, n, t_memcpy);
+        else
+            printf("  %s failed: %s\n", what, ll_store_errstr(st));
+        free(ref);
+        ll_store_delete_session(st);
+        ll_store_destroy(&st);
+    }
     return 0;
 }
 
@@ -281,7 +398,7 @@ int main(void)
 
     /* Optionally make every page kind available (root only; restored below). */
     const char *shmem_path = "/sys/kernel/mm/transparent_hugepage/shmem_enabled";
-    const char *nr_path = "/proc/sys/vm/nr_hugepages";
+    const char *nr_path = "/proc/sys/vm/nr_overcommit_hugepages";
     char shmem_old[128], nr_old[64], sel[32] = "";
     bool sysctl = getenv("LL_BENCH_SYSCTL") && strcmp(getenv("LL_BENCH_SYSCTL"), "1") == 0;
     s_read_file(shmem_path, shmem_old, sizeof shmem_old);
@@ -290,8 +407,11 @@ int main(void)
     if (b && e)
         snprintf(sel, sizeof sel, "%.*s", (int)(e - b - 1), b + 1);
     if (sysctl) {
+        /* The setting recommended for hosts (API.md): half of RAM in 2 MiB
+         * pages (the total /dev/shm allows), plus some for pool headers. */
+        long half = sysconf(_SC_PHYS_PAGES) / 2 * (sysconf(_SC_PAGESIZE) / 1024) / 2048 + 64;
         char want[32];
-        snprintf(want, sizeof want, "%ld", atol(nr_old) + (long)((n + n / 50 + 8 * R) / R) + 1);
+        snprintf(want, sizeof want, "%ld", atol(nr_old) > half ? atol(nr_old) : half);
         if (s_write_file(shmem_path, "advise") != 0 || s_write_file(nr_path, want) != 0)
             printf("LL_BENCH_SYSCTL: cannot change %s / %s: %s\n", shmem_path, nr_path,
                    strerror(errno));
@@ -317,21 +437,39 @@ int main(void)
     uint64_t sink = 0;
     char shm_path[128];
     snprintf(shm_path, sizeof shm_path, "/dev/shm/ll-store-bench-%d.pool", (int)getpid());
-    s_bench_kind("shm file", shm_path, dir, url, src, n, t1, &sink);
+    /* What a kernel (the session's owner) would get for a pool of the
+     * default size, and for the pools below. */
+    char kind[16] = "4k", why[768], kind_b[16] = "4k", why_b[768];
+    if (ll_store_page_kind_choice(0, true, kind, why, sizeof why) != 0)
+        snprintf(kind, sizeof kind, "4k");
+    if (ll_store_page_kind_choice(n + n / 50 + 8 * R, true, kind_b, why_b, sizeof why_b) != 0)
+        snprintf(kind_b, sizeof kind_b, "4k");
+    printf("page kind of a kernel's pool here%s: %s\n  (%s)\n",
+           sysctl ? " (with the LL_BENCH_SYSCTL settings)" : "", kind, why);
+    if (strcmp(kind, kind_b) != 0)
+        printf("  (the bench's smaller pools would get %s: %s)\n", kind_b, why_b);
+    const char *chosen = strcmp(kind_b, "hugetlb") == 0 ? "memfd:hugetlb"
+                         : strcmp(kind_b, "thp") == 0 ? "memfd:thp" : shm_path;
+    char label[64];
+    snprintf(label, sizeof label, "chosen: %s", kind_b);
+    s_bench_kind(label, chosen, dir, url, src, n, t1, &sink);
+    if (strcmp(kind_b, "4k") != 0)
+        s_bench_kind("4k: shm file", shm_path, dir, url, src, n, t1, &sink);
     char now[128];
     s_read_file(shmem_path, now, sizeof now);
     if (strstr(now, "[never]") || strstr(now, "[deny]"))
         printf("[memfd:thp] skipped: shmem THP is off (%s: %s; as root: echo advise > it, or "
                "LL_BENCH_SYSCTL=1)\n", shmem_path, now);
-    else
+    else if (strcmp(kind_b, "thp") != 0)
         s_bench_kind("memfd:thp", "memfd:thp", dir, url, src, n, t1, &sink);
-    long hp_free = s_meminfo("HugePages_Free");
-    if (hp_free < 0 || (size_t)hp_free * R < n + n / 50 + 8 * R)
-        printf("[memfd:hugetlb] skipped: %ld free 2 MiB huge pages, %zu needed (as root: "
-               "sysctl vm.nr_hugepages=N, or LL_BENCH_SYSCTL=1)\n", hp_free,
-               (n + n / 50 + 8 * R) / R);
-    else
+    if (strcmp(kind_b, "hugetlb") == 0) {
+        /* measured above */
+    } else if (s_meminfo("HugePages_Free") * R < n + n / 50 + 8 * R) {
+        printf("[memfd:hugetlb] skipped: %s\n  (as root: sysctl vm.nr_overcommit_hugepages=N, "
+               "or LL_BENCH_SYSCTL=1)\n", why_b);
+    } else {
         s_bench_kind("memfd:hugetlb", "memfd:hugetlb", dir, url, src, n, t1, &sink);
+    }
 
     if (sysctl) {
         if (sel[0])

@@ -11,7 +11,12 @@ Next to the fresh-pool save it prints the floor measured in the same run: backin
 bytes alone (fallocate + MADV_POPULATE_WRITE, no copy), which on 4 KiB pages can exceed 2x memcpy by itself.
 "save of a new variable after idle" is the same first save of new bytes once the pool's reserve (free
 space a background thread prefaults at idle priority, as between cells) has been refilled.
-Set LL_BENCH_GIB to use another size (e.g. 0.25 for a quick run).
+It first says which page kind a kernel's pool gets on this host and why (_llstore.page_kind_choice), runs
+everything on that kind, then measures the fresh-pool save on 4 KiB pages too (with its backing floor) when
+the chosen kind is another.
+Set LL_BENCH_GIB to use another size (e.g. 0.25 for a quick run).  LL_BENCH_SYSCTL=1 (root): allow surplus
+huge pages for the run (vm.nr_overcommit_hugepages = half of RAM in 2 MiB pages, nothing reserved), as
+recommended for hosts, and put the value found back afterwards.
 """
 import builtins
 import gc
@@ -41,6 +46,12 @@ _results = []
 _targets = []  # (what, value text, met)
 _floor = {}  # "1": backing NBYTES on one thread, "n": spread over the copy threads (seconds)
 COPY_THREADS = min(os.cpu_count() or 1, 4)  # as store/ll_store.c S_MAX_THREADS
+POOL_BYTES = 3 * GIB
+# The pool every store of the bench uses: what a kernel (the session's owner, which may make a memfd) would
+# get on this host.  The bench's stores share one redis-server, so none is the owner: the path is explicit.
+_pool = {"path": None, "kind": "4k"}
+POOL_PATHS = {"hugetlb": "memfd:hugetlb", "thp": "memfd:thp", "4k": None}
+OVERCOMMIT = "/proc/sys/vm/nr_overcommit_hugepages"
 
 
 def best(fn, repeat=3, setup=None):
@@ -72,7 +83,9 @@ def new_ns():
 
 def new_store(rt, **kw):
     _sid[0] += 1
-    return _llstore.Store(rt, "bench%d-%d" % (os.getpid(), _sid[0]), pool_bytes=3 * GIB, **kw)
+    if _pool["path"]:
+        kw.setdefault("pool_path", _pool["path"])
+    return _llstore.Store(rt, "bench%d-%d" % (os.getpid(), _sid[0]), pool_bytes=POOL_BYTES, **kw)
 
 
 def bench_backing_floor(rt, t_memcpy):
@@ -80,6 +93,7 @@ def bench_backing_floor(rt, t_memcpy):
     into a fresh pool), on one thread and spread over the copy threads as a save spreads it."""
     def back(nthreads):
         stores = [new_store(rt, reserve_bytes=0) for _ in range(nthreads)]
+        assert stores[0].stats()["page_kind"] == _pool["kind"], stores[0].stats()
         share = NBYTES // nthreads // REGION * REGION
         done = []
         ths = [threading.Thread(target=lambda s=s: done.append(s.prefault(share))) for s in stores]
@@ -95,7 +109,7 @@ def bench_backing_floor(rt, t_memcpy):
         return t
 
     _floor["1"] = min(back(1) for _ in range(2))
-    line("backing floor: fresh pool pages, no copy, 1 thread", _floor["1"], t_memcpy)
+    line("backing floor: fresh %s pool pages, no copy, 1 thread" % _pool["kind"], _floor["1"], t_memcpy)
     if COPY_THREADS > 1:
         _floor["n"] = min(back(COPY_THREADS) for _ in range(2))
         line("backing floor: the same on %d threads (as a save does)" % COPY_THREADS, _floor["n"], t_memcpy)
@@ -153,7 +167,7 @@ def bench_payload(rt, kind, make, t_memcpy):
     line("save (pool pages: %s)" % page_kind, min(saves), t_memcpy)
     line("restore (maps, zero copy)", min(restores), t_memcpy,
          "%.0fx faster than memcpy" % (t_memcpy / min(restores)))
-    _targets.append(("%s: save within 2x of memcpy (first save, fresh pool)" % kind,
+    _targets.append(("%s: save within 2x of memcpy (first save, fresh %s pool)" % (kind, _pool["kind"]),
                      "%.2fx" % (min(saves) / t_memcpy), min(saves) <= 2 * t_memcpy,
                      "backing alone: %.2fx" % (_floor["n"] / t_memcpy)))
     _targets.append(("%s: restore faster than memcpy" % kind, "%.3fx" % (min(restores) / t_memcpy),
@@ -257,6 +271,62 @@ def bench_payload(rt, kind, make, t_memcpy):
     return value
 
 
+def bench_fresh_4k(rt, t_memcpy):
+    """The first save into a fresh pool on 4 KiB pages, when the chosen kind is another: the same
+    measurement as bench_payload's first one (best of two fresh stores), with its backing floor."""
+    print("numpy float32 array, %.2f GiB, fresh pool on 4 KiB pages (for comparison):" % (NBYTES / GIB),
+          flush=True)
+    saved = dict(_pool), dict(_floor)
+    os.environ["LL_STORE_PAGE_KIND"] = "4k"  # the stores' default path: a /dev/shm file, 4 KiB pages
+    _pool.update(path=None, kind="4k")
+    try:
+        bench_backing_floor(rt, t_memcpy)
+        value = np.random.default_rng(0).random(NBYTES // 4, dtype=np.float32)
+        saves, stores = [], []
+        for _ in range(2):
+            for s in stores:
+                wait_reserve(s)
+            st = new_store(rt)
+            stores.append(st)
+            assert st.stats()["page_kind"] == "4k", st.stats()
+            ns = new_ns()
+            ns["x"] = value
+            t0 = time.perf_counter()
+            rep = Checkpointer(st, ns).save(["x"])
+            saves.append(time.perf_counter() - t0)
+            assert not rep.failed and rep.bytes_written == NBYTES, rep
+        for s in stores:
+            drop(s)
+        line("save (pool pages: 4k)", min(saves), t_memcpy)
+        _targets.append(("numpy float32 array: save within 2x of memcpy (first save, fresh 4k pool)",
+                         "%.2fx" % (min(saves) / t_memcpy), min(saves) <= 2 * t_memcpy,
+                         "backing alone: %.2fx" % (_floor["n"] / t_memcpy)))
+    finally:
+        del os.environ["LL_STORE_PAGE_KIND"]
+        _pool.clear()
+        _pool.update(saved[0])
+        _floor.clear()
+        _floor.update(saved[1])
+
+
+def allow_surplus_huge_pages():
+    """LL_BENCH_SYSCTL=1: the recommended host setting for the run; returns the value to put back."""
+    if os.environ.get("LL_BENCH_SYSCTL") != "1":
+        return None
+    with open(OVERCOMMIT) as f:
+        old = f.read().strip()
+    with open("/proc/meminfo") as f:
+        total_kb = int(next(ln for ln in f if ln.startswith("MemTotal:")).split()[1])
+    want = max(int(old), total_kb // 2 // 2048 + 64)
+    try:
+        with open(OVERCOMMIT, "w") as f:
+            f.write(str(want))
+    except OSError as e:
+        print("LL_BENCH_SYSCTL: cannot write %s: %s" % (OVERCOMMIT, e))
+        return None
+    return old
+
+
 def bench_baselines(value, t_memcpy, rt):
     tens = isinstance(value, torch.Tensor)
     blob = None
@@ -333,8 +403,20 @@ def _to_io(ns, cache):
 
 def main():
     rt = tempfile.mkdtemp(prefix="ll-bench-store-")
+    overcommit_old = allow_surplus_huge_pages()
     _llstore.start_redis(rt)
     try:
+        kind, why = _llstore.page_kind_choice(owner=True)
+        print("page kind of a kernel's pool here%s: %s\n  (%s)"
+              % (" (with LL_BENCH_SYSCTL=1)" if overcommit_old is not None else "", kind, why))
+        kind_b, why_b = _llstore.page_kind_choice(POOL_BYTES, owner=True)
+        if kind_b != kind:
+            print("  (the bench's %d GiB pools get %s: %s)" % (POOL_BYTES // GIB, kind_b, why_b))
+        # (thp from /dev/shm's huge= mount: a /dev/shm file, the stores' default)
+        _pool.update(path=None if "/dev/shm is mounted" in why_b else POOL_PATHS[kind_b], kind=kind_b)
+        if kind_b == "4k":
+            os.environ["LL_STORE_PAGE_KIND"] = "4k"  # the stores below then use /dev/shm files
+        print("the bench's pools: %s pages" % kind_b, flush=True)
         src = np.ones(NBYTES // 4, dtype=np.float32)
         dst = np.zeros_like(src)  # prefaulted by zeros_like's write
         dst[:] = 1
@@ -355,13 +437,18 @@ def main():
         del v
         gc.collect()
         bench_model(rt)
-        print("targets (issue 4, for %.2f GiB payloads):" % (NBYTES / GIB))
+        if kind_b != "4k":
+            bench_fresh_4k(rt, t_memcpy)
+        print("targets (issue 4, for %.2f GiB payloads; pools on %s pages):" % (NBYTES / GIB, kind_b))
         for what, val, met, *note in _targets:
             print("  %-70s %10s  %s%s" % (what, val, "MET" if met else "NOT MET",
                                          "  (%s)" % note[0] if note else ""))
     finally:
         _llstore.stop_redis(rt)
         shutil.rmtree(rt, ignore_errors=True)
+        if overcommit_old is not None:
+            with open(OVERCOMMIT, "w") as f:
+                f.write(overcommit_old)
 
 
 if __name__ == "__main__":
