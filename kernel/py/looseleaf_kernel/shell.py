@@ -116,9 +116,12 @@ class CellCompiler(CachingCompiler):
 
     @staticmethod
     def sweep():
-        """Remove the cell directories of kernels that died without shutting down (ours, 0700)."""
+        """Remove the cell directories of kernels that died without shutting down (ours, 0700).  Dead as
+        the store sweep has it: a killed kernel its parent has not reaped yet is a zombie whose pid is
+        still in /proc."""
         import shutil
         import stat
+        from .coherence import _alive
         base = tempfile.gettempdir()
         try:
             names = [n for n in os.listdir(base) if n.startswith("looseleaf_") and n[10:].isdigit()]
@@ -126,7 +129,7 @@ class CellCompiler(CachingCompiler):
             return
         for n in names:
             pid, path = int(n[10:]), os.path.join(base, n)
-            if pid == os.getpid() or os.path.exists("/proc/%d" % pid):
+            if pid == os.getpid() or _alive(pid):
                 continue
             try:
                 st = os.lstat(path)
