@@ -138,7 +138,6 @@ struct ll_pool_t {
     bool rblocked;            /* backing failed or no free region left: wait for a kick */
     int rhold;                /* saves in progress: do not compete with their copy */
     size_t rtarget;           /* free prefaulted regions to keep */
-    size_t rcursor;           /* where the search for an unbacked free region goes on */
     _Atomic uint64_t ractive; /* ms (monotonic) of the store's last call */
 };
 
@@ -716,16 +715,23 @@ static size_t s_free_warm(ll_pool_t *pool)
     return c;
 }
 
-/* A free region this process has not prefaulted, or UINT32_MAX. */
-static uint32_t s_unbacked_free(ll_pool_t *pool)
+/* The next free region to prefault for the reserve, or UINT32_MAX when the
+ * first WANT free regions from the shared allocation cursor on are
+ * prefaulted in this process already.  From the cursor, because that is
+ * where any process's next allocation looks (after its own prefaulted
+ * regions): a worker saving into the kernel's pool then finds regions whose
+ * pages the kernel's reserve backed (on hugetlb its mapping only needs one
+ * entry per 2 MiB), not fresh ones. */
+static uint32_t s_unbacked_free(ll_pool_t *pool, size_t want)
 {
-    size_t n = pool->nregions;
-    for (size_t k = 0; k < n; k++) {
-        size_t i = (pool->rcursor + k) % n;
-        if (!pool->populated[i] && (atomic_load(&pool->state[i]) & 3) == S_FREE) {
-            pool->rcursor = (i + 1) % n;
+    size_t n = pool->nregions, start = atomic_load(&pool->hdr->cursor) % n, seen = 0;
+    for (size_t k = 0; k < n && seen < want; k++) {
+        size_t i = (start + k) % n;
+        if ((atomic_load(&pool->state[i]) & 3) != S_FREE)
+            continue;
+        if (!pool->populated[i])
             return (uint32_t)i;
-        }
+        seen++;
     }
     return UINT32_MAX;
 }
@@ -762,10 +768,10 @@ static void *s_reserve_main(void *arg)
         uint64_t now = s_now_ms(), last = atomic_load(&pool->ractive);
         uint64_t quiet = now > last ? now - last : 0; /* (LAST may be set after NOW was read) */
         bool idle = quiet >= S_RESERVE_IDLE_MS;
-        if (pool->rhold == 0 && idle && !pool->rblocked && s_free_warm(pool) < pool->rtarget) {
-            i = s_unbacked_free(pool);
+        if (pool->rhold == 0 && idle && !pool->rblocked && pool->rtarget > 0) {
+            i = s_unbacked_free(pool, pool->rtarget);
             if (i == UINT32_MAX)
-                pool->rblocked = true; /* every free region is prefaulted already */
+                pool->rblocked = true; /* the next rtarget free regions are prefaulted */
         }
         if (i == UINT32_MAX) {
             /* Wait for the store to go quiet, for a kick, or a second:
@@ -783,8 +789,8 @@ static void *s_reserve_main(void *arg)
                 until.tv_nsec -= 1000000000L;
             }
             if (pthread_cond_timedwait(&pool->rcond, &pool->rmu, &until) == ETIMEDOUT &&
-                pool->rblocked && s_free_warm(pool) < pool->rtarget)
-                pool->rblocked = s_unbacked_free(pool) == UINT32_MAX;
+                pool->rblocked && pool->rtarget > 0)
+                pool->rblocked = s_unbacked_free(pool, pool->rtarget) == UINT32_MAX;
             continue;
         }
         pthread_mutex_unlock(&pool->rmu);
