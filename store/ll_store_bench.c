@@ -407,11 +407,11 @@ int main(void)
     if (b && e)
         snprintf(sel, sizeof sel, "%.*s", (int)(e - b - 1), b + 1);
     if (sysctl) {
-        /* The setting recommended for hosts (API.md): half of RAM in 2 MiB
-         * pages (the total /dev/shm allows), plus some for pool headers. */
-        long half = sysconf(_SC_PHYS_PAGES) / 2 * (sysconf(_SC_PAGESIZE) / 1024) / 2048 + 64;
+        /* The setting recommended for hosts (API.md): all of RAM in 2 MiB
+         * pages, i.e. no cap beyond each pool's size and free memory. */
+        long all = sysconf(_SC_PHYS_PAGES) * (sysconf(_SC_PAGESIZE) / 1024) / 2048;
         char want[32];
-        snprintf(want, sizeof want, "%ld", atol(nr_old) > half ? atol(nr_old) : half);
+        snprintf(want, sizeof want, "%ld", atol(nr_old) > all ? atol(nr_old) : all);
         if (s_write_file(shmem_path, "advise") != 0 || s_write_file(nr_path, want) != 0)
             printf("LL_BENCH_SYSCTL: cannot change %s / %s: %s\n", shmem_path, nr_path,
                    strerror(errno));

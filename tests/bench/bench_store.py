@@ -15,7 +15,7 @@ It first says which page kind a kernel's pool gets on this host and why (_llstor
 everything on that kind, then measures the fresh-pool save on 4 KiB pages too (with its backing floor) when
 the chosen kind is another.
 Set LL_BENCH_GIB to use another size (e.g. 0.25 for a quick run).  LL_BENCH_SYSCTL=1 (root): allow surplus
-huge pages for the run (vm.nr_overcommit_hugepages = half of RAM in 2 MiB pages, nothing reserved), as
+huge pages for the run (vm.nr_overcommit_hugepages = all of RAM in 2 MiB pages, nothing reserved), as
 recommended for hosts, and put the value found back afterwards.
 """
 import builtins
@@ -317,7 +317,7 @@ def allow_surplus_huge_pages():
         old = f.read().strip()
     with open("/proc/meminfo") as f:
         total_kb = int(next(ln for ln in f if ln.startswith("MemTotal:")).split()[1])
-    want = max(int(old), total_kb // 2 // 2048 + 64)
+    want = max(int(old), total_kb // 2048)  # all of RAM in 2 MiB pages, as recommended (store/API.md)
     try:
         with open(OVERCOMMIT, "w") as f:
             f.write(str(want))
