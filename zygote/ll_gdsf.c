@@ -12,6 +12,7 @@ typedef struct {
     double bytes;       /* c: bytes of state it holds */
     double changed_ms;  /* when its state last changed */
     bool speculative;   /* prepared by a prefetch, never ran a cell */
+    double prepared_ms; /* since when a prefetch prepared it for its session's coming cell; < 0: not */
     bool idle;          /* evictable */
 } s_entry_t;
 
@@ -62,6 +63,7 @@ int ll_gdsf_changed(ll_gdsf_t *self, int key, double bytes, bool speculative, do
         e = &self->e[self->n++];
         memset(e, 0, sizeof *e);
         e->key = key;
+        e->prepared_ms = -1;
     }
     e->h = self->clock;
     e->bytes = bytes > 0 ? bytes : 0;
@@ -84,9 +86,19 @@ void ll_gdsf_remove(ll_gdsf_t *self, int key)
         *e = self->e[--self->n];
 }
 
+void ll_gdsf_prepared(ll_gdsf_t *self, int key, bool on, double now_ms)
+{
+    s_entry_t *e = s_find(self, key);
+    if (e && !on)
+        e->prepared_ms = -1;
+    else if (e && e->prepared_ms < 0)
+        e->prepared_ms = now_ms; /* a later prefetch does not renew it */
+}
+
 static bool s_spec(const ll_gdsf_t *self, const s_entry_t *e, double now_ms)
 {
-    return e->speculative && now_ms - e->changed_ms < self->spec_window_ms;
+    return (e->speculative && now_ms - e->changed_ms < self->spec_window_ms) ||
+           (e->prepared_ms >= 0 && now_ms - e->prepared_ms < self->spec_window_ms);
 }
 
 int ll_gdsf_victim(const ll_gdsf_t *self, double now_ms)
@@ -252,6 +264,27 @@ int ll_gdsf_selftest(bool verbose)
     S_CHECK(ll_gdsf_victim(g, t) == gamer);
     S_CHECK(ll_gdsf_evict(g, gamer) == 0 && ll_gdsf_clock(g) == lg);
     S_CHECK(ll_gdsf_victim(g, t) == honest);
+    ll_gdsf_destroy(&g);
+
+    /* A worker that ran cells, prepared by a prefetch for its session's
+     * coming cell, ranks as speculative from that prefetch for the window;
+     * more prefetches (a client hinting without running) do not renew it,
+     * and the cell it was prepared for makes it a completed worker again. */
+    g = ll_gdsf_new(win);
+    ll_gdsf_changed(g, 40, 10, false, 0);   /* small L: the victim unless prepared */
+    ll_gdsf_changed(g, 41, 1000, false, 0);
+    ll_gdsf_set_idle(g, 40, true);
+    ll_gdsf_set_idle(g, 41, true);
+    S_CHECK(ll_gdsf_victim(g, 100) == 40);
+    ll_gdsf_prepared(g, 40, true, 1000);
+    S_CHECK(ll_gdsf_speculative(g, 40, 1000) && ll_gdsf_victim(g, 1000) == 41);
+    for (t = 2000; t < 12000; t += 1000)
+        ll_gdsf_prepared(g, 40, true, t);    /* hints, no cell */
+    S_CHECK(!ll_gdsf_speculative(g, 40, 11000) && ll_gdsf_victim(g, 11000) == 40);
+    ll_gdsf_prepared(g, 40, false, 11000);  /* its cell ran */
+    ll_gdsf_prepared(g, 40, true, 12000);   /* the next cell's hint: a new window */
+    S_CHECK(ll_gdsf_speculative(g, 40, 12500) && ll_gdsf_victim(g, 12500) == 41);
+    ll_gdsf_prepared(g, 99, true, 0);       /* unknown key: no-op */
     ll_gdsf_destroy(&g);
 
     /* Equal L: the state that changed longest ago goes first. */

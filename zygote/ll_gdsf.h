@@ -6,10 +6,12 @@
  * state it holds, H = the pool clock when that state last changed (a cell
  * ran, a prefetch restored something).  The victim is the idle entry with
  * the smallest L, completed workers before speculative ones (prepared by a
- * prefetch, never ran a cell), but a speculative worker keeps that priority
- * only for SPEC_WINDOW_MS after its state last changed: speculation is
- * bounded, and repeating a prefetch that changes nothing renews neither H
- * nor the window.  Evicting advances the clock to the victim's L, so newer
+ * prefetch, never ran a cell; or a worker that ran cells, prepared by a
+ * prefetch for its session's coming cell), but a speculative worker keeps
+ * that priority only for SPEC_WINDOW_MS after its state last changed (or
+ * the first prefetch since its last cell): speculation is bounded, and
+ * repeating a prefetch that changes nothing renews neither H nor the
+ * window.  Evicting advances the clock to the victim's L, so newer
  * state outranks state that went unused.  Busy entries (preparing,
  * running, saving) are never victims.  Run by the pool's one thread. */
 #ifndef LL_GDSF_H
@@ -27,6 +29,12 @@ void ll_gdsf_destroy(ll_gdsf_t **self_p);
  * SPECULATIVE: it holds a prefetch's preparation and never ran a cell.
  * New entries are busy until ll_gdsf_set_idle.  Returns 0 or -1 (memory). */
 int ll_gdsf_changed(ll_gdsf_t *self, int key, double bytes, bool speculative, double now_ms);
+
+/* ON: a prefetch prepared KEY, a worker that already ran cells, for its
+ * session's coming cell: it ranks as speculative for SPEC_WINDOW_MS from
+ * the first such prefetch (later ones do not renew the window); OFF: that
+ * cell ran.  No-op for an unknown key. */
+void ll_gdsf_prepared(ll_gdsf_t *self, int key, bool on, double now_ms);
 
 /* Whether KEY may be evicted now (idle, its save committed).  No-op for an
  * unknown key. */

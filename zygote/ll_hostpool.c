@@ -16,6 +16,8 @@
  *   session: the next cell of that session runs on it (a hit); it is never
  *   evicted while it prepares, runs or saves; it leaves under slot pressure,
  *   after --warm-idle seconds unused, or when its client goes;
+ * - a prefetch that finds no slot it may take prepares a staged worker that
+ *   holds none: it takes one when its session's cell runs, as a cell would;
  * - a client that goes away takes only its own cells with it;
  * - the base node is respawned when it dies; at most max_nodes nodes exist,
  *   least-recently-used leaves are evicted, the base is kept;
@@ -74,6 +76,7 @@ typedef struct {
     int client;         /* its client */
     char *name;         /* the run requests' "session" */
     double held_ms;     /* slot-held time of holdings that ended */
+    int pf_credit;      /* prefetch evictions it may make (0 or 1): s_prefetch_evicts */
 } s_sess_t;
 
 typedef struct {
@@ -126,6 +129,7 @@ typedef struct {
     bool prefetch;      /* a prefetch request: prepare, run nothing */
     bool handover;      /* handed to a warm worker that has not said ready: interrupts wait */
     bool warm_hit;      /* this job runs on a warm worker */
+    bool staged_hit;    /* ... one a prefetch prepared without a slot (staged) */
     bool fresh;         /* its worker was forked for this job */
     bool evicted_for;   /* a prefetch that evicted a warm worker: waits for that slot */
     bool spec;          /* the worker never ran a cell (a prefetch prepared it) */
@@ -158,6 +162,8 @@ static struct {
     bool cuda;               /* slots are CUDA devices */
     int idle_exit_s;         /* exit this long after the last client left */
     int max_nodes;           /* zygote nodes per host */
+    int max_staged;          /* workers a prefetch may prepare without a slot (staged), all sessions */
+    bool staged_defer;       /* staged workers leave the state's restore to the cell's run (CUDA hosts) */
     int warm_idle_s;         /* a warm worker unused this long leaves; 0: no warm workers */
     int spec_s;              /* a speculative worker outranks completed ones this long */
     ll_gdsf_t *gdsf;         /* eviction order of warm workers, keyed by pid */
@@ -694,6 +700,7 @@ static int s_session(int c, const char *name, bool create)
     se->client = c;
     se->name = strdup(name);
     se->held_ms = 0;
+    se->pf_credit = 1; /* its first prefetch may take a slot: the user is about to run it */
     if (!se->name) {
         se->used = false;
         return -1;
@@ -867,12 +874,15 @@ static void s_start_run(int r, int slot)
         return;
     run->wait_ms = ll_zframe_now_ms() - run->t_queued;
     json_t *job = json_deep_copy(run->req);
-    json_object_set_new(job, "device", P.cuda ? json_integer(slot) : json_null());
+    json_object_set_new(job, "device", P.cuda && slot >= 0 ? json_integer(slot) : json_null());
     json_object_set_new(job, "slot", json_integer(slot));
     json_object_set_new(job, "client", json_integer(run->client));
     json_object_set_new(job, "node", json_integer(P.nodes[n].id));
     json_object_set_new(job, "wait_ms", json_real(run->wait_ms));
     json_object_set_new(job, "node_modules", json_copy(P.nodes[n].modules));
+    /* Staged without a GPU: where variables may live on the device, their
+     * restore waits for the slot (the cell's run restores them). */
+    json_object_set_new(job, "defer_restore", json_boolean(slot < 0 && P.staged_defer));
     json_object_set_new(job, "keep_warm", json_boolean(P.warm_idle_s > 0));
     json_object_set_new(job, "prefetch", json_boolean(run->prefetch));
     json_t *m = json_pack("{s:s, s:o}", "type", "fork", "job", job);
@@ -891,10 +901,14 @@ static void s_start_run(int r, int slot)
     run->spec = true;
     run->node = n;
     run->node_id = P.nodes[n].id;
-    s_take_slot(r, slot);
+    if (slot >= 0)
+        s_take_slot(r, slot);
     P.nodes[n].last_used = ll_zframe_now_ms();
     P.nodes[n].forking++;
-    ll_info("pool", "cell %s: fork from node %d on slot %d", run->id, P.nodes[n].id, slot);
+    if (slot >= 0)
+        ll_info("pool", "cell %s: fork from node %d on slot %d", run->id, P.nodes[n].id, slot);
+    else
+        ll_info("pool", "prefetch %s: fork from node %d, staged (no slot)", run->id, P.nodes[n].id);
     s_consider_growth(n, json_object_get(run->req, "import_closure"));
 }
 
@@ -953,7 +967,7 @@ static void s_start_warm(int r, int w)
     run->warm_hit = true;
     ll_gdsf_set_idle(P.gdsf, (int)run->wpid, false);
     json_t *job = json_deep_copy(run->req);
-    json_object_set_new(job, "device", P.cuda ? json_integer(run->slot) : json_null());
+    json_object_set_new(job, "device", P.cuda && run->slot >= 0 ? json_integer(run->slot) : json_null());
     json_object_set_new(job, "slot", json_integer(run->slot));
     json_object_set_new(job, "client", json_integer(run->client));
     json_object_set_new(job, "node", json_integer(run->node_id));
@@ -970,8 +984,9 @@ static void s_start_warm(int r, int w)
             (int)run->wpid, run->slot);
 }
 
-/* Let warm worker R go: told to exit, it keeps its slot until it is gone.
- * PRESSURE: evicted for a slot (GreedyDual's clock advances to its L). */
+/* Let warm worker R go: it keeps its slot until it is gone.  PRESSURE:
+ * evicted for a slot (GreedyDual's clock advances to its L; killed), else
+ * told to exit. */
 static void s_evict_worker(int r, const char *why, bool pressure)
 {
     s_run_t *run = &P.runs[r];
@@ -984,32 +999,53 @@ static void s_evict_worker(int r, const char *why, bool pressure)
     ll_info("pool", "warm worker %d of session %s leaves (%s; L %.0f, %.0f bytes held, %d cells, clock %.0f)",
             (int)run->wpid, run->session ? run->session : "?", why, l, run->held_bytes, run->cells,
             ll_gdsf_clock(P.gdsf));
+    /* Its save committed: killing it loses nothing (the store drops a dead
+     * reader's leases).  Under pressure a cell or a prefetch waits for the
+     * slot, so it goes at once instead of unwinding Python; otherwise it is
+     * asked to exit. */
     json_t *m = json_pack("{s:s}", "type", "exit");
-    if (run->wfd < 0 || ll_zframe_send(run->wfd, m, -1) < 0)
-        kill(run->wpid, SIGKILL); /* its save committed: nothing is lost */
+    if (pressure || run->wfd < 0 || ll_zframe_send(run->wfd, m, -1) < 0)
+        kill(run->wpid, SIGKILL);
     json_decref(m);
     run->state = S_EVICTING;
     run->evict_t = ll_zframe_now_ms();
 }
 
 /* Prefetch R finds every slot held: evict the GreedyDual victim among idle
- * warm workers (completed before speculative, smallest L), but only when
- * the victim's L is below the L the prefetched worker would get (the clock
- * now plus the bytes of its closure, `closure_bytes` when the request gives
- * them, else 0): state that went unused since the clock passed it.  Repeated
- * prefetches of an unchanged closure do not renew H, so they cannot keep
- * evicting sessions whose state changed since.  Returns whether it evicted. */
+ * warm workers (completed before speculative, smallest L), never one that
+ * is speculative (prepared by a prefetch for its session's coming cell,
+ * ll_gdsf.h: a cell may take it, a prefetch not), when either
+ * - the victim's L is below the L the prefetched worker would get (the clock
+ *   now plus the bytes of its closure, `closure_bytes` when the request
+ *   gives them, else 0): state that went unused since the clock passed it;
+ * - or the session holds a prefetch credit.  A session starts with one
+ *   credit, spends it here and earns it back by running a cell: an honest
+ *   user edits and then runs what was prefetched, so each of its prefetches
+ *   may take a slot from state left idle, as its cell would at Run, but
+ *   within the edit time.  A client that only prefetches gets one slot this
+ *   way, then none until it runs a cell.
+ * Repeated prefetches of an unchanged closure do not renew H either, so they
+ * cannot keep evicting sessions whose state changed since.  Returns whether
+ * it evicted. */
 static bool s_prefetch_evicts(int r, double now)
 {
     s_run_t *run = &P.runs[r];
     int victim = ll_gdsf_victim(P.gdsf, now);
     double l = 0, est = json_number_value(json_object_get(run->req, "closure_bytes"));
-    if (victim < 0 || !ll_gdsf_value(P.gdsf, victim, &l) || !(l < ll_gdsf_clock(P.gdsf) + (est > 0 ? est : 0)))
+    if (victim < 0 || !ll_gdsf_value(P.gdsf, victim, &l) || ll_gdsf_speculative(P.gdsf, victim, now))
+        return false; /* every idle worker is prepared for its session's coming cell */
+    bool older = l < ll_gdsf_clock(P.gdsf) + (est > 0 ? est : 0);
+    int si = s_session(run->client, run->session, false);
+    bool credit = si >= 0 && P.sessions[si].pf_credit > 0;
+    if (!older && !credit)
         return false;
     for (int v = 0; v < S_MAX_RUNS; v++)
         if (P.runs[v].used && P.runs[v].state == S_WARM && P.runs[v].wpid == victim) {
             char why[200];
-            snprintf(why, sizeof why, "slot pressure: prefetch %.80s of session %.40s", run->id, run->session);
+            snprintf(why, sizeof why, "slot pressure: prefetch %.80s of session %.40s%s", run->id, run->session,
+                     older ? "" : " (its credit)");
+            if (!older)
+                P.sessions[si].pf_credit--;
             s_evict_worker(v, why, true);
             return true;
         }
@@ -1024,6 +1060,37 @@ static bool s_cells_waiting(void)
     for (int r = 0; r < S_MAX_RUNS; r++)
         if (P.runs[r].used && P.runs[r].state == S_QUEUED && !P.runs[r].prefetch)
             return true;
+    return false;
+}
+
+static int s_free_slot(void)
+{
+    for (int s2 = 0; s2 < P.nslots; s2++)
+        if (P.slot_run[s2] < 0)
+            return s2;
+    return -1;
+}
+
+/* Workers prepared, or being prepared, without a slot (staged). */
+static int s_staged_count(void)
+{
+    int n = 0;
+    for (int r = 0; r < S_MAX_RUNS; r++)
+        if (P.runs[r].used && P.runs[r].wfd >= 0 && P.runs[r].slot < 0 &&
+            (P.runs[r].state == S_FORKING || P.runs[r].state == S_PREPARING || P.runs[r].state == S_WARM))
+            n++;
+    return n;
+}
+
+/* Whether a cell of R's client and session is queued. */
+static bool s_session_cell_queued(int r)
+{
+    for (int q = 0; q < S_MAX_RUNS; q++) {
+        s_run_t *c = &P.runs[q];
+        if (q != r && c->used && c->state == S_QUEUED && !c->prefetch && c->client == P.runs[r].client &&
+            c->session && strcmp(c->session, P.runs[r].session) == 0)
+            return true;
+    }
     return false;
 }
 
@@ -1045,7 +1112,7 @@ static void s_schedule(void)
         }
     int evicting = 0;
     for (int r = 0; r < S_MAX_RUNS; r++)
-        if (P.runs[r].used && P.runs[r].state == S_EVICTING)
+        if (P.runs[r].used && P.runs[r].state == S_EVICTING && P.runs[r].slot >= 0) /* a staged one frees none */
             evicting++;
     double now = ll_zframe_now_ms();
     bool blocked = false; /* an older cell waits for a slot: younger ones may not take one first */
@@ -1054,11 +1121,32 @@ static void s_schedule(void)
         s_run_t *run = &P.runs[r];
         if (!run->used || run->state != S_QUEUED)
             continue;
+        if (run->prefetch && s_session_cell_queued(r)) {
+            /* The session's cell waits for a slot (on its staged worker, or to fork). */
+            s_send_client(run->client, json_pack("{s:s, s:s, s:b, s:s}", "type", "prefetched", "id", run->id, "ok",
+                                                 0, "skipped", "the session's cell waits for a GPU slot"));
+            s_drop_run(r);
+            continue;
+        }
         bool busy = false, running = false;
         int w = s_warm_for(r, &busy, &running);
-        if (w >= 0) {
-            s_start_warm(r, w);
+        if (w >= 0 && (P.runs[w].slot >= 0 || run->prefetch)) {
+            s_start_warm(r, w); /* a prefetch re-checks a staged worker without a slot */
             continue;
+        }
+        if (w >= 0) {
+            /* The cell's worker was prepared without a slot (staged): it
+             * takes a free one, or waits as a cold cell would, evicting. */
+            if (blocked)
+                continue;
+            int slot = s_free_slot();
+            if (slot >= 0) {
+                s_take_slot(w, slot);
+                s_start_warm(r, w);
+                run->staged_hit = true;
+                continue;
+            }
+            goto evict;
         }
         if (busy)
             continue; /* the session's prefetch is preparing its worker: wait for it */
@@ -1070,16 +1158,16 @@ static void s_schedule(void)
             continue;
         }
         if (run->prefetch) {
-            int slot = -1;
-            for (int s2 = 0; s2 < P.nslots && slot < 0; s2++)
-                if (P.slot_run[s2] < 0)
-                    slot = s2;
+            int slot = s_free_slot();
             bool cells = s_cells_waiting();
-            if (slot >= 0 && !cells && s_best_node(json_object_get(run->req, "import_closure")) >= 0) {
+            bool node = s_best_node(json_object_get(run->req, "import_closure")) >= 0;
+            if (slot >= 0 && !cells && node) {
                 s_start_run(r, slot);
             } else if (slot < 0 && !cells && !run->evicted_for && s_prefetch_evicts(r, now)) {
                 run->evicted_for = true; /* stays queued until that worker is gone */
-            } else if (cells || (slot < 0 && !run->evicted_for)) {
+            } else if (!run->evicted_for && node && s_staged_count() < P.max_staged) {
+                s_start_run(r, -1); /* staged: prepared without a slot, it takes one at Run */
+            } else if (!run->evicted_for) {
                 s_send_client(run->client, json_pack("{s:s, s:s, s:b, s:s}", "type", "prefetched", "id", run->id,
                                                      "ok", 0, "skipped",
                                                      cells ? "cells wait for a GPU slot" : "no free GPU slot"));
@@ -1089,10 +1177,7 @@ static void s_schedule(void)
         }
         if (blocked)
             continue;
-        int slot = -1;
-        for (int s2 = 0; s2 < P.nslots && slot < 0; s2++)
-            if (P.slot_run[s2] < 0)
-                slot = s2;
+        int slot = s_free_slot();
         if (slot >= 0) {
             if (s_best_node(json_object_get(run->req, "import_closure")) < 0) {
                 blocked = true; /* no node ready yet */
@@ -1103,6 +1188,7 @@ static void s_schedule(void)
                 blocked = true;
             continue;
         }
+    evict:
         blocked = true;
         if (evicting > 0) {
             evicting--; /* a slot is on its way to this cell */
@@ -1213,8 +1299,9 @@ static json_t *s_stats(void)
                                                   (int)run->wpid));
         if (run->wpid <= 0 || run->state == S_QUEUED)
             continue;
-        /* Every worker that holds a slot: warm ones, and busy ones. */
-        const char *st = run->state == S_WARM && ll_gdsf_speculative(P.gdsf, (int)run->wpid, now)
+        /* Every worker: warm ones (staged ones hold no slot), and busy ones. */
+        const char *st = run->state == S_WARM && run->slot < 0 ? "staged"
+                         : run->state == S_WARM && ll_gdsf_speculative(P.gdsf, (int)run->wpid, now)
                              ? "speculative"
                              : state_names[run->state];
         double l = 0;
@@ -1451,6 +1538,8 @@ static void s_make_warm(int r, bool changed)
     run->idle_since = now;
     run->handover = false;
     run->pending_sig = 0;
+    if (run->slot < 0)
+        return; /* staged: it holds no slot, so it is nobody's victim (it leaves when idle, cancelled or unused) */
     if (changed || !ll_gdsf_value(P.gdsf, (int)run->wpid, NULL))
         ll_gdsf_changed(P.gdsf, (int)run->wpid, run->held_bytes, run->spec, now);
     ll_gdsf_set_idle(P.gdsf, (int)run->wpid, true);
@@ -1499,11 +1588,13 @@ static void s_worker_frame(int r, json_t *m)
         json_object_set_new(ev, "id", json_string(run->id));
         json_object_set_new(ev, "ok", json_boolean(ok));
         json_object_set_new(ev, "warm_hit", json_boolean(run->warm_hit));
+        json_object_set_new(ev, "staged", json_boolean(run->slot < 0));
         json_object_set_new(ev, "zygote_node", json_integer(run->node_id));
         json_object_set_new(ev, "wait_ms", json_real(run->wait_ms));
         s_send_client(run->client, ev);
         if (stay) {
             s_make_warm(r, changed);
+            ll_gdsf_prepared(P.gdsf, (int)run->wpid, true, ll_zframe_now_ms()); /* for the session's coming cell */
             s_schedule();
         } else {
             s_drop_run(r); /* the worker leaves by itself */
@@ -1519,16 +1610,21 @@ static void s_worker_frame(int r, json_t *m)
             json_object_set_new(ll, "zygote_node", json_integer(run->node_id));
             json_object_set_new(ll, "wait_ms", json_real(run->wait_ms));
             json_object_set_new(ll, "warm_hit", json_boolean(run->warm_hit));
+            json_object_set_new(ll, "staged", json_boolean(run->staged_hit));
             if (json_is_number(json_object_get(ll, "held_bytes")))
                 run->held_bytes = json_number_value(json_object_get(ll, "held_bytes"));
         }
         json_object_set_new(m, "id", json_string(run->id));
         s_send_client(run->client, json_incref(m));
+        int si = s_session(run->client, run->session, false);
+        if (si >= 0)
+            P.sessions[si].pf_credit = 1; /* a cell ran: its next prefetch may take a slot (s_prefetch_evicts) */
         bool stay = ll && json_is_true(json_object_get(ll, "stays_warm")) && P.warm_idle_s > 0 && run->client >= 0 &&
                     !run->cancelled;
         if (stay) {
             run->cells++;
             run->spec = false;
+            ll_gdsf_prepared(P.gdsf, (int)run->wpid, false, 0); /* the cell it was prepared for ran */
             s_make_warm(r, true);
         } else {
             s_drop_run(r); /* the worker exits by itself; its zygote reaps it */
@@ -1594,6 +1690,7 @@ int ll_pool_main(int argc, char **argv)
     P.nslots = getenv("LL_POOL_SLOTS") ? atoi(getenv("LL_POOL_SLOTS")) : 2;
     P.idle_exit_s = getenv("LL_POOL_IDLE_EXIT") ? atoi(getenv("LL_POOL_IDLE_EXIT")) : 300;
     P.max_nodes = getenv("LL_POOL_MAX_NODES") ? atoi(getenv("LL_POOL_MAX_NODES")) : 50;
+    P.max_staged = getenv("LL_POOL_MAX_STAGED") ? atoi(getenv("LL_POOL_MAX_STAGED")) : -1;
     /* Warm workers are off unless asked for: the kernel asks (300 s,
      * gateway/ll_route.c); bare pools (tests/zygote) fork per cell. */
     P.warm_idle_s = getenv("LL_POOL_WARM_IDLE_S") ? atoi(getenv("LL_POOL_WARM_IDLE_S")) : 0;
@@ -1697,6 +1794,14 @@ int ll_pool_main(int argc, char **argv)
         P.cuda = true;
         P.nslots = ncuda < S_MAX_SLOTS ? ncuda : S_MAX_SLOTS;
     }
+    /* Staged workers (a prefetch finding no slot prepares one without):
+     * twice as many as slots unless set.  Without a GPU there is no device
+     * memory, so they restore everything; on CUDA hosts (or when tests ask,
+     * LL_POOL_STAGED_DEFER=1) only imports and the state's restore waits for
+     * the slot: variables may hold device tensors. */
+    if (P.max_staged < 0)
+        P.max_staged = 2 * P.nslots;
+    P.staged_defer = P.cuda || (getenv("LL_POOL_STAGED_DEFER") && strcmp(getenv("LL_POOL_STAGED_DEFER"), "1") == 0);
     for (int s = 0; s < S_MAX_SLOTS; s++)
         P.slot_run[s] = -1;
     for (int c = 0; c < S_MAX_CLIENTS; c++)

@@ -52,7 +52,8 @@ def test_pf_hint_prepares_warm_worker(pool, warm, kind):
     pf, st = pool.wait_prepared(before, "the %s hint's prefetch" % kind)
     assert pool.prefetches()[before:] == [(pf, pid)], "one prefetch, on the session's warm worker"
     (w,) = [w for w in st["workers"] if w["pid"] == pid]
-    assert w["state"] == "warm" and w["bytes"] >= held + 8 * n, (held, w)
+    # Prepared for the session's coming cell, it ranks as speculative (a prefetch may not evict it).
+    assert w["state"] == "speculative" and w["cells"] >= 1 and w["bytes"] >= held + 8 * n, (held, w)
     md, out = run_gpu(k, code)
     assert out == "%d\n%d\n" % (10 * value, 2 * n)
     assert md["warm_hit"] and md["fork_ms"] == 0 and md["worker_pid"] == pid, md

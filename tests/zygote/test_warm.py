@@ -214,14 +214,39 @@ def test_prefetch_prepares_the_next_cell(env):
     wait_for(lambda: not pid_alive(p3["worker_pid"]), 10, "the speculative worker to go")
 
 
-def test_prefetch_never_evicts_and_is_refused_without_warm_workers(env):
+def test_a_prefetch_takes_a_slot_only_on_credit_a_cell_earned(env):
+    # One slot.  A session's first prefetch may evict a completed idle worker (its user is about to run what it
+    # prefetches); after that, only once a cell of the session ran.  A prepared worker is never taken by a
+    # prefetch.  (No staged workers here: a prefetch refused a slot would prepare one without.)
+    env.environ["LL_POOL_MAX_STAGED"] = "0"
     c = env.client(slots=1, extra=WARM)
-    assert c.run("a", "k = 1", defines=["k"]).ok
+    rc = c.run("a", "k = 1", defines=["k"])
+    assert rc.ok, rc.events
     d = env.client(slots=1, extra=WARM)
-    d.send(op="prefetch", id="p", session=env.session, store_dir=env.store_dir, state_closure=["k"])
-    p = _next_of(d, "p", ("prefetched",))
-    assert not p["ok"] and p["skipped"] == "no free GPU slot", p
-    assert len(_workers(c)) == 1
+
+    def prefetch(client, pid):
+        client.send(op="prefetch", id=pid, session=env.session, store_dir=env.store_dir, redis_url=env.redis_url,
+                    state_closure=["k"])
+        return _next_of(client, pid, ("prefetched",))
+
+    p1 = prefetch(d, "p1")
+    assert p1["ok"] and p1["restored"] == ["k"], p1
+    wait_for(lambda: not pid_alive(rc.ll["worker_pid"]), 10, "C's worker evicted by D's first prefetch")
+    pc = prefetch(c, "pc")  # C has credit (it ran a cell), but D's worker is prepared for D's coming cell
+    assert not pc["ok"] and pc["skipped"] == "no free GPU slot" and pid_alive(p1["worker_pid"]), pc
+    d.send(op="cancel", id="p1")
+    wait_for(lambda: not pid_alive(p1["worker_pid"]), 10, "D's speculative worker to go")
+    rc2 = c.run("b", "k += 1", state_closure=["k"], defines=["k"])
+    assert rc2.ok, rc2.events
+    p2 = prefetch(d, "p2")  # D spent its credit and ran no cell since
+    assert not p2["ok"] and p2["skipped"] == "no free GPU slot" and pid_alive(rc2.ll["worker_pid"]), p2
+    rd = d.run("d", "print(k)", state_closure=["k"])  # a cell takes the slot (cells always may)
+    assert rd.stdout == "2\n", rd.events
+    rc3 = c.run("c", "k += 1", state_closure=["k"], defines=["k"])
+    assert rc3.ok and not rc3.ll["warm_hit"], rc3.ll
+    p3 = prefetch(d, "p3")  # D's cell ran: its next prefetch may take the slot again
+    assert p3["ok"] and p3["restored"] == ["k"], p3
+    wait_for(lambda: not pid_alive(rc3.ll["worker_pid"]), 10, "C's worker evicted by D's earned prefetch")
 
 
 def test_prefetch_refused_by_a_pool_without_warm_workers(env):
@@ -321,20 +346,32 @@ def test_a_client_leaving_while_its_worker_saves_lets_the_save_commit(env):
 
 
 def test_a_prefetch_evicts_only_state_older_than_what_it_brings(env):
+    env.environ["LL_POOL_MAX_STAGED"] = "0"  # a prefetch refused a slot would prepare a worker without one
     a = env.client(slots=1, extra=WARM)
     b = env.client(slots=1, extra=WARM)
     ra = a.run("a", "import numpy as np\nav = np.ones(1 << 20, dtype=np.uint8)", defines=["av"])
+    assert ra.ok, ra.events
+    # B spends the credit a session starts with (test_a_prefetch_takes_a_slot_only_on_credit_a_cell_earned)
+    # and runs no cell: what remains is the rule for state older than what a prefetch brings.
+    b.send(op="prefetch", id="p0", session=env.session, store_dir=env.store_dir, redis_url=env.redis_url,
+           state_closure=["av"])
+    p0 = _next_of(b, "p0", ("prefetched",))
+    assert p0["ok"], p0
+    b.send(op="cancel", id="p0")
+    wait_for(lambda: not pid_alive(p0["worker_pid"]), 10, "B's speculative worker to go")
+    ra = a.run("a2", "av[0] = 2", state_closure=["av"], defines=["av"])
+    assert ra.ok, ra.events
     pa = ra.ll["worker_pid"]
-    la = _workers(a)[pa]["L"]
-    assert la >= 1 << 20
-    # Without a size hint the prefetched worker would get L = clock (0) < A's L: no eviction.
+    la, clock = _workers(a)[pa]["L"], a.stats()["clock"]
+    assert la >= clock + (1 << 20)
+    # Without a size hint the prefetched worker would get L = clock < A's L: no eviction.
     b.send(op="prefetch", id="p1", session=env.session, store_dir=env.store_dir, redis_url=env.redis_url,
            state_closure=["av"])
     p = _next_of(b, "p1", ("prefetched",))
     assert not p["ok"] and p["skipped"] == "no free GPU slot" and pid_alive(pa), p
     # With the closure's bytes (more than A holds), A's unused state is older than what the prefetch brings.
     b.send(op="prefetch", id="p2", session=env.session, store_dir=env.store_dir, redis_url=env.redis_url,
-           state_closure=["av"], closure_bytes=la + 1)
+           state_closure=["av"], closure_bytes=la - clock + 1)
     p = _next_of(b, "p2", ("prefetched",))
     assert p["ok"] and p["restored"] == ["av"], p
     wait_for(lambda: not pid_alive(pa), 10, "A's worker evicted by the prefetch")
@@ -369,3 +406,59 @@ def test_a_cell_sent_right_after_its_warm_worker_died_runs_on_a_fresh_one(env):
         r = c.run("b%d" % k, "print(v)", state_closure=["v"])
         assert r.ok and r.stdout == "%d\n" % k, r.events
         assert r.ll["worker_pid"] != a.ll["worker_pid"] and not r.ll["warm_hit"]
+
+
+def _staged_setup(env):
+    """One slot held by C's worker, prepared for C's coming cell (a prefetch after its cell): D's prefetch may
+    not evict it, so it prepares a worker without a slot (staged)."""
+    c = env.client(slots=1, extra=WARM)
+    rc = c.run("a", "k = 41", defines=["k"])
+    assert rc.ok, rc.events
+    c.send(op="prefetch", id="pc", session=env.session, store_dir=env.store_dir, redis_url=env.redis_url,
+           state_closure=["k"])
+    assert _next_of(c, "pc", ("prefetched",))["ok"]
+    d = env.client(slots=1, extra=WARM)
+    d.send(op="prefetch", id="pd", session=env.session, store_dir=env.store_dir, redis_url=env.redis_url,
+           state_closure=["k"])
+    pd = _next_of(d, "pd", ("prefetched",))
+    assert pd["ok"] and pd["staged"] and pid_alive(rc.ll["worker_pid"]), pd
+    w = _workers(d)[pd["worker_pid"]]
+    assert w["state"] == "staged" and w["slot"] == -1, w
+    assert _workers(d)[rc.ll["worker_pid"]]["slot"] == 0
+    return c, d, rc, pd
+
+
+def test_a_prefetch_without_a_free_slot_stages_a_worker_that_takes_one_at_run(env):
+    c, d, rc, pd = _staged_setup(env)
+    assert pd["restored"] == ["k"], pd
+    r = d.run("d", "print(k + 1)", state_closure=["k"])  # takes the slot: C's worker is evicted (a cell may)
+    assert r.stdout == "42\n", r.events
+    assert r.ll["warm_hit"] and r.ll["prepared_by_prefetch"] and r.ll["worker_pid"] == pd["worker_pid"], r.ll
+    assert r.ll["fork_ms"] == 0 and r.ll["restored"] == [], r.ll
+    wait_for(lambda: not pid_alive(rc.ll["worker_pid"]), 10, "C's worker evicted for D's cell")
+    w = _workers(d)[pd["worker_pid"]]
+    assert w["state"] == "warm" and w["slot"] == 0, w
+    # Cancelling a staged prefetch lets its worker go, like a speculative one.
+    rc2 = c.run("c2", "k += 1", state_closure=["k"], defines=["k"])  # evicts D's worker now (C's cell)
+    assert rc2.ok, rc2.events
+    e = env.client(slots=1, extra=WARM)
+    c.send(op="prefetch", id="pc2", session=env.session, store_dir=env.store_dir, redis_url=env.redis_url,
+           state_closure=["k"])
+    assert _next_of(c, "pc2", ("prefetched",))["ok"]
+    e.send(op="prefetch", id="pe", session=env.session, store_dir=env.store_dir, redis_url=env.redis_url,
+           state_closure=["k"])
+    pe = _next_of(e, "pe", ("prefetched",))
+    assert pe["ok"] and pe["staged"], pe
+    e.send(op="cancel", id="pe")
+    wait_for(lambda: not pid_alive(pe["worker_pid"]), 10, "the staged worker to go")
+    assert pid_alive(rc2.ll["worker_pid"])
+
+
+def test_a_staged_worker_on_a_gpu_host_restores_at_run(env):
+    # As on a CUDA host (variables may hold device tensors): the staged worker imports only; the run restores.
+    env.environ["LL_POOL_STAGED_DEFER"] = "1"
+    c, d, rc, pd = _staged_setup(env)
+    assert pd["restore_deferred"] and pd["restored"] == [], pd
+    r = d.run("d", "print(k + 1, np.__name__)", state_closure=["k"], import_stmts=["import numpy as np"])
+    assert r.stdout == "42 numpy\n", r.events
+    assert r.ll["warm_hit"] and r.ll["prepared_by_prefetch"] and r.ll["restored"] == ["k"], r.ll

@@ -31,6 +31,7 @@ _orig_threads = None     # torch's intra-op threads before the zygote set 1 (wor
 _cp = None               # the worker's Checkpointer
 _store = None            # the worker's _llstore.Store
 _before = None           # {name: id(value)} of the namespace after restore
+_device = None           # the CUDA device this worker uses, once it has one (set before CUDA's first use)
 _store_key = None        # (store_dir, session, redis_url) _store was opened with
 _orig_run_cell = None    # the shell's run_cell before _guard_interrupts wrapped it
 
@@ -225,14 +226,16 @@ def _open_store(job):
 
 
 def worker_prepare(arg):
-    global _before
+    global _before, _device
     job = json.loads(arg)
     t0 = time.perf_counter()
     warm = bool(job.get("warm"))
     rep = {"imported_after_fork": [], "device": job.get("device"), "warm_hit": warm}
-    # 1. CUDA on the assigned device, only now (after the fork); a warm worker has it already.
+    # 1. CUDA on the assigned device, only now (after the fork); a warm worker has it already, a staged one (a
+    #    prefetch prepared it without a slot) gets it with its cell's run.
     dev = job.get("device")
-    if dev is not None and not warm:
+    if dev is not None and _device is None:
+        _device = dev
         os.environ["CUDA_VISIBLE_DEVICES"] = str(dev)
         torch = sys.modules.get("torch")
         if torch is not None:
@@ -250,16 +253,21 @@ def worker_prepare(arg):
         compiler.load_index()
     ns = shell.user_ns
     _guard_interrupts(shell, job.get("int_fd"))
+    # Staged on a CUDA host: no device yet, and restored variables may hold device tensors, so only the imports
+    # of the closure now; the cell's run (a warm job, with its device) restores the rest.
+    defer = bool(job.get("defer_restore"))
     # 2. The session's process state first (its sys.path and cwd decide what the imports find), and on a warm
     #    worker the names whose committed version moved go.
-    try:
-        _open_store(job)
-        if warm:
-            _forget_outputs(shell)
-            rep["dropped_stale"] = _drop_stale(shell)
-        prep, probs = procstate.restore(_cp)
-    except Exception as e:  # noqa: BLE001 - becomes the cell's error reply (nothing held can be trusted)
-        return json.dumps({"fatal": "cannot restore the session's state: %s: %s" % (type(e).__name__, e)})
+    prep, probs = None, None
+    if not defer:
+        try:
+            _open_store(job)
+            if warm:
+                _forget_outputs(shell)
+                rep["dropped_stale"] = _drop_stale(shell)
+            prep, probs = procstate.restore(_cp)
+        except Exception as e:  # noqa: BLE001 - becomes the cell's error reply (nothing held can be trusted)
+            return json.dumps({"fatal": "cannot restore the session's state: %s: %s" % (type(e).__name__, e)})
     t2 = time.perf_counter()
     # 3. The rest of the import closure, and the names imports bind.
     torch = sys.modules.get("torch")
@@ -277,16 +285,23 @@ def worker_prepare(arg):
             rep.setdefault("import_failed", {})[stmt] = "%s: %s" % (type(e).__name__, e)
     t3 = time.perf_counter()
     # 4. Restore the state closure.
-    try:
-        r = _cp.restore(list(job.get("state_closure") or []))
-        _fault(job, "restore")
-    except Exception as e:  # noqa: BLE001 - becomes the cell's error reply
-        return json.dumps({"fatal": "cannot restore the cell's variables: %s: %s" % (type(e).__name__, e)})
-    failed = dict(r.failed, **prep.failed)
-    if failed:
-        return json.dumps({"fatal": "cannot restore %s" % "; ".join("%s: %s" % kv for kv in failed.items())})
-    if probs:
-        rep["procstate_problems"] = probs
+    restored, missing_names, nbytes = [], [], 0
+    if not defer:
+        try:
+            r = _cp.restore(list(job.get("state_closure") or []))
+            _fault(job, "restore")
+        except Exception as e:  # noqa: BLE001 - becomes the cell's error reply
+            return json.dumps({"fatal": "cannot restore the cell's variables: %s: %s" % (type(e).__name__, e)})
+        failed = dict(r.failed, **prep.failed)
+        if failed:
+            return json.dumps({"fatal": "cannot restore %s" % "; ".join("%s: %s" % kv for kv in failed.items())})
+        if probs:
+            rep["procstate_problems"] = probs
+        restored = sorted(n for n in r.restored if n != procstate.NAME)
+        missing_names = [n for n in r.missing if n != procstate.NAME]
+        nbytes = r.payload_bytes + prep.payload_bytes
+    else:
+        rep["restore_deferred"] = True
     if isinstance(job.get("execution_count"), int):
         shell.execution_count = job["execution_count"]
     t4 = time.perf_counter()
@@ -295,9 +310,9 @@ def worker_prepare(arg):
         "cuda_ms": (t1 - t0) * 1e3,
         "import_ms": (t3 - t2) * 1e3,
         "restore_ms": (t2 - t1) * 1e3 + (t4 - t3) * 1e3,
-        "bytes_restored": r.payload_bytes + prep.payload_bytes,
-        "restored": sorted(n for n in r.restored if n != procstate.NAME),
-        "missing": [n for n in r.missing if n != procstate.NAME],
+        "bytes_restored": nbytes,
+        "restored": restored,
+        "missing": missing_names,
         "held_bytes": _held_bytes(),
     })
     rep["prep_ms"] = {"fork": job.get("fork_ms", 0.0), "import": rep["import_ms"] + rep["cuda_ms"],
