@@ -998,6 +998,34 @@ out:
     return freed;
 }
 
+/* A private writable mapping of a hugetlb pool makes the kernel reserve a
+ * huge page for every page it maps (for copy-on-write), which fails with
+ * ENOMEM when the host has none to spare, e.g. after the pool itself took
+ * the surplus room.  Restoring committed bytes must not need new huge pages:
+ * put a private copy in ordinary anonymous memory at ADDR instead (LEN bytes
+ * of the pool file at OFF, read through a shared mapping, which needs no
+ * new pages since the regions are allocated).  0, or -1 with errno.
+ * Costs a copy and, while the mapping lives, the memory of it; so does the
+ * reservation of a private hugetlb mapping when it succeeds. */
+static int s_map_copy(ll_pool_t *pool, char *addr, size_t len, off_t off)
+{
+    /* The destination first: the failed mapping may have left a hole at
+     * ADDR, where the source's mapping could otherwise land. */
+    char *dst = mmap(addr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
+                     -1, 0);
+    if (dst == MAP_FAILED)
+        return -1;
+    char *src = mmap(NULL, len, PROT_READ, MAP_SHARED, pool->fd, off);
+    if (src == MAP_FAILED)
+        return -1; /* (the caller unmaps ADDR) */
+    madvise(dst, len, MADV_HUGEPAGE); /* (THP "madvise" mode: 2 MiB faults, not 4 KiB) */
+    memcpy(dst, src, len);
+    munmap(src, len);
+    ll_debug("store", "pool %s: no huge pages for a private mapping of %zu bytes; copied them",
+             pool->path, len);
+    return 0;
+}
+
 ll_pool_map_t *ll_pool_map(ll_pool_t *pool, const ll_pool_region_t *regs, size_t nreg,
                            size_t nbytes, bool writable, int *kind, char *err, size_t errlen)
 {
@@ -1049,12 +1077,26 @@ ll_pool_map_t *ll_pool_map(ll_pool_t *pool, const ll_pool_region_t *regs, size_t
     map->addr = addr;
     int prot = PROT_READ | (writable ? PROT_WRITE : 0);
     int flags = (writable ? MAP_PRIVATE : MAP_SHARED) | MAP_FIXED;
+    bool huge_private = writable && strcmp(pool->page_kind, "hugetlb") == 0;
     for (size_t i = 0; i < nreg;) {
         size_t run = 1;
         while (i + run < nreg && regs[i + run].idx == regs[i].idx + run)
             run++;
         off_t off = (off_t)(pool->hdr->data_offset + (size_t)regs[i].idx * R);
-        if (mmap(addr + i * R, run * R, prot, flags, pool->fd, off) == MAP_FAILED) {
+        void *got = NULL;
+        if (huge_private) {
+            /* A failed MAP_FIXED leaves a hole another thread's mmap could
+             * take: find out elsewhere whether the huge pages are there. */
+            void *probe = mmap(NULL, run * R, prot, MAP_PRIVATE, pool->fd, off);
+            if (probe == MAP_FAILED)
+                got = MAP_FAILED;
+            else
+                munmap(probe, run * R);
+        }
+        if (got != MAP_FAILED)
+            got = mmap(addr + i * R, run * R, prot, flags, pool->fd, off);
+        if (got == MAP_FAILED &&
+            !(huge_private && errno == ENOMEM && s_map_copy(pool, addr + i * R, run * R, off) == 0)) {
             *kind = LL_POOL_EIO;
             s_fail(err, errlen, "cannot map payload regions%s: %s", "", errno);
             munmap(addr, map->maplen);
