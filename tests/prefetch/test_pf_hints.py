@@ -105,3 +105,20 @@ def test_pf_cold_hint_forks_speculative_worker(pool):
         assert md["prepared_by_prefetch"] and not {"x", "q"} & set(md["restored"]), md
     finally:
         k.stop()
+
+
+def test_pf_unchanged_process_state_compares_equal(pool):
+    """A Run right after a prefetch commits nothing when nothing changed: the kernel compares its process state
+    (cwd, env, sys.path, RNG states) with what it last committed.  Two pickles of one unchanged torch RNG tensor
+    differ, so the comparison must not pickle the tensor itself (it did: every Run re-committed the state)."""
+    k = pool.kernel()
+    try:
+        out = run_cpu(k, "%%cpu\nimport torch\nfrom looseleaf_zygote import procstate\n"
+                         "from looseleaf_kernel.coherence import _state_blob\n"
+                         "a, b = procstate.capture(), procstate.capture()\n"
+                         "print(_state_blob(a) == _state_blob(b))\n"
+                         "torch.rand(1)\n"
+                         "print(_state_blob(a) == _state_blob(procstate.capture()))")
+        assert out == "True\nFalse\n", out
+    finally:
+        k.stop()

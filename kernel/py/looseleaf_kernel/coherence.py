@@ -87,8 +87,12 @@ def node_module(node):
 
 
 def _state_blob(st):
-    """A comparable form of a procstate.capture() (None if it cannot be pickled)."""
+    """A comparable form of a procstate.capture() (None if it cannot be pickled).  Torch's RNG state goes in as
+    its bytes: two pickles of one unchanged tensor differ, which made every Run re-commit the process state."""
     try:
+        rng = st.get("torch_rng")
+        if rng is not None and hasattr(rng, "numpy"):
+            st = dict(st, torch_rng=rng.numpy().tobytes())
         return pickle.dumps(st, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:  # noqa: BLE001 - then it is simply saved every time
         return None
