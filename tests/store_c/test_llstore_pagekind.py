@@ -33,6 +33,14 @@ def free_huge_pages():
     return max(0, meminfo("HugePages_Free") - meminfo("HugePages_Rsvd"))
 
 
+def overcommit_now():
+    try:
+        with open(OVERCOMMIT) as f:
+            return int(f.read())
+    except OSError:  # a kernel without hugetlb
+        return 0
+
+
 @pytest.fixture
 def overcommit():
     """set(n_more): allow n_more surplus huge pages beyond those in use now; the old value comes back."""
@@ -101,8 +109,7 @@ def test_knob_4k_and_bad_values(runtime_dir, session, page_kind_env):
 
 def test_choice_reports_what_the_host_offers(page_kind_env):
     kind, why = _llstore.page_kind_choice(POOL)
-    with open(OVERCOMMIT) as f:
-        over = int(f.read())
+    over = overcommit_now()
     room = free_huge_pages() + max(0, over - meminfo("HugePages_Surp"))
     assert "vm.nr_overcommit_hugepages %d" % over in why
     if meminfo("Hugepagesize") == 2048 and room >= POOL // R + 8:
@@ -115,12 +122,12 @@ def test_choice_reports_what_the_host_offers(page_kind_env):
 
 
 def test_forced_hugetlb_without_huge_pages_is_a_clear_error(runtime_dir, session, page_kind_env):
-    with open(OVERCOMMIT) as f:
-        room = free_huge_pages() + max(0, int(f.read()) - meminfo("HugePages_Surp"))
+    room = free_huge_pages() + max(0, overcommit_now() - meminfo("HugePages_Surp"))
     if room > 0:
         pytest.skip("this host has %d huge pages to give" % room)
     page_kind_env("hugetlb")
-    with pytest.raises(_llstore.StoreError, match="memfd:hugetlb.*No space left on device"):
+    # (no space for the pool's header; or no hugetlb memfd at all on a kernel without hugetlb)
+    with pytest.raises(_llstore.StoreError, match="memfd:hugetlb.*(No space left on device|Invalid argument)"):
         _llstore.Store(runtime_dir, session, pool_bytes=POOL)
     page_kind_env("auto")
     st = _llstore.Store(runtime_dir, session + "b", pool_bytes=POOL)
