@@ -1,7 +1,7 @@
 """A starting kernel removes the cell directories (<tmp>/looseleaf_<pid>, where the kernel and its workers
 write cell sources for tracebacks) of kernels that died without shutting down: CellCompiler.sweep in
 kernel/py/looseleaf_kernel/shell.py.  A kernel killed but not yet reaped by its parent is a zombie: its pid
-is still in /proc, yet it is dead and its directory must go, as coherence._alive has it for the stores.
+is still in /proc, yet it is dead and its directory must go, as coherence.pid_alive has it for the stores.
 
 Runs in the pytest process; the kernel gets a private TMPDIR, so the directories it sees are the test's.
 """

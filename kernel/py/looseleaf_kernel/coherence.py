@@ -98,7 +98,7 @@ def _state_blob(st):
         return None
 
 
-def _alive(pid):
+def pid_alive(pid):
     """Whether process PID exists and is not a zombie (a killed kernel its parent has not reaped yet)."""
     try:
         with open("/proc/%d/stat" % pid) as f:
@@ -127,7 +127,7 @@ def _sweep(base):
             continue
         if st.st_uid != os.getuid() or st.st_mode & 0o077 or pid == os.getpid():
             continue
-        if _alive(pid):
+        if pid_alive(pid):
             continue
         try:
             store = _llstore.Store(d, session)

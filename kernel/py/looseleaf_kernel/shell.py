@@ -121,7 +121,7 @@ class CellCompiler(CachingCompiler):
         still in /proc."""
         import shutil
         import stat
-        from .coherence import _alive
+        from .coherence import pid_alive
         base = tempfile.gettempdir()
         try:
             names = [n for n in os.listdir(base) if n.startswith("looseleaf_") and n[10:].isdigit()]
@@ -129,7 +129,7 @@ class CellCompiler(CachingCompiler):
             return
         for n in names:
             pid, path = int(n[10:]), os.path.join(base, n)
-            if pid == os.getpid() or _alive(pid):
+            if pid == os.getpid() or pid_alive(pid):
                 continue
             try:
                 st = os.lstat(path)
