@@ -132,6 +132,7 @@ typedef struct {
     bool staged_hit;    /* ... one a prefetch prepared without a slot (staged) */
     bool fresh;         /* its worker was forked for this job */
     bool evicted_for;   /* a prefetch that evicted a warm worker: waits for that slot */
+    bool restage;       /* a prefetch the pool made itself (s_restage): staged only, answered to nobody */
     bool spec;          /* the worker never ran a cell (a prefetch prepared it) */
     int cells;          /* cells the worker ran */
     double held_bytes;  /* bytes of state the worker holds (its last report) */
@@ -186,6 +187,7 @@ static struct {
 static void s_drop_run(int r);
 static void s_schedule(void);
 static void s_release_slot(int r);
+static void s_restage(int v);
 
 /* ------------------------------------------------------------------ */
 /* Slots: CUDA devices counted through the runtime loaded with dlopen  */
@@ -287,13 +289,23 @@ static const char *s_signame(int sig)
     return d ? d : "?";
 }
 
+/* Answer M ("prefetched") to the client of prefetch R; a restaged one
+ * (s_restage) was asked by nobody. */
+static void s_answer_prefetch(int r, json_t *m)
+{
+    if (P.runs[r].restage)
+        json_decref(m);
+    else
+        s_send_client(P.runs[r].client, m);
+}
+
 /* The reply of a cell whose worker never replied. */
 static void s_reply_error(int r, const char *ename, const char *evalue)
 {
     s_run_t *run = &P.runs[r];
     if (run->prefetch) {
         /* A prefetch is answered by "prefetched", whatever went wrong. */
-        s_send_client(run->client, json_pack("{s:s, s:s, s:b, s:s, s:s}", "type", "prefetched", "id", run->id, "ok",
+        s_answer_prefetch(r, json_pack("{s:s, s:s, s:b, s:s, s:s}", "type", "prefetched", "id", run->id, "ok",
                                              0, "ename", ename, "error", evalue));
         return;
     }
@@ -825,7 +837,7 @@ static void s_finish_dead(int r)
                  WIFSIGNALED(run->status) ? "signal" : "status",
                  WIFSIGNALED(run->status) ? WTERMSIG(run->status) : WEXITSTATUS(run->status));
         ll_info("pool", "%s", why);
-        s_send_client(run->client, json_pack("{s:s, s:s, s:b, s:s}", "type", "prefetched", "id", run->id, "ok", 0,
+        s_answer_prefetch(r, json_pack("{s:s, s:s, s:b, s:s}", "type", "prefetched", "id", run->id, "ok", 0,
                                              "error", why));
         s_drop_run(r);
         s_schedule();
@@ -1047,6 +1059,7 @@ static bool s_prefetch_evicts(int r, double now)
             if (!older)
                 P.sessions[si].pf_credit--;
             s_evict_worker(v, why, true);
+            s_restage(v);
             return true;
         }
     return false;
@@ -1094,6 +1107,65 @@ static bool s_session_cell_queued(int r)
     return false;
 }
 
+/* Warm worker V is being evicted under slot pressure while its client is
+ * still there: prepare its session again, staged (without a slot), so the
+ * session's next cell still starts on a prepared worker.  The GPU slot is
+ * what is scarce; a process that restored the state (on a CUDA host: that
+ * imported the closure) is cheap.  What it restores: the closure of the
+ * prefetch that prepared V, or of V's last cell with what that cell
+ * defined (a notebook's next GPU cell mostly reads what the last one did);
+ * the cell's run re-checks versions and restores the rest.  A prefetch
+ * keeps its id (the kernel's cancel still reaches it); it answers nobody. */
+static void s_restage(int v)
+{
+    s_run_t *old = &P.runs[v];
+    if (old->client < 0 || !old->req || !old->id || !old->session || s_staged_count() >= P.max_staged)
+        return;
+    int r = -1;
+    for (int i = 0; i < S_MAX_RUNS && r < 0; i++)
+        if (!P.runs[i].used)
+            r = i;
+    if (r < 0)
+        return;
+    json_t *req = json_deep_copy(old->req);
+    if (!req)
+        return;
+    if (!old->prefetch) {
+        if (!json_is_array(json_object_get(req, "state_closure")))
+            json_object_set_new(req, "state_closure", json_array());
+        json_t *closure = json_object_get(req, "state_closure"), *deleted = json_object_get(req, "deletes");
+        size_t i;
+        json_t *name;
+        json_array_foreach(json_object_get(req, "defines"), i, name) {
+            bool have = false;
+            for (size_t j = 0; j < json_array_size(closure) && !have; j++)
+                have = json_equal(json_array_get(closure, j), name);
+            for (size_t j = 0; j < json_array_size(deleted) && !have; j++)
+                have = json_equal(json_array_get(deleted, j), name);
+            if (!have)
+                json_array_append(closure, name);
+        }
+        json_object_del(req, "code");
+    }
+    s_run_t *run = &P.runs[r];
+    memset(run, 0, sizeof *run);
+    run->used = true;
+    run->client = old->client;
+    run->id = strdup(old->id);
+    run->session = strdup(old->session);
+    run->req = req;
+    run->prefetch = run->restage = true;
+    run->state = S_QUEUED;
+    run->slot = -1;
+    run->wfd = -1;
+    run->t_queued = ll_zframe_now_ms();
+    if (!run->id || !run->session) {
+        s_drop_run(r);
+        return;
+    }
+    ll_info("pool", "session %s: prepared again, staged (its worker was evicted)", run->session);
+}
+
 /* Hand queued cells to their session's warm worker, or free slots, oldest
  * first; under pressure evict idle warm workers (GreedyDual); tell waiting
  * cells. */
@@ -1123,15 +1195,32 @@ static void s_schedule(void)
             continue;
         if (run->prefetch && s_session_cell_queued(r)) {
             /* The session's cell waits for a slot (on its staged worker, or to fork). */
-            s_send_client(run->client, json_pack("{s:s, s:s, s:b, s:s}", "type", "prefetched", "id", run->id, "ok",
+            s_answer_prefetch(r, json_pack("{s:s, s:s, s:b, s:s}", "type", "prefetched", "id", run->id, "ok",
                                                  0, "skipped", "the session's cell waits for a GPU slot"));
             s_drop_run(r);
             continue;
         }
         bool busy = false, running = false;
         int w = s_warm_for(r, &busy, &running);
+        if (w >= 0 && P.runs[w].slot < 0 && run->prefetch) {
+            /* The session's worker is staged and its user edits a GPU cell:
+             * give it a slot now if one is free, or may be freed by the
+             * prefetch rules (the wait for it then falls in the edit time),
+             * else re-check versions without one. */
+            int slot = s_free_slot();
+            bool cells = s_cells_waiting();
+            if (slot >= 0 && !cells) {
+                s_take_slot(w, slot);
+                s_start_warm(r, w);
+            } else if (slot < 0 && !cells && !run->evicted_for && !run->restage && s_prefetch_evicts(r, now)) {
+                run->evicted_for = true; /* stays queued until that worker is gone */
+            } else if (!run->evicted_for || cells) {
+                s_start_warm(r, w);
+            }
+            continue;
+        }
         if (w >= 0 && (P.runs[w].slot >= 0 || run->prefetch)) {
-            s_start_warm(r, w); /* a prefetch re-checks a staged worker without a slot */
+            s_start_warm(r, w);
             continue;
         }
         if (w >= 0) {
@@ -1152,7 +1241,7 @@ static void s_schedule(void)
             continue; /* the session's prefetch is preparing its worker: wait for it */
         if (run->prefetch && running) {
             /* The session's cell runs: its worker stays warm after it. */
-            s_send_client(run->client, json_pack("{s:s, s:s, s:b, s:s}", "type", "prefetched", "id", run->id, "ok",
+            s_answer_prefetch(r, json_pack("{s:s, s:s, s:b, s:s}", "type", "prefetched", "id", run->id, "ok",
                                                  0, "skipped", "the session's worker is running a cell"));
             s_drop_run(r);
             continue;
@@ -1161,6 +1250,14 @@ static void s_schedule(void)
             int slot = s_free_slot();
             bool cells = s_cells_waiting();
             bool node = s_best_node(json_object_get(run->req, "import_closure")) >= 0;
+            if (run->restage) {
+                /* Staged or not at all: it takes nobody's slot. */
+                if (node && s_staged_count() < P.max_staged)
+                    s_start_run(r, -1);
+                else
+                    s_drop_run(r);
+                continue;
+            }
             if (slot >= 0 && !cells && node) {
                 s_start_run(r, slot);
             } else if (slot < 0 && !cells && !run->evicted_for && s_prefetch_evicts(r, now)) {
@@ -1168,7 +1265,7 @@ static void s_schedule(void)
             } else if (!run->evicted_for && node && s_staged_count() < P.max_staged) {
                 s_start_run(r, -1); /* staged: prepared without a slot, it takes one at Run */
             } else if (!run->evicted_for) {
-                s_send_client(run->client, json_pack("{s:s, s:s, s:b, s:s}", "type", "prefetched", "id", run->id,
+                s_answer_prefetch(r, json_pack("{s:s, s:s, s:b, s:s}", "type", "prefetched", "id", run->id,
                                                      "ok", 0, "skipped",
                                                      cells ? "cells wait for a GPU slot" : "no free GPU slot"));
                 s_drop_run(r);
@@ -1201,6 +1298,7 @@ static void s_schedule(void)
                 snprintf(why, sizeof why, "slot pressure: cell %.80s of session %.40s needs a slot", run->id,
                          run->session);
                 s_evict_worker(v, why, true);
+                s_restage(v);
                 victim = -1;
             }
     }
@@ -1591,7 +1689,7 @@ static void s_worker_frame(int r, json_t *m)
         json_object_set_new(ev, "staged", json_boolean(run->slot < 0));
         json_object_set_new(ev, "zygote_node", json_integer(run->node_id));
         json_object_set_new(ev, "wait_ms", json_real(run->wait_ms));
-        s_send_client(run->client, ev);
+        s_answer_prefetch(r, ev);
         if (stay) {
             s_make_warm(r, changed);
             ll_gdsf_prepared(P.gdsf, (int)run->wpid, true, ll_zframe_now_ms()); /* for the session's coming cell */

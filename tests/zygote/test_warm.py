@@ -30,6 +30,19 @@ def _kernel_commit(env, **values):
         st.close()
 
 
+def _prefetch(env, c, pid, **request):
+    """Client C asks the pool to prepare the session's worker for REQUEST (state_closure, ...); returns the
+    pool's `prefetched` answer."""
+    c.send(op="prefetch", id=pid, session=env.session, store_dir=env.store_dir, redis_url=env.redis_url, **request)
+    return _next_of(c, pid, ("prefetched",))
+
+
+def _cancel_prefetch(c, answer, what):
+    """Client C cancels the prefetch ANSWER came for; its worker (it never ran a cell) leaves."""
+    c.send(op="cancel", id=answer["id"])
+    wait_for(lambda: not pid_alive(answer["worker_pid"]), 10, what)
+
+
 def _next_of(c, cid, types):
     while True:
         ev = c.next()
@@ -143,9 +156,12 @@ def test_eviction_under_pressure_follows_greedydual(env):
     st = big.stats()
     assert st["clock"] == ls, (st["clock"], ls)
     assert "slot pressure" in env.log()
-    # The evicted session loses nothing: its next cell forks (evicting the next smallest L) and sees its state.
+    # The evicted session loses nothing: the pool prepared it again without a slot (staged, restoring what its
+    # last cell read and defined); its next cell takes a slot (evicting the next smallest L) and sees its state.
+    staged = wait_for(lambda: [w for w in _workers(small).values() if w["state"] == "staged"], 30, "the restage")
     r = small.run("s2", "print(len(small))", state_closure=["small"])
-    assert r.stdout == "1000\n" and not r.ll["warm_hit"], r.events
+    assert r.stdout == "1000\n" and r.ll["staged"] and r.ll["worker_pid"] == staged[0]["pid"], r.events
+    assert r.ll["restored"] == [] and r.ll["fork_ms"] == 0, r.ll
 
 
 def test_one_slot_sessions_take_turns(env):
@@ -155,8 +171,8 @@ def test_one_slot_sessions_take_turns(env):
     r2 = b.run("b1", "m = 2", defines=["m"])        # evicts a's warm worker (its only slot)
     assert r1.ok and r2.ok and not r2.ll["warm_hit"]
     wait_for(lambda: not pid_alive(r1.ll["worker_pid"]), 10, "a's worker evicted")
-    r3 = a.run("a2", "print(n)", state_closure=["n"])
-    assert r3.stdout == "1\n" and not r3.ll["warm_hit"]
+    r3 = a.run("a2", "print(n)", state_closure=["n"])  # on a's worker prepared again, staged; b's is evicted
+    assert r3.stdout == "1\n" and r3.ll["worker_pid"] != r1.ll["worker_pid"]
     r4 = a.run("a3", "print(n + 1)", state_closure=["n"])
     assert r4.stdout == "2\n" and r4.ll["warm_hit"] and r4.ll["worker_pid"] == r3.ll["worker_pid"]
 
@@ -189,9 +205,7 @@ def test_prefetch_prepares_the_next_cell(env):
     assert c.run("a", "w = 41", defines=["w"]).ok
     # Another session (client) prefetches: a fresh worker restores the closure, runs nothing.
     d = env.client(extra=WARM)
-    d.send(op="prefetch", id="p1", session=env.session, store_dir=env.store_dir, redis_url=env.redis_url,
-           state_closure=["w"], import_closure=["numpy"], import_stmts=["import numpy as np"])
-    p = _next_of(d, "p1", ("prefetched",))
+    p = _prefetch(env, d, "p1", state_closure=["w"], import_closure=["numpy"], import_stmts=["import numpy as np"])
     assert p["ok"] and not p["warm_hit"] and p["restored"] == ["w"], p
     w = _workers(d)[p["worker_pid"]]
     assert w["state"] == "speculative" and w["cells"] == 0, w
@@ -200,18 +214,13 @@ def test_prefetch_prepares_the_next_cell(env):
     assert r.ll["warm_hit"] and r.ll["prepared_by_prefetch"] and r.ll["worker_pid"] == p["worker_pid"]
     assert r.ll["restored"] == [] and r.ll["fork_ms"] == 0, r.ll
     # A prefetch for a session whose worker is warm re-checks versions only.
-    d.send(op="prefetch", id="p2", session=env.session, store_dir=env.store_dir, redis_url=env.redis_url,
-           state_closure=["w"])
-    p2 = _next_of(d, "p2", ("prefetched",))
+    p2 = _prefetch(env, d, "p2", state_closure=["w"])
     assert p2["ok"] and p2["warm_hit"] and p2["restored"] == [] and p2["worker_pid"] == p["worker_pid"], p2
     # Cancelling a prefetch whose worker never ran a cell lets that worker go.
     e = env.client(extra=WARM)
-    e.send(op="prefetch", id="p3", session=env.session, store_dir=env.store_dir, redis_url=env.redis_url,
-           state_closure=["w"])
-    p3 = _next_of(e, "p3", ("prefetched",))
+    p3 = _prefetch(env, e, "p3", state_closure=["w"])
     assert p3["ok"], p3
-    e.send(op="cancel", id="p3")
-    wait_for(lambda: not pid_alive(p3["worker_pid"]), 10, "the speculative worker to go")
+    _cancel_prefetch(e, p3, "the speculative worker to go")
 
 
 def test_a_prefetch_takes_a_slot_only_on_credit_a_cell_earned(env):
@@ -225,17 +234,14 @@ def test_a_prefetch_takes_a_slot_only_on_credit_a_cell_earned(env):
     d = env.client(slots=1, extra=WARM)
 
     def prefetch(client, pid):
-        client.send(op="prefetch", id=pid, session=env.session, store_dir=env.store_dir, redis_url=env.redis_url,
-                    state_closure=["k"])
-        return _next_of(client, pid, ("prefetched",))
+        return _prefetch(env, client, pid, state_closure=["k"])
 
     p1 = prefetch(d, "p1")
     assert p1["ok"] and p1["restored"] == ["k"], p1
     wait_for(lambda: not pid_alive(rc.ll["worker_pid"]), 10, "C's worker evicted by D's first prefetch")
     pc = prefetch(c, "pc")  # C has credit (it ran a cell), but D's worker is prepared for D's coming cell
     assert not pc["ok"] and pc["skipped"] == "no free GPU slot" and pid_alive(p1["worker_pid"]), pc
-    d.send(op="cancel", id="p1")
-    wait_for(lambda: not pid_alive(p1["worker_pid"]), 10, "D's speculative worker to go")
+    _cancel_prefetch(d, p1, "D's speculative worker to go")
     rc2 = c.run("b", "k += 1", state_closure=["k"], defines=["k"])
     assert rc2.ok, rc2.events
     p2 = prefetch(d, "p2")  # D spent its credit and ran no cell since
@@ -299,9 +305,7 @@ def test_repeated_prefetches_cannot_keep_a_worker_against_an_honest_session(env)
     t = env.client(slots=2, extra=WARM)
     rb = b.run("b", "import numpy as np\nbig8 = np.ones(8 << 20, dtype=np.uint8)", defines=["big8"])
     assert rb.ok, rb.events
-    g.send(op="prefetch", id="g0", session=env.session, store_dir=env.store_dir, redis_url=env.redis_url,
-           state_closure=["big4"])
-    pg = _next_of(g, "g0", ("prefetched",))
+    pg = _prefetch(env, g, "g0", state_closure=["big4"])
     assert pg["ok"] and pg["held_bytes"] >= 4 << 20, pg
     ws = _workers(a)
     assert ws[pg["worker_pid"]]["state"] == "speculative" and ws[pg["worker_pid"]]["L"] < ws[rb.ll["worker_pid"]]["L"]
@@ -313,9 +317,7 @@ def test_repeated_prefetches_cannot_keep_a_worker_against_an_honest_session(env)
     assert clock >= 8 << 20
     wait_for(lambda: _workers(a)[pg["worker_pid"]]["state"] == "warm", 15, "G's speculation window to pass")
     for k in range(5):
-        g.send(op="prefetch", id="g%d" % (k + 1), session=env.session, store_dir=env.store_dir,
-               redis_url=env.redis_url, state_closure=["big4"])
-        p = _next_of(g, "g%d" % (k + 1), ("prefetched",))
+        p = _prefetch(env, g, "g%d" % (k + 1), state_closure=["big4"])
         assert p["ok"] and p["warm_hit"] and p["restored"] == [] and p["dropped_stale"] == [], p
     ra = a.run("a2", "n += 1", state_closure=["n"], defines=["n"])
     assert ra.ll["warm_hit"]
@@ -353,26 +355,19 @@ def test_a_prefetch_evicts_only_state_older_than_what_it_brings(env):
     assert ra.ok, ra.events
     # B spends the credit a session starts with (test_a_prefetch_takes_a_slot_only_on_credit_a_cell_earned)
     # and runs no cell: what remains is the rule for state older than what a prefetch brings.
-    b.send(op="prefetch", id="p0", session=env.session, store_dir=env.store_dir, redis_url=env.redis_url,
-           state_closure=["av"])
-    p0 = _next_of(b, "p0", ("prefetched",))
+    p0 = _prefetch(env, b, "p0", state_closure=["av"])
     assert p0["ok"], p0
-    b.send(op="cancel", id="p0")
-    wait_for(lambda: not pid_alive(p0["worker_pid"]), 10, "B's speculative worker to go")
+    _cancel_prefetch(b, p0, "B's speculative worker to go")
     ra = a.run("a2", "av[0] = 2", state_closure=["av"], defines=["av"])
     assert ra.ok, ra.events
     pa = ra.ll["worker_pid"]
     la, clock = _workers(a)[pa]["L"], a.stats()["clock"]
     assert la >= clock + (1 << 20)
     # Without a size hint the prefetched worker would get L = clock < A's L: no eviction.
-    b.send(op="prefetch", id="p1", session=env.session, store_dir=env.store_dir, redis_url=env.redis_url,
-           state_closure=["av"])
-    p = _next_of(b, "p1", ("prefetched",))
+    p = _prefetch(env, b, "p1", state_closure=["av"])
     assert not p["ok"] and p["skipped"] == "no free GPU slot" and pid_alive(pa), p
     # With the closure's bytes (more than A holds), A's unused state is older than what the prefetch brings.
-    b.send(op="prefetch", id="p2", session=env.session, store_dir=env.store_dir, redis_url=env.redis_url,
-           state_closure=["av"], closure_bytes=la - clock + 1)
-    p = _next_of(b, "p2", ("prefetched",))
+    p = _prefetch(env, b, "p2", state_closure=["av"], closure_bytes=la - clock + 1)
     assert p["ok"] and p["restored"] == ["av"], p
     wait_for(lambda: not pid_alive(pa), 10, "A's worker evicted by the prefetch")
     assert b.stats()["clock"] == la
@@ -414,13 +409,9 @@ def _staged_setup(env):
     c = env.client(slots=1, extra=WARM)
     rc = c.run("a", "k = 41", defines=["k"])
     assert rc.ok, rc.events
-    c.send(op="prefetch", id="pc", session=env.session, store_dir=env.store_dir, redis_url=env.redis_url,
-           state_closure=["k"])
-    assert _next_of(c, "pc", ("prefetched",))["ok"]
+    assert _prefetch(env, c, "pc", state_closure=["k"])["ok"]
     d = env.client(slots=1, extra=WARM)
-    d.send(op="prefetch", id="pd", session=env.session, store_dir=env.store_dir, redis_url=env.redis_url,
-           state_closure=["k"])
-    pd = _next_of(d, "pd", ("prefetched",))
+    pd = _prefetch(env, d, "pd", state_closure=["k"])
     assert pd["ok"] and pd["staged"] and pid_alive(rc.ll["worker_pid"]), pd
     w = _workers(d)[pd["worker_pid"]]
     assert w["state"] == "staged" and w["slot"] == -1, w
@@ -442,15 +433,10 @@ def test_a_prefetch_without_a_free_slot_stages_a_worker_that_takes_one_at_run(en
     rc2 = c.run("c2", "k += 1", state_closure=["k"], defines=["k"])  # evicts D's worker now (C's cell)
     assert rc2.ok, rc2.events
     e = env.client(slots=1, extra=WARM)
-    c.send(op="prefetch", id="pc2", session=env.session, store_dir=env.store_dir, redis_url=env.redis_url,
-           state_closure=["k"])
-    assert _next_of(c, "pc2", ("prefetched",))["ok"]
-    e.send(op="prefetch", id="pe", session=env.session, store_dir=env.store_dir, redis_url=env.redis_url,
-           state_closure=["k"])
-    pe = _next_of(e, "pe", ("prefetched",))
+    assert _prefetch(env, c, "pc2", state_closure=["k"])["ok"]
+    pe = _prefetch(env, e, "pe", state_closure=["k"])
     assert pe["ok"] and pe["staged"], pe
-    e.send(op="cancel", id="pe")
-    wait_for(lambda: not pid_alive(pe["worker_pid"]), 10, "the staged worker to go")
+    _cancel_prefetch(e, pe, "the staged worker to go")
     assert pid_alive(rc2.ll["worker_pid"])
 
 
@@ -462,3 +448,42 @@ def test_a_staged_worker_on_a_gpu_host_restores_at_run(env):
     r = d.run("d", "print(k + 1, np.__name__)", state_closure=["k"], import_stmts=["import numpy as np"])
     assert r.stdout == "42 numpy\n", r.events
     assert r.ll["warm_hit"] and r.ll["prepared_by_prefetch"] and r.ll["restored"] == ["k"], r.ll
+
+
+def test_a_worker_prepared_for_a_coming_cell_and_evicted_by_a_cell_is_prepared_again_staged(env):
+    # One slot.  C's worker was prepared by a prefetch for C's coming cell; D's cell needs the slot and evicts
+    # it (cells may); the pool prepares C again without a slot, so C's cell still starts on a prepared worker.
+    c = env.client(slots=1, extra=WARM)
+    rc = c.run("a", "k = 41", defines=["k"])
+    assert rc.ok, rc.events
+    pc = _prefetch(env, c, "pc", state_closure=["k"])
+    assert pc["ok"] and pc["worker_pid"] == rc.ll["worker_pid"], pc
+    d = env.client(slots=1, extra=WARM)
+    rd = d.run("d", "print('d')")
+    assert rd.stdout == "d\n", rd.events
+    wait_for(lambda: not pid_alive(rc.ll["worker_pid"]), 10, "C's prepared worker evicted for D's cell")
+    staged = wait_for(lambda: [w for w in _workers(c).values() if w["state"] == "staged"], 30,
+                      "C's session prepared again, staged")
+    assert len(staged) == 1 and staged[0]["slot"] == -1, staged
+    r = c.run("b", "print(k + 1)", state_closure=["k"])
+    assert r.stdout == "42\n", r.events
+    assert r.ll["warm_hit"] and r.ll["prepared_by_prefetch"] and r.ll["staged"], r.ll
+    assert r.ll["worker_pid"] == staged[0]["pid"] and r.ll["fork_ms"] == 0 and r.ll["restored"] == [], r.ll
+    # The pool's own prefetch answered nobody: C saw one "prefetched" for pc.
+    assert not [ev for ev in env.stray if ev.get("id") == "pc"], env.stray
+
+
+def test_a_staged_worker_gets_a_slot_at_its_sessions_next_hint(env):
+    # D's staged worker; C's cell ran, so C's worker is a completed one now.  D's next prefetch (its user edits
+    # on) spends D's credit on C's worker and hands the slot to the staged worker before Run.
+    c, d, rc, pd = _staged_setup(env)
+    rc2 = c.run("c2", "k += 1", state_closure=["k"], defines=["k"])
+    assert rc2.ok and rc2.ll["worker_pid"] == rc.ll["worker_pid"], rc2.ll
+    p2 = _prefetch(env, d, "pd2", state_closure=["k"])
+    assert p2["ok"] and p2["worker_pid"] == pd["worker_pid"] and not p2["staged"], p2
+    assert p2["restored"] == ["k"], p2  # C's cell moved k since D's worker restored it
+    wait_for(lambda: not pid_alive(rc.ll["worker_pid"]), 10, "C's worker evicted by D's credit")
+    w = _workers(d)[pd["worker_pid"]]
+    assert w["slot"] == 0 and w["state"] == "speculative", w
+    r = d.run("d", "print(k)", state_closure=["k"])
+    assert r.stdout == "42\n" and r.ll["warm_hit"] and not r.ll["staged"] and r.ll["wait_ms"] < 1000, r.ll
