@@ -178,14 +178,23 @@ typedef struct {
 static size_t s_stack_budget(const char *base)
 {
     const size_t margin = 128 * 1024;
-    pthread_attr_t attr;
-    void *lo = NULL;
-    size_t size = 0;
-    if (pthread_getattr_np(pthread_self(), &attr) != 0)
-        return 512 * 1024;
-    int rc = pthread_attr_getstack(&attr, &lo, &size);
-    pthread_attr_destroy(&attr);
-    if (rc != 0 || !lo || base <= (const char *)lo)
+    /* A thread's stack does not move: ask once per thread.  For the main
+     * thread glibc reads /proc/self/maps to answer, which in a kernel that
+     * imported torch (thousands of mappings) took 10-20 ms per cell. */
+    static _Thread_local void *lo;
+    static _Thread_local bool known;
+    if (!known) {
+        pthread_attr_t attr;
+        size_t size = 0;
+        if (pthread_getattr_np(pthread_self(), &attr) != 0)
+            return 512 * 1024;
+        int rc = pthread_attr_getstack(&attr, &lo, &size);
+        pthread_attr_destroy(&attr);
+        if (rc != 0)
+            lo = NULL;
+        known = true;
+    }
+    if (!lo || base <= (const char *)lo)
         return 512 * 1024;
     size_t room = (size_t)(base - (const char *)lo);
     return room > 2 * margin ? room - margin : room / 2;
