@@ -87,6 +87,10 @@ static struct {
     char *hint;                 /* latest edit-time hint's code, waiting out the debounce; main thread */
     double hint_at;             /* when it came (ll_route_now_ms) */
     zlist_t *prefetch_comms;    /* comm ids opened on the looseleaf.prefetch target; main thread */
+    unsigned long interp_epoch; /* interpreter requests that may have run user code; main thread */
+    char *pf_code;              /* code of the last prefetch sent, its interpreter answer, and the */
+    json_t *pf_sync;            /*   epoch then: a Run of that code before the epoch moved needs no */
+    unsigned long pf_epoch;     /*   second commit (s_reuse_prefetch_sync); main thread */
     atomic_bool interrupted;    /* SIGINT since the main thread last looked: drop speculative work */
     ll_route_t *route;          /* cell analysis and GPU routing, NULL when off; main thread */
     atomic_bool allow_stdin;    /* of the execute_request now running */
@@ -234,6 +238,19 @@ static void s_on_shutdown(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
 /* Hand REQ to the interpreter: content, header and metadata as JSON text,
  * binary buffers (comm messages from widgets) as they came.  Returns the
  * reply text (malloc'd) or NULL; *MD_TEXT gets reply metadata or NULL. */
+/* Requests whose handling in the interpreter runs no user code and changes
+ * no variable (an edit-time hint, introspection): they leave a prefetch's
+ * commit valid (s_reuse_prefetch_sync). */
+static bool s_read_only_request(const char *msg_type)
+{
+    static const char *const ro[] = {"complete_request", "inspect_request", "is_complete_request",
+                                     "history_request", "kernel_info_request", "comm_info_request"};
+    for (size_t i = 0; i < sizeof ro / sizeof ro[0]; i++)
+        if (strcmp(msg_type, ro[i]) == 0)
+            return true;
+    return false;
+}
+
 static char *s_interp_call(const ll_msg_t *req, char **md_text)
 {
     enum { S_MAX_BUFS = 64 };
@@ -250,6 +267,8 @@ static char *s_interp_call(const ll_msg_t *req, char **md_text)
     if (req->buffers && zmsg_size(req->buffers) > S_MAX_BUFS)
         ll_warn("kernel", "%s carries %zu buffers; only the first %d are passed on", req->msg_type,
                 zmsg_size(req->buffers), S_MAX_BUFS);
+    if (!s_read_only_request(req->msg_type))
+        s_k.interp_epoch++;
     char *content = json_dumps(req->content, JSON_COMPACT);
     char *header = json_dumps(req->header, JSON_COMPACT);
     char *metadata = req->metadata ? json_dumps(req->metadata, JSON_COMPACT) : NULL;
@@ -377,6 +396,8 @@ static bool s_stopping(void)
  * as a new object, NULL when there is none. */
 static json_t *s_interp_own(const char *msg_type, const json_t *content, const ll_msg_t *req)
 {
+    if (strcmp(msg_type, "looseleaf_before_gpu") != 0)
+        s_k.interp_epoch++; /* after_gpu: history, counter, what the worker committed */
     char *ctext = json_dumps(content, JSON_COMPACT);
     char *htext = req ? json_dumps(req->header, JSON_COMPACT) : strdup("{}");
     char *out = ctext && htext ? ll_interp_handle(msg_type, ctext, htext, NULL) : NULL;
@@ -394,6 +415,35 @@ static json_t *s_interp_own(const char *msg_type, const json_t *content, const l
     return reply;
 }
 
+static void s_forget_prefetch_sync(void)
+{
+    free(s_k.pf_code);
+    s_k.pf_code = NULL;
+    json_decref(s_k.pf_sync);
+    s_k.pf_sync = NULL;
+}
+
+/* The Run of CODE right after its prefetch: when the prefetch was for the
+ * same code and no interpreter request since could have changed a variable
+ * or the process state, the kernel's commit for it is still the store's
+ * state, so the prefetch's answer serves the Run (a new looseleaf_before_gpu
+ * would find nothing to commit, at ~5-20 ms on the visible path).  NULL
+ * otherwise.  Used once. */
+static json_t *s_reuse_prefetch_sync(const char *code)
+{
+    json_t *sync = NULL;
+    if (s_k.pf_sync && code && s_k.pf_code && strcmp(code, s_k.pf_code) == 0 && s_k.pf_epoch == s_k.interp_epoch) {
+        sync = json_deep_copy(s_k.pf_sync);
+        json_object_del(sync, "closure_bytes");
+        json_object_set_new(sync, "kernel_save_ms", json_real(0));
+        json_object_set_new(sync, "kernel_saved", json_array());
+        json_object_set_new(sync, "kernel_bytes_saved", json_integer(0));
+        json_object_set_new(sync, "kernel_commit_by_prefetch", json_true());
+    }
+    s_forget_prefetch_sync();
+    return sync;
+}
+
 /* Run a GPU-labelled cell on a worker (ll_route.h says how).  True with
  * *REPLY_P / *MD_P set when it ran there; false when it must run in the
  * interpreter instead, *WHY_P saying why (for the notice and the
@@ -401,11 +451,14 @@ static json_t *s_interp_own(const char *msg_type, const json_t *content, const l
 static bool s_execute_on_worker(ll_msg_t *req, ll_route_plan_t *plan, double t_run,
                                 json_t **reply_p, json_t **md_p, json_t **why_p)
 {
-    json_t *closure = ll_route_plan_closure(plan);
-    if (closure)
-        json_object_set(closure, "code", json_object_get(req->content, "code"));
-    json_t *sync = closure ? s_interp_own("looseleaf_before_gpu", closure, req) : NULL;
-    json_decref(closure);
+    json_t *sync = s_reuse_prefetch_sync(json_string_value(json_object_get(req->content, "code")));
+    if (!sync) {
+        json_t *closure = ll_route_plan_closure(plan);
+        if (closure)
+            json_object_set(closure, "code", json_object_get(req->content, "code"));
+        sync = closure ? s_interp_own("looseleaf_before_gpu", closure, req) : NULL;
+        json_decref(closure);
+    }
     if (!sync) {
         *why_p = json_string("the kernel could not prepare the cell's variables");
         return false;
@@ -451,7 +504,7 @@ static bool s_execute_on_worker(ll_msg_t *req, ll_route_plan_t *plan, double t_r
     json_t *ll = ll_route_plan_json(plan, "gpu");
     if (json_is_object(wmd))
         json_object_update(ll, wmd);
-    const char *keys[] = {"kernel_save_ms", "kernel_bytes_saved", "kernel_saved"};
+    const char *keys[] = {"kernel_save_ms", "kernel_bytes_saved", "kernel_saved", "kernel_commit_by_prefetch"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         if (json_object_get(sync, keys[i]))
             json_object_set(ll, keys[i], json_object_get(sync, keys[i]));
@@ -501,9 +554,16 @@ static void s_prefetch(const char *code, const ll_msg_t *req)
         json_t *sync = closure ? s_interp_own("looseleaf_before_gpu", closure, req) : NULL;
         json_decref(closure);
         char err[256];
-        if (sync && !json_object_get(sync, "fallback") &&
-            ll_route_prefetch(s_k.route, plan, sync, err, sizeof err) < 0)
-            ll_info("kernel", "prefetch not sent: %s", err);
+        s_forget_prefetch_sync();
+        if (sync && !json_object_get(sync, "fallback")) {
+            if (ll_route_prefetch(s_k.route, plan, sync, err, sizeof err) < 0) {
+                ll_info("kernel", "prefetch not sent: %s", err);
+            } else {
+                s_k.pf_code = strdup(code);
+                s_k.pf_sync = json_incref(sync);
+                s_k.pf_epoch = s_k.interp_epoch;
+            }
+        }
         json_decref(sync);
     }
     ll_route_plan_free(&plan);
@@ -690,6 +750,7 @@ static void s_on_execute(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
     if (strcmp(status, "error") == 0 && stop_on_error && !silent) {
         s_take_queue();
         ll_route_cancel_prefetch(s_k.route); /* prepared for a cell that will not run */
+        s_forget_prefetch_sync();
     }
     s_send_reply(sock, req, "execute_reply", reply, md);
 }
@@ -992,6 +1053,7 @@ static void s_shell_loop(void)
             free(s_k.hint);
             s_k.hint = NULL;
             ll_route_cancel_prefetch(s_k.route);
+            s_forget_prefetch_sync();
         }
         ll_msg_t *req = s_k.queued ? zlist_pop(s_k.queued) : NULL; /* read ahead first */
         if (!req) {
@@ -1074,6 +1136,7 @@ static void s_teardown(bool interp_started)
     s_drop_requests(&s_k.to_abort);
     s_drop_requests(&s_k.queued);
     zlist_destroy(&s_k.prefetch_comms);
+    s_forget_prefetch_sync();
     free(s_k.hint);
     s_k.hint = NULL;
     for (int *fd = &s_k.wake_fd; fd <= &s_k.stop_fd; fd++)

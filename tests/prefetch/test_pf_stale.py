@@ -47,6 +47,7 @@ def test_pf_variable_changed_between_hint_and_run(pool, warm):
     assert out == "110\n"
     assert md["warm_hit"] and md["worker_pid"] == pid, md
     assert "x" in md["restored"], "the run re-checked x's version: %s" % md
+    assert not md.get("kernel_commit_by_prefetch") and md["kernel_saved"] == ["x"], md
 
 
 def test_pf_variable_deleted_between_hint_and_run(pool, warm):
@@ -75,3 +76,32 @@ def test_pf_speculative_worker_stale(pool):
         assert md["prepared_by_prefetch"] and "x" in md["restored"], md
     finally:
         k.stop()
+
+
+def test_pf_run_right_after_its_hint_reuses_the_kernels_commit(pool, warm):
+    """Nothing ran in the interpreter between the hint and Run of the same code: the kernel's commit at the
+    hint still holds, so the Run makes none (kernel_commit_by_prefetch)."""
+    k, pid = warm
+    run_cpu(k, "x = 6")
+    _hint_and_wait(pool, k, hint_inspect, HINTED)
+    md, out = run_gpu(k, HINTED)
+    assert out == "60\n"
+    assert md["kernel_commit_by_prefetch"] and md["kernel_save_ms"] == 0 and md["restored"] == [], md
+
+
+def test_pf_comm_message_between_hint_and_run_commits_again(pool, warm):
+    """A comm message runs user code (a widget callback may change variables): the Run commits again."""
+    k, pid = warm
+    run_cpu(k, "%%cpu\nx = 2\n"
+               "def _target(comm, msg):\n"
+               "    @comm.on_msg\n"
+               "    def _(m):\n"
+               "        global x\n"
+               "        x = m['content']['data']['x']\n"
+               "get_ipython().kernel.comm_manager.register_target('set_x', _target)")
+    _hint_and_wait(pool, k, hint_inspect, HINTED)
+    k.send("comm_open", {"comm_id": "c-set-x", "target_name": "set_x", "data": {}})
+    k.send("comm_msg", {"comm_id": "c-set-x", "data": {"x": 9}})
+    md, out = run_gpu(k, HINTED)
+    assert out == "90\n", out
+    assert not md.get("kernel_commit_by_prefetch") and md["kernel_saved"] == ["x"], md

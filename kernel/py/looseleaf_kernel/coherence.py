@@ -86,6 +86,21 @@ def node_module(node):
     return ast.Module(body=[node], type_ignores=[])
 
 
+class _Untracked:
+    def __init__(self, coherence):
+        self.c = coherence
+
+    def __enter__(self):
+        self.before = self.c._visible()
+
+    def __exit__(self, *exc):
+        after = self.c._visible()
+        changed = {k for k, ident in after.items() if self.before.get(k) != ident}
+        changed |= {k for k in self.before if k not in after}
+        self.c.dirty.update(self.c._saveable(changed))
+        return False
+
+
 def _state_blob(st):
     """A comparable form of a procstate.capture() (None if it cannot be pickled).  Torch's RNG state goes in as
     its bytes: two pickles of one unchanged tensor differ, which made every Run re-commit the process state."""
@@ -331,6 +346,12 @@ class Coherence:
             out["restore_ms"] = (time.perf_counter() - t0) * 1e3
         self._before = self._visible()
         return out
+
+    def untracked_code(self):
+        """A context for user code that runs outside any cell (comm handlers: a widget's callback): what it
+        rebinds or deletes in the namespace is dirty, as after a CPU cell, so a later GPU cell sees it.
+        (In-place changes there are as invisible as in a CPU cell the analysis cannot see into.)"""
+        return _Untracked(self)
 
     def after_cpu(self, plan):
         """Mark what the CPU cell may have changed as dirty."""

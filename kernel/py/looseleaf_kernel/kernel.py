@@ -573,19 +573,22 @@ class Kernel:
 
     def comm_open(self, content, parent):
         if self._comm_args_ok(content, "comm_id", "target_name"):
-            self.comm_manager.comm_open(None, None, self._comm_message("comm_open", content, parent))
+            with self.coherence.untracked_code():
+                self.comm_manager.comm_open(None, None, self._comm_message("comm_open", content, parent))
         else:
             log.warning("comm_open without comm_id/target_name ignored")
         return None, None
 
     def comm_msg(self, content, parent):
         if self._comm_args_ok(content, "comm_id"):
-            self.comm_manager.comm_msg(None, None, self._comm_message("comm_msg", content, parent))
+            with self.coherence.untracked_code():
+                self.comm_manager.comm_msg(None, None, self._comm_message("comm_msg", content, parent))
         return None, None
 
     def comm_close(self, content, parent):
         if self._comm_args_ok(content, "comm_id"):
-            self.comm_manager.comm_close(None, None, self._comm_message("comm_close", content, parent))
+            with self.coherence.untracked_code():
+                self.comm_manager.comm_close(None, None, self._comm_message("comm_close", content, parent))
         return None, None
 
     def shutdown_request(self, content, parent):
