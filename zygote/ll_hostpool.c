@@ -1095,13 +1095,14 @@ static int s_staged_count(void)
     return n;
 }
 
-/* Whether a cell of R's client and session is queued. */
+/* Whether a cell of R's client and session, sent before R, is queued (it
+ * superseded R; a cell sent after R waits for R's preparation instead). */
 static bool s_session_cell_queued(int r)
 {
     for (int q = 0; q < S_MAX_RUNS; q++) {
         s_run_t *c = &P.runs[q];
         if (q != r && c->used && c->state == S_QUEUED && !c->prefetch && c->client == P.runs[r].client &&
-            c->session && strcmp(c->session, P.runs[r].session) == 0)
+            c->t_queued <= P.runs[r].t_queued && c->session && strcmp(c->session, P.runs[r].session) == 0)
             return true;
     }
     return false;
