@@ -9,7 +9,8 @@ LL_BENCH_ROUNDS times (default 3: 16 GPU cells of 26 per session).  Two passes o
 
   prefetch   while the user edits a GPU cell the frontend's inspect_request (JupyterLab sends one per edit)
              carries the draft: the kernel prepares the session's worker during the edit window;
-  no hints   the same, without hints: warm workers still help, but a cold or stale worker is prepared at Run.
+  no hints   the same, without hints: warm workers still help (and the pool's own re-preparation, staged, of a
+             session whose worker it evicted), but a cold or stale worker is prepared at Run.
 
 Prints, per pass: visible wait of GPU cells (Run to the worker's execute_input, from
 execute_reply.metadata.looseleaf.visible_wait_ms): share within 50 ms, median, p95, max; warm-hit rate; and
