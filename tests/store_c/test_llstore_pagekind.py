@@ -88,18 +88,22 @@ def load(st, name):
     return np.frombuffer(st.map_payload(prefs[0]), dtype=np.uint8)
 
 
-def test_knob_4k_and_bad_values(runtime_dir, session, page_kind_env):
-    page_kind_env("4k")
-    assert _llstore.page_kind_choice(POOL)[0] == "4k"
-    st = _llstore.Store(runtime_dir, session, pool_bytes=POOL)  # the owner: it starts the redis-server
+def _round_trip_on_4k_pages(st, nbytes):
+    """ST's pool is a /dev/shm file on 4 KiB pages and an array of NBYTES survives a save and a load; closes ST."""
     try:
         s = st.stats()
-        assert s["page_kind"] == "4k" and s["pool_path"].startswith("/dev/shm/")
-        a = np.arange(3 * R, dtype=np.uint8)
+        assert s["page_kind"] == "4k" and s["pool_path"].startswith("/dev/shm/"), s
+        a = np.arange(nbytes, dtype=np.uint8)
         save(st, "a", a)
         assert np.array_equal(load(st, "a"), a)
     finally:
         close(st)
+
+
+def test_knob_4k_and_bad_values(runtime_dir, session, page_kind_env):
+    page_kind_env("4k")
+    assert _llstore.page_kind_choice(POOL)[0] == "4k"
+    _round_trip_on_4k_pages(_llstore.Store(runtime_dir, session, pool_bytes=POOL), 3 * R)  # the owner: it starts redis
     page_kind_env("huge")
     with pytest.raises(_llstore.StoreError, match="LL_STORE_PAGE_KIND must be auto, hugetlb or 4k, not 'huge'"):
         _llstore.page_kind_choice(POOL)
@@ -220,15 +224,7 @@ def test_auto_falls_back_to_4k_when_huge_pages_do_not_come(runtime_dir, session,
     assert _llstore.page_kind_choice(POOL)[0] == "hugetlb"
     # Counted as available, yet the pool cannot get them (simulated: the memory could be too fragmented).
     monkeypatch.setenv("LL_STORE_FAULT", "hugetlb_fail")
-    st = _llstore.Store(runtime_dir, session, pool_bytes=POOL, reserve_bytes=0)
-    try:
-        s = st.stats()
-        assert s["page_kind"] == "4k" and s["pool_path"].startswith("/dev/shm/"), s
-        a = np.arange(2 * R, dtype=np.uint8)
-        save(st, "a", a)
-        assert np.array_equal(load(st, "a"), a)
-    finally:
-        close(st)
+    _round_trip_on_4k_pages(_llstore.Store(runtime_dir, session, pool_bytes=POOL, reserve_bytes=0), 2 * R)
     # Forced hugetlb has no fallback: the same failure is an error.
     page_kind_env("hugetlb")
     monkeypatch.delenv("LL_STORE_FAULT")
