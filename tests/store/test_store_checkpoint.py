@@ -58,6 +58,19 @@ def test_two_names_one_list_restored_separately(store):
     assert ns2["c"]["inner"][-1] == 4
 
 
+def test_references_and_payload_refs_of_held_versions(store):
+    ns, cp = fresh(store)
+    run(ns, "import numpy as np\nbig = np.ones(BIG, dtype=np.uint8)\nholder = {'arr': big}\nsmall = 3"
+        .replace("BIG", str(max(BIG_BYTES, 1 << 16))))
+    save_ok(cp, ["big", "holder", "small"])
+    assert cp.references("holder") == ("big",) and cp.references("big") == () and cp.references("small") == ()
+    assert len(cp.payload_refs("big")) == 1 and cp.payload_refs("holder") == () and cp.payload_refs("small") == ()
+    assert cp.references("nothing") == () and cp.payload_refs("nothing") == ()
+    ns2, cp2 = fresh(store)
+    restore_ok(cp2, ["holder"])  # pulls in big
+    assert cp2.references("holder") == ("big",) and cp2.payload_refs("big") == cp.payload_refs("big")
+
+
 def test_cycles_within_and_across_variables(store):
     ns, cp = fresh(store)
     run(ns, """

@@ -296,13 +296,12 @@ class Coherence:
     def _stale(self, names):
         """NAMES a worker may have changed: moved themselves, or referencing (through the objects they
         share) a variable that moved, whose new objects they must be rebuilt around."""
-        state = getattr(self.cp, "_state", {})
         memo = {}
 
         def stale(n):
             if n not in memo:
                 memo[n] = False  # a cycle adds nothing
-                memo[n] = n in self._moved or any(stale(d) for d in getattr(state.get(n), "deps", ()))
+                memo[n] = n in self._moved or any(stale(d) for d in self.cp.references(n))
             return memo[n]
 
         out = [n for n in names if stale(n)]

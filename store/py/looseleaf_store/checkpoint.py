@@ -195,6 +195,17 @@ class Checkpointer:
         """{name: version} the namespace holds (saved or restored by this Checkpointer)."""
         return {n: s.version for n, s in self._state.items() if n in self.namespace}
 
+    def references(self, name):
+        """The variables whose objects NAME's version held here references (its stream's owners); () when
+        this process holds no version of NAME."""
+        st = self._state.get(name)
+        return tuple(st.deps) if st is not None else ()
+
+    def payload_refs(self, name):
+        """The payload refs of NAME's version held here; () when this process holds none."""
+        st = self._state.get(name)
+        return tuple(st.prefs) if st is not None else ()
+
     def forget(self, names=None):
         """Drop what this process knows of NAMES (default: all) - held versions, exported objects (which
         it keeps alive), write tracking - without touching the store; e.g. after the namespace is reset.

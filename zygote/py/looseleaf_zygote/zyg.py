@@ -146,15 +146,13 @@ def _held_bytes():
     import _llstore
     if _cp is None:
         return 0
-    ns = _cp.namespace
     total = 0
-    for name, st in getattr(_cp, "_state", {}).items():
-        if name in ns:
-            for ref in getattr(st, "prefs", ()) or ():
-                try:
-                    total += _llstore.ref_nbytes(ref)
-                except Exception:  # noqa: BLE001 - a ref we cannot size counts nothing
-                    pass
+    for name in _cp.held():
+        for ref in _cp.payload_refs(name):
+            try:
+                total += _llstore.ref_nbytes(ref)
+            except Exception:  # noqa: BLE001 - a ref we cannot size counts nothing
+                pass
     return total
 
 
@@ -168,12 +166,11 @@ def _drop_stale(shell):
     # Modules are no variables (never saved; import statements bind them): they stay.
     drop = {n for n in _visible(shell) if (held.get(n) is None or vers.get(n) != held[n])
             and not isinstance(ns.get(n), type(sys))}
-    state = getattr(_cp, "_state", {})
     grew = True
     while grew:
         grew = False
-        for n, st in state.items():
-            if n in ns and n not in drop and set(getattr(st, "deps", ())) & drop:
+        for n in held:
+            if n in ns and n not in drop and set(_cp.references(n)) & drop:
                 drop.add(n)
                 grew = True
     for n in drop:
