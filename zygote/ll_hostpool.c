@@ -299,6 +299,14 @@ static void s_answer_prefetch(int r, json_t *m)
         s_send_client(P.runs[r].client, m);
 }
 
+/* Prefetch R will not be prepared (WHY): answer so and drop it. */
+static void s_skip_prefetch(int r, const char *why)
+{
+    s_answer_prefetch(r, json_pack("{s:s, s:s, s:b, s:s}", "type", "prefetched", "id", P.runs[r].id, "ok", 0,
+                                   "skipped", why));
+    s_drop_run(r);
+}
+
 /* The reply of a cell whose worker never replied. */
 static void s_reply_error(int r, const char *ename, const char *evalue)
 {
@@ -997,8 +1005,8 @@ static void s_start_warm(int r, int w)
 }
 
 /* Let warm worker R go: it keeps its slot until it is gone.  PRESSURE:
- * evicted for a slot (GreedyDual's clock advances to its L; killed), else
- * told to exit. */
+ * evicted for a slot (GreedyDual's clock advances to its L; killed; its
+ * session prepared again, staged: s_restage), else told to exit. */
 static void s_evict_worker(int r, const char *why, bool pressure)
 {
     s_run_t *run = &P.runs[r];
@@ -1015,12 +1023,18 @@ static void s_evict_worker(int r, const char *why, bool pressure)
      * reader's leases).  Under pressure a cell or a prefetch waits for the
      * slot, so it goes at once instead of unwinding Python; otherwise it is
      * asked to exit. */
-    json_t *m = json_pack("{s:s}", "type", "exit");
-    if (pressure || run->wfd < 0 || ll_zframe_send(run->wfd, m, -1) < 0)
+    bool asked = false;
+    if (!pressure && run->wfd >= 0) {
+        json_t *m = json_pack("{s:s}", "type", "exit");
+        asked = ll_zframe_send(run->wfd, m, -1) == 0;
+        json_decref(m);
+    }
+    if (!asked)
         kill(run->wpid, SIGKILL);
-    json_decref(m);
     run->state = S_EVICTING;
     run->evict_t = ll_zframe_now_ms();
+    if (pressure)
+        s_restage(r); /* its session keeps a prepared worker, without a slot */
 }
 
 /* Prefetch R finds every slot held: evict the GreedyDual victim among idle
@@ -1059,7 +1073,6 @@ static bool s_prefetch_evicts(int r, double now)
             if (!older)
                 P.sessions[si].pf_credit--;
             s_evict_worker(v, why, true);
-            s_restage(v);
             return true;
         }
     return false;
@@ -1082,6 +1095,36 @@ static int s_free_slot(void)
         if (P.slot_run[s2] < 0)
             return s2;
     return -1;
+}
+
+/* A new queued entry for client C's request REQ (ID, SESSION; the entry
+ * takes its own reference), or -1 when the table is full (or memory). */
+static int s_new_run(int c, const char *id, const char *session, json_t *req, bool prefetch)
+{
+    int r = -1;
+    for (int i = 0; i < S_MAX_RUNS && r < 0; i++)
+        if (!P.runs[i].used)
+            r = i;
+    if (r < 0)
+        return -1;
+    s_run_t *run = &P.runs[r];
+    memset(run, 0, sizeof *run);
+    run->used = true;
+    run->client = c;
+    run->id = strdup(id);
+    run->session = strdup(session);
+    run->prefetch = prefetch;
+    run->req = json_incref(req);
+    run->state = S_QUEUED;
+    run->slot = -1;
+    run->wfd = -1;
+    run->node = -1;
+    run->t_queued = ll_zframe_now_ms();
+    if (!run->id || !run->session) {
+        s_drop_run(r);
+        return -1;
+    }
+    return r;
 }
 
 /* Workers prepared, or being prepared, without a slot (staged). */
@@ -1108,6 +1151,15 @@ static bool s_session_cell_queued(int r)
     return false;
 }
 
+/* Whether JSON array ARR holds a value equal to V (NULL ARR: no). */
+static bool s_json_has(const json_t *arr, const json_t *v)
+{
+    for (size_t j = 0; j < json_array_size(arr); j++)
+        if (json_equal(json_array_get(arr, j), v))
+            return true;
+    return false;
+}
+
 /* Warm worker V is being evicted under slot pressure while its client is
  * still there: prepare its session again, staged (without a slot), so the
  * session's next cell still starts on a prepared worker.  The GPU slot is
@@ -1122,12 +1174,6 @@ static void s_restage(int v)
     s_run_t *old = &P.runs[v];
     if (old->client < 0 || !old->req || !old->id || !old->session || s_staged_count() >= P.max_staged)
         return;
-    int r = -1;
-    for (int i = 0; i < S_MAX_RUNS && r < 0; i++)
-        if (!P.runs[i].used)
-            r = i;
-    if (r < 0)
-        return;
     json_t *req = json_deep_copy(old->req);
     if (!req)
         return;
@@ -1137,34 +1183,17 @@ static void s_restage(int v)
         json_t *closure = json_object_get(req, "state_closure"), *deleted = json_object_get(req, "deletes");
         size_t i;
         json_t *name;
-        json_array_foreach(json_object_get(req, "defines"), i, name) {
-            bool have = false;
-            for (size_t j = 0; j < json_array_size(closure) && !have; j++)
-                have = json_equal(json_array_get(closure, j), name);
-            for (size_t j = 0; j < json_array_size(deleted) && !have; j++)
-                have = json_equal(json_array_get(deleted, j), name);
-            if (!have)
+        json_array_foreach(json_object_get(req, "defines"), i, name)
+            if (!s_json_has(closure, name) && !s_json_has(deleted, name))
                 json_array_append(closure, name);
-        }
         json_object_del(req, "code");
     }
-    s_run_t *run = &P.runs[r];
-    memset(run, 0, sizeof *run);
-    run->used = true;
-    run->client = old->client;
-    run->id = strdup(old->id);
-    run->session = strdup(old->session);
-    run->req = req;
-    run->prefetch = run->restage = true;
-    run->state = S_QUEUED;
-    run->slot = -1;
-    run->wfd = -1;
-    run->t_queued = ll_zframe_now_ms();
-    if (!run->id || !run->session) {
-        s_drop_run(r);
+    int r = s_new_run(old->client, old->id, old->session, req, true);
+    json_decref(req);
+    if (r < 0)
         return;
-    }
-    ll_info("pool", "session %s: prepared again, staged (its worker was evicted)", run->session);
+    P.runs[r].restage = true;
+    ll_info("pool", "session %s: prepared again, staged (its worker was evicted)", P.runs[r].session);
 }
 
 /* Hand queued cells to their session's warm worker, or free slots, oldest
@@ -1196,9 +1225,7 @@ static void s_schedule(void)
             continue;
         if (run->prefetch && s_session_cell_queued(r)) {
             /* The session's cell waits for a slot (on its staged worker, or to fork). */
-            s_answer_prefetch(r, json_pack("{s:s, s:s, s:b, s:s}", "type", "prefetched", "id", run->id, "ok",
-                                                 0, "skipped", "the session's cell waits for a GPU slot"));
-            s_drop_run(r);
+            s_skip_prefetch(r, "the session's cell waits for a GPU slot");
             continue;
         }
         bool busy = false, running = false;
@@ -1242,9 +1269,7 @@ static void s_schedule(void)
             continue; /* the session's prefetch is preparing its worker: wait for it */
         if (run->prefetch && running) {
             /* The session's cell runs: its worker stays warm after it. */
-            s_answer_prefetch(r, json_pack("{s:s, s:s, s:b, s:s}", "type", "prefetched", "id", run->id, "ok",
-                                                 0, "skipped", "the session's worker is running a cell"));
-            s_drop_run(r);
+            s_skip_prefetch(r, "the session's worker is running a cell");
             continue;
         }
         if (run->prefetch) {
@@ -1266,10 +1291,7 @@ static void s_schedule(void)
             } else if (!run->evicted_for && node && s_staged_count() < P.max_staged) {
                 s_start_run(r, -1); /* staged: prepared without a slot, it takes one at Run */
             } else if (!run->evicted_for) {
-                s_answer_prefetch(r, json_pack("{s:s, s:s, s:b, s:s}", "type", "prefetched", "id", run->id,
-                                                     "ok", 0, "skipped",
-                                                     cells ? "cells wait for a GPU slot" : "no free GPU slot"));
-                s_drop_run(r);
+                s_skip_prefetch(r, cells ? "cells wait for a GPU slot" : "no free GPU slot");
             }
             continue;
         }
@@ -1299,7 +1321,6 @@ static void s_schedule(void)
                 snprintf(why, sizeof why, "slot pressure: cell %.80s of session %.40s needs a slot", run->id,
                          run->session);
                 s_evict_worker(v, why, true);
-                s_restage(v);
                 victim = -1;
             }
     }
@@ -1462,32 +1483,14 @@ static void s_client_frame(int c, json_t *m)
             s_client_error(c, id, bad);
             return;
         }
-        int r = -1;
-        for (int i = 0; i < S_MAX_RUNS; i++)
-            if (!P.runs[i].used) {
-                r = i;
-                break;
-            }
+        int r = s_new_run(c, id, json_string_value(json_object_get(m, "session")), m, prefetch);
         if (r < 0) {
             s_client_error(c, id, "run: too many cells in flight");
             return;
         }
-        s_run_t *run = &P.runs[r];
-        memset(run, 0, sizeof *run);
-        run->used = true;
-        run->client = c;
-        run->id = strdup(id);
-        run->session = strdup(json_string_value(json_object_get(m, "session")));
-        run->prefetch = prefetch;
-        run->req = json_incref(m);
-        s_session(c, run->session, true);
+        s_session(c, P.runs[r].session, true);
         if (!json_is_array(json_object_get(m, "import_closure")))
             json_object_set_new(m, "import_closure", json_array());
-        run->state = S_QUEUED;
-        run->slot = -1;
-        run->wfd = -1;
-        run->node = -1;
-        run->t_queued = ll_zframe_now_ms();
         if (P.base_broken)
             s_fail_queued();
         else
