@@ -235,9 +235,6 @@ static void s_on_shutdown(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
     s_request_shutdown();
 }
 
-/* Hand REQ to the interpreter: content, header and metadata as JSON text,
- * binary buffers (comm messages from widgets) as they came.  Returns the
- * reply text (malloc'd) or NULL; *MD_TEXT gets reply metadata or NULL. */
 /* Requests whose handling in the interpreter runs no user code and changes
  * no variable (an edit-time hint, introspection): they leave a prefetch's
  * commit valid (s_reuse_prefetch_sync). */
@@ -251,6 +248,9 @@ static bool s_read_only_request(const char *msg_type)
     return false;
 }
 
+/* Hand REQ to the interpreter: content, header and metadata as JSON text,
+ * binary buffers (comm messages from widgets) as they came.  Returns the
+ * reply text (malloc'd) or NULL; *MD_TEXT gets reply metadata or NULL. */
 static char *s_interp_call(const ll_msg_t *req, char **md_text)
 {
     enum { S_MAX_BUFS = 64 };
@@ -421,6 +421,14 @@ static void s_forget_prefetch_sync(void)
     s_k.pf_code = NULL;
     json_decref(s_k.pf_sync);
     s_k.pf_sync = NULL;
+}
+
+/* Drop the speculative work for the cell being edited: the prefetch in the
+ * pool and the kernel's answer kept for its Run. */
+static void s_cancel_prefetch(void)
+{
+    ll_route_cancel_prefetch(s_k.route);
+    s_forget_prefetch_sync();
 }
 
 /* The Run of CODE right after its prefetch: when the prefetch was for the
@@ -749,8 +757,7 @@ static void s_on_execute(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
     json_decref(why_not);
     if (strcmp(status, "error") == 0 && stop_on_error && !silent) {
         s_take_queue();
-        ll_route_cancel_prefetch(s_k.route); /* prepared for a cell that will not run */
-        s_forget_prefetch_sync();
+        s_cancel_prefetch(); /* prepared for a cell that will not run */
     }
     s_send_reply(sock, req, "execute_reply", reply, md);
 }
@@ -1052,8 +1059,7 @@ static void s_shell_loop(void)
         if (atomic_exchange(&s_k.interrupted, false)) {
             free(s_k.hint);
             s_k.hint = NULL;
-            ll_route_cancel_prefetch(s_k.route);
-            s_forget_prefetch_sync();
+            s_cancel_prefetch();
         }
         ll_msg_t *req = s_k.queued ? zlist_pop(s_k.queued) : NULL; /* read ahead first */
         if (!req) {
