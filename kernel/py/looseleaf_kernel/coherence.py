@@ -22,6 +22,7 @@ that never uses one pays nothing but the bookkeeping, and is deleted when the ke
 Runs on the interpreter thread, inside request handling; not thread-safe.
 """
 import ast
+import contextlib
 import inspect
 import logging
 import os
@@ -84,21 +85,6 @@ _OWNER = "owner"  # in a store dir: "<kernel pid> <session>", for _sweep
 
 def node_module(node):
     return ast.Module(body=[node], type_ignores=[])
-
-
-class _Untracked:
-    def __init__(self, coherence):
-        self.c = coherence
-
-    def __enter__(self):
-        self.before = self.c._visible()
-
-    def __exit__(self, *exc):
-        after = self.c._visible()
-        changed = {k for k, ident in after.items() if self.before.get(k) != ident}
-        changed |= {k for k in self.before if k not in after}
-        self.c.dirty.update(self.c._saveable(changed))
-        return False
 
 
 def _state_blob(st):
@@ -346,20 +332,30 @@ class Coherence:
         self._before = self._visible()
         return out
 
+    def _rebound_since(self, before):
+        """Names rebound or deleted since BEFORE (a _visible() snapshot), or new."""
+        after = self._visible()
+        changed = {k for k, ident in after.items() if before.get(k) != ident}
+        changed |= {k for k in before if k not in after}
+        return changed
+
+    @contextlib.contextmanager
     def untracked_code(self):
         """A context for user code that runs outside any cell (comm handlers: a widget's callback): what it
         rebinds or deletes in the namespace is dirty, as after a CPU cell, so a later GPU cell sees it.
         (In-place changes there are as invisible as in a CPU cell the analysis cannot see into.)"""
-        return _Untracked(self)
+        before = self._visible()
+        try:
+            yield
+        finally:
+            self.dirty.update(self._saveable(self._rebound_since(before)))
 
     def after_cpu(self, plan):
         """Mark what the CPU cell may have changed as dirty."""
         before, self._before = self._before, None
         if before is None:
             return
-        after = self._visible()
-        changed = {k for k, ident in after.items() if before.get(k) != ident}
-        changed |= {k for k in before if k not in after}
+        changed = self._rebound_since(before)
         for key in ("writes", "deletes", "state"):
             changed.update(n for n in plan.get(key) or [] if isinstance(n, str))
         self.dirty.update(self._saveable(changed))

@@ -169,8 +169,8 @@ def _drop_stale(shell):
     grew = True
     while grew:
         grew = False
-        for n in held:
-            if n in ns and n not in drop and set(_cp.references(n)) & drop:
+        for n in held:  # (held names are in the namespace)
+            if n not in drop and set(_cp.references(n)) & drop:
                 drop.add(n)
                 grew = True
     for n in drop:
