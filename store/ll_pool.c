@@ -70,13 +70,8 @@
 #include <unistd.h>
 
 #include "proto/ll_log.h"
+#include "store/ll_mman.h"
 
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
-#ifndef MFD_HUGETLB
-#define MFD_HUGETLB 0x0004U
-#endif
 #define S_HUGETLBFS_MAGIC 0x958458f6
 #define S_TMPFS_MAGIC 0x01021994
 

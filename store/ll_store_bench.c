@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "proto/ll_log.h"
+#include "store/ll_mman.h"
 #include "store/ll_redis.h"
 #include "store/ll_store.h"
 
@@ -137,12 +138,6 @@ static void s_line(const char *what, double t, size_t n, double base)
            t > 0 ? (double)n / t / 1e9 : 0.0, t / base);
 }
 
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
-#ifndef MFD_HUGETLB
-#define MFD_HUGETLB 0x0004U
-#endif
 
 typedef struct {
     int fd;
