@@ -121,6 +121,7 @@ struct ll_analysis_t {
     char *error;          /* parse failure, or NULL */
     int forced;           /* -1, LL_ANALYSIS_CPU or LL_ANALYSIS_GPU */
     bool opaque;          /* the cell's own top-level code is opaque */
+    bool kernel_bound;    /* ... uses get_ipython().kernel */
     ll_names_t pool;      /* interned names events point into */
     ll_ev_t *ev;          /* event stream */
     size_t nev, capev;
@@ -379,6 +380,33 @@ static void s_opaque(s_walker_t *w)
         w->a->opaque = true;
     if (w->group >= 0)
         w->a->groups[w->group].opaque = true;
+}
+
+/* Whether attribute node ATTR is get_ipython().something. */
+static bool s_is_get_ipython_call(PyObject *attr)
+{
+    PyObject *recv = s_get(attr, s_py.a_value);
+    bool is_gi = false;
+    if (s_is(recv, s_py.t_Call)) {
+        PyObject *f = s_get(recv, s_py.a_func);
+        PyObject *args = s_get(recv, s_py.a_args);
+        const char *id = s_is(f, s_py.t_Name) ? s_get_str(f, s_py.a_id) : NULL;
+        is_gi = id && strcmp(id, "get_ipython") == 0 && args &&
+                PyList_Check(args) && PyList_GET_SIZE(args) == 0;
+        Py_XDECREF(f);
+        Py_XDECREF(args);
+    }
+    Py_XDECREF(recv);
+    return is_gi;
+}
+
+/* Mark whatever is running as using the kernel object itself (its comms). */
+static void s_kernel_bound(s_walker_t *w)
+{
+    if (w->scope->immediate)
+        w->a->kernel_bound = true;
+    if (w->group >= 0)
+        w->a->groups[w->group].kernel_bound = true;
 }
 
 /* ---- name resolution -------------------------------------------------- */
@@ -1465,21 +1493,7 @@ static void s_walk_magic(s_walker_t *w, const char *method, const char **argv,
 /* Returns true when NODE was get_ipython().method('..', ...) and handled. */
 static bool s_try_magic(s_walker_t *w, PyObject *node, PyObject *func)
 {
-    if (!s_is(func, s_py.t_Attribute))
-        return false;
-    PyObject *recv = s_get(func, s_py.a_value);
-    bool is_gi = false;
-    if (s_is(recv, s_py.t_Call)) {
-        PyObject *f = s_get(recv, s_py.a_func);
-        PyObject *args = s_get(recv, s_py.a_args);
-        const char *id = s_is(f, s_py.t_Name) ? s_get_str(f, s_py.a_id) : NULL;
-        is_gi = id && strcmp(id, "get_ipython") == 0 && args &&
-                PyList_Check(args) && PyList_GET_SIZE(args) == 0;
-        Py_XDECREF(f);
-        Py_XDECREF(args);
-    }
-    Py_XDECREF(recv);
-    if (!is_gi)
+    if (!s_is(func, s_py.t_Attribute) || !s_is_get_ipython_call(func))
         return false;
     const char *method = s_get_str(func, s_py.a_attr);
     if (!method || (strcmp(method, "run_line_magic") != 0 &&
@@ -1619,6 +1633,8 @@ static void s_walk(s_walker_t *w, PyObject *node)
             if (attr && (strcmp(attr, "user_ns") == 0 ||
                          strcmp(attr, "user_global_ns") == 0))
                 s_opaque(w);
+            if (attr && strcmp(attr, "kernel") == 0 && s_is_get_ipython_call(node))
+                s_kernel_bound(w);
         }
     }
     else if (t == s_py.t_FunctionDef || t == s_py.t_AsyncFunctionDef)
@@ -1920,6 +1936,20 @@ bool ll_analysis_is_gpu_module(const char *path)
     return false;
 }
 
+bool ll_analysis_is_kernel_module(const char *path)
+{
+    /* Comms live in the process that made them and answer the frontend's
+     * messages there; ipywidgets and ipykernel's own comm API are built on
+     * them.  (tqdm.notebook's one-way progress bars work from a worker.) */
+    static const char *const kernel_side[] = {"comm", "ipykernel", "ipywidgets", NULL};
+    if (!path)
+        return false;
+    for (const char *const *e = kernel_side; *e; e++)
+        if (s_gpu_match(path, *e))
+            return true;
+    return false;
+}
+
 const char *ll_analysis_package_of(const char *path, char *buf, size_t buflen)
 {
     if (!path || !*path || path[0] == '.')
@@ -2217,6 +2247,7 @@ ll_analysis_strs_t ll_analysis_imports(const ll_analysis_t *self) { return s_str
 size_t ll_analysis_function_count(const ll_analysis_t *self) { return self->nfuncs; }
 bool ll_analysis_is_opaque(const ll_analysis_t *self) { return self->opaque; }
 bool ll_analysis_opaque_flag(const ll_analysis_t *self) { return self->opaque; }
+bool ll_analysis_kernel_bound_flag(const ll_analysis_t *self) { return self->kernel_bound; }
 bool ll_analysis_may_load(const ll_analysis_t *self, const char *name)
 {
     return ll_names_has(&self->loaded, name);

@@ -78,6 +78,10 @@ int ll_analysis_gpu_add(const char *package);
 /* Whether a module path ("torch.nn", "numba.cuda.random") is a GPU one. */
 bool ll_analysis_is_gpu_module(const char *path);
 
+/* Whether a module path belongs to the kernel's comm machinery (comm,
+ * ipykernel, ipywidgets): a cell using it runs in the kernel. */
+bool ll_analysis_is_kernel_module(const char *path);
+
 /* Analyse cell source CODE of LEN bytes (need not be NUL-terminated).  A
  * first line `%%gpu` or `%%cpu` forces the label and is stripped.  Returns
  * a new analysis; when the cell cannot be parsed the analysis carries the
@@ -162,6 +166,10 @@ ll_analysis_strs_t ll_analysis_closure_writes(const ll_analysis_closure_t *self)
 ll_analysis_strs_t ll_analysis_closure_deletes(const ll_analysis_closure_t *self);
 ll_analysis_label_t ll_analysis_closure_label(const ll_analysis_closure_t *self);
 bool ll_analysis_closure_is_opaque(const ll_analysis_closure_t *self);
+/* Whether the cell reaches comm machinery (ll_analysis_is_kernel_module, or
+ * get_ipython().kernel), directly or through functions it may call: its
+ * label is then CPU unless forced. */
+bool ll_analysis_closure_is_kernel_bound(const ll_analysis_closure_t *self);
 /* Live variables in the session at the time of the query. */
 size_t ll_analysis_closure_live_count(const ll_analysis_closure_t *self);
 

@@ -91,6 +91,7 @@ typedef struct {
     ll_names_t paths;     /* module paths the body imports itself */
     ll_names_t shown;     /* globals without builtins, for callers */
     bool opaque;          /* the body uses exec/eval/globals()/... */
+    bool kernel_bound;    /* the body uses get_ipython().kernel */
 } ll_group_t;
 
 /* One name bound by an import statement. */
@@ -108,6 +109,8 @@ const ll_ev_t *ll_analysis_events(const ll_analysis_t *self, size_t *count);
 const ll_group_t *ll_analysis_group(const ll_analysis_t *self, int index);
 const ll_import_t *ll_analysis_import(const ll_analysis_t *self, int index);
 bool ll_analysis_opaque_flag(const ll_analysis_t *self);
+/* Whether the cell's own top-level code uses get_ipython().kernel. */
+bool ll_analysis_kernel_bound_flag(const ll_analysis_t *self);
 /* Whether the cell may look NAME up after binding it: a LOAD event or a
  * body global of one of its functions or lambdas. */
 bool ll_analysis_may_load(const ll_analysis_t *self, const char *name);

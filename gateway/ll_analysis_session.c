@@ -111,6 +111,7 @@ typedef struct {
     ll_names_t deps;    /* names looked up when the object is used */
     ll_names_t gwrites; /* function: globals it assigns when called */
     bool opaque;        /* using it defeats the analysis */
+    bool kernel_bound;  /* using it uses the kernel object (get_ipython().kernel) */
     char *path;         /* import: dotted path of the bound object */
     char *stmt;         /* import: statement that re-creates it */
     bool moved;         /* ownership passed from a replay to the session */
@@ -168,6 +169,7 @@ typedef struct {
     ll_names_t stmts;         /* import statements reached */
     ll_names_t paths;         /* module paths reached */
     bool opaque;
+    bool kernel_bound;        /* reached comm machinery: the cell must run in the kernel */
     /* the current unit (top-level statement) */
     ll_names_t uprov, udeps, umut, pending_gwrites;
     ll_names_t mutated;       /* every name the cell may change in place */
@@ -266,6 +268,8 @@ static void s_visit(s_sim_t *sim, const char *name, s_binding_t *b,
     if (s_is_import(b)) {
         if (b->path)
             s_add(sim, &sim->paths, b->path), s_add(sim, &sim->uprov, b->path);
+        if (ll_analysis_is_kernel_module(b->path))
+            sim->kernel_bound = true;
         if (!in_cell && b->stmt)
             s_add(sim, &sim->stmts, b->stmt);
         return;
@@ -279,6 +283,8 @@ static void s_visit(s_sim_t *sim, const char *name, s_binding_t *b,
     s_union(sim, &sim->paths, &b->prov);
     if (b->opaque)
         sim->opaque = true;
+    if (b->kernel_bound)
+        sim->kernel_bound = true;
     for (size_t i = 0; i < b->deps.count; i++)
         s_push(sim, b->deps.items[i], cellside && in_cell, block);
     s_union(sim, &sim->pending_gwrites, &b->gwrites);
@@ -413,6 +419,7 @@ static void s_bind(s_sim_t *sim, const ll_ev_t *ev)
         s_union(sim, &b->gwrites, &g->gwrites);
         s_union(sim, &b->prov, &g->paths);
         b->opaque = g->opaque;
+        b->kernel_bound = g->kernel_bound;
     }
     if (im) {
         b->path = strdup(im->path);
@@ -579,6 +586,8 @@ static void s_run(s_sim_t *sim)
     const ll_ev_t *ev = ll_analysis_events(sim->a, &nev);
     if (ll_analysis_opaque_flag(sim->a))
         sim->opaque = true;
+    if (ll_analysis_kernel_bound_flag(sim->a))
+        sim->kernel_bound = true;
     for (size_t i = 0; i < nev && !sim->oom; i++) {
         switch (ev[i].type) {
         case LL_EV_UNIT:
@@ -623,6 +632,8 @@ static void s_run(s_sim_t *sim)
                 s_union(sim, &sim->uprov, &g->paths);
                 if (g->opaque)
                     sim->opaque = true;
+                if (g->kernel_bound)
+                    sim->kernel_bound = true;
             }
             break;
         }
@@ -742,6 +753,7 @@ static s_binding_t *s_merge(s_sim_t *sim, s_binding_t **alts, size_t n,
         s_union(sim, &m->deps, &b->deps);
         s_union(sim, &m->gwrites, &b->gwrites);
         m->opaque |= b->opaque;
+        m->kernel_bound |= b->kernel_bound;
         if (s_is_import(b) && b->path)
             s_add(sim, &m->prov, b->path);
         if (!s_is_import(b) || !b->path || !alts[0]->path ||
@@ -827,6 +839,7 @@ struct ll_analysis_closure_t {
     ll_names_t writes;    /* sorted: may bind, rebind or change in place */
     ll_names_t deletes;   /* sorted: certainly deletes */
     bool opaque;
+    bool kernel_bound;    /* uses comm machinery: runs in the kernel */
     int label;
     size_t live;
 };
@@ -951,10 +964,15 @@ ll_analysis_closure_t *ll_analysis_session_closure(ll_analysis_session_t *self,
     }
     if (rc == 0) {
         c->opaque = sim.opaque;
+        c->kernel_bound = sim.kernel_bound;
         c->live = ll_analysis_session_live_count(self);
         int forced = ll_analysis_forced_label(cell);
         c->label = LL_ANALYSIS_CPU;
-        for (size_t i = 0; i < paths.count; i++)
+        /* A cell that uses comm machinery (a widget, a comm target, the
+         * kernel object) runs in the kernel whatever else it reaches: a comm
+         * made on a worker would outlive nothing but its cell, and the
+         * frontend's messages to it come to the kernel. */
+        for (size_t i = 0; i < paths.count && !c->kernel_bound; i++)
             if (ll_analysis_is_gpu_module(paths.items[i]))
                 c->label = LL_ANALYSIS_GPU;
         if (forced >= 0)
@@ -983,6 +1001,7 @@ ll_analysis_strs_t ll_analysis_closure_writes(const ll_analysis_closure_t *self)
 ll_analysis_strs_t ll_analysis_closure_deletes(const ll_analysis_closure_t *self) { return s_strs(&self->deletes); }
 ll_analysis_label_t ll_analysis_closure_label(const ll_analysis_closure_t *self) { return self->label; }
 bool ll_analysis_closure_is_opaque(const ll_analysis_closure_t *self) { return self->opaque; }
+bool ll_analysis_closure_is_kernel_bound(const ll_analysis_closure_t *self) { return self->kernel_bound; }
 size_t ll_analysis_closure_live_count(const ll_analysis_closure_t *self) { return self->live; }
 
 static json_t *s_json_list(const ll_names_t *n)
@@ -995,7 +1014,7 @@ static json_t *s_json_list(const ll_names_t *n)
 
 json_t *ll_analysis_closure_json(const ll_analysis_closure_t *self)
 {
-    return json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:s, s:b, s:I}",
+    return json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:s, s:b, s:b, s:I}",
                      "state_closure", s_json_list(&self->state),
                      "import_closure", s_json_list(&self->imports),
                      "effective_imports", s_json_list(&self->effective),
@@ -1003,5 +1022,6 @@ json_t *ll_analysis_closure_json(const ll_analysis_closure_t *self)
                      "writes", s_json_list(&self->writes),
                      "deletes", s_json_list(&self->deletes), "label",
                      self->label == LL_ANALYSIS_GPU ? "gpu" : "cpu", "opaque",
-                     self->opaque, "live", (json_int_t)self->live);
+                     self->opaque, "kernel_bound", self->kernel_bound, "live",
+                     (json_int_t)self->live);
 }

@@ -13,7 +13,8 @@ before it in its session.  Format:
 Fields (each optional, a missing field is not checked): defs, reads,
 mutates, deletes, imports, effective, state, writes (comma-separated sets,
 `-` for empty), stmts (import statements, `;`-separated), funcs (`f: a, b; C: c`),
-label (cpu/gpu), opaque (yes/no), error (yes/no).
+label (cpu/gpu), opaque (yes/no), kernel (yes/no: uses comm machinery, so
+runs in the kernel), error (yes/no).
 """
 import json
 import os
@@ -137,6 +138,9 @@ def check_cell(cell, got):
         elif key == "opaque":
             if closure.get("opaque") != (want == "yes"):
                 problems.append(f"opaque: want {want}, got {closure.get('opaque')}")
+        elif key == "kernel":
+            if closure.get("kernel_bound") != (want == "yes"):
+                problems.append(f"kernel: want {want}, got {closure.get('kernel_bound')}")
         else:
             problems.append(f"unknown field {key!r}")
     return problems
