@@ -199,6 +199,40 @@ def test_gpu_mutation_survives_a_cell_reading_an_alias(pair):
     ])
 
 
+def _comm_stream(k, msg_type, content):
+    """Send a comm message to K (no reply comes), wait for its idle; returns what its handler printed."""
+    return stream_text(k.iopub_until_idle(k.send(msg_type, content)))
+
+
+def test_widget_callback_sees_what_gpu_cells_changed(pair):
+    """A comm handler (a widget's callback) runs in the kernel outside any cell, on no analysed closure: it
+    reads the values GPU cells left (a tensor, a rebound int, a new variable), as on ipykernel, and what it
+    rebinds reaches the next GPU cell."""
+    pair.cells([
+        ("cb_n = 1\n"
+         "def _cb_target(comm, msg):\n"
+         "    @comm.on_msg\n"
+         "    def _(m):\n"
+         "        global cb_n\n"
+         "        print('callback sees', cb_t.tolist(), cb_n, globals().get('cb_new'))\n"
+         "        cb_n = cb_n + m['content']['data']['add']\n"
+         "get_ipython().kernel.comm_manager.register_target('ll.cb', _cb_target)", CPU),
+        ("import torch\ncb_t = torch.zeros(2)\nprint(cb_t)", GPU),
+    ])
+    for k in (pair.ll, pair.ref):
+        assert _comm_stream(k, "comm_open", {"comm_id": "cb-" + k.name, "target_name": "ll.cb", "data": {}}) == ""
+    seen = []
+    for step, (cell, add) in enumerate([("cb_t.add_(2)\ncb_n = cb_n * 10", 5),
+                                        ("cb_t.mul_(3)\ncb_new = torch.ones(1)", 1)]):
+        pair.cell(cell, GPU)
+        got = [_comm_stream(k, "comm_msg", {"comm_id": "cb-" + k.name, "data": {"add": add}})
+               for k in (pair.ll, pair.ref)]
+        assert got[0] == got[1], "step %d: looseleaf %r, ipykernel %r" % (step, got[0], got[1])
+        seen.append(got[0])
+    assert seen == ["callback sees [2.0, 2.0] 10 None\n", "callback sees [6.0, 6.0] 15 tensor([1.])\n"], seen
+    pair.cell("print(cb_n, cb_t * cb_n)", GPU)
+
+
 def test_gpu_cell_result_enters_output_history(pair):
     reply, _ = pair.ll.execute("pass")
     pair.ref.execute("pass")

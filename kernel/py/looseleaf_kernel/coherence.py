@@ -297,20 +297,31 @@ class Coherence:
     def before_cpu(self, plan):
         """Refresh the cell's closure from the store where a worker changed it, and bring in the imports
         it reads; remember the namespace.  Returns the refresh's report for metadata.looseleaf."""
-        out = {}
         self._imports(plan.get("import_stmts"))
         load_index = getattr(self.shell.compile, "load_index", None)
         if load_index is not None:
             load_index()  # cells compiled by workers: their tracebacks read as ours
+        out = self._refresh(plan.get("state") or [])
+        self._before = self._visible()
+        return out
+
+    def _refresh(self, names):
+        """Bring NAMES (None: every variable) up to date from the store where a worker changed them, and
+        the process state; the kernel's own newer copies (dirty) stay.  Returns the report for
+        metadata.looseleaf ({} when no store is open: no GPU cell ran yet)."""
+        out = {}
         if self.cp is not None:
             t0 = time.perf_counter()
-            names = [n for n in plan.get("state") or [] if n not in self.dirty]
             out["restored"], out["bytes_restored"] = [], 0
             try:
                 if self._moved is None:
                     held = self.cp.held()
                     self._moved = {n for n, v in self.cp.versions().items() if held.get(n) != v}
-                names = self._stale(names)
+                if not self._moved:
+                    names = []  # nothing moved: nothing is stale (the common case, with no round trip)
+                elif names is None:  # what this process holds, and what workers made or deleted since
+                    names = sorted((set(self.cp.held()) | self._moved) - {self._procstate().NAME})
+                names = self._stale([n for n in names if n not in self.dirty])
                 if names:
                     rep = self.cp.restore(self._saveable(names), protect=sorted(self.dirty))
                     self._moved.difference_update(n for n in names if n not in rep.failed)
@@ -329,7 +340,6 @@ class Coherence:
                 log.warning("refreshing the process state from the store failed", exc_info=True)
                 out["restore_failed"] = {"*": _reason(e)}
             out["restore_ms"] = (time.perf_counter() - t0) * 1e3
-        self._before = self._visible()
         return out
 
     def _rebound_since(self, before):
@@ -341,9 +351,13 @@ class Coherence:
 
     @contextlib.contextmanager
     def untracked_code(self):
-        """A context for user code that runs outside any cell (comm handlers: a widget's callback): what it
-        rebinds or deletes in the namespace is dirty, as after a CPU cell, so a later GPU cell sees it.
-        (In-place changes there are as invisible as in a CPU cell the analysis cannot see into.)"""
+        """A context for user code that runs outside any cell (comm handlers: a widget's callback).  The code
+        can read any variable, and no analysis says which: first every variable a worker changed is
+        refreshed, as a CPU cell's closure is (nothing to do, and no store round trip, when no GPU cell ran
+        since the last refresh).  What it rebinds or deletes in the namespace is dirty, as after a CPU cell,
+        so a later GPU cell sees it.  (In-place changes there are as invisible as in a CPU cell the analysis
+        cannot see into.)"""
+        self._refresh(None)
         before = self._visible()
         try:
             yield
