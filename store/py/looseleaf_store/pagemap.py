@@ -27,8 +27,8 @@ _PAGEMAP_SCAN = (3 << 30) | (96 << 16) | (ord("f") << 8) | 16  # _IOWR('f', 16, 
 _PAGE_IS_FILE = 1 << 2
 _PAGE_IS_PRESENT = 1 << 3
 _PAGE_IS_SWAPPED = 1 << 4
-_VEC_LEN = 4096
-_vec = (ctypes.c_uint64 * (3 * _VEC_LEN))()  # struct page_region {start, end, categories}
+VEC_LEN = 4096  # page ranges per PAGEMAP_SCAN call (a scan_regions buffer holds 3 * VEC_LEN uint64)
+_vec = (ctypes.c_uint64 * (3 * VEC_LEN))()  # struct page_region {start, end, categories}
 
 
 def _pagemap_fd():
@@ -50,30 +50,39 @@ def reset_after_fork():
 os.register_at_fork(after_in_child=reset_after_fork)
 
 
+def scan_regions(fd, addr, start, end, region_bytes, flags, masks, vec):
+    """The PAGEMAP_SCAN ioctl on pagemap FD over [START, END), as many calls as the VEC buffer (a ctypes
+    array of 3 * VEC_LEN uint64: struct page_region) needs: the set of REGION_BYTES-sized region indices,
+    counted from ADDR, holding a page it matched.  FLAGS and MASKS (category_inverted, category_mask,
+    category_anyof_mask, return_mask) are the ioctl's.  OSError from the ioctl goes to the caller."""
+    out = set()
+    pos = start
+    while pos < end:
+        arg = bytearray(struct.pack("12Q", 96, flags, pos, end, 0, ctypes.addressof(vec), VEC_LEN, 0,
+                                    *masks))
+        n = fcntl.ioctl(fd, _PAGEMAP_SCAN, arg)
+        for i in range(n):
+            a, b = vec[3 * i], vec[3 * i + 1]
+            out.update(range((a - addr) // region_bytes, (b - 1 - addr) // region_bytes + 1))
+        walk_end = struct.unpack_from("Q", arg, 32)[0]
+        if n < VEC_LEN or walk_end >= end:
+            break
+        pos = walk_end
+    return out
+
+
 def _scan(fd, addr, nbytes, region_bytes):
     """written_regions through PAGEMAP_SCAN; None if the ioctl is not there."""
     global _scan_ok
     end = addr + (nbytes + _PAGE - 1) // _PAGE * _PAGE
-    out = set()
-    pos = addr
-    while pos < end:
+    try:
         # pages that are NOT file pages and are present or swapped: the ones this process wrote
-        arg = bytearray(struct.pack("12Q", 96, 0, pos, end, 0, ctypes.addressof(_vec), _VEC_LEN, 0,
-                                    _PAGE_IS_FILE, _PAGE_IS_FILE, _PAGE_IS_PRESENT | _PAGE_IS_SWAPPED,
-                                    _PAGE_IS_PRESENT))
-        try:
-            n = fcntl.ioctl(fd, _PAGEMAP_SCAN, arg)
-        except OSError:
-            _scan_ok = False
-            return None
-        for i in range(n):
-            a, b = _vec[3 * i], _vec[3 * i + 1]
-            out.update(range((a - addr) // region_bytes, (b - 1 - addr) // region_bytes + 1))
-        walk_end = struct.unpack_from("Q", arg, 32)[0]
-        if n < _VEC_LEN or walk_end >= end:
-            break
-        pos = walk_end
-    return sorted(out)
+        return sorted(scan_regions(fd, addr, addr, end, region_bytes, 0,
+                                   (_PAGE_IS_FILE, _PAGE_IS_FILE, _PAGE_IS_PRESENT | _PAGE_IS_SWAPPED,
+                                    _PAGE_IS_PRESENT), _vec))
+    except OSError:
+        _scan_ok = False
+        return None
 
 
 def written_regions(addr, nbytes, region_bytes):

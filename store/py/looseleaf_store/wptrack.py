@@ -37,6 +37,8 @@ import os
 import struct
 import weakref
 
+from .pagemap import VEC_LEN, scan_regions
+
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 _SYS_userfaultfd = {"x86_64": 323, "aarch64": 282}.get(os.uname().machine)
@@ -49,7 +51,6 @@ _UFFDIO_WRITEPROTECT_MODE_WP = 1 << 0
 _PAGE_IS_WRITTEN = 1 << 1
 _PM_SCAN_WP_MATCHING = 1 << 0
 _PM_SCAN_CHECK_WPASYNC = 1 << 1
-_VEC_LEN = 4096  # page ranges per PAGEMAP_SCAN call
 
 
 def _iowr(typ, nr, size):
@@ -60,7 +61,6 @@ _UFFDIO_API = _iowr(0xAA, 0x3F, 24)
 _UFFDIO_REGISTER = _iowr(0xAA, 0x00, 32)
 _UFFDIO_WRITEPROTECT = _iowr(0xAA, 0x06, 24)
 _UFFDIO_UNREGISTER = (2 << 30) | (16 << 16) | (0xAA << 8) | 0x01  # _IOR(0xAA, 1, struct uffdio_range)
-_PAGEMAP_SCAN = _iowr(ord("f"), 16, 96)
 
 
 class Subscription:
@@ -82,7 +82,7 @@ class Tracker:
         self._uffd = -1
         self._pm = -1
         self._pid = os.getpid()
-        self._vec = (ctypes.c_uint64 * (3 * _VEC_LEN))()  # struct page_region {start, end, categories}
+        self._vec = (ctypes.c_uint64 * (3 * VEC_LEN))()  # struct page_region {start, end, categories}
         self._subs = {}  # (address, nbytes) -> WeakSet of live Subscriptions
         self._region_bytes = {}  # (address, nbytes) -> region size its subscribers count in
         self.error = None  # why tracking is unavailable, if it is
@@ -228,24 +228,12 @@ class Tracker:
         if end <= start:
             return None
         nreg = (nbytes + region_bytes - 1) // region_bytes
-        out = set()
-        vec = self._vec
-        pos = start
-        while pos < end:
-            arg = bytearray(struct.pack("12Q", 96, _PM_SCAN_WP_MATCHING | _PM_SCAN_CHECK_WPASYNC, pos, end,
-                                        0, ctypes.addressof(vec), _VEC_LEN, 0, 0, _PAGE_IS_WRITTEN, 0,
-                                        _PAGE_IS_WRITTEN))
-            try:
-                n = fcntl.ioctl(self._pm, _PAGEMAP_SCAN, arg)
-            except OSError:
-                return None  # not registered (any more): PM_SCAN_CHECK_WPASYNC refuses
-            for i in range(n):
-                a, b = vec[3 * i], vec[3 * i + 1]
-                out.update(range((a - addr) // region_bytes, (b - 1 - addr) // region_bytes + 1))
-            walk_end = struct.unpack_from("Q", arg, 32)[0]
-            if n < _VEC_LEN or walk_end >= end:
-                break
-            pos = walk_end
+        try:
+            out = scan_regions(self._pm, addr, start, end, region_bytes,
+                               _PM_SCAN_WP_MATCHING | _PM_SCAN_CHECK_WPASYNC,
+                               (0, _PAGE_IS_WRITTEN, 0, _PAGE_IS_WRITTEN), self._vec)
+        except OSError:
+            return None  # not registered (any more): PM_SCAN_CHECK_WPASYNC refuses
         return sorted(r for r in out if 0 <= r < nreg)
 
 _tracker = None
