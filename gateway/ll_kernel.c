@@ -86,6 +86,7 @@ static struct {
     zlist_t *queued;            /* decoded shell requests read ahead (prefetch hints); main thread */
     char *hint;                 /* latest edit-time hint's code, waiting out the debounce; main thread */
     double hint_at;             /* when it came (ll_route_now_ms) */
+    double burst_at;            /* when the first hint since the last prefetch came */
     zlist_t *prefetch_comms;    /* comm ids opened on the looseleaf.prefetch target; main thread */
     unsigned long interp_epoch; /* interpreter requests that may have run user code; main thread */
     char *pf_code;              /* code of the last prefetch sent, its interpreter answer, and the */
@@ -527,23 +528,34 @@ static bool s_execute_on_worker(ll_msg_t *req, ll_route_plan_t *plan, double t_r
  * is_complete requests, messages on a looseleaf.prefetch comm, and
  * execute_requests read ahead while a CPU cell is about to run.  A hint
  * waits out a debounce (LOOSELEAF_PREFETCH_DEBOUNCE_MS, default 250; the
- * latest hint wins), then a GPU-labelled one makes the interpreter commit
- * what CPU cells changed and the host pool prepare the session's worker.
+ * latest hint wins), but no longer than LOOSELEAF_PREFETCH_MAX_WAIT_MS
+ * (default 1000) after the first hint of a burst: hints that never pause
+ * (an inspector panel asking at every keystroke) still prefetch while the
+ * user types.  Then a GPU-labelled hint makes the interpreter commit what
+ * CPU cells changed and the host pool prepare the session's worker.
  * The run re-checks versions, so a stale prefetch costs time, never
  * correctness; abort, stop_on_error and interrupt cancel it. */
 
+/* Milliseconds from environment variable NAME, DEFAULT when unset or bad. */
+static double s_env_ms(const char *name, double def)
+{
+    const char *v = getenv(name);
+    char *end;
+    double ms = v ? strtod(v, &end) : def;
+    return v && (end == v || ms < 0) ? def : ms;
+}
+
 static double s_debounce_ms(void)
 {
-    const char *v = getenv("LOOSELEAF_PREFETCH_DEBOUNCE_MS");
-    char *end;
-    double ms = v ? strtod(v, &end) : 250;
-    return v && (end == v || ms < 0) ? 250 : ms;
+    return s_env_ms("LOOSELEAF_PREFETCH_DEBOUNCE_MS", 250);
 }
 
 static void s_hint(const char *code)
 {
     if (!s_k.route || !code)
         return;
+    if (!s_k.hint)
+        s_k.burst_at = ll_route_now_ms();
     free(s_k.hint);
     s_k.hint = strdup(code);
     s_k.hint_at = ll_route_now_ms();
@@ -592,7 +604,9 @@ static long s_hint_timeout(void)
 {
     if (!s_k.hint)
         return -1;
-    double left = s_k.hint_at + s_debounce_ms() - ll_route_now_ms();
+    double due = s_k.hint_at + s_debounce_ms(),
+           cap = s_k.burst_at + s_env_ms("LOOSELEAF_PREFETCH_MAX_WAIT_MS", 1000);
+    double left = (due < cap ? due : cap) - ll_route_now_ms();
     return left > 0 ? (long) left + 1 : 0;
 }
 

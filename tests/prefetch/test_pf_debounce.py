@@ -1,5 +1,7 @@
 """Hints are debounced (issue 6): a burst of hints of every kind, each for another closure, sent faster than
-LOOSELEAF_PREFETCH_DEBOUNCE_MS (default 250 ms), makes one prefetch, for the latest hint's cell."""
+LOOSELEAF_PREFETCH_DEBOUNCE_MS (default 250 ms), makes one prefetch, for the latest hint's cell; hints that never
+pause still prefetch once LOOSELEAF_PREFETCH_MAX_WAIT_MS (default 1000 ms) passed since the first of them."""
+import time
 import uuid
 
 from pfhelp import run_cpu, run_gpu
@@ -53,5 +55,32 @@ def test_pf_no_debounce_each_gpu_hint_prefetches_cpu_hints_none(pool):
         md, out = run_gpu(k, "print(int((w * b2).sum()))")
         assert out == "20\n" and md["prepared_by_prefetch"] and "b2" not in md["restored"], md
         assert [w for _, w in pool.prefetches()[before:]] == [pid, pid], "two GPU hints, two prefetches"
+    finally:
+        k.stop()
+
+
+def test_pf_hints_that_never_pause_still_prefetch_while_typing(pool):
+    """An inspector panel asks at every keystroke: a hint every 100 ms, never the debounce's pause.  The
+    first prefetch still starts while the hints keep coming (max wait), and the Run finds its worker
+    prepared."""
+    k = pool.kernel()
+    try:
+        md, _ = run_gpu(k, "import torch\nw = torch.ones(10)")
+        pid = md["worker_pid"]
+        run_cpu(k, "c1 = 3")
+        before = len(pool.prefetches())
+        code = "print(int((w * c1).sum()))"
+        during = None
+        for i in range(30):
+            typed = code + "  # " + "x" * i
+            k.send("inspect_request", {"code": typed, "cursor_pos": len(typed), "detail_level": 0})
+            time.sleep(0.1)
+            if i == 24:  # 2.5 s in, with 0.5 s of hints still to come
+                during = pool.prefetches()[before:]
+        assert during, "no prefetch in 2.5 s of hints 100 ms apart"
+        pool.wait_prepared(before)
+        md, out = run_gpu(k, code)
+        assert out == "30\n"
+        assert md["prepared_by_prefetch"] and md["worker_pid"] == pid and "c1" not in md["restored"], md
     finally:
         k.stop()
