@@ -58,7 +58,7 @@ def test_two_names_one_list_restored_separately(store):
     assert ns2["c"]["inner"][-1] == 4
 
 
-def test_references_and_payload_refs_of_held_versions(store):
+def test_references_payload_refs_and_version_of_held_versions(store):
     ns, cp = fresh(store)
     run(ns, "import numpy as np\nbig = np.ones(BIG, dtype=np.uint8)\nholder = {'arr': big}\nsmall = 3"
         .replace("BIG", str(max(BIG_BYTES, 1 << 16))))
@@ -69,6 +69,11 @@ def test_references_and_payload_refs_of_held_versions(store):
     ns2, cp2 = fresh(store)
     restore_ok(cp2, ["holder"])  # pulls in big
     assert cp2.references("holder") == ("big",) and cp2.payload_refs("big") == cp.payload_refs("big")
+    # version(): what this Checkpointer saved or restored, bound in the namespace or not
+    v = cp.versions()
+    assert cp.version("small") == v["small"] and cp2.version("holder") == v["holder"] and cp2.version("small") is None
+    del ns2["holder"]
+    assert cp2.version("holder") == v["holder"] and "holder" not in cp2.held()
 
 
 def test_cycles_within_and_across_variables(store):

@@ -66,6 +66,7 @@ def test_second_cell_is_a_warm_hit(env):
     assert b.ll["warm_hit"] is True and b.ll["worker_pid"] == pid
     assert b.ll["fork_ms"] == 0 and b.ll["prep_ms"]["fork"] == 0, b.ll
     assert b.ll["restored"] == [], b.ll            # x is held at its committed version: nothing to restore
+    assert b.ll["bytes_restored"] == 0, b.ll       # nor the process state: the worker's own save is the newest
     assert b.ll["saved"] == ["x"]                  # in-place mutation still saved
     # The worker's own output cache is not carried into the next cell (a cold worker has none either).
     assert c.run("b2", "x", state_closure=["x"]).result() == "[1, 2, 3]"

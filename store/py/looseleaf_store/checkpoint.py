@@ -195,6 +195,12 @@ class Checkpointer:
         """{name: version} the namespace holds (saved or restored by this Checkpointer)."""
         return {n: s.version for n, s in self._state.items() if n in self.namespace}
 
+    def version(self, name):
+        """The version of NAME this Checkpointer last saved or restored, whether or not the namespace still
+        binds it; None when it holds none."""
+        st = self._state.get(name)
+        return st.version if st is not None else None
+
     def references(self, name):
         """The variables whose objects NAME's version held here references (its stream's owners); () when
         this process holds no version of NAME."""

@@ -67,21 +67,42 @@ def apply(st):
     return problems
 
 
+# {id(Checkpointer): the stored version this process's live state is}: set when restore() applied a version
+# or save_with() committed (or found unchanged) the state it captured, dropped when save_with() starts (a
+# cell ran since).  A warm worker's next job then needs no read or apply of a state it already has.
+_live = {}
+
+
 def restore(cp):
     """Bring the session's process state into the process of Checkpointer CP when its stored version moved
-    (the kernel before a CPU cell, a worker before its cell).  Returns the RestoreReport and the problems of
-    apply()."""
+    (a worker before its cell): nothing to read or apply when the stored version is the one this process's
+    state already is (a warm worker whose own save is the newest, or a second preparation for one cell).
+    Returns the RestoreReport and the problems of apply()."""
+    mine = _live.get(id(cp))
+    if mine is not None and mine == cp.version(NAME) and cp.versions().get(NAME) == mine:
+        from looseleaf_store import RestoreReport
+        rep = RestoreReport()
+        rep.skipped = [NAME]
+        return rep, []
+    _live.pop(id(cp), None)
     rep = cp.restore([NAME])
     st = cp.namespace.pop(NAME, None)
-    return rep, (apply(st) if st is not None else [])
+    problems = apply(st) if st is not None else []
+    if NAME not in rep.failed and st is not None:
+        _live[id(cp)] = cp.version(NAME)
+    return rep, problems
 
 
 def save_with(cp, names, **kwargs):
-    """CP.save(NAMES) with this process's state as the entry NAME in the same commit (the kernel after a
-    CPU cell, a worker after its cell)."""
+    """CP.save(NAMES) with this process's state as the entry NAME in the same commit (a worker after its
+    cell)."""
+    _live.pop(id(cp), None)
     ns = cp.namespace
     ns[NAME] = capture()
     try:
-        return cp.save(list(names) + [NAME], **kwargs)
+        rep = cp.save(list(names) + [NAME], **kwargs)
     finally:
         ns.pop(NAME, None)
+    if NAME in rep.saved or NAME in rep.unchanged:
+        _live[id(cp)] = cp.version(NAME)
+    return rep
