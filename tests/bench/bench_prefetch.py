@@ -167,10 +167,11 @@ def report(name, cells, held, wall):
     if os.environ.get("LL_BENCH_VERBOSE"):
         for c in cells:
             print("    wait %7.1f  hit %-5s pre %-5s staged %-5s kern_save %6.1f  fork %6.1f  restore %6.1f  "
-                  "slot_wait %6.1f  import %6.1f" % (
+                  "slot_wait %6.1f  import %6.1f  kernel_saved %s" % (
                       c.get("visible_wait_ms", -1), c.get("warm_hit"), c.get("prepared_by_prefetch"),
                       bool(c.get("staged")), c.get("kernel_save_ms", -1), c.get("fork_ms", -1),
-                      c.get("restore_ms", -1), c.get("wait_ms", -1), c.get("import_ms", -1)))
+                      c.get("restore_ms", -1), c.get("wait_ms", -1), c.get("import_ms", -1),
+                      ",".join(c.get("kernel_saved") or []) or "-"))
     waits = sorted(c.get("visible_wait_ms", float("nan")) for c in cells)
     n = len(waits)
     within = sum(1 for w in waits if w <= 50.0)
