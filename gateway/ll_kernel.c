@@ -249,6 +249,24 @@ static bool s_read_only_request(const char *msg_type)
     return false;
 }
 
+/* Whether REQ is a message on a looseleaf.prefetch comm: a hint, served by
+ * the gateway; the interpreter's end of that comm runs no user code. */
+static bool s_on_prefetch_comm(const ll_msg_t *req)
+{
+    const char *t = req->msg_type;
+    if (strcmp(t, "comm_open") == 0) {
+        const char *target = ll_msg_content_str(req, "target_name");
+        return target && strcmp(target, "looseleaf.prefetch") == 0;
+    }
+    const char *comm_id = ll_msg_content_str(req, "comm_id");
+    if (!comm_id || !s_k.prefetch_comms || (strcmp(t, "comm_msg") != 0 && strcmp(t, "comm_close") != 0))
+        return false;
+    for (char *id = zlist_first(s_k.prefetch_comms); id; id = zlist_next(s_k.prefetch_comms))
+        if (strcmp(id, comm_id) == 0)
+            return true;
+    return false;
+}
+
 /* Hand REQ to the interpreter: content, header and metadata as JSON text,
  * binary buffers (comm messages from widgets) as they came.  Returns the
  * reply text (malloc'd) or NULL; *MD_TEXT gets reply metadata or NULL. */
@@ -268,7 +286,7 @@ static char *s_interp_call(const ll_msg_t *req, char **md_text)
     if (req->buffers && zmsg_size(req->buffers) > S_MAX_BUFS)
         ll_warn("kernel", "%s carries %zu buffers; only the first %d are passed on", req->msg_type,
                 zmsg_size(req->buffers), S_MAX_BUFS);
-    if (!s_read_only_request(req->msg_type))
+    if (!s_read_only_request(req->msg_type) && !s_on_prefetch_comm(req))
         s_k.interp_epoch++;
     char *content = json_dumps(req->content, JSON_COMPACT);
     char *header = json_dumps(req->header, JSON_COMPACT);

@@ -3,7 +3,7 @@ the prefetch missed.  Stale ways: the cell edited after the hint (other code, an
 changed or deleted by a CPU cell between the hint and Run; on a warm worker and on a speculative one."""
 import pytest
 
-from pfhelp import execute, hint_complete, hint_inspect, hint_is_complete, run_cpu, run_gpu
+from pfhelp import execute, hint_comm, hint_complete, hint_inspect, hint_is_complete, run_cpu, run_gpu
 
 HINTED = "print(int((w * x).sum()))"
 
@@ -87,6 +87,22 @@ def test_pf_run_right_after_its_hint_reuses_the_kernels_commit(pool, warm):
     md, out = run_gpu(k, HINTED)
     assert out == "60\n"
     assert md["kernel_commit_by_prefetch"] and md["kernel_save_ms"] == 0 and md["restored"] == [], md
+
+
+def test_pf_run_after_a_prefetch_comm_hint_reuses_the_kernels_commit(pool, warm):
+    """Hints on the looseleaf.prefetch comm run no user code: they neither void the prefetch's commit nor
+    refresh the kernel's namespace."""
+    k, pid = warm
+    run_cpu(k, "x = 7")
+    before = len(pool.prefetches())
+    comm_id = hint_comm(k, HINTED)
+    pool.wait_prepared(before)
+    # after the prefetch: a message without code (no hint) and the frontend closing its comm
+    k.send("comm_msg", {"comm_id": comm_id, "data": {"cursor": 3}})
+    k.send("comm_close", {"comm_id": comm_id, "data": {}})
+    md, out = run_gpu(k, HINTED)
+    assert out == "70\n"
+    assert md["kernel_commit_by_prefetch"] and md["kernel_save_ms"] == 0, md
 
 
 def test_pf_comm_message_between_hint_and_run_commits_again(pool, warm):

@@ -8,6 +8,7 @@ semantics, reply shapes, metadata.  Every exception is caught here: a broken
 request gets an error reply, never a dead kernel.
 """
 import builtins
+import contextlib
 import getpass
 import glob
 import logging
@@ -571,9 +572,16 @@ class Kernel:
     def _comm_args_ok(self, content, *keys):
         return all(isinstance(content.get(k), str) for k in keys)
 
+    def _user_code(self, content):
+        """The context a comm message's handler runs in: untracked user code, except on our own prefetch
+        comm (hints for the gateway; its handler ignores them), which must not refresh or mark anything."""
+        comm_id = content.get("comm_id")
+        target = content.get("target_name") or getattr(self.comm_manager.comms.get(comm_id), "target_name", None)
+        return contextlib.nullcontext() if target == comms.PREFETCH_TARGET else self.coherence.untracked_code()
+
     def comm_open(self, content, parent):
         if self._comm_args_ok(content, "comm_id", "target_name"):
-            with self.coherence.untracked_code():
+            with self._user_code(content):
                 self.comm_manager.comm_open(None, None, self._comm_message("comm_open", content, parent))
         else:
             log.warning("comm_open without comm_id/target_name ignored")
@@ -581,13 +589,13 @@ class Kernel:
 
     def comm_msg(self, content, parent):
         if self._comm_args_ok(content, "comm_id"):
-            with self.coherence.untracked_code():
+            with self._user_code(content):
                 self.comm_manager.comm_msg(None, None, self._comm_message("comm_msg", content, parent))
         return None, None
 
     def comm_close(self, content, parent):
         if self._comm_args_ok(content, "comm_id"):
-            with self.coherence.untracked_code():
+            with self._user_code(content):
                 self.comm_manager.comm_close(None, None, self._comm_message("comm_close", content, parent))
         return None, None
 

@@ -88,7 +88,7 @@ def restore(cp):
     rep = cp.restore([NAME])
     st = cp.namespace.pop(NAME, None)
     problems = apply(st) if st is not None else []
-    if NAME not in rep.failed and st is not None:
+    if NAME not in rep.failed and st is not None and not problems:
         _live[id(cp)] = cp.version(NAME)
     return rep, problems
 
