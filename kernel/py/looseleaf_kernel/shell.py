@@ -92,9 +92,11 @@ class CellCompiler(CachingCompiler):
         """Pick up the cells the session's other processes compiled since the last call."""
         if CellCompiler._dir is None:
             return
+        path = os.path.join(CellCompiler._dir, "cells.tsv")
         try:
-            with open(os.path.join(CellCompiler._dir, "cells.tsv"), encoding="utf-8",
-                      errors="surrogateescape") as f:
+            if os.stat(path).st_size == CellCompiler._index_pos:
+                return  # nothing appended (every prepared run asks; most find nothing new)
+            with open(path, encoding="utf-8", errors="surrogateescape") as f:
                 f.seek(CellCompiler._index_pos)
                 data = f.read()
                 CellCompiler._index_pos = f.tell()
