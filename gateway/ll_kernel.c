@@ -87,6 +87,7 @@ static struct {
     char *hint;                 /* latest edit-time hint's code, waiting out the debounce; main thread */
     double hint_at;             /* when it came (ll_route_now_ms) */
     double burst_at;            /* when the first hint since the last prefetch came */
+    double commit_at;           /* when user code last ran in the interpreter, 0 once committed */
     zlist_t *prefetch_comms;    /* comm ids opened on the looseleaf.prefetch target; main thread */
     unsigned long interp_epoch; /* interpreter requests that may have run user code; main thread */
     char *pf_code;              /* code of the last prefetch sent, its interpreter answer, and the */
@@ -286,7 +287,8 @@ static char *s_interp_call(const ll_msg_t *req, char **md_text)
     if (req->buffers && zmsg_size(req->buffers) > S_MAX_BUFS)
         ll_warn("kernel", "%s carries %zu buffers; only the first %d are passed on", req->msg_type,
                 zmsg_size(req->buffers), S_MAX_BUFS);
-    if (!s_read_only_request(req->msg_type) && !s_on_prefetch_comm(req))
+    bool user_code = !s_read_only_request(req->msg_type) && !s_on_prefetch_comm(req);
+    if (user_code)
         s_k.interp_epoch++;
     char *content = json_dumps(req->content, JSON_COMPACT);
     char *header = json_dumps(req->header, JSON_COMPACT);
@@ -297,6 +299,8 @@ static char *s_interp_call(const ll_msg_t *req, char **md_text)
                                     md_text);
     else
         ll_error("kernel", "cannot serialize a %.64s for the interpreter", req->msg_type);
+    if (user_code && s_k.route)
+        s_k.commit_at = ll_route_now_ms(); /* s_idle_commit_due, once the kernel stays idle */
     free(content);
     free(header);
     free(metadata);
@@ -415,7 +419,7 @@ static bool s_stopping(void)
  * as a new object, NULL when there is none. */
 static json_t *s_interp_own(const char *msg_type, const json_t *content, const ll_msg_t *req)
 {
-    if (strcmp(msg_type, "looseleaf_before_gpu") != 0)
+    if (strcmp(msg_type, "looseleaf_before_gpu") != 0 && strcmp(msg_type, "looseleaf_commit_idle") != 0)
         s_k.interp_epoch++; /* after_gpu: history, counter, what the worker committed */
     char *ctext = json_dumps(content, JSON_COMPACT);
     char *htext = req ? json_dumps(req->header, JSON_COMPACT) : strdup("{}");
@@ -628,6 +632,47 @@ static long s_hint_timeout(void)
     return left > 0 ? (long) left + 1 : 0;
 }
 
+/* ---- idle commit ----------------------------------------------------------
+ *
+ * Once a session has a store (a GPU cell or a prefetch ran), what user code
+ * in the interpreter changes (a CPU cell, a widget's callback) is committed
+ * when the kernel has stayed idle LOOSELEAF_IDLE_COMMIT_MS (default 250; 0:
+ * never) after it, so that the next GPU cell's Run finds nothing to commit
+ * even when its edit window was too short for a prefetch.  The interpreter
+ * leaves out what would make it slow (coherence.commit_idle): those values
+ * are committed by a prefetch or the Run, as before.  Runs no user code:
+ * a kept prefetch commit stays valid. */
+
+static double s_idle_commit_ms(void)
+{
+    return s_env_ms("LOOSELEAF_IDLE_COMMIT_MS", 250);
+}
+
+/* Milliseconds until the idle commit is due; -1 when none is pending. */
+static long s_idle_commit_timeout(void)
+{
+    double ms = s_idle_commit_ms();
+    if (s_k.commit_at <= 0 || ms <= 0)
+        return -1;
+    double left = s_k.commit_at + ms - ll_route_now_ms();
+    return left > 0 ? (long) left + 1 : 0;
+}
+
+static void s_idle_commit_due(void)
+{
+    s_k.commit_at = 0;
+    json_t *content = json_object();
+    json_decref(s_interp_own("looseleaf_commit_idle", content, NULL));
+    json_decref(content);
+}
+
+/* The poll's timeout: the sooner of a pending hint and a pending commit. */
+static long s_poll_timeout(void)
+{
+    long h = s_hint_timeout(), c = s_idle_commit_timeout();
+    return h < 0 ? c : c < 0 ? h : h < c ? h : c;
+}
+
 /* Hints carried by a request served by the interpreter. */
 static void s_hint_from(const ll_msg_t *req)
 {
@@ -714,6 +759,7 @@ static void s_on_execute(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
     double t_run = ll_route_now_ms();
     free(s_k.hint); /* the Run itself supersedes a hint still waiting */
     s_k.hint = NULL;
+    s_k.commit_at = 0; /* and commits itself what an idle commit would have */
     ll_route_plan_t *plan =
         s_k.route ? ll_route_plan(s_k.route, json_string_value(code), json_string_length(code))
                   : NULL;
@@ -1099,7 +1145,7 @@ static void s_shell_loop(void)
             zmq_pollitem_t items[3] = {{zsock_resolve(s_k.shell), 0, ZMQ_POLLIN, 0},
                                        {NULL, s_k.wake_fd, ZMQ_POLLIN, 0},
                                        {NULL, pool_fd, ZMQ_POLLIN, 0}};
-            int rc = zmq_poll(items, pool_fd >= 0 ? 3 : 2, s_hint_timeout());
+            int rc = zmq_poll(items, pool_fd >= 0 ? 3 : 2, s_poll_timeout());
             if (rc < 0) {
                 if (errno == EINTR)
                     continue;
@@ -1112,10 +1158,16 @@ static void s_shell_loop(void)
                 s_eventfd_drain(s_k.wake_fd);
                 continue;
             }
-            if (rc == 0 || (s_k.hint && s_hint_timeout() == 0)) {
+            if (s_k.hint && s_hint_timeout() == 0) {
                 s_hint_due();
                 continue;
             }
+            if (s_idle_commit_timeout() == 0 && !items[0].revents) {
+                s_idle_commit_due();
+                continue;
+            }
+            if (rc == 0)
+                continue;
             if (!items[0].revents || !(req = s_recv_shell()))
                 continue;
         }

@@ -10,8 +10,9 @@ HINTED = "print(int((w * x).sum()))"
 
 @pytest.fixture(scope="module")
 def warm(pool):
-    """A kernel whose session has a warm worker; yields (kernel, worker pid)."""
-    k = pool.kernel()
+    """A kernel whose session has a warm worker; yields (kernel, worker pid).  Its idle commit is off: these
+    tests check what the Run commits, which a stalled test process would otherwise let it commit first."""
+    k = pool.kernel(LOOSELEAF_IDLE_COMMIT_MS="0")
     run_gpu(k, "import torch\nw = torch.ones(10)\nx = 1")
     md, out = run_gpu(k, HINTED)
     assert out == "10\n" and md["warm_hit"], md

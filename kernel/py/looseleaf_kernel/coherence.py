@@ -40,6 +40,30 @@ _HIDDEN = {"_", "__", "___", "_i", "_ii", "_iii", "In", "Out", "_oh", "_ih", "_d
            "get_ipython"}
 
 
+_QUICK_SCALARS = (type(None), bool, int, float, complex, str, bytes)
+_QUICK_ITEMS = 10000        # elements of a list, tuple, set or dict (each a scalar)
+_QUICK_BYTES = 16 << 20     # an array's or tensor's own bytes
+
+
+def _quick_to_save(value):
+    """Whether VALUE saves in well under a millisecond or two: a scalar or string, a flat container of up to
+    _QUICK_ITEMS of them, or a numpy array / CPU tensor of up to _QUICK_BYTES.  Anything else (a model, a
+    DataFrame, nested structures) may take long and is left to the GPU cell's commit."""
+    if isinstance(value, _QUICK_SCALARS):
+        return not isinstance(value, (str, bytes)) or len(value) <= _QUICK_BYTES
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return len(value) <= _QUICK_ITEMS and all(isinstance(v, _QUICK_SCALARS) for v in value)
+    if isinstance(value, dict):
+        return len(value) <= _QUICK_ITEMS and all(isinstance(k, _QUICK_SCALARS) and isinstance(v, _QUICK_SCALARS)
+                                                  for k, v in value.items())
+    mod = type(value).__module__
+    if mod == "numpy" and type(value).__name__ == "ndarray":
+        return value.dtype != object and value.nbytes <= _QUICK_BYTES
+    if mod == "torch" and type(value).__name__ in ("Tensor", "Parameter"):
+        return value.device.type == "cpu" and value.element_size() * value.nelement() <= _QUICK_BYTES
+    return False
+
+
 def visible(shell, modules=False):
     """{name: id(value)} of the session's variables in SHELL's namespace, in the kernel and in workers:
     IPython's own names, dunder names (the process state entry among them) and the input/output history
@@ -412,6 +436,33 @@ class Coherence:
                     if isinstance(t, ast.Name):
                         out[t.id] = what
         return out
+
+    # ---- between cells --------------------------------------------------------------------------------
+    def commit_idle(self):
+        """The kernel stayed idle after user code ran here (a CPU cell, a widget's callback; the gateway's
+        idle commit): commit what it made dirty, and the process state, so that the next GPU cell's Run finds
+        nothing to commit even when its edit window was too short for a prefetch.  Only in a session whose
+        store is open (a CPU-only notebook never starts one), and only when every dirty value is quick to
+        save (_quick_to_save): a big array or an arbitrary object would hold up the next request, which may
+        be a CPU cell; a prefetch or the Run commits those, as before.  Returns {"saved": [...]}, or
+        {"skipped": why}."""
+        if self.cp is None:
+            return {"skipped": "no store"}
+        ns = self.shell.user_ns
+        names = self._saveable(self.dirty)
+        slow = [n for n in names if n in ns and not _quick_to_save(ns[n])]
+        if slow:
+            return {"skipped": "not quick to save: %s" % ", ".join(slow[:5])}
+        try:
+            self._pull_procstate()  # a worker's newer state first, as before_gpu
+            rep = self._push(names)
+        except Exception as e:  # noqa: BLE001 - the Run commits instead
+            log.info("idle commit failed", exc_info=True)
+            return {"skipped": _reason(e)}
+        if rep.error:
+            return {"skipped": rep.error}
+        self.dirty -= set(rep.saved) | set(rep.unchanged) | set(rep.deleted)
+        return {"saved": sorted(n for n in rep.saved if n != self._procstate().NAME)}
 
     # ---- around GPU cells ----------------------------------------------------------------------------
     def before_gpu(self, plan):

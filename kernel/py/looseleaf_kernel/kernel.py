@@ -175,6 +175,7 @@ class Kernel:
             # The gateway's own requests, around GPU cells run by workers (coherence.py).
             "looseleaf_before_gpu": self.looseleaf_before_gpu,
             "looseleaf_after_gpu": self.looseleaf_after_gpu,
+            "looseleaf_commit_idle": self.looseleaf_commit_idle,
         }
         self.coherence = Coherence(self.shell)
         CellCompiler.sweep()  # cell sources of kernels that were killed
@@ -423,6 +424,9 @@ class Kernel:
 
     def looseleaf_after_gpu(self, content, parent):
         return dumps(self.coherence.after_gpu(content)), None
+
+    def looseleaf_commit_idle(self, content, parent):
+        return dumps(self.coherence.commit_idle()), None
 
     def _flush_streams(self):
         flush_streams()
