@@ -43,6 +43,7 @@ _HIDDEN = {"_", "__", "___", "_i", "_ii", "_iii", "In", "Out", "_oh", "_ih", "_d
 _QUICK_SCALARS = (type(None), bool, int, float, complex, str, bytes)
 _QUICK_ITEMS = 10000        # elements of a list, tuple, set or dict (each a scalar)
 _QUICK_BYTES = 16 << 20     # an array's or tensor's own bytes
+_QUICK_NAMES = 200          # dirty names in one idle commit
 
 
 def _quick_to_save(value):
@@ -450,6 +451,8 @@ class Coherence:
             return {"skipped": "no store"}
         ns = self.shell.user_ns
         names = self._saveable(self.dirty)
+        if len(names) > _QUICK_NAMES:
+            return {"skipped": "%d names" % len(names)}
         slow = [n for n in names if n in ns and not _quick_to_save(ns[n])]
         if slow:
             return {"skipped": "not quick to save: %s" % ", ".join(slow[:5])}
