@@ -89,7 +89,7 @@ static struct {
     double burst_at;            /* when the first hint since the last prefetch came */
     double commit_at;           /* when user code last ran in the interpreter, 0 once committed */
     zlist_t *prefetch_comms;    /* comm ids opened on the looseleaf.prefetch target; main thread */
-    unsigned long interp_epoch; /* interpreter requests that may have run user code; main thread */
+    unsigned long interp_epoch; /* interpreter requests that may have changed a variable; main thread */
     char *pf_code;              /* code of the last prefetch sent, its interpreter answer, and the */
     json_t *pf_sync;            /*   epoch then: a Run of that code before the epoch moved needs no */
     unsigned long pf_epoch;     /*   second commit (s_reuse_prefetch_sync); main thread */
@@ -250,22 +250,30 @@ static bool s_read_only_request(const char *msg_type)
     return false;
 }
 
-/* Whether REQ is a message on a looseleaf.prefetch comm: a hint, served by
- * the gateway; the interpreter's end of that comm runs no user code. */
+/* The entry of COMM_ID in the open looseleaf.prefetch comms, or NULL. */
+static char *s_prefetch_comm(const char *comm_id)
+{
+    for (char *id = s_k.prefetch_comms ? zlist_first(s_k.prefetch_comms) : NULL; id && comm_id;
+         id = zlist_next(s_k.prefetch_comms))
+        if (strcmp(id, comm_id) == 0)
+            return id;
+    return NULL;
+}
+
+/* Whether REQ is a message on a looseleaf.prefetch comm (its comm_open, or
+ * a comm_msg / comm_close on one that is open): a hint, served by the
+ * gateway; the interpreter's end of that comm runs no user code. */
 static bool s_on_prefetch_comm(const ll_msg_t *req)
 {
     const char *t = req->msg_type;
+    if (!ll_msg_content_str(req, "comm_id"))
+        return false;
     if (strcmp(t, "comm_open") == 0) {
         const char *target = ll_msg_content_str(req, "target_name");
         return target && strcmp(target, "looseleaf.prefetch") == 0;
     }
-    const char *comm_id = ll_msg_content_str(req, "comm_id");
-    if (!comm_id || !s_k.prefetch_comms || (strcmp(t, "comm_msg") != 0 && strcmp(t, "comm_close") != 0))
-        return false;
-    for (char *id = zlist_first(s_k.prefetch_comms); id; id = zlist_next(s_k.prefetch_comms))
-        if (strcmp(id, comm_id) == 0)
-            return true;
-    return false;
+    return (strcmp(t, "comm_msg") == 0 || strcmp(t, "comm_close") == 0) &&
+           s_prefetch_comm(ll_msg_content_str(req, "comm_id"));
 }
 
 /* Hand REQ to the interpreter: content, header and metadata as JSON text,
@@ -419,8 +427,6 @@ static bool s_stopping(void)
  * as a new object, NULL when there is none. */
 static json_t *s_interp_own(const char *msg_type, const json_t *content, const ll_msg_t *req)
 {
-    if (strcmp(msg_type, "looseleaf_before_gpu") != 0 && strcmp(msg_type, "looseleaf_commit_idle") != 0)
-        s_k.interp_epoch++; /* after_gpu: history, counter, what the worker committed */
     char *ctext = json_dumps(content, JSON_COMPACT);
     char *htext = req ? json_dumps(req->header, JSON_COMPACT) : strdup("{}");
     char *out = ctext && htext ? ll_interp_handle(msg_type, ctext, htext, NULL) : NULL;
@@ -523,6 +529,7 @@ static bool s_execute_on_worker(ll_msg_t *req, ll_route_plan_t *plan, double t_r
     /* Without the worker's account of what it committed (it died, the pool
      * went away), the kernel compares versions before its next CPU cell. */
     json_object_set_new(after, "unknown", json_boolean(!json_is_array(json_object_get(wmd, "saved"))));
+    s_k.interp_epoch++; /* history, counter, the worker's commit: a kept prefetch commit is stale */
     json_decref(s_interp_own("looseleaf_after_gpu", after, req));
     json_decref(after);
     /* store_history=False: the counter did not move, as the interpreter
@@ -621,6 +628,13 @@ static void s_hint_due(void)
     free(code);
 }
 
+/* Milliseconds from now until DUE (ll_route_now_ms), rounded up; 0 once due. */
+static long s_ms_until(double due)
+{
+    double left = due - ll_route_now_ms();
+    return left > 0 ? (long) left + 1 : 0;
+}
+
 /* Milliseconds until the pending hint is due; -1 when none. */
 static long s_hint_timeout(void)
 {
@@ -628,8 +642,7 @@ static long s_hint_timeout(void)
         return -1;
     double due = s_k.hint_at + s_debounce_ms(),
            cap = s_k.burst_at + s_env_ms("LOOSELEAF_PREFETCH_MAX_WAIT_MS", 1000);
-    double left = (due < cap ? due : cap) - ll_route_now_ms();
-    return left > 0 ? (long) left + 1 : 0;
+    return s_ms_until(due < cap ? due : cap);
 }
 
 /* ---- idle commit ----------------------------------------------------------
@@ -654,8 +667,7 @@ static long s_idle_commit_timeout(void)
     double ms = s_idle_commit_ms();
     if (s_k.commit_at <= 0 || ms <= 0)
         return -1;
-    double left = s_k.commit_at + ms - ll_route_now_ms();
-    return left > 0 ? (long) left + 1 : 0;
+    return s_ms_until(s_k.commit_at + ms);
 }
 
 static void s_idle_commit_due(void)
@@ -684,15 +696,12 @@ static void s_hint_from(const ll_msg_t *req)
         s_hint(ll_msg_content_str(req, "code"));
         return;
     }
-    const char *comm_id = ll_msg_content_str(req, "comm_id");
-    if (!comm_id)
+    if (!s_on_prefetch_comm(req))
         return;
+    const char *comm_id = ll_msg_content_str(req, "comm_id");
     json_t *data = json_object_get(req->content, "data");
     const char *code = json_string_value(json_object_get(data, "code"));
     if (strcmp(t, "comm_open") == 0) {
-        const char *target = ll_msg_content_str(req, "target_name");
-        if (!target || strcmp(target, "looseleaf.prefetch") != 0)
-            return;
         if (!s_k.prefetch_comms)
             s_k.prefetch_comms = zlist_new();
         if (s_k.prefetch_comms) {
@@ -700,22 +709,11 @@ static void s_hint_from(const ll_msg_t *req)
             zlist_append(s_k.prefetch_comms, (void *) comm_id);
         }
         s_hint(code);
-        return;
-    }
-    bool ours = false;
-    for (char *id = s_k.prefetch_comms ? zlist_first(s_k.prefetch_comms) : NULL; id && !ours;
-         id = zlist_next(s_k.prefetch_comms))
-        ours = strcmp(id, comm_id) == 0;
-    if (!ours)
-        return;
-    if (strcmp(t, "comm_msg") == 0)
+    } else if (strcmp(t, "comm_msg") == 0) {
         s_hint(code);
-    else if (strcmp(t, "comm_close") == 0)
-        for (char *id = zlist_first(s_k.prefetch_comms); id; id = zlist_next(s_k.prefetch_comms))
-            if (strcmp(id, comm_id) == 0) {
-                zlist_remove(s_k.prefetch_comms, id);
-                break;
-            }
+    } else {
+        zlist_remove(s_k.prefetch_comms, s_prefetch_comm(comm_id)); /* comm_close */
+    }
 }
 
 /* Before a CPU cell runs: read the shell queue ahead; the first queued
@@ -1166,8 +1164,6 @@ static void s_shell_loop(void)
                 s_idle_commit_due();
                 continue;
             }
-            if (rc == 0)
-                continue;
             if (!items[0].revents || !(req = s_recv_shell()))
                 continue;
         }
