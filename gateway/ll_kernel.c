@@ -307,8 +307,11 @@ static char *s_interp_call(const ll_msg_t *req, char **md_text)
                                     md_text);
     else
         ll_error("kernel", "cannot serialize a %.64s for the interpreter", req->msg_type);
-    if (user_code && s_k.route)
-        s_k.commit_at = ll_route_now_ms(); /* s_idle_commit_due, once the kernel stays idle */
+    /* s_idle_commit_due, once the kernel stays idle; only in a session that
+     * has used the host pool (so has a store): a CPU-only notebook's cells
+     * cost no extra interpreter call. */
+    if (user_code && ll_route_fd(s_k.route) >= 0)
+        s_k.commit_at = ll_route_now_ms();
     free(content);
     free(header);
     free(metadata);
