@@ -1913,13 +1913,11 @@ int ll_analysis_gpu_add(const char *package)
     return ll_names_add(&s_gpu_extra, package) < 0 ? -1 : 0;
 }
 
-static bool s_gpu_match(const char *path, const char *entry)
+/* Whether module PATH is ENTRY (a package or a dotted module path) or one
+ * of its submodules. */
+static bool s_module_match(const char *path, const char *entry)
 {
     size_t n = strlen(entry);
-    if (strchr(entry, '.'))
-        return strncmp(path, entry, n) == 0 &&
-               (path[n] == '\0' || path[n] == '.');
-    /* a package name matches the package and all its modules */
     return strncmp(path, entry, n) == 0 && (path[n] == '\0' || path[n] == '.');
 }
 
@@ -1928,10 +1926,10 @@ bool ll_analysis_is_gpu_module(const char *path)
     if (!path)
         return false;
     for (const char *const *e = s_gpu_builtin; *e; e++)
-        if (s_gpu_match(path, *e))
+        if (s_module_match(path, *e))
             return true;
     for (size_t i = 0; i < s_gpu_extra.count; i++)
-        if (s_gpu_match(path, s_gpu_extra.items[i]))
+        if (s_module_match(path, s_gpu_extra.items[i]))
             return true;
     return false;
 }
@@ -1945,7 +1943,7 @@ bool ll_analysis_is_kernel_module(const char *path)
     if (!path)
         return false;
     for (const char *const *e = kernel_side; *e; e++)
-        if (s_gpu_match(path, *e))
+        if (s_module_match(path, *e))
             return true;
     return false;
 }

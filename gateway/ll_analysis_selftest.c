@@ -224,6 +224,13 @@ static void s_test_session(void)
     c = ll_analysis_session_closure(s, a);
     CHECK(c && ll_analysis_closure_is_opaque(c));
     CHECK(c && s_same(ll_analysis_closure_state(c), "x,f,z"));
+    CHECK(c && !ll_analysis_closure_is_kernel_bound(c));
+    ll_analysis_closure_destroy(&c);
+    ll_analysis_destroy(&a);
+    /* comm machinery keeps a cell in the kernel though it uses torch */
+    a = s_new("import torch\nimport ipywidgets\nw = ipywidgets.IntSlider(max=int(torch.ones(3).sum()))\n");
+    c = ll_analysis_session_closure(s, a);
+    CHECK(c && ll_analysis_closure_is_kernel_bound(c) && ll_analysis_closure_label(c) == LL_ANALYSIS_CPU);
     ll_analysis_closure_destroy(&c);
     ll_analysis_destroy(&a);
     ll_analysis_session_destroy(&s);
