@@ -122,17 +122,33 @@ def bench_backing_floor(rt, t_memcpy):
         _floor["n"] = _floor["1"]
 
 
-def fresh_memcpy(src):
-    """One plain copy of SRC's bytes into freshly allocated memory (never-touched 4 KiB pages, faulted by
-    the copy): what a first save into a fresh pool is compared with, like for like.  Returns (seconds,
-    the copy): the caller keeps the copy until its save is done, so that the save cannot reuse the pages
-    the copy just faulted in (freed memory the guest has backed is cheaper to touch than memory it gave
-    back to the host; the copy, timed first, gets those instead: the comparison leans against the save)."""
-    a = src.numpy() if isinstance(src, torch.Tensor) else src
-    dst = np.empty_like(a.reshape(-1))
+def fresh_save(rt, stores, value):
+    """One first save of VALUE (as x) into a fresh store, added to STORES, and the plain copy of the same
+    bytes into freshly allocated memory (never-touched 4 KiB pages, faulted by the copy) timed right before
+    it: what the save is compared with, like for like.  The copy is kept until the save is done, so that
+    the save cannot reuse the pages the copy just faulted in (freed memory the guest has backed is cheaper
+    to touch than memory it gave back to the host; the copy, timed first, gets those instead: the
+    comparison leans against the save).  Returns (Checkpointer, save seconds, copy seconds)."""
+    # an earlier store's reserve refilling in the background would compete with this save for the CPUs
+    # (one process has one store in real use): let it finish first
+    for s in stores:
+        wait_reserve(s)
+    a = (value.numpy() if isinstance(value, torch.Tensor) else value).reshape(-1)
+    dst = np.empty_like(a)
     t0 = time.perf_counter()
-    np.copyto(dst, a.reshape(-1))
-    return time.perf_counter() - t0, dst
+    np.copyto(dst, a)
+    t_copy = time.perf_counter() - t0
+    st = new_store(rt)
+    stores.append(st)
+    ns = new_ns()
+    ns["x"] = value
+    cp = Checkpointer(st, ns)
+    t0 = time.perf_counter()
+    rep = cp.save(["x"])
+    t_save = time.perf_counter() - t0
+    del dst
+    assert not rep.failed and rep.bytes_written == NBYTES, rep
+    return cp, t_save, t_copy
 
 
 def fresh_save_target(kind, saves, fresh, t_memcpy):
@@ -172,24 +188,11 @@ def bench_payload(rt, kind, make, t_memcpy):
     # full save into a fresh session (first save of a variable writes every byte)
     saves, restores, touches, stores, fresh = [], [], [], [], []
     for _ in range(2):
-        # an earlier store's reserve refilling in the background would compete with this save for the
-        # CPUs (one process has one store in real use): let it finish first
-        for s in stores:
-            wait_reserve(s)
-        t, copy = fresh_memcpy(value)
-        fresh.append(t)
-        st = new_store(rt)
-        stores.append(st)
-        ns = new_ns()
-        ns["x"] = value
-        cp = Checkpointer(st, ns)
-        t0 = time.perf_counter()
-        rep = cp.save(["x"])
-        saves.append(time.perf_counter() - t0)
-        del copy
-        assert not rep.failed and rep.bytes_written == NBYTES, rep
+        cp, t_save, t_copy = fresh_save(rt, stores, value)
+        saves.append(t_save)
+        fresh.append(t_copy)
         ns2 = new_ns()
-        cp2 = Checkpointer(st, ns2)
+        cp2 = Checkpointer(stores[-1], ns2)
         t0 = time.perf_counter()
         r = cp2.restore(["x"])
         restores.append(time.perf_counter() - t0)
@@ -235,7 +238,7 @@ def bench_payload(rt, kind, make, t_memcpy):
     del other
 
     # incremental saves: the kernel's own (unchanged) state is hashed per 2 MiB region ...
-    st = stores[-1]  # ns and cp: the Checkpointer that saved `value` there
+    st = stores[-1]  # cp: the Checkpointer that saved `value` there
     for s in stores[:-1]:
         drop(s)
     def flip_all():
@@ -301,7 +304,7 @@ def bench_payload(rt, kind, make, t_memcpy):
 
     t = best(save_dirty, setup=dirty_some)
     line("incremental save, 1%% of regions dirty (%d x 2 MiB)" % len(dirty), t, t_memcpy)
-    del nsw, cpw, arr, flat, ns, cp
+    del nsw, cpw, arr, flat, cp
     gc.collect()
     drop(st)
     return value
@@ -320,20 +323,10 @@ def bench_fresh_4k(rt, t_memcpy):
         value = np.random.default_rng(0).random(NBYTES // 4, dtype=np.float32)
         saves, stores, fresh = [], [], []
         for _ in range(2):
-            for s in stores:
-                wait_reserve(s)
-            t, copy = fresh_memcpy(value)
-            fresh.append(t)
-            st = new_store(rt)
-            stores.append(st)
-            assert st.stats()["page_kind"] == "4k", st.stats()
-            ns = new_ns()
-            ns["x"] = value
-            t0 = time.perf_counter()
-            rep = Checkpointer(st, ns).save(["x"])
-            saves.append(time.perf_counter() - t0)
-            del copy
-            assert not rep.failed and rep.bytes_written == NBYTES, rep
+            _, t_save, t_copy = fresh_save(rt, stores, value)
+            assert stores[-1].stats()["page_kind"] == "4k", stores[-1].stats()
+            saves.append(t_save)
+            fresh.append(t_copy)
         for s in stores:
             drop(s)
         line("save (pool pages: 4k)", min(saves), t_memcpy)
@@ -458,8 +451,7 @@ def main():
         dst = np.zeros_like(src)  # prefaulted by zeros_like's write
         dst[:] = 1
         t_memcpy = best(lambda: np.copyto(dst, src), repeat=5)
-        del dst
-        del src
+        del dst, src
         print("baseline memcpy of %.2f GiB into a prefaulted buffer: %.2f ms, %.2f GB/s"
               % (NBYTES / GIB, t_memcpy * 1e3, gbps(t_memcpy)), flush=True)
         _results.append(("memcpy", t_memcpy))
