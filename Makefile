@@ -40,7 +40,7 @@ LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 BIN_OBJS  := $(BIN_SRCS:%.c=$(BUILD)/%.o)
 TEST_OBJS := $(TEST_SRCS:%.c=$(BUILD)/%.o)
 
-.PHONY: all test selftest pytest bench clean deps deps-test setup run kernelspec format
+.PHONY: all test selftest pytest bench clean deps deps-test setup run kernelspec format format-check
 all: $(BUILD)/looseleaf $(BUILD)/ll_selftest $(EXTRA_TARGETS)
 
 $(BUILD)/%.o: %.c
@@ -115,8 +115,15 @@ setup: deps
 run: setup
 	jupyter notebook --no-browser
 
+# Every C file of the tree in the style of .clang-format (generated test
+# vectors keep theirs).
+FORMAT_FILES = $(filter-out tests/proto/wire_vectors.h,$(shell git ls-files '*.c' '*.h'))
 format:
-	clang-format -i $(LIB_SRCS) $(BIN_SRCS) $(TEST_SRCS) $(wildcard */*.h)
+	clang-format -i $(FORMAT_FILES)
+
+# Fails when a file is not formatted (nothing is changed).
+format-check:
+	clang-format --dry-run -Werror $(FORMAT_FILES)
 
 clean:
 	rm -rf $(BUILD)

@@ -65,6 +65,7 @@
 /* ---- cached Python objects (set once by ll_analysis_init) -------------- */
 
 /* Node types we treat specially; all others are walked field by field. */
+/* clang-format off */
 #define LL_AST_TYPES(X)                                                        \
     X(AST) X(Module) X(FunctionDef) X(AsyncFunctionDef) X(ClassDef) X(Lambda)  \
     X(ListComp) X(SetComp) X(DictComp) X(GeneratorExp) X(Name) X(Load)         \
@@ -82,6 +83,7 @@
     X(kwarg) X(arg) X(annotation) X(returns) X(decorator_list) X(bases)        \
     X(keywords) X(func) X(attr) X(slice) X(cases) X(pattern) X(guard)          \
     X(subject) X(rest) X(lineno) X(msg) X(_fields)
+/* clang-format on */
 
 typedef struct {
 #define X(n) PyObject *t_##n;
@@ -90,7 +92,7 @@ typedef struct {
 #define X(n) PyObject *a_##n;
     LL_AST_ATTRS(X)
 #undef X
-    PyObject *builtins;     /* dict of the builtins module */
+    PyObject *builtins; /* dict of the builtins module */
     bool ready;
 } s_py_t;
 
@@ -104,38 +106,75 @@ static struct {
 } s_fields[LL_FIELD_SLOTS];
 
 /* The GPU frameworks (package names or dotted module paths). */
-static const char *const s_gpu_builtin[] = {
-    "torch", "torchvision", "torchaudio", "torchtext", "transformers",
-    "accelerate", "peft", "bitsandbytes", "tensorflow", "keras", "jax",
-    "jaxlib", "flax", "optax", "cupy", "cupyx", "numba.cuda", "triton",
-    "xformers", "deepspeed", "diffusers", "lightning", "pytorch_lightning",
-    "torch_geometric", "dgl", "vllm", "sentence_transformers", "timm",
-    "trl", "apex", "cudf", "cuml", "cugraph", "rapids", "pycuda", "mxnet",
-    "paddle", "onnxruntime_gpu", "tensorrt", "flash_attn", "unsloth",
-    "fastai", "detectron2", "mmcv", "ultralytics", NULL};
+static const char *const s_gpu_builtin[] = {"torch",
+                                            "torchvision",
+                                            "torchaudio",
+                                            "torchtext",
+                                            "transformers",
+                                            "accelerate",
+                                            "peft",
+                                            "bitsandbytes",
+                                            "tensorflow",
+                                            "keras",
+                                            "jax",
+                                            "jaxlib",
+                                            "flax",
+                                            "optax",
+                                            "cupy",
+                                            "cupyx",
+                                            "numba.cuda",
+                                            "triton",
+                                            "xformers",
+                                            "deepspeed",
+                                            "diffusers",
+                                            "lightning",
+                                            "pytorch_lightning",
+                                            "torch_geometric",
+                                            "dgl",
+                                            "vllm",
+                                            "sentence_transformers",
+                                            "timm",
+                                            "trl",
+                                            "apex",
+                                            "cudf",
+                                            "cuml",
+                                            "cugraph",
+                                            "rapids",
+                                            "pycuda",
+                                            "mxnet",
+                                            "paddle",
+                                            "onnxruntime_gpu",
+                                            "tensorrt",
+                                            "flash_attn",
+                                            "unsloth",
+                                            "fastai",
+                                            "detectron2",
+                                            "mmcv",
+                                            "ultralytics",
+                                            NULL};
 static ll_names_t s_gpu_extra;
 
 /* ---- the analysis object ---------------------------------------------- */
 
 struct ll_analysis_t {
-    char *error;          /* parse failure, or NULL */
-    int forced;           /* -1, LL_ANALYSIS_CPU or LL_ANALYSIS_GPU */
-    bool opaque;          /* the cell's own top-level code is opaque */
-    bool kernel_bound;    /* ... uses get_ipython().kernel */
-    ll_names_t pool;      /* interned names events point into */
-    ll_ev_t *ev;          /* event stream */
+    char *error;       /* parse failure, or NULL */
+    int forced;        /* -1, LL_ANALYSIS_CPU or LL_ANALYSIS_GPU */
+    bool opaque;       /* the cell's own top-level code is opaque */
+    bool kernel_bound; /* ... uses get_ipython().kernel */
+    ll_names_t pool;   /* interned names events point into */
+    ll_ev_t *ev;       /* event stream */
     size_t nev, capev;
-    ll_group_t *groups;   /* deferred bodies */
+    ll_group_t *groups; /* deferred bodies */
     size_t ngroups, capgroups;
     ll_import_t *imports; /* import bindings */
     size_t nimports, capimports;
     /* facts for callers (derived from the events) */
     ll_names_t defs, reads, mutates, deletes, packages;
-    bool reads_done;      /* reads are computed on first use (a replay) */
-    ll_names_t loaded;    /* names LOADed or read by a body anywhere */
-    int *funcs;           /* indexes of the named groups, in order */
+    bool reads_done;   /* reads are computed on first use (a replay) */
+    ll_names_t loaded; /* names LOADed or read by a body anywhere */
+    int *funcs;        /* indexes of the named groups, in order */
     size_t nfuncs;
-    int *block_parent;    /* conditional blocks: parent of each (0 = cell) */
+    int *block_parent; /* conditional blocks: parent of each (0 = cell) */
     size_t nblocks, capblocks;
 };
 
@@ -155,15 +194,15 @@ typedef struct s_scope {
 typedef struct {
     ll_analysis_t *a;
     s_scope_t *scope;
-    int group;        /* deferred group receiving global reads, or -1 */
-    int class_group;  /* group of the top-level class being walked, or -1 */
-    int cond;         /* depth of conditional module-level blocks */
-    int block;        /* innermost conditional block (0: none) */
-    int depth;        /* recursion depth of the walk */
-    bool one_unit;    /* magic body walked as one statement (%%capture) */
-    bool oom;         /* allocation failed */
-    bool too_deep;    /* refused a tree deeper than LL_ANALYSIS_MAX_DEPTH */
-    ll_names_t *defset;     /* names certainly bound in the current branch
+    int group;          /* deferred group receiving global reads, or -1 */
+    int class_group;    /* group of the top-level class being walked, or -1 */
+    int cond;           /* depth of conditional module-level blocks */
+    int block;          /* innermost conditional block (0: none) */
+    int depth;          /* recursion depth of the walk */
+    bool one_unit;      /* magic body walked as one statement (%%capture) */
+    bool oom;           /* allocation failed */
+    bool too_deep;      /* refused a tree deeper than LL_ANALYSIS_MAX_DEPTH */
+    ll_names_t *defset; /* names certainly bound in the current branch
                                (block defblock) of an if/else, or NULL */
     int defblock;
     ll_names_t *loopdefs;   /* functions/classes defined in the loop body
@@ -195,16 +234,16 @@ static size_t s_stack_budget(const char *base)
             lo = NULL;
         known = true;
     }
-    if (!lo || base <= (const char *)lo)
+    if (!lo || base <= (const char *) lo)
         return 512 * 1024;
-    size_t room = (size_t)(base - (const char *)lo);
+    size_t room = (size_t) (base - (const char *) lo);
     return room > 2 * margin ? room - margin : room / 2;
 }
 
 static bool s_stack_low(const s_walker_t *w)
 {
     char here;
-    return w->stack_base && (size_t)(w->stack_base - &here) > w->stack_budget;
+    return w->stack_base && (size_t) (w->stack_base - &here) > w->stack_budget;
 }
 
 static void s_walk(s_walker_t *w, PyObject *node);
@@ -235,12 +274,12 @@ static PyObject *s_get(PyObject *node, PyObject *attr)
 
 static bool s_is(PyObject *node, PyObject *type)
 {
-    return node && (PyObject *)Py_TYPE(node) == type;
+    return node && (PyObject *) Py_TYPE(node) == type;
 }
 
 static bool s_is_ast(PyObject *obj)
 {
-    return obj && PyObject_TypeCheck(obj, (PyTypeObject *)s_py.t_AST);
+    return obj && PyObject_TypeCheck(obj, (PyTypeObject *) s_py.t_AST);
 }
 
 /* NODE.ATTR as a UTF-8 string owned by the AST, or NULL. */
@@ -273,8 +312,7 @@ static const char *s_intern(s_walker_t *w, const char *name)
     return pool->items[pool->count - 1];
 }
 
-static void s_emit(s_walker_t *w, int type, int kind, const char *name, int ref,
-                   bool direct)
+static void s_emit(s_walker_t *w, int type, int kind, const char *name, int ref, bool direct)
 {
     ll_analysis_t *a = w->a;
     const char *interned = NULL;
@@ -290,8 +328,8 @@ static void s_emit(s_walker_t *w, int type, int kind, const char *name, int ref,
         a->ev = ev;
         a->capev = cap;
     }
-    a->ev[a->nev++] = (ll_ev_t){.type = (uint8_t)type,
-                                .kind = (uint8_t)kind,
+    a->ev[a->nev++] = (ll_ev_t){.type = (uint8_t) type,
+                                .kind = (uint8_t) kind,
                                 .cond = w->cond > 0,
                                 .direct = direct,
                                 .block = w->block,
@@ -316,7 +354,7 @@ static int s_new_group(s_walker_t *w, const char *name, int kind)
     if (name && !interned)
         return -1;
     a->groups[a->ngroups] = (ll_group_t){.name = interned, .kind = kind};
-    return (int)a->ngroups++;
+    return (int) a->ngroups++;
 }
 
 static void s_add(s_walker_t *w, ll_names_t *set, const char *name)
@@ -345,7 +383,7 @@ static int s_enter_block(s_walker_t *w)
             a->block_parent[a->nblocks++] = -1; /* block 0: the cell */
     }
     a->block_parent[a->nblocks] = saved;
-    w->block = (int)a->nblocks++;
+    w->block = (int) a->nblocks++;
     return saved;
 }
 
@@ -362,7 +400,7 @@ bool ll_analysis_block_encloses(const ll_analysis_t *self, int outer, int inner)
     for (int b = inner, guard = 0; b >= 0 && guard < 100000; guard++) {
         if (b == outer)
             return true;
-        b = (size_t)b < self->nblocks ? self->block_parent[b] : -1;
+        b = (size_t) b < self->nblocks ? self->block_parent[b] : -1;
     }
     return false;
 }
@@ -391,8 +429,8 @@ static bool s_is_get_ipython_call(PyObject *attr)
         PyObject *f = s_get(recv, s_py.a_func);
         PyObject *args = s_get(recv, s_py.a_args);
         const char *id = s_is(f, s_py.t_Name) ? s_get_str(f, s_py.a_id) : NULL;
-        is_gi = id && strcmp(id, "get_ipython") == 0 && args &&
-                PyList_Check(args) && PyList_GET_SIZE(args) == 0;
+        is_gi = id && strcmp(id, "get_ipython") == 0 && args && PyList_Check(args) &&
+                PyList_GET_SIZE(args) == 0;
         Py_XDECREF(f);
         Py_XDECREF(args);
     }
@@ -428,8 +466,7 @@ static bool s_resolves_global(const s_scope_t *sc, const char *name)
             continue;
         if (ll_names_has(&sc->globals, name))
             return true;
-        if (ll_names_has(&sc->locals, name) ||
-            ll_names_has(&sc->nonlocals, name))
+        if (ll_names_has(&sc->locals, name) || ll_names_has(&sc->nonlocals, name))
             return false;
     }
     return true;
@@ -448,8 +485,7 @@ static void s_load(s_walker_t *w, const char *name)
 }
 
 /* Bind NAME in scope SC (the current one, or a walrus's target scope). */
-static void s_store_in(s_walker_t *w, s_scope_t *sc, const char *name,
-                       int kind, int ref)
+static void s_store_in(s_walker_t *w, s_scope_t *sc, const char *name, int kind, int ref)
 {
     if (sc->kind == SC_MODULE) {
         s_emit(w, LL_EV_BIND, kind, name, ref, false);
@@ -513,8 +549,7 @@ static const char *s_base_name(PyObject *node)
 static void s_mutate(s_walker_t *w, PyObject *target)
 {
     const char *base = s_base_name(target);
-    if (base && w->scope->kind == SC_MODULE &&
-        s_resolves_global(w->scope, base))
+    if (base && w->scope->kind == SC_MODULE && s_resolves_global(w->scope, base))
         s_emit(w, LL_EV_MUTATE, 0, base, -1, false);
 }
 
@@ -528,8 +563,7 @@ static void s_scan_list(s_walker_t *w, PyObject *list, s_scope_t *sc, bool comp)
         s_scan(w, PyList_GET_ITEM(list, i), sc, comp);
 }
 
-static void s_scan_field(s_walker_t *w, PyObject *node, PyObject *attr,
-                         s_scope_t *sc, bool comp)
+static void s_scan_field(s_walker_t *w, PyObject *node, PyObject *attr, s_scope_t *sc, bool comp)
 {
     PyObject *v = s_get(node, attr);
     if (!v)
@@ -544,13 +578,13 @@ static void s_scan_field(s_walker_t *w, PyObject *node, PyObject *attr,
 static PyObject *s_fields_of(PyObject *node)
 {
     PyTypeObject *t = Py_TYPE(node);
-    size_t slot = ((uintptr_t)t >> 4) & (LL_FIELD_SLOTS - 1);
+    size_t slot = ((uintptr_t) t >> 4) & (LL_FIELD_SLOTS - 1);
     for (size_t n = 0; n < LL_FIELD_SLOTS; n++) {
         size_t i = (slot + n) & (LL_FIELD_SLOTS - 1);
         if (s_fields[i].type == t)
             return s_fields[i].fields;
         if (!s_fields[i].type) {
-            PyObject *f = PyObject_GetAttr((PyObject *)t, s_py.a__fields);
+            PyObject *f = PyObject_GetAttr((PyObject *) t, s_py.a__fields);
             if (!f || !PyTuple_Check(f)) {
                 PyErr_Clear();
                 Py_XDECREF(f);
@@ -576,7 +610,7 @@ static void s_scan(s_walker_t *w, PyObject *node, s_scope_t *sc, bool comp)
         return;
     }
     w->depth++;
-    PyObject *t = (PyObject *)Py_TYPE(node);
+    PyObject *t = (PyObject *) Py_TYPE(node);
     if (t == s_py.t_Name) {
         PyObject *ctx = s_get(node, s_py.a_ctx);
         if (!comp && ctx && !s_is(ctx, s_py.t_Load)) {
@@ -585,34 +619,27 @@ static void s_scan(s_walker_t *w, PyObject *node, s_scope_t *sc, bool comp)
                 s_add(w, &sc->locals, id);
         }
         Py_XDECREF(ctx);
-    }
-    else if (t == s_py.t_NamedExpr) {
+    } else if (t == s_py.t_NamedExpr) {
         PyObject *target = s_get(node, s_py.a_target);
         const char *id = target ? s_get_str(target, s_py.a_id) : NULL;
         if (id)
             s_add(w, &sc->locals, id);
         Py_XDECREF(target);
         s_scan_field(w, node, s_py.a_value, sc, comp);
-    }
-    else if (t == s_py.t_FunctionDef || t == s_py.t_AsyncFunctionDef ||
-             t == s_py.t_ClassDef) {
+    } else if (t == s_py.t_FunctionDef || t == s_py.t_AsyncFunctionDef || t == s_py.t_ClassDef) {
         const char *id = s_get_str(node, s_py.a_name);
         if (id && !comp)
             s_add(w, &sc->locals, id);
-    }
-    else if (t == s_py.t_Lambda) {
+    } else if (t == s_py.t_Lambda) {
         /* its own scope */
-    }
-    else if (t == s_py.t_ListComp || t == s_py.t_SetComp ||
-             t == s_py.t_DictComp || t == s_py.t_GeneratorExp) {
+    } else if (t == s_py.t_ListComp || t == s_py.t_SetComp || t == s_py.t_DictComp ||
+               t == s_py.t_GeneratorExp) {
         PyObject *fields = s_fields_of(node);
         for (Py_ssize_t i = 0; fields && i < PyTuple_GET_SIZE(fields); i++)
             s_scan_field(w, node, PyTuple_GET_ITEM(fields, i), sc, true);
-    }
-    else if (t == s_py.t_Import || t == s_py.t_ImportFrom) {
+    } else if (t == s_py.t_Import || t == s_py.t_ImportFrom) {
         PyObject *names = s_get(node, s_py.a_names);
-        for (Py_ssize_t i = 0; !comp && names && PyList_Check(names) &&
-                               i < PyList_GET_SIZE(names);
+        for (Py_ssize_t i = 0; !comp && names && PyList_Check(names) && i < PyList_GET_SIZE(names);
              i++) {
             PyObject *alias = PyList_GET_ITEM(names, i);
             const char *as = s_get_str(alias, s_py.a_asname);
@@ -629,13 +656,10 @@ static void s_scan(s_walker_t *w, PyObject *node, s_scope_t *sc, bool comp)
             }
         }
         Py_XDECREF(names);
-    }
-    else if (t == s_py.t_Global || t == s_py.t_Nonlocal) {
+    } else if (t == s_py.t_Global || t == s_py.t_Nonlocal) {
         PyObject *names = s_get(node, s_py.a_names);
         ll_names_t *into = t == s_py.t_Global ? &sc->globals : &sc->nonlocals;
-        for (Py_ssize_t i = 0; names && PyList_Check(names) &&
-                               i < PyList_GET_SIZE(names);
-             i++) {
+        for (Py_ssize_t i = 0; names && PyList_Check(names) && i < PyList_GET_SIZE(names); i++) {
             PyObject *s = PyList_GET_ITEM(names, i);
             const char *id = PyUnicode_Check(s) ? PyUnicode_AsUTF8(s) : NULL;
             if (id)
@@ -644,10 +668,8 @@ static void s_scan(s_walker_t *w, PyObject *node, s_scope_t *sc, bool comp)
                 PyErr_Clear();
         }
         Py_XDECREF(names);
-    }
-    else {
-        if (!comp && (t == s_py.t_ExceptHandler || t == s_py.t_MatchAs ||
-                      t == s_py.t_MatchStar)) {
+    } else {
+        if (!comp && (t == s_py.t_ExceptHandler || t == s_py.t_MatchAs || t == s_py.t_MatchStar)) {
             const char *id = s_get_str(node, s_py.a_name);
             if (id)
                 s_add(w, &sc->locals, id);
@@ -666,8 +688,7 @@ static void s_scan(s_walker_t *w, PyObject *node, s_scope_t *sc, bool comp)
 
 /* ---- the walk --------------------------------------------------------- */
 
-static void s_scope_init(s_scope_t *sc, int kind, s_scope_t *parent,
-                         bool immediate)
+static void s_scope_init(s_scope_t *sc, int kind, s_scope_t *parent, bool immediate)
 {
     memset(sc, 0, sizeof *sc);
     sc->kind = kind;
@@ -721,8 +742,7 @@ static void s_walk_body(s_walker_t *w, PyObject *list)
     }
 }
 
-static void s_walk_body_field(s_walker_t *w, PyObject *node, PyObject *attr,
-                              bool cond)
+static void s_walk_body_field(s_walker_t *w, PyObject *node, PyObject *attr, bool cond)
 {
     PyObject *v = s_get(node, attr);
     if (!v)
@@ -757,8 +777,7 @@ static void s_params(s_walker_t *w, PyObject *args, s_scope_t *sc)
     PyObject *lists[] = {s_py.a_posonlyargs, s_py.a_args, s_py.a_kwonlyargs};
     for (size_t k = 0; k < 3; k++) {
         PyObject *l = s_get(args, lists[k]);
-        for (Py_ssize_t i = 0; l && PyList_Check(l) && i < PyList_GET_SIZE(l);
-             i++) {
+        for (Py_ssize_t i = 0; l && PyList_Check(l) && i < PyList_GET_SIZE(l); i++) {
             const char *id = s_get_str(PyList_GET_ITEM(l, i), s_py.a_arg);
             if (id)
                 s_add(w, &sc->locals, id);
@@ -792,8 +811,7 @@ static void s_decorated(s_walker_t *w, PyObject *node, const char *name)
     if (w->scope->kind != SC_MODULE)
         return;
     PyObject *decs = s_get(node, s_py.a_decorator_list);
-    for (Py_ssize_t i = 0; decs && PyList_Check(decs) && i < PyList_GET_SIZE(decs);
-         i++) {
+    for (Py_ssize_t i = 0; decs && PyList_Check(decs) && i < PyList_GET_SIZE(decs); i++) {
         PyObject *d = PyList_GET_ITEM(decs, i);
         if (!s_is(d, s_py.t_Name))
             s_mutate(w, d);
@@ -816,9 +834,9 @@ static void s_walk_def(s_walker_t *w, PyObject *node)
     s_walk_field(w, node, s_py.a_returns);
 
     bool own = w->group < 0 && w->class_group < 0;
-    int g = w->group >= 0 ? w->group
-          : w->class_group >= 0 ? w->class_group
-                                : s_new_group(w, name, LL_BK_FUNC);
+    int g = w->group >= 0         ? w->group
+            : w->class_group >= 0 ? w->class_group
+                                  : s_new_group(w, name, LL_BK_FUNC);
     s_scope_t sc;
     s_scope_init(&sc, SC_FUNC, w->scope, false);
     s_params(w, args, &sc);
@@ -878,9 +896,9 @@ static void s_walk_lambda(s_walker_t *w, PyObject *node)
     if (args)
         s_walk_generic(w, args);
     bool own = w->group < 0 && w->class_group < 0;
-    int g = w->group >= 0 ? w->group
-          : w->class_group >= 0 ? w->class_group
-                                : s_new_group(w, NULL, LL_BK_VALUE);
+    int g = w->group >= 0         ? w->group
+            : w->class_group >= 0 ? w->class_group
+                                  : s_new_group(w, NULL, LL_BK_VALUE);
     s_scope_t sc;
     s_scope_init(&sc, SC_FUNC, w->scope, w->scope->immediate);
     s_params(w, args, &sc);
@@ -915,8 +933,7 @@ static void s_walk_comp(s_walker_t *w, PyObject *node)
     /* A generator expression runs when it is iterated, maybe in a later
      * cell: like a lambda, its globals are read now and are deps of what the
      * statement binds. */
-    bool lazy = s_is(node, s_py.t_GeneratorExp) && w->group < 0 &&
-                w->class_group < 0;
+    bool lazy = s_is(node, s_py.t_GeneratorExp) && w->group < 0 && w->class_group < 0;
     int saved_group = w->group;
     int g = lazy ? s_new_group(w, NULL, LL_BK_VALUE) : -1;
     if (g >= 0)
@@ -939,8 +956,7 @@ static void s_walk_comp(s_walker_t *w, PyObject *node)
     if (s_is(node, s_py.t_DictComp)) {
         s_walk_field(w, node, s_py.a_key);
         s_walk_field(w, node, s_py.a_value);
-    }
-    else
+    } else
         s_walk_field(w, node, s_py.a_elt);
     s_leave_block(w, saved_block);
     w->scope = saved_scope;
@@ -965,8 +981,8 @@ static void s_walk_namedexpr(s_walker_t *w, PyObject *node)
     Py_XDECREF(target);
 }
 
-static int s_add_import(s_walker_t *w, const char *bound, const char *module,
-                        const char *attr, const char *path, const char *stmt)
+static int s_add_import(s_walker_t *w, const char *bound, const char *module, const char *attr,
+                        const char *path, const char *stmt)
 {
     ll_analysis_t *a = w->a;
     if (a->nimports == a->capimports) {
@@ -986,8 +1002,7 @@ static int s_add_import(s_walker_t *w, const char *bound, const char *module,
     im->attr = attr ? strdup(attr) : NULL;
     im->path = strdup(path);
     im->stmt = strdup(stmt);
-    if (!im->bound || !im->module || (attr && !im->attr) || !im->path ||
-        !im->stmt) {
+    if (!im->bound || !im->module || (attr && !im->attr) || !im->path || !im->stmt) {
         free(im->module);
         free(im->attr);
         free(im->path);
@@ -995,7 +1010,7 @@ static int s_add_import(s_walker_t *w, const char *bound, const char *module,
         w->oom = true;
         return -1;
     }
-    return (int)a->nimports++;
+    return (int) a->nimports++;
 }
 
 static void s_walk_import(s_walker_t *w, PyObject *node)
@@ -1013,8 +1028,7 @@ static void s_walk_import(s_walker_t *w, PyObject *node)
         snprintf(mod + n, sizeof mod - n, "%s", m ? m : "");
     }
     PyObject *names = s_get(node, s_py.a_names);
-    for (Py_ssize_t i = 0; names && PyList_Check(names) &&
-                           i < PyList_GET_SIZE(names) && !w->oom;
+    for (Py_ssize_t i = 0; names && PyList_Check(names) && i < PyList_GET_SIZE(names) && !w->oom;
          i++) {
         PyObject *alias = PyList_GET_ITEM(names, i);
         const char *nm = s_get_str(alias, s_py.a_name);
@@ -1038,32 +1052,28 @@ static void s_walk_import(s_walker_t *w, PyObject *node)
                 snprintf(stmt, sizeof stmt, "import %s as %s", nm, as);
             else
                 snprintf(stmt, sizeof stmt, "import %s", nm);
-        }
-        else if (strcmp(nm, "*") == 0) {
+        } else if (strcmp(nm, "*") == 0) {
             kind = LL_BK_STAR;
             module = mod;
             snprintf(bound, sizeof bound, "*%s", mod);
             snprintf(path, sizeof path, "%s", mod);
             snprintf(stmt, sizeof stmt, "from %s import *", mod);
             s_opaque(w); /* the names it binds are unknown */
-        }
-        else {
+        } else {
             module = mod;
             attr = nm;
             snprintf(bound, sizeof bound, "%s", as ? as : nm);
             snprintf(path, sizeof path, "%s%s%s", mod,
                      mod[0] && mod[strlen(mod) - 1] != '.' ? "." : "", nm);
             if (as)
-                snprintf(stmt, sizeof stmt, "from %s import %s as %s", mod, nm,
-                         as);
+                snprintf(stmt, sizeof stmt, "from %s import %s as %s", mod, nm, as);
             else
                 snprintf(stmt, sizeof stmt, "from %s import %s", mod, nm);
         }
         if (w->group >= 0)
             s_add(w, &w->a->groups[w->group].paths, path);
         int idx = -1;
-        if (w->scope->kind == SC_MODULE ||
-            ll_names_has(&w->scope->globals, bound))
+        if (w->scope->kind == SC_MODULE || ll_names_has(&w->scope->globals, bound))
             idx = s_add_import(w, bound, module, attr, path, stmt);
         s_store(w, bound, kind, idx);
     }
@@ -1099,8 +1109,7 @@ static void s_walk_loop(s_walker_t *w, PyObject *node, bool is_while)
 
 /* One branch of an if/else; INTO collects the names it certainly binds.
  * Returns the branch's block. */
-static int s_walk_branch(s_walker_t *w, PyObject *node, PyObject *attr,
-                         ll_names_t *into)
+static int s_walk_branch(s_walker_t *w, PyObject *node, PyObject *attr, ll_names_t *into)
 {
     PyObject *v = s_get(node, attr);
     if (!v)
@@ -1128,8 +1137,7 @@ static void s_walk_if(s_walker_t *w, PyObject *node)
     s_walk_branch(w, node, s_py.a_body, &then);
     bool has_else = s_has_items(node, s_py.a_orelse);
     s_walk_branch(w, node, s_py.a_orelse, &other);
-    for (size_t i = 0; has_else && w->scope->kind == SC_MODULE && i < then.count;
-         i++) {
+    for (size_t i = 0; has_else && w->scope->kind == SC_MODULE && i < then.count; i++) {
         const char *name = then.items[i];
         if (!ll_names_has(&other, name))
             continue;
@@ -1202,9 +1210,7 @@ static void s_walk_match(s_walker_t *w, PyObject *node)
 {
     s_walk_field(w, node, s_py.a_subject);
     PyObject *cases = s_get(node, s_py.a_cases);
-    for (Py_ssize_t i = 0; cases && PyList_Check(cases) &&
-                           i < PyList_GET_SIZE(cases);
-         i++) {
+    for (Py_ssize_t i = 0; cases && PyList_Check(cases) && i < PyList_GET_SIZE(cases); i++) {
         PyObject *c = PyList_GET_ITEM(cases, i);
         int saved = s_enter_block(w);
         s_walk_field(w, c, s_py.a_pattern);
@@ -1217,8 +1223,7 @@ static void s_walk_match(s_walker_t *w, PyObject *node)
 
 /* ---- IPython magics --------------------------------------------------- */
 
-enum { MG_HARMLESS, MG_CODE, MG_TIMEIT, MG_EXPR, MG_CAPTURE, MG_SCRIPT,
-       MG_OPAQUE };
+enum { MG_HARMLESS, MG_CODE, MG_TIMEIT, MG_EXPR, MG_CAPTURE, MG_SCRIPT, MG_OPAQUE };
 
 typedef struct {
     const char *name;
@@ -1228,65 +1233,124 @@ typedef struct {
 
 /* Magics whose effect on the namespace we know.  Anything else is opaque. */
 static const s_magic_t s_magics[] = {
-    {"time", MG_CODE, ""}, {"prun", MG_CODE, "DlsT"},
-    {"timeit", MG_TIMEIT, "nrp"}, {"capture", MG_CAPTURE, ""},
-    {"pinfo", MG_EXPR, ""}, {"pinfo2", MG_EXPR, ""}, {"pdef", MG_EXPR, ""},
-    {"pdoc", MG_EXPR, ""}, {"psource", MG_EXPR, ""}, {"pfile", MG_EXPR, ""},
+    {"time", MG_CODE, ""},
+    {"prun", MG_CODE, "DlsT"},
+    {"timeit", MG_TIMEIT, "nrp"},
+    {"capture", MG_CAPTURE, ""},
+    {"pinfo", MG_EXPR, ""},
+    {"pinfo2", MG_EXPR, ""},
+    {"pdef", MG_EXPR, ""},
+    {"pdoc", MG_EXPR, ""},
+    {"psource", MG_EXPR, ""},
+    {"pfile", MG_EXPR, ""},
     {"page", MG_EXPR, ""},
-    {"bash", MG_SCRIPT, ""}, {"sh", MG_SCRIPT, ""}, {"script", MG_SCRIPT, ""},
-    {"perl", MG_SCRIPT, ""}, {"ruby", MG_SCRIPT, ""},
-    {"python", MG_SCRIPT, ""}, {"python2", MG_SCRIPT, ""},
-    {"python3", MG_SCRIPT, ""}, {"pypy", MG_SCRIPT, ""},
-    {"run", MG_OPAQUE, ""}, {"reset", MG_OPAQUE, ""},
-    {"reset_selective", MG_OPAQUE, ""}, {"who", MG_OPAQUE, ""},
-    {"whos", MG_OPAQUE, ""}, {"who_ls", MG_OPAQUE, ""},
-    {"store", MG_OPAQUE, ""}, {"pylab", MG_OPAQUE, ""},
-    {"recall", MG_OPAQUE, ""}, {"rerun", MG_OPAQUE, ""},
-    {"macro", MG_OPAQUE, ""}, {"edit", MG_OPAQUE, ""},
-    {"psearch", MG_OPAQUE, ""}, {"xdel", MG_OPAQUE, ""},
-    {"debug", MG_OPAQUE, ""}, {"paste", MG_OPAQUE, ""},
+    {"bash", MG_SCRIPT, ""},
+    {"sh", MG_SCRIPT, ""},
+    {"script", MG_SCRIPT, ""},
+    {"perl", MG_SCRIPT, ""},
+    {"ruby", MG_SCRIPT, ""},
+    {"python", MG_SCRIPT, ""},
+    {"python2", MG_SCRIPT, ""},
+    {"python3", MG_SCRIPT, ""},
+    {"pypy", MG_SCRIPT, ""},
+    {"run", MG_OPAQUE, ""},
+    {"reset", MG_OPAQUE, ""},
+    {"reset_selective", MG_OPAQUE, ""},
+    {"who", MG_OPAQUE, ""},
+    {"whos", MG_OPAQUE, ""},
+    {"who_ls", MG_OPAQUE, ""},
+    {"store", MG_OPAQUE, ""},
+    {"pylab", MG_OPAQUE, ""},
+    {"recall", MG_OPAQUE, ""},
+    {"rerun", MG_OPAQUE, ""},
+    {"macro", MG_OPAQUE, ""},
+    {"edit", MG_OPAQUE, ""},
+    {"psearch", MG_OPAQUE, ""},
+    {"xdel", MG_OPAQUE, ""},
+    {"debug", MG_OPAQUE, ""},
+    {"paste", MG_OPAQUE, ""},
     {"cpaste", MG_OPAQUE, ""},
     /* no effect on the user namespace */
-    {"matplotlib", MG_HARMLESS, ""}, {"load_ext", MG_HARMLESS, ""},
-    {"reload_ext", MG_HARMLESS, ""}, {"unload_ext", MG_HARMLESS, ""},
-    {"autoreload", MG_HARMLESS, ""}, {"aimport", MG_HARMLESS, ""},
-    {"config", MG_HARMLESS, ""}, {"pwd", MG_HARMLESS, ""},
-    {"cd", MG_HARMLESS, ""}, {"env", MG_HARMLESS, ""},
-    {"set_env", MG_HARMLESS, ""}, {"precision", MG_HARMLESS, ""},
-    {"xmode", MG_HARMLESS, ""}, {"colors", MG_HARMLESS, ""},
-    {"pip", MG_HARMLESS, ""}, {"conda", MG_HARMLESS, ""},
-    {"mamba", MG_HARMLESS, ""}, {"lsmagic", MG_HARMLESS, ""},
-    {"magic", MG_HARMLESS, ""}, {"history", MG_HARMLESS, ""},
-    {"hist", MG_HARMLESS, ""}, {"alias", MG_HARMLESS, ""},
-    {"unalias", MG_HARMLESS, ""}, {"alias_magic", MG_HARMLESS, ""},
-    {"rehashx", MG_HARMLESS, ""}, {"automagic", MG_HARMLESS, ""},
-    {"autocall", MG_HARMLESS, ""}, {"doctest_mode", MG_HARMLESS, ""},
-    {"pdb", MG_HARMLESS, ""}, {"tb", MG_HARMLESS, ""},
-    {"quickref", MG_HARMLESS, ""}, {"gui", MG_HARMLESS, ""},
-    {"pprint", MG_HARMLESS, ""}, {"bookmark", MG_HARMLESS, ""},
-    {"dhist", MG_HARMLESS, ""}, {"dirs", MG_HARMLESS, ""},
-    {"popd", MG_HARMLESS, ""}, {"pushd", MG_HARMLESS, ""},
-    {"ls", MG_HARMLESS, ""}, {"ll", MG_HARMLESS, ""},
-    {"lf", MG_HARMLESS, ""}, {"lk", MG_HARMLESS, ""},
-    {"lx", MG_HARMLESS, ""}, {"ldir", MG_HARMLESS, ""},
-    {"mkdir", MG_HARMLESS, ""}, {"rmdir", MG_HARMLESS, ""},
-    {"mv", MG_HARMLESS, ""}, {"rm", MG_HARMLESS, ""},
-    {"cp", MG_HARMLESS, ""}, {"cat", MG_HARMLESS, ""},
-    {"clear", MG_HARMLESS, ""}, {"less", MG_HARMLESS, ""},
-    {"more", MG_HARMLESS, ""}, {"man", MG_HARMLESS, ""},
-    {"sx", MG_HARMLESS, ""}, {"sc", MG_HARMLESS, ""},
-    {"system", MG_HARMLESS, ""}, {"killbgscripts", MG_HARMLESS, ""},
-    {"load", MG_HARMLESS, ""}, {"loadpy", MG_HARMLESS, ""},
-    {"save", MG_HARMLESS, ""}, {"logstart", MG_HARMLESS, ""},
-    {"logon", MG_HARMLESS, ""}, {"logoff", MG_HARMLESS, ""},
-    {"logstop", MG_HARMLESS, ""}, {"logstate", MG_HARMLESS, ""},
-    {"notebook", MG_HARMLESS, ""}, {"autosave", MG_HARMLESS, ""},
-    {"connect_info", MG_HARMLESS, ""}, {"qtconsole", MG_HARMLESS, ""},
-    {"html", MG_HARMLESS, ""}, {"HTML", MG_HARMLESS, ""},
-    {"javascript", MG_HARMLESS, ""}, {"js", MG_HARMLESS, ""},
-    {"latex", MG_HARMLESS, ""}, {"markdown", MG_HARMLESS, ""},
-    {"svg", MG_HARMLESS, ""}, {"writefile", MG_HARMLESS, ""},
-    {"file", MG_HARMLESS, ""}, {"sql", MG_OPAQUE, ""},
+    {"matplotlib", MG_HARMLESS, ""},
+    {"load_ext", MG_HARMLESS, ""},
+    {"reload_ext", MG_HARMLESS, ""},
+    {"unload_ext", MG_HARMLESS, ""},
+    {"autoreload", MG_HARMLESS, ""},
+    {"aimport", MG_HARMLESS, ""},
+    {"config", MG_HARMLESS, ""},
+    {"pwd", MG_HARMLESS, ""},
+    {"cd", MG_HARMLESS, ""},
+    {"env", MG_HARMLESS, ""},
+    {"set_env", MG_HARMLESS, ""},
+    {"precision", MG_HARMLESS, ""},
+    {"xmode", MG_HARMLESS, ""},
+    {"colors", MG_HARMLESS, ""},
+    {"pip", MG_HARMLESS, ""},
+    {"conda", MG_HARMLESS, ""},
+    {"mamba", MG_HARMLESS, ""},
+    {"lsmagic", MG_HARMLESS, ""},
+    {"magic", MG_HARMLESS, ""},
+    {"history", MG_HARMLESS, ""},
+    {"hist", MG_HARMLESS, ""},
+    {"alias", MG_HARMLESS, ""},
+    {"unalias", MG_HARMLESS, ""},
+    {"alias_magic", MG_HARMLESS, ""},
+    {"rehashx", MG_HARMLESS, ""},
+    {"automagic", MG_HARMLESS, ""},
+    {"autocall", MG_HARMLESS, ""},
+    {"doctest_mode", MG_HARMLESS, ""},
+    {"pdb", MG_HARMLESS, ""},
+    {"tb", MG_HARMLESS, ""},
+    {"quickref", MG_HARMLESS, ""},
+    {"gui", MG_HARMLESS, ""},
+    {"pprint", MG_HARMLESS, ""},
+    {"bookmark", MG_HARMLESS, ""},
+    {"dhist", MG_HARMLESS, ""},
+    {"dirs", MG_HARMLESS, ""},
+    {"popd", MG_HARMLESS, ""},
+    {"pushd", MG_HARMLESS, ""},
+    {"ls", MG_HARMLESS, ""},
+    {"ll", MG_HARMLESS, ""},
+    {"lf", MG_HARMLESS, ""},
+    {"lk", MG_HARMLESS, ""},
+    {"lx", MG_HARMLESS, ""},
+    {"ldir", MG_HARMLESS, ""},
+    {"mkdir", MG_HARMLESS, ""},
+    {"rmdir", MG_HARMLESS, ""},
+    {"mv", MG_HARMLESS, ""},
+    {"rm", MG_HARMLESS, ""},
+    {"cp", MG_HARMLESS, ""},
+    {"cat", MG_HARMLESS, ""},
+    {"clear", MG_HARMLESS, ""},
+    {"less", MG_HARMLESS, ""},
+    {"more", MG_HARMLESS, ""},
+    {"man", MG_HARMLESS, ""},
+    {"sx", MG_HARMLESS, ""},
+    {"sc", MG_HARMLESS, ""},
+    {"system", MG_HARMLESS, ""},
+    {"killbgscripts", MG_HARMLESS, ""},
+    {"load", MG_HARMLESS, ""},
+    {"loadpy", MG_HARMLESS, ""},
+    {"save", MG_HARMLESS, ""},
+    {"logstart", MG_HARMLESS, ""},
+    {"logon", MG_HARMLESS, ""},
+    {"logoff", MG_HARMLESS, ""},
+    {"logstop", MG_HARMLESS, ""},
+    {"logstate", MG_HARMLESS, ""},
+    {"notebook", MG_HARMLESS, ""},
+    {"autosave", MG_HARMLESS, ""},
+    {"connect_info", MG_HARMLESS, ""},
+    {"qtconsole", MG_HARMLESS, ""},
+    {"html", MG_HARMLESS, ""},
+    {"HTML", MG_HARMLESS, ""},
+    {"javascript", MG_HARMLESS, ""},
+    {"js", MG_HARMLESS, ""},
+    {"latex", MG_HARMLESS, ""},
+    {"markdown", MG_HARMLESS, ""},
+    {"svg", MG_HARMLESS, ""},
+    {"writefile", MG_HARMLESS, ""},
+    {"file", MG_HARMLESS, ""},
+    {"sql", MG_OPAQUE, ""},
     /* ours: reports where variables live and the GPU time held (runs in the kernel) */
     {"looseleaf", MG_HARMLESS, ""},
     {NULL, 0, NULL}};
@@ -1307,12 +1371,10 @@ static void s_expand(s_walker_t *w, const char *text)
             p++;
             continue;
         }
-        if (p[0] == '$' && (isalpha((unsigned char)p[1]) || p[1] == '_')) {
+        if (p[0] == '$' && (isalpha((unsigned char) p[1]) || p[1] == '_')) {
             char name[256];
             size_t n = 0;
-            for (p++; (isalnum((unsigned char)*p) || *p == '_') &&
-                      n + 1 < sizeof name;
-                 p++)
+            for (p++; (isalnum((unsigned char) *p) || *p == '_') && n + 1 < sizeof name; p++)
                 name[n++] = *p;
             name[n] = '\0';
             s_load(w, name);
@@ -1334,7 +1396,7 @@ static void s_expand(s_walker_t *w, const char *text)
             }
             if (!*q)
                 return;
-            size_t n = (size_t)(q - p - 1);
+            size_t n = (size_t) (q - p - 1);
             char *expr = malloc(n + 1);
             if (!expr) {
                 w->oom = true;
@@ -1344,14 +1406,12 @@ static void s_expand(s_walker_t *w, const char *text)
             expr[n] = '\0';
             PyCompilerFlags flags = _PyCompilerFlags_INIT;
             flags.cf_flags = PyCF_ONLY_AST;
-            PyObject *tree = Py_CompileStringExFlags(expr, "<expand>",
-                                                     Py_eval_input, &flags, -1);
+            PyObject *tree = Py_CompileStringExFlags(expr, "<expand>", Py_eval_input, &flags, -1);
             free(expr);
             if (tree) {
                 s_walk_field(w, tree, s_py.a_body);
                 Py_DECREF(tree);
-            }
-            else
+            } else
                 PyErr_Clear(); /* IPython leaves it as text */
             p = q;
         }
@@ -1388,15 +1448,12 @@ static void s_bind_option_vars(s_walker_t *w, const char *line, bool capture)
     snprintf(buf, sizeof buf, "%s", line);
     char *save = NULL;
     bool take_next = false;
-    for (char *tok = strtok_r(buf, " \t", &save); tok;
-         tok = strtok_r(NULL, " \t", &save)) {
+    for (char *tok = strtok_r(buf, " \t", &save); tok; tok = strtok_r(NULL, " \t", &save)) {
         if (take_next) {
             s_store(w, tok, LL_BK_VALUE, -1);
             take_next = false;
-        }
-        else if (!capture && (strcmp(tok, "--out") == 0 ||
-                              strcmp(tok, "--err") == 0 ||
-                              strcmp(tok, "--proc") == 0))
+        } else if (!capture && (strcmp(tok, "--out") == 0 || strcmp(tok, "--err") == 0 ||
+                                strcmp(tok, "--proc") == 0))
             take_next = true;
         else if (capture && tok[0] != '-') {
             s_store(w, tok, LL_BK_VALUE, -1);
@@ -1406,8 +1463,7 @@ static void s_bind_option_vars(s_walker_t *w, const char *line, bool capture)
 }
 
 /* get_ipython().METHOD(ARGS...) with constant string arguments. */
-static void s_walk_magic(s_walker_t *w, const char *method, const char **argv,
-                         int argc)
+static void s_walk_magic(s_walker_t *w, const char *method, const char **argv, int argc)
 {
     if (strcmp(method, "system") == 0 || strcmp(method, "getoutput") == 0) {
         if (argc >= 1)
@@ -1426,9 +1482,7 @@ static void s_walk_magic(s_walker_t *w, const char *method, const char **argv,
         return;
     }
     switch (m->kind) {
-    case MG_HARMLESS:
-        s_expand(w, line);
-        break;
+    case MG_HARMLESS: s_expand(w, line); break;
     case MG_EXPR: {
         /* `x?` -> pinfo 'x': the object named is read. */
         char buf[1024];
@@ -1438,13 +1492,11 @@ static void s_walk_magic(s_walker_t *w, const char *method, const char **argv,
             buf[--n] = '\0';
         PyCompilerFlags flags = _PyCompilerFlags_INIT;
         flags.cf_flags = PyCF_ONLY_AST;
-        PyObject *tree =
-            Py_CompileStringExFlags(buf, "<magic>", Py_eval_input, &flags, -1);
+        PyObject *tree = Py_CompileStringExFlags(buf, "<magic>", Py_eval_input, &flags, -1);
         if (tree) {
             s_walk_field(w, tree, s_py.a_body);
             Py_DECREF(tree);
-        }
-        else
+        } else
             PyErr_Clear(); /* a wildcard search: reads nothing we can name */
         break;
     }
@@ -1469,8 +1521,7 @@ static void s_walk_magic(s_walker_t *w, const char *method, const char **argv,
             memcpy(both + n1 + 1, argv[2], n2 + 1);
             s_walk_code(w, both, true);
             free(both);
-        }
-        else
+        } else
             s_walk_code(w, s_skip_options(line, m->argopts), true);
         break;
     case MG_CAPTURE: {
@@ -1484,9 +1535,7 @@ static void s_walk_magic(s_walker_t *w, const char *method, const char **argv,
         w->one_unit = saved;
         break;
     }
-    case MG_SCRIPT:
-        s_bind_option_vars(w, line, false);
-        break;
+    case MG_SCRIPT: s_bind_option_vars(w, line, false); break;
     }
 }
 
@@ -1496,10 +1545,9 @@ static bool s_try_magic(s_walker_t *w, PyObject *node, PyObject *func)
     if (!s_is(func, s_py.t_Attribute) || !s_is_get_ipython_call(func))
         return false;
     const char *method = s_get_str(func, s_py.a_attr);
-    if (!method || (strcmp(method, "run_line_magic") != 0 &&
-                    strcmp(method, "run_cell_magic") != 0 &&
-                    strcmp(method, "system") != 0 &&
-                    strcmp(method, "getoutput") != 0)) {
+    if (!method ||
+        (strcmp(method, "run_line_magic") != 0 && strcmp(method, "run_cell_magic") != 0 &&
+         strcmp(method, "system") != 0 && strcmp(method, "getoutput") != 0)) {
         s_opaque(w);
         return false;
     }
@@ -1507,8 +1555,7 @@ static bool s_try_magic(s_walker_t *w, PyObject *node, PyObject *func)
     const char *argv[3] = {NULL, NULL, NULL};
     int argc = 0;
     bool constant = args && PyList_Check(args);
-    for (Py_ssize_t i = 0; constant && i < PyList_GET_SIZE(args) && i < 3;
-         i++) {
+    for (Py_ssize_t i = 0; constant && i < PyList_GET_SIZE(args) && i < 3; i++) {
         PyObject *c = PyList_GET_ITEM(args, i);
         PyObject *v = s_is(c, s_py.t_Constant) ? s_get(c, s_py.a_value) : NULL;
         if (v && PyUnicode_Check(v)) {
@@ -1519,8 +1566,7 @@ static bool s_try_magic(s_walker_t *w, PyObject *node, PyObject *func)
                 PyErr_Clear();
                 constant = false;
             }
-        }
-        else
+        } else
             constant = false;
         Py_XDECREF(v);
     }
@@ -1544,8 +1590,7 @@ static void s_call_args(s_walker_t *w, PyObject *node, PyObject *func)
     PyObject *lists[2] = {s_get(node, s_py.a_args), s_get(node, s_py.a_keywords)};
     for (int k = 0; k < 2; k++) {
         PyObject *l = lists[k];
-        for (Py_ssize_t i = 0; l && PyList_Check(l) && i < PyList_GET_SIZE(l);
-             i++) {
+        for (Py_ssize_t i = 0; l && PyList_Check(l) && i < PyList_GET_SIZE(l); i++) {
             PyObject *arg = PyList_GET_ITEM(l, i);
             PyObject *v = k == 0 ? (Py_INCREF(arg), arg) : s_get(arg, s_py.a_value);
             if (s_is(v, s_py.t_Starred)) {
@@ -1559,8 +1604,7 @@ static void s_call_args(s_walker_t *w, PyObject *node, PyObject *func)
                     s_emit(w, LL_EV_ARG, 0, id, -1, false);
                     any = true;
                 }
-            }
-            else if (s_is(v, s_py.t_Lambda)) {
+            } else if (s_is(v, s_py.t_Lambda)) {
                 s_emit(w, LL_EV_ARG, 1, NULL, -1, false);
                 any = true;
             }
@@ -1592,11 +1636,9 @@ static void s_walk_call(s_walker_t *w, PyObject *node)
     }
     const char *id = s_is(func, s_py.t_Name) ? s_get_str(func, s_py.a_id) : NULL;
     if (id && s_resolves_global(w->scope, id)) {
-        bool noargs = !s_has_items(node, s_py.a_args) &&
-                      !s_has_items(node, s_py.a_keywords);
-        if (strcmp(id, "exec") == 0 || strcmp(id, "eval") == 0 ||
-            strcmp(id, "globals") == 0 || strcmp(id, "locals") == 0 ||
-            strcmp(id, "execfile") == 0 ||
+        bool noargs = !s_has_items(node, s_py.a_args) && !s_has_items(node, s_py.a_keywords);
+        if (strcmp(id, "exec") == 0 || strcmp(id, "eval") == 0 || strcmp(id, "globals") == 0 ||
+            strcmp(id, "locals") == 0 || strcmp(id, "execfile") == 0 ||
             ((strcmp(id, "vars") == 0 || strcmp(id, "dir") == 0) && noargs))
             s_opaque(w);
     }
@@ -1617,7 +1659,7 @@ static void s_walk(s_walker_t *w, PyObject *node)
         return;
     }
     w->depth++;
-    PyObject *t = (PyObject *)Py_TYPE(node);
+    PyObject *t = (PyObject *) Py_TYPE(node);
     if (t == s_py.t_Name)
         s_walk_name(w, node);
     else if (t == s_py.t_Call)
@@ -1630,29 +1672,26 @@ static void s_walk(s_walker_t *w, PyObject *node)
         Py_XDECREF(ctx);
         if (t == s_py.t_Attribute) {
             const char *attr = s_get_str(node, s_py.a_attr);
-            if (attr && (strcmp(attr, "user_ns") == 0 ||
-                         strcmp(attr, "user_global_ns") == 0))
+            if (attr && (strcmp(attr, "user_ns") == 0 || strcmp(attr, "user_global_ns") == 0))
                 s_opaque(w);
             if (attr && strcmp(attr, "kernel") == 0 && s_is_get_ipython_call(node))
                 s_kernel_bound(w);
         }
-    }
-    else if (t == s_py.t_FunctionDef || t == s_py.t_AsyncFunctionDef)
+    } else if (t == s_py.t_FunctionDef || t == s_py.t_AsyncFunctionDef)
         s_walk_def(w, node);
     else if (t == s_py.t_ClassDef)
         s_walk_class(w, node);
     else if (t == s_py.t_Lambda)
         s_walk_lambda(w, node);
-    else if (t == s_py.t_ListComp || t == s_py.t_SetComp ||
-             t == s_py.t_DictComp || t == s_py.t_GeneratorExp)
+    else if (t == s_py.t_ListComp || t == s_py.t_SetComp || t == s_py.t_DictComp ||
+             t == s_py.t_GeneratorExp)
         s_walk_comp(w, node);
     else if (t == s_py.t_NamedExpr)
         s_walk_namedexpr(w, node);
     else if (t == s_py.t_Assign) {
         s_walk_field(w, node, s_py.a_value);
         s_walk_field(w, node, s_py.a_targets);
-    }
-    else if (t == s_py.t_AugAssign) {
+    } else if (t == s_py.t_AugAssign) {
         PyObject *target = s_get(node, s_py.a_target);
         if (s_is(target, s_py.t_Name)) {
             const char *id = s_get_str(target, s_py.a_id);
@@ -1664,14 +1703,12 @@ static void s_walk(s_walker_t *w, PyObject *node)
                 if (w->scope->kind == SC_MODULE)
                     s_emit(w, LL_EV_MUTATE, 0, id, -1, false);
             }
-        }
-        else {
+        } else {
             s_walk_field(w, node, s_py.a_target);
             s_walk_field(w, node, s_py.a_value);
         }
         Py_XDECREF(target);
-    }
-    else if (t == s_py.t_AnnAssign) {
+    } else if (t == s_py.t_AnnAssign) {
         s_walk_field(w, node, s_py.a_annotation);
         PyObject *value = s_get(node, s_py.a_value);
         bool has_value = value && value != Py_None;
@@ -1682,16 +1719,14 @@ static void s_walk(s_walker_t *w, PyObject *node)
         if (has_value || !s_is(target, s_py.t_Name))
             s_walk(w, target);
         Py_XDECREF(target);
-    }
-    else if (t == s_py.t_For || t == s_py.t_AsyncFor || t == s_py.t_While)
+    } else if (t == s_py.t_For || t == s_py.t_AsyncFor || t == s_py.t_While)
         s_walk_loop(w, node, t == s_py.t_While);
     else if (t == s_py.t_If)
         s_walk_if(w, node);
     else if (t == s_py.t_With || t == s_py.t_AsyncWith) {
         s_walk_field(w, node, s_py.a_items);
         s_walk_body_field(w, node, s_py.a_body, false);
-    }
-    else if (t == s_py.t_Try || t == s_py.t_TryStar)
+    } else if (t == s_py.t_Try || t == s_py.t_TryStar)
         s_walk_try(w, node);
     else if (t == s_py.t_Match)
         s_walk_match(w, node);
@@ -1700,25 +1735,21 @@ static void s_walk(s_walker_t *w, PyObject *node)
         const char *name = s_get_str(node, s_py.a_name);
         if (name)
             s_store(w, name, LL_BK_VALUE, -1);
-    }
-    else if (t == s_py.t_MatchMapping) {
+    } else if (t == s_py.t_MatchMapping) {
         s_walk_generic(w, node);
         const char *rest = s_get_str(node, s_py.a_rest);
         if (rest)
             s_store(w, rest, LL_BK_VALUE, -1);
-    }
-    else if (t == s_py.t_Import || t == s_py.t_ImportFrom)
+    } else if (t == s_py.t_Import || t == s_py.t_ImportFrom)
         s_walk_import(w, node);
     else if (t == s_py.t_Global || t == s_py.t_Nonlocal) {
         /* declarations only; a global statement at top level is a no-op */
-    }
-    else if (t == s_py.t_Expr) {
+    } else if (t == s_py.t_Expr) {
         PyObject *value = s_get(node, s_py.a_value);
         if (value) {
             s_walk(w, value);
             /* x.method(...) as a statement: x may change in place. */
-            PyObject *func =
-                s_is(value, s_py.t_Call) ? s_get(value, s_py.a_func) : NULL;
+            PyObject *func = s_is(value, s_py.t_Call) ? s_get(value, s_py.a_func) : NULL;
             if (s_is(func, s_py.t_Attribute)) {
                 PyObject *recv = s_get(func, s_py.a_value);
                 if (recv && !s_is(recv, s_py.t_Call))
@@ -1734,8 +1765,7 @@ static void s_walk(s_walker_t *w, PyObject *node)
             Py_XDECREF(func);
             Py_DECREF(value);
         }
-    }
-    else
+    } else
         s_walk_generic(w, node);
     w->depth--;
 }
@@ -1749,8 +1779,8 @@ static void s_walk_code(s_walker_t *w, const char *code, bool as_function)
     /* IPython transforms a cell magic's body too (%%time of %matplotlib). */
     bool whole = false;
     char *prepared = w->depth < 50 ? ll_analysis_prepare(code, &whole) : NULL;
-    PyObject *tree = Py_CompileStringExFlags(prepared ? prepared : code,
-                                             "<magic>", Py_file_input, &flags, -1);
+    PyObject *tree =
+        Py_CompileStringExFlags(prepared ? prepared : code, "<magic>", Py_file_input, &flags, -1);
     free(prepared);
     if (!tree) {
         PyErr_Clear();
@@ -1767,8 +1797,7 @@ static void s_walk_code(s_walker_t *w, const char *code, bool as_function)
         s_walk_body(w, body);
         w->scope = saved;
         s_scope_free(&sc);
-    }
-    else
+    } else
         s_walk_body(w, body);
     Py_XDECREF(body);
     Py_DECREF(tree);
@@ -1784,17 +1813,15 @@ bool ll_analysis_is_builtin(const char *name)
         return true;
     /* IPython's own names: __name__ & co, _, __, ___, _N, _iN, _ih, ... */
     size_t n = strlen(name);
-    if (n > 4 && name[0] == '_' && name[1] == '_' && name[n - 1] == '_' &&
-        name[n - 2] == '_')
+    if (n > 4 && name[0] == '_' && name[1] == '_' && name[n - 1] == '_' && name[n - 2] == '_')
         return true;
-    if (strcmp(name, "_") == 0 || strcmp(name, "__") == 0 ||
-        strcmp(name, "___") == 0)
+    if (strcmp(name, "_") == 0 || strcmp(name, "__") == 0 || strcmp(name, "___") == 0)
         return true;
     const char *p = name[0] == '_' ? name + 1 : NULL;
     if (p && (*p == 'i'))
         p++;
     if (p && *p) {
-        while (isdigit((unsigned char)*p))
+        while (isdigit((unsigned char) *p))
             p++;
         if (*p == '\0')
             return true;
@@ -1807,8 +1834,7 @@ static int s_gpu_add_list(const char *list)
     char buf[4096];
     snprintf(buf, sizeof buf, "%s", list);
     char *save = NULL;
-    for (char *tok = strtok_r(buf, ", \t\n:;", &save); tok;
-         tok = strtok_r(NULL, ", \t\n:;", &save))
+    for (char *tok = strtok_r(buf, ", \t\n:;", &save); tok; tok = strtok_r(NULL, ", \t\n:;", &save))
         if (ll_analysis_gpu_add(tok) != 0)
             return -1;
     return 0;
@@ -1825,15 +1851,15 @@ int ll_analysis_init(char *err, size_t errlen)
     PyObject *ast = PyImport_ImportModule("_ast");
     if (!ast)
         goto fail_python;
-#define X(n)                                                                   \
-    if (!(s_py.t_##n = PyObject_GetAttrString(ast, #n)))                       \
+#define X(n)                                             \
+    if (!(s_py.t_##n = PyObject_GetAttrString(ast, #n))) \
         goto fail_python;
     LL_AST_TYPES(X)
 #undef X
     Py_DECREF(ast);
     ast = NULL;
-#define X(n)                                                                   \
-    if (!(s_py.a_##n = PyUnicode_InternFromString(#n)))                        \
+#define X(n)                                            \
+    if (!(s_py.a_##n = PyUnicode_InternFromString(#n))) \
         goto fail_python;
     LL_AST_ATTRS(X)
 #undef X
@@ -1853,9 +1879,8 @@ int ll_analysis_init(char *err, size_t errlen)
     }
     Py_DECREF(bmod);
     /* Names IPython puts in every namespace or in builtins while a cell runs. */
-    const char *ipy[] = {"get_ipython", "display", "exit", "quit", "In",
-                         "Out", "_ih", "_oh", "_dh", "_i", "_ii", "_iii",
-                         NULL};
+    const char *ipy[] = {"get_ipython", "display", "exit", "quit", "In",   "Out", "_ih",
+                         "_oh",         "_dh",     "_i",   "_ii",  "_iii", NULL};
     for (const char **p = ipy; *p; p++)
         ll_names_add(&s_builtins, *p);
     const char *env = getenv("LOOSELEAF_GPU_PACKAGES");
@@ -1873,8 +1898,7 @@ fail_python:
         PyErr_Fetch(&type, &val, &tb);
         PyObject *str = val ? PyObject_Str(val) : NULL;
         const char *msg = str ? PyUnicode_AsUTF8(str) : NULL;
-        snprintf(err, errlen, "cannot load the ast module: %s",
-                 msg ? msg : "unknown error");
+        snprintf(err, errlen, "cannot load the ast module: %s", msg ? msg : "unknown error");
         Py_XDECREF(str);
         Py_XDECREF(type);
         Py_XDECREF(val);
@@ -1897,7 +1921,7 @@ void ll_analysis_shutdown(void)
     ll_analysis_ipython_shutdown();
     for (size_t i = 0; i < LL_FIELD_SLOTS; i++) {
         if (s_fields[i].type) {
-            Py_DECREF((PyObject *)s_fields[i].type);
+            Py_DECREF((PyObject *) s_fields[i].type);
             Py_CLEAR(s_fields[i].fields);
             s_fields[i].type = NULL;
         }
@@ -1970,8 +1994,7 @@ static char *s_error_text(void)
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PyErr_NormalizeException(&type, &value, &tb);
-    const char *tname =
-        type && PyType_Check(type) ? ((PyTypeObject *)type)->tp_name : "Error";
+    const char *tname = type && PyType_Check(type) ? ((PyTypeObject *) type)->tp_name : "Error";
     char buf[600];
     PyObject *msg = NULL, *lineno = NULL;
     if (value && PyErr_GivenExceptionMatches(type, PyExc_SyntaxError)) {
@@ -1985,8 +2008,7 @@ static char *s_error_text(void)
     PyErr_Clear();
     long line = lineno && PyLong_Check(lineno) ? PyLong_AsLong(lineno) : -1;
     if (line > 0)
-        snprintf(buf, sizeof buf, "%s: %.400s (line %ld)", tname,
-                 m ? m : "", line);
+        snprintf(buf, sizeof buf, "%s: %.400s (line %ld)", tname, m ? m : "", line);
     else
         snprintf(buf, sizeof buf, "%s: %.400s", tname, m ? m : "");
     Py_XDECREF(msg);
@@ -2008,8 +2030,7 @@ static PyObject *s_parse(const char *src, char **err, bool *syntax)
     /* Building the AST allocates thousands of objects, none of them in a
      * cycle: the cyclic collector would only walk the heap repeatedly. */
     int gc_was_on = PyGC_Disable();
-    PyObject *tree =
-        Py_CompileStringExFlags(src, "<cell>", Py_file_input, &flags, -1);
+    PyObject *tree = Py_CompileStringExFlags(src, "<cell>", Py_file_input, &flags, -1);
     if (gc_was_on)
         PyGC_Enable();
     if (!tree) {
@@ -2028,16 +2049,14 @@ static int s_facts(ll_analysis_t *a)
         int rc = 0;
         if (e->type == LL_EV_BIND && e->kind != LL_BK_STAR) {
             rc = ll_names_add(&a->defs, e->name);
-            if (rc == 1 && (e->kind == LL_BK_FUNC || e->kind == LL_BK_CLASS) &&
-                e->ref >= 0) {
+            if (rc == 1 && (e->kind == LL_BK_FUNC || e->kind == LL_BK_CLASS) && e->ref >= 0) {
                 int *f = realloc(a->funcs, (a->nfuncs + 1) * sizeof *f);
                 if (!f)
                     return -1;
                 a->funcs = f;
                 a->funcs[a->nfuncs++] = e->ref;
             }
-        }
-        else if (e->type == LL_EV_MUTATE)
+        } else if (e->type == LL_EV_MUTATE)
             rc = ll_names_add(&a->mutates, e->name);
         else if (e->type == LL_EV_DEL && !e->cond)
             rc = ll_names_add(&a->deletes, e->name);
@@ -2045,8 +2064,7 @@ static int s_facts(ll_analysis_t *a)
             return -1;
     }
     for (size_t i = 0; i < a->nev; i++)
-        if (a->ev[i].type == LL_EV_LOAD &&
-            ll_names_add(&a->loaded, a->ev[i].name) < 0)
+        if (a->ev[i].type == LL_EV_LOAD && ll_names_add(&a->loaded, a->ev[i].name) < 0)
             return -1;
     for (size_t i = 0; i < a->ngroups; i++) {
         ll_group_t *g = &a->groups[i];
@@ -2059,8 +2077,7 @@ static int s_facts(ll_analysis_t *a)
     }
     for (size_t i = 0; i < a->nimports; i++) {
         char buf[256];
-        const char *pkg = ll_analysis_package_of(a->imports[i].module, buf,
-                                                 sizeof buf);
+        const char *pkg = ll_analysis_package_of(a->imports[i].module, buf, sizeof buf);
         if (pkg && ll_names_add(&a->packages, pkg) < 0)
             return -1;
     }
@@ -2105,12 +2122,11 @@ ll_analysis_t *ll_analysis_new(const char *code, size_t len)
     /* %%gpu / %%cpu: ours, not IPython's; blank the line, keep numbering. */
     size_t first = strcspn(src, "\n");
     size_t n = first;
-    while (n && isspace((unsigned char)src[n - 1]))
+    while (n && isspace((unsigned char) src[n - 1]))
         n--;
     size_t lead = strspn(src, " \t");
     if (n > lead && (n - lead == 5) &&
-        (strncmp(src + lead, "%%gpu", 5) == 0 ||
-         strncmp(src + lead, "%%cpu", 5) == 0)) {
+        (strncmp(src + lead, "%%gpu", 5) == 0 || strncmp(src + lead, "%%cpu", 5) == 0)) {
         a->forced = src[lead + 2] == 'g' ? LL_ANALYSIS_GPU : LL_ANALYSIS_CPU;
         memmove(src, src + first, len - first + 1);
     }
@@ -2129,8 +2145,7 @@ ll_analysis_t *ll_analysis_new(const char *code, size_t len)
      * say): on a SyntaxError in a cell that has any escape character, let
      * IPython transform the whole cell after all, if it is small enough for
      * IPython's loop to be quick.  Plain syntax errors never load IPython. */
-    if (!tree && !whole && syntax && strpbrk(src, "%!?") &&
-        strlen(src) < 16384) {
+    if (!tree && !whole && syntax && strpbrk(src, "%!?") && strlen(src) < 16384) {
         char *t = ll_analysis_transform(src);
         if (t && strcmp(t, src) != 0) {
             PyObject *again = s_parse(t, &err, &syntax);
@@ -2151,8 +2166,7 @@ ll_analysis_t *ll_analysis_new(const char *code, size_t len)
     s_scope_t module;
     s_scope_init(&module, SC_MODULE, NULL, true);
     char base;
-    s_walker_t w = {.a = a, .scope = &module, .group = -1, .class_group = -1,
-                    .stack_base = &base};
+    s_walker_t w = {.a = a, .scope = &module, .group = -1, .class_group = -1, .stack_base = &base};
     w.stack_budget = s_stack_budget(&base);
     PyObject *body = s_get(tree, s_py.a_body);
     s_walk_body(&w, body);
@@ -2222,16 +2236,22 @@ void ll_analysis_destroy(ll_analysis_t **self_p)
 
 static ll_analysis_strs_t s_strs(const ll_names_t *n)
 {
-    return (ll_analysis_strs_t){(const char *const *)n->items, n->count};
+    return (ll_analysis_strs_t){(const char *const *) n->items, n->count};
 }
 
-const char *ll_analysis_error(const ll_analysis_t *self) { return self->error; }
-ll_analysis_strs_t ll_analysis_defs(const ll_analysis_t *self) { return s_strs(&self->defs); }
+const char *ll_analysis_error(const ll_analysis_t *self)
+{
+    return self->error;
+}
+ll_analysis_strs_t ll_analysis_defs(const ll_analysis_t *self)
+{
+    return s_strs(&self->defs);
+}
 ll_analysis_strs_t ll_analysis_reads(const ll_analysis_t *self)
 {
     /* Callers that only want closures never pay for this replay.  The
      * object is logically const: reads are a function of the events. */
-    ll_analysis_t *a = (ll_analysis_t *)self;
+    ll_analysis_t *a = (ll_analysis_t *) self;
     if (!a->reads_done && !a->error) {
         if (ll_analysis_compute_reads(a, &a->reads) != 0)
             ll_names_clear(&a->reads);
@@ -2239,18 +2259,42 @@ ll_analysis_strs_t ll_analysis_reads(const ll_analysis_t *self)
     }
     return s_strs(&a->reads);
 }
-ll_analysis_strs_t ll_analysis_mutates(const ll_analysis_t *self) { return s_strs(&self->mutates); }
-ll_analysis_strs_t ll_analysis_deletes(const ll_analysis_t *self) { return s_strs(&self->deletes); }
-ll_analysis_strs_t ll_analysis_imports(const ll_analysis_t *self) { return s_strs(&self->packages); }
-size_t ll_analysis_function_count(const ll_analysis_t *self) { return self->nfuncs; }
-bool ll_analysis_is_opaque(const ll_analysis_t *self) { return self->opaque; }
-bool ll_analysis_opaque_flag(const ll_analysis_t *self) { return self->opaque; }
-bool ll_analysis_kernel_bound_flag(const ll_analysis_t *self) { return self->kernel_bound; }
+ll_analysis_strs_t ll_analysis_mutates(const ll_analysis_t *self)
+{
+    return s_strs(&self->mutates);
+}
+ll_analysis_strs_t ll_analysis_deletes(const ll_analysis_t *self)
+{
+    return s_strs(&self->deletes);
+}
+ll_analysis_strs_t ll_analysis_imports(const ll_analysis_t *self)
+{
+    return s_strs(&self->packages);
+}
+size_t ll_analysis_function_count(const ll_analysis_t *self)
+{
+    return self->nfuncs;
+}
+bool ll_analysis_is_opaque(const ll_analysis_t *self)
+{
+    return self->opaque;
+}
+bool ll_analysis_opaque_flag(const ll_analysis_t *self)
+{
+    return self->opaque;
+}
+bool ll_analysis_kernel_bound_flag(const ll_analysis_t *self)
+{
+    return self->kernel_bound;
+}
 bool ll_analysis_may_load(const ll_analysis_t *self, const char *name)
 {
     return ll_names_has(&self->loaded, name);
 }
-int ll_analysis_forced_label(const ll_analysis_t *self) { return self->forced; }
+int ll_analysis_forced_label(const ll_analysis_t *self)
+{
+    return self->forced;
+}
 
 const char *ll_analysis_function_name(const ll_analysis_t *self, size_t i)
 {
@@ -2262,8 +2306,7 @@ bool ll_analysis_function_is_class(const ll_analysis_t *self, size_t i)
     return i < self->nfuncs && self->groups[self->funcs[i]].kind == LL_BK_CLASS;
 }
 
-ll_analysis_strs_t ll_analysis_function_globals(const ll_analysis_t *self,
-                                                size_t i)
+ll_analysis_strs_t ll_analysis_function_globals(const ll_analysis_t *self, size_t i)
 {
     if (i >= self->nfuncs)
         return (ll_analysis_strs_t){NULL, 0};
@@ -2278,14 +2321,12 @@ const ll_ev_t *ll_analysis_events(const ll_analysis_t *self, size_t *count)
 
 const ll_group_t *ll_analysis_group(const ll_analysis_t *self, int index)
 {
-    return index >= 0 && (size_t)index < self->ngroups ? &self->groups[index]
-                                                      : NULL;
+    return index >= 0 && (size_t) index < self->ngroups ? &self->groups[index] : NULL;
 }
 
 const ll_import_t *ll_analysis_import(const ll_analysis_t *self, int index)
 {
-    return index >= 0 && (size_t)index < self->nimports ? &self->imports[index]
-                                                       : NULL;
+    return index >= 0 && (size_t) index < self->nimports ? &self->imports[index] : NULL;
 }
 
 static json_t *s_json_list(const ll_names_t *n)
@@ -2301,12 +2342,11 @@ json_t *ll_analysis_json(const ll_analysis_t *self)
     json_t *o = json_object();
     if (!o)
         return NULL;
-    json_object_set_new(o, "error",
-                        self->error ? json_string(self->error) : json_null());
+    json_object_set_new(o, "error", self->error ? json_string(self->error) : json_null());
     json_object_set_new(o, "forced_label",
-                        self->forced < 0 ? json_null()
-                        : json_string(self->forced == LL_ANALYSIS_GPU ? "gpu"
-                                                                      : "cpu"));
+                        self->forced < 0
+                            ? json_null()
+                            : json_string(self->forced == LL_ANALYSIS_GPU ? "gpu" : "cpu"));
     if (self->error)
         return o;
     json_object_set_new(o, "defs", s_json_list(&self->defs));
@@ -2318,20 +2358,18 @@ json_t *ll_analysis_json(const ll_analysis_t *self)
     json_t *imports = json_array();
     for (size_t i = 0; imports && i < self->nimports; i++) {
         const ll_import_t *im = &self->imports[i];
-        json_array_append_new(
-            imports, json_pack("{s:s, s:s, s:s?, s:s}", "name", im->bound,
-                               "module", im->module, "attr", im->attr, "stmt",
-                               im->stmt));
+        json_array_append_new(imports,
+                              json_pack("{s:s, s:s, s:s?, s:s}", "name", im->bound, "module",
+                                        im->module, "attr", im->attr, "stmt", im->stmt));
     }
     json_object_set_new(o, "imports", imports);
     json_t *funcs = json_array();
     for (size_t i = 0; funcs && i < self->nfuncs; i++) {
         const ll_group_t *g = &self->groups[self->funcs[i]];
-        json_array_append_new(
-            funcs, json_pack("{s:s, s:s, s:o, s:b}", "name", g->name, "kind",
-                             g->kind == LL_BK_CLASS ? "class" : "function",
-                             "globals", s_json_list(&g->shown), "opaque",
-                             g->opaque));
+        json_array_append_new(funcs,
+                              json_pack("{s:s, s:s, s:o, s:b}", "name", g->name, "kind",
+                                        g->kind == LL_BK_CLASS ? "class" : "function", "globals",
+                                        s_json_list(&g->shown), "opaque", g->opaque));
     }
     json_object_set_new(o, "functions", funcs);
     json_object_set_new(o, "opaque", json_boolean(self->opaque));

@@ -112,8 +112,7 @@ ll_analysis_strs_t ll_analysis_imports(const ll_analysis_t *self);
 size_t ll_analysis_function_count(const ll_analysis_t *self);
 const char *ll_analysis_function_name(const ll_analysis_t *self, size_t i);
 bool ll_analysis_function_is_class(const ll_analysis_t *self, size_t i);
-ll_analysis_strs_t ll_analysis_function_globals(const ll_analysis_t *self,
-                                                size_t i);
+ll_analysis_strs_t ll_analysis_function_globals(const ll_analysis_t *self, size_t i);
 
 /* Whether the cell defeats static analysis (see above). */
 bool ll_analysis_is_opaque(const ll_analysis_t *self);
@@ -133,8 +132,7 @@ void ll_analysis_session_destroy(ll_analysis_session_t **self_p);
 /* Record that CELL has just executed (whether or not it raised): its
  * bindings replace earlier ones, its deletions end them.  A cell that did
  * not parse changed nothing and is skipped.  0, or -1 when out of memory. */
-int ll_analysis_session_record(ll_analysis_session_t *self,
-                               const ll_analysis_t *cell);
+int ll_analysis_session_record(ll_analysis_session_t *self, const ll_analysis_t *cell);
 
 /* Number of cells recorded, and of live variables (bound by a recorded cell,
  * not deleted, not bound by an import). */

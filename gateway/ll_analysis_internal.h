@@ -22,12 +22,12 @@
 
 /* ---- ll_names_t: insertion-ordered set of owned strings ---------------- */
 typedef struct {
-    char **items;     /* owned copies, in insertion order */
-    size_t count;     /* number of items */
-    size_t cap;       /* allocated slots in items */
-    uint32_t *index;  /* open-addressing table of item index + 1 (0 = empty) */
-    size_t icap;      /* slots in index, a power of two (0 = no table yet) */
-    bool borrow;      /* items are borrowed, not copied: the caller keeps the
+    char **items;    /* owned copies, in insertion order */
+    size_t count;    /* number of items */
+    size_t cap;      /* allocated slots in items */
+    uint32_t *index; /* open-addressing table of item index + 1 (0 = empty) */
+    size_t icap;     /* slots in index, a power of two (0 = no table yet) */
+    bool borrow;     /* items are borrowed, not copied: the caller keeps the
                          strings alive as long as the set (replay scratch) */
 } ll_names_t;
 
@@ -50,25 +50,25 @@ const char **ll_names_sorted(const ll_names_t *self);
 
 /* ---- events ----------------------------------------------------------- */
 typedef enum {
-    LL_EV_UNIT = 0,   /* start of a top-level statement (or compound header) */
-    LL_EV_LOAD,       /* a global name is read at module level, now */
-    LL_EV_BIND,       /* a top-level name is bound */
-    LL_EV_MUTATE,     /* a top-level name's object may be changed in place */
-    LL_EV_DEL,        /* a top-level name is deleted */
-    LL_EV_DEFER,      /* a lambda's body globals become deps of this unit */
-    LL_EV_ARG,        /* a call's argument: a name (kind 0) or a lambda (1) */
-    LL_EV_PASS,       /* the call those ARGs went to: a function's name
+    LL_EV_UNIT = 0, /* start of a top-level statement (or compound header) */
+    LL_EV_LOAD,     /* a global name is read at module level, now */
+    LL_EV_BIND,     /* a top-level name is bound */
+    LL_EV_MUTATE,   /* a top-level name's object may be changed in place */
+    LL_EV_DEL,      /* a top-level name is deleted */
+    LL_EV_DEFER,    /* a lambda's body globals become deps of this unit */
+    LL_EV_ARG,      /* a call's argument: a name (kind 0) or a lambda (1) */
+    LL_EV_PASS,     /* the call those ARGs went to: a function's name
                          (kind 0) or a method's receiver (kind 1) */
-    LL_EV_SETTLE,     /* every branch of an if/else bound the name: the
+    LL_EV_SETTLE,   /* every branch of an if/else bound the name: the
                          binding from before the statement is gone */
 } ll_ev_type_t;
 
 typedef enum {
-    LL_BK_VALUE = 0,  /* any object built by running code */
-    LL_BK_IMPORT,     /* a module or a name taken from one by an import */
-    LL_BK_FUNC,       /* def */
-    LL_BK_CLASS,      /* class */
-    LL_BK_STAR,       /* from m import * (name is "*m") */
+    LL_BK_VALUE = 0, /* any object built by running code */
+    LL_BK_IMPORT,    /* a module or a name taken from one by an import */
+    LL_BK_FUNC,      /* def */
+    LL_BK_CLASS,     /* class */
+    LL_BK_STAR,      /* from m import * (name is "*m") */
 } ll_bind_kind_t;
 
 typedef struct {
@@ -84,23 +84,23 @@ typedef struct {
 
 /* The deferred body of a function, class (its methods) or lambda. */
 typedef struct {
-    const char *name;     /* bound name, NULL for a lambda */
-    int kind;             /* LL_BK_FUNC, LL_BK_CLASS, or LL_BK_VALUE (lambda) */
-    ll_names_t globals;   /* global names read by the body (any depth) */
-    ll_names_t gwrites;   /* names the body assigns after `global` */
-    ll_names_t paths;     /* module paths the body imports itself */
-    ll_names_t shown;     /* globals without builtins, for callers */
-    bool opaque;          /* the body uses exec/eval/globals()/... */
-    bool kernel_bound;    /* the body uses get_ipython().kernel */
+    const char *name;   /* bound name, NULL for a lambda */
+    int kind;           /* LL_BK_FUNC, LL_BK_CLASS, or LL_BK_VALUE (lambda) */
+    ll_names_t globals; /* global names read by the body (any depth) */
+    ll_names_t gwrites; /* names the body assigns after `global` */
+    ll_names_t paths;   /* module paths the body imports itself */
+    ll_names_t shown;   /* globals without builtins, for callers */
+    bool opaque;        /* the body uses exec/eval/globals()/... */
+    bool kernel_bound;  /* the body uses get_ipython().kernel */
 } ll_group_t;
 
 /* One name bound by an import statement. */
 typedef struct {
-    const char *bound;    /* name bound in the namespace ("*m" for a star) */
-    char *module;         /* module imported ("a.b.c"), relative: ".x" */
-    char *attr;           /* from-import: the name taken, else NULL */
-    char *path;           /* dotted path of the bound object: module[.attr] */
-    char *stmt;           /* the statement that re-creates the binding */
+    const char *bound; /* name bound in the namespace ("*m" for a star) */
+    char *module;      /* module imported ("a.b.c"), relative: ".x" */
+    char *attr;        /* from-import: the name taken, else NULL */
+    char *path;        /* dotted path of the bound object: module[.attr] */
+    char *stmt;        /* the statement that re-creates the binding */
 } ll_import_t;
 
 /* Accessors for the session: the analysis's event stream. */

@@ -43,8 +43,7 @@ static const char *s_comment(const char *p, const char *end)
                 p++;
             else if (*p == quote)
                 quote = 0;
-        }
-        else if (*p == '\'' || *p == '"')
+        } else if (*p == '\'' || *p == '"')
             quote = *p;
         else if (*p == '#')
             return p;
@@ -60,7 +59,7 @@ static bool s_line_needs(const char *line, const char *end)
         return true;
     /* `obj?` asks for help; a question in a comment does not. */
     const char *last = s_comment(line, end);
-    while (last > line && isspace((unsigned char)last[-1]))
+    while (last > line && isspace((unsigned char) last[-1]))
         last--;
     if (last > line && last[-1] == '?')
         return true;
@@ -95,10 +94,10 @@ static bool s_needs_transform(const char *src)
  * string, inside brackets, or after a backslash continuation, a line is not
  * a logical line and IPython's escapes do not apply there. */
 typedef struct {
-    char quote;   /* open string's quote character, or 0 */
-    bool triple;  /* the open string is triple-quoted */
-    int depth;    /* open brackets */
-    bool cont;    /* the previous line ended with a backslash */
+    char quote;  /* open string's quote character, or 0 */
+    bool triple; /* the open string is triple-quoted */
+    int depth;   /* open brackets */
+    bool cont;   /* the previous line ended with a backslash */
 } s_lex_t;
 
 static void s_lex_line(s_lex_t *lx, const char *p, const char *end)
@@ -111,13 +110,10 @@ static void s_lex_line(s_lex_t *lx, const char *p, const char *end)
                 if (p + 1 == end)
                     backslash_end = true;
                 p++;
-            }
-            else if (lx->triple && c == lx->quote && end - p >= 3 &&
-                     p[1] == c && p[2] == c) {
+            } else if (lx->triple && c == lx->quote && end - p >= 3 && p[1] == c && p[2] == c) {
                 lx->quote = 0;
                 p += 2;
-            }
-            else if (!lx->triple && c == lx->quote)
+            } else if (!lx->triple && c == lx->quote)
                 lx->quote = 0;
             continue;
         }
@@ -128,8 +124,7 @@ static void s_lex_line(s_lex_t *lx, const char *p, const char *end)
             lx->triple = end - p >= 3 && p[1] == c && p[2] == c;
             if (lx->triple)
                 p += 2;
-        }
-        else if (c == '(' || c == '[' || c == '{')
+        } else if (c == '(' || c == '[' || c == '{')
             lx->depth++;
         else if ((c == ')' || c == ']' || c == '}') && lx->depth > 0)
             lx->depth--;
@@ -208,7 +203,7 @@ char *ll_analysis_prepare(const char *src, bool *whole)
     const char *first = src;
     while (*first) {
         const char *e = strchr(first, '\n');
-        size_t n = e ? (size_t)(e - first) : strlen(first);
+        size_t n = e ? (size_t) (e - first) : strlen(first);
         size_t ws = strspn(first, " \t\r");
         if (ws < n)
             break;
@@ -231,7 +226,7 @@ char *ll_analysis_prepare(const char *src, bool *whole)
         bool logical = !lx.quote && lx.depth == 0 && !lx.cont;
         if (!logical || !s_line_needs(p, end)) {
             s_lex_line(&lx, p, end);
-            s_buf_add(&out, p, (size_t)(end - p) + (*end ? 1 : 0));
+            s_buf_add(&out, p, (size_t) (end - p) + (*end ? 1 : 0));
             p = *end ? end + 1 : end;
             continue;
         }
@@ -244,7 +239,7 @@ char *ll_analysis_prepare(const char *src, bool *whole)
             lines++;
         }
         size_t indent = strspn(p, " \t");
-        size_t n = (size_t)(chunk_end - p) - indent;
+        size_t n = (size_t) (chunk_end - p) - indent;
         char *chunk = malloc(n + 2);
         if (!chunk) {
             free(out.buf);
@@ -266,8 +261,7 @@ char *ll_analysis_prepare(const char *src, bool *whole)
             for (; tl < lines; tl++)
                 s_buf_add(&out, "\n", 1);
             changed |= strcmp(t, chunk) != 0;
-        }
-        else
+        } else
             s_buf_add(&out, chunk, n);
         free(t);
         free(chunk);
@@ -316,8 +310,7 @@ char *ll_analysis_transform(const char *src)
     }
     if (!s_transformer && !s_transformer_failed) {
         PyObject *mod = PyImport_ImportModule("IPython.core.inputtransformer2");
-        PyObject *cls = mod ? PyObject_GetAttrString(mod, "TransformerManager")
-                            : NULL;
+        PyObject *cls = mod ? PyObject_GetAttrString(mod, "TransformerManager") : NULL;
         s_transformer = cls ? PyObject_CallNoArgs(cls) : NULL;
         Py_XDECREF(cls);
         Py_XDECREF(mod);
@@ -330,8 +323,7 @@ char *ll_analysis_transform(const char *src)
     }
     if (!s_transformer)
         return NULL;
-    PyObject *res =
-        PyObject_CallMethod(s_transformer, "transform_cell", "s", src);
+    PyObject *res = PyObject_CallMethod(s_transformer, "transform_cell", "s", src);
     const char *out = res && PyUnicode_Check(res) ? PyUnicode_AsUTF8(res) : NULL;
     char *copy = out ? strdup(out) : NULL;
     Py_XDECREF(res);

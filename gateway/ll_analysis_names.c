@@ -13,7 +13,7 @@ static uint32_t s_hash(const char *s)
 {
     uint32_t h = 2166136261u; /* FNV-1a */
     for (; *s; s++)
-        h = (h ^ (uint8_t)*s) * 16777619u;
+        h = (h ^ (uint8_t) *s) * 16777619u;
     return h;
 }
 
@@ -26,7 +26,7 @@ static int s_reindex(ll_names_t *self, size_t icap)
         size_t slot = s_hash(self->items[i]) & (icap - 1);
         while (index[slot])
             slot = (slot + 1) & (icap - 1);
-        index[slot] = (uint32_t)i + 1;
+        index[slot] = (uint32_t) i + 1;
     }
     free(self->index);
     self->index = index;
@@ -40,14 +40,14 @@ long ll_names_find(const ll_names_t *self, const char *name)
         /* Small sets are scanned: most cells have a handful of names. */
         for (size_t i = 0; i < self->count; i++)
             if (strcmp(self->items[i], name) == 0)
-                return (long)i;
+                return (long) i;
         return -1;
     }
     size_t slot = s_hash(name) & (self->icap - 1);
     while (self->index[slot]) {
         size_t i = self->index[slot] - 1;
         if (strcmp(self->items[i], name) == 0)
-            return (long)i;
+            return (long) i;
         slot = (slot + 1) & (self->icap - 1);
     }
     return -1;
@@ -70,7 +70,7 @@ int ll_names_add(ll_names_t *self, const char *name)
         self->items = items;
         self->cap = cap;
     }
-    char *copy = self->borrow ? (char *)name : strdup(name);
+    char *copy = self->borrow ? (char *) name : strdup(name);
     if (!copy)
         return -1;
     self->items[self->count++] = copy;
@@ -84,12 +84,11 @@ int ll_names_add(ll_names_t *self, const char *name)
                 free(self->items[self->count]);
             return -1;
         }
-    }
-    else if (self->icap) {
+    } else if (self->icap) {
         size_t slot = s_hash(copy) & (self->icap - 1);
         while (self->index[slot])
             slot = (slot + 1) & (self->icap - 1);
-        self->index[slot] = (uint32_t)self->count;
+        self->index[slot] = (uint32_t) self->count;
     }
     return 1;
 }
@@ -112,7 +111,7 @@ void ll_names_remove(ll_names_t *self, const char *name)
     if (!self->borrow)
         free(self->items[at]);
     memmove(self->items + at, self->items + at + 1,
-            (self->count - (size_t)at - 1) * sizeof *self->items);
+            (self->count - (size_t) at - 1) * sizeof *self->items);
     self->count--;
     if (self->icap && s_reindex(self, self->icap) != 0) {
         /* Out of memory while shrinking: fall back to scanning. */
@@ -144,7 +143,7 @@ void ll_names_reset(ll_names_t *self)
 
 static int s_cmp(const void *a, const void *b)
 {
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
+    return strcmp(*(const char *const *) a, *(const char *const *) b);
 }
 
 const char **ll_names_sorted(const ll_names_t *self)

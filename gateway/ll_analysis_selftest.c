@@ -20,13 +20,12 @@
 static int s_failures;
 static bool s_verbose;
 
-#define CHECK(cond)                                                            \
-    do {                                                                       \
-        if (!(cond)) {                                                         \
-            fprintf(stderr, "\n  %s:%d: check failed: %s", __FILE__, __LINE__, \
-                    #cond);                                                    \
-            s_failures++;                                                      \
-        }                                                                      \
+#define CHECK(cond)                                                                    \
+    do {                                                                               \
+        if (!(cond)) {                                                                 \
+            fprintf(stderr, "\n  %s:%d: check failed: %s", __FILE__, __LINE__, #cond); \
+            s_failures++;                                                              \
+        }                                                                              \
     } while (0)
 
 /* "a,b,c" (sorted or in order) equals the list. */
@@ -36,8 +35,7 @@ static bool s_same(ll_analysis_strs_t l, const char *expect)
     snprintf(buf, sizeof buf, "%s", expect);
     size_t n = 0;
     char *save = NULL;
-    for (char *tok = strtok_r(buf, ",", &save); tok;
-         tok = strtok_r(NULL, ",", &save)) {
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         bool found = false;
         for (size_t i = 0; i < l.count; i++)
             if (strcmp(l.items[i], tok) == 0)
@@ -83,20 +81,19 @@ static void s_test_names(void)
 
 static void s_test_facts(void)
 {
-    ll_analysis_t *a = s_new(
-        "import numpy as np\n"
-        "from os import path as p\n"
-        "x = np.zeros(3) + y\n"
-        "def f(a, b=z):\n"
-        "    global g\n"
-        "    g = a + w\n"
-        "    return [q for q in a if q > k]\n"
-        "class C(Base):\n"
-        "    attr = v\n"
-        "    def m(self):\n"
-        "        return attr + u\n"
-        "x.shape = 3\n"
-        "lst[0] = f(1)\n");
+    ll_analysis_t *a = s_new("import numpy as np\n"
+                             "from os import path as p\n"
+                             "x = np.zeros(3) + y\n"
+                             "def f(a, b=z):\n"
+                             "    global g\n"
+                             "    g = a + w\n"
+                             "    return [q for q in a if q > k]\n"
+                             "class C(Base):\n"
+                             "    attr = v\n"
+                             "    def m(self):\n"
+                             "        return attr + u\n"
+                             "x.shape = 3\n"
+                             "lst[0] = f(1)\n");
     CHECK(a && !ll_analysis_error(a));
     if (!a)
         return;
@@ -179,8 +176,7 @@ static void s_test_paper(void)
     if (c5) {
         CHECK(s_same(ll_analysis_closure_state(c5),
                      "tokenizer,train_ds,val_ds,model,args,compute_map3,rank_w"));
-        CHECK(s_same(ll_analysis_closure_imports(c5),
-                     "datasets,transformers,torch,numpy"));
+        CHECK(s_same(ll_analysis_closure_imports(c5), "datasets,transformers,torch,numpy"));
         CHECK(ll_analysis_closure_label(c5) == LL_ANALYSIS_GPU);
         CHECK(!ll_analysis_closure_is_opaque(c5));
         CHECK(ll_analysis_closure_live_count(c5) == 10);
@@ -204,8 +200,8 @@ static void s_test_paper(void)
 static void s_test_session(void)
 {
     ll_analysis_session_t *s = ll_analysis_session_new();
-    const char *cells[] = {"x = 1\ny = 2\n", "def f():\n    return x\n",
-                           "x = 5\ndel y\n", "%%cpu\nz = f()\n"};
+    const char *cells[] = {"x = 1\ny = 2\n", "def f():\n    return x\n", "x = 5\ndel y\n",
+                           "%%cpu\nz = f()\n"};
     for (size_t i = 0; i < 4; i++) {
         ll_analysis_t *a = s_new(cells[i]);
         CHECK(a && ll_analysis_session_record(s, a) == 0);
@@ -228,9 +224,11 @@ static void s_test_session(void)
     ll_analysis_closure_destroy(&c);
     ll_analysis_destroy(&a);
     /* comm machinery keeps a cell in the kernel though it uses torch */
-    a = s_new("import torch\nimport ipywidgets\nw = ipywidgets.IntSlider(max=int(torch.ones(3).sum()))\n");
+    a = s_new("import torch\nimport ipywidgets\nw = "
+              "ipywidgets.IntSlider(max=int(torch.ones(3).sum()))\n");
     c = ll_analysis_session_closure(s, a);
-    CHECK(c && ll_analysis_closure_is_kernel_bound(c) && ll_analysis_closure_label(c) == LL_ANALYSIS_CPU);
+    CHECK(c && ll_analysis_closure_is_kernel_bound(c) &&
+          ll_analysis_closure_label(c) == LL_ANALYSIS_CPU);
     ll_analysis_closure_destroy(&c);
     ll_analysis_destroy(&a);
     ll_analysis_session_destroy(&s);
@@ -257,7 +255,7 @@ static void s_test_bad_input(void)
     char *deep = malloc(1000);
     if (deep) {
         size_t n = 0;
-        n += (size_t)sprintf(deep, "x = ");
+        n += (size_t) sprintf(deep, "x = ");
         for (int i = 0; i < 200; i++)
             deep[n++] = '(';
         deep[n++] = '1';
@@ -276,14 +274,14 @@ static void s_test_bad_input(void)
     if (src) {
         size_t n = 0;
         for (size_t i = 0; n + 16 < big; i++)
-            n += (size_t)sprintf(src + n, "v%zu = w + 1\n", i % 1000);
+            n += (size_t) sprintf(src + n, "v%zu = w + 1\n", i % 1000);
         a = ll_analysis_new(src, n);
         CHECK(a && !ll_analysis_error(a));
         CHECK(a && ll_analysis_defs(a).count == 1000);
         ll_analysis_destroy(&a);
-        n = (size_t)sprintf(src, "x = 0");
+        n = (size_t) sprintf(src, "x = 0");
         while (n + 8 < big)
-            n += (size_t)sprintf(src + n, "+y");
+            n += (size_t) sprintf(src + n, "+y");
         a = ll_analysis_new(src, n);
         CHECK(a); /* RecursionError from CPython or from the walker */
         ll_analysis_destroy(&a);
@@ -338,9 +336,9 @@ static void s_test_config_and_contracts(void)
 
 static int s_rm(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
 {
-    (void)sb;
-    (void)flag;
-    (void)ftw;
+    (void) sb;
+    (void) flag;
+    (void) ftw;
     return remove(path);
 }
 
@@ -369,9 +367,8 @@ static void s_test_shell_transformer(const char *dir)
     ll_analysis_destroy(&a);
     /* (the shell made itself __main__: nothing from the first script is
      * visible here) */
-    rc = PyRun_SimpleString(
-        "from IPython.core.interactiveshell import InteractiveShell\n"
-        "InteractiveShell.clear_instance()\n");
+    rc = PyRun_SimpleString("from IPython.core.interactiveshell import InteractiveShell\n"
+                            "InteractiveShell.clear_instance()\n");
     CHECK(rc == 0);
 }
 

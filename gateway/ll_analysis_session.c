@@ -90,8 +90,7 @@ static void s_map_remove(s_map_t *m, const char *key)
     long at = ll_names_find(&m->keys, key);
     if (at < 0)
         return;
-    memmove(m->vals + at, m->vals + at + 1,
-            (m->keys.count - (size_t)at - 1) * sizeof *m->vals);
+    memmove(m->vals + at, m->vals + at + 1, (m->keys.count - (size_t) at - 1) * sizeof *m->vals);
     ll_names_remove(&m->keys, key);
 }
 
@@ -146,8 +145,8 @@ typedef struct {
     s_binding_t **alts; /* the cell's own bindings that may be current */
     int *blocks;        /* blocks[i]: the conditional block alts[i] was made in */
     size_t nalts, cap;
-    bool base;          /* the binding from before the cell may be current */
-    bool deleted;       /* certainly deleted by the cell */
+    bool base;    /* the binding from before the cell may be current */
+    bool deleted; /* certainly deleted by the cell */
 } s_entry_t;
 
 typedef struct {
@@ -161,28 +160,28 @@ typedef struct {
     const ll_analysis_t *a;
     bool record;
     bool oom;
-    s_map_t overlay;          /* name -> s_entry_t* */
-    ll_names_t ostars;        /* overlay keys of the cell's star imports */
+    s_map_t overlay;   /* name -> s_entry_t* */
+    ll_names_t ostars; /* overlay keys of the cell's star imports */
     /* results */
-    ll_names_t reads;         /* read from outside the cell */
-    ll_names_t state;         /* live non-import names reached */
-    ll_names_t stmts;         /* import statements reached */
-    ll_names_t paths;         /* module paths reached */
+    ll_names_t reads; /* read from outside the cell */
+    ll_names_t state; /* live non-import names reached */
+    ll_names_t stmts; /* import statements reached */
+    ll_names_t paths; /* module paths reached */
     bool opaque;
-    bool kernel_bound;        /* reached comm machinery: the cell must run in the kernel */
+    bool kernel_bound; /* reached comm machinery: the cell must run in the kernel */
     /* the current unit (top-level statement) */
     ll_names_t uprov, udeps, umut, pending_gwrites;
-    ll_names_t mutated;       /* every name the cell may change in place */
-    ll_names_t pargs;         /* names passed to the call being read */
-    bool plambda;             /* ... and whether a lambda was passed too */
+    ll_names_t mutated; /* every name the cell may change in place */
+    ll_names_t pargs;   /* names passed to the call being read */
+    bool plambda;       /* ... and whether a lambda was passed too */
     s_binding_t **ubinds;
     const char **ubinds_names; /* the names ubinds[i] were bound to */
     size_t nubinds, capubinds;
-    const void **visited;     /* open-addressing set of bindings */
+    const void **visited; /* open-addressing set of bindings */
     size_t nvisited, capvisited;
     s_work_t *stack;
     size_t nstack, capstack;
-    s_binding_t **owned;      /* every binding this replay created */
+    s_binding_t **owned; /* every binding this replay created */
     size_t nowned, capowned;
 } s_sim_t;
 
@@ -226,7 +225,7 @@ static bool s_visited(s_sim_t *sim, const void *b)
         for (size_t i = 0; i < sim->capvisited; i++) {
             if (!sim->visited[i])
                 continue;
-            size_t slot = ((uintptr_t)sim->visited[i] >> 4) & (cap - 1);
+            size_t slot = ((uintptr_t) sim->visited[i] >> 4) & (cap - 1);
             while (v[slot])
                 slot = (slot + 1) & (cap - 1);
             v[slot] = sim->visited[i];
@@ -235,7 +234,7 @@ static bool s_visited(s_sim_t *sim, const void *b)
         sim->visited = v;
         sim->capvisited = cap;
     }
-    size_t slot = ((uintptr_t)b >> 4) & (sim->capvisited - 1);
+    size_t slot = ((uintptr_t) b >> 4) & (sim->capvisited - 1);
     while (sim->visited[slot]) {
         if (sim->visited[slot] == b)
             return true;
@@ -248,8 +247,7 @@ static bool s_visited(s_sim_t *sim, const void *b)
 
 static void s_push(s_sim_t *sim, const char *name, bool cellside, int block)
 {
-    if (s_grow((void **)&sim->stack, &sim->capstack, sim->nstack + 1,
-               sizeof *sim->stack) != 0) {
+    if (s_grow((void **) &sim->stack, &sim->capstack, sim->nstack + 1, sizeof *sim->stack) != 0) {
         sim->oom = true;
         return;
     }
@@ -262,8 +260,8 @@ static s_binding_t *s_base(const s_sim_t *sim, const char *name)
 }
 
 /* NAME resolved to B: note what it needs and expand what it looks up. */
-static void s_visit(s_sim_t *sim, const char *name, s_binding_t *b,
-                    bool in_cell, bool cellside, int block)
+static void s_visit(s_sim_t *sim, const char *name, s_binding_t *b, bool in_cell, bool cellside,
+                    int block)
 {
     if (s_is_import(b)) {
         if (b->path)
@@ -322,8 +320,7 @@ static void s_drain(s_sim_t *sim)
             continue;
         /* Unknown name: a live star import may have bound it. */
         for (size_t i = 0; sim->s && i < sim->s->stars.count; i++) {
-            s_binding_t *star = s_map_get(&sim->s->names,
-                                          sim->s->stars.items[i]);
+            s_binding_t *star = s_map_get(&sim->s->names, sim->s->stars.items[i]);
             if (star)
                 s_visit(sim, w.name, star, false, false, w.block);
         }
@@ -353,8 +350,8 @@ static s_entry_t *s_entry(s_sim_t *sim, const char *name)
 static s_binding_t *s_new_binding(s_sim_t *sim, int kind)
 {
     s_binding_t *b = calloc(1, sizeof *b);
-    if (!b || s_grow((void **)&sim->owned, &sim->capowned, sim->nowned + 1,
-                     sizeof *sim->owned) != 0) {
+    if (!b ||
+        s_grow((void **) &sim->owned, &sim->capowned, sim->nowned + 1, sizeof *sim->owned) != 0) {
         free(b);
         sim->oom = true;
         return NULL;
@@ -365,8 +362,7 @@ static s_binding_t *s_new_binding(s_sim_t *sim, int kind)
     return b;
 }
 
-static void s_put(s_sim_t *sim, const char *name, s_binding_t *b, bool cond,
-                  int block)
+static void s_put(s_sim_t *sim, const char *name, s_binding_t *b, bool cond, int block)
 {
     s_entry_t *e = s_entry(sim, name);
     if (!e)
@@ -377,18 +373,17 @@ static void s_put(s_sim_t *sim, const char *name, s_binding_t *b, bool cond,
     }
     e->deleted = false;
     size_t cap = e->cap;
-    if (s_grow((void **)&e->alts, &cap, e->nalts + 1, sizeof *e->alts) ||
-        s_grow((void **)&e->blocks, &e->cap, e->nalts + 1, sizeof *e->blocks)) {
+    if (s_grow((void **) &e->alts, &cap, e->nalts + 1, sizeof *e->alts) ||
+        s_grow((void **) &e->blocks, &e->cap, e->nalts + 1, sizeof *e->blocks)) {
         sim->oom = true;
         return;
     }
     e->alts[e->nalts] = b;
     e->blocks[e->nalts++] = block;
     size_t capnames = sim->capubinds;
-    if (s_grow((void **)&sim->ubinds_names, &capnames, sim->nubinds + 1,
+    if (s_grow((void **) &sim->ubinds_names, &capnames, sim->nubinds + 1,
                sizeof *sim->ubinds_names) ||
-        s_grow((void **)&sim->ubinds, &sim->capubinds, sim->nubinds + 1,
-               sizeof *sim->ubinds)) {
+        s_grow((void **) &sim->ubinds, &sim->capubinds, sim->nubinds + 1, sizeof *sim->ubinds)) {
         sim->oom = true;
         return;
     }
@@ -405,8 +400,7 @@ static void s_bind(s_sim_t *sim, const ll_ev_t *ev)
         g = ll_analysis_group(sim->a, ev->ref);
         if (!g)
             kind = LL_BK_VALUE;
-    }
-    else if (kind == LL_BK_IMPORT || kind == LL_BK_STAR) {
+    } else if (kind == LL_BK_IMPORT || kind == LL_BK_STAR) {
         im = ll_analysis_import(sim->a, ev->ref);
         if (!im)
             kind = LL_BK_VALUE;
@@ -501,8 +495,7 @@ static void s_del(s_sim_t *sim, const ll_ev_t *ev)
         e->nalts = 0;
         e->base = false;
         e->deleted = true;
-    }
-    else {
+    } else {
         /* A conditional delete (`except ... as e` ending, `if c: del x`)
          * ends the bindings made in its own block; older ones may remain. */
         size_t keep = 0;
@@ -518,8 +511,7 @@ static void s_del(s_sim_t *sim, const ll_ev_t *ev)
 
 /* The bindings NAME may have at this point of the cell: the cell's own
  * alternatives, then (if still possible) the session's. */
-static size_t s_current(s_sim_t *sim, const char *name, s_binding_t **out,
-                        size_t max)
+static size_t s_current(s_sim_t *sim, const char *name, s_binding_t **out, size_t max)
 {
     size_t n = 0;
     s_entry_t *e = s_map_get(&sim->overlay, name);
@@ -600,21 +592,15 @@ static void s_run(s_sim_t *sim)
             s_drain(sim);
             s_apply_gwrites(sim);
             break;
-        case LL_EV_BIND:
-            s_bind(sim, &ev[i]);
-            break;
-        case LL_EV_MUTATE:
-            s_mutates(sim, ev[i].name);
-            break;
+        case LL_EV_BIND: s_bind(sim, &ev[i]); break;
+        case LL_EV_MUTATE: s_mutates(sim, ev[i].name); break;
         case LL_EV_ARG:
             if (ev[i].kind == 1)
                 sim->plambda = true;
             else if (ev[i].name)
                 s_add(sim, &sim->pargs, ev[i].name);
             break;
-        case LL_EV_PASS:
-            s_pass(sim, &ev[i]);
-            break;
+        case LL_EV_PASS: s_pass(sim, &ev[i]); break;
         case LL_EV_SETTLE: {
             /* every branch rebound it: what it was before the cell is gone */
             s_entry_t *e = s_entry(sim, ev[i].name);
@@ -622,9 +608,7 @@ static void s_run(s_sim_t *sim)
                 e->base = false;
             break;
         }
-        case LL_EV_DEL:
-            s_del(sim, &ev[i]);
-            break;
+        case LL_EV_DEL: s_del(sim, &ev[i]); break;
         case LL_EV_DEFER: {
             const ll_group_t *g = ll_analysis_group(sim->a, ev[i].ref);
             if (g) {
@@ -644,17 +628,15 @@ static void s_run(s_sim_t *sim)
 
 /* The replay's scratch sets borrow their strings: every name it handles
  * belongs to the analysis or to a binding that outlives the replay. */
-static void s_sim_init(s_sim_t *sim, ll_analysis_session_t *s,
-                       const ll_analysis_t *a, bool record)
+static void s_sim_init(s_sim_t *sim, ll_analysis_session_t *s, const ll_analysis_t *a, bool record)
 {
     memset(sim, 0, sizeof *sim);
     sim->s = s;
     sim->a = a;
     sim->record = record;
-    ll_names_t *sets[] = {&sim->reads, &sim->state, &sim->stmts, &sim->paths,
-                          &sim->uprov, &sim->udeps, &sim->umut, &sim->mutated,
-                          &sim->pargs,
-                          &sim->pending_gwrites, &sim->ostars};
+    ll_names_t *sets[] = {&sim->reads, &sim->state,           &sim->stmts, &sim->paths,
+                          &sim->uprov, &sim->udeps,           &sim->umut,  &sim->mutated,
+                          &sim->pargs, &sim->pending_gwrites, &sim->ostars};
     for (size_t i = 0; i < sizeof sets / sizeof *sets; i++)
         sets[i]->borrow = true;
 }
@@ -735,8 +717,7 @@ size_t ll_analysis_session_live_count(const ll_analysis_session_t *self)
 }
 
 /* One binding standing for several that may each be current. */
-static s_binding_t *s_merge(s_sim_t *sim, s_binding_t **alts, size_t n,
-                            s_binding_t *old)
+static s_binding_t *s_merge(s_sim_t *sim, s_binding_t **alts, size_t n, s_binding_t *old)
 {
     s_binding_t *m = calloc(1, sizeof *m);
     if (!m) {
@@ -756,16 +737,15 @@ static s_binding_t *s_merge(s_sim_t *sim, s_binding_t **alts, size_t n,
         m->kernel_bound |= b->kernel_bound;
         if (s_is_import(b) && b->path)
             s_add(sim, &m->prov, b->path);
-        if (!s_is_import(b) || !b->path || !alts[0]->path ||
-            strcmp(b->path, alts[0]->path) != 0 || b->kind != alts[0]->kind)
+        if (!s_is_import(b) || !b->path || !alts[0]->path || strcmp(b->path, alts[0]->path) != 0 ||
+            b->kind != alts[0]->kind)
             same_import = false;
     }
     if (same_import) {
         m->kind = alts[0]->kind;
         m->path = strdup(alts[0]->path);
         m->stmt = strdup(alts[0]->stmt);
-    }
-    else
+    } else
         m->kind = LL_BK_VALUE; /* restore whatever object is there */
     return m;
 }
@@ -791,8 +771,7 @@ static void s_commit(s_sim_t *sim)
         if (e->nalts == 1 && (!e->base || !old)) {
             nb = e->alts[0];
             nb->moved = true;
-        }
-        else
+        } else
             nb = s_merge(sim, e->alts, e->nalts, e->base ? old : NULL);
         if (!nb)
             return;
@@ -810,8 +789,7 @@ static void s_commit(s_sim_t *sim)
     }
 }
 
-int ll_analysis_session_record(ll_analysis_session_t *self,
-                               const ll_analysis_t *cell)
+int ll_analysis_session_record(ll_analysis_session_t *self, const ll_analysis_t *cell)
 {
     if (!self || !cell)
         return -1;
@@ -839,7 +817,7 @@ struct ll_analysis_closure_t {
     ll_names_t writes;    /* sorted: may bind, rebind or change in place */
     ll_names_t deletes;   /* sorted: certainly deletes */
     bool opaque;
-    bool kernel_bound;    /* uses comm machinery: runs in the kernel */
+    bool kernel_bound; /* uses comm machinery: runs in the kernel */
     int label;
     size_t live;
 };
@@ -894,8 +872,8 @@ ll_analysis_closure_t *ll_analysis_session_closure(ll_analysis_session_t *self,
     ll_analysis_closure_t *c = calloc(1, sizeof *c);
     /* Scratch sets borrow from the replay, the session and the cell; only
      * the closure's own sets copy. */
-    ll_names_t state = {.borrow = true}, stmts = {.borrow = true},
-               paths = {.borrow = true}, imports = {0};
+    ll_names_t state = {.borrow = true}, stmts = {.borrow = true}, paths = {.borrow = true},
+               imports = {0};
     int rc = sim.oom || !c ? -1 : 0;
     if (rc == 0 && sim.opaque) {
         /* Everything live, and every module anything live was built with. */
@@ -906,9 +884,7 @@ ll_analysis_closure_t *ll_analysis_session_closure(ll_analysis_session_t *self,
                 if ((b->stmt && ll_names_add(&stmts, b->stmt) < 0) ||
                     (b->path && ll_names_add(&paths, b->path) < 0))
                     rc = -1;
-            }
-            else if (ll_names_add(&state, name) < 0 ||
-                     ll_names_union(&paths, &b->prov) < 0)
+            } else if (ll_names_add(&state, name) < 0 || ll_names_union(&paths, &b->prov) < 0)
                 rc = -1;
         }
     }
@@ -926,10 +902,8 @@ ll_analysis_closure_t *ll_analysis_session_closure(ll_analysis_session_t *self,
         ll_names_t eff = {0};
         rc = s_packages(&eff, &paths);
         rc = rc ? rc
-                : s_sorted_into(&c->state, &state) |
-                      s_sorted_into(&c->stmts, &stmts) |
-                      s_sorted_into(&c->imports, &imports) |
-                      s_sorted_into(&c->effective, &eff) |
+                : s_sorted_into(&c->state, &state) | s_sorted_into(&c->stmts, &stmts) |
+                      s_sorted_into(&c->imports, &imports) | s_sorted_into(&c->effective, &eff) |
                       ll_names_union(&c->reads, &sim.reads);
         ll_names_clear(&eff);
     }
@@ -990,19 +964,49 @@ ll_analysis_closure_t *ll_analysis_session_closure(ll_analysis_session_t *self,
 
 static ll_analysis_strs_t s_strs(const ll_names_t *n)
 {
-    return (ll_analysis_strs_t){(const char *const *)n->items, n->count};
+    return (ll_analysis_strs_t){(const char *const *) n->items, n->count};
 }
 
-ll_analysis_strs_t ll_analysis_closure_state(const ll_analysis_closure_t *self) { return s_strs(&self->state); }
-ll_analysis_strs_t ll_analysis_closure_imports(const ll_analysis_closure_t *self) { return s_strs(&self->imports); }
-ll_analysis_strs_t ll_analysis_closure_effective(const ll_analysis_closure_t *self) { return s_strs(&self->effective); }
-ll_analysis_strs_t ll_analysis_closure_import_stmts(const ll_analysis_closure_t *self) { return s_strs(&self->stmts); }
-ll_analysis_strs_t ll_analysis_closure_writes(const ll_analysis_closure_t *self) { return s_strs(&self->writes); }
-ll_analysis_strs_t ll_analysis_closure_deletes(const ll_analysis_closure_t *self) { return s_strs(&self->deletes); }
-ll_analysis_label_t ll_analysis_closure_label(const ll_analysis_closure_t *self) { return self->label; }
-bool ll_analysis_closure_is_opaque(const ll_analysis_closure_t *self) { return self->opaque; }
-bool ll_analysis_closure_is_kernel_bound(const ll_analysis_closure_t *self) { return self->kernel_bound; }
-size_t ll_analysis_closure_live_count(const ll_analysis_closure_t *self) { return self->live; }
+ll_analysis_strs_t ll_analysis_closure_state(const ll_analysis_closure_t *self)
+{
+    return s_strs(&self->state);
+}
+ll_analysis_strs_t ll_analysis_closure_imports(const ll_analysis_closure_t *self)
+{
+    return s_strs(&self->imports);
+}
+ll_analysis_strs_t ll_analysis_closure_effective(const ll_analysis_closure_t *self)
+{
+    return s_strs(&self->effective);
+}
+ll_analysis_strs_t ll_analysis_closure_import_stmts(const ll_analysis_closure_t *self)
+{
+    return s_strs(&self->stmts);
+}
+ll_analysis_strs_t ll_analysis_closure_writes(const ll_analysis_closure_t *self)
+{
+    return s_strs(&self->writes);
+}
+ll_analysis_strs_t ll_analysis_closure_deletes(const ll_analysis_closure_t *self)
+{
+    return s_strs(&self->deletes);
+}
+ll_analysis_label_t ll_analysis_closure_label(const ll_analysis_closure_t *self)
+{
+    return self->label;
+}
+bool ll_analysis_closure_is_opaque(const ll_analysis_closure_t *self)
+{
+    return self->opaque;
+}
+bool ll_analysis_closure_is_kernel_bound(const ll_analysis_closure_t *self)
+{
+    return self->kernel_bound;
+}
+size_t ll_analysis_closure_live_count(const ll_analysis_closure_t *self)
+{
+    return self->live;
+}
 
 static json_t *s_json_list(const ll_names_t *n)
 {
@@ -1014,14 +1018,11 @@ static json_t *s_json_list(const ll_names_t *n)
 
 json_t *ll_analysis_closure_json(const ll_analysis_closure_t *self)
 {
-    return json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:s, s:b, s:b, s:I}",
-                     "state_closure", s_json_list(&self->state),
-                     "import_closure", s_json_list(&self->imports),
-                     "effective_imports", s_json_list(&self->effective),
-                     "import_statements", s_json_list(&self->stmts),
-                     "writes", s_json_list(&self->writes),
-                     "deletes", s_json_list(&self->deletes), "label",
-                     self->label == LL_ANALYSIS_GPU ? "gpu" : "cpu", "opaque",
-                     self->opaque, "kernel_bound", self->kernel_bound, "live",
-                     (json_int_t)self->live);
+    return json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:s, s:b, s:b, s:I}", "state_closure",
+                     s_json_list(&self->state), "import_closure", s_json_list(&self->imports),
+                     "effective_imports", s_json_list(&self->effective), "import_statements",
+                     s_json_list(&self->stmts), "writes", s_json_list(&self->writes), "deletes",
+                     s_json_list(&self->deletes), "label",
+                     self->label == LL_ANALYSIS_GPU ? "gpu" : "cpu", "opaque", self->opaque,
+                     "kernel_bound", self->kernel_bound, "live", (json_int_t) self->live);
 }

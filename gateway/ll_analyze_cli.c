@@ -32,11 +32,9 @@ int ll_analysis_python_start(char *err, size_t errlen)
         config.site_import = 1;
         /* Debian's layout: prefix /usr, dist-packages through site. */
         config.safe_path = 1;
-        PyStatus st = PyConfig_SetString(&config, &config.program_name,
-                                         L"/usr/bin/python3");
+        PyStatus st = PyConfig_SetString(&config, &config.program_name, L"/usr/bin/python3");
         if (!PyStatus_Exception(st))
-            st = PyConfig_SetString(&config, &config.executable,
-                                    L"/usr/bin/python3");
+            st = PyConfig_SetString(&config, &config.executable, L"/usr/bin/python3");
         if (!PyStatus_Exception(st))
             st = Py_InitializeFromConfig(&config);
         PyConfig_Clear(&config);
@@ -64,13 +62,13 @@ static char *s_source(json_t *cell, size_t *len)
     }
     size_t total = 0, i;
     json_t *part;
-    json_array_foreach(src, i, part) total += json_string_length(part);
+    json_array_foreach(src, i, part)
+        total += json_string_length(part);
     char *out = malloc(total + 1);
     if (!out)
         return NULL;
     size_t at = 0;
-    json_array_foreach(src, i, part)
-    {
+    json_array_foreach(src, i, part) {
         if (!json_is_string(part))
             continue;
         memcpy(out + at, json_string_value(part), json_string_length(part));
@@ -93,20 +91,19 @@ static void s_print_list(const char *label, ll_analysis_strs_t l)
 
 static int s_cmp_double(const void *a, const void *b)
 {
-    double x = *(const double *)a, y = *(const double *)b;
+    double x = *(const double *) a, y = *(const double *) b;
     return (x > y) - (x < y);
 }
 
 static int s_usage(FILE *out)
 {
-    fprintf(out,
-            "usage: looseleaf analyze [--json] NOTEBOOK.ipynb|-\n"
-            "Static analysis of every code cell (run in notebook order): defs,\n"
-            "reads, functions' globals, state closure, import closure, CPU/GPU\n"
-            "label, opaque flag; then the share of GPU cells and |state closure|\n"
-            "/ |live variables| per GPU cell.  `-` reads the notebook from stdin.\n"
-            "LOOSELEAF_GPU_PACKAGES=a,b.c adds GPU packages.  Exit status 1 when\n"
-            "a cell does not parse, 2 on bad usage or an unreadable notebook.\n");
+    fprintf(out, "usage: looseleaf analyze [--json] NOTEBOOK.ipynb|-\n"
+                 "Static analysis of every code cell (run in notebook order): defs,\n"
+                 "reads, functions' globals, state closure, import closure, CPU/GPU\n"
+                 "label, opaque flag; then the share of GPU cells and |state closure|\n"
+                 "/ |live variables| per GPU cell.  `-` reads the notebook from stdin.\n"
+                 "LOOSELEAF_GPU_PACKAGES=a,b.c adds GPU packages.  Exit status 1 when\n"
+                 "a cell does not parse, 2 on bad usage or an unreadable notebook.\n");
     return 2;
 }
 
@@ -120,8 +117,7 @@ int ll_analyze_main(int argc, char **argv)
         else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             s_usage(stdout);
             return 0;
-        }
-        else if (!path)
+        } else if (!path)
             path = argv[i];
         else
             return s_usage(stderr);
@@ -132,18 +128,16 @@ int ll_analyze_main(int argc, char **argv)
     json_error_t jerr;
     /* Cells may hold NUL characters (\u0000): analysis rejects those per
      * cell, the notebook as a whole is still read. */
-    json_t *nb = strcmp(path, "-") == 0
-                     ? json_loadf(stdin, JSON_ALLOW_NUL, &jerr)
-                     : json_load_file(path, JSON_ALLOW_NUL, &jerr);
+    json_t *nb = strcmp(path, "-") == 0 ? json_loadf(stdin, JSON_ALLOW_NUL, &jerr)
+                                        : json_load_file(path, JSON_ALLOW_NUL, &jerr);
     if (!nb) {
-        fprintf(stderr, "looseleaf analyze: %s: not a JSON notebook: %s (line %d)\n",
-                path, jerr.text, jerr.line);
+        fprintf(stderr, "looseleaf analyze: %s: not a JSON notebook: %s (line %d)\n", path,
+                jerr.text, jerr.line);
         return 2;
     }
     json_t *cells = json_object_get(nb, "cells");
     if (!json_is_array(cells)) {
-        fprintf(stderr, "looseleaf analyze: %s: no \"cells\" list (nbformat 4 expected)\n",
-                path);
+        fprintf(stderr, "looseleaf analyze: %s: no \"cells\" list (nbformat 4 expected)\n", path);
         json_decref(nb);
         return 2;
     }
@@ -161,14 +155,11 @@ int ll_analyze_main(int argc, char **argv)
     int rc = session && out_cells && ratios ? 0 : 2;
     size_t index;
     json_t *cell;
-    json_array_foreach(cells, index, cell)
-    {
+    json_array_foreach(cells, index, cell) {
         if (rc == 2)
             break;
-        if (!json_is_object(cell) ||
-            !json_is_string(json_object_get(cell, "cell_type")) ||
-            strcmp(json_string_value(json_object_get(cell, "cell_type")),
-                   "code") != 0)
+        if (!json_is_object(cell) || !json_is_string(json_object_get(cell, "cell_type")) ||
+            strcmp(json_string_value(json_object_get(cell, "cell_type")), "code") != 0)
             continue;
         ncode++;
         size_t len = 0;
@@ -180,42 +171,36 @@ int ll_analyze_main(int argc, char **argv)
             rc = 2;
             break;
         }
-        json_t *entry = json_pack("{s:I, s:I, s:o}", "cell", (json_int_t)index,
-                                  "code_cell", (json_int_t)ncode, "facts",
-                                  ll_analysis_json(a));
+        json_t *entry = json_pack("{s:I, s:I, s:o}", "cell", (json_int_t) index, "code_cell",
+                                  (json_int_t) ncode, "facts", ll_analysis_json(a));
         if (ll_analysis_error(a)) {
             nerr++;
             if (!as_json)
-                printf("cell %zu (code cell %zu): error: %s\n", index, ncode,
-                       ll_analysis_error(a));
-        }
-        else {
+                printf("cell %zu (code cell %zu): error: %s\n", index, ncode, ll_analysis_error(a));
+        } else {
             ll_analysis_closure_t *c = ll_analysis_session_closure(session, a);
             if (!c) {
                 fprintf(stderr, "looseleaf analyze: out of memory\n");
                 rc = 2;
-            }
-            else {
+            } else {
                 bool gpu = ll_analysis_closure_label(c) == LL_ANALYSIS_GPU;
                 size_t live = ll_analysis_closure_live_count(c);
                 size_t state = ll_analysis_closure_state(c).count;
                 if (gpu) {
                     ngpu++;
                     if (live)
-                        ratios[nratio++] = (double)state / (double)live;
+                        ratios[nratio++] = (double) state / (double) live;
                 }
                 json_object_set_new(entry, "closure", ll_analysis_closure_json(c));
                 if (!as_json) {
-                    printf("cell %zu (code cell %zu): %s%s\n", index, ncode,
-                           gpu ? "GPU" : "CPU",
+                    printf("cell %zu (code cell %zu): %s%s\n", index, ncode, gpu ? "GPU" : "CPU",
                            ll_analysis_closure_is_opaque(c) ? ", opaque" : "");
                     s_print_list("defs:", ll_analysis_defs(a));
                     s_print_list("reads:", ll_analysis_reads(a));
                     for (size_t f = 0; f < ll_analysis_function_count(a); f++) {
                         char label[300];
-                        snprintf(label, sizeof label, "%s %s:",
-                                 ll_analysis_function_is_class(a, f) ? "class"
-                                                                     : "def",
+                        snprintf(label, sizeof label,
+                                 "%s %s:", ll_analysis_function_is_class(a, f) ? "class" : "def",
                                  ll_analysis_function_name(a, f));
                         s_print_list(label, ll_analysis_function_globals(a, f));
                     }
@@ -238,34 +223,29 @@ int ll_analyze_main(int argc, char **argv)
     qsort(ratios, nratio, sizeof *ratios, s_cmp_double);
     double median = 0;
     if (nratio)
-        median = nratio % 2 ? ratios[nratio / 2]
-                            : (ratios[nratio / 2 - 1] + ratios[nratio / 2]) / 2;
+        median =
+            nratio % 2 ? ratios[nratio / 2] : (ratios[nratio / 2 - 1] + ratios[nratio / 2]) / 2;
     size_t analysed = ncode - nerr;
-    double share = analysed ? (double)ngpu / (double)analysed : 0;
+    double share = analysed ? (double) ngpu / (double) analysed : 0;
     if (rc != 2) {
         if (as_json) {
             json_t *r = json_array();
             for (size_t i = 0; i < nratio; i++)
                 json_array_append_new(r, json_real(ratios[i]));
             json_t *summary = json_pack(
-                "{s:I, s:I, s:I, s:I, s:f, s:o, s:f}", "code_cells",
-                (json_int_t)ncode, "analysed", (json_int_t)analysed, "errors",
-                (json_int_t)nerr, "gpu_cells", (json_int_t)ngpu, "gpu_share",
-                share, "gpu_closure_ratios", r, "median_gpu_closure_ratio",
-                median);
-            json_t *doc = json_pack("{s:O, s:o}", "cells", out_cells, "summary",
-                                    summary);
+                "{s:I, s:I, s:I, s:I, s:f, s:o, s:f}", "code_cells", (json_int_t) ncode, "analysed",
+                (json_int_t) analysed, "errors", (json_int_t) nerr, "gpu_cells", (json_int_t) ngpu,
+                "gpu_share", share, "gpu_closure_ratios", r, "median_gpu_closure_ratio", median);
+            json_t *doc = json_pack("{s:O, s:o}", "cells", out_cells, "summary", summary);
             char *text = doc ? json_dumps(doc, JSON_INDENT(1)) : NULL;
             if (text)
                 printf("%s\n", text);
             free(text);
             json_decref(doc);
-        }
-        else {
-            printf("summary: %zu code cells, %zu analysed, %zu with errors\n",
-                   ncode, analysed, nerr);
-            printf("  GPU cells: %zu (%.1f%% of analysed cells)\n", ngpu,
-                   100 * share);
+        } else {
+            printf("summary: %zu code cells, %zu analysed, %zu with errors\n", ncode, analysed,
+                   nerr);
+            printf("  GPU cells: %zu (%.1f%% of analysed cells)\n", ngpu, 100 * share);
             if (nratio)
                 printf("  |state closure| / |live variables| per GPU cell: "
                        "median %.3f (min %.3f, max %.3f, n=%zu)\n",

@@ -19,21 +19,21 @@
 #include <unistd.h>
 
 #define LL_FDCAP_PIPE_SIZE (1 << 20)
-#define LL_FDCAP_CHUNK (64 * 1024)
+#define LL_FDCAP_CHUNK     (64 * 1024)
 
 struct ll_fdcap_t {
-    size_t n;                       /* captured descriptors */
-    int fds[LL_FDCAP_MAX];          /* the captured numbers (1, 2) */
-    int saved[LL_FDCAP_MAX];        /* dups of what they were before */
-    int rd[LL_FDCAP_MAX];           /* read ends of the pipes (-1 at EOF) */
+    size_t n;                /* captured descriptors */
+    int fds[LL_FDCAP_MAX];   /* the captured numbers (1, 2) */
+    int saved[LL_FDCAP_MAX]; /* dups of what they were before */
+    int rd[LL_FDCAP_MAX];    /* read ends of the pipes (-1 at EOF) */
     const char *names[LL_FDCAP_MAX];
     ll_fdcap_sink_fn *sink;
     void *ctx;
-    int stop_fd;                    /* eventfd: wakes the reader to exit */
-    pthread_mutex_t lock;           /* one reader of the pipes at a time */
+    int stop_fd;          /* eventfd: wakes the reader to exit */
+    pthread_mutex_t lock; /* one reader of the pipes at a time */
     pthread_t reader;
     bool reader_started;
-    char chunk[LL_FDCAP_CHUNK];     /* read buffer (under lock) */
+    char chunk[LL_FDCAP_CHUNK]; /* read buffer (under lock) */
 };
 
 /* Read what is available on pipe I now and pass it on.  Caller holds lock.
@@ -84,8 +84,8 @@ static void *s_reader(void *arg)
     return NULL;
 }
 
-ll_fdcap_t *ll_fdcap_new(const int *fds, const char *const *names, size_t n,
-                         ll_fdcap_sink_fn *sink, void *ctx, char *err, size_t errlen)
+ll_fdcap_t *ll_fdcap_new(const int *fds, const char *const *names, size_t n, ll_fdcap_sink_fn *sink,
+                         void *ctx, char *err, size_t errlen)
 {
     if (n == 0 || n > LL_FDCAP_MAX || !sink) {
         snprintf(err, errlen, "fdcap: bad arguments");

@@ -28,8 +28,8 @@ typedef void(ll_fdcap_sink_fn)(void *ctx, const char *name, const char *data, si
 /* Capture the N (<= LL_FDCAP_MAX) descriptors FDS, reporting their bytes
  * under NAMES (static strings).  Returns NULL with a reason in ERR if a pipe,
  * dup or the thread fails (nothing is left redirected then). */
-ll_fdcap_t *ll_fdcap_new(const int *fds, const char *const *names, size_t n,
-                         ll_fdcap_sink_fn *sink, void *ctx, char *err, size_t errlen);
+ll_fdcap_t *ll_fdcap_new(const int *fds, const char *const *names, size_t n, ll_fdcap_sink_fn *sink,
+                         void *ctx, char *err, size_t errlen);
 
 /* Restore the original descriptors, hand over what is left in the pipes,
  * stop the reader.  Nulls *SELF_P; safe on NULL. */

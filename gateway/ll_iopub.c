@@ -104,7 +104,7 @@ void ll_iopub_destroy(ll_iopub_t **self_p)
     ll_iopub_t *self = *self_p;
     ll_stream_destroy(&self->stream); /* flushes */
     ll_msg_destroy(&self->parent);
-    zsock_destroy(&self->pub);        /* lingers for queued messages */
+    zsock_destroy(&self->pub); /* lingers for queued messages */
     free(self);
     *self_p = NULL;
 }
@@ -245,7 +245,8 @@ static ll_msg_t *s_st_recv(ll_session_t *session, zsock_t *sub)
         zmsg_t *raw = zmsg_recv(sub);
         if (raw)
             msg = ll_session_decode(session, &raw, why, sizeof why);
-        const char *state = msg ? json_string_value(json_object_get(msg->content, "execution_state")) : NULL;
+        const char *state =
+            msg ? json_string_value(json_object_get(msg->content, "execution_state")) : NULL;
         if (state && strcmp(state, "starting") == 0)
             ll_msg_destroy(&msg);
     }
@@ -269,8 +270,8 @@ int ll_iopub_selftest(bool verbose)
     ll_msg_t *req1 = NULL, *req2 = NULL, *got = NULL;
     zsock_t *sub = NULL;
     ll_session_t *session = ll_session_new((const unsigned char *) "k", 1, "hmac-sha256", 0);
-    ll_iopub_t *iopub = session ? ll_iopub_new(session, "inproc://ll-iopub-selftest", err, sizeof err)
-                                : NULL;
+    ll_iopub_t *iopub =
+        session ? ll_iopub_new(session, "inproc://ll-iopub-selftest", err, sizeof err) : NULL;
     if (!iopub)
         goto out;
     sub = zsock_new_sub(">inproc://ll-iopub-selftest", "");
@@ -307,7 +308,9 @@ int ll_iopub_selftest(bool verbose)
     got = s_st_recv(session, sub);
     if (!s_st_is(got, "stream", id1) ||
         strcmp(json_string_value(json_object_get(got->content, "text")), "one two\n") != 0 ||
-        strncmp(zframe_data(zmsg_first(got->identities)) ? (char *) zframe_data(zmsg_first(got->identities)) : "",
+        strncmp(zframe_data(zmsg_first(got->identities))
+                    ? (char *) zframe_data(zmsg_first(got->identities))
+                    : "",
                 "kernel.", 7) != 0)
         goto out;
     ll_msg_destroy(&got);

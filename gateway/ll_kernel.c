@@ -67,38 +67,39 @@ typedef struct {
 /* The kernel process's state.  A singleton because signal handlers and the
  * interpreter hooks (plain C callbacks) need it. */
 static struct {
-    ll_conn_info_t conn;        /* ports (the key is wiped after start) */
-    ll_session_t *session;      /* signing, ids, replay history */
-    zsock_t *shell;             /* main thread */
-    zsock_t *control;           /* control thread */
-    zsock_t *stdin_sock;        /* under stdin_lock */
-    zsock_t *hb;                /* heartbeat thread */
-    ll_iopub_t *iopub;          /* any thread */
-    ll_fdcap_t *fdcap;          /* fds 1/2 capture, NULL if it failed */
-    int wake_fd;                /* eventfd: wakes the main loop (shutdown, SIGTERM) */
-    int intr_fd;                /* eventfd: wakes an input() wait (SIGINT) */
-    int stop_fd;                /* eventfd: tells control and heartbeat to exit */
+    ll_conn_info_t conn;   /* ports (the key is wiped after start) */
+    ll_session_t *session; /* signing, ids, replay history */
+    zsock_t *shell;        /* main thread */
+    zsock_t *control;      /* control thread */
+    zsock_t *stdin_sock;   /* under stdin_lock */
+    zsock_t *hb;           /* heartbeat thread */
+    ll_iopub_t *iopub;     /* any thread */
+    ll_fdcap_t *fdcap;     /* fds 1/2 capture, NULL if it failed */
+    int wake_fd;           /* eventfd: wakes the main loop (shutdown, SIGTERM) */
+    int intr_fd;           /* eventfd: wakes an input() wait (SIGINT) */
+    int stop_fd;           /* eventfd: tells control and heartbeat to exit */
     pthread_t control_thread, hb_thread;
     bool control_started, hb_started;
-    json_t *kernel_info;        /* cached kernel_info_reply content; read-only once set */
-    long long exec_count;       /* last execution_count the interpreter replied; main thread */
-    zlist_t *to_abort;          /* decoded shell requests taken when an execute failed; main thread */
-    zlist_t *queued;            /* decoded shell requests read ahead (prefetch hints); main thread */
-    char *hint;                 /* latest edit-time hint's code, waiting out the debounce; main thread */
-    double hint_at;             /* when it came (ll_route_now_ms) */
-    double burst_at;            /* when the first hint since the last prefetch came */
-    double commit_at;           /* when user code last ran in the interpreter, 0 once committed */
-    zlist_t *prefetch_comms;    /* comm ids opened on the looseleaf.prefetch target; main thread */
-    unsigned long interp_epoch; /* interpreter requests that may have changed a variable; main thread */
-    char *pf_code;              /* code of the last prefetch sent, its interpreter answer, and the */
-    json_t *pf_sync;            /*   epoch then: a Run of that code before the epoch moved needs no */
-    unsigned long pf_epoch;     /*   second commit (s_reuse_prefetch_sync); main thread */
-    atomic_bool interrupted;    /* SIGINT since the main thread last looked: drop speculative work */
-    ll_route_t *route;          /* cell analysis and GPU routing, NULL when off; main thread */
-    atomic_bool allow_stdin;    /* of the execute_request now running */
-    atomic_bool shutdown;       /* a shutdown_request was answered */
+    json_t *kernel_info;  /* cached kernel_info_reply content; read-only once set */
+    long long exec_count; /* last execution_count the interpreter replied; main thread */
+    zlist_t *to_abort;    /* decoded shell requests taken when an execute failed; main thread */
+    zlist_t *queued;      /* decoded shell requests read ahead (prefetch hints); main thread */
+    char *hint;           /* latest edit-time hint's code, waiting out the debounce; main thread */
+    double hint_at;       /* when it came (ll_route_now_ms) */
+    double burst_at;      /* when the first hint since the last prefetch came */
+    double commit_at;     /* when user code last ran in the interpreter, 0 once committed */
+    zlist_t *prefetch_comms; /* comm ids opened on the looseleaf.prefetch target; main thread */
+    unsigned long
+        interp_epoch;       /* interpreter requests that may have changed a variable; main thread */
+    char *pf_code;          /* code of the last prefetch sent, its interpreter answer, and the */
+    json_t *pf_sync;        /*   epoch then: a Run of that code before the epoch moved needs no */
+    unsigned long pf_epoch; /*   second commit (s_reuse_prefetch_sync); main thread */
+    atomic_bool interrupted; /* SIGINT since the main thread last looked: drop speculative work */
+    ll_route_t *route;       /* cell analysis and GPU routing, NULL when off; main thread */
+    atomic_bool allow_stdin; /* of the execute_request now running */
+    atomic_bool shutdown;    /* a shutdown_request was answered */
     volatile sig_atomic_t terminate; /* SIGTERM arrived */
-    pthread_mutex_t stdin_lock; /* one input() at a time on the stdin socket */
+    pthread_mutex_t stdin_lock;      /* one input() at a time on the stdin socket */
 } s_k = {.wake_fd = -1, .intr_fd = -1, .stop_fd = -1, .stdin_lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* ---- small helpers ------------------------------------------------------- */
@@ -242,8 +243,9 @@ static void s_on_shutdown(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
  * commit valid (s_reuse_prefetch_sync). */
 static bool s_read_only_request(const char *msg_type)
 {
-    static const char *const ro[] = {"complete_request", "inspect_request", "is_complete_request",
-                                     "history_request", "kernel_info_request", "comm_info_request"};
+    static const char *const ro[] = {"complete_request",    "inspect_request",
+                                     "is_complete_request", "history_request",
+                                     "kernel_info_request", "comm_info_request"};
     for (size_t i = 0; i < sizeof ro / sizeof ro[0]; i++)
         if (strcmp(msg_type, ro[i]) == 0)
             return true;
@@ -472,7 +474,8 @@ static void s_cancel_prefetch(void)
 static json_t *s_reuse_prefetch_sync(const char *code)
 {
     json_t *sync = NULL;
-    if (s_k.pf_sync && code && s_k.pf_code && strcmp(code, s_k.pf_code) == 0 && s_k.pf_epoch == s_k.interp_epoch) {
+    if (s_k.pf_sync && code && s_k.pf_code && strcmp(code, s_k.pf_code) == 0 &&
+        s_k.pf_epoch == s_k.interp_epoch) {
         sync = json_deep_copy(s_k.pf_sync);
         json_object_del(sync, "closure_bytes");
         json_object_set_new(sync, "kernel_save_ms", json_real(0));
@@ -509,9 +512,13 @@ static bool s_execute_on_worker(ll_msg_t *req, ll_route_plan_t *plan, double t_r
         json_decref(sync);
         return false;
     }
-    ll_route_io_t io = {.iopub = s_k.iopub, .session = s_k.session, .stdin_sock = s_k.stdin_sock,
-                        .stdin_lock = &s_k.stdin_lock, .intr_fd = s_k.intr_fd,
-                        .stopping = s_stopping, .t_run = t_run};
+    ll_route_io_t io = {.iopub = s_k.iopub,
+                        .session = s_k.session,
+                        .stdin_sock = s_k.stdin_sock,
+                        .stdin_lock = &s_k.stdin_lock,
+                        .intr_fd = s_k.intr_fd,
+                        .stopping = s_stopping,
+                        .t_run = t_run};
     char err[512];
     s_eventfd_drain(s_k.intr_fd); /* an interrupt from before this cell is not for it */
     if (ll_route_run_gpu(s_k.route, plan, req, sync, &io, reply_p, md_p, err, sizeof err) < 0) {
@@ -522,16 +529,16 @@ static bool s_execute_on_worker(ll_msg_t *req, ll_route_plan_t *plan, double t_r
     /* History, counter and deletions follow the worker (coherence.py). */
     json_t *wmd = json_object_get(*md_p, "looseleaf");
     json_t *sh = json_object_get(req->content, "store_history");
-    json_t *after = json_pack("{s:b, s:O, s:O, s:O, s:O}", "store_history", !sh || json_is_true(sh),
-                              "code", json_object_get(req->content, "code"),
-                              "execution_count", json_object_get(sync, "execution_count"), "saved",
-                              json_object_get(wmd, "saved") ? json_object_get(wmd, "saved")
-                                                            : json_array(),
-                              "deleted", json_object_get(wmd, "deleted") ? json_object_get(wmd, "deleted")
-                                                                         : json_array());
+    json_t *after = json_pack(
+        "{s:b, s:O, s:O, s:O, s:O}", "store_history", !sh || json_is_true(sh), "code",
+        json_object_get(req->content, "code"), "execution_count",
+        json_object_get(sync, "execution_count"), "saved",
+        json_object_get(wmd, "saved") ? json_object_get(wmd, "saved") : json_array(), "deleted",
+        json_object_get(wmd, "deleted") ? json_object_get(wmd, "deleted") : json_array());
     /* Without the worker's account of what it committed (it died, the pool
      * went away), the kernel compares versions before its next CPU cell. */
-    json_object_set_new(after, "unknown", json_boolean(!json_is_array(json_object_get(wmd, "saved"))));
+    json_object_set_new(after, "unknown",
+                        json_boolean(!json_is_array(json_object_get(wmd, "saved"))));
     s_k.interp_epoch++; /* history, counter, the worker's commit: a kept prefetch commit is stale */
     json_decref(s_interp_own("looseleaf_after_gpu", after, req));
     json_decref(after);
@@ -545,7 +552,8 @@ static bool s_execute_on_worker(ll_msg_t *req, ll_route_plan_t *plan, double t_r
     json_t *ll = ll_route_plan_json(plan, "gpu");
     if (json_is_object(wmd))
         json_object_update(ll, wmd);
-    const char *keys[] = {"kernel_save_ms", "kernel_bytes_saved", "kernel_saved", "kernel_commit_by_prefetch"};
+    const char *keys[] = {"kernel_save_ms", "kernel_bytes_saved", "kernel_saved",
+                          "kernel_commit_by_prefetch"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         if (json_object_get(sync, keys[i]))
             json_object_set(ll, keys[i], json_object_get(sync, keys[i]));
@@ -780,9 +788,10 @@ static void s_on_execute(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
         if (json_is_object(req->metadata)) {
             json_t *closure = plan ? ll_route_plan_closure(plan) : NULL;
             if (closure && why_not)
-                json_object_set_new(closure, "notice",
-                                    json_sprintf("LooseLeaf: %s; this GPU cell runs in the kernel\n",
-                                                 json_string_value(why_not)));
+                json_object_set_new(
+                    closure, "notice",
+                    json_sprintf("LooseLeaf: %s; this GPU cell runs in the kernel\n",
+                                 json_string_value(why_not)));
             if (closure)
                 json_object_set_new(req->metadata, "__looseleaf_plan__", closure);
             else
@@ -879,8 +888,7 @@ static void s_dispatch(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
     if (h)
         h->fn(req, chan, sock);
     else
-        ll_warn("kernel", "unknown message type '%.64s' on %s: ignored", req->msg_type,
-                chan_name);
+        ll_warn("kernel", "unknown message type '%.64s' on %s: ignored", req->msg_type, chan_name);
     if (chan == S_SHELL) {
         s_collect_output();
         /* User code may have taken SIGINT over (asyncio.run restores Python's
@@ -897,8 +905,7 @@ static void s_dispatch(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
  * -1 error. */
 static int s_wait(zsock_t *sock, int fd)
 {
-    zmq_pollitem_t items[2] = {{zsock_resolve(sock), 0, ZMQ_POLLIN, 0},
-                               {NULL, fd, ZMQ_POLLIN, 0}};
+    zmq_pollitem_t items[2] = {{zsock_resolve(sock), 0, ZMQ_POLLIN, 0}, {NULL, fd, ZMQ_POLLIN, 0}};
     for (;;) {
         int rc = zmq_poll(items, 2, -1);
         if (rc < 0 && errno == EINTR)
@@ -993,8 +1000,11 @@ static char *s_hook_input(void *ctx, const char *prompt, bool password, int *err
         *err = 2;
         return NULL;
     }
-    ll_route_io_t io = {.iopub = s_k.iopub, .session = s_k.session, .stdin_sock = s_k.stdin_sock,
-                        .stdin_lock = &s_k.stdin_lock, .intr_fd = s_k.intr_fd};
+    ll_route_io_t io = {.iopub = s_k.iopub,
+                        .session = s_k.session,
+                        .stdin_sock = s_k.stdin_sock,
+                        .stdin_lock = &s_k.stdin_lock,
+                        .intr_fd = s_k.intr_fd};
     s_eventfd_drain(s_k.intr_fd); /* an interrupt from before this prompt is not for it */
     if (!ll_route_ask_input(&io, prompt, password)) {
         *err = 2;
@@ -1033,7 +1043,7 @@ static char *s_hook_pool_stats(void *ctx)
 static void s_on_sigint(int sig)
 {
     int saved = errno;
-    ll_interp_interrupt(); /* no-op when idle: an idle SIGINT is ignored */
+    ll_interp_interrupt();                /* no-op when idle: an idle SIGINT is ignored */
     atomic_store(&s_k.interrupted, true); /* speculative work goes (main thread) */
     s_eventfd_signal(s_k.intr_fd);
     errno = saved;
@@ -1086,7 +1096,7 @@ static zsock_t *s_bind(int type, ll_channel_t ch, char *err, size_t errlen)
     }
     zsock_set_linger(sock, 1000); /* let the last replies (shutdown) leave */
     if (strchr(s_k.conn.ip, ':'))
-        zsock_set_ipv6(sock, 1);  /* an IPv6 address ("::1") binds only with this */
+        zsock_set_ipv6(sock, 1); /* an IPv6 address ("::1") binds only with this */
     if (type == ZMQ_ROUTER) {
         zsock_set_rcvtimeo(sock, 0); /* receive only after polling: never block */
         /* A frontend that reconnects with the same identity (every client of
@@ -1185,8 +1195,10 @@ static void *s_exit_watchdog(void *arg)
     struct timespec ts = {LL_KERNEL_EXIT_GRACE_S, 0};
     while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
         ;
-    ll_warn("kernel", "exit took over %d s (a non-daemon thread or an atexit handler hangs?): "
-                      "leaving now", LL_KERNEL_EXIT_GRACE_S);
+    ll_warn("kernel",
+            "exit took over %d s (a non-daemon thread or an atexit handler hangs?): "
+            "leaving now",
+            LL_KERNEL_EXIT_GRACE_S);
     _exit(0);
     return NULL;
 }
@@ -1255,7 +1267,8 @@ int ll_kernel_run(const char *connection_file)
     s_k.session = ll_session_new(s_k.conn.key, s_k.conn.key_len, s_k.conn.signature_scheme, 0);
     ll_conn_clear(&s_k.conn); /* the session keeps its own copy of the key */
     if (!s_k.session) {
-        fprintf(stderr, "looseleaf: bad connection file %s: signature_scheme '%s' is not supported\n",
+        fprintf(stderr,
+                "looseleaf: bad connection file %s: signature_scheme '%s' is not supported\n",
                 connection_file, s_k.conn.signature_scheme);
         return 1;
     }
@@ -1385,10 +1398,11 @@ int ll_kernel_selftest(bool verbose)
     json_t *info = json_pack("{s:s, s:s, s:{s:s}}", "implementation", "ipython",
                              "implementation_version", "9", "language_info", "name", "python");
     s_kernel_info_complete(info);
-    bool ok = strcmp(json_string_value(json_object_get(info, "implementation")), "looseleaf") == 0 &&
-              strcmp(json_string_value(json_object_get(info, "implementation_version")), "9") == 0 &&
-              strcmp(json_string_value(json_object_get(info, "protocol_version")), "5.3") == 0 &&
-              json_is_false(json_object_get(info, "debugger"));
+    bool ok =
+        strcmp(json_string_value(json_object_get(info, "implementation")), "looseleaf") == 0 &&
+        strcmp(json_string_value(json_object_get(info, "implementation_version")), "9") == 0 &&
+        strcmp(json_string_value(json_object_get(info, "protocol_version")), "5.3") == 0 &&
+        json_is_false(json_object_get(info, "debugger"));
     json_decref(info);
     if (!ok)
         return -1;

@@ -67,9 +67,7 @@ int ll_kernelspec_dir(ll_kernelspec_where_t where, const char *arg, const char *
             return -1;
         }
         break;
-    case LL_KERNELSPEC_SYSTEM:
-        n = snprintf(data, sizeof data, "/usr/local/share/jupyter");
-        break;
+    case LL_KERNELSPEC_SYSTEM: n = snprintf(data, sizeof data, "/usr/local/share/jupyter"); break;
     case LL_KERNELSPEC_SYS_PREFIX:
         n = snprintf(data, sizeof data, "%s/share/jupyter", LL_KERNELSPEC_PY_PREFIX);
         break;
@@ -91,9 +89,7 @@ int ll_kernelspec_dir(ll_kernelspec_where_t where, const char *arg, const char *
             return -1;
         }
         return 0;
-    default:
-        snprintf(err, errlen, "unknown install location");
-        return -1;
+    default: snprintf(err, errlen, "unknown install location"); return -1;
     }
     if (n < 0 || (size_t) n >= sizeof data) {
         snprintf(err, errlen, "data directory name too long");
@@ -109,12 +105,10 @@ int ll_kernelspec_dir(ll_kernelspec_where_t where, const char *arg, const char *
 
 char *ll_kernelspec_json(const char *binary, const char *display_name)
 {
-    json_t *spec = json_pack("{s:[s,s,s], s:s, s:s, s:s, s:{s:b}}",
-                             "argv", binary, "-f", "{connection_file}",
-                             "display_name", display_name ? display_name : LL_KERNELSPEC_DISPLAY_NAME,
-                             "language", "python",
-                             "interrupt_mode", "signal",
-                             "metadata", "debugger", 0);
+    json_t *spec =
+        json_pack("{s:[s,s,s], s:s, s:s, s:s, s:{s:b}}", "argv", binary, "-f", "{connection_file}",
+                  "display_name", display_name ? display_name : LL_KERNELSPEC_DISPLAY_NAME,
+                  "language", "python", "interrupt_mode", "signal", "metadata", "debugger", 0);
     if (!spec)
         return NULL;
     char *text = json_dumps(spec, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
@@ -131,7 +125,7 @@ static int s_mkdirs(const char *dir, char *err, size_t errlen)
         snprintf(err, errlen, "directory name too long");
         return -1;
     }
-    for (char *p = path + 1; ; p++) {
+    for (char *p = path + 1;; p++) {
         if (*p == '/' || *p == '\0') {
             char saved = *p;
             *p = '\0';
@@ -226,8 +220,8 @@ int ll_kernelspec_selftest(bool verbose)
     if (!mkdtemp(tmpl))
         return -1;
 
-    if (ll_kernelspec_name_ok("bad/name") || ll_kernelspec_name_ok("") || ll_kernelspec_name_ok("..") ||
-        !ll_kernelspec_name_ok("looseleaf-2.x_y"))
+    if (ll_kernelspec_name_ok("bad/name") || ll_kernelspec_name_ok("") ||
+        ll_kernelspec_name_ok("..") || !ll_kernelspec_name_ok("looseleaf-2.x_y"))
         goto out;
     if (ll_kernelspec_dir(LL_KERNELSPEC_USER, NULL, "a b", dir, sizeof dir, err, sizeof err) == 0)
         goto out;
@@ -235,7 +229,8 @@ int ll_kernelspec_selftest(bool verbose)
     /* The user location honours JUPYTER_DATA_DIR. */
     char *old = getenv("JUPYTER_DATA_DIR") ? strdup(getenv("JUPYTER_DATA_DIR")) : NULL;
     setenv("JUPYTER_DATA_DIR", tmpl, 1);
-    int drc = ll_kernelspec_dir(LL_KERNELSPEC_USER, NULL, "looseleaf", dir, sizeof dir, err, sizeof err);
+    int drc =
+        ll_kernelspec_dir(LL_KERNELSPEC_USER, NULL, "looseleaf", dir, sizeof dir, err, sizeof err);
     if (old) {
         setenv("JUPYTER_DATA_DIR", old, 1);
         free(old);
@@ -246,7 +241,8 @@ int ll_kernelspec_selftest(bool verbose)
     snprintf(want, sizeof want, "%s/kernels/looseleaf", tmpl);
     if (drc != 0 || strcmp(dir, want) != 0)
         goto out;
-    if (ll_kernelspec_dir(LL_KERNELSPEC_PREFIX, "/opt/x", "k", want, sizeof want, err, sizeof err) != 0 ||
+    if (ll_kernelspec_dir(LL_KERNELSPEC_PREFIX, "/opt/x", "k", want, sizeof want, err,
+                          sizeof err) != 0 ||
         strcmp(want, "/opt/x/share/jupyter/kernels/k") != 0)
         goto out;
 

@@ -11,11 +11,12 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#define LL_KERNELSPEC_NAME "looseleaf"
+#define LL_KERNELSPEC_NAME         "looseleaf"
 #define LL_KERNELSPEC_DISPLAY_NAME "LooseLeaf (GPU)"
 
 typedef enum {
-    LL_KERNELSPEC_USER = 0,   /* $JUPYTER_DATA_DIR or $XDG_DATA_HOME/jupyter or ~/.local/share/jupyter */
+    LL_KERNELSPEC_USER =
+        0, /* $JUPYTER_DATA_DIR or $XDG_DATA_HOME/jupyter or ~/.local/share/jupyter */
     LL_KERNELSPEC_SYSTEM,     /* /usr/local/share/jupyter */
     LL_KERNELSPEC_SYS_PREFIX, /* <prefix of the embedded Python>/share/jupyter */
     LL_KERNELSPEC_PREFIX,     /* <given prefix>/share/jupyter */

@@ -32,8 +32,8 @@ struct ll_route_t {
     ll_zclient_t *pool;             /* connection to the host pool, made at the first GPU cell */
     unsigned long long cells;       /* GPU cells and prefetches sent: their ids */
     char prefetch_id[48];           /* the last prefetch, until a cell runs or it is cancelled */
-    char store_session[64];         /* the store session GPU cells run under ("" before the first) */
-    char *prefetch_key;             /* its closure (JSON text), to tell a repeat from a new one */
+    char store_session[64]; /* the store session GPU cells run under ("" before the first) */
+    char *prefetch_key;     /* its closure (JSON text), to tell a repeat from a new one */
 };
 
 struct ll_route_plan_t {
@@ -290,9 +290,9 @@ static const char *s_publish(const ll_route_io_t *io, json_t *ev)
         buffers = zmsg_new();
         size_t i;
         json_t *b;
-        json_array_foreach(b64, i, b)
-        {
-            if (!buffers || !json_is_string(b) || ll_route_b64_frame(buffers, json_string_value(b)) < 0) {
+        json_array_foreach(b64, i, b) {
+            if (!buffers || !json_is_string(b) ||
+                ll_route_b64_frame(buffers, json_string_value(b)) < 0) {
                 ll_warn("route", "a worker's %.64s has a bad buffer: dropped", type);
                 zmsg_destroy(&buffers);
                 return NULL;
@@ -352,7 +352,6 @@ int ll_route_fd(ll_route_t *self)
     return self && self->pool && ll_zclient_ok(self->pool) ? ll_zclient_fd(self->pool) : -1;
 }
 
-
 json_t *ll_route_usage(void)
 {
     pthread_mutex_lock(&s_usage_lock);
@@ -365,8 +364,7 @@ static void s_keep_usage(ll_route_t *self, json_t *stats)
 {
     size_t i;
     json_t *se;
-    json_array_foreach(json_object_get(stats, "sessions"), i, se)
-    {
+    json_array_foreach(json_object_get(stats, "sessions"), i, se) {
         const char *name = json_string_value(json_object_get(se, "session"));
         if (!name || strcmp(name, self->store_session) != 0)
             continue;
@@ -489,8 +487,8 @@ int ll_route_prefetch(ll_route_t *self, ll_route_plan_t *plan, const json_t *syn
 }
 
 int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *req,
-                     const json_t *sync, const ll_route_io_t *io, json_t **content_p,
-                     json_t **md_p, char *err, size_t errlen)
+                     const json_t *sync, const ll_route_io_t *io, json_t **content_p, json_t **md_p,
+                     char *err, size_t errlen)
 {
     *content_p = *md_p = NULL;
     if (!plan || !plan->closure) {
@@ -521,8 +519,8 @@ int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *re
         return -1;
 
     json_int_t count = json_integer_value(json_object_get(sync, "execution_count"));
-    bool asking = false;   /* the worker waits in input(); we hold the stdin lock */
-    double cancelled = 0;  /* when the cell was cancelled (kernel shutting down) */
+    bool asking = false;  /* the worker waits in input(); we hold the stdin lock */
+    double cancelled = 0; /* when the cell was cancelled (kernel shutting down) */
     bool waited = false, saw_input = false, saw_error = false;
     double visible_wait = -1; /* Run to the cell's execute_input (the worker starts executing) */
     json_t *content = NULL, *md = NULL;
@@ -572,10 +570,11 @@ int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *re
                 continue;
             }
             if (strcmp(type, "pool_gone") == 0) {
-                content = s_error_reply("PoolGone",
-                                        "the GPU pool went away while this cell ran; the session "
-                                        "continues from the last committed versions of its variables",
-                                        count);
+                content =
+                    s_error_reply("PoolGone",
+                                  "the GPU pool went away while this cell ran; the session "
+                                  "continues from the last committed versions of its variables",
+                                  count);
             } else if (!evid || strcmp(evid, id) != 0) {
                 s_idle_event(self, ev); /* a prefetch answer, an earlier cell's late event */
             } else if (strcmp(type, "stream") == 0) {
@@ -655,8 +654,8 @@ int ll_route_selftest(bool verbose)
         const char *in;
         const char *out;
         size_t len;
-    } cases[] = {{"", "", 0},         {"YQ==", "a", 1},       {"YWI=", "ab", 2},
-                 {"YWJj", "abc", 3},  {"AAEC", "\0\1\2", 3}, {"/w==", "\xff", 1}};
+    } cases[] = {{"", "", 0},        {"YQ==", "a", 1},      {"YWI=", "ab", 2},
+                 {"YWJj", "abc", 3}, {"AAEC", "\0\1\2", 3}, {"/w==", "\xff", 1}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         zmsg_t *m = zmsg_new();
         int rc = ll_route_b64_frame(m, cases[i].in);

@@ -71,13 +71,13 @@ void ll_route_done(ll_route_t *self, ll_route_plan_t **plan_p);
 
 /* What a GPU cell's relay needs from the kernel process. */
 typedef struct {
-    ll_iopub_t *iopub;            /* output goes out under the current parent */
-    ll_session_t *session;        /* signs input_request on stdin */
-    zsock_t *stdin_sock;          /* ROUTER, receive timeout 0 */
-    pthread_mutex_t *stdin_lock;  /* held while this cell owns the stdin socket */
-    int intr_fd;                  /* eventfd: SIGINT, shutdown or SIGTERM arrived */
-    bool (*stopping)(void);       /* the kernel is shutting down */
-    double t_run;                 /* ll_route_now_ms() when the execute_request arrived */
+    ll_iopub_t *iopub;           /* output goes out under the current parent */
+    ll_session_t *session;       /* signs input_request on stdin */
+    zsock_t *stdin_sock;         /* ROUTER, receive timeout 0 */
+    pthread_mutex_t *stdin_lock; /* held while this cell owns the stdin socket */
+    int intr_fd;                 /* eventfd: SIGINT, shutdown or SIGTERM arrived */
+    bool (*stopping)(void);      /* the kernel is shutting down */
+    double t_run;                /* ll_route_now_ms() when the execute_request arrived */
 } ll_route_io_t;
 
 /* input() on stdin, for the interpreter's own cells and for workers': send
@@ -101,8 +101,8 @@ double ll_route_now_ms(void);
  * handed to a worker at all (no pool): nothing ran, the caller runs it in
  * the interpreter. */
 int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *req,
-                     const json_t *sync, const ll_route_io_t *io, json_t **content_p,
-                     json_t **md_p, char *err, size_t errlen);
+                     const json_t *sync, const ll_route_io_t *io, json_t **content_p, json_t **md_p,
+                     char *err, size_t errlen);
 
 /* Drop a plan without recording it (an edit-time hint, never executed). */
 void ll_route_plan_free(ll_route_plan_t **plan_p);

@@ -22,17 +22,17 @@
 #include <time.h>
 
 #define LL_STREAM_DEFAULT_INTERVAL_MS 50
-#define LL_STREAM_DEFAULT_THRESHOLD (256 * 1024)
+#define LL_STREAM_DEFAULT_THRESHOLD   (256 * 1024)
 /* Past this many buffered bytes a writer flushes itself: bounded memory when
  * the frontend (or the flusher) cannot keep up. */
 #define LL_STREAM_HARD_FACTOR 32
-#define LL_STREAM_NAME_MAX 16
+#define LL_STREAM_NAME_MAX    16
 
 struct ll_stream_t {
-    ll_stream_emit_fn *emit;   /* where chunks go */
-    void *ctx;                 /* EMIT's context */
-    int64_t interval_ns;       /* longest wait of a buffered byte */
-    size_t threshold;          /* buffered bytes that wake the flusher early */
+    ll_stream_emit_fn *emit; /* where chunks go */
+    void *ctx;               /* EMIT's context */
+    int64_t interval_ns;     /* longest wait of a buffered byte */
+    size_t threshold;        /* buffered bytes that wake the flusher early */
 
     pthread_mutex_t send_lock; /* orders emission; see top of file */
     pthread_mutex_t buf_lock;  /* guards every field below up to `spare` */
@@ -40,16 +40,16 @@ struct ll_stream_t {
     char *buf;                 /* write buffer */
     size_t len, cap;
     char name[LL_STREAM_NAME_MAX]; /* stream of what is in buf */
-    int64_t first_ns;          /* when buf became non-empty (monotonic) */
-    uint64_t seq;              /* number of writes, to detect a stale held tail */
-    uint64_t hold_seq;         /* seq when an incomplete tail was last held back */
-    bool holding;              /* buf holds only a held-back incomplete tail */
-    bool urgent;               /* threshold crossed: flush without waiting */
-    bool stop;                 /* destroy in progress */
+    int64_t first_ns;              /* when buf became non-empty (monotonic) */
+    uint64_t seq;                  /* number of writes, to detect a stale held tail */
+    uint64_t hold_seq;             /* seq when an incomplete tail was last held back */
+    bool holding;                  /* buf holds only a held-back incomplete tail */
+    bool urgent;                   /* threshold crossed: flush without waiting */
+    bool stop;                     /* destroy in progress */
 
-    char *spare;               /* chunk being emitted (send_lock) */
+    char *spare; /* chunk being emitted (send_lock) */
     size_t spare_cap;
-    char *clean;               /* UTF-8-cleaned copy of spare (send_lock) */
+    char *clean; /* UTF-8-cleaned copy of spare (send_lock) */
     size_t clean_cap;
     pthread_t flusher;
 };
@@ -170,7 +170,7 @@ static void s_flush_locked(ll_stream_t *self, bool final)
         for (size_t i = self->len; i > start; i--) {
             unsigned char c = s[i - 1];
             if ((c & 0xC0) == 0x80)
-                continue;           /* continuation byte: look further back */
+                continue; /* continuation byte: look further back */
             int n = s_seq_len(c);
             if (n > 1 && (i - 1) + n > self->len)
                 keep = self->len - (i - 1);
@@ -243,7 +243,8 @@ ll_stream_t *ll_stream_new(ll_stream_emit_fn *emit, void *ctx, int interval_ms, 
         return NULL;
     self->emit = emit;
     self->ctx = ctx;
-    self->interval_ns = (int64_t) (interval_ms > 0 ? interval_ms : LL_STREAM_DEFAULT_INTERVAL_MS) * 1000000;
+    self->interval_ns =
+        (int64_t) (interval_ms > 0 ? interval_ms : LL_STREAM_DEFAULT_INTERVAL_MS) * 1000000;
     self->threshold = threshold ? threshold : LL_STREAM_DEFAULT_THRESHOLD;
     pthread_mutex_init(&self->send_lock, NULL);
     pthread_mutex_init(&self->buf_lock, NULL);
@@ -374,12 +375,12 @@ static int s_record_chunks(s_record_t *r)
     return n;
 }
 
-#define S_CHECK(cond)                                                                   \
-    do {                                                                                \
-        if (!(cond)) {                                                                  \
+#define S_CHECK(cond)                                                                     \
+    do {                                                                                  \
+        if (!(cond)) {                                                                    \
             fprintf(stderr, "ll_stream selftest %s:%d: %s\n", __FILE__, __LINE__, #cond); \
-            goto out_fail;                                                              \
-        }                                                                               \
+            goto out_fail;                                                                \
+        }                                                                                 \
     } while (0)
 
 static void s_marker(void *arg)
@@ -399,12 +400,18 @@ int ll_stream_selftest(bool verbose)
     S_CHECK(n == 3 && used == 3 && memcmp(out, "abc", 3) == 0);
     n = ll_stream_utf8_clean("a\xC3\xA9z", 4, false, out, &used); /* é */
     S_CHECK(n == 4 && used == 4);
-    n = ll_stream_utf8_clean("a\xE2\x82", 3, false, out, &used);  /* € cut after 2 bytes */
+    n = ll_stream_utf8_clean("a\xE2\x82", 3, false, out, &used); /* € cut after 2 bytes */
     S_CHECK(n == 1 && used == 1);
     n = ll_stream_utf8_clean("a\xE2\x82", 3, true, out, &used);
     S_CHECK(used == 3 && n == 7 && memcmp(out + 1, "\xEF\xBF\xBD\xEF\xBF\xBD", 6) == 0);
-    n = ll_stream_utf8_clean("\xFF" "b", 2, false, out, &used);
-    S_CHECK(n == 4 && used == 2 && memcmp(out, "\xEF\xBF\xBD" "b", 4) == 0);
+    n = ll_stream_utf8_clean("\xFF"
+                             "b",
+                             2, false, out, &used);
+    S_CHECK(n == 4 && used == 2 &&
+            memcmp(out,
+                   "\xEF\xBF\xBD"
+                   "b",
+                   4) == 0);
     n = ll_stream_utf8_clean("\xED\xA0\x80", 3, false, out, &used); /* surrogate */
     S_CHECK(n == 9 && used == 3);
     n = ll_stream_utf8_clean("x\0y", 3, false, out, &used); /* NUL kept */

@@ -20,8 +20,8 @@
 #define LL_USAGE_MAX_PROCS 4096
 
 static pthread_mutex_t s_lock = PTHREAD_MUTEX_INITIALIZER;
-static double s_prev_wall = -1;   /* seconds, monotonic, of the previous request */
-static double s_prev_proc_cpu;    /* kernel+children CPU seconds then */
+static double s_prev_wall = -1; /* seconds, monotonic, of the previous request */
+static double s_prev_proc_cpu;  /* kernel+children CPU seconds then */
 static uint64_t s_prev_host_busy, s_prev_host_total; /* /proc/stat jiffies then */
 
 static double s_monotonic(void)
@@ -214,8 +214,8 @@ json_t *ll_usage_reply(void)
     if (s_prev_wall >= 0 && now > s_prev_wall)
         kernel_cpu = 100.0 * (cpu_s - s_prev_proc_cpu) / (now - s_prev_wall);
     if (s_prev_wall >= 0 && have_host && total > s_prev_host_total)
-        host_cpu = 100.0 * (double) (busy - s_prev_host_busy) /
-                   (double) (total - s_prev_host_total);
+        host_cpu =
+            100.0 * (double) (busy - s_prev_host_busy) / (double) (total - s_prev_host_total);
     s_prev_wall = now;
     s_prev_proc_cpu = cpu_s;
     if (have_host) {
@@ -230,10 +230,10 @@ json_t *ll_usage_reply(void)
     kernel_cpu = (double) (int64_t) (kernel_cpu * 10 + 0.5) / 10;
     host_cpu = host_cpu > 0 ? (double) (int64_t) (host_cpu * 10 + 0.5) / 10 : host_cpu;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    json_t *reply = json_pack("{s:s, s:i, s:f, s:I, s:i, s:o}", "hostname", host, "pid",
-                              (int) getpid(), "kernel_cpu", kernel_cpu, "kernel_memory",
-                              (json_int_t) mem, "cpu_count", (int) (ncpu > 0 ? ncpu : 1),
-                              "host_virtual_memory", s_host_memory());
+    json_t *reply =
+        json_pack("{s:s, s:i, s:f, s:I, s:i, s:o}", "hostname", host, "pid", (int) getpid(),
+                  "kernel_cpu", kernel_cpu, "kernel_memory", (json_int_t) mem, "cpu_count",
+                  (int) (ncpu > 0 ? ncpu : 1), "host_virtual_memory", s_host_memory());
     /* ipykernel leaves host_cpu_percent out when psutil reports 0.0 (first call). */
     if (reply && host_cpu > 0)
         json_object_set_new(reply, "host_cpu_percent", json_real(host_cpu));
@@ -258,7 +258,8 @@ int ll_usage_selftest(bool verbose)
         !json_is_real(json_object_get(b, "kernel_cpu")) ||
         json_real_value(json_object_get(b, "kernel_cpu")) < 0 ||
         json_integer_value(json_object_get(vm, "total")) <= 0 ||
-        json_integer_value(json_object_get(vm, "available")) > json_integer_value(json_object_get(vm, "total")) ||
+        json_integer_value(json_object_get(vm, "available")) >
+            json_integer_value(json_object_get(vm, "total")) ||
         !json_is_string(json_object_get(b, "hostname")))
         goto out;
     if (verbose)

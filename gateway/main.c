@@ -25,16 +25,19 @@ int ll_zygote_main(int argc, char **argv) __attribute__((weak));
 
 static void s_usage(FILE *out)
 {
-    fprintf(out,
-            "usage: looseleaf -f CONNECTION_FILE         run the kernel (Jupyter starts this)\n"
-            "       looseleaf kernel -f CONNECTION_FILE  the same\n"
-            "       looseleaf install [--user | --system | --sys-prefix | --prefix DIR | --dir DIR]\n"
-            "                         [--name NAME] [--display-name TEXT]\n"
-            "                         write the Jupyter kernelspec (default: --user, name %s)\n"
-            "       looseleaf analyze ...                static analysis of cells (see analyze --help)\n"
-            "       looseleaf pool ... | zygote ...      the host pool and its zygotes (started by kernels)\n"
-            "       looseleaf --version | --help\n",
-            LL_KERNELSPEC_NAME);
+    fprintf(
+        out,
+        "usage: looseleaf -f CONNECTION_FILE         run the kernel (Jupyter starts this)\n"
+        "       looseleaf kernel -f CONNECTION_FILE  the same\n"
+        "       looseleaf install [--user | --system | --sys-prefix | --prefix DIR | --dir DIR]\n"
+        "                         [--name NAME] [--display-name TEXT]\n"
+        "                         write the Jupyter kernelspec (default: --user, name %s)\n"
+        "       looseleaf analyze ...                static analysis of cells (see analyze "
+        "--help)\n"
+        "       looseleaf pool ... | zygote ...      the host pool and its zygotes (started by "
+        "kernels)\n"
+        "       looseleaf --version | --help\n",
+        LL_KERNELSPEC_NAME);
 }
 
 /* Find the connection file in "-f FILE" / "-f=FILE" / "--f=FILE". */
@@ -43,8 +46,7 @@ static int s_kernel_main(int argc, char **argv)
     const char *file = NULL;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
-        if (strcmp(a, "-f") == 0 || strcmp(a, "--f") == 0 ||
-            strcmp(a, "--connection-file") == 0) {
+        if (strcmp(a, "-f") == 0 || strcmp(a, "--f") == 0 || strcmp(a, "--connection-file") == 0) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "looseleaf: %s needs a connection file\n", a);
                 return 2;
@@ -110,8 +112,8 @@ static int s_install_main(int argc, char **argv)
         fprintf(stderr, "looseleaf install: %s\n", err);
         return 1;
     }
-    printf("Installed kernelspec %s in %s\n", where == LL_KERNELSPEC_DIR ? LL_KERNELSPEC_NAME : name,
-           dir);
+    printf("Installed kernelspec %s in %s\n",
+           where == LL_KERNELSPEC_DIR ? LL_KERNELSPEC_NAME : name, dir);
     return 0;
 }
 

@@ -57,14 +57,14 @@
 
 #define LL_MAX_BUILTINS 16
 
-static ll_interp_hooks_t s_hooks;          /* copy of the gateway's hooks */
-static bool s_initialized;                 /* between init and finalize */
-static atomic_bool s_busy;                 /* a cell's code is running (set by Python) */
-static atomic_bool s_hooks_off;            /* fork()ed child, or finalizing: no hooks */
-static pthread_t s_thread;                 /* the interpreter (Python main) thread */
-static PyThreadState *s_main_tstate;       /* its thread state */
-static PyObject *s_handle_fn;              /* looseleaf_kernel.handle */
-static int s_nbuiltins;                    /* builtins registered so far */
+static ll_interp_hooks_t s_hooks;    /* copy of the gateway's hooks */
+static bool s_initialized;           /* between init and finalize */
+static atomic_bool s_busy;           /* a cell's code is running (set by Python) */
+static atomic_bool s_hooks_off;      /* fork()ed child, or finalizing: no hooks */
+static pthread_t s_thread;           /* the interpreter (Python main) thread */
+static PyThreadState *s_main_tstate; /* its thread state */
+static PyObject *s_handle_fn;        /* looseleaf_kernel.handle */
+static int s_nbuiltins;              /* builtins registered so far */
 
 /* ------------------------------------------------------------------ */
 /* Builtin module _looseleaf_kernel: the hooks as Python functions.   */
@@ -79,7 +79,7 @@ static void s_fd_write_all(int fd, const char *data, size_t len)
             return;
         }
         data += n;
-        len -= (size_t)n;
+        len -= (size_t) n;
     }
 }
 
@@ -114,7 +114,7 @@ static PyObject *s_write_text(const char *name, PyObject *text)
         size = PyBytes_GET_SIZE(tmp);
     }
     if (size > 0)
-        s_stream_out(name, utf8, (size_t)size);
+        s_stream_out(name, utf8, (size_t) size);
     Py_XDECREF(tmp);
     return PyLong_FromSsize_t(PyUnicode_GET_LENGTH(text));
 }
@@ -150,8 +150,8 @@ static PyObject *s_py_publish(PyObject *self, PyObject *args, PyObject *kwargs)
     static char *kwlist[] = {"msg_type", "content_json", "metadata_json", "buffers", NULL};
     const char *msg_type, *content, *metadata = NULL;
     PyObject *buffers = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ss|zO:publish", kwlist, &msg_type,
-                                     &content, &metadata, &buffers))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ss|zO:publish", kwlist, &msg_type, &content,
+                                     &metadata, &buffers))
         return NULL;
     if (atomic_load(&s_hooks_off) || !s_hooks.publish)
         Py_RETURN_NONE; /* a fork()ed child has no iopub: dropped */
@@ -164,9 +164,9 @@ static PyObject *s_py_publish(PyObject *self, PyObject *args, PyObject *kwargs)
             return NULL;
         nbufs = PySequence_Fast_GET_SIZE(seq);
     }
-    Py_buffer *views = nbufs ? PyMem_Calloc((size_t)nbufs, sizeof(Py_buffer)) : NULL;
-    const void **ptrs = nbufs ? PyMem_Calloc((size_t)nbufs, sizeof(void *)) : NULL;
-    size_t *lens = nbufs ? PyMem_Calloc((size_t)nbufs, sizeof(size_t)) : NULL;
+    Py_buffer *views = nbufs ? PyMem_Calloc((size_t) nbufs, sizeof(Py_buffer)) : NULL;
+    const void **ptrs = nbufs ? PyMem_Calloc((size_t) nbufs, sizeof(void *)) : NULL;
+    size_t *lens = nbufs ? PyMem_Calloc((size_t) nbufs, sizeof(size_t)) : NULL;
     Py_ssize_t got = 0;
     PyObject *result = NULL;
     if (nbufs && (!views || !ptrs || !lens)) {
@@ -178,9 +178,9 @@ static PyObject *s_py_publish(PyObject *self, PyObject *args, PyObject *kwargs)
                                PyBUF_C_CONTIGUOUS) < 0)
             goto out;
         ptrs[got] = views[got].buf;
-        lens[got] = (size_t)views[got].len;
+        lens[got] = (size_t) views[got].len;
     }
-    s_hooks.publish(s_hooks.ctx, msg_type, content, metadata, ptrs, lens, (size_t)nbufs);
+    s_hooks.publish(s_hooks.ctx, msg_type, content, metadata, ptrs, lens, (size_t) nbufs);
     result = Py_NewRef(Py_None);
 out:
     for (Py_ssize_t i = 0; i < got; i++)
@@ -206,10 +206,9 @@ static PyObject *s_py_input_request(PyObject *self, PyObject *args)
     }
     int err = 0;
     char *line;
-    Py_BEGIN_ALLOW_THREADS
-    line = s_hooks.input_request(s_hooks.ctx, prompt, password != 0, &err);
-    Py_END_ALLOW_THREADS
-    if (!line) {
+    Py_BEGIN_ALLOW_THREADS line = s_hooks.input_request(s_hooks.ctx, prompt, password != 0, &err);
+    Py_END_ALLOW_THREADS if (!line)
+    {
         if (err == 1) {
             /* Make sure a pending trip of the SIGINT flag does not raise a
              * second KeyboardInterrupt later in the cell. */
@@ -221,7 +220,7 @@ static PyObject *s_py_input_request(PyObject *self, PyObject *args)
         }
         return NULL;
     }
-    PyObject *res = PyUnicode_DecodeUTF8(line, (Py_ssize_t)strlen(line), "replace");
+    PyObject *res = PyUnicode_DecodeUTF8(line, (Py_ssize_t) strlen(line), "replace");
     free(line);
     return res;
 }
@@ -233,12 +232,9 @@ static PyObject *s_py_pool_stats(PyObject *self, PyObject *unused)
     if (atomic_load(&s_hooks_off) || !s_hooks.pool_stats)
         Py_RETURN_NONE;
     char *text;
-    Py_BEGIN_ALLOW_THREADS
-    text = s_hooks.pool_stats(s_hooks.ctx);
-    Py_END_ALLOW_THREADS
-    if (!text)
-        Py_RETURN_NONE;
-    PyObject *res = PyUnicode_DecodeUTF8(text, (Py_ssize_t)strlen(text), "replace");
+    Py_BEGIN_ALLOW_THREADS text = s_hooks.pool_stats(s_hooks.ctx);
+    Py_END_ALLOW_THREADS if (!text) Py_RETURN_NONE;
+    PyObject *res = PyUnicode_DecodeUTF8(text, (Py_ssize_t) strlen(text), "replace");
     free(text);
     return res;
 }
@@ -290,7 +286,7 @@ static PyMethodDef s_methods[] = {
     {"stdout_write", s_py_stdout_write, METH_O, "stdout_write(text) -> int"},
     {"stderr_write", s_py_stderr_write, METH_O, "stderr_write(text) -> int"},
     {"stream_flush", s_py_stream_flush, METH_NOARGS, "stream_flush(): send buffered text now."},
-    {"publish", (PyCFunction)(void (*)(void))s_py_publish, METH_VARARGS | METH_KEYWORDS,
+    {"publish", (PyCFunction) (void (*)(void)) s_py_publish, METH_VARARGS | METH_KEYWORDS,
      "publish(msg_type, content_json, metadata_json=None, buffers=None): iopub message."},
     {"input_request", s_py_input_request, METH_VARARGS,
      "input_request(prompt, password=False) -> str: ask the frontend for a line."},
@@ -304,10 +300,15 @@ static PyMethodDef s_methods[] = {
      "hooks_off() -> bool: whether the hooks are off (a fork()ed child, or finalizing)."},
     {NULL, NULL, 0, NULL}};
 
-static struct PyModuleDef s_module = {
-    PyModuleDef_HEAD_INIT, "_looseleaf_kernel",
-    "The LooseLeaf kernel process, as seen from Python (hooks).", -1, s_methods,
-    NULL, NULL, NULL, NULL};
+static struct PyModuleDef s_module = {PyModuleDef_HEAD_INIT,
+                                      "_looseleaf_kernel",
+                                      "The LooseLeaf kernel process, as seen from Python (hooks).",
+                                      -1,
+                                      s_methods,
+                                      NULL,
+                                      NULL,
+                                      NULL,
+                                      NULL};
 
 static PyObject *s_module_init(void)
 {
@@ -323,7 +324,7 @@ static PyObject *s_module_init(void)
  * trip from another thread alone would never stop a pure-Python loop. */
 static void s_wake_handler(int sig)
 {
-    (void)sig;
+    (void) sig;
     if (atomic_load(&s_busy))
         PyErr_SetInterruptEx(SIGINT);
 }
@@ -361,11 +362,11 @@ static void s_setup_signals(void)
 /* ------------------------------------------------------------------ */
 /* Initialisation.                                                    */
 
-int ll_interp_add_builtin(const char *name, void *(*initfunc)(void))
+int ll_interp_add_builtin(const char *name, void *(*initfunc)(void) )
 {
     if (s_initialized || !name || !initfunc || s_nbuiltins >= LL_MAX_BUILTINS)
         return -1;
-    if (PyImport_AppendInittab(name, (PyObject * (*)(void)) initfunc) < 0)
+    if (PyImport_AppendInittab(name, (PyObject * (*) (void) ) initfunc) < 0)
         return -1;
     s_nbuiltins++;
     return 0;
@@ -397,8 +398,8 @@ static void s_pyerr_to(char *err, size_t errlen, const char *what)
         msg = PyUnicode_AsUTF8(str);
     PyErr_Clear();
     char detail[512];
-    snprintf(detail, sizeof detail, "%s: %s",
-             type ? ((PyTypeObject *)type)->tp_name : "error", msg ? msg : "?");
+    snprintf(detail, sizeof detail, "%s: %s", type ? ((PyTypeObject *) type)->tp_name : "error",
+             msg ? msg : "?");
     s_set_err(err, errlen, what, detail);
     Py_XDECREF(str);
     Py_XDECREF(type);
@@ -489,7 +490,7 @@ int ll_interp_init(const char *argv0, const ll_interp_hooks_t *hooks, char *err,
     status = PyConfig_SetBytesString(&config, &config.executable, LL_PYTHON_EXE);
     if (PyStatus_Exception(status))
         goto fail_status;
-    char *argv[1] = {(char *)(argv0 ? argv0 : "looseleaf")};
+    char *argv[1] = {(char *) (argv0 ? argv0 : "looseleaf")};
     status = PyConfig_SetBytesArgv(&config, 1, argv);
     if (PyStatus_Exception(status))
         goto fail_status;
@@ -592,8 +593,8 @@ static char *s_internal_error_reply(const char *why)
     char clean[200];
     size_t j = 0;
     for (size_t i = 0; why[i] && j < sizeof clean - 1; i++) {
-        unsigned char c = (unsigned char)why[i];
-        clean[j++] = (c == '"' || c == '\\' || c < 0x20) ? ' ' : c >= 0x80 ? '?' : (char)c;
+        unsigned char c = (unsigned char) why[i];
+        clean[j++] = (c == '"' || c == '\\' || c < 0x20) ? ' ' : c >= 0x80 ? '?' : (char) c;
     }
     clean[j] = '\0';
     size_t len = strlen(fmt) + j + 1;
@@ -609,9 +610,9 @@ static char *s_strdup_utf8(PyObject *str)
     const char *utf8 = PyUnicode_AsUTF8AndSize(str, &size);
     if (!utf8)
         return NULL;
-    char *out = malloc((size_t)size + 1);
+    char *out = malloc((size_t) size + 1);
     if (out)
-        memcpy(out, utf8, (size_t)size + 1);
+        memcpy(out, utf8, (size_t) size + 1);
     return out;
 }
 
@@ -625,21 +626,20 @@ char *ll_interp_handle(const char *msg_type, const char *content_json, const cha
 /* The buffers as a list of bytes (copies: Python code may keep them). */
 static PyObject *s_buffers_list(const void *const *bufs, const size_t *buflens, size_t nbufs)
 {
-    PyObject *list = PyList_New((Py_ssize_t)nbufs);
+    PyObject *list = PyList_New((Py_ssize_t) nbufs);
     for (size_t i = 0; list && i < nbufs; i++) {
-        PyObject *b = PyBytes_FromStringAndSize(bufs[i], (Py_ssize_t)buflens[i]);
+        PyObject *b = PyBytes_FromStringAndSize(bufs[i], (Py_ssize_t) buflens[i]);
         if (!b)
             Py_CLEAR(list);
         else
-            PyList_SET_ITEM(list, (Py_ssize_t)i, b);
+            PyList_SET_ITEM(list, (Py_ssize_t) i, b);
     }
     return list;
 }
 
-char *ll_interp_handle_ex(const char *msg_type, const char *content_json,
-                          const char *parent_json, const char *metadata_json,
-                          const void *const *bufs, const size_t *buflens, size_t nbufs,
-                          char **reply_metadata_json)
+char *ll_interp_handle_ex(const char *msg_type, const char *content_json, const char *parent_json,
+                          const char *metadata_json, const void *const *bufs, const size_t *buflens,
+                          size_t nbufs, char **reply_metadata_json)
 {
     if (reply_metadata_json)
         *reply_metadata_json = NULL;
@@ -648,20 +648,21 @@ char *ll_interp_handle_ex(const char *msg_type, const char *content_json,
     if (!msg_type)
         return s_internal_error_reply("no message type");
     if (!pthread_equal(pthread_self(), s_thread))
-        ll_warn("interp", "%s handled on a thread other than the one that started Python: "
-                          "interrupts will not reach it", msg_type);
+        ll_warn("interp",
+                "%s handled on a thread other than the one that started Python: "
+                "interrupts will not reach it",
+                msg_type);
 
     PyGILState_STATE gil = PyGILState_Ensure();
     s_drop_pending_interrupt();
 
     char *reply = NULL;
-    PyObject *buffers = nbufs && bufs && buflens ? s_buffers_list(bufs, buflens, nbufs)
-                                                 : PyList_New(0);
+    PyObject *buffers =
+        nbufs && bufs && buflens ? s_buffers_list(bufs, buflens, nbufs) : PyList_New(0);
     PyObject *res = buffers ? PyObject_CallFunction(s_handle_fn, "ssssO", msg_type,
                                                     content_json ? content_json : "{}",
                                                     parent_json ? parent_json : "{}",
-                                                    metadata_json ? metadata_json : "{}",
-                                                    buffers)
+                                                    metadata_json ? metadata_json : "{}", buffers)
                             : NULL;
     Py_XDECREF(buffers);
     atomic_store(&s_busy, false); /* in case Python did not get to say so */
@@ -729,7 +730,7 @@ int ll_interp_fork(void)
     }
     PyGILState_Release(gil);
     errno = saved;
-    return (int)pid;
+    return (int) pid;
 }
 
 int ll_interp_set_hooks(const ll_interp_hooks_t *hooks)
@@ -751,7 +752,7 @@ void ll_interp_finalize(void)
     if (!s_initialized)
         return;
     PyGILState_STATE gil = PyGILState_Ensure();
-    (void)gil; /* Py_FinalizeEx below ends the thread state for good */
+    (void) gil; /* Py_FinalizeEx below ends the thread state for good */
     bool finalize = true;
     PyObject *mod = PyImport_ImportModule("looseleaf_kernel");
     PyObject *res = mod ? PyObject_CallMethod(mod, "shutdown", NULL) : NULL;
@@ -785,9 +786,9 @@ void ll_interp_finalize(void)
 /* Self-test: runs in a forked child so the runner process stays free of
  * Python (another module's test may embed it too). */
 
-static char s_st_out[1 << 16];  /* stream text received */
+static char s_st_out[1 << 16]; /* stream text received */
 static size_t s_st_outlen;
-static char s_st_pub[1 << 16];  /* "msg_type content\n" per publish */
+static char s_st_pub[1 << 16]; /* "msg_type content\n" per publish */
 static size_t s_st_publen;
 
 static void s_st_append(char *buf, size_t *len, size_t cap, const char *data, size_t n)
@@ -848,9 +849,9 @@ static int s_st_child(bool verbose)
     ll_interp_interrupt(); /* idle: must be a no-op */
 
     char *md = NULL;
-    char *reply = ll_interp_handle("execute_request",
-                                   "{\"code\": \"print('hi'); 6*7\", \"silent\": false}",
-                                   "{\"msg_id\": \"t1\", \"msg_type\": \"execute_request\"}", &md);
+    char *reply =
+        ll_interp_handle("execute_request", "{\"code\": \"print('hi'); 6*7\", \"silent\": false}",
+                         "{\"msg_id\": \"t1\", \"msg_type\": \"execute_request\"}", &md);
     fails += s_st_check(verbose, reply && strstr(reply, "\"status\": \"ok\""), "execute ok");
     fails += s_st_check(verbose, strstr(s_st_out, "hi\n") != NULL, "stream text");
     fails += s_st_check(verbose, strstr(s_st_pub, "execute_result") && strstr(s_st_pub, "\"42\""),
@@ -863,9 +864,9 @@ static int s_st_child(bool verbose)
     fails += s_st_check(verbose, reply && strstr(reply, "ZeroDivisionError"), "error reply");
     free(reply);
 
-    reply = ll_interp_handle("execute_request",
-                             "{\"code\": \"x = input('? ')\\nprint(x * 2)\", \"allow_stdin\": true}",
-                             "{}", NULL);
+    reply = ll_interp_handle(
+        "execute_request", "{\"code\": \"x = input('? ')\\nprint(x * 2)\", \"allow_stdin\": true}",
+        "{}", NULL);
     fails += s_st_check(verbose, reply && strstr(s_st_out, "forty-twoforty-two"), "input()");
     free(reply);
 

@@ -34,7 +34,7 @@
 
 /* How the interpreter reaches the outside world; implemented by the gateway. */
 typedef struct {
-    void *ctx;  /* passed back to every hook */
+    void *ctx; /* passed back to every hook */
 
     /* Append DATA to stream NAME ("stdout" or "stderr").  Coalesced and sent
      * by the gateway; never blocks on the network.  Thread-safe. */
@@ -50,8 +50,8 @@ typedef struct {
      * JSON object texts (METADATA_JSON may be NULL).  Flushes streams first.
      * BUFS/BUFLENS/NBUFS are optional binary buffers.  Thread-safe. */
     void (*publish)(void *ctx, const char *msg_type, const char *content_json,
-                    const char *metadata_json, const void *const *bufs,
-                    const size_t *buflens, size_t nbufs);
+                    const char *metadata_json, const void *const *bufs, const size_t *buflens,
+                    size_t nbufs);
 
     /* Ask the frontend for one line on the stdin channel and block until the
      * reply.  Called with the GIL released, on the thread that runs the cell
@@ -71,7 +71,7 @@ typedef struct {
  * code in the interpreter can import it.  Only before ll_interp_init; NAME
  * must stay valid for the life of the process (a string literal).  INITFUNC
  * is the module's PyInit function (returns PyObject *). */
-int ll_interp_add_builtin(const char *name, void *(*initfunc)(void));
+int ll_interp_add_builtin(const char *name, void *(*initfunc)(void) );
 
 /* Start CPython (PyConfig, every status checked), import looseleaf_kernel and
  * create the shell.  ARGV0 becomes sys.argv[0]; sys.executable is the system
@@ -83,8 +83,7 @@ int ll_interp_add_builtin(const char *name, void *(*initfunc)(void));
  * functions may be NULL (a zygote: text to fds 1/2, no publications, no
  * input).  Takes a few hundred ms (IPython's import).  Returns 0, or -1 with
  * a reason in ERR. */
-int ll_interp_init(const char *argv0, const ll_interp_hooks_t *hooks, char *err,
-                   size_t errlen);
+int ll_interp_init(const char *argv0, const ll_interp_hooks_t *hooks, char *err, size_t errlen);
 
 /* Handle one request in Python: MSG_TYPE is the Jupyter request type
  * (execute_request, complete_request, inspect_request, history_request,
@@ -95,17 +94,16 @@ int ll_interp_init(const char *argv0, const ll_interp_hooks_t *hooks, char *err,
  * reply, e.g. comm_msg), and when *REPLY_METADATA_JSON is non-NULL on
  * return, a malloc'd JSON object for the reply's metadata.  Never lets a
  * Python exception escape: an internal failure becomes an error reply. */
-char *ll_interp_handle(const char *msg_type, const char *content_json,
-                       const char *parent_json, char **reply_metadata_json);
+char *ll_interp_handle(const char *msg_type, const char *content_json, const char *parent_json,
+                       char **reply_metadata_json);
 
 /* ll_interp_handle with the request's METADATA_JSON (may be NULL) and its
  * binary buffers (BUFS/BUFLENS/NBUFS, copied; NBUFS may be 0): a comm_msg
  * from the frontend can carry both (ipywidgets' FileUpload sends the file as
  * a buffer), and comm callbacks see them in msg["metadata"]/msg["buffers"]. */
-char *ll_interp_handle_ex(const char *msg_type, const char *content_json,
-                          const char *parent_json, const char *metadata_json,
-                          const void *const *bufs, const size_t *buflens, size_t nbufs,
-                          char **reply_metadata_json);
+char *ll_interp_handle_ex(const char *msg_type, const char *content_json, const char *parent_json,
+                          const char *metadata_json, const void *const *bufs, const size_t *buflens,
+                          size_t nbufs, char **reply_metadata_json);
 
 /* Make the code now running raise KeyboardInterrupt; a no-op when idle.
  * Async-signal-safe. */

@@ -23,24 +23,19 @@
 #define LL_CONN_MAX_FILE (1024 * 1024)
 
 static const char *const s_port_fields[LL_CHAN_COUNT] = {
-    [LL_CHAN_SHELL] = "shell_port",
-    [LL_CHAN_CONTROL] = "control_port",
-    [LL_CHAN_STDIN] = "stdin_port",
-    [LL_CHAN_IOPUB] = "iopub_port",
+    [LL_CHAN_SHELL] = "shell_port", [LL_CHAN_CONTROL] = "control_port",
+    [LL_CHAN_STDIN] = "stdin_port", [LL_CHAN_IOPUB] = "iopub_port",
     [LL_CHAN_HB] = "hb_port",
 };
 
 static const char *const s_channel_names[LL_CHAN_COUNT] = {
-    [LL_CHAN_SHELL] = "shell",
-    [LL_CHAN_CONTROL] = "control",
-    [LL_CHAN_STDIN] = "stdin",
-    [LL_CHAN_IOPUB] = "iopub",
-    [LL_CHAN_HB] = "hb",
+    [LL_CHAN_SHELL] = "shell", [LL_CHAN_CONTROL] = "control", [LL_CHAN_STDIN] = "stdin",
+    [LL_CHAN_IOPUB] = "iopub", [LL_CHAN_HB] = "hb",
 };
 
 const char *ll_conn_channel_name(ll_channel_t ch)
 {
-    if ((int)ch < 0 || ch >= LL_CHAN_COUNT)
+    if ((int) ch < 0 || ch >= LL_CHAN_COUNT)
         return "?";
     return s_channel_names[ch];
 }
@@ -87,8 +82,8 @@ static int s_get_string(const json_t *root, const char *name, bool required, con
         return 0;
     }
     if (!json_is_string(v))
-        return s_fail(err, errlen, "connection file: field \"%s\" must be a string, not %s",
-                      name, s_type_name(v));
+        return s_fail(err, errlen, "connection file: field \"%s\" must be a string, not %s", name,
+                      s_type_name(v));
     size_t n = json_string_length(v);
     const char *s = json_string_value(v);
     if (n >= len)
@@ -106,7 +101,7 @@ static void s_wipe_key(json_t *root)
 {
     json_t *key = json_object_get(root, "key");
     if (json_is_string(key))
-        OPENSSL_cleanse((char *)json_string_value(key), json_string_length(key));
+        OPENSSL_cleanse((char *) json_string_value(key), json_string_length(key));
 }
 
 int ll_conn_parse(const char *json_text, ll_conn_info_t *info, char *err, size_t errlen)
@@ -129,12 +124,13 @@ int ll_conn_parse(const char *json_text, ll_conn_info_t *info, char *err, size_t
         goto out_decref;
     }
 
-    if (s_get_string(root, "transport", false, "tcp", info->transport, sizeof info->transport,
-                     err, errlen))
+    if (s_get_string(root, "transport", false, "tcp", info->transport, sizeof info->transport, err,
+                     errlen))
         goto out_decref;
     bool tcp = strcmp(info->transport, "tcp") == 0;
     if (!tcp && strcmp(info->transport, "ipc") != 0) {
-        s_fail(err, errlen, "connection file: field \"transport\" is \"%s\"; expected \"tcp\" or \"ipc\"",
+        s_fail(err, errlen,
+               "connection file: field \"transport\" is \"%s\"; expected \"tcp\" or \"ipc\"",
                info->transport);
         goto out_decref;
     }
@@ -146,7 +142,7 @@ int ll_conn_parse(const char *json_text, ll_conn_info_t *info, char *err, size_t
         goto out_decref;
     }
     for (const char *c = info->ip; *c; c++)
-        if ((unsigned char)*c < 0x20 || (*c == '/' && tcp)) {
+        if ((unsigned char) *c < 0x20 || (*c == '/' && tcp)) {
             s_fail(err, errlen, "connection file: field \"ip\" contains an invalid character");
             goto out_decref;
         }
@@ -168,10 +164,10 @@ int ll_conn_parse(const char *json_text, ll_conn_info_t *info, char *err, size_t
          * port it will connect to. */
         if (port < 1 || port > 65535) {
             s_fail(err, errlen, "connection file: field \"%s\" is %lld; expected 1..65535", name,
-                   (long long)port);
+                   (long long) port);
             goto out_decref;
         }
-        info->ports[ch] = (int)port;
+        info->ports[ch] = (int) port;
         for (int other = 0; other < ch; other++)
             if (info->ports[other] == info->ports[ch]) {
                 s_fail(err, errlen, "connection file: fields \"%s\" and \"%s\" are both %d",
@@ -182,10 +178,12 @@ int ll_conn_parse(const char *json_text, ll_conn_info_t *info, char *err, size_t
 
     if (!tcp) {
         /* ipc://<ip>-<port> is a unix socket path, whose length is bounded. */
-        size_t max_path = sizeof(((struct sockaddr_un *)0)->sun_path) - 1;
+        size_t max_path = sizeof(((struct sockaddr_un *) 0)->sun_path) - 1;
         if (strlen(info->ip) + 6 > max_path) {
-            s_fail(err, errlen, "connection file: field \"ip\" is too long for an ipc socket path "
-                   "(%zu bytes, max %zu)", strlen(info->ip), max_path - 6);
+            s_fail(err, errlen,
+                   "connection file: field \"ip\" is too long for an ipc socket path "
+                   "(%zu bytes, max %zu)",
+                   strlen(info->ip), max_path - 6);
             goto out_decref;
         }
     }
@@ -216,8 +214,10 @@ int ll_conn_parse(const char *json_text, ll_conn_info_t *info, char *err, size_t
     /* With no key nothing is signed, so the scheme is moot (Jupyter allows
      * any value then). */
     if (info->key_len > 0 && strcmp(info->signature_scheme, "hmac-sha256") != 0) {
-        s_fail(err, errlen, "connection file: field \"signature_scheme\" is \"%s\"; only "
-               "\"hmac-sha256\" is supported", info->signature_scheme);
+        s_fail(err, errlen,
+               "connection file: field \"signature_scheme\" is \"%s\"; only "
+               "\"hmac-sha256\" is supported",
+               info->signature_scheme);
         goto out_clear;
     }
 
@@ -261,7 +261,8 @@ int ll_conn_load(const char *path, ll_conn_info_t *info, char *err, size_t errle
     if (read_error)
         rc = s_fail(err, errlen, "connection file %s: %s", path, strerror(read_error));
     else if (n > LL_CONN_MAX_FILE)
-        rc = s_fail(err, errlen, "connection file %s: larger than %d bytes", path, LL_CONN_MAX_FILE);
+        rc =
+            s_fail(err, errlen, "connection file %s: larger than %d bytes", path, LL_CONN_MAX_FILE);
     else if (memchr(text, '\0', n))
         rc = s_fail(err, errlen, "connection file %s: contains a NUL byte, not JSON text", path);
     else {
@@ -280,7 +281,7 @@ int ll_conn_load(const char *path, ll_conn_info_t *info, char *err, size_t errle
 
 int ll_conn_endpoint(const ll_conn_info_t *info, ll_channel_t ch, char *buf, size_t len)
 {
-    if (!info || !buf || len == 0 || (int)ch < 0 || ch >= LL_CHAN_COUNT)
+    if (!info || !buf || len == 0 || (int) ch < 0 || ch >= LL_CHAN_COUNT)
         return -1;
     int n;
     if (strcmp(info->transport, "ipc") == 0)
@@ -291,7 +292,7 @@ int ll_conn_endpoint(const ll_conn_info_t *info, ll_channel_t ch, char *buf, siz
         n = snprintf(buf, len, "tcp://[%s]:%d", info->ip, info->ports[ch]);
     else
         n = snprintf(buf, len, "tcp://%s:%d", info->ip, info->ports[ch]);
-    return n < 0 || (size_t)n >= len ? -1 : 0;
+    return n < 0 || (size_t) n >= len ? -1 : 0;
 }
 
 void ll_conn_clear(ll_conn_info_t *info)

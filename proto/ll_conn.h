@@ -19,13 +19,13 @@ typedef enum {
 } ll_channel_t;
 
 typedef struct {
-    char transport[8];            /* "tcp" or "ipc" */
-    char ip[256];                 /* host for tcp, path prefix for ipc */
-    int ports[LL_CHAN_COUNT];     /* indexed by ll_channel_t; 1..65535 (ipc: suffix) */
-    char signature_scheme[32];    /* "hmac-sha256" (only scheme supported) */
-    unsigned char key[512];       /* HMAC key bytes as found in the file */
-    size_t key_len;               /* 0: unsigned messages (loud warning) */
-    char kernel_name[128];        /* optional, "" when absent */
+    char transport[8];         /* "tcp" or "ipc" */
+    char ip[256];              /* host for tcp, path prefix for ipc */
+    int ports[LL_CHAN_COUNT];  /* indexed by ll_channel_t; 1..65535 (ipc: suffix) */
+    char signature_scheme[32]; /* "hmac-sha256" (only scheme supported) */
+    unsigned char key[512];    /* HMAC key bytes as found in the file */
+    size_t key_len;            /* 0: unsigned messages (loud warning) */
+    char kernel_name[128];     /* optional, "" when absent */
 } ll_conn_info_t;
 
 /* Read and validate PATH into *INFO.  Returns 0, or -1 with a one-line reason

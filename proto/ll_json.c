@@ -22,7 +22,7 @@ static pthread_once_t s_c_locale_once = PTHREAD_ONCE_INIT;
 
 static void s_init_c_locale(void)
 {
-    s_c_locale = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
+    s_c_locale = newlocale(LC_NUMERIC_MASK, "C", (locale_t) 0);
 }
 
 void ll_jbuf_init(ll_jbuf_t *buf, char *storage, size_t cap)
@@ -94,6 +94,7 @@ static bool s_putc(ll_jbuf_t *buf, char c)
 }
 
 /* 1: the byte must be escaped inside a JSON string. */
+/* clang-format off */
 static const unsigned char s_escape[256] = {
     1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
     1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
@@ -102,6 +103,7 @@ static const unsigned char s_escape[256] = {
     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0,   /* '\\' */
 };
+/* clang-format on */
 
 /* True if none of the 8 bytes of W needs escaping (< 0x20, '"', '\\').
  * The classic "has a zero byte" test, exact as to whether one exists. */
@@ -126,7 +128,7 @@ static size_t s_plain_run_end(const char *s, size_t i, size_t n)
             break;
         i += 8;
     }
-    while (i < n && !s_escape[(unsigned char)s[i]])
+    while (i < n && !s_escape[(unsigned char) s[i]])
         i++;
     return i;
 }
@@ -146,7 +148,7 @@ static bool s_write_string(ll_jbuf_t *buf, const char *s, size_t n)
         memcpy(out, s + i, run - i);
         out += run - i;
         if (run < n) {
-            unsigned char c = (unsigned char)s[run];
+            unsigned char c = (unsigned char) s[run];
             *out++ = '\\';
             switch (c) {
             case '"': *out++ = '"'; break;
@@ -165,7 +167,7 @@ static bool s_write_string(ll_jbuf_t *buf, const char *s, size_t n)
             }
             run++;
         }
-        buf->len = (size_t)(out - buf->data);
+        buf->len = (size_t) (out - buf->data);
         i = run;
     }
     return s_put(buf, "\"", 1);
@@ -176,21 +178,21 @@ static bool s_write_integer(ll_jbuf_t *buf, json_int_t v)
     char tmp[24];
     char *end = tmp + sizeof tmp, *p = end;
     /* Negate in unsigned arithmetic so the minimum value does not overflow. */
-    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    unsigned long long u = v < 0 ? 0ULL - (unsigned long long) v : (unsigned long long) v;
     do {
-        *--p = (char)('0' + u % 10);
+        *--p = (char) ('0' + u % 10);
         u /= 10;
     } while (u);
     if (v < 0)
         *--p = '-';
-    return s_put(buf, p, (size_t)(end - p));
+    return s_put(buf, p, (size_t) (end - p));
 }
 
 static bool s_write_real(ll_jbuf_t *buf, double v)
 {
     /* Shortest form that reads back exactly, like Python's repr(). */
     pthread_once(&s_c_locale_once, s_init_c_locale);
-    locale_t saved = s_c_locale ? uselocale(s_c_locale) : (locale_t)0;
+    locale_t saved = s_c_locale ? uselocale(s_c_locale) : (locale_t) 0;
     char tmp[40];
     int n = 0;
     for (int precision = 15; precision <= 17; precision++) {
@@ -200,13 +202,13 @@ static bool s_write_real(ll_jbuf_t *buf, double v)
     }
     if (saved)
         uselocale(saved);
-    if (n <= 0 || (size_t)n >= sizeof tmp - 3)
+    if (n <= 0 || (size_t) n >= sizeof tmp - 3)
         return false;
-    if (!strpbrk(tmp, ".eEn")) {   /* "1" would read back as an integer */
+    if (!strpbrk(tmp, ".eEn")) { /* "1" would read back as an integer */
         tmp[n++] = '.';
         tmp[n++] = '0';
     }
-    return s_put(buf, tmp, (size_t)n);
+    return s_put(buf, tmp, (size_t) n);
 }
 
 static bool s_write(ll_jbuf_t *buf, const json_t *v, int depth)
@@ -218,8 +220,8 @@ static bool s_write(ll_jbuf_t *buf, const json_t *v, int depth)
         if (!s_putc(buf, '{'))
             return false;
         bool first = true;
-        for (void *it = json_object_iter((json_t *)v); it;
-             it = json_object_iter_next((json_t *)v, it)) {
+        for (void *it = json_object_iter((json_t *) v); it;
+             it = json_object_iter_next((json_t *) v, it)) {
             if (!first && !s_putc(buf, ','))
                 return false;
             first = false;
@@ -238,18 +240,12 @@ static bool s_write(ll_jbuf_t *buf, const json_t *v, int depth)
                 return false;
         return s_putc(buf, ']');
     }
-    case JSON_STRING:
-        return s_write_string(buf, json_string_value(v), json_string_length(v));
-    case JSON_INTEGER:
-        return s_write_integer(buf, json_integer_value(v));
-    case JSON_REAL:
-        return s_write_real(buf, json_real_value(v));
-    case JSON_TRUE:
-        return s_put(buf, "true", 4);
-    case JSON_FALSE:
-        return s_put(buf, "false", 5);
-    case JSON_NULL:
-        return s_put(buf, "null", 4);
+    case JSON_STRING: return s_write_string(buf, json_string_value(v), json_string_length(v));
+    case JSON_INTEGER: return s_write_integer(buf, json_integer_value(v));
+    case JSON_REAL: return s_write_real(buf, json_real_value(v));
+    case JSON_TRUE: return s_put(buf, "true", 4);
+    case JSON_FALSE: return s_put(buf, "false", 5);
+    case JSON_NULL: return s_put(buf, "null", 4);
     }
     return false;
 }
@@ -260,7 +256,7 @@ int ll_json_write(ll_jbuf_t *buf, const json_t *value)
         return -1;
     size_t start = buf->len;
     if (!s_write(buf, value, 0) || buf->failed) {
-        buf->len = start;   /* leave no half-written value behind */
+        buf->len = start; /* leave no half-written value behind */
         return -1;
     }
     return 0;
@@ -269,13 +265,13 @@ int ll_json_write(ll_jbuf_t *buf, const json_t *value)
 /* ---- parser ------------------------------------------------------------- */
 
 typedef struct {
-    const unsigned char *start;   /* first byte of the text */
-    const unsigned char *p;       /* next byte to read */
-    const unsigned char *end;     /* one past the last byte */
-    ll_jbuf_t scratch;            /* unescaped string being built */
-    char *err;                    /* caller's error buffer */
+    const unsigned char *start; /* first byte of the text */
+    const unsigned char *p;     /* next byte to read */
+    const unsigned char *end;   /* one past the last byte */
+    ll_jbuf_t scratch;          /* unescaped string being built */
+    char *err;                  /* caller's error buffer */
     size_t errlen;
-    bool failed;                  /* err already holds the first error */
+    bool failed; /* err already holds the first error */
 } s_parser_t;
 
 static void s_perror(s_parser_t *ps, const unsigned char *at, const char *reason)
@@ -284,13 +280,12 @@ static void s_perror(s_parser_t *ps, const unsigned char *at, const char *reason
         return;
     ps->failed = true;
     if (ps->err && ps->errlen)
-        snprintf(ps->err, ps->errlen, "at byte %zu: %s", (size_t)(at - ps->start), reason);
+        snprintf(ps->err, ps->errlen, "at byte %zu: %s", (size_t) (at - ps->start), reason);
 }
 
 static void s_skip_ws(s_parser_t *ps)
 {
-    while (ps->p < ps->end &&
-           (*ps->p == ' ' || *ps->p == '\n' || *ps->p == '\r' || *ps->p == '\t'))
+    while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\n' || *ps->p == '\r' || *ps->p == '\t'))
         ps->p++;
 }
 
@@ -313,9 +308,9 @@ static size_t s_utf8_len(const unsigned char *p, const unsigned char *end)
         cp = c & 0x07;
         min = 0x10000;
     } else {
-        return 0;   /* continuation byte, overlong lead 0xc0/0xc1, or > U+10FFFF lead */
+        return 0; /* continuation byte, overlong lead 0xc0/0xc1, or > U+10FFFF lead */
     }
-    if ((size_t)(end - p) < n)
+    if ((size_t) (end - p) < n)
         return 0;
     for (size_t i = 1; i < n; i++) {
         if ((p[i] & 0xc0) != 0x80)
@@ -332,9 +327,10 @@ static int s_hex4(const unsigned char *p)
     int v = 0;
     for (int i = 0; i < 4; i++) {
         unsigned char c = p[i];
-        int d = c >= '0' && c <= '9' ? c - '0'
-              : c >= 'a' && c <= 'f' ? c - 'a' + 10
-              : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        int d = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
         if (d < 0)
             return -1;
         v = v << 4 | d;
@@ -347,22 +343,22 @@ static bool s_put_utf8(ll_jbuf_t *buf, unsigned cp)
     unsigned char out[4];
     size_t n;
     if (cp < 0x80) {
-        out[0] = (unsigned char)cp;
+        out[0] = (unsigned char) cp;
         n = 1;
     } else if (cp < 0x800) {
-        out[0] = (unsigned char)(0xc0 | cp >> 6);
-        out[1] = (unsigned char)(0x80 | (cp & 0x3f));
+        out[0] = (unsigned char) (0xc0 | cp >> 6);
+        out[1] = (unsigned char) (0x80 | (cp & 0x3f));
         n = 2;
     } else if (cp < 0x10000) {
-        out[0] = (unsigned char)(0xe0 | cp >> 12);
-        out[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3f));
-        out[2] = (unsigned char)(0x80 | (cp & 0x3f));
+        out[0] = (unsigned char) (0xe0 | cp >> 12);
+        out[1] = (unsigned char) (0x80 | ((cp >> 6) & 0x3f));
+        out[2] = (unsigned char) (0x80 | (cp & 0x3f));
         n = 3;
     } else {
-        out[0] = (unsigned char)(0xf0 | cp >> 18);
-        out[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3f));
-        out[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3f));
-        out[3] = (unsigned char)(0x80 | (cp & 0x3f));
+        out[0] = (unsigned char) (0xf0 | cp >> 18);
+        out[1] = (unsigned char) (0x80 | ((cp >> 12) & 0x3f));
+        out[2] = (unsigned char) (0x80 | ((cp >> 6) & 0x3f));
+        out[3] = (unsigned char) (0x80 | (cp & 0x3f));
         n = 4;
     }
     return s_put(buf, out, n);
@@ -374,7 +370,7 @@ static bool s_put_utf8(ll_jbuf_t *buf, unsigned cp)
 static bool s_parse_string(s_parser_t *ps, const char **out, size_t *out_len)
 {
     const unsigned char *p = ps->p + 1, *end = ps->end;
-    const unsigned char *run = p;   /* start of bytes not yet copied to scratch */
+    const unsigned char *run = p; /* start of bytes not yet copied to scratch */
     bool escaped = false;
     const uint64_t highs = 0x8080808080808080ULL;
     for (;;) {
@@ -415,7 +411,7 @@ static bool s_parse_string(s_parser_t *ps, const char **out, size_t *out_len)
             ps->scratch.len = 0;
             escaped = true;
         }
-        if (!s_put(&ps->scratch, run, (size_t)(p - run)))
+        if (!s_put(&ps->scratch, run, (size_t) (p - run)))
             goto out_nomem;
         if (end - p < 2) {
             s_perror(ps, p, "unterminated string");
@@ -433,9 +429,7 @@ static bool s_parse_string(s_parser_t *ps, const char **out, size_t *out_len)
         case 'r': simple = "\r"; break;
         case 't': simple = "\t"; break;
         case 'u': break;
-        default:
-            s_perror(ps, p, "invalid escape in string");
-            return false;
+        default: s_perror(ps, p, "invalid escape in string"); return false;
         }
         if (simple) {
             if (!s_put(&ps->scratch, simple, 1))
@@ -461,19 +455,19 @@ static bool s_parse_string(s_parser_t *ps, const char **out, size_t *out_len)
                 cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
                 p += 6;
             }
-            if (!s_put_utf8(&ps->scratch, (unsigned)cp))
+            if (!s_put_utf8(&ps->scratch, (unsigned) cp))
                 goto out_nomem;
         }
         run = p;
     }
     if (escaped) {
-        if (!s_put(&ps->scratch, run, (size_t)(p - run)))
+        if (!s_put(&ps->scratch, run, (size_t) (p - run)))
             goto out_nomem;
         *out = ps->scratch.data;
         *out_len = ps->scratch.len;
     } else {
-        *out = (const char *)ps->p + 1;
-        *out_len = (size_t)(p - ps->p - 1);
+        *out = (const char *) ps->p + 1;
+        *out_len = (size_t) (p - ps->p - 1);
     }
     ps->p = p + 1;
     return true;
@@ -531,23 +525,23 @@ static json_t *s_parse_number(s_parser_t *ps)
     if (!is_real) {
         /* Accumulate the magnitude in unsigned arithmetic; the limit
          * differs by one between positive and negative. */
-        unsigned long long limit = negative ? (unsigned long long)INT64_MAX + 1 : INT64_MAX;
+        unsigned long long limit = negative ? (unsigned long long) INT64_MAX + 1 : INT64_MAX;
         unsigned long long v = 0;
         for (const unsigned char *d = start + negative; d < p; d++) {
-            unsigned digit = (unsigned)(*d - '0');
+            unsigned digit = (unsigned) (*d - '0');
             if (v > (limit - digit) / 10) {
                 s_perror(ps, start, "integer too big for 64 bits");
                 return NULL;
             }
             v = v * 10 + digit;
         }
-        json_int_t value = negative ? (json_int_t)(0 - v) : (json_int_t)v;
+        json_int_t value = negative ? (json_int_t) (0 - v) : (json_int_t) v;
         return json_integer(value);
     }
     /* strtod needs a NUL-terminated copy; numbers are short, except
      * pathological ones, which go through the heap. */
     char small[64];
-    size_t n = (size_t)(p - start);
+    size_t n = (size_t) (p - start);
     char *copy = n < sizeof small ? small : malloc(n + 1);
     if (!copy) {
         s_perror(ps, start, "out of memory");
@@ -578,7 +572,7 @@ static json_t *s_parse_object(s_parser_t *ps, int depth)
         s_perror(ps, ps->p, "out of memory");
         return NULL;
     }
-    ps->p++;   /* '{' */
+    ps->p++; /* '{' */
     s_skip_ws(ps);
     if (ps->p < ps->end && *ps->p == '}') {
         ps->p++;
@@ -642,7 +636,7 @@ static json_t *s_parse_array(s_parser_t *ps, int depth)
         s_perror(ps, ps->p, "out of memory");
         return NULL;
     }
-    ps->p++;   /* '[' */
+    ps->p++; /* '[' */
     s_skip_ws(ps);
     if (ps->p < ps->end && *ps->p == ']') {
         ps->p++;
@@ -672,7 +666,7 @@ static json_t *s_parse_array(s_parser_t *ps, int depth)
 
 static bool s_literal(s_parser_t *ps, const char *word, size_t n)
 {
-    if ((size_t)(ps->end - ps->p) < n || memcmp(ps->p, word, n) != 0)
+    if ((size_t) (ps->end - ps->p) < n || memcmp(ps->p, word, n) != 0)
         return false;
     ps->p += n;
     return true;
@@ -690,16 +684,14 @@ static json_t *s_parse_value(s_parser_t *ps, int depth)
         return NULL;
     }
     switch (*ps->p) {
-    case '{':
-        return s_parse_object(ps, depth);
-    case '[':
-        return s_parse_array(ps, depth);
+    case '{': return s_parse_object(ps, depth);
+    case '[': return s_parse_array(ps, depth);
     case '"': {
         const char *s;
         size_t n;
         if (!s_parse_string(ps, &s, &n))
             return NULL;
-        json_t *v = json_stringn_nocheck(s, n);   /* validated above */
+        json_t *v = json_stringn_nocheck(s, n); /* validated above */
         if (!v)
             s_perror(ps, ps->p, "out of memory");
         return v;
@@ -736,9 +728,9 @@ json_t *ll_json_parse(const char *text, size_t len, char *err, size_t errlen)
     }
     char scratch[1024];
     s_parser_t ps = {
-        .start = (const unsigned char *)text,
-        .p = (const unsigned char *)text,
-        .end = (const unsigned char *)text + len,
+        .start = (const unsigned char *) text,
+        .p = (const unsigned char *) text,
+        .end = (const unsigned char *) text + len,
         .err = err,
         .errlen = errlen,
     };

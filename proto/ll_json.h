@@ -28,11 +28,11 @@
 
 /* A growable byte buffer that starts in caller-provided (stack) storage. */
 typedef struct {
-    char *data;     /* current storage: the caller's, or malloc'd once outgrown */
-    size_t len;     /* bytes written */
-    size_t cap;     /* bytes available at data */
-    bool heap;      /* data was malloc'd by us and is freed by ll_jbuf_release */
-    bool failed;    /* an allocation failed; contents are incomplete */
+    char *data;  /* current storage: the caller's, or malloc'd once outgrown */
+    size_t len;  /* bytes written */
+    size_t cap;  /* bytes available at data */
+    bool heap;   /* data was malloc'd by us and is freed by ll_jbuf_release */
+    bool failed; /* an allocation failed; contents are incomplete */
 } ll_jbuf_t;
 
 /* Start with STORAGE of CAP bytes (may be NULL/0). */

@@ -46,9 +46,10 @@ void ll_log_init(char role)
         if (level >= 0)
             ll_log_level = level;
         else
-            ll_log_write(LL_LOG_WARN, "log", "LOOSELEAF_LOG=%.32s is not one of "
-                         "error|warn|info|debug; keeping %s", env,
-                         s_level_names[ll_log_level]);
+            ll_log_write(LL_LOG_WARN, "log",
+                         "LOOSELEAF_LOG=%.32s is not one of "
+                         "error|warn|info|debug; keeping %s",
+                         env, s_level_names[ll_log_level]);
     }
 }
 
@@ -71,10 +72,10 @@ static void s_write_all(int fd, const char *buf, size_t len)
         if (n < 0) {
             if (errno == EINTR)
                 continue;
-            return;   /* nowhere left to report a logging failure */
+            return; /* nowhere left to report a logging failure */
         }
         buf += n;
-        len -= (size_t)n;
+        len -= (size_t) n;
     }
 }
 
@@ -84,28 +85,28 @@ void ll_log_write(int level, const char *module, const char *fmt, ...)
         level = LL_LOG_ERROR;
     if (level > LL_LOG_DEBUG)
         level = LL_LOG_DEBUG;
-    int saved_errno = errno;   /* callers often log strerror(errno) after us */
+    int saved_errno = errno; /* callers often log strerror(errno) after us */
 
     char line[PIPE_BUF];
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     struct tm tm;
     localtime_r(&ts.tv_sec, &tm);
-    int n = snprintf(line, sizeof line, "%d:%c %02d:%02d:%02d.%03ld %s %s: ", (int)getpid(),
+    int n = snprintf(line, sizeof line, "%d:%c %02d:%02d:%02d.%03ld %s %s: ", (int) getpid(),
                      s_role, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000L,
                      s_level_names[level], module ? module : "?");
     if (n < 0)
         n = 0;
-    size_t head = (size_t)n < sizeof line ? (size_t)n : sizeof line - 1;
+    size_t head = (size_t) n < sizeof line ? (size_t) n : sizeof line - 1;
 
     va_list ap;
     va_start(ap, fmt);
-    errno = saved_errno;   /* so %m in FMT reports the caller's errno */
+    errno = saved_errno; /* so %m in FMT reports the caller's errno */
     int m = vsnprintf(line + head, sizeof line - head, fmt, ap);
     va_end(ap);
     size_t len = head;
     if (m > 0)
-        len += (size_t)m < sizeof line - head ? (size_t)m : sizeof line - head - 1;
+        len += (size_t) m < sizeof line - head ? (size_t) m : sizeof line - head - 1;
 
     /* One record is one line: a newline or other control byte inside the
      * message (say, from a msg_type received off the wire) must not forge a
@@ -113,11 +114,11 @@ void ll_log_write(int level, const char *module, const char *fmt, ...)
     while (len > head && line[len - 1] == '\n')
         len--;
     for (size_t i = head; i < len; i++) {
-        unsigned char c = (unsigned char)line[i];
+        unsigned char c = (unsigned char) line[i];
         if (c < 0x20 && c != '\t')
             line[i] = ' ';
     }
-    if (m > 0 && (size_t)m >= sizeof line - head) {
+    if (m > 0 && (size_t) m >= sizeof line - head) {
         /* Truncated: mark it so nobody mistakes the cut line for the whole. */
         memcpy(line + sizeof line - 5, "...", 3);
         len = sizeof line - 2;

@@ -49,15 +49,15 @@ int ll_log_parse_level(const char *text);
 void ll_log_write(int level, const char *module, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-#define LL_LOG(level, module, ...)                                             \
-    do {                                                                       \
-        if ((level) <= ll_log_level)                                           \
-            ll_log_write((level), (module), __VA_ARGS__);                      \
+#define LL_LOG(level, module, ...)                        \
+    do {                                                  \
+        if ((level) <= ll_log_level)                      \
+            ll_log_write((level), (module), __VA_ARGS__); \
     } while (0)
 
 #define ll_error(module, ...) LL_LOG(LL_LOG_ERROR, module, __VA_ARGS__)
-#define ll_warn(module, ...) LL_LOG(LL_LOG_WARN, module, __VA_ARGS__)
-#define ll_info(module, ...) LL_LOG(LL_LOG_INFO, module, __VA_ARGS__)
+#define ll_warn(module, ...)  LL_LOG(LL_LOG_WARN, module, __VA_ARGS__)
+#define ll_info(module, ...)  LL_LOG(LL_LOG_INFO, module, __VA_ARGS__)
 #define ll_debug(module, ...) LL_LOG(LL_LOG_DEBUG, module, __VA_ARGS__)
 
 #endif

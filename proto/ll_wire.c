@@ -42,36 +42,36 @@
 #include <time.h>
 #include <unistd.h>
 
-#define LL_WIRE_DELIM "<IDS|MSG>"
-#define LL_WIRE_DELIM_LEN 9
-#define LL_WIRE_DIGEST_LEN 32
-#define LL_WIRE_SIG_HEX_LEN 64
-#define LL_WIRE_DEFAULT_HISTORY 65536   /* jupyter_client's digest_history_size */
-#define LL_WIRE_MAX_HISTORY (1u << 24)
-#define LL_WIRE_EMPTY_SLOT UINT32_MAX
+#define LL_WIRE_DELIM            "<IDS|MSG>"
+#define LL_WIRE_DELIM_LEN        9
+#define LL_WIRE_DIGEST_LEN       32
+#define LL_WIRE_SIG_HEX_LEN      64
+#define LL_WIRE_DEFAULT_HISTORY  65536 /* jupyter_client's digest_history_size */
+#define LL_WIRE_MAX_HISTORY      (1u << 24)
+#define LL_WIRE_EMPTY_SLOT       UINT32_MAX
 #define LL_WIRE_PROTOCOL_VERSION "5.3"
 
 struct ll_session_t {
-    bool is_signed;                 /* key non-empty: sign and verify */
-    EVP_MAC *mac;                   /* HMAC implementation (fetched once) */
-    EVP_MAC_CTX *keyed;             /* initialised with the key; duplicated per message */
-    char id[40];                    /* this session's uuid, in every header we write */
-    char username[64];              /* $USER or "username", like jupyter_client */
+    bool is_signed;     /* key non-empty: sign and verify */
+    EVP_MAC *mac;       /* HMAC implementation (fetched once) */
+    EVP_MAC_CTX *keyed; /* initialised with the key; duplicated per message */
+    char id[40];        /* this session's uuid, in every header we write */
+    char username[64];  /* $USER or "username", like jupyter_client */
 
-    pthread_mutex_t history_lock;   /* guards every history_* field */
-    uint32_t history_cap;           /* ring capacity (max digests remembered) */
-    uint32_t history_len;           /* digests in the ring */
-    uint32_t history_head;          /* ring index of the oldest digest */
+    pthread_mutex_t history_lock; /* guards every history_* field */
+    uint32_t history_cap;         /* ring capacity (max digests remembered) */
+    uint32_t history_len;         /* digests in the ring */
+    uint32_t history_head;        /* ring index of the oldest digest */
     unsigned char (*history_ring)[LL_WIRE_DIGEST_LEN];
-    uint32_t *history_table;        /* hash set: ring indices, LL_WIRE_EMPTY_SLOT when free */
-    uint32_t history_mask;          /* table size - 1 (a power of two, >= 2 * cap) */
+    uint32_t *history_table; /* hash set: ring indices, LL_WIRE_EMPTY_SLOT when free */
+    uint32_t history_mask;   /* table size - 1 (a power of two, >= 2 * cap) */
 };
 
 /* ---- ids and dates ------------------------------------------------------ */
 
 static pthread_once_t s_ids_once = PTHREAD_ONCE_INIT;
-static uint64_t s_ids_prefix;       /* random per process */
-static uint64_t s_ids_salt;         /* random per process */
+static uint64_t s_ids_prefix; /* random per process */
+static uint64_t s_ids_salt;   /* random per process */
 static atomic_uint_fast64_t s_ids_counter;
 
 static void s_random_bytes(void *buf, size_t len)
@@ -84,12 +84,12 @@ static void s_random_bytes(void *buf, size_t len)
              * does, fall back to something unique per process and time. */
             struct timespec ts;
             clock_gettime(CLOCK_MONOTONIC, &ts);
-            uint64_t x = ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_nsec ^ (uint64_t)ts.tv_sec;
+            uint64_t x = ((uint64_t) getpid() << 32) ^ (uint64_t) ts.tv_nsec ^ (uint64_t) ts.tv_sec;
             memcpy(p, &x, len < sizeof x ? len : sizeof x);
-            n = (ssize_t)(len < sizeof x ? len : sizeof x);
+            n = (ssize_t) (len < sizeof x ? len : sizeof x);
         }
         p += n;
-        len -= (size_t)n;
+        len -= (size_t) n;
     }
 }
 
@@ -140,8 +140,8 @@ static void s_hex(const unsigned char *in, size_t n, char *out)
  * variant bits (Python's uuid.UUID(...).version is None without them). */
 static void s_format_uuid(unsigned char b[16], char out[37])
 {
-    b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
-    b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
+    b[6] = (unsigned char) ((b[6] & 0x0f) | 0x40);
+    b[8] = (unsigned char) ((b[8] & 0x3f) | 0x80);
     char hex[32];
     s_hex(b, 16, hex);
     memcpy(out, hex, 8);
@@ -163,8 +163,8 @@ void ll_wire_new_id(char out[37])
     uint64_t lo = s_mix62(n + s_ids_salt) | (2ULL << 62);
     unsigned char b[16];
     for (int i = 0; i < 8; i++) {
-        b[i] = (unsigned char)(s_ids_prefix >> (56 - 8 * i));
-        b[8 + i] = (unsigned char)(lo >> (56 - 8 * i));
+        b[i] = (unsigned char) (s_ids_prefix >> (56 - 8 * i));
+        b[8 + i] = (unsigned char) (lo >> (56 - 8 * i));
     }
     s_format_uuid(b, out);
 }
@@ -173,7 +173,7 @@ void ll_wire_new_id(char out[37])
 static char *s_digits(char *out, unsigned v, int width)
 {
     for (int i = width - 1; i >= 0; i--) {
-        out[i] = (char)('0' + v % 10);
+        out[i] = (char) ('0' + v % 10);
         v /= 10;
     }
     return out + width;
@@ -186,19 +186,19 @@ void ll_wire_now(char out[32])
     struct tm tm;
     gmtime_r(&ts.tv_sec, &tm);
     char *p = out;
-    p = s_digits(p, (unsigned)(tm.tm_year + 1900) % 10000, 4);
+    p = s_digits(p, (unsigned) (tm.tm_year + 1900) % 10000, 4);
     *p++ = '-';
-    p = s_digits(p, (unsigned)tm.tm_mon + 1, 2);
+    p = s_digits(p, (unsigned) tm.tm_mon + 1, 2);
     *p++ = '-';
-    p = s_digits(p, (unsigned)tm.tm_mday, 2);
+    p = s_digits(p, (unsigned) tm.tm_mday, 2);
     *p++ = 'T';
-    p = s_digits(p, (unsigned)tm.tm_hour, 2);
+    p = s_digits(p, (unsigned) tm.tm_hour, 2);
     *p++ = ':';
-    p = s_digits(p, (unsigned)tm.tm_min, 2);
+    p = s_digits(p, (unsigned) tm.tm_min, 2);
     *p++ = ':';
-    p = s_digits(p, (unsigned)tm.tm_sec, 2);
+    p = s_digits(p, (unsigned) tm.tm_sec, 2);
     *p++ = '.';
-    p = s_digits(p, (unsigned)(ts.tv_nsec / 1000), 6);
+    p = s_digits(p, (unsigned) (ts.tv_nsec / 1000), 6);
     *p++ = 'Z';
     *p = '\0';
 }
@@ -251,7 +251,7 @@ ll_session_t *ll_session_new(const unsigned char *key, size_t key_len, const cha
         if (!self->keyed)
             goto out_fail;
         OSSL_PARAM params[] = {
-            OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, (char *)"SHA256", 0),
+            OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, (char *) "SHA256", 0),
             OSSL_PARAM_construct_end(),
         };
         if (!EVP_MAC_init(self->keyed, key, key_len, params))
@@ -261,16 +261,16 @@ ll_session_t *ll_session_new(const unsigned char *key, size_t key_len, const cha
             replay_history = LL_WIRE_DEFAULT_HISTORY;
         if (replay_history > LL_WIRE_MAX_HISTORY)
             replay_history = LL_WIRE_MAX_HISTORY;
-        self->history_cap = (uint32_t)replay_history;
+        self->history_cap = (uint32_t) replay_history;
         uint32_t table_size = 16;
         while (table_size < 2 * self->history_cap)
             table_size *= 2;
         self->history_mask = table_size - 1;
         self->history_ring = calloc(self->history_cap, sizeof *self->history_ring);
-        self->history_table = malloc((size_t)table_size * sizeof *self->history_table);
+        self->history_table = malloc((size_t) table_size * sizeof *self->history_table);
         if (!self->history_ring || !self->history_table)
             goto out_fail;
-        memset(self->history_table, 0xff, (size_t)table_size * sizeof *self->history_table);
+        memset(self->history_table, 0xff, (size_t) table_size * sizeof *self->history_table);
     }
     return self;
 
@@ -285,7 +285,7 @@ void ll_session_destroy(ll_session_t **self_p)
     if (!self_p || !*self_p)
         return;
     ll_session_t *self = *self_p;
-    EVP_MAC_CTX_free(self->keyed);   /* OpenSSL cleanses the key schedule */
+    EVP_MAC_CTX_free(self->keyed); /* OpenSSL cleanses the key schedule */
     EVP_MAC_free(self->mac);
     free(self->history_ring);
     free(self->history_table);
@@ -315,8 +315,8 @@ static int s_hmac(const ll_session_t *self, const void *const parts[4], const si
         if (lens[i] > 0 && !EVP_MAC_update(ctx, parts[i], lens[i]))
             rc = -1;
     size_t outl = 0;
-    if (rc == 0 && (!EVP_MAC_final(ctx, out, &outl, LL_WIRE_DIGEST_LEN) ||
-                    outl != LL_WIRE_DIGEST_LEN))
+    if (rc == 0 &&
+        (!EVP_MAC_final(ctx, out, &outl, LL_WIRE_DIGEST_LEN) || outl != LL_WIRE_DIGEST_LEN))
         rc = -1;
     EVP_MAC_CTX_free(ctx);
     return rc;
@@ -347,12 +347,11 @@ static uint32_t s_history_home(const ll_session_t *self, const unsigned char *di
 {
     uint64_t h;
     memcpy(&h, digest, sizeof h);
-    return (uint32_t)(h & self->history_mask);
+    return (uint32_t) (h & self->history_mask);
 }
 
 /* Slot holding DIGEST, or the free slot where it would go.  Lock held. */
-static uint32_t s_history_probe(const ll_session_t *self, const unsigned char *digest,
-                                bool *found)
+static uint32_t s_history_probe(const ll_session_t *self, const unsigned char *digest, bool *found)
 {
     uint32_t i = s_history_home(self, digest);
     while (self->history_table[i] != LL_WIRE_EMPTY_SLOT) {
@@ -435,7 +434,8 @@ static const char *const s_part_names[4] = {"header", "parent_header", "metadata
 static json_t *s_parse_part(zframe_t *frame, int part, char *why, size_t whylen)
 {
     char err[160];
-    json_t *v = ll_json_parse((const char *)zframe_data(frame), zframe_size(frame), err, sizeof err);
+    json_t *v =
+        ll_json_parse((const char *) zframe_data(frame), zframe_size(frame), err, sizeof err);
     if (!v) {
         s_fail(why, whylen, "%s: invalid JSON %s", s_part_names[part], err);
         return NULL;
@@ -501,7 +501,7 @@ ll_msg_t *ll_session_decode(ll_session_t *self, zmsg_t **raw_p, char *why, size_
     zframe_destroy(&delim_frame);
     for (int i = 0; i < 5; i++)
         frames[i] = zmsg_pop(raw);
-    msg->buffers = raw;   /* what is left are the binary buffers */
+    msg->buffers = raw; /* what is left are the binary buffers */
     raw = NULL;
 
     /* 3. Signature: length and alphabet, then constant-time HMAC. */
@@ -524,7 +524,7 @@ ll_msg_t *ll_session_decode(ll_session_t *self, zmsg_t **raw_p, char *why, size_
                 s_fail(why, whylen, "signature is not hexadecimal");
                 goto out_drop;
             }
-            claimed[i] = (unsigned char)(hi << 4 | lo);
+            claimed[i] = (unsigned char) (hi << 4 | lo);
         }
         const void *parts[4];
         size_t lens[4];
@@ -583,7 +583,7 @@ out_drop:
 
 zmsg_t *ll_session_encode(ll_session_t *self, const ll_msg_t *msg)
 {
-    if (!self || !msg || !msg->header)   /* a message without a header cannot be routed */
+    if (!self || !msg || !msg->header) /* a message without a header cannot be routed */
         return NULL;
     /* The four parts are written one after another into one buffer (on the
      * stack for all but large messages), signed in place, then copied into
@@ -651,7 +651,7 @@ int ll_session_send(ll_session_t *self, zsock_t *sock, ll_msg_t **msg_p)
     if (!frames)
         return -1;
     if (zmsg_send(&frames, sock) != 0) {
-        zmsg_destroy(&frames);   /* zmsg_send keeps the message on failure */
+        zmsg_destroy(&frames); /* zmsg_send keeps the message on failure */
         return -1;
     }
     return 0;

@@ -30,13 +30,13 @@ typedef struct ll_session_t ll_session_t;
  * decoded header as read-only: replies built by ll_msg_new share it (by
  * reference) as their parent_header. */
 typedef struct {
-    zmsg_t *identities;      /* routing frames before the delimiter (owned, may be empty) */
-    json_t *header;          /* object; has msg_id, msg_type, session, username, date, version */
-    json_t *parent_header;   /* object, {} when none */
-    json_t *metadata;        /* object */
-    json_t *content;         /* object */
-    zmsg_t *buffers;         /* extra binary frames after content (owned, may be empty) */
-    const char *msg_type;    /* borrowed from header, valid while header lives */
+    zmsg_t *identities;    /* routing frames before the delimiter (owned, may be empty) */
+    json_t *header;        /* object; has msg_id, msg_type, session, username, date, version */
+    json_t *parent_header; /* object, {} when none */
+    json_t *metadata;      /* object */
+    json_t *content;       /* object */
+    zmsg_t *buffers;       /* extra binary frames after content (owned, may be empty) */
+    const char *msg_type;  /* borrowed from header, valid while header lives */
 } ll_msg_t;
 
 /* KEY may be NULL/empty: then messages are neither signed nor checked (the

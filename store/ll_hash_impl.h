@@ -6,7 +6,7 @@
 #include <string.h>
 #include <xxhash.h>
 
-#define LL_HASH_PIECE ((size_t)64 << 10)
+#define LL_HASH_PIECE ((size_t) 64 << 10)
 
 uint64_t LL_HASH_NAME(hash)(const void *p, size_t n)
 {
@@ -19,8 +19,8 @@ uint64_t LL_HASH_NAME(hash_copy)(void *dst, const void *src, size_t n)
     XXH3_64bits_reset(&st);
     for (size_t off = 0; off < n; off += LL_HASH_PIECE) {
         size_t k = n - off < LL_HASH_PIECE ? n - off : LL_HASH_PIECE;
-        memcpy((char *)dst + off, (const char *)src + off, k);
-        XXH3_64bits_update(&st, (char *)dst + off, k);
+        memcpy((char *) dst + off, (const char *) src + off, k);
+        XXH3_64bits_update(&st, (char *) dst + off, k);
     }
     return XXH3_64bits_digest(&st);
 }

@@ -73,56 +73,56 @@
 #include "store/ll_mman.h"
 
 #define S_HUGETLBFS_MAGIC 0x958458f6
-#define S_TMPFS_MAGIC 0x01021994
+#define S_TMPFS_MAGIC     0x01021994
 
-#define S_MAGIC "LLPOOL02"
-#define S_FREE 0u
-#define S_ALLOC 1u
-#define S_FREEING 2u
-#define S_PID_BITS 22
-#define S_SLOT_CLEANING UINT64_MAX
-#define S_RESERVE_IDLE_MS 100               /* store quiet this long: refill the reserve */
-#define S_RESERVE_STEP ((size_t)256 << 10)  /* bytes populated per mmap-lock hold */
+#define S_MAGIC           "LLPOOL02"
+#define S_FREE            0u
+#define S_ALLOC           1u
+#define S_FREEING         2u
+#define S_PID_BITS        22
+#define S_SLOT_CLEANING   UINT64_MAX
+#define S_RESERVE_IDLE_MS 100                  /* store quiet this long: refill the reserve */
+#define S_RESERVE_STEP    ((size_t) 256 << 10) /* bytes populated per mmap-lock hold */
 
 /* The shared header at offset 0 of the pool file. */
 typedef struct {
-    char magic[8];             /* S_MAGIC once initialised */
-    uint32_t region_bytes;     /* LL_POOL_REGION_BYTES */
+    char magic[8];         /* S_MAGIC once initialised */
+    uint32_t region_bytes; /* LL_POOL_REGION_BYTES */
     uint32_t reserved;
-    uint64_t nregions;         /* regions in the data area */
-    uint64_t data_offset;      /* file offset of region 0 (region aligned) */
-    char page_kind[16];        /* as chosen by the creator */
-    uint64_t id;               /* random, never 0: refs name the pool they point into */
-    _Atomic uint64_t epoch;    /* bumped after every commit (see DESIGN) */
-    _Atomic uint64_t cursor;   /* next-fit start for allocation */
+    uint64_t nregions;       /* regions in the data area */
+    uint64_t data_offset;    /* file offset of region 0 (region aligned) */
+    char page_kind[16];      /* as chosen by the creator */
+    uint64_t id;             /* random, never 0: refs name the pool they point into */
+    _Atomic uint64_t epoch;  /* bumped after every commit (see DESIGN) */
+    _Atomic uint64_t cursor; /* next-fit start for allocation */
     _Atomic uint64_t slots[LL_POOL_MAX_PROCS]; /* owner of each lease bit */
     /* followed by state[nregions], lease[nregions] */
 } s_hdr_t;
 
 struct ll_pool_t {
-    int fd;                   /* pool file */
-    char *path;               /* its name ("memfd:..." for a nameless one) */
-    bool is_memfd;            /* nothing to unlink */
-    char *base;               /* shared RW mapping of the whole file */
-    size_t file_len;          /* length of that mapping */
-    s_hdr_t *hdr;             /* == base */
-    char *data;               /* base + data_offset */
-    size_t nregions;          /* copy of hdr->nregions */
-    _Atomic uint64_t *state;  /* per-region state words */
-    _Atomic uint64_t *lease;  /* per-region lease bitmaps */
-    int slot;                 /* my slot, -1 once released */
-    uint64_t me;              /* my slot word */
-    pid_t pid;                /* process that opened this handle */
-    uint32_t *counts;         /* my leases per region (process local) */
+    int fd;                     /* pool file */
+    char *path;                 /* its name ("memfd:..." for a nameless one) */
+    bool is_memfd;              /* nothing to unlink */
+    char *base;                 /* shared RW mapping of the whole file */
+    size_t file_len;            /* length of that mapping */
+    s_hdr_t *hdr;               /* == base */
+    char *data;                 /* base + data_offset */
+    size_t nregions;            /* copy of hdr->nregions */
+    _Atomic uint64_t *state;    /* per-region state words */
+    _Atomic uint64_t *lease;    /* per-region lease bitmaps */
+    int slot;                   /* my slot, -1 once released */
+    uint64_t me;                /* my slot word */
+    pid_t pid;                  /* process that opened this handle */
+    uint32_t *counts;           /* my leases per region (process local) */
     _Atomic uint8_t *populated; /* region backed and prefaulted in my mapping */
-    uint32_t *warm;           /* the populated regions, in the order they were */
-    _Atomic size_t nwarm;     /* entries in warm (an entry is written before it counts) */
-    size_t warm_cursor;       /* where the next warm search starts */
-    pthread_mutex_t mu;       /* guards counts, my lease bits, populated/warm */
-    _Atomic int refs;         /* this handle plus live mappings */
-    char page_kind[16];       /* "hugetlb", "thp", "4k" */
-    char share_path[64];      /* how other processes open a memfd pool */
-    bool thp_advise;          /* madvise(MADV_HUGEPAGE), populate instead of fallocate */
+    uint32_t *warm;             /* the populated regions, in the order they were */
+    _Atomic size_t nwarm;       /* entries in warm (an entry is written before it counts) */
+    size_t warm_cursor;         /* where the next warm search starts */
+    pthread_mutex_t mu;         /* guards counts, my lease bits, populated/warm */
+    _Atomic int refs;           /* this handle plus live mappings */
+    char page_kind[16];         /* "hugetlb", "thp", "4k" */
+    char share_path[64];        /* how other processes open a memfd pool */
+    bool thp_advise;            /* madvise(MADV_HUGEPAGE), populate instead of fallocate */
     /* The reserve (see ll_pool_reserve): a thread of this process keeps
      * rtarget free regions prefaulted.  rmu guards the fields below. */
     pthread_mutex_t rmu;
@@ -137,11 +137,11 @@ struct ll_pool_t {
 };
 
 struct ll_pool_map_t {
-    ll_pool_t *pool;          /* holds a reference */
-    char *addr;               /* start of the consecutive mapping */
-    size_t maplen;            /* nreg * region bytes */
-    size_t nbytes;            /* payload length */
-    uint32_t *idx;            /* leased regions */
+    ll_pool_t *pool; /* holds a reference */
+    char *addr;      /* start of the consecutive mapping */
+    size_t maplen;   /* nreg * region bytes */
+    size_t nbytes;   /* payload length */
+    uint32_t *idx;   /* leased regions */
     size_t nreg;
 };
 
@@ -159,7 +159,7 @@ static size_t s_round_up(size_t n, size_t to)
 static uint64_t s_proc_start(pid_t pid)
 {
     char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    snprintf(path, sizeof path, "/proc/%d/stat", (int) pid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return 0;
@@ -185,14 +185,14 @@ static uint64_t s_proc_start(pid_t pid)
 static uint64_t s_slot_word(pid_t pid)
 {
     uint64_t start = s_proc_start(pid) & ((UINT64_C(1) << (64 - S_PID_BITS)) - 1);
-    return start << S_PID_BITS | (uint64_t)pid;
+    return start << S_PID_BITS | (uint64_t) pid;
 }
 
 static bool s_slot_alive(uint64_t word)
 {
     if (word == 0 || word == S_SLOT_CLEANING)
         return true; /* free, or being emptied by someone: not ours to touch */
-    pid_t pid = (pid_t)(word & ((UINT64_C(1) << S_PID_BITS) - 1));
+    pid_t pid = (pid_t) (word & ((UINT64_C(1) << S_PID_BITS) - 1));
     return s_slot_word(pid) == word;
 }
 
@@ -211,7 +211,7 @@ static void s_clean_dead_slots(ll_pool_t *pool)
         for (size_t i = 0; i < pool->nregions; i++)
             atomic_fetch_and(&pool->lease[i], mask);
         ll_info("store", "pool: dropped the leases of dead process %d",
-                (int)(w & ((UINT64_C(1) << S_PID_BITS) - 1)));
+                (int) (w & ((UINT64_C(1) << S_PID_BITS) - 1)));
         atomic_store(&pool->hdr->slots[s], 0);
     }
 }
@@ -238,11 +238,11 @@ static void s_detect_kind(int fd, char kind[16], bool *advise)
     snprintf(kind, 16, "4k");
     if (fstatfs(fd, &sfs) != 0)
         return;
-    if ((unsigned long)sfs.f_type == S_HUGETLBFS_MAGIC) {
+    if ((unsigned long) sfs.f_type == S_HUGETLBFS_MAGIC) {
         snprintf(kind, 16, "hugetlb");
         return;
     }
-    if ((unsigned long)sfs.f_type != S_TMPFS_MAGIC)
+    if ((unsigned long) sfs.f_type != S_TMPFS_MAGIC)
         return;
     char buf[256] = "";
     FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "re");
@@ -287,8 +287,8 @@ static int s_fail(char *err, size_t errlen, const char *fmt, const char *a, int 
 }
 
 /* Initialise a new (empty) pool file: size, header, backing of the header. */
-static int s_init_file(int fd, size_t pool_bytes, const char *path, const char *kind,
-                       char *err, size_t errlen)
+static int s_init_file(int fd, size_t pool_bytes, const char *path, const char *kind, char *err,
+                       size_t errlen)
 {
     size_t nregions = pool_bytes / LL_POOL_REGION_BYTES;
     if (nregions == 0)
@@ -300,21 +300,21 @@ static int s_init_file(int fd, size_t pool_bytes, const char *path, const char *
     size_t hdr_len = sizeof(s_hdr_t) + 2 * sizeof(uint64_t) * nregions;
     size_t data_offset = s_round_up(hdr_len, LL_POOL_REGION_BYTES);
     size_t file_len = data_offset + nregions * LL_POOL_REGION_BYTES;
-    if (ftruncate(fd, (off_t)file_len) != 0)
+    if (ftruncate(fd, (off_t) file_len) != 0)
         return s_fail(err, errlen, "cannot size pool %s: %s", path, errno);
-    int rc = posix_fallocate(fd, 0, (off_t)data_offset);
+    int rc = posix_fallocate(fd, 0, (off_t) data_offset);
     if (rc != 0)
         return s_fail(err, errlen, "cannot reserve the header of pool %s: %s", path, rc);
     s_hdr_t *hdr = mmap(NULL, data_offset, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (hdr == MAP_FAILED)
         return s_fail(err, errlen, "cannot map pool %s: %s", path, errno);
     memset(hdr, 0, hdr_len);
-    hdr->region_bytes = (uint32_t)LL_POOL_REGION_BYTES;
+    hdr->region_bytes = (uint32_t) LL_POOL_REGION_BYTES;
     hdr->nregions = nregions;
     hdr->data_offset = data_offset;
     while (hdr->id == 0)
-        if (getrandom(&hdr->id, sizeof hdr->id, 0) != (ssize_t)sizeof hdr->id)
-            hdr->id = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uintptr_t)hdr;
+        if (getrandom(&hdr->id, sizeof hdr->id, 0) != (ssize_t) sizeof hdr->id)
+            hdr->id = (uint64_t) time(NULL) ^ ((uint64_t) getpid() << 32) ^ (uintptr_t) hdr;
     bool advise;
     if (kind)
         snprintf(hdr->page_kind, sizeof hdr->page_kind, "%s", kind);
@@ -415,8 +415,8 @@ ll_pool_t *ll_pool_open(const char *path, size_t pool_bytes, char *err, size_t e
          * initialise it again rather than refuse it for ever. */
         s_hdr_t head;
         static const char zero_magic[8];
-        bool unfinished = (size_t)st.st_size >= sizeof head &&
-                          pread(pool->fd, &head, sizeof head, 0) == (ssize_t)sizeof head &&
+        bool unfinished = (size_t) st.st_size >= sizeof head &&
+                          pread(pool->fd, &head, sizeof head, 0) == (ssize_t) sizeof head &&
                           memcmp(head.magic, zero_magic, 8) == 0;
         if (unfinished && ftruncate(pool->fd, 0) == 0)
             st.st_size = 0;
@@ -434,34 +434,34 @@ ll_pool_t *ll_pool_open(const char *path, size_t pool_bytes, char *err, size_t e
     }
 
     struct stat st;
-    if (fstat(pool->fd, &st) != 0 || (size_t)st.st_size < sizeof(s_hdr_t)) {
+    if (fstat(pool->fd, &st) != 0 || (size_t) st.st_size < sizeof(s_hdr_t)) {
         snprintf(err, errlen, "pool %s is truncated", path);
         goto out_close;
     }
     s_hdr_t peek;
-    if (pread(pool->fd, &peek, sizeof peek, 0) != (ssize_t)sizeof peek ||
+    if (pread(pool->fd, &peek, sizeof peek, 0) != (ssize_t) sizeof peek ||
         memcmp(peek.magic, S_MAGIC, 8) != 0 || peek.region_bytes != LL_POOL_REGION_BYTES) {
         snprintf(err, errlen, "%s is not a LooseLeaf pool", path);
         goto out_close;
     }
     size_t file_len = peek.data_offset + peek.nregions * LL_POOL_REGION_BYTES;
-    if ((size_t)st.st_size != file_len ||
+    if ((size_t) st.st_size != file_len ||
         peek.data_offset < sizeof(s_hdr_t) + 2 * sizeof(uint64_t) * peek.nregions) {
         snprintf(err, errlen, "pool %s has an inconsistent header", path);
         goto out_close;
     }
-    pool->base = mmap(NULL, file_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE,
-                      pool->fd, 0);
+    pool->base =
+        mmap(NULL, file_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, pool->fd, 0);
     if (pool->base == MAP_FAILED) {
         pool->base = NULL;
         s_fail(err, errlen, "cannot map pool %s: %s", path, errno);
         goto out_close;
     }
     pool->file_len = file_len;
-    pool->hdr = (s_hdr_t *)pool->base;
+    pool->hdr = (s_hdr_t *) pool->base;
     pool->nregions = peek.nregions;
     pool->data = pool->base + peek.data_offset;
-    pool->state = (_Atomic uint64_t *)(pool->hdr + 1);
+    pool->state = (_Atomic uint64_t *) (pool->hdr + 1);
     pool->lease = pool->state + pool->nregions;
     snprintf(pool->page_kind, sizeof pool->page_kind, "%.15s", peek.page_kind);
     if (!pool->is_memfd) {
@@ -478,7 +478,8 @@ ll_pool_t *ll_pool_open(const char *path, size_t pool_bytes, char *err, size_t e
         goto out_unmap;
     }
     pool->pid = getpid();
-    snprintf(pool->share_path, sizeof pool->share_path, "/proc/%d/fd/%d", (int)pool->pid, pool->fd);
+    snprintf(pool->share_path, sizeof pool->share_path, "/proc/%d/fd/%d", (int) pool->pid,
+             pool->fd);
     pool->me = s_slot_word(pool->pid);
     pool->slot = s_claim_slot(pool);
     if (pool->slot < 0) {
@@ -582,7 +583,7 @@ bool ll_pool_owned_here(ll_pool_t *pool)
 
 void *ll_pool_addr(ll_pool_t *pool, uint32_t idx)
 {
-    return pool->data + (size_t)idx * LL_POOL_REGION_BYTES;
+    return pool->data + (size_t) idx * LL_POOL_REGION_BYTES;
 }
 
 /* Take one lease count on IDX (the bit is set on the first). */
@@ -639,12 +640,12 @@ int ll_pool_lease(ll_pool_t *pool, const ll_pool_region_t *reg)
  * mmap lock for reading).  0 or an errno. */
 static int s_touch_step(ll_pool_t *pool, uint32_t i, size_t step)
 {
-    char *p = pool->data + (size_t)i * LL_POOL_REGION_BYTES;
+    char *p = pool->data + (size_t) i * LL_POOL_REGION_BYTES;
     int rc = 0;
     if (!pool->thp_advise)
         rc = posix_fallocate(pool->fd,
-                             (off_t)(pool->hdr->data_offset + (size_t)i * LL_POOL_REGION_BYTES),
-                             (off_t)LL_POOL_REGION_BYTES);
+                             (off_t) (pool->hdr->data_offset + (size_t) i * LL_POOL_REGION_BYTES),
+                             (off_t) LL_POOL_REGION_BYTES);
     for (size_t off = 0; rc == 0 && off < LL_POOL_REGION_BYTES; off += step)
         if (madvise(p + off, step, MADV_POPULATE_WRITE) != 0 && errno != EINVAL)
             rc = errno;
@@ -692,7 +693,7 @@ size_t ll_pool_prefault(ll_pool_t *pool, size_t nregions)
     for (size_t i = 0; i < pool->nregions && done < nregions; i++) {
         if (pool->populated[i] || (atomic_load(&pool->state[i]) & 3) != S_FREE)
             continue;
-        if (s_touch(pool, (uint32_t)i) != 0)
+        if (s_touch(pool, (uint32_t) i) != 0)
             break; /* out of memory: the allocation will say so */
         done++;
     }
@@ -725,7 +726,7 @@ static uint32_t s_unbacked_free(ll_pool_t *pool, size_t want)
         if ((atomic_load(&pool->state[i]) & 3) != S_FREE)
             continue;
         if (!pool->populated[i])
-            return (uint32_t)i;
+            return (uint32_t) i;
         seen++;
     }
     return UINT32_MAX;
@@ -735,7 +736,7 @@ static uint64_t s_now_ms(void)
 {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000 + (uint64_t)t.tv_nsec / 1000000;
+    return (uint64_t) t.tv_sec * 1000 + (uint64_t) t.tv_nsec / 1000000;
 }
 
 /* The reserve thread: while fewer than rtarget free regions are prefaulted,
@@ -777,8 +778,8 @@ static void *s_reserve_main(void *arg)
                 wait_ms = S_RESERVE_IDLE_MS - quiet;
             struct timespec until;
             clock_gettime(CLOCK_REALTIME, &until);
-            until.tv_sec += (time_t)(wait_ms / 1000);
-            until.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+            until.tv_sec += (time_t) (wait_ms / 1000);
+            until.tv_nsec += (long) (wait_ms % 1000) * 1000000L;
             if (until.tv_nsec >= 1000000000L) {
                 until.tv_sec++;
                 until.tv_nsec -= 1000000000L;
@@ -879,7 +880,7 @@ static int s_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kin
         } else {
             /* A prefaulted region is looked at again: it may have been
              * freed, or prefaulted by the reserve, since the first pass. */
-            i = (uint32_t)((start + k - nwarm) % n);
+            i = (uint32_t) ((start + k - nwarm) % n);
         }
         uint64_t s = atomic_load(&pool->state[i]);
         if ((s & 3) != S_FREE)
@@ -909,7 +910,7 @@ static int s_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kin
         reg->idx = i;
         reg->gen = gen;
         reg->hash = 0;
-        *addr = pool->data + (size_t)i * LL_POOL_REGION_BYTES;
+        *addr = pool->data + (size_t) i * LL_POOL_REGION_BYTES;
         return 0;
     }
     *kind = LL_POOL_EFULL;
@@ -935,8 +936,7 @@ void ll_pool_commit_done(ll_pool_t *pool)
     atomic_fetch_add(&pool->hdr->epoch, 1);
 }
 
-int ll_pool_gc(ll_pool_t *pool, ll_pool_refs_fn referenced, void *ctx, char *err,
-               size_t errlen)
+int ll_pool_gc(ll_pool_t *pool, ll_pool_refs_fn referenced, void *ctx, char *err, size_t errlen)
 {
     size_t n = pool->nregions;
     s_clean_dead_slots(pool);
@@ -953,7 +953,7 @@ int ll_pool_gc(ll_pool_t *pool, ll_pool_refs_fn referenced, void *ctx, char *err
     for (size_t i = 0; i < n; i++) {
         uint64_t s = atomic_load(&pool->state[i]);
         if ((s & 3) == S_ALLOC && atomic_load(&pool->lease[i]) == 0) {
-            cand[ncand] = (uint32_t)i;
+            cand[ncand] = (uint32_t) i;
             candst[ncand++] = s;
         }
     }
@@ -1006,13 +1006,13 @@ static int s_map_copy(ll_pool_t *pool, char *addr, size_t len, off_t off)
 {
     /* The destination first: the failed mapping may have left a hole at
      * ADDR, where the source's mapping could otherwise land. */
-    char *dst = mmap(addr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
-                     -1, 0);
+    char *dst =
+        mmap(addr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
     if (dst == MAP_FAILED)
         return -1;
     char *src = mmap(NULL, len, PROT_READ, MAP_SHARED, pool->fd, off);
     if (src == MAP_FAILED)
-        return -1; /* (the caller unmaps ADDR) */
+        return -1;                    /* (the caller unmaps ADDR) */
     madvise(dst, len, MADV_HUGEPAGE); /* (THP "madvise" mode: 2 MiB faults, not 4 KiB) */
     memcpy(dst, src, len);
     munmap(src, len);
@@ -1045,7 +1045,7 @@ ll_pool_map_t *ll_pool_map(ll_pool_t *pool, const ll_pool_region_t *regs, size_t
             snprintf(err, errlen,
                      "payload region %u (generation %llu) was reclaimed: the version that "
                      "used it is gone",
-                     (unsigned)regs[i].idx, (unsigned long long)regs[i].gen);
+                     (unsigned) regs[i].idx, (unsigned long long) regs[i].gen);
             goto out_unlease;
         }
         map->idx[map->nreg++] = regs[i].idx;
@@ -1058,17 +1058,17 @@ ll_pool_map_t *ll_pool_map(ll_pool_t *pool, const ll_pool_region_t *regs, size_t
     map->maplen = nreg * R;
     /* Reserve region-aligned address space (huge pages need it), then map
      * each run of consecutive regions over it. */
-    char *res = mmap(NULL, map->maplen + R, PROT_NONE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    char *res =
+        mmap(NULL, map->maplen + R, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (res == MAP_FAILED) {
         *kind = LL_POOL_EIO;
         s_fail(err, errlen, "cannot reserve address space%s: %s", "", errno);
         goto out_unlease;
     }
-    char *addr = (char *)s_round_up((uintptr_t)res, R);
+    char *addr = (char *) s_round_up((uintptr_t) res, R);
     if (addr > res)
-        munmap(res, (size_t)(addr - res));
-    munmap(addr + map->maplen, (size_t)(res + R - addr));
+        munmap(res, (size_t) (addr - res));
+    munmap(addr + map->maplen, (size_t) (res + R - addr));
     map->addr = addr;
     int prot = PROT_READ | (writable ? PROT_WRITE : 0);
     int flags = (writable ? MAP_PRIVATE : MAP_SHARED) | MAP_FIXED;
@@ -1077,7 +1077,7 @@ ll_pool_map_t *ll_pool_map(ll_pool_t *pool, const ll_pool_region_t *regs, size_t
         size_t run = 1;
         while (i + run < nreg && regs[i + run].idx == regs[i].idx + run)
             run++;
-        off_t off = (off_t)(pool->hdr->data_offset + (size_t)regs[i].idx * R);
+        off_t off = (off_t) (pool->hdr->data_offset + (size_t) regs[i].idx * R);
         void *got = NULL;
         if (huge_private) {
             /* A failed MAP_FIXED leaves a hole another thread's mmap could
@@ -1090,8 +1090,8 @@ ll_pool_map_t *ll_pool_map(ll_pool_t *pool, const ll_pool_region_t *regs, size_t
         }
         if (got != MAP_FAILED)
             got = mmap(addr + i * R, run * R, prot, flags, pool->fd, off);
-        if (got == MAP_FAILED &&
-            !(huge_private && errno == ENOMEM && s_map_copy(pool, addr + i * R, run * R, off) == 0)) {
+        if (got == MAP_FAILED && !(huge_private && errno == ENOMEM &&
+                                   s_map_copy(pool, addr + i * R, run * R, off) == 0)) {
             *kind = LL_POOL_EIO;
             s_fail(err, errlen, "cannot map payload regions%s: %s", "", errno);
             munmap(addr, map->maplen);
@@ -1174,12 +1174,12 @@ static int s_test_refs(void *ctx, uint64_t *mark, size_t nregions)
     return 0;
 }
 
-#define S_CHECK(cond)                                                                    \
-    do {                                                                                 \
-        if (!(cond)) {                                                                   \
+#define S_CHECK(cond)                                                                           \
+    do {                                                                                        \
+        if (!(cond)) {                                                                          \
             fprintf(stderr, "ll_pool selftest: %s:%d: %s failed\n", __FILE__, __LINE__, #cond); \
-            goto fail;                                                                   \
-        }                                                                                \
+            goto fail;                                                                          \
+        }                                                                                       \
     } while (0)
 
 int ll_pool_selftest(bool verbose)
@@ -1187,7 +1187,7 @@ int ll_pool_selftest(bool verbose)
     char err[256];
     ll_pool_map_t *map = NULL;
     char path[64];
-    snprintf(path, sizeof path, "/dev/shm/ll-pool-selftest-%d.pool", (int)getpid());
+    snprintf(path, sizeof path, "/dev/shm/ll-pool-selftest-%d.pool", (int) getpid());
     unlink(path);
     ll_pool_t *pool = ll_pool_open(path, 4 * LL_POOL_REGION_BYTES, err, sizeof err);
     S_CHECK(pool);

@@ -14,8 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define LL_POOL_REGION_BYTES ((size_t)2 << 20)
-#define LL_POOL_MAX_PROCS 64 /* processes that may hold leases at once */
+#define LL_POOL_REGION_BYTES ((size_t) 2 << 20)
+#define LL_POOL_MAX_PROCS    64 /* processes that may hold leases at once */
 
 typedef struct ll_pool_t ll_pool_t;
 typedef struct ll_pool_map_t ll_pool_map_t;
@@ -53,8 +53,8 @@ int ll_pool_unlink(ll_pool_t *pool);
  * write it.  Prefers free regions this process already prefaulted.  Calls on
  * one handle must not overlap (ll_store serializes them).  Returns 0, or -1
  * with LL_POOL_EFULL/EIO in *KIND. */
-int ll_pool_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind,
-                  char *err, size_t errlen);
+int ll_pool_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind, char *err,
+                  size_t errlen);
 
 /* As ll_pool_alloc, but a region this process has not prefaulted is left
  * unbacked: the caller must ll_pool_back it before writing, which several
@@ -113,15 +113,13 @@ void ll_pool_commit_done(ll_pool_t *pool);
  * with the generation a committed version uses, 0 for none.  Returns the
  * number freed, or -1 with a reason. */
 typedef int (*ll_pool_refs_fn)(void *ctx, uint64_t *mark, size_t nregions);
-int ll_pool_gc(ll_pool_t *pool, ll_pool_refs_fn referenced, void *ctx, char *err,
-               size_t errlen);
+int ll_pool_gc(ll_pool_t *pool, ll_pool_refs_fn referenced, void *ctx, char *err, size_t errlen);
 
 /* Map NREG leased-or-leasable regions at consecutive addresses, NBYTES long,
  * read-only (or private copy-on-write when WRITABLE).  Leases them for the
  * mapping's life.  Returns NULL with *KIND EGONE/EIO and a reason. */
 ll_pool_map_t *ll_pool_map(ll_pool_t *pool, const ll_pool_region_t *regs, size_t nreg,
-                           size_t nbytes, bool writable, int *kind, char *err,
-                           size_t errlen);
+                           size_t nbytes, bool writable, int *kind, char *err, size_t errlen);
 void *ll_pool_map_addr(ll_pool_map_t *map);
 size_t ll_pool_map_len(ll_pool_map_t *map);
 /* Unmap and release the leases; nulls *MAP_P; safe on NULL. */
@@ -132,8 +130,8 @@ typedef struct {
     const char *path;
     size_t pool_bytes;
     size_t regions_total;
-    size_t regions_used;   /* allocated, committed or not yet reclaimed */
-    size_t regions_leased; /* by this process */
+    size_t regions_used;       /* allocated, committed or not yet reclaimed */
+    size_t regions_leased;     /* by this process */
     size_t regions_prefaulted; /* backed and prefaulted in this process */
     size_t reserve_target;     /* free prefaulted regions the reserve keeps */
     size_t reserve_ready;      /* free prefaulted regions now */

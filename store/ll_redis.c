@@ -45,12 +45,12 @@
 extern char **environ;
 
 struct ll_redis_t {
-    redisContext *c;         /* NULL or a context (maybe with err set) */
-    char *url;               /* as given */
-    char *path;              /* unix socket, or NULL */
-    char *host;              /* tcp host, or NULL */
-    int port;                /* tcp port */
-    char err[256];           /* last error */
+    redisContext *c;          /* NULL or a context (maybe with err set) */
+    char *url;                /* as given */
+    char *path;               /* unix socket, or NULL */
+    char *host;               /* tcp host, or NULL */
+    int port;                 /* tcp port */
+    char err[256];            /* last error */
     unsigned long reconnects; /* successful reconnects after a failure */
 };
 
@@ -58,7 +58,7 @@ static double s_now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+    return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
 }
 
 static void s_nap(long usec)
@@ -183,7 +183,7 @@ char *ll_redis_start(const char *runtime_dir, bool *started, char *err, size_t e
         snprintf(err, errlen, "out of memory");
         goto out;
     }
-    if (strlen(sock) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
+    if (strlen(sock) >= sizeof(((struct sockaddr_un *) 0)->sun_path)) {
         snprintf(err, errlen, "runtime directory path too long for a unix socket: %s", sock);
         goto out;
     }
@@ -206,12 +206,19 @@ char *ll_redis_start(const char *runtime_dir, bool *started, char *err, size_t e
     const char *server = getenv("LL_REDIS_SERVER");
     if (!server || !*server)
         server = "redis-server";
-    const char *argv[] = {server, "--port", "0", "--unixsocket", sock,
-                          "--unixsocketperm", "700", "--dir", runtime_dir,
-                          "--save", "", "--appendonly", "yes", "--appendfsync", "always",
-                          "--appenddirname", "redis-aof", "--pidfile", pidf,
-                          "--logfile", logf, "--daemonize", "no", "--databases", "1",
-                          NULL};
+    const char *argv[] = {server,      "--port",
+                          "0",         "--unixsocket",
+                          sock,        "--unixsocketperm",
+                          "700",       "--dir",
+                          runtime_dir, "--save",
+                          "",          "--appendonly",
+                          "yes",       "--appendfsync",
+                          "always",    "--appenddirname",
+                          "redis-aof", "--pidfile",
+                          pidf,        "--logfile",
+                          logf,        "--daemonize",
+                          "no",        "--databases",
+                          "1",         NULL};
     posix_spawnattr_t attr;
     posix_spawn_file_actions_t fa;
     posix_spawnattr_init(&attr);
@@ -225,8 +232,8 @@ char *ll_redis_start(const char *runtime_dir, bool *started, char *err, size_t e
     sigaddset(&def, SIGTERM);
     sigaddset(&def, SIGINT);
     posix_spawnattr_setsigdefault(&attr, &def);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK |
-                                        POSIX_SPAWN_SETSIGDEF);
+    posix_spawnattr_setflags(&attr,
+                             POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
     posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
@@ -235,7 +242,7 @@ char *ll_redis_start(const char *runtime_dir, bool *started, char *err, size_t e
     posix_spawn_file_actions_addclosefrom_np(&fa, 3);
 #endif
     pid_t pid;
-    int rc = posix_spawnp(&pid, server, &fa, &attr, (char *const *)argv, environ);
+    int rc = posix_spawnp(&pid, server, &fa, &attr, (char *const *) argv, environ);
     posix_spawn_file_actions_destroy(&fa);
     posix_spawnattr_destroy(&attr);
     if (rc != 0) {
@@ -262,7 +269,7 @@ char *ll_redis_start(const char *runtime_dir, bool *started, char *err, size_t e
         }
         s_nap(2000);
     }
-    ll_info("store", "started redis-server %d on %s", (int)pid, sock);
+    ll_info("store", "started redis-server %d on %s", (int) pid, sock);
     *started = true;
     result = sock;
     sock = NULL;
@@ -279,7 +286,7 @@ out:
 static bool s_is_redis(pid_t pid)
 {
     char path[64], comm[64] = "";
-    snprintf(path, sizeof path, "/proc/%d/comm", (int)pid);
+    snprintf(path, sizeof path, "/proc/%d/comm", (int) pid);
     FILE *f = fopen(path, "re");
     if (!f)
         return false;
@@ -346,8 +353,7 @@ static int s_connect(ll_redis_t *r)
         return -1;
     }
     if (r->c->err) {
-        snprintf(r->err, sizeof r->err, "cannot connect to Redis at %s: %s", r->url,
-                 r->c->errstr);
+        snprintf(r->err, sizeof r->err, "cannot connect to Redis at %s: %s", r->url, r->c->errstr);
         redisFree(r->c);
         r->c = NULL;
         return -1;
@@ -374,7 +380,7 @@ ll_redis_t *ll_redis_connect(const char *url, char *err, size_t errlen)
         if (at)
             hp = at + 1;
         const char *colon = strrchr(hp, ':');
-        size_t hl = colon ? (size_t)(colon - hp) : strcspn(hp, "/");
+        size_t hl = colon ? (size_t) (colon - hp) : strcspn(hp, "/");
         r->host = strndup(hp, hl);
         r->port = 6379;
         if (colon) {
@@ -385,7 +391,7 @@ ll_redis_t *ll_redis_connect(const char *url, char *err, size_t errlen)
                 ll_redis_destroy(&r);
                 return NULL;
             }
-            r->port = (int)port;
+            r->port = (int) port;
         }
     } else if (url[0] == '/') {
         r->path = strdup(url);

@@ -64,14 +64,14 @@
 #include "store/ll_hash.h"
 #include "store/ll_redis.h"
 
-#define S_R LL_POOL_REGION_BYTES
-#define S_PENDING_BUCKETS 4096
-#define S_PARALLEL_MIN ((size_t)32 << 20) /* below this one thread copies */
-#define S_MAX_THREADS 4
+#define S_R                   LL_POOL_REGION_BYTES
+#define S_PENDING_BUCKETS     4096
+#define S_PARALLEL_MIN        ((size_t) 32 << 20) /* below this one thread copies */
+#define S_MAX_THREADS         4
 #define S_COMMIT_RECORDS_KEPT 1000
-#define S_SAMPLE_MIN 16 /* candidate regions: below this, always hash first */
-#define S_SAMPLES 4     /* candidates hashed to choose copy-first */
-#define S_GC_MIN_GAIN 8 /* regions: reclaim before a put when it may save this many faults */
+#define S_SAMPLE_MIN          16 /* candidate regions: below this, always hash first */
+#define S_SAMPLES             4  /* candidates hashed to choose copy-first */
+#define S_GC_MIN_GAIN         8 /* regions: reclaim before a put when it may save this many faults */
 
 /* An uncommitted payload this process holds (its regions leased). */
 typedef struct s_pending {
@@ -82,24 +82,24 @@ typedef struct s_pending {
 } s_pending_t;
 
 struct ll_store_t {
-    pthread_mutex_t mu;         /* serializes calls */
-    pid_t pid;                  /* the process that opened it */
+    pthread_mutex_t mu; /* serializes calls */
+    pid_t pid;          /* the process that opened it */
     char *runtime_dir;
     char *session;
-    char *prefix;               /* "ll:<session>:" */
+    char *prefix; /* "ll:<session>:" */
     ll_redis_t *redis;
-    bool redis_owned;           /* we started the private server */
+    bool redis_owned; /* we started the private server */
     ll_pool_t *pool;
     s_pending_t *pending[S_PENDING_BUCKETS];
     size_t npending;
-    char err[768];              /* last failure */
+    char err[768]; /* last failure */
     int errkind;
     uint64_t bytes_written, bytes_shared, puts, commits, gc_runs, reclaimed;
-    uint64_t gc_epoch;          /* commit epoch when this store last reclaimed */
-    long long reserve_opt;      /* as ll_store_opts_t.reserve_bytes */
-    size_t largest_put;         /* bytes the largest put wrote (default reserve policy) */
-    size_t reserve_regions;     /* what the pool's reserve was asked to keep */
-    size_t gc_vars;             /* variables that reclamation read from Redis */
+    uint64_t gc_epoch;      /* commit epoch when this store last reclaimed */
+    long long reserve_opt;  /* as ll_store_opts_t.reserve_bytes */
+    size_t largest_put;     /* bytes the largest put wrote (default reserve policy) */
+    size_t reserve_regions; /* what the pool's reserve was asked to keep */
+    size_t gc_vars;         /* variables that reclamation read from Redis */
 };
 
 /* ---- small helpers -------------------------------------------------- */
@@ -185,7 +185,7 @@ static int s_ref_parse(const char *ref, uint64_t *pool_id, size_t *nbytes, ll_po
     if (errno || end == p || *end != '/')
         return -1;
     p = end + 1;
-    size_t n = (size_t)((nb + S_R - 1) / S_R);
+    size_t n = (size_t) ((nb + S_R - 1) / S_R);
     if (n > UINT32_MAX)
         return -1;
     ll_pool_region_t *r = malloc((n ? n : 1) * sizeof *r);
@@ -209,13 +209,13 @@ static int s_ref_parse(const char *ref, uint64_t *pool_id, size_t *nbytes, ll_po
         }
         if (v[0] > UINT32_MAX || v[1] == 0 || v[1] >= (UINT64_C(1) << 62))
             goto bad;
-        r[i].idx = (uint32_t)v[0];
+        r[i].idx = (uint32_t) v[0];
         r[i].gen = v[1];
         r[i].hash = v[2];
     }
     if (*p)
         goto bad;
-    *nbytes = (size_t)nb;
+    *nbytes = (size_t) nb;
     *regs = r;
     *nreg = n;
     return 0;
@@ -230,11 +230,11 @@ static char *s_ref_format(uint64_t pool_id, size_t nbytes, const ll_pool_region_
     char *s = malloc(cap);
     if (!s)
         return NULL;
-    size_t len = (size_t)snprintf(s, cap, "P1/%llx/%zx/", (unsigned long long)pool_id, nbytes);
+    size_t len = (size_t) snprintf(s, cap, "P1/%llx/%zx/", (unsigned long long) pool_id, nbytes);
     for (size_t i = 0; i < n; i++)
-        len += (size_t)snprintf(s + len, cap - len, "%s%x.%llx.%llx", i ? "," : "",
-                                (unsigned)regs[i].idx, (unsigned long long)regs[i].gen,
-                                (unsigned long long)regs[i].hash);
+        len += (size_t) snprintf(s + len, cap - len, "%s%x.%llx.%llx", i ? "," : "",
+                                 (unsigned) regs[i].idx, (unsigned long long) regs[i].gen,
+                                 (unsigned long long) regs[i].hash);
     return s;
 }
 
@@ -246,7 +246,7 @@ long long ll_store_ref_nbytes(const char *ref)
     if (!ref || s_ref_parse(ref, &id, &nb, &r, &n) != 0)
         return -1;
     free(r);
-    return (long long)nb;
+    return (long long) nb;
 }
 
 /* ---- pending (uncommitted) payloads ---------------------------------- */
@@ -308,11 +308,11 @@ static int s_arg(s_args_t *a, const char *s, size_t len)
 {
     if (a->argc == a->cap) {
         int cap = a->cap ? a->cap * 2 : 16;
-        const char **v = realloc(a->argv, (size_t)cap * sizeof *v);
+        const char **v = realloc(a->argv, (size_t) cap * sizeof *v);
         if (!v)
             return -1;
         a->argv = v;
-        size_t *l = realloc(a->lens, (size_t)cap * sizeof *l);
+        size_t *l = realloc(a->lens, (size_t) cap * sizeof *l);
         if (!l)
             return -1;
         a->lens = l;
@@ -352,7 +352,7 @@ static uint64_t s_reply_u64(redisReply *r)
     if (r && r->type == REDIS_REPLY_STRING)
         return strtoull(r->str, NULL, 10);
     if (r && r->type == REDIS_REPLY_INTEGER)
-        return (uint64_t)r->integer;
+        return (uint64_t) r->integer;
     return 0;
 }
 
@@ -361,8 +361,8 @@ static uint64_t s_reply_u64(redisReply *r)
 static size_t s_default_pool_bytes(void)
 {
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-    size_t half = pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz / 2 : (size_t)4 << 30;
-    size_t cap = (size_t)16 << 30;
+    size_t half = pages > 0 && psz > 0 ? (size_t) pages * (size_t) psz / 2 : (size_t) 4 << 30;
+    size_t cap = (size_t) 16 << 30;
     return half < cap ? half : cap;
 }
 
@@ -416,8 +416,8 @@ static void s_host_read(s_host_t *h)
     while (f && fgets(line, sizeof line, f)) {
         char mnt[1024];
         if (sscanf(line, "%*s %*s %*s %*s %1023s", mnt) == 1 && strcmp(mnt, "/dev/shm") == 0)
-            h->dev_shm_thp = strstr(line, "huge=") && !strstr(line, "huge=never") &&
-                             !strstr(line, "huge=deny");
+            h->dev_shm_thp =
+                strstr(line, "huge=") && !strstr(line, "huge=never") && !strstr(line, "huge=deny");
     }
     if (f)
         fclose(f);
@@ -426,7 +426,8 @@ static void s_host_read(s_host_t *h)
         if (fgets(line, sizeof line, f)) {
             char *b = strchr(line, '['), *e = b ? strchr(b, ']') : NULL;
             if (b && e)
-                snprintf(h->shmem_enabled, sizeof h->shmem_enabled, "%.*s", (int)(e - b - 1), b + 1);
+                snprintf(h->shmem_enabled, sizeof h->shmem_enabled, "%.*s", (int) (e - b - 1),
+                         b + 1);
         }
         fclose(f);
     }
@@ -476,10 +477,9 @@ static int s_choose_kind(const s_host_t *h, size_t pool_bytes, bool owner, const
              "MemAvailable), a pool of %zu MiB needs %llu",
              avail, h->hp_kb, h->hp_free, h->hp_rsvd, h->hp_overcommit, h->hp_surp,
              pool_bytes >> 20, need);
-    bool thp_memfd = strcmp(h->shmem_enabled, "always") == 0 ||
-                     strcmp(h->shmem_enabled, "within_size") == 0 ||
-                     strcmp(h->shmem_enabled, "advise") == 0 ||
-                     strcmp(h->shmem_enabled, "force") == 0;
+    bool thp_memfd =
+        strcmp(h->shmem_enabled, "always") == 0 || strcmp(h->shmem_enabled, "within_size") == 0 ||
+        strcmp(h->shmem_enabled, "advise") == 0 || strcmp(h->shmem_enabled, "force") == 0;
     if (knob && strcmp(knob, "4k") == 0) {
         snprintf(why, whylen, "4k: LL_STORE_PAGE_KIND=4k");
         return S_KIND_SHM_FILE;
@@ -501,7 +501,8 @@ static int s_choose_kind(const s_host_t *h, size_t pool_bytes, bool owner, const
         return S_KIND_MEMFD_HUGETLB;
     }
     if (forced) {
-        snprintf(why, whylen, "LL_STORE_PAGE_KIND=hugetlb: no writable hugetlbfs mount, and only "
+        snprintf(why, whylen,
+                 "LL_STORE_PAGE_KIND=hugetlb: no writable hugetlbfs mount, and only "
                  "the session's owner (the store that starts the private redis-server) makes a "
                  "hugetlb memfd");
         return -1;
@@ -531,13 +532,13 @@ static char *s_kind_path(s_kind_t kind, const s_host_t *h, const char *runtime_d
         return strdup("memfd:thp");
     char *real = realpath(runtime_dir, NULL);
     const char *rd = real ? real : runtime_dir;
-    unsigned long long hsh = (unsigned long long)XXH3_64bits(rd, strlen(rd));
+    unsigned long long hsh = (unsigned long long) XXH3_64bits(rd, strlen(rd));
     free(real);
     const char *dir = kind == S_KIND_HUGETLBFS ? h->hugetlbfs_dir : "/dev/shm";
     size_t n = strlen(dir) + strlen(session) + 80;
     char *p = malloc(n);
     if (p)
-        snprintf(p, n, "%s/looseleaf-%u-%08llx-%s.pool", dir, (unsigned)geteuid(),
+        snprintf(p, n, "%s/looseleaf-%u-%08llx-%s.pool", dir, (unsigned) geteuid(),
                  hsh & 0xffffffffULL, session);
     return p;
 }
@@ -593,8 +594,7 @@ static int s_attach_pool(ll_store_t *st, const char *want, const char *default_p
         }
         char rec_path[1024] = "";
         unsigned long long rec_id = 0;
-        if (r->type == REDIS_REPLY_STRING &&
-            sscanf(r->str, "%1023s %llx", rec_path, &rec_id) != 2)
+        if (r->type == REDIS_REPLY_STRING && sscanf(r->str, "%1023s %llx", rec_path, &rec_id) != 2)
             rec_path[0] = 0;
         freeReplyObject(r);
         if (rec_path[0]) {
@@ -620,8 +620,10 @@ static int s_attach_pool(ll_store_t *st, const char *want, const char *default_p
         if (!pool) {
             const char *path = want ? want : default_path;
             if (!want && fallback_path && s_fault_is("hugetlb_fail"))
-                snprintf(err, errlen, "cannot reserve the header of pool %s: No space left on "
-                         "device (LL_STORE_FAULT=hugetlb_fail)", path);
+                snprintf(err, errlen,
+                         "cannot reserve the header of pool %s: No space left on "
+                         "device (LL_STORE_FAULT=hugetlb_fail)",
+                         path);
             else
                 pool = ll_pool_open(path, pool_bytes, err, errlen);
             /* Huge pages counted as available may still not come (memory
@@ -638,7 +640,7 @@ static int s_attach_pool(ll_store_t *st, const char *want, const char *default_p
         }
         char value[1100];
         snprintf(value, sizeof value, "%s %llx", ll_pool_share_path(pool),
-                 (unsigned long long)ll_pool_id(pool));
+                 (unsigned long long) ll_pool_id(pool));
         redisReply *m = NULL;
         if (ll_redis_reconnects(st->redis) == watched_on) {
             s_args_t a = {0};
@@ -677,7 +679,7 @@ static void s_reserve_update(ll_store_t *st)
 {
     size_t want = 0;
     if (st->reserve_opt > 0) {
-        want = (size_t)st->reserve_opt;
+        want = (size_t) st->reserve_opt;
     } else if (st->reserve_opt == LL_STORE_RESERVE_DEFAULT) {
         size_t cap = ll_pool_nregions(st->pool) * S_R / 2;
         if (cap > LL_STORE_RESERVE_MAX)
@@ -693,8 +695,8 @@ static void s_reserve_update(ll_store_t *st)
     ll_pool_reserve(st->pool, nreg); /* starts its thread only for nreg > 0 */
 }
 
-ll_store_t *ll_store_open(const char *runtime_dir, const char *session,
-                          const ll_store_opts_t *opts, char *err, size_t errlen)
+ll_store_t *ll_store_open(const char *runtime_dir, const char *session, const ll_store_opts_t *opts,
+                          char *err, size_t errlen)
 {
     ll_store_opts_t none = {0};
     if (!opts)
@@ -826,8 +828,8 @@ static int s_enter(ll_store_t *st)
     st->errkind = LL_STORE_OK;
     st->err[0] = 0;
     if (getpid() != st->pid) {
-        s_fail(st, LL_STORE_EIO,
-               "this store was opened by process %d; open a new one after fork", (int)st->pid);
+        s_fail(st, LL_STORE_EIO, "this store was opened by process %d; open a new one after fork",
+               (int) st->pid);
         pthread_mutex_unlock(&st->mu);
         return -1;
     }
@@ -863,7 +865,8 @@ static void s_parallel(size_t n, size_t bytes, void (*fn)(void *, size_t), void 
 {
     s_par_t p = {fn, ctx, n, 0};
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    int nthreads = bytes >= S_PARALLEL_MIN && n > 1 ? (int)(ncpu < S_MAX_THREADS ? ncpu : S_MAX_THREADS) : 1;
+    int nthreads =
+        bytes >= S_PARALLEL_MIN && n > 1 ? (int) (ncpu < S_MAX_THREADS ? ncpu : S_MAX_THREADS) : 1;
     pthread_t th[S_MAX_THREADS];
     int started = 0;
     for (int t = 1; t < nthreads; t++)
@@ -877,18 +880,18 @@ static void s_parallel(size_t n, size_t bytes, void (*fn)(void *, size_t), void 
 typedef struct {
     const char *src;
     size_t len;
-    ll_pool_region_t *regs;      /* the new payload's regions */
+    ll_pool_region_t *regs;       /* the new payload's regions */
     const ll_pool_region_t *base; /* base regions (hash compared), or NULL */
-    char *reuse;                 /* per region: 1 when shared with base */
-    char *cand;                  /* per region: base region leased, compare */
-    void **dst;                  /* per region: where to copy (new ones) */
-    ll_pool_t *pool;             /* backs new regions right before their copy */
-    int *backerr;                /* per region: errno of a failed backing */
+    char *reuse;                  /* per region: 1 when shared with base */
+    char *cand;                   /* per region: base region leased, compare */
+    void **dst;                   /* per region: where to copy (new ones) */
+    ll_pool_t *pool;              /* backs new regions right before their copy */
+    int *backerr;                 /* per region: errno of a failed backing */
 } s_put_t;
 
 static double s_ms(const struct timespec *a, const struct timespec *b)
 {
-    return (double)(b->tv_sec - a->tv_sec) * 1e3 + (double)(b->tv_nsec - a->tv_nsec) / 1e6;
+    return (double) (b->tv_sec - a->tv_sec) * 1e3 + (double) (b->tv_nsec - a->tv_nsec) / 1e6;
 }
 
 static size_t s_chunk(size_t len, size_t i)
@@ -949,12 +952,12 @@ char *ll_store_put(ll_store_t *st, const void *data, size_t len, const char *bas
     p.cand = calloc(m, 1);
     p.dst = calloc(m, sizeof *p.dst);
     p.backerr = calloc(m, sizeof *p.backerr);
-    uint8_t *bl = calloc(m, 1);            /* base region i leased by this put */
-    ll_pool_reserve_hold(st->pool, true);  /* the copy gets the CPUs, not the reserve */
+    uint8_t *bl = calloc(m, 1);           /* base region i leased by this put */
+    ll_pool_reserve_hold(st->pool, true); /* the copy gets the CPUs, not the reserve */
     uint32_t *held = malloc(m * sizeof *held);
     size_t *cidx = malloc(m * sizeof *cidx); /* candidate indices, for sampling */
     size_t nwritten = 0;
-    bool done = false;                     /* leases handed to the pending list */
+    bool done = false; /* leases handed to the pending list */
     if (!p.regs || !p.reuse || !p.cand || !p.dst || !p.backerr || !bl || !held || !cidx) {
         s_fail(st, LL_STORE_EIO, "out of memory");
         goto out;
@@ -967,8 +970,10 @@ char *ll_store_put(ll_store_t *st, const void *data, size_t len, const char *bas
     if (base_ref && base_pool != ll_pool_id(st->pool))
         bn = 0; /* a base in a pool that no longer exists shares nothing */
     if (n > ll_pool_nregions(st->pool)) {
-        s_fail(st, LL_STORE_EFULL, "payload pool full: a payload of %zu bytes is larger than the "
-               "whole pool (%zu bytes)", len, ll_pool_nregions(st->pool) * S_R);
+        s_fail(st, LL_STORE_EFULL,
+               "payload pool full: a payload of %zu bytes is larger than the "
+               "whole pool (%zu bytes)",
+               len, ll_pool_nregions(st->pool) * S_R);
         goto out;
     }
     if (dirty && (!base_ref || bnb != len)) {
@@ -1068,7 +1073,8 @@ hash_first:
             continue;
         int kind;
         char err[512];
-        while (ll_pool_alloc_unbacked(st->pool, &p.regs[i], &p.dst[i], &kind, err, sizeof err) != 0) {
+        while (ll_pool_alloc_unbacked(st->pool, &p.regs[i], &p.dst[i], &kind, err, sizeof err) !=
+               0) {
             p.dst[i] = NULL;
             if (kind == LL_POOL_EFULL && !tried_gc) {
                 tried_gc = true;
@@ -1103,10 +1109,13 @@ hash_first:
         if (!p.backerr[i])
             continue;
         bool huge = strcmp(ll_pool_page_kind(st->pool), "hugetlb") == 0;
-        s_fail(st, LL_STORE_EFULL, "payload pool full: cannot back a 2 MiB region of the pool: %s "
-               "(payload of %zu bytes)%s", strerror(p.backerr[i]), len,
+        s_fail(st, LL_STORE_EFULL,
+               "payload pool full: cannot back a 2 MiB region of the pool: %s "
+               "(payload of %zu bytes)%s",
+               strerror(p.backerr[i]), len,
                huge ? "; no more huge pages (HugePages_Free, vm.nr_overcommit_hugepages, free "
-                      "memory)" : "");
+                      "memory)"
+                    : "");
         goto out;
     }
     /* Copied first: an unchanged region is shared after all, its copy given back. */
@@ -1125,10 +1134,11 @@ hash_first:
             bl[i] = 0;
         }
     }
-    ll_debug("store", "put %zu bytes: compare %.2f ms (%s), allocate %.2f ms, copy %.2f ms "
-             "(%zu bytes, %zu regions unchanged after all)", len, s_ms(&ts0, &ts1),
-             copy_first ? "copy first" : "hash first", s_ms(&ts1, &ts2), s_ms(&ts2, &ts3),
-             nwritten, late_same);
+    ll_debug("store",
+             "put %zu bytes: compare %.2f ms (%s), allocate %.2f ms, copy %.2f ms "
+             "(%zu bytes, %zu regions unchanged after all)",
+             len, s_ms(&ts0, &ts1), copy_first ? "copy first" : "hash first", s_ms(&ts1, &ts2),
+             s_ms(&ts2, &ts3), nwritten, late_same);
     for (size_t i = 0; i < n; i++) {
         if (p.reuse[i])
             p.regs[i] = base[i];
@@ -1184,7 +1194,9 @@ int ll_store_discard(ll_store_t *st, const char *ref)
 {
     if (s_enter(st) != 0)
         return -1;
-    int rc = s_pending_release(st, ref) ? 0 : s_fail(st, LL_STORE_EINVAL, "payload ref is not pending in this process");
+    int rc = s_pending_release(st, ref)
+                 ? 0
+                 : s_fail(st, LL_STORE_EINVAL, "payload ref is not pending in this process");
     s_leave(st);
     return rc;
 }
@@ -1210,7 +1222,11 @@ ll_pool_map_t *ll_store_map(ll_store_t *st, const char *ref, bool writable)
     char err[512];
     map = ll_pool_map(st->pool, regs, n, nb, writable, &kind, err, sizeof err);
     if (!map)
-        s_fail(st, kind == LL_POOL_EGONE ? LL_STORE_EGONE : kind == LL_POOL_EINVAL ? LL_STORE_EINVAL : LL_STORE_EIO, "%s", err);
+        s_fail(st,
+               kind == LL_POOL_EGONE    ? LL_STORE_EGONE
+               : kind == LL_POOL_EINVAL ? LL_STORE_EINVAL
+                                        : LL_STORE_EIO,
+               "%s", err);
     free(regs);
 out:
     s_leave(st);
@@ -1342,7 +1358,7 @@ int ll_store_commit(ll_store_t *st, const char *cell_id, const ll_store_write_t 
                     s_fail(st, LL_STORE_EGONE,
                            "'%s': payload region %u was reclaimed; its version is gone "
                            "(re-save the payload)",
-                           w->name, (unsigned)regs[k].idx);
+                           w->name, (unsigned) regs[k].idx);
                     free(regs);
                     goto out;
                 }
@@ -1373,9 +1389,9 @@ int ll_store_commit(ll_store_t *st, const char *cell_id, const ll_store_write_t 
     }
     unsigned char rnd[16];
     char token[40];
-    if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
+    if (getrandom(rnd, sizeof rnd, 0) != (ssize_t) sizeof rnd)
         for (size_t i = 0; i < sizeof rnd; i++)
-            rnd[i] = (unsigned char)(rand() ^ getpid());
+            rnd[i] = (unsigned char) (rand() ^ getpid());
     for (size_t i = 0; i < sizeof rnd; i++)
         snprintf(token + 2 * i, 3, "%02x", rnd[i]);
 
@@ -1396,14 +1412,14 @@ int ll_store_commit(ll_store_t *st, const char *cell_id, const ll_store_write_t 
         }
         for (int i = 0; i < nlost && !landed; i++) {
             char lbuf[32];
-            snprintf(lbuf, sizeof lbuf, "%llu", (unsigned long long)lost[i]);
+            snprintf(lbuf, sizeof lbuf, "%llu", (unsigned long long) lost[i]);
             char *k = s_key(st, "c:", lbuf);
             redisReply *t = k ? ll_redis_cmdf(st->redis, "HGET %s token", k) : NULL;
             if (t && t->type == REDIS_REPLY_STRING && strcmp(t->str, token) == 0) {
                 landed = true;
                 *version = lost[i];
                 ll_info("store", "commit %llu ran although its reply was lost",
-                        (unsigned long long)lost[i]);
+                        (unsigned long long) lost[i]);
             }
             if (t)
                 freeReplyObject(t);
@@ -1447,8 +1463,8 @@ int ll_store_commit(ll_store_t *st, const char *cell_id, const ll_store_write_t 
                 if (have != bases[i].version) {
                     s_fail(st, LL_STORE_ECONFLICT,
                            "'%s' is at version %llu, not %llu as the commit expected",
-                           bases[i].name, (unsigned long long)have,
-                           (unsigned long long)bases[i].version);
+                           bases[i].name, (unsigned long long) have,
+                           (unsigned long long) bases[i].version);
                     freeReplyObject(r);
                     r = ll_redis_cmdf(st->redis, "UNWATCH");
                     if (r)
@@ -1462,11 +1478,12 @@ int ll_store_commit(ll_store_t *st, const char *cell_id, const ll_store_write_t 
             continue;
         uint64_t next = cur + 1;
         char vbuf[32], oldc[64];
-        snprintf(vbuf, sizeof vbuf, "%llu", (unsigned long long)next);
+        snprintf(vbuf, sizeof vbuf, "%llu", (unsigned long long) next);
         char *k_commit = s_key(st, "c:", vbuf);
         char *k_old = NULL;
         if (next > S_COMMIT_RECORDS_KEPT) {
-            snprintf(oldc, sizeof oldc, "%llu", (unsigned long long)(next - S_COMMIT_RECORDS_KEPT));
+            snprintf(oldc, sizeof oldc, "%llu",
+                     (unsigned long long) (next - S_COMMIT_RECORDS_KEPT));
             k_old = s_key(st, "c:", oldc);
         }
         if (!k_commit || (next > S_COMMIT_RECORDS_KEPT && !k_old)) {
@@ -1567,7 +1584,7 @@ int ll_store_commit(ll_store_t *st, const char *cell_id, const ll_store_write_t 
                 ll_redis_reset(st->redis);
                 continue;
             }
-            if (nlost == (int)(sizeof lost / sizeof lost[0])) {
+            if (nlost == (int) (sizeof lost / sizeof lost[0])) {
                 s_fail(st, LL_STORE_EIO, "commit failed: the connection to Redis keeps breaking");
                 goto out;
             }
@@ -1681,7 +1698,7 @@ static redisReply *s_fetch_raw(ll_store_t *st, const char *const *names, size_t 
         free(a.argv);
         free(a.lens);
         redisReply *exec = NULL;
-        if (!bad && s_drain(st, (int)n + 1) == 0)
+        if (!bad && s_drain(st, (int) n + 1) == 0)
             exec = ll_redis_reply(st->redis);
         if (exec)
             return exec;
@@ -1831,7 +1848,7 @@ int ll_store_last_commit(ll_store_t *st, uint64_t *version, char **cell_id)
     freeReplyObject(r);
     if (*version) {
         char vbuf[32];
-        snprintf(vbuf, sizeof vbuf, "%llu", (unsigned long long)*version);
+        snprintf(vbuf, sizeof vbuf, "%llu", (unsigned long long) *version);
         k = s_key(st, "c:", vbuf);
         r = k ? ll_redis_cmdf(st->redis, "HGET %s cell", k) : NULL;
         free(k);
@@ -1900,7 +1917,7 @@ static int s_gc_locked(ll_store_t *st)
     if (freed < 0)
         return s_fail(st, LL_STORE_EIO, "reclamation failed: %s (%s)", err,
                       ll_redis_errstr(st->redis));
-    st->reclaimed += (uint64_t)freed;
+    st->reclaimed += (uint64_t) freed;
     return freed;
 }
 
@@ -1920,7 +1937,7 @@ long long ll_store_prefault(ll_store_t *st, size_t nbytes)
         return -1;
     size_t n = ll_pool_prefault(st->pool, (nbytes + S_R - 1) / S_R);
     s_leave(st);
-    return (long long)(n * S_R);
+    return (long long) (n * S_R);
 }
 
 int ll_store_gc(ll_store_t *st)
@@ -2003,20 +2020,20 @@ void ll_store_stats(ll_store_t *st, ll_store_stats_t *out)
 
 /* ---- self-test (starts its own redis-server) ------------------------- */
 
-#define S_CHECK(cond)                                                                      \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
+#define S_CHECK(cond)                                                                         \
+    do {                                                                                      \
+        if (!(cond)) {                                                                        \
             fprintf(stderr, "ll_store selftest: %s:%d: %s failed (%s)\n", __FILE__, __LINE__, \
-                    #cond, st ? st->err : "");                                             \
-            goto fail;                                                                     \
-        }                                                                                  \
+                    #cond, st ? st->err : "");                                                \
+            goto fail;                                                                        \
+        }                                                                                     \
     } while (0)
 
 /* The page-kind choice on made-up hosts (the real one has no huge pages). */
 static int s_kind_selftest(void)
 {
     const unsigned long long G = 1024ULL * 1024; /* kB */
-    const size_t pool = (size_t)11 << 30;        /* 5632 huge pages */
+    const size_t pool = (size_t) 11 << 30;       /* 5632 huge pages */
     char why[768];
     struct {
         s_host_t h;
@@ -2026,42 +2043,87 @@ static int s_kind_selftest(void)
         const char *why_has;
     } cases[] = {
         /* This host as found: nothing. */
-        {{.hp_kb = 2048, .avail_kb = 20 * G, .shmem_enabled = "never"}, true, NULL,
-         S_KIND_SHM_FILE, "4k: 0 huge pages"},
+        {{.hp_kb = 2048, .avail_kb = 20 * G, .shmem_enabled = "never"},
+         true,
+         NULL,
+         S_KIND_SHM_FILE,
+         "4k: 0 huge pages"},
         /* Surplus room counts, for the owner's memfd... */
-        {{.hp_kb = 2048, .hp_overcommit = 6000, .avail_kb = 20 * G, .shmem_enabled = "never"}, true,
-         NULL, S_KIND_MEMFD_HUGETLB, "6000 huge pages"},
-        {{.hp_kb = 2048, .hp_overcommit = 6000, .avail_kb = 20 * G}, true, "auto",
-         S_KIND_MEMFD_HUGETLB, "hugetlb (memfd)"},
+        {{.hp_kb = 2048, .hp_overcommit = 6000, .avail_kb = 20 * G, .shmem_enabled = "never"},
+         true,
+         NULL,
+         S_KIND_MEMFD_HUGETLB,
+         "6000 huge pages"},
+        {{.hp_kb = 2048, .hp_overcommit = 6000, .avail_kb = 20 * G},
+         true,
+         "auto",
+         S_KIND_MEMFD_HUGETLB,
+         "hugetlb (memfd)"},
         /* ...not for others without a hugetlbfs mount (a memfd dies with its maker). */
-        {{.hp_kb = 2048, .hp_overcommit = 6000, .avail_kb = 20 * G}, false, NULL, S_KIND_SHM_FILE,
+        {{.hp_kb = 2048, .hp_overcommit = 6000, .avail_kb = 20 * G},
+         false,
+         NULL,
+         S_KIND_SHM_FILE,
          "4k"},
         {{.hp_kb = 2048, .hp_overcommit = 6000, .avail_kb = 20 * G, .hugetlbfs_dir = "/mnt/h"},
-         false, NULL, S_KIND_HUGETLBFS, "/mnt/h"},
+         false,
+         NULL,
+         S_KIND_HUGETLBFS,
+         "/mnt/h"},
         /* Surplus pages in use are not room; nor is memory that is not there. */
-        {{.hp_kb = 2048, .hp_overcommit = 6000, .hp_surp = 1000, .avail_kb = 20 * G}, true, NULL,
-         S_KIND_SHM_FILE, "5000 huge pages"},
-        {{.hp_kb = 2048, .hp_overcommit = 6000, .avail_kb = 8 * G}, true, NULL, S_KIND_SHM_FILE,
+        {{.hp_kb = 2048, .hp_overcommit = 6000, .hp_surp = 1000, .avail_kb = 20 * G},
+         true,
+         NULL,
+         S_KIND_SHM_FILE,
+         "5000 huge pages"},
+        {{.hp_kb = 2048, .hp_overcommit = 6000, .avail_kb = 8 * G},
+         true,
+         NULL,
+         S_KIND_SHM_FILE,
          "4096 huge pages"},
         /* Free persistent pages count, less those promised to mappings. */
-        {{.hp_kb = 2048, .hp_free = 6000, .hp_rsvd = 1000, .avail_kb = G}, true, NULL,
-         S_KIND_SHM_FILE, "5000 huge pages"},
-        {{.hp_kb = 2048, .hp_free = 3000, .hp_overcommit = 3000, .avail_kb = 20 * G}, true, NULL,
-         S_KIND_MEMFD_HUGETLB, "6000 huge pages"},
+        {{.hp_kb = 2048, .hp_free = 6000, .hp_rsvd = 1000, .avail_kb = G},
+         true,
+         NULL,
+         S_KIND_SHM_FILE,
+         "5000 huge pages"},
+        {{.hp_kb = 2048, .hp_free = 3000, .hp_overcommit = 3000, .avail_kb = 20 * G},
+         true,
+         NULL,
+         S_KIND_MEMFD_HUGETLB,
+         "6000 huge pages"},
         /* 1 GiB pages do not fit 2 MiB regions. */
-        {{.hp_kb = G, .hp_free = 20, .avail_kb = 20 * G}, true, NULL, S_KIND_SHM_FILE,
+        {{.hp_kb = G, .hp_free = 20, .avail_kb = 20 * G},
+         true,
+         NULL,
+         S_KIND_SHM_FILE,
          "not 2 MiB pages"},
         /* shmem THP for the owner's memfd, or /dev/shm mounted with huge=. */
-        {{.hp_kb = 2048, .avail_kb = 20 * G, .shmem_enabled = "advise"}, true, NULL,
-         S_KIND_MEMFD_THP, "thp (memfd"},
-        {{.hp_kb = 2048, .avail_kb = 20 * G, .shmem_enabled = "advise"}, false, NULL,
-         S_KIND_SHM_FILE, "4k"},
-        {{.hp_kb = 2048, .avail_kb = 20 * G, .dev_shm_thp = true}, false, NULL, S_KIND_SHM_FILE,
+        {{.hp_kb = 2048, .avail_kb = 20 * G, .shmem_enabled = "advise"},
+         true,
+         NULL,
+         S_KIND_MEMFD_THP,
+         "thp (memfd"},
+        {{.hp_kb = 2048, .avail_kb = 20 * G, .shmem_enabled = "advise"},
+         false,
+         NULL,
+         S_KIND_SHM_FILE,
+         "4k"},
+        {{.hp_kb = 2048, .avail_kb = 20 * G, .dev_shm_thp = true},
+         false,
+         NULL,
+         S_KIND_SHM_FILE,
          "thp (/dev/shm"},
         /* The knob. */
-        {{.hp_kb = 2048, .hp_overcommit = 6000, .avail_kb = 20 * G}, true, "4k", S_KIND_SHM_FILE,
+        {{.hp_kb = 2048, .hp_overcommit = 6000, .avail_kb = 20 * G},
+         true,
+         "4k",
+         S_KIND_SHM_FILE,
          "LL_STORE_PAGE_KIND=4k"},
-        {{.hp_kb = 2048, .avail_kb = 20 * G}, true, "hugetlb", S_KIND_MEMFD_HUGETLB,
+        {{.hp_kb = 2048, .avail_kb = 20 * G},
+         true,
+         "hugetlb",
+         S_KIND_MEMFD_HUGETLB,
          "LL_STORE_PAGE_KIND=hugetlb"},
         {{.hp_kb = 2048, .avail_kb = 20 * G}, false, "hugetlb", -1, "only the session's owner"},
         {{.hp_kb = 2048, .avail_kb = 20 * G}, true, "huge", -1, "must be auto, hugetlb or 4k"},
@@ -2093,7 +2155,7 @@ int ll_store_selftest(bool verbose)
         return 1;
     }
     char pool_path[128];
-    snprintf(pool_path, sizeof pool_path, "/dev/shm/ll-store-selftest-%d.pool", (int)getpid());
+    snprintf(pool_path, sizeof pool_path, "/dev/shm/ll-store-selftest-%d.pool", (int) getpid());
     ll_store_opts_t opts = {.pool_bytes = 8 * S_R, .pool_path = pool_path};
     st = ll_store_open(dir, "bad session!", &opts, err, sizeof err);
     S_CHECK(!st && strstr(err, "session id"));
@@ -2107,9 +2169,9 @@ int ll_store_selftest(bool verbose)
     char *buf = malloc(len);
     S_CHECK(buf);
     for (size_t i = 0; i < len; i++)
-        buf[i] = (char)(i * 7);
+        buf[i] = (char) (i * 7);
     ref1 = ll_store_put(st, buf, len, NULL, NULL, &written);
-    S_CHECK(ref1 && written == len && ll_store_ref_nbytes(ref1) == (long long)len);
+    S_CHECK(ref1 && written == len && ll_store_ref_nbytes(ref1) == (long long) len);
     buf[S_R + 5] ^= 1;
     ref2 = ll_store_put(st, buf, len, ref1, NULL, &written);
     S_CHECK(ref2 && written == S_R);
@@ -2118,8 +2180,13 @@ int ll_store_selftest(bool verbose)
     const char *prefs[] = {ref2};
     const char *refs[] = {"y"};
     ll_store_write_t w[2] = {
-        {.name = "x", .blob = "blob-x", .bloblen = 6, .prefs = prefs, .nprefs = 1,
-         .refs = refs, .nrefs = 1},
+        {.name = "x",
+         .blob = "blob-x",
+         .bloblen = 6,
+         .prefs = prefs,
+         .nprefs = 1,
+         .refs = refs,
+         .nrefs = 1},
         {.name = "y", .blob = "", .bloblen = 0},
     };
     uint64_t v1 = 0, v2 = 0;
@@ -2138,8 +2205,7 @@ int ll_store_selftest(bool verbose)
             memcmp(e[0].blob, "blob-x", 6) == 0 && e[0].nprefs == 1 &&
             strcmp(e[0].prefs[0], ref2) == 0 && e[0].nrefs == 1 && strcmp(e[0].refs[0], "y") == 0);
     map = ll_store_map(st, e[0].prefs[0], false);
-    S_CHECK(map && ll_pool_map_len(map) == len &&
-            memcmp(ll_pool_map_addr(map), buf, len) == 0);
+    S_CHECK(map && ll_pool_map_len(map) == len && memcmp(ll_pool_map_addr(map), buf, len) == 0);
     ll_pool_unmap(&map);
     /* ref1's own region 1 is garbage now; reclamation finds exactly it. */
     S_CHECK(ll_store_gc(st) == 1);

@@ -38,13 +38,13 @@ typedef struct {
  * at least 256 MiB in the session's owner (the Store that started the
  * private redis-server: the kernel), at most half the pool and 2 GiB.  A
  * process's next save of that size then finds its space prefaulted. */
-#define LL_STORE_RESERVE_DEFAULT 0
-#define LL_STORE_RESERVE_OWNER_MIN ((size_t)256 << 20)
-#define LL_STORE_RESERVE_MAX ((size_t)2 << 30)
+#define LL_STORE_RESERVE_DEFAULT   0
+#define LL_STORE_RESERVE_OWNER_MIN ((size_t) 256 << 20)
+#define LL_STORE_RESERVE_MAX       ((size_t) 2 << 30)
 
 /* Open session SESSION of RUNTIME_DIR.  Returns NULL with a reason in ERR. */
-ll_store_t *ll_store_open(const char *runtime_dir, const char *session,
-                          const ll_store_opts_t *opts, char *err, size_t errlen);
+ll_store_t *ll_store_open(const char *runtime_dir, const char *session, const ll_store_opts_t *opts,
+                          char *err, size_t errlen);
 
 /* The page kind ("hugetlb", "thp" or "4k") a new pool of POOL_BYTES (0: the
  * default size) would get on this host, made by the session's owner (OWNER)
@@ -146,16 +146,16 @@ int ll_store_delete_session(ll_store_t *store);
 
 typedef struct {
     ll_pool_stats_t pool;
-    uint64_t bytes_written;   /* copied into the pool by puts */
-    uint64_t bytes_shared;    /* of puts, shared with their base instead */
+    uint64_t bytes_written; /* copied into the pool by puts */
+    uint64_t bytes_shared;  /* of puts, shared with their base instead */
     uint64_t puts;
     uint64_t commits;
     uint64_t gc_runs;
     uint64_t regions_reclaimed;
     unsigned long redis_reconnects;
-    size_t pending;           /* uncommitted payloads held */
+    size_t pending; /* uncommitted payloads held */
     const char *redis_url;
-    bool redis_owned;         /* this store started the redis-server */
+    bool redis_owned; /* this store started the redis-server */
 } ll_store_stats_t;
 /* (The reserve: pool.reserve_target and pool.reserve_ready, in regions.) */
 void ll_store_stats(ll_store_t *store, ll_store_stats_t *out);

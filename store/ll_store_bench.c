@@ -44,7 +44,7 @@ static double s_now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+    return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
 }
 
 static char *s_read_file(const char *path, char *buf, size_t len)
@@ -52,7 +52,7 @@ static char *s_read_file(const char *path, char *buf, size_t len)
     FILE *f = fopen(path, "re");
     buf[0] = 0;
     if (f) {
-        if (!fgets(buf, (int)len, f))
+        if (!fgets(buf, (int) len, f))
             buf[0] = 0;
         fclose(f);
     }
@@ -147,7 +147,7 @@ static double s_fresh_memcpy_time(const char *src, size_t n, char **dst)
 static double s_read_time(const char *p, size_t n, uint64_t *sink)
 {
     double t0 = s_now();
-    const uint64_t *q = (const uint64_t *)p;
+    const uint64_t *q = (const uint64_t *) p;
     uint64_t s = 0;
     for (size_t i = 0; i < n / 8; i++)
         s += q[i];
@@ -158,9 +158,8 @@ static double s_read_time(const char *p, size_t n, uint64_t *sink)
 static void s_line(const char *what, double t, size_t n, double base)
 {
     printf("  %-34s %9.2f ms %7.2f GB/s   %7.3fx memcpy\n", what, t * 1e3,
-           t > 0 ? (double)n / t / 1e9 : 0.0, t / base);
+           t > 0 ? (double) n / t / 1e9 : 0.0, t / base);
 }
-
 
 typedef struct {
     int fd;
@@ -175,7 +174,7 @@ static void *s_floor_worker(void *arg)
 {
     s_floor_t *f = arg;
     for (size_t i; (i = atomic_fetch_add(&f->next, 1)) < f->n / R;) {
-        int rc = f->falloc ? posix_fallocate(f->fd, (off_t)(i * R), (off_t)R) : 0;
+        int rc = f->falloc ? posix_fallocate(f->fd, (off_t) (i * R), (off_t) R) : 0;
         if (rc == 0 && madvise(f->map + i * R, R, MADV_POPULATE_WRITE) != 0)
             rc = errno;
         if (rc != 0) {
@@ -194,7 +193,7 @@ static double s_backing_floor(const char *kind, size_t n)
 {
     bool huge = strcmp(kind, "hugetlb") == 0, thp = strcmp(kind, "thp") == 0;
     int fd = memfd_create("ll-bench-floor", MFD_CLOEXEC | (huge ? MFD_HUGETLB : 0));
-    if (fd < 0 || ftruncate(fd, (off_t)n) != 0) {
+    if (fd < 0 || ftruncate(fd, (off_t) n) != 0) {
         if (fd >= 0)
             close(fd);
         return -1;
@@ -230,10 +229,10 @@ static int s_bench_kind(const char *label, const char *pool_path, const char *di
                         char *src, size_t n, double t_memcpy, uint64_t *sink)
 {
     char err[512];
-    ll_store_opts_t opts = {.redis_url = url, .pool_bytes = n + n / 50 + 8 * R,
-                            .pool_path = pool_path};
+    ll_store_opts_t opts = {
+        .redis_url = url, .pool_bytes = n + n / 50 + 8 * R, .pool_path = pool_path};
     char session[64];
-    snprintf(session, sizeof session, "bench-%d-%s", (int)getpid(), label);
+    snprintf(session, sizeof session, "bench-%d-%s", (int) getpid(), label);
     for (char *c = session; *c; c++)
         if (*c == ':' || *c == ' ' || *c == '/')
             *c = '-';
@@ -263,7 +262,7 @@ static int s_bench_kind(const char *label, const char *pool_path, const char *di
     }
     s_line("save, fresh pool (first touch)", t_fresh, n, t_memcpy);
     printf("  %-34s %9s    %7.2f ms per 2 MiB region\n", "", "",
-           t_fresh * 1e3 / (double)((n + R - 1) / R));
+           t_fresh * 1e3 / (double) ((n + R - 1) / R));
     if (t_fresh_copy > 0) {
         s_line("  memcpy into fresh memory", t_fresh_copy, n, t_memcpy);
         printf("  %-34s %9s    %7.3fx of it (like for like; target <= 2x)\n", "  the save", "",
@@ -368,7 +367,7 @@ static int s_bench_kind(const char *label, const char *pool_path, const char *di
      * fault per page: what a kernel's first save meets. */
     int idle = s_idle_s();
     if (idle > 0) {
-        sleep((unsigned)idle);
+        sleep((unsigned) idle);
         char session2[80];
         snprintf(session2, sizeof session2, "%s-idle", session);
         st = ll_store_open(dir, session2, &opts, err, sizeof err);
@@ -395,12 +394,12 @@ static int s_bench_kind(const char *label, const char *pool_path, const char *di
 int main(void)
 {
     ll_log_init('A');
-    size_t n = (size_t)1 << 30;
+    size_t n = (size_t) 1 << 30;
     const char *nb = getenv("LL_BENCH_BYTES");
     if (nb && *nb)
-        n = (size_t)strtoull(nb, NULL, 10);
+        n = (size_t) strtoull(nb, NULL, 10);
     if (n < R) {
-        fprintf(stderr, "LL_BENCH_BYTES must be at least %zu\n", (size_t)R);
+        fprintf(stderr, "LL_BENCH_BYTES must be at least %zu\n", (size_t) R);
         return 2;
     }
     /* Source and memcpy target: anonymous THP (madvise mode is on here),
@@ -414,16 +413,16 @@ int main(void)
     madvise(src, n, MADV_HUGEPAGE);
     madvise(dst, n, MADV_HUGEPAGE);
     for (size_t i = 0; i < n / 8; i++)
-        ((uint64_t *)src)[i] = i * 0x9e3779b97f4a7c15ULL;
+        ((uint64_t *) src)[i] = i * 0x9e3779b97f4a7c15ULL;
     memset(dst, 0, n);
     double t1 = s_memcpy_time(dst, src, n, 1), t2 = s_memcpy_time(dst, src, n, 2);
     munmap(dst, n);
     printf("ll_store_bench: %zu MiB payload, %ld cpus, runtime dir on /dev/shm\n", n >> 20,
            sysconf(_SC_NPROCESSORS_ONLN));
-    printf("  %-34s %9.2f ms %7.2f GB/s   (the baseline)\n", "memcpy, 1 thread, prefaulted", t1 * 1e3,
-           (double)n / t1 / 1e9);
+    printf("  %-34s %9.2f ms %7.2f GB/s   (the baseline)\n", "memcpy, 1 thread, prefaulted",
+           t1 * 1e3, (double) n / t1 / 1e9);
     printf("  %-34s %9.2f ms %7.2f GB/s\n", "memcpy, 2 threads, prefaulted", t2 * 1e3,
-           (double)n / t2 / 1e9);
+           (double) n / t2 / 1e9);
 
     /* Optionally make every page kind available (root only; restored below). */
     const char *shmem_path = "/sys/kernel/mm/transparent_hugepage/shmem_enabled";
@@ -434,7 +433,7 @@ int main(void)
     s_read_file(nr_path, nr_old, sizeof nr_old);
     char *b = strchr(shmem_old, '['), *e = b ? strchr(b, ']') : NULL;
     if (b && e)
-        snprintf(sel, sizeof sel, "%.*s", (int)(e - b - 1), b + 1);
+        snprintf(sel, sizeof sel, "%.*s", (int) (e - b - 1), b + 1);
     if (sysctl) {
         /* The setting recommended for hosts (API.md): all of RAM in 2 MiB
          * pages, i.e. no cap beyond each pool's size and free memory. */
@@ -465,7 +464,7 @@ int main(void)
     free(sock);
     uint64_t sink = 0;
     char shm_path[128];
-    snprintf(shm_path, sizeof shm_path, "/dev/shm/ll-store-bench-%d.pool", (int)getpid());
+    snprintf(shm_path, sizeof shm_path, "/dev/shm/ll-store-bench-%d.pool", (int) getpid());
     /* What a kernel (the session's owner) would get for a pool of the
      * default size, and for the pools below. */
     char kind[16] = "4k", why[768], kind_b[16] = "4k", why_b[768];
@@ -478,7 +477,8 @@ int main(void)
     if (strcmp(kind, kind_b) != 0)
         printf("  (the bench's smaller pools would get %s: %s)\n", kind_b, why_b);
     const char *chosen = strcmp(kind_b, "hugetlb") == 0 ? "memfd:hugetlb"
-                         : strcmp(kind_b, "thp") == 0 ? "memfd:thp" : shm_path;
+                         : strcmp(kind_b, "thp") == 0   ? "memfd:thp"
+                                                        : shm_path;
     char label[64];
     snprintf(label, sizeof label, "chosen: %s", kind_b);
     s_bench_kind(label, chosen, dir, url, src, n, t1, &sink);
@@ -488,14 +488,16 @@ int main(void)
     s_read_file(shmem_path, now, sizeof now);
     if (strstr(now, "[never]") || strstr(now, "[deny]"))
         printf("[memfd:thp] skipped: shmem THP is off (%s: %s; as root: echo advise > it, or "
-               "LL_BENCH_SYSCTL=1)\n", shmem_path, now);
+               "LL_BENCH_SYSCTL=1)\n",
+               shmem_path, now);
     else if (strcmp(kind_b, "thp") != 0)
         s_bench_kind("memfd:thp", "memfd:thp", dir, url, src, n, t1, &sink);
     if (strcmp(kind_b, "hugetlb") == 0) {
         /* measured above */
     } else if (s_meminfo("HugePages_Free") * R < n + n / 50 + 8 * R) {
         printf("[memfd:hugetlb] skipped: %s\n  (as root: sysctl vm.nr_overcommit_hugepages=N, "
-               "or LL_BENCH_SYSCTL=1)\n", why_b);
+               "or LL_BENCH_SYSCTL=1)\n",
+               why_b);
     } else {
         s_bench_kind("memfd:hugetlb", "memfd:hugetlb", dir, url, src, n, t1, &sink);
     }

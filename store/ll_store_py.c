@@ -30,31 +30,25 @@ static PyObject *s_PayloadRef; /* class PayloadRef(str) */
 static PyObject *s_exc_for(int kind)
 {
     switch (kind) {
-    case LL_STORE_EFULL:
-        return s_PoolFullError;
-    case LL_STORE_ECONFLICT:
-        return s_ConflictError;
-    case LL_STORE_EGONE:
-        return s_PayloadGoneError;
-    case LL_STORE_EINVAL:
-        return PyExc_ValueError;
-    default:
-        return s_StoreError;
+    case LL_STORE_EFULL: return s_PoolFullError;
+    case LL_STORE_ECONFLICT: return s_ConflictError;
+    case LL_STORE_EGONE: return s_PayloadGoneError;
+    case LL_STORE_EINVAL: return PyExc_ValueError;
+    default: return s_StoreError;
     }
 }
 
 /* ---- _Mapping: exporter of a mapped payload --------------------------- */
 
 typedef struct {
-    PyObject_HEAD
-    ll_pool_map_t *map; /* owned; unmapped at dealloc */
-    int readonly;       /* 0 for a private copy-on-write mapping */
+    PyObject_HEAD ll_pool_map_t *map; /* owned; unmapped at dealloc */
+    int readonly;                     /* 0 for a private copy-on-write mapping */
 } MappingObject;
 
 static void Mapping_dealloc(MappingObject *self)
 {
     ll_pool_unmap(&self->map);
-    Py_TYPE(self)->tp_free((PyObject *)self);
+    Py_TYPE(self)->tp_free((PyObject *) self);
 }
 
 static int Mapping_getbuffer(MappingObject *self, Py_buffer *view, int flags)
@@ -64,18 +58,18 @@ static int Mapping_getbuffer(MappingObject *self, Py_buffer *view, int flags)
         view->obj = NULL;
         return -1;
     }
-    return PyBuffer_FillInfo(view, (PyObject *)self, ll_pool_map_addr(self->map),
-                             (Py_ssize_t)ll_pool_map_len(self->map), self->readonly, flags);
+    return PyBuffer_FillInfo(view, (PyObject *) self, ll_pool_map_addr(self->map),
+                             (Py_ssize_t) ll_pool_map_len(self->map), self->readonly, flags);
 }
 
 static PyBufferProcs s_mapping_buffer = {
-    .bf_getbuffer = (getbufferproc)Mapping_getbuffer,
+    .bf_getbuffer = (getbufferproc) Mapping_getbuffer,
 };
 
 static PyTypeObject MappingType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "_llstore._Mapping",
     .tp_basicsize = sizeof(MappingObject),
-    .tp_dealloc = (destructor)Mapping_dealloc,
+    .tp_dealloc = (destructor) Mapping_dealloc,
     .tp_as_buffer = &s_mapping_buffer,
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "A payload mapped from the pool (exported through memoryview).",
@@ -84,20 +78,19 @@ static PyTypeObject MappingType = {
 /* ---- Store --------------------------------------------------------------- */
 
 typedef struct {
-    PyObject_HEAD
-    ll_store_t *st; /* NULL once closed */
-    int busy;       /* calls running without the GIL (changed only under it) */
+    PyObject_HEAD ll_store_t *st; /* NULL once closed */
+    int busy;                     /* calls running without the GIL (changed only under it) */
 } StoreObject;
 
 /* Run EXPR without the GIL, counted so close() cannot free the store under
  * another thread's call. */
-#define S_NOGIL(self, expr)                                                    \
-    do {                                                                       \
-        (self)->busy++;                                                        \
-        PyThreadState *s_ts_ = PyEval_SaveThread();                            \
-        expr;                                                                  \
-        PyEval_RestoreThread(s_ts_);                                           \
-        (self)->busy--;                                                        \
+#define S_NOGIL(self, expr)                         \
+    do {                                            \
+        (self)->busy++;                             \
+        PyThreadState *s_ts_ = PyEval_SaveThread(); \
+        expr;                                       \
+        PyEval_RestoreThread(s_ts_);                \
+        (self)->busy--;                             \
     } while (0)
 
 static int s_check_open(StoreObject *self)
@@ -136,8 +129,8 @@ static int s_reserve_arg(PyObject *o, long long *out)
 
 static int Store_init(StoreObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"runtime_dir", "session_id", "redis_url", "pool_bytes", "pool_path",
-                             "reserve_bytes", NULL};
+    static char *kwlist[] = {"runtime_dir", "session_id",    "redis_url", "pool_bytes",
+                             "pool_path",   "reserve_bytes", NULL};
     const char *rd, *session, *url = NULL, *pool_path = NULL;
     PyObject *pool_bytes_o = Py_None, *reserve_o = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "ss|zOzO:Store", kwlist, &rd, &session, &url,
@@ -149,11 +142,11 @@ static int Store_init(StoreObject *self, PyObject *args, PyObject *kw)
     size_t pool_bytes = 0;
     if (pool_bytes_o != Py_None) {
         pool_bytes = PyLong_AsSize_t(pool_bytes_o);
-        if (pool_bytes == (size_t)-1 && PyErr_Occurred())
+        if (pool_bytes == (size_t) -1 && PyErr_Occurred())
             return -1;
         if (pool_bytes < LL_POOL_REGION_BYTES) {
             PyErr_Format(PyExc_ValueError, "pool_bytes must be at least %zu",
-                         (size_t)LL_POOL_REGION_BYTES);
+                         (size_t) LL_POOL_REGION_BYTES);
             return -1;
         }
     }
@@ -161,14 +154,15 @@ static int Store_init(StoreObject *self, PyObject *args, PyObject *kw)
         PyErr_SetString(s_StoreError, "Store is already open");
         return -1;
     }
-    ll_store_opts_t opts = {.redis_url = url, .pool_bytes = pool_bytes, .pool_path = pool_path,
+    ll_store_opts_t opts = {.redis_url = url,
+                            .pool_bytes = pool_bytes,
+                            .pool_path = pool_path,
                             .reserve_bytes = reserve};
     char err[512] = "";
     ll_store_t *st;
-    Py_BEGIN_ALLOW_THREADS
-    st = ll_store_open(rd, session, &opts, err, sizeof err);
-    Py_END_ALLOW_THREADS
-    if (!st) {
+    Py_BEGIN_ALLOW_THREADS st = ll_store_open(rd, session, &opts, err, sizeof err);
+    Py_END_ALLOW_THREADS if (!st)
+    {
         PyErr_SetString(s_StoreError, err);
         return -1;
     }
@@ -179,11 +173,10 @@ static int Store_init(StoreObject *self, PyObject *args, PyObject *kw)
 static void Store_dealloc(StoreObject *self)
 {
     if (self->st) {
-        Py_BEGIN_ALLOW_THREADS
-        ll_store_destroy(&self->st);
+        Py_BEGIN_ALLOW_THREADS ll_store_destroy(&self->st);
         Py_END_ALLOW_THREADS
     }
-    Py_TYPE(self)->tp_free((PyObject *)self);
+    Py_TYPE(self)->tp_free((PyObject *) self);
 }
 
 static PyObject *s_make_ref(const char *ref, size_t nbytes, size_t written)
@@ -225,9 +218,9 @@ static uint8_t *s_dirty_mask(PyObject *dirty_o, size_t nbytes)
         Py_DECREF(item);
         if (i == -1 && PyErr_Occurred())
             break;
-        if (i < 0 || (size_t)i >= n) {
-            PyErr_Format(PyExc_ValueError, "dirty region %zd is out of range (payload has %zu)",
-                         i, n);
+        if (i < 0 || (size_t) i >= n) {
+            PyErr_Format(PyExc_ValueError, "dirty region %zd is out of range (payload has %zu)", i,
+                         n);
             break;
         }
         mask[i] = 1;
@@ -244,8 +237,7 @@ static PyObject *Store_put_payload(StoreObject *self, PyObject *args, PyObject *
 {
     static char *kwlist[] = {"buffer", "base", "dirty", NULL};
     PyObject *obj, *base_o = Py_None, *dirty_o = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OO:put_payload", kwlist, &obj, &base_o,
-                                     &dirty_o))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OO:put_payload", kwlist, &obj, &base_o, &dirty_o))
         return NULL;
     if (s_check_open(self) != 0)
         return NULL;
@@ -260,8 +252,7 @@ static PyObject *Store_put_payload(StoreObject *self, PyObject *args, PyObject *
     Py_buffer view;
     if (PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS) != 0) {
         PyErr_Clear();
-        return PyErr_Format(PyExc_TypeError,
-                            "put_payload needs a C-contiguous buffer, not %.100s",
+        return PyErr_Format(PyExc_TypeError, "put_payload needs a C-contiguous buffer, not %.100s",
                             Py_TYPE(obj)->tp_name);
     }
     uint8_t *dirty = NULL;
@@ -270,7 +261,7 @@ static PyObject *Store_put_payload(StoreObject *self, PyObject *args, PyObject *
             PyBuffer_Release(&view);
             return PyErr_Format(PyExc_ValueError, "dirty needs a base");
         }
-        dirty = s_dirty_mask(dirty_o, (size_t)view.len);
+        dirty = s_dirty_mask(dirty_o, (size_t) view.len);
         if (!dirty) {
             PyBuffer_Release(&view);
             return NULL;
@@ -279,8 +270,8 @@ static PyObject *Store_put_payload(StoreObject *self, PyObject *args, PyObject *
     Py_INCREF(base_o); /* keeps BASE's UTF-8 alive without the GIL */
     size_t written = 0;
     char *ref;
-    S_NOGIL(self, ref = ll_store_put(self->st, view.buf, (size_t)view.len, base, dirty, &written));
-    size_t nbytes = (size_t)view.len;
+    S_NOGIL(self, ref = ll_store_put(self->st, view.buf, (size_t) view.len, base, dirty, &written));
+    size_t nbytes = (size_t) view.len;
     PyBuffer_Release(&view);
     Py_DECREF(base_o);
     free(dirty);
@@ -316,7 +307,7 @@ static PyObject *Store_map_payload(StoreObject *self, PyObject *args, PyObject *
     }
     m->map = map;
     m->readonly = !writable;
-    PyObject *mv = PyMemoryView_FromObject((PyObject *)m);
+    PyObject *mv = PyMemoryView_FromObject((PyObject *) m);
     Py_DECREF(m); /* the memoryview holds it now */
     return mv;
 }
@@ -345,7 +336,7 @@ static const char **s_str_array(PyObject *keep, PyObject *seq_o, size_t *n, cons
     }
     Py_DECREF(seq);
     Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
-    const char **arr = malloc(((size_t)len + 1) * sizeof *arr);
+    const char **arr = malloc(((size_t) len + 1) * sizeof *arr);
     if (!arr) {
         PyErr_NoMemory();
         return NULL;
@@ -357,7 +348,7 @@ static const char **s_str_array(PyObject *keep, PyObject *seq_o, size_t *n, cons
             return NULL;
         }
     }
-    *n = (size_t)len;
+    *n = (size_t) len;
     return arr;
 }
 
@@ -372,8 +363,8 @@ static PyObject *Store_commit(StoreObject *self, PyObject *args, PyObject *kw)
         return NULL;
     PyObject *keep = PyList_New(0), *result = NULL;
     Py_ssize_t nw = PyDict_Size(writes_o);
-    ll_store_write_t *w = calloc((size_t)nw + 1, sizeof *w);
-    Py_buffer *blobs = calloc((size_t)nw + 1, sizeof *blobs);
+    ll_store_write_t *w = calloc((size_t) nw + 1, sizeof *w);
+    Py_buffer *blobs = calloc((size_t) nw + 1, sizeof *blobs);
     Py_ssize_t nblobs = 0;
     const char **deletes = NULL;
     size_t nd = 0, nb = 0;
@@ -399,8 +390,8 @@ static PyObject *Store_commit(StoreObject *self, PyObject *args, PyObject *kw)
             goto out;
         PyObject *blob_o, *prefs_o, *refs_o;
         if (!PyTuple_Check(val) || PyTuple_GET_SIZE(val) != 3) {
-            PyErr_Format(PyExc_TypeError,
-                         "writes['%s'] must be a tuple (blob, payload_refs, refs)", w[i].name);
+            PyErr_Format(PyExc_TypeError, "writes['%s'] must be a tuple (blob, payload_refs, refs)",
+                         w[i].name);
             goto out;
         }
         blob_o = PyTuple_GET_ITEM(val, 0);
@@ -412,7 +403,7 @@ static PyObject *Store_commit(StoreObject *self, PyObject *args, PyObject *kw)
             goto out;
         }
         w[i].blob = blobs[nblobs].buf;
-        w[i].bloblen = (size_t)blobs[nblobs].len;
+        w[i].bloblen = (size_t) blobs[nblobs].len;
         nblobs++;
         if (!(w[i].prefs = s_str_array(keep, prefs_o, &w[i].nprefs, "a payload ref")) ||
             !(w[i].refs = s_str_array(keep, refs_o, &w[i].nrefs, "a ref")))
@@ -424,10 +415,11 @@ static PyObject *Store_commit(StoreObject *self, PyObject *args, PyObject *kw)
         goto out;
     if (bases_o != Py_None) {
         if (!PyDict_Check(bases_o)) {
-            PyErr_SetString(PyExc_TypeError, "base_versions must be a dict {name: version or None}");
+            PyErr_SetString(PyExc_TypeError,
+                            "base_versions must be a dict {name: version or None}");
             goto out;
         }
-        bases = calloc((size_t)PyDict_Size(bases_o) + 1, sizeof *bases);
+        bases = calloc((size_t) PyDict_Size(bases_o) + 1, sizeof *bases);
         if (!bases) {
             PyErr_NoMemory();
             goto out;
@@ -449,7 +441,8 @@ static PyObject *Store_commit(StoreObject *self, PyObject *args, PyObject *kw)
     }
     uint64_t version = 0;
     int rc;
-    S_NOGIL(self, rc = ll_store_commit(self->st, cell, w, (size_t)nw, deletes, nd, bases, nb, &version));
+    S_NOGIL(self,
+            rc = ll_store_commit(self->st, cell, w, (size_t) nw, deletes, nd, bases, nb, &version));
     if (rc != 0) {
         s_raise(self);
         goto out;
@@ -471,8 +464,8 @@ out:
         PyBuffer_Release(&blobs[k]);
     if (w)
         for (Py_ssize_t k = 0; k < nw; k++) {
-            free((void *)w[k].prefs);
-            free((void *)w[k].refs);
+            free((void *) w[k].prefs);
+            free((void *) w[k].refs);
         }
     free(w);
     free(blobs);
@@ -484,7 +477,7 @@ out:
 
 static PyObject *s_list_of_str(char **items, size_t n)
 {
-    PyObject *l = PyList_New((Py_ssize_t)n);
+    PyObject *l = PyList_New((Py_ssize_t) n);
     if (!l)
         return NULL;
     for (size_t i = 0; i < n; i++) {
@@ -493,7 +486,7 @@ static PyObject *s_list_of_str(char **items, size_t n)
             Py_DECREF(l);
             return NULL;
         }
-        PyList_SET_ITEM(l, (Py_ssize_t)i, s);
+        PyList_SET_ITEM(l, (Py_ssize_t) i, s);
     }
     return l;
 }
@@ -522,10 +515,10 @@ static PyObject *Store_fetch(StoreObject *self, PyObject *names_o)
     for (size_t i = 0; result && i < ne; i++) {
         PyObject *prefs = s_list_of_str(e[i].prefs, e[i].nprefs);
         PyObject *refs = s_list_of_str(e[i].refs, e[i].nrefs);
-        PyObject *t = prefs && refs ? Py_BuildValue("(Ky#OO)", (unsigned long long)e[i].version,
-                                                    e[i].blob, (Py_ssize_t)e[i].bloblen, prefs,
-                                                    refs)
-                                    : NULL;
+        PyObject *t = prefs && refs
+                          ? Py_BuildValue("(Ky#OO)", (unsigned long long) e[i].version, e[i].blob,
+                                          (Py_ssize_t) e[i].bloblen, prefs, refs)
+                          : NULL;
         Py_XDECREF(prefs);
         Py_XDECREF(refs);
         if (!t || PyDict_SetItemString(result, e[i].name, t) != 0) {
@@ -577,8 +570,8 @@ static PyObject *Store_last_commit(StoreObject *self, PyObject *unused)
     S_NOGIL(self, rc = ll_store_last_commit(self->st, &v, &cell));
     if (rc != 0)
         return s_raise(self);
-    PyObject *r = cell ? Py_BuildValue("(Ks)", (unsigned long long)v, cell)
-                       : Py_BuildValue("(KO)", (unsigned long long)v, Py_None);
+    PyObject *r = cell ? Py_BuildValue("(Ks)", (unsigned long long) v, cell)
+                       : Py_BuildValue("(KO)", (unsigned long long) v, Py_None);
     free(cell);
     return r;
 }
@@ -613,7 +606,7 @@ static PyObject *Store_prefault(StoreObject *self, PyObject *arg)
     if (s_check_open(self) != 0)
         return NULL;
     size_t nbytes = PyLong_AsSize_t(arg);
-    if (nbytes == (size_t)-1 && PyErr_Occurred())
+    if (nbytes == (size_t) -1 && PyErr_Occurred())
         return NULL;
     long long n;
     S_NOGIL(self, n = ll_store_prefault(self->st, nbytes));
@@ -650,12 +643,12 @@ static PyObject *Store_delete_session(StoreObject *self, PyObject *unused)
 static PyObject *Store_close(StoreObject *self, PyObject *unused)
 {
     if (self->busy) {
-        PyErr_SetString(s_StoreError, "store is in use by another thread; close it after that call");
+        PyErr_SetString(s_StoreError,
+                        "store is in use by another thread; close it after that call");
         return NULL;
     }
     if (self->st) {
-        Py_BEGIN_ALLOW_THREADS
-        ll_store_destroy(&self->st);
+        Py_BEGIN_ALLOW_THREADS ll_store_destroy(&self->st);
         Py_END_ALLOW_THREADS
     }
     Py_RETURN_NONE;
@@ -664,7 +657,7 @@ static PyObject *Store_close(StoreObject *self, PyObject *unused)
 static PyObject *Store_enter(StoreObject *self, PyObject *unused)
 {
     Py_INCREF(self);
-    return (PyObject *)self;
+    return (PyObject *) self;
 }
 
 static PyObject *Store_exit(StoreObject *self, PyObject *args)
@@ -679,58 +672,60 @@ static PyObject *Store_stats(StoreObject *self, PyObject *unused)
     ll_store_stats_t s;
     ll_store_stats(self->st, &s);
     return Py_BuildValue(
-        "{s:s,s:s,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:K,s:K,s:K,s:K,s:K,s:K,s:k,s:n,s:s,s:O}", "page_kind",
-        s.pool.page_kind, "pool_path", s.pool.path, "pool_bytes", (Py_ssize_t)s.pool.pool_bytes,
-        "region_bytes", (Py_ssize_t)LL_POOL_REGION_BYTES, "regions_total",
-        (Py_ssize_t)s.pool.regions_total, "regions_used", (Py_ssize_t)s.pool.regions_used,
-        "regions_leased", (Py_ssize_t)s.pool.regions_leased, "regions_prefaulted",
-        (Py_ssize_t)s.pool.regions_prefaulted, "reserve_bytes",
-        (Py_ssize_t)(s.pool.reserve_target * LL_POOL_REGION_BYTES), "reserve_ready_bytes",
-        (Py_ssize_t)(s.pool.reserve_ready * LL_POOL_REGION_BYTES), "bytes_written",
-        (unsigned long long)s.bytes_written, "bytes_shared", (unsigned long long)s.bytes_shared,
-        "puts", (unsigned long long)s.puts, "commits", (unsigned long long)s.commits, "gc_runs",
-        (unsigned long long)s.gc_runs, "regions_reclaimed", (unsigned long long)s.regions_reclaimed,
-        "redis_reconnects", s.redis_reconnects, "pending", (Py_ssize_t)s.pending, "redis_url",
-        s.redis_url, "redis_owned", s.redis_owned ? Py_True : Py_False);
+        "{s:s,s:s,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:K,s:K,s:K,s:K,s:K,s:K,s:k,s:n,s:s,s:O}",
+        "page_kind", s.pool.page_kind, "pool_path", s.pool.path, "pool_bytes",
+        (Py_ssize_t) s.pool.pool_bytes, "region_bytes", (Py_ssize_t) LL_POOL_REGION_BYTES,
+        "regions_total", (Py_ssize_t) s.pool.regions_total, "regions_used",
+        (Py_ssize_t) s.pool.regions_used, "regions_leased", (Py_ssize_t) s.pool.regions_leased,
+        "regions_prefaulted", (Py_ssize_t) s.pool.regions_prefaulted, "reserve_bytes",
+        (Py_ssize_t) (s.pool.reserve_target * LL_POOL_REGION_BYTES), "reserve_ready_bytes",
+        (Py_ssize_t) (s.pool.reserve_ready * LL_POOL_REGION_BYTES), "bytes_written",
+        (unsigned long long) s.bytes_written, "bytes_shared", (unsigned long long) s.bytes_shared,
+        "puts", (unsigned long long) s.puts, "commits", (unsigned long long) s.commits, "gc_runs",
+        (unsigned long long) s.gc_runs, "regions_reclaimed",
+        (unsigned long long) s.regions_reclaimed, "redis_reconnects", s.redis_reconnects, "pending",
+        (Py_ssize_t) s.pending, "redis_url", s.redis_url, "redis_owned",
+        s.redis_owned ? Py_True : Py_False);
 }
 
 static PyMethodDef Store_methods[] = {
-    {"put_payload", (PyCFunction)(void (*)(void))Store_put_payload, METH_VARARGS | METH_KEYWORDS,
+    {"put_payload", (PyCFunction) (void (*)(void)) Store_put_payload, METH_VARARGS | METH_KEYWORDS,
      "put_payload(buffer, base=None, dirty=None) -> PayloadRef: copy a buffer into the pool"},
-    {"map_payload", (PyCFunction)(void (*)(void))Store_map_payload, METH_VARARGS | METH_KEYWORDS,
+    {"map_payload", (PyCFunction) (void (*)(void)) Store_map_payload, METH_VARARGS | METH_KEYWORDS,
      "map_payload(ref, writable=False) -> memoryview of the payload (no copy)"},
-    {"commit", (PyCFunction)(void (*)(void))Store_commit, METH_VARARGS | METH_KEYWORDS,
+    {"commit", (PyCFunction) (void (*)(void)) Store_commit, METH_VARARGS | METH_KEYWORDS,
      "commit(cell_id, writes, deletes=(), base_versions=None) -> {name: version}"},
-    {"fetch", (PyCFunction)Store_fetch, METH_O,
+    {"fetch", (PyCFunction) Store_fetch, METH_O,
      "fetch(names) -> {name: (version, blob, payload_refs, refs)}"},
-    {"versions", (PyCFunction)Store_versions, METH_NOARGS, "versions() -> {name: version}"},
-    {"last_commit", (PyCFunction)Store_last_commit, METH_NOARGS,
+    {"versions", (PyCFunction) Store_versions, METH_NOARGS, "versions() -> {name: version}"},
+    {"last_commit", (PyCFunction) Store_last_commit, METH_NOARGS,
      "last_commit() -> (version, cell_id) of the newest commit"},
-    {"discard", (PyCFunction)Store_discard, METH_O, "discard(ref): give back an uncommitted payload"},
-    {"gc", (PyCFunction)Store_gc, METH_NOARGS, "gc() -> regions reclaimed"},
-    {"set_reserve", (PyCFunction)Store_set_reserve, METH_O,
+    {"discard", (PyCFunction) Store_discard, METH_O,
+     "discard(ref): give back an uncommitted payload"},
+    {"gc", (PyCFunction) Store_gc, METH_NOARGS, "gc() -> regions reclaimed"},
+    {"set_reserve", (PyCFunction) Store_set_reserve, METH_O,
      "set_reserve(nbytes): keep this much free pool space prefaulted in the background "
      "(None: default policy, 0: none)"},
-    {"prefault", (PyCFunction)Store_prefault, METH_O,
+    {"prefault", (PyCFunction) Store_prefault, METH_O,
      "prefault(nbytes) -> bytes of free pool space backed and prefaulted ahead of a save"},
-    {"delete_session", (PyCFunction)Store_delete_session, METH_NOARGS,
+    {"delete_session", (PyCFunction) Store_delete_session, METH_NOARGS,
      "delete_session(): drop every key of the session and the pool file"},
-    {"close", (PyCFunction)Store_close, METH_NOARGS, "close(): release everything (idempotent)"},
-    {"stats", (PyCFunction)Store_stats, METH_NOARGS, "stats() -> dict"},
-    {"__enter__", (PyCFunction)Store_enter, METH_NOARGS, NULL},
-    {"__exit__", (PyCFunction)Store_exit, METH_VARARGS, NULL},
+    {"close", (PyCFunction) Store_close, METH_NOARGS, "close(): release everything (idempotent)"},
+    {"stats", (PyCFunction) Store_stats, METH_NOARGS, "stats() -> dict"},
+    {"__enter__", (PyCFunction) Store_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction) Store_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 
 static PyTypeObject StoreType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "_llstore.Store",
     .tp_basicsize = sizeof(StoreObject),
-    .tp_dealloc = (destructor)Store_dealloc,
+    .tp_dealloc = (destructor) Store_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
     .tp_doc = "Store(runtime_dir, session_id, redis_url=None, pool_bytes=None, pool_path=None, "
               "reserve_bytes=None)",
     .tp_methods = Store_methods,
-    .tp_init = (initproc)Store_init,
+    .tp_init = (initproc) Store_init,
     .tp_new = PyType_GenericNew,
 };
 
@@ -744,10 +739,9 @@ static PyObject *mod_start_redis(PyObject *mod, PyObject *dir_o)
     char err[512] = "";
     bool started;
     char *sock;
-    Py_BEGIN_ALLOW_THREADS
-    sock = ll_redis_start(PyBytes_AS_STRING(bytes), &started, err, sizeof err);
-    Py_END_ALLOW_THREADS
-    Py_DECREF(bytes);
+    Py_BEGIN_ALLOW_THREADS sock =
+        ll_redis_start(PyBytes_AS_STRING(bytes), &started, err, sizeof err);
+    Py_END_ALLOW_THREADS Py_DECREF(bytes);
     if (!sock) {
         PyErr_SetString(s_StoreError, err);
         return NULL;
@@ -764,10 +758,8 @@ static PyObject *mod_stop_redis(PyObject *mod, PyObject *dir_o)
         return NULL;
     char err[512] = "";
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ll_redis_stop(PyBytes_AS_STRING(bytes), err, sizeof err);
-    Py_END_ALLOW_THREADS
-    Py_DECREF(bytes);
+    Py_BEGIN_ALLOW_THREADS rc = ll_redis_stop(PyBytes_AS_STRING(bytes), err, sizeof err);
+    Py_END_ALLOW_THREADS Py_DECREF(bytes);
     if (rc < 0) {
         PyErr_SetString(s_StoreError, err);
         return NULL;
@@ -798,7 +790,7 @@ static PyObject *mod_page_kind_choice(PyObject *mod, PyObject *args, PyObject *k
     size_t pool_bytes = 0;
     if (pb != Py_None) {
         pool_bytes = PyLong_AsSize_t(pb);
-        if (pool_bytes == (size_t)-1 && PyErr_Occurred())
+        if (pool_bytes == (size_t) -1 && PyErr_Occurred())
             return NULL;
     }
     char kind[16], why[768];
@@ -810,7 +802,7 @@ static PyObject *mod_page_kind_choice(PyObject *mod, PyObject *args, PyObject *k
 }
 
 static PyMethodDef s_module_methods[] = {
-    {"page_kind_choice", (PyCFunction)(void (*)(void))mod_page_kind_choice,
+    {"page_kind_choice", (PyCFunction) (void (*)(void)) mod_page_kind_choice,
      METH_VARARGS | METH_KEYWORDS,
      "page_kind_choice(pool_bytes=None, owner=True) -> (kind, why): the page kind a new pool "
      "would get here"},
@@ -823,10 +815,16 @@ static PyMethodDef s_module_methods[] = {
 };
 
 static struct PyModuleDef s_module = {
-    PyModuleDef_HEAD_INIT, "_llstore",
+    PyModuleDef_HEAD_INIT,
+    "_llstore",
     "LooseLeaf checkpoint store: payload pool in shared memory, metadata in Redis "
     "(see store/API.md).",
-    -1, s_module_methods, NULL, NULL, NULL, NULL,
+    -1,
+    s_module_methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
 };
 
 static const char s_py_source[] =
@@ -846,12 +844,12 @@ PyMODINIT_FUNC PyInit__llstore(void)
     PyObject *m = PyModule_Create(&s_module);
     if (!m)
         return NULL;
-    s_StoreError = PyErr_NewExceptionWithDoc("_llstore.StoreError",
-                                             "A store operation failed.", NULL, NULL);
+    s_StoreError =
+        PyErr_NewExceptionWithDoc("_llstore.StoreError", "A store operation failed.", NULL, NULL);
     s_PoolFullError = PyErr_NewExceptionWithDoc(
         "_llstore.PoolFullError", "The payload pool has no room.", s_StoreError, NULL);
-    s_ConflictError = PyErr_NewExceptionWithDoc(
-        "_llstore.ConflictError", "base_versions did not match.", s_StoreError, NULL);
+    s_ConflictError = PyErr_NewExceptionWithDoc("_llstore.ConflictError",
+                                                "base_versions did not match.", s_StoreError, NULL);
     s_PayloadGoneError = PyErr_NewExceptionWithDoc(
         "_llstore.PayloadGoneError", "The payload's space was reclaimed.", s_StoreError, NULL);
     if (!s_StoreError || !s_PoolFullError || !s_ConflictError || !s_PayloadGoneError)
@@ -871,13 +869,13 @@ PyMODINIT_FUNC PyInit__llstore(void)
     Py_INCREF(s_PoolFullError);
     Py_INCREF(s_ConflictError);
     Py_INCREF(s_PayloadGoneError);
-    if (PyModule_AddObject(m, "Store", (PyObject *)&StoreType) ||
-        PyModule_AddObject(m, "_Mapping", (PyObject *)&MappingType) ||
+    if (PyModule_AddObject(m, "Store", (PyObject *) &StoreType) ||
+        PyModule_AddObject(m, "_Mapping", (PyObject *) &MappingType) ||
         PyModule_AddObject(m, "StoreError", s_StoreError) ||
         PyModule_AddObject(m, "PoolFullError", s_PoolFullError) ||
         PyModule_AddObject(m, "ConflictError", s_ConflictError) ||
         PyModule_AddObject(m, "PayloadGoneError", s_PayloadGoneError) ||
-        PyModule_AddIntConstant(m, "REGION_BYTES", (long)LL_POOL_REGION_BYTES))
+        PyModule_AddIntConstant(m, "REGION_BYTES", (long) LL_POOL_REGION_BYTES))
         goto fail;
     return m;
 fail:

@@ -6,8 +6,8 @@
 #include <string.h>
 
 typedef struct {
-    const char *name;               /* module name, e.g. "ll_wire" */
-    int (*fn)(bool verbose);        /* returns 0 on success */
+    const char *name;        /* module name, e.g. "ll_wire" */
+    int (*fn)(bool verbose); /* returns 0 on success */
 } ll_selftest_t;
 
 #include "selftest_table.h"

@@ -7,13 +7,14 @@
 #include <string.h>
 
 typedef struct {
-    int key;            /* the caller's name for the worker */
-    double h;           /* clock value when its state last changed */
-    double bytes;       /* c: bytes of state it holds */
-    double changed_ms;  /* when its state last changed */
-    bool speculative;   /* prepared by a prefetch, never ran a cell */
-    double prepared_ms; /* since when a prefetch prepared it for its session's coming cell; < 0: not */
-    bool idle;          /* evictable */
+    int key;           /* the caller's name for the worker */
+    double h;          /* clock value when its state last changed */
+    double bytes;      /* c: bytes of state it holds */
+    double changed_ms; /* when its state last changed */
+    bool speculative;  /* prepared by a prefetch, never ran a cell */
+    double
+        prepared_ms; /* since when a prefetch prepared it for its session's coming cell; < 0: not */
+    bool idle;       /* evictable */
 } s_entry_t;
 
 struct ll_gdsf_t {
@@ -54,7 +55,7 @@ int ll_gdsf_changed(ll_gdsf_t *self, int key, double bytes, bool speculative, do
     if (!e) {
         if (self->n == self->cap) {
             int cap = self->cap ? self->cap * 2 : 16;
-            s_entry_t *ne = realloc(self->e, (size_t)cap * sizeof *ne);
+            s_entry_t *ne = realloc(self->e, (size_t) cap * sizeof *ne);
             if (!ne)
                 return -1;
             self->e = ne;
@@ -116,10 +117,10 @@ int ll_gdsf_victim(const ll_gdsf_t *self, double now_ms)
         double el = e->h + e->bytes, bl = best->h + best->bytes;
         /* Completed before speculative; then the smallest L; then the state
          * that changed longest ago; then the key (a total order). */
-        if (es != bs ? !es
-                     : el != bl ? el < bl
-                                : e->changed_ms != best->changed_ms ? e->changed_ms < best->changed_ms
-                                                                    : e->key < best->key)
+        if (es != bs                            ? !es
+            : el != bl                          ? el < bl
+            : e->changed_ms != best->changed_ms ? e->changed_ms < best->changed_ms
+                                                : e->key < best->key)
             best = e;
     }
     return best ? best->key : -1;
@@ -162,13 +163,13 @@ bool ll_gdsf_speculative(const ll_gdsf_t *self, int key, double now_ms)
 int ll_gdsf_selftest(bool verbose)
 {
     int fails = 0;
-#define S_CHECK(cond)                                                                                              \
-    do {                                                                                                           \
-        if (!(cond)) {                                                                                             \
-            fails++;                                                                                               \
-            if (verbose)                                                                                           \
-                fprintf(stderr, "ll_gdsf: failed: %s (line %d)\n", #cond, __LINE__);                              \
-        }                                                                                                          \
+#define S_CHECK(cond)                                                                \
+    do {                                                                             \
+        if (!(cond)) {                                                               \
+            fails++;                                                                 \
+            if (verbose)                                                             \
+                fprintf(stderr, "ll_gdsf: failed: %s (line %d)\n", #cond, __LINE__); \
+        }                                                                            \
     } while (0)
     const double win = 10000.0; /* speculation window: 10 s */
     double t = 0, l = 0;
@@ -246,7 +247,8 @@ int ll_gdsf_selftest(bool verbose)
     ll_gdsf_changed(g, 22, 1, false, t);
     ll_gdsf_set_idle(g, 22, true);
     ll_gdsf_set_idle(g, honest, false);
-    S_CHECK(ll_gdsf_victim(g, t + 2000) == 22 && ll_gdsf_evict(g, 22) == 0 && ll_gdsf_clock(g) == 1);
+    S_CHECK(ll_gdsf_victim(g, t + 2000) == 22 && ll_gdsf_evict(g, 22) == 0 &&
+            ll_gdsf_clock(g) == 1);
     t += 5000;
     ll_gdsf_changed(g, honest, 4096, false, t);
     ll_gdsf_set_idle(g, honest, true);
@@ -271,7 +273,7 @@ int ll_gdsf_selftest(bool verbose)
      * more prefetches (a client hinting without running) do not renew it,
      * and the cell it was prepared for makes it a completed worker again. */
     g = ll_gdsf_new(win);
-    ll_gdsf_changed(g, 40, 10, false, 0);   /* small L: the victim unless prepared */
+    ll_gdsf_changed(g, 40, 10, false, 0); /* small L: the victim unless prepared */
     ll_gdsf_changed(g, 41, 1000, false, 0);
     ll_gdsf_set_idle(g, 40, true);
     ll_gdsf_set_idle(g, 41, true);
@@ -279,12 +281,12 @@ int ll_gdsf_selftest(bool verbose)
     ll_gdsf_prepared(g, 40, true, 1000);
     S_CHECK(ll_gdsf_speculative(g, 40, 1000) && ll_gdsf_victim(g, 1000) == 41);
     for (t = 2000; t < 12000; t += 1000)
-        ll_gdsf_prepared(g, 40, true, t);    /* hints, no cell */
+        ll_gdsf_prepared(g, 40, true, t); /* hints, no cell */
     S_CHECK(!ll_gdsf_speculative(g, 40, 11000) && ll_gdsf_victim(g, 11000) == 40);
-    ll_gdsf_prepared(g, 40, false, 11000);  /* its cell ran */
-    ll_gdsf_prepared(g, 40, true, 12000);   /* the next cell's hint: a new window */
+    ll_gdsf_prepared(g, 40, false, 11000); /* its cell ran */
+    ll_gdsf_prepared(g, 40, true, 12000);  /* the next cell's hint: a new window */
     S_CHECK(ll_gdsf_speculative(g, 40, 12500) && ll_gdsf_victim(g, 12500) == 41);
-    ll_gdsf_prepared(g, 99, true, 0);       /* unknown key: no-op */
+    ll_gdsf_prepared(g, 99, true, 0); /* unknown key: no-op */
     ll_gdsf_destroy(&g);
 
     /* Equal L: the state that changed longest ago goes first. */

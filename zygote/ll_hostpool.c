@@ -45,14 +45,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define S_MAX_CLIENTS 128
-#define S_MAX_NODES 256
-#define S_MAX_RUNS 512
-#define S_MAX_PROBES 32
-#define S_MAX_SLOTS 64
-#define S_PROBE_MS 120000.0
-#define S_MAX_SESSIONS 512
-#define S_EXIT_GRACE_MS 5000.0 /* an evicted worker that does not leave by then is killed */
+#define S_MAX_CLIENTS   128
+#define S_MAX_NODES     256
+#define S_MAX_RUNS      512
+#define S_MAX_PROBES    32
+#define S_MAX_SLOTS     64
+#define S_PROBE_MS      120000.0
+#define S_MAX_SESSIONS  512
+#define S_EXIT_GRACE_MS 5000.0  /* an evicted worker that does not leave by then is killed */
 #define S_SAVE_GRACE_MS 30000.0 /* a worker saving when its client left may finish that long */
 
 /* Frames to a client are queued and written as its socket takes them, so a
@@ -72,24 +72,24 @@ typedef struct {
 /* A session of a client: its GPU-seconds (slot-held time) against the time
  * it was connected, for stats and the line logged when it ends. */
 typedef struct {
-    bool used;          /* entry in use */
-    int client;         /* its client */
-    char *name;         /* the run requests' "session" */
-    double held_ms;     /* slot-held time of holdings that ended */
-    int pf_credit;      /* prefetch evictions it may make (0 or 1): s_prefetch_evicts */
+    bool used;      /* entry in use */
+    int client;     /* its client */
+    char *name;     /* the run requests' "session" */
+    double held_ms; /* slot-held time of holdings that ended */
+    int pf_credit;  /* prefetch evictions it may make (0 or 1): s_prefetch_evicts */
 } s_sess_t;
 
 typedef struct {
-    bool used;          /* entry in use */
-    int id;             /* node id (0 = base), unique for the pool's life */
-    int parent;         /* index of the parent node, -1 for the base */
-    int fd;             /* control socket to the zygote */
-    ll_zreader_t *rd;   /* frames from the zygote */
-    pid_t pid;          /* 0 until the zygote said ready */
-    bool ready;         /* imported its modules, accepts forks */
-    json_t *modules;    /* array of top-level module names it imported */
-    double last_used;   /* ms, for LRU eviction */
-    int forking;        /* forks sent and not yet answered */
+    bool used;        /* entry in use */
+    int id;           /* node id (0 = base), unique for the pool's life */
+    int parent;       /* index of the parent node, -1 for the base */
+    int fd;           /* control socket to the zygote */
+    ll_zreader_t *rd; /* frames from the zygote */
+    pid_t pid;        /* 0 until the zygote said ready */
+    bool ready;       /* imported its modules, accepts forks */
+    json_t *modules;  /* array of top-level module names it imported */
+    double last_used; /* ms, for LRU eviction */
+    int forking;      /* forks sent and not yet answered */
 } s_node_t;
 
 /* A run entry is a cell (or prefetch) and, once forked, its worker; a warm
@@ -106,82 +106,82 @@ enum {
 };
 
 typedef struct {
-    bool used;          /* entry in use */
-    int client;         /* index of the client that asked */
-    char *id;           /* the client's id for the cell */
-    json_t *req;        /* the run request */
-    int state;          /* S_QUEUED / S_FORKING / S_RUNNING */
-    int slot;           /* held slot, -1 while queued */
-    int node;           /* node index it was forked from */
-    int node_id;        /* that node's id (for the report) */
-    int wfd;            /* socket to the worker */
-    ll_zreader_t *wrd;  /* frames from the worker */
-    pid_t wpid;         /* worker pid, 0 until ready/forked */
-    bool eof;           /* worker socket closed */
-    bool exited;        /* exit status known */
-    int status;         /* waitpid status */
-    bool cancelled;     /* killed on request (cancel, client gone) */
-    int pending_sig;    /* signal asked for before the worker's pid was known */
-    bool waited;        /* a wait event was sent */
-    double t_queued;    /* ms, when the request arrived */
-    double wait_ms;     /* time spent waiting for a slot */
-    char *session;      /* the request's session */
-    bool prefetch;      /* a prefetch request: prepare, run nothing */
-    bool handover;      /* handed to a warm worker that has not said ready: interrupts wait */
-    bool warm_hit;      /* this job runs on a warm worker */
-    bool staged_hit;    /* ... one a prefetch prepared without a slot (staged) */
-    bool fresh;         /* its worker was forked for this job */
-    bool evicted_for;   /* a prefetch that evicted a warm worker: waits for that slot */
-    bool restage;       /* a prefetch the pool made itself (s_restage): staged only, answered to nobody */
-    bool spec;          /* the worker never ran a cell (a prefetch prepared it) */
-    int cells;          /* cells the worker ran */
-    double held_bytes;  /* bytes of state the worker holds (its last report) */
-    double slot_t0;     /* ms, when it took its slot */
-    double idle_since;  /* ms, when it became warm (idle timeout) */
-    double evict_t;     /* ms, when it was told to exit */
+    bool used;         /* entry in use */
+    int client;        /* index of the client that asked */
+    char *id;          /* the client's id for the cell */
+    json_t *req;       /* the run request */
+    int state;         /* S_QUEUED / S_FORKING / S_RUNNING */
+    int slot;          /* held slot, -1 while queued */
+    int node;          /* node index it was forked from */
+    int node_id;       /* that node's id (for the report) */
+    int wfd;           /* socket to the worker */
+    ll_zreader_t *wrd; /* frames from the worker */
+    pid_t wpid;        /* worker pid, 0 until ready/forked */
+    bool eof;          /* worker socket closed */
+    bool exited;       /* exit status known */
+    int status;        /* waitpid status */
+    bool cancelled;    /* killed on request (cancel, client gone) */
+    int pending_sig;   /* signal asked for before the worker's pid was known */
+    bool waited;       /* a wait event was sent */
+    double t_queued;   /* ms, when the request arrived */
+    double wait_ms;    /* time spent waiting for a slot */
+    char *session;     /* the request's session */
+    bool prefetch;     /* a prefetch request: prepare, run nothing */
+    bool handover;     /* handed to a warm worker that has not said ready: interrupts wait */
+    bool warm_hit;     /* this job runs on a warm worker */
+    bool staged_hit;   /* ... one a prefetch prepared without a slot (staged) */
+    bool fresh;        /* its worker was forked for this job */
+    bool evicted_for;  /* a prefetch that evicted a warm worker: waits for that slot */
+    bool restage; /* a prefetch the pool made itself (s_restage): staged only, answered to nobody */
+    bool spec;    /* the worker never ran a cell (a prefetch prepared it) */
+    int cells;    /* cells the worker ran */
+    double held_bytes; /* bytes of state the worker holds (its last report) */
+    double slot_t0;    /* ms, when it took its slot */
+    double idle_since; /* ms, when it became warm (idle timeout) */
+    double evict_t;    /* ms, when it was told to exit */
 } s_run_t;
 
 typedef struct {
-    pid_t pid;          /* 0: free */
-    int fd;             /* read end of its stdout */
-    char module[128];   /* the package probed */
-    int node;           /* node index to grow from when safe */
-    char out[512];      /* its output */
+    pid_t pid;        /* 0: free */
+    int fd;           /* read end of its stdout */
+    char module[128]; /* the package probed */
+    int node;         /* node index to grow from when safe */
+    char out[512];    /* its output */
     size_t outlen;
-    double started;     /* ms; a probe that hangs is killed after S_PROBE_MS */
+    double started; /* ms; a probe that hangs is killed after S_PROBE_MS */
 } s_probe_t;
 
 static struct {
-    char dir[PATH_MAX];      /* runtime dir */
+    char dir[PATH_MAX];       /* runtime dir */
     char sock[PATH_MAX + 16]; /* listening socket path */
-    char exe[PATH_MAX];      /* our binary (/proc/self/exe: it survives a rebuild), exec'd as `zygote` */
+    char exe[PATH_MAX]; /* our binary (/proc/self/exe: it survives a rebuild), exec'd as `zygote` */
     char exe_name[PATH_MAX]; /* its name, for the zygotes' argv[0] */
     char head[1024];         /* comma list of the base node's modules */
     int listen_fd;
     int sig_fd;
-    int nslots;              /* slots */
-    bool cuda;               /* slots are CUDA devices */
-    int idle_exit_s;         /* exit this long after the last client left */
-    int max_nodes;           /* zygote nodes per host */
-    int max_staged;          /* workers a prefetch may prepare without a slot (staged), all sessions */
-    bool staged_defer;       /* staged workers leave the state's restore to the cell's run (CUDA hosts) */
-    int warm_idle_s;         /* a warm worker unused this long leaves; 0: no warm workers */
-    int spec_s;              /* a speculative worker outranks completed ones this long */
-    ll_gdsf_t *gdsf;         /* eviction order of warm workers, keyed by pid */
+    int nslots;        /* slots */
+    bool cuda;         /* slots are CUDA devices */
+    int idle_exit_s;   /* exit this long after the last client left */
+    int max_nodes;     /* zygote nodes per host */
+    int max_staged;    /* workers a prefetch may prepare without a slot (staged), all sessions */
+    bool staged_defer; /* staged workers leave the state's restore to the cell's run (CUDA hosts) */
+    int warm_idle_s;   /* a warm worker unused this long leaves; 0: no warm workers */
+    int spec_s;        /* a speculative worker outranks completed ones this long */
+    ll_gdsf_t *gdsf;   /* eviction order of warm workers, keyed by pid */
     s_sess_t sessions[S_MAX_SESSIONS];
-    bool grow;               /* grow child nodes for tail packages */
+    bool grow;                 /* grow child nodes for tail packages */
     int slot_run[S_MAX_SLOTS]; /* run index holding each slot, -1 free */
     s_client_t clients[S_MAX_CLIENTS];
     s_node_t nodes[S_MAX_NODES];
     s_run_t runs[S_MAX_RUNS];
     s_probe_t probes[S_MAX_PROBES];
-    json_t *safety;          /* {module: true (safe) | false} from probes */
+    json_t *safety; /* {module: true (safe) | false} from probes */
     int next_node_id;
-    double idle_since;       /* ms, 0 while busy */
+    double idle_since; /* ms, 0 while busy */
     bool stop;
     int base_respawns;
-    int base_failures;       /* base deaths in a row before it was ready */
-    bool base_broken;        /* gave up respawning the base */
+    int base_failures; /* base deaths in a row before it was ready */
+    bool base_broken;  /* gave up respawning the base */
 } P;
 
 static void s_drop_run(int r);
@@ -200,7 +200,7 @@ static int s_count_cuda(void)
         void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
         if (!h)
             continue;
-        int (*count)(int *) = (int (*)(int *))dlsym(h, "cudaGetDeviceCount");
+        int (*count)(int *) = (int (*)(int *)) dlsym(h, "cudaGetDeviceCount");
         int n = 0;
         if (count && count(&n) == 0 && n > 0) {
             /* Keep the library loaded: unloading after cuInit is not safe. */
@@ -225,7 +225,9 @@ static bool s_has_module(const json_t *arr, const char *name)
 {
     size_t i;
     json_t *v;
-    json_array_foreach(arr, i, v) if (json_is_string(v) && strcmp(json_string_value(v), name) == 0) return true;
+    json_array_foreach(arr, i, v)
+        if (json_is_string(v) && strcmp(json_string_value(v), name) == 0)
+            return true;
     return false;
 }
 
@@ -237,7 +239,7 @@ static void s_client_flush(int c)
     while (done < cl->olen) {
         ssize_t w = send(cl->fd, cl->out + done, cl->olen - done, MSG_DONTWAIT | MSG_NOSIGNAL);
         if (w > 0) {
-            done += (size_t)w;
+            done += (size_t) w;
             continue;
         }
         if (w < 0 && errno == EINTR)
@@ -255,13 +257,15 @@ static void s_client_flush(int c)
 static void s_send_client(int c, json_t *msg)
 {
     size_t n = 0;
-    char *bytes = c >= 0 && P.clients[c].fd >= 0 && !P.clients[c].dead ? ll_zframe_encode(msg, &n) : NULL;
+    char *bytes =
+        c >= 0 && P.clients[c].fd >= 0 && !P.clients[c].dead ? ll_zframe_encode(msg, &n) : NULL;
     json_decref(msg);
     if (!bytes)
         return;
     s_client_t *cl = &P.clients[c];
     if (cl->olen + n > S_CLIENT_QUEUE_MAX) {
-        ll_warn("pool", "client %d does not read its events (%zu bytes queued): dropping it", c, cl->olen);
+        ll_warn("pool", "client %d does not read its events (%zu bytes queued): dropping it", c,
+                cl->olen);
         cl->dead = true;
         free(bytes);
         return;
@@ -302,8 +306,8 @@ static void s_answer_prefetch(int r, json_t *m)
 /* Prefetch R will not be prepared (WHY): answer so and drop it. */
 static void s_skip_prefetch(int r, const char *why)
 {
-    s_answer_prefetch(r, json_pack("{s:s, s:s, s:b, s:s}", "type", "prefetched", "id", P.runs[r].id, "ok", 0,
-                                   "skipped", why));
+    s_answer_prefetch(r, json_pack("{s:s, s:s, s:b, s:s}", "type", "prefetched", "id", P.runs[r].id,
+                                   "ok", 0, "skipped", why));
     s_drop_run(r);
 }
 
@@ -313,21 +317,22 @@ static void s_reply_error(int r, const char *ename, const char *evalue)
     s_run_t *run = &P.runs[r];
     if (run->prefetch) {
         /* A prefetch is answered by "prefetched", whatever went wrong. */
-        s_answer_prefetch(r, json_pack("{s:s, s:s, s:b, s:s, s:s}", "type", "prefetched", "id", run->id, "ok",
-                                             0, "ename", ename, "error", evalue));
+        s_answer_prefetch(r, json_pack("{s:s, s:s, s:b, s:s, s:s}", "type", "prefetched", "id",
+                                       run->id, "ok", 0, "ename", ename, "error", evalue));
         return;
     }
     json_t *tb = json_pack("[s]", evalue);
-    json_t *content = json_pack("{s:s, s:s, s:s, s:o, s:O, s:{}, s:[]}", "status", "error", "ename", ename,
-                                "evalue", evalue, "traceback", tb, "execution_count",
-                                json_object_get(run->req, "execution_count") ? json_object_get(run->req, "execution_count")
-                                                                             : json_null(),
+    json_t *content = json_pack("{s:s, s:s, s:s, s:o, s:O, s:{}, s:[]}", "status", "error", "ename",
+                                ename, "evalue", evalue, "traceback", tb, "execution_count",
+                                json_object_get(run->req, "execution_count")
+                                    ? json_object_get(run->req, "execution_count")
+                                    : json_null(),
                                 "user_expressions", "payload");
-    json_t *ll = json_pack("{s:s, s:i, s:i, s:f}", "route", "gpu", "worker_pid", (int)run->wpid, "zygote_node",
-                           run->node_id, "wait_ms", run->wait_ms);
+    json_t *ll = json_pack("{s:s, s:i, s:i, s:f}", "route", "gpu", "worker_pid", (int) run->wpid,
+                           "zygote_node", run->node_id, "wait_ms", run->wait_ms);
     json_t *md = json_pack("{s:s, s:o}", "status", "error", "looseleaf", ll);
-    s_send_client(run->client,
-                  json_pack("{s:s, s:s, s:o, s:o}", "type", "reply", "id", run->id, "content", content, "metadata", md));
+    s_send_client(run->client, json_pack("{s:s, s:s, s:o, s:o}", "type", "reply", "id", run->id,
+                                         "content", content, "metadata", md));
 }
 
 /* ------------------------------------------------------------------ */
@@ -373,7 +378,8 @@ static int s_spawn_base(void)
         sigset_t all;
         sigemptyset(&all);
         sigprocmask(SIG_SETMASK, &all, NULL);
-        execl(P.exe, P.exe_name, "zygote", "--fd", fdarg, "--head", P.head, "--node", idarg, (char *)NULL);
+        execl(P.exe, P.exe_name, "zygote", "--fd", fdarg, "--head", P.head, "--node", idarg,
+              (char *) NULL);
         _exit(127);
     }
     close(sv[1]);
@@ -388,7 +394,7 @@ static int s_spawn_base(void)
     nd->pid = pid;
     nd->modules = json_array();
     s_nonblock(sv[0]);
-    ll_info("pool", "base zygote node %d started (pid %d, head %s)", id, (int)pid, P.head);
+    ll_info("pool", "base zygote node %d started (pid %d, head %s)", id, (int) pid, P.head);
     return n;
 }
 
@@ -413,8 +419,9 @@ static void s_fail_queued(void)
 {
     for (int r = 0; r < S_MAX_RUNS; r++)
         if (P.runs[r].used && P.runs[r].state == S_QUEUED) {
-            s_reply_error(r, "ZygoteUnavailable",
-                          "the pool cannot start its base zygote (see pool.log in the pool's runtime dir)");
+            s_reply_error(
+                r, "ZygoteUnavailable",
+                "the pool cannot start its base zygote (see pool.log in the pool's runtime dir)");
             s_drop_run(r);
         }
 }
@@ -422,12 +429,13 @@ static void s_fail_queued(void)
 static void s_node_gone(int n, const char *why)
 {
     s_node_t *nd = &P.nodes[n];
-    ll_warn("pool", "zygote node %d (pid %d) gone: %s", nd->id, (int)nd->pid, why);
+    ll_warn("pool", "zygote node %d (pid %d) gone: %s", nd->id, (int) nd->pid, why);
     /* Cells being forked there never got a worker. */
     for (int r = 0; r < S_MAX_RUNS; r++) {
         s_run_t *run = &P.runs[r];
         if (run->used && run->state == S_FORKING && run->node == n && run->wpid == 0) {
-            s_reply_error(r, "ZygoteDied", "the zygote died before the worker started; run the cell again");
+            s_reply_error(r, "ZygoteDied",
+                          "the zygote died before the worker started; run the cell again");
             s_drop_run(r);
         }
     }
@@ -451,8 +459,10 @@ static void s_node_gone(int n, const char *why)
             b = s_spawn_base();
         }
         if (b < 0) {
-            ll_error("pool", "the base zygote cannot be started (see the lines above): GPU cells fail until the "
-                             "pool restarts");
+            ll_error(
+                "pool",
+                "the base zygote cannot be started (see the lines above): GPU cells fail until the "
+                "pool restarts");
             P.base_broken = true;
             s_fail_queued();
         }
@@ -496,10 +506,12 @@ static int s_best_node(const json_t *imports)
         int score = 0;
         size_t k;
         json_t *v;
-        json_array_foreach(imports, k, v) if (json_is_string(v) && s_has_module(nd->modules, json_string_value(v)))
-            score++;
+        json_array_foreach(imports, k, v)
+            if (json_is_string(v) && s_has_module(nd->modules, json_string_value(v)))
+                score++;
         if (score > best_score ||
-            (score == best_score && json_array_size(nd->modules) < json_array_size(P.nodes[best].modules))) {
+            (score == best_score &&
+             json_array_size(nd->modules) < json_array_size(P.nodes[best].modules))) {
             best = i;
             best_score = score;
         }
@@ -540,7 +552,8 @@ static void s_start_probe(const char *module, int node)
     char **envp = calloc(nenv + 2, sizeof *envp);
     const char *pp = getenv("PYTHONPATH");
     char path[3 * PATH_MAX];
-    snprintf(path, sizeof path, "PYTHONPATH=%s/zygote/py%s%s", LL_SRCDIR, pp && *pp ? ":" : "", pp ? pp : "");
+    snprintf(path, sizeof path, "PYTHONPATH=%s/zygote/py%s%s", LL_SRCDIR, pp && *pp ? ":" : "",
+             pp ? pp : "");
     if (!envp) {
         close(pfd[0]);
         close(pfd[1]);
@@ -564,7 +577,8 @@ static void s_start_probe(const char *module, int node)
         sigset_t all;
         sigemptyset(&all);
         sigprocmask(SIG_SETMASK, &all, NULL);
-        execle("/usr/bin/python3", "python3", "-m", "looseleaf_zygote.probe", module, (char *)NULL, envp);
+        execle("/usr/bin/python3", "python3", "-m", "looseleaf_zygote.probe", module, (char *) NULL,
+               envp);
         _exit(127);
     }
     free(envp);
@@ -577,7 +591,7 @@ static void s_start_probe(const char *module, int node)
     pr->node = P.nodes[node].id;
     snprintf(pr->module, sizeof pr->module, "%s", module);
     pr->started = ll_zframe_now_ms();
-    ll_info("pool", "probing whether importing %s touches CUDA (pid %d)", module, (int)pid);
+    ll_info("pool", "probing whether importing %s touches CUDA (pid %d)", module, (int) pid);
 }
 
 static int s_node_by_id(int id)
@@ -639,19 +653,25 @@ static void s_probe_done(int i, int status)
         ssize_t r = read(pr->fd, pr->out + pr->outlen, sizeof pr->out - 1 - pr->outlen);
         if (r <= 0)
             break;
-        pr->outlen += (size_t)r;
+        pr->outlen += (size_t) r;
     }
     pr->out[pr->outlen] = '\0';
     if (pr->fd >= 0)
         close(pr->fd);
     json_error_t jerr;
     json_t *res = json_loads(pr->out, 0, &jerr);
-    bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0 && res && json_is_true(json_object_get(res, "imported"));
+    bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0 && res &&
+              json_is_true(json_object_get(res, "imported"));
     bool safe = ok && json_is_true(json_object_get(res, "safe"));
     json_object_set_new(P.safety, pr->module, json_boolean(safe));
-    ll_info("pool", "probe of %s: %s%s%s", pr->module, safe ? "CUDA-safe" : ok ? "touches CUDA" : "import failed",
+    ll_info("pool", "probe of %s: %s%s%s", pr->module,
+            safe ? "CUDA-safe"
+            : ok ? "touches CUDA"
+                 : "import failed",
             res && json_string_value(json_object_get(res, "why")) ? ": " : "",
-            res && json_string_value(json_object_get(res, "why")) ? json_string_value(json_object_get(res, "why")) : "");
+            res && json_string_value(json_object_get(res, "why"))
+                ? json_string_value(json_object_get(res, "why"))
+                : "");
     if (safe) {
         int n = s_node_by_id(pr->node);
         if (n >= 0) {
@@ -671,8 +691,7 @@ static void s_consider_growth(int n, const json_t *imports)
         return;
     size_t k;
     json_t *v;
-    json_array_foreach(imports, k, v)
-    {
+    json_array_foreach(imports, k, v) {
         const char *m = json_string_value(v);
         if (!m || !*m || s_has_module(P.nodes[n].modules, m))
             continue;
@@ -683,7 +702,8 @@ static void s_consider_growth(int n, const json_t *imports)
             /* Safe but missing here: some other node may have it already. */
             bool exists = false;
             for (int i = 0; i < S_MAX_NODES; i++)
-                if (P.nodes[i].used && P.nodes[i].parent == n && s_has_module(P.nodes[i].modules, m))
+                if (P.nodes[i].used && P.nodes[i].parent == n &&
+                    s_has_module(P.nodes[i].modules, m))
                     exists = true;
             if (!exists) {
                 json_t *mods = json_pack("[s]", m);
@@ -767,15 +787,16 @@ static void s_session_end(int i)
     s_sess_t *se = &P.sessions[i];
     double now = ll_zframe_now_ms();
     double held = s_session_held(i, now) / 1000.0;
-    double conn = se->client >= 0 && P.clients[se->client].fd >= 0 ? (now - P.clients[se->client].connected) / 1000.0
-                                                                    : held;
+    double conn = se->client >= 0 && P.clients[se->client].fd >= 0
+                      ? (now - P.clients[se->client].connected) / 1000.0
+                      : held;
     /* Written whatever the log level (kernels start the pool at warn):
      * this line is the session's GPU bill, read by people and benches. */
     int level = ll_log_level;
     if (ll_log_level < LL_LOG_INFO)
         ll_log_level = LL_LOG_INFO;
-    ll_info("pool", "session %s: GPU held %.1f s of %.1f s connected (%.0f%%)", se->name, held, conn,
-            conn > 0 ? 100.0 * held / conn : 0.0);
+    ll_info("pool", "session %s: GPU held %.1f s of %.1f s connected (%.0f%%)", se->name, held,
+            conn, conn > 0 ? 100.0 * held / conn : 0.0);
     ll_log_level = level;
     free(se->name);
     memset(se, 0, sizeof *se);
@@ -786,7 +807,7 @@ static void s_drop_run(int r)
     s_run_t *run = &P.runs[r];
     s_release_slot(r);
     if (run->wpid > 0)
-        ll_gdsf_remove(P.gdsf, (int)run->wpid);
+        ll_gdsf_remove(P.gdsf, (int) run->wpid);
     if (run->wfd >= 0)
         close(run->wfd);
     ll_zreader_destroy(&run->wrd);
@@ -814,9 +835,9 @@ static void s_finish_dead(int r)
          * before anything runs): nothing ran, so the job is queued again
          * and gets a fresh worker, as if the pool had seen the death first. */
         ll_warn("pool", "%s %s: warm worker %d was gone before it took the job: forking anew",
-                run->prefetch ? "prefetch" : "cell", run->id, (int)run->wpid);
+                run->prefetch ? "prefetch" : "cell", run->id, (int) run->wpid);
         s_release_slot(r);
-        ll_gdsf_remove(P.gdsf, (int)run->wpid);
+        ll_gdsf_remove(P.gdsf, (int) run->wpid);
         close(run->wfd);
         run->wfd = -1;
         ll_zreader_destroy(&run->wrd);
@@ -833,36 +854,40 @@ static void s_finish_dead(int r)
     if (s_idle_worker(run)) {
         /* A warm worker gone: its last save committed, nothing is lost. */
         if (run->state == S_WARM)
-            ll_warn("pool", "warm worker %d of session %s died (status %d): the session's next cell forks anew",
-                    (int)run->wpid, run->session ? run->session : "?", run->status);
+            ll_warn(
+                "pool",
+                "warm worker %d of session %s died (status %d): the session's next cell forks anew",
+                (int) run->wpid, run->session ? run->session : "?", run->status);
         s_drop_run(r);
         s_schedule();
         return;
     }
     if (run->prefetch) {
-        snprintf(why, sizeof why, "the worker (pid %d) preparing the prefetch %s ended (%s %d)", (int)run->wpid,
-                 run->cancelled ? "was cancelled" : "died",
+        snprintf(why, sizeof why, "the worker (pid %d) preparing the prefetch %s ended (%s %d)",
+                 (int) run->wpid, run->cancelled ? "was cancelled" : "died",
                  WIFSIGNALED(run->status) ? "signal" : "status",
                  WIFSIGNALED(run->status) ? WTERMSIG(run->status) : WEXITSTATUS(run->status));
         ll_info("pool", "%s", why);
-        s_answer_prefetch(r, json_pack("{s:s, s:s, s:b, s:s}", "type", "prefetched", "id", run->id, "ok", 0,
-                                             "error", why));
+        s_answer_prefetch(r, json_pack("{s:s, s:s, s:b, s:s}", "type", "prefetched", "id", run->id,
+                                       "ok", 0, "error", why));
         s_drop_run(r);
         s_schedule();
         return;
     }
     if (run->cancelled)
-        snprintf(why, sizeof why, "the cell was cancelled (worker pid %d killed)", (int)run->wpid);
+        snprintf(why, sizeof why, "the cell was cancelled (worker pid %d killed)", (int) run->wpid);
     else if (WIFSIGNALED(run->status))
         snprintf(why, sizeof why,
-                 "the worker (pid %d) running this cell was killed by signal SIG%s (%d); the session continues "
+                 "the worker (pid %d) running this cell was killed by signal SIG%s (%d); the "
+                 "session continues "
                  "from the last committed versions of its variables",
-                 (int)run->wpid, s_signame(WTERMSIG(run->status)), WTERMSIG(run->status));
+                 (int) run->wpid, s_signame(WTERMSIG(run->status)), WTERMSIG(run->status));
     else
         snprintf(why, sizeof why,
-                 "the worker (pid %d) running this cell exited with status %d before replying; the session "
+                 "the worker (pid %d) running this cell exited with status %d before replying; the "
+                 "session "
                  "continues from the last committed versions of its variables",
-                 (int)run->wpid, WIFEXITED(run->status) ? WEXITSTATUS(run->status) : -1);
+                 (int) run->wpid, WIFEXITED(run->status) ? WEXITSTATUS(run->status) : -1);
     ll_warn("pool", "cell %s: %s", run->id, why);
     s_reply_error(r, run->cancelled ? "Cancelled" : "WorkerDied", why);
     s_drop_run(r);
@@ -943,7 +968,8 @@ static int s_warm_for(int r, bool *busy, bool *running)
     *busy = *running = false;
     for (int w = 0; w < S_MAX_RUNS; w++) {
         s_run_t *wk = &P.runs[w];
-        if (w == r || !wk->used || wk->client != run->client || !wk->session || strcmp(wk->session, run->session) != 0)
+        if (w == r || !wk->used || wk->client != run->client || !wk->session ||
+            strcmp(wk->session, run->session) != 0)
             continue;
         if (wk->state == S_WARM && !wk->eof && !wk->exited) {
             /* Several (cells that overlapped): the one that changed last. */
@@ -985,9 +1011,10 @@ static void s_start_warm(int r, int w)
     run->state = run->prefetch ? S_PREPARING : S_FORKING;
     run->handover = true;
     run->warm_hit = true;
-    ll_gdsf_set_idle(P.gdsf, (int)run->wpid, false);
+    ll_gdsf_set_idle(P.gdsf, (int) run->wpid, false);
     json_t *job = json_deep_copy(run->req);
-    json_object_set_new(job, "device", P.cuda && run->slot >= 0 ? json_integer(run->slot) : json_null());
+    json_object_set_new(job, "device",
+                        P.cuda && run->slot >= 0 ? json_integer(run->slot) : json_null());
     json_object_set_new(job, "slot", json_integer(run->slot));
     json_object_set_new(job, "client", json_integer(run->client));
     json_object_set_new(job, "node", json_integer(run->node_id));
@@ -996,12 +1023,13 @@ static void s_start_warm(int r, int w)
     json_t *m = json_pack("{s:s, s:o}", "type", run->prefetch ? "prefetch" : "run", "job", job);
     if (ll_zframe_send(run->wfd, m, -1) < 0) {
         /* It is dying: its exit reports the cell as lost (WorkerDied). */
-        ll_warn("pool", "cell %s: warm worker %d unreachable: %s", run->id, (int)run->wpid, strerror(errno));
+        ll_warn("pool", "cell %s: warm worker %d unreachable: %s", run->id, (int) run->wpid,
+                strerror(errno));
         kill(run->wpid, SIGKILL);
     }
     json_decref(m);
-    ll_info("pool", "%s %s: warm worker %d on slot %d", run->prefetch ? "prefetch" : "cell", run->id,
-            (int)run->wpid, run->slot);
+    ll_info("pool", "%s %s: warm worker %d on slot %d", run->prefetch ? "prefetch" : "cell",
+            run->id, (int) run->wpid, run->slot);
 }
 
 /* Let warm worker R go: it keeps its slot until it is gone.  PRESSURE:
@@ -1011,14 +1039,16 @@ static void s_evict_worker(int r, const char *why, bool pressure)
 {
     s_run_t *run = &P.runs[r];
     double l = 0;
-    ll_gdsf_value(P.gdsf, (int)run->wpid, &l);
+    ll_gdsf_value(P.gdsf, (int) run->wpid, &l);
     if (pressure)
-        ll_gdsf_evict(P.gdsf, (int)run->wpid);
+        ll_gdsf_evict(P.gdsf, (int) run->wpid);
     else
-        ll_gdsf_remove(P.gdsf, (int)run->wpid);
-    ll_info("pool", "warm worker %d of session %s leaves (%s; L %.0f, %.0f bytes held, %d cells, clock %.0f)",
-            (int)run->wpid, run->session ? run->session : "?", why, l, run->held_bytes, run->cells,
-            ll_gdsf_clock(P.gdsf));
+        ll_gdsf_remove(P.gdsf, (int) run->wpid);
+    ll_info(
+        "pool",
+        "warm worker %d of session %s leaves (%s; L %.0f, %.0f bytes held, %d cells, clock %.0f)",
+        (int) run->wpid, run->session ? run->session : "?", why, l, run->held_bytes, run->cells,
+        ll_gdsf_clock(P.gdsf));
     /* Its save committed: killing it loses nothing (the store drops a dead
      * reader's leases).  Under pressure a cell or a prefetch waits for the
      * slot, so it goes at once instead of unwinding Python; otherwise it is
@@ -1058,7 +1088,8 @@ static bool s_prefetch_evicts(int r, double now)
     s_run_t *run = &P.runs[r];
     int victim = ll_gdsf_victim(P.gdsf, now);
     double l = 0, est = json_number_value(json_object_get(run->req, "closure_bytes"));
-    if (victim < 0 || !ll_gdsf_value(P.gdsf, victim, &l) || ll_gdsf_speculative(P.gdsf, victim, now))
+    if (victim < 0 || !ll_gdsf_value(P.gdsf, victim, &l) ||
+        ll_gdsf_speculative(P.gdsf, victim, now))
         return false; /* every idle worker is prepared for its session's coming cell */
     bool older = l < ll_gdsf_clock(P.gdsf) + (est > 0 ? est : 0);
     int si = s_session(run->client, run->session, false);
@@ -1068,8 +1099,8 @@ static bool s_prefetch_evicts(int r, double now)
     for (int v = 0; v < S_MAX_RUNS; v++)
         if (P.runs[v].used && P.runs[v].state == S_WARM && P.runs[v].wpid == victim) {
             char why[200];
-            snprintf(why, sizeof why, "slot pressure: prefetch %.80s of session %.40s%s", run->id, run->session,
-                     older ? "" : " (its credit)");
+            snprintf(why, sizeof why, "slot pressure: prefetch %.80s of session %.40s%s", run->id,
+                     run->session, older ? "" : " (its credit)");
             if (!older)
                 P.sessions[si].pf_credit--;
             s_evict_worker(v, why, true);
@@ -1133,7 +1164,8 @@ static int s_staged_count(void)
     int n = 0;
     for (int r = 0; r < S_MAX_RUNS; r++)
         if (P.runs[r].used && P.runs[r].wfd >= 0 && P.runs[r].slot < 0 &&
-            (P.runs[r].state == S_FORKING || P.runs[r].state == S_PREPARING || P.runs[r].state == S_WARM))
+            (P.runs[r].state == S_FORKING || P.runs[r].state == S_PREPARING ||
+             P.runs[r].state == S_WARM))
             n++;
     return n;
 }
@@ -1144,8 +1176,9 @@ static bool s_session_cell_queued(int r)
 {
     for (int q = 0; q < S_MAX_RUNS; q++) {
         s_run_t *c = &P.runs[q];
-        if (q != r && c->used && c->state == S_QUEUED && !c->prefetch && c->client == P.runs[r].client &&
-            c->t_queued <= P.runs[r].t_queued && c->session && strcmp(c->session, P.runs[r].session) == 0)
+        if (q != r && c->used && c->state == S_QUEUED && !c->prefetch &&
+            c->client == P.runs[r].client && c->t_queued <= P.runs[r].t_queued && c->session &&
+            strcmp(c->session, P.runs[r].session) == 0)
             return true;
     }
     return false;
@@ -1172,7 +1205,8 @@ static bool s_json_has(const json_t *arr, const json_t *v)
 static void s_restage(int v)
 {
     s_run_t *old = &P.runs[v];
-    if (old->client < 0 || !old->req || !old->id || !old->session || s_staged_count() >= P.max_staged)
+    if (old->client < 0 || !old->req || !old->id || !old->session ||
+        s_staged_count() >= P.max_staged)
         return;
     json_t *req = json_deep_copy(old->req);
     if (!req)
@@ -1180,7 +1214,8 @@ static void s_restage(int v)
     if (!old->prefetch) {
         if (!json_is_array(json_object_get(req, "state_closure")))
             json_object_set_new(req, "state_closure", json_array());
-        json_t *closure = json_object_get(req, "state_closure"), *deleted = json_object_get(req, "deletes");
+        json_t *closure = json_object_get(req, "state_closure"),
+               *deleted = json_object_get(req, "deletes");
         size_t i;
         json_t *name;
         json_array_foreach(json_object_get(req, "defines"), i, name)
@@ -1193,7 +1228,8 @@ static void s_restage(int v)
     if (r < 0)
         return;
     P.runs[r].restage = true;
-    ll_info("pool", "session %s: prepared again, staged (its worker was evicted)", P.runs[r].session);
+    ll_info("pool", "session %s: prepared again, staged (its worker was evicted)",
+            P.runs[r].session);
 }
 
 /* Hand queued cells to their session's warm worker, or free slots, oldest
@@ -1214,7 +1250,8 @@ static void s_schedule(void)
         }
     int evicting = 0;
     for (int r = 0; r < S_MAX_RUNS; r++)
-        if (P.runs[r].used && P.runs[r].state == S_EVICTING && P.runs[r].slot >= 0) /* a staged one frees none */
+        if (P.runs[r].used && P.runs[r].state == S_EVICTING &&
+            P.runs[r].slot >= 0) /* a staged one frees none */
             evicting++;
     double now = ll_zframe_now_ms();
     bool blocked = false; /* an older cell waits for a slot: younger ones may not take one first */
@@ -1240,7 +1277,8 @@ static void s_schedule(void)
             if (slot >= 0 && !cells) {
                 s_take_slot(w, slot);
                 s_start_warm(r, w);
-            } else if (slot < 0 && !cells && !run->evicted_for && !run->restage && s_prefetch_evicts(r, now)) {
+            } else if (slot < 0 && !cells && !run->evicted_for && !run->restage &&
+                       s_prefetch_evicts(r, now)) {
                 run->evicted_for = true; /* stays queued until that worker is gone */
             } else if (!run->evicted_for || cells) {
                 s_start_warm(r, w);
@@ -1318,8 +1356,8 @@ static void s_schedule(void)
         for (int v = 0; v < S_MAX_RUNS && victim >= 0; v++)
             if (P.runs[v].used && P.runs[v].state == S_WARM && P.runs[v].wpid == victim) {
                 char why[200];
-                snprintf(why, sizeof why, "slot pressure: cell %.80s of session %.40s needs a slot", run->id,
-                         run->session);
+                snprintf(why, sizeof why, "slot pressure: cell %.80s of session %.40s needs a slot",
+                         run->id, run->session);
                 s_evict_worker(v, why, true);
                 victim = -1;
             }
@@ -1337,8 +1375,8 @@ static void s_schedule(void)
         if (run->used && run->state == S_QUEUED && !run->prefetch && !run->waited && all_held) {
             run->waited = true;
             ll_info("pool", "cell %s waits: all %d slots are held", run->id, P.nslots);
-            s_send_client(run->client, json_pack("{s:s, s:s, s:i, s:i}", "type", "wait", "id", run->id, "slots",
-                                                 P.nslots, "queued", queued));
+            s_send_client(run->client, json_pack("{s:s, s:s, s:i, s:i}", "type", "wait", "id",
+                                                 run->id, "slots", P.nslots, "queued", queued));
         }
     }
 }
@@ -1348,7 +1386,8 @@ static int s_find_run(int c, const char *id)
     if (!id)
         return -1;
     for (int r = 0; r < S_MAX_RUNS; r++)
-        if (P.runs[r].used && !s_idle_worker(&P.runs[r]) && P.runs[r].client == c && strcmp(P.runs[r].id, id) == 0)
+        if (P.runs[r].used && !s_idle_worker(&P.runs[r]) && P.runs[r].client == c &&
+            strcmp(P.runs[r].id, id) == 0)
             return r;
     return -1;
 }
@@ -1361,7 +1400,9 @@ static bool s_str_array(const json_t *a)
         return false;
     size_t i;
     json_t *v;
-    json_array_foreach(a, i, v) if (!json_is_string(v)) return false;
+    json_array_foreach(a, i, v)
+        if (!json_is_string(v))
+            return false;
     return true;
 }
 
@@ -1387,8 +1428,8 @@ static void s_run_pid(int r, pid_t pid)
         return;
     run->wpid = pid;
     if (run->pending_sig) {
-        ll_debug("pool", "cell %s: signal %d, asked before the fork, sent to worker %d", run->id, run->pending_sig,
-                 (int)pid);
+        ll_debug("pool", "cell %s: signal %d, asked before the fork, sent to worker %d", run->id,
+                 run->pending_sig, (int) pid);
         kill(pid, run->pending_sig);
     }
 }
@@ -1399,15 +1440,17 @@ static json_t *s_stats(void)
     for (int i = 0; i < S_MAX_NODES; i++) {
         s_node_t *nd = &P.nodes[i];
         if (nd->used)
-            json_array_append_new(nodes, json_pack("{s:i, s:i, s:i, s:b, s:O, s:f}", "id", nd->id, "parent",
-                                                   nd->parent >= 0 ? P.nodes[nd->parent].id : nd->parent, "pid",
-                                                   (int)nd->pid, "ready", nd->ready, "modules", nd->modules,
-                                                   "last_used", nd->last_used));
+            json_array_append_new(
+                nodes, json_pack("{s:i, s:i, s:i, s:b, s:O, s:f}", "id", nd->id, "parent",
+                                 nd->parent >= 0 ? P.nodes[nd->parent].id : nd->parent, "pid",
+                                 (int) nd->pid, "ready", nd->ready, "modules", nd->modules,
+                                 "last_used", nd->last_used));
     }
     for (int s = 0; s < P.nslots; s++)
-        json_array_append_new(slots, P.slot_run[s] >= 0 ? json_string(P.runs[P.slot_run[s]].id) : json_null());
-    static const char *const state_names[] = {"", "queued", "forking", "running", "saving", "preparing", "warm",
-                                              "evicting"};
+        json_array_append_new(slots, P.slot_run[s] >= 0 ? json_string(P.runs[P.slot_run[s]].id)
+                                                        : json_null());
+    static const char *const state_names[] = {"",       "queued",    "forking", "running",
+                                              "saving", "preparing", "warm",    "evicting"};
     json_t *workers = json_array(), *sessions = json_array();
     double now = ll_zframe_now_ms();
     for (int r = 0; r < S_MAX_RUNS; r++) {
@@ -1415,23 +1458,24 @@ static json_t *s_stats(void)
         if (!run->used)
             continue;
         if (!s_idle_worker(run))
-            json_array_append_new(runs, json_pack("{s:s, s:i, s:i}", "id", run->id, "state", run->state, "pid",
-                                                  (int)run->wpid));
+            json_array_append_new(runs, json_pack("{s:s, s:i, s:i}", "id", run->id, "state",
+                                                  run->state, "pid", (int) run->wpid));
         if (run->wpid <= 0 || run->state == S_QUEUED)
             continue;
         /* Every worker: warm ones (staged ones hold no slot), and busy ones. */
         const char *st = run->state == S_WARM && run->slot < 0 ? "staged"
-                         : run->state == S_WARM && ll_gdsf_speculative(P.gdsf, (int)run->wpid, now)
+                         : run->state == S_WARM && ll_gdsf_speculative(P.gdsf, (int) run->wpid, now)
                              ? "speculative"
                              : state_names[run->state];
         double l = 0;
-        bool known = ll_gdsf_value(P.gdsf, (int)run->wpid, &l);
-        json_array_append_new(workers,
-                              json_pack("{s:s, s:i, s:i, s:s, s:o, s:f, s:i, s:b, s:i, s:f}", "session",
-                                        run->session ? run->session : "", "client", run->client, "pid", (int)run->wpid,
-                                        "state", st, "L", known ? json_real(l) : json_null(), "bytes", run->held_bytes,
-                                        "cells", run->cells, "spec", run->spec, "slot", run->slot, "idle_s",
-                                        run->state == S_WARM ? (now - run->idle_since) / 1000.0 : 0.0));
+        bool known = ll_gdsf_value(P.gdsf, (int) run->wpid, &l);
+        json_array_append_new(
+            workers, json_pack("{s:s, s:i, s:i, s:s, s:o, s:f, s:i, s:b, s:i, s:f}", "session",
+                               run->session ? run->session : "", "client", run->client, "pid",
+                               (int) run->wpid, "state", st, "L",
+                               known ? json_real(l) : json_null(), "bytes", run->held_bytes,
+                               "cells", run->cells, "spec", run->spec, "slot", run->slot, "idle_s",
+                               run->state == S_WARM ? (now - run->idle_since) / 1000.0 : 0.0));
     }
     for (int i = 0; i < S_MAX_SESSIONS; i++) {
         s_sess_t *se = &P.sessions[i];
@@ -1441,14 +1485,16 @@ static json_t *s_stats(void)
         double conn = se->client >= 0 && P.clients[se->client].fd >= 0
                           ? (now - P.clients[se->client].connected) / 1000.0
                           : held;
-        json_array_append_new(sessions, json_pack("{s:s, s:i, s:f, s:f, s:f}", "session", se->name, "client",
-                                                  se->client, "gpu_held_s", held, "connected_s", conn, "held_share",
-                                                  conn > 0 ? held / conn : 0.0));
+        json_array_append_new(sessions,
+                              json_pack("{s:s, s:i, s:f, s:f, s:f}", "session", se->name, "client",
+                                        se->client, "gpu_held_s", held, "connected_s", conn,
+                                        "held_share", conn > 0 ? held / conn : 0.0));
     }
-    return json_pack("{s:s, s:i, s:o, s:o, s:o, s:b, s:i, s:O, s:i, s:b, s:o, s:o, s:f, s:i}", "type", "stats", "pid",
-                     (int)getpid(), "nodes", nodes, "slots", slots, "runs", runs, "cuda", P.cuda, "max_nodes",
-                     P.max_nodes, "safety", P.safety, "base_respawns", P.base_respawns, "base_broken", P.base_broken,
-                     "workers", workers, "sessions", sessions, "clock", ll_gdsf_clock(P.gdsf), "warm_idle_s",
+    return json_pack("{s:s, s:i, s:o, s:o, s:o, s:b, s:i, s:O, s:i, s:b, s:o, s:o, s:f, s:i}",
+                     "type", "stats", "pid", (int) getpid(), "nodes", nodes, "slots", slots, "runs",
+                     runs, "cuda", P.cuda, "max_nodes", P.max_nodes, "safety", P.safety,
+                     "base_respawns", P.base_respawns, "base_broken", P.base_broken, "workers",
+                     workers, "sessions", sessions, "clock", ll_gdsf_clock(P.gdsf), "warm_idle_s",
                      P.warm_idle_s);
 }
 
@@ -1476,9 +1522,11 @@ static void s_client_frame(int c, json_t *m)
         else if (!json_is_string(json_object_get(m, "store_dir")))
             bad = "run: 'store_dir' must be a string";
         else if (!s_str_array(json_object_get(m, "state_closure")) ||
-                 !s_str_array(json_object_get(m, "import_closure")) || !s_str_array(json_object_get(m, "defines")) ||
+                 !s_str_array(json_object_get(m, "import_closure")) ||
+                 !s_str_array(json_object_get(m, "defines")) ||
                  !s_str_array(json_object_get(m, "deletes")))
-            bad = "run: state_closure, import_closure, defines and deletes must be arrays of strings";
+            bad =
+                "run: state_closure, import_closure, defines and deletes must be arrays of strings";
         if (bad) {
             s_client_error(c, id, bad);
             return;
@@ -1502,8 +1550,8 @@ static void s_client_frame(int c, json_t *m)
         /* A prefetch that finished: its speculative worker (never ran a
          * cell) leaves; a worker that ran cells stays. */
         for (int w = 0; w < S_MAX_RUNS; w++)
-            if (P.runs[w].used && P.runs[w].state == S_WARM && P.runs[w].client == c && P.runs[w].spec &&
-                P.runs[w].id && strcmp(P.runs[w].id, id) == 0)
+            if (P.runs[w].used && P.runs[w].state == S_WARM && P.runs[w].client == c &&
+                P.runs[w].spec && P.runs[w].id && strcmp(P.runs[w].id, id) == 0)
                 s_evict_worker(w, "its prefetch was cancelled", false);
         return;
     }
@@ -1512,8 +1560,9 @@ static void s_client_frame(int c, json_t *m)
     } else if (strcmp(type, "input_reply") == 0) {
         if (r < 0 || P.runs[r].wfd < 0)
             return;
-        json_t *f = json_pack("{s:s, s:O}", "type", "input_reply", "value",
-                              json_object_get(m, "value") ? json_object_get(m, "value") : json_string(""));
+        json_t *f =
+            json_pack("{s:s, s:O}", "type", "input_reply", "value",
+                      json_object_get(m, "value") ? json_object_get(m, "value") : json_string(""));
         ll_zframe_send(P.runs[r].wfd, f, -1);
         json_decref(f);
     } else if (strcmp(type, "interrupt") == 0 || strcmp(type, "cancel") == 0) {
@@ -1524,8 +1573,8 @@ static void s_client_frame(int c, json_t *m)
             /* Speculative work dropped: a worker forked for it goes (it
              * committed nothing); a warm one finishes restoring and stays. */
             if (P.runs[r].state == S_QUEUED) {
-                s_send_client(c, json_pack("{s:s, s:s, s:b, s:s}", "type", "prefetched", "id", id, "ok", 0, "skipped",
-                                           "cancelled"));
+                s_send_client(c, json_pack("{s:s, s:s, s:b, s:s}", "type", "prefetched", "id", id,
+                                           "ok", 0, "skipped", "cancelled"));
                 s_drop_run(r);
             } else if (P.runs[r].fresh) {
                 P.runs[r].cancelled = true;
@@ -1535,7 +1584,8 @@ static void s_client_frame(int c, json_t *m)
         }
         if (P.runs[r].state == S_QUEUED) {
             s_reply_error(r, cancel ? "Cancelled" : "KeyboardInterrupt",
-                          cancel ? "the cell was cancelled before it started" : "interrupted before the cell started");
+                          cancel ? "the cell was cancelled before it started"
+                                 : "interrupted before the cell started");
             s_drop_run(r);
         } else if (cancel) {
             P.runs[r].cancelled = true;
@@ -1594,26 +1644,27 @@ static void s_node_frame(int n, json_t *m)
         return;
     if (strcmp(type, "ready") == 0) {
         nd->ready = true;
-        nd->pid = (pid_t)json_integer_value(json_object_get(m, "pid"));
+        nd->pid = (pid_t) json_integer_value(json_object_get(m, "pid"));
         json_t *mods = json_object_get(m, "modules");
         if (json_is_array(mods)) {
             json_decref(nd->modules);
             nd->modules = json_copy(mods);
         }
         nd->last_used = ll_zframe_now_ms();
-        ll_info("pool", "zygote node %d ready (pid %d, %zu modules, %.0f ms)", nd->id, (int)nd->pid,
-                json_array_size(nd->modules), json_number_value(json_object_get(m, "load_ms")));
+        ll_info("pool", "zygote node %d ready (pid %d, %zu modules, %.0f ms)", nd->id,
+                (int) nd->pid, json_array_size(nd->modules),
+                json_number_value(json_object_get(m, "load_ms")));
         s_schedule();
     } else if (strcmp(type, "forked") == 0 || strcmp(type, "refused") == 0) {
         if (nd->forking > 0)
             nd->forking--;
         const char *rid = json_string_value(json_object_get(m, "run"));
-        int client = (int)json_integer_value(json_object_get(m, "client"));
+        int client = (int) json_integer_value(json_object_get(m, "client"));
         int r = s_find_run(client, rid);
         if (r < 0)
             return;
         if (type[0] == 'f') {
-            s_run_pid(r, (pid_t)json_integer_value(json_object_get(m, "pid")));
+            s_run_pid(r, (pid_t) json_integer_value(json_object_get(m, "pid")));
             return;
         }
         const char *why = json_string_value(json_object_get(m, "why"));
@@ -1624,8 +1675,8 @@ static void s_node_frame(int n, json_t *m)
         s_drop_run(r);
         s_schedule();
     } else if (strcmp(type, "exited") == 0) {
-        s_worker_exited((pid_t)json_integer_value(json_object_get(m, "pid")),
-                        (int)json_integer_value(json_object_get(m, "status")));
+        s_worker_exited((pid_t) json_integer_value(json_object_get(m, "pid")),
+                        (int) json_integer_value(json_object_get(m, "status")));
     }
 }
 
@@ -1642,10 +1693,11 @@ static void s_make_warm(int r, bool changed)
     run->pending_sig = 0;
     if (run->slot < 0)
         return; /* staged: it holds no slot, so it is nobody's victim (it leaves when idle, cancelled or unused) */
-    if (changed || !ll_gdsf_value(P.gdsf, (int)run->wpid, NULL))
-        ll_gdsf_changed(P.gdsf, (int)run->wpid, run->held_bytes, run->spec, now);
-    ll_gdsf_set_idle(P.gdsf, (int)run->wpid, true);
-    ll_debug("pool", "worker %d warm for session %s (%.0f bytes)", (int)run->wpid, run->session, run->held_bytes);
+    if (changed || !ll_gdsf_value(P.gdsf, (int) run->wpid, NULL))
+        ll_gdsf_changed(P.gdsf, (int) run->wpid, run->held_bytes, run->spec, now);
+    ll_gdsf_set_idle(P.gdsf, (int) run->wpid, true);
+    ll_debug("pool", "worker %d warm for session %s (%.0f bytes)", (int) run->wpid, run->session,
+             run->held_bytes);
 }
 
 static void s_worker_frame(int r, json_t *m)
@@ -1655,7 +1707,7 @@ static void s_worker_frame(int r, json_t *m)
     if (!type || s_idle_worker(run))
         return; /* an idle worker has nothing to say */
     if (strcmp(type, "ready") == 0) {
-        s_run_pid(r, (pid_t)json_integer_value(json_object_get(m, "pid")));
+        s_run_pid(r, (pid_t) json_integer_value(json_object_get(m, "pid")));
         if (run->handover) {
             /* The warm worker dropped stale interrupts: forward new ones. */
             run->handover = false;
@@ -1680,7 +1732,8 @@ static void s_worker_frame(int r, json_t *m)
         json_t *rep = json_object_get(m, "report");
         json_t *ev = json_is_object(rep) ? json_deep_copy(rep) : json_object();
         bool ok = !json_object_get(ev, "fatal");
-        bool stay = ok && json_is_true(json_object_get(ev, "stays_warm")) && P.warm_idle_s > 0 && run->client >= 0;
+        bool stay = ok && json_is_true(json_object_get(ev, "stays_warm")) && P.warm_idle_s > 0 &&
+                    run->client >= 0;
         json_t *restored = json_object_get(ev, "restored");
         bool changed = run->fresh || (json_is_array(restored) && json_array_size(restored) > 0) ||
                        json_array_size(json_object_get(ev, "dropped_stale")) > 0;
@@ -1696,7 +1749,8 @@ static void s_worker_frame(int r, json_t *m)
         s_answer_prefetch(r, ev);
         if (stay) {
             s_make_warm(r, changed);
-            ll_gdsf_prepared(P.gdsf, (int)run->wpid, true, ll_zframe_now_ms()); /* for the session's coming cell */
+            ll_gdsf_prepared(P.gdsf, (int) run->wpid, true,
+                             ll_zframe_now_ms()); /* for the session's coming cell */
             s_schedule();
         } else {
             s_drop_run(r); /* the worker leaves by itself */
@@ -1720,13 +1774,15 @@ static void s_worker_frame(int r, json_t *m)
         s_send_client(run->client, json_incref(m));
         int si = s_session(run->client, run->session, false);
         if (si >= 0)
-            P.sessions[si].pf_credit = 1; /* a cell ran: its next prefetch may take a slot (s_prefetch_evicts) */
-        bool stay = ll && json_is_true(json_object_get(ll, "stays_warm")) && P.warm_idle_s > 0 && run->client >= 0 &&
-                    !run->cancelled;
+            P.sessions[si].pf_credit =
+                1; /* a cell ran: its next prefetch may take a slot (s_prefetch_evicts) */
+        bool stay = ll && json_is_true(json_object_get(ll, "stays_warm")) && P.warm_idle_s > 0 &&
+                    run->client >= 0 && !run->cancelled;
         if (stay) {
             run->cells++;
             run->spec = false;
-            ll_gdsf_prepared(P.gdsf, (int)run->wpid, false, 0); /* the cell it was prepared for ran */
+            ll_gdsf_prepared(P.gdsf, (int) run->wpid, false,
+                             0); /* the cell it was prepared for ran */
             s_make_warm(r, true);
         } else {
             s_drop_run(r); /* the worker exits by itself; its zygote reaps it */
@@ -1748,8 +1804,10 @@ static int s_prepare_dir(void)
         return -1;
     }
     struct stat st;
-    if (stat(P.dir, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077)) {
-        ll_error("pool", "%s must be a directory owned by uid %d with mode 0700", P.dir, (int)getuid());
+    if (stat(P.dir, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() ||
+        (st.st_mode & 077)) {
+        ll_error("pool", "%s must be a directory owned by uid %d with mode 0700", P.dir,
+                 (int) getuid());
         return -1;
     }
     return 0;
@@ -1765,7 +1823,7 @@ static int s_listen(void)
     strcpy(sa.sun_path, P.sock);
     unlink(P.sock); /* stale: we hold the lock, so no pool listens there */
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(fd, 64) < 0) {
+    if (fd < 0 || bind(fd, (struct sockaddr *) &sa, sizeof sa) < 0 || listen(fd, 64) < 0) {
         ll_error("pool", "cannot listen on %s: %s", P.sock, strerror(errno));
         if (fd >= 0)
             close(fd);
@@ -1777,9 +1835,11 @@ static int s_listen(void)
 
 static void s_usage(void)
 {
-    fprintf(stderr, "usage: looseleaf pool [--runtime-dir DIR] [--slots N] [--idle-exit SECONDS]\n"
-                    "                      [--head MOD,MOD,...] [--max-nodes N] [--no-grow] [--foreground]\n"
-                    "                      [--warm-idle SECONDS] [--spec-window SECONDS]\n");
+    fprintf(
+        stderr,
+        "usage: looseleaf pool [--runtime-dir DIR] [--slots N] [--idle-exit SECONDS]\n"
+        "                      [--head MOD,MOD,...] [--max-nodes N] [--no-grow] [--foreground]\n"
+        "                      [--warm-idle SECONDS] [--spec-window SECONDS]\n");
 }
 
 int ll_pool_main(int argc, char **argv)
@@ -1788,7 +1848,8 @@ int ll_pool_main(int argc, char **argv)
     memset(&P, 0, sizeof P);
     ll_zclient_default_dir(P.dir, sizeof P.dir);
     snprintf(P.head, sizeof P.head, "%s",
-             getenv("LL_POOL_HEAD") ? getenv("LL_POOL_HEAD") : "numpy,torch,IPython,looseleaf_kernel,looseleaf_store");
+             getenv("LL_POOL_HEAD") ? getenv("LL_POOL_HEAD")
+                                    : "numpy,torch,IPython,looseleaf_kernel,looseleaf_store");
     P.nslots = getenv("LL_POOL_SLOTS") ? atoi(getenv("LL_POOL_SLOTS")) : 2;
     P.idle_exit_s = getenv("LL_POOL_IDLE_EXIT") ? atoi(getenv("LL_POOL_IDLE_EXIT")) : 300;
     P.max_nodes = getenv("LL_POOL_MAX_NODES") ? atoi(getenv("LL_POOL_MAX_NODES")) : 50;
@@ -1830,8 +1891,10 @@ int ll_pool_main(int argc, char **argv)
     }
     if (P.nslots < 1 || P.nslots > S_MAX_SLOTS || P.max_nodes < 1 || P.max_nodes > S_MAX_NODES ||
         P.idle_exit_s < 0 || P.warm_idle_s < 0 || P.spec_s < 0) {
-        fprintf(stderr, "looseleaf pool: --slots must be 1..%d, --max-nodes 1..%d, --idle-exit, --warm-idle and "
-                        "--spec-window >= 0\n",
+        fprintf(stderr,
+                "looseleaf pool: --slots must be 1..%d, --max-nodes 1..%d, --idle-exit, "
+                "--warm-idle and "
+                "--spec-window >= 0\n",
                 S_MAX_SLOTS, S_MAX_NODES);
         return 2;
     }
@@ -1903,7 +1966,8 @@ int ll_pool_main(int argc, char **argv)
      * the slot: variables may hold device tensors. */
     if (P.max_staged < 0)
         P.max_staged = 2 * P.nslots;
-    P.staged_defer = P.cuda || (getenv("LL_POOL_STAGED_DEFER") && strcmp(getenv("LL_POOL_STAGED_DEFER"), "1") == 0);
+    P.staged_defer = P.cuda || (getenv("LL_POOL_STAGED_DEFER") &&
+                                strcmp(getenv("LL_POOL_STAGED_DEFER"), "1") == 0);
     for (int s = 0; s < S_MAX_SLOTS; s++)
         P.slot_run[s] = -1;
     for (int c = 0; c < S_MAX_CLIENTS; c++)
@@ -1913,8 +1977,8 @@ int ll_pool_main(int argc, char **argv)
         P.runs[r].slot = -1;
     }
     P.safety = json_object();
-    ll_info("pool", "serving %s: %d %s slot(s), up to %d zygote nodes, idle exit %d s", P.dir, P.nslots,
-            P.cuda ? "CUDA" : "virtual", P.max_nodes, P.idle_exit_s);
+    ll_info("pool", "serving %s: %d %s slot(s), up to %d zygote nodes, idle exit %d s", P.dir,
+            P.nslots, P.cuda ? "CUDA" : "virtual", P.max_nodes, P.idle_exit_s);
     if (s_spawn_base() < 0) {
         ll_error("pool", "cannot start the base zygote: %s", strerror(errno));
         return 1;
@@ -1932,22 +1996,26 @@ int ll_pool_main(int argc, char **argv)
         for (int c = 0; c < S_MAX_CLIENTS; c++)
             if (P.clients[c].fd >= 0) {
                 nclients++;
-                pfd[np] = (struct pollfd){P.clients[c].fd, (short)(POLLIN | (P.clients[c].olen ? POLLOUT : 0)), 0},
+                pfd[np] = (struct pollfd){P.clients[c].fd,
+                                          (short) (POLLIN | (P.clients[c].olen ? POLLOUT : 0)), 0},
                 kind[np] = K_CLIENT, idx[np++] = c;
             }
         for (int n = 0; n < S_MAX_NODES; n++)
             if (P.nodes[n].used)
-                pfd[np] = (struct pollfd){P.nodes[n].fd, POLLIN, 0}, kind[np] = K_NODE, idx[np++] = n;
+                pfd[np] = (struct pollfd){P.nodes[n].fd, POLLIN, 0}, kind[np] = K_NODE,
+                idx[np++] = n;
         int nruns = 0;
         for (int r = 0; r < S_MAX_RUNS; r++)
             if (P.runs[r].used) {
                 nruns++;
                 if (P.runs[r].wfd >= 0 && !P.runs[r].eof)
-                    pfd[np] = (struct pollfd){P.runs[r].wfd, POLLIN, 0}, kind[np] = K_WORKER, idx[np++] = r;
+                    pfd[np] = (struct pollfd){P.runs[r].wfd, POLLIN, 0}, kind[np] = K_WORKER,
+                    idx[np++] = r;
             }
         for (int i = 0; i < S_MAX_PROBES; i++)
             if (P.probes[i].pid && P.probes[i].fd >= 0)
-                pfd[np] = (struct pollfd){P.probes[i].fd, POLLIN, 0}, kind[np] = K_PROBE, idx[np++] = i;
+                pfd[np] = (struct pollfd){P.probes[i].fd, POLLIN, 0}, kind[np] = K_PROBE,
+                idx[np++] = i;
 
         double now = ll_zframe_now_ms();
         if (nclients || nruns)
@@ -1979,8 +2047,8 @@ int ll_pool_main(int argc, char **argv)
             } else if (run->used && run->state == S_SAVING && run->client < 0) {
                 left = run->evict_t + S_SAVE_GRACE_MS - now;
                 if (left <= 0) {
-                    ll_warn("pool", "worker %d still saving %.0f s after its client left: killed", (int)run->wpid,
-                            S_SAVE_GRACE_MS / 1000);
+                    ll_warn("pool", "worker %d still saving %.0f s after its client left: killed",
+                            (int) run->wpid, S_SAVE_GRACE_MS / 1000);
                     run->cancelled = true;
                     kill(run->wpid, SIGKILL);
                     run->evict_t = now; /* its exit ends the entry; until then, once per grace */
@@ -1989,14 +2057,14 @@ int ll_pool_main(int argc, char **argv)
             } else if (run->used && run->state == S_EVICTING) {
                 left = run->evict_t + S_EXIT_GRACE_MS - now;
                 if (left <= 0 && run->wpid > 0 && !run->exited) {
-                    ll_warn("pool", "warm worker %d did not exit: killed", (int)run->wpid);
+                    ll_warn("pool", "warm worker %d did not exit: killed", (int) run->wpid);
                     kill(run->wpid, SIGKILL);
                     run->evict_t = now;
                     left = S_EXIT_GRACE_MS;
                 }
             }
-            if (left >= 0 && (timeout < 0 || (int)left + 1 < timeout))
-                timeout = (int)left + 1;
+            if (left >= 0 && (timeout < 0 || (int) left + 1 < timeout))
+                timeout = (int) left + 1;
         }
         if (P.idle_since) {
             double left = P.idle_since + P.idle_exit_s * 1000.0 - now;
@@ -2004,9 +2072,9 @@ int ll_pool_main(int argc, char **argv)
                 ll_info("pool", "no client for %d s: exiting", P.idle_exit_s);
                 break;
             }
-            timeout = timeout < 0 || (int)left + 1 < timeout ? (int)left + 1 : timeout;
+            timeout = timeout < 0 || (int) left + 1 < timeout ? (int) left + 1 : timeout;
         }
-        int rc = poll(pfd, (nfds_t)np, timeout);
+        int rc = poll(pfd, (nfds_t) np, timeout);
         if (rc < 0 && errno != EINTR)
             break;
         for (int i = 0; i < np && rc > 0; i++) {
@@ -2030,7 +2098,8 @@ int ll_pool_main(int argc, char **argv)
                     /* The dir is 0700; still, only our own uid may use the pool. */
                     struct ucred cred;
                     socklen_t cl = sizeof cred;
-                    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0 || cred.uid != getuid()) {
+                    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0 ||
+                        cred.uid != getuid()) {
                         ll_warn("pool", "refusing a client of another uid");
                         close(fd);
                         continue;
@@ -2117,7 +2186,7 @@ int ll_pool_main(int argc, char **argv)
                 s_probe_t *pr = &P.probes[k];
                 ssize_t r = read(pr->fd, pr->out + pr->outlen, sizeof pr->out - 1 - pr->outlen);
                 if (r > 0)
-                    pr->outlen += (size_t)r;
+                    pr->outlen += (size_t) r;
                 else if (r == 0 || (errno != EAGAIN && errno != EINTR)) {
                     close(pr->fd); /* its exit (SIGCHLD) finishes the probe */
                     pr->fd = -1;

@@ -25,9 +25,9 @@
 extern char **environ;
 
 struct ll_zclient_t {
-    int fd;             /* connection to the pool */
-    ll_zreader_t *rd;   /* frames from it */
-    bool ok;            /* connection up */
+    int fd;           /* connection to the pool */
+    ll_zreader_t *rd; /* frames from it */
+    bool ok;          /* connection up */
 };
 
 void ll_zclient_default_dir(char *out, size_t outlen)
@@ -39,7 +39,7 @@ void ll_zclient_default_dir(char *out, size_t outlen)
     else if (xdg && *xdg)
         snprintf(out, outlen, "%s/looseleaf-pool", xdg);
     else
-        snprintf(out, outlen, "/tmp/looseleaf-pool-%d", (int)getuid());
+        snprintf(out, outlen, "/tmp/looseleaf-pool-%d", (int) getuid());
 }
 
 static int s_connect(const char *sock)
@@ -53,7 +53,7 @@ static int s_connect(const char *sock)
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return -1;
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
+    if (connect(fd, (struct sockaddr *) &sa, sizeof sa) < 0) {
         int e = errno;
         close(fd);
         errno = e;
@@ -62,8 +62,8 @@ static int s_connect(const char *sock)
     return fd;
 }
 
-ll_zclient_t *ll_zclient_connect(const char *runtime_dir, const char *exe, const char *const *extra_args, char *err,
-                                 size_t errlen)
+ll_zclient_t *ll_zclient_connect(const char *runtime_dir, const char *exe,
+                                 const char *const *extra_args, char *err, size_t errlen)
 {
     char dir[PATH_MAX], sock[PATH_MAX + 16];
     if (runtime_dir)
@@ -108,7 +108,7 @@ ll_zclient_t *ll_zclient_connect(const char *runtime_dir, const char *exe, const
             posix_spawn_file_actions_adddup2(&fa, ll_log_fd(), 2);
         }
         pid_t pid;
-        int rc = posix_spawn(&pid, exe, &fa, &attr, (char *const *)argv, environ);
+        int rc = posix_spawn(&pid, exe, &fa, &attr, (char *const *) argv, environ);
         posix_spawn_file_actions_destroy(&fa);
         posix_spawnattr_destroy(&attr);
         if (rc != 0) {
@@ -118,7 +118,8 @@ ll_zclient_t *ll_zclient_connect(const char *runtime_dir, const char *exe, const
         int status;
         waitpid(pid, &status, 0); /* the pool detached; this is its launcher */
         if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-            snprintf(err, errlen, "the pool failed to start (status %d); see %s/pool.log", status, dir);
+            snprintf(err, errlen, "the pool failed to start (status %d); see %s/pool.log", status,
+                     dir);
             return NULL;
         }
         /* The detached pool binds its socket within milliseconds; wait for it
@@ -131,7 +132,8 @@ ll_zclient_t *ll_zclient_connect(const char *runtime_dir, const char *exe, const
             }
         }
         if (fd < 0) {
-            snprintf(err, errlen, "the pool did not come up at %s: %s (see %s/pool.log)", sock, strerror(errno), dir);
+            snprintf(err, errlen, "the pool did not come up at %s: %s (see %s/pool.log)", sock,
+                     strerror(errno), dir);
             return NULL;
         }
     }
@@ -181,12 +183,13 @@ static int s_send(ll_zclient_t *self, json_t *msg)
 int ll_zclient_run(ll_zclient_t *self, const json_t *request, char *err, size_t errlen)
 {
     if (!json_is_object(request) || !json_is_string(json_object_get(request, "id")) ||
-        !json_is_string(json_object_get(request, "code")) || !json_is_string(json_object_get(request, "session")) ||
+        !json_is_string(json_object_get(request, "code")) ||
+        !json_is_string(json_object_get(request, "session")) ||
         !json_is_string(json_object_get(request, "store_dir"))) {
         snprintf(err, errlen, "a run request needs string fields id, code, session and store_dir");
         return -1;
     }
-    json_t *m = json_copy((json_t *)request);
+    json_t *m = json_copy((json_t *) request);
     json_object_set_new(m, "type", json_string("run"));
     if (s_send(self, m) < 0) {
         snprintf(err, errlen, "the pool connection is gone: %s", strerror(errno));
@@ -198,11 +201,12 @@ int ll_zclient_run(ll_zclient_t *self, const json_t *request, char *err, size_t 
 int ll_zclient_prefetch(ll_zclient_t *self, const json_t *request, char *err, size_t errlen)
 {
     if (!json_is_object(request) || !json_is_string(json_object_get(request, "id")) ||
-        !json_is_string(json_object_get(request, "session")) || !json_is_string(json_object_get(request, "store_dir"))) {
+        !json_is_string(json_object_get(request, "session")) ||
+        !json_is_string(json_object_get(request, "store_dir"))) {
         snprintf(err, errlen, "a prefetch request needs string fields id, session and store_dir");
         return -1;
     }
-    json_t *m = json_copy((json_t *)request);
+    json_t *m = json_copy((json_t *) request);
     json_object_set_new(m, "type", json_string("prefetch"));
     if (s_send(self, m) < 0) {
         snprintf(err, errlen, "the pool connection is gone: %s", strerror(errno));
@@ -225,7 +229,8 @@ json_t *ll_zclient_next(ll_zclient_t *self, int timeout_ms)
         if (timeout_ms > 0) {
             struct timespec t1;
             clock_gettime(CLOCK_MONOTONIC, &t1);
-            left = timeout_ms - (int)((t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000);
+            left = timeout_ms -
+                   (int) ((t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000);
             if (left < 0)
                 left = 0;
         }
@@ -255,7 +260,8 @@ out:
 
 int ll_zclient_input_reply(ll_zclient_t *self, const char *id, const char *value)
 {
-    return s_send(self, json_pack("{s:s, s:s, s:s}", "type", "input_reply", "id", id, "value", value ? value : ""));
+    return s_send(self, json_pack("{s:s, s:s, s:s}", "type", "input_reply", "id", id, "value",
+                                  value ? value : ""));
 }
 
 int ll_zclient_interrupt(ll_zclient_t *self, const char *id)

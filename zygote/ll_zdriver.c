@@ -37,8 +37,8 @@ static int s_client(int argc, char **argv)
     }
     char err[512];
     /* LL_POOL_EXE: start the pool from another binary (build/looseleaf). */
-    ll_zclient_t *c = ll_zclient_connect(argv[1], getenv("LL_POOL_EXE"), (const char *const *)argv + 2, err,
-                                         sizeof err);
+    ll_zclient_t *c = ll_zclient_connect(argv[1], getenv("LL_POOL_EXE"),
+                                         (const char *const *) argv + 2, err, sizeof err);
     if (!c) {
         json_t *e = json_pack("{s:s, s:s}", "type", "connect_error", "error", err);
         s_print(e);
@@ -89,7 +89,8 @@ static int s_client(int argc, char **argv)
                 json_object_del(cmd, "op");
                 rc = ll_zclient_prefetch(c, cmd, err, sizeof err);
             } else if (strcmp(op, "input") == 0)
-                rc = ll_zclient_input_reply(c, id ? id : "", json_string_value(json_object_get(cmd, "value")));
+                rc = ll_zclient_input_reply(c, id ? id : "",
+                                            json_string_value(json_object_get(cmd, "value")));
             else if (strcmp(op, "interrupt") == 0)
                 rc = ll_zclient_interrupt(c, id ? id : "");
             else if (strcmp(op, "cancel") == 0)

@@ -15,10 +15,10 @@
 #include <unistd.h>
 
 struct ll_zreader_t {
-    int fd;       /* not owned */
-    char *buf;    /* bytes read and not yet popped */
-    size_t len;   /* bytes in buf */
-    size_t cap;   /* allocated */
+    int fd;     /* not owned */
+    char *buf;  /* bytes read and not yet popped */
+    size_t len; /* bytes in buf */
+    size_t cap; /* allocated */
 };
 
 int ll_zframe_self_exe(char *exec_path, size_t plen, char *argv0, size_t alen)
@@ -30,7 +30,7 @@ int ll_zframe_self_exe(char *exec_path, size_t plen, char *argv0, size_t alen)
     buf[n] = '\0';
     static const char gone[] = " (deleted)";
     size_t gl = sizeof gone - 1;
-    if ((size_t)n > gl && strcmp(buf + n - gl, gone) == 0)
+    if ((size_t) n > gl && strcmp(buf + n - gl, gone) == 0)
         buf[n - gl] = '\0';
     snprintf(exec_path, plen, "/proc/self/exe");
     snprintf(argv0, alen, "%s", buf);
@@ -54,7 +54,8 @@ json_t *ll_zframe_b64(const void *data, size_t len)
         return NULL;
     size_t o = 0;
     for (size_t i = 0; i < len; i += 3) {
-        unsigned v = (unsigned)p[i] << 16 | (i + 1 < len ? (unsigned)p[i + 1] << 8 : 0) | (i + 2 < len ? p[i + 2] : 0);
+        unsigned v = (unsigned) p[i] << 16 | (i + 1 < len ? (unsigned) p[i + 1] << 8 : 0) |
+                     (i + 2 < len ? p[i + 2] : 0);
         out[o++] = tab[(v >> 18) & 63];
         out[o++] = tab[(v >> 12) & 63];
         out[o++] = i + 1 < len ? tab[(v >> 6) & 63] : '=';
@@ -73,7 +74,8 @@ char *ll_zframe_encode(const json_t *msg, size_t *len)
     size_t n = strlen(body);
     char *out = malloc(n + 4);
     if (out) {
-        out[0] = (char)(n >> 24), out[1] = (char)(n >> 16), out[2] = (char)(n >> 8), out[3] = (char)n;
+        out[0] = (char) (n >> 24), out[1] = (char) (n >> 16), out[2] = (char) (n >> 8),
+        out[3] = (char) n;
         memcpy(out + 4, body, n);
         *len = n + 4;
     }
@@ -89,8 +91,8 @@ int ll_zframe_send(int fd, const json_t *msg, int passfd)
         return -1;
     }
     size_t n = strlen(body);
-    unsigned char hdr[4] = {(unsigned char)(n >> 24), (unsigned char)(n >> 16),
-                            (unsigned char)(n >> 8), (unsigned char)n};
+    unsigned char hdr[4] = {(unsigned char) (n >> 24), (unsigned char) (n >> 16),
+                            (unsigned char) (n >> 8), (unsigned char) n};
     struct iovec iov[2] = {{hdr, 4}, {body, n}};
     struct msghdr mh = {0};
     union {
@@ -127,18 +129,18 @@ int ll_zframe_send(int fd, const json_t *msg, int passfd)
             errno = e;
             return -1;
         }
-        sent += (size_t)w;
+        sent += (size_t) w;
         mh.msg_control = NULL; /* the fd went with the first byte */
         mh.msg_controllen = 0;
         /* Advance the iovecs past what was written. */
-        size_t skip = (size_t)w;
+        size_t skip = (size_t) w;
         while (mh.msg_iovlen && skip >= mh.msg_iov[0].iov_len) {
             skip -= mh.msg_iov[0].iov_len;
             mh.msg_iov++;
             mh.msg_iovlen--;
         }
         if (mh.msg_iovlen) {
-            mh.msg_iov[0].iov_base = (char *)mh.msg_iov[0].iov_base + skip;
+            mh.msg_iov[0].iov_base = (char *) mh.msg_iov[0].iov_base + skip;
             mh.msg_iov[0].iov_len -= skip;
         }
     }
@@ -151,7 +153,7 @@ static int s_read_full(int fd, void *dst, size_t len, int *passfd, bool nointr)
 {
     size_t got = 0;
     while (got < len) {
-        struct iovec iov = {(char *)dst + got, len - got};
+        struct iovec iov = {(char *) dst + got, len - got};
         struct msghdr mh = {0};
         union {
             struct cmsghdr align;
@@ -181,7 +183,7 @@ static int s_read_full(int fd, void *dst, size_t len, int *passfd, bool nointr)
                     close(pfd);
             }
         }
-        got += (size_t)r;
+        got += (size_t) r;
     }
     return 0;
 }
@@ -193,7 +195,8 @@ json_t *ll_zframe_recv(int fd, int *passfd, bool nointr)
     unsigned char hdr[4];
     if (s_read_full(fd, hdr, 4, passfd, nointr) < 0)
         return NULL;
-    uint32_t n = ((uint32_t)hdr[0] << 24) | ((uint32_t)hdr[1] << 16) | ((uint32_t)hdr[2] << 8) | hdr[3];
+    uint32_t n =
+        ((uint32_t) hdr[0] << 24) | ((uint32_t) hdr[1] << 16) | ((uint32_t) hdr[2] << 8) | hdr[3];
     if (n > LL_ZFRAME_MAX) {
         errno = EPROTO;
         return NULL;
@@ -253,7 +256,7 @@ int ll_zreader_fill(ll_zreader_t *self)
         }
         ssize_t r = read(self->fd, self->buf + self->len, self->cap - self->len);
         if (r > 0) {
-            self->len += (size_t)r;
+            self->len += (size_t) r;
             any = 1;
             continue;
         }
@@ -274,13 +277,13 @@ json_t *ll_zreader_pop(ll_zreader_t *self, bool *bad)
     *bad = false;
     if (self->len < 4)
         return NULL;
-    const unsigned char *h = (const unsigned char *)self->buf;
-    uint32_t n = ((uint32_t)h[0] << 24) | ((uint32_t)h[1] << 16) | ((uint32_t)h[2] << 8) | h[3];
+    const unsigned char *h = (const unsigned char *) self->buf;
+    uint32_t n = ((uint32_t) h[0] << 24) | ((uint32_t) h[1] << 16) | ((uint32_t) h[2] << 8) | h[3];
     if (n > LL_ZFRAME_MAX) {
         *bad = true;
         return NULL;
     }
-    if (self->len < 4 + (size_t)n)
+    if (self->len < 4 + (size_t) n)
         return NULL;
     json_error_t jerr;
     json_t *msg = json_loadb(self->buf + 4, n, 0, &jerr);
@@ -304,13 +307,13 @@ int ll_zframe_selftest(bool verbose)
     int sv[2], fails = 0;
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
         return 1;
-#define S_CHECK(cond)                                                                                              \
-    do {                                                                                                           \
-        if (!(cond)) {                                                                                             \
-            fails++;                                                                                               \
-            if (verbose)                                                                                           \
-                fprintf(stderr, "ll_zframe: failed: %s (line %d)\n", #cond, __LINE__);                            \
-        }                                                                                                          \
+#define S_CHECK(cond)                                                                  \
+    do {                                                                               \
+        if (!(cond)) {                                                                 \
+            fails++;                                                                   \
+            if (verbose)                                                               \
+                fprintf(stderr, "ll_zframe: failed: %s (line %d)\n", #cond, __LINE__); \
+        }                                                                              \
     } while (0)
     /* Blocking round trip with a descriptor. */
     int pfd[2];
@@ -336,13 +339,14 @@ int ll_zframe_selftest(bool verbose)
     S_CHECK(ll_zframe_send(sv[0], m, -1) == 0 && ll_zframe_send(sv[0], m, -1) == 0);
     bool bad = true;
     S_CHECK(ll_zreader_fill(rd) == 1);
-    json_t *a = ll_zreader_pop(rd, &bad), *b = ll_zreader_pop(rd, &bad), *c3 = ll_zreader_pop(rd, &bad);
+    json_t *a = ll_zreader_pop(rd, &bad), *b = ll_zreader_pop(rd, &bad),
+           *c3 = ll_zreader_pop(rd, &bad);
     S_CHECK(a && b && !c3 && !bad && json_equal(a, m) && json_equal(b, m));
     json_decref(a);
     json_decref(b);
     S_CHECK(ll_zreader_fill(rd) == 0); /* nothing more: EAGAIN */
     const unsigned char part[] = {0, 0, 0, 2, '{'};
-    S_CHECK(write(sv[0], part, sizeof part) == (ssize_t)sizeof part);
+    S_CHECK(write(sv[0], part, sizeof part) == (ssize_t) sizeof part);
     S_CHECK(ll_zreader_fill(rd) == 1 && !ll_zreader_pop(rd, &bad) && !bad);
     S_CHECK(write(sv[0], "}", 1) == 1);
     S_CHECK(ll_zreader_fill(rd) == 1);
@@ -351,7 +355,7 @@ int ll_zframe_selftest(bool verbose)
     json_decref(a);
     /* Not an object, and an oversize length: bad, never a crash. */
     const unsigned char arr[] = {0, 0, 0, 2, '[', ']'};
-    S_CHECK(write(sv[0], arr, sizeof arr) == (ssize_t)sizeof arr);
+    S_CHECK(write(sv[0], arr, sizeof arr) == (ssize_t) sizeof arr);
     ll_zreader_fill(rd);
     S_CHECK(!ll_zreader_pop(rd, &bad) && bad);
     ll_zreader_destroy(&rd);
@@ -363,7 +367,8 @@ int ll_zframe_selftest(bool verbose)
     errno = 0;
     S_CHECK(!ll_zframe_recv(sv[1], NULL, true) && errno == EPROTO);
     /* Base64. */
-    json_t *bb = ll_zframe_b64("foobar", 6), *b1 = ll_zframe_b64("f", 1), *b0 = ll_zframe_b64("", 0);
+    json_t *bb = ll_zframe_b64("foobar", 6), *b1 = ll_zframe_b64("f", 1),
+           *b0 = ll_zframe_b64("", 0);
     S_CHECK(bb && strcmp(json_string_value(bb), "Zm9vYmFy") == 0);
     S_CHECK(b1 && strcmp(json_string_value(b1), "Zg==") == 0);
     S_CHECK(b0 && strcmp(json_string_value(b0), "") == 0);

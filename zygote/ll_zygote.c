@@ -43,9 +43,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static int s_ctl = -1;      /* control socket to the pool */
-static int s_sigfd = -1;    /* SIGCHLD of workers and child nodes */
-static int s_node_id;       /* this node's id */
+static int s_ctl = -1;   /* control socket to the pool */
+static int s_sigfd = -1; /* SIGCHLD of workers and child nodes */
+static int s_node_id;    /* this node's id */
 
 /* ------------------------------------------------------------------ */
 /* Python calls (module looseleaf_zygote.zyg): JSON text in and out.  */
@@ -67,7 +67,8 @@ static char *s_py_call(const char *fn, const char *arg_json, char *err, size_t e
         PyObject *type, *val, *tb;
         PyErr_Fetch(&type, &val, &tb);
         PyObject *s = val ? PyObject_Str(val) : NULL;
-        snprintf(err, errlen, "%s: %s", fn, s && PyUnicode_AsUTF8(s) ? PyUnicode_AsUTF8(s) : "no result");
+        snprintf(err, errlen, "%s: %s", fn,
+                 s && PyUnicode_AsUTF8(s) ? PyUnicode_AsUTF8(s) : "no result");
         Py_XDECREF(s);
         Py_XDECREF(type);
         Py_XDECREF(val);
@@ -104,7 +105,9 @@ static int s_prefork_check(int allow, char *why, size_t whylen)
 {
     int tasks = s_count_tasks();
     if (tasks != 1) {
-        snprintf(why, whylen, "the zygote is not single-threaded (%d threads): a forked child could hang", tasks);
+        snprintf(why, whylen,
+                 "the zygote is not single-threaded (%d threads): a forked child could hang",
+                 tasks);
         return -1;
     }
     FILE *maps = fopen("/proc/self/maps", "re");
@@ -113,7 +116,9 @@ static int s_prefork_check(int allow, char *why, size_t whylen)
         while (fgets(line, sizeof line, maps))
             if (strstr(line, "libcuda.so") || strstr(line, "libnvidia-")) {
                 fclose(maps);
-                snprintf(why, whylen, "the zygote has the CUDA driver mapped (a CUDA context does not survive fork)");
+                snprintf(
+                    why, whylen,
+                    "the zygote has the CUDA driver mapped (a CUDA context does not survive fork)");
                 return -1;
             }
         fclose(maps);
@@ -129,7 +134,8 @@ static int s_prefork_check(int allow, char *why, size_t whylen)
         if (e->d_name[0] == '.')
             continue;
         int fd = atoi(e->d_name);
-        if (fd == dfd || fd <= 2 || fd == s_ctl || fd == s_sigfd || fd == allow || fd == ll_log_fd())
+        if (fd == dfd || fd <= 2 || fd == s_ctl || fd == s_sigfd || fd == allow ||
+            fd == ll_log_fd())
             continue;
         char path[64], target[PATH_MAX];
         snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
@@ -146,7 +152,8 @@ static int s_prefork_check(int allow, char *why, size_t whylen)
         bool harmless = strcmp(target, "/dev/null") == 0 || strcmp(target, "/dev/urandom") == 0 ||
                         strcmp(target, "/dev/random") == 0;
         if (!harmless && (target[0] != '/' || strncmp(target, "/dev/", 5) == 0)) {
-            snprintf(why, whylen, "the zygote holds an unexpected descriptor %d (%.200s)", fd, target);
+            snprintf(why, whylen, "the zygote holds an unexpected descriptor %d (%.200s)", fd,
+                     target);
             rc = -1;
             break;
         }
@@ -158,7 +165,7 @@ static int s_prefork_check(int allow, char *why, size_t whylen)
 /* ------------------------------------------------------------------ */
 /* Worker: hooks that turn output into frames to the pool             */
 
-static int s_wfd = -1;                                 /* worker socket */
+static int s_wfd = -1;                                      /* worker socket */
 static pthread_mutex_t s_wlock = PTHREAD_MUTEX_INITIALIZER; /* one frame at a time */
 
 static void s_flush_locked(void);
@@ -183,7 +190,7 @@ static json_t *s_text(const char *data, size_t len)
     if (!copy)
         return json_string("");
     for (size_t i = 0; i < len; i++)
-        copy[i] = (unsigned char)data[i] < 0x80 ? data[i] : '?';
+        copy[i] = (unsigned char) data[i] < 0x80 ? data[i] : '?';
     s = json_stringn(copy, len);
     free(copy);
     return s ? s : json_string("");
@@ -193,12 +200,12 @@ static json_t *s_text(const char *data, size_t len)
  * flusher thread at most S_FLUSH_MS after it was written, at once when the
  * buffer is big, and before any other frame so output keeps its order.  The
  * thread exists only in the worker (after the fork). */
-#define S_FLUSH_MS 20
+#define S_FLUSH_MS    20
 #define S_FLUSH_BYTES (64u << 10)
 
-static char s_sname[8];          /* stream of the buffered text */
-static char *s_sbuf;             /* buffered text */
-static size_t s_slen, s_scap;    /* its length, allocation */
+static char s_sname[8];                                   /* stream of the buffered text */
+static char *s_sbuf;                                      /* buffered text */
+static size_t s_slen, s_scap;                             /* its length, allocation */
 static pthread_cond_t s_scond = PTHREAD_COND_INITIALIZER; /* text arrived */
 
 /* Send the buffered text; s_wlock held. */
@@ -206,7 +213,8 @@ static void s_flush_locked(void)
 {
     if (!s_slen)
         return;
-    json_t *m = json_pack("{s:s, s:s, s:o}", "type", "stream", "name", s_sname, "text", s_text(s_sbuf, s_slen));
+    json_t *m = json_pack("{s:s, s:s, s:o}", "type", "stream", "name", s_sname, "text",
+                          s_text(s_sbuf, s_slen));
     s_slen = 0;
     ll_zframe_send(s_wfd, m, -1);
     json_decref(m);
@@ -223,7 +231,8 @@ static void s_w_stream(void *ctx, const char *name, const char *data, size_t len
         char *nb = realloc(s_sbuf, cap);
         if (!nb) {
             s_flush_locked();
-            json_t *m = json_pack("{s:s, s:s, s:o}", "type", "stream", "name", name, "text", s_text(data, len));
+            json_t *m = json_pack("{s:s, s:s, s:o}", "type", "stream", "name", name, "text",
+                                  s_text(data, len));
             ll_zframe_send(s_wfd, m, -1);
             json_decref(m);
             pthread_mutex_unlock(&s_wlock);
@@ -272,16 +281,17 @@ static void *s_flusher(void *arg)
     return arg;
 }
 
-static void s_w_publish(void *ctx, const char *msg_type, const char *content_json, const char *metadata_json,
-                        const void *const *bufs, const size_t *buflens, size_t nbufs)
+static void s_w_publish(void *ctx, const char *msg_type, const char *content_json,
+                        const char *metadata_json, const void *const *bufs, const size_t *buflens,
+                        size_t nbufs)
 {
     json_error_t jerr;
     json_t *content = json_loads(content_json ? content_json : "{}", 0, &jerr);
     json_t *md = metadata_json ? json_loads(metadata_json, 0, &jerr) : NULL;
     if (!content)
         return;
-    json_t *m = json_pack("{s:s, s:s, s:o, s:o}", "type", "iopub", "msg_type", msg_type, "content", content,
-                          "metadata", md ? md : json_object());
+    json_t *m = json_pack("{s:s, s:s, s:o, s:o}", "type", "iopub", "msg_type", msg_type, "content",
+                          content, "metadata", md ? md : json_object());
     if (nbufs) {
         json_t *arr = json_array();
         for (size_t i = 0; i < nbufs; i++)
@@ -293,8 +303,8 @@ static void s_w_publish(void *ctx, const char *msg_type, const char *content_jso
 
 static char *s_w_input(void *ctx, const char *prompt, bool password, int *err)
 {
-    s_wsend(json_pack("{s:s, s:s, s:b}", "type", "input_request", "prompt", prompt ? prompt : "", "password",
-                      password));
+    s_wsend(json_pack("{s:s, s:s, s:b}", "type", "input_request", "prompt", prompt ? prompt : "",
+                      "password", password));
     for (;;) {
         json_t *m = ll_zframe_recv(s_wfd, NULL, false);
         if (!m) {
@@ -320,7 +330,7 @@ static int s_intpipe[2] = {-1, -1}; /* SIGINT that came while no cell code ran *
  * first (looseleaf_zygote.zyg), so no interrupt is lost between the two. */
 static void s_w_sigint(int sig)
 {
-    (void)sig;
+    (void) sig;
     int saved = errno;
     if (ll_interp_busy())
         ll_interp_interrupt();
@@ -368,7 +378,8 @@ static bool s_can_stay(const char *fin)
 {
     json_error_t jerr;
     json_t *f = fin ? json_loads(fin, 0, &jerr) : NULL;
-    bool ok = json_is_object(f) && !json_object_get(f, "save_error") && !json_object_get(f, "save_failed");
+    bool ok = json_is_object(f) && !json_object_get(f, "save_error") &&
+              !json_object_get(f, "save_failed");
     json_decref(f);
     return ok;
 }
@@ -403,23 +414,26 @@ static bool s_worker_cell(json_t *job, double fork_ms, bool warm, bool prefetche
         /* The cell cannot run here (store unreachable, closure not
          * restorable): an error reply, nothing saved. */
         ll_error("worker", "cannot prepare the cell: %s", fatal);
-        json_t *c = json_pack("{s:s, s:s, s:s, s:[s], s:O, s:{}, s:[]}", "status", "error", "ename", "WorkerPrepareError",
-                              "evalue", fatal, "traceback", fatal, "execution_count",
-                              json_object_get(job, "execution_count") ? json_object_get(job, "execution_count")
-                                                                       : json_null(),
-                              "user_expressions", "payload");
+        json_t *c = json_pack(
+            "{s:s, s:s, s:s, s:[s], s:O, s:{}, s:[]}", "status", "error", "ename",
+            "WorkerPrepareError", "evalue", fatal, "traceback", fatal, "execution_count",
+            json_object_get(job, "execution_count") ? json_object_get(job, "execution_count")
+                                                    : json_null(),
+            "user_expressions", "payload");
         reply = json_dumps(c, JSON_COMPACT);
         json_decref(c);
     } else {
         json_t *sh = json_object_get(job, "store_history");
-        json_t *content = json_pack("{s:O, s:b, s:b, s:b, s:O}", "code", json_object_get(job, "code"), "silent", 0,
-                                    "store_history", json_is_boolean(sh) ? json_is_true(sh) : 1, "allow_stdin",
-                                    json_is_true(json_object_get(job, "allow_stdin")), "user_expressions",
-                                    json_object_get(job, "user_expressions") ? json_object_get(job, "user_expressions")
-                                                                             : json_object());
+        json_t *content = json_pack(
+            "{s:O, s:b, s:b, s:b, s:O}", "code", json_object_get(job, "code"), "silent", 0,
+            "store_history", json_is_boolean(sh) ? json_is_true(sh) : 1, "allow_stdin",
+            json_is_true(json_object_get(job, "allow_stdin")), "user_expressions",
+            json_object_get(job, "user_expressions") ? json_object_get(job, "user_expressions")
+                                                     : json_object());
         char *content_text = json_dumps(content, JSON_COMPACT);
         json_t *parent = json_object_get(job, "parent");
-        char *parent_text = json_dumps(json_is_object(parent) ? parent : json_object(), JSON_COMPACT);
+        char *parent_text =
+            json_dumps(json_is_object(parent) ? parent : json_object(), JSON_COMPACT);
         t_exec0 = ll_zframe_now_ms();
         reply = ll_interp_handle("execute_request", content_text, parent_text, &md_text);
         t_exec1 = ll_zframe_now_ms();
@@ -459,8 +473,8 @@ static bool s_worker_cell(json_t *job, double fork_ms, bool warm, bool prefetche
     json_object_set_new(ll, "stays_warm", json_boolean(stay));
     if (!fatal && !fin)
         json_object_set_new(ll, "save_error", json_string(err));
-    s_wsend(json_pack("{s:s, s:o, s:o}", "type", "reply", "content", reply_j ? reply_j : json_object(), "metadata",
-                      md));
+    s_wsend(json_pack("{s:s, s:o, s:o}", "type", "reply", "content",
+                      reply_j ? reply_j : json_object(), "metadata", md));
     free(prep);
     free(fin);
     free(reply);
@@ -534,7 +548,8 @@ static void s_worker_main(int wfd, json_t *job, double t_before_fork)
     static const int cap_fds[2] = {1, 2};
     static const char *const cap_names[2] = {"stdout", "stderr"};
     char cap_err[256];
-    ll_fdcap_t *cap = ll_fdcap_new(cap_fds, cap_names, 2, s_w_stream, NULL, cap_err, sizeof cap_err);
+    ll_fdcap_t *cap =
+        ll_fdcap_new(cap_fds, cap_names, 2, s_w_stream, NULL, cap_err, sizeof cap_err);
     if (cap)
         ll_log_set_fd(ll_fdcap_original(cap, 1));
     else
@@ -557,10 +572,10 @@ static void s_worker_main(int wfd, json_t *job, double t_before_fork)
     for (;;) {
         bool prefetch = json_is_true(json_object_get(job, "prefetch"));
         json_object_set_new(job, "int_fd", json_integer(s_intpipe[0]));
-        s_wsend(json_pack("{s:s, s:i, s:f, s:b}", "type", "ready", "pid", (int)getpid(), "fork_ms", fork_ms,
-                          "warm", warm));
-        bool stay = prefetch ? s_worker_prefetch(job, fork_ms, warm) : s_worker_cell(job, fork_ms, warm, prefetched,
-                                                                                      cap);
+        s_wsend(json_pack("{s:s, s:i, s:f, s:b}", "type", "ready", "pid", (int) getpid(), "fork_ms",
+                          fork_ms, "warm", warm));
+        bool stay = prefetch ? s_worker_prefetch(job, fork_ms, warm)
+                             : s_worker_cell(job, fork_ms, warm, prefetched, cap);
         prefetched = prefetch; /* a cell consumes what a prefetch prepared */
         json_decref(job);
         job = NULL;
@@ -601,9 +616,10 @@ static int s_announce(double t0, const char *loaded)
 {
     json_error_t jerr;
     json_t *l = loaded ? json_loads(loaded, 0, &jerr) : NULL;
-    json_t *m = json_pack("{s:s, s:i, s:i, s:O, s:O, s:f}", "type", "ready", "pid", (int)getpid(), "node", s_node_id,
-                          "modules", l ? json_object_get(l, "modules") : json_array(), "failed",
-                          l ? json_object_get(l, "failed") : json_object(), "load_ms", ll_zframe_now_ms() - t0);
+    json_t *m = json_pack(
+        "{s:s, s:i, s:i, s:O, s:O, s:f}", "type", "ready", "pid", (int) getpid(), "node", s_node_id,
+        "modules", l ? json_object_get(l, "modules") : json_array(), "failed",
+        l ? json_object_get(l, "failed") : json_object(), "load_ms", ll_zframe_now_ms() - t0);
     int rc = ll_zframe_send(s_ctl, m, -1);
     json_decref(m);
     json_decref(l);
@@ -618,7 +634,8 @@ static void s_reap(void)
     int status;
     pid_t pid;
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-        json_t *m = json_pack("{s:s, s:i, s:i}", "type", "exited", "pid", (int)pid, "status", status);
+        json_t *m =
+            json_pack("{s:s, s:i, s:i}", "type", "exited", "pid", (int) pid, "status", status);
         ll_zframe_send(s_ctl, m, -1);
         json_decref(m);
     }
@@ -634,7 +651,8 @@ static void s_fork_request(json_t *m, int passfd, bool grow)
         ll_error("zygote", "refusing to fork: %s", why);
         json_t *r = json_pack("{s:s, s:O, s:O, s:s}", "type", "refused", "run",
                               job ? json_object_get(job, "id") : json_null(), "client",
-                              job && json_object_get(job, "client") ? json_object_get(job, "client") : json_integer(-1),
+                              job && json_object_get(job, "client") ? json_object_get(job, "client")
+                                                                    : json_integer(-1),
                               "why", why);
         ll_zframe_send(s_ctl, r, -1);
         json_decref(r);
@@ -657,7 +675,8 @@ static void s_fork_request(json_t *m, int passfd, bool grow)
     if (pid < 0) {
         json_t *r = json_pack("{s:s, s:O, s:O, s:s}", "type", "refused", "run",
                               job ? json_object_get(job, "id") : json_null(), "client",
-                              job && json_object_get(job, "client") ? json_object_get(job, "client") : json_integer(-1),
+                              job && json_object_get(job, "client") ? json_object_get(job, "client")
+                                                                    : json_integer(-1),
                               "why", strerror(errno));
         ll_zframe_send(s_ctl, r, -1);
         json_decref(r);
@@ -671,7 +690,7 @@ static void s_fork_request(json_t *m, int passfd, bool grow)
         sigprocmask(SIG_SETMASK, &oldmask, NULL);
         close(s_ctl);
         s_ctl = passfd;
-        s_node_id = (int)json_integer_value(json_object_get(m, "node"));
+        s_node_id = (int) json_integer_value(json_object_get(m, "node"));
         ll_log_init('Z');
         char *mods = json_dumps(json_object_get(m, "modules"), JSON_COMPACT);
         char *loaded = s_py_call("grow", mods, err, sizeof err);
@@ -684,9 +703,10 @@ static void s_fork_request(json_t *m, int passfd, bool grow)
     }
     close(passfd);
     if (!grow) {
-        json_t *r = json_pack("{s:s, s:O, s:O, s:i}", "type", "forked", "run", json_object_get(job, "id"), "client",
-                              json_object_get(job, "client") ? json_object_get(job, "client") : json_integer(-1), "pid",
-                              pid);
+        json_t *r = json_pack(
+            "{s:s, s:O, s:O, s:i}", "type", "forked", "run", json_object_get(job, "id"), "client",
+            json_object_get(job, "client") ? json_object_get(job, "client") : json_integer(-1),
+            "pid", pid);
         ll_zframe_send(s_ctl, r, -1);
         json_decref(r);
     }
@@ -704,7 +724,8 @@ int ll_zygote_main(int argc, char **argv)
         else if (strcmp(argv[i], "--node") == 0 && i + 1 < argc)
             s_node_id = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: looseleaf zygote --fd N [--head MOD,...] [--node ID]  (started by the pool)\n");
+            fprintf(stderr, "usage: looseleaf zygote --fd N [--head MOD,...] [--node ID]  (started "
+                            "by the pool)\n");
             return 2;
         }
     }
@@ -726,7 +747,8 @@ int ll_zygote_main(int argc, char **argv)
         return 1;
     }
     PyGILState_STATE gil = PyGILState_Ensure();
-    int prc = PyRun_SimpleString("import sys\nsys.path.insert(1, " "'" LL_SRCDIR "/zygote/py')\n");
+    int prc = PyRun_SimpleString("import sys\nsys.path.insert(1, "
+                                 "'" LL_SRCDIR "/zygote/py')\n");
     PyGILState_Release(gil);
     json_t *hl = json_array();
     char *dup = strdup(head);

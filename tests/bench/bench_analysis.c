@@ -52,7 +52,7 @@ static double s_now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    return (double) ts.tv_sec + (double) ts.tv_nsec * 1e-9;
 }
 
 /* Cell I of a synthetic 500-cell session: a mix of imports, data cells,
@@ -60,13 +60,8 @@ static double s_now(void)
 static void s_session_cell(char *buf, size_t len, int i)
 {
     switch (i % 5) {
-    case 0:
-        snprintf(buf, len, "import numpy as np%d\nv%d = np%d.arange(%d)\n", i, i,
-                 i, i);
-        break;
-    case 1:
-        snprintf(buf, len, "v%d = v%d * 2 + w\nw = len(v%d)\n", i, i - 1, i - 1);
-        break;
+    case 0: snprintf(buf, len, "import numpy as np%d\nv%d = np%d.arange(%d)\n", i, i, i, i); break;
+    case 1: snprintf(buf, len, "v%d = v%d * 2 + w\nw = len(v%d)\n", i, i - 1, i - 1); break;
     case 2:
         snprintf(buf, len,
                  "def f%d(x):\n    return x + v%d + f%d(x) if x else v%d\n"
@@ -80,15 +75,14 @@ static void s_session_cell(char *buf, size_t len, int i)
                  i, i, i - 1, i - 3, i, i);
         break;
     default:
-        snprintf(buf, len, "res%d = [obj%d.go(k) for k in range(3)]\nv%d = None\n",
-                 i, i - 1, (i * 7) % (i + 1));
+        snprintf(buf, len, "res%d = [obj%d.go(k) for k in range(3)]\nv%d = None\n", i, i - 1,
+                 (i * 7) % (i + 1));
         break;
     }
 }
 
-static const char *s_candidate =
-    "out = [obj498.go(k) for k in range(10)] + [f497(v499), w]\n"
-    "summary = sum(len(r) for r in out if r is not None)\n";
+static const char *s_candidate = "out = [obj498.go(k) for k in range(10)] + [f497(v499), w]\n"
+                                 "summary = sum(len(r) for r in out if r is not None)\n";
 
 /* --dump: the inputs as JSON, so the Python baseline measures the same. */
 static int s_dump(void)
@@ -99,8 +93,8 @@ static int s_dump(void)
         s_session_cell(buf, sizeof buf, i);
         json_array_append_new(cells, json_string(buf));
     }
-    json_t *doc = json_pack("{s:s, s:o, s:s}", "cell", s_cell, "session", cells,
-                            "candidate", s_candidate);
+    json_t *doc =
+        json_pack("{s:s, s:o, s:s}", "cell", s_cell, "session", cells, "candidate", s_candidate);
     char *text = json_dumps(doc, 0);
     printf("%s\n", text);
     free(text);

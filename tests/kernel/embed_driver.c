@@ -43,23 +43,23 @@
 #include <unistd.h>
 
 static pthread_mutex_t s_lock = PTHREAD_MUTEX_INITIALIZER;
-static FILE *s_out;            /* the JSON lines */
-static struct timespec s_t0;   /* start time */
-static char *s_inputs[64];     /* queued input answers; "" + flag for interrupt */
+static FILE *s_out;          /* the JSON lines */
+static struct timespec s_t0; /* start time */
+static char *s_inputs[64];   /* queued input answers; "" + flag for interrupt */
 static bool s_input_intr[64];
 static int s_ninputs, s_next_input;
-static int s_seq;              /* request counter for made-up msg_ids */
-static char *s_next_md;        /* metadata for the next request, or NULL */
+static int s_seq;                     /* request counter for made-up msg_ids */
+static char *s_next_md;               /* metadata for the next request, or NULL */
 static unsigned char *s_next_bufs[8]; /* buffers for the next request */
 static size_t s_next_buflens[8];
 static size_t s_next_nbufs;
-static int s_linger_ms;        /* wait after finalize */
+static int s_linger_ms; /* wait after finalize */
 
 static double s_ms(void)
 {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)(t.tv_sec - s_t0.tv_sec) * 1e3 + (double)(t.tv_nsec - s_t0.tv_nsec) / 1e6;
+    return (double) (t.tv_sec - s_t0.tv_sec) * 1e3 + (double) (t.tv_nsec - s_t0.tv_nsec) / 1e6;
 }
 
 /* Print OBJ (stolen) as one line. */
@@ -107,13 +107,13 @@ static void s_publish(void *ctx, const char *msg_type, const char *content, cons
         if (!h)
             break;
         for (size_t j = 0; j < buflens[i]; j++)
-            sprintf(h + 2 * j, "%02x", ((const unsigned char *)bufs[i])[j]);
+            sprintf(h + 2 * j, "%02x", ((const unsigned char *) bufs[i])[j]);
         h[buflens[i] * 2] = '\0';
         json_array_append_new(hex, json_string(h));
         free(h);
     }
-    s_emit(json_pack("{s:s, s:s, s:o, s:o, s:o}", "ev", "publish", "msg_type", msg_type,
-                     "content", s_parse(content), "metadata", s_parse(metadata), "buffers", hex));
+    s_emit(json_pack("{s:s, s:s, s:o, s:o, s:o}", "ev", "publish", "msg_type", msg_type, "content",
+                     s_parse(content), "metadata", s_parse(metadata), "buffers", hex));
 }
 
 static char *s_input_request(void *ctx, const char *prompt, bool password, int *err)
@@ -139,9 +139,9 @@ typedef struct {
 
 static void *s_timer(void *arg)
 {
-    driver_timer_t t = *(driver_timer_t *)arg;
+    driver_timer_t t = *(driver_timer_t *) arg;
     free(arg);
-    struct timespec ts = {t.ms / 1000, (long)(t.ms % 1000) * 1000000L};
+    struct timespec ts = {t.ms / 1000, (long) (t.ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
     /* Reported after the interrupt is delivered, so a test that waits for
      * this line knows no interrupt is still on its way. */
@@ -188,7 +188,7 @@ static void s_fork(char *request)
     }
     if (pid == 0) {
         ll_interp_set_hooks(&s_hooks);
-        s_emit(json_pack("{s:s, s:i}", "ev", "child", "pid", (int)getpid()));
+        s_emit(json_pack("{s:s, s:i}", "ev", "child", "pid", (int) getpid()));
         s_line(request);
         fflush(s_out);
         _exit(0);
@@ -266,9 +266,9 @@ static void s_line(char *line)
              "\"username\": \"test\", \"version\": \"5.3\"}",
              ++s_seq, line);
     char *md = NULL;
-    char *reply = ll_interp_handle_ex(line, content, parent, s_next_md,
-                                      (const void *const *)s_next_bufs, s_next_buflens,
-                                      s_next_nbufs, &md);
+    char *reply =
+        ll_interp_handle_ex(line, content, parent, s_next_md, (const void *const *) s_next_bufs,
+                            s_next_buflens, s_next_nbufs, &md);
     free(s_next_md);
     s_next_md = NULL;
     for (size_t i = 0; i < s_next_nbufs; i++)
@@ -295,7 +295,8 @@ int main(int argc, char **argv)
     sa.sa_handler = s_on_sigint;
     sigaction(SIGINT, &sa, NULL);
 
-    ll_interp_hooks_t hooks = {NULL, s_stream_write, s_stream_flush, s_publish, s_input_request, NULL};
+    ll_interp_hooks_t hooks = {NULL,      s_stream_write,  s_stream_flush,
+                               s_publish, s_input_request, NULL};
     s_hooks = hooks;
     char err[512];
     if (ll_interp_init(argv[0], &hooks, err, sizeof err) != 0) {
@@ -316,7 +317,7 @@ int main(int argc, char **argv)
     ll_interp_finalize();
     s_emit(json_pack("{s:s}", "ev", "finalized"));
     if (s_linger_ms > 0) {
-        struct timespec ts = {s_linger_ms / 1000, (long)(s_linger_ms % 1000) * 1000000L};
+        struct timespec ts = {s_linger_ms / 1000, (long) (s_linger_ms % 1000) * 1000000L};
         while (nanosleep(&ts, &ts) < 0)
             ;
     }

@@ -24,25 +24,25 @@ static double s_now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+    return (double) ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static int s_cmp_double(const void *a, const void *b)
 {
-    double x = *(const double *)a, y = *(const double *)b;
+    double x = *(const double *) a, y = *(const double *) b;
     return x < y ? -1 : x > y;
 }
 
 /* The text of a stream message: LINES lines, LINE_LEN bytes each with '\n'. */
 static char *s_text(int lines, int line_len)
 {
-    char *text = malloc((size_t)lines * (size_t)line_len + 1);
+    char *text = malloc((size_t) lines * (size_t) line_len + 1);
     for (int l = 0; l < lines; l++) {
-        char *p = text + (size_t)l * (size_t)line_len;
-        memset(p, 'x', (size_t)line_len - 1);
+        char *p = text + (size_t) l * (size_t) line_len;
+        memset(p, 'x', (size_t) line_len - 1);
         p[line_len - 1] = '\n';
     }
-    text[(size_t)lines * (size_t)line_len] = '\0';
+    text[(size_t) lines * (size_t) line_len] = '\0';
     return text;
 }
 
@@ -106,7 +106,7 @@ static int s_c_bench(ll_session_t *client, ll_session_t *kernel, const ll_msg_t 
                      const char *text, double *enc_us, double *dec_us, long *bytes)
 {
     double enc[S_ROUNDS], dec[S_ROUNDS];
-    zmsg_t **wire = calloc((size_t)n, sizeof *wire);
+    zmsg_t **wire = calloc((size_t) n, sizeof *wire);
     for (int r = 0; r < S_ROUNDS; r++) {
         /* Encode: build the reply (fresh header, parent shared) and sign it. */
         double t0 = s_now();
@@ -115,7 +115,7 @@ static int s_c_bench(ll_session_t *client, ll_session_t *kernel, const ll_msg_t 
                                        json_pack("{s:s,s:s}", "name", "stdout", "text", text));
             zmsg_t *frames = ll_session_encode(kernel, msg);
             if (i == 0 && r == 0)
-                *bytes = (long)zmsg_content_size(frames);
+                *bytes = (long) zmsg_content_size(frames);
             zmsg_destroy(&frames);
             ll_msg_destroy(&msg);
         }
@@ -162,16 +162,15 @@ int main(int argc, char **argv)
     ll_session_t *kernel = ll_session_new(s_key, sizeof s_key - 1, "hmac-sha256", 0);
     if (!client || !kernel)
         return 1;
-    ll_msg_t *req = ll_msg_new(client, "execute_request", NULL,
-                               json_pack("{s:s,s:b,s:b,s:{},s:b,s:b}", "code",
-                                         "for i in range(10**6): print(i)", "silent", 0,
-                                         "store_history", 1, "user_expressions", "allow_stdin", 1,
-                                         "stop_on_error", 1));
+    ll_msg_t *req = ll_msg_new(
+        client, "execute_request", NULL,
+        json_pack("{s:s,s:b,s:b,s:{},s:b,s:b}", "code", "for i in range(10**6): print(i)", "silent",
+                  0, "store_history", 1, "user_expressions", "allow_stdin", 1, "stop_on_error", 1));
     static const struct {
         const char *name;
-        int lines, line_len, divisor;   /* iterations = n / divisor */
+        int lines, line_len, divisor; /* iterations = n / divisor */
     } workloads[] = {
-        {"1 KiB", 1, 530, 1},           /* with the headers, about 1 KiB on the wire */
+        {"1 KiB", 1, 530, 1}, /* with the headers, about 1 KiB on the wire */
         {"64 KiB", 1000, 64, 40},
     };
     int rc = 0;
@@ -187,8 +186,8 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench_wire: %s workload failed\n", workloads[w].name);
             rc = 1;
         } else {
-            printf("wire %-6s stream message (%ld B ours, %ld B jupyter_client):\n", workloads[w].name,
-                   bytes, py_bytes);
+            printf("wire %-6s stream message (%ld B ours, %ld B jupyter_client):\n",
+                   workloads[w].name, bytes, py_bytes);
             printf("  encode %9.2f us vs %9.2f us  ratio %.3f\n", enc, py_enc, enc / py_enc);
             printf("  decode %9.2f us vs %9.2f us  ratio %.3f\n", dec, py_dec, dec / py_dec);
         }

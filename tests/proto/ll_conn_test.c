@@ -23,8 +23,9 @@ static void s_check(bool ok, const char *what, int line)
 }
 #define LL_CHECK(cond) s_check((cond), #cond, __LINE__)
 
-#define S_PORTS "\"shell_port\": 5001, \"iopub_port\": 5002, \"stdin_port\": 5003, " \
-                "\"control_port\": 5004, \"hb_port\": 5005"
+#define S_PORTS                                                          \
+    "\"shell_port\": 5001, \"iopub_port\": 5002, \"stdin_port\": 5003, " \
+    "\"control_port\": 5004, \"hb_port\": 5005"
 
 static const char s_good[] =
     "{\"transport\": \"tcp\", \"ip\": \"127.0.0.1\", " S_PORTS ", "
@@ -42,7 +43,7 @@ static void s_expect_error(const char *text, const char *needle, int line)
                 line, needle, rc, err);
         s_failures++;
     }
-    LL_CHECK(info.key_len == 0);   /* a rejected file leaves no key behind */
+    LL_CHECK(info.key_len == 0); /* a rejected file leaves no key behind */
 }
 #define S_EXPECT_ERROR(text, needle) s_expect_error((text), (needle), __LINE__)
 
@@ -75,7 +76,8 @@ static void s_test_good(void)
 
     /* ipc: the port becomes a path suffix, as in jupyter_client. */
     LL_CHECK(ll_conn_parse("{\"transport\": \"ipc\", \"ip\": \"/tmp/kernel-ipc\", " S_PORTS
-                           ", \"key\": \"k\"}", &info, err, sizeof err) == 0);
+                           ", \"key\": \"k\"}",
+                           &info, err, sizeof err) == 0);
     LL_CHECK(ll_conn_endpoint(&info, LL_CHAN_CONTROL, ep, sizeof ep) == 0);
     LL_CHECK(strcmp(ep, "ipc:///tmp/kernel-ipc-5004") == 0);
 
@@ -90,7 +92,8 @@ static void s_test_good(void)
 
     /* Empty key: unsigned, and then any scheme is accepted. */
     LL_CHECK(ll_conn_parse("{\"ip\": \"0.0.0.0\", " S_PORTS ", \"key\": \"\", "
-                           "\"signature_scheme\": \"hmac-md5\"}", &info, err, sizeof err) == 0);
+                           "\"signature_scheme\": \"hmac-md5\"}",
+                           &info, err, sizeof err) == 0);
     LL_CHECK(info.key_len == 0);
 
     /* Longest allowed key (512 bytes). */
@@ -107,8 +110,8 @@ static void s_test_bad(void)
 {
     char text[4096];
     /* Each required field missing in turn. */
-    const char *required[] = {"ip", "shell_port", "iopub_port", "stdin_port", "control_port",
-                              "hb_port", "key"};
+    const char *required[] = {"ip",           "shell_port", "iopub_port", "stdin_port",
+                              "control_port", "hb_port",    "key"};
     for (size_t i = 0; i < sizeof required / sizeof required[0]; i++) {
         char without[1024];
         snprintf(without, sizeof without, "%s", s_good);
@@ -128,7 +131,8 @@ static void s_test_bad(void)
     /* Wrong types. */
     S_EXPECT_ERROR("{\"ip\": 127, " S_PORTS ", \"key\": \"k\"}", "\"ip\" must be a string");
     S_EXPECT_ERROR("{\"ip\": \"127.0.0.1\", " S_PORTS ", \"key\": 5}", "\"key\" must be a string");
-    S_EXPECT_ERROR("{\"ip\": \"127.0.0.1\", " S_PORTS ", \"key\": null}", "\"key\" must be a string");
+    S_EXPECT_ERROR("{\"ip\": \"127.0.0.1\", " S_PORTS ", \"key\": null}",
+                   "\"key\" must be a string");
     S_EXPECT_ERROR("{\"transport\": 1, \"ip\": \"127.0.0.1\", " S_PORTS ", \"key\": \"k\"}",
                    "\"transport\" must be a string");
     S_EXPECT_ERROR("{\"ip\": \"127.0.0.1\", " S_PORTS ", \"key\": \"k\", \"signature_scheme\": []}",
@@ -137,8 +141,8 @@ static void s_test_bad(void)
                    "\"kernel_name\" must be a string");
 
     /* Bad ports: string, real, 0, negative, too large, duplicate. */
-    const char *bad_ports[] = {"\"5001\"", "5001.5", "0", "-1", "65536", "true", "null",
-                               "99999999999999999999"};
+    const char *bad_ports[] = {"\"5001\"", "5001.5", "0",    "-1",
+                               "65536",    "true",   "null", "99999999999999999999"};
     for (size_t i = 0; i < sizeof bad_ports / sizeof bad_ports[0]; i++) {
         snprintf(text, sizeof text,
                  "{\"ip\": \"127.0.0.1\", \"shell_port\": 5001, \"iopub_port\": 5002, "
@@ -146,14 +150,16 @@ static void s_test_bad(void)
                  bad_ports[i]);
         S_EXPECT_ERROR(text, i == 7 ? "invalid JSON" : "\"hb_port\"");
     }
-    S_EXPECT_ERROR("{\"ip\": \"127.0.0.1\", \"shell_port\": 5001, \"iopub_port\": 5001, "
-                   "\"stdin_port\": 5003, \"control_port\": 5004, \"hb_port\": 5005, \"key\": \"k\"}",
-                   "\"shell_port\" and \"iopub_port\" are both 5001");
+    S_EXPECT_ERROR(
+        "{\"ip\": \"127.0.0.1\", \"shell_port\": 5001, \"iopub_port\": 5001, "
+        "\"stdin_port\": 5003, \"control_port\": 5004, \"hb_port\": 5005, \"key\": \"k\"}",
+        "\"shell_port\" and \"iopub_port\" are both 5001");
 
     /* Unknown transport and scheme; empty ip; key too long. */
     S_EXPECT_ERROR("{\"transport\": \"udp\", \"ip\": \"127.0.0.1\", " S_PORTS ", \"key\": \"k\"}",
                    "\"transport\" is \"udp\"");
-    S_EXPECT_ERROR("{\"ip\": \"127.0.0.1\", " S_PORTS ", \"key\": \"k\", \"signature_scheme\": \"hmac-md5\"}",
+    S_EXPECT_ERROR("{\"ip\": \"127.0.0.1\", " S_PORTS
+                   ", \"key\": \"k\", \"signature_scheme\": \"hmac-md5\"}",
                    "\"signature_scheme\" is \"hmac-md5\"");
     S_EXPECT_ERROR("{\"ip\": \"\", " S_PORTS ", \"key\": \"k\"}", "\"ip\" is empty");
     S_EXPECT_ERROR("{\"ip\": \"1.2.3.4/8\", " S_PORTS ", \"key\": \"k\"}", "\"ip\"");
@@ -166,7 +172,8 @@ static void s_test_bad(void)
     memset(ip, 'a', 120);
     ip[0] = '/';
     ip[120] = '\0';
-    snprintf(text, sizeof text, "{\"transport\": \"ipc\", \"ip\": \"%s\", " S_PORTS ", \"key\": \"k\"}", ip);
+    snprintf(text, sizeof text,
+             "{\"transport\": \"ipc\", \"ip\": \"%s\", " S_PORTS ", \"key\": \"k\"}", ip);
     S_EXPECT_ERROR(text, "\"ip\" is too long");
     memset(ip, 'a', 299);
     ip[299] = '\0';
@@ -184,7 +191,7 @@ static void s_test_bad(void)
     char err[300];
     LL_CHECK(ll_conn_parse(NULL, &info, err, sizeof err) == -1);
     LL_CHECK(ll_conn_parse(s_good, NULL, err, sizeof err) == -1);
-    LL_CHECK(ll_conn_parse(s_good, &info, NULL, 0) == 0);   /* no error buffer is fine */
+    LL_CHECK(ll_conn_parse(s_good, &info, NULL, 0) == 0); /* no error buffer is fine */
 }
 
 static int s_write_file(const char *path, const char *data, size_t len)

@@ -23,13 +23,13 @@ static void s_check(bool ok, const char *what, int line)
 /* Writing V (stolen) gives exactly WANT (WANT_LEN bytes). */
 static void s_expect(json_t *v, const char *want, size_t want_len, int line)
 {
-    char small[8];   /* tiny, so growth is exercised everywhere */
+    char small[8]; /* tiny, so growth is exercised everywhere */
     ll_jbuf_t buf;
     ll_jbuf_init(&buf, small, sizeof small);
     int rc = ll_json_write(&buf, v);
     if (rc != 0 || buf.len != want_len || memcmp(buf.data, want, want_len) != 0) {
         fprintf(stderr, "\n  ll_json_test.c:%d: got rc=%d \"%.*s\", want \"%s\"", line, rc,
-                (int)buf.len, buf.data, want);
+                (int) buf.len, buf.data, want);
         s_failures++;
     }
     ll_jbuf_release(&buf);
@@ -48,13 +48,15 @@ static uint64_t s_rand(void)
 
 static json_t *s_random_value(int depth)
 {
-    static const char *const pieces[] = {"a", "\xc3\xa9", "\xe2\x98\x83", "\xf0\x9d\x84\x9e",
-                                         "\"", "\\", "\n", "\t", "\x01", "\x1f", "\x7f", "/",
-                                         "plain text ", "\0"};
+    static const char *const pieces[] = {
+        "a",           "\xc3\xa9", "\xe2\x98\x83", "\xf0\x9d\x84\x9e",
+        "\"",          "\\",       "\n",           "\t",
+        "\x01",        "\x1f",     "\x7f",         "/",
+        "plain text ", "\0"};
     switch (s_rand() % (depth > 4 ? 6 : 8)) {
-    case 0: return json_integer((json_int_t)s_rand());
+    case 0: return json_integer((json_int_t) s_rand());
     case 1: {
-        double d = (double)(int64_t)s_rand() / (double)(1 + s_rand() % 1000000);
+        double d = (double) (int64_t) s_rand() / (double) (1 + s_rand() % 1000000);
         return json_real(s_rand() % 4 ? d : d * 1e-300);
     }
     case 2: {
@@ -73,16 +75,16 @@ static json_t *s_random_value(int depth)
     case 5: return json_null();
     case 6: {
         json_t *a = json_array();
-        for (int i = 0, n = (int)(s_rand() % 6); i < n; i++)
+        for (int i = 0, n = (int) (s_rand() % 6); i < n; i++)
             json_array_append_new(a, s_random_value(depth + 1));
         return a;
     }
     default: {
         json_t *o = json_object();
-        for (int i = 0, n = (int)(s_rand() % 6); i < n; i++) {
+        for (int i = 0, n = (int) (s_rand() % 6); i < n; i++) {
             char key[16];
-            int len = snprintf(key, sizeof key, "k%d\n\"%d", i, (int)(s_rand() % 100));
-            json_object_setn_new(o, key, (size_t)len, s_random_value(depth + 1));
+            int len = snprintf(key, sizeof key, "k%d\n\"%d", i, (int) (s_rand() % 100));
+            json_object_setn_new(o, key, (size_t) len, s_random_value(depth + 1));
         }
         return o;
     }
@@ -96,15 +98,16 @@ static void s_parse_expect(const char *text, size_t len, json_t *want, int line)
     json_t *got = ll_json_parse(text, len, err, sizeof err);
     bool ok = want ? got && json_equal(got, want) : got == NULL && err[0] != '\0';
     if (!ok) {
-        fprintf(stderr, "\n  ll_json_test.c:%d: parse of \"%.*s\": got %s%s%s", line, (int)len, text,
-                got ? "a value" : "an error: ", got ? "" : err, want ? "" : " (wanted an error)");
+        fprintf(stderr, "\n  ll_json_test.c:%d: parse of \"%.*s\": got %s%s%s", line, (int) len,
+                text, got ? "a value" : "an error: ", got ? "" : err,
+                want ? "" : " (wanted an error)");
         s_failures++;
     }
     json_decref(got);
     json_decref(want);
 }
 #define S_PARSE_OK(text, want) s_parse_expect((text), sizeof(text) - 1, (want), __LINE__)
-#define S_PARSE_BAD(text) s_parse_expect((text), sizeof(text) - 1, NULL, __LINE__)
+#define S_PARSE_BAD(text)      s_parse_expect((text), sizeof(text) - 1, NULL, __LINE__)
 
 static void s_test_parse_cases(void)
 {
@@ -124,7 +127,7 @@ static void s_test_parse_cases(void)
                json_string("\xf0\x9d\x84\x9e \xc3\xa9 / \b\f\n\r\t\"\\"));
     S_PARSE_OK("\"h\xc3\xa9 \xe2\x98\x83 \xf0\x9d\x84\x9e\x7f\"",
                json_string("h\xc3\xa9 \xe2\x98\x83 \xf0\x9d\x84\x9e\x7f"));
-    S_PARSE_OK("{\"a\":1,\"a\":2}", json_pack("{s:i}", "a", 2));   /* last wins, as in Python */
+    S_PARSE_OK("{\"a\":1,\"a\":2}", json_pack("{s:i}", "a", 2)); /* last wins, as in Python */
     /* A NUL in a key (json_equal cannot compare those: check the text). */
     {
         static const char text[] = "{\"k\\u0000\":[1,{\"x\":null}],\"k\":2}";
@@ -164,29 +167,29 @@ static void s_test_parse_cases(void)
     S_PARSE_BAD("tru");
     S_PARSE_BAD("nul");
     S_PARSE_BAD("\"abc");
-    S_PARSE_BAD("\"a\nb\"");                  /* raw control character */
-    S_PARSE_BAD("\"a\\x\"");                 /* unknown escape */
+    S_PARSE_BAD("\"a\nb\""); /* raw control character */
+    S_PARSE_BAD("\"a\\x\""); /* unknown escape */
     S_PARSE_BAD("\"\\u12\"");
-    S_PARSE_BAD("\"\\ud800\"");              /* lone high surrogate */
-    S_PARSE_BAD("\"\\udc00\"");              /* lone low surrogate */
+    S_PARSE_BAD("\"\\ud800\""); /* lone high surrogate */
+    S_PARSE_BAD("\"\\udc00\""); /* lone low surrogate */
     S_PARSE_BAD("\"\\ud800\\u0041\"");
-    S_PARSE_BAD("\"\xc3\"");                  /* truncated UTF-8 */
-    S_PARSE_BAD("\"\xc0\xaf\"");             /* overlong */
-    S_PARSE_BAD("\"\xed\xa0\x80\"");         /* encoded surrogate */
-    S_PARSE_BAD("\"\xf4\x90\x80\x80\"");     /* above U+10FFFF */
+    S_PARSE_BAD("\"\xc3\"");             /* truncated UTF-8 */
+    S_PARSE_BAD("\"\xc0\xaf\"");         /* overlong */
+    S_PARSE_BAD("\"\xed\xa0\x80\"");     /* encoded surrogate */
+    S_PARSE_BAD("\"\xf4\x90\x80\x80\""); /* above U+10FFFF */
     S_PARSE_BAD("\"\xff\"");
-    S_PARSE_BAD("\xef\xbb\xbf{}");            /* BOM: not JSON text */
-    s_parse_expect("{}\0", 3, NULL, __LINE__);  /* NUL after the value */
-    s_parse_expect("{\"a\":1}", 4, NULL, __LINE__);   /* cut short: never reads past LEN */
+    S_PARSE_BAD("\xef\xbb\xbf{}");                  /* BOM: not JSON text */
+    s_parse_expect("{}\0", 3, NULL, __LINE__);      /* NUL after the value */
+    s_parse_expect("{\"a\":1}", 4, NULL, __LINE__); /* cut short: never reads past LEN */
     char err[64];
     LL_CHECK(ll_json_parse(NULL, 0, err, sizeof err) == NULL);
 
     /* Nesting: 2048 levels parse, 2049 do not (jansson's limit). */
     for (int levels = 2048; levels <= 2049; levels++) {
-        char *text = malloc(2 * (size_t)levels);
-        memset(text, '[', (size_t)levels);
-        memset(text + levels, ']', (size_t)levels);
-        json_t *v = ll_json_parse(text, 2 * (size_t)levels, err, sizeof err);
+        char *text = malloc(2 * (size_t) levels);
+        memset(text, '[', (size_t) levels);
+        memset(text + levels, ']', (size_t) levels);
+        json_t *v = ll_json_parse(text, 2 * (size_t) levels, err, sizeof err);
         LL_CHECK(levels == 2048 ? v != NULL : v == NULL);
         json_decref(v);
         free(text);
@@ -217,9 +220,7 @@ static void s_mutate_text(char *text, size_t *len, size_t cap)
             *len = n - 1;
         }
         break;
-    default:
-        *len = at;
-        break;
+    default: *len = at; break;
     }
 }
 
@@ -255,7 +256,7 @@ static bool s_agrees_with_jansson(const char *text, size_t len, bool verbose)
         free(stripped);
     }
     if (!agree && verbose)
-        fprintf(stderr, "\n    disagree on \"%.*s\": ours %s, jansson %s", (int)len, text,
+        fprintf(stderr, "\n    disagree on \"%.*s\": ours %s, jansson %s", (int) len, text,
                 ours ? "accepts" : err, theirs ? "accepts" : jerr.text);
     json_decref(ours);
     json_decref(theirs);
@@ -297,32 +298,32 @@ int ll_json_selftest(bool verbose)
         for (int pos = 0; pos < 24; pos++) {
             char text[24], want[64];
             for (int i = 0; i < 24; i++)
-                text[i] = i % 5 == 4 ? '\x7f' : (char)(i % 3 ? 'a' + i : 0xc3 - (i & 0));
+                text[i] = i % 5 == 4 ? '\x7f' : (char) (i % 3 ? 'a' + i : 0xc3 - (i & 0));
             /* Keep UTF-8 valid: 0xc3 must be followed by a continuation byte. */
             for (int i = 0; i < 23; i++)
-                if ((unsigned char)text[i] == 0xc3)
-                    text[i + 1] = (char)0xa9;
-            if ((unsigned char)text[23] == 0xc3)
+                if ((unsigned char) text[i] == 0xc3)
+                    text[i + 1] = (char) 0xa9;
+            if ((unsigned char) text[23] == 0xc3)
                 text[23] = 'z';
             text[pos] = specials[k];
-            if (pos > 0 && (unsigned char)text[pos - 1] == 0xc3)
+            if (pos > 0 && (unsigned char) text[pos - 1] == 0xc3)
                 text[pos - 1] = 'y';
-            if (pos < 23 && (unsigned char)text[pos + 1] == 0xa9)
+            if (pos < 23 && (unsigned char) text[pos + 1] == 0xa9)
                 text[pos + 1] = 'w';
             size_t w = 0;
             want[w++] = '"';
             for (int i = 0; i < 24; i++) {
-                unsigned char c = (unsigned char)text[i];
+                unsigned char c = (unsigned char) text[i];
                 if (c == '"' || c == '\\') {
                     want[w++] = '\\';
-                    want[w++] = (char)c;
+                    want[w++] = (char) c;
                 } else if (c == '\n') {
                     want[w++] = '\\';
                     want[w++] = 'n';
                 } else if (c < 0x20) {
-                    w += (size_t)snprintf(want + w, 7, "\\u%04x", c);
+                    w += (size_t) snprintf(want + w, 7, "\\u%04x", c);
                 } else {
-                    want[w++] = (char)c;
+                    want[w++] = (char) c;
                 }
             }
             want[w++] = '"';
@@ -353,7 +354,7 @@ int ll_json_selftest(bool verbose)
     size_t big_len = 1 << 20;
     char *big = malloc(big_len);
     for (size_t i = 0; i < big_len; i++)
-        big[i] = (char)('a' + i % 26);
+        big[i] = (char) ('a' + i % 26);
     big[1000] = '\n';
     json_t *bigv = json_stringn(big, big_len);
     LL_CHECK(ll_json_write(&buf, bigv) == 0);
@@ -379,7 +380,7 @@ int ll_json_selftest(bool verbose)
             json_t *again = json_loadb(buf.data, buf.len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &err);
             if (!again || !json_equal(again, v)) {
                 if (verbose)
-                    fprintf(stderr, "\n    mismatch: %.*s (%s)", (int)buf.len, buf.data, err.text);
+                    fprintf(stderr, "\n    mismatch: %.*s (%s)", (int) buf.len, buf.data, err.text);
                 mismatches++;
             }
             json_decref(again);
@@ -426,12 +427,13 @@ int ll_json_selftest(bool verbose)
         json_t *parsed = ll_json_parse(text, len, err, sizeof err);
         if (!parsed || !json_equal(parsed, v)) {
             if (verbose)
-                fprintf(stderr, "\n    parse mismatch: %.*s (%s)", (int)len, text, parsed ? "" : err);
+                fprintf(stderr, "\n    parse mismatch: %.*s (%s)", (int) len, text,
+                        parsed ? "" : err);
             parse_mismatches++;
         }
         json_decref(parsed);
         for (int m = 0; m < 4; m++) {
-            int rounds = 1 + (int)(s_rand() % 3);
+            int rounds = 1 + (int) (s_rand() % 3);
             for (int r = 0; r < rounds; r++)
                 s_mutate_text(text, &len, len + 64 - 8);
             disagreements += !s_agrees_with_jansson(text, len, verbose);

@@ -31,7 +31,7 @@ static size_t s_drain(int fd, char *buf, size_t len)
         ssize_t n = read(fd, buf + got, len - 1 - got);
         if (n <= 0)
             break;
-        got += (size_t)n;
+        got += (size_t) n;
     }
     buf[got] = '\0';
     return got;
@@ -41,7 +41,7 @@ static size_t s_drain(int fd, char *buf, size_t len)
 static bool s_well_formed(const char *line, char role, const char *level, const char *rest)
 {
     char expect[64];
-    snprintf(expect, sizeof expect, "%d:%c ", (int)getpid(), role);
+    snprintf(expect, sizeof expect, "%d:%c ", (int) getpid(), role);
     if (strncmp(line, expect, strlen(expect)) != 0)
         return false;
     const char *t = line + strlen(expect);

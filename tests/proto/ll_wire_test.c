@@ -43,7 +43,8 @@ static zmsg_t *s_from_vector(const ll_wire_vector_t *v)
 
 /* [identity] <IDS|MSG> sig p0 p1 p2 p3 with SIG computed by SIGNER (or the
  * literal SIG_OVERRIDE when not NULL). */
-static zmsg_t *s_raw(const ll_session_t *signer, const char *const parts[4], const char *sig_override)
+static zmsg_t *s_raw(const ll_session_t *signer, const char *const parts[4],
+                     const char *sig_override)
 {
     const void *data[4];
     size_t lens[4];
@@ -68,7 +69,8 @@ static int s_counter;
 /* A distinct valid header each call, so replay checks do not interfere. */
 static void s_header(char *buf, size_t len, const char *msg_type)
 {
-    snprintf(buf, len, "{\"msg_id\":\"id-%d\",\"msg_type\":\"%s\",\"session\":\"s\","
+    snprintf(buf, len,
+             "{\"msg_id\":\"id-%d\",\"msg_type\":\"%s\",\"session\":\"s\","
              "\"username\":\"u\",\"date\":\"2026-11-30T00:00:00.000000Z\",\"version\":\"5.3\"}",
              ++s_counter, msg_type);
 }
@@ -93,8 +95,8 @@ static void s_test_vectors(bool verbose)
         const ll_wire_vector_t *v = &s_wire_vectors[i];
         if (verbose)
             printf("\n    vector %s", v->name);
-        ll_session_t *session = ll_session_new((const unsigned char *)v->key.data, v->key.len,
-                                               "hmac-sha256", 0);
+        ll_session_t *session =
+            ll_session_new((const unsigned char *) v->key.data, v->key.len, "hmac-sha256", 0);
         LL_CHECK(session);
         if (!session)
             continue;
@@ -127,7 +129,8 @@ static void s_test_vectors(bool verbose)
         for (size_t b = 0; b < v->nbuffers && b < zmsg_size(msg->buffers); b++) {
             zframe_t *f = b == 0 ? zmsg_first(msg->buffers) : zmsg_next(msg->buffers);
             const ll_vec_bytes_t *want = &v->frames[v->nident + 6 + b];
-            LL_CHECK(zframe_size(f) == want->len && memcmp(zframe_data(f), want->data, want->len) == 0);
+            LL_CHECK(zframe_size(f) == want->len &&
+                     memcmp(zframe_data(f), want->data, want->len) == 0);
         }
         for (size_t d = 0; d < v->nident && d < zmsg_size(msg->identities); d++) {
             zframe_t *f = d == 0 ? zmsg_first(msg->identities) : zmsg_next(msg->identities);
@@ -156,15 +159,15 @@ static void s_test_vectors(bool verbose)
                 f = k == 0 ? f : zmsg_next(raw);
             char upper[65];
             for (int k = 0; k < 64; k++) {
-                char c = ((const char *)zframe_data(f))[k];
-                upper[k] = (char)(c >= 'a' && c <= 'f' ? c - 32 : c);
+                char c = ((const char *) zframe_data(f))[k];
+                upper[k] = (char) (c >= 'a' && c <= 'f' ? c - 32 : c);
             }
             zframe_reset(f, upper, 64);
             LL_CHECK(!s_accepts(session, raw, why, sizeof why));
             LL_CHECK(s_contains(why, "replayed"));
             /* A fresh session with the same key accepts upper case. */
-            ll_session_t *fresh = ll_session_new((const unsigned char *)v->key.data, v->key.len,
-                                                 "hmac-sha256", 0);
+            ll_session_t *fresh =
+                ll_session_new((const unsigned char *) v->key.data, v->key.len, "hmac-sha256", 0);
             raw = s_from_vector(v);
             f = zmsg_first(raw);
             for (size_t k = 1; k < v->nident + 2; k++)
@@ -195,7 +198,7 @@ static void s_test_rfc4231(void)
         const char *data;
         const char *hex;
     } cases[] = {
-        {(const unsigned char *)"Jefe", 4, "what do ya want for nothing?",
+        {(const unsigned char *) "Jefe", 4, "what do ya want for nothing?",
          "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"},
         {big_key, sizeof big_key, data6,
          "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"},
@@ -238,7 +241,7 @@ static void s_test_bad_input(void)
     for (int keep = 0; keep < 5; keep++) {
         s_header(header, sizeof header, "execute_request");
         raw = s_raw(session, good, NULL);
-        while (zmsg_size(raw) > (size_t)(2 + keep)) {
+        while (zmsg_size(raw) > (size_t) (2 + keep)) {
             zframe_t *last = zmsg_last(raw);
             zmsg_remove(raw, last);
             zframe_destroy(&last);
@@ -256,7 +259,8 @@ static void s_test_bad_input(void)
         "",
         "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
     };
-    const char *reasons[] = {"64 hex", "64 hex", "not hex", "not hex", "unsigned", "does not match"};
+    const char *reasons[] = {"64 hex",  "64 hex",   "not hex",
+                             "not hex", "unsigned", "does not match"};
     for (size_t i = 0; i < sizeof bad_sigs / sizeof bad_sigs[0]; i++) {
         s_header(header, sizeof header, "execute_request");
         LL_CHECK(!s_accepts(session, s_raw(session, good, bad_sigs[i]), why, sizeof why));
@@ -307,10 +311,8 @@ static void s_test_bad_input(void)
 
     /* Header without msg_type / msg_id, or with the wrong types. */
     const char *bad_headers[] = {
-        "{\"msg_id\":\"h1\",\"session\":\"s\"}",
-        "{\"msg_id\":\"h2\",\"msg_type\":7}",
-        "{\"msg_id\":\"h3\",\"msg_type\":null}",
-        "{\"msg_type\":\"execute_request\"}",
+        "{\"msg_id\":\"h1\",\"session\":\"s\"}",           "{\"msg_id\":\"h2\",\"msg_type\":7}",
+        "{\"msg_id\":\"h3\",\"msg_type\":null}",           "{\"msg_type\":\"execute_request\"}",
         "{\"msg_type\":\"execute_request\",\"msg_id\":5}",
     };
     for (size_t j = 0; j < sizeof bad_headers / sizeof bad_headers[0]; j++) {
@@ -327,7 +329,8 @@ static void s_test_bad_input(void)
     LL_CHECK(msg);
     if (msg) {
         json_t *code = json_object_get(msg->content, "code");
-        LL_CHECK(json_string_length(code) == 4 && memcmp(json_string_value(code), "a\0b\0", 4) == 0);
+        LL_CHECK(json_string_length(code) == 4 &&
+                 memcmp(json_string_value(code), "a\0b\0", 4) == 0);
         ll_msg_destroy(&msg);
     }
     {
@@ -353,12 +356,12 @@ static void s_test_bad_input(void)
     raw = s_raw(session, good, NULL);
     LL_CHECK(ll_session_decode(NULL, &raw, why, sizeof why) == NULL && raw == NULL);
     int saved_level = ll_log_level;
-    ll_log_level = -1;   /* the two refusals below log an expected error */
+    ll_log_level = -1; /* the two refusals below log an expected error */
     LL_CHECK(ll_session_new(s_key, S_KEY_LEN, "hmac-md5", 0) == NULL);
     LL_CHECK(ll_session_new(s_key, S_KEY_LEN, NULL, 0) == NULL);
     ll_log_level = saved_level;
     ll_session_destroy(&session);
-    ll_session_destroy(&session);   /* twice is safe */
+    ll_session_destroy(&session); /* twice is safe */
     LL_CHECK(session == NULL);
 }
 
@@ -381,7 +384,8 @@ static void s_test_unsigned(void)
     LL_CHECK(!s_accepts(session, s_raw(NULL, bad, NULL), why, sizeof why));
 
     /* Encode leaves the signature frame empty. */
-    ll_msg_t *msg = ll_msg_new(session, "status", NULL, json_pack("{s:s}", "execution_state", "idle"));
+    ll_msg_t *msg =
+        ll_msg_new(session, "status", NULL, json_pack("{s:s}", "execution_state", "idle"));
     zmsg_t *frames = ll_session_encode(session, msg);
     LL_CHECK(frames && zmsg_size(frames) == 6);
     if (frames) {
@@ -409,9 +413,10 @@ static bool s_is_hex(const char *s, size_t n)
 
 static bool s_is_uuid(const char *s)
 {
-    if (strlen(s) != 36 || s[8] != '-' || s[13] != '-' || s[18] != '-' || s[23] != '-' || s[14] != '4')
+    if (strlen(s) != 36 || s[8] != '-' || s[13] != '-' || s[18] != '-' || s[23] != '-' ||
+        s[14] != '4')
         return false;
-    if (!strchr("89ab", s[19]))   /* RFC 4122 variant */
+    if (!strchr("89ab", s[19])) /* RFC 4122 variant */
         return false;
     return s_is_hex(s, 8) && s_is_hex(s + 9, 4) && s_is_hex(s + 14, 4) && s_is_hex(s + 19, 4) &&
            s_is_hex(s + 24, 12);
@@ -431,9 +436,9 @@ static void s_test_encode(void)
     LL_CHECK(strcmp(ll_session_id(client), ll_session_id(kernel)) != 0);
 
     /* A request from the "client" with identities, decoded by the kernel. */
-    ll_msg_t *req = ll_msg_new(client, "execute_request", NULL,
-                               json_pack("{s:s%,s:b}", "code", "x = 'h\xc3\xa9'\0!", (size_t)12,
-                                         "silent", 0));
+    ll_msg_t *req =
+        ll_msg_new(client, "execute_request", NULL,
+                   json_pack("{s:s%,s:b}", "code", "x = 'h\xc3\xa9'\0!", (size_t) 12, "silent", 0));
     LL_CHECK(req);
     zmsg_addstr(req->identities, "frontend-7");
     zmsg_addmem(req->buffers, "\0\1\2", 3);
@@ -457,7 +462,8 @@ static void s_test_encode(void)
         LL_CHECK(strcmp(got->msg_type, "execute_request") == 0);
         LL_CHECK(json_equal(got->header, req->header));
         LL_CHECK(json_equal(got->content, req->content));
-        LL_CHECK(zmsg_size(got->identities) == 1 && zframe_streq(zmsg_first(got->identities), "frontend-7"));
+        LL_CHECK(zmsg_size(got->identities) == 1 &&
+                 zframe_streq(zmsg_first(got->identities), "frontend-7"));
         LL_CHECK(zmsg_size(got->buffers) == 1 && zframe_size(zmsg_first(got->buffers)) == 3);
         const char *code = ll_msg_content_str(got, "code");
         LL_CHECK(code && memcmp(code, "x = 'h\xc3\xa9'\0!", 12) == 0);
@@ -474,8 +480,8 @@ static void s_test_encode(void)
         LL_CHECK(rid && s_is_uuid(rid));
         const char *date = json_string_value(json_object_get(reply->header, "date"));
         /* 2026-11-30T07:09:57.123456Z */
-        LL_CHECK(date && strlen(date) == 27 && date[4] == '-' && date[10] == 'T' && date[19] == '.' &&
-                 date[26] == 'Z');
+        LL_CHECK(date && strlen(date) == 27 && date[4] == '-' && date[10] == 'T' &&
+                 date[19] == '.' && date[26] == 'Z');
         const char *version = json_string_value(json_object_get(reply->header, "version"));
         LL_CHECK(version && strcmp(version, "5.3") == 0);
         LL_CHECK(strcmp(json_string_value(json_object_get(reply->header, "session")),
@@ -502,7 +508,7 @@ static void s_test_encode(void)
 
     /* Ids: uuid4-shaped and unique. */
     enum { N = 100000 };
-    char (*ids)[37] = malloc(sizeof(char[37]) * N);
+    char(*ids)[37] = malloc(sizeof(char[37]) * N);
     for (int i = 0; i < N; i++)
         ll_wire_new_id(ids[i]);
     bool shaped = true;
@@ -536,9 +542,9 @@ static void s_test_history(void)
     ll_session_t *s = ll_session_new(s_key, S_KEY_LEN, "hmac-sha256", 4);
     for (int i = 0; i < 5; i++)
         LL_CHECK(s_accepts(s, s_unique(s, i), why, sizeof why));
-    LL_CHECK(s_accepts(s, s_unique(s, 0), why, sizeof why));    /* forgotten: accepted */
-    LL_CHECK(!s_accepts(s, s_unique(s, 4), why, sizeof why));   /* still remembered */
-    LL_CHECK(!s_accepts(s, s_unique(s, 0), why, sizeof why));   /* just re-added */
+    LL_CHECK(s_accepts(s, s_unique(s, 0), why, sizeof why));  /* forgotten: accepted */
+    LL_CHECK(!s_accepts(s, s_unique(s, 4), why, sizeof why)); /* still remembered */
+    LL_CHECK(!s_accepts(s, s_unique(s, 0), why, sizeof why)); /* just re-added */
     ll_session_destroy(&s);
 
     /* Many evictions through the hash set: exactly the last CAP are remembered. */
@@ -634,7 +640,7 @@ static void s_mutate(zmsg_t *m)
     switch (s_rand() % 7) {
     case 0: /* flip a byte */
         if (size)
-            data[s_rand() % size] ^= (unsigned char)(1 + s_rand() % 255);
+            data[s_rand() % size] ^= (unsigned char) (1 + s_rand() % 255);
         break;
     case 1: { /* truncate */
         unsigned char keep[64 * 1024];
@@ -658,19 +664,17 @@ static void s_mutate(zmsg_t *m)
         unsigned char junk[32];
         size_t k = s_rand() % sizeof junk;
         for (size_t i = 0; i < k; i++)
-            junk[i] = (unsigned char)s_rand();
+            junk[i] = (unsigned char) s_rand();
         zmsg_pushmem(m, junk, k);
         break;
     }
     case 5: /* JSON-ish damage: a structural character */
         if (size) {
             static const char chars[] = "{}[]\",:\\0\x80\xc3";
-            data[s_rand() % size] = (unsigned char)chars[s_rand() % (sizeof chars - 1)];
+            data[s_rand() % size] = (unsigned char) chars[s_rand() % (sizeof chars - 1)];
         }
         break;
-    default: /* an extra delimiter */
-        zmsg_pushmem(m, "<IDS|MSG>", 9);
-        break;
+    default: /* an extra delimiter */ zmsg_pushmem(m, "<IDS|MSG>", 9); break;
     }
 }
 
@@ -714,12 +718,13 @@ static void s_test_fuzz(bool verbose)
         } else {
             char header[256];
             snprintf(header, sizeof header,
-                     "{\"msg_id\":\"f%d\",\"msg_type\":\"execute_request\",\"version\":\"5.3\"}", iter);
+                     "{\"msg_id\":\"f%d\",\"msg_type\":\"execute_request\",\"version\":\"5.3\"}",
+                     iter);
             const char *parts[4] = {header, "{\"msg_id\":\"p\",\"x\":[1,2,{\"y\":null}]}", "{}",
                                     "{\"code\":\"print(1)\\n\\u0000\",\"silent\":false}"};
             m = s_raw(keyed, parts, NULL);
         }
-        int rounds = 1 + (int)(s_rand() % 4);
+        int rounds = 1 + (int) (s_rand() % 4);
         for (int r = 0; r < rounds; r++)
             s_mutate(m);
         bool resign = s_rand() % 2;

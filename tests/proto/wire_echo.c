@@ -18,29 +18,29 @@
 #include <string.h>
 
 #define S_MAX_FRAMES 100000
-#define S_MAX_FRAME (64u << 20)
+#define S_MAX_FRAME  (64u << 20)
 
 static bool s_read_u32(uint32_t *v)
 {
     unsigned char b[4];
     if (fread(b, 1, 4, stdin) != 4)
         return false;
-    *v = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+    *v = (uint32_t) b[0] | (uint32_t) b[1] << 8 | (uint32_t) b[2] << 16 | (uint32_t) b[3] << 24;
     return true;
 }
 
 static void s_write_u32(uint32_t v)
 {
-    unsigned char b[4] = {(unsigned char)v, (unsigned char)(v >> 8), (unsigned char)(v >> 16),
-                          (unsigned char)(v >> 24)};
+    unsigned char b[4] = {(unsigned char) v, (unsigned char) (v >> 8), (unsigned char) (v >> 16),
+                          (unsigned char) (v >> 24)};
     fwrite(b, 1, 4, stdout);
 }
 
 static void s_write_msg(zmsg_t *m)
 {
-    s_write_u32((uint32_t)zmsg_size(m));
+    s_write_u32((uint32_t) zmsg_size(m));
     for (zframe_t *f = zmsg_first(m); f; f = zmsg_next(m)) {
-        s_write_u32((uint32_t)zframe_size(f));
+        s_write_u32((uint32_t) zframe_size(f));
         fwrite(zframe_data(f), 1, zframe_size(f), stdout);
     }
     fflush(stdout);
@@ -61,7 +61,7 @@ int main(void)
     ll_log_init('A');
     const char *key = getenv("LL_WIRE_KEY");
     size_t key_len = key ? strlen(key) : 0;
-    ll_session_t *session = ll_session_new((const unsigned char *)key, key_len, "hmac-sha256", 0);
+    ll_session_t *session = ll_session_new((const unsigned char *) key, key_len, "hmac-sha256", 0);
     if (!session)
         return 1;
     char *frame = malloc(S_MAX_FRAME);

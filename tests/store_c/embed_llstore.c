@@ -16,7 +16,7 @@ int main(int argc, char **argv)
         return 2;
     }
     ll_log_init('A');
-    if (PyImport_AppendInittab("_llstore", (PyObject * (*)(void)) ll_store_pyinit) != 0) {
+    if (PyImport_AppendInittab("_llstore", (PyObject * (*) (void) ) ll_store_pyinit) != 0) {
         fprintf(stderr, "cannot register _llstore\n");
         return 1;
     }
