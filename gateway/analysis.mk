@@ -8,7 +8,7 @@ SELFTESTS += ll_analysis
 ANALYSIS_OBJS := $(BUILD)/gateway/ll_analysis.o $(BUILD)/gateway/ll_analysis_ipython.o \
                  $(BUILD)/gateway/ll_analysis_names.o \
                  $(BUILD)/gateway/ll_analysis_session.o $(BUILD)/gateway/ll_analyze_cli.o \
-                 $(BUILD)/proto/ll_log.o
+                 $(BASE_OBJS)
 
 # A standalone `analyze` (the same code as `looseleaf analyze`) so the analysis
 # tests do not depend on the rest of the kernel building.

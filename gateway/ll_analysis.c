@@ -52,7 +52,7 @@
 
 #include "gateway/ll_analysis.h"
 #include "gateway/ll_analysis_internal.h"
-#include "proto/ll_log.h"
+#include "base/ll_log.h"
 
 #include <ctype.h>
 #include <pthread.h>

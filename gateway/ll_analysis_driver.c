@@ -2,7 +2,7 @@
  * CLI without the rest of the kernel (same code as `looseleaf analyze`), for
  * the analysis tests and for use while the kernel does not build. */
 #include "gateway/ll_analysis.h"
-#include "proto/ll_log.h"
+#include "base/ll_log.h"
 
 int main(int argc, char **argv)
 {

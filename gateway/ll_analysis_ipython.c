@@ -14,7 +14,7 @@
 #include <Python.h>
 
 #include "gateway/ll_analysis_internal.h"
-#include "proto/ll_log.h"
+#include "base/ll_log.h"
 
 #include <ctype.h>
 #include <stdlib.h>

@@ -13,7 +13,7 @@
 #include <Python.h>
 
 #include "gateway/ll_analysis.h"
-#include "proto/ll_log.h"
+#include "base/ll_log.h"
 
 #include <jansson.h>
 #include <stdio.h>

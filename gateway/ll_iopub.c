@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gateway/ll_stream.h"
-#include "proto/ll_log.h"
+#include "base/ll_stream.h"
+#include "base/ll_log.h"
 
 /* How long queued iopub messages may take to leave at shutdown. */
 #define LL_IOPUB_LINGER_MS 1000

@@ -42,14 +42,15 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "gateway/ll_fdcap.h"
+#include "base/ll_fdcap.h"
 #include "gateway/ll_iopub.h"
 #include "gateway/ll_kernelspec.h"
 #include "gateway/ll_route.h"
 #include "gateway/ll_usage.h"
 #include "kernel/ll_interp.h"
 #include "proto/ll_conn.h"
-#include "proto/ll_log.h"
+#include "base/ll_clock.h"
+#include "base/ll_log.h"
 #include "proto/ll_wire.h"
 #include "store/ll_store.h"
 
@@ -85,7 +86,7 @@ static struct {
     zlist_t *to_abort;    /* decoded shell requests taken when an execute failed; main thread */
     zlist_t *queued;      /* decoded shell requests read ahead (prefetch hints); main thread */
     char *hint;           /* latest edit-time hint's code, waiting out the debounce; main thread */
-    double hint_at;       /* when it came (ll_route_now_ms) */
+    double hint_at;       /* when it came (ll_clock_ms) */
     double burst_at;      /* when the first hint since the last prefetch came */
     double commit_at;     /* when user code last ran in the interpreter, 0 once committed */
     zlist_t *prefetch_comms; /* comm ids opened on the looseleaf.prefetch target; main thread */
@@ -313,7 +314,7 @@ static char *s_interp_call(const ll_msg_t *req, char **md_text)
      * has used the host pool (so has a store): a CPU-only notebook's cells
      * cost no extra interpreter call. */
     if (user_code && ll_route_fd(s_k.route) >= 0)
-        s_k.commit_at = ll_route_now_ms();
+        s_k.commit_at = ll_clock_ms();
     free(content);
     free(header);
     free(metadata);
@@ -595,10 +596,10 @@ static void s_hint(const char *code)
     if (!s_k.route || !code)
         return;
     if (!s_k.hint)
-        s_k.burst_at = ll_route_now_ms();
+        s_k.burst_at = ll_clock_ms();
     free(s_k.hint);
     s_k.hint = strdup(code);
-    s_k.hint_at = ll_route_now_ms();
+    s_k.hint_at = ll_clock_ms();
 }
 
 /* Prefetch for CODE now, if it is a GPU cell. */
@@ -639,10 +640,10 @@ static void s_hint_due(void)
     free(code);
 }
 
-/* Milliseconds from now until DUE (ll_route_now_ms), rounded up; 0 once due. */
+/* Milliseconds from now until DUE (ll_clock_ms), rounded up; 0 once due. */
 static long s_ms_until(double due)
 {
-    double left = due - ll_route_now_ms();
+    double left = due - ll_clock_ms();
     return left > 0 ? (long) left + 1 : 0;
 }
 
@@ -765,7 +766,7 @@ static void s_on_execute(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
     }
     char started[32];
     ll_wire_now(started);
-    double t_run = ll_route_now_ms();
+    double t_run = ll_clock_ms();
     free(s_k.hint); /* the Run itself supersedes a hint still waiting */
     s_k.hint = NULL;
     s_k.commit_at = 0; /* and commits itself what an idle commit would have */

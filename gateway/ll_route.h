@@ -77,7 +77,7 @@ typedef struct {
     pthread_mutex_t *stdin_lock; /* held while this cell owns the stdin socket */
     int intr_fd;                 /* eventfd: SIGINT, shutdown or SIGTERM arrived */
     bool (*stopping)(void);      /* the kernel is shutting down */
-    double t_run;                /* ll_route_now_ms() when the execute_request arrived */
+    double t_run;                /* ll_clock_ms() when the execute_request arrived */
 } ll_route_io_t;
 
 /* input() on stdin, for the interpreter's own cells and for workers': send
@@ -89,9 +89,6 @@ bool ll_route_ask_input(const ll_route_io_t *io, const char *prompt, bool passwo
 /* The input_reply among what waits on stdin (malloc'd value), or NULL when
  * none did (other messages are logged and dropped). */
 char *ll_route_take_input(const ll_route_io_t *io);
-
-/* Monotonic clock, ms. */
-double ll_route_now_ms(void);
 
 /* Run the GPU cell of PLAN for REQ (its execute_request) on a worker.
  * SYNC is the interpreter's looseleaf_before_gpu answer (store coordinates,
@@ -132,10 +129,6 @@ json_t *ll_route_stats(ll_route_t *self, int timeout_ms);
  * {gpu_held_s, connected_s, held_share} (a new object) or NULL before any.
  * Thread-safe (the control thread answers usage_request). */
 json_t *ll_route_usage(void);
-
-/* Decode standard base64 TEXT into a new frame appended to MSG.  0, or -1
- * when TEXT is not base64. */
-int ll_route_b64_frame(zmsg_t *msg, const char *text);
 
 int ll_route_selftest(bool verbose);
 

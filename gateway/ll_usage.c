@@ -5,6 +5,7 @@
  * parent chain reaches us (what psutil's children(recursive=True) does):
  * shell commands and subprocesses a cell started count towards the kernel. */
 #include "gateway/ll_usage.h"
+#include "base/ll_clock.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -23,13 +24,6 @@ static pthread_mutex_t s_lock = PTHREAD_MUTEX_INITIALIZER;
 static double s_prev_wall = -1; /* seconds, monotonic, of the previous request */
 static double s_prev_proc_cpu;  /* kernel+children CPU seconds then */
 static uint64_t s_prev_host_busy, s_prev_host_total; /* /proc/stat jiffies then */
-
-static double s_monotonic(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 /* ppid and utime+stime (clock ticks) of PID from /proc/PID/stat. */
 static int s_proc_stat(int pid, int *ppid, uint64_t *ticks)
@@ -207,7 +201,7 @@ json_t *ll_usage_reply(void)
     s_tree_usage(&cpu_s, &mem);
     uint64_t busy = 0, total = 0;
     bool have_host = s_host_cpu(&busy, &total) == 0;
-    double now = s_monotonic();
+    double now = ll_clock_s();
 
     pthread_mutex_lock(&s_lock);
     double kernel_cpu = 0, host_cpu = -1;

@@ -14,14 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gateway/ll_analysis.h"
 #include "gateway/ll_kernel.h"
 #include "gateway/ll_kernelspec.h"
-
-/* Provided by other modules (analysis, zygote/); weak so the binary links
- * without them.  Each gets argv[0] = its subcommand name. */
-int ll_analyze_main(int argc, char **argv) __attribute__((weak));
-int ll_pool_main(int argc, char **argv) __attribute__((weak));
-int ll_zygote_main(int argc, char **argv) __attribute__((weak));
+#include "zygote/ll_zygote.h"
 
 static void s_usage(FILE *out)
 {
@@ -136,22 +132,14 @@ int main(int argc, char **argv)
         return s_kernel_main(argc - 2, argv + 2);
     if (strcmp(cmd, "install") == 0)
         return s_install_main(argc - 2, argv + 2);
+    /* The subcommands of other modules get argv[0] = their name. */
     static const struct {
         const char *name;
         int (*fn)(int, char **);
-        const char *module;
-    } subs[] = {{"analyze", ll_analyze_main, "analysis"},
-                {"pool", ll_pool_main, "host pool"},
-                {"zygote", ll_zygote_main, "zygote"}};
-    for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) {
-        if (strcmp(cmd, subs[i].name) != 0)
-            continue;
-        if (!subs[i].fn) {
-            fprintf(stderr, "looseleaf %s: this build has no %s module\n", cmd, subs[i].module);
-            return 1;
-        }
-        return subs[i].fn(argc - 1, argv + 1);
-    }
+    } subs[] = {{"analyze", ll_analyze_main}, {"pool", ll_pool_main}, {"zygote", ll_zygote_main}};
+    for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++)
+        if (strcmp(cmd, subs[i].name) == 0)
+            return subs[i].fn(argc - 1, argv + 1);
     if (cmd[0] == '-')
         return s_kernel_main(argc - 1, argv + 1);
     fprintf(stderr, "looseleaf: unknown command '%s'\n", cmd);

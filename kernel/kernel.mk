@@ -9,5 +9,5 @@ $(BUILD)/kernel/ll_interp.o: CFLAGS += -DLL_PYTHON_EXE='"$(PYTHON)"'
 
 # The embedding-scenario driver that tests/kernel/test_interp.py runs.
 $(BUILD)/tests/kernel/embed_driver: $(BUILD)/tests/kernel/embed_driver.o \
-		$(BUILD)/kernel/ll_interp.o $(BUILD)/proto/ll_log.o
+		$(BUILD)/kernel/ll_interp.o $(BASE_OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)

@@ -31,7 +31,7 @@
 #include <Python.h>
 
 #include "kernel/ll_interp.h"
-#include "proto/ll_log.h"
+#include "base/ll_log.h"
 
 #include <errno.h>
 #include <limits.h>

@@ -78,8 +78,7 @@ int ll_interp_add_builtin(const char *name, void *(*initfunc)(void) );
  * Python the build used.  PYTHON* environment variables are ignored (another
  * interpreter's PYTHONHOME cannot break us) except PYTHONPATH, which is added
  * to sys.path.  The package comes from LOOSELEAF_PYTHONPATH (':'-separated)
- * if set, else the source tree (kernel/py, store/py), else
- * <dir of the binary>/../lib/looseleaf/python.  HOOKS is copied; its
+ * if set, else the source tree (kernel/py, store/py, zygote/py).  HOOKS is copied; its
  * functions may be NULL (a zygote: text to fds 1/2, no publications, no
  * input).  Takes a few hundred ms (IPython's import).  Returns 0, or -1 with
  * a reason in ERR. */

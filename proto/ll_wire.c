@@ -25,7 +25,7 @@
 #include "proto/ll_wire.h"
 
 #include "proto/ll_json.h"
-#include "proto/ll_log.h"
+#include "base/ll_log.h"
 
 #include <openssl/core_names.h>
 #include <openssl/crypto.h>

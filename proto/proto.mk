@@ -1,11 +1,11 @@
-# proto/: logging, connection file, JSON writer, Jupyter wire format (owned by
+# proto/: connection file, JSON writer, Jupyter wire format (owned by
 # the proto engineer).  Self-tests live in tests/proto/*_test.c.
-LIB_SRCS  += proto/ll_log.c proto/ll_conn.c proto/ll_json.c proto/ll_wire.c
-TEST_SRCS += tests/proto/ll_log_test.c tests/proto/ll_conn_test.c tests/proto/ll_json_test.c \
+LIB_SRCS  += proto/ll_conn.c proto/ll_json.c proto/ll_wire.c
+TEST_SRCS += tests/proto/ll_conn_test.c tests/proto/ll_json_test.c \
              tests/proto/ll_wire_test.c
-SELFTESTS += ll_log ll_conn ll_json ll_wire
+SELFTESTS += ll_conn ll_json ll_wire
 
-PROTO_OBJS := $(BUILD)/proto/ll_wire.o $(BUILD)/proto/ll_json.o $(BUILD)/proto/ll_log.o
+PROTO_OBJS := $(BUILD)/proto/ll_wire.o $(BUILD)/proto/ll_json.o $(BASE_OBJS)
 
 # Wire micro-benchmark against jupyter_client's Session (make bench).
 PROTO_BENCH := $(BUILD)/tests/proto/bench_wire

@@ -69,8 +69,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "proto/ll_log.h"
+#include "base/ll_log.h"
 #include "store/ll_mman.h"
+#include "base/ll_clock.h"
 
 #define S_HUGETLBFS_MAGIC 0x958458f6
 #define S_TMPFS_MAGIC     0x01021994
@@ -611,8 +612,7 @@ int ll_pool_lease(ll_pool_t *pool, const ll_pool_region_t *reg)
         return -1;
     s_lease_bit(pool, reg->idx);
     uint64_t alloc = reg->gen << 2 | S_ALLOC, freeing = reg->gen << 2 | S_FREEING;
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = ll_clock_ms();
     for (;;) {
         uint64_t s = atomic_load(&pool->state[reg->idx]);
         if (s == alloc)
@@ -622,9 +622,7 @@ int ll_pool_lease(ll_pool_t *pool, const ll_pool_region_t *reg)
         /* A reclaimer is deciding; it sees our bit and backs off unless it
          * already looked.  A reclaimer that died here leaves FREEING behind:
          * after a second, undo it ourselves (a live one's CAS then fails). */
-        struct timespec t1;
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        if (t1.tv_sec - t0.tv_sec >= 2) {
+        if (ll_clock_ms() - t0 >= 1000) {
             atomic_compare_exchange_strong(&pool->state[reg->idx], &s, alloc);
             continue;
         }
@@ -732,13 +730,6 @@ static uint32_t s_unbacked_free(ll_pool_t *pool, size_t want)
     return UINT32_MAX;
 }
 
-static uint64_t s_now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t) t.tv_sec * 1000 + (uint64_t) t.tv_nsec / 1000000;
-}
-
 /* The reserve thread: while fewer than rtarget free regions are prefaulted,
  * no save is copying and the store has been idle for S_RESERVE_IDLE_MS,
  * prefault one more region (~1 ms with 4 KiB pages).  Between cells the
@@ -761,7 +752,7 @@ static void *s_reserve_main(void *arg)
     pthread_mutex_lock(&pool->rmu);
     while (!pool->rstop) {
         uint32_t i = UINT32_MAX;
-        uint64_t now = s_now_ms(), last = atomic_load(&pool->ractive);
+        uint64_t now = (uint64_t) ll_clock_ms(), last = atomic_load(&pool->ractive);
         uint64_t quiet = now > last ? now - last : 0; /* (LAST may be set after NOW was read) */
         bool idle = quiet >= S_RESERVE_IDLE_MS;
         if (pool->rhold == 0 && idle && !pool->rblocked && pool->rtarget > 0) {
@@ -835,7 +826,7 @@ int ll_pool_reserve(ll_pool_t *pool, size_t nregions)
 
 void ll_pool_reserve_busy(ll_pool_t *pool)
 {
-    atomic_store(&pool->ractive, s_now_ms());
+    atomic_store(&pool->ractive, (uint64_t) ll_clock_ms());
 }
 
 void ll_pool_reserve_hold(ll_pool_t *pool, bool hold)

@@ -40,7 +40,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "proto/ll_log.h"
+#include "base/ll_log.h"
+#include "base/ll_clock.h"
 
 extern char **environ;
 
@@ -53,13 +54,6 @@ struct ll_redis_t {
     char err[256];            /* last error */
     unsigned long reconnects; /* successful reconnects after a failure */
 };
-
-static double s_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
-}
 
 static void s_nap(long usec)
 {
@@ -249,7 +243,7 @@ char *ll_redis_start(const char *runtime_dir, bool *started, char *err, size_t e
         snprintf(err, errlen, "cannot start %s: %s", server, strerror(rc));
         goto out;
     }
-    double deadline = s_now() + 15.0;
+    double deadline = ll_clock_s() + 15.0;
     for (;;) {
         if (s_ping(sock))
             break;
@@ -260,7 +254,7 @@ char *ll_redis_start(const char *runtime_dir, bool *started, char *err, size_t e
             s_log_tail(runtime_dir, err, errlen);
             goto out;
         }
-        if (s_now() > deadline) {
+        if (ll_clock_s() > deadline) {
             kill(pid, SIGKILL);
             waitpid(pid, NULL, 0);
             snprintf(err, errlen, "redis-server in %s did not answer within 15 s", runtime_dir);
@@ -319,7 +313,7 @@ int ll_redis_stop(const char *runtime_dir, char *err, size_t errlen)
         snprintf(err, errlen, "cannot stop redis-server %d: %s", pid, strerror(errno));
         return -1;
     }
-    double deadline = s_now() + 10.0;
+    double deadline = ll_clock_s() + 10.0;
     bool killed = false;
     for (;;) {
         int status;
@@ -328,7 +322,7 @@ int ll_redis_stop(const char *runtime_dir, char *err, size_t errlen)
             break;
         if (w < 0 && !s_is_redis(pid)) /* a zombie of someone else's */
             break;
-        if (!killed && s_now() > deadline) {
+        if (!killed && ll_clock_s() > deadline) {
             ll_warn("store", "redis-server %d ignored SIGTERM for 10 s; killing it", pid);
             kill(pid, SIGKILL);
             killed = true;
@@ -434,9 +428,9 @@ int ll_redis_ensure(ll_redis_t *r)
     if (r->c)
         snprintf(r->err, sizeof r->err, "Redis at %s: %s", r->url, r->c->errstr);
     /* A restarting server needs a moment before its socket answers. */
-    double deadline = s_now() + 3.0;
+    double deadline = ll_clock_s() + 3.0;
     while (s_connect(r) != 0) {
-        if (s_now() > deadline)
+        if (ll_clock_s() > deadline)
             return -1;
         s_nap(20000);
     }

@@ -60,9 +60,10 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "proto/ll_log.h"
+#include "base/ll_log.h"
 #include "store/ll_hash.h"
 #include "store/ll_redis.h"
+#include "base/ll_clock.h"
 
 #define S_R                   LL_POOL_REGION_BYTES
 #define S_PENDING_BUCKETS     4096
@@ -889,11 +890,6 @@ typedef struct {
     int *backerr;                 /* per region: errno of a failed backing */
 } s_put_t;
 
-static double s_ms(const struct timespec *a, const struct timespec *b)
-{
-    return (double) (b->tv_sec - a->tv_sec) * 1e3 + (double) (b->tv_nsec - a->tv_nsec) / 1e6;
-}
-
 static size_t s_chunk(size_t len, size_t i)
 {
     size_t off = i * S_R;
@@ -998,8 +994,7 @@ char *ll_store_put(ll_store_t *st, const void *data, size_t len, const char *bas
             cidx[ncand++] = i;
         }
     }
-    struct timespec ts0, ts1, ts2, ts3;
-    clock_gettime(CLOCK_MONOTONIC, &ts0);
+    double ts0 = ll_clock_ms(), ts1, ts2, ts3;
     /* Hashing every candidate before copying the changed ones costs a
      * second pass over memory (~40% of a save when everything changed).  So
      * hash a few candidates spread over the payload first: when none of them
@@ -1037,7 +1032,7 @@ hash_first:
             p.cand[i] = 0;
         }
     }
-    clock_gettime(CLOCK_MONOTONIC, &ts1);
+    ts1 = ll_clock_ms();
     /* Allocate the regions to write; a full pool first tries reclamation.
      * So does a put that would otherwise first-touch fresh regions while
      * prefaulted ones may have become garbage (a commit happened since the
@@ -1096,7 +1091,7 @@ hash_first:
         }
         nwritten += s_chunk(len, i);
     }
-    clock_gettime(CLOCK_MONOTONIC, &ts2);
+    ts2 = ll_clock_ms();
     /* Fresh regions are backed inside the copy, region by region on each
      * copy thread (MADV_POPULATE_WRITE, then the copy while the region is
      * still in the TLB): on 4 KiB pages the faults, not the copy, dominate a
@@ -1104,7 +1099,7 @@ hash_first:
      * them on this one before the copy starts. */
     if (nwritten)
         s_parallel(n, nwritten, s_copy_hash, &p);
-    clock_gettime(CLOCK_MONOTONIC, &ts3);
+    ts3 = ll_clock_ms();
     for (size_t i = 0; i < n; i++) {
         if (!p.backerr[i])
             continue;
@@ -1137,8 +1132,8 @@ hash_first:
     ll_debug("store",
              "put %zu bytes: compare %.2f ms (%s), allocate %.2f ms, copy %.2f ms "
              "(%zu bytes, %zu regions unchanged after all)",
-             len, s_ms(&ts0, &ts1), copy_first ? "copy first" : "hash first", s_ms(&ts1, &ts2),
-             s_ms(&ts2, &ts3), nwritten, late_same);
+             len, ts1 - ts0, copy_first ? "copy first" : "hash first", ts2 - ts1, ts3 - ts2,
+             nwritten, late_same);
     for (size_t i = 0; i < n; i++) {
         if (p.reuse[i])
             p.regs[i] = base[i];

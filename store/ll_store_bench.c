@@ -33,19 +33,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "proto/ll_log.h"
+#include "base/ll_clock.h"
+#include "base/ll_log.h"
 #include "store/ll_mman.h"
 #include "store/ll_redis.h"
 #include "store/ll_store.h"
 
 #define R LL_POOL_REGION_BYTES
-
-static double s_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
-}
 
 static char *s_read_file(const char *path, char *buf, size_t len)
 {
@@ -102,7 +96,7 @@ static double s_memcpy_time(char *dst, const char *src, size_t n, int threads)
 {
     double best = 1e9;
     for (int rep = 0; rep < 3; rep++) {
-        double t0 = s_now();
+        double t0 = ll_clock_s();
         if (threads == 1) {
             memcpy(dst, src, n);
         } else {
@@ -116,7 +110,7 @@ static double s_memcpy_time(char *dst, const char *src, size_t n, int threads)
             else
                 memcpy(dst + half, src + half, n - half);
         }
-        double t = s_now() - t0;
+        double t = ll_clock_s() - t0;
         if (t < best)
             best = t;
     }
@@ -139,20 +133,20 @@ static double s_fresh_memcpy_time(const char *src, size_t n, char **dst)
         return -1;
     }
     madvise(*dst, n, MADV_NOHUGEPAGE);
-    double t0 = s_now();
+    double t0 = ll_clock_s();
     memcpy(*dst, src, n);
-    return s_now() - t0;
+    return ll_clock_s() - t0;
 }
 
 static double s_read_time(const char *p, size_t n, uint64_t *sink)
 {
-    double t0 = s_now();
+    double t0 = ll_clock_s();
     const uint64_t *q = (const uint64_t *) p;
     uint64_t s = 0;
     for (size_t i = 0; i < n / 8; i++)
         s += q[i];
     *sink += s;
-    return s_now() - t0;
+    return ll_clock_s() - t0;
 }
 
 static void s_line(const char *what, double t, size_t n, double base)
@@ -206,13 +200,13 @@ static double s_backing_floor(const char *kind, size_t n)
     if (thp)
         madvise(map, n, MADV_HUGEPAGE);
     s_floor_t f = {.fd = fd, .map = map, .n = n / R * R, .falloc = !thp};
-    double t0 = s_now();
+    double t0 = ll_clock_s();
     pthread_t th;
     int started = pthread_create(&th, NULL, s_floor_worker, &f) == 0;
     s_floor_worker(&f);
     if (started)
         pthread_join(th, NULL);
-    double t = s_now() - t0;
+    double t = ll_clock_s() - t0;
     munmap(map, n);
     close(fd);
     return atomic_load(&f.err) ? -1 : t;
@@ -249,9 +243,9 @@ static int s_bench_kind(const char *label, const char *pool_path, const char *di
      * the host has backed, so the two are measured back to back */
     char *copy;
     double t_fresh_copy = s_fresh_memcpy_time(src, n, &copy);
-    double t0 = s_now();
+    double t0 = ll_clock_s();
     char *ref = ll_store_put(st, src, n, NULL, NULL, &written);
-    double t_fresh = s_now() - t0;
+    double t_fresh = ll_clock_s() - t0;
     if (copy)
         munmap(copy, n);
     if (!ref) {
@@ -276,20 +270,20 @@ static int s_bench_kind(const char *label, const char *pool_path, const char *di
     ll_store_discard(st, ref);
     free(ref);
     ll_store_gc(st);
-    t0 = s_now();
+    t0 = ll_clock_s();
     ref = ll_store_put(st, src, n, NULL, NULL, &written);
-    double t_put = s_now() - t0;
+    double t_put = ll_clock_s() - t0;
     s_line("save, warm pool (target <= 2x)", t_put, n, t_memcpy);
     const char *prefs[] = {ref};
     ll_store_write_t w = {.name = "x", .blob = "", .prefs = prefs, .nprefs = 1};
     uint64_t version;
-    t0 = s_now();
+    t0 = ll_clock_s();
     if (ll_store_commit(st, "bench", &w, 1, NULL, 0, NULL, 0, &version) != 0)
         printf("  commit failed: %s\n", ll_store_errstr(st));
-    double t_commit = s_now() - t0;
-    t0 = s_now();
+    double t_commit = ll_clock_s() - t0;
+    t0 = ll_clock_s();
     char *same = ll_store_put(st, src, n, ref, NULL, &written);
-    double t_same = s_now() - t0;
+    double t_same = ll_clock_s() - t0;
     s_line("incremental save, unchanged", t_same + t_commit, n, t_memcpy);
     printf("  %-34s %9.2f ms (hash all regions, write %zu bytes, commit %.2f ms)\n", "",
            (t_same + t_commit) * 1e3, written, t_commit * 1e3);
@@ -299,9 +293,9 @@ static int s_bench_kind(const char *label, const char *pool_path, const char *di
     size_t nreg = (n + R - 1) / R, step = 100;
     for (size_t i = 0; i < nreg; i += step)
         src[i * R] ^= 0x5a;
-    t0 = s_now();
+    t0 = ll_clock_s();
     char *dirty = ll_store_put(st, src, n, ref, NULL, &written);
-    double t_dirty = s_now() - t0;
+    double t_dirty = ll_clock_s() - t0;
     for (size_t i = 0; i < nreg; i += step)
         src[i * R] ^= 0x5a;
     if (dirty) {
@@ -318,9 +312,9 @@ static int s_bench_kind(const char *label, const char *pool_path, const char *di
      * /proc/self/pagemap of a restored mapping): no hashing of the rest. */
     uint8_t *mask = calloc(nreg, 1);
     if (mask) {
-        t0 = s_now();
+        t0 = ll_clock_s();
         char *r = ll_store_put(st, src, n, ref, mask, &written);
-        double t_hint = s_now() - t0;
+        double t_hint = ll_clock_s() - t0;
         if (r) {
             printf("  %-34s %9.2f ms (+ commit %.2f ms; target < 10 ms)\n",
                    "unchanged, dirty regions known", t_hint * 1e3, t_commit * 1e3);
@@ -331,9 +325,9 @@ static int s_bench_kind(const char *label, const char *pool_path, const char *di
             mask[i] = 1;
             src[i * R] ^= 0x5a;
         }
-        t0 = s_now();
+        t0 = ll_clock_s();
         r = ll_store_put(st, src, n, ref, mask, &written);
-        t_hint = s_now() - t0;
+        t_hint = ll_clock_s() - t0;
         for (size_t i = 0; i < nreg; i += step)
             src[i * R] ^= 0x5a;
         if (r) {
@@ -344,9 +338,9 @@ static int s_bench_kind(const char *label, const char *pool_path, const char *di
         }
         free(mask);
     }
-    t0 = s_now();
+    t0 = ll_clock_s();
     ll_pool_map_t *map = ll_store_map(st, ref, false);
-    double t_map = s_now() - t0;
+    double t_map = ll_clock_s() - t0;
     if (map) {
         s_line("restore: map (no copy; target < 1x)", t_map, n, t_memcpy);
         double t_read = s_read_time(ll_pool_map_addr(map), n, sink);
@@ -375,9 +369,9 @@ static int s_bench_kind(const char *label, const char *pool_path, const char *di
             printf("  fresh pool after idle: %s\n", err);
             return 0;
         }
-        t0 = s_now();
+        t0 = ll_clock_s();
         ref = ll_store_put(st, src, n, NULL, NULL, &written);
-        double t_idle = s_now() - t0;
+        double t_idle = ll_clock_s() - t0;
         char what[64];
         snprintf(what, sizeof what, "save, fresh pool after %d s idle", idle);
         if (ref)

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "proto/ll_log.h"
+#include "base/ll_log.h"
 #include "store/ll_redis.h"
 #include "store/ll_store.h"
 

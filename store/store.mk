@@ -11,7 +11,7 @@ BENCHES    += $(BUILD)/ll_store_bench
 # The same sources as a standalone extension module for /usr/bin/python3
 # (tests put build/py on sys.path).  Objects built apart: -DLL_STORE_PY_STANDALONE.
 STORE_PYEXT   := $(BUILD)/py/_llstore.cpython-311-x86_64-linux-gnu.so
-STORE_PY_OBJS := $(patsubst %.c,$(BUILD)/pyext/%.o,$(STORE_SRCS) proto/ll_log.c)
+STORE_PY_OBJS := $(patsubst %.c,$(BUILD)/pyext/%.o,$(STORE_SRCS) base/ll_log.c base/ll_clock.c)
 STORE_PY_LIBS := $(shell pkg-config --libs hiredis libxxhash jansson) -lpthread
 EXTRA_TARGETS += $(STORE_PYEXT) $(BUILD)/ll_store_bench $(BUILD)/tests/store_c/embed_llstore
 
@@ -26,9 +26,9 @@ $(STORE_PYEXT): $(STORE_PY_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -shared -o $@ $^ $(STORE_PY_LIBS)
 
-$(BUILD)/ll_store_bench: $(BUILD)/store/ll_store_bench.o $(patsubst %.c,$(BUILD)/%.o,$(STORE_SRCS) proto/ll_log.c)
+$(BUILD)/ll_store_bench: $(BUILD)/store/ll_store_bench.o $(patsubst %.c,$(BUILD)/%.o,$(STORE_SRCS) base/ll_log.c base/ll_clock.c)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # The builtin flavour (as linked into build/looseleaf), for tests/store_c/test_llstore_embedded.py.
-$(BUILD)/tests/store_c/embed_llstore: $(BUILD)/tests/store_c/embed_llstore.o $(patsubst %.c,$(BUILD)/%.o,$(STORE_SRCS) proto/ll_log.c)
+$(BUILD)/tests/store_c/embed_llstore: $(BUILD)/tests/store_c/embed_llstore.o $(patsubst %.c,$(BUILD)/%.o,$(STORE_SRCS) base/ll_log.c base/ll_clock.c)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)

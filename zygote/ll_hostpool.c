@@ -25,7 +25,8 @@
 #include "zygote/ll_zygote.h"
 #include "zygote/ll_gdsf.h"
 #include "zygote/ll_zframe.h"
-#include "proto/ll_log.h"
+#include "base/ll_clock.h"
+#include "base/ll_log.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -590,7 +591,7 @@ static void s_start_probe(const char *module, int node)
     pr->fd = pfd[0];
     pr->node = P.nodes[node].id;
     snprintf(pr->module, sizeof pr->module, "%s", module);
-    pr->started = ll_zframe_now_ms();
+    pr->started = ll_clock_ms();
     ll_info("pool", "probing whether importing %s touches CUDA (pid %d)", module, (int) pid);
 }
 
@@ -639,7 +640,7 @@ static void s_grow(int n, json_t *modules)
      * cell forks from it yet). */
     nd->modules = json_copy(P.nodes[n].modules);
     json_array_extend(nd->modules, modules);
-    nd->last_used = ll_zframe_now_ms();
+    nd->last_used = ll_clock_ms();
     s_nonblock(sv[0]);
     ll_info("pool", "growing node %d from node %d", id, P.nodes[n].id);
     s_evict();
@@ -766,7 +767,7 @@ static void s_take_slot(int r, int slot)
 {
     P.slot_run[slot] = r;
     P.runs[r].slot = slot;
-    P.runs[r].slot_t0 = ll_zframe_now_ms();
+    P.runs[r].slot_t0 = ll_clock_ms();
 }
 
 static void s_release_slot(int r)
@@ -776,7 +777,7 @@ static void s_release_slot(int r)
         return;
     int i = s_session(run->client, run->session, false);
     if (i >= 0)
-        P.sessions[i].held_ms += ll_zframe_now_ms() - run->slot_t0;
+        P.sessions[i].held_ms += ll_clock_ms() - run->slot_t0;
     P.slot_run[run->slot] = -1;
     run->slot = -1;
 }
@@ -785,7 +786,7 @@ static void s_release_slot(int r)
 static void s_session_end(int i)
 {
     s_sess_t *se = &P.sessions[i];
-    double now = ll_zframe_now_ms();
+    double now = ll_clock_ms();
     double held = s_session_held(i, now) / 1000.0;
     double conn = se->client >= 0 && P.clients[se->client].fd >= 0
                       ? (now - P.clients[se->client].connected) / 1000.0
@@ -917,7 +918,7 @@ static void s_start_run(int r, int slot)
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
         return;
-    run->wait_ms = ll_zframe_now_ms() - run->t_queued;
+    run->wait_ms = ll_clock_ms() - run->t_queued;
     json_t *job = json_deep_copy(run->req);
     json_object_set_new(job, "device", P.cuda && slot >= 0 ? json_integer(slot) : json_null());
     json_object_set_new(job, "slot", json_integer(slot));
@@ -948,7 +949,7 @@ static void s_start_run(int r, int slot)
     run->node_id = P.nodes[n].id;
     if (slot >= 0)
         s_take_slot(r, slot);
-    P.nodes[n].last_used = ll_zframe_now_ms();
+    P.nodes[n].last_used = ll_clock_ms();
     P.nodes[n].forking++;
     if (slot >= 0)
         ll_info("pool", "cell %s: fork from node %d on slot %d", run->id, P.nodes[n].id, slot);
@@ -1007,7 +1008,7 @@ static void s_start_warm(int r, int w)
     wk->wpid = 0;
     wk->slot = -1;
     s_drop_run(w);
-    run->wait_ms = ll_zframe_now_ms() - run->t_queued;
+    run->wait_ms = ll_clock_ms() - run->t_queued;
     run->state = run->prefetch ? S_PREPARING : S_FORKING;
     run->handover = true;
     run->warm_hit = true;
@@ -1062,7 +1063,7 @@ static void s_evict_worker(int r, const char *why, bool pressure)
     if (!asked)
         kill(run->wpid, SIGKILL);
     run->state = S_EVICTING;
-    run->evict_t = ll_zframe_now_ms();
+    run->evict_t = ll_clock_ms();
     if (pressure)
         s_restage(r); /* its session keeps a prepared worker, without a slot */
 }
@@ -1150,7 +1151,7 @@ static int s_new_run(int c, const char *id, const char *session, json_t *req, bo
     run->slot = -1;
     run->wfd = -1;
     run->node = -1;
-    run->t_queued = ll_zframe_now_ms();
+    run->t_queued = ll_clock_ms();
     if (!run->id || !run->session) {
         s_drop_run(r);
         return -1;
@@ -1253,7 +1254,7 @@ static void s_schedule(void)
         if (P.runs[r].used && P.runs[r].state == S_EVICTING &&
             P.runs[r].slot >= 0) /* a staged one frees none */
             evicting++;
-    double now = ll_zframe_now_ms();
+    double now = ll_clock_ms();
     bool blocked = false; /* an older cell waits for a slot: younger ones may not take one first */
     for (int i = 0; i < nq; i++) {
         int r = order[i];
@@ -1452,7 +1453,7 @@ static json_t *s_stats(void)
     static const char *const state_names[] = {"",       "queued",    "forking", "running",
                                               "saving", "preparing", "warm",    "evicting"};
     json_t *workers = json_array(), *sessions = json_array();
-    double now = ll_zframe_now_ms();
+    double now = ll_clock_ms();
     for (int r = 0; r < S_MAX_RUNS; r++) {
         s_run_t *run = &P.runs[r];
         if (!run->used)
@@ -1613,7 +1614,7 @@ static void s_client_gone(int c)
         } else if (run->state == S_SAVING) {
             /* Its save commits (a cell that ran is kept, as if the client
              * had waited), then it leaves: nobody takes it warm. */
-            run->evict_t = ll_zframe_now_ms();
+            run->evict_t = ll_clock_ms();
         } else if (run->state != S_EVICTING) {
             run->cancelled = true;
             s_kill_run(r, SIGKILL);
@@ -1650,7 +1651,7 @@ static void s_node_frame(int n, json_t *m)
             json_decref(nd->modules);
             nd->modules = json_copy(mods);
         }
-        nd->last_used = ll_zframe_now_ms();
+        nd->last_used = ll_clock_ms();
         ll_info("pool", "zygote node %d ready (pid %d, %zu modules, %.0f ms)", nd->id,
                 (int) nd->pid, json_array_size(nd->modules),
                 json_number_value(json_object_get(m, "load_ms")));
@@ -1686,7 +1687,7 @@ static void s_node_frame(int n, json_t *m)
 static void s_make_warm(int r, bool changed)
 {
     s_run_t *run = &P.runs[r];
-    double now = ll_zframe_now_ms();
+    double now = ll_clock_ms();
     run->state = S_WARM;
     run->idle_since = now;
     run->handover = false;
@@ -1750,7 +1751,7 @@ static void s_worker_frame(int r, json_t *m)
         if (stay) {
             s_make_warm(r, changed);
             ll_gdsf_prepared(P.gdsf, (int) run->wpid, true,
-                             ll_zframe_now_ms()); /* for the session's coming cell */
+                             ll_clock_ms()); /* for the session's coming cell */
             s_schedule();
         } else {
             s_drop_run(r); /* the worker leaves by itself */
@@ -1983,7 +1984,7 @@ int ll_pool_main(int argc, char **argv)
         ll_error("pool", "cannot start the base zygote: %s", strerror(errno));
         return 1;
     }
-    P.idle_since = ll_zframe_now_ms();
+    P.idle_since = ll_clock_ms();
 
     enum { K_LISTEN, K_SIG, K_CLIENT, K_NODE, K_WORKER, K_PROBE };
     struct pollfd pfd[2 + S_MAX_CLIENTS + S_MAX_NODES + S_MAX_RUNS + S_MAX_PROBES];
@@ -2017,7 +2018,7 @@ int ll_pool_main(int argc, char **argv)
                 pfd[np] = (struct pollfd){P.probes[i].fd, POLLIN, 0}, kind[np] = K_PROBE,
                 idx[np++] = i;
 
-        double now = ll_zframe_now_ms();
+        double now = ll_clock_ms();
         if (nclients || nruns)
             P.idle_since = 0;
         else if (!P.idle_since)
@@ -2107,7 +2108,7 @@ int ll_pool_main(int argc, char **argv)
                     memset(&P.clients[c], 0, sizeof P.clients[c]);
                     P.clients[c].fd = fd;
                     P.clients[c].rd = ll_zreader_new(fd);
-                    P.clients[c].connected = ll_zframe_now_ms();
+                    P.clients[c].connected = ll_clock_ms();
                     ll_info("pool", "client %d connected", c);
                 }
                 break;

@@ -5,7 +5,8 @@
  * detaches itself.  One thread uses a client at a time. */
 #include "zygote/ll_zygote.h"
 #include "zygote/ll_zframe.h"
-#include "proto/ll_log.h"
+#include "base/ll_clock.h"
+#include "base/ll_log.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -221,16 +222,12 @@ json_t *ll_zclient_next(ll_zclient_t *self, int timeout_ms)
     json_t *m = ll_zreader_pop(self->rd, &bad);
     if (m || bad || !self->ok)
         goto out;
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = ll_clock_ms();
     for (;;) {
         struct pollfd p = {self->fd, POLLIN, 0};
         int left = timeout_ms;
         if (timeout_ms > 0) {
-            struct timespec t1;
-            clock_gettime(CLOCK_MONOTONIC, &t1);
-            left = timeout_ms -
-                   (int) ((t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000);
+            left = timeout_ms - (int) (ll_clock_ms() - t0);
             if (left < 0)
                 left = 0;
         }

@@ -10,7 +10,7 @@
  *       {"op":"interrupt","id"} {"op":"cancel","id"} {"op":"stats"}.
  * One thread; polls stdin and the client's fd. */
 #include "zygote/ll_zygote.h"
-#include "proto/ll_log.h"
+#include "base/ll_log.h"
 
 #include <errno.h>
 #include <poll.h>

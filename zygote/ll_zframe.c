@@ -37,35 +37,6 @@ int ll_zframe_self_exe(char *exec_path, size_t plen, char *argv0, size_t alen)
     return 0;
 }
 
-double ll_zframe_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-json_t *ll_zframe_b64(const void *data, size_t len)
-{
-    static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    const unsigned char *p = data;
-    size_t n = (len + 2) / 3 * 4;
-    char *out = malloc(n + 1);
-    if (!out)
-        return NULL;
-    size_t o = 0;
-    for (size_t i = 0; i < len; i += 3) {
-        unsigned v = (unsigned) p[i] << 16 | (i + 1 < len ? (unsigned) p[i + 1] << 8 : 0) |
-                     (i + 2 < len ? p[i + 2] : 0);
-        out[o++] = tab[(v >> 18) & 63];
-        out[o++] = tab[(v >> 12) & 63];
-        out[o++] = i + 1 < len ? tab[(v >> 6) & 63] : '=';
-        out[o++] = i + 2 < len ? tab[v & 63] : '=';
-    }
-    json_t *s = json_stringn(out, o);
-    free(out);
-    return s;
-}
-
 char *ll_zframe_encode(const json_t *msg, size_t *len)
 {
     char *body = json_dumps(msg, JSON_COMPACT | JSON_ENSURE_ASCII);
@@ -366,15 +337,6 @@ int ll_zframe_selftest(bool verbose)
     fcntl(sv[1], F_SETFL, fcntl(sv[1], F_GETFL) & ~O_NONBLOCK);
     errno = 0;
     S_CHECK(!ll_zframe_recv(sv[1], NULL, true) && errno == EPROTO);
-    /* Base64. */
-    json_t *bb = ll_zframe_b64("foobar", 6), *b1 = ll_zframe_b64("f", 1),
-           *b0 = ll_zframe_b64("", 0);
-    S_CHECK(bb && strcmp(json_string_value(bb), "Zm9vYmFy") == 0);
-    S_CHECK(b1 && strcmp(json_string_value(b1), "Zg==") == 0);
-    S_CHECK(b0 && strcmp(json_string_value(b0), "") == 0);
-    json_decref(bb);
-    json_decref(b1);
-    json_decref(b0);
     /* Orderly EOF. */
     close(sv[0]);
     errno = 1;

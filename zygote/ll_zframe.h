@@ -44,18 +44,11 @@ int ll_zreader_fill(ll_zreader_t *self);
  * frame (the peer should be dropped). */
 json_t *ll_zreader_pop(ll_zreader_t *self, bool *bad);
 
-/* Base64 (RFC 4648, padded) of LEN bytes as a new JSON string (binary
- * buffers of iopub messages travel so in frames), or NULL. */
-json_t *ll_zframe_b64(const void *data, size_t len);
-
 /* This process's binary, to exec again (the pool from a kernel, zygotes from
  * the pool): EXEC_PATH is /proc/self/exe, the very inode that runs, even
  * after a rebuild replaced or removed the file on disk; ARGV0 is its path
  * (without readlink's " (deleted)" suffix), for argv[0].  Returns 0, or -1
  * with errno. */
 int ll_zframe_self_exe(char *exec_path, size_t plen, char *argv0, size_t alen);
-
-/* Milliseconds of CLOCK_MONOTONIC (the same clock in every process on the host). */
-double ll_zframe_now_ms(void);
 
 #endif

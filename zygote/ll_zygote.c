@@ -23,9 +23,12 @@
  * Errors after the fork end the child (_exit), never return into the loop. */
 #include "zygote/ll_zygote.h"
 #include "zygote/ll_zframe.h"
-#include "gateway/ll_fdcap.h"
+#include "base/ll_fdcap.h"
 #include "kernel/ll_interp.h"
-#include "proto/ll_log.h"
+#include "base/ll_b64.h"
+#include "base/ll_clock.h"
+#include "base/ll_log.h"
+#include "base/ll_stream.h"
 #include "store/ll_store.h"
 
 #include <Python.h>
@@ -165,120 +168,50 @@ static int s_prefork_check(int allow, char *why, size_t whylen)
 /* ------------------------------------------------------------------ */
 /* Worker: hooks that turn output into frames to the pool             */
 
-static int s_wfd = -1;                                      /* worker socket */
-static pthread_mutex_t s_wlock = PTHREAD_MUTEX_INITIALIZER; /* one frame at a time */
+static int s_wfd = -1; /* worker socket */
 
-static void s_flush_locked(void);
-
-static void s_wsend(json_t *msg)
-{
-    pthread_mutex_lock(&s_wlock);
-    s_flush_locked();
-    ll_zframe_send(s_wfd, msg, -1);
-    pthread_mutex_unlock(&s_wlock);
-    json_decref(msg);
-}
-
-/* JSON strings must be UTF-8: replace what is not (never expected from
- * Python's own encoding, but a C extension may write bytes). */
-static json_t *s_text(const char *data, size_t len)
-{
-    json_t *s = json_stringn(data, len);
-    if (s)
-        return s;
-    char *copy = malloc(len ? len : 1);
-    if (!copy)
-        return json_string("");
-    for (size_t i = 0; i < len; i++)
-        copy[i] = (unsigned char) data[i] < 0x80 ? data[i] : '?';
-    s = json_stringn(copy, len);
-    free(copy);
-    return s ? s : json_string("");
-}
-
-/* Stream text is coalesced (a print is several writes) and sent by a
- * flusher thread at most S_FLUSH_MS after it was written, at once when the
- * buffer is big, and before any other frame so output keeps its order.  The
- * thread exists only in the worker (after the fork). */
+/* Stream text is coalesced exactly as in the kernel (base/ll_stream.h: the
+ * same UTF-8 handling, a character never split across frames), with a
+ * shorter interval, since the kernel coalesces again.  Its send lock orders
+ * every frame the worker sends: a frame leaves after the text written before
+ * it. */
 #define S_FLUSH_MS    20
 #define S_FLUSH_BYTES (64u << 10)
 
-static char s_sname[8];                                   /* stream of the buffered text */
-static char *s_sbuf;                                      /* buffered text */
-static size_t s_slen, s_scap;                             /* its length, allocation */
-static pthread_cond_t s_scond = PTHREAD_COND_INITIALIZER; /* text arrived */
+static ll_stream_t *s_wstream;
 
-/* Send the buffered text; s_wlock held. */
-static void s_flush_locked(void)
+/* ll_stream's emit: one stream frame (send lock held). */
+static void s_w_emit(void *ctx, const char *name, const char *text, size_t len)
 {
-    if (!s_slen)
-        return;
-    json_t *m = json_pack("{s:s, s:s, s:o}", "type", "stream", "name", s_sname, "text",
-                          s_text(s_sbuf, s_slen));
-    s_slen = 0;
+    json_t *m = json_pack("{s:s, s:s, s:o}", "type", "stream", "name", name, "text",
+                          json_stringn(text, len));
     ll_zframe_send(s_wfd, m, -1);
     json_decref(m);
 }
 
+static void s_send_frame(void *msg)
+{
+    ll_zframe_send(s_wfd, msg, -1);
+}
+
+/* Send MSG (stolen) after the stream text written before it. */
+static void s_wsend(json_t *msg)
+{
+    if (s_wstream)
+        ll_stream_flush_then(s_wstream, s_send_frame, msg);
+    else
+        s_send_frame(msg);
+    json_decref(msg);
+}
+
 static void s_w_stream(void *ctx, const char *name, const char *data, size_t len)
 {
-    pthread_mutex_lock(&s_wlock);
-    if (s_slen && strcmp(s_sname, name) != 0)
-        s_flush_locked();
-    snprintf(s_sname, sizeof s_sname, "%s", name);
-    if (s_slen + len > s_scap) {
-        size_t cap = (s_slen + len) * 2;
-        char *nb = realloc(s_sbuf, cap);
-        if (!nb) {
-            s_flush_locked();
-            json_t *m = json_pack("{s:s, s:s, s:o}", "type", "stream", "name", name, "text",
-                                  s_text(data, len));
-            ll_zframe_send(s_wfd, m, -1);
-            json_decref(m);
-            pthread_mutex_unlock(&s_wlock);
-            return;
-        }
-        s_sbuf = nb;
-        s_scap = cap;
-    }
-    memcpy(s_sbuf + s_slen, data, len);
-    s_slen += len;
-    if (s_slen >= S_FLUSH_BYTES)
-        s_flush_locked();
-    else
-        pthread_cond_signal(&s_scond);
-    pthread_mutex_unlock(&s_wlock);
+    ll_stream_write(s_wstream, name, data, len);
 }
 
 static void s_w_flush(void *ctx)
 {
-    pthread_mutex_lock(&s_wlock);
-    s_flush_locked();
-    pthread_mutex_unlock(&s_wlock);
-}
-
-static void *s_flusher(void *arg)
-{
-    sigset_t all;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, NULL); /* SIGINT belongs to the cell's thread */
-    pthread_mutex_lock(&s_wlock);
-    for (;;) {
-        while (!s_slen)
-            pthread_cond_wait(&s_scond, &s_wlock);
-        /* Let a burst of writes gather, then send it. */
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += S_FLUSH_MS * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        while (s_slen && pthread_cond_timedwait(&s_scond, &s_wlock, &ts) == 0)
-            ;
-        s_flush_locked();
-    }
-    return arg;
+    ll_stream_flush(s_wstream);
 }
 
 static void s_w_publish(void *ctx, const char *msg_type, const char *content_json,
@@ -294,8 +227,11 @@ static void s_w_publish(void *ctx, const char *msg_type, const char *content_jso
                           content, "metadata", md ? md : json_object());
     if (nbufs) {
         json_t *arr = json_array();
-        for (size_t i = 0; i < nbufs; i++)
-            json_array_append_new(arr, ll_zframe_b64(bufs[i], buflens[i]));
+        for (size_t i = 0; i < nbufs; i++) {
+            char *text = ll_b64_encode(bufs[i], buflens[i]);
+            json_array_append_new(arr, text ? json_string(text) : json_null());
+            free(text);
+        }
         json_object_set_new(m, "buffers", arr);
     }
     s_wsend(m);
@@ -409,7 +345,7 @@ static bool s_worker_cell(json_t *job, double fork_ms, bool warm, bool prefetche
     json_t *prep_j = prep ? json_loads(prep, 0, &jerr) : NULL;
     const char *fatal = prep_j ? json_string_value(json_object_get(prep_j, "fatal")) : err;
     char *reply = NULL, *md_text = NULL;
-    double t_exec0 = ll_zframe_now_ms(), t_exec1 = t_exec0;
+    double t_exec0 = ll_clock_ms(), t_exec1 = t_exec0;
     if (fatal) {
         /* The cell cannot run here (store unreachable, closure not
          * restorable): an error reply, nothing saved. */
@@ -434,9 +370,9 @@ static bool s_worker_cell(json_t *job, double fork_ms, bool warm, bool prefetche
         json_t *parent = json_object_get(job, "parent");
         char *parent_text =
             json_dumps(json_is_object(parent) ? parent : json_object(), JSON_COMPACT);
-        t_exec0 = ll_zframe_now_ms();
+        t_exec0 = ll_clock_ms();
         reply = ll_interp_handle("execute_request", content_text, parent_text, &md_text);
-        t_exec1 = ll_zframe_now_ms();
+        t_exec1 = ll_clock_ms();
         if (cap) {
             fflush(NULL);
             ll_fdcap_sync(cap);
@@ -526,7 +462,7 @@ static void s_worker_leave(int status)
  * The pool closing the socket ends it too (the watchdog). */
 static void s_worker_main(int wfd, json_t *job, double t_before_fork)
 {
-    double t_child = ll_zframe_now_ms();
+    double t_child = ll_clock_ms();
     ll_log_init('W');
     close(s_ctl);
     close(s_sigfd);
@@ -535,16 +471,14 @@ static void s_worker_main(int wfd, json_t *job, double t_before_fork)
     ll_interp_hooks_t hooks = {NULL, s_w_stream, s_w_flush, s_w_publish, s_w_input, NULL};
     if (ll_interp_set_hooks(&hooks) < 0)
         _exit(70);
-    pthread_t flusher;
-    if (pthread_create(&flusher, NULL, s_flusher, NULL) != 0)
+    if (!(s_wstream = ll_stream_new(s_w_emit, NULL, S_FLUSH_MS, S_FLUSH_BYTES)))
         _exit(72);
-    pthread_detach(flusher);
     pthread_t watchdog;
     if (pthread_create(&watchdog, NULL, s_watchdog, NULL) != 0)
         _exit(72);
     pthread_detach(watchdog);
     /* What C code and subprocesses write to fds 1/2 is cell output too (as in
-     * the kernel, gateway/ll_fdcap.h); the log keeps the original stderr. */
+     * the kernel, base/ll_fdcap.h); the log keeps the original stderr. */
     static const int cap_fds[2] = {1, 2};
     static const char *const cap_names[2] = {"stdout", "stderr"};
     char cap_err[256];
@@ -616,10 +550,10 @@ static int s_announce(double t0, const char *loaded)
 {
     json_error_t jerr;
     json_t *l = loaded ? json_loads(loaded, 0, &jerr) : NULL;
-    json_t *m = json_pack(
-        "{s:s, s:i, s:i, s:O, s:O, s:f}", "type", "ready", "pid", (int) getpid(), "node", s_node_id,
-        "modules", l ? json_object_get(l, "modules") : json_array(), "failed",
-        l ? json_object_get(l, "failed") : json_object(), "load_ms", ll_zframe_now_ms() - t0);
+    json_t *m =
+        json_pack("{s:s, s:i, s:i, s:O, s:O, s:f}", "type", "ready", "pid", (int) getpid(), "node",
+                  s_node_id, "modules", l ? json_object_get(l, "modules") : json_array(), "failed",
+                  l ? json_object_get(l, "failed") : json_object(), "load_ms", ll_clock_ms() - t0);
     int rc = ll_zframe_send(s_ctl, m, -1);
     json_decref(m);
     json_decref(l);
@@ -662,7 +596,7 @@ static void s_fork_request(json_t *m, int passfd, bool grow)
     char err[512];
     char *ok = s_py_call("prefork", "null", err, sizeof err);
     free(ok);
-    double t0 = ll_zframe_now_ms();
+    double t0 = ll_clock_ms();
     /* Block SIGINT until the worker has its own handler: the pool may
      * interrupt the worker the moment it hears of its pid. */
     sigset_t intmask, oldmask;
@@ -733,7 +667,7 @@ int ll_zygote_main(int argc, char **argv)
         fprintf(stderr, "looseleaf zygote: --fd names the control socket from the pool\n");
         return 2;
     }
-    double t0 = ll_zframe_now_ms();
+    double t0 = ll_clock_ms();
     sigset_t mask;
     sigemptyset(&mask);
     sigaddset(&mask, SIGCHLD);

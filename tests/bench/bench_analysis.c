@@ -6,8 +6,9 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "base/ll_clock.h"
 #include "gateway/ll_analysis.h"
-#include "proto/ll_log.h"
+#include "base/ll_log.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -47,13 +48,6 @@ static const char *s_cell =
     "    acc = evaluate(model, val_loader)\n"
     "    history.append({'epoch': epoch, 'loss': running, 'acc': acc})\n"
     "print('best', max(h['acc'] for h in history))\n";
-
-static double s_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double) ts.tv_sec + (double) ts.tv_nsec * 1e-9;
-}
 
 /* Cell I of a synthetic 500-cell session: a mix of imports, data cells,
  * functions reading earlier globals, classes, and re-runs of old names. */
@@ -122,7 +116,7 @@ int main(int argc, char **argv)
         ll_analysis_t *a = ll_analysis_new(s_cell, len);
         ll_analysis_destroy(&a);
     }
-    double t0 = s_now();
+    double t0 = ll_clock_s();
     for (int i = 0; i < iters; i++) {
         ll_analysis_t *a = ll_analysis_new(s_cell, len);
         if (!a || ll_analysis_error(a)) {
@@ -131,7 +125,7 @@ int main(int argc, char **argv)
         }
         ll_analysis_destroy(&a);
     }
-    double analyse_us = (s_now() - t0) / iters * 1e6;
+    double analyse_us = (ll_clock_s() - t0) / iters * 1e6;
 
     /* a session of 500 executed cells */
     ll_analysis_session_t *s = ll_analysis_session_new();
@@ -140,12 +134,12 @@ int main(int argc, char **argv)
     for (int i = 0; i < 500; i++) {
         s_session_cell(buf, sizeof buf, i);
         ll_analysis_t *a = ll_analysis_new(buf, strlen(buf));
-        double t = s_now();
+        double t = ll_clock_s();
         if (!a || ll_analysis_session_record(s, a) != 0) {
             fprintf(stderr, "bench_analysis: cannot record cell %d\n", i);
             return 1;
         }
-        record_total += s_now() - t;
+        record_total += ll_clock_s() - t;
         ll_analysis_destroy(&a);
     }
     /* the candidate: reads the latest object, whose class's methods reach
@@ -154,14 +148,14 @@ int main(int argc, char **argv)
     ll_analysis_closure_t *c = ll_analysis_session_closure(s, a);
     size_t state = c ? ll_analysis_closure_state(c).count : 0;
     ll_analysis_closure_destroy(&c);
-    t0 = s_now();
+    t0 = ll_clock_s();
     for (int i = 0; i < iters; i++) {
         c = ll_analysis_session_closure(s, a);
         if (!c)
             return 1;
         ll_analysis_closure_destroy(&c);
     }
-    double closure_us = (s_now() - t0) / iters * 1e6;
+    double closure_us = (ll_clock_s() - t0) / iters * 1e6;
     printf("{\"analyse_30_line_cell_us\": %.2f, \"closure_500_cells_us\": %.2f, "
            "\"record_cell_us\": %.2f, \"closure_size\": %zu, \"live\": %zu, "
            "\"iterations\": %d}\n",

@@ -30,7 +30,7 @@
  * Threads: main thread runs the interpreter; hooks may be called from Python
  * threads; timer threads fire interrupts. */
 #include "kernel/ll_interp.h"
-#include "proto/ll_log.h"
+#include "base/ll_log.h"
 
 #include <jansson.h>
 #include <pthread.h>

@@ -9,7 +9,8 @@
  * better).  Decode includes signature verification and the replay check.
  *
  * Usage: bench_wire [iterations of the 1 KiB workload]   (run by make bench) */
-#include "proto/ll_log.h"
+#include "base/ll_clock.h"
+#include "base/ll_log.h"
 #include "proto/ll_wire.h"
 
 #include <stdio.h>
@@ -19,13 +20,6 @@
 
 static const unsigned char s_key[] = "a0436f6c-1916-498b-8eb9-e81ab9368e84";
 #define S_ROUNDS 5
-
-static double s_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double) ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int s_cmp_double(const void *a, const void *b)
 {
@@ -109,7 +103,7 @@ static int s_c_bench(ll_session_t *client, ll_session_t *kernel, const ll_msg_t 
     zmsg_t **wire = calloc((size_t) n, sizeof *wire);
     for (int r = 0; r < S_ROUNDS; r++) {
         /* Encode: build the reply (fresh header, parent shared) and sign it. */
-        double t0 = s_now();
+        double t0 = ll_clock_s();
         for (int i = 0; i < n; i++) {
             ll_msg_t *msg = ll_msg_new(kernel, "stream", req,
                                        json_pack("{s:s,s:s}", "name", "stdout", "text", text));
@@ -119,7 +113,7 @@ static int s_c_bench(ll_session_t *client, ll_session_t *kernel, const ll_msg_t 
             zmsg_destroy(&frames);
             ll_msg_destroy(&msg);
         }
-        enc[r] = (s_now() - t0) / n * 1e6;
+        enc[r] = (ll_clock_s() - t0) / n * 1e6;
 
         /* Decode: distinct messages (the replay history sees each once). */
         for (int i = 0; i < n; i++) {
@@ -130,7 +124,7 @@ static int s_c_bench(ll_session_t *client, ll_session_t *kernel, const ll_msg_t 
             ll_msg_destroy(&msg);
         }
         char why[256];
-        t0 = s_now();
+        t0 = ll_clock_s();
         for (int i = 0; i < n; i++) {
             ll_msg_t *msg = ll_session_decode(kernel, &wire[i], why, sizeof why);
             if (!msg) {
@@ -140,7 +134,7 @@ static int s_c_bench(ll_session_t *client, ll_session_t *kernel, const ll_msg_t 
             }
             ll_msg_destroy(&msg);
         }
-        dec[r] = (s_now() - t0) / n * 1e6;
+        dec[r] = (ll_clock_s() - t0) / n * 1e6;
     }
     free(wire);
     qsort(enc, S_ROUNDS, sizeof enc[0], s_cmp_double);

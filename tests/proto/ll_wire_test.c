@@ -8,7 +8,7 @@
  * must never crash the decoder. */
 #include "proto/ll_wire.h"
 
-#include "proto/ll_log.h"
+#include "base/ll_log.h"
 
 #include "tests/proto/wire_vectors.h"
 

@@ -9,7 +9,7 @@
  * Record format, both ways: u32 frame count, then per frame u32 length and
  * the bytes (little-endian).  The key comes from $LL_WIRE_KEY ("" = unsigned).
  * Exits 0 at end of input, 1 on a malformed record. */
-#include "proto/ll_log.h"
+#include "base/ll_log.h"
 #include "proto/ll_wire.h"
 
 #include <stdint.h>

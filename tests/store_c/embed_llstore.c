@@ -6,7 +6,7 @@
 #include <Python.h>
 #include <stdio.h>
 
-#include "proto/ll_log.h"
+#include "base/ll_log.h"
 #include "store/ll_store.h"
 
 int main(int argc, char **argv)

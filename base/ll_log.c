@@ -6,7 +6,7 @@
  * promises to write atomically.  The destination fd is an atomic so the
  * gateway can repoint the logger (at a dup of the original stderr) after it
  * redirects fds 1 and 2 to its capture pipes, while other threads log. */
-#include "proto/ll_log.h"
+#include "base/ll_log.h"
 
 #include <errno.h>
 #include <limits.h>

@@ -5,12 +5,13 @@
  * burst of C-level output does not stall the writer on a 64 KiB pipe while
  * the reader is busy; read ends are close-on-exec so children hold only the
  * write side (through fds 1/2). */
-#include "gateway/ll_fdcap.h"
+#include "base/ll_fdcap.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +62,10 @@ static bool s_drain_one(ll_fdcap_t *self, size_t i)
 static void *s_reader(void *arg)
 {
     ll_fdcap_t *self = arg;
+    /* Signals are for the thread that runs the cell (KeyboardInterrupt). */
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL);
     struct pollfd pfd[LL_FDCAP_MAX + 1];
     for (;;) {
         size_t np = 0;

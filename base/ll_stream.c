@@ -11,10 +11,12 @@
  * emits from the spare under send_lock alone, so writers keep appending
  * while the previous chunk is encoded and sent (that overlap is most of the
  * speed of the million-line benchmark on two cores). */
-#include "gateway/ll_stream.h"
+#include "base/ll_stream.h"
+#include "base/ll_clock.h"
 
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,13 +55,6 @@ struct ll_stream_t {
     size_t clean_cap;
     pthread_t flusher;
 };
-
-static int64_t s_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 /* Length of the UTF-8 sequence starting with byte C, 0 if C cannot start one. */
 static int s_seq_len(unsigned char c)
@@ -190,7 +185,7 @@ static void s_flush_locked(ll_stream_t *self, bool final)
     self->len = keep;
     self->holding = keep > 0;
     self->hold_seq = self->seq;
-    self->first_ns = s_now_ns();
+    self->first_ns = ll_clock_ns();
     self->urgent = false;
     self->spare = out;
     self->spare_cap = out_cap;
@@ -211,6 +206,10 @@ static void s_flush_locked(ll_stream_t *self, bool final)
 static void *s_flusher(void *arg)
 {
     ll_stream_t *self = arg;
+    /* Signals are for the thread that runs the cell (KeyboardInterrupt). */
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL);
     pthread_mutex_lock(&self->buf_lock);
     while (!self->stop) {
         if (self->len == 0) {
@@ -219,7 +218,7 @@ static void *s_flusher(void *arg)
         }
         if (!self->urgent) {
             int64_t deadline = self->first_ns + self->interval_ns;
-            if (s_now_ns() < deadline) {
+            if (ll_clock_ns() < deadline) {
                 struct timespec ts = {.tv_sec = deadline / 1000000000,
                                       .tv_nsec = deadline % 1000000000};
                 pthread_cond_timedwait(&self->cond, &self->buf_lock, &ts);
@@ -305,7 +304,7 @@ void ll_stream_write(ll_stream_t *self, const char *name, const char *data, size
     }
     if (self->len == 0) {
         snprintf(self->name, sizeof self->name, "%s", name);
-        self->first_ns = s_now_ns();
+        self->first_ns = ll_clock_ns();
         pthread_cond_signal(&self->cond);
     }
     memcpy(self->buf + self->len, data, len);

@@ -1,7 +1,7 @@
-/* Self-test of proto/ll_log (run by build/ll_selftest): line format, level
+/* Self-test of base/ll_log (run by build/ll_selftest): line format, level
  * filtering, redirection with ll_log_set_fd, one line per call, truncation
  * at PIPE_BUF, errno preserved. */
-#include "proto/ll_log.h"
+#include "base/ll_log.h"
 
 #include <errno.h>
 #include <fcntl.h>
