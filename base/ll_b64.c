@@ -91,7 +91,7 @@ int ll_b64_selftest(bool verbose)
         const char *raw;
         size_t len;
         const char *text;
-    } cases[] = {{"", 0, ""},         {"f", 1, "Zg=="},        {"fo", 2, "Zm8="},
+    } cases[] = {{"", 0, ""},         {"f", 1, "Zg=="},          {"fo", 2, "Zm8="},
                  {"foo", 3, "Zm9v"},  {"foobar", 6, "Zm9vYmFy"}, {"\0\1\2", 3, "AAEC"},
                  {"\xff", 1, "/w=="}, {"\xfb\xff", 2, "+/8="}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -121,7 +121,8 @@ int ll_b64_selftest(bool verbose)
     char *enc = ll_b64_encode(all, sizeof all);
     size_t n;
     unsigned char *dec = enc ? ll_b64_decode(enc, strlen(enc), &n) : NULL;
-    bool ok = dec && n == sizeof all && memcmp(dec, all, n) == 0 && strlen(enc) == ll_b64_encoded_len(256);
+    bool ok = dec && n == sizeof all && memcmp(dec, all, n) == 0 &&
+              strlen(enc) == ll_b64_encoded_len(256);
     free(enc);
     free(dec);
     if (verbose)

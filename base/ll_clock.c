@@ -35,7 +35,8 @@ int ll_clock_selftest(bool verbose)
     double ms = ll_clock_ms(), s = ll_clock_s();
     int64_t b = ll_clock_ns();
     /* Monotonic, and the three units agree within the calls' own spacing. */
-    if (b < a || ms * 1e6 < (double) a - 1 || ms * 1e6 > (double) b + 1 || s * 1e9 < (double) a - 1e3)
+    if (b < a || ms * 1e6 < (double) a - 1 || ms * 1e6 > (double) b + 1 ||
+        s * 1e9 < (double) a - 1e3)
         return -1;
     struct timespec d = ll_clock_deadline(250);
     int64_t dn = (int64_t) d.tv_sec * 1000000000 + d.tv_nsec;

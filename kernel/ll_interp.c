@@ -409,30 +409,16 @@ static void s_pyerr_to(char *err, size_t errlen, const char *what)
 
 /* Directories holding the looseleaf_kernel package (and the store's and the
  * zygote's: the kernel keeps process state coherent with workers), as a
- * ':'-separated list: LOOSELEAF_PYTHONPATH if set, else the source tree, else
- * the installed layout next to the binary (<bindir>/../lib/looseleaf/python). */
+ * ':'-separated list: LOOSELEAF_PYTHONPATH if set, else the source tree the
+ * binary was built from (the kernel runs from its build tree). */
 static void s_package_path(char *out, size_t outlen)
 {
     const char *env = getenv("LOOSELEAF_PYTHONPATH");
-    if (env && *env) {
+    if (env && *env)
         snprintf(out, outlen, "%s", env);
-        return;
-    }
-    char exe[PATH_MAX];
-    char installed[PATH_MAX + 64] = "";
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
-        exe[n] = '\0';
-        char *slash = strrchr(exe, '/');
-        if (slash) {
-            *slash = '\0';
-            snprintf(installed, sizeof installed, "%s/../lib/looseleaf/python", exe);
-            if (access(installed, R_OK) != 0)
-                installed[0] = '\0';
-        }
-    }
-    snprintf(out, outlen, "%s/kernel/py:%s/store/py:%s/zygote/py%s%s", LL_SRCDIR, LL_SRCDIR,
-             LL_SRCDIR, installed[0] ? ":" : "", installed);
+    else
+        snprintf(out, outlen, "%s/kernel/py:%s/store/py:%s/zygote/py", LL_SRCDIR, LL_SRCDIR,
+                 LL_SRCDIR);
 }
 
 /* Python code run once after start: sys.path, SIGINT handler at the Python
