@@ -1,8 +1,8 @@
 # gateway/: the kernel process and the `looseleaf` command (owned by the gateway engineer).
-LIB_SRCS  += gateway/ll_iopub.c \
+LIB_SRCS  += gateway/ll_iopub.c gateway/ll_stdin.c gateway/ll_exec.c \
              gateway/ll_kernelspec.c gateway/ll_usage.c gateway/ll_route.c gateway/ll_kernel.c
 BIN_SRCS  += gateway/main.c
-SELFTESTS += ll_iopub ll_kernelspec ll_usage ll_route ll_kernel
+SELFTESTS += ll_iopub ll_stdin ll_exec ll_kernelspec ll_usage ll_route ll_kernel
 
 # A kernelspec directory for `jupyter kernelspec install build/kernelspec/looseleaf [--user]`,
 # written by the binary itself so kernel.json has one source of truth.

@@ -5,7 +5,10 @@
  * publishes execute_input, since it knows IPython's execution_count) -> all
  * output flushed, fds 1/2 drained -> status idle, each under the request's
  * header.  Handlers are found in one table by msg_type, with the channels
- * they are valid on.  Shell requests run on the main thread, one at a time,
+ * they are valid on.  This file is the protocol only: what serves a request
+ * the interpreter answers (where a cell runs, the store around GPU cells,
+ * edit-time prefetch, idle commit) is gateway/ll_exec.h, whose fd and
+ * timers the shell loop polls.  Shell requests run on the main thread, one at a time,
  * because that is where the interpreter lives; control requests run on the
  * control thread and touch the interpreter only through ll_interp_interrupt
  * / ll_interp_busy (async-signal-safe) and the kernel_info reply cached at
@@ -45,7 +48,8 @@
 #include "base/ll_fdcap.h"
 #include "gateway/ll_iopub.h"
 #include "gateway/ll_kernelspec.h"
-#include "gateway/ll_route.h"
+#include "gateway/ll_exec.h"
+#include "gateway/ll_stdin.h"
 #include "gateway/ll_usage.h"
 #include "kernel/ll_interp.h"
 #include "proto/ll_conn.h"
@@ -68,40 +72,30 @@ typedef struct {
 /* The kernel process's state.  A singleton because signal handlers and the
  * interpreter hooks (plain C callbacks) need it. */
 static struct {
-    ll_conn_info_t conn;   /* ports (the key is wiped after start) */
-    ll_session_t *session; /* signing, ids, replay history */
-    zsock_t *shell;        /* main thread */
-    zsock_t *control;      /* control thread */
-    zsock_t *stdin_sock;   /* under stdin_lock */
-    zsock_t *hb;           /* heartbeat thread */
-    ll_iopub_t *iopub;     /* any thread */
-    ll_fdcap_t *fdcap;     /* fds 1/2 capture, NULL if it failed */
-    int wake_fd;           /* eventfd: wakes the main loop (shutdown, SIGTERM) */
-    int intr_fd;           /* eventfd: wakes an input() wait (SIGINT) */
-    int stop_fd;           /* eventfd: tells control and heartbeat to exit */
+    ll_conn_info_t conn;    /* ports (the key is wiped after start) */
+    ll_session_t *session;  /* signing, ids, replay history */
+    zsock_t *shell;         /* main thread */
+    zsock_t *control;       /* control thread */
+    zsock_t *stdin_sock;    /* through stdin_chan */
+    zsock_t *hb;            /* heartbeat thread */
+    ll_iopub_t *iopub;      /* any thread */
+    ll_stdin_t *stdin_chan; /* input() prompts; any thread that runs a cell */
+    ll_fdcap_t *fdcap;      /* fds 1/2 capture, NULL if it failed */
+    ll_exec_t *exec;        /* where cells run and what happens around them; main thread */
+    int wake_fd;            /* eventfd: wakes the main loop (shutdown, SIGTERM) */
+    int intr_fd;            /* eventfd: wakes an input() wait (SIGINT) */
+    int stop_fd;            /* eventfd: tells control and heartbeat to exit */
     pthread_t control_thread, hb_thread;
     bool control_started, hb_started;
-    json_t *kernel_info;  /* cached kernel_info_reply content; read-only once set */
-    long long exec_count; /* last execution_count the interpreter replied; main thread */
-    zlist_t *to_abort;    /* decoded shell requests taken when an execute failed; main thread */
-    zlist_t *queued;      /* decoded shell requests read ahead (prefetch hints); main thread */
-    char *hint;           /* latest edit-time hint's code, waiting out the debounce; main thread */
-    double hint_at;       /* when it came (ll_clock_ms) */
-    double burst_at;      /* when the first hint since the last prefetch came */
-    double commit_at;     /* when user code last ran in the interpreter, 0 once committed */
-    zlist_t *prefetch_comms; /* comm ids opened on the looseleaf.prefetch target; main thread */
-    unsigned long
-        interp_epoch;       /* interpreter requests that may have changed a variable; main thread */
-    char *pf_code;          /* code of the last prefetch sent, its interpreter answer, and the */
-    json_t *pf_sync;        /*   epoch then: a Run of that code before the epoch moved needs no */
-    unsigned long pf_epoch; /*   second commit (s_reuse_prefetch_sync); main thread */
+    json_t *kernel_info;     /* cached kernel_info_reply content; read-only once set */
+    long long exec_count;    /* last execution_count the interpreter replied; main thread */
+    zlist_t *to_abort;       /* decoded shell requests taken when an execute failed; main thread */
+    zlist_t *queued;         /* decoded shell requests read ahead; main thread */
     atomic_bool interrupted; /* SIGINT since the main thread last looked: drop speculative work */
-    ll_route_t *route;       /* cell analysis and GPU routing, NULL when off; main thread */
     atomic_bool allow_stdin; /* of the execute_request now running */
     atomic_bool shutdown;    /* a shutdown_request was answered */
     volatile sig_atomic_t terminate; /* SIGTERM arrived */
-    pthread_mutex_t stdin_lock;      /* one input() at a time on the stdin socket */
-} s_k = {.wake_fd = -1, .intr_fd = -1, .stop_fd = -1, .stdin_lock = PTHREAD_MUTEX_INITIALIZER};
+} s_k = {.wake_fd = -1, .intr_fd = -1, .stop_fd = -1};
 
 /* ---- small helpers ------------------------------------------------------- */
 
@@ -215,7 +209,7 @@ static void s_on_usage(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
     if (!content)
         content = s_error_content("MemoryError", "cannot build usage_reply");
     /* The session's GPU-seconds held against a pinned session (issue 6). */
-    json_t *gpu = ll_route_usage();
+    json_t *gpu = ll_exec_usage();
     if (gpu)
         json_object_set_new(content, "looseleaf", gpu);
     s_send_reply(sock, req, "usage_reply", content, NULL);
@@ -239,99 +233,14 @@ static void s_on_shutdown(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
     s_request_shutdown();
 }
 
-/* Requests whose handling in the interpreter runs no user code and changes
- * no variable (an edit-time hint, introspection): they leave a prefetch's
- * commit valid (s_reuse_prefetch_sync). */
-static bool s_read_only_request(const char *msg_type)
-{
-    static const char *const ro[] = {"complete_request",    "inspect_request",
-                                     "is_complete_request", "history_request",
-                                     "kernel_info_request", "comm_info_request"};
-    for (size_t i = 0; i < sizeof ro / sizeof ro[0]; i++)
-        if (strcmp(msg_type, ro[i]) == 0)
-            return true;
-    return false;
-}
-
-/* The entry of COMM_ID in the open looseleaf.prefetch comms, or NULL. */
-static char *s_prefetch_comm(const char *comm_id)
-{
-    for (char *id = s_k.prefetch_comms ? zlist_first(s_k.prefetch_comms) : NULL; id && comm_id;
-         id = zlist_next(s_k.prefetch_comms))
-        if (strcmp(id, comm_id) == 0)
-            return id;
-    return NULL;
-}
-
-/* Whether REQ is a message on a looseleaf.prefetch comm (its comm_open, or
- * a comm_msg / comm_close on one that is open): a hint, served by the
- * gateway; the interpreter's end of that comm runs no user code. */
-static bool s_on_prefetch_comm(const ll_msg_t *req)
-{
-    const char *t = req->msg_type;
-    if (!ll_msg_content_str(req, "comm_id"))
-        return false;
-    if (strcmp(t, "comm_open") == 0) {
-        const char *target = ll_msg_content_str(req, "target_name");
-        return target && strcmp(target, "looseleaf.prefetch") == 0;
-    }
-    return (strcmp(t, "comm_msg") == 0 || strcmp(t, "comm_close") == 0) &&
-           s_prefetch_comm(ll_msg_content_str(req, "comm_id"));
-}
-
-/* Hand REQ to the interpreter: content, header and metadata as JSON text,
- * binary buffers (comm messages from widgets) as they came.  Returns the
- * reply text (malloc'd) or NULL; *MD_TEXT gets reply metadata or NULL. */
-static char *s_interp_call(const ll_msg_t *req, char **md_text)
-{
-    enum { S_MAX_BUFS = 64 };
-    const void *bufs[S_MAX_BUFS];
-    size_t lens[S_MAX_BUFS];
-    size_t nbufs = 0;
-    *md_text = NULL;
-    if (req->buffers)
-        for (zframe_t *f = zmsg_first(req->buffers); f && nbufs < S_MAX_BUFS;
-             f = zmsg_next(req->buffers)) {
-            bufs[nbufs] = zframe_data(f);
-            lens[nbufs++] = zframe_size(f);
-        }
-    if (req->buffers && zmsg_size(req->buffers) > S_MAX_BUFS)
-        ll_warn("kernel", "%s carries %zu buffers; only the first %d are passed on", req->msg_type,
-                zmsg_size(req->buffers), S_MAX_BUFS);
-    bool user_code = !s_read_only_request(req->msg_type) && !s_on_prefetch_comm(req);
-    if (user_code)
-        s_k.interp_epoch++;
-    char *content = json_dumps(req->content, JSON_COMPACT);
-    char *header = json_dumps(req->header, JSON_COMPACT);
-    char *metadata = req->metadata ? json_dumps(req->metadata, JSON_COMPACT) : NULL;
-    char *reply = NULL;
-    if (content && header)
-        reply = ll_interp_handle_ex(req->msg_type, content, header, metadata, bufs, lens, nbufs,
-                                    md_text);
-    else
-        ll_error("kernel", "cannot serialize a %.64s for the interpreter", req->msg_type);
-    /* s_idle_commit_due, once the kernel stays idle; only in a session that
-     * has used the host pool (so has a store): a CPU-only notebook's cells
-     * cost no extra interpreter call. */
-    if (user_code && ll_route_fd(s_k.route) >= 0)
-        s_k.commit_at = ll_clock_ms();
-    free(content);
-    free(header);
-    free(metadata);
-    return reply;
-}
-
-static void s_hint_from(const ll_msg_t *req);
-
 /* Forward a request to the interpreter and send its reply, if it has one. */
 static void s_on_interp(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
 {
     char reply_type[96];
     bool has_reply = s_reply_type(req->msg_type, reply_type, sizeof reply_type);
     char *md_text = NULL;
-    char *reply_text = s_interp_call(req, &md_text);
+    char *reply_text = ll_exec_request(s_k.exec, req, &md_text);
     s_collect_output();
-    s_hint_from(req);
     if (!has_reply) {
         free(reply_text);
         free(md_text);
@@ -428,323 +337,19 @@ static bool s_stopping(void)
     return atomic_load(&s_k.shutdown) || s_k.terminate;
 }
 
-/* Call one of the interpreter's own requests (looseleaf_before_gpu, ...)
- * with CONTENT (borrowed) under REQ's header (REQ NULL: none); the answer
- * as a new object, NULL when there is none. */
-static json_t *s_interp_own(const char *msg_type, const json_t *content, const ll_msg_t *req)
+/* Read the shell queue ahead (ll_exec_env_t): the first execute_request
+ * waiting behind the running one, or NULL. */
+static const ll_msg_t *s_next_queued_execute(void *ctx)
 {
-    char *ctext = json_dumps(content, JSON_COMPACT);
-    char *htext = req ? json_dumps(req->header, JSON_COMPACT) : strdup("{}");
-    char *out = ctext && htext ? ll_interp_handle(msg_type, ctext, htext, NULL) : NULL;
-    free(ctext);
-    free(htext);
-    json_error_t jerr;
-    json_t *reply = out ? json_loads(out, JSON_ALLOW_NUL, &jerr) : NULL;
-    free(out);
-    if (!json_is_object(reply) || json_object_get(reply, "ename")) {
-        ll_error("kernel", "%s failed in the interpreter: %s", msg_type,
-                 json_string_value(json_object_get(reply, "evalue")));
-        json_decref(reply);
+    if (!s_k.queued && !(s_k.queued = zlist_new()))
         return NULL;
-    }
-    return reply;
-}
-
-static void s_forget_prefetch_sync(void)
-{
-    free(s_k.pf_code);
-    s_k.pf_code = NULL;
-    json_decref(s_k.pf_sync);
-    s_k.pf_sync = NULL;
-}
-
-/* Drop the speculative work for the cell being edited: the prefetch in the
- * pool and the kernel's answer kept for its Run. */
-static void s_cancel_prefetch(void)
-{
-    ll_route_cancel_prefetch(s_k.route);
-    s_forget_prefetch_sync();
-}
-
-/* The Run of CODE right after its prefetch: when the prefetch was for the
- * same code and no interpreter request since could have changed a variable
- * or the process state, the kernel's commit for it is still the store's
- * state, so the prefetch's answer serves the Run (a new looseleaf_before_gpu
- * would find nothing to commit, at ~5-20 ms on the visible path).  NULL
- * otherwise.  Used once. */
-static json_t *s_reuse_prefetch_sync(const char *code)
-{
-    json_t *sync = NULL;
-    if (s_k.pf_sync && code && s_k.pf_code && strcmp(code, s_k.pf_code) == 0 &&
-        s_k.pf_epoch == s_k.interp_epoch) {
-        sync = json_deep_copy(s_k.pf_sync);
-        json_object_del(sync, "closure_bytes");
-        json_object_set_new(sync, "kernel_save_ms", json_real(0));
-        json_object_set_new(sync, "kernel_saved", json_array());
-        json_object_set_new(sync, "kernel_bytes_saved", json_integer(0));
-        json_object_set_new(sync, "kernel_commit_by_prefetch", json_true());
-    }
-    s_forget_prefetch_sync();
-    return sync;
-}
-
-/* Run a GPU-labelled cell on a worker (ll_route.h says how).  True with
- * *REPLY_P / *MD_P set when it ran there; false when it must run in the
- * interpreter instead, *WHY_P saying why (for the notice and the
- * metadata). */
-static bool s_execute_on_worker(ll_msg_t *req, ll_route_plan_t *plan, double t_run,
-                                json_t **reply_p, json_t **md_p, json_t **why_p)
-{
-    json_t *sync = s_reuse_prefetch_sync(json_string_value(json_object_get(req->content, "code")));
-    if (!sync) {
-        json_t *closure = ll_route_plan_closure(plan);
-        if (closure)
-            json_object_set(closure, "code", json_object_get(req->content, "code"));
-        sync = closure ? s_interp_own("looseleaf_before_gpu", closure, req) : NULL;
-        json_decref(closure);
-    }
-    if (!sync) {
-        *why_p = json_string("the kernel could not prepare the cell's variables");
-        return false;
-    }
-    const char *fallback = json_string_value(json_object_get(sync, "fallback"));
-    if (fallback) {
-        *why_p = json_string(fallback);
-        json_decref(sync);
-        return false;
-    }
-    ll_route_io_t io = {.iopub = s_k.iopub,
-                        .session = s_k.session,
-                        .stdin_sock = s_k.stdin_sock,
-                        .stdin_lock = &s_k.stdin_lock,
-                        .intr_fd = s_k.intr_fd,
-                        .stopping = s_stopping,
-                        .t_run = t_run};
-    char err[512];
-    s_eventfd_drain(s_k.intr_fd); /* an interrupt from before this cell is not for it */
-    if (ll_route_run_gpu(s_k.route, plan, req, sync, &io, reply_p, md_p, err, sizeof err) < 0) {
-        *why_p = json_sprintf("the GPU pool is unavailable (%s)", err);
-        json_decref(sync);
-        return false;
-    }
-    /* History, counter and deletions follow the worker (coherence.py). */
-    json_t *wmd = json_object_get(*md_p, "looseleaf");
-    json_t *sh = json_object_get(req->content, "store_history");
-    json_t *after = json_pack(
-        "{s:b, s:O, s:O, s:O, s:O}", "store_history", !sh || json_is_true(sh), "code",
-        json_object_get(req->content, "code"), "execution_count",
-        json_object_get(sync, "execution_count"), "saved",
-        json_object_get(wmd, "saved") ? json_object_get(wmd, "saved") : json_array(), "deleted",
-        json_object_get(wmd, "deleted") ? json_object_get(wmd, "deleted") : json_array());
-    /* Without the worker's account of what it committed (it died, the pool
-     * went away), the kernel compares versions before its next CPU cell. */
-    json_object_set_new(after, "unknown",
-                        json_boolean(!json_is_array(json_object_get(wmd, "saved"))));
-    s_k.interp_epoch++; /* history, counter, the worker's commit: a kept prefetch commit is stale */
-    json_decref(s_interp_own("looseleaf_after_gpu", after, req));
-    json_decref(after);
-    /* store_history=False: the counter did not move, as the interpreter
-     * would reply (the worker's IPython counted the cell). */
-    json_t *count = json_object_get(sync, "execution_count");
-    if (sh && !json_is_true(sh) && json_is_integer(count) && json_is_object(*reply_p))
-        json_object_set_new(*reply_p, "execution_count",
-                            json_integer(json_integer_value(count) - 1));
-    /* The kernel's part of the preparation, next to the worker's. */
-    json_t *ll = ll_route_plan_json(plan, "gpu");
-    if (json_is_object(wmd))
-        json_object_update(ll, wmd);
-    const char *keys[] = {"kernel_save_ms", "kernel_bytes_saved", "kernel_saved",
-                          "kernel_commit_by_prefetch"};
-    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
-        if (json_object_get(sync, keys[i]))
-            json_object_set(ll, keys[i], json_object_get(sync, keys[i]));
-    json_object_set_new(*md_p, "looseleaf", ll);
-    json_decref(sync);
-    return true;
-}
-
-/* ---- edit-time prefetch (issue 6) ----------------------------------------
- *
- * Requests that carry draft code are hints: complete, inspect and
- * is_complete requests, messages on a looseleaf.prefetch comm, and
- * execute_requests read ahead while a CPU cell is about to run.  A hint
- * waits out a debounce (LOOSELEAF_PREFETCH_DEBOUNCE_MS, default 250; the
- * latest hint wins), but no longer than LOOSELEAF_PREFETCH_MAX_WAIT_MS
- * (default 1000) after the first hint of a burst: hints that never pause
- * (an inspector panel asking at every keystroke) still prefetch while the
- * user types.  Then a GPU-labelled hint makes the interpreter commit what
- * CPU cells changed and the host pool prepare the session's worker.
- * The run re-checks versions, so a stale prefetch costs time, never
- * correctness; abort, stop_on_error and interrupt cancel it. */
-
-/* Milliseconds from environment variable NAME, DEFAULT when unset or bad. */
-static double s_env_ms(const char *name, double def)
-{
-    const char *v = getenv(name);
-    char *end;
-    double ms = v ? strtod(v, &end) : def;
-    return v && (end == v || ms < 0) ? def : ms;
-}
-
-static double s_debounce_ms(void)
-{
-    return s_env_ms("LOOSELEAF_PREFETCH_DEBOUNCE_MS", 250);
-}
-
-static void s_hint(const char *code)
-{
-    if (!s_k.route || !code)
-        return;
-    if (!s_k.hint)
-        s_k.burst_at = ll_clock_ms();
-    free(s_k.hint);
-    s_k.hint = strdup(code);
-    s_k.hint_at = ll_clock_ms();
-}
-
-/* Prefetch for CODE now, if it is a GPU cell. */
-static void s_prefetch(const char *code, const ll_msg_t *req)
-{
-    ll_route_plan_t *plan = ll_route_plan(s_k.route, code, strlen(code));
-    if (ll_route_is_gpu(plan)) {
-        json_t *closure = ll_route_plan_closure(plan);
-        if (closure) {
-            json_object_set_new(closure, "code", json_string(code));
-            json_object_set_new(closure, "prefetch", json_true());
-        }
-        json_t *sync = closure ? s_interp_own("looseleaf_before_gpu", closure, req) : NULL;
-        json_decref(closure);
-        char err[256];
-        s_forget_prefetch_sync();
-        if (sync && !json_object_get(sync, "fallback")) {
-            if (ll_route_prefetch(s_k.route, plan, sync, err, sizeof err) < 0) {
-                ll_info("kernel", "prefetch not sent: %s", err);
-            } else {
-                s_k.pf_code = strdup(code);
-                s_k.pf_sync = json_incref(sync);
-                s_k.pf_epoch = s_k.interp_epoch;
-            }
-        }
-        json_decref(sync);
-    }
-    ll_route_plan_free(&plan);
-}
-
-/* The debounce of the pending hint is over: act on it. */
-static void s_hint_due(void)
-{
-    char *code = s_k.hint;
-    s_k.hint = NULL;
-    if (code)
-        s_prefetch(code, NULL);
-    free(code);
-}
-
-/* Milliseconds from now until DUE (ll_clock_ms), rounded up; 0 once due. */
-static long s_ms_until(double due)
-{
-    double left = due - ll_clock_ms();
-    return left > 0 ? (long) left + 1 : 0;
-}
-
-/* Milliseconds until the pending hint is due; -1 when none. */
-static long s_hint_timeout(void)
-{
-    if (!s_k.hint)
-        return -1;
-    double due = s_k.hint_at + s_debounce_ms(),
-           cap = s_k.burst_at + s_env_ms("LOOSELEAF_PREFETCH_MAX_WAIT_MS", 1000);
-    return s_ms_until(due < cap ? due : cap);
-}
-
-/* ---- idle commit ----------------------------------------------------------
- *
- * Once a session has a store (a GPU cell or a prefetch ran), what user code
- * in the interpreter changes (a CPU cell, a widget's callback) is committed
- * when the kernel has stayed idle LOOSELEAF_IDLE_COMMIT_MS (default 250; 0:
- * never) after it, so that the next GPU cell's Run finds nothing to commit
- * even when its edit window was too short for a prefetch.  The interpreter
- * leaves out what would make it slow (coherence.commit_idle): those values
- * are committed by a prefetch or the Run, as before.  Runs no user code:
- * a kept prefetch commit stays valid. */
-
-static double s_idle_commit_ms(void)
-{
-    return s_env_ms("LOOSELEAF_IDLE_COMMIT_MS", 250);
-}
-
-/* Milliseconds until the idle commit is due; -1 when none is pending. */
-static long s_idle_commit_timeout(void)
-{
-    double ms = s_idle_commit_ms();
-    if (s_k.commit_at <= 0 || ms <= 0)
-        return -1;
-    return s_ms_until(s_k.commit_at + ms);
-}
-
-static void s_idle_commit_due(void)
-{
-    s_k.commit_at = 0;
-    json_t *content = json_object();
-    json_decref(s_interp_own("looseleaf_commit_idle", content, NULL));
-    json_decref(content);
-}
-
-/* The poll's timeout: the sooner of a pending hint and a pending commit. */
-static long s_poll_timeout(void)
-{
-    long h = s_hint_timeout(), c = s_idle_commit_timeout();
-    return h < 0 ? c : c < 0 ? h : h < c ? h : c;
-}
-
-/* Hints carried by a request served by the interpreter. */
-static void s_hint_from(const ll_msg_t *req)
-{
-    const char *t = req->msg_type;
-    if (!s_k.route)
-        return;
-    if (strcmp(t, "complete_request") == 0 || strcmp(t, "inspect_request") == 0 ||
-        strcmp(t, "is_complete_request") == 0) {
-        s_hint(ll_msg_content_str(req, "code"));
-        return;
-    }
-    if (!s_on_prefetch_comm(req))
-        return;
-    const char *comm_id = ll_msg_content_str(req, "comm_id");
-    json_t *data = json_object_get(req->content, "data");
-    const char *code = json_string_value(json_object_get(data, "code"));
-    if (strcmp(t, "comm_open") == 0) {
-        if (!s_k.prefetch_comms)
-            s_k.prefetch_comms = zlist_new();
-        if (s_k.prefetch_comms) {
-            zlist_autofree(s_k.prefetch_comms);
-            zlist_append(s_k.prefetch_comms, (void *) comm_id);
-        }
-        s_hint(code);
-    } else if (strcmp(t, "comm_msg") == 0) {
-        s_hint(code);
-    } else {
-        zlist_remove(s_k.prefetch_comms, s_prefetch_comm(comm_id)); /* comm_close */
-    }
-}
-
-/* Before a CPU cell runs: read the shell queue ahead; the first queued
- * execute_request that is a GPU cell ("Run all") gets its worker prepared
- * while this cell runs. */
-static void s_hint_queued(void)
-{
-    if (!s_k.route || (!s_k.queued && !(s_k.queued = zlist_new())))
-        return;
     ll_msg_t *next;
     while ((next = s_recv_shell()))
         zlist_append(s_k.queued, next);
     for (ll_msg_t *q = zlist_first(s_k.queued); q; q = zlist_next(s_k.queued))
-        if (strcmp(q->msg_type, "execute_request") == 0) {
-            const char *code = ll_msg_content_str(q, "code");
-            if (code && !json_is_true(json_object_get(q->content, "silent")))
-                s_prefetch(code, NULL);
-            break;
-        }
+        if (strcmp(q->msg_type, "execute_request") == 0)
+            return q;
+    return NULL;
 }
 
 static void s_on_execute(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
@@ -766,47 +371,9 @@ static void s_on_execute(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
     }
     char started[32];
     ll_wire_now(started);
-    double t_run = ll_clock_ms();
-    free(s_k.hint); /* the Run itself supersedes a hint still waiting */
-    s_k.hint = NULL;
-    s_k.commit_at = 0; /* and commits itself what an idle commit would have */
-    ll_route_plan_t *plan =
-        s_k.route ? ll_route_plan(s_k.route, json_string_value(code), json_string_length(code))
-                  : NULL;
-    json_t *reply = NULL, *md = NULL, *why_not = NULL;
-    /* Silent cells are the frontend's own (%config, widget set-up): they
-     * stay in the interpreter. */
-    bool on_worker = plan && ll_route_is_gpu(plan) && !silent &&
-                     s_execute_on_worker(req, plan, t_run, &reply, &md, &why_not);
-    if (!on_worker) {
-        if (plan && !silent)
-            s_hint_queued();
-        /* execute_input is published by the interpreter, which knows
-         * IPython's execution_count before the cell runs.  With routing,
-         * the cell's closure rides along in the request metadata (a
-         * client's own value under that key is dropped), with the one-line
-         * notice a GPU cell running here gets after its execute_input. */
-        if (json_is_object(req->metadata)) {
-            json_t *closure = plan ? ll_route_plan_closure(plan) : NULL;
-            if (closure && why_not)
-                json_object_set_new(
-                    closure, "notice",
-                    json_sprintf("LooseLeaf: %s; this GPU cell runs in the kernel\n",
-                                 json_string_value(why_not)));
-            if (closure)
-                json_object_set_new(req->metadata, "__looseleaf_plan__", closure);
-            else
-                json_object_del(req->metadata, "__looseleaf_plan__");
-        }
-        char *md_text = NULL;
-        char *reply_text = s_interp_call(req, &md_text);
-        s_collect_output();
-        json_error_t jerr;
-        reply = reply_text ? json_loads(reply_text, JSON_ALLOW_NUL, &jerr) : NULL;
-        free(reply_text);
-        md = md_text ? json_loads(md_text, 0, &jerr) : NULL;
-        free(md_text);
-    }
+    json_t *reply = NULL, *md = NULL;
+    ll_exec_execute(s_k.exec, req, &reply, &md);
+    s_collect_output();
     if (!json_is_object(reply)) {
         ll_error("kernel", "no valid execute_reply from the interpreter");
         json_decref(reply);
@@ -830,23 +397,9 @@ static void s_on_execute(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
                              "engine", ll_session_id(s_k.session), "status", status);
     json_object_update_missing(md, ours);
     json_decref(ours);
-    if (plan) {
-        if (!on_worker) {
-            /* The plan, plus the interpreter's refresh and timing. */
-            json_t *ll = ll_route_plan_json(plan, "cpu");
-            json_t *interp_ll = json_object_get(md, "looseleaf");
-            if (json_is_object(interp_ll))
-                json_object_update_missing(ll, interp_ll);
-            if (why_not)
-                json_object_set(ll, "fallback", why_not);
-            json_object_set_new(md, "looseleaf", ll);
-        }
-        ll_route_done(s_k.route, &plan);
-    }
-    json_decref(why_not);
     if (strcmp(status, "error") == 0 && stop_on_error && !silent) {
         s_take_queue();
-        s_cancel_prefetch(); /* prepared for a cell that will not run */
+        ll_exec_cancel_prefetch(s_k.exec); /* prepared for a cell that will not run */
     }
     s_send_reply(sock, req, "execute_reply", reply, md);
 }
@@ -996,44 +549,18 @@ static void s_hook_publish(void *ctx, const char *msg_type, const char *content_
  * thread that called input(), with the GIL released. */
 static char *s_hook_input(void *ctx, const char *prompt, bool password, int *err)
 {
-    *err = 0;
     if (!atomic_load(&s_k.allow_stdin)) {
         *err = 2;
         return NULL;
     }
-    ll_route_io_t io = {.iopub = s_k.iopub,
-                        .session = s_k.session,
-                        .stdin_sock = s_k.stdin_sock,
-                        .stdin_lock = &s_k.stdin_lock,
-                        .intr_fd = s_k.intr_fd};
-    s_eventfd_drain(s_k.intr_fd); /* an interrupt from before this prompt is not for it */
-    if (!ll_route_ask_input(&io, prompt, password)) {
-        *err = 2;
-        return NULL;
-    }
-    char *value = NULL;
-    while (!value) {
-        if (atomic_load(&s_k.shutdown) || s_k.terminate) {
-            *err = 1;
-            break;
-        }
-        int rc = s_wait(s_k.stdin_sock, s_k.intr_fd);
-        if (rc <= 0) {
-            s_eventfd_drain(s_k.intr_fd);
-            *err = 1; /* interrupted (or the socket failed): KeyboardInterrupt */
-            break;
-        }
-        value = ll_route_take_input(&io);
-    }
-    pthread_mutex_unlock(&s_k.stdin_lock);
-    return value;
+    return ll_stdin_input(s_k.stdin_chan, prompt, password, s_k.intr_fd, s_stopping, err);
 }
 
 /* %looseleaf: the pool's state.  The interpreter thread is the main thread,
  * which owns the pool connection. */
 static char *s_hook_pool_stats(void *ctx)
 {
-    json_t *st = ll_route_stats(s_k.route, 2000);
+    json_t *st = ll_exec_pool_stats(s_k.exec, 2000);
     char *text = st ? json_dumps(st, JSON_COMPACT) : NULL;
     json_decref(st);
     return text;
@@ -1146,38 +673,30 @@ static int s_cache_kernel_info(char *err, size_t errlen)
 static void s_shell_loop(void)
 {
     while (!atomic_load(&s_k.shutdown) && !s_k.terminate) {
-        if (atomic_exchange(&s_k.interrupted, false)) {
-            free(s_k.hint);
-            s_k.hint = NULL;
-            s_cancel_prefetch();
-        }
+        if (atomic_exchange(&s_k.interrupted, false))
+            ll_exec_interrupted(s_k.exec);
         ll_msg_t *req = s_k.queued ? zlist_pop(s_k.queued) : NULL; /* read ahead first */
         if (!req) {
-            int pool_fd = ll_route_fd(s_k.route);
+            /* Requests, the wake-up, and the execution side's fd and timers. */
+            int exec_fd = ll_exec_fd(s_k.exec);
             zmq_pollitem_t items[3] = {{zsock_resolve(s_k.shell), 0, ZMQ_POLLIN, 0},
                                        {NULL, s_k.wake_fd, ZMQ_POLLIN, 0},
-                                       {NULL, pool_fd, ZMQ_POLLIN, 0}};
-            int rc = zmq_poll(items, pool_fd >= 0 ? 3 : 2, s_poll_timeout());
+                                       {NULL, exec_fd, ZMQ_POLLIN, 0}};
+            int rc = zmq_poll(items, exec_fd >= 0 ? 3 : 2, ll_exec_timeout(s_k.exec));
             if (rc < 0) {
                 if (errno == EINTR)
                     continue;
                 ll_error("kernel", "polling shell failed: %s", zmq_strerror(errno));
                 break;
             }
-            if (pool_fd >= 0 && items[2].revents)
-                ll_route_poll(s_k.route); /* prefetch answers */
+            if (exec_fd >= 0 && items[2].revents)
+                ll_exec_on_fd(s_k.exec);
             if (items[1].revents) {
                 s_eventfd_drain(s_k.wake_fd);
                 continue;
             }
-            if (s_k.hint && s_hint_timeout() == 0) {
-                s_hint_due();
+            if (ll_exec_on_timer(s_k.exec, items[0].revents != 0))
                 continue;
-            }
-            if (s_idle_commit_timeout() == 0 && !items[0].revents) {
-                s_idle_commit_due();
-                continue;
-            }
             if (!items[0].revents || !(req = s_recv_shell()))
                 continue;
         }
@@ -1213,7 +732,7 @@ static void s_teardown(bool interp_started)
     if (pthread_create(&watchdog, NULL, s_exit_watchdog, NULL) == 0)
         pthread_detach(watchdog);
     s_block_signals(false);
-    ll_route_destroy(&s_k.route); /* before Python goes */
+    ll_exec_destroy(&s_k.exec); /* before Python goes */
     if (interp_started)
         ll_interp_finalize(); /* atexit handlers may still print: keep iopub up */
     fflush(NULL);
@@ -1227,6 +746,7 @@ static void s_teardown(bool interp_started)
     if (s_k.hb_started)
         pthread_join(s_k.hb_thread, NULL);
     s_k.control_started = s_k.hb_started = false;
+    ll_stdin_destroy(&s_k.stdin_chan);
     ll_iopub_destroy(&s_k.iopub);
     zsock_destroy(&s_k.shell);
     zsock_destroy(&s_k.control);
@@ -1237,10 +757,6 @@ static void s_teardown(bool interp_started)
     s_k.kernel_info = NULL;
     s_drop_requests(&s_k.to_abort);
     s_drop_requests(&s_k.queued);
-    zlist_destroy(&s_k.prefetch_comms);
-    s_forget_prefetch_sync();
-    free(s_k.hint);
-    s_k.hint = NULL;
     for (int *fd = &s_k.wake_fd; fd <= &s_k.stop_fd; fd++)
         if (*fd >= 0) {
             close(*fd);
@@ -1301,6 +817,10 @@ int ll_kernel_run(const char *connection_file)
     zsock_set_router_mandatory(s_k.stdin_sock, 1);
     if (!(s_k.iopub = ll_iopub_new(s_k.session, endpoint, err, sizeof err)))
         goto out_fail;
+    if (!(s_k.stdin_chan = ll_stdin_new(s_k.stdin_sock, s_k.session, s_k.iopub))) {
+        snprintf(err, sizeof err, "out of memory");
+        goto out_fail;
+    }
     if (pthread_create(&s_k.hb_thread, NULL, s_heartbeat_main, NULL) != 0) {
         snprintf(err, sizeof err, "cannot start the heartbeat thread");
         goto out_fail;
@@ -1344,11 +864,14 @@ int ll_kernel_run(const char *connection_file)
         goto out_fail;
     interp_started = true;
     s_install_handlers(); /* in case Python's start-up replaced them */
-    if (ll_route_enabled()) {
-        char route_err[256];
-        s_k.route = ll_route_new(route_err, sizeof route_err);
-        if (!s_k.route)
-            ll_warn("kernel", "GPU routing is off: the cell analysis cannot start: %s", route_err);
+    ll_exec_env_t env = {.iopub = s_k.iopub,
+                         .stdin_chan = s_k.stdin_chan,
+                         .intr_fd = s_k.intr_fd,
+                         .stopping = s_stopping,
+                         .next_queued_execute = s_next_queued_execute};
+    if (!(s_k.exec = ll_exec_new(&env))) {
+        snprintf(err, sizeof err, "out of memory");
+        goto out_fail;
     }
     if (s_cache_kernel_info(err, sizeof err) < 0)
         goto out_fail;

@@ -226,47 +226,6 @@ static json_t *s_run_request(ll_route_plan_t *plan, const ll_msg_t *req, const j
     return r;
 }
 
-bool ll_route_ask_input(const ll_route_io_t *io, const char *prompt, bool password)
-{
-    pthread_mutex_lock(io->stdin_lock);
-    zmsg_t *stale; /* answers to earlier, interrupted prompts */
-    while ((stale = zmsg_recv(io->stdin_sock)))
-        zmsg_destroy(&stale);
-    ll_msg_t *msg = ll_iopub_msg_to_parent(
-        io->iopub, "input_request",
-        json_pack("{s:s, s:b}", "prompt", prompt ? prompt : "", "password", password));
-    if (!msg || ll_session_send(io->session, io->stdin_sock, &msg) != 0) {
-        ll_warn("route", "cannot send input_request (no frontend on stdin?)");
-        pthread_mutex_unlock(io->stdin_lock);
-        return false;
-    }
-    return true;
-}
-
-char *ll_route_take_input(const ll_route_io_t *io)
-{
-    char why[256];
-    zmsg_t *raw;
-    while ((raw = zmsg_recv(io->stdin_sock))) {
-        ll_msg_t *reply = ll_session_decode(io->session, &raw, why, sizeof why);
-        if (!reply) {
-            ll_warn("route", "dropped a message on stdin: %s", why);
-            continue;
-        }
-        char *value = NULL;
-        if (strcmp(reply->msg_type, "input_reply") == 0) {
-            const char *v = ll_msg_content_str(reply, "value");
-            value = strdup(v ? v : "");
-        } else {
-            ll_warn("route", "unexpected %.64s on stdin: ignored", reply->msg_type);
-        }
-        ll_msg_destroy(&reply);
-        if (value)
-            return value;
-    }
-    return NULL;
-}
-
 /* Publish a worker's iopub event; returns its msg_type (borrowed) or NULL. */
 static const char *s_publish(const ll_route_io_t *io, json_t *ev)
 {
@@ -510,9 +469,10 @@ int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *re
     double visible_wait = -1; /* Run to the cell's execute_input (the worker starts executing) */
     json_t *content = NULL, *md = NULL;
     while (!content) {
-        zmq_pollitem_t items[3] = {{NULL, ll_zclient_fd(self->pool), ZMQ_POLLIN, 0},
-                                   {NULL, io->intr_fd, ZMQ_POLLIN, 0},
-                                   {zsock_resolve(io->stdin_sock), 0, ZMQ_POLLIN, 0}};
+        zmq_pollitem_t items[3] = {
+            {NULL, ll_zclient_fd(self->pool), ZMQ_POLLIN, 0},
+            {NULL, io->intr_fd, ZMQ_POLLIN, 0},
+            {zsock_resolve(ll_stdin_sock(io->stdin_chan)), 0, ZMQ_POLLIN, 0}};
         long timeout = cancelled ? 100 : -1;
         int rc = zmq_poll(items, asking ? 3 : 2, timeout);
         if (rc < 0 && errno != EINTR) {
@@ -534,16 +494,16 @@ int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *re
             }
             if (asking) { /* the worker's input() ends with KeyboardInterrupt */
                 asking = false;
-                pthread_mutex_unlock(io->stdin_lock);
+                ll_stdin_release(io->stdin_chan);
             }
         }
         if (rc > 0 && asking && items[2].revents) {
-            char *value = ll_route_take_input(io);
+            char *value = ll_stdin_take(io->stdin_chan);
             if (value) {
                 ll_zclient_input_reply(self->pool, id, value);
                 free(value);
                 asking = false;
-                pthread_mutex_unlock(io->stdin_lock);
+                ll_stdin_release(io->stdin_chan);
             }
         }
         json_t *ev;
@@ -576,11 +536,12 @@ int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *re
                 saw_error |= t && strcmp(t, "error") == 0;
             } else if (strcmp(type, "input_request") == 0) {
                 if (asking) {
-                    pthread_mutex_unlock(io->stdin_lock);
+                    ll_stdin_release(io->stdin_chan);
                     asking = false;
                 }
-                asking = ll_route_ask_input(io, json_string_value(json_object_get(ev, "prompt")),
-                                            json_is_true(json_object_get(ev, "password")));
+                asking =
+                    ll_stdin_ask(io->stdin_chan, json_string_value(json_object_get(ev, "prompt")),
+                                 json_is_true(json_object_get(ev, "password")));
                 if (!asking)
                     ll_zclient_input_reply(self->pool, id, "\x04"); /* EOF: EOFError in the cell */
             } else if (strcmp(type, "wait") == 0 && !waited) {
@@ -609,7 +570,7 @@ int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *re
             content = s_error_reply("Cancelled", "the kernel is shutting down", count);
     }
     if (asking)
-        pthread_mutex_unlock(io->stdin_lock);
+        ll_stdin_release(io->stdin_chan);
     const char *status = json_string_value(json_object_get(content, "status"));
     if (!saw_error && status && strcmp(status, "error") == 0 &&
         json_is_string(json_object_get(content, "ename")))

@@ -1,23 +1,17 @@
-/* ll_route: where each cell of the kernel process runs, and running the
- * GPU-labelled ones on forked workers (issue 5; DESIGN.md "life of a cell").
+/* ll_route: the two mechanisms GPU routing is made of (issue 5; DESIGN.md
+ * "life of a cell"), driven by the execution policy in gateway/ll_exec.h:
  *
- * Every executed cell is analysed against the session's def-use graph
- * (gateway/ll_analysis.h) and recorded in it after it ran.  A cell labelled
- * CPU runs in the embedded interpreter; the gateway passes its closure to
- * the interpreter (looseleaf_kernel/coherence.py), which refreshes from the
- * store what workers changed and notes what the cell changes.  A cell
- * labelled GPU:
- *   1. the interpreter commits the dirty part of its closure and the process
- *      state to the checkpoint store (request looseleaf_before_gpu), or says
- *      why the cell must run in the interpreter instead (a closure variable
- *      that cannot be saved, a store that cannot start);
- *   2. ll_route_run_gpu hands it to the host pool (zygote/ll_zygote.h): a
- *      worker forked from a zygote restores the closure, runs the cell,
- *      streams its output, saves; this thread relays the worker's output to
- *      iopub, its input() prompts to stdin, SIGINT to the worker, and waits
- *      for the reply;
- *   3. the interpreter records the cell in IPython's history and counter and
- *      drops what the worker deleted (looseleaf_after_gpu).
+ *   the plan   every executed cell is analysed against the session's def-use
+ *              graph (gateway/ll_analysis.h) and recorded in it after it ran
+ *              (ll_route_plan / ll_route_done): its state and import closure
+ *              and its CPU/GPU label;
+ *   the relay  a GPU cell is handed to the host pool (zygote/ll_zygote.h),
+ *              whose worker restores the closure from the store, runs the
+ *              cell, streams its output and saves; this thread relays the
+ *              worker's output to iopub, its input() prompts to stdin, SIGINT
+ *              to the worker, and waits for the reply (ll_route_run_gpu).
+ *              Prefetches, their cancellation and the pool's stats go over
+ *              the same connection.
  *
  * Switch: LOOSELEAF_GPU_ROUTING=0 turns routing off (every cell runs in the
  * interpreter, no analysis); on by default.
@@ -29,11 +23,11 @@
 
 #include <czmq.h>
 #include <jansson.h>
-#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 
 #include "gateway/ll_iopub.h"
+#include "gateway/ll_stdin.h"
 #include "proto/ll_wire.h"
 
 typedef struct ll_route_t ll_route_t;
@@ -69,26 +63,14 @@ json_t *ll_route_plan_json(const ll_route_plan_t *plan, const char *route);
  * plan, null *PLAN_P. */
 void ll_route_done(ll_route_t *self, ll_route_plan_t **plan_p);
 
-/* What a GPU cell's relay needs from the kernel process. */
+/* What a GPU cell's relay needs from the kernel process (all borrowed). */
 typedef struct {
-    ll_iopub_t *iopub;           /* output goes out under the current parent */
-    ll_session_t *session;       /* signs input_request on stdin */
-    zsock_t *stdin_sock;         /* ROUTER, receive timeout 0 */
-    pthread_mutex_t *stdin_lock; /* held while this cell owns the stdin socket */
-    int intr_fd;                 /* eventfd: SIGINT, shutdown or SIGTERM arrived */
-    bool (*stopping)(void);      /* the kernel is shutting down */
-    double t_run;                /* ll_clock_ms() when the execute_request arrived */
+    ll_iopub_t *iopub;      /* output goes out under the current parent */
+    ll_stdin_t *stdin_chan; /* the worker's input() prompts */
+    int intr_fd;            /* eventfd: SIGINT, shutdown or SIGTERM arrived */
+    bool (*stopping)(void); /* the kernel is shutting down */
+    double t_run;           /* ll_clock_ms() when the execute_request arrived */
 } ll_route_io_t;
-
-/* input() on stdin, for the interpreter's own cells and for workers': send
- * the current parent's frontend an input_request (earlier, unanswered
- * replies dropped first).  True when it went out; the stdin lock is then
- * held until the caller has its answer and unlocks. */
-bool ll_route_ask_input(const ll_route_io_t *io, const char *prompt, bool password);
-
-/* The input_reply among what waits on stdin (malloc'd value), or NULL when
- * none did (other messages are logged and dropped). */
-char *ll_route_take_input(const ll_route_io_t *io);
 
 /* Run the GPU cell of PLAN for REQ (its execute_request) on a worker.
  * SYNC is the interpreter's looseleaf_before_gpu answer (store coordinates,

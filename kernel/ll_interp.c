@@ -605,8 +605,9 @@ static char *s_strdup_utf8(PyObject *str)
 char *ll_interp_handle(const char *msg_type, const char *content_json, const char *parent_json,
                        char **reply_metadata_json)
 {
-    return ll_interp_handle_ex(msg_type, content_json, parent_json, NULL, NULL, NULL, 0,
-                               reply_metadata_json);
+    ll_interp_request_t req = {
+        .msg_type = msg_type, .content_json = content_json, .parent_json = parent_json};
+    return ll_interp_call(&req, reply_metadata_json);
 }
 
 /* The buffers as a list of bytes (copies: Python code may keep them). */
@@ -623,14 +624,13 @@ static PyObject *s_buffers_list(const void *const *bufs, const size_t *buflens, 
     return list;
 }
 
-char *ll_interp_handle_ex(const char *msg_type, const char *content_json, const char *parent_json,
-                          const char *metadata_json, const void *const *bufs, const size_t *buflens,
-                          size_t nbufs, char **reply_metadata_json)
+char *ll_interp_call(const ll_interp_request_t *req, char **reply_metadata_json)
 {
     if (reply_metadata_json)
         *reply_metadata_json = NULL;
     if (!s_initialized || !s_handle_fn)
         return s_internal_error_reply("interpreter not initialized");
+    const char *msg_type = req->msg_type;
     if (!msg_type)
         return s_internal_error_reply("no message type");
     if (!pthread_equal(pthread_self(), s_thread))
@@ -643,12 +643,14 @@ char *ll_interp_handle_ex(const char *msg_type, const char *content_json, const 
     s_drop_pending_interrupt();
 
     char *reply = NULL;
-    PyObject *buffers =
-        nbufs && bufs && buflens ? s_buffers_list(bufs, buflens, nbufs) : PyList_New(0);
-    PyObject *res = buffers ? PyObject_CallFunction(s_handle_fn, "ssssO", msg_type,
-                                                    content_json ? content_json : "{}",
-                                                    parent_json ? parent_json : "{}",
-                                                    metadata_json ? metadata_json : "{}", buffers)
+    PyObject *buffers = req->nbufs && req->bufs && req->buflens
+                            ? s_buffers_list(req->bufs, req->buflens, req->nbufs)
+                            : PyList_New(0);
+    PyObject *res = buffers ? PyObject_CallFunction(s_handle_fn, "ssssOz", msg_type,
+                                                    req->content_json ? req->content_json : "{}",
+                                                    req->parent_json ? req->parent_json : "{}",
+                                                    req->metadata_json ? req->metadata_json : "{}",
+                                                    buffers, req->route_json)
                             : NULL;
     Py_XDECREF(buffers);
     atomic_store(&s_busy, false); /* in case Python did not get to say so */

@@ -84,25 +84,34 @@ int ll_interp_add_builtin(const char *name, void *(*initfunc)(void) );
  * a reason in ERR. */
 int ll_interp_init(const char *argv0, const ll_interp_hooks_t *hooks, char *err, size_t errlen);
 
-/* Handle one request in Python: MSG_TYPE is the Jupyter request type
- * (execute_request, complete_request, inspect_request, history_request,
- * is_complete_request, kernel_info_request, comm_info_request, comm_open,
- * comm_msg, comm_close, shutdown_request, ...).  CONTENT_JSON and
- * PARENT_JSON (the request's full header) are JSON texts.  Returns the
- * reply's content as malloc'd JSON text (NULL for messages that have no
- * reply, e.g. comm_msg), and when *REPLY_METADATA_JSON is non-NULL on
- * return, a malloc'd JSON object for the reply's metadata.  Never lets a
+/* One request for the interpreter (kernel/py/looseleaf_kernel/API.md).
+ * Every pointer is borrowed for the call. */
+typedef struct {
+    const char *msg_type;      /* the Jupyter request type (execute_request,
+                                * complete_request, comm_msg, ...) or one of
+                                * the kernel's own (looseleaf_before_gpu, ...) */
+    const char *content_json;  /* the request's content, a JSON object text */
+    const char *parent_json;   /* the request's full header; NULL: {} */
+    const char *metadata_json; /* the request's metadata; NULL: {} */
+    const void *const *bufs;   /* binary buffers (a comm_msg from ipywidgets' */
+    const size_t *buflens;     /*   FileUpload carries the file), copied; */
+    size_t nbufs;              /*   NBUFS may be 0 */
+    const char *route_json;    /* execute_request under GPU routing: the cell's
+                                * plan (closure, notice) for coherence.py;
+                                * NULL otherwise */
+} ll_interp_request_t;
+
+/* Handle REQ in Python.  Returns the reply's content as malloc'd JSON text
+ * (NULL for messages that have no reply, e.g. comm_msg), and when
+ * *REPLY_METADATA_JSON is non-NULL on return, a malloc'd JSON object text for
+ * the reply's metadata (REPLY_METADATA_JSON may be NULL).  Never lets a
  * Python exception escape: an internal failure becomes an error reply. */
+char *ll_interp_call(const ll_interp_request_t *req, char **reply_metadata_json);
+
+/* ll_interp_call of a request with only MSG_TYPE, CONTENT_JSON and
+ * PARENT_JSON. */
 char *ll_interp_handle(const char *msg_type, const char *content_json, const char *parent_json,
                        char **reply_metadata_json);
-
-/* ll_interp_handle with the request's METADATA_JSON (may be NULL) and its
- * binary buffers (BUFS/BUFLENS/NBUFS, copied; NBUFS may be 0): a comm_msg
- * from the frontend can carry both (ipywidgets' FileUpload sends the file as
- * a buffer), and comm callbacks see them in msg["metadata"]/msg["buffers"]. */
-char *ll_interp_handle_ex(const char *msg_type, const char *content_json, const char *parent_json,
-                          const char *metadata_json, const void *const *bufs, const size_t *buflens,
-                          size_t nbufs, char **reply_metadata_json);
 
 /* Make the code now running raise KeyboardInterrupt; a no-op when idle.
  * Async-signal-safe. */

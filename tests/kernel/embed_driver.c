@@ -266,9 +266,14 @@ static void s_line(char *line)
              "\"username\": \"test\", \"version\": \"5.3\"}",
              ++s_seq, line);
     char *md = NULL;
-    char *reply =
-        ll_interp_handle_ex(line, content, parent, s_next_md, (const void *const *) s_next_bufs,
-                            s_next_buflens, s_next_nbufs, &md);
+    ll_interp_request_t req = {.msg_type = line,
+                               .content_json = content,
+                               .parent_json = parent,
+                               .metadata_json = s_next_md,
+                               .bufs = (const void *const *) s_next_bufs,
+                               .buflens = s_next_buflens,
+                               .nbufs = s_next_nbufs};
+    char *reply = ll_interp_call(&req, &md);
     free(s_next_md);
     s_next_md = NULL;
     for (size_t i = 0; i < s_next_nbufs; i++)

@@ -47,8 +47,6 @@ __all__ = ["Kernel", "start", "handle", "shutdown", "get_kernel"]
 __version__ = "0.1.0"
 PROTOCOL_VERSION = "5.3"
 _EXPERIMENTAL_KEY = "_jupyter_types_experimental"
-# execute_request metadata key under which the gateway passes a routed CPU cell's closure.
-_PLAN_KEY = "__looseleaf_plan__"
 
 log = logging.getLogger("looseleaf_kernel")
 
@@ -286,12 +284,13 @@ class Kernel:
 
     # -- entry ------------------------------------------------------------
 
-    def handle(self, msg_type, content_json, parent_json, metadata_json="{}", buffers=()):
-        """Run one request; returns (reply_json or None, metadata_json or None)."""
+    def handle(self, msg_type, content_json, parent_json, metadata_json="{}", buffers=(), route_json=None):
+        """Run one request (API.md); returns (reply_json or None, metadata_json or None)."""
         try:
             content = loads(content_json)
             parent = loads(parent_json) if parent_json else {}
             metadata = loads(metadata_json) if metadata_json else {}
+            route = loads(route_json) if route_json else None
             if not isinstance(content, dict):
                 raise ValueError("request content is not a JSON object")
             if not isinstance(parent, dict):
@@ -303,8 +302,8 @@ class Kernel:
         handler = self.handlers.get(msg_type)
         if handler is None:
             return self._error_json("UnknownRequest", "unknown request type %r" % (msg_type,))
-        # The gateway's own key (a routed CPU cell's closure) is not the client's metadata.
-        self._route_plan = metadata.pop(_PLAN_KEY, None)
+        # An executed cell's plan under GPU routing (the gateway's, never the client's).
+        self._route_plan = route if isinstance(route, dict) else None
         self._request_metadata = metadata
         self._request_buffers = list(buffers) if buffers else []
         # The whole request, as ipykernel's get_parent() gives it (the
@@ -648,8 +647,8 @@ def start():
     return _kernel
 
 
-def handle(msg_type, content_json, parent_json, metadata_json="{}", buffers=()):
-    return _kernel.handle(msg_type, content_json, parent_json, metadata_json, buffers)
+def handle(msg_type, content_json, parent_json, metadata_json="{}", buffers=(), route_json=None):
+    return _kernel.handle(msg_type, content_json, parent_json, metadata_json, buffers, route_json)
 
 
 def shutdown():
