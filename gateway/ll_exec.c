@@ -232,8 +232,7 @@ static bool s_on_prefetch_comm(ll_exec_t *self, const ll_msg_t *req)
  * executed cell's plan, JSON text; NULL for other requests).  Returns the
  * reply text (the caller frees it) or NULL; *MD_TEXT gets the reply
  * metadata text or NULL. */
-static char *s_interp_call(ll_exec_t *self, const ll_msg_t *req, const char *route,
-                           char **md_text)
+static char *s_interp_call(ll_exec_t *self, const ll_msg_t *req, const char *route, char **md_text)
 {
     enum { S_MAX_BUFS = 64 };
     const void *bufs[S_MAX_BUFS];
@@ -368,9 +367,8 @@ static void s_hint_from(ll_exec_t *self, const ll_msg_t *req)
  * all") gets its worker prepared while this cell runs, if a GPU cell. */
 static void s_hint_queued(ll_exec_t *self)
 {
-    const ll_msg_t *q = self->env.next_queued_execute
-                            ? self->env.next_queued_execute(self->env.ctx)
-                            : NULL;
+    const ll_msg_t *q =
+        self->env.next_queued_execute ? self->env.next_queued_execute(self->env.ctx) : NULL;
     const char *code = q ? ll_msg_content_str(q, "code") : NULL;
     if (code && !json_is_true(json_object_get(q->content, "silent")))
         s_prefetch(self, code);
@@ -400,8 +398,8 @@ static void s_idle_commit(ll_exec_t *self)
 /* Run a GPU-labelled cell on a worker.  True with *REPLY_P / *MD_P set when
  * it ran there; false when it must run in the interpreter instead, *WHY_P
  * saying why (for the notice and the metadata). */
-static bool s_execute_on_worker(ll_exec_t *self, ll_msg_t *req, ll_route_plan_t *plan,
-                                double t_run, json_t **reply_p, json_t **md_p, json_t **why_p)
+static bool s_execute_on_worker(ll_exec_t *self, ll_msg_t *req, ll_route_plan_t *plan, double t_run,
+                                json_t **reply_p, json_t **md_p, json_t **why_p)
 {
     const char *code = json_string_value(json_object_get(req->content, "code"));
     json_t *sync = s_kept_take(&self->kept, code, self->epoch);
@@ -440,11 +438,11 @@ static bool s_execute_on_worker(ll_exec_t *self, ll_msg_t *req, ll_route_plan_t 
     json_t *wmd = json_object_get(*md_p, "looseleaf");
     json_t *sh = json_object_get(req->content, "store_history");
     json_t *saved = json_object_get(wmd, "saved"), *deleted = json_object_get(wmd, "deleted");
-    json_t *after = json_pack("{s:b, s:O, s:O, s:O, s:O}", "store_history", !sh || json_is_true(sh),
-                              "code", json_object_get(req->content, "code"), "execution_count",
-                              json_object_get(sync, "execution_count"), "saved",
-                              saved ? saved : json_array(), "deleted",
-                              deleted ? deleted : json_array());
+    json_t *after =
+        json_pack("{s:b, s:O, s:O, s:O, s:O}", "store_history", !sh || json_is_true(sh), "code",
+                  json_object_get(req->content, "code"), "execution_count",
+                  json_object_get(sync, "execution_count"), "saved", saved ? saved : json_array(),
+                  "deleted", deleted ? deleted : json_array());
     /* Without the worker's account of what it committed (it died, the pool
      * went away), the kernel compares versions before its next CPU cell. */
     json_object_set_new(after, "unknown", json_boolean(!json_is_array(saved)));
@@ -641,12 +639,12 @@ void ll_exec_destroy(ll_exec_t **self_p)
 
 /* ---- self-test: the decisions, scripted ------------------------------------------- */
 
-#define S_CHECK(cond)                                                                      \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
+#define S_CHECK(cond)                                                                    \
+    do {                                                                                 \
+        if (!(cond)) {                                                                   \
             fprintf(stderr, "ll_exec selftest: %s:%d: %s\n", __FILE__, __LINE__, #cond); \
-            goto fail;                                                                     \
-        }                                                                                  \
+            goto fail;                                                                   \
+        }                                                                                \
     } while (0)
 
 int ll_exec_selftest(bool verbose)

@@ -430,6 +430,164 @@ int ll_route_prefetch(ll_route_t *self, ll_route_plan_t *plan, const json_t *syn
     return rc;
 }
 
+/* One GPU cell's relay: what its event loop keeps track of. */
+typedef struct {
+    ll_route_t *route;       /* its pool connection */
+    const ll_route_io_t *io; /* the kernel's sockets */
+    const char *id;          /* the cell's id on the pool connection */
+    json_int_t count;        /* its execution_count, for error replies */
+    bool asking;             /* the worker waits in input(); we hold the stdin channel */
+    double cancelled;        /* when the cell was cancelled (kernel shutting down), 0 if not */
+    bool waited;             /* the "every GPU slot is in use" line went out */
+    bool saw_input;          /* the worker published the cell's execute_input */
+    bool saw_error;          /* ... and an error */
+    double visible_wait;     /* Run to the cell's execute_input (the worker starts executing) */
+    json_t *content, *md;    /* the reply, once there is one */
+} s_relay_t;
+
+/* Send the run request of the cell; a pool that went away since the last
+ * GPU cell is replaced by a new one (started on demand): try twice.  0, or
+ * -1 with ERR. */
+static int s_send_run(ll_route_t *self, json_t *request, char *err, size_t errlen)
+{
+    int sent = -1;
+    for (int attempt = 0; attempt < 2 && sent < 0; attempt++) {
+        if (s_connect(self, err, errlen) < 0)
+            continue;
+        if ((sent = ll_zclient_run(self->pool, request, err, errlen)) < 0)
+            ll_zclient_destroy(&self->pool);
+    }
+    return sent;
+}
+
+/* The interrupt eventfd fired: a SIGINT for the cell, or the kernel going. */
+static void s_relay_signal(s_relay_t *r)
+{
+    uint64_t v;
+    ssize_t n = read(r->io->intr_fd, &v, sizeof v);
+    (void) n;
+    if (r->io->stopping()) {
+        if (!r->cancelled) {
+            ll_zclient_cancel(r->route->pool, r->id);
+            r->cancelled = ll_clock_ms();
+        }
+    } else {
+        ll_info("route", "interrupt: to the worker of %s", r->id);
+        ll_zclient_interrupt(r->route->pool, r->id);
+    }
+    if (r->asking) { /* the worker's input() ends with KeyboardInterrupt */
+        r->asking = false;
+        ll_stdin_release(r->io->stdin_chan);
+    }
+}
+
+/* The stdin channel is readable while the worker waits in input(). */
+static void s_relay_stdin(s_relay_t *r)
+{
+    char *value = ll_stdin_take(r->io->stdin_chan);
+    if (value) {
+        ll_zclient_input_reply(r->route->pool, r->id, value);
+        free(value);
+        r->asking = false;
+        ll_stdin_release(r->io->stdin_chan);
+    }
+}
+
+/* The worker asks for a line: relay its input_request to the frontend. */
+static void s_relay_input_request(s_relay_t *r, json_t *ev)
+{
+    if (r->asking) {
+        ll_stdin_release(r->io->stdin_chan);
+        r->asking = false;
+    }
+    r->asking = ll_stdin_ask(r->io->stdin_chan, json_string_value(json_object_get(ev, "prompt")),
+                             json_is_true(json_object_get(ev, "password")));
+    if (!r->asking)
+        ll_zclient_input_reply(r->route->pool, r->id, "\x04"); /* EOF: EOFError in the cell */
+}
+
+/* One event from the pool (EV borrowed). */
+static void s_relay_event(s_relay_t *r, json_t *ev)
+{
+    const ll_route_io_t *io = r->io;
+    const char *type = json_string_value(json_object_get(ev, "type"));
+    const char *evid = json_string_value(json_object_get(ev, "id"));
+    if (!type)
+        return;
+    if (strcmp(type, "pool_gone") == 0) {
+        r->content = s_error_reply("PoolGone",
+                                   "the GPU pool went away while this cell ran; the session "
+                                   "continues from the last committed versions of its variables",
+                                   r->count);
+    } else if (!evid || strcmp(evid, r->id) != 0) {
+        s_idle_event(r->route, ev); /* a prefetch answer, an earlier cell's late event */
+    } else if (strcmp(type, "stream") == 0) {
+        const char *name = json_string_value(json_object_get(ev, "name"));
+        json_t *text = json_object_get(ev, "text");
+        if (name && json_is_string(text))
+            ll_iopub_stream_write(io->iopub, name, json_string_value(text),
+                                  json_string_length(text));
+    } else if (strcmp(type, "iopub") == 0) {
+        const char *t = s_publish(io, ev);
+        bool input = t && strcmp(t, "execute_input") == 0;
+        if (input && !r->saw_input)
+            r->visible_wait = ll_clock_ms() - io->t_run;
+        r->saw_input |= input;
+        r->saw_error |= t && strcmp(t, "error") == 0;
+    } else if (strcmp(type, "input_request") == 0) {
+        s_relay_input_request(r, ev);
+    } else if (strcmp(type, "wait") == 0 && !r->waited) {
+        r->waited = true;
+        char line[200];
+        snprintf(line, sizeof line,
+                 "LooseLeaf: every GPU slot is in use (%lld slots, %lld cells waiting); "
+                 "this cell starts when one is free\n",
+                 (long long) json_integer_value(json_object_get(ev, "slots")),
+                 (long long) json_integer_value(json_object_get(ev, "queued")));
+        ll_iopub_stream_write(io->iopub, "stderr", line, strlen(line));
+    } else if (strcmp(type, "reply") == 0) {
+        r->content = json_incref(json_object_get(ev, "content"));
+        r->md = json_incref(json_object_get(ev, "metadata"));
+        if (!json_is_object(r->content)) {
+            json_decref(r->content);
+            r->content = s_error_reply("WorkerError", "the worker sent no valid reply", r->count);
+        }
+    } else if (strcmp(type, "error") == 0) {
+        const char *why = json_string_value(json_object_get(ev, "error"));
+        r->content = s_error_reply("WorkerRequestError", why ? why : "bad request", r->count);
+    }
+}
+
+/* Relay the cell's events until its reply (or the pool's end). */
+static void s_relay(s_relay_t *r)
+{
+    ll_route_t *self = r->route;
+    while (!r->content) {
+        zmq_pollitem_t items[3] = {
+            {NULL, ll_zclient_fd(self->pool), ZMQ_POLLIN, 0},
+            {NULL, r->io->intr_fd, ZMQ_POLLIN, 0},
+            {zsock_resolve(ll_stdin_sock(r->io->stdin_chan)), 0, ZMQ_POLLIN, 0}};
+        int rc = zmq_poll(items, r->asking ? 3 : 2, r->cancelled ? 100 : -1);
+        if (rc < 0 && errno != EINTR) {
+            r->content = s_error_reply("PoolGone", "cannot wait for the GPU worker", r->count);
+            break;
+        }
+        if (rc > 0 && items[1].revents)
+            s_relay_signal(r);
+        if (rc > 0 && r->asking && items[2].revents)
+            s_relay_stdin(r);
+        json_t *ev;
+        while (!r->content && (ev = ll_zclient_next(self->pool, 0))) {
+            s_relay_event(r, ev);
+            json_decref(ev);
+        }
+        if (!r->content && r->cancelled && ll_clock_ms() - r->cancelled > S_CANCEL_GRACE_MS)
+            r->content = s_error_reply("Cancelled", "the kernel is shutting down", r->count);
+    }
+    if (r->asking)
+        ll_stdin_release(r->io->stdin_chan);
+}
+
 int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *req,
                      const json_t *sync, const ll_route_io_t *io, json_t **content_p, json_t **md_p,
                      char *err, size_t errlen)
@@ -449,146 +607,35 @@ int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *re
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    /* A pool that went away since the last GPU cell is replaced by a new
-     * one (started on demand): try twice. */
-    int sent = -1;
-    for (int attempt = 0; attempt < 2 && sent < 0; attempt++) {
-        if (s_connect(self, err, errlen) < 0)
-            continue;
-        if ((sent = ll_zclient_run(self->pool, request, err, errlen)) < 0)
-            ll_zclient_destroy(&self->pool);
-    }
+    int sent = s_send_run(self, request, err, errlen);
     json_decref(request);
     if (sent < 0)
         return -1;
 
-    json_int_t count = json_integer_value(json_object_get(sync, "execution_count"));
-    bool asking = false;  /* the worker waits in input(); we hold the stdin lock */
-    double cancelled = 0; /* when the cell was cancelled (kernel shutting down) */
-    bool waited = false, saw_input = false, saw_error = false;
-    double visible_wait = -1; /* Run to the cell's execute_input (the worker starts executing) */
-    json_t *content = NULL, *md = NULL;
-    while (!content) {
-        zmq_pollitem_t items[3] = {
-            {NULL, ll_zclient_fd(self->pool), ZMQ_POLLIN, 0},
-            {NULL, io->intr_fd, ZMQ_POLLIN, 0},
-            {zsock_resolve(ll_stdin_sock(io->stdin_chan)), 0, ZMQ_POLLIN, 0}};
-        long timeout = cancelled ? 100 : -1;
-        int rc = zmq_poll(items, asking ? 3 : 2, timeout);
-        if (rc < 0 && errno != EINTR) {
-            content = s_error_reply("PoolGone", "cannot wait for the GPU worker", count);
-            break;
-        }
-        if (rc > 0 && items[1].revents) {
-            uint64_t v;
-            ssize_t r = read(io->intr_fd, &v, sizeof v);
-            (void) r;
-            if (io->stopping()) {
-                if (!cancelled) {
-                    ll_zclient_cancel(self->pool, id);
-                    cancelled = ll_clock_ms();
-                }
-            } else {
-                ll_info("route", "interrupt: to the worker of %s", id);
-                ll_zclient_interrupt(self->pool, id);
-            }
-            if (asking) { /* the worker's input() ends with KeyboardInterrupt */
-                asking = false;
-                ll_stdin_release(io->stdin_chan);
-            }
-        }
-        if (rc > 0 && asking && items[2].revents) {
-            char *value = ll_stdin_take(io->stdin_chan);
-            if (value) {
-                ll_zclient_input_reply(self->pool, id, value);
-                free(value);
-                asking = false;
-                ll_stdin_release(io->stdin_chan);
-            }
-        }
-        json_t *ev;
-        while (!content && (ev = ll_zclient_next(self->pool, 0))) {
-            const char *type = json_string_value(json_object_get(ev, "type"));
-            const char *evid = json_string_value(json_object_get(ev, "id"));
-            if (!type) {
-                json_decref(ev);
-                continue;
-            }
-            if (strcmp(type, "pool_gone") == 0) {
-                content =
-                    s_error_reply("PoolGone",
-                                  "the GPU pool went away while this cell ran; the session "
-                                  "continues from the last committed versions of its variables",
-                                  count);
-            } else if (!evid || strcmp(evid, id) != 0) {
-                s_idle_event(self, ev); /* a prefetch answer, an earlier cell's late event */
-            } else if (strcmp(type, "stream") == 0) {
-                const char *name = json_string_value(json_object_get(ev, "name"));
-                json_t *text = json_object_get(ev, "text");
-                if (name && json_is_string(text))
-                    ll_iopub_stream_write(io->iopub, name, json_string_value(text),
-                                          json_string_length(text));
-            } else if (strcmp(type, "iopub") == 0) {
-                const char *t = s_publish(io, ev);
-                if (t && strcmp(t, "execute_input") == 0 && !saw_input)
-                    visible_wait = ll_clock_ms() - io->t_run;
-                saw_input |= t && strcmp(t, "execute_input") == 0;
-                saw_error |= t && strcmp(t, "error") == 0;
-            } else if (strcmp(type, "input_request") == 0) {
-                if (asking) {
-                    ll_stdin_release(io->stdin_chan);
-                    asking = false;
-                }
-                asking =
-                    ll_stdin_ask(io->stdin_chan, json_string_value(json_object_get(ev, "prompt")),
-                                 json_is_true(json_object_get(ev, "password")));
-                if (!asking)
-                    ll_zclient_input_reply(self->pool, id, "\x04"); /* EOF: EOFError in the cell */
-            } else if (strcmp(type, "wait") == 0 && !waited) {
-                waited = true;
-                char line[200];
-                snprintf(line, sizeof line,
-                         "LooseLeaf: every GPU slot is in use (%lld slots, %lld cells waiting); "
-                         "this cell starts when one is free\n",
-                         (long long) json_integer_value(json_object_get(ev, "slots")),
-                         (long long) json_integer_value(json_object_get(ev, "queued")));
-                ll_iopub_stream_write(io->iopub, "stderr", line, strlen(line));
-            } else if (strcmp(type, "reply") == 0) {
-                content = json_incref(json_object_get(ev, "content"));
-                md = json_incref(json_object_get(ev, "metadata"));
-                if (!json_is_object(content)) {
-                    json_decref(content);
-                    content = s_error_reply("WorkerError", "the worker sent no valid reply", count);
-                }
-            } else if (strcmp(type, "error") == 0) {
-                const char *why = json_string_value(json_object_get(ev, "error"));
-                content = s_error_reply("WorkerRequestError", why ? why : "bad request", count);
-            }
-            json_decref(ev);
-        }
-        if (!content && cancelled && ll_clock_ms() - cancelled > S_CANCEL_GRACE_MS)
-            content = s_error_reply("Cancelled", "the kernel is shutting down", count);
-    }
-    if (asking)
-        ll_stdin_release(io->stdin_chan);
-    const char *status = json_string_value(json_object_get(content, "status"));
-    if (!saw_error && status && strcmp(status, "error") == 0 &&
-        json_is_string(json_object_get(content, "ename")))
-        s_publish_failure(io, json_string_value(json_object_get(req->content, "code")), content,
-                          saw_input);
+    s_relay_t r = {.route = self,
+                   .io = io,
+                   .id = id,
+                   .count = json_integer_value(json_object_get(sync, "execution_count")),
+                   .visible_wait = -1};
+    s_relay(&r);
+    const char *status = json_string_value(json_object_get(r.content, "status"));
+    if (!r.saw_error && status && strcmp(status, "error") == 0 &&
+        json_is_string(json_object_get(r.content, "ename")))
+        s_publish_failure(io, json_string_value(json_object_get(req->content, "code")), r.content,
+                          r.saw_input);
     if (!ll_zclient_ok(self->pool))
         ll_zclient_destroy(&self->pool); /* the next GPU cell starts a new pool */
     else
         ll_zclient_stats(self->pool); /* GPU time for usage_request, answered while idle */
-    if (!json_is_object(md)) {
-        json_decref(md);
-        md = json_object();
+    if (!json_is_object(r.md)) {
+        json_decref(r.md);
+        r.md = json_object();
     }
-    json_t *ll = json_object_get(md, "looseleaf");
-    if (json_is_object(ll) && visible_wait >= 0)
-        json_object_set_new(ll, "visible_wait_ms", json_real(visible_wait));
-    *content_p = content;
-    *md_p = md;
+    json_t *ll = json_object_get(r.md, "looseleaf");
+    if (json_is_object(ll) && r.visible_wait >= 0)
+        json_object_set_new(ll, "visible_wait_ms", json_real(r.visible_wait));
+    *content_p = r.content;
+    *md_p = r.md;
     return 0;
 }
 

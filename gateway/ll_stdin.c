@@ -101,8 +101,7 @@ static void s_drain(int fd)
 /* Wait until the socket is readable or FD fires: 1 readable, 0 fired, -1 error. */
 static int s_wait(zsock_t *sock, int fd)
 {
-    zmq_pollitem_t items[2] = {{zsock_resolve(sock), 0, ZMQ_POLLIN, 0},
-                               {NULL, fd, ZMQ_POLLIN, 0}};
+    zmq_pollitem_t items[2] = {{zsock_resolve(sock), 0, ZMQ_POLLIN, 0}, {NULL, fd, ZMQ_POLLIN, 0}};
     for (;;) {
         int rc = zmq_poll(items, 2, -1);
         if (rc < 0 && errno == EINTR)
