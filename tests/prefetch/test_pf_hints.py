@@ -113,7 +113,7 @@ def test_pf_unchanged_process_state_compares_equal(pool):
     differ, so the comparison must not pickle the tensor itself (it did: every Run re-committed the state)."""
     k = pool.kernel()
     try:
-        out = run_cpu(k, "%%cpu\nimport torch\nfrom looseleaf_zygote import procstate\n"
+        out = run_cpu(k, "%%cpu\nimport torch\nfrom looseleaf_store import procstate\n"
                          "from looseleaf_kernel.coherence import _state_blob\n"
                          "a, b = procstate.capture(), procstate.capture()\n"
                          "print(_state_blob(a) == _state_blob(b))\n"

@@ -8,7 +8,7 @@ only through the store, lazily, and this object keeps the two sides coherent:
   store's.  That is the analysis' writes, deletes and state closure (a method call can change an object in
   place without the analysis seeing it) plus whatever the namespace shows rebound or deleted.
 * Before a GPU cell the dirty names reach the store in one commit (all of them, so that the store knows
-  what they share with the cell's closure), with the process state (cwd, env, sys.path, RNGs, torch dtype / grad mode; looseleaf_zygote.procstate).  A closure name
+  what they share with the cell's closure), with the process state (cwd, env, sys.path, RNGs, torch dtype / grad mode; looseleaf_store.procstate).  A closure name
   that cannot be saved makes the gateway run the cell here instead, with a one-line notice.
 * After a GPU cell the names its worker deleted leave the namespace; the ones it saved are no longer
   dirty (the store's copy is now the newer one) and the cell enters IPython's history and counter.
@@ -32,6 +32,8 @@ import tempfile
 import time
 import types
 import uuid
+
+from .procs import pid_alive
 
 log = logging.getLogger("looseleaf_kernel")
 
@@ -124,15 +126,6 @@ def _state_blob(st):
         return None
 
 
-def pid_alive(pid):
-    """Whether process PID exists and is not a zombie (a killed kernel its parent has not reaped yet)."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def _sweep(base):
     """Remove the stores of kernels that died without shutting down (SIGKILL, OOM): their redis-server
     would run for ever and their pool file would keep its memory.  Only our own directories (owner file,
@@ -191,7 +184,7 @@ class Coherence:
 
     # ---- the namespace -------------------------------------------------------------------------------
     def _procstate(self):
-        from looseleaf_zygote import procstate
+        from looseleaf_store import procstate
         return procstate
 
     def _visible(self):
@@ -511,9 +504,9 @@ class Coherence:
                         unsaveable=blocking)
         self.dirty -= set(rep.saved) | set(rep.unchanged) | set(rep.deleted)
         st = self.store.stats()
-        from .shell import CellCompiler
         out.update({"store_dir": self.dir, "session": self.session, "redis_url": st.get("redis_url") or "",
-                    "execution_count": self.shell.execution_count, "cells_dir": CellCompiler.session_dir()})
+                    "execution_count": self.shell.execution_count,
+                    "cells_dir": self.shell.compile.session_dir()})
         if plan.get("prefetch"):
             # What a prepared worker will hold: the pool's GreedyDual weighs a speculative worker by it.
             try:

@@ -44,7 +44,7 @@ def report(kernel):
             held = coh.cp.held()
         except Exception as e:  # noqa: BLE001 - shown, not raised
             out["store_error"] = "%s: %s" % (type(e).__name__, e)
-    from looseleaf_zygote import procstate
+    from looseleaf_store import procstate
     for name in sorted(set(visible) | set(committed)):
         if name == procstate.NAME or (name.startswith("_") and name[1:].isdigit()):
             continue

@@ -108,6 +108,12 @@ class CellCompiler(CachingCompiler):
                 self._filename_map.setdefault(name, int(number))
 
     @staticmethod
+    def stop_sharing():
+        """Write no cell files until use_dir gives a directory (a zygote: its workers write into the kernel's
+        directory they are given, never into one of their own that nobody would remove)."""
+        CellCompiler._share = False
+
+    @staticmethod
     def use_dir(path):
         """Compile into PATH (a worker: the kernel's directory) from now on; read its index afresh."""
         if path and path != CellCompiler._dir:
@@ -123,7 +129,7 @@ class CellCompiler(CachingCompiler):
         still in /proc."""
         import shutil
         import stat
-        from .coherence import pid_alive
+        from .procs import pid_alive
         base = tempfile.gettempdir()
         try:
             names = [n for n in os.listdir(base) if n.startswith("looseleaf_") and n[10:].isdigit()]

@@ -25,7 +25,7 @@ import os
 import sys
 import time
 
-from . import procstate
+from looseleaf_store import procstate
 
 _orig_threads = None     # torch's intra-op threads before the zygote set 1 (workers restore it)
 _cp = None               # the worker's Checkpointer
@@ -76,7 +76,7 @@ def _no_cell_files():
     never into one of their own that nobody would remove."""
     shell_mod = sys.modules.get("looseleaf_kernel.shell")
     if shell_mod is not None:
-        shell_mod.CellCompiler._share = False
+        shell_mod.CellCompiler.stop_sharing()
 
 
 def load_head(arg):

@@ -80,7 +80,7 @@ def restore(cp):
     Returns the RestoreReport and the problems of apply()."""
     mine = _live.get(id(cp))
     if mine is not None and mine == cp.version(NAME) and cp.versions().get(NAME) == mine:
-        from looseleaf_store import RestoreReport
+        from .checkpoint import RestoreReport
         rep = RestoreReport()
         rep.skipped = [NAME]
         return rep, []
