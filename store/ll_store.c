@@ -62,6 +62,7 @@
 
 #include "base/ll_log.h"
 #include "store/ll_hash.h"
+#include "store/ll_pagekind.h"
 #include "store/ll_redis.h"
 #include "base/ll_clock.h"
 
@@ -367,199 +368,18 @@ static size_t s_default_pool_bytes(void)
     return half < cap ? half : cap;
 }
 
-/* ---- page kind of a new pool ------------------------------------------ */
-
-/* What the host offers a new pool.  Read by s_host_read; a parameter of
- * s_choose_kind so the self-test can try hosts this one is not. */
-typedef struct {
-    unsigned long long hp_kb;         /* Hugepagesize (kB) */
-    unsigned long long hp_free;       /* HugePages_Free: persistent or surplus, unused */
-    unsigned long long hp_rsvd;       /* HugePages_Rsvd: promised to mappings already */
-    unsigned long long hp_surp;       /* HugePages_Surp: surplus pages in use now */
-    unsigned long long hp_overcommit; /* vm.nr_overcommit_hugepages */
-    unsigned long long avail_kb;      /* MemAvailable: what surplus pages come out of */
-    char hugetlbfs_dir[1024];         /* a writable hugetlbfs mount, or "" */
-    bool dev_shm_thp;                 /* /dev/shm's mount gives THP (huge=) */
-    char shmem_enabled[32];           /* the selected shmem THP mode, e.g. "never" */
-} s_host_t;
-
-static void s_host_read(s_host_t *h)
-{
-    memset(h, 0, sizeof *h);
-    char line[4096];
-    FILE *f = fopen("/proc/meminfo", "re");
-    while (f && fgets(line, sizeof line, f)) {
-        sscanf(line, "Hugepagesize: %llu kB", &h->hp_kb);
-        sscanf(line, "HugePages_Free: %llu", &h->hp_free);
-        sscanf(line, "HugePages_Rsvd: %llu", &h->hp_rsvd);
-        sscanf(line, "HugePages_Surp: %llu", &h->hp_surp);
-        sscanf(line, "MemAvailable: %llu kB", &h->avail_kb);
-    }
-    if (f)
-        fclose(f);
-    f = fopen("/proc/sys/vm/nr_overcommit_hugepages", "re");
-    if (f) {
-        if (fscanf(f, "%llu", &h->hp_overcommit) != 1)
-            h->hp_overcommit = 0;
-        fclose(f);
-    }
-    f = fopen("/proc/mounts", "re");
-    char dev[256], dir[1024], type[64];
-    while (f && fscanf(f, "%255s %1023s %63s %*[^\n]", dev, dir, type) == 3) {
-        if (strcmp(type, "hugetlbfs") == 0 && access(dir, W_OK) == 0) {
-            snprintf(h->hugetlbfs_dir, sizeof h->hugetlbfs_dir, "%s", dir);
-            break;
-        }
-    }
-    if (f)
-        fclose(f);
-    f = fopen("/proc/self/mountinfo", "re");
-    while (f && fgets(line, sizeof line, f)) {
-        char mnt[1024];
-        if (sscanf(line, "%*s %*s %*s %*s %1023s", mnt) == 1 && strcmp(mnt, "/dev/shm") == 0)
-            h->dev_shm_thp =
-                strstr(line, "huge=") && !strstr(line, "huge=never") && !strstr(line, "huge=deny");
-    }
-    if (f)
-        fclose(f);
-    f = fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "re");
-    if (f) {
-        if (fgets(line, sizeof line, f)) {
-            char *b = strchr(line, '['), *e = b ? strchr(b, ']') : NULL;
-            if (b && e)
-                snprintf(h->shmem_enabled, sizeof h->shmem_enabled, "%.*s", (int) (e - b - 1),
-                         b + 1);
-        }
-        fclose(f);
-    }
-}
-
-/* Huge pages a new pool could get: the free ones not promised to a mapping,
- * plus the surplus the kernel may still allocate on demand
- * (nr_overcommit_hugepages beyond those in use, as far as available memory
- * goes).  Surplus pages come from the buddy allocator when a region is
- * backed and go back when the pool is gone, so an installer can allow them
- * without locking memory away (persistent nr_hugepages would). */
-static unsigned long long s_hp_available(const s_host_t *h)
-{
-    if (h->hp_kb == 0)
-        return 0;
-    unsigned long long free = h->hp_free > h->hp_rsvd ? h->hp_free - h->hp_rsvd : 0;
-    unsigned long long room = h->hp_overcommit > h->hp_surp ? h->hp_overcommit - h->hp_surp : 0;
-    unsigned long long mem = h->avail_kb / h->hp_kb;
-    return free + (room < mem ? room : mem);
-}
-
-typedef enum {
-    S_KIND_SHM_FILE,      /* a /dev/shm file: THP when its mount says so, else 4 KiB pages */
-    S_KIND_HUGETLBFS,     /* a file on a hugetlbfs mount */
-    S_KIND_MEMFD_HUGETLB, /* a nameless hugetlb pool of the session's owner */
-    S_KIND_MEMFD_THP,     /* a nameless shmem-THP pool of the session's owner */
-} s_kind_t;
-
-/* Where a new pool of POOL_BYTES goes, by KNOB (LL_STORE_PAGE_KIND: NULL,
- * "" or "auto", "hugetlb", "4k") and what host H offers.  MEASURED.md: 4 KiB
- * first touch is ~50x slower than huge pages, so auto takes huge pages
- * wherever the host offers them for the whole pool: a hugetlbfs mount; a
- * hugetlb memfd; /dev/shm when its mount gives THP; a memfd with shmem THP;
- * else a plain /dev/shm file.  A memfd lives only as long as its creator, so
- * only the session's owner (OWNER: the store that started the private
- * redis-server, i.e. the kernel) makes one.  The kind, or -1 when KNOB is
- * bad or cannot be had; WHY says why either way. */
-static int s_choose_kind(const s_host_t *h, size_t pool_bytes, bool owner, const char *knob,
-                         char *why, size_t whylen)
-{
-    unsigned long long hp_bytes = h->hp_kb << 10, avail = s_hp_available(h);
-    unsigned long long need = hp_bytes ? (pool_bytes + hp_bytes - 1) / hp_bytes : 0;
-    char hp[320];
-    snprintf(hp, sizeof hp,
-             "%llu huge pages of %llu kB available (HugePages_Free %llu - HugePages_Rsvd %llu, "
-             "+ surplus room: vm.nr_overcommit_hugepages %llu - HugePages_Surp %llu, at most "
-             "MemAvailable), a pool of %zu MiB needs %llu",
-             avail, h->hp_kb, h->hp_free, h->hp_rsvd, h->hp_overcommit, h->hp_surp,
-             pool_bytes >> 20, need);
-    bool thp_memfd =
-        strcmp(h->shmem_enabled, "always") == 0 || strcmp(h->shmem_enabled, "within_size") == 0 ||
-        strcmp(h->shmem_enabled, "advise") == 0 || strcmp(h->shmem_enabled, "force") == 0;
-    if (knob && strcmp(knob, "4k") == 0) {
-        snprintf(why, whylen, "4k: LL_STORE_PAGE_KIND=4k");
-        return S_KIND_SHM_FILE;
-    }
-    bool forced = knob && strcmp(knob, "hugetlb") == 0;
-    if (knob && *knob && !forced && strcmp(knob, "auto") != 0) {
-        snprintf(why, whylen, "LL_STORE_PAGE_KIND must be auto, hugetlb or 4k, not '%.40s'", knob);
-        return -1;
-    }
-    bool hp_ok = hp_bytes == S_R && avail >= need;
-    if ((hp_ok || forced) && h->hugetlbfs_dir[0]) {
-        snprintf(why, whylen, "hugetlb (a file on the hugetlbfs mount %.200s): %s%s",
-                 h->hugetlbfs_dir, forced ? "LL_STORE_PAGE_KIND=hugetlb; " : "", hp);
-        return S_KIND_HUGETLBFS;
-    }
-    if ((hp_ok || forced) && owner) {
-        snprintf(why, whylen, "hugetlb (memfd): %s%s", forced ? "LL_STORE_PAGE_KIND=hugetlb; " : "",
-                 hp);
-        return S_KIND_MEMFD_HUGETLB;
-    }
-    if (forced) {
-        snprintf(why, whylen,
-                 "LL_STORE_PAGE_KIND=hugetlb: no writable hugetlbfs mount, and only "
-                 "the session's owner (the store that starts the private redis-server) makes a "
-                 "hugetlb memfd");
-        return -1;
-    }
-    if (h->dev_shm_thp) {
-        snprintf(why, whylen, "thp (/dev/shm is mounted with huge=): %s", hp);
-        return S_KIND_SHM_FILE;
-    }
-    if (owner && thp_memfd) {
-        snprintf(why, whylen, "thp (memfd, shmem_enabled=%s): %s", h->shmem_enabled, hp);
-        return S_KIND_MEMFD_THP;
-    }
-    snprintf(why, whylen, "4k: %s%s; shmem THP %s (shmem_enabled=%s, /dev/shm without huge=)", hp,
-             hp_bytes == S_R ? "" : " (not 2 MiB pages)",
-             thp_memfd ? "only for the session's owner" : "off",
-             h->shmem_enabled[0] ? h->shmem_enabled : "?");
-    return S_KIND_SHM_FILE;
-}
-
-/* The pool path for KIND (s_choose_kind) of a new pool, malloc'd. */
-static char *s_kind_path(s_kind_t kind, const s_host_t *h, const char *runtime_dir,
-                         const char *session)
-{
-    if (kind == S_KIND_MEMFD_HUGETLB)
-        return strdup("memfd:hugetlb");
-    if (kind == S_KIND_MEMFD_THP)
-        return strdup("memfd:thp");
-    char *real = realpath(runtime_dir, NULL);
-    const char *rd = real ? real : runtime_dir;
-    unsigned long long hsh = (unsigned long long) XXH3_64bits(rd, strlen(rd));
-    free(real);
-    const char *dir = kind == S_KIND_HUGETLBFS ? h->hugetlbfs_dir : "/dev/shm";
-    size_t n = strlen(dir) + strlen(session) + 80;
-    char *p = malloc(n);
-    if (p)
-        snprintf(p, n, "%s/looseleaf-%u-%08llx-%s.pool", dir, (unsigned) geteuid(),
-                 hsh & 0xffffffffULL, session);
-    return p;
-}
-
 int ll_store_page_kind_choice(size_t pool_bytes, bool owner, char kind[16], char *why,
                               size_t whylen)
 {
-    s_host_t h;
-    s_host_read(&h);
+    ll_pagekind_host_t h;
+    ll_pagekind_host_read(NULL, &h);
     if (pool_bytes == 0)
         pool_bytes = s_default_pool_bytes();
-    int k = s_choose_kind(&h, pool_bytes, owner, getenv("LL_STORE_PAGE_KIND"), why, whylen);
-    if (k < 0)
+    ll_pagekind_choice_t c;
+    if (ll_pagekind_choose(&h, pool_bytes, owner, getenv("LL_STORE_PAGE_KIND"), &c, why, whylen) !=
+        0)
         return -1;
-    const char *name = "4k";
-    if (k == S_KIND_HUGETLBFS || k == S_KIND_MEMFD_HUGETLB)
-        name = "hugetlb";
-    else if (k == S_KIND_MEMFD_THP || (k == S_KIND_SHM_FILE && strncmp(why, "thp", 3) == 0))
-        name = "thp";
-    snprintf(kind, 16, "%s", name);
+    snprintf(kind, 16, "%s", c.name);
     return 0;
 }
 
@@ -751,28 +571,30 @@ ll_store_t *ll_store_open(const char *runtime_dir, const char *session, const ll
 
     size_t pool_bytes = opts->pool_bytes ? opts->pool_bytes : s_default_pool_bytes();
     const char *want = opts->pool_path && *opts->pool_path ? opts->pool_path : NULL;
-    s_host_t host;
-    s_host_read(&host);
+    ll_pagekind_host_t host;
+    ll_pagekind_host_read(NULL, &host);
     char why[768];
-    const char *knob = getenv("LL_STORE_PAGE_KIND");
-    int kind = s_choose_kind(&host, pool_bytes, st->redis_owned, knob, why, sizeof why);
-    bool forced = knob && strcmp(knob, "hugetlb") == 0;
-    if (kind < 0 && !forced) {
+    ll_pagekind_choice_t kind;
+    ll_pagekind_choose(&host, pool_bytes, st->redis_owned, getenv("LL_STORE_PAGE_KIND"), &kind, why,
+                       sizeof why);
+    if (kind.place == LL_PAGEKIND_NONE && !kind.forced) {
         snprintf(err, errlen, "%s", why); /* a bad LL_STORE_PAGE_KIND */
         goto fail;
     }
     /* A forced kind this process cannot make matters only if it has to
      * make the pool (a worker opens the kernel's). */
-    pool_path = kind < 0 ? strdup("") : s_kind_path(kind, &host, runtime_dir, session);
-    bool auto_huge = kind >= 0 && kind != S_KIND_SHM_FILE && !forced;
-    fallback = auto_huge ? s_kind_path(S_KIND_SHM_FILE, &host, runtime_dir, session) : NULL;
-    if (!pool_path || (auto_huge && !fallback)) {
+    pool_path = kind.place == LL_PAGEKIND_NONE
+                    ? strdup("")
+                    : ll_pagekind_path(kind.place, &host, runtime_dir, session);
+    fallback =
+        kind.fallback ? ll_pagekind_path(LL_PAGEKIND_SHM_FILE, &host, runtime_dir, session) : NULL;
+    if (!pool_path || (kind.fallback && !fallback)) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
     ll_debug("store", "session %s: a new pool would be %s", session, why);
     if (s_attach_pool(st, want, pool_path, fallback, pool_bytes, err, errlen) != 0) {
-        if (kind < 0 && strstr(err, "pool path is empty"))
+        if (kind.place == LL_PAGEKIND_NONE && strstr(err, "pool path is empty"))
             snprintf(err, errlen, "%s", why);
         goto fail;
     }
@@ -2024,120 +1846,8 @@ void ll_store_stats(ll_store_t *st, ll_store_stats_t *out)
         }                                                                                     \
     } while (0)
 
-/* The page-kind choice on made-up hosts (the real one has no huge pages). */
-static int s_kind_selftest(void)
-{
-    const unsigned long long G = 1024ULL * 1024; /* kB */
-    const size_t pool = (size_t) 11 << 30;       /* 5632 huge pages */
-    char why[768];
-    struct {
-        s_host_t h;
-        bool owner;
-        const char *knob;
-        int want;
-        const char *why_has;
-    } cases[] = {
-        /* This host as found: nothing. */
-        {{.hp_kb = 2048, .avail_kb = 20 * G, .shmem_enabled = "never"},
-         true,
-         NULL,
-         S_KIND_SHM_FILE,
-         "4k: 0 huge pages"},
-        /* Surplus room counts, for the owner's memfd... */
-        {{.hp_kb = 2048, .hp_overcommit = 6000, .avail_kb = 20 * G, .shmem_enabled = "never"},
-         true,
-         NULL,
-         S_KIND_MEMFD_HUGETLB,
-         "6000 huge pages"},
-        {{.hp_kb = 2048, .hp_overcommit = 6000, .avail_kb = 20 * G},
-         true,
-         "auto",
-         S_KIND_MEMFD_HUGETLB,
-         "hugetlb (memfd)"},
-        /* ...not for others without a hugetlbfs mount (a memfd dies with its maker). */
-        {{.hp_kb = 2048, .hp_overcommit = 6000, .avail_kb = 20 * G},
-         false,
-         NULL,
-         S_KIND_SHM_FILE,
-         "4k"},
-        {{.hp_kb = 2048, .hp_overcommit = 6000, .avail_kb = 20 * G, .hugetlbfs_dir = "/mnt/h"},
-         false,
-         NULL,
-         S_KIND_HUGETLBFS,
-         "/mnt/h"},
-        /* Surplus pages in use are not room; nor is memory that is not there. */
-        {{.hp_kb = 2048, .hp_overcommit = 6000, .hp_surp = 1000, .avail_kb = 20 * G},
-         true,
-         NULL,
-         S_KIND_SHM_FILE,
-         "5000 huge pages"},
-        {{.hp_kb = 2048, .hp_overcommit = 6000, .avail_kb = 8 * G},
-         true,
-         NULL,
-         S_KIND_SHM_FILE,
-         "4096 huge pages"},
-        /* Free persistent pages count, less those promised to mappings. */
-        {{.hp_kb = 2048, .hp_free = 6000, .hp_rsvd = 1000, .avail_kb = G},
-         true,
-         NULL,
-         S_KIND_SHM_FILE,
-         "5000 huge pages"},
-        {{.hp_kb = 2048, .hp_free = 3000, .hp_overcommit = 3000, .avail_kb = 20 * G},
-         true,
-         NULL,
-         S_KIND_MEMFD_HUGETLB,
-         "6000 huge pages"},
-        /* 1 GiB pages do not fit 2 MiB regions. */
-        {{.hp_kb = G, .hp_free = 20, .avail_kb = 20 * G},
-         true,
-         NULL,
-         S_KIND_SHM_FILE,
-         "not 2 MiB pages"},
-        /* shmem THP for the owner's memfd, or /dev/shm mounted with huge=. */
-        {{.hp_kb = 2048, .avail_kb = 20 * G, .shmem_enabled = "advise"},
-         true,
-         NULL,
-         S_KIND_MEMFD_THP,
-         "thp (memfd"},
-        {{.hp_kb = 2048, .avail_kb = 20 * G, .shmem_enabled = "advise"},
-         false,
-         NULL,
-         S_KIND_SHM_FILE,
-         "4k"},
-        {{.hp_kb = 2048, .avail_kb = 20 * G, .dev_shm_thp = true},
-         false,
-         NULL,
-         S_KIND_SHM_FILE,
-         "thp (/dev/shm"},
-        /* The knob. */
-        {{.hp_kb = 2048, .hp_overcommit = 6000, .avail_kb = 20 * G},
-         true,
-         "4k",
-         S_KIND_SHM_FILE,
-         "LL_STORE_PAGE_KIND=4k"},
-        {{.hp_kb = 2048, .avail_kb = 20 * G},
-         true,
-         "hugetlb",
-         S_KIND_MEMFD_HUGETLB,
-         "LL_STORE_PAGE_KIND=hugetlb"},
-        {{.hp_kb = 2048, .avail_kb = 20 * G}, false, "hugetlb", -1, "only the session's owner"},
-        {{.hp_kb = 2048, .avail_kb = 20 * G}, true, "huge", -1, "must be auto, hugetlb or 4k"},
-    };
-    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        int k = s_choose_kind(&cases[c].h, pool, cases[c].owner, cases[c].knob, why, sizeof why);
-        if (k != cases[c].want || !strstr(why, cases[c].why_has)) {
-            fprintf(stderr, "ll_store selftest: page kind case %zu: got %d (%s), want %d (%s)\n", c,
-                    k, why, cases[c].want, cases[c].why_has);
-            return -1;
-        }
-    }
-    return 0;
-}
-
 int ll_store_selftest(bool verbose)
 {
-    if (s_kind_selftest() != 0)
-        return 1;
     char dir[] = "/tmp/ll-store-selftest-XXXXXX", err[512];
     ll_store_t *st = NULL;
     ll_store_entry_t *e = NULL;
