@@ -20,11 +20,12 @@
  * steady-state save does not fault): set my lease bit, then CAS state
  * FREE(g) -> ALLOC(g+1).  The
  * new generation makes any older reference to the index stale, so a reader
- * holding a reference from before can never map someone else's bytes.  Then
- * the region is backed (fallocate, or MADV_POPULATE_WRITE with shmem THP in
- * "advise" mode): a full pool or a full /dev/shm is an error returned here,
- * never a SIGBUS later.  Only the allocating process writes a region, and
- * only before it is committed; after that the bytes never change.
+ * holding a reference from before can never map someone else's bytes.
+ * Before writing, the writer backs the region (ll_pool_back: fallocate, or
+ * MADV_POPULATE_WRITE with shmem THP in "advise" mode): a full /dev/shm or
+ * no more huge pages is an error then, never a SIGBUS later.  Only the
+ * allocating process writes a region, and only before it is committed;
+ * after that the bytes never change.
  *
  * Lease (a reader mapping a payload, a writer reusing a base region, a commit
  * in flight): set my bit, then check state == ALLOC(gen).  Reclamation of a
@@ -46,8 +47,9 @@
  * Page kinds (MEASURED.md: 4 KiB first touch runs at 0.33 GB/s): a pool on a
  * hugetlbfs mount (or memfd:hugetlb) uses 2 MiB pages; a tmpfs mount whose
  * huge= option (or shmem_enabled=force) allows THP gets MADV_HUGEPAGE; else
- * 4 KiB pages, prefaulted per region at allocation so the copy itself does
- * not fault. */
+ * 4 KiB pages, prefaulted per region (by the reserve ahead of time, else
+ * by ll_pool_back right before the copy) so the copy itself does not
+ * fault.  Which kind a new pool gets is ll_pagekind's decision. */
 #include "store/ll_pool.h"
 
 #include <errno.h>
@@ -577,16 +579,6 @@ const char *ll_pool_share_path(ll_pool_t *pool)
     return pool->is_memfd ? pool->share_path : pool->path;
 }
 
-bool ll_pool_owned_here(ll_pool_t *pool)
-{
-    return pool->pid == getpid();
-}
-
-void *ll_pool_addr(ll_pool_t *pool, uint32_t idx)
-{
-    return pool->data + (size_t) idx * LL_POOL_REGION_BYTES;
-}
-
 /* Take one lease count on IDX (the bit is set on the first). */
 static void s_lease_bit(ll_pool_t *pool, uint32_t idx)
 {
@@ -856,8 +848,8 @@ static void s_reserve_stop(ll_pool_t *pool)
         pthread_join(pool->rthread, NULL);
 }
 
-static int s_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind, char *err,
-                   size_t errlen, bool back)
+int ll_pool_alloc_unbacked(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind,
+                           char *err, size_t errlen)
 {
     size_t n = pool->nregions;
     size_t start = atomic_fetch_add(&pool->hdr->cursor, 1) % n;
@@ -886,18 +878,8 @@ static int s_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kin
             pool->warm_cursor = (pool->warm_cursor + k + 1) % nwarm;
         else
             atomic_store(&pool->hdr->cursor, i + 1);
-        /* Back the region now so running out of memory is an error here.
-         * Pool pages are never given back, so once is enough per process
-         * (re-populating 512 present 4 KiB pages costs as much as the copy). */
-        int rc = pool->populated[i] || !back ? 0 : s_touch(pool, i);
-        if (rc != 0) {
-            atomic_store(&pool->state[i], gen << 2 | S_FREE);
-            ll_pool_unlease(pool, i);
-            *kind = LL_POOL_EFULL;
-            snprintf(err, errlen, "payload pool full: cannot back a 2 MiB region of %s: %s",
-                     pool->path, strerror(rc));
-            return -1;
-        }
+        /* Not backed here: the writer backs it (ll_pool_back) on its copy
+         * thread, right before copying into it. */
         reg->idx = i;
         reg->gen = gen;
         reg->hash = 0;
@@ -908,18 +890,6 @@ static int s_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kin
     snprintf(err, errlen, "payload pool full: all %zu regions (%zu MiB) of %s are in use", n,
              n * (LL_POOL_REGION_BYTES >> 20), pool->path);
     return -1;
-}
-
-int ll_pool_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind, char *err,
-                  size_t errlen)
-{
-    return s_alloc(pool, reg, addr, kind, err, errlen, true);
-}
-
-int ll_pool_alloc_unbacked(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind,
-                           char *err, size_t errlen)
-{
-    return s_alloc(pool, reg, addr, kind, err, errlen, false);
 }
 
 void ll_pool_commit_done(ll_pool_t *pool)
@@ -1185,14 +1155,21 @@ int ll_pool_selftest(bool verbose)
     ll_pool_region_t r[4];
     void *addr[4];
     int kind;
-    /* Fill the pool; the fifth allocation is a clear "full" error. */
+    /* Fill the pool as a put does (allocate, back, write); the fifth
+     * allocation is a clear "full" error. */
     for (int i = 0; i < 4; i++) {
-        S_CHECK(ll_pool_alloc(pool, &r[i], &addr[i], &kind, err, sizeof err) == 0);
+        S_CHECK(ll_pool_alloc_unbacked(pool, &r[i], &addr[i], &kind, err, sizeof err) == 0);
+        S_CHECK(ll_pool_back(pool, r[i].idx) == 0);
+        S_CHECK(ll_pool_back(pool, r[i].idx) == 0); /* once is enough; twice is harmless */
         memset(addr[i], 'a' + i, LL_POOL_REGION_BYTES);
     }
+    S_CHECK(ll_pool_back(pool, 4) == EINVAL);
+    ll_pool_stats_t stats;
+    ll_pool_stats(pool, &stats);
+    S_CHECK(stats.regions_used == 4 && stats.regions_leased == 4 && stats.regions_prefaulted == 4);
     ll_pool_region_t extra;
     void *xa;
-    S_CHECK(ll_pool_alloc(pool, &extra, &xa, &kind, err, sizeof err) == -1);
+    S_CHECK(ll_pool_alloc_unbacked(pool, &extra, &xa, &kind, err, sizeof err) == -1);
     S_CHECK(kind == LL_POOL_EFULL && strstr(err, "full"));
     /* Map regions 3 and 1 (not adjacent, reversed) as one buffer. */
     ll_pool_region_t pick[2] = {r[3], r[1]};
@@ -1215,12 +1192,24 @@ int ll_pool_selftest(bool verbose)
     S_CHECK(ll_pool_lease(pool, &r[2]) == -1); /* reclaimed */
     S_CHECK(ll_pool_lease(pool, &r[0]) == 0);
     ll_pool_unlease(pool, r[0].idx);
+    /* Prefaulted here: region 2 is free, region 0 allocated but unleased. */
+    size_t free_warm, idle_warm;
+    ll_pool_warm_counts(pool, &free_warm, &idle_warm);
+    S_CHECK(free_warm == 1 && idle_warm == 1);
     /* A reused index gets a new generation: the old reference stays dead. */
-    ll_pool_region_t again;
-    S_CHECK(ll_pool_alloc(pool, &again, &xa, &kind, err, sizeof err) == 0);
+    ll_pool_region_t again, again2;
+    S_CHECK(ll_pool_alloc_unbacked(pool, &again, &xa, &kind, err, sizeof err) == 0);
     S_CHECK(again.idx == r[2].idx && again.gen > r[2].gen);
+    S_CHECK(xa == addr[2]); /* the same place in the pool */
     S_CHECK(ll_pool_lease(pool, &r[2]) == -1);
+    /* Given back unwritten (a put that failed): free again, and the next
+     * allocation moves the generation on. */
+    ll_pool_free_unwritten(pool, &again);
     ll_pool_unlease(pool, again.idx);
+    S_CHECK(ll_pool_lease(pool, &again) == -1);
+    S_CHECK(ll_pool_alloc_unbacked(pool, &again2, &xa, &kind, err, sizeof err) == 0);
+    S_CHECK(again2.idx == again.idx && again2.gen == again.gen + 1);
+    ll_pool_unlease(pool, again2.idx);
     /* Unmapping releases the mapping's leases; the bytes were intact. */
     S_CHECK(m[LL_POOL_REGION_BYTES + 5] == 'b');
     ll_pool_unmap(&map);
@@ -1237,12 +1226,11 @@ int ll_pool_selftest(bool verbose)
         ll_pool_region_t cr;
         void *ca;
         int k2;
-        _exit(p2 && ll_pool_alloc(p2, &cr, &ca, &k2, e2, sizeof e2) == 0 ? 0 : 1);
+        _exit(p2 && ll_pool_alloc_unbacked(p2, &cr, &ca, &k2, e2, sizeof e2) == 0 ? 0 : 1);
     }
     int status;
     S_CHECK(child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) &&
             WEXITSTATUS(status) == 0);
-    ll_pool_stats_t stats;
     ll_pool_stats(pool, &stats);
     S_CHECK(stats.regions_used == 2); /* region 0 and the dead child's */
     freed = ll_pool_gc(pool, s_test_refs, NULL, err, sizeof err);

@@ -49,17 +49,14 @@ void ll_pool_destroy(ll_pool_t **pool_p);
 /* Remove the pool's file name (its memory goes once every process let go). */
 int ll_pool_unlink(ll_pool_t *pool);
 
-/* Allocate one region for writing, leased by this process; *ADDR is where to
- * write it.  Prefers free regions this process already prefaulted.  Calls on
- * one handle must not overlap (ll_store serializes them).  Returns 0, or -1
- * with LL_POOL_EFULL/EIO in *KIND. */
-int ll_pool_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind, char *err,
-                  size_t errlen);
-
-/* As ll_pool_alloc, but a region this process has not prefaulted is left
- * unbacked: the caller must ll_pool_back it before writing, which several
- * threads may do at once for distinct regions, so backing (page faults at
- * ~9 GB/s with 4 KiB pages) overlaps the copy instead of preceding it. */
+/* Allocate one region for writing, leased by this process; *ADDR is where
+ * to write it.  Prefers free regions this process already prefaulted.  The
+ * region is not backed here: the caller must ll_pool_back it before
+ * writing, which several threads may do at once for distinct regions, so
+ * backing (page faults at ~9 GB/s with 4 KiB pages) overlaps the copy
+ * instead of preceding it.  Calls on one handle must not overlap (ll_store
+ * serializes them).  Returns 0, or -1 with LL_POOL_EFULL in *KIND and a
+ * reason in ERR. */
 int ll_pool_alloc_unbacked(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind,
                            char *err, size_t errlen);
 
@@ -74,7 +71,7 @@ void ll_pool_free_unwritten(ll_pool_t *pool, const ll_pool_region_t *reg);
 
 /* Back and prefault up to NREGIONS free regions in this process ahead of
  * use (at idle time), so a later save copies at memcpy speed.  Same rule
- * as ll_pool_alloc: calls on one handle must not overlap.  Returns how many
+ * as ll_pool_alloc_unbacked: calls on one handle must not overlap.  Returns how many
  * were prefaulted (fewer when memory or free regions run out). */
 size_t ll_pool_prefault(ll_pool_t *pool, size_t nregions);
 
@@ -100,9 +97,6 @@ void ll_pool_reserve_busy(ll_pool_t *pool);
  * it no longer holds generation REG->gen.  Returns 0 or -1. */
 int ll_pool_lease(ll_pool_t *pool, const ll_pool_region_t *reg);
 void ll_pool_unlease(ll_pool_t *pool, uint32_t idx);
-
-/* Address of region IDX in this process's writable mapping. */
-void *ll_pool_addr(ll_pool_t *pool, uint32_t idx);
 
 /* Bump the commit epoch: call after a commit became visible and before its
  * writer's leases are released (see the reclamation protocol in ll_pool.c). */
@@ -158,9 +152,5 @@ uint64_t ll_pool_id(ll_pool_t *pool);
 /* A path another process can open the same pool by: the file, or for a
  * memfd pool /proc/<pid>/fd/<n> (valid while this process lives). */
 const char *ll_pool_share_path(ll_pool_t *pool);
-
-/* Whether this handle was opened by the calling process (false in a fork
- * child, which must open its own). */
-bool ll_pool_owned_here(ll_pool_t *pool);
 
 #endif
