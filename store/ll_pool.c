@@ -364,7 +364,13 @@ ll_pool_t *ll_pool_open(const char *path, size_t pool_bytes, char *err, size_t e
     pool->path = strdup(path);
     pthread_mutex_init(&pool->mu, NULL);
     pthread_mutex_init(&pool->rmu, NULL);
-    pthread_cond_init(&pool->rcond, NULL);
+    /* The reserve thread's timed waits count on the monotonic clock (a wall
+     * clock set back would stall its refill, set forward spin it). */
+    pthread_condattr_t cattr;
+    pthread_condattr_init(&cattr);
+    pthread_condattr_setclock(&cattr, CLOCK_MONOTONIC);
+    pthread_cond_init(&pool->rcond, &cattr);
+    pthread_condattr_destroy(&cattr);
     atomic_store(&pool->refs, 1);
     bool created = false;
 
@@ -759,14 +765,7 @@ static void *s_reserve_main(void *arg)
             uint64_t wait_ms = 1000;
             if (!idle && pool->rhold == 0 && !pool->rblocked)
                 wait_ms = S_RESERVE_IDLE_MS - quiet;
-            struct timespec until;
-            clock_gettime(CLOCK_REALTIME, &until);
-            until.tv_sec += (time_t) (wait_ms / 1000);
-            until.tv_nsec += (long) (wait_ms % 1000) * 1000000L;
-            if (until.tv_nsec >= 1000000000L) {
-                until.tv_sec++;
-                until.tv_nsec -= 1000000000L;
-            }
+            struct timespec until = ll_clock_deadline((double) wait_ms);
             if (pthread_cond_timedwait(&pool->rcond, &pool->rmu, &until) == ETIMEDOUT &&
                 pool->rblocked && pool->rtarget > 0)
                 pool->rblocked = s_unbacked_free(pool, pool->rtarget) == UINT32_MAX;
