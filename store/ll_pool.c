@@ -49,7 +49,11 @@
  * huge= option (or shmem_enabled=force) allows THP gets MADV_HUGEPAGE; else
  * 4 KiB pages, prefaulted per region (by the reserve ahead of time, else
  * by ll_pool_back right before the copy) so the copy itself does not
- * fault.  Which kind a new pool gets is ll_pagekind's decision. */
+ * fault.  Which kind a new pool gets is ll_pagekind's decision.
+ *
+ * Files: this one (open, allocate, back, lease, reclaim, map); the reserve
+ * thread that prefaults free regions ahead of saves, ll_pool_reserve.c; the
+ * header layout and the handle they share, ll_pool_internal.h. */
 #include "store/ll_pool.h"
 
 #include <errno.h>
@@ -57,7 +61,6 @@
 #include <limits.h>
 #include <pthread.h>
 #include <sched.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,70 +77,14 @@
 #include "base/ll_log.h"
 #include "store/ll_mman.h"
 #include "base/ll_clock.h"
+#include "store/ll_pool_internal.h"
 
 #define S_HUGETLBFS_MAGIC 0x958458f6
 #define S_TMPFS_MAGIC     0x01021994
 
-#define S_MAGIC           "LLPOOL02"
-#define S_FREE            0u
-#define S_ALLOC           1u
-#define S_FREEING         2u
-#define S_PID_BITS        22
-#define S_SLOT_CLEANING   UINT64_MAX
-#define S_RESERVE_IDLE_MS 100                  /* store quiet this long: refill the reserve */
-#define S_RESERVE_STEP    ((size_t) 256 << 10) /* bytes populated per mmap-lock hold */
-
-/* The shared header at offset 0 of the pool file. */
-typedef struct {
-    char magic[8];         /* S_MAGIC once initialised */
-    uint32_t region_bytes; /* LL_POOL_REGION_BYTES */
-    uint32_t reserved;
-    uint64_t nregions;       /* regions in the data area */
-    uint64_t data_offset;    /* file offset of region 0 (region aligned) */
-    char page_kind[16];      /* as chosen by the creator */
-    uint64_t id;             /* random, never 0: refs name the pool they point into */
-    _Atomic uint64_t epoch;  /* bumped after every commit (see DESIGN) */
-    _Atomic uint64_t cursor; /* next-fit start for allocation */
-    _Atomic uint64_t slots[LL_POOL_MAX_PROCS]; /* owner of each lease bit */
-    /* followed by state[nregions], lease[nregions] */
-} s_hdr_t;
-
-struct ll_pool_t {
-    int fd;                     /* pool file */
-    char *path;                 /* its name ("memfd:..." for a nameless one) */
-    bool is_memfd;              /* nothing to unlink */
-    char *base;                 /* shared RW mapping of the whole file */
-    size_t file_len;            /* length of that mapping */
-    s_hdr_t *hdr;               /* == base */
-    char *data;                 /* base + data_offset */
-    size_t nregions;            /* copy of hdr->nregions */
-    _Atomic uint64_t *state;    /* per-region state words */
-    _Atomic uint64_t *lease;    /* per-region lease bitmaps */
-    int slot;                   /* my slot, -1 once released */
-    uint64_t me;                /* my slot word */
-    pid_t pid;                  /* process that opened this handle */
-    uint32_t *counts;           /* my leases per region (process local) */
-    _Atomic uint8_t *populated; /* region backed and prefaulted in my mapping */
-    uint32_t *warm;             /* the populated regions, in the order they were */
-    _Atomic size_t nwarm;       /* entries in warm (an entry is written before it counts) */
-    size_t warm_cursor;         /* where the next warm search starts */
-    pthread_mutex_t mu;         /* guards counts, my lease bits, populated/warm */
-    _Atomic int refs;           /* this handle plus live mappings */
-    char page_kind[16];         /* "hugetlb", "thp", "4k" */
-    char share_path[64];        /* how other processes open a memfd pool */
-    bool thp_advise;            /* madvise(MADV_HUGEPAGE), populate instead of fallocate */
-    /* The reserve (see ll_pool_reserve): a thread of this process keeps
-     * rtarget free regions prefaulted.  rmu guards the fields below. */
-    pthread_mutex_t rmu;
-    pthread_cond_t rcond;
-    pthread_t rthread;
-    bool rstarted;            /* rthread runs (in process pid) */
-    bool rstop;               /* asked to end */
-    bool rblocked;            /* backing failed or no free region left: wait for a kick */
-    int rhold;                /* saves in progress: do not compete with their copy */
-    size_t rtarget;           /* free prefaulted regions to keep */
-    _Atomic uint64_t ractive; /* ms (monotonic) of the store's last call */
-};
+#define S_MAGIC         "LLPOOL02"
+#define S_PID_BITS      22
+#define S_SLOT_CLEANING UINT64_MAX
 
 struct ll_pool_map_t {
     ll_pool_t *pool; /* holds a reference */
@@ -149,9 +96,6 @@ struct ll_pool_map_t {
 };
 
 static char s_zero_byte; /* address of an empty mapping */
-
-static void s_reserve_stop(ll_pool_t *pool);
-static size_t s_free_warm(ll_pool_t *pool);
 
 static size_t s_round_up(size_t n, size_t to)
 {
@@ -300,7 +244,7 @@ static int s_init_file(int fd, size_t pool_bytes, const char *path, const char *
         snprintf(err, errlen, "pool of %zu bytes is too large", pool_bytes);
         return -1;
     }
-    size_t hdr_len = sizeof(s_hdr_t) + 2 * sizeof(uint64_t) * nregions;
+    size_t hdr_len = sizeof(ll_pool_hdr_t) + 2 * sizeof(uint64_t) * nregions;
     size_t data_offset = s_round_up(hdr_len, LL_POOL_REGION_BYTES);
     size_t file_len = data_offset + nregions * LL_POOL_REGION_BYTES;
     if (ftruncate(fd, (off_t) file_len) != 0)
@@ -308,7 +252,7 @@ static int s_init_file(int fd, size_t pool_bytes, const char *path, const char *
     int rc = posix_fallocate(fd, 0, (off_t) data_offset);
     if (rc != 0)
         return s_fail(err, errlen, "cannot reserve the header of pool %s: %s", path, rc);
-    s_hdr_t *hdr = mmap(NULL, data_offset, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ll_pool_hdr_t *hdr = mmap(NULL, data_offset, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (hdr == MAP_FAILED)
         return s_fail(err, errlen, "cannot map pool %s: %s", path, errno);
     memset(hdr, 0, hdr_len);
@@ -338,13 +282,7 @@ static void s_pool_free(ll_pool_t *pool)
     free(pool->warm);
     free(pool->path);
     pthread_mutex_destroy(&pool->mu);
-    /* In a fork child the condition variable may count the parent's
-     * reserve thread as a waiter that will never leave: glibc's destroy
-     * would wait for it forever.  The child's copy just goes with the memory. */
-    if (getpid() == pool->pid || pool->pid == 0) {
-        pthread_mutex_destroy(&pool->rmu);
-        pthread_cond_destroy(&pool->rcond);
-    }
+    ll_pool_reserve_fini(pool);
     free(pool);
 }
 
@@ -363,14 +301,7 @@ ll_pool_t *ll_pool_open(const char *path, size_t pool_bytes, char *err, size_t e
     pool->slot = -1;
     pool->path = strdup(path);
     pthread_mutex_init(&pool->mu, NULL);
-    pthread_mutex_init(&pool->rmu, NULL);
-    /* The reserve thread's timed waits count on the monotonic clock (a wall
-     * clock set back would stall its refill, set forward spin it). */
-    pthread_condattr_t cattr;
-    pthread_condattr_init(&cattr);
-    pthread_condattr_setclock(&cattr, CLOCK_MONOTONIC);
-    pthread_cond_init(&pool->rcond, &cattr);
-    pthread_condattr_destroy(&cattr);
+    ll_pool_reserve_init(pool);
     atomic_store(&pool->refs, 1);
     bool created = false;
 
@@ -422,7 +353,7 @@ ll_pool_t *ll_pool_open(const char *path, size_t pool_bytes, char *err, size_t e
         /* A creator killed inside s_init_file (after sizing the file, before
          * its magic, written last) leaves a file no process can have used:
          * initialise it again rather than refuse it for ever. */
-        s_hdr_t head;
+        ll_pool_hdr_t head;
         static const char zero_magic[8];
         bool unfinished = (size_t) st.st_size >= sizeof head &&
                           pread(pool->fd, &head, sizeof head, 0) == (ssize_t) sizeof head &&
@@ -443,11 +374,11 @@ ll_pool_t *ll_pool_open(const char *path, size_t pool_bytes, char *err, size_t e
     }
 
     struct stat st;
-    if (fstat(pool->fd, &st) != 0 || (size_t) st.st_size < sizeof(s_hdr_t)) {
+    if (fstat(pool->fd, &st) != 0 || (size_t) st.st_size < sizeof(ll_pool_hdr_t)) {
         snprintf(err, errlen, "pool %s is truncated", path);
         goto out_close;
     }
-    s_hdr_t peek;
+    ll_pool_hdr_t peek;
     if (pread(pool->fd, &peek, sizeof peek, 0) != (ssize_t) sizeof peek ||
         memcmp(peek.magic, S_MAGIC, 8) != 0 || peek.region_bytes != LL_POOL_REGION_BYTES) {
         snprintf(err, errlen, "%s is not a LooseLeaf pool", path);
@@ -455,7 +386,7 @@ ll_pool_t *ll_pool_open(const char *path, size_t pool_bytes, char *err, size_t e
     }
     size_t file_len = peek.data_offset + peek.nregions * LL_POOL_REGION_BYTES;
     if ((size_t) st.st_size != file_len ||
-        peek.data_offset < sizeof(s_hdr_t) + 2 * sizeof(uint64_t) * peek.nregions) {
+        peek.data_offset < sizeof(ll_pool_hdr_t) + 2 * sizeof(uint64_t) * peek.nregions) {
         snprintf(err, errlen, "pool %s has an inconsistent header", path);
         goto out_close;
     }
@@ -467,7 +398,7 @@ ll_pool_t *ll_pool_open(const char *path, size_t pool_bytes, char *err, size_t e
         goto out_close;
     }
     pool->file_len = file_len;
-    pool->hdr = (s_hdr_t *) pool->base;
+    pool->hdr = (ll_pool_hdr_t *) pool->base;
     pool->nregions = peek.nregions;
     pool->data = pool->base + peek.data_offset;
     pool->state = (_Atomic uint64_t *) (pool->hdr + 1);
@@ -532,7 +463,7 @@ void ll_pool_destroy(ll_pool_t **pool_p)
 {
     if (!pool_p || !*pool_p)
         return;
-    s_reserve_stop(*pool_p);
+    ll_pool_reserve_stop(*pool_p);
     s_pool_unref(*pool_p);
     *pool_p = NULL;
 }
@@ -553,9 +484,9 @@ void ll_pool_warm_counts(ll_pool_t *pool, size_t *free_warm, size_t *idle_warm)
     for (size_t k = 0; k < nwarm; k++) {
         uint32_t i = pool->warm[k];
         uint64_t s = atomic_load(&pool->state[i]);
-        if ((s & 3) == S_FREE)
+        if ((s & 3) == LL_POOL_ST_FREE)
             (*free_warm)++;
-        else if ((s & 3) == S_ALLOC && atomic_load(&pool->lease[i]) == 0)
+        else if ((s & 3) == LL_POOL_ST_ALLOC && atomic_load(&pool->lease[i]) == 0)
             (*idle_warm)++;
     }
 }
@@ -609,7 +540,7 @@ int ll_pool_lease(ll_pool_t *pool, const ll_pool_region_t *reg)
     if (reg->idx >= pool->nregions)
         return -1;
     s_lease_bit(pool, reg->idx);
-    uint64_t alloc = reg->gen << 2 | S_ALLOC, freeing = reg->gen << 2 | S_FREEING;
+    uint64_t alloc = reg->gen << 2 | LL_POOL_ST_ALLOC, freeing = reg->gen << 2 | LL_POOL_ST_FREEING;
     double t0 = ll_clock_ms();
     for (;;) {
         uint64_t s = atomic_load(&pool->state[reg->idx]);
@@ -634,7 +565,7 @@ int ll_pool_lease(ll_pool_t *pool, const ll_pool_region_t *reg)
  * (neither changes its bytes, so it is safe on a region someone else is
  * writing), populating STEP bytes per call (each call holds the process's
  * mmap lock for reading).  0 or an errno. */
-static int s_touch_step(ll_pool_t *pool, uint32_t i, size_t step)
+int ll_pool_touch(ll_pool_t *pool, uint32_t i, size_t step)
 {
     char *p = pool->data + (size_t) i * LL_POOL_REGION_BYTES;
     int rc = 0;
@@ -662,7 +593,7 @@ static int s_touch_step(ll_pool_t *pool, uint32_t i, size_t step)
 
 static int s_touch(ll_pool_t *pool, uint32_t i)
 {
-    return s_touch_step(pool, i, LL_POOL_REGION_BYTES);
+    return ll_pool_touch(pool, i, LL_POOL_REGION_BYTES);
 }
 
 int ll_pool_back(ll_pool_t *pool, uint32_t idx)
@@ -679,172 +610,21 @@ void ll_pool_free_unwritten(ll_pool_t *pool, const ll_pool_region_t *reg)
 {
     if (reg->idx >= pool->nregions)
         return;
-    uint64_t s = reg->gen << 2 | S_ALLOC;
-    atomic_compare_exchange_strong(&pool->state[reg->idx], &s, reg->gen << 2 | S_FREE);
+    uint64_t s = reg->gen << 2 | LL_POOL_ST_ALLOC;
+    atomic_compare_exchange_strong(&pool->state[reg->idx], &s, reg->gen << 2 | LL_POOL_ST_FREE);
 }
 
 size_t ll_pool_prefault(ll_pool_t *pool, size_t nregions)
 {
     size_t done = 0;
     for (size_t i = 0; i < pool->nregions && done < nregions; i++) {
-        if (pool->populated[i] || (atomic_load(&pool->state[i]) & 3) != S_FREE)
+        if (pool->populated[i] || (atomic_load(&pool->state[i]) & 3) != LL_POOL_ST_FREE)
             continue;
         if (s_touch(pool, (uint32_t) i) != 0)
             break; /* out of memory: the allocation will say so */
         done++;
     }
     return done;
-}
-
-/* ---- the reserve ------------------------------------------------------ */
-
-/* Free regions this process has prefaulted (what the next save finds warm). */
-static size_t s_free_warm(ll_pool_t *pool)
-{
-    size_t nwarm = atomic_load(&pool->nwarm), c = 0;
-    for (size_t k = 0; k < nwarm; k++)
-        c += (atomic_load(&pool->state[pool->warm[k]]) & 3) == S_FREE;
-    return c;
-}
-
-/* The next free region to prefault for the reserve, or UINT32_MAX when the
- * first WANT free regions from the shared allocation cursor on are
- * prefaulted in this process already.  From the cursor, because that is
- * where any process's next allocation looks (after its own prefaulted
- * regions): a worker saving into the kernel's pool then finds regions whose
- * pages the kernel's reserve backed (on hugetlb its mapping only needs one
- * entry per 2 MiB), not fresh ones. */
-static uint32_t s_unbacked_free(ll_pool_t *pool, size_t want)
-{
-    size_t n = pool->nregions, start = atomic_load(&pool->hdr->cursor) % n, seen = 0;
-    for (size_t k = 0; k < n && seen < want; k++) {
-        size_t i = (start + k) % n;
-        if ((atomic_load(&pool->state[i]) & 3) != S_FREE)
-            continue;
-        if (!pool->populated[i])
-            return (uint32_t) i;
-        seen++;
-    }
-    return UINT32_MAX;
-}
-
-/* The reserve thread: while fewer than rtarget free regions are prefaulted,
- * no save is copying and the store has been idle for S_RESERVE_IDLE_MS,
- * prefault one more region (~1 ms with 4 KiB pages).  Between cells the
- * kernel is idle while the user types: that is when this runs.
- *
- * Normal priority on purpose, not SCHED_IDLE or a high nice value:
- * MADV_POPULATE_WRITE holds the process's mmap lock for reading, and a
- * starved holder would stall every mmap/munmap of the process's other
- * threads (a restore, numpy's large allocations) for as long as it waits
- * for CPU, up to seconds on a loaded machine.  Populating 256 KiB per call
- * keeps each hold to ~0.1 ms.
- *
- * Touching a region does not change its bytes and the region stays FREE,
- * so allocation, the pool-full error and reclamation are as without it; a
- * region another process (or this one) allocates meanwhile is merely
- * prefaulted for its writer. */
-static void *s_reserve_main(void *arg)
-{
-    ll_pool_t *pool = arg;
-    pthread_mutex_lock(&pool->rmu);
-    while (!pool->rstop) {
-        uint32_t i = UINT32_MAX;
-        uint64_t now = (uint64_t) ll_clock_ms(), last = atomic_load(&pool->ractive);
-        uint64_t quiet = now > last ? now - last : 0; /* (LAST may be set after NOW was read) */
-        bool idle = quiet >= S_RESERVE_IDLE_MS;
-        if (pool->rhold == 0 && idle && !pool->rblocked && pool->rtarget > 0) {
-            i = s_unbacked_free(pool, pool->rtarget);
-            if (i == UINT32_MAX)
-                pool->rblocked = true; /* the next rtarget free regions are prefaulted */
-        }
-        if (i == UINT32_MAX) {
-            /* Wait for the store to go quiet, for a kick, or a second:
-             * another process may have taken our prefaulted regions, or
-             * freed some, without telling us. */
-            uint64_t wait_ms = 1000;
-            if (!idle && pool->rhold == 0 && !pool->rblocked)
-                wait_ms = S_RESERVE_IDLE_MS - quiet;
-            struct timespec until = ll_clock_deadline((double) wait_ms);
-            if (pthread_cond_timedwait(&pool->rcond, &pool->rmu, &until) == ETIMEDOUT &&
-                pool->rblocked && pool->rtarget > 0)
-                pool->rblocked = s_unbacked_free(pool, pool->rtarget) == UINT32_MAX;
-            continue;
-        }
-        pthread_mutex_unlock(&pool->rmu);
-        /* (Huge pages: one fault per region, nothing to split.) */
-        size_t step = strcmp(pool->page_kind, "4k") == 0 ? S_RESERVE_STEP : LL_POOL_REGION_BYTES;
-        int rc = s_touch_step(pool, i, step);
-        pthread_mutex_lock(&pool->rmu);
-        if (rc != 0) {
-            /* Out of memory (e.g. /dev/shm full): not an error here, the
-             * allocation that needs the memory will say so.  Wait for a kick. */
-            ll_debug("store", "pool reserve: cannot back region %u: %s", i, strerror(rc));
-            pool->rblocked = true;
-        }
-    }
-    pthread_mutex_unlock(&pool->rmu);
-    return NULL;
-}
-
-int ll_pool_reserve(ll_pool_t *pool, size_t nregions)
-{
-    if (getpid() != pool->pid)
-        return -1;
-    if (nregions > pool->nregions)
-        nregions = pool->nregions;
-    int rc = 0;
-    pthread_mutex_lock(&pool->rmu);
-    pool->rtarget = nregions;
-    pool->rblocked = false;
-    if (!pool->rstarted && nregions > 0 && !pool->rstop) {
-        /* Signals stay with the process's other threads (the kernel's
-         * SIGINT handling must never run on this one). */
-        sigset_t all, old;
-        sigfillset(&all);
-        pthread_sigmask(SIG_SETMASK, &all, &old);
-        rc = pthread_create(&pool->rthread, NULL, s_reserve_main, pool);
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
-        if (rc == 0)
-            pool->rstarted = true;
-        else
-            ll_warn("store", "pool reserve: cannot start its thread: %s", strerror(rc));
-    }
-    pthread_cond_signal(&pool->rcond);
-    pthread_mutex_unlock(&pool->rmu);
-    return rc == 0 ? 0 : -1;
-}
-
-void ll_pool_reserve_busy(ll_pool_t *pool)
-{
-    atomic_store(&pool->ractive, (uint64_t) ll_clock_ms());
-}
-
-void ll_pool_reserve_hold(ll_pool_t *pool, bool hold)
-{
-    ll_pool_reserve_busy(pool);
-    pthread_mutex_lock(&pool->rmu);
-    if (hold) {
-        pool->rhold++;
-    } else if (pool->rhold > 0 && --pool->rhold == 0) {
-        pool->rblocked = false; /* regions may have been freed meanwhile */
-        pthread_cond_signal(&pool->rcond);
-    }
-    pthread_mutex_unlock(&pool->rmu);
-}
-
-static void s_reserve_stop(ll_pool_t *pool)
-{
-    if (getpid() != pool->pid)
-        return; /* a fork child: the thread exists only in the parent */
-    pthread_mutex_lock(&pool->rmu);
-    bool started = pool->rstarted;
-    pool->rstop = true;
-    pool->rstarted = false;
-    pthread_cond_signal(&pool->rcond);
-    pthread_mutex_unlock(&pool->rmu);
-    if (started)
-        pthread_join(pool->rthread, NULL);
 }
 
 int ll_pool_alloc_unbacked(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind,
@@ -865,11 +645,11 @@ int ll_pool_alloc_unbacked(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, 
             i = (uint32_t) ((start + k - nwarm) % n);
         }
         uint64_t s = atomic_load(&pool->state[i]);
-        if ((s & 3) != S_FREE)
+        if ((s & 3) != LL_POOL_ST_FREE)
             continue;
         s_lease_bit(pool, i);
         uint64_t gen = (s >> 2) + 1;
-        if (!atomic_compare_exchange_strong(&pool->state[i], &s, gen << 2 | S_ALLOC)) {
+        if (!atomic_compare_exchange_strong(&pool->state[i], &s, gen << 2 | LL_POOL_ST_ALLOC)) {
             ll_pool_unlease(pool, i);
             continue;
         }
@@ -912,7 +692,7 @@ int ll_pool_gc(ll_pool_t *pool, ll_pool_refs_fn referenced, void *ctx, char *err
     }
     for (size_t i = 0; i < n; i++) {
         uint64_t s = atomic_load(&pool->state[i]);
-        if ((s & 3) == S_ALLOC && atomic_load(&pool->lease[i]) == 0) {
+        if ((s & 3) == LL_POOL_ST_ALLOC && atomic_load(&pool->lease[i]) == 0) {
             cand[ncand] = (uint32_t) i;
             candst[ncand++] = s;
         }
@@ -931,18 +711,18 @@ int ll_pool_gc(ll_pool_t *pool, ll_pool_refs_fn referenced, void *ctx, char *err
         uint64_t s = candst[c], gen = s >> 2;
         if (mark[i] == gen)
             continue;
-        if (!atomic_compare_exchange_strong(&pool->state[i], &s, gen << 2 | S_FREEING))
+        if (!atomic_compare_exchange_strong(&pool->state[i], &s, gen << 2 | LL_POOL_ST_FREEING))
             continue;
         /* CAS, not store, out of FREEING: a leaser that waited too long for
          * us (we were descheduled) may have taken the region back to ALLOC. */
-        uint64_t freeing = gen << 2 | S_FREEING;
+        uint64_t freeing = gen << 2 | LL_POOL_ST_FREEING;
         if (atomic_load(&pool->lease[i]) != 0 || atomic_load(&pool->hdr->epoch) != epoch) {
-            atomic_compare_exchange_strong(&pool->state[i], &freeing, gen << 2 | S_ALLOC);
+            atomic_compare_exchange_strong(&pool->state[i], &freeing, gen << 2 | LL_POOL_ST_ALLOC);
             if (atomic_load(&pool->hdr->epoch) != epoch)
                 break; /* a commit landed: our reference set is stale */
             continue;
         }
-        if (atomic_compare_exchange_strong(&pool->state[i], &freeing, gen << 2 | S_FREE))
+        if (atomic_compare_exchange_strong(&pool->state[i], &freeing, gen << 2 | LL_POOL_ST_FREE))
             freed++;
     }
     ll_debug("store", "pool gc: %zu candidates, %d freed", ncand, freed);
@@ -1108,11 +888,11 @@ void ll_pool_stats(ll_pool_t *pool, ll_pool_stats_t *out)
     pthread_mutex_lock(&pool->rmu);
     out->reserve_target = pool->rtarget;
     pthread_mutex_unlock(&pool->rmu);
-    out->reserve_ready = s_free_warm(pool);
+    out->reserve_ready = ll_pool_free_warm(pool);
     out->pool_bytes = pool->nregions * LL_POOL_REGION_BYTES;
     pthread_mutex_lock(&pool->mu);
     for (size_t i = 0; i < pool->nregions; i++) {
-        if ((atomic_load(&pool->state[i]) & 3) != S_FREE)
+        if ((atomic_load(&pool->state[i]) & 3) != LL_POOL_ST_FREE)
             out->regions_used++;
         if (pool->counts[i])
             out->regions_leased++;
