@@ -286,116 +286,123 @@ static void s_pool_free(ll_pool_t *pool)
     free(pool);
 }
 
-ll_pool_t *ll_pool_open(const char *path, size_t pool_bytes, char *err, size_t errlen)
+/* A handle for PATH with nothing opened yet, or NULL (out of memory). */
+static ll_pool_t *s_pool_new(const char *path)
 {
-    if (!path || !*path) {
-        snprintf(err, errlen, "pool path is empty");
-        return NULL;
-    }
     ll_pool_t *pool = calloc(1, sizeof *pool);
-    if (!pool) {
-        snprintf(err, errlen, "out of memory");
+    if (!pool)
         return NULL;
-    }
     pool->fd = -1;
     pool->slot = -1;
     pool->path = strdup(path);
     pthread_mutex_init(&pool->mu, NULL);
     ll_pool_reserve_init(pool);
     atomic_store(&pool->refs, 1);
-    bool created = false;
+    return pool;
+}
 
-    if (strncmp(path, "memfd:", 6) == 0) {
-        const char *want = path + 6;
-        unsigned flags = MFD_CLOEXEC;
-        if (strcmp(want, "hugetlb") == 0)
-            flags |= MFD_HUGETLB;
-        else if (strcmp(want, "thp") != 0 && strcmp(want, "4k") != 0) {
-            snprintf(err, errlen, "unknown pool kind %s (memfd:hugetlb|thp|4k)", path);
-            goto out_free;
-        }
-        pool->fd = memfd_create("looseleaf-pool", flags);
-        if (pool->fd < 0) {
-            s_fail(err, errlen, "memfd_create for %s failed: %s", path, errno);
-            goto out_free;
-        }
-        pool->is_memfd = true;
-        fchmod(pool->fd, 0600); /* others reach it through /proc/<pid>/fd */
-        if (s_init_file(pool->fd, pool_bytes, path, want, err, errlen) != 0)
-            goto out_close;
-        pool->thp_advise = strcmp(want, "thp") == 0;
-        created = true;
-    } else {
-        /* /proc/<pid>/fd/<n> is how other processes reach a memfd pool: a
-         * link to follow, never a file to create. */
-        bool proc = strncmp(path, "/proc/", 6) == 0;
-        pool->fd = open(path, O_RDWR | O_CLOEXEC | (proc ? 0 : O_CREAT | O_NOFOLLOW), 0600);
-        if (pool->fd < 0) {
-            s_fail(err, errlen, "cannot open pool %s: %s", path, errno);
-            goto out_free;
-        }
-        /* Serialise initialisation between processes opening a new pool. */
-        if (flock(pool->fd, LOCK_EX) != 0) {
-            s_fail(err, errlen, "cannot lock pool %s: %s", path, errno);
-            goto out_close;
-        }
-        struct stat st;
-        if (fstat(pool->fd, &st) != 0) {
-            s_fail(err, errlen, "cannot stat pool %s: %s", path, errno);
-            flock(pool->fd, LOCK_UN);
-            goto out_close;
-        }
-        if (st.st_uid != geteuid() || (st.st_mode & 077)) {
-            snprintf(err, errlen, "pool %s must be owned by this user with mode 0600", path);
-            flock(pool->fd, LOCK_UN);
-            goto out_close;
-        }
-        /* A creator killed inside s_init_file (after sizing the file, before
-         * its magic, written last) leaves a file no process can have used:
-         * initialise it again rather than refuse it for ever. */
-        ll_pool_hdr_t head;
-        static const char zero_magic[8];
-        bool unfinished = (size_t) st.st_size >= sizeof head &&
-                          pread(pool->fd, &head, sizeof head, 0) == (ssize_t) sizeof head &&
-                          memcmp(head.magic, zero_magic, 8) == 0;
-        if (unfinished && ftruncate(pool->fd, 0) == 0)
-            st.st_size = 0;
-        if (st.st_size == 0) {
-            if (s_init_file(pool->fd, pool_bytes, path, NULL, err, errlen) != 0) {
-                if (ftruncate(pool->fd, 0) != 0) {
-                    /* nothing more to undo */
-                }
-                flock(pool->fd, LOCK_UN);
-                goto out_close;
-            }
-            created = true;
-        }
-        flock(pool->fd, LOCK_UN);
+/* Make a new nameless pool for PATH "memfd:hugetlb|thp|4k" into POOL->fd.
+ * 0, or -1 with a reason (POOL->fd, if open, is the caller's to close). */
+static int s_create_memfd(ll_pool_t *pool, const char *path, size_t pool_bytes, char *err,
+                          size_t errlen)
+{
+    const char *want = path + 6;
+    unsigned flags = MFD_CLOEXEC;
+    if (strcmp(want, "hugetlb") == 0)
+        flags |= MFD_HUGETLB;
+    else if (strcmp(want, "thp") != 0 && strcmp(want, "4k") != 0) {
+        snprintf(err, errlen, "unknown pool kind %s (memfd:hugetlb|thp|4k)", path);
+        return -1;
     }
+    pool->fd = memfd_create("looseleaf-pool", flags);
+    if (pool->fd < 0)
+        return s_fail(err, errlen, "memfd_create for %s failed: %s", path, errno);
+    pool->is_memfd = true;
+    fchmod(pool->fd, 0600); /* others reach it through /proc/<pid>/fd */
+    if (s_init_file(pool->fd, pool_bytes, path, want, err, errlen) != 0)
+        return -1;
+    pool->thp_advise = strcmp(want, "thp") == 0;
+    return 0;
+}
 
+/* Open the pool file PATH into POOL->fd, creating and initialising it when
+ * it is new (*CREATED then true), under an exclusive flock so that two
+ * processes opening a new pool initialise it once.  0, or -1 with a reason
+ * (POOL->fd, if open, is the caller's to close). */
+static int s_open_file(ll_pool_t *pool, const char *path, size_t pool_bytes, bool *created,
+                       char *err, size_t errlen)
+{
+    /* /proc/<pid>/fd/<n> is how other processes reach a memfd pool: a
+     * link to follow, never a file to create. */
+    bool proc = strncmp(path, "/proc/", 6) == 0;
+    pool->fd = open(path, O_RDWR | O_CLOEXEC | (proc ? 0 : O_CREAT | O_NOFOLLOW), 0600);
+    if (pool->fd < 0)
+        return s_fail(err, errlen, "cannot open pool %s: %s", path, errno);
+    /* Serialise initialisation between processes opening a new pool. */
+    if (flock(pool->fd, LOCK_EX) != 0)
+        return s_fail(err, errlen, "cannot lock pool %s: %s", path, errno);
+    int rc = -1;
+    struct stat st;
+    if (fstat(pool->fd, &st) != 0) {
+        s_fail(err, errlen, "cannot stat pool %s: %s", path, errno);
+        goto out_unlock;
+    }
+    if (st.st_uid != geteuid() || (st.st_mode & 077)) {
+        snprintf(err, errlen, "pool %s must be owned by this user with mode 0600", path);
+        goto out_unlock;
+    }
+    /* A creator killed inside s_init_file (after sizing the file, before
+     * its magic, written last) leaves a file no process can have used:
+     * initialise it again rather than refuse it for ever. */
+    ll_pool_hdr_t head;
+    static const char zero_magic[8];
+    bool unfinished = (size_t) st.st_size >= sizeof head &&
+                      pread(pool->fd, &head, sizeof head, 0) == (ssize_t) sizeof head &&
+                      memcmp(head.magic, zero_magic, 8) == 0;
+    if (unfinished && ftruncate(pool->fd, 0) == 0)
+        st.st_size = 0;
+    if (st.st_size == 0) {
+        if (s_init_file(pool->fd, pool_bytes, path, NULL, err, errlen) != 0) {
+            if (ftruncate(pool->fd, 0) != 0) {
+                /* nothing more to undo */
+            }
+            goto out_unlock;
+        }
+        *created = true;
+    }
+    rc = 0;
+out_unlock:
+    flock(pool->fd, LOCK_UN);
+    return rc;
+}
+
+/* Check the header of the pool open on POOL->fd, map the whole file and
+ * point the handle's fields into it.  0, or -1 with a reason (nothing
+ * mapped). */
+static int s_map_file(ll_pool_t *pool, const char *path, char *err, size_t errlen)
+{
     struct stat st;
     if (fstat(pool->fd, &st) != 0 || (size_t) st.st_size < sizeof(ll_pool_hdr_t)) {
         snprintf(err, errlen, "pool %s is truncated", path);
-        goto out_close;
+        return -1;
     }
     ll_pool_hdr_t peek;
     if (pread(pool->fd, &peek, sizeof peek, 0) != (ssize_t) sizeof peek ||
         memcmp(peek.magic, S_MAGIC, 8) != 0 || peek.region_bytes != LL_POOL_REGION_BYTES) {
         snprintf(err, errlen, "%s is not a LooseLeaf pool", path);
-        goto out_close;
+        return -1;
     }
     size_t file_len = peek.data_offset + peek.nregions * LL_POOL_REGION_BYTES;
     if ((size_t) st.st_size != file_len ||
         peek.data_offset < sizeof(ll_pool_hdr_t) + 2 * sizeof(uint64_t) * peek.nregions) {
         snprintf(err, errlen, "pool %s has an inconsistent header", path);
-        goto out_close;
+        return -1;
     }
     pool->base =
         mmap(NULL, file_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, pool->fd, 0);
     if (pool->base == MAP_FAILED) {
         pool->base = NULL;
-        s_fail(err, errlen, "cannot map pool %s: %s", path, errno);
-        goto out_close;
+        return s_fail(err, errlen, "cannot map pool %s: %s", path, errno);
     }
     pool->file_len = file_len;
     pool->hdr = (ll_pool_hdr_t *) pool->base;
@@ -410,12 +417,19 @@ ll_pool_t *ll_pool_open(const char *path, size_t pool_bytes, char *err, size_t e
     }
     if (strcmp(pool->page_kind, "thp") == 0)
         madvise(pool->data, pool->nregions * LL_POOL_REGION_BYTES, MADV_HUGEPAGE);
+    return 0;
+}
+
+/* This process's side of a mapped pool: its bookkeeping and a process
+ * slot for its lease bits.  0, or -1 with a reason. */
+static int s_join(ll_pool_t *pool, const char *path, char *err, size_t errlen)
+{
     pool->counts = calloc(pool->nregions, sizeof *pool->counts);
     pool->populated = calloc(pool->nregions, 1);
     pool->warm = calloc(pool->nregions, sizeof *pool->warm);
     if (!pool->counts || !pool->populated || !pool->warm) {
         snprintf(err, errlen, "out of memory");
-        goto out_unmap;
+        return -1;
     }
     pool->pid = getpid();
     snprintf(pool->share_path, sizeof pool->share_path, "/proc/%d/fd/%d", (int) pool->pid,
@@ -425,8 +439,34 @@ ll_pool_t *ll_pool_open(const char *path, size_t pool_bytes, char *err, size_t e
     if (pool->slot < 0) {
         snprintf(err, errlen, "pool %s: all %d process slots are held by live processes", path,
                  LL_POOL_MAX_PROCS);
-        goto out_unmap;
+        return -1;
     }
+    return 0;
+}
+
+ll_pool_t *ll_pool_open(const char *path, size_t pool_bytes, char *err, size_t errlen)
+{
+    if (!path || !*path) {
+        snprintf(err, errlen, "pool path is empty");
+        return NULL;
+    }
+    ll_pool_t *pool = s_pool_new(path);
+    if (!pool) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    bool created = false;
+    if (strncmp(path, "memfd:", 6) == 0) {
+        if (s_create_memfd(pool, path, pool_bytes, err, errlen) != 0)
+            goto out_close;
+        created = true;
+    } else if (s_open_file(pool, path, pool_bytes, &created, err, errlen) != 0) {
+        goto out_close;
+    }
+    if (s_map_file(pool, path, err, errlen) != 0)
+        goto out_close;
+    if (s_join(pool, path, err, errlen) != 0)
+        goto out_unmap;
     ll_debug("store", "pool %s opened (%s, %zu regions, %s, slot %d)", path,
              created ? "created" : "existing", pool->nregions, pool->page_kind, pool->slot);
     return pool;
@@ -434,10 +474,10 @@ ll_pool_t *ll_pool_open(const char *path, size_t pool_bytes, char *err, size_t e
 out_unmap:
     munmap(pool->base, pool->file_len);
 out_close:
-    close(pool->fd);
+    if (pool->fd >= 0)
+        close(pool->fd);
     if (created && !pool->is_memfd)
         unlink(path);
-out_free:
     s_pool_free(pool);
     return NULL;
 }
