@@ -507,6 +507,64 @@ redisReply *ll_redis_reply(ll_redis_t *r)
     return reply;
 }
 
+int ll_redis_argn(ll_redis_argv_t *a, const char *s, size_t len)
+{
+    if (a->argc == a->cap) {
+        int cap = a->cap ? a->cap * 2 : 16;
+        const char **v = realloc(a->argv, (size_t) cap * sizeof *v);
+        if (!v)
+            return -1;
+        a->argv = v;
+        size_t *l = realloc(a->lens, (size_t) cap * sizeof *l);
+        if (!l)
+            return -1;
+        a->lens = l;
+        a->cap = cap;
+    }
+    a->argv[a->argc] = s;
+    a->lens[a->argc++] = len;
+    return 0;
+}
+
+int ll_redis_arg(ll_redis_argv_t *a, const char *s)
+{
+    return ll_redis_argn(a, s, strlen(s));
+}
+
+int ll_redis_send(ll_redis_t *r, ll_redis_argv_t *a)
+{
+    int rc = ll_redis_append(r, a->argc, a->argv, a->lens);
+    a->argc = 0;
+    return rc;
+}
+
+void ll_redis_argv_free(ll_redis_argv_t *a)
+{
+    free(a->argv);
+    free(a->lens);
+    memset(a, 0, sizeof *a);
+}
+
+int ll_redis_drain(ll_redis_t *r, int n)
+{
+    for (int i = 0; i < n; i++) {
+        redisReply *reply = ll_redis_reply(r);
+        if (!reply)
+            return -1;
+        freeReplyObject(reply);
+    }
+    return 0;
+}
+
+uint64_t ll_redis_u64(const redisReply *reply)
+{
+    if (reply && reply->type == REDIS_REPLY_STRING)
+        return strtoull(reply->str, NULL, 10);
+    if (reply && reply->type == REDIS_REPLY_INTEGER)
+        return (uint64_t) reply->integer;
+    return 0;
+}
+
 void ll_redis_reset(ll_redis_t *r)
 {
     if (r->c) {

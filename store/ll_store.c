@@ -297,67 +297,6 @@ static void s_pending_release_all(ll_store_t *st)
             s_pending_release(st, st->pending[b]->ref);
 }
 
-/* ---- pipelined commands ---------------------------------------------- */
-
-/* argv builder for pipelined commands */
-typedef struct {
-    const char **argv;
-    size_t *lens;
-    int argc, cap;
-} s_args_t;
-
-static int s_arg(s_args_t *a, const char *s, size_t len)
-{
-    if (a->argc == a->cap) {
-        int cap = a->cap ? a->cap * 2 : 16;
-        const char **v = realloc(a->argv, (size_t) cap * sizeof *v);
-        if (!v)
-            return -1;
-        a->argv = v;
-        size_t *l = realloc(a->lens, (size_t) cap * sizeof *l);
-        if (!l)
-            return -1;
-        a->lens = l;
-        a->cap = cap;
-    }
-    a->argv[a->argc] = s;
-    a->lens[a->argc++] = len;
-    return 0;
-}
-
-static int s_args(s_args_t *a, const char *s)
-{
-    return s_arg(a, s, strlen(s));
-}
-
-static int s_send(ll_store_t *st, s_args_t *a)
-{
-    int rc = ll_redis_append(st->redis, a->argc, a->argv, a->lens);
-    a->argc = 0;
-    return rc;
-}
-
-/* Read and free N replies; -1 on an I/O error. */
-static int s_drain(ll_store_t *st, int n)
-{
-    for (int i = 0; i < n; i++) {
-        redisReply *r = ll_redis_reply(st->redis);
-        if (!r)
-            return -1;
-        freeReplyObject(r);
-    }
-    return 0;
-}
-
-static uint64_t s_reply_u64(redisReply *r)
-{
-    if (r && r->type == REDIS_REPLY_STRING)
-        return strtoull(r->str, NULL, 10);
-    if (r && r->type == REDIS_REPLY_INTEGER)
-        return (uint64_t) r->integer;
-    return 0;
-}
-
 /* ---- open / close ----------------------------------------------------- */
 
 static size_t s_default_pool_bytes(void)
@@ -464,13 +403,13 @@ static int s_attach_pool(ll_store_t *st, const char *want, const char *default_p
                  (unsigned long long) ll_pool_id(pool));
         redisReply *m = NULL;
         if (ll_redis_reconnects(st->redis) == watched_on) {
-            s_args_t a = {0};
-            int bad = s_args(&a, "MULTI") || s_send(st, &a) || s_args(&a, "SET") ||
-                      s_args(&a, key) || s_args(&a, value) || s_send(st, &a) ||
-                      s_args(&a, "EXEC") || s_send(st, &a);
-            free(a.argv);
-            free(a.lens);
-            if (!bad && s_drain(st, 2) == 0)
+            ll_redis_argv_t a = {0};
+            int bad = ll_redis_arg(&a, "MULTI") || ll_redis_send(st->redis, &a) ||
+                      ll_redis_arg(&a, "SET") || ll_redis_arg(&a, key) || ll_redis_arg(&a, value) ||
+                      ll_redis_send(st->redis, &a) || ll_redis_arg(&a, "EXEC") ||
+                      ll_redis_send(st->redis, &a);
+            ll_redis_argv_free(&a);
+            if (!bad && ll_redis_drain(st->redis, 2) == 0)
                 m = ll_redis_reply(st->redis);
             if (bad)
                 ll_redis_reset(st->redis); /* drop a half-queued transaction */
@@ -1116,7 +1055,7 @@ int ll_store_commit(ll_store_t *st, const char *cell_id, const ll_store_write_t 
     char **vkeys = calloc(nwrites + ndeletes + 1, sizeof *vkeys);
     uint32_t *leased = NULL;
     size_t nleased = 0, cap_leased = 0;
-    s_args_t a = {0};
+    ll_redis_argv_t a = {0};
     char *k_seq = s_key(st, "seq", NULL), *k_ver = s_key(st, "ver", NULL);
     char *k_prefs = s_key(st, "prefs", NULL);
     char *writes_json = NULL, *deletes_json = NULL;
@@ -1259,13 +1198,13 @@ int ll_store_commit(ll_store_t *st, const char *cell_id, const ll_store_write_t 
             s_redis_fail(st, "commit failed (GET)");
             goto out;
         }
-        uint64_t cur = s_reply_u64(r);
+        uint64_t cur = ll_redis_u64(r);
         freeReplyObject(r);
         if (nbases > 0) {
-            if (s_args(&a, "HMGET") || s_args(&a, k_ver))
+            if (ll_redis_arg(&a, "HMGET") || ll_redis_arg(&a, k_ver))
                 goto oom;
             for (size_t i = 0; i < nbases; i++)
-                if (s_args(&a, bases[i].name))
+                if (ll_redis_arg(&a, bases[i].name))
                     goto oom;
             r = ll_redis_cmd(st->redis, a.argc, a.argv, a.lens);
             a.argc = 0;
@@ -1276,7 +1215,7 @@ int ll_store_commit(ll_store_t *st, const char *cell_id, const ll_store_write_t 
                 goto out;
             }
             for (size_t i = 0; i < nbases; i++) {
-                uint64_t have = s_reply_u64(r->element[i]);
+                uint64_t have = ll_redis_u64(r->element[i]);
                 if (have != bases[i].version) {
                     s_fail(st, LL_STORE_ECONFLICT,
                            "'%s' is at version %llu, not %llu as the commit expected",
@@ -1311,80 +1250,85 @@ int ll_store_commit(ll_store_t *st, const char *cell_id, const ll_store_write_t 
         /* The transaction, pipelined: nothing reaches Redis before EXEC is
          * queued except what hiredis flushes early (harmless: MULTI holds it). */
         int sent = 0, bad = 0;
-        bad |= s_args(&a, "MULTI") || s_send(st, &a);
+        bad |= ll_redis_arg(&a, "MULTI") || ll_redis_send(st->redis, &a);
         sent++;
         for (size_t i = 0; i < nwrites && !bad; i++) {
             const ll_store_write_t *w = &writes[i];
-            bad |= s_args(&a, "DEL") || s_args(&a, vkeys[i]) || s_send(st, &a);
-            bad |= s_args(&a, "HSET") || s_args(&a, vkeys[i]) || s_args(&a, "ver") ||
-                   s_args(&a, vbuf) || s_args(&a, "blob") ||
-                   s_arg(&a, w->blob ? w->blob : "", w->blob ? w->bloblen : 0) ||
-                   s_args(&a, "prefs") || s_args(&a, prefs_json[i]) || s_args(&a, "refs") ||
-                   s_args(&a, refs_json[i]) || s_args(&a, "cell") || s_args(&a, cell_id) ||
-                   s_send(st, &a);
+            bad |= ll_redis_arg(&a, "DEL") || ll_redis_arg(&a, vkeys[i]) ||
+                   ll_redis_send(st->redis, &a);
+            bad |= ll_redis_arg(&a, "HSET") || ll_redis_arg(&a, vkeys[i]) ||
+                   ll_redis_arg(&a, "ver") || ll_redis_arg(&a, vbuf) || ll_redis_arg(&a, "blob") ||
+                   ll_redis_argn(&a, w->blob ? w->blob : "", w->blob ? w->bloblen : 0) ||
+                   ll_redis_arg(&a, "prefs") || ll_redis_arg(&a, prefs_json[i]) ||
+                   ll_redis_arg(&a, "refs") || ll_redis_arg(&a, refs_json[i]) ||
+                   ll_redis_arg(&a, "cell") || ll_redis_arg(&a, cell_id) ||
+                   ll_redis_send(st->redis, &a);
             sent += 2;
         }
         if (nwrites && !bad) {
-            bad |= s_args(&a, "HSET") || s_args(&a, k_ver);
+            bad |= ll_redis_arg(&a, "HSET") || ll_redis_arg(&a, k_ver);
             for (size_t i = 0; i < nwrites && !bad; i++)
-                bad |= s_args(&a, writes[i].name) || s_args(&a, vbuf);
-            bad |= s_send(st, &a);
+                bad |= ll_redis_arg(&a, writes[i].name) || ll_redis_arg(&a, vbuf);
+            bad |= ll_redis_send(st->redis, &a);
             sent++;
             /* The payload index: what reclamation reads (one HVALS). */
             size_t with = 0;
             for (size_t i = 0; i < nwrites; i++)
                 with += writes[i].nprefs > 0;
             if (with && !bad) {
-                bad |= s_args(&a, "HSET") || s_args(&a, k_prefs);
+                bad |= ll_redis_arg(&a, "HSET") || ll_redis_arg(&a, k_prefs);
                 for (size_t i = 0; i < nwrites && !bad; i++)
                     if (writes[i].nprefs)
-                        bad |= s_args(&a, writes[i].name) || s_args(&a, prefs_json[i]);
-                bad |= s_send(st, &a);
+                        bad |= ll_redis_arg(&a, writes[i].name) || ll_redis_arg(&a, prefs_json[i]);
+                bad |= ll_redis_send(st->redis, &a);
                 sent++;
             }
             if (with < nwrites && !bad) {
-                bad |= s_args(&a, "HDEL") || s_args(&a, k_prefs);
+                bad |= ll_redis_arg(&a, "HDEL") || ll_redis_arg(&a, k_prefs);
                 for (size_t i = 0; i < nwrites && !bad; i++)
                     if (!writes[i].nprefs)
-                        bad |= s_args(&a, writes[i].name);
-                bad |= s_send(st, &a);
+                        bad |= ll_redis_arg(&a, writes[i].name);
+                bad |= ll_redis_send(st->redis, &a);
                 sent++;
             }
         }
         if (ndeletes && !bad) {
-            bad |= s_args(&a, "DEL");
+            bad |= ll_redis_arg(&a, "DEL");
             for (size_t j = 0; j < ndeletes && !bad; j++)
-                bad |= s_args(&a, vkeys[nwrites + j]);
-            bad |= s_send(st, &a);
-            bad |= s_args(&a, "HDEL") || s_args(&a, k_ver);
+                bad |= ll_redis_arg(&a, vkeys[nwrites + j]);
+            bad |= ll_redis_send(st->redis, &a);
+            bad |= ll_redis_arg(&a, "HDEL") || ll_redis_arg(&a, k_ver);
             for (size_t j = 0; j < ndeletes && !bad; j++)
-                bad |= s_args(&a, deletes[j]);
-            bad |= s_send(st, &a);
-            bad |= s_args(&a, "HDEL") || s_args(&a, k_prefs);
+                bad |= ll_redis_arg(&a, deletes[j]);
+            bad |= ll_redis_send(st->redis, &a);
+            bad |= ll_redis_arg(&a, "HDEL") || ll_redis_arg(&a, k_prefs);
             for (size_t j = 0; j < ndeletes && !bad; j++)
-                bad |= s_args(&a, deletes[j]);
-            bad |= s_send(st, &a);
+                bad |= ll_redis_arg(&a, deletes[j]);
+            bad |= ll_redis_send(st->redis, &a);
             sent += 3;
         }
-        bad |= s_args(&a, "SET") || s_args(&a, k_seq) || s_args(&a, vbuf) || s_send(st, &a);
-        bad |= s_args(&a, "HSET") || s_args(&a, k_commit) || s_args(&a, "cell") ||
-               s_args(&a, cell_id) || s_args(&a, "token") || s_args(&a, token) ||
-               s_args(&a, "writes") || s_args(&a, writes_json) || s_args(&a, "deletes") ||
-               s_args(&a, deletes_json) || s_send(st, &a);
+        bad |= ll_redis_arg(&a, "SET") || ll_redis_arg(&a, k_seq) || ll_redis_arg(&a, vbuf) ||
+               ll_redis_send(st->redis, &a);
+        bad |= ll_redis_arg(&a, "HSET") || ll_redis_arg(&a, k_commit) || ll_redis_arg(&a, "cell") ||
+               ll_redis_arg(&a, cell_id) || ll_redis_arg(&a, "token") || ll_redis_arg(&a, token) ||
+               ll_redis_arg(&a, "writes") || ll_redis_arg(&a, writes_json) ||
+               ll_redis_arg(&a, "deletes") || ll_redis_arg(&a, deletes_json) ||
+               ll_redis_send(st->redis, &a);
         sent += 2;
         if (k_old && !bad) {
-            bad |= s_args(&a, "DEL") || s_args(&a, k_old) || s_send(st, &a);
+            bad |=
+                ll_redis_arg(&a, "DEL") || ll_redis_arg(&a, k_old) || ll_redis_send(st->redis, &a);
             sent++;
         }
         free(k_old);
         if (!bad)
             s_fault("before_commit");
-        bad |= s_args(&a, "EXEC") || s_send(st, &a);
+        bad |= ll_redis_arg(&a, "EXEC") || ll_redis_send(st->redis, &a);
         a.argc = 0;
         if (!bad && s_fault_is("drop_after_exec"))
             ll_redis_fault_drop(st->redis);
         redisReply *exec = NULL;
-        if (!bad && s_drain(st, sent) == 0)
+        if (!bad && ll_redis_drain(st->redis, sent) == 0)
             exec = ll_redis_reply(st->redis);
         if (exec && s_fault_is("lose_exec_reply")) { /* it ran; pretend we never heard */
             freeReplyObject(exec);
@@ -1468,8 +1412,7 @@ out:
     free(names);
     free(writes_json);
     free(deletes_json);
-    free(a.argv);
-    free(a.lens);
+    ll_redis_argv_free(&a);
     free(k_seq);
     free(k_ver);
     free(k_prefs);
@@ -1502,20 +1445,20 @@ static redisReply *s_fetch_raw(ll_store_t *st, const char *const *names, size_t 
     for (int attempt = 0; attempt < 2; attempt++) {
         if (ll_redis_ensure(st->redis) != 0)
             return NULL;
-        s_args_t a = {0};
-        int bad = s_args(&a, "MULTI") || s_send(st, &a);
+        ll_redis_argv_t a = {0};
+        int bad = ll_redis_arg(&a, "MULTI") || ll_redis_send(st->redis, &a);
         for (size_t i = 0; i < n && !bad; i++) {
             char *k = s_key(st, "v:", names[i]);
-            bad |= !k || s_args(&a, "HMGET") || s_args(&a, k) || s_args(&a, "ver") ||
-                   s_args(&a, "blob") || s_args(&a, "prefs") || s_args(&a, "refs") ||
-                   s_send(st, &a);
+            bad |= !k || ll_redis_arg(&a, "HMGET") || ll_redis_arg(&a, k) ||
+                   ll_redis_arg(&a, "ver") || ll_redis_arg(&a, "blob") ||
+                   ll_redis_arg(&a, "prefs") || ll_redis_arg(&a, "refs") ||
+                   ll_redis_send(st->redis, &a);
             free(k);
         }
-        bad |= s_args(&a, "EXEC") || s_send(st, &a);
-        free(a.argv);
-        free(a.lens);
+        bad |= ll_redis_arg(&a, "EXEC") || ll_redis_send(st->redis, &a);
+        ll_redis_argv_free(&a);
         redisReply *exec = NULL;
-        if (!bad && s_drain(st, (int) n + 1) == 0)
+        if (!bad && ll_redis_drain(st->redis, (int) n + 1) == 0)
             exec = ll_redis_reply(st->redis);
         if (exec)
             return exec;
@@ -1560,7 +1503,7 @@ int ll_store_fetch(ll_store_t *st, const char *const *names, size_t nnames,
             e->element[0]->type != REDIS_REPLY_STRING)
             continue; /* not committed */
         ll_store_entry_t *o = &out[nout];
-        o->version = s_reply_u64(e->element[0]);
+        o->version = ll_redis_u64(e->element[0]);
         o->name = strdup(names[i]);
         redisReply *b = e->element[1], *pr = e->element[2], *rf = e->element[3];
         if (b->type != REDIS_REPLY_STRING || pr->type != REDIS_REPLY_STRING ||
@@ -1623,7 +1566,7 @@ int ll_store_versions(ll_store_t *st, char ***names, uint64_t **versions, size_t
     }
     for (size_t i = 0; i < m; i++) {
         (*names)[i] = strndup(r->element[2 * i]->str, r->element[2 * i]->len);
-        (*versions)[i] = s_reply_u64(r->element[2 * i + 1]);
+        (*versions)[i] = ll_redis_u64(r->element[2 * i + 1]);
         *n = i + 1;
         if (!(*names)[i]) {
             s_fail(st, LL_STORE_EIO, "out of memory");
@@ -1661,7 +1604,7 @@ int ll_store_last_commit(ll_store_t *st, uint64_t *version, char **cell_id)
         s_redis_fail(st, "last_commit failed");
         goto out;
     }
-    *version = s_reply_u64(r);
+    *version = ll_redis_u64(r);
     freeReplyObject(r);
     if (*version) {
         char vbuf[32];
@@ -1789,13 +1732,12 @@ int ll_store_delete_session(ll_store_t *st)
         snprintf(cursor, sizeof cursor, "%s", r->element[0]->str);
         redisReply *keys = r->element[1];
         if (keys->elements > 0) {
-            s_args_t a = {0};
-            int bad = s_args(&a, "UNLINK");
+            ll_redis_argv_t a = {0};
+            int bad = ll_redis_arg(&a, "UNLINK");
             for (size_t i = 0; i < keys->elements && !bad; i++)
-                bad |= s_arg(&a, keys->element[i]->str, keys->element[i]->len);
+                bad |= ll_redis_argn(&a, keys->element[i]->str, keys->element[i]->len);
             redisReply *d = bad ? NULL : ll_redis_cmd(st->redis, a.argc, a.argv, a.lens);
-            free(a.argv);
-            free(a.lens);
+            ll_redis_argv_free(&a);
             if (!d) {
                 freeReplyObject(r);
                 s_redis_fail(st, "delete_session failed");
