@@ -6,7 +6,7 @@ STORE_SRCS := store/ll_pool.c store/ll_redis.c store/ll_store.c store/ll_store_p
               store/ll_pool_reserve.c store/ll_pagekind.c \
               store/ll_hash.c store/ll_hash_avx2.c
 LIB_SRCS   += $(STORE_SRCS)
-SELFTESTS  += ll_pagekind ll_pool ll_store ll_store_put
+SELFTESTS  += ll_pagekind ll_pool ll_redis ll_store ll_store_put
 PYTESTS    += tests/store_c
 BENCHES    += $(BUILD)/ll_store_bench
 
