@@ -40,7 +40,8 @@ typedef enum {
 /* Open the pool file PATH, creating it (0600) with room for POOL_BYTES when
  * it does not exist; an existing pool keeps its size.  PATH "memfd:hugetlb",
  * "memfd:thp" or "memfd:4k" creates a nameless pool that other processes
- * open through ll_pool_share_path.  Returns NULL with a reason in ERR. */
+ * open through ll_pool_share_path.  Returns a handle the caller destroys
+ * (ll_pool_destroy), or NULL with a reason in ERR. */
 ll_pool_t *ll_pool_open(const char *path, size_t pool_bytes, char *err, size_t errlen);
 
 /* Drop this handle; the pool lives on while a mapping made from it lives. */
@@ -111,7 +112,9 @@ int ll_pool_gc(ll_pool_t *pool, ll_pool_refs_fn referenced, void *ctx, char *err
 
 /* Map NREG leased-or-leasable regions at consecutive addresses, NBYTES long,
  * read-only (or private copy-on-write when WRITABLE).  Leases them for the
- * mapping's life.  Returns NULL with *KIND EGONE/EIO and a reason. */
+ * mapping's life.  Returns a mapping the caller unmaps (ll_pool_unmap; it
+ * keeps the pool's memory alive, so it may outlive POOL's handle), or NULL
+ * with *KIND EGONE/EIO/EINVAL and a reason. */
 ll_pool_map_t *ll_pool_map(ll_pool_t *pool, const ll_pool_region_t *regs, size_t nreg,
                            size_t nbytes, bool writable, int *kind, char *err, size_t errlen);
 void *ll_pool_map_addr(ll_pool_map_t *map);
@@ -136,7 +139,8 @@ void ll_pool_stats(ll_pool_t *pool, ll_pool_stats_t *out);
  * are allocated but unleased (reclaimable unless a commit uses them). */
 void ll_pool_warm_counts(ll_pool_t *pool, size_t *free_warm, size_t *idle_warm);
 
-/* "hugetlb", "thp" or "4k". */
+/* "hugetlb", "thp" or "4k" (the handle's string, like ll_pool_share_path's:
+ * valid while the handle lives). */
 const char *ll_pool_page_kind(ll_pool_t *pool);
 
 /* The commit epoch (moves with every commit of any process). */

@@ -26,7 +26,8 @@ char *ll_redis_start(const char *runtime_dir, bool *started, char *err, size_t e
 int ll_redis_stop(const char *runtime_dir, char *err, size_t errlen);
 
 /* Connect to URL ("unix:///path", "redis://host:port", or a bare socket
- * path).  Returns NULL with a reason in ERR. */
+ * path).  Returns a connection the caller destroys (ll_redis_destroy), or
+ * NULL with a reason in ERR. */
 ll_redis_t *ll_redis_connect(const char *url, char *err, size_t errlen);
 void ll_redis_destroy(ll_redis_t **r_p);
 
@@ -83,7 +84,9 @@ void ll_redis_reset(ll_redis_t *r);
  * is read (LL_STORE_FAULT=drop_after_exec). */
 void ll_redis_fault_drop(ll_redis_t *r);
 
-/* The last error (sticky until the next successful reconnect). */
+/* The last error (sticky until the next successful reconnect), and the URL
+ * as given: the connection's strings, valid while it lives (the error's
+ * text changes with the next failure). */
 const char *ll_redis_errstr(ll_redis_t *r);
 const char *ll_redis_url(ll_redis_t *r);
 unsigned long ll_redis_reconnects(ll_redis_t *r);
