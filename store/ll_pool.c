@@ -20,11 +20,12 @@
  * steady-state save does not fault): set my lease bit, then CAS state
  * FREE(g) -> ALLOC(g+1).  The
  * new generation makes any older reference to the index stale, so a reader
- * holding a reference from before can never map someone else's bytes.  Then
- * the region is backed (fallocate, or MADV_POPULATE_WRITE with shmem THP in
- * "advise" mode): a full pool or a full /dev/shm is an error returned here,
- * never a SIGBUS later.  Only the allocating process writes a region, and
- * only before it is committed; after that the bytes never change.
+ * holding a reference from before can never map someone else's bytes.
+ * Before writing, the writer backs the region (ll_pool_back: fallocate, or
+ * MADV_POPULATE_WRITE with shmem THP in "advise" mode): a full /dev/shm or
+ * no more huge pages is an error then, never a SIGBUS later.  Only the
+ * allocating process writes a region, and only before it is committed;
+ * after that the bytes never change.
  *
  * Lease (a reader mapping a payload, a writer reusing a base region, a commit
  * in flight): set my bit, then check state == ALLOC(gen).  Reclamation of a
@@ -46,8 +47,13 @@
  * Page kinds (MEASURED.md: 4 KiB first touch runs at 0.33 GB/s): a pool on a
  * hugetlbfs mount (or memfd:hugetlb) uses 2 MiB pages; a tmpfs mount whose
  * huge= option (or shmem_enabled=force) allows THP gets MADV_HUGEPAGE; else
- * 4 KiB pages, prefaulted per region at allocation so the copy itself does
- * not fault. */
+ * 4 KiB pages, prefaulted per region (by the reserve ahead of time, else
+ * by ll_pool_back right before the copy) so the copy itself does not
+ * fault.  Which kind a new pool gets is ll_pagekind's decision.
+ *
+ * Files: this one (open, allocate, back, lease, reclaim, map); the reserve
+ * thread that prefaults free regions ahead of saves, ll_pool_reserve.c; the
+ * header layout and the handle they share, ll_pool_internal.h. */
 #include "store/ll_pool.h"
 
 #include <errno.h>
@@ -55,7 +61,6 @@
 #include <limits.h>
 #include <pthread.h>
 #include <sched.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,70 +77,14 @@
 #include "base/ll_log.h"
 #include "store/ll_mman.h"
 #include "base/ll_clock.h"
+#include "store/ll_pool_internal.h"
 
 #define S_HUGETLBFS_MAGIC 0x958458f6
 #define S_TMPFS_MAGIC     0x01021994
 
-#define S_MAGIC           "LLPOOL02"
-#define S_FREE            0u
-#define S_ALLOC           1u
-#define S_FREEING         2u
-#define S_PID_BITS        22
-#define S_SLOT_CLEANING   UINT64_MAX
-#define S_RESERVE_IDLE_MS 100                  /* store quiet this long: refill the reserve */
-#define S_RESERVE_STEP    ((size_t) 256 << 10) /* bytes populated per mmap-lock hold */
-
-/* The shared header at offset 0 of the pool file. */
-typedef struct {
-    char magic[8];         /* S_MAGIC once initialised */
-    uint32_t region_bytes; /* LL_POOL_REGION_BYTES */
-    uint32_t reserved;
-    uint64_t nregions;       /* regions in the data area */
-    uint64_t data_offset;    /* file offset of region 0 (region aligned) */
-    char page_kind[16];      /* as chosen by the creator */
-    uint64_t id;             /* random, never 0: refs name the pool they point into */
-    _Atomic uint64_t epoch;  /* bumped after every commit (see DESIGN) */
-    _Atomic uint64_t cursor; /* next-fit start for allocation */
-    _Atomic uint64_t slots[LL_POOL_MAX_PROCS]; /* owner of each lease bit */
-    /* followed by state[nregions], lease[nregions] */
-} s_hdr_t;
-
-struct ll_pool_t {
-    int fd;                     /* pool file */
-    char *path;                 /* its name ("memfd:..." for a nameless one) */
-    bool is_memfd;              /* nothing to unlink */
-    char *base;                 /* shared RW mapping of the whole file */
-    size_t file_len;            /* length of that mapping */
-    s_hdr_t *hdr;               /* == base */
-    char *data;                 /* base + data_offset */
-    size_t nregions;            /* copy of hdr->nregions */
-    _Atomic uint64_t *state;    /* per-region state words */
-    _Atomic uint64_t *lease;    /* per-region lease bitmaps */
-    int slot;                   /* my slot, -1 once released */
-    uint64_t me;                /* my slot word */
-    pid_t pid;                  /* process that opened this handle */
-    uint32_t *counts;           /* my leases per region (process local) */
-    _Atomic uint8_t *populated; /* region backed and prefaulted in my mapping */
-    uint32_t *warm;             /* the populated regions, in the order they were */
-    _Atomic size_t nwarm;       /* entries in warm (an entry is written before it counts) */
-    size_t warm_cursor;         /* where the next warm search starts */
-    pthread_mutex_t mu;         /* guards counts, my lease bits, populated/warm */
-    _Atomic int refs;           /* this handle plus live mappings */
-    char page_kind[16];         /* "hugetlb", "thp", "4k" */
-    char share_path[64];        /* how other processes open a memfd pool */
-    bool thp_advise;            /* madvise(MADV_HUGEPAGE), populate instead of fallocate */
-    /* The reserve (see ll_pool_reserve): a thread of this process keeps
-     * rtarget free regions prefaulted.  rmu guards the fields below. */
-    pthread_mutex_t rmu;
-    pthread_cond_t rcond;
-    pthread_t rthread;
-    bool rstarted;            /* rthread runs (in process pid) */
-    bool rstop;               /* asked to end */
-    bool rblocked;            /* backing failed or no free region left: wait for a kick */
-    int rhold;                /* saves in progress: do not compete with their copy */
-    size_t rtarget;           /* free prefaulted regions to keep */
-    _Atomic uint64_t ractive; /* ms (monotonic) of the store's last call */
-};
+#define S_MAGIC         "LLPOOL02"
+#define S_PID_BITS      22
+#define S_SLOT_CLEANING UINT64_MAX
 
 struct ll_pool_map_t {
     ll_pool_t *pool; /* holds a reference */
@@ -147,9 +96,6 @@ struct ll_pool_map_t {
 };
 
 static char s_zero_byte; /* address of an empty mapping */
-
-static void s_reserve_stop(ll_pool_t *pool);
-static size_t s_free_warm(ll_pool_t *pool);
 
 static size_t s_round_up(size_t n, size_t to)
 {
@@ -298,7 +244,7 @@ static int s_init_file(int fd, size_t pool_bytes, const char *path, const char *
         snprintf(err, errlen, "pool of %zu bytes is too large", pool_bytes);
         return -1;
     }
-    size_t hdr_len = sizeof(s_hdr_t) + 2 * sizeof(uint64_t) * nregions;
+    size_t hdr_len = sizeof(ll_pool_hdr_t) + 2 * sizeof(uint64_t) * nregions;
     size_t data_offset = s_round_up(hdr_len, LL_POOL_REGION_BYTES);
     size_t file_len = data_offset + nregions * LL_POOL_REGION_BYTES;
     if (ftruncate(fd, (off_t) file_len) != 0)
@@ -306,7 +252,7 @@ static int s_init_file(int fd, size_t pool_bytes, const char *path, const char *
     int rc = posix_fallocate(fd, 0, (off_t) data_offset);
     if (rc != 0)
         return s_fail(err, errlen, "cannot reserve the header of pool %s: %s", path, rc);
-    s_hdr_t *hdr = mmap(NULL, data_offset, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ll_pool_hdr_t *hdr = mmap(NULL, data_offset, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (hdr == MAP_FAILED)
         return s_fail(err, errlen, "cannot map pool %s: %s", path, errno);
     memset(hdr, 0, hdr_len);
@@ -336,130 +282,130 @@ static void s_pool_free(ll_pool_t *pool)
     free(pool->warm);
     free(pool->path);
     pthread_mutex_destroy(&pool->mu);
-    /* In a fork child the condition variable may count the parent's
-     * reserve thread as a waiter that will never leave: glibc's destroy
-     * would wait for it forever.  The child's copy just goes with the memory. */
-    if (getpid() == pool->pid || pool->pid == 0) {
-        pthread_mutex_destroy(&pool->rmu);
-        pthread_cond_destroy(&pool->rcond);
-    }
+    ll_pool_reserve_fini(pool);
     free(pool);
 }
 
-ll_pool_t *ll_pool_open(const char *path, size_t pool_bytes, char *err, size_t errlen)
+/* A handle for PATH with nothing opened yet, or NULL (out of memory). */
+static ll_pool_t *s_pool_new(const char *path)
 {
-    if (!path || !*path) {
-        snprintf(err, errlen, "pool path is empty");
-        return NULL;
-    }
     ll_pool_t *pool = calloc(1, sizeof *pool);
-    if (!pool) {
-        snprintf(err, errlen, "out of memory");
+    if (!pool)
         return NULL;
-    }
     pool->fd = -1;
     pool->slot = -1;
     pool->path = strdup(path);
     pthread_mutex_init(&pool->mu, NULL);
-    pthread_mutex_init(&pool->rmu, NULL);
-    pthread_cond_init(&pool->rcond, NULL);
+    ll_pool_reserve_init(pool);
     atomic_store(&pool->refs, 1);
-    bool created = false;
+    return pool;
+}
 
-    if (strncmp(path, "memfd:", 6) == 0) {
-        const char *want = path + 6;
-        unsigned flags = MFD_CLOEXEC;
-        if (strcmp(want, "hugetlb") == 0)
-            flags |= MFD_HUGETLB;
-        else if (strcmp(want, "thp") != 0 && strcmp(want, "4k") != 0) {
-            snprintf(err, errlen, "unknown pool kind %s (memfd:hugetlb|thp|4k)", path);
-            goto out_free;
-        }
-        pool->fd = memfd_create("looseleaf-pool", flags);
-        if (pool->fd < 0) {
-            s_fail(err, errlen, "memfd_create for %s failed: %s", path, errno);
-            goto out_free;
-        }
-        pool->is_memfd = true;
-        fchmod(pool->fd, 0600); /* others reach it through /proc/<pid>/fd */
-        if (s_init_file(pool->fd, pool_bytes, path, want, err, errlen) != 0)
-            goto out_close;
-        pool->thp_advise = strcmp(want, "thp") == 0;
-        created = true;
-    } else {
-        /* /proc/<pid>/fd/<n> is how other processes reach a memfd pool: a
-         * link to follow, never a file to create. */
-        bool proc = strncmp(path, "/proc/", 6) == 0;
-        pool->fd = open(path, O_RDWR | O_CLOEXEC | (proc ? 0 : O_CREAT | O_NOFOLLOW), 0600);
-        if (pool->fd < 0) {
-            s_fail(err, errlen, "cannot open pool %s: %s", path, errno);
-            goto out_free;
-        }
-        /* Serialise initialisation between processes opening a new pool. */
-        if (flock(pool->fd, LOCK_EX) != 0) {
-            s_fail(err, errlen, "cannot lock pool %s: %s", path, errno);
-            goto out_close;
-        }
-        struct stat st;
-        if (fstat(pool->fd, &st) != 0) {
-            s_fail(err, errlen, "cannot stat pool %s: %s", path, errno);
-            flock(pool->fd, LOCK_UN);
-            goto out_close;
-        }
-        if (st.st_uid != geteuid() || (st.st_mode & 077)) {
-            snprintf(err, errlen, "pool %s must be owned by this user with mode 0600", path);
-            flock(pool->fd, LOCK_UN);
-            goto out_close;
-        }
-        /* A creator killed inside s_init_file (after sizing the file, before
-         * its magic, written last) leaves a file no process can have used:
-         * initialise it again rather than refuse it for ever. */
-        s_hdr_t head;
-        static const char zero_magic[8];
-        bool unfinished = (size_t) st.st_size >= sizeof head &&
-                          pread(pool->fd, &head, sizeof head, 0) == (ssize_t) sizeof head &&
-                          memcmp(head.magic, zero_magic, 8) == 0;
-        if (unfinished && ftruncate(pool->fd, 0) == 0)
-            st.st_size = 0;
-        if (st.st_size == 0) {
-            if (s_init_file(pool->fd, pool_bytes, path, NULL, err, errlen) != 0) {
-                if (ftruncate(pool->fd, 0) != 0) {
-                    /* nothing more to undo */
-                }
-                flock(pool->fd, LOCK_UN);
-                goto out_close;
-            }
-            created = true;
-        }
-        flock(pool->fd, LOCK_UN);
+/* Make a new nameless pool for PATH "memfd:hugetlb|thp|4k" into POOL->fd.
+ * 0, or -1 with a reason (POOL->fd, if open, is the caller's to close). */
+static int s_create_memfd(ll_pool_t *pool, const char *path, size_t pool_bytes, char *err,
+                          size_t errlen)
+{
+    const char *want = path + 6;
+    unsigned flags = MFD_CLOEXEC;
+    if (strcmp(want, "hugetlb") == 0)
+        flags |= MFD_HUGETLB;
+    else if (strcmp(want, "thp") != 0 && strcmp(want, "4k") != 0) {
+        snprintf(err, errlen, "unknown pool kind %s (memfd:hugetlb|thp|4k)", path);
+        return -1;
     }
+    pool->fd = memfd_create("looseleaf-pool", flags);
+    if (pool->fd < 0)
+        return s_fail(err, errlen, "memfd_create for %s failed: %s", path, errno);
+    pool->is_memfd = true;
+    fchmod(pool->fd, 0600); /* others reach it through /proc/<pid>/fd */
+    if (s_init_file(pool->fd, pool_bytes, path, want, err, errlen) != 0)
+        return -1;
+    pool->thp_advise = strcmp(want, "thp") == 0;
+    return 0;
+}
 
+/* Open the pool file PATH into POOL->fd, creating and initialising it when
+ * it is new (*CREATED then true), under an exclusive flock so that two
+ * processes opening a new pool initialise it once.  0, or -1 with a reason
+ * (POOL->fd, if open, is the caller's to close). */
+static int s_open_file(ll_pool_t *pool, const char *path, size_t pool_bytes, bool *created,
+                       char *err, size_t errlen)
+{
+    /* /proc/<pid>/fd/<n> is how other processes reach a memfd pool: a
+     * link to follow, never a file to create. */
+    bool proc = strncmp(path, "/proc/", 6) == 0;
+    pool->fd = open(path, O_RDWR | O_CLOEXEC | (proc ? 0 : O_CREAT | O_NOFOLLOW), 0600);
+    if (pool->fd < 0)
+        return s_fail(err, errlen, "cannot open pool %s: %s", path, errno);
+    /* Serialise initialisation between processes opening a new pool. */
+    if (flock(pool->fd, LOCK_EX) != 0)
+        return s_fail(err, errlen, "cannot lock pool %s: %s", path, errno);
+    int rc = -1;
     struct stat st;
-    if (fstat(pool->fd, &st) != 0 || (size_t) st.st_size < sizeof(s_hdr_t)) {
-        snprintf(err, errlen, "pool %s is truncated", path);
-        goto out_close;
+    if (fstat(pool->fd, &st) != 0) {
+        s_fail(err, errlen, "cannot stat pool %s: %s", path, errno);
+        goto out_unlock;
     }
-    s_hdr_t peek;
+    if (st.st_uid != geteuid() || (st.st_mode & 077)) {
+        snprintf(err, errlen, "pool %s must be owned by this user with mode 0600", path);
+        goto out_unlock;
+    }
+    /* A creator killed inside s_init_file (after sizing the file, before
+     * its magic, written last) leaves a file no process can have used:
+     * initialise it again rather than refuse it for ever. */
+    ll_pool_hdr_t head;
+    static const char zero_magic[8];
+    bool unfinished = (size_t) st.st_size >= sizeof head &&
+                      pread(pool->fd, &head, sizeof head, 0) == (ssize_t) sizeof head &&
+                      memcmp(head.magic, zero_magic, 8) == 0;
+    if (unfinished && ftruncate(pool->fd, 0) == 0)
+        st.st_size = 0;
+    if (st.st_size == 0) {
+        if (s_init_file(pool->fd, pool_bytes, path, NULL, err, errlen) != 0) {
+            if (ftruncate(pool->fd, 0) != 0) {
+                /* nothing more to undo */
+            }
+            goto out_unlock;
+        }
+        *created = true;
+    }
+    rc = 0;
+out_unlock:
+    flock(pool->fd, LOCK_UN);
+    return rc;
+}
+
+/* Check the header of the pool open on POOL->fd, map the whole file and
+ * point the handle's fields into it.  0, or -1 with a reason (nothing
+ * mapped). */
+static int s_map_file(ll_pool_t *pool, const char *path, char *err, size_t errlen)
+{
+    struct stat st;
+    if (fstat(pool->fd, &st) != 0 || (size_t) st.st_size < sizeof(ll_pool_hdr_t)) {
+        snprintf(err, errlen, "pool %s is truncated", path);
+        return -1;
+    }
+    ll_pool_hdr_t peek;
     if (pread(pool->fd, &peek, sizeof peek, 0) != (ssize_t) sizeof peek ||
         memcmp(peek.magic, S_MAGIC, 8) != 0 || peek.region_bytes != LL_POOL_REGION_BYTES) {
         snprintf(err, errlen, "%s is not a LooseLeaf pool", path);
-        goto out_close;
+        return -1;
     }
     size_t file_len = peek.data_offset + peek.nregions * LL_POOL_REGION_BYTES;
     if ((size_t) st.st_size != file_len ||
-        peek.data_offset < sizeof(s_hdr_t) + 2 * sizeof(uint64_t) * peek.nregions) {
+        peek.data_offset < sizeof(ll_pool_hdr_t) + 2 * sizeof(uint64_t) * peek.nregions) {
         snprintf(err, errlen, "pool %s has an inconsistent header", path);
-        goto out_close;
+        return -1;
     }
     pool->base =
         mmap(NULL, file_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, pool->fd, 0);
     if (pool->base == MAP_FAILED) {
         pool->base = NULL;
-        s_fail(err, errlen, "cannot map pool %s: %s", path, errno);
-        goto out_close;
+        return s_fail(err, errlen, "cannot map pool %s: %s", path, errno);
     }
     pool->file_len = file_len;
-    pool->hdr = (s_hdr_t *) pool->base;
+    pool->hdr = (ll_pool_hdr_t *) pool->base;
     pool->nregions = peek.nregions;
     pool->data = pool->base + peek.data_offset;
     pool->state = (_Atomic uint64_t *) (pool->hdr + 1);
@@ -471,12 +417,19 @@ ll_pool_t *ll_pool_open(const char *path, size_t pool_bytes, char *err, size_t e
     }
     if (strcmp(pool->page_kind, "thp") == 0)
         madvise(pool->data, pool->nregions * LL_POOL_REGION_BYTES, MADV_HUGEPAGE);
+    return 0;
+}
+
+/* This process's side of a mapped pool: its bookkeeping and a process
+ * slot for its lease bits.  0, or -1 with a reason. */
+static int s_join(ll_pool_t *pool, const char *path, char *err, size_t errlen)
+{
     pool->counts = calloc(pool->nregions, sizeof *pool->counts);
     pool->populated = calloc(pool->nregions, 1);
     pool->warm = calloc(pool->nregions, sizeof *pool->warm);
     if (!pool->counts || !pool->populated || !pool->warm) {
         snprintf(err, errlen, "out of memory");
-        goto out_unmap;
+        return -1;
     }
     pool->pid = getpid();
     snprintf(pool->share_path, sizeof pool->share_path, "/proc/%d/fd/%d", (int) pool->pid,
@@ -486,8 +439,34 @@ ll_pool_t *ll_pool_open(const char *path, size_t pool_bytes, char *err, size_t e
     if (pool->slot < 0) {
         snprintf(err, errlen, "pool %s: all %d process slots are held by live processes", path,
                  LL_POOL_MAX_PROCS);
-        goto out_unmap;
+        return -1;
     }
+    return 0;
+}
+
+ll_pool_t *ll_pool_open(const char *path, size_t pool_bytes, char *err, size_t errlen)
+{
+    if (!path || !*path) {
+        snprintf(err, errlen, "pool path is empty");
+        return NULL;
+    }
+    ll_pool_t *pool = s_pool_new(path);
+    if (!pool) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    bool created = false;
+    if (strncmp(path, "memfd:", 6) == 0) {
+        if (s_create_memfd(pool, path, pool_bytes, err, errlen) != 0)
+            goto out_close;
+        created = true;
+    } else if (s_open_file(pool, path, pool_bytes, &created, err, errlen) != 0) {
+        goto out_close;
+    }
+    if (s_map_file(pool, path, err, errlen) != 0)
+        goto out_close;
+    if (s_join(pool, path, err, errlen) != 0)
+        goto out_unmap;
     ll_debug("store", "pool %s opened (%s, %zu regions, %s, slot %d)", path,
              created ? "created" : "existing", pool->nregions, pool->page_kind, pool->slot);
     return pool;
@@ -495,10 +474,10 @@ ll_pool_t *ll_pool_open(const char *path, size_t pool_bytes, char *err, size_t e
 out_unmap:
     munmap(pool->base, pool->file_len);
 out_close:
-    close(pool->fd);
+    if (pool->fd >= 0)
+        close(pool->fd);
     if (created && !pool->is_memfd)
         unlink(path);
-out_free:
     s_pool_free(pool);
     return NULL;
 }
@@ -524,7 +503,7 @@ void ll_pool_destroy(ll_pool_t **pool_p)
 {
     if (!pool_p || !*pool_p)
         return;
-    s_reserve_stop(*pool_p);
+    ll_pool_reserve_stop(*pool_p);
     s_pool_unref(*pool_p);
     *pool_p = NULL;
 }
@@ -545,9 +524,9 @@ void ll_pool_warm_counts(ll_pool_t *pool, size_t *free_warm, size_t *idle_warm)
     for (size_t k = 0; k < nwarm; k++) {
         uint32_t i = pool->warm[k];
         uint64_t s = atomic_load(&pool->state[i]);
-        if ((s & 3) == S_FREE)
+        if ((s & 3) == LL_POOL_ST_FREE)
             (*free_warm)++;
-        else if ((s & 3) == S_ALLOC && atomic_load(&pool->lease[i]) == 0)
+        else if ((s & 3) == LL_POOL_ST_ALLOC && atomic_load(&pool->lease[i]) == 0)
             (*idle_warm)++;
     }
 }
@@ -577,16 +556,6 @@ const char *ll_pool_share_path(ll_pool_t *pool)
     return pool->is_memfd ? pool->share_path : pool->path;
 }
 
-bool ll_pool_owned_here(ll_pool_t *pool)
-{
-    return pool->pid == getpid();
-}
-
-void *ll_pool_addr(ll_pool_t *pool, uint32_t idx)
-{
-    return pool->data + (size_t) idx * LL_POOL_REGION_BYTES;
-}
-
 /* Take one lease count on IDX (the bit is set on the first). */
 static void s_lease_bit(ll_pool_t *pool, uint32_t idx)
 {
@@ -611,7 +580,7 @@ int ll_pool_lease(ll_pool_t *pool, const ll_pool_region_t *reg)
     if (reg->idx >= pool->nregions)
         return -1;
     s_lease_bit(pool, reg->idx);
-    uint64_t alloc = reg->gen << 2 | S_ALLOC, freeing = reg->gen << 2 | S_FREEING;
+    uint64_t alloc = reg->gen << 2 | LL_POOL_ST_ALLOC, freeing = reg->gen << 2 | LL_POOL_ST_FREEING;
     double t0 = ll_clock_ms();
     for (;;) {
         uint64_t s = atomic_load(&pool->state[reg->idx]);
@@ -636,7 +605,7 @@ int ll_pool_lease(ll_pool_t *pool, const ll_pool_region_t *reg)
  * (neither changes its bytes, so it is safe on a region someone else is
  * writing), populating STEP bytes per call (each call holds the process's
  * mmap lock for reading).  0 or an errno. */
-static int s_touch_step(ll_pool_t *pool, uint32_t i, size_t step)
+int ll_pool_touch(ll_pool_t *pool, uint32_t i, size_t step)
 {
     char *p = pool->data + (size_t) i * LL_POOL_REGION_BYTES;
     int rc = 0;
@@ -664,7 +633,7 @@ static int s_touch_step(ll_pool_t *pool, uint32_t i, size_t step)
 
 static int s_touch(ll_pool_t *pool, uint32_t i)
 {
-    return s_touch_step(pool, i, LL_POOL_REGION_BYTES);
+    return ll_pool_touch(pool, i, LL_POOL_REGION_BYTES);
 }
 
 int ll_pool_back(ll_pool_t *pool, uint32_t idx)
@@ -681,15 +650,15 @@ void ll_pool_free_unwritten(ll_pool_t *pool, const ll_pool_region_t *reg)
 {
     if (reg->idx >= pool->nregions)
         return;
-    uint64_t s = reg->gen << 2 | S_ALLOC;
-    atomic_compare_exchange_strong(&pool->state[reg->idx], &s, reg->gen << 2 | S_FREE);
+    uint64_t s = reg->gen << 2 | LL_POOL_ST_ALLOC;
+    atomic_compare_exchange_strong(&pool->state[reg->idx], &s, reg->gen << 2 | LL_POOL_ST_FREE);
 }
 
 size_t ll_pool_prefault(ll_pool_t *pool, size_t nregions)
 {
     size_t done = 0;
     for (size_t i = 0; i < pool->nregions && done < nregions; i++) {
-        if (pool->populated[i] || (atomic_load(&pool->state[i]) & 3) != S_FREE)
+        if (pool->populated[i] || (atomic_load(&pool->state[i]) & 3) != LL_POOL_ST_FREE)
             continue;
         if (s_touch(pool, (uint32_t) i) != 0)
             break; /* out of memory: the allocation will say so */
@@ -698,166 +667,8 @@ size_t ll_pool_prefault(ll_pool_t *pool, size_t nregions)
     return done;
 }
 
-/* ---- the reserve ------------------------------------------------------ */
-
-/* Free regions this process has prefaulted (what the next save finds warm). */
-static size_t s_free_warm(ll_pool_t *pool)
-{
-    size_t nwarm = atomic_load(&pool->nwarm), c = 0;
-    for (size_t k = 0; k < nwarm; k++)
-        c += (atomic_load(&pool->state[pool->warm[k]]) & 3) == S_FREE;
-    return c;
-}
-
-/* The next free region to prefault for the reserve, or UINT32_MAX when the
- * first WANT free regions from the shared allocation cursor on are
- * prefaulted in this process already.  From the cursor, because that is
- * where any process's next allocation looks (after its own prefaulted
- * regions): a worker saving into the kernel's pool then finds regions whose
- * pages the kernel's reserve backed (on hugetlb its mapping only needs one
- * entry per 2 MiB), not fresh ones. */
-static uint32_t s_unbacked_free(ll_pool_t *pool, size_t want)
-{
-    size_t n = pool->nregions, start = atomic_load(&pool->hdr->cursor) % n, seen = 0;
-    for (size_t k = 0; k < n && seen < want; k++) {
-        size_t i = (start + k) % n;
-        if ((atomic_load(&pool->state[i]) & 3) != S_FREE)
-            continue;
-        if (!pool->populated[i])
-            return (uint32_t) i;
-        seen++;
-    }
-    return UINT32_MAX;
-}
-
-/* The reserve thread: while fewer than rtarget free regions are prefaulted,
- * no save is copying and the store has been idle for S_RESERVE_IDLE_MS,
- * prefault one more region (~1 ms with 4 KiB pages).  Between cells the
- * kernel is idle while the user types: that is when this runs.
- *
- * Normal priority on purpose, not SCHED_IDLE or a high nice value:
- * MADV_POPULATE_WRITE holds the process's mmap lock for reading, and a
- * starved holder would stall every mmap/munmap of the process's other
- * threads (a restore, numpy's large allocations) for as long as it waits
- * for CPU, up to seconds on a loaded machine.  Populating 256 KiB per call
- * keeps each hold to ~0.1 ms.
- *
- * Touching a region does not change its bytes and the region stays FREE,
- * so allocation, the pool-full error and reclamation are as without it; a
- * region another process (or this one) allocates meanwhile is merely
- * prefaulted for its writer. */
-static void *s_reserve_main(void *arg)
-{
-    ll_pool_t *pool = arg;
-    pthread_mutex_lock(&pool->rmu);
-    while (!pool->rstop) {
-        uint32_t i = UINT32_MAX;
-        uint64_t now = (uint64_t) ll_clock_ms(), last = atomic_load(&pool->ractive);
-        uint64_t quiet = now > last ? now - last : 0; /* (LAST may be set after NOW was read) */
-        bool idle = quiet >= S_RESERVE_IDLE_MS;
-        if (pool->rhold == 0 && idle && !pool->rblocked && pool->rtarget > 0) {
-            i = s_unbacked_free(pool, pool->rtarget);
-            if (i == UINT32_MAX)
-                pool->rblocked = true; /* the next rtarget free regions are prefaulted */
-        }
-        if (i == UINT32_MAX) {
-            /* Wait for the store to go quiet, for a kick, or a second:
-             * another process may have taken our prefaulted regions, or
-             * freed some, without telling us. */
-            uint64_t wait_ms = 1000;
-            if (!idle && pool->rhold == 0 && !pool->rblocked)
-                wait_ms = S_RESERVE_IDLE_MS - quiet;
-            struct timespec until;
-            clock_gettime(CLOCK_REALTIME, &until);
-            until.tv_sec += (time_t) (wait_ms / 1000);
-            until.tv_nsec += (long) (wait_ms % 1000) * 1000000L;
-            if (until.tv_nsec >= 1000000000L) {
-                until.tv_sec++;
-                until.tv_nsec -= 1000000000L;
-            }
-            if (pthread_cond_timedwait(&pool->rcond, &pool->rmu, &until) == ETIMEDOUT &&
-                pool->rblocked && pool->rtarget > 0)
-                pool->rblocked = s_unbacked_free(pool, pool->rtarget) == UINT32_MAX;
-            continue;
-        }
-        pthread_mutex_unlock(&pool->rmu);
-        /* (Huge pages: one fault per region, nothing to split.) */
-        size_t step = strcmp(pool->page_kind, "4k") == 0 ? S_RESERVE_STEP : LL_POOL_REGION_BYTES;
-        int rc = s_touch_step(pool, i, step);
-        pthread_mutex_lock(&pool->rmu);
-        if (rc != 0) {
-            /* Out of memory (e.g. /dev/shm full): not an error here, the
-             * allocation that needs the memory will say so.  Wait for a kick. */
-            ll_debug("store", "pool reserve: cannot back region %u: %s", i, strerror(rc));
-            pool->rblocked = true;
-        }
-    }
-    pthread_mutex_unlock(&pool->rmu);
-    return NULL;
-}
-
-int ll_pool_reserve(ll_pool_t *pool, size_t nregions)
-{
-    if (getpid() != pool->pid)
-        return -1;
-    if (nregions > pool->nregions)
-        nregions = pool->nregions;
-    int rc = 0;
-    pthread_mutex_lock(&pool->rmu);
-    pool->rtarget = nregions;
-    pool->rblocked = false;
-    if (!pool->rstarted && nregions > 0 && !pool->rstop) {
-        /* Signals stay with the process's other threads (the kernel's
-         * SIGINT handling must never run on this one). */
-        sigset_t all, old;
-        sigfillset(&all);
-        pthread_sigmask(SIG_SETMASK, &all, &old);
-        rc = pthread_create(&pool->rthread, NULL, s_reserve_main, pool);
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
-        if (rc == 0)
-            pool->rstarted = true;
-        else
-            ll_warn("store", "pool reserve: cannot start its thread: %s", strerror(rc));
-    }
-    pthread_cond_signal(&pool->rcond);
-    pthread_mutex_unlock(&pool->rmu);
-    return rc == 0 ? 0 : -1;
-}
-
-void ll_pool_reserve_busy(ll_pool_t *pool)
-{
-    atomic_store(&pool->ractive, (uint64_t) ll_clock_ms());
-}
-
-void ll_pool_reserve_hold(ll_pool_t *pool, bool hold)
-{
-    ll_pool_reserve_busy(pool);
-    pthread_mutex_lock(&pool->rmu);
-    if (hold) {
-        pool->rhold++;
-    } else if (pool->rhold > 0 && --pool->rhold == 0) {
-        pool->rblocked = false; /* regions may have been freed meanwhile */
-        pthread_cond_signal(&pool->rcond);
-    }
-    pthread_mutex_unlock(&pool->rmu);
-}
-
-static void s_reserve_stop(ll_pool_t *pool)
-{
-    if (getpid() != pool->pid)
-        return; /* a fork child: the thread exists only in the parent */
-    pthread_mutex_lock(&pool->rmu);
-    bool started = pool->rstarted;
-    pool->rstop = true;
-    pool->rstarted = false;
-    pthread_cond_signal(&pool->rcond);
-    pthread_mutex_unlock(&pool->rmu);
-    if (started)
-        pthread_join(pool->rthread, NULL);
-}
-
-static int s_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind, char *err,
-                   size_t errlen, bool back)
+int ll_pool_alloc_unbacked(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind,
+                           char *err, size_t errlen)
 {
     size_t n = pool->nregions;
     size_t start = atomic_fetch_add(&pool->hdr->cursor, 1) % n;
@@ -874,11 +685,11 @@ static int s_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kin
             i = (uint32_t) ((start + k - nwarm) % n);
         }
         uint64_t s = atomic_load(&pool->state[i]);
-        if ((s & 3) != S_FREE)
+        if ((s & 3) != LL_POOL_ST_FREE)
             continue;
         s_lease_bit(pool, i);
         uint64_t gen = (s >> 2) + 1;
-        if (!atomic_compare_exchange_strong(&pool->state[i], &s, gen << 2 | S_ALLOC)) {
+        if (!atomic_compare_exchange_strong(&pool->state[i], &s, gen << 2 | LL_POOL_ST_ALLOC)) {
             ll_pool_unlease(pool, i);
             continue;
         }
@@ -886,18 +697,8 @@ static int s_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kin
             pool->warm_cursor = (pool->warm_cursor + k + 1) % nwarm;
         else
             atomic_store(&pool->hdr->cursor, i + 1);
-        /* Back the region now so running out of memory is an error here.
-         * Pool pages are never given back, so once is enough per process
-         * (re-populating 512 present 4 KiB pages costs as much as the copy). */
-        int rc = pool->populated[i] || !back ? 0 : s_touch(pool, i);
-        if (rc != 0) {
-            atomic_store(&pool->state[i], gen << 2 | S_FREE);
-            ll_pool_unlease(pool, i);
-            *kind = LL_POOL_EFULL;
-            snprintf(err, errlen, "payload pool full: cannot back a 2 MiB region of %s: %s",
-                     pool->path, strerror(rc));
-            return -1;
-        }
+        /* Not backed here: the writer backs it (ll_pool_back) on its copy
+         * thread, right before copying into it. */
         reg->idx = i;
         reg->gen = gen;
         reg->hash = 0;
@@ -908,18 +709,6 @@ static int s_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kin
     snprintf(err, errlen, "payload pool full: all %zu regions (%zu MiB) of %s are in use", n,
              n * (LL_POOL_REGION_BYTES >> 20), pool->path);
     return -1;
-}
-
-int ll_pool_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind, char *err,
-                  size_t errlen)
-{
-    return s_alloc(pool, reg, addr, kind, err, errlen, true);
-}
-
-int ll_pool_alloc_unbacked(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind,
-                           char *err, size_t errlen)
-{
-    return s_alloc(pool, reg, addr, kind, err, errlen, false);
 }
 
 void ll_pool_commit_done(ll_pool_t *pool)
@@ -943,7 +732,7 @@ int ll_pool_gc(ll_pool_t *pool, ll_pool_refs_fn referenced, void *ctx, char *err
     }
     for (size_t i = 0; i < n; i++) {
         uint64_t s = atomic_load(&pool->state[i]);
-        if ((s & 3) == S_ALLOC && atomic_load(&pool->lease[i]) == 0) {
+        if ((s & 3) == LL_POOL_ST_ALLOC && atomic_load(&pool->lease[i]) == 0) {
             cand[ncand] = (uint32_t) i;
             candst[ncand++] = s;
         }
@@ -962,18 +751,18 @@ int ll_pool_gc(ll_pool_t *pool, ll_pool_refs_fn referenced, void *ctx, char *err
         uint64_t s = candst[c], gen = s >> 2;
         if (mark[i] == gen)
             continue;
-        if (!atomic_compare_exchange_strong(&pool->state[i], &s, gen << 2 | S_FREEING))
+        if (!atomic_compare_exchange_strong(&pool->state[i], &s, gen << 2 | LL_POOL_ST_FREEING))
             continue;
         /* CAS, not store, out of FREEING: a leaser that waited too long for
          * us (we were descheduled) may have taken the region back to ALLOC. */
-        uint64_t freeing = gen << 2 | S_FREEING;
+        uint64_t freeing = gen << 2 | LL_POOL_ST_FREEING;
         if (atomic_load(&pool->lease[i]) != 0 || atomic_load(&pool->hdr->epoch) != epoch) {
-            atomic_compare_exchange_strong(&pool->state[i], &freeing, gen << 2 | S_ALLOC);
+            atomic_compare_exchange_strong(&pool->state[i], &freeing, gen << 2 | LL_POOL_ST_ALLOC);
             if (atomic_load(&pool->hdr->epoch) != epoch)
                 break; /* a commit landed: our reference set is stale */
             continue;
         }
-        if (atomic_compare_exchange_strong(&pool->state[i], &freeing, gen << 2 | S_FREE))
+        if (atomic_compare_exchange_strong(&pool->state[i], &freeing, gen << 2 | LL_POOL_ST_FREE))
             freed++;
     }
     ll_debug("store", "pool gc: %zu candidates, %d freed", ncand, freed);
@@ -1139,11 +928,11 @@ void ll_pool_stats(ll_pool_t *pool, ll_pool_stats_t *out)
     pthread_mutex_lock(&pool->rmu);
     out->reserve_target = pool->rtarget;
     pthread_mutex_unlock(&pool->rmu);
-    out->reserve_ready = s_free_warm(pool);
+    out->reserve_ready = ll_pool_free_warm(pool);
     out->pool_bytes = pool->nregions * LL_POOL_REGION_BYTES;
     pthread_mutex_lock(&pool->mu);
     for (size_t i = 0; i < pool->nregions; i++) {
-        if ((atomic_load(&pool->state[i]) & 3) != S_FREE)
+        if ((atomic_load(&pool->state[i]) & 3) != LL_POOL_ST_FREE)
             out->regions_used++;
         if (pool->counts[i])
             out->regions_leased++;
@@ -1185,14 +974,21 @@ int ll_pool_selftest(bool verbose)
     ll_pool_region_t r[4];
     void *addr[4];
     int kind;
-    /* Fill the pool; the fifth allocation is a clear "full" error. */
+    /* Fill the pool as a put does (allocate, back, write); the fifth
+     * allocation is a clear "full" error. */
     for (int i = 0; i < 4; i++) {
-        S_CHECK(ll_pool_alloc(pool, &r[i], &addr[i], &kind, err, sizeof err) == 0);
+        S_CHECK(ll_pool_alloc_unbacked(pool, &r[i], &addr[i], &kind, err, sizeof err) == 0);
+        S_CHECK(ll_pool_back(pool, r[i].idx) == 0);
+        S_CHECK(ll_pool_back(pool, r[i].idx) == 0); /* once is enough; twice is harmless */
         memset(addr[i], 'a' + i, LL_POOL_REGION_BYTES);
     }
+    S_CHECK(ll_pool_back(pool, 4) == EINVAL);
+    ll_pool_stats_t stats;
+    ll_pool_stats(pool, &stats);
+    S_CHECK(stats.regions_used == 4 && stats.regions_leased == 4 && stats.regions_prefaulted == 4);
     ll_pool_region_t extra;
     void *xa;
-    S_CHECK(ll_pool_alloc(pool, &extra, &xa, &kind, err, sizeof err) == -1);
+    S_CHECK(ll_pool_alloc_unbacked(pool, &extra, &xa, &kind, err, sizeof err) == -1);
     S_CHECK(kind == LL_POOL_EFULL && strstr(err, "full"));
     /* Map regions 3 and 1 (not adjacent, reversed) as one buffer. */
     ll_pool_region_t pick[2] = {r[3], r[1]};
@@ -1215,12 +1011,24 @@ int ll_pool_selftest(bool verbose)
     S_CHECK(ll_pool_lease(pool, &r[2]) == -1); /* reclaimed */
     S_CHECK(ll_pool_lease(pool, &r[0]) == 0);
     ll_pool_unlease(pool, r[0].idx);
+    /* Prefaulted here: region 2 is free, region 0 allocated but unleased. */
+    size_t free_warm, idle_warm;
+    ll_pool_warm_counts(pool, &free_warm, &idle_warm);
+    S_CHECK(free_warm == 1 && idle_warm == 1);
     /* A reused index gets a new generation: the old reference stays dead. */
-    ll_pool_region_t again;
-    S_CHECK(ll_pool_alloc(pool, &again, &xa, &kind, err, sizeof err) == 0);
+    ll_pool_region_t again, again2;
+    S_CHECK(ll_pool_alloc_unbacked(pool, &again, &xa, &kind, err, sizeof err) == 0);
     S_CHECK(again.idx == r[2].idx && again.gen > r[2].gen);
+    S_CHECK(xa == addr[2]); /* the same place in the pool */
     S_CHECK(ll_pool_lease(pool, &r[2]) == -1);
+    /* Given back unwritten (a put that failed): free again, and the next
+     * allocation moves the generation on. */
+    ll_pool_free_unwritten(pool, &again);
     ll_pool_unlease(pool, again.idx);
+    S_CHECK(ll_pool_lease(pool, &again) == -1);
+    S_CHECK(ll_pool_alloc_unbacked(pool, &again2, &xa, &kind, err, sizeof err) == 0);
+    S_CHECK(again2.idx == again.idx && again2.gen == again.gen + 1);
+    ll_pool_unlease(pool, again2.idx);
     /* Unmapping releases the mapping's leases; the bytes were intact. */
     S_CHECK(m[LL_POOL_REGION_BYTES + 5] == 'b');
     ll_pool_unmap(&map);
@@ -1237,12 +1045,11 @@ int ll_pool_selftest(bool verbose)
         ll_pool_region_t cr;
         void *ca;
         int k2;
-        _exit(p2 && ll_pool_alloc(p2, &cr, &ca, &k2, e2, sizeof e2) == 0 ? 0 : 1);
+        _exit(p2 && ll_pool_alloc_unbacked(p2, &cr, &ca, &k2, e2, sizeof e2) == 0 ? 0 : 1);
     }
     int status;
     S_CHECK(child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) &&
             WEXITSTATUS(status) == 0);
-    ll_pool_stats_t stats;
     ll_pool_stats(pool, &stats);
     S_CHECK(stats.regions_used == 2); /* region 0 and the dead child's */
     freed = ll_pool_gc(pool, s_test_refs, NULL, err, sizeof err);

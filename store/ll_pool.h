@@ -40,7 +40,8 @@ typedef enum {
 /* Open the pool file PATH, creating it (0600) with room for POOL_BYTES when
  * it does not exist; an existing pool keeps its size.  PATH "memfd:hugetlb",
  * "memfd:thp" or "memfd:4k" creates a nameless pool that other processes
- * open through ll_pool_share_path.  Returns NULL with a reason in ERR. */
+ * open through ll_pool_share_path.  Returns a handle the caller destroys
+ * (ll_pool_destroy), or NULL with a reason in ERR. */
 ll_pool_t *ll_pool_open(const char *path, size_t pool_bytes, char *err, size_t errlen);
 
 /* Drop this handle; the pool lives on while a mapping made from it lives. */
@@ -49,17 +50,14 @@ void ll_pool_destroy(ll_pool_t **pool_p);
 /* Remove the pool's file name (its memory goes once every process let go). */
 int ll_pool_unlink(ll_pool_t *pool);
 
-/* Allocate one region for writing, leased by this process; *ADDR is where to
- * write it.  Prefers free regions this process already prefaulted.  Calls on
- * one handle must not overlap (ll_store serializes them).  Returns 0, or -1
- * with LL_POOL_EFULL/EIO in *KIND. */
-int ll_pool_alloc(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind, char *err,
-                  size_t errlen);
-
-/* As ll_pool_alloc, but a region this process has not prefaulted is left
- * unbacked: the caller must ll_pool_back it before writing, which several
- * threads may do at once for distinct regions, so backing (page faults at
- * ~9 GB/s with 4 KiB pages) overlaps the copy instead of preceding it. */
+/* Allocate one region for writing, leased by this process; *ADDR is where
+ * to write it.  Prefers free regions this process already prefaulted.  The
+ * region is not backed here: the caller must ll_pool_back it before
+ * writing, which several threads may do at once for distinct regions, so
+ * backing (page faults at ~9 GB/s with 4 KiB pages) overlaps the copy
+ * instead of preceding it.  Calls on one handle must not overlap (ll_store
+ * serializes them).  Returns 0, or -1 with LL_POOL_EFULL in *KIND and a
+ * reason in ERR. */
 int ll_pool_alloc_unbacked(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind,
                            char *err, size_t errlen);
 
@@ -74,7 +72,7 @@ void ll_pool_free_unwritten(ll_pool_t *pool, const ll_pool_region_t *reg);
 
 /* Back and prefault up to NREGIONS free regions in this process ahead of
  * use (at idle time), so a later save copies at memcpy speed.  Same rule
- * as ll_pool_alloc: calls on one handle must not overlap.  Returns how many
+ * as ll_pool_alloc_unbacked: calls on one handle must not overlap.  Returns how many
  * were prefaulted (fewer when memory or free regions run out). */
 size_t ll_pool_prefault(ll_pool_t *pool, size_t nregions);
 
@@ -101,9 +99,6 @@ void ll_pool_reserve_busy(ll_pool_t *pool);
 int ll_pool_lease(ll_pool_t *pool, const ll_pool_region_t *reg);
 void ll_pool_unlease(ll_pool_t *pool, uint32_t idx);
 
-/* Address of region IDX in this process's writable mapping. */
-void *ll_pool_addr(ll_pool_t *pool, uint32_t idx);
-
 /* Bump the commit epoch: call after a commit became visible and before its
  * writer's leases are released (see the reclamation protocol in ll_pool.c). */
 void ll_pool_commit_done(ll_pool_t *pool);
@@ -117,7 +112,9 @@ int ll_pool_gc(ll_pool_t *pool, ll_pool_refs_fn referenced, void *ctx, char *err
 
 /* Map NREG leased-or-leasable regions at consecutive addresses, NBYTES long,
  * read-only (or private copy-on-write when WRITABLE).  Leases them for the
- * mapping's life.  Returns NULL with *KIND EGONE/EIO and a reason. */
+ * mapping's life.  Returns a mapping the caller unmaps (ll_pool_unmap; it
+ * keeps the pool's memory alive, so it may outlive POOL's handle), or NULL
+ * with *KIND EGONE/EIO/EINVAL and a reason. */
 ll_pool_map_t *ll_pool_map(ll_pool_t *pool, const ll_pool_region_t *regs, size_t nreg,
                            size_t nbytes, bool writable, int *kind, char *err, size_t errlen);
 void *ll_pool_map_addr(ll_pool_map_t *map);
@@ -142,7 +139,8 @@ void ll_pool_stats(ll_pool_t *pool, ll_pool_stats_t *out);
  * are allocated but unleased (reclaimable unless a commit uses them). */
 void ll_pool_warm_counts(ll_pool_t *pool, size_t *free_warm, size_t *idle_warm);
 
-/* "hugetlb", "thp" or "4k". */
+/* "hugetlb", "thp" or "4k" (the handle's string, like ll_pool_share_path's:
+ * valid while the handle lives). */
 const char *ll_pool_page_kind(ll_pool_t *pool);
 
 /* The commit epoch (moves with every commit of any process). */
@@ -158,9 +156,5 @@ uint64_t ll_pool_id(ll_pool_t *pool);
 /* A path another process can open the same pool by: the file, or for a
  * memfd pool /proc/<pid>/fd/<n> (valid while this process lives). */
 const char *ll_pool_share_path(ll_pool_t *pool);
-
-/* Whether this handle was opened by the calling process (false in a fork
- * child, which must open its own). */
-bool ll_pool_owned_here(ll_pool_t *pool);
 
 #endif

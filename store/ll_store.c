@@ -1,6 +1,8 @@
 /* ll_store: per-variable checkpoints in Redis plus the payload pool (see
- * ll_store.h).  Runs in the kernel, in workers and in tests, on whatever
- * thread calls it; one mutex serializes calls on a store.
+ * ll_store.h): opening a session's store (Redis, the pool), closing it,
+ * reclamation, the store's own bookkeeping, and the end-to-end self-test.
+ * Runs in the kernel, in workers and in tests, on whatever thread calls it;
+ * one mutex serializes calls on a store.
  *
  * DESIGN
  * ------
@@ -12,102 +14,39 @@
  *                    the one read reclamation needs (HVALS), kept by commits
  *   ll:S:c:N         the commit record of commit N: cell, token, writes, deletes
  *   ll:S:pool        "<path> <id>" of the session's payload pool
- * A commit is WATCH seq, GET seq (and the base versions), then one
- * MULTI ... EXEC that writes every entry, the version hash, seq and the
- * commit record: all of a cell or nothing, and a concurrent commit makes
- * EXEC fail and us retry.  Versions are commit numbers, so a name's version
- * only moves forward even across delete and re-create.  If the connection
- * breaks after EXEC was sent we cannot know whether it ran (Redis may even
- * run it after we reconnected): every later attempt first looks for the
- * commit record's random token at that commit number, so a cell lands
- * exactly once.  fetch reads all
- * names in one MULTI/EXEC, so a reader sees a cell's writes all or none.
- *
- * A payload ref names the pool regions of one payload and their XXH3
- * hashes: "P1/<pool id>/<nbytes>/<idx>.<gen>.<hash>,..." (hex); the pool id
- * keeps a ref from resolving in a pool recreated under the same name.  A
- * put writes new
- * regions (leased by this process until a commit lists the ref, so neither a
- * reclaimer nor a crash of another process can lose them), and with a base
- * shares each region whose hash is unchanged.  Refs in a commit are leased
- * while it runs: a ref whose region was reclaimed (its generation moved) is
- * refused instead of committed.  A crash of the saving process before EXEC
- * leaves only unreferenced regions, which reclamation frees once the dead
- * process's leases are dropped; committed data is untouched.
+ * A cell's variables are committed atomically and read back whole
+ * (ll_store_commit.c); their payloads are written to the pool first, held
+ * by this process until a commit lists them (ll_store_put.c), and named by
+ * payload refs (ll_store_ref.c).  A crash of the saving process before
+ * EXEC leaves only unreferenced regions, which reclamation frees once the
+ * dead process's leases are dropped; committed data is untouched.
  *
  * Reclamation (ll_pool_gc) runs when an allocation finds the pool full, before
  * a put that would first-touch fresh regions (when that pays) and on request;
  * the regions committed versions use are read from ll:S:prefs.
  *
- * Copies and hashes of large payloads run on up to 4 threads: page faults
- * are paid at allocation (prefaulted regions, and a process reuses the ones
- * it already prefaulted first), so the copy runs at memcpy speed and a
- * second thread helps (MEASURED.md: 15 -> 28 GB/s); each 64 KiB piece is
- * hashed right after it is copied, while it is still in cache. */
+ * Files: this one; ll_store_ref.c, ll_store_put.c, ll_store_commit.c; what
+ * they share, ll_store_internal.h; the page kind of a new pool,
+ * ll_pagekind.c; the pool itself, ll_pool.c; Redis, ll_redis.c. */
 #include "store/ll_store.h"
 
 #include <errno.h>
-#include <jansson.h>
-#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdatomic.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
-#include <time.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include "base/ll_log.h"
-#include "store/ll_hash.h"
+#include "store/ll_pagekind.h"
 #include "store/ll_redis.h"
-#include "base/ll_clock.h"
-
-#define S_R                   LL_POOL_REGION_BYTES
-#define S_PENDING_BUCKETS     4096
-#define S_PARALLEL_MIN        ((size_t) 32 << 20) /* below this one thread copies */
-#define S_MAX_THREADS         4
-#define S_COMMIT_RECORDS_KEPT 1000
-#define S_SAMPLE_MIN          16 /* candidate regions: below this, always hash first */
-#define S_SAMPLES             4  /* candidates hashed to choose copy-first */
-#define S_GC_MIN_GAIN         8 /* regions: reclaim before a put when it may save this many faults */
-
-/* An uncommitted payload this process holds (its regions leased). */
-typedef struct s_pending {
-    struct s_pending *next;
-    char *ref;
-    uint32_t *idx; /* one lease count per entry */
-    size_t n;
-} s_pending_t;
-
-struct ll_store_t {
-    pthread_mutex_t mu; /* serializes calls */
-    pid_t pid;          /* the process that opened it */
-    char *runtime_dir;
-    char *session;
-    char *prefix; /* "ll:<session>:" */
-    ll_redis_t *redis;
-    bool redis_owned; /* we started the private server */
-    ll_pool_t *pool;
-    s_pending_t *pending[S_PENDING_BUCKETS];
-    size_t npending;
-    char err[768]; /* last failure */
-    int errkind;
-    uint64_t bytes_written, bytes_shared, puts, commits, gc_runs, reclaimed;
-    uint64_t gc_epoch;      /* commit epoch when this store last reclaimed */
-    long long reserve_opt;  /* as ll_store_opts_t.reserve_bytes */
-    size_t largest_put;     /* bytes the largest put wrote (default reserve policy) */
-    size_t reserve_regions; /* what the pool's reserve was asked to keep */
-    size_t gc_vars;         /* variables that reclamation read from Redis */
-};
+#include "store/ll_store_internal.h"
 
 /* ---- small helpers -------------------------------------------------- */
 
-static int s_fail(ll_store_t *st, int kind, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int s_fail(ll_store_t *st, int kind, const char *fmt, ...)
+int ll_store_fail(ll_store_t *st, int kind, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -117,19 +56,19 @@ static int s_fail(ll_store_t *st, int kind, const char *fmt, ...)
     return -1;
 }
 
-static int s_redis_fail(ll_store_t *st, const char *what)
+int ll_store_redis_fail(ll_store_t *st, const char *what)
 {
-    return s_fail(st, LL_STORE_EIO, "%s: %s", what, ll_redis_errstr(st->redis));
+    return ll_store_fail(st, LL_STORE_EIO, "%s: %s", what, ll_redis_errstr(st->redis));
 }
 
-static bool s_fault_is(const char *step)
+bool ll_store_fault_is(const char *step)
 {
     const char *f = getenv("LL_STORE_FAULT");
     return f && strcmp(f, step) == 0;
 }
 
 /* Fault injection: SIGKILL ourselves when LL_STORE_FAULT names STEP. */
-static void s_fault(const char *step)
+void ll_store_fault(const char *step)
 {
     const char *f = getenv("LL_STORE_FAULT");
     if (f && strcmp(f, step) == 0) {
@@ -138,18 +77,13 @@ static void s_fault(const char *step)
     }
 }
 
-static char *s_key(ll_store_t *st, const char *a, const char *b)
+char *ll_store_key(ll_store_t *st, const char *a, const char *b)
 {
     size_t n = strlen(st->prefix) + strlen(a) + (b ? strlen(b) : 0) + 1;
     char *k = malloc(n);
     if (k)
         snprintf(k, n, "%s%s%s", st->prefix, a, b ? b : "");
     return k;
-}
-
-static uint64_t s_str_hash(const char *s)
-{
-    return XXH3_64bits(s, strlen(s));
 }
 
 static bool s_session_ok(const char *s)
@@ -163,200 +97,6 @@ static bool s_session_ok(const char *s)
     return true;
 }
 
-/* ---- payload refs --------------------------------------------------- */
-
-/* Parse REF into its pool id, *NBYTES and a malloc'd region array.  0 or -1. */
-static int s_ref_parse(const char *ref, uint64_t *pool_id, size_t *nbytes, ll_pool_region_t **regs,
-                       size_t *nreg)
-{
-    *regs = NULL;
-    *nreg = 0;
-    if (strncmp(ref, "P1/", 3) != 0)
-        return -1;
-    const char *p = ref + 3;
-    char *end;
-    errno = 0;
-    unsigned long long id = strtoull(p, &end, 16);
-    if (errno || end == p || *end != '/' || id == 0)
-        return -1;
-    *pool_id = id;
-    p = end + 1;
-    errno = 0;
-    unsigned long long nb = strtoull(p, &end, 16);
-    if (errno || end == p || *end != '/')
-        return -1;
-    p = end + 1;
-    size_t n = (size_t) ((nb + S_R - 1) / S_R);
-    if (n > UINT32_MAX)
-        return -1;
-    ll_pool_region_t *r = malloc((n ? n : 1) * sizeof *r);
-    if (!r)
-        return -1;
-    for (size_t i = 0; i < n; i++) {
-        unsigned long long v[3];
-        for (int k = 0; k < 3; k++) {
-            if (*p < '0' || (*p > '9' && *p < 'a') || *p > 'f')
-                goto bad;
-            errno = 0;
-            v[k] = strtoull(p, &end, 16);
-            if (errno || end == p)
-                goto bad;
-            p = end;
-            char want = k < 2 ? '.' : (i + 1 < n ? ',' : 0);
-            if (*p != want)
-                goto bad;
-            if (want)
-                p++;
-        }
-        if (v[0] > UINT32_MAX || v[1] == 0 || v[1] >= (UINT64_C(1) << 62))
-            goto bad;
-        r[i].idx = (uint32_t) v[0];
-        r[i].gen = v[1];
-        r[i].hash = v[2];
-    }
-    if (*p)
-        goto bad;
-    *nbytes = (size_t) nb;
-    *regs = r;
-    *nreg = n;
-    return 0;
-bad:
-    free(r);
-    return -1;
-}
-
-static char *s_ref_format(uint64_t pool_id, size_t nbytes, const ll_pool_region_t *regs, size_t n)
-{
-    size_t cap = 64 + n * 44;
-    char *s = malloc(cap);
-    if (!s)
-        return NULL;
-    size_t len = (size_t) snprintf(s, cap, "P1/%llx/%zx/", (unsigned long long) pool_id, nbytes);
-    for (size_t i = 0; i < n; i++)
-        len += (size_t) snprintf(s + len, cap - len, "%s%x.%llx.%llx", i ? "," : "",
-                                 (unsigned) regs[i].idx, (unsigned long long) regs[i].gen,
-                                 (unsigned long long) regs[i].hash);
-    return s;
-}
-
-long long ll_store_ref_nbytes(const char *ref)
-{
-    size_t nb, n;
-    uint64_t id;
-    ll_pool_region_t *r;
-    if (!ref || s_ref_parse(ref, &id, &nb, &r, &n) != 0)
-        return -1;
-    free(r);
-    return (long long) nb;
-}
-
-/* ---- pending (uncommitted) payloads ---------------------------------- */
-
-static void s_pending_add(ll_store_t *st, char *ref_copy, uint32_t *idx, size_t n)
-{
-    s_pending_t *p = malloc(sizeof *p);
-    if (!p) { /* keep the leases: they die with the process */
-        free(ref_copy);
-        free(idx);
-        return;
-    }
-    size_t b = s_str_hash(ref_copy) % S_PENDING_BUCKETS;
-    p->ref = ref_copy;
-    p->idx = idx;
-    p->n = n;
-    p->next = st->pending[b];
-    st->pending[b] = p;
-    st->npending++;
-}
-
-/* Release the pending payload REF; false when there is none. */
-static bool s_pending_release(ll_store_t *st, const char *ref)
-{
-    size_t b = s_str_hash(ref) % S_PENDING_BUCKETS;
-    for (s_pending_t **pp = &st->pending[b]; *pp; pp = &(*pp)->next) {
-        s_pending_t *p = *pp;
-        if (strcmp(p->ref, ref) != 0)
-            continue;
-        *pp = p->next;
-        for (size_t i = 0; i < p->n; i++)
-            ll_pool_unlease(st->pool, p->idx[i]);
-        free(p->ref);
-        free(p->idx);
-        free(p);
-        st->npending--;
-        return true;
-    }
-    return false;
-}
-
-static void s_pending_release_all(ll_store_t *st)
-{
-    for (size_t b = 0; b < S_PENDING_BUCKETS; b++)
-        while (st->pending[b])
-            s_pending_release(st, st->pending[b]->ref);
-}
-
-/* ---- pipelined commands ---------------------------------------------- */
-
-/* argv builder for pipelined commands */
-typedef struct {
-    const char **argv;
-    size_t *lens;
-    int argc, cap;
-} s_args_t;
-
-static int s_arg(s_args_t *a, const char *s, size_t len)
-{
-    if (a->argc == a->cap) {
-        int cap = a->cap ? a->cap * 2 : 16;
-        const char **v = realloc(a->argv, (size_t) cap * sizeof *v);
-        if (!v)
-            return -1;
-        a->argv = v;
-        size_t *l = realloc(a->lens, (size_t) cap * sizeof *l);
-        if (!l)
-            return -1;
-        a->lens = l;
-        a->cap = cap;
-    }
-    a->argv[a->argc] = s;
-    a->lens[a->argc++] = len;
-    return 0;
-}
-
-static int s_args(s_args_t *a, const char *s)
-{
-    return s_arg(a, s, strlen(s));
-}
-
-static int s_send(ll_store_t *st, s_args_t *a)
-{
-    int rc = ll_redis_append(st->redis, a->argc, a->argv, a->lens);
-    a->argc = 0;
-    return rc;
-}
-
-/* Read and free N replies; -1 on an I/O error. */
-static int s_drain(ll_store_t *st, int n)
-{
-    for (int i = 0; i < n; i++) {
-        redisReply *r = ll_redis_reply(st->redis);
-        if (!r)
-            return -1;
-        freeReplyObject(r);
-    }
-    return 0;
-}
-
-static uint64_t s_reply_u64(redisReply *r)
-{
-    if (r && r->type == REDIS_REPLY_STRING)
-        return strtoull(r->str, NULL, 10);
-    if (r && r->type == REDIS_REPLY_INTEGER)
-        return (uint64_t) r->integer;
-    return 0;
-}
-
 /* ---- open / close ----------------------------------------------------- */
 
 static size_t s_default_pool_bytes(void)
@@ -367,199 +107,18 @@ static size_t s_default_pool_bytes(void)
     return half < cap ? half : cap;
 }
 
-/* ---- page kind of a new pool ------------------------------------------ */
-
-/* What the host offers a new pool.  Read by s_host_read; a parameter of
- * s_choose_kind so the self-test can try hosts this one is not. */
-typedef struct {
-    unsigned long long hp_kb;         /* Hugepagesize (kB) */
-    unsigned long long hp_free;       /* HugePages_Free: persistent or surplus, unused */
-    unsigned long long hp_rsvd;       /* HugePages_Rsvd: promised to mappings already */
-    unsigned long long hp_surp;       /* HugePages_Surp: surplus pages in use now */
-    unsigned long long hp_overcommit; /* vm.nr_overcommit_hugepages */
-    unsigned long long avail_kb;      /* MemAvailable: what surplus pages come out of */
-    char hugetlbfs_dir[1024];         /* a writable hugetlbfs mount, or "" */
-    bool dev_shm_thp;                 /* /dev/shm's mount gives THP (huge=) */
-    char shmem_enabled[32];           /* the selected shmem THP mode, e.g. "never" */
-} s_host_t;
-
-static void s_host_read(s_host_t *h)
-{
-    memset(h, 0, sizeof *h);
-    char line[4096];
-    FILE *f = fopen("/proc/meminfo", "re");
-    while (f && fgets(line, sizeof line, f)) {
-        sscanf(line, "Hugepagesize: %llu kB", &h->hp_kb);
-        sscanf(line, "HugePages_Free: %llu", &h->hp_free);
-        sscanf(line, "HugePages_Rsvd: %llu", &h->hp_rsvd);
-        sscanf(line, "HugePages_Surp: %llu", &h->hp_surp);
-        sscanf(line, "MemAvailable: %llu kB", &h->avail_kb);
-    }
-    if (f)
-        fclose(f);
-    f = fopen("/proc/sys/vm/nr_overcommit_hugepages", "re");
-    if (f) {
-        if (fscanf(f, "%llu", &h->hp_overcommit) != 1)
-            h->hp_overcommit = 0;
-        fclose(f);
-    }
-    f = fopen("/proc/mounts", "re");
-    char dev[256], dir[1024], type[64];
-    while (f && fscanf(f, "%255s %1023s %63s %*[^\n]", dev, dir, type) == 3) {
-        if (strcmp(type, "hugetlbfs") == 0 && access(dir, W_OK) == 0) {
-            snprintf(h->hugetlbfs_dir, sizeof h->hugetlbfs_dir, "%s", dir);
-            break;
-        }
-    }
-    if (f)
-        fclose(f);
-    f = fopen("/proc/self/mountinfo", "re");
-    while (f && fgets(line, sizeof line, f)) {
-        char mnt[1024];
-        if (sscanf(line, "%*s %*s %*s %*s %1023s", mnt) == 1 && strcmp(mnt, "/dev/shm") == 0)
-            h->dev_shm_thp =
-                strstr(line, "huge=") && !strstr(line, "huge=never") && !strstr(line, "huge=deny");
-    }
-    if (f)
-        fclose(f);
-    f = fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "re");
-    if (f) {
-        if (fgets(line, sizeof line, f)) {
-            char *b = strchr(line, '['), *e = b ? strchr(b, ']') : NULL;
-            if (b && e)
-                snprintf(h->shmem_enabled, sizeof h->shmem_enabled, "%.*s", (int) (e - b - 1),
-                         b + 1);
-        }
-        fclose(f);
-    }
-}
-
-/* Huge pages a new pool could get: the free ones not promised to a mapping,
- * plus the surplus the kernel may still allocate on demand
- * (nr_overcommit_hugepages beyond those in use, as far as available memory
- * goes).  Surplus pages come from the buddy allocator when a region is
- * backed and go back when the pool is gone, so an installer can allow them
- * without locking memory away (persistent nr_hugepages would). */
-static unsigned long long s_hp_available(const s_host_t *h)
-{
-    if (h->hp_kb == 0)
-        return 0;
-    unsigned long long free = h->hp_free > h->hp_rsvd ? h->hp_free - h->hp_rsvd : 0;
-    unsigned long long room = h->hp_overcommit > h->hp_surp ? h->hp_overcommit - h->hp_surp : 0;
-    unsigned long long mem = h->avail_kb / h->hp_kb;
-    return free + (room < mem ? room : mem);
-}
-
-typedef enum {
-    S_KIND_SHM_FILE,      /* a /dev/shm file: THP when its mount says so, else 4 KiB pages */
-    S_KIND_HUGETLBFS,     /* a file on a hugetlbfs mount */
-    S_KIND_MEMFD_HUGETLB, /* a nameless hugetlb pool of the session's owner */
-    S_KIND_MEMFD_THP,     /* a nameless shmem-THP pool of the session's owner */
-} s_kind_t;
-
-/* Where a new pool of POOL_BYTES goes, by KNOB (LL_STORE_PAGE_KIND: NULL,
- * "" or "auto", "hugetlb", "4k") and what host H offers.  MEASURED.md: 4 KiB
- * first touch is ~50x slower than huge pages, so auto takes huge pages
- * wherever the host offers them for the whole pool: a hugetlbfs mount; a
- * hugetlb memfd; /dev/shm when its mount gives THP; a memfd with shmem THP;
- * else a plain /dev/shm file.  A memfd lives only as long as its creator, so
- * only the session's owner (OWNER: the store that started the private
- * redis-server, i.e. the kernel) makes one.  The kind, or -1 when KNOB is
- * bad or cannot be had; WHY says why either way. */
-static int s_choose_kind(const s_host_t *h, size_t pool_bytes, bool owner, const char *knob,
-                         char *why, size_t whylen)
-{
-    unsigned long long hp_bytes = h->hp_kb << 10, avail = s_hp_available(h);
-    unsigned long long need = hp_bytes ? (pool_bytes + hp_bytes - 1) / hp_bytes : 0;
-    char hp[320];
-    snprintf(hp, sizeof hp,
-             "%llu huge pages of %llu kB available (HugePages_Free %llu - HugePages_Rsvd %llu, "
-             "+ surplus room: vm.nr_overcommit_hugepages %llu - HugePages_Surp %llu, at most "
-             "MemAvailable), a pool of %zu MiB needs %llu",
-             avail, h->hp_kb, h->hp_free, h->hp_rsvd, h->hp_overcommit, h->hp_surp,
-             pool_bytes >> 20, need);
-    bool thp_memfd =
-        strcmp(h->shmem_enabled, "always") == 0 || strcmp(h->shmem_enabled, "within_size") == 0 ||
-        strcmp(h->shmem_enabled, "advise") == 0 || strcmp(h->shmem_enabled, "force") == 0;
-    if (knob && strcmp(knob, "4k") == 0) {
-        snprintf(why, whylen, "4k: LL_STORE_PAGE_KIND=4k");
-        return S_KIND_SHM_FILE;
-    }
-    bool forced = knob && strcmp(knob, "hugetlb") == 0;
-    if (knob && *knob && !forced && strcmp(knob, "auto") != 0) {
-        snprintf(why, whylen, "LL_STORE_PAGE_KIND must be auto, hugetlb or 4k, not '%.40s'", knob);
-        return -1;
-    }
-    bool hp_ok = hp_bytes == S_R && avail >= need;
-    if ((hp_ok || forced) && h->hugetlbfs_dir[0]) {
-        snprintf(why, whylen, "hugetlb (a file on the hugetlbfs mount %.200s): %s%s",
-                 h->hugetlbfs_dir, forced ? "LL_STORE_PAGE_KIND=hugetlb; " : "", hp);
-        return S_KIND_HUGETLBFS;
-    }
-    if ((hp_ok || forced) && owner) {
-        snprintf(why, whylen, "hugetlb (memfd): %s%s", forced ? "LL_STORE_PAGE_KIND=hugetlb; " : "",
-                 hp);
-        return S_KIND_MEMFD_HUGETLB;
-    }
-    if (forced) {
-        snprintf(why, whylen,
-                 "LL_STORE_PAGE_KIND=hugetlb: no writable hugetlbfs mount, and only "
-                 "the session's owner (the store that starts the private redis-server) makes a "
-                 "hugetlb memfd");
-        return -1;
-    }
-    if (h->dev_shm_thp) {
-        snprintf(why, whylen, "thp (/dev/shm is mounted with huge=): %s", hp);
-        return S_KIND_SHM_FILE;
-    }
-    if (owner && thp_memfd) {
-        snprintf(why, whylen, "thp (memfd, shmem_enabled=%s): %s", h->shmem_enabled, hp);
-        return S_KIND_MEMFD_THP;
-    }
-    snprintf(why, whylen, "4k: %s%s; shmem THP %s (shmem_enabled=%s, /dev/shm without huge=)", hp,
-             hp_bytes == S_R ? "" : " (not 2 MiB pages)",
-             thp_memfd ? "only for the session's owner" : "off",
-             h->shmem_enabled[0] ? h->shmem_enabled : "?");
-    return S_KIND_SHM_FILE;
-}
-
-/* The pool path for KIND (s_choose_kind) of a new pool, malloc'd. */
-static char *s_kind_path(s_kind_t kind, const s_host_t *h, const char *runtime_dir,
-                         const char *session)
-{
-    if (kind == S_KIND_MEMFD_HUGETLB)
-        return strdup("memfd:hugetlb");
-    if (kind == S_KIND_MEMFD_THP)
-        return strdup("memfd:thp");
-    char *real = realpath(runtime_dir, NULL);
-    const char *rd = real ? real : runtime_dir;
-    unsigned long long hsh = (unsigned long long) XXH3_64bits(rd, strlen(rd));
-    free(real);
-    const char *dir = kind == S_KIND_HUGETLBFS ? h->hugetlbfs_dir : "/dev/shm";
-    size_t n = strlen(dir) + strlen(session) + 80;
-    char *p = malloc(n);
-    if (p)
-        snprintf(p, n, "%s/looseleaf-%u-%08llx-%s.pool", dir, (unsigned) geteuid(),
-                 hsh & 0xffffffffULL, session);
-    return p;
-}
-
 int ll_store_page_kind_choice(size_t pool_bytes, bool owner, char kind[16], char *why,
                               size_t whylen)
 {
-    s_host_t h;
-    s_host_read(&h);
+    ll_pagekind_host_t h;
+    ll_pagekind_host_read(NULL, &h);
     if (pool_bytes == 0)
         pool_bytes = s_default_pool_bytes();
-    int k = s_choose_kind(&h, pool_bytes, owner, getenv("LL_STORE_PAGE_KIND"), why, whylen);
-    if (k < 0)
+    ll_pagekind_choice_t c;
+    if (ll_pagekind_choose(&h, pool_bytes, owner, getenv("LL_STORE_PAGE_KIND"), &c, why, whylen) !=
+        0)
         return -1;
-    const char *name = "4k";
-    if (k == S_KIND_HUGETLBFS || k == S_KIND_MEMFD_HUGETLB)
-        name = "hugetlb";
-    else if (k == S_KIND_MEMFD_THP || (k == S_KIND_SHM_FILE && strncmp(why, "thp", 3) == 0))
-        name = "thp";
-    snprintf(kind, 16, "%s", name);
+    snprintf(kind, 16, "%s", c.name);
     return 0;
 }
 
@@ -573,7 +132,7 @@ int ll_store_page_kind_choice(size_t pool_bytes, bool owner, char kind[16], char
 static int s_attach_pool(ll_store_t *st, const char *want, const char *default_path,
                          const char *fallback_path, size_t pool_bytes, char *err, size_t errlen)
 {
-    char *key = s_key(st, "pool", NULL);
+    char *key = ll_store_key(st, "pool", NULL);
     int rc = -1;
     if (!key) {
         snprintf(err, errlen, "out of memory");
@@ -620,7 +179,7 @@ static int s_attach_pool(ll_store_t *st, const char *want, const char *default_p
         }
         if (!pool) {
             const char *path = want ? want : default_path;
-            if (!want && fallback_path && s_fault_is("hugetlb_fail"))
+            if (!want && fallback_path && ll_store_fault_is("hugetlb_fail"))
                 snprintf(err, errlen,
                          "cannot reserve the header of pool %s: No space left on "
                          "device (LL_STORE_FAULT=hugetlb_fail)",
@@ -644,13 +203,13 @@ static int s_attach_pool(ll_store_t *st, const char *want, const char *default_p
                  (unsigned long long) ll_pool_id(pool));
         redisReply *m = NULL;
         if (ll_redis_reconnects(st->redis) == watched_on) {
-            s_args_t a = {0};
-            int bad = s_args(&a, "MULTI") || s_send(st, &a) || s_args(&a, "SET") ||
-                      s_args(&a, key) || s_args(&a, value) || s_send(st, &a) ||
-                      s_args(&a, "EXEC") || s_send(st, &a);
-            free(a.argv);
-            free(a.lens);
-            if (!bad && s_drain(st, 2) == 0)
+            ll_redis_argv_t a = {0};
+            int bad = ll_redis_arg(&a, "MULTI") || ll_redis_send(st->redis, &a) ||
+                      ll_redis_arg(&a, "SET") || ll_redis_arg(&a, key) || ll_redis_arg(&a, value) ||
+                      ll_redis_send(st->redis, &a) || ll_redis_arg(&a, "EXEC") ||
+                      ll_redis_send(st->redis, &a);
+            ll_redis_argv_free(&a);
+            if (!bad && ll_redis_drain(st->redis, 2) == 0)
                 m = ll_redis_reply(st->redis);
             if (bad)
                 ll_redis_reset(st->redis); /* drop a half-queued transaction */
@@ -676,13 +235,13 @@ static int s_attach_pool(ll_store_t *st, const char *want, const char *default_p
 
 /* Tell the pool's reserve how much free space to keep prefaulted, by the
  * store's reserve option (see ll_store.h). */
-static void s_reserve_update(ll_store_t *st)
+void ll_store_reserve_update(ll_store_t *st)
 {
     size_t want = 0;
     if (st->reserve_opt > 0) {
         want = (size_t) st->reserve_opt;
     } else if (st->reserve_opt == LL_STORE_RESERVE_DEFAULT) {
-        size_t cap = ll_pool_nregions(st->pool) * S_R / 2;
+        size_t cap = ll_pool_nregions(st->pool) * LL_STORE_R / 2;
         if (cap > LL_STORE_RESERVE_MAX)
             cap = LL_STORE_RESERVE_MAX;
         want = st->largest_put;
@@ -691,7 +250,7 @@ static void s_reserve_update(ll_store_t *st)
         if (want > cap)
             want = cap;
     }
-    size_t nreg = want / S_R + (want % S_R != 0);
+    size_t nreg = want / LL_STORE_R + (want % LL_STORE_R != 0);
     st->reserve_regions = nreg;
     ll_pool_reserve(st->pool, nreg); /* starts its thread only for nreg > 0 */
 }
@@ -751,33 +310,35 @@ ll_store_t *ll_store_open(const char *runtime_dir, const char *session, const ll
 
     size_t pool_bytes = opts->pool_bytes ? opts->pool_bytes : s_default_pool_bytes();
     const char *want = opts->pool_path && *opts->pool_path ? opts->pool_path : NULL;
-    s_host_t host;
-    s_host_read(&host);
+    ll_pagekind_host_t host;
+    ll_pagekind_host_read(NULL, &host);
     char why[768];
-    const char *knob = getenv("LL_STORE_PAGE_KIND");
-    int kind = s_choose_kind(&host, pool_bytes, st->redis_owned, knob, why, sizeof why);
-    bool forced = knob && strcmp(knob, "hugetlb") == 0;
-    if (kind < 0 && !forced) {
+    ll_pagekind_choice_t kind;
+    ll_pagekind_choose(&host, pool_bytes, st->redis_owned, getenv("LL_STORE_PAGE_KIND"), &kind, why,
+                       sizeof why);
+    if (kind.place == LL_PAGEKIND_NONE && !kind.forced) {
         snprintf(err, errlen, "%s", why); /* a bad LL_STORE_PAGE_KIND */
         goto fail;
     }
     /* A forced kind this process cannot make matters only if it has to
      * make the pool (a worker opens the kernel's). */
-    pool_path = kind < 0 ? strdup("") : s_kind_path(kind, &host, runtime_dir, session);
-    bool auto_huge = kind >= 0 && kind != S_KIND_SHM_FILE && !forced;
-    fallback = auto_huge ? s_kind_path(S_KIND_SHM_FILE, &host, runtime_dir, session) : NULL;
-    if (!pool_path || (auto_huge && !fallback)) {
+    pool_path = kind.place == LL_PAGEKIND_NONE
+                    ? strdup("")
+                    : ll_pagekind_path(kind.place, &host, runtime_dir, session);
+    fallback =
+        kind.fallback ? ll_pagekind_path(LL_PAGEKIND_SHM_FILE, &host, runtime_dir, session) : NULL;
+    if (!pool_path || (kind.fallback && !fallback)) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
     ll_debug("store", "session %s: a new pool would be %s", session, why);
     if (s_attach_pool(st, want, pool_path, fallback, pool_bytes, err, errlen) != 0) {
-        if (kind < 0 && strstr(err, "pool path is empty"))
+        if (kind.place == LL_PAGEKIND_NONE && strstr(err, "pool path is empty"))
             snprintf(err, errlen, "%s", why);
         goto fail;
     }
     st->reserve_opt = opts->reserve_bytes;
-    s_reserve_update(st);
+    ll_store_reserve_update(st);
     free(url);
     free(pool_path);
     free(fallback);
@@ -796,7 +357,7 @@ void ll_store_destroy(ll_store_t **store_p)
         return;
     ll_store_t *st = *store_p;
     if (st->pool && getpid() == st->pid)
-        s_pending_release_all(st);
+        ll_store_pending_release_all(st);
     ll_pool_destroy(&st->pool);
     ll_redis_destroy(&st->redis);
     if (st->redis_owned && getpid() == st->pid) {
@@ -823,14 +384,15 @@ int ll_store_errkind(ll_store_t *st)
 }
 
 /* Lock and check the store is usable here.  0, or -1 (unlocked). */
-static int s_enter(ll_store_t *st)
+int ll_store_enter(ll_store_t *st)
 {
     pthread_mutex_lock(&st->mu);
     st->errkind = LL_STORE_OK;
     st->err[0] = 0;
     if (getpid() != st->pid) {
-        s_fail(st, LL_STORE_EIO, "this store was opened by process %d; open a new one after fork",
-               (int) st->pid);
+        ll_store_fail(st, LL_STORE_EIO,
+                      "this store was opened by process %d; open a new one after fork",
+                      (int) st->pid);
         pthread_mutex_unlock(&st->mu);
         return -1;
     }
@@ -839,1026 +401,9 @@ static int s_enter(ll_store_t *st)
     return 0;
 }
 
-static void s_leave(ll_store_t *st)
+void ll_store_leave(ll_store_t *st)
 {
     pthread_mutex_unlock(&st->mu);
-}
-
-/* ---- parallel copy/hash ---------------------------------------------- */
-
-typedef struct {
-    void (*fn)(void *ctx, size_t i);
-    void *ctx;
-    size_t n;
-    _Atomic size_t next;
-} s_par_t;
-
-static void *s_par_worker(void *arg)
-{
-    s_par_t *p = arg;
-    for (size_t i; (i = atomic_fetch_add(&p->next, 1)) < p->n;)
-        p->fn(p->ctx, i);
-    return NULL;
-}
-
-/* Run FN(CTX, i) for i < N, on several threads when BYTES is large. */
-static void s_parallel(size_t n, size_t bytes, void (*fn)(void *, size_t), void *ctx)
-{
-    s_par_t p = {fn, ctx, n, 0};
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    int nthreads =
-        bytes >= S_PARALLEL_MIN && n > 1 ? (int) (ncpu < S_MAX_THREADS ? ncpu : S_MAX_THREADS) : 1;
-    pthread_t th[S_MAX_THREADS];
-    int started = 0;
-    for (int t = 1; t < nthreads; t++)
-        if (pthread_create(&th[started], NULL, s_par_worker, &p) == 0)
-            started++;
-    s_par_worker(&p);
-    for (int t = 0; t < started; t++)
-        pthread_join(th[t], NULL);
-}
-
-typedef struct {
-    const char *src;
-    size_t len;
-    ll_pool_region_t *regs;       /* the new payload's regions */
-    const ll_pool_region_t *base; /* base regions (hash compared), or NULL */
-    char *reuse;                  /* per region: 1 when shared with base */
-    char *cand;                   /* per region: base region leased, compare */
-    void **dst;                   /* per region: where to copy (new ones) */
-    ll_pool_t *pool;              /* backs new regions right before their copy */
-    int *backerr;                 /* per region: errno of a failed backing */
-} s_put_t;
-
-static size_t s_chunk(size_t len, size_t i)
-{
-    size_t off = i * S_R;
-    return len - off < S_R ? len - off : S_R;
-}
-
-static void s_hash_cmp(void *ctx, size_t i)
-{
-    s_put_t *p = ctx;
-    if (!p->cand[i])
-        return;
-    uint64_t h = ll_hash(p->src + i * S_R, s_chunk(p->len, i));
-    if (h == p->base[i].hash)
-        p->reuse[i] = 1;
-}
-
-static void s_copy_hash(void *ctx, size_t i)
-{
-    s_put_t *p = ctx;
-    if (p->reuse[i])
-        return;
-    int rc = ll_pool_back(p->pool, p->regs[i].idx);
-    if (rc != 0) {
-        p->backerr[i] = rc;
-        return;
-    }
-    p->regs[i].hash = ll_hash_copy(p->dst[i], p->src + i * S_R, s_chunk(p->len, i));
-}
-
-/* Give back fresh region I of a put (allocated, not yet committed): its
- * bytes may be half written, which no reader can see. */
-static void s_put_free_new(s_put_t *p, size_t i)
-{
-    if (!p->dst[i])
-        return;
-    ll_pool_free_unwritten(p->pool, &p->regs[i]);
-    ll_pool_unlease(p->pool, p->regs[i].idx);
-    p->dst[i] = NULL;
-}
-
-/* ---- put / discard / map ----------------------------------------------- */
-
-static int s_gc_locked(ll_store_t *st);
-
-char *ll_store_put(ll_store_t *st, const void *data, size_t len, const char *base_ref,
-                   const uint8_t *dirty, size_t *written)
-{
-    if (s_enter(st) != 0)
-        return NULL;
-    size_t n = (len + S_R - 1) / S_R, bnb = 0, bn = 0, m = n ? n : 1;
-    ll_pool_region_t *base = NULL;
-    char *ref = NULL;
-    s_put_t p = {.src = data, .len = len, .pool = st->pool};
-    p.regs = calloc(m, sizeof *p.regs);
-    p.reuse = calloc(m, 1);
-    p.cand = calloc(m, 1);
-    p.dst = calloc(m, sizeof *p.dst);
-    p.backerr = calloc(m, sizeof *p.backerr);
-    uint8_t *bl = calloc(m, 1);           /* base region i leased by this put */
-    ll_pool_reserve_hold(st->pool, true); /* the copy gets the CPUs, not the reserve */
-    uint32_t *held = malloc(m * sizeof *held);
-    size_t *cidx = malloc(m * sizeof *cidx); /* candidate indices, for sampling */
-    size_t nwritten = 0;
-    bool done = false; /* leases handed to the pending list */
-    if (!p.regs || !p.reuse || !p.cand || !p.dst || !p.backerr || !bl || !held || !cidx) {
-        s_fail(st, LL_STORE_EIO, "out of memory");
-        goto out;
-    }
-    uint64_t base_pool = 0;
-    if (base_ref && s_ref_parse(base_ref, &base_pool, &bnb, &base, &bn) != 0) {
-        s_fail(st, LL_STORE_EINVAL, "base is not a payload ref: %.80s", base_ref);
-        goto out;
-    }
-    if (base_ref && base_pool != ll_pool_id(st->pool))
-        bn = 0; /* a base in a pool that no longer exists shares nothing */
-    if (n > ll_pool_nregions(st->pool)) {
-        s_fail(st, LL_STORE_EFULL,
-               "payload pool full: a payload of %zu bytes is larger than the "
-               "whole pool (%zu bytes)",
-               len, ll_pool_nregions(st->pool) * S_R);
-        goto out;
-    }
-    if (dirty && (!base_ref || bnb != len)) {
-        s_fail(st, LL_STORE_EINVAL, "dirty regions need a base payload of the same length");
-        goto out;
-    }
-    p.base = base;
-    /* Lease the base regions that could be shared: same index, same length.
-     * One that was reclaimed meanwhile is simply written anew.  A region the
-     * caller says is clean is shared without hashing. */
-    size_t ncand = 0;
-    for (size_t i = 0; i < n && i < bn; i++) {
-        if (s_chunk(len, i) != s_chunk(bnb, i))
-            continue;
-        if (ll_pool_lease(st->pool, &base[i]) != 0)
-            continue;
-        bl[i] = 1;
-        if (dirty && !dirty[i]) {
-            p.reuse[i] = 1;
-        } else {
-            p.cand[i] = 1;
-            cidx[ncand++] = i;
-        }
-    }
-    double ts0 = ll_clock_ms(), ts1, ts2, ts3;
-    /* Hashing every candidate before copying the changed ones costs a
-     * second pass over memory (~40% of a save when everything changed).  So
-     * hash a few candidates spread over the payload first: when none of them
-     * is unchanged, assume a rewrite and copy every candidate, hashing as it
-     * copies, and share the (rare) region that turns out unchanged afterwards,
-     * giving its fresh copy back.  Otherwise hash first, copy what changed. */
-    bool copy_first = false;
-    if (ncand >= S_SAMPLE_MIN) {
-        size_t same = 0;
-        for (size_t s = 0; s < S_SAMPLES; s++) {
-            size_t i = cidx[s * ncand / S_SAMPLES];
-            p.cand[i] = 0;
-            if (ll_hash(p.src + i * S_R, s_chunk(len, i)) == base[i].hash) {
-                p.reuse[i] = 1;
-                same++;
-            } else {
-                ll_pool_unlease(st->pool, base[i].idx);
-                bl[i] = 0;
-            }
-        }
-        copy_first = same == 0;
-    }
-hash_first:
-    if (!copy_first) {
-        size_t to_hash = 0;
-        for (size_t i = 0; i < n; i++)
-            to_hash += p.cand[i] ? s_chunk(len, i) : 0;
-        if (to_hash)
-            s_parallel(n, to_hash, s_hash_cmp, &p);
-        for (size_t i = 0; i < n; i++) {
-            if (p.cand[i] && !p.reuse[i]) {
-                ll_pool_unlease(st->pool, base[i].idx);
-                bl[i] = 0;
-            }
-            p.cand[i] = 0;
-        }
-    }
-    ts1 = ll_clock_ms();
-    /* Allocate the regions to write; a full pool first tries reclamation.
-     * So does a put that would otherwise first-touch fresh regions while
-     * prefaulted ones may have become garbage (a commit happened since the
-     * last reclamation), when that pays: first touch of a region costs
-     * about 1 ms with 4 KiB pages (MEASURED.md; ~10x less with huge pages),
-     * a reclamation about 1 us per variable it reads from Redis.  Counted
-     * in variables, not measured in time, so the choice does not flip with
-     * the machine's load.  The reserve's prefaulted regions do not count as
-     * free here: they are kept for new data, and garbage reclaimed now saves
-     * refilling them (and memory). */
-    bool tried_gc = false;
-    size_t need = 0;
-    for (size_t i = 0; i < n; i++)
-        need += !p.reuse[i];
-    if (need > 0 && ll_pool_epoch(st->pool) != st->gc_epoch) {
-        size_t free_warm, idle_warm;
-        ll_pool_warm_counts(st->pool, &free_warm, &idle_warm);
-        free_warm = free_warm > st->reserve_regions ? free_warm - st->reserve_regions : 0;
-        size_t gain = need > free_warm ? need - free_warm : 0;
-        if (gain > idle_warm)
-            gain = idle_warm;
-        size_t vars_per_region = strcmp(ll_pool_page_kind(st->pool), "4k") == 0 ? 1000 : 100;
-        if (gain >= S_GC_MIN_GAIN && gain * vars_per_region >= st->gc_vars + 64) {
-            tried_gc = true;
-            if (s_gc_locked(st) < 0)
-                ll_debug("store", "%s", st->err); /* the put goes on without it */
-            st->err[0] = 0;
-            st->errkind = LL_STORE_OK;
-        }
-    }
-    for (size_t i = 0; i < n; i++) {
-        if (p.reuse[i])
-            continue;
-        int kind;
-        char err[512];
-        while (ll_pool_alloc_unbacked(st->pool, &p.regs[i], &p.dst[i], &kind, err, sizeof err) !=
-               0) {
-            p.dst[i] = NULL;
-            if (kind == LL_POOL_EFULL && !tried_gc) {
-                tried_gc = true;
-                if (s_gc_locked(st) > 0)
-                    continue;
-            }
-            if (kind == LL_POOL_EFULL && copy_first) {
-                /* Copying first needs room for the unchanged regions too:
-                 * give back what we took and find out what changed. */
-                for (size_t j = 0; j < i; j++)
-                    s_put_free_new(&p, j);
-                nwritten = 0;
-                copy_first = false;
-                goto hash_first;
-            }
-            s_fail(st, kind == LL_POOL_EFULL ? LL_STORE_EFULL : LL_STORE_EIO,
-                   "%s (payload of %zu bytes)", err, len);
-            goto out;
-        }
-        nwritten += s_chunk(len, i);
-    }
-    ts2 = ll_clock_ms();
-    /* Fresh regions are backed inside the copy, region by region on each
-     * copy thread (MADV_POPULATE_WRITE, then the copy while the region is
-     * still in the TLB): on 4 KiB pages the faults, not the copy, dominate a
-     * first save, and this spreads them over the threads instead of paying
-     * them on this one before the copy starts. */
-    if (nwritten)
-        s_parallel(n, nwritten, s_copy_hash, &p);
-    ts3 = ll_clock_ms();
-    for (size_t i = 0; i < n; i++) {
-        if (!p.backerr[i])
-            continue;
-        bool huge = strcmp(ll_pool_page_kind(st->pool), "hugetlb") == 0;
-        s_fail(st, LL_STORE_EFULL,
-               "payload pool full: cannot back a 2 MiB region of the pool: %s "
-               "(payload of %zu bytes)%s",
-               strerror(p.backerr[i]), len,
-               huge ? "; no more huge pages (HugePages_Free, vm.nr_overcommit_hugepages, free "
-                      "memory)"
-                    : "");
-        goto out;
-    }
-    /* Copied first: an unchanged region is shared after all, its copy given back. */
-    size_t late_same = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!p.cand[i])
-            continue;
-        p.cand[i] = 0;
-        if (p.regs[i].hash == base[i].hash) {
-            s_put_free_new(&p, i);
-            nwritten -= s_chunk(len, i);
-            p.reuse[i] = 1;
-            late_same++;
-        } else {
-            ll_pool_unlease(st->pool, base[i].idx);
-            bl[i] = 0;
-        }
-    }
-    ll_debug("store",
-             "put %zu bytes: compare %.2f ms (%s), allocate %.2f ms, copy %.2f ms "
-             "(%zu bytes, %zu regions unchanged after all)",
-             len, ts1 - ts0, copy_first ? "copy first" : "hash first", ts2 - ts1, ts3 - ts2,
-             nwritten, late_same);
-    for (size_t i = 0; i < n; i++) {
-        if (p.reuse[i])
-            p.regs[i] = base[i];
-        held[i] = p.regs[i].idx;
-    }
-    ref = s_ref_format(ll_pool_id(st->pool), len, p.regs, n);
-    char *ref_copy = ref ? strdup(ref) : NULL;
-    if (!ref_copy) {
-        free(ref);
-        ref = NULL;
-        s_fail(st, LL_STORE_EIO, "out of memory");
-        goto out;
-    }
-    /* If this exact payload is already pending (same regions, all shared),
-     * the new hold simply stacks on the old one. */
-    s_pending_add(st, ref_copy, held, n);
-    held = NULL;
-    done = true;
-    st->puts++;
-    st->bytes_written += nwritten;
-    st->bytes_shared += len - nwritten;
-    *written = nwritten;
-    s_fault("after_payload");
-out:
-    if (!done && bl && p.dst) {
-        /* Failed: give back every lease this put took and every fresh
-         * region it allocated (unwritten as far as any commit knows). */
-        for (size_t i = 0; i < n; i++) {
-            if (bl[i])
-                ll_pool_unlease(st->pool, base[i].idx);
-            s_put_free_new(&p, i);
-        }
-    }
-    free(held);
-    free(cidx);
-    free(bl);
-    free(base);
-    free(p.regs);
-    free(p.reuse);
-    free(p.cand);
-    free(p.dst);
-    free(p.backerr);
-    if (ref && nwritten > st->largest_put) {
-        st->largest_put = nwritten;
-        s_reserve_update(st);
-    }
-    ll_pool_reserve_hold(st->pool, false);
-    s_leave(st);
-    return ref;
-}
-
-int ll_store_discard(ll_store_t *st, const char *ref)
-{
-    if (s_enter(st) != 0)
-        return -1;
-    int rc = s_pending_release(st, ref)
-                 ? 0
-                 : s_fail(st, LL_STORE_EINVAL, "payload ref is not pending in this process");
-    s_leave(st);
-    return rc;
-}
-
-ll_pool_map_t *ll_store_map(ll_store_t *st, const char *ref, bool writable)
-{
-    if (s_enter(st) != 0)
-        return NULL;
-    size_t nb, n;
-    uint64_t pool_id;
-    ll_pool_region_t *regs;
-    ll_pool_map_t *map = NULL;
-    if (s_ref_parse(ref, &pool_id, &nb, &regs, &n) != 0) {
-        s_fail(st, LL_STORE_EINVAL, "not a payload ref: %.80s", ref);
-        goto out;
-    }
-    if (pool_id != ll_pool_id(st->pool)) {
-        free(regs);
-        s_fail(st, LL_STORE_EGONE, "payload is in another pool (the session's pool was recreated)");
-        goto out;
-    }
-    int kind;
-    char err[512];
-    map = ll_pool_map(st->pool, regs, n, nb, writable, &kind, err, sizeof err);
-    if (!map)
-        s_fail(st,
-               kind == LL_POOL_EGONE    ? LL_STORE_EGONE
-               : kind == LL_POOL_EINVAL ? LL_STORE_EINVAL
-                                        : LL_STORE_EIO,
-               "%s", err);
-    free(regs);
-out:
-    s_leave(st);
-    return map;
-}
-
-/* ---- JSON lists ---------------------------------------------------- */
-
-static char *s_json_list(const char *const *items, size_t n)
-{
-    json_t *a = json_array();
-    if (!a)
-        return NULL;
-    for (size_t i = 0; i < n; i++) {
-        json_t *s = json_string(items[i]);
-        if (!s || json_array_append_new(a, s) != 0) {
-            json_decref(a);
-            return NULL;
-        }
-    }
-    char *out = json_dumps(a, JSON_COMPACT);
-    json_decref(a);
-    return out;
-}
-
-/* Parse a JSON list of strings into a malloc'd array.  0 or -1. */
-static int s_json_parse_list(const char *text, size_t len, char ***items, size_t *n)
-{
-    *items = NULL;
-    *n = 0;
-    json_error_t e;
-    json_t *a = json_loadb(text, len, 0, &e);
-    if (!a || !json_is_array(a)) {
-        json_decref(a);
-        return -1;
-    }
-    size_t cnt = json_array_size(a);
-    char **out = calloc(cnt ? cnt : 1, sizeof *out);
-    if (!out) {
-        json_decref(a);
-        return -1;
-    }
-    for (size_t i = 0; i < cnt; i++) {
-        const char *s = json_string_value(json_array_get(a, i));
-        if (!s || !(out[i] = strdup(s))) {
-            for (size_t k = 0; k < i; k++)
-                free(out[k]);
-            free(out);
-            json_decref(a);
-            return -1;
-        }
-    }
-    json_decref(a);
-    *items = out;
-    *n = cnt;
-    return 0;
-}
-
-/* ---- commit ---------------------------------------------------------- */
-
-int ll_store_commit(ll_store_t *st, const char *cell_id, const ll_store_write_t *writes,
-                    size_t nwrites, const char *const *deletes, size_t ndeletes,
-                    const ll_store_base_t *bases, size_t nbases, uint64_t *version)
-{
-    if (s_enter(st) != 0)
-        return -1;
-    int rc = -1;
-    char **prefs_json = calloc(nwrites + 1, sizeof *prefs_json);
-    char **refs_json = calloc(nwrites + 1, sizeof *refs_json);
-    char **vkeys = calloc(nwrites + ndeletes + 1, sizeof *vkeys);
-    uint32_t *leased = NULL;
-    size_t nleased = 0, cap_leased = 0;
-    s_args_t a = {0};
-    char *k_seq = s_key(st, "seq", NULL), *k_ver = s_key(st, "ver", NULL);
-    char *k_prefs = s_key(st, "prefs", NULL);
-    char *writes_json = NULL, *deletes_json = NULL;
-    const char **names = calloc(nwrites + 1, sizeof *names);
-    if (!prefs_json || !refs_json || !vkeys || !k_seq || !k_ver || !k_prefs || !names) {
-        s_fail(st, LL_STORE_EIO, "out of memory");
-        goto out;
-    }
-    if (!cell_id)
-        cell_id = "";
-    /* Check the arguments and lease every region the commit will refer to,
-     * so none can be reclaimed between here and EXEC. */
-    for (size_t i = 0; i < nwrites; i++) {
-        const ll_store_write_t *w = &writes[i];
-        if (!w->name || !*w->name) {
-            s_fail(st, LL_STORE_EINVAL, "empty variable name");
-            goto out;
-        }
-        for (size_t j = 0; j < ndeletes; j++)
-            if (strcmp(deletes[j], w->name) == 0) {
-                s_fail(st, LL_STORE_EINVAL, "'%s' is both written and deleted", w->name);
-                goto out;
-            }
-        for (size_t j = 0; j < i; j++)
-            if (nwrites < 64 && strcmp(writes[j].name, w->name) == 0) {
-                s_fail(st, LL_STORE_EINVAL, "'%s' is written twice", w->name);
-                goto out;
-            }
-        for (size_t j = 0; j < w->nprefs; j++) {
-            size_t nb, n;
-            uint64_t pool_id;
-            ll_pool_region_t *regs;
-            if (s_ref_parse(w->prefs[j], &pool_id, &nb, &regs, &n) != 0) {
-                s_fail(st, LL_STORE_EINVAL, "'%s': not a payload ref: %.80s", w->name, w->prefs[j]);
-                goto out;
-            }
-            if (pool_id != ll_pool_id(st->pool)) {
-                free(regs);
-                s_fail(st, LL_STORE_EGONE,
-                       "'%s': payload is in another pool (the session's pool was recreated)",
-                       w->name);
-                goto out;
-            }
-            if (nleased + n > cap_leased) {
-                cap_leased = (nleased + n) * 2 + 16;
-                uint32_t *l = realloc(leased, cap_leased * sizeof *l);
-                if (!l) {
-                    free(regs);
-                    s_fail(st, LL_STORE_EIO, "out of memory");
-                    goto out;
-                }
-                leased = l;
-            }
-            for (size_t k = 0; k < n; k++) {
-                if (ll_pool_lease(st->pool, &regs[k]) != 0) {
-                    s_fail(st, LL_STORE_EGONE,
-                           "'%s': payload region %u was reclaimed; its version is gone "
-                           "(re-save the payload)",
-                           w->name, (unsigned) regs[k].idx);
-                    free(regs);
-                    goto out;
-                }
-                leased[nleased++] = regs[k].idx;
-            }
-            free(regs);
-        }
-        prefs_json[i] = s_json_list(w->prefs, w->nprefs);
-        refs_json[i] = s_json_list(w->refs, w->nrefs);
-        vkeys[i] = s_key(st, "v:", w->name);
-        names[i] = w->name;
-        if (!prefs_json[i] || !refs_json[i] || !vkeys[i]) {
-            s_fail(st, LL_STORE_EINVAL, "'%s': names and refs must be valid UTF-8 text", w->name);
-            goto out;
-        }
-    }
-    for (size_t j = 0; j < ndeletes; j++) {
-        if (!deletes[j] || !*deletes[j] || !(vkeys[nwrites + j] = s_key(st, "v:", deletes[j]))) {
-            s_fail(st, LL_STORE_EINVAL, "bad name to delete");
-            goto out;
-        }
-    }
-    writes_json = s_json_list(names, nwrites);
-    deletes_json = s_json_list(deletes, ndeletes);
-    if (!writes_json || !deletes_json) {
-        s_fail(st, LL_STORE_EINVAL, "names must be valid UTF-8 text");
-        goto out;
-    }
-    unsigned char rnd[16];
-    char token[40];
-    if (getrandom(rnd, sizeof rnd, 0) != (ssize_t) sizeof rnd)
-        for (size_t i = 0; i < sizeof rnd; i++)
-            rnd[i] = (unsigned char) (rand() ^ getpid());
-    for (size_t i = 0; i < sizeof rnd; i++)
-        snprintf(token + 2 * i, 3, "%02x", rnd[i]);
-
-    /* Commit numbers at which an EXEC of ours may have run although its
-     * reply was lost with the connection.  Redis may even run it after we
-     * reconnected, so every later attempt first looks for our token there. */
-    uint64_t lost[8];
-    int nlost = 0;
-    bool landed = false;
-    for (int attempt = 0;; attempt++) {
-        if (attempt == 200) {
-            s_fail(st, LL_STORE_EIO, "commit kept conflicting with other commits; gave up");
-            goto out;
-        }
-        if (ll_redis_ensure(st->redis) != 0) {
-            s_redis_fail(st, "commit failed");
-            goto out;
-        }
-        for (int i = 0; i < nlost && !landed; i++) {
-            char lbuf[32];
-            snprintf(lbuf, sizeof lbuf, "%llu", (unsigned long long) lost[i]);
-            char *k = s_key(st, "c:", lbuf);
-            redisReply *t = k ? ll_redis_cmdf(st->redis, "HGET %s token", k) : NULL;
-            if (t && t->type == REDIS_REPLY_STRING && strcmp(t->str, token) == 0) {
-                landed = true;
-                *version = lost[i];
-                ll_info("store", "commit %llu ran although its reply was lost",
-                        (unsigned long long) lost[i]);
-            }
-            if (t)
-                freeReplyObject(t);
-            free(k);
-        }
-        if (landed)
-            break;
-        redisReply *r = ll_redis_cmdf(st->redis, "WATCH %s", k_seq);
-        if (!r || r->type == REDIS_REPLY_ERROR) {
-            if (r)
-                freeReplyObject(r);
-            s_redis_fail(st, "commit failed (WATCH)");
-            goto out;
-        }
-        freeReplyObject(r);
-        /* A reconnect after WATCH would silently drop it: start over. */
-        unsigned long watched_on = ll_redis_reconnects(st->redis);
-        r = ll_redis_cmdf(st->redis, "GET %s", k_seq);
-        if (!r) {
-            s_redis_fail(st, "commit failed (GET)");
-            goto out;
-        }
-        uint64_t cur = s_reply_u64(r);
-        freeReplyObject(r);
-        if (nbases > 0) {
-            if (s_args(&a, "HMGET") || s_args(&a, k_ver))
-                goto oom;
-            for (size_t i = 0; i < nbases; i++)
-                if (s_args(&a, bases[i].name))
-                    goto oom;
-            r = ll_redis_cmd(st->redis, a.argc, a.argv, a.lens);
-            a.argc = 0;
-            if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != nbases) {
-                if (r)
-                    freeReplyObject(r);
-                s_redis_fail(st, "commit failed (HMGET)");
-                goto out;
-            }
-            for (size_t i = 0; i < nbases; i++) {
-                uint64_t have = s_reply_u64(r->element[i]);
-                if (have != bases[i].version) {
-                    s_fail(st, LL_STORE_ECONFLICT,
-                           "'%s' is at version %llu, not %llu as the commit expected",
-                           bases[i].name, (unsigned long long) have,
-                           (unsigned long long) bases[i].version);
-                    freeReplyObject(r);
-                    r = ll_redis_cmdf(st->redis, "UNWATCH");
-                    if (r)
-                        freeReplyObject(r);
-                    goto out;
-                }
-            }
-            freeReplyObject(r);
-        }
-        if (ll_redis_reconnects(st->redis) != watched_on)
-            continue;
-        uint64_t next = cur + 1;
-        char vbuf[32], oldc[64];
-        snprintf(vbuf, sizeof vbuf, "%llu", (unsigned long long) next);
-        char *k_commit = s_key(st, "c:", vbuf);
-        char *k_old = NULL;
-        if (next > S_COMMIT_RECORDS_KEPT) {
-            snprintf(oldc, sizeof oldc, "%llu",
-                     (unsigned long long) (next - S_COMMIT_RECORDS_KEPT));
-            k_old = s_key(st, "c:", oldc);
-        }
-        if (!k_commit || (next > S_COMMIT_RECORDS_KEPT && !k_old)) {
-            free(k_commit);
-            free(k_old);
-            goto oom;
-        }
-        /* The transaction, pipelined: nothing reaches Redis before EXEC is
-         * queued except what hiredis flushes early (harmless: MULTI holds it). */
-        int sent = 0, bad = 0;
-        bad |= s_args(&a, "MULTI") || s_send(st, &a);
-        sent++;
-        for (size_t i = 0; i < nwrites && !bad; i++) {
-            const ll_store_write_t *w = &writes[i];
-            bad |= s_args(&a, "DEL") || s_args(&a, vkeys[i]) || s_send(st, &a);
-            bad |= s_args(&a, "HSET") || s_args(&a, vkeys[i]) || s_args(&a, "ver") ||
-                   s_args(&a, vbuf) || s_args(&a, "blob") ||
-                   s_arg(&a, w->blob ? w->blob : "", w->blob ? w->bloblen : 0) ||
-                   s_args(&a, "prefs") || s_args(&a, prefs_json[i]) || s_args(&a, "refs") ||
-                   s_args(&a, refs_json[i]) || s_args(&a, "cell") || s_args(&a, cell_id) ||
-                   s_send(st, &a);
-            sent += 2;
-        }
-        if (nwrites && !bad) {
-            bad |= s_args(&a, "HSET") || s_args(&a, k_ver);
-            for (size_t i = 0; i < nwrites && !bad; i++)
-                bad |= s_args(&a, writes[i].name) || s_args(&a, vbuf);
-            bad |= s_send(st, &a);
-            sent++;
-            /* The payload index: what reclamation reads (one HVALS). */
-            size_t with = 0;
-            for (size_t i = 0; i < nwrites; i++)
-                with += writes[i].nprefs > 0;
-            if (with && !bad) {
-                bad |= s_args(&a, "HSET") || s_args(&a, k_prefs);
-                for (size_t i = 0; i < nwrites && !bad; i++)
-                    if (writes[i].nprefs)
-                        bad |= s_args(&a, writes[i].name) || s_args(&a, prefs_json[i]);
-                bad |= s_send(st, &a);
-                sent++;
-            }
-            if (with < nwrites && !bad) {
-                bad |= s_args(&a, "HDEL") || s_args(&a, k_prefs);
-                for (size_t i = 0; i < nwrites && !bad; i++)
-                    if (!writes[i].nprefs)
-                        bad |= s_args(&a, writes[i].name);
-                bad |= s_send(st, &a);
-                sent++;
-            }
-        }
-        if (ndeletes && !bad) {
-            bad |= s_args(&a, "DEL");
-            for (size_t j = 0; j < ndeletes && !bad; j++)
-                bad |= s_args(&a, vkeys[nwrites + j]);
-            bad |= s_send(st, &a);
-            bad |= s_args(&a, "HDEL") || s_args(&a, k_ver);
-            for (size_t j = 0; j < ndeletes && !bad; j++)
-                bad |= s_args(&a, deletes[j]);
-            bad |= s_send(st, &a);
-            bad |= s_args(&a, "HDEL") || s_args(&a, k_prefs);
-            for (size_t j = 0; j < ndeletes && !bad; j++)
-                bad |= s_args(&a, deletes[j]);
-            bad |= s_send(st, &a);
-            sent += 3;
-        }
-        bad |= s_args(&a, "SET") || s_args(&a, k_seq) || s_args(&a, vbuf) || s_send(st, &a);
-        bad |= s_args(&a, "HSET") || s_args(&a, k_commit) || s_args(&a, "cell") ||
-               s_args(&a, cell_id) || s_args(&a, "token") || s_args(&a, token) ||
-               s_args(&a, "writes") || s_args(&a, writes_json) || s_args(&a, "deletes") ||
-               s_args(&a, deletes_json) || s_send(st, &a);
-        sent += 2;
-        if (k_old && !bad) {
-            bad |= s_args(&a, "DEL") || s_args(&a, k_old) || s_send(st, &a);
-            sent++;
-        }
-        free(k_old);
-        if (!bad)
-            s_fault("before_commit");
-        bad |= s_args(&a, "EXEC") || s_send(st, &a);
-        a.argc = 0;
-        if (!bad && s_fault_is("drop_after_exec"))
-            ll_redis_fault_drop(st->redis);
-        redisReply *exec = NULL;
-        if (!bad && s_drain(st, sent) == 0)
-            exec = ll_redis_reply(st->redis);
-        if (exec && s_fault_is("lose_exec_reply")) { /* it ran; pretend we never heard */
-            freeReplyObject(exec);
-            exec = NULL;
-            ll_redis_reset(st->redis);
-        }
-        if (!exec) {
-            /* The connection broke: did EXEC run?  The commit record says
-             * (checked at the top of the next attempt). */
-            free(k_commit);
-            if (bad) {
-                /* Nothing was sent, but half a transaction may sit in the
-                 * output buffer: throw the connection away, then retry. */
-                ll_redis_reset(st->redis);
-                continue;
-            }
-            if (nlost == (int) (sizeof lost / sizeof lost[0])) {
-                s_fail(st, LL_STORE_EIO, "commit failed: the connection to Redis keeps breaking");
-                goto out;
-            }
-            lost[nlost++] = next;
-            continue;
-        }
-        free(k_commit);
-        if (exec->type == REDIS_REPLY_NIL) { /* another commit won the race */
-            freeReplyObject(exec);
-            continue;
-        }
-        if (exec->type != REDIS_REPLY_ARRAY) {
-            s_fail(st, LL_STORE_EIO, "commit failed: Redis said %s",
-                   exec->type == REDIS_REPLY_ERROR ? exec->str : "something unexpected");
-            freeReplyObject(exec);
-            goto out;
-        }
-        for (size_t i = 0; i < exec->elements; i++)
-            if (exec->element[i]->type == REDIS_REPLY_ERROR) {
-                /* MULTI/EXEC does not roll back; an error here means Redis
-                 * refused a command (e.g. out of memory) */
-                s_fail(st, LL_STORE_EIO, "commit failed inside the transaction: %s",
-                       exec->element[i]->str);
-                freeReplyObject(exec);
-                goto out;
-            }
-        freeReplyObject(exec);
-        *version = next;
-        break;
-    }
-    s_fault("after_commit");
-    st->commits++;
-    /* Order matters (ll_pool.c DESIGN): epoch first, then drop leases. */
-    ll_pool_commit_done(st->pool);
-    for (size_t i = 0; i < nwrites; i++)
-        for (size_t j = 0; j < writes[i].nprefs; j++)
-            s_pending_release(st, writes[i].prefs[j]);
-    rc = 0;
-    goto out;
-oom:
-    s_fail(st, LL_STORE_EIO, "out of memory");
-out:
-    if (rc != 0 && st->redis && ll_redis_connected(st->redis)) {
-        /* Leave no WATCH behind on a connection we reuse (a broken one
-         * took its WATCH with it: no need to wait for a reconnect). */
-        redisReply *r = ll_redis_cmdf(st->redis, "UNWATCH");
-        if (r)
-            freeReplyObject(r);
-    }
-    for (size_t i = 0; i < nleased; i++)
-        ll_pool_unlease(st->pool, leased[i]);
-    free(leased);
-    for (size_t i = 0; i < nwrites + ndeletes && vkeys; i++)
-        free(vkeys[i]);
-    for (size_t i = 0; i < nwrites; i++) {
-        if (prefs_json)
-            free(prefs_json[i]);
-        if (refs_json)
-            free(refs_json[i]);
-    }
-    free(vkeys);
-    free(prefs_json);
-    free(refs_json);
-    free(names);
-    free(writes_json);
-    free(deletes_json);
-    free(a.argv);
-    free(a.lens);
-    free(k_seq);
-    free(k_ver);
-    free(k_prefs);
-    s_leave(st);
-    return rc;
-}
-
-/* ---- reads ---------------------------------------------------------- */
-
-void ll_store_entries_free(ll_store_entry_t *e, size_t n)
-{
-    if (!e)
-        return;
-    for (size_t i = 0; i < n; i++) {
-        free(e[i].name);
-        free(e[i].blob);
-        for (size_t k = 0; k < e[i].nprefs; k++)
-            free(e[i].prefs[k]);
-        free(e[i].prefs);
-        for (size_t k = 0; k < e[i].nrefs; k++)
-            free(e[i].refs[k]);
-        free(e[i].refs);
-    }
-    free(e);
-}
-
-/* One atomic read of NAMES: the EXEC reply (array of HMGET arrays). */
-static redisReply *s_fetch_raw(ll_store_t *st, const char *const *names, size_t n)
-{
-    for (int attempt = 0; attempt < 2; attempt++) {
-        if (ll_redis_ensure(st->redis) != 0)
-            return NULL;
-        s_args_t a = {0};
-        int bad = s_args(&a, "MULTI") || s_send(st, &a);
-        for (size_t i = 0; i < n && !bad; i++) {
-            char *k = s_key(st, "v:", names[i]);
-            bad |= !k || s_args(&a, "HMGET") || s_args(&a, k) || s_args(&a, "ver") ||
-                   s_args(&a, "blob") || s_args(&a, "prefs") || s_args(&a, "refs") ||
-                   s_send(st, &a);
-            free(k);
-        }
-        bad |= s_args(&a, "EXEC") || s_send(st, &a);
-        free(a.argv);
-        free(a.lens);
-        redisReply *exec = NULL;
-        if (!bad && s_drain(st, (int) n + 1) == 0)
-            exec = ll_redis_reply(st->redis);
-        if (exec)
-            return exec;
-        if (bad)
-            ll_redis_reset(st->redis); /* drop a half-queued transaction */
-    }
-    return NULL;
-}
-
-int ll_store_fetch(ll_store_t *st, const char *const *names, size_t nnames,
-                   ll_store_entry_t **entries, size_t *nentries)
-{
-    *entries = NULL;
-    *nentries = 0;
-    if (s_enter(st) != 0)
-        return -1;
-    int rc = -1;
-    ll_store_entry_t *out = calloc(nnames ? nnames : 1, sizeof *out);
-    size_t nout = 0;
-    redisReply *exec = NULL;
-    if (!out) {
-        s_fail(st, LL_STORE_EIO, "out of memory");
-        goto done;
-    }
-    if (nnames == 0) {
-        rc = 0;
-        goto done;
-    }
-    exec = s_fetch_raw(st, names, nnames);
-    if (!exec) {
-        s_redis_fail(st, "fetch failed");
-        goto done;
-    }
-    if (exec->type != REDIS_REPLY_ARRAY || exec->elements != nnames) {
-        s_fail(st, LL_STORE_EIO, "fetch failed: Redis said %s",
-               exec->type == REDIS_REPLY_ERROR ? exec->str : "something unexpected");
-        goto done;
-    }
-    for (size_t i = 0; i < nnames; i++) {
-        redisReply *e = exec->element[i];
-        if (e->type != REDIS_REPLY_ARRAY || e->elements != 4 ||
-            e->element[0]->type != REDIS_REPLY_STRING)
-            continue; /* not committed */
-        ll_store_entry_t *o = &out[nout];
-        o->version = s_reply_u64(e->element[0]);
-        o->name = strdup(names[i]);
-        redisReply *b = e->element[1], *pr = e->element[2], *rf = e->element[3];
-        if (b->type != REDIS_REPLY_STRING || pr->type != REDIS_REPLY_STRING ||
-            rf->type != REDIS_REPLY_STRING || !o->name) {
-            nout++;
-            s_fail(st, LL_STORE_EIO, "entry '%s' is damaged in Redis", names[i]);
-            goto done;
-        }
-        o->blob = malloc(b->len ? b->len : 1);
-        if (o->blob)
-            memcpy(o->blob, b->str, b->len);
-        o->bloblen = b->len;
-        nout++;
-        if (!o->blob || s_json_parse_list(pr->str, pr->len, &o->prefs, &o->nprefs) != 0 ||
-            s_json_parse_list(rf->str, rf->len, &o->refs, &o->nrefs) != 0) {
-            s_fail(st, LL_STORE_EIO, "entry '%s' is damaged in Redis", names[i]);
-            goto done;
-        }
-    }
-    rc = 0;
-done:
-    if (exec)
-        freeReplyObject(exec);
-    if (rc == 0) {
-        *entries = out;
-        *nentries = nout;
-    } else {
-        ll_store_entries_free(out, nout);
-    }
-    s_leave(st);
-    return rc;
-}
-
-int ll_store_versions(ll_store_t *st, char ***names, uint64_t **versions, size_t *n)
-{
-    *names = NULL;
-    *versions = NULL;
-    *n = 0;
-    if (s_enter(st) != 0)
-        return -1;
-    int rc = -1;
-    char *k = s_key(st, "ver", NULL);
-    redisReply *r = k ? ll_redis_cmdf(st->redis, "HGETALL %s", k) : NULL;
-    free(k);
-    if (!r) {
-        s_redis_fail(st, "versions failed");
-        goto out;
-    }
-    if (r->type != REDIS_REPLY_ARRAY || r->elements % 2) {
-        s_fail(st, LL_STORE_EIO, "versions failed: Redis said %s",
-               r->type == REDIS_REPLY_ERROR ? r->str : "something unexpected");
-        goto out;
-    }
-    size_t m = r->elements / 2;
-    *names = calloc(m ? m : 1, sizeof **names);
-    *versions = calloc(m ? m : 1, sizeof **versions);
-    if (!*names || !*versions) {
-        s_fail(st, LL_STORE_EIO, "out of memory");
-        goto out;
-    }
-    for (size_t i = 0; i < m; i++) {
-        (*names)[i] = strndup(r->element[2 * i]->str, r->element[2 * i]->len);
-        (*versions)[i] = s_reply_u64(r->element[2 * i + 1]);
-        *n = i + 1;
-        if (!(*names)[i]) {
-            s_fail(st, LL_STORE_EIO, "out of memory");
-            goto out;
-        }
-    }
-    rc = 0;
-out:
-    if (r)
-        freeReplyObject(r);
-    if (rc != 0) {
-        for (size_t i = 0; i < *n; i++)
-            free((*names)[i]);
-        free(*names);
-        free(*versions);
-        *names = NULL;
-        *versions = NULL;
-        *n = 0;
-    }
-    s_leave(st);
-    return rc;
-}
-
-int ll_store_last_commit(ll_store_t *st, uint64_t *version, char **cell_id)
-{
-    *version = 0;
-    *cell_id = NULL;
-    if (s_enter(st) != 0)
-        return -1;
-    int rc = -1;
-    char *k = s_key(st, "seq", NULL);
-    redisReply *r = k ? ll_redis_cmdf(st->redis, "GET %s", k) : NULL;
-    free(k);
-    if (!r) {
-        s_redis_fail(st, "last_commit failed");
-        goto out;
-    }
-    *version = s_reply_u64(r);
-    freeReplyObject(r);
-    if (*version) {
-        char vbuf[32];
-        snprintf(vbuf, sizeof vbuf, "%llu", (unsigned long long) *version);
-        k = s_key(st, "c:", vbuf);
-        r = k ? ll_redis_cmdf(st->redis, "HGET %s cell", k) : NULL;
-        free(k);
-        if (!r) {
-            s_redis_fail(st, "last_commit failed");
-            goto out;
-        }
-        if (r->type == REDIS_REPLY_STRING)
-            *cell_id = strndup(r->str, r->len);
-        freeReplyObject(r);
-    }
-    rc = 0;
-out:
-    s_leave(st);
-    return rc;
 }
 
 /* ---- reclamation ----------------------------------------------------- */
@@ -1867,7 +412,7 @@ out:
 static int s_mark_refs(void *ctx, uint64_t *mark, size_t nregions)
 {
     ll_store_t *st = ctx;
-    char *k = s_key(st, "prefs", NULL);
+    char *k = ll_store_key(st, "prefs", NULL);
     redisReply *vals = k ? ll_redis_cmdf(st->redis, "HVALS %s", k) : NULL;
     free(k);
     if (!vals || vals->type != REDIS_REPLY_ARRAY) {
@@ -1880,13 +425,14 @@ static int s_mark_refs(void *ctx, uint64_t *mark, size_t nregions)
         redisReply *r = vals->element[i];
         char **prefs;
         size_t np;
-        if (r->type != REDIS_REPLY_STRING || s_json_parse_list(r->str, r->len, &prefs, &np) != 0)
+        if (r->type != REDIS_REPLY_STRING ||
+            ll_store_json_parse_list(r->str, r->len, &prefs, &np) != 0)
             continue;
         for (size_t j = 0; j < np; j++) {
             size_t nb, n;
             uint64_t pool_id;
             ll_pool_region_t *regs;
-            if (s_ref_parse(prefs[j], &pool_id, &nb, &regs, &n) == 0) {
+            if (ll_store_ref_parse(prefs[j], &pool_id, &nb, &regs, &n) == 0) {
                 for (size_t q = 0; q < n && pool_id == ll_pool_id(st->pool); q++)
                     if (regs[q].idx < nregions)
                         mark[regs[q].idx] = regs[q].gen;
@@ -1900,60 +446,60 @@ static int s_mark_refs(void *ctx, uint64_t *mark, size_t nregions)
     return 0;
 }
 
-static int s_gc_locked(ll_store_t *st)
+int ll_store_gc_locked(ll_store_t *st)
 {
     char err[256];
     if (ll_redis_ensure(st->redis) != 0)
-        return s_redis_fail(st, "reclamation failed");
+        return ll_store_redis_fail(st, "reclamation failed");
     uint64_t epoch = ll_pool_epoch(st->pool);
     int freed = ll_pool_gc(st->pool, s_mark_refs, st, err, sizeof err);
     st->gc_epoch = epoch;
     st->gc_runs++;
     if (freed < 0)
-        return s_fail(st, LL_STORE_EIO, "reclamation failed: %s (%s)", err,
-                      ll_redis_errstr(st->redis));
+        return ll_store_fail(st, LL_STORE_EIO, "reclamation failed: %s (%s)", err,
+                             ll_redis_errstr(st->redis));
     st->reclaimed += (uint64_t) freed;
     return freed;
 }
 
 int ll_store_set_reserve(ll_store_t *st, long long nbytes)
 {
-    if (s_enter(st) != 0)
+    if (ll_store_enter(st) != 0)
         return -1;
     st->reserve_opt = nbytes;
-    s_reserve_update(st);
-    s_leave(st);
+    ll_store_reserve_update(st);
+    ll_store_leave(st);
     return 0;
 }
 
 long long ll_store_prefault(ll_store_t *st, size_t nbytes)
 {
-    if (s_enter(st) != 0)
+    if (ll_store_enter(st) != 0)
         return -1;
-    size_t n = ll_pool_prefault(st->pool, (nbytes + S_R - 1) / S_R);
-    s_leave(st);
-    return (long long) (n * S_R);
+    size_t n = ll_pool_prefault(st->pool, (nbytes + LL_STORE_R - 1) / LL_STORE_R);
+    ll_store_leave(st);
+    return (long long) (n * LL_STORE_R);
 }
 
 int ll_store_gc(ll_store_t *st)
 {
-    if (s_enter(st) != 0)
+    if (ll_store_enter(st) != 0)
         return -1;
-    int rc = s_gc_locked(st);
-    s_leave(st);
+    int rc = ll_store_gc_locked(st);
+    ll_store_leave(st);
     return rc;
 }
 
 int ll_store_delete_session(ll_store_t *st)
 {
-    if (s_enter(st) != 0)
+    if (ll_store_enter(st) != 0)
         return -1;
     int rc = -1;
     /* Session ids are [A-Za-z0-9._-]: nothing to escape in the pattern. */
-    char *pattern = s_key(st, "*", NULL);
+    char *pattern = ll_store_key(st, "*", NULL);
     char cursor[32] = "0";
     if (!pattern) {
-        s_fail(st, LL_STORE_EIO, "out of memory");
+        ll_store_fail(st, LL_STORE_EIO, "out of memory");
         goto out;
     }
     do {
@@ -1961,37 +507,36 @@ int ll_store_delete_session(ll_store_t *st)
         if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
             if (r)
                 freeReplyObject(r);
-            s_redis_fail(st, "delete_session failed");
+            ll_store_redis_fail(st, "delete_session failed");
             goto out;
         }
         snprintf(cursor, sizeof cursor, "%s", r->element[0]->str);
         redisReply *keys = r->element[1];
         if (keys->elements > 0) {
-            s_args_t a = {0};
-            int bad = s_args(&a, "UNLINK");
+            ll_redis_argv_t a = {0};
+            int bad = ll_redis_arg(&a, "UNLINK");
             for (size_t i = 0; i < keys->elements && !bad; i++)
-                bad |= s_arg(&a, keys->element[i]->str, keys->element[i]->len);
+                bad |= ll_redis_argn(&a, keys->element[i]->str, keys->element[i]->len);
             redisReply *d = bad ? NULL : ll_redis_cmd(st->redis, a.argc, a.argv, a.lens);
-            free(a.argv);
-            free(a.lens);
+            ll_redis_argv_free(&a);
             if (!d) {
                 freeReplyObject(r);
-                s_redis_fail(st, "delete_session failed");
+                ll_store_redis_fail(st, "delete_session failed");
                 goto out;
             }
             freeReplyObject(d);
         }
         freeReplyObject(r);
     } while (strcmp(cursor, "0") != 0);
-    s_pending_release_all(st);
+    ll_store_pending_release_all(st);
     if (ll_pool_unlink(st->pool) != 0) {
-        s_fail(st, LL_STORE_EIO, "cannot remove the pool file: %s", strerror(errno));
+        ll_store_fail(st, LL_STORE_EIO, "cannot remove the pool file: %s", strerror(errno));
         goto out;
     }
     rc = 0;
 out:
     free(pattern);
-    s_leave(st);
+    ll_store_leave(st);
     return rc;
 }
 
@@ -2024,120 +569,8 @@ void ll_store_stats(ll_store_t *st, ll_store_stats_t *out)
         }                                                                                     \
     } while (0)
 
-/* The page-kind choice on made-up hosts (the real one has no huge pages). */
-static int s_kind_selftest(void)
-{
-    const unsigned long long G = 1024ULL * 1024; /* kB */
-    const size_t pool = (size_t) 11 << 30;       /* 5632 huge pages */
-    char why[768];
-    struct {
-        s_host_t h;
-        bool owner;
-        const char *knob;
-        int want;
-        const char *why_has;
-    } cases[] = {
-        /* This host as found: nothing. */
-        {{.hp_kb = 2048, .avail_kb = 20 * G, .shmem_enabled = "never"},
-         true,
-         NULL,
-         S_KIND_SHM_FILE,
-         "4k: 0 huge pages"},
-        /* Surplus room counts, for the owner's memfd... */
-        {{.hp_kb = 2048, .hp_overcommit = 6000, .avail_kb = 20 * G, .shmem_enabled = "never"},
-         true,
-         NULL,
-         S_KIND_MEMFD_HUGETLB,
-         "6000 huge pages"},
-        {{.hp_kb = 2048, .hp_overcommit = 6000, .avail_kb = 20 * G},
-         true,
-         "auto",
-         S_KIND_MEMFD_HUGETLB,
-         "hugetlb (memfd)"},
-        /* ...not for others without a hugetlbfs mount (a memfd dies with its maker). */
-        {{.hp_kb = 2048, .hp_overcommit = 6000, .avail_kb = 20 * G},
-         false,
-         NULL,
-         S_KIND_SHM_FILE,
-         "4k"},
-        {{.hp_kb = 2048, .hp_overcommit = 6000, .avail_kb = 20 * G, .hugetlbfs_dir = "/mnt/h"},
-         false,
-         NULL,
-         S_KIND_HUGETLBFS,
-         "/mnt/h"},
-        /* Surplus pages in use are not room; nor is memory that is not there. */
-        {{.hp_kb = 2048, .hp_overcommit = 6000, .hp_surp = 1000, .avail_kb = 20 * G},
-         true,
-         NULL,
-         S_KIND_SHM_FILE,
-         "5000 huge pages"},
-        {{.hp_kb = 2048, .hp_overcommit = 6000, .avail_kb = 8 * G},
-         true,
-         NULL,
-         S_KIND_SHM_FILE,
-         "4096 huge pages"},
-        /* Free persistent pages count, less those promised to mappings. */
-        {{.hp_kb = 2048, .hp_free = 6000, .hp_rsvd = 1000, .avail_kb = G},
-         true,
-         NULL,
-         S_KIND_SHM_FILE,
-         "5000 huge pages"},
-        {{.hp_kb = 2048, .hp_free = 3000, .hp_overcommit = 3000, .avail_kb = 20 * G},
-         true,
-         NULL,
-         S_KIND_MEMFD_HUGETLB,
-         "6000 huge pages"},
-        /* 1 GiB pages do not fit 2 MiB regions. */
-        {{.hp_kb = G, .hp_free = 20, .avail_kb = 20 * G},
-         true,
-         NULL,
-         S_KIND_SHM_FILE,
-         "not 2 MiB pages"},
-        /* shmem THP for the owner's memfd, or /dev/shm mounted with huge=. */
-        {{.hp_kb = 2048, .avail_kb = 20 * G, .shmem_enabled = "advise"},
-         true,
-         NULL,
-         S_KIND_MEMFD_THP,
-         "thp (memfd"},
-        {{.hp_kb = 2048, .avail_kb = 20 * G, .shmem_enabled = "advise"},
-         false,
-         NULL,
-         S_KIND_SHM_FILE,
-         "4k"},
-        {{.hp_kb = 2048, .avail_kb = 20 * G, .dev_shm_thp = true},
-         false,
-         NULL,
-         S_KIND_SHM_FILE,
-         "thp (/dev/shm"},
-        /* The knob. */
-        {{.hp_kb = 2048, .hp_overcommit = 6000, .avail_kb = 20 * G},
-         true,
-         "4k",
-         S_KIND_SHM_FILE,
-         "LL_STORE_PAGE_KIND=4k"},
-        {{.hp_kb = 2048, .avail_kb = 20 * G},
-         true,
-         "hugetlb",
-         S_KIND_MEMFD_HUGETLB,
-         "LL_STORE_PAGE_KIND=hugetlb"},
-        {{.hp_kb = 2048, .avail_kb = 20 * G}, false, "hugetlb", -1, "only the session's owner"},
-        {{.hp_kb = 2048, .avail_kb = 20 * G}, true, "huge", -1, "must be auto, hugetlb or 4k"},
-    };
-    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        int k = s_choose_kind(&cases[c].h, pool, cases[c].owner, cases[c].knob, why, sizeof why);
-        if (k != cases[c].want || !strstr(why, cases[c].why_has)) {
-            fprintf(stderr, "ll_store selftest: page kind case %zu: got %d (%s), want %d (%s)\n", c,
-                    k, why, cases[c].want, cases[c].why_has);
-            return -1;
-        }
-    }
-    return 0;
-}
-
 int ll_store_selftest(bool verbose)
 {
-    if (s_kind_selftest() != 0)
-        return 1;
     char dir[] = "/tmp/ll-store-selftest-XXXXXX", err[512];
     ll_store_t *st = NULL;
     ll_store_entry_t *e = NULL;
@@ -2151,7 +584,7 @@ int ll_store_selftest(bool verbose)
     }
     char pool_path[128];
     snprintf(pool_path, sizeof pool_path, "/dev/shm/ll-store-selftest-%d.pool", (int) getpid());
-    ll_store_opts_t opts = {.pool_bytes = 8 * S_R, .pool_path = pool_path};
+    ll_store_opts_t opts = {.pool_bytes = 8 * LL_STORE_R, .pool_path = pool_path};
     st = ll_store_open(dir, "bad session!", &opts, err, sizeof err);
     S_CHECK(!st && strstr(err, "session id"));
     st = ll_store_open(dir, "selftest", &opts, err, sizeof err);
@@ -2160,16 +593,16 @@ int ll_store_selftest(bool verbose)
     S_CHECK(st);
     S_CHECK(st->redis_owned);
     /* A 3-region payload, then the same with one byte changed in region 1. */
-    size_t len = 2 * S_R + 100, written;
+    size_t len = 2 * LL_STORE_R + 100, written;
     char *buf = malloc(len);
     S_CHECK(buf);
     for (size_t i = 0; i < len; i++)
         buf[i] = (char) (i * 7);
     ref1 = ll_store_put(st, buf, len, NULL, NULL, &written);
     S_CHECK(ref1 && written == len && ll_store_ref_nbytes(ref1) == (long long) len);
-    buf[S_R + 5] ^= 1;
+    buf[LL_STORE_R + 5] ^= 1;
     ref2 = ll_store_put(st, buf, len, ref1, NULL, &written);
-    S_CHECK(ref2 && written == S_R);
+    S_CHECK(ref2 && written == LL_STORE_R);
     S_CHECK(ll_store_put(st, buf, len, "P1/zz", NULL, &written) == NULL &&
             st->errkind == LL_STORE_EINVAL);
     const char *prefs[] = {ref2};

@@ -42,7 +42,8 @@ typedef struct {
 #define LL_STORE_RESERVE_OWNER_MIN ((size_t) 256 << 20)
 #define LL_STORE_RESERVE_MAX       ((size_t) 2 << 30)
 
-/* Open session SESSION of RUNTIME_DIR.  Returns NULL with a reason in ERR. */
+/* Open session SESSION of RUNTIME_DIR.  Returns a store the caller destroys
+ * (ll_store_destroy), or NULL with a reason in ERR. */
 ll_store_t *ll_store_open(const char *runtime_dir, const char *session, const ll_store_opts_t *opts,
                           char *err, size_t errlen);
 
@@ -59,7 +60,8 @@ int ll_store_page_kind_choice(size_t pool_bytes, bool owner, char kind[16], char
 /* Release leases, stop an owned redis-server, free; nulls *STORE_P. */
 void ll_store_destroy(ll_store_t **store_p);
 
-/* The last failure of a call on STORE. */
+/* The last failure of a call on STORE (the store's buffer: read it before
+ * the next call). */
 const char *ll_store_errstr(ll_store_t *store);
 int ll_store_errkind(ll_store_t *store);
 
@@ -75,7 +77,8 @@ char *ll_store_put(ll_store_t *store, const void *data, size_t len, const char *
 /* Give back an uncommitted payload.  0, or -1 when REF is not pending. */
 int ll_store_discard(ll_store_t *store, const char *ref);
 
-/* Map a payload (see ll_pool_map).  NULL on failure. */
+/* Map a payload (see ll_pool_map).  Returns a mapping the caller unmaps
+ * (ll_pool_unmap; it may outlive the store), or NULL on failure. */
 ll_pool_map_t *ll_store_map(ll_store_t *store, const char *ref, bool writable);
 
 /* Length of the payload a ref names, or -1 if REF is malformed. */
@@ -124,10 +127,12 @@ int ll_store_fetch(ll_store_t *store, const char *const *names, size_t nnames,
                    ll_store_entry_t **entries, size_t *nentries);
 void ll_store_entries_free(ll_store_entry_t *entries, size_t n);
 
-/* Every committed name with its version: parallel malloc'd arrays. */
+/* Every committed name with its version: parallel malloc'd arrays of *N
+ * entries; the caller frees each name and both arrays.  0 or -1. */
 int ll_store_versions(ll_store_t *store, char ***names, uint64_t **versions, size_t *n);
 
-/* Newest commit: version and cell id (malloc'd, NULL when none). */
+/* Newest commit: version and cell id (malloc'd, the caller frees; NULL
+ * when none).  0 or -1. */
 int ll_store_last_commit(ll_store_t *store, uint64_t *version, char **cell_id);
 
 /* Back and prefault up to NBYTES of free pool space in this process ahead
@@ -157,7 +162,8 @@ typedef struct {
     const char *redis_url;
     bool redis_owned; /* this store started the redis-server */
 } ll_store_stats_t;
-/* (The reserve: pool.reserve_target and pool.reserve_ready, in regions.) */
+/* (The reserve: pool.reserve_target and pool.reserve_ready, in regions.)
+ * The strings in *OUT are the store's: valid while it is open. */
 void ll_store_stats(ll_store_t *store, ll_store_stats_t *out);
 
 /* The _llstore module's init function (ll_store_py.c), for

@@ -50,7 +50,7 @@ _sid = [0]
 _results = []
 _targets = []  # (what, value text, met)
 _floor = {}  # "1": backing NBYTES on one thread, "n": spread over the copy threads (seconds)
-COPY_THREADS = min(os.cpu_count() or 1, 4)  # as store/ll_store.c S_MAX_THREADS
+COPY_THREADS = min(os.cpu_count() or 1, 4)  # as store/ll_store_put.c S_MAX_THREADS
 POOL_BYTES = 3 * GIB
 # The pool every store of the bench uses: what a kernel (the session's owner, which may make a memfd) would
 # get on this host.  The bench's stores share one redis-server, so none is the owner: the path is explicit.

@@ -1,0 +1,566 @@
+/* ll_store_put: writing payloads into the pool (put), giving back an
+ * uncommitted one (discard) and mapping one for reading (map).  Runs on
+ * the caller's thread under the store's mutex; a large put's copy and
+ * hashing run on up to S_MAX_THREADS threads of its own.
+ *
+ * A put writes new regions (leased by this process until a commit lists
+ * the ref, see ll_store_ref.c), and with a base shares each region whose
+ * hash is unchanged.  Copies and hashes of large payloads run on up to 4
+ * threads: each thread backs a fresh region (ll_pool_back) right before it
+ * copies into it, unless this process prefaulted it already (the reserve,
+ * ll_pool_reserve.c, does so between saves, and allocation prefers those
+ * regions), so the copy runs at memcpy speed and a second thread helps
+ * (MEASURED.md: 15 -> 28 GB/s); each 64 KiB piece is hashed right after it
+ * is copied, while it is still in cache. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/ll_clock.h"
+#include "base/ll_log.h"
+#include "store/ll_hash.h"
+#include "store/ll_store_internal.h"
+
+#define S_PARALLEL_MIN ((size_t) 32 << 20) /* below this one thread copies */
+#define S_MAX_THREADS  4
+#define S_SAMPLE_MIN   16 /* candidate regions: below this, always hash first */
+#define S_SAMPLES      4  /* candidates hashed to choose copy-first */
+#define S_GC_MIN_GAIN  8  /* regions: reclaim before a put when it may save this many faults */
+
+/* ---- parallel copy/hash ---------------------------------------------- */
+
+typedef struct {
+    void (*fn)(void *ctx, size_t i);
+    void *ctx;
+    size_t n;
+    _Atomic size_t next;
+} s_par_t;
+
+static void *s_par_worker(void *arg)
+{
+    s_par_t *p = arg;
+    for (size_t i; (i = atomic_fetch_add(&p->next, 1)) < p->n;)
+        p->fn(p->ctx, i);
+    return NULL;
+}
+
+/* Run FN(CTX, i) for i < N, on several threads when BYTES is large. */
+static void s_parallel(size_t n, size_t bytes, void (*fn)(void *, size_t), void *ctx)
+{
+    s_par_t p = {fn, ctx, n, 0};
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int nthreads =
+        bytes >= S_PARALLEL_MIN && n > 1 ? (int) (ncpu < S_MAX_THREADS ? ncpu : S_MAX_THREADS) : 1;
+    pthread_t th[S_MAX_THREADS];
+    int started = 0;
+    for (int t = 1; t < nthreads; t++)
+        if (pthread_create(&th[started], NULL, s_par_worker, &p) == 0)
+            started++;
+    s_par_worker(&p);
+    for (int t = 0; t < started; t++)
+        pthread_join(th[t], NULL);
+}
+
+/* One put: what its copy/hash threads read (the first block), and its own
+ * state, touched only by the thread that runs the put. */
+typedef struct {
+    const char *src;
+    size_t len;
+    ll_pool_region_t *regs; /* the new payload's regions */
+    ll_pool_region_t *base; /* base regions (hash compared; owned), or NULL */
+    char *reuse;            /* per region: 1 when shared with base */
+    char *cand;             /* per region: base region leased, compare */
+    void **dst;             /* per region: where to copy (new ones) */
+    ll_pool_t *pool;        /* backs new regions right before their copy */
+    int *backerr;           /* per region: errno of a failed backing */
+
+    ll_store_t *st;
+    size_t n;        /* regions of the payload */
+    size_t bn, bnb;  /* regions and bytes of the base (bn 0: nothing to share) */
+    uint8_t *bl;     /* per region: base region leased by this put */
+    uint32_t *held;  /* the payload's region indices, for the pending list */
+    size_t *cidx;    /* candidate indices, for sampling */
+    size_t ncand;    /* entries in cidx */
+    bool copy_first; /* copy every candidate, compare hashes after */
+    bool tried_gc;   /* this allocation round reclaimed already */
+    size_t nwritten; /* bytes copied into fresh regions */
+    bool done;       /* leases handed to the pending list */
+} s_put_t;
+
+static size_t s_chunk(size_t len, size_t i)
+{
+    size_t off = i * LL_STORE_R;
+    return len - off < LL_STORE_R ? len - off : LL_STORE_R;
+}
+
+static void s_hash_cmp(void *ctx, size_t i)
+{
+    s_put_t *p = ctx;
+    if (!p->cand[i])
+        return;
+    uint64_t h = ll_hash(p->src + i * LL_STORE_R, s_chunk(p->len, i));
+    if (h == p->base[i].hash)
+        p->reuse[i] = 1;
+}
+
+static void s_copy_hash(void *ctx, size_t i)
+{
+    s_put_t *p = ctx;
+    if (p->reuse[i])
+        return;
+    int rc = ll_pool_back(p->pool, p->regs[i].idx);
+    if (rc != 0) {
+        p->backerr[i] = rc;
+        return;
+    }
+    p->regs[i].hash = ll_hash_copy(p->dst[i], p->src + i * LL_STORE_R, s_chunk(p->len, i));
+}
+
+/* Give back fresh region I of a put (allocated, not yet committed): its
+ * bytes may be half written, which no reader can see. */
+static void s_put_free_new(s_put_t *p, size_t i)
+{
+    if (!p->dst[i])
+        return;
+    ll_pool_free_unwritten(p->pool, &p->regs[i]);
+    ll_pool_unlease(p->pool, p->regs[i].idx);
+    p->dst[i] = NULL;
+}
+
+/* Give back base region I, leased as a candidate that turned out changed. */
+static void s_put_unlease_base(s_put_t *p, size_t i)
+{
+    ll_pool_unlease(p->pool, p->base[i].idx);
+    p->bl[i] = 0;
+}
+
+/* ---- the decisions (pure) --------------------------------------------- */
+
+/* Whether to reclaim before allocating NEED fresh regions, when prefaulted
+ * regions may have become garbage since the last reclamation.  First touch
+ * of a region costs about 1 ms with 4 KiB pages (MEASURED.md; ~10x less
+ * with huge pages), a reclamation about 1 us per variable it reads from
+ * Redis (GC_VARS last time).  The regions it may save from first touch are
+ * those beyond the free prefaulted ones (FREE_WARM, less the RESERVE's
+ * share: those are kept for new data, and garbage reclaimed now saves
+ * refilling them), at most the prefaulted ones that are allocated but
+ * unleased (IDLE_WARM).  Counted in variables, not measured in time, so the
+ * choice does not flip with the machine's load. */
+static bool s_gc_pays(size_t need, size_t free_warm, size_t idle_warm, size_t reserve, bool four_k,
+                      size_t gc_vars)
+{
+    free_warm = free_warm > reserve ? free_warm - reserve : 0;
+    size_t gain = need > free_warm ? need - free_warm : 0;
+    if (gain > idle_warm)
+        gain = idle_warm;
+    size_t vars_per_region = four_k ? 1000 : 100;
+    return gain >= S_GC_MIN_GAIN && gain * vars_per_region >= gc_vars + 64;
+}
+
+/* ---- the phases of a put ---------------------------------------------- */
+
+/* The put's tables for N regions.  0, or -1 (out of memory; what was
+ * allocated is freed by s_put_end). */
+static int s_put_init(s_put_t *p)
+{
+    size_t m = p->n ? p->n : 1;
+    p->regs = calloc(m, sizeof *p->regs);
+    p->reuse = calloc(m, 1);
+    p->cand = calloc(m, 1);
+    p->dst = calloc(m, sizeof *p->dst);
+    p->backerr = calloc(m, sizeof *p->backerr);
+    p->bl = calloc(m, 1);
+    p->held = malloc(m * sizeof *p->held);
+    p->cidx = malloc(m * sizeof *p->cidx);
+    return p->regs && p->reuse && p->cand && p->dst && p->backerr && p->bl && p->held && p->cidx
+               ? 0
+               : -1;
+}
+
+/* Check the arguments and parse the base.  A base in a pool that no
+ * longer exists shares nothing.  0, or -1 with the reason recorded. */
+static int s_put_check(s_put_t *p, const char *base_ref, const uint8_t *dirty)
+{
+    ll_store_t *st = p->st;
+    uint64_t base_pool = 0;
+    if (base_ref && ll_store_ref_parse(base_ref, &base_pool, &p->bnb, &p->base, &p->bn) != 0)
+        return ll_store_fail(st, LL_STORE_EINVAL, "base is not a payload ref: %.80s", base_ref);
+    if (base_ref && base_pool != ll_pool_id(st->pool))
+        p->bn = 0;
+    if (p->n > ll_pool_nregions(st->pool))
+        return ll_store_fail(st, LL_STORE_EFULL,
+                             "payload pool full: a payload of %zu bytes is larger than the "
+                             "whole pool (%zu bytes)",
+                             p->len, ll_pool_nregions(st->pool) * LL_STORE_R);
+    if (dirty && (!base_ref || p->bnb != p->len))
+        return ll_store_fail(st, LL_STORE_EINVAL,
+                             "dirty regions need a base payload of the same length");
+    return 0;
+}
+
+/* Lease the base regions that could be shared: same index, same length.
+ * One that was reclaimed meanwhile is simply written anew.  A region the
+ * caller says is clean (DIRTY says so) is shared without hashing; the
+ * others become candidates, to be compared by hash. */
+static void s_put_lease_base(s_put_t *p, const uint8_t *dirty)
+{
+    for (size_t i = 0; i < p->n && i < p->bn; i++) {
+        if (s_chunk(p->len, i) != s_chunk(p->bnb, i))
+            continue;
+        if (ll_pool_lease(p->pool, &p->base[i]) != 0)
+            continue;
+        p->bl[i] = 1;
+        if (dirty && !dirty[i]) {
+            p->reuse[i] = 1;
+        } else {
+            p->cand[i] = 1;
+            p->cidx[p->ncand++] = i;
+        }
+    }
+}
+
+/* Hashing every candidate before copying the changed ones costs a second
+ * pass over memory (~40% of a save when everything changed).  So hash a
+ * few candidates spread over the payload first: when none of them is
+ * unchanged, assume a rewrite and copy every candidate, hashing as it
+ * copies, and share the (rare) region that turns out unchanged afterwards,
+ * giving its fresh copy back (s_put_settle).  Otherwise hash first, copy
+ * what changed.  Returns whether to copy first. */
+static bool s_put_sample(s_put_t *p)
+{
+    if (p->ncand < S_SAMPLE_MIN)
+        return false;
+    size_t same = 0;
+    for (size_t s = 0; s < S_SAMPLES; s++) {
+        size_t i = p->cidx[s * p->ncand / S_SAMPLES];
+        p->cand[i] = 0;
+        if (ll_hash(p->src + i * LL_STORE_R, s_chunk(p->len, i)) == p->base[i].hash) {
+            p->reuse[i] = 1;
+            same++;
+        } else {
+            s_put_unlease_base(p, i);
+        }
+    }
+    return same == 0;
+}
+
+/* Hash every remaining candidate; share the unchanged ones, give back the
+ * leases of the others.  No candidate is left. */
+static void s_put_hash_first(s_put_t *p)
+{
+    size_t to_hash = 0;
+    for (size_t i = 0; i < p->n; i++)
+        to_hash += p->cand[i] ? s_chunk(p->len, i) : 0;
+    if (to_hash)
+        s_parallel(p->n, to_hash, s_hash_cmp, p);
+    for (size_t i = 0; i < p->n; i++) {
+        if (p->cand[i] && !p->reuse[i])
+            s_put_unlease_base(p, i);
+        p->cand[i] = 0;
+    }
+}
+
+/* Before allocating: reclaim when a commit happened since the last
+ * reclamation and s_gc_pays says so.  A failed reclamation is logged and
+ * forgotten (the put goes on without it).  Starts an allocation round. */
+static void s_put_gc_first(s_put_t *p)
+{
+    ll_store_t *st = p->st;
+    p->tried_gc = false;
+    size_t need = 0;
+    for (size_t i = 0; i < p->n; i++)
+        need += !p->reuse[i];
+    if (need == 0 || ll_pool_epoch(st->pool) == st->gc_epoch)
+        return;
+    size_t free_warm, idle_warm;
+    ll_pool_warm_counts(st->pool, &free_warm, &idle_warm);
+    bool four_k = strcmp(ll_pool_page_kind(st->pool), "4k") == 0;
+    if (!s_gc_pays(need, free_warm, idle_warm, st->reserve_regions, four_k, st->gc_vars))
+        return;
+    p->tried_gc = true;
+    if (ll_store_gc_locked(st) < 0)
+        ll_debug("store", "%s", st->err);
+    st->err[0] = 0;
+    st->errkind = LL_STORE_OK;
+}
+
+/* Allocate every region to write; a full pool first tries reclamation
+ * (once per round).  0; 1 when copying first found no room for the
+ * unchanged regions too: everything taken is given back, copy_first is
+ * off, and the caller hashes first and tries again; -1 with the reason
+ * recorded. */
+static int s_put_alloc(s_put_t *p)
+{
+    ll_store_t *st = p->st;
+    for (size_t i = 0; i < p->n; i++) {
+        if (p->reuse[i])
+            continue;
+        int kind;
+        char err[512];
+        while (ll_pool_alloc_unbacked(st->pool, &p->regs[i], &p->dst[i], &kind, err, sizeof err) !=
+               0) {
+            p->dst[i] = NULL;
+            if (kind == LL_POOL_EFULL && !p->tried_gc) {
+                p->tried_gc = true;
+                if (ll_store_gc_locked(st) > 0)
+                    continue;
+            }
+            if (kind == LL_POOL_EFULL && p->copy_first) {
+                for (size_t j = 0; j < i; j++)
+                    s_put_free_new(p, j);
+                p->nwritten = 0;
+                p->copy_first = false;
+                return 1;
+            }
+            return ll_store_fail(st, kind == LL_POOL_EFULL ? LL_STORE_EFULL : LL_STORE_EIO,
+                                 "%s (payload of %zu bytes)", err, p->len);
+        }
+        p->nwritten += s_chunk(p->len, i);
+    }
+    return 0;
+}
+
+/* After the copy: a region that could not be backed (no memory, no more
+ * huge pages) makes the put fail as a full pool.  0 or -1. */
+static int s_put_check_backing(s_put_t *p)
+{
+    for (size_t i = 0; i < p->n; i++) {
+        if (!p->backerr[i])
+            continue;
+        bool huge = strcmp(ll_pool_page_kind(p->pool), "hugetlb") == 0;
+        return ll_store_fail(
+            p->st, LL_STORE_EFULL,
+            "payload pool full: cannot back a 2 MiB region of the pool: %s "
+            "(payload of %zu bytes)%s",
+            strerror(p->backerr[i]), p->len,
+            huge ? "; no more huge pages (HugePages_Free, vm.nr_overcommit_hugepages, free "
+                   "memory)"
+                 : "");
+    }
+    return 0;
+}
+
+/* Copied first: a candidate whose fresh copy hashes as its base region is
+ * shared after all, its copy given back.  Returns how many were. */
+static size_t s_put_settle(s_put_t *p)
+{
+    size_t late_same = 0;
+    for (size_t i = 0; i < p->n; i++) {
+        if (!p->cand[i])
+            continue;
+        p->cand[i] = 0;
+        if (p->regs[i].hash == p->base[i].hash) {
+            s_put_free_new(p, i);
+            p->nwritten -= s_chunk(p->len, i);
+            p->reuse[i] = 1;
+            late_same++;
+        } else {
+            s_put_unlease_base(p, i);
+        }
+    }
+    return late_same;
+}
+
+/* The payload's ref (malloc'd, the caller's), held as pending with every
+ * lease this put kept; or NULL (out of memory, nothing handed over). */
+static char *s_put_finish(s_put_t *p)
+{
+    ll_store_t *st = p->st;
+    for (size_t i = 0; i < p->n; i++) {
+        if (p->reuse[i])
+            p->regs[i] = p->base[i];
+        p->held[i] = p->regs[i].idx;
+    }
+    char *ref = ll_store_ref_format(ll_pool_id(st->pool), p->len, p->regs, p->n);
+    char *ref_copy = ref ? strdup(ref) : NULL;
+    if (!ref_copy) {
+        free(ref);
+        ll_store_fail(st, LL_STORE_EIO, "out of memory");
+        return NULL;
+    }
+    /* If this exact payload is already pending (same regions, all shared),
+     * the new hold simply stacks on the old one. */
+    ll_store_pending_add(st, ref_copy, p->held, p->n);
+    p->held = NULL;
+    p->done = true;
+    st->puts++;
+    st->bytes_written += p->nwritten;
+    st->bytes_shared += p->len - p->nwritten;
+    return ref;
+}
+
+/* Free the put's tables; a put that failed first gives back every lease
+ * it took and every fresh region it allocated (unwritten as far as any
+ * commit knows). */
+static void s_put_end(s_put_t *p)
+{
+    if (!p->done && p->bl && p->dst) {
+        for (size_t i = 0; i < p->n; i++) {
+            if (p->bl[i])
+                ll_pool_unlease(p->pool, p->base[i].idx);
+            s_put_free_new(p, i);
+        }
+    }
+    free(p->held);
+    free(p->cidx);
+    free(p->bl);
+    free(p->base);
+    free(p->regs);
+    free(p->reuse);
+    free(p->cand);
+    free(p->dst);
+    free(p->backerr);
+}
+
+/* ---- put / discard / map ----------------------------------------------- */
+
+char *ll_store_put(ll_store_t *st, const void *data, size_t len, const char *base_ref,
+                   const uint8_t *dirty, size_t *written)
+{
+    if (ll_store_enter(st) != 0)
+        return NULL;
+    s_put_t p = {.src = data, .len = len, .pool = st->pool, .st = st};
+    p.n = (len + LL_STORE_R - 1) / LL_STORE_R;
+    char *ref = NULL;
+    ll_pool_reserve_hold(st->pool, true); /* the copy gets the CPUs, not the reserve */
+    if (s_put_init(&p) != 0) {
+        ll_store_fail(st, LL_STORE_EIO, "out of memory");
+        goto out;
+    }
+    if (s_put_check(&p, base_ref, dirty) != 0)
+        goto out;
+    s_put_lease_base(&p, dirty);
+    double ts0 = ll_clock_ms(), ts1, ts2, ts3;
+    p.copy_first = s_put_sample(&p);
+    for (;;) {
+        if (!p.copy_first)
+            s_put_hash_first(&p);
+        ts1 = ll_clock_ms();
+        s_put_gc_first(&p);
+        int rc = s_put_alloc(&p);
+        if (rc < 0)
+            goto out;
+        if (rc == 0)
+            break;
+    }
+    ts2 = ll_clock_ms();
+    /* Fresh regions are backed inside the copy, region by region on each
+     * copy thread (MADV_POPULATE_WRITE, then the copy while the region is
+     * still in the TLB): on 4 KiB pages the faults, not the copy, dominate a
+     * first save, and this spreads them over the threads instead of paying
+     * them on this one before the copy starts. */
+    if (p.nwritten)
+        s_parallel(p.n, p.nwritten, s_copy_hash, &p);
+    ts3 = ll_clock_ms();
+    if (s_put_check_backing(&p) != 0)
+        goto out;
+    size_t late_same = s_put_settle(&p);
+    ll_debug("store",
+             "put %zu bytes: compare %.2f ms (%s), allocate %.2f ms, copy %.2f ms "
+             "(%zu bytes, %zu regions unchanged after all)",
+             len, ts1 - ts0, p.copy_first ? "copy first" : "hash first", ts2 - ts1, ts3 - ts2,
+             p.nwritten, late_same);
+    ref = s_put_finish(&p);
+    if (!ref)
+        goto out;
+    *written = p.nwritten;
+    ll_store_fault("after_payload");
+out:
+    s_put_end(&p);
+    if (ref && p.nwritten > st->largest_put) {
+        st->largest_put = p.nwritten;
+        ll_store_reserve_update(st);
+    }
+    ll_pool_reserve_hold(st->pool, false);
+    ll_store_leave(st);
+    return ref;
+}
+
+int ll_store_discard(ll_store_t *st, const char *ref)
+{
+    if (ll_store_enter(st) != 0)
+        return -1;
+    int rc = ll_store_pending_release(st, ref)
+                 ? 0
+                 : ll_store_fail(st, LL_STORE_EINVAL, "payload ref is not pending in this process");
+    ll_store_leave(st);
+    return rc;
+}
+
+ll_pool_map_t *ll_store_map(ll_store_t *st, const char *ref, bool writable)
+{
+    if (ll_store_enter(st) != 0)
+        return NULL;
+    size_t nb, n;
+    uint64_t pool_id;
+    ll_pool_region_t *regs;
+    ll_pool_map_t *map = NULL;
+    if (ll_store_ref_parse(ref, &pool_id, &nb, &regs, &n) != 0) {
+        ll_store_fail(st, LL_STORE_EINVAL, "not a payload ref: %.80s", ref);
+        goto out;
+    }
+    if (pool_id != ll_pool_id(st->pool)) {
+        free(regs);
+        ll_store_fail(st, LL_STORE_EGONE,
+                      "payload is in another pool (the session's pool was recreated)");
+        goto out;
+    }
+    int kind;
+    char err[512];
+    map = ll_pool_map(st->pool, regs, n, nb, writable, &kind, err, sizeof err);
+    if (!map)
+        ll_store_fail(st,
+                      kind == LL_POOL_EGONE    ? LL_STORE_EGONE
+                      : kind == LL_POOL_EINVAL ? LL_STORE_EINVAL
+                                               : LL_STORE_EIO,
+                      "%s", err);
+    free(regs);
+out:
+    ll_store_leave(st);
+    return map;
+}
+
+/* ---- self-test: the put's decisions, scripted ----------------------- */
+
+int ll_store_put_selftest(bool verbose)
+{
+    const size_t R = LL_STORE_R;
+    /* Region lengths of a payload: full regions, then the tail. */
+    if (s_chunk(2 * R + 100, 0) != R || s_chunk(2 * R + 100, 1) != R ||
+        s_chunk(2 * R + 100, 2) != 100 || s_chunk(R, 0) != R)
+        return 1;
+    /* Reclaim before allocating, or not. */
+    struct {
+        size_t need, free_warm, idle_warm, reserve;
+        bool four_k;
+        size_t gc_vars;
+        bool want;
+    } cases[] = {
+        {0, 0, 50, 0, true, 0, false},      /* nothing to allocate */
+        {20, 0, 20, 0, true, 0, true},      /* 20 first touches to save */
+        {7, 0, 20, 0, true, 0, false},      /* below S_GC_MIN_GAIN */
+        {20, 30, 20, 0, true, 0, false},    /* free prefaulted regions suffice */
+        {20, 30, 20, 30, true, 0, true},    /* ...but they are the reserve's */
+        {20, 30, 20, 15, true, 0, false},   /* 5 to save after the reserve's share */
+        {20, 0, 5, 0, true, 0, false},      /* only 5 could become free */
+        {20, 0, 20, 0, false, 2000, false}, /* huge pages: 2,000 vars cost more */
+        {20, 0, 20, 0, true, 2000, true},   /* 4 KiB pages: they do not */
+        {20, 0, 20, 0, false, 1936, true},  /* the boundary: 20 * 100 >= 1936 + 64 */
+        {20, 0, 20, 0, false, 1937, false},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        bool got = s_gc_pays(cases[c].need, cases[c].free_warm, cases[c].idle_warm,
+                             cases[c].reserve, cases[c].four_k, cases[c].gc_vars);
+        if (got != cases[c].want) {
+            fprintf(stderr, "ll_store_put selftest: reclaim-first case %zu: got %d\n", c, got);
+            return 1;
+        }
+    }
+    if (verbose)
+        printf("(%zu reclaim-first cases) ", sizeof cases / sizeof cases[0]);
+    return 0;
+}
