@@ -218,6 +218,156 @@ static int s_idle_s(void)
     return e && *e ? atoi(e) : 10;
 }
 
+/* A first save into the fresh pool of ST, next to a memcpy into fresh memory
+ * timed right before it (first-touch costs here swing with what the host
+ * has backed, so the two are measured back to back) and the backing floor.
+ * Returns the saved payload's ref (the caller frees it) or NULL. */
+static char *s_bench_fresh(ll_store_t *st, const ll_store_stats_t *stats, char *src, size_t n,
+                           double t_memcpy)
+{
+    size_t written;
+    char *copy;
+    double t_fresh_copy = s_fresh_memcpy_time(src, n, &copy);
+    double t0 = ll_clock_s();
+    char *ref = ll_store_put(st, src, n, NULL, NULL, &written);
+    double t_fresh = ll_clock_s() - t0;
+    if (copy)
+        munmap(copy, n);
+    if (!ref) {
+        printf("  put failed: %s\n", ll_store_errstr(st));
+        return NULL;
+    }
+    s_line("save, fresh pool (first touch)", t_fresh, n, t_memcpy);
+    printf("  %-34s %9s    %7.2f ms per 2 MiB region\n", "", "",
+           t_fresh * 1e3 / (double) ((n + R - 1) / R));
+    if (t_fresh_copy > 0) {
+        s_line("  memcpy into fresh memory", t_fresh_copy, n, t_memcpy);
+        printf("  %-34s %9s    %7.3fx of it (like for like; target <= 2x)\n", "  the save", "",
+               t_fresh / t_fresh_copy);
+    }
+    double t_floor = s_backing_floor(stats->pool.page_kind, n);
+    if (t_floor > 0)
+        s_line("  backing floor (no copy, 2 thr)", t_floor, n, t_memcpy);
+    else
+        printf("  backing floor: could not back %zu bytes of %s memory\n", n,
+               stats->pool.page_kind);
+    return ref;
+}
+
+/* Saves against the committed REF of SRC: unchanged and 1% dirty, hashing
+ * every region, then with the caller telling which regions it wrote (e.g.
+ * from /proc/self/pagemap of a restored mapping). */
+static void s_bench_incremental(ll_store_t *st, const char *ref, char *src, size_t n,
+                                double t_memcpy, double t_commit)
+{
+    size_t written;
+    double t0 = ll_clock_s();
+    char *same = ll_store_put(st, src, n, ref, NULL, &written);
+    double t_same = ll_clock_s() - t0;
+    s_line("incremental save, unchanged", t_same + t_commit, n, t_memcpy);
+    printf("  %-34s %9.2f ms (hash all regions, write %zu bytes, commit %.2f ms)\n", "",
+           (t_same + t_commit) * 1e3, written, t_commit * 1e3);
+    ll_store_discard(st, same);
+    free(same);
+    /* Dirty 1% of the regions. */
+    size_t nreg = (n + R - 1) / R, step = 100;
+    for (size_t i = 0; i < nreg; i += step)
+        src[i * R] ^= 0x5a;
+    t0 = ll_clock_s();
+    char *dirty = ll_store_put(st, src, n, ref, NULL, &written);
+    double t_dirty = ll_clock_s() - t0;
+    for (size_t i = 0; i < nreg; i += step)
+        src[i * R] ^= 0x5a;
+    if (dirty) {
+        s_line("incremental save, 1% dirty", t_dirty, n, t_memcpy);
+        printf("  %-34s %zu MiB written of %zu MiB\n", "", written >> 20, n >> 20);
+        ll_store_discard(st, dirty);
+        free(dirty);
+    } else {
+        printf("  incremental save, 1%% dirty failed: %s\n", ll_store_errstr(st));
+    }
+    uint8_t *mask = calloc(nreg, 1);
+    if (!mask)
+        return;
+    t0 = ll_clock_s();
+    char *r = ll_store_put(st, src, n, ref, mask, &written);
+    double t_hint = ll_clock_s() - t0;
+    if (r) {
+        printf("  %-34s %9.2f ms (+ commit %.2f ms; target < 10 ms)\n",
+               "unchanged, dirty regions known", t_hint * 1e3, t_commit * 1e3);
+        ll_store_discard(st, r);
+        free(r);
+    }
+    for (size_t i = 0; i < nreg; i += step) {
+        mask[i] = 1;
+        src[i * R] ^= 0x5a;
+    }
+    t0 = ll_clock_s();
+    r = ll_store_put(st, src, n, ref, mask, &written);
+    t_hint = ll_clock_s() - t0;
+    for (size_t i = 0; i < nreg; i += step)
+        src[i * R] ^= 0x5a;
+    if (r) {
+        printf("  %-34s %9.2f ms (%zu MiB written)\n", "1% dirty, dirty regions known",
+               t_hint * 1e3, written >> 20);
+        ll_store_discard(st, r);
+        free(r);
+    }
+    free(mask);
+}
+
+/* A restore of REF: the map, then the first read of every byte. */
+static void s_bench_restore(ll_store_t *st, const char *ref, const char *src, size_t n,
+                            double t_memcpy, uint64_t *sink)
+{
+    double t0 = ll_clock_s();
+    ll_pool_map_t *map = ll_store_map(st, ref, false);
+    double t_map = ll_clock_s() - t0;
+    if (!map) {
+        printf("  map failed: %s\n", ll_store_errstr(st));
+        return;
+    }
+    s_line("restore: map (no copy; target < 1x)", t_map, n, t_memcpy);
+    double t_read = s_read_time(ll_pool_map_addr(map), n, sink);
+    s_line("  then first read of every byte", t_read, n, t_memcpy);
+    double t_src = s_read_time(src, n, sink);
+    s_line("  (read of the source, for scale)", t_src, n, t_memcpy);
+    ll_pool_unmap(&map);
+}
+
+/* The first save again, into a fresh pool made after the old one was gone
+ * for a while: on this VM freed memory goes back to the host within seconds
+ * (free page reporting), and touching it again costs a host fault per page:
+ * what a kernel's first save meets. */
+static void s_bench_after_idle(const char *dir, const char *session, const ll_store_opts_t *opts,
+                               const char *src, size_t n, double t_memcpy)
+{
+    int idle = s_idle_s();
+    if (idle <= 0)
+        return;
+    sleep((unsigned) idle);
+    char err[512], session2[80];
+    snprintf(session2, sizeof session2, "%s-idle", session);
+    ll_store_t *st = ll_store_open(dir, session2, opts, err, sizeof err);
+    if (!st) {
+        printf("  fresh pool after idle: %s\n", err);
+        return;
+    }
+    size_t written;
+    double t0 = ll_clock_s();
+    char *ref = ll_store_put(st, src, n, NULL, NULL, &written);
+    double t_idle = ll_clock_s() - t0;
+    char what[64];
+    snprintf(what, sizeof what, "save, fresh pool after %d s idle", idle);
+    if (ref)
+        s_line(what, t_idle, n, t_memcpy);
+    else
+        printf("  %s failed: %s\n", what, ll_store_errstr(st));
+    free(ref);
+    ll_store_delete_session(st);
+    ll_store_destroy(&st);
+}
+
 /* One page kind: returns 0, or -1 when the pool could not be used. */
 static int s_bench_kind(const char *label, const char *pool_path, const char *dir, const char *url,
                         char *src, size_t n, double t_memcpy, uint64_t *sink)
@@ -238,39 +388,17 @@ static int s_bench_kind(const char *label, const char *pool_path, const char *di
     ll_store_stats_t stats;
     ll_store_stats(st, &stats);
     printf("[%s] pool %s, page kind %s\n", label, stats.pool.path, stats.pool.page_kind);
-    size_t written;
-    /* timed right before the save: first-touch costs here swing with what
-     * the host has backed, so the two are measured back to back */
-    char *copy;
-    double t_fresh_copy = s_fresh_memcpy_time(src, n, &copy);
-    double t0 = ll_clock_s();
-    char *ref = ll_store_put(st, src, n, NULL, NULL, &written);
-    double t_fresh = ll_clock_s() - t0;
-    if (copy)
-        munmap(copy, n);
+    char *ref = s_bench_fresh(st, &stats, src, n, t_memcpy);
     if (!ref) {
-        printf("  put failed: %s\n", ll_store_errstr(st));
         ll_store_delete_session(st);
         ll_store_destroy(&st);
         return -1;
     }
-    s_line("save, fresh pool (first touch)", t_fresh, n, t_memcpy);
-    printf("  %-34s %9s    %7.2f ms per 2 MiB region\n", "", "",
-           t_fresh * 1e3 / (double) ((n + R - 1) / R));
-    if (t_fresh_copy > 0) {
-        s_line("  memcpy into fresh memory", t_fresh_copy, n, t_memcpy);
-        printf("  %-34s %9s    %7.3fx of it (like for like; target <= 2x)\n", "  the save", "",
-               t_fresh / t_fresh_copy);
-    }
-    double t_floor = s_backing_floor(stats.pool.page_kind, n);
-    if (t_floor > 0)
-        s_line("  backing floor (no copy, 2 thr)", t_floor, n, t_memcpy);
-    else
-        printf("  backing floor: could not back %zu bytes of %s memory\n", n, stats.pool.page_kind);
     ll_store_discard(st, ref);
     free(ref);
     ll_store_gc(st);
-    t0 = ll_clock_s();
+    size_t written;
+    double t0 = ll_clock_s();
     ref = ll_store_put(st, src, n, NULL, NULL, &written);
     double t_put = ll_clock_s() - t0;
     s_line("save, warm pool (target <= 2x)", t_put, n, t_memcpy);
@@ -281,107 +409,12 @@ static int s_bench_kind(const char *label, const char *pool_path, const char *di
     if (ll_store_commit(st, "bench", &w, 1, NULL, 0, NULL, 0, &version) != 0)
         printf("  commit failed: %s\n", ll_store_errstr(st));
     double t_commit = ll_clock_s() - t0;
-    t0 = ll_clock_s();
-    char *same = ll_store_put(st, src, n, ref, NULL, &written);
-    double t_same = ll_clock_s() - t0;
-    s_line("incremental save, unchanged", t_same + t_commit, n, t_memcpy);
-    printf("  %-34s %9.2f ms (hash all regions, write %zu bytes, commit %.2f ms)\n", "",
-           (t_same + t_commit) * 1e3, written, t_commit * 1e3);
-    ll_store_discard(st, same);
-    free(same);
-    /* Dirty 1% of the regions. */
-    size_t nreg = (n + R - 1) / R, step = 100;
-    for (size_t i = 0; i < nreg; i += step)
-        src[i * R] ^= 0x5a;
-    t0 = ll_clock_s();
-    char *dirty = ll_store_put(st, src, n, ref, NULL, &written);
-    double t_dirty = ll_clock_s() - t0;
-    for (size_t i = 0; i < nreg; i += step)
-        src[i * R] ^= 0x5a;
-    if (dirty) {
-        char line[64];
-        snprintf(line, sizeof line, "incremental save, 1%% dirty");
-        s_line(line, t_dirty, n, t_memcpy);
-        printf("  %-34s %zu MiB written of %zu MiB\n", "", written >> 20, n >> 20);
-        ll_store_discard(st, dirty);
-        free(dirty);
-    } else {
-        printf("  incremental save, 1%% dirty failed: %s\n", ll_store_errstr(st));
-    }
-    /* The same two with the caller telling which regions it wrote (e.g. from
-     * /proc/self/pagemap of a restored mapping): no hashing of the rest. */
-    uint8_t *mask = calloc(nreg, 1);
-    if (mask) {
-        t0 = ll_clock_s();
-        char *r = ll_store_put(st, src, n, ref, mask, &written);
-        double t_hint = ll_clock_s() - t0;
-        if (r) {
-            printf("  %-34s %9.2f ms (+ commit %.2f ms; target < 10 ms)\n",
-                   "unchanged, dirty regions known", t_hint * 1e3, t_commit * 1e3);
-            ll_store_discard(st, r);
-            free(r);
-        }
-        for (size_t i = 0; i < nreg; i += step) {
-            mask[i] = 1;
-            src[i * R] ^= 0x5a;
-        }
-        t0 = ll_clock_s();
-        r = ll_store_put(st, src, n, ref, mask, &written);
-        t_hint = ll_clock_s() - t0;
-        for (size_t i = 0; i < nreg; i += step)
-            src[i * R] ^= 0x5a;
-        if (r) {
-            printf("  %-34s %9.2f ms (%zu MiB written)\n", "1% dirty, dirty regions known",
-                   t_hint * 1e3, written >> 20);
-            ll_store_discard(st, r);
-            free(r);
-        }
-        free(mask);
-    }
-    t0 = ll_clock_s();
-    ll_pool_map_t *map = ll_store_map(st, ref, false);
-    double t_map = ll_clock_s() - t0;
-    if (map) {
-        s_line("restore: map (no copy; target < 1x)", t_map, n, t_memcpy);
-        double t_read = s_read_time(ll_pool_map_addr(map), n, sink);
-        s_line("  then first read of every byte", t_read, n, t_memcpy);
-        double t_src = s_read_time(src, n, sink);
-        s_line("  (read of the source, for scale)", t_src, n, t_memcpy);
-        ll_pool_unmap(&map);
-    } else {
-        printf("  map failed: %s\n", ll_store_errstr(st));
-    }
+    s_bench_incremental(st, ref, src, n, t_memcpy, t_commit);
+    s_bench_restore(st, ref, src, n, t_memcpy, sink);
     free(ref);
     ll_store_delete_session(st);
     ll_store_destroy(&st);
-
-    /* The first save again, into a fresh pool made after the old one was
-     * gone for a while: on this VM freed memory goes back to the host within
-     * seconds (free page reporting), and touching it again costs a host
-     * fault per page: what a kernel's first save meets. */
-    int idle = s_idle_s();
-    if (idle > 0) {
-        sleep((unsigned) idle);
-        char session2[80];
-        snprintf(session2, sizeof session2, "%s-idle", session);
-        st = ll_store_open(dir, session2, &opts, err, sizeof err);
-        if (!st) {
-            printf("  fresh pool after idle: %s\n", err);
-            return 0;
-        }
-        t0 = ll_clock_s();
-        ref = ll_store_put(st, src, n, NULL, NULL, &written);
-        double t_idle = ll_clock_s() - t0;
-        char what[64];
-        snprintf(what, sizeof what, "save, fresh pool after %d s idle", idle);
-        if (ref)
-            s_line(what, t_idle, n, t_memcpy);
-        else
-            printf("  %s failed: %s\n", what, ll_store_errstr(st));
-        free(ref);
-        ll_store_delete_session(st);
-        ll_store_destroy(&st);
-    }
+    s_bench_after_idle(dir, session, &opts, src, n, t_memcpy);
     return 0;
 }
 
