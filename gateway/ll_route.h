@@ -2,7 +2,7 @@
  * GPU-labelled ones on forked workers (issue 5; DESIGN.md "life of a cell").
  *
  * Every executed cell is analysed against the session's def-use graph
- * (gateway/ll_analysis.h) and recorded in it after it ran.  A cell labelled
+ * (analysis/ll_analysis.h) and recorded in it after it ran.  A cell labelled
  * CPU runs in the embedded interpreter; the gateway passes its closure to
  * the interpreter (looseleaf_kernel/coherence.py), which refreshes from the
  * store what workers changed and notes what the cell changes.  A cell

@@ -4,7 +4,7 @@ in bounded time and memory (issue 3).
 Each cell is analysed in its own `build/ll_analyze --json` process under an
 address-space limit; a crash (signal), a hang (timeout) or a malformed answer
 fails the test.  The C self-test covers the same cases through the API
-(gateway/ll_analysis_selftest.c), including invalid UTF-8, which a JSON
+(analysis/ll_analysis_selftest.c), including invalid UTF-8, which a JSON
 notebook cannot carry.
 """
 import json

@@ -7,7 +7,7 @@
 #include <Python.h>
 
 #include "base/ll_clock.h"
-#include "gateway/ll_analysis.h"
+#include "analysis/ll_analysis.h"
 #include "base/ll_log.h"
 
 #include <jansson.h>

@@ -50,7 +50,7 @@ def main():
     py_closure = best_of(lambda: session.closure(cand), number=50)
     py_size = len(session.closure(cand)["state"])
 
-    print("cell analysis (C, gateway/ll_analysis*.c) vs pure Python ast baseline "
+    print("cell analysis (C, analysis/ll_analysis*.c) vs pure Python ast baseline "
           "(best of 3 runs / 5 repeats)")
     rows = [("analyse a 30-line cell", c["analyse_30_line_cell_us"], py_analyse),
             ("closure in a 500-cell session", c["closure_500_cells_us"], py_closure),

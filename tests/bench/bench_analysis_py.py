@@ -1,5 +1,5 @@
 """The cell analysis in pure Python with the `ast` module: the baseline that
-`make bench` compares gateway/ll_analysis*.c against (issue 3).
+`make bench` compares analysis/ll_analysis*.c against (issue 3).
 
 The same algorithm as the C module, written the way one would in Python:
 ast.parse, a scope-aware walk producing module-level events (LOAD, BIND,

@@ -1,19 +1,21 @@
 # Cell analysis (issue 3; owned by the analysis engineer): per-cell facts from
 # CPython's AST, the session's def-use graph and closures, `looseleaf analyze`.
-LIB_SRCS  += gateway/ll_analysis.c gateway/ll_analysis_ipython.c gateway/ll_analysis_names.c \
-             gateway/ll_analysis_session.c gateway/ll_analyze_cli.c
-TEST_SRCS += gateway/ll_analysis_selftest.c
+LIB_SRCS  += analysis/ll_analysis.c analysis/ll_analysis_ipython.c analysis/ll_analysis_names.c \
+             analysis/ll_analysis_session.c analysis/ll_analyze_cli.c
+TEST_SRCS += analysis/ll_analysis_selftest.c
 SELFTESTS += ll_analysis
 
-ANALYSIS_OBJS := $(BUILD)/gateway/ll_analysis.o $(BUILD)/gateway/ll_analysis_ipython.o \
-                 $(BUILD)/gateway/ll_analysis_names.o \
-                 $(BUILD)/gateway/ll_analysis_session.o $(BUILD)/gateway/ll_analyze_cli.o \
-                 $(BASE_OBJS)
+# (This fragment is read before base/base.mk, so base's objects are named
+# here rather than taken from BASE_OBJS.)
+ANALYSIS_OBJS := $(BUILD)/analysis/ll_analysis.o $(BUILD)/analysis/ll_analysis_ipython.o \
+                 $(BUILD)/analysis/ll_analysis_names.o \
+                 $(BUILD)/analysis/ll_analysis_session.o $(BUILD)/analysis/ll_analyze_cli.o \
+                 $(BUILD)/base/ll_log.o $(BUILD)/base/ll_clock.o
 
 # A standalone `analyze` (the same code as `looseleaf analyze`) so the analysis
 # tests do not depend on the rest of the kernel building.
 ANALYZE_BIN := $(BUILD)/ll_analyze
-$(ANALYZE_BIN): $(BUILD)/gateway/ll_analysis_driver.o $(ANALYSIS_OBJS)
+$(ANALYZE_BIN): $(BUILD)/analysis/ll_analysis_driver.o $(ANALYSIS_OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # Benchmark: analysis of a 30-line cell and closures in a 500-cell session,

@@ -1,7 +1,7 @@
 /* ll_analysis_driver: `build/ll_analyze [--json] NOTEBOOK|-`, the analysis
  * CLI without the rest of the kernel (same code as `looseleaf analyze`), for
  * the analysis tests and for use while the kernel does not build. */
-#include "gateway/ll_analysis.h"
+#include "analysis/ll_analysis.h"
 #include "base/ll_log.h"
 
 int main(int argc, char **argv)

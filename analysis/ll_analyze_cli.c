@@ -12,7 +12,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include "gateway/ll_analysis.h"
+#include "analysis/ll_analysis.h"
 #include "base/ll_log.h"
 
 #include <jansson.h>

@@ -7,8 +7,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include "gateway/ll_analysis.h"
-#include "gateway/ll_analysis_internal.h"
+#include "analysis/ll_analysis.h"
+#include "analysis/ll_analysis_internal.h"
 
 #include <ftw.h>
 #include <stdio.h>

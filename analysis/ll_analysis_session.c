@@ -43,8 +43,8 @@
  *
  * When anything reached is opaque the closure is every live variable and
  * every live import: imprecision may cost time, never correctness. */
-#include "gateway/ll_analysis.h"
-#include "gateway/ll_analysis_internal.h"
+#include "analysis/ll_analysis.h"
+#include "analysis/ll_analysis_internal.h"
 
 #include <stdint.h>
 #include <stdlib.h>
