@@ -10,7 +10,7 @@ SELFTESTS += ll_analysis
 ANALYSIS_OBJS := $(BUILD)/analysis/ll_analysis.o $(BUILD)/analysis/ll_analysis_ipython.o \
                  $(BUILD)/analysis/ll_analysis_names.o \
                  $(BUILD)/analysis/ll_analysis_session.o $(BUILD)/analysis/ll_analyze_cli.o \
-                 $(BUILD)/base/ll_log.o $(BUILD)/base/ll_clock.o
+                 $(BUILD)/kernel/ll_interp.o $(BUILD)/base/ll_log.o $(BUILD)/base/ll_clock.o
 
 # A standalone `analyze` (the same code as `looseleaf analyze`) so the analysis
 # tests do not depend on the rest of the kernel building.

@@ -174,14 +174,6 @@ size_t ll_analysis_closure_live_count(const ll_analysis_closure_t *self);
 /* The closures as a new JSON object (caller owns the reference). */
 json_t *ll_analysis_closure_json(const ll_analysis_closure_t *self);
 
-/* For standalone programs (the CLI, benchmarks): start an embedded CPython
- * laid out like Debian's /usr/bin/python3, ignoring PYTHON* environment
- * variables (a pyenv on PATH must not leak in), site enabled; then
- * ll_analysis_init.  Returns with the GIL held.  A no-op for Python (but
- * not for ll_analysis_init) when Python is already up.  0, or -1 with a
- * reason in ERR. */
-int ll_analysis_python_start(char *err, size_t errlen);
-
 /* `looseleaf analyze [--json] NOTEBOOK.ipynb|-`: ARGV[0] is "analyze".
  * Prints per code cell its facts and closures (cells taken as executed in
  * notebook order), then the corpus figures.  Exit status: 0, 1 when some

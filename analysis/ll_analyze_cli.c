@@ -1,7 +1,7 @@
 /* ll_analyze_cli: `looseleaf analyze [--json] NOTEBOOK.ipynb|-`, the
- * command-line front end of the cell analysis (issue 3), and the embedded
- * Python start-up that standalone programs (this CLI, the benchmark) need.
- * Runs in its own short-lived process (log role A), single-threaded.
+ * command-line front end of the cell analysis (issue 3).  Runs in its own
+ * short-lived process (log role A), single-threaded, with CPython started
+ * the way the kernel starts it (ll_interp_start_python).
  *
  * The notebook's code cells are taken as executed once each, in notebook
  * order: each cell's closures are computed against the cells before it,
@@ -14,38 +14,12 @@
 
 #include "analysis/ll_analysis.h"
 #include "base/ll_log.h"
+#include "kernel/ll_interp.h"
 
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-int ll_analysis_python_start(char *err, size_t errlen)
-{
-    if (!Py_IsInitialized()) {
-        PyConfig config;
-        PyConfig_InitPythonConfig(&config);
-        config.use_environment = 0; /* ignore PYTHONHOME/PYTHONPATH (pyenv) */
-        config.parse_argv = 0;
-        config.install_signal_handlers = 0;
-        config.write_bytecode = 0;
-        config.site_import = 1;
-        /* Debian's layout: prefix /usr, dist-packages through site. */
-        config.safe_path = 1;
-        PyStatus st = PyConfig_SetString(&config, &config.program_name, L"/usr/bin/python3");
-        if (!PyStatus_Exception(st))
-            st = PyConfig_SetString(&config, &config.executable, L"/usr/bin/python3");
-        if (!PyStatus_Exception(st))
-            st = Py_InitializeFromConfig(&config);
-        PyConfig_Clear(&config);
-        if (PyStatus_Exception(st)) {
-            snprintf(err, errlen, "cannot start Python: %s",
-                     st.err_msg ? st.err_msg : "unknown error");
-            return -1;
-        }
-    }
-    return ll_analysis_init(err, errlen);
-}
 
 /* The cell's source: a string or a list of strings.  Malloc'd. */
 static char *s_source(json_t *cell, size_t *len)
@@ -142,7 +116,8 @@ int ll_analyze_main(int argc, char **argv)
         return 2;
     }
     char err[512];
-    if (ll_analysis_python_start(err, sizeof err) != 0) {
+    if (ll_interp_start_python("looseleaf", err, sizeof err) != 0 ||
+        ll_analysis_init(err, sizeof err) != 0) {
         fprintf(stderr, "looseleaf analyze: %s\n", err);
         json_decref(nb);
         return 2;
