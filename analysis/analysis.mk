@@ -12,19 +12,13 @@ ANALYSIS_OBJS := $(BUILD)/analysis/ll_analysis.o $(BUILD)/analysis/ll_analysis_i
                  $(BUILD)/analysis/ll_analysis_session.o $(BUILD)/analysis/ll_analyze_cli.o \
                  $(BUILD)/kernel/ll_interp.o $(BUILD)/base/ll_log.o $(BUILD)/base/ll_clock.o
 
-# A standalone `analyze` (the same code as `looseleaf analyze`) so the analysis
-# tests do not depend on the rest of the kernel building.
-ANALYZE_BIN := $(BUILD)/ll_analyze
-$(ANALYZE_BIN): $(BUILD)/analysis/ll_analysis_driver.o $(ANALYSIS_OBJS)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
-
 # Benchmark: analysis of a 30-line cell and closures in a 500-cell session,
 # against the same analysis in pure Python (tests/bench/bench_analysis_py.py).
 ANALYSIS_BENCH := $(BUILD)/tests/bench/bench_analysis
 $(ANALYSIS_BENCH): $(BUILD)/tests/bench/bench_analysis.o $(ANALYSIS_OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-EXTRA_TARGETS += $(ANALYZE_BIN) $(ANALYSIS_BENCH)
+EXTRA_TARGETS += $(ANALYSIS_BENCH)
 
 # The corpus (>= 150 hand-checked cells), soundness on real notebooks, bad input.
 PYTESTS   += tests/analysis/test_analysis_corpus.py tests/analysis/test_analysis_soundness.py \

@@ -83,6 +83,7 @@ static int s_usage(FILE *out)
 
 int ll_analyze_main(int argc, char **argv)
 {
+    ll_log_init('A');
     bool as_json = false;
     const char *path = NULL;
     for (int i = 1; i < argc; i++) {

@@ -1,7 +1,7 @@
 """Soundness of the computed closures on real notebooks (issue 3).
 
-For each notebook, `build/ll_analyze --json` computes every code cell's state
-closure and import statements; soundness_runner.py then executes the notebook
+For each notebook, `build/looseleaf analyze --json` computes every code
+cell's state closure and import statements; soundness_runner.py then executes the notebook
 twice in fresh processes and working directories: once normally, once with
 each cell seeing only its closure (plus its imports, plus IPython's own
 names).  Every cell must produce the same stdout, stderr, display outputs and
@@ -26,7 +26,7 @@ import pytest
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-ANALYZE = ROOT / "build" / "ll_analyze"
+ANALYZE = [str(ROOT / "build" / "looseleaf"), "analyze"]
 RUNNER = HERE / "soundness_runner.py"
 PYTHON = "/usr/bin/python3"
 
@@ -233,7 +233,7 @@ def write_notebook(path, sources):
 
 
 def analyse(nb_path):
-    proc = subprocess.run([str(ANALYZE), "--json", str(nb_path)],
+    proc = subprocess.run([*ANALYZE, "--json", str(nb_path)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode in (0, 1), proc.stderr
     return json.loads(proc.stdout)
