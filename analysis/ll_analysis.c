@@ -2263,10 +2263,6 @@ ll_analysis_strs_t ll_analysis_mutates(const ll_analysis_t *self)
 {
     return s_strs(&self->mutates);
 }
-ll_analysis_strs_t ll_analysis_deletes(const ll_analysis_t *self)
-{
-    return s_strs(&self->deletes);
-}
 ll_analysis_strs_t ll_analysis_imports(const ll_analysis_t *self)
 {
     return s_strs(&self->packages);

@@ -103,8 +103,6 @@ ll_analysis_strs_t ll_analysis_reads(const ll_analysis_t *self);
 /* Top-level names whose objects the cell may change in place (x.a = 1,
  * x[0] = 1, del x[0], x += 1, x.method(...) as a statement). */
 ll_analysis_strs_t ll_analysis_mutates(const ll_analysis_t *self);
-/* Top-level names the cell certainly deletes. */
-ll_analysis_strs_t ll_analysis_deletes(const ll_analysis_t *self);
 /* Top-level packages of the cell's own import statements. */
 ll_analysis_strs_t ll_analysis_imports(const ll_analysis_t *self);
 
@@ -120,7 +118,10 @@ bool ll_analysis_is_opaque(const ll_analysis_t *self);
 /* -1 no `%%gpu`/`%%cpu` line, else the forced ll_analysis_label_t. */
 int ll_analysis_forced_label(const ll_analysis_t *self);
 
-/* The per-cell facts as a new JSON object (caller owns the reference). */
+/* The per-cell facts as a new JSON object (caller owns the reference):
+ * error, forced_label, and for a cell that parsed defs, reads, mutates,
+ * deletes (names it certainly deletes), packages, imports, functions,
+ * opaque. */
 json_t *ll_analysis_json(const ll_analysis_t *self);
 
 /* ---- session ---------------------------------------------------------- */
@@ -150,8 +151,6 @@ void ll_analysis_closure_destroy(ll_analysis_closure_t **self_p);
 ll_analysis_strs_t ll_analysis_closure_state(const ll_analysis_closure_t *self);
 /* Top-level packages it needs, sorted. */
 ll_analysis_strs_t ll_analysis_closure_imports(const ll_analysis_closure_t *self);
-/* Packages reachable from its top-level statements, sorted. */
-ll_analysis_strs_t ll_analysis_closure_effective(const ll_analysis_closure_t *self);
 /* Import statements that re-create the import-bound names it reads, sorted
  * ("import numpy as np", "from transformers import Trainer"). */
 ll_analysis_strs_t ll_analysis_closure_import_stmts(const ll_analysis_closure_t *self);
@@ -171,7 +170,10 @@ bool ll_analysis_closure_is_kernel_bound(const ll_analysis_closure_t *self);
 /* Live variables in the session at the time of the query. */
 size_t ll_analysis_closure_live_count(const ll_analysis_closure_t *self);
 
-/* The closures as a new JSON object (caller owns the reference). */
+/* The closures as a new JSON object (caller owns the reference):
+ * state_closure, import_closure, effective_imports (packages reachable from
+ * its statements), import_statements, writes, deletes, label, opaque,
+ * kernel_bound, live. */
 json_t *ll_analysis_closure_json(const ll_analysis_closure_t *self);
 
 /* `looseleaf analyze [--json] NOTEBOOK.ipynb|-`: ARGV[0] is "analyze".

@@ -975,10 +975,6 @@ ll_analysis_strs_t ll_analysis_closure_imports(const ll_analysis_closure_t *self
 {
     return s_strs(&self->imports);
 }
-ll_analysis_strs_t ll_analysis_closure_effective(const ll_analysis_closure_t *self)
-{
-    return s_strs(&self->effective);
-}
 ll_analysis_strs_t ll_analysis_closure_import_stmts(const ll_analysis_closure_t *self)
 {
     return s_strs(&self->stmts);
