@@ -7,10 +7,11 @@ each cell seeing only its closure (plus its imports, plus IPython's own
 names).  Every cell must produce the same stdout, stderr, display outputs and
 error in both runs.  A missed name shows up as a NameError in the second run.
 
-Notebooks: the public ones from /work/shared/notebooks (copied into
-tests/analysis/notebooks/ with their licences, see SOURCES.md there) and the
-ones written below for the constructs they lack, and random runnable
-sessions (fixed seeds).  A negative control checks
+Notebooks: every one in examples/ (the project's one copy; sources and
+licences in examples/SOURCES.md), the one public notebook kept out of
+examples/ (tests/analysis/notebooks/, see SOURCES.md there), the ones
+written below for the constructs they lack, and random runnable sessions
+(fixed seeds).  A negative control checks
 that the harness does catch a closure with one needed name removed.
 """
 import json
@@ -30,7 +31,8 @@ ANALYZE = [str(ROOT / "build" / "looseleaf"), "analyze"]
 RUNNER = HERE / "soundness_runner.py"
 PYTHON = "/usr/bin/python3"
 
-PUBLIC = sorted((HERE / "notebooks").glob("*.ipynb"))
+PUBLIC = sorted([*(ROOT / "examples").glob("*.ipynb"), *(HERE / "notebooks").glob("*.ipynb")],
+                key=lambda p: p.name)
 
 WRITTEN = {
     "functions_objects_magics": [
@@ -307,7 +309,7 @@ def test_closure_gives_same_outputs(notebook, tmp_path):
 
 
 def test_public_notebooks_present():
-    assert len(PUBLIC) >= 6, "copy the public notebooks into tests/analysis/notebooks"
+    assert len(PUBLIC) >= 9, "the notebooks of examples/ and tests/analysis/notebooks/"
 
 
 def test_harness_catches_a_missing_name(tmp_path):
