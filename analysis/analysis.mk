@@ -13,7 +13,7 @@ ANALYSIS_OBJS := $(BUILD)/analysis/ll_analysis.o $(BUILD)/analysis/ll_analysis_i
                  $(BUILD)/kernel/ll_interp.o $(BUILD)/base/ll_log.o $(BUILD)/base/ll_clock.o
 
 # Benchmark: analysis of a 30-line cell and closures in a 500-cell session,
-# against the same analysis in pure Python (tests/bench/bench_analysis_py.py).
+# against the same analysis in pure Python (tests/analysis/pyoracle.py).
 ANALYSIS_BENCH := $(BUILD)/tests/bench/bench_analysis
 $(ANALYSIS_BENCH): $(BUILD)/tests/bench/bench_analysis.o $(ANALYSIS_OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)

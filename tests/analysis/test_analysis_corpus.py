@@ -213,14 +213,12 @@ def test_cli_bad_usage_and_bad_notebooks(tmp_path):
 
 
 def test_python_baseline_agrees_with_c():
-    """`make bench` compares the C analysis with tests/bench/bench_analysis_py.py;
+    """`make bench` compares the C analysis with tests/analysis/pyoracle.py;
     that comparison is only fair if both compute the same thing.  On every
     corpus session without IPython syntax (the baseline leaves magics out),
     both must give the same reads, state closure, import closure and import
     statements for every cell."""
-    import sys
-    sys.path.insert(0, str(ROOT / "tests" / "bench"))
-    import bench_analysis_py as py
+    import pyoracle as py
 
     checked, failures = 0, []
     for session in SESSIONS:
