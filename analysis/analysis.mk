@@ -1,16 +1,18 @@
 # Cell analysis (issue 3; owned by the analysis engineer): per-cell facts from
 # CPython's AST, the session's def-use graph and closures, `looseleaf analyze`.
-LIB_SRCS  += analysis/ll_analysis.c analysis/ll_analysis_ipython.c analysis/ll_analysis_names.c \
-             analysis/ll_analysis_session.c analysis/ll_analyze_cli.c
+ANALYSIS_SRCS := analysis/ll_analysis.c analysis/ll_analysis_ipython.c \
+                 analysis/ll_analysis_names.c analysis/ll_analysis_modules.c \
+                 analysis/ll_analysis_session.c analysis/ll_analyze_cli.c
+LIB_SRCS  += $(ANALYSIS_SRCS)
 TEST_SRCS += analysis/ll_analysis_selftest.c
-SELFTESTS += ll_analysis
+SELFTESTS += ll_analysis ll_analysis_modules
 
-# (This fragment is read before base/base.mk, so base's objects are named
-# here rather than taken from BASE_OBJS.)
-ANALYSIS_OBJS := $(BUILD)/analysis/ll_analysis.o $(BUILD)/analysis/ll_analysis_ipython.o \
-                 $(BUILD)/analysis/ll_analysis_names.o \
-                 $(BUILD)/analysis/ll_analysis_session.o $(BUILD)/analysis/ll_analyze_cli.o \
-                 $(BUILD)/kernel/ll_interp.o $(BUILD)/base/ll_log.o $(BUILD)/base/ll_clock.o
+# What a program that only analyses links: the module, the interpreter's
+# start-up (kernel/ll_interp.c) and base's log and clock.  (This fragment is
+# read before base/base.mk, so base's objects are named here rather than
+# taken from BASE_OBJS.)
+ANALYSIS_OBJS := $(ANALYSIS_SRCS:%.c=$(BUILD)/%.o) $(BUILD)/kernel/ll_interp.o \
+                 $(BUILD)/base/ll_log.o $(BUILD)/base/ll_clock.o
 
 # Benchmark: analysis of a 30-line cell and closures in a 500-cell session,
 # against the same analysis in pure Python (tests/analysis/pyoracle.py).

@@ -105,55 +105,6 @@ static struct {
     PyObject *fields; /* tuple of str */
 } s_fields[LL_FIELD_SLOTS];
 
-/* The GPU frameworks (package names or dotted module paths). */
-static const char *const s_gpu_builtin[] = {"torch",
-                                            "torchvision",
-                                            "torchaudio",
-                                            "torchtext",
-                                            "transformers",
-                                            "accelerate",
-                                            "peft",
-                                            "bitsandbytes",
-                                            "tensorflow",
-                                            "keras",
-                                            "jax",
-                                            "jaxlib",
-                                            "flax",
-                                            "optax",
-                                            "cupy",
-                                            "cupyx",
-                                            "numba.cuda",
-                                            "triton",
-                                            "xformers",
-                                            "deepspeed",
-                                            "diffusers",
-                                            "lightning",
-                                            "pytorch_lightning",
-                                            "torch_geometric",
-                                            "dgl",
-                                            "vllm",
-                                            "sentence_transformers",
-                                            "timm",
-                                            "trl",
-                                            "apex",
-                                            "cudf",
-                                            "cuml",
-                                            "cugraph",
-                                            "rapids",
-                                            "pycuda",
-                                            "mxnet",
-                                            "paddle",
-                                            "onnxruntime_gpu",
-                                            "tensorrt",
-                                            "flash_attn",
-                                            "unsloth",
-                                            "fastai",
-                                            "detectron2",
-                                            "mmcv",
-                                            "ultralytics",
-                                            NULL};
-static ll_names_t s_gpu_extra;
-
 /* ---- the analysis object ---------------------------------------------- */
 
 struct ll_analysis_t {
@@ -1829,17 +1780,6 @@ bool ll_analysis_is_builtin(const char *name)
     return false;
 }
 
-static int s_gpu_add_list(const char *list)
-{
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", list);
-    char *save = NULL;
-    for (char *tok = strtok_r(buf, ", \t\n:;", &save); tok; tok = strtok_r(NULL, ", \t\n:;", &save))
-        if (ll_analysis_gpu_add(tok) != 0)
-            return -1;
-    return 0;
-}
-
 int ll_analysis_init(char *err, size_t errlen)
 {
     if (s_py.ready)
@@ -1884,7 +1824,7 @@ int ll_analysis_init(char *err, size_t errlen)
     for (const char **p = ipy; *p; p++)
         ll_names_add(&s_builtins, *p);
     const char *env = getenv("LOOSELEAF_GPU_PACKAGES");
-    if (env && s_gpu_add_list(env) != 0) {
+    if (env && ll_analysis_gpu_add_list(env) != 0) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
@@ -1928,62 +1868,6 @@ void ll_analysis_shutdown(void)
     }
     ll_names_clear(&s_builtins);
     s_py.ready = false;
-}
-
-int ll_analysis_gpu_add(const char *package)
-{
-    if (!package || !*package)
-        return -1;
-    return ll_names_add(&s_gpu_extra, package) < 0 ? -1 : 0;
-}
-
-/* Whether module PATH is ENTRY (a package or a dotted module path) or one
- * of its submodules. */
-static bool s_module_match(const char *path, const char *entry)
-{
-    size_t n = strlen(entry);
-    return strncmp(path, entry, n) == 0 && (path[n] == '\0' || path[n] == '.');
-}
-
-bool ll_analysis_is_gpu_module(const char *path)
-{
-    if (!path)
-        return false;
-    for (const char *const *e = s_gpu_builtin; *e; e++)
-        if (s_module_match(path, *e))
-            return true;
-    for (size_t i = 0; i < s_gpu_extra.count; i++)
-        if (s_module_match(path, s_gpu_extra.items[i]))
-            return true;
-    return false;
-}
-
-bool ll_analysis_is_kernel_module(const char *path)
-{
-    /* Comms live in the process that made them and answer the frontend's
-     * messages there; ipywidgets and ipykernel's own comm API are built on
-     * them.  (tqdm.notebook's one-way progress bars work from a worker.) */
-    static const char *const kernel_side[] = {"comm", "ipykernel", "ipywidgets", NULL};
-    if (!path)
-        return false;
-    for (const char *const *e = kernel_side; *e; e++)
-        if (s_module_match(path, *e))
-            return true;
-    return false;
-}
-
-const char *ll_analysis_package_of(const char *path, char *buf, size_t buflen)
-{
-    if (!path || !*path || path[0] == '.')
-        return NULL;
-    size_t n = strcspn(path, ".");
-    if (n == 0 || n >= buflen)
-        return NULL;
-    memcpy(buf, path, n);
-    buf[n] = '\0';
-    if (strcmp(buf, "__future__") == 0)
-        return NULL;
-    return buf;
 }
 
 /* ---- building an analysis --------------------------------------------- */

@@ -119,9 +119,16 @@ bool ll_analysis_may_load(const ll_analysis_t *self, const char *name);
  * Block -1 encloses nothing. */
 bool ll_analysis_block_encloses(const ll_analysis_t *self, int outer, int inner);
 
+/* ---- module lists (ll_analysis_modules.c) ------------------------------ */
+
 /* Top-level package of a module path ("a" of "a.b.c"); NULL for relative
- * imports and __future__.  Writes into BUF. */
+ * imports, __future__, and a package name that does not fit BUFLEN.  Writes
+ * into BUF and returns it. */
 const char *ll_analysis_package_of(const char *path, char *buf, size_t buflen);
+/* ll_analysis_gpu_add for each entry of LIST, separated by commas,
+ * semicolons, colons or blanks (LOOSELEAF_GPU_PACKAGES).  0, or -1 when out
+ * of memory. */
+int ll_analysis_gpu_add_list(const char *list);
 
 /* Replay the cell against an empty session: the names it reads from
  * outside (ll_analysis_reads).  0 or -1 (out of memory).  In
