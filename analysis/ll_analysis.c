@@ -1172,321 +1172,121 @@ static void s_walk_match(s_walker_t *w, PyObject *node)
     Py_XDECREF(cases);
 }
 
-/* ---- IPython magics --------------------------------------------------- */
+/* ---- IPython magics (the table and its text rules: ll_analysis_magic.c) -- */
 
-enum { MG_HARMLESS, MG_CODE, MG_TIMEIT, MG_EXPR, MG_CAPTURE, MG_SCRIPT, MG_OPAQUE };
-
-typedef struct {
-    const char *name;
-    int kind;
-    const char *argopts; /* single-letter options that take a value */
-} s_magic_t;
-
-/* Magics whose effect on the namespace we know.  Anything else is opaque. */
-static const s_magic_t s_magics[] = {
-    {"time", MG_CODE, ""},
-    {"prun", MG_CODE, "DlsT"},
-    {"timeit", MG_TIMEIT, "nrp"},
-    {"capture", MG_CAPTURE, ""},
-    {"pinfo", MG_EXPR, ""},
-    {"pinfo2", MG_EXPR, ""},
-    {"pdef", MG_EXPR, ""},
-    {"pdoc", MG_EXPR, ""},
-    {"psource", MG_EXPR, ""},
-    {"pfile", MG_EXPR, ""},
-    {"page", MG_EXPR, ""},
-    {"bash", MG_SCRIPT, ""},
-    {"sh", MG_SCRIPT, ""},
-    {"script", MG_SCRIPT, ""},
-    {"perl", MG_SCRIPT, ""},
-    {"ruby", MG_SCRIPT, ""},
-    {"python", MG_SCRIPT, ""},
-    {"python2", MG_SCRIPT, ""},
-    {"python3", MG_SCRIPT, ""},
-    {"pypy", MG_SCRIPT, ""},
-    {"run", MG_OPAQUE, ""},
-    {"reset", MG_OPAQUE, ""},
-    {"reset_selective", MG_OPAQUE, ""},
-    {"who", MG_OPAQUE, ""},
-    {"whos", MG_OPAQUE, ""},
-    {"who_ls", MG_OPAQUE, ""},
-    {"store", MG_OPAQUE, ""},
-    {"pylab", MG_OPAQUE, ""},
-    {"recall", MG_OPAQUE, ""},
-    {"rerun", MG_OPAQUE, ""},
-    {"macro", MG_OPAQUE, ""},
-    {"edit", MG_OPAQUE, ""},
-    {"psearch", MG_OPAQUE, ""},
-    {"xdel", MG_OPAQUE, ""},
-    {"debug", MG_OPAQUE, ""},
-    {"paste", MG_OPAQUE, ""},
-    {"cpaste", MG_OPAQUE, ""},
-    /* no effect on the user namespace */
-    {"matplotlib", MG_HARMLESS, ""},
-    {"load_ext", MG_HARMLESS, ""},
-    {"reload_ext", MG_HARMLESS, ""},
-    {"unload_ext", MG_HARMLESS, ""},
-    {"autoreload", MG_HARMLESS, ""},
-    {"aimport", MG_HARMLESS, ""},
-    {"config", MG_HARMLESS, ""},
-    {"pwd", MG_HARMLESS, ""},
-    {"cd", MG_HARMLESS, ""},
-    {"env", MG_HARMLESS, ""},
-    {"set_env", MG_HARMLESS, ""},
-    {"precision", MG_HARMLESS, ""},
-    {"xmode", MG_HARMLESS, ""},
-    {"colors", MG_HARMLESS, ""},
-    {"pip", MG_HARMLESS, ""},
-    {"conda", MG_HARMLESS, ""},
-    {"mamba", MG_HARMLESS, ""},
-    {"lsmagic", MG_HARMLESS, ""},
-    {"magic", MG_HARMLESS, ""},
-    {"history", MG_HARMLESS, ""},
-    {"hist", MG_HARMLESS, ""},
-    {"alias", MG_HARMLESS, ""},
-    {"unalias", MG_HARMLESS, ""},
-    {"alias_magic", MG_HARMLESS, ""},
-    {"rehashx", MG_HARMLESS, ""},
-    {"automagic", MG_HARMLESS, ""},
-    {"autocall", MG_HARMLESS, ""},
-    {"doctest_mode", MG_HARMLESS, ""},
-    {"pdb", MG_HARMLESS, ""},
-    {"tb", MG_HARMLESS, ""},
-    {"quickref", MG_HARMLESS, ""},
-    {"gui", MG_HARMLESS, ""},
-    {"pprint", MG_HARMLESS, ""},
-    {"bookmark", MG_HARMLESS, ""},
-    {"dhist", MG_HARMLESS, ""},
-    {"dirs", MG_HARMLESS, ""},
-    {"popd", MG_HARMLESS, ""},
-    {"pushd", MG_HARMLESS, ""},
-    {"ls", MG_HARMLESS, ""},
-    {"ll", MG_HARMLESS, ""},
-    {"lf", MG_HARMLESS, ""},
-    {"lk", MG_HARMLESS, ""},
-    {"lx", MG_HARMLESS, ""},
-    {"ldir", MG_HARMLESS, ""},
-    {"mkdir", MG_HARMLESS, ""},
-    {"rmdir", MG_HARMLESS, ""},
-    {"mv", MG_HARMLESS, ""},
-    {"rm", MG_HARMLESS, ""},
-    {"cp", MG_HARMLESS, ""},
-    {"cat", MG_HARMLESS, ""},
-    {"clear", MG_HARMLESS, ""},
-    {"less", MG_HARMLESS, ""},
-    {"more", MG_HARMLESS, ""},
-    {"man", MG_HARMLESS, ""},
-    {"sx", MG_HARMLESS, ""},
-    {"sc", MG_HARMLESS, ""},
-    {"system", MG_HARMLESS, ""},
-    {"killbgscripts", MG_HARMLESS, ""},
-    {"load", MG_HARMLESS, ""},
-    {"loadpy", MG_HARMLESS, ""},
-    {"save", MG_HARMLESS, ""},
-    {"logstart", MG_HARMLESS, ""},
-    {"logon", MG_HARMLESS, ""},
-    {"logoff", MG_HARMLESS, ""},
-    {"logstop", MG_HARMLESS, ""},
-    {"logstate", MG_HARMLESS, ""},
-    {"notebook", MG_HARMLESS, ""},
-    {"autosave", MG_HARMLESS, ""},
-    {"connect_info", MG_HARMLESS, ""},
-    {"qtconsole", MG_HARMLESS, ""},
-    {"html", MG_HARMLESS, ""},
-    {"HTML", MG_HARMLESS, ""},
-    {"javascript", MG_HARMLESS, ""},
-    {"js", MG_HARMLESS, ""},
-    {"latex", MG_HARMLESS, ""},
-    {"markdown", MG_HARMLESS, ""},
-    {"svg", MG_HARMLESS, ""},
-    {"writefile", MG_HARMLESS, ""},
-    {"file", MG_HARMLESS, ""},
-    {"sql", MG_OPAQUE, ""},
-    /* ours: reports where variables live and the GPU time held (runs in the kernel) */
-    {"looseleaf", MG_HARMLESS, ""},
-    {NULL, 0, NULL}};
-
-static const s_magic_t *s_find_magic(const char *name)
+static int s_expand_name(void *ctx, const char *name)
 {
-    for (const s_magic_t *m = s_magics; m->name; m++)
-        if (strcmp(m->name, name) == 0)
-            return m;
-    return NULL;
+    s_walker_t *w = ctx;
+    s_load(w, name);
+    return w->oom ? -1 : 0;
+}
+
+/* {expr} in a shell command or magic line: IPython evaluates it here. */
+static int s_expand_expr(void *ctx, const char *text, size_t n)
+{
+    s_walker_t *w = ctx;
+    char *expr = malloc(n + 1);
+    if (!expr) {
+        w->oom = true;
+        return -1;
+    }
+    memcpy(expr, text, n);
+    expr[n] = '\0';
+    PyCompilerFlags flags = _PyCompilerFlags_INIT;
+    flags.cf_flags = PyCF_ONLY_AST;
+    PyObject *tree = Py_CompileStringExFlags(expr, "<expand>", Py_eval_input, &flags, -1);
+    free(expr);
+    if (tree) {
+        s_walk_field(w, tree, s_py.a_body);
+        Py_DECREF(tree);
+    } else
+        PyErr_Clear(); /* IPython leaves it as text */
+    return w->oom ? -1 : 0;
 }
 
 /* IPython expands $name and {expr} in shell commands and magic lines. */
 static void s_expand(s_walker_t *w, const char *text)
 {
-    for (const char *p = text; *p && !w->oom; p++) {
-        if (p[0] == '$' && p[1] == '$') {
-            p++;
-            continue;
-        }
-        if (p[0] == '$' && (isalpha((unsigned char) p[1]) || p[1] == '_')) {
-            char name[256];
-            size_t n = 0;
-            for (p++; (isalnum((unsigned char) *p) || *p == '_') && n + 1 < sizeof name; p++)
-                name[n++] = *p;
-            name[n] = '\0';
-            s_load(w, name);
-            p--;
-            continue;
-        }
-        if (p[0] == '{' && p[1] == '{') {
-            p++;
-            continue;
-        }
-        if (p[0] == '{') {
-            int depth = 0;
-            const char *q = p;
-            for (; *q; q++) {
-                if (*q == '{')
-                    depth++;
-                else if (*q == '}' && --depth == 0)
-                    break;
-            }
-            if (!*q)
-                return;
-            size_t n = (size_t) (q - p - 1);
-            char *expr = malloc(n + 1);
-            if (!expr) {
-                w->oom = true;
-                return;
-            }
-            memcpy(expr, p + 1, n);
-            expr[n] = '\0';
-            PyCompilerFlags flags = _PyCompilerFlags_INIT;
-            flags.cf_flags = PyCF_ONLY_AST;
-            PyObject *tree = Py_CompileStringExFlags(expr, "<expand>", Py_eval_input, &flags, -1);
-            free(expr);
-            if (tree) {
-                s_walk_field(w, tree, s_py.a_body);
-                Py_DECREF(tree);
-            } else
-                PyErr_Clear(); /* IPython leaves it as text */
-            p = q;
-        }
-    }
+    ll_magic_expand(text, s_expand_name, s_expand_expr, w);
 }
 
-/* Skip a magic line's leading options; ARGOPTS lists options with values. */
-static const char *s_skip_options(const char *line, const char *argopts)
+static int s_bind_name(void *ctx, const char *name)
 {
-    const char *p = line;
-    for (;;) {
-        while (*p == ' ' || *p == '\t')
-            p++;
-        if (p[0] != '-' || p[1] == '\0' || p[1] == ' ')
-            return p;
-        char opt = p[1];
-        bool attached = p[2] && p[2] != ' ' && p[2] != '\t';
-        while (*p && *p != ' ' && *p != '\t')
-            p++;
-        if (strchr(argopts, opt) && !attached && opt != '-') {
-            while (*p == ' ' || *p == '\t')
-                p++;
-            while (*p && *p != ' ' && *p != '\t')
-                p++;
-        }
-    }
+    s_store(ctx, name, LL_BK_VALUE, -1);
+    return 0;
 }
 
-/* Bind the values of --out/--err/--proc (script magics) or the first plain
- * word (%%capture). */
-static void s_bind_option_vars(s_walker_t *w, const char *line, bool capture)
+/* `x?` -> pinfo 'x': the object named is read. */
+static void s_walk_magic_object(s_walker_t *w, const char *line)
 {
     char buf[1024];
-    snprintf(buf, sizeof buf, "%s", line);
-    char *save = NULL;
-    bool take_next = false;
-    for (char *tok = strtok_r(buf, " \t", &save); tok; tok = strtok_r(NULL, " \t", &save)) {
-        if (take_next) {
-            s_store(w, tok, LL_BK_VALUE, -1);
-            take_next = false;
-        } else if (!capture && (strcmp(tok, "--out") == 0 || strcmp(tok, "--err") == 0 ||
-                                strcmp(tok, "--proc") == 0))
-            take_next = true;
-        else if (capture && tok[0] != '-') {
-            s_store(w, tok, LL_BK_VALUE, -1);
-            return;
-        }
+    ll_magic_object(line, buf, sizeof buf);
+    PyCompilerFlags flags = _PyCompilerFlags_INIT;
+    flags.cf_flags = PyCF_ONLY_AST;
+    PyObject *tree = Py_CompileStringExFlags(buf, "<magic>", Py_eval_input, &flags, -1);
+    if (tree) {
+        s_walk_field(w, tree, s_py.a_body);
+        Py_DECREF(tree);
+    } else
+        PyErr_Clear(); /* a wildcard search: reads nothing we can name */
+}
+
+/* %%timeit: the setup on the magic's line, then the body, as one function
+ * body (timeit runs its code in a function: assignments stay local). */
+static void s_walk_timeit_cell(s_walker_t *w, const char *setup, const char *body)
+{
+    size_t n1 = strlen(setup), n2 = strlen(body);
+    char *both = malloc(n1 + n2 + 2);
+    if (!both) {
+        w->oom = true;
+        return;
     }
+    memcpy(both, setup, n1);
+    both[n1] = '\n';
+    memcpy(both + n1 + 1, body, n2 + 1);
+    s_walk_code(w, both, true);
+    free(both);
 }
 
 /* get_ipython().METHOD(ARGS...) with constant string arguments. */
 static void s_walk_magic(s_walker_t *w, const char *method, const char **argv, int argc)
 {
-    if (strcmp(method, "system") == 0 || strcmp(method, "getoutput") == 0) {
+    const ll_magic_t *m = NULL;
+    ll_magic_kind_t kind = ll_magic_classify(method, argc, argc >= 1 ? argv[0] : NULL, &m);
+    bool cell = strcmp(method, "run_cell_magic") == 0;
+    const char *line = argc >= 2 ? argv[1] : NULL;
+    switch (kind) {
+    case LL_MAGIC_SHELL:
         if (argc >= 1)
             s_expand(w, argv[0]);
-        return;
-    }
-    bool cell = strcmp(method, "run_cell_magic") == 0;
-    if (argc < (cell ? 3 : 2)) {
-        s_opaque(w);
-        return;
-    }
-    const char *line = argv[1];
-    const s_magic_t *m = s_find_magic(argv[0]);
-    if (!m || m->kind == MG_OPAQUE) {
-        s_opaque(w);
-        return;
-    }
-    switch (m->kind) {
-    case MG_HARMLESS: s_expand(w, line); break;
-    case MG_EXPR: {
-        /* `x?` -> pinfo 'x': the object named is read. */
-        char buf[1024];
-        snprintf(buf, sizeof buf, "%s", line);
-        size_t n = strlen(buf);
-        while (n && (buf[n - 1] == '?' || buf[n - 1] == ' '))
-            buf[--n] = '\0';
-        PyCompilerFlags flags = _PyCompilerFlags_INIT;
-        flags.cf_flags = PyCF_ONLY_AST;
-        PyObject *tree = Py_CompileStringExFlags(buf, "<magic>", Py_eval_input, &flags, -1);
-        if (tree) {
-            s_walk_field(w, tree, s_py.a_body);
-            Py_DECREF(tree);
-        } else
-            PyErr_Clear(); /* a wildcard search: reads nothing we can name */
         break;
-    }
-    case MG_CODE:
+    case LL_MAGIC_OPAQUE: s_opaque(w); break;
+    case LL_MAGIC_HARMLESS: s_expand(w, line); break;
+    case LL_MAGIC_EXPR: s_walk_magic_object(w, line); break;
+    case LL_MAGIC_CODE:
         if (cell)
             s_walk_code(w, argv[2], false);
         else
-            s_walk_code(w, s_skip_options(line, m->argopts), false);
+            s_walk_code(w, ll_magic_skip_options(line, m->argopts), false);
         break;
-    case MG_TIMEIT:
-        /* timeit runs its code in a function: assignments stay local. */
-        if (cell) {
-            const char *setup = s_skip_options(line, m->argopts);
-            size_t n1 = strlen(setup), n2 = strlen(argv[2]);
-            char *both = malloc(n1 + n2 + 2);
-            if (!both) {
-                w->oom = true;
-                return;
-            }
-            memcpy(both, setup, n1);
-            both[n1] = '\n';
-            memcpy(both + n1 + 1, argv[2], n2 + 1);
-            s_walk_code(w, both, true);
-            free(both);
-        } else
-            s_walk_code(w, s_skip_options(line, m->argopts), true);
+    case LL_MAGIC_TIMEIT:
+        if (cell)
+            s_walk_timeit_cell(w, ll_magic_skip_options(line, m->argopts), argv[2]);
+        else
+            s_walk_code(w, ll_magic_skip_options(line, m->argopts), true);
         break;
-    case MG_CAPTURE: {
+    case LL_MAGIC_CAPTURE: {
         /* The captured output holds whatever the body displayed: one unit,
          * so the variable's modules are all of the body's. */
         bool saved = w->one_unit;
         w->one_unit = true;
         if (cell)
             s_walk_code(w, argv[2], false);
-        s_bind_option_vars(w, line, true);
+        ll_magic_bound_names(line, true, s_bind_name, w);
         w->one_unit = saved;
         break;
     }
-    case MG_SCRIPT: s_bind_option_vars(w, line, false); break;
+    case LL_MAGIC_SCRIPT: ll_magic_bound_names(line, false, s_bind_name, w); break;
     }
 }
 
@@ -1496,9 +1296,7 @@ static bool s_try_magic(s_walker_t *w, PyObject *node, PyObject *func)
     if (!s_is(func, s_py.t_Attribute) || !s_is_get_ipython_call(func))
         return false;
     const char *method = s_get_str(func, s_py.a_attr);
-    if (!method ||
-        (strcmp(method, "run_line_magic") != 0 && strcmp(method, "run_cell_magic") != 0 &&
-         strcmp(method, "system") != 0 && strcmp(method, "getoutput") != 0)) {
+    if (!method || !ll_magic_is_call(method)) {
         s_opaque(w);
         return false;
     }

@@ -135,6 +135,55 @@ int ll_analysis_gpu_add_list(const char *list);
  * ll_analysis_session.c. */
 int ll_analysis_compute_reads(const ll_analysis_t *cell, ll_names_t *reads);
 
+/* ---- IPython magics (ll_analysis_magic.c; pure) ------------------------ */
+
+typedef enum {
+    LL_MAGIC_HARMLESS = 0, /* no effect on the namespace; $name/{expr} in its line are read */
+    LL_MAGIC_CODE,         /* runs its line (after options) or body as cell code: %time, %prun */
+    LL_MAGIC_TIMEIT,       /* the same as a function body (assignments stay local): %timeit */
+    LL_MAGIC_EXPR,         /* reads the object its line names: x? (pinfo) */
+    LL_MAGIC_CAPTURE,      /* %%capture: its body is one unit; its first word is bound */
+    LL_MAGIC_SCRIPT,       /* %%bash & co: the names after --out/--err/--proc are bound */
+    LL_MAGIC_OPAQUE,       /* effect unknown (%run, %reset, %who, an unknown magic) */
+    LL_MAGIC_SHELL,        /* !cmd (system/getoutput): $name/{expr} in the command are read */
+} ll_magic_kind_t;
+
+typedef struct {
+    const char *name;     /* without % */
+    ll_magic_kind_t kind; /* never LL_MAGIC_SHELL */
+    const char *argopts;  /* single-letter options that take a value ("nrp") */
+} ll_magic_t;
+
+/* The table's entry for magic NAME, or NULL when it is not known. */
+const ll_magic_t *ll_magic_find(const char *name);
+/* Whether get_ipython().METHOD(...) is a magic or shell call the analysis
+ * reads (run_line_magic, run_cell_magic, system, getoutput); any other use
+ * of get_ipython() makes the cell opaque. */
+bool ll_magic_is_call(const char *method);
+/* What get_ipython().METHOD(NAME, ...) with ARGC constant string arguments
+ * does: LL_MAGIC_SHELL for system/getoutput; LL_MAGIC_OPAQUE for too few
+ * arguments, an unknown magic or one of unknown effect; else the magic's
+ * kind, with *MAGIC set to its entry (NULL otherwise). */
+ll_magic_kind_t ll_magic_classify(const char *method, int argc, const char *name,
+                                  const ll_magic_t **magic);
+/* LINE after its leading options (-n 10 -r3 ...); ARGOPTS lists the options
+ * that take a value.  Points into LINE. */
+const char *ll_magic_skip_options(const char *line, const char *argopts);
+/* Call BIND(CTX, name) for each name a magic's LINE binds: the word after
+ * --out, --err or --proc (script magics), or the first word that is not an
+ * option (%%capture, CAPTURE true).  Stops when BIND returns non-zero: -1,
+ * else 0.  The names live only during the call. */
+int ll_magic_bound_names(const char *line, bool capture, int (*bind)(void *ctx, const char *name),
+                         void *ctx);
+/* Scan TEXT the way IPython expands a shell command or magic line: NAME_CB
+ * for each $name ($$ is a literal $), EXPR_CB for the text inside each
+ * {expr} (balanced braces; {{ is literal; an unclosed brace ends the scan).
+ * Stops when a callback returns non-zero: -1, else 0. */
+int ll_magic_expand(const char *text, int (*name_cb)(void *ctx, const char *name),
+                    int (*expr_cb)(void *ctx, const char *expr, size_t len), void *ctx);
+/* The object a help line names ("np.zeros??  " -> "np.zeros"), into BUF. */
+void ll_magic_object(const char *line, char *buf, size_t buflen);
+
 /* ---- IPython input transformation (ll_analysis_ipython.c; GIL held) ---- */
 
 /* IPython's leading_indent, in place: strip the first line's indentation

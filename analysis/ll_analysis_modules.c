@@ -132,19 +132,18 @@ const char *ll_analysis_package_of(const char *path, char *buf, size_t buflen)
     return buf;
 }
 
-
 /* ---- self-test: the list decisions, scripted ---------------------------- */
 
 int ll_analysis_modules_selftest(bool verbose)
 {
     int fails = 0;
-#define S_CHECK(cond)                                                                           \
-    do {                                                                                        \
-        if (!(cond)) {                                                                          \
-            fails++;                                                                            \
-            if (verbose)                                                                        \
+#define S_CHECK(cond)                                                                            \
+    do {                                                                                         \
+        if (!(cond)) {                                                                           \
+            fails++;                                                                             \
+            if (verbose)                                                                         \
                 fprintf(stderr, "ll_analysis_modules: failed: %s (line %d)\n", #cond, __LINE__); \
-        }                                                                                       \
+        }                                                                                        \
     } while (0)
     /* A package matches itself and its submodules, not a longer name. */
     S_CHECK(ll_analysis_is_gpu_module("torch"));
@@ -167,17 +166,20 @@ int ll_analysis_modules_selftest(bool verbose)
     S_CHECK(ll_analysis_gpu_add("llmodtest_a") == 0); /* twice: no error */
     S_CHECK(ll_analysis_gpu_add("") == -1 && ll_analysis_gpu_add(NULL) == -1);
     S_CHECK(ll_analysis_is_gpu_module("llmodtest_a.sub"));
-    S_CHECK(ll_analysis_gpu_add_list("llmodtest_b, llmodtest_c.gpu;llmodtest_d\tllmodtest_e:") == 0);
+    S_CHECK(ll_analysis_gpu_add_list("llmodtest_b, llmodtest_c.gpu;llmodtest_d\tllmodtest_e:") ==
+            0);
     S_CHECK(ll_analysis_is_gpu_module("llmodtest_b") && ll_analysis_is_gpu_module("llmodtest_d"));
     S_CHECK(ll_analysis_is_gpu_module("llmodtest_e.x"));
-    S_CHECK(ll_analysis_is_gpu_module("llmodtest_c.gpu.k") && !ll_analysis_is_gpu_module("llmodtest_c"));
+    S_CHECK(ll_analysis_is_gpu_module("llmodtest_c.gpu.k") &&
+            !ll_analysis_is_gpu_module("llmodtest_c"));
     S_CHECK(ll_analysis_gpu_add_list(" , ;") == 0); /* nothing to add */
 
     /* Comm machinery: widgets and comms belong to the kernel process. */
     S_CHECK(ll_analysis_is_kernel_module("ipywidgets"));
     S_CHECK(ll_analysis_is_kernel_module("ipywidgets.widgets.interaction"));
     S_CHECK(ll_analysis_is_kernel_module("comm") && ll_analysis_is_kernel_module("ipykernel.comm"));
-    S_CHECK(!ll_analysis_is_kernel_module("commons") && !ll_analysis_is_kernel_module("tqdm.notebook"));
+    S_CHECK(!ll_analysis_is_kernel_module("commons") &&
+            !ll_analysis_is_kernel_module("tqdm.notebook"));
     S_CHECK(!ll_analysis_is_kernel_module(NULL));
     S_CHECK(!ll_analysis_is_kernel_module("torch") && !ll_analysis_is_gpu_module("ipywidgets"));
 
