@@ -47,9 +47,7 @@
  * RecursionError for absurdly deep expressions), and the walker refuses
  * trees deeper than LL_ANALYSIS_MAX_DEPTH, or deeper than the C stack left
  * on the calling thread allows, rather than overflow it. */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-
+#include "analysis/ll_analysis_ast.h"
 #include "analysis/ll_analysis.h"
 #include "analysis/ll_analysis_internal.h"
 #include "base/ll_log.h"
@@ -61,49 +59,6 @@
 #include <string.h>
 
 #define LL_ANALYSIS_MAX_DEPTH 1500
-
-/* ---- cached Python objects (set once by ll_analysis_init) -------------- */
-
-/* Node types we treat specially; all others are walked field by field. */
-/* clang-format off */
-#define LL_AST_TYPES(X)                                                        \
-    X(AST) X(Module) X(FunctionDef) X(AsyncFunctionDef) X(ClassDef) X(Lambda)  \
-    X(ListComp) X(SetComp) X(DictComp) X(GeneratorExp) X(Name) X(Load)         \
-    X(Store) X(Del) X(Assign) X(AnnAssign) X(AugAssign) X(NamedExpr) X(For)    \
-    X(AsyncFor) X(While) X(If) X(With) X(AsyncWith) X(Try) X(TryStar)          \
-    X(ExceptHandler) X(Match) X(MatchAs) X(MatchStar) X(MatchMapping)          \
-    X(Import) X(ImportFrom) X(Global) X(Nonlocal) X(Delete) X(Expr) X(Call)    \
-    X(Attribute) X(Subscript) X(Starred) X(Constant) X(arguments)
-
-#define LL_AST_ATTRS(X)                                                        \
-    X(body) X(orelse) X(finalbody) X(handlers) X(name) X(names) X(asname)      \
-    X(module) X(level) X(id) X(ctx) X(targets) X(target) X(value) X(iter)      \
-    X(ifs) X(generators) X(elt) X(key) X(test) X(items) X(context_expr)        \
-    X(optional_vars) X(type) X(args) X(posonlyargs) X(vararg) X(kwonlyargs)    \
-    X(kwarg) X(arg) X(annotation) X(returns) X(decorator_list) X(bases)        \
-    X(keywords) X(func) X(attr) X(slice) X(cases) X(pattern) X(guard)          \
-    X(subject) X(rest) X(lineno) X(msg) X(_fields)
-/* clang-format on */
-
-typedef struct {
-#define X(n) PyObject *t_##n;
-    LL_AST_TYPES(X)
-#undef X
-#define X(n) PyObject *a_##n;
-    LL_AST_ATTRS(X)
-#undef X
-    PyObject *builtins; /* dict of the builtins module */
-    bool ready;
-} s_py_t;
-
-static s_py_t s_py;
-
-/* Per-type field tuples for the generic walk, keyed by type pointer. */
-#define LL_FIELD_SLOTS 512
-static struct {
-    PyTypeObject *type;
-    PyObject *fields; /* tuple of str */
-} s_fields[LL_FIELD_SLOTS];
 
 /* ---- the analysis object ---------------------------------------------- */
 
@@ -201,54 +156,6 @@ static void s_walk(s_walker_t *w, PyObject *node);
 static void s_walk_body(s_walker_t *w, PyObject *list);
 static void s_scan(s_walker_t *w, PyObject *node, s_scope_t *sc, bool comp);
 static void s_walk_code(s_walker_t *w, const char *code, bool as_function);
-
-/* A new reference to NODE.ATTR, or NULL (no exception left set).  AST
- * nodes keep their fields in their instance dict, and ATTR is an interned
- * string with its hash cached, so one dict lookup replaces the generic
- * attribute protocol (type MRO walk first): the walk's hottest call. */
-static PyObject *s_get(PyObject *node, PyObject *attr)
-{
-    PyObject **dictp = _PyObject_GetDictPtr(node);
-    if (dictp && *dictp) {
-        PyObject *v = PyDict_GetItemWithError(*dictp, attr);
-        if (v) {
-            Py_INCREF(v);
-            return v;
-        }
-        PyErr_Clear();
-    }
-    PyObject *v = PyObject_GetAttr(node, attr);
-    if (!v)
-        PyErr_Clear();
-    return v;
-}
-
-static bool s_is(PyObject *node, PyObject *type)
-{
-    return node && (PyObject *) Py_TYPE(node) == type;
-}
-
-static bool s_is_ast(PyObject *obj)
-{
-    return obj && PyObject_TypeCheck(obj, (PyTypeObject *) s_py.t_AST);
-}
-
-/* NODE.ATTR as a UTF-8 string owned by the AST, or NULL. */
-static const char *s_get_str(PyObject *node, PyObject *attr)
-{
-    PyObject *v = s_get(node, attr);
-    if (!v)
-        return NULL;
-    const char *s = NULL;
-    if (PyUnicode_Check(v)) {
-        s = PyUnicode_AsUTF8(v);
-        if (!s)
-            PyErr_Clear();
-    }
-    /* The AST keeps the str alive while the walk runs. */
-    Py_DECREF(v);
-    return s;
-}
 
 static const char *s_intern(s_walker_t *w, const char *name)
 {
@@ -374,12 +281,12 @@ static void s_opaque(s_walker_t *w)
 /* Whether attribute node ATTR is get_ipython().something. */
 static bool s_is_get_ipython_call(PyObject *attr)
 {
-    PyObject *recv = s_get(attr, s_py.a_value);
+    PyObject *recv = ll_ast_get(attr, ll_ast.a_value);
     bool is_gi = false;
-    if (s_is(recv, s_py.t_Call)) {
-        PyObject *f = s_get(recv, s_py.a_func);
-        PyObject *args = s_get(recv, s_py.a_args);
-        const char *id = s_is(f, s_py.t_Name) ? s_get_str(f, s_py.a_id) : NULL;
+    if (ll_ast_is(recv, ll_ast.t_Call)) {
+        PyObject *f = ll_ast_get(recv, ll_ast.a_func);
+        PyObject *args = ll_ast_get(recv, ll_ast.a_args);
+        const char *id = ll_ast_is(f, ll_ast.t_Name) ? ll_ast_str(f, ll_ast.a_id) : NULL;
         is_gi = id && strcmp(id, "get_ipython") == 0 && args && PyList_Check(args) &&
                 PyList_GET_SIZE(args) == 0;
         Py_XDECREF(f);
@@ -479,12 +386,12 @@ static const char *s_base_name(PyObject *node)
     Py_INCREF(cur);
     for (int guard = 0; guard < 10000; guard++) {
         PyObject *next = NULL;
-        if (s_is(cur, s_py.t_Attribute) || s_is(cur, s_py.t_Subscript))
-            next = s_get(cur, s_py.a_value);
-        else if (s_is(cur, s_py.t_Call))
-            next = s_get(cur, s_py.a_func);
-        else if (s_is(cur, s_py.t_Name)) {
-            const char *id = s_get_str(cur, s_py.a_id);
+        if (ll_ast_is(cur, ll_ast.t_Attribute) || ll_ast_is(cur, ll_ast.t_Subscript))
+            next = ll_ast_get(cur, ll_ast.a_value);
+        else if (ll_ast_is(cur, ll_ast.t_Call))
+            next = ll_ast_get(cur, ll_ast.a_func);
+        else if (ll_ast_is(cur, ll_ast.t_Name)) {
+            const char *id = ll_ast_str(cur, ll_ast.a_id);
             Py_DECREF(cur);
             return id;
         }
@@ -516,45 +423,21 @@ static void s_scan_list(s_walker_t *w, PyObject *list, s_scope_t *sc, bool comp)
 
 static void s_scan_field(s_walker_t *w, PyObject *node, PyObject *attr, s_scope_t *sc, bool comp)
 {
-    PyObject *v = s_get(node, attr);
+    PyObject *v = ll_ast_get(node, attr);
     if (!v)
         return;
     if (PyList_Check(v))
         s_scan_list(w, v, sc, comp);
-    else if (s_is_ast(v))
+    else if (ll_ast_node(v))
         s_scan(w, v, sc, comp);
     Py_DECREF(v);
-}
-
-static PyObject *s_fields_of(PyObject *node)
-{
-    PyTypeObject *t = Py_TYPE(node);
-    size_t slot = ((uintptr_t) t >> 4) & (LL_FIELD_SLOTS - 1);
-    for (size_t n = 0; n < LL_FIELD_SLOTS; n++) {
-        size_t i = (slot + n) & (LL_FIELD_SLOTS - 1);
-        if (s_fields[i].type == t)
-            return s_fields[i].fields;
-        if (!s_fields[i].type) {
-            PyObject *f = PyObject_GetAttr((PyObject *) t, s_py.a__fields);
-            if (!f || !PyTuple_Check(f)) {
-                PyErr_Clear();
-                Py_XDECREF(f);
-                return NULL;
-            }
-            Py_INCREF(t);
-            s_fields[i].type = t;
-            s_fields[i].fields = f;
-            return f;
-        }
-    }
-    return NULL;
 }
 
 /* Collect into SC the names its code binds.  In COMP mode (inside a
  * comprehension of SC) only walrus targets bind in SC. */
 static void s_scan(s_walker_t *w, PyObject *node, s_scope_t *sc, bool comp)
 {
-    if (!s_is_ast(node) || w->depth > LL_ANALYSIS_MAX_DEPTH)
+    if (!ll_ast_node(node) || w->depth > LL_ANALYSIS_MAX_DEPTH)
         return;
     if (s_stack_low(w)) {
         w->too_deep = true;
@@ -562,39 +445,40 @@ static void s_scan(s_walker_t *w, PyObject *node, s_scope_t *sc, bool comp)
     }
     w->depth++;
     PyObject *t = (PyObject *) Py_TYPE(node);
-    if (t == s_py.t_Name) {
-        PyObject *ctx = s_get(node, s_py.a_ctx);
-        if (!comp && ctx && !s_is(ctx, s_py.t_Load)) {
-            const char *id = s_get_str(node, s_py.a_id);
+    if (t == ll_ast.t_Name) {
+        PyObject *ctx = ll_ast_get(node, ll_ast.a_ctx);
+        if (!comp && ctx && !ll_ast_is(ctx, ll_ast.t_Load)) {
+            const char *id = ll_ast_str(node, ll_ast.a_id);
             if (id)
                 s_add(w, &sc->locals, id);
         }
         Py_XDECREF(ctx);
-    } else if (t == s_py.t_NamedExpr) {
-        PyObject *target = s_get(node, s_py.a_target);
-        const char *id = target ? s_get_str(target, s_py.a_id) : NULL;
+    } else if (t == ll_ast.t_NamedExpr) {
+        PyObject *target = ll_ast_get(node, ll_ast.a_target);
+        const char *id = target ? ll_ast_str(target, ll_ast.a_id) : NULL;
         if (id)
             s_add(w, &sc->locals, id);
         Py_XDECREF(target);
-        s_scan_field(w, node, s_py.a_value, sc, comp);
-    } else if (t == s_py.t_FunctionDef || t == s_py.t_AsyncFunctionDef || t == s_py.t_ClassDef) {
-        const char *id = s_get_str(node, s_py.a_name);
+        s_scan_field(w, node, ll_ast.a_value, sc, comp);
+    } else if (t == ll_ast.t_FunctionDef || t == ll_ast.t_AsyncFunctionDef ||
+               t == ll_ast.t_ClassDef) {
+        const char *id = ll_ast_str(node, ll_ast.a_name);
         if (id && !comp)
             s_add(w, &sc->locals, id);
-    } else if (t == s_py.t_Lambda) {
+    } else if (t == ll_ast.t_Lambda) {
         /* its own scope */
-    } else if (t == s_py.t_ListComp || t == s_py.t_SetComp || t == s_py.t_DictComp ||
-               t == s_py.t_GeneratorExp) {
-        PyObject *fields = s_fields_of(node);
+    } else if (t == ll_ast.t_ListComp || t == ll_ast.t_SetComp || t == ll_ast.t_DictComp ||
+               t == ll_ast.t_GeneratorExp) {
+        PyObject *fields = ll_ast_fields(node);
         for (Py_ssize_t i = 0; fields && i < PyTuple_GET_SIZE(fields); i++)
             s_scan_field(w, node, PyTuple_GET_ITEM(fields, i), sc, true);
-    } else if (t == s_py.t_Import || t == s_py.t_ImportFrom) {
-        PyObject *names = s_get(node, s_py.a_names);
+    } else if (t == ll_ast.t_Import || t == ll_ast.t_ImportFrom) {
+        PyObject *names = ll_ast_get(node, ll_ast.a_names);
         for (Py_ssize_t i = 0; !comp && names && PyList_Check(names) && i < PyList_GET_SIZE(names);
              i++) {
             PyObject *alias = PyList_GET_ITEM(names, i);
-            const char *as = s_get_str(alias, s_py.a_asname);
-            const char *nm = s_get_str(alias, s_py.a_name);
+            const char *as = ll_ast_str(alias, ll_ast.a_asname);
+            const char *nm = ll_ast_str(alias, ll_ast.a_name);
             if (as)
                 s_add(w, &sc->locals, as);
             else if (nm && strcmp(nm, "*") != 0) {
@@ -607,9 +491,9 @@ static void s_scan(s_walker_t *w, PyObject *node, s_scope_t *sc, bool comp)
             }
         }
         Py_XDECREF(names);
-    } else if (t == s_py.t_Global || t == s_py.t_Nonlocal) {
-        PyObject *names = s_get(node, s_py.a_names);
-        ll_names_t *into = t == s_py.t_Global ? &sc->globals : &sc->nonlocals;
+    } else if (t == ll_ast.t_Global || t == ll_ast.t_Nonlocal) {
+        PyObject *names = ll_ast_get(node, ll_ast.a_names);
+        ll_names_t *into = t == ll_ast.t_Global ? &sc->globals : &sc->nonlocals;
         for (Py_ssize_t i = 0; names && PyList_Check(names) && i < PyList_GET_SIZE(names); i++) {
             PyObject *s = PyList_GET_ITEM(names, i);
             const char *id = PyUnicode_Check(s) ? PyUnicode_AsUTF8(s) : NULL;
@@ -620,17 +504,18 @@ static void s_scan(s_walker_t *w, PyObject *node, s_scope_t *sc, bool comp)
         }
         Py_XDECREF(names);
     } else {
-        if (!comp && (t == s_py.t_ExceptHandler || t == s_py.t_MatchAs || t == s_py.t_MatchStar)) {
-            const char *id = s_get_str(node, s_py.a_name);
+        if (!comp &&
+            (t == ll_ast.t_ExceptHandler || t == ll_ast.t_MatchAs || t == ll_ast.t_MatchStar)) {
+            const char *id = ll_ast_str(node, ll_ast.a_name);
             if (id)
                 s_add(w, &sc->locals, id);
         }
-        if (!comp && t == s_py.t_MatchMapping) {
-            const char *id = s_get_str(node, s_py.a_rest);
+        if (!comp && t == ll_ast.t_MatchMapping) {
+            const char *id = ll_ast_str(node, ll_ast.a_rest);
             if (id)
                 s_add(w, &sc->locals, id);
         }
-        PyObject *fields = s_fields_of(node);
+        PyObject *fields = ll_ast_fields(node);
         for (Py_ssize_t i = 0; fields && i < PyTuple_GET_SIZE(fields); i++)
             s_scan_field(w, node, PyTuple_GET_ITEM(fields, i), sc, comp);
     }
@@ -664,19 +549,19 @@ static void s_walk_list(s_walker_t *w, PyObject *list)
 
 static void s_walk_field(s_walker_t *w, PyObject *node, PyObject *attr)
 {
-    PyObject *v = s_get(node, attr);
+    PyObject *v = ll_ast_get(node, attr);
     if (!v)
         return;
     if (PyList_Check(v))
         s_walk_list(w, v);
-    else if (s_is_ast(v))
+    else if (ll_ast_node(v))
         s_walk(w, v);
     Py_DECREF(v);
 }
 
 static void s_walk_generic(s_walker_t *w, PyObject *node)
 {
-    PyObject *fields = s_fields_of(node);
+    PyObject *fields = ll_ast_fields(node);
     for (Py_ssize_t i = 0; fields && i < PyTuple_GET_SIZE(fields); i++)
         s_walk_field(w, node, PyTuple_GET_ITEM(fields, i));
 }
@@ -695,7 +580,7 @@ static void s_walk_body(s_walker_t *w, PyObject *list)
 
 static void s_walk_body_field(s_walker_t *w, PyObject *node, PyObject *attr, bool cond)
 {
-    PyObject *v = s_get(node, attr);
+    PyObject *v = ll_ast_get(node, attr);
     if (!v)
         return;
     int saved = cond ? s_enter_block(w) : 0;
@@ -707,12 +592,12 @@ static void s_walk_body_field(s_walker_t *w, PyObject *node, PyObject *attr, boo
 
 static void s_walk_name(s_walker_t *w, PyObject *node)
 {
-    const char *id = s_get_str(node, s_py.a_id);
-    PyObject *ctx = s_get(node, s_py.a_ctx);
+    const char *id = ll_ast_str(node, ll_ast.a_id);
+    PyObject *ctx = ll_ast_get(node, ll_ast.a_ctx);
     if (id && ctx) {
-        if (s_is(ctx, s_py.t_Load))
+        if (ll_ast_is(ctx, ll_ast.t_Load))
             s_load(w, id);
-        else if (s_is(ctx, s_py.t_Store))
+        else if (ll_ast_is(ctx, ll_ast.t_Store))
             s_store(w, id, LL_BK_VALUE, -1);
         else
             s_delete(w, id, true);
@@ -725,32 +610,24 @@ static void s_params(s_walker_t *w, PyObject *args, s_scope_t *sc)
 {
     if (!args)
         return;
-    PyObject *lists[] = {s_py.a_posonlyargs, s_py.a_args, s_py.a_kwonlyargs};
+    PyObject *lists[] = {ll_ast.a_posonlyargs, ll_ast.a_args, ll_ast.a_kwonlyargs};
     for (size_t k = 0; k < 3; k++) {
-        PyObject *l = s_get(args, lists[k]);
+        PyObject *l = ll_ast_get(args, lists[k]);
         for (Py_ssize_t i = 0; l && PyList_Check(l) && i < PyList_GET_SIZE(l); i++) {
-            const char *id = s_get_str(PyList_GET_ITEM(l, i), s_py.a_arg);
+            const char *id = ll_ast_str(PyList_GET_ITEM(l, i), ll_ast.a_arg);
             if (id)
                 s_add(w, &sc->locals, id);
         }
         Py_XDECREF(l);
     }
-    PyObject *singles[] = {s_py.a_vararg, s_py.a_kwarg};
+    PyObject *singles[] = {ll_ast.a_vararg, ll_ast.a_kwarg};
     for (size_t k = 0; k < 2; k++) {
-        PyObject *a = s_get(args, singles[k]);
-        const char *id = s_is_ast(a) ? s_get_str(a, s_py.a_arg) : NULL;
+        PyObject *a = ll_ast_get(args, singles[k]);
+        const char *id = ll_ast_node(a) ? ll_ast_str(a, ll_ast.a_arg) : NULL;
         if (id)
             s_add(w, &sc->locals, id);
         Py_XDECREF(a);
     }
-}
-
-static bool s_has_items(PyObject *node, PyObject *attr)
-{
-    PyObject *v = s_get(node, attr);
-    bool yes = v && PyList_Check(v) && PyList_GET_SIZE(v) > 0;
-    Py_XDECREF(v);
-    return yes;
 }
 
 /* A decorator receives the function or class: it may call it right away
@@ -761,10 +638,10 @@ static void s_decorated(s_walker_t *w, PyObject *node, const char *name)
 {
     if (w->scope->kind != SC_MODULE)
         return;
-    PyObject *decs = s_get(node, s_py.a_decorator_list);
+    PyObject *decs = ll_ast_get(node, ll_ast.a_decorator_list);
     for (Py_ssize_t i = 0; decs && PyList_Check(decs) && i < PyList_GET_SIZE(decs); i++) {
         PyObject *d = PyList_GET_ITEM(decs, i);
-        if (!s_is(d, s_py.t_Name))
+        if (!ll_ast_is(d, ll_ast.t_Name))
             s_mutate(w, d);
     }
     if (decs && PyList_Check(decs) && PyList_GET_SIZE(decs) > 0)
@@ -775,14 +652,14 @@ static void s_decorated(s_walker_t *w, PyObject *node, const char *name)
 /* def / async def: decorators, defaults and annotations now, body later. */
 static void s_walk_def(s_walker_t *w, PyObject *node)
 {
-    const char *name = s_get_str(node, s_py.a_name);
+    const char *name = ll_ast_str(node, ll_ast.a_name);
     if (!name)
         return;
-    s_walk_field(w, node, s_py.a_decorator_list);
-    PyObject *args = s_get(node, s_py.a_args);
+    s_walk_field(w, node, ll_ast.a_decorator_list);
+    PyObject *args = ll_ast_get(node, ll_ast.a_args);
     if (args)
         s_walk_generic(w, args); /* defaults, kw_defaults, annotations */
-    s_walk_field(w, node, s_py.a_returns);
+    s_walk_field(w, node, ll_ast.a_returns);
 
     bool own = w->group < 0 && w->class_group < 0;
     int g = w->group >= 0         ? w->group
@@ -792,7 +669,7 @@ static void s_walk_def(s_walker_t *w, PyObject *node)
     s_scope_init(&sc, SC_FUNC, w->scope, false);
     s_params(w, args, &sc);
     Py_XDECREF(args);
-    PyObject *body = s_get(node, s_py.a_body);
+    PyObject *body = ll_ast_get(node, ll_ast.a_body);
     s_scan_list(w, body, &sc, false);
     s_scope_t *saved_scope = w->scope;
     int saved_group = w->group;
@@ -810,12 +687,12 @@ static void s_walk_def(s_walker_t *w, PyObject *node)
 
 static void s_walk_class(s_walker_t *w, PyObject *node)
 {
-    const char *name = s_get_str(node, s_py.a_name);
+    const char *name = ll_ast_str(node, ll_ast.a_name);
     if (!name)
         return;
-    s_walk_field(w, node, s_py.a_decorator_list);
-    s_walk_field(w, node, s_py.a_bases);
-    s_walk_field(w, node, s_py.a_keywords);
+    s_walk_field(w, node, ll_ast.a_decorator_list);
+    s_walk_field(w, node, ll_ast.a_bases);
+    s_walk_field(w, node, ll_ast.a_keywords);
 
     bool own = w->group < 0 && w->class_group < 0;
     int cg = own ? s_new_group(w, name, LL_BK_CLASS) : -1;
@@ -824,7 +701,7 @@ static void s_walk_class(s_walker_t *w, PyObject *node)
         w->class_group = cg;
     s_scope_t sc;
     s_scope_init(&sc, SC_CLASS, w->scope, w->scope->immediate && w->group < 0);
-    PyObject *body = s_get(node, s_py.a_body);
+    PyObject *body = ll_ast_get(node, ll_ast.a_body);
     s_scan_list(w, body, &sc, false);
     s_scope_t *saved_scope = w->scope;
     w->scope = &sc;
@@ -843,7 +720,7 @@ static void s_walk_class(s_walker_t *w, PyObject *node)
  * deps of the statement's bindings. */
 static void s_walk_lambda(s_walker_t *w, PyObject *node)
 {
-    PyObject *args = s_get(node, s_py.a_args);
+    PyObject *args = ll_ast_get(node, ll_ast.a_args);
     if (args)
         s_walk_generic(w, args);
     bool own = w->group < 0 && w->class_group < 0;
@@ -854,7 +731,7 @@ static void s_walk_lambda(s_walker_t *w, PyObject *node)
     s_scope_init(&sc, SC_FUNC, w->scope, w->scope->immediate);
     s_params(w, args, &sc);
     Py_XDECREF(args);
-    PyObject *body = s_get(node, s_py.a_body);
+    PyObject *body = ll_ast_get(node, ll_ast.a_body);
     if (body)
         s_scan(w, body, &sc, false);
     s_scope_t *saved_scope = w->scope;
@@ -873,18 +750,18 @@ static void s_walk_lambda(s_walker_t *w, PyObject *node)
 
 static void s_walk_comp(s_walker_t *w, PyObject *node)
 {
-    PyObject *gens = s_get(node, s_py.a_generators);
+    PyObject *gens = ll_ast_get(node, ll_ast.a_generators);
     if (!gens || !PyList_Check(gens) || PyList_GET_SIZE(gens) == 0) {
         Py_XDECREF(gens);
         s_walk_generic(w, node);
         return;
     }
     /* The first iterable is evaluated in the enclosing scope. */
-    s_walk_field(w, PyList_GET_ITEM(gens, 0), s_py.a_iter);
+    s_walk_field(w, PyList_GET_ITEM(gens, 0), ll_ast.a_iter);
     /* A generator expression runs when it is iterated, maybe in a later
      * cell: like a lambda, its globals are read now and are deps of what the
      * statement binds. */
-    bool lazy = s_is(node, s_py.t_GeneratorExp) && w->group < 0 && w->class_group < 0;
+    bool lazy = ll_ast_is(node, ll_ast.t_GeneratorExp) && w->group < 0 && w->class_group < 0;
     int saved_group = w->group;
     int g = lazy ? s_new_group(w, NULL, LL_BK_VALUE) : -1;
     if (g >= 0)
@@ -892,7 +769,7 @@ static void s_walk_comp(s_walker_t *w, PyObject *node)
     s_scope_t sc;
     s_scope_init(&sc, SC_COMP, w->scope, w->scope->immediate);
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(gens); i++)
-        s_scan_field(w, PyList_GET_ITEM(gens, i), s_py.a_target, &sc, false);
+        s_scan_field(w, PyList_GET_ITEM(gens, i), ll_ast.a_target, &sc, false);
     s_scope_t *saved_scope = w->scope;
     w->scope = &sc;
     /* A walrus in it binds only if the loop runs. */
@@ -900,15 +777,15 @@ static void s_walk_comp(s_walker_t *w, PyObject *node)
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(gens); i++) {
         PyObject *gen = PyList_GET_ITEM(gens, i);
         if (i > 0)
-            s_walk_field(w, gen, s_py.a_iter);
-        s_walk_field(w, gen, s_py.a_target);
-        s_walk_field(w, gen, s_py.a_ifs);
+            s_walk_field(w, gen, ll_ast.a_iter);
+        s_walk_field(w, gen, ll_ast.a_target);
+        s_walk_field(w, gen, ll_ast.a_ifs);
     }
-    if (s_is(node, s_py.t_DictComp)) {
-        s_walk_field(w, node, s_py.a_key);
-        s_walk_field(w, node, s_py.a_value);
+    if (ll_ast_is(node, ll_ast.t_DictComp)) {
+        s_walk_field(w, node, ll_ast.a_key);
+        s_walk_field(w, node, ll_ast.a_value);
     } else
-        s_walk_field(w, node, s_py.a_elt);
+        s_walk_field(w, node, ll_ast.a_elt);
     s_leave_block(w, saved_block);
     w->scope = saved_scope;
     s_scope_free(&sc);
@@ -920,9 +797,9 @@ static void s_walk_comp(s_walker_t *w, PyObject *node)
 
 static void s_walk_namedexpr(s_walker_t *w, PyObject *node)
 {
-    s_walk_field(w, node, s_py.a_value);
-    PyObject *target = s_get(node, s_py.a_target);
-    const char *id = target ? s_get_str(target, s_py.a_id) : NULL;
+    s_walk_field(w, node, ll_ast.a_value);
+    PyObject *target = ll_ast_get(node, ll_ast.a_target);
+    const char *id = target ? ll_ast_str(target, ll_ast.a_id) : NULL;
     if (id) {
         s_scope_t *t = w->scope;
         while (t->kind == SC_COMP && t->parent)
@@ -966,24 +843,24 @@ static int s_add_import(s_walker_t *w, const char *bound, const char *module, co
 
 static void s_walk_import(s_walker_t *w, PyObject *node)
 {
-    bool from = s_is(node, s_py.t_ImportFrom);
+    bool from = ll_ast_is(node, ll_ast.t_ImportFrom);
     char mod[512] = "";
     if (from) {
-        PyObject *lv = s_get(node, s_py.a_level);
+        PyObject *lv = ll_ast_get(node, ll_ast.a_level);
         long level = lv && PyLong_Check(lv) ? PyLong_AsLong(lv) : 0;
         Py_XDECREF(lv);
-        const char *m = s_get_str(node, s_py.a_module);
+        const char *m = ll_ast_str(node, ll_ast.a_module);
         size_t n = 0;
         for (long i = 0; i < level && n + 1 < sizeof mod; i++)
             mod[n++] = '.';
         snprintf(mod + n, sizeof mod - n, "%s", m ? m : "");
     }
-    PyObject *names = s_get(node, s_py.a_names);
+    PyObject *names = ll_ast_get(node, ll_ast.a_names);
     for (Py_ssize_t i = 0; names && PyList_Check(names) && i < PyList_GET_SIZE(names) && !w->oom;
          i++) {
         PyObject *alias = PyList_GET_ITEM(names, i);
-        const char *nm = s_get_str(alias, s_py.a_name);
-        const char *as = s_get_str(alias, s_py.a_asname);
+        const char *nm = ll_ast_str(alias, ll_ast.a_name);
+        const char *as = ll_ast_str(alias, ll_ast.a_asname);
         if (!nm)
             continue;
         if (strcmp(from ? mod : nm, "__main__") == 0)
@@ -1037,14 +914,14 @@ static void s_walk_import(s_walker_t *w, PyObject *node)
  * once more at its end, so what they read is in the closure. */
 static void s_walk_loop(s_walker_t *w, PyObject *node, bool is_while)
 {
-    s_walk_field(w, node, is_while ? s_py.a_test : s_py.a_iter);
+    s_walk_field(w, node, is_while ? ll_ast.a_test : ll_ast.a_iter);
     ll_names_t defs = {0};
     ll_names_t *saved_defs = w->loopdefs;
     w->loopdefs = &defs;
     int saved = s_enter_block(w);
     if (!is_while)
-        s_walk_field(w, node, s_py.a_target);
-    s_walk_body_field(w, node, s_py.a_body, false);
+        s_walk_field(w, node, ll_ast.a_target);
+    s_walk_body_field(w, node, ll_ast.a_body, false);
     if (defs.count && w->scope->kind == SC_MODULE) {
         s_emit(w, LL_EV_UNIT, 0, NULL, -1, false);
         for (size_t i = 0; i < defs.count; i++)
@@ -1055,14 +932,14 @@ static void s_walk_loop(s_walker_t *w, PyObject *node, bool is_while)
     if (saved_defs)
         s_add_all(w, saved_defs, &defs);
     ll_names_clear(&defs);
-    s_walk_body_field(w, node, s_py.a_orelse, true);
+    s_walk_body_field(w, node, ll_ast.a_orelse, true);
 }
 
 /* One branch of an if/else; INTO collects the names it certainly binds.
  * Returns the branch's block. */
 static int s_walk_branch(s_walker_t *w, PyObject *node, PyObject *attr, ll_names_t *into)
 {
-    PyObject *v = s_get(node, attr);
+    PyObject *v = ll_ast_get(node, attr);
     if (!v)
         return w->block;
     int saved = s_enter_block(w);
@@ -1083,11 +960,11 @@ static int s_walk_branch(s_walker_t *w, PyObject *node, PyObject *attr, ll_names
  * x is certainly (re)bound afterwards and its older value is gone. */
 static void s_walk_if(s_walker_t *w, PyObject *node)
 {
-    s_walk_field(w, node, s_py.a_test);
+    s_walk_field(w, node, ll_ast.a_test);
     ll_names_t then = {0}, other = {0};
-    s_walk_branch(w, node, s_py.a_body, &then);
-    bool has_else = s_has_items(node, s_py.a_orelse);
-    s_walk_branch(w, node, s_py.a_orelse, &other);
+    s_walk_branch(w, node, ll_ast.a_body, &then);
+    bool has_else = ll_ast_has_items(node, ll_ast.a_orelse);
+    s_walk_branch(w, node, ll_ast.a_orelse, &other);
     for (size_t i = 0; has_else && w->scope->kind == SC_MODULE && i < then.count; i++) {
         const char *name = then.items[i];
         if (!ll_names_has(&other, name))
@@ -1106,8 +983,8 @@ static void s_walk_if(s_walker_t *w, PyObject *node)
 static void s_walk_try(s_walker_t *w, PyObject *node)
 {
     ll_names_t ok = {0}, common = {0};
-    int body_block = s_walk_branch(w, node, s_py.a_body, &ok);
-    PyObject *handlers = s_get(node, s_py.a_handlers);
+    int body_block = s_walk_branch(w, node, ll_ast.a_body, &ok);
+    PyObject *handlers = ll_ast_get(node, ll_ast.a_handlers);
     Py_ssize_t nh = handlers && PyList_Check(handlers) ? PyList_GET_SIZE(handlers) : 0;
     for (Py_ssize_t i = 0; i < nh; i++) {
         PyObject *h = PyList_GET_ITEM(handlers, i);
@@ -1119,11 +996,11 @@ static void s_walk_try(s_walker_t *w, PyObject *node)
         w->defblock = w->block;
         if (w->scope->kind == SC_MODULE)
             s_emit(w, LL_EV_UNIT, 0, NULL, -1, false);
-        s_walk_field(w, h, s_py.a_type);
-        const char *name = s_get_str(h, s_py.a_name);
+        s_walk_field(w, h, ll_ast.a_type);
+        const char *name = ll_ast_str(h, ll_ast.a_name);
         if (name)
             s_store(w, name, LL_BK_VALUE, -1);
-        s_walk_body_field(w, h, s_py.a_body, false);
+        s_walk_body_field(w, h, ll_ast.a_body, false);
         /* `except E as e` unbinds e when the handler ends. */
         if (name)
             s_delete(w, name, false);
@@ -1143,9 +1020,9 @@ static void s_walk_try(s_walker_t *w, PyObject *node)
      * body's, so what the body bound is certain there. */
     int outer = w->block;
     w->block = body_block;
-    s_walk_branch(w, node, s_py.a_orelse, &ok);
+    s_walk_branch(w, node, ll_ast.a_orelse, &ok);
     w->block = outer;
-    s_walk_body_field(w, node, s_py.a_finalbody, false);
+    s_walk_body_field(w, node, ll_ast.a_finalbody, false);
     for (size_t i = 0; nh > 0 && w->scope->kind == SC_MODULE && i < ok.count; i++) {
         if (!ll_names_has(&common, ok.items[i]))
             continue;
@@ -1159,14 +1036,14 @@ static void s_walk_try(s_walker_t *w, PyObject *node)
 
 static void s_walk_match(s_walker_t *w, PyObject *node)
 {
-    s_walk_field(w, node, s_py.a_subject);
-    PyObject *cases = s_get(node, s_py.a_cases);
+    s_walk_field(w, node, ll_ast.a_subject);
+    PyObject *cases = ll_ast_get(node, ll_ast.a_cases);
     for (Py_ssize_t i = 0; cases && PyList_Check(cases) && i < PyList_GET_SIZE(cases); i++) {
         PyObject *c = PyList_GET_ITEM(cases, i);
         int saved = s_enter_block(w);
-        s_walk_field(w, c, s_py.a_pattern);
-        s_walk_field(w, c, s_py.a_guard);
-        s_walk_body_field(w, c, s_py.a_body, false);
+        s_walk_field(w, c, ll_ast.a_pattern);
+        s_walk_field(w, c, ll_ast.a_guard);
+        s_walk_body_field(w, c, ll_ast.a_body, false);
         s_leave_block(w, saved);
     }
     Py_XDECREF(cases);
@@ -1197,7 +1074,7 @@ static int s_expand_expr(void *ctx, const char *text, size_t n)
     PyObject *tree = Py_CompileStringExFlags(expr, "<expand>", Py_eval_input, &flags, -1);
     free(expr);
     if (tree) {
-        s_walk_field(w, tree, s_py.a_body);
+        s_walk_field(w, tree, ll_ast.a_body);
         Py_DECREF(tree);
     } else
         PyErr_Clear(); /* IPython leaves it as text */
@@ -1225,7 +1102,7 @@ static void s_walk_magic_object(s_walker_t *w, const char *line)
     flags.cf_flags = PyCF_ONLY_AST;
     PyObject *tree = Py_CompileStringExFlags(buf, "<magic>", Py_eval_input, &flags, -1);
     if (tree) {
-        s_walk_field(w, tree, s_py.a_body);
+        s_walk_field(w, tree, ll_ast.a_body);
         Py_DECREF(tree);
     } else
         PyErr_Clear(); /* a wildcard search: reads nothing we can name */
@@ -1293,20 +1170,20 @@ static void s_walk_magic(s_walker_t *w, const char *method, const char **argv, i
 /* Returns true when NODE was get_ipython().method('..', ...) and handled. */
 static bool s_try_magic(s_walker_t *w, PyObject *node, PyObject *func)
 {
-    if (!s_is(func, s_py.t_Attribute) || !s_is_get_ipython_call(func))
+    if (!ll_ast_is(func, ll_ast.t_Attribute) || !s_is_get_ipython_call(func))
         return false;
-    const char *method = s_get_str(func, s_py.a_attr);
+    const char *method = ll_ast_str(func, ll_ast.a_attr);
     if (!method || !ll_magic_is_call(method)) {
         s_opaque(w);
         return false;
     }
-    PyObject *args = s_get(node, s_py.a_args);
+    PyObject *args = ll_ast_get(node, ll_ast.a_args);
     const char *argv[3] = {NULL, NULL, NULL};
     int argc = 0;
     bool constant = args && PyList_Check(args);
     for (Py_ssize_t i = 0; constant && i < PyList_GET_SIZE(args) && i < 3; i++) {
         PyObject *c = PyList_GET_ITEM(args, i);
-        PyObject *v = s_is(c, s_py.t_Constant) ? s_get(c, s_py.a_value) : NULL;
+        PyObject *v = ll_ast_is(c, ll_ast.t_Constant) ? ll_ast_get(c, ll_ast.a_value) : NULL;
         if (v && PyUnicode_Check(v)) {
             argv[argc] = PyUnicode_AsUTF8(v); /* owned by the AST */
             if (argv[argc])
@@ -1336,24 +1213,24 @@ static bool s_try_magic(s_walker_t *w, PyObject *node, PyObject *func)
 static void s_call_args(s_walker_t *w, PyObject *node, PyObject *func)
 {
     bool any = false;
-    PyObject *lists[2] = {s_get(node, s_py.a_args), s_get(node, s_py.a_keywords)};
+    PyObject *lists[2] = {ll_ast_get(node, ll_ast.a_args), ll_ast_get(node, ll_ast.a_keywords)};
     for (int k = 0; k < 2; k++) {
         PyObject *l = lists[k];
         for (Py_ssize_t i = 0; l && PyList_Check(l) && i < PyList_GET_SIZE(l); i++) {
             PyObject *arg = PyList_GET_ITEM(l, i);
-            PyObject *v = k == 0 ? (Py_INCREF(arg), arg) : s_get(arg, s_py.a_value);
-            if (s_is(v, s_py.t_Starred)) {
-                PyObject *inner = s_get(v, s_py.a_value);
+            PyObject *v = k == 0 ? (Py_INCREF(arg), arg) : ll_ast_get(arg, ll_ast.a_value);
+            if (ll_ast_is(v, ll_ast.t_Starred)) {
+                PyObject *inner = ll_ast_get(v, ll_ast.a_value);
                 Py_DECREF(v);
                 v = inner;
             }
-            if (s_is(v, s_py.t_Name)) {
-                const char *id = s_get_str(v, s_py.a_id);
+            if (ll_ast_is(v, ll_ast.t_Name)) {
+                const char *id = ll_ast_str(v, ll_ast.a_id);
                 if (id) {
                     s_emit(w, LL_EV_ARG, 0, id, -1, false);
                     any = true;
                 }
-            } else if (s_is(v, s_py.t_Lambda)) {
+            } else if (ll_ast_is(v, ll_ast.t_Lambda)) {
                 s_emit(w, LL_EV_ARG, 1, NULL, -1, false);
                 any = true;
             }
@@ -1363,13 +1240,13 @@ static void s_call_args(s_walker_t *w, PyObject *node, PyObject *func)
     }
     if (!any || !func)
         return;
-    if (s_is(func, s_py.t_Name)) {
-        const char *id = s_get_str(func, s_py.a_id);
+    if (ll_ast_is(func, ll_ast.t_Name)) {
+        const char *id = ll_ast_str(func, ll_ast.a_id);
         if (id)
             s_emit(w, LL_EV_PASS, 0, id, -1, false);
         return;
     }
-    PyObject *recv = s_is(func, s_py.t_Attribute) ? s_get(func, s_py.a_value) : NULL;
+    PyObject *recv = ll_ast_is(func, ll_ast.t_Attribute) ? ll_ast_get(func, ll_ast.a_value) : NULL;
     const char *base = recv ? s_base_name(recv) : NULL;
     if (base && strcmp(base, "get_ipython") != 0)
         s_emit(w, LL_EV_PASS, 1, base, -1, false);
@@ -1378,14 +1255,15 @@ static void s_call_args(s_walker_t *w, PyObject *node, PyObject *func)
 
 static void s_walk_call(s_walker_t *w, PyObject *node)
 {
-    PyObject *func = s_get(node, s_py.a_func);
+    PyObject *func = ll_ast_get(node, ll_ast.a_func);
     if (func && s_try_magic(w, node, func)) {
         Py_DECREF(func);
         return;
     }
-    const char *id = s_is(func, s_py.t_Name) ? s_get_str(func, s_py.a_id) : NULL;
+    const char *id = ll_ast_is(func, ll_ast.t_Name) ? ll_ast_str(func, ll_ast.a_id) : NULL;
     if (id && s_resolves_global(w->scope, id)) {
-        bool noargs = !s_has_items(node, s_py.a_args) && !s_has_items(node, s_py.a_keywords);
+        bool noargs =
+            !ll_ast_has_items(node, ll_ast.a_args) && !ll_ast_has_items(node, ll_ast.a_keywords);
         if (strcmp(id, "exec") == 0 || strcmp(id, "eval") == 0 || strcmp(id, "globals") == 0 ||
             strcmp(id, "locals") == 0 || strcmp(id, "execfile") == 0 ||
             ((strcmp(id, "vars") == 0 || strcmp(id, "dir") == 0) && noargs))
@@ -1401,7 +1279,7 @@ static void s_walk_call(s_walker_t *w, PyObject *node)
 
 static void s_walk(s_walker_t *w, PyObject *node)
 {
-    if (!s_is_ast(node) || w->oom)
+    if (!ll_ast_node(node) || w->oom)
         return;
     if (w->depth >= LL_ANALYSIS_MAX_DEPTH || s_stack_low(w)) {
         w->too_deep = true;
@@ -1409,99 +1287,100 @@ static void s_walk(s_walker_t *w, PyObject *node)
     }
     w->depth++;
     PyObject *t = (PyObject *) Py_TYPE(node);
-    if (t == s_py.t_Name)
+    if (t == ll_ast.t_Name)
         s_walk_name(w, node);
-    else if (t == s_py.t_Call)
+    else if (t == ll_ast.t_Call)
         s_walk_call(w, node);
-    else if (t == s_py.t_Attribute || t == s_py.t_Subscript) {
+    else if (t == ll_ast.t_Attribute || t == ll_ast.t_Subscript) {
         s_walk_generic(w, node);
-        PyObject *ctx = s_get(node, s_py.a_ctx);
-        if (ctx && !s_is(ctx, s_py.t_Load))
+        PyObject *ctx = ll_ast_get(node, ll_ast.a_ctx);
+        if (ctx && !ll_ast_is(ctx, ll_ast.t_Load))
             s_mutate(w, node);
         Py_XDECREF(ctx);
-        if (t == s_py.t_Attribute) {
-            const char *attr = s_get_str(node, s_py.a_attr);
+        if (t == ll_ast.t_Attribute) {
+            const char *attr = ll_ast_str(node, ll_ast.a_attr);
             if (attr && (strcmp(attr, "user_ns") == 0 || strcmp(attr, "user_global_ns") == 0))
                 s_opaque(w);
             if (attr && strcmp(attr, "kernel") == 0 && s_is_get_ipython_call(node))
                 s_kernel_bound(w);
         }
-    } else if (t == s_py.t_FunctionDef || t == s_py.t_AsyncFunctionDef)
+    } else if (t == ll_ast.t_FunctionDef || t == ll_ast.t_AsyncFunctionDef)
         s_walk_def(w, node);
-    else if (t == s_py.t_ClassDef)
+    else if (t == ll_ast.t_ClassDef)
         s_walk_class(w, node);
-    else if (t == s_py.t_Lambda)
+    else if (t == ll_ast.t_Lambda)
         s_walk_lambda(w, node);
-    else if (t == s_py.t_ListComp || t == s_py.t_SetComp || t == s_py.t_DictComp ||
-             t == s_py.t_GeneratorExp)
+    else if (t == ll_ast.t_ListComp || t == ll_ast.t_SetComp || t == ll_ast.t_DictComp ||
+             t == ll_ast.t_GeneratorExp)
         s_walk_comp(w, node);
-    else if (t == s_py.t_NamedExpr)
+    else if (t == ll_ast.t_NamedExpr)
         s_walk_namedexpr(w, node);
-    else if (t == s_py.t_Assign) {
-        s_walk_field(w, node, s_py.a_value);
-        s_walk_field(w, node, s_py.a_targets);
-    } else if (t == s_py.t_AugAssign) {
-        PyObject *target = s_get(node, s_py.a_target);
-        if (s_is(target, s_py.t_Name)) {
-            const char *id = s_get_str(target, s_py.a_id);
+    else if (t == ll_ast.t_Assign) {
+        s_walk_field(w, node, ll_ast.a_value);
+        s_walk_field(w, node, ll_ast.a_targets);
+    } else if (t == ll_ast.t_AugAssign) {
+        PyObject *target = ll_ast_get(node, ll_ast.a_target);
+        if (ll_ast_is(target, ll_ast.t_Name)) {
+            const char *id = ll_ast_str(target, ll_ast.a_id);
             if (id)
                 s_load(w, id);
-            s_walk_field(w, node, s_py.a_value);
+            s_walk_field(w, node, ll_ast.a_value);
             if (id) {
                 s_store(w, id, LL_BK_VALUE, -1);
                 if (w->scope->kind == SC_MODULE)
                     s_emit(w, LL_EV_MUTATE, 0, id, -1, false);
             }
         } else {
-            s_walk_field(w, node, s_py.a_target);
-            s_walk_field(w, node, s_py.a_value);
+            s_walk_field(w, node, ll_ast.a_target);
+            s_walk_field(w, node, ll_ast.a_value);
         }
         Py_XDECREF(target);
-    } else if (t == s_py.t_AnnAssign) {
-        s_walk_field(w, node, s_py.a_annotation);
-        PyObject *value = s_get(node, s_py.a_value);
+    } else if (t == ll_ast.t_AnnAssign) {
+        s_walk_field(w, node, ll_ast.a_annotation);
+        PyObject *value = ll_ast_get(node, ll_ast.a_value);
         bool has_value = value && value != Py_None;
         if (has_value)
             s_walk(w, value);
         Py_XDECREF(value);
-        PyObject *target = s_get(node, s_py.a_target);
-        if (has_value || !s_is(target, s_py.t_Name))
+        PyObject *target = ll_ast_get(node, ll_ast.a_target);
+        if (has_value || !ll_ast_is(target, ll_ast.t_Name))
             s_walk(w, target);
         Py_XDECREF(target);
-    } else if (t == s_py.t_For || t == s_py.t_AsyncFor || t == s_py.t_While)
-        s_walk_loop(w, node, t == s_py.t_While);
-    else if (t == s_py.t_If)
+    } else if (t == ll_ast.t_For || t == ll_ast.t_AsyncFor || t == ll_ast.t_While)
+        s_walk_loop(w, node, t == ll_ast.t_While);
+    else if (t == ll_ast.t_If)
         s_walk_if(w, node);
-    else if (t == s_py.t_With || t == s_py.t_AsyncWith) {
-        s_walk_field(w, node, s_py.a_items);
-        s_walk_body_field(w, node, s_py.a_body, false);
-    } else if (t == s_py.t_Try || t == s_py.t_TryStar)
+    else if (t == ll_ast.t_With || t == ll_ast.t_AsyncWith) {
+        s_walk_field(w, node, ll_ast.a_items);
+        s_walk_body_field(w, node, ll_ast.a_body, false);
+    } else if (t == ll_ast.t_Try || t == ll_ast.t_TryStar)
         s_walk_try(w, node);
-    else if (t == s_py.t_Match)
+    else if (t == ll_ast.t_Match)
         s_walk_match(w, node);
-    else if (t == s_py.t_MatchAs || t == s_py.t_MatchStar) {
+    else if (t == ll_ast.t_MatchAs || t == ll_ast.t_MatchStar) {
         s_walk_generic(w, node);
-        const char *name = s_get_str(node, s_py.a_name);
+        const char *name = ll_ast_str(node, ll_ast.a_name);
         if (name)
             s_store(w, name, LL_BK_VALUE, -1);
-    } else if (t == s_py.t_MatchMapping) {
+    } else if (t == ll_ast.t_MatchMapping) {
         s_walk_generic(w, node);
-        const char *rest = s_get_str(node, s_py.a_rest);
+        const char *rest = ll_ast_str(node, ll_ast.a_rest);
         if (rest)
             s_store(w, rest, LL_BK_VALUE, -1);
-    } else if (t == s_py.t_Import || t == s_py.t_ImportFrom)
+    } else if (t == ll_ast.t_Import || t == ll_ast.t_ImportFrom)
         s_walk_import(w, node);
-    else if (t == s_py.t_Global || t == s_py.t_Nonlocal) {
+    else if (t == ll_ast.t_Global || t == ll_ast.t_Nonlocal) {
         /* declarations only; a global statement at top level is a no-op */
-    } else if (t == s_py.t_Expr) {
-        PyObject *value = s_get(node, s_py.a_value);
+    } else if (t == ll_ast.t_Expr) {
+        PyObject *value = ll_ast_get(node, ll_ast.a_value);
         if (value) {
             s_walk(w, value);
             /* x.method(...) as a statement: x may change in place. */
-            PyObject *func = s_is(value, s_py.t_Call) ? s_get(value, s_py.a_func) : NULL;
-            if (s_is(func, s_py.t_Attribute)) {
-                PyObject *recv = s_get(func, s_py.a_value);
-                if (recv && !s_is(recv, s_py.t_Call))
+            PyObject *func =
+                ll_ast_is(value, ll_ast.t_Call) ? ll_ast_get(value, ll_ast.a_func) : NULL;
+            if (ll_ast_is(func, ll_ast.t_Attribute)) {
+                PyObject *recv = ll_ast_get(func, ll_ast.a_value);
+                if (recv && !ll_ast_is(recv, ll_ast.t_Call))
                     s_mutate(w, recv);
                 else if (recv) {
                     /* get_ipython().x(...) is not a mutation of anything */
@@ -1536,7 +1415,7 @@ static void s_walk_code(s_walker_t *w, const char *code, bool as_function)
         s_opaque(w);
         return;
     }
-    PyObject *body = s_get(tree, s_py.a_body);
+    PyObject *body = ll_ast_get(tree, ll_ast.a_body);
     if (as_function) {
         s_scope_t sc;
         s_scope_init(&sc, SC_FUNC, w->scope, w->scope->immediate);
@@ -1550,122 +1429,6 @@ static void s_walk_code(s_walker_t *w, const char *code, bool as_function)
         s_walk_body(w, body);
     Py_XDECREF(body);
     Py_DECREF(tree);
-}
-
-/* ---- set-up ----------------------------------------------------------- */
-
-static ll_names_t s_builtins; /* builtin names, so sessions need no GIL */
-
-bool ll_analysis_is_builtin(const char *name)
-{
-    if (ll_names_has(&s_builtins, name))
-        return true;
-    /* IPython's own names: __name__ & co, _, __, ___, _N, _iN, _ih, ... */
-    size_t n = strlen(name);
-    if (n > 4 && name[0] == '_' && name[1] == '_' && name[n - 1] == '_' && name[n - 2] == '_')
-        return true;
-    if (strcmp(name, "_") == 0 || strcmp(name, "__") == 0 || strcmp(name, "___") == 0)
-        return true;
-    const char *p = name[0] == '_' ? name + 1 : NULL;
-    if (p && (*p == 'i'))
-        p++;
-    if (p && *p) {
-        while (isdigit((unsigned char) *p))
-            p++;
-        if (*p == '\0')
-            return true;
-    }
-    return false;
-}
-
-int ll_analysis_init(char *err, size_t errlen)
-{
-    if (s_py.ready)
-        return 0;
-    if (!Py_IsInitialized()) {
-        snprintf(err, errlen, "Python is not initialised");
-        return -1;
-    }
-    PyObject *ast = PyImport_ImportModule("_ast");
-    if (!ast)
-        goto fail_python;
-#define X(n)                                             \
-    if (!(s_py.t_##n = PyObject_GetAttrString(ast, #n))) \
-        goto fail_python;
-    LL_AST_TYPES(X)
-#undef X
-    Py_DECREF(ast);
-    ast = NULL;
-#define X(n)                                            \
-    if (!(s_py.a_##n = PyUnicode_InternFromString(#n))) \
-        goto fail_python;
-    LL_AST_ATTRS(X)
-#undef X
-    PyObject *bmod = PyImport_ImportModule("builtins");
-    if (!bmod)
-        goto fail_python;
-    PyObject *bdict = PyModule_GetDict(bmod);
-    PyObject *key, *value;
-    Py_ssize_t pos = 0;
-    while (PyDict_Next(bdict, &pos, &key, &value)) {
-        const char *k = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
-        if (k && ll_names_add(&s_builtins, k) < 0) {
-            Py_DECREF(bmod);
-            snprintf(err, errlen, "out of memory");
-            return -1;
-        }
-    }
-    Py_DECREF(bmod);
-    /* Names IPython puts in every namespace or in builtins while a cell runs. */
-    const char *ipy[] = {"get_ipython", "display", "exit", "quit", "In",   "Out", "_ih",
-                         "_oh",         "_dh",     "_i",   "_ii",  "_iii", NULL};
-    for (const char **p = ipy; *p; p++)
-        ll_names_add(&s_builtins, *p);
-    const char *env = getenv("LOOSELEAF_GPU_PACKAGES");
-    if (env && ll_analysis_gpu_add_list(env) != 0) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
-    s_py.ready = true;
-    return 0;
-
-fail_python:
-    Py_XDECREF(ast);
-    {
-        PyObject *type, *val, *tb;
-        PyErr_Fetch(&type, &val, &tb);
-        PyObject *str = val ? PyObject_Str(val) : NULL;
-        const char *msg = str ? PyUnicode_AsUTF8(str) : NULL;
-        snprintf(err, errlen, "cannot load the ast module: %s", msg ? msg : "unknown error");
-        Py_XDECREF(str);
-        Py_XDECREF(type);
-        Py_XDECREF(val);
-        Py_XDECREF(tb);
-        PyErr_Clear();
-    }
-    return -1;
-}
-
-void ll_analysis_shutdown(void)
-{
-    if (!Py_IsInitialized())
-        return;
-#define X(n) Py_CLEAR(s_py.t_##n);
-    LL_AST_TYPES(X)
-#undef X
-#define X(n) Py_CLEAR(s_py.a_##n);
-    LL_AST_ATTRS(X)
-#undef X
-    ll_analysis_ipython_shutdown();
-    for (size_t i = 0; i < LL_FIELD_SLOTS; i++) {
-        if (s_fields[i].type) {
-            Py_DECREF((PyObject *) s_fields[i].type);
-            Py_CLEAR(s_fields[i].fields);
-            s_fields[i].type = NULL;
-        }
-    }
-    ll_names_clear(&s_builtins);
-    s_py.ready = false;
 }
 
 /* ---- building an analysis --------------------------------------------- */
@@ -1776,7 +1539,7 @@ ll_analysis_t *ll_analysis_new(const char *code, size_t len)
 {
     if (!code && len)
         return NULL;
-    if (!s_py.ready) {
+    if (!ll_ast.ready) {
         /* A caller that forgot ll_analysis_init still gets an analysis. */
         char err[256];
         if (ll_analysis_init(err, sizeof err) != 0) {
@@ -1850,7 +1613,7 @@ ll_analysis_t *ll_analysis_new(const char *code, size_t len)
     char base;
     s_walker_t w = {.a = a, .scope = &module, .group = -1, .class_group = -1, .stack_base = &base};
     w.stack_budget = s_stack_budget(&base);
-    PyObject *body = s_get(tree, s_py.a_body);
+    PyObject *body = ll_ast_get(tree, ll_ast.a_body);
     s_walk_body(&w, body);
     Py_XDECREF(body);
     Py_DECREF(tree);

@@ -301,13 +301,13 @@ static int s_st_bind(void *ctx, const char *name)
 int ll_analysis_magic_selftest(bool verbose)
 {
     int fails = 0;
-#define S_CHECK(cond)                                                                         \
-    do {                                                                                      \
-        if (!(cond)) {                                                                        \
-            fails++;                                                                          \
-            if (verbose)                                                                      \
+#define S_CHECK(cond)                                                                          \
+    do {                                                                                       \
+        if (!(cond)) {                                                                         \
+            fails++;                                                                           \
+            if (verbose)                                                                       \
                 fprintf(stderr, "ll_analysis_magic: failed: %s (line %d)\n", #cond, __LINE__); \
-        }                                                                                     \
+        }                                                                                      \
     } while (0)
 #define S_SEEN(log, i, text) ((log).n > (i) && strcmp((log).seen[i], text) == 0)
     /* The table. */
