@@ -1,11 +1,12 @@
 # Cell analysis (issue 3; owned by the analysis engineer): per-cell facts from
 # CPython's AST, the session's def-use graph and closures, `looseleaf analyze`.
 ANALYSIS_SRCS := analysis/ll_analysis.c analysis/ll_analysis_ast.c analysis/ll_analysis_ipython.c \
-                 analysis/ll_analysis_names.c analysis/ll_analysis_modules.c analysis/ll_analysis_magic.c \
+                 analysis/ll_analysis_magic.c analysis/ll_analysis_modules.c \
+                 analysis/ll_analysis_names.c analysis/ll_analysis_scope.c \
                  analysis/ll_analysis_session.c analysis/ll_analyze_cli.c
 LIB_SRCS  += $(ANALYSIS_SRCS)
 TEST_SRCS += analysis/ll_analysis_selftest.c
-SELFTESTS += ll_analysis ll_analysis_modules ll_analysis_magic
+SELFTESTS += ll_analysis ll_analysis_modules ll_analysis_magic ll_analysis_scope
 
 # What a program that only analyses links: the module, the interpreter's
 # start-up (kernel/ll_interp.c) and base's log and clock.  (This fragment is

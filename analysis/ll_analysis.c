@@ -80,26 +80,14 @@ struct ll_analysis_t {
     ll_names_t loaded; /* names LOADed or read by a body anywhere */
     int *funcs;        /* indexes of the named groups, in order */
     size_t nfuncs;
-    int *block_parent; /* conditional blocks: parent of each (0 = cell) */
-    size_t nblocks, capblocks;
+    ll_blocks_t blocks; /* the conditional blocks events are made in */
 };
 
 /* ---- scopes and walker ------------------------------------------------ */
 
-enum { SC_MODULE, SC_FUNC, SC_CLASS, SC_COMP };
-
-typedef struct s_scope {
-    int kind;
-    struct s_scope *parent;
-    bool immediate;       /* runs now: its global reads are LOAD events */
-    ll_names_t locals;    /* names bound in the scope */
-    ll_names_t globals;   /* declared global */
-    ll_names_t nonlocals; /* declared nonlocal */
-} s_scope_t;
-
 typedef struct {
     ll_analysis_t *a;
-    s_scope_t *scope;
+    ll_scope_t *scope;
     int group;          /* deferred group receiving global reads, or -1 */
     int class_group;    /* group of the top-level class being walked, or -1 */
     int cond;           /* depth of conditional module-level blocks */
@@ -154,7 +142,7 @@ static bool s_stack_low(const s_walker_t *w)
 
 static void s_walk(s_walker_t *w, PyObject *node);
 static void s_walk_body(s_walker_t *w, PyObject *list);
-static void s_scan(s_walker_t *w, PyObject *node, s_scope_t *sc, bool comp);
+static void s_scan(s_walker_t *w, PyObject *node, ll_scope_t *sc, bool comp);
 static void s_walk_code(s_walker_t *w, const char *code, bool as_function);
 
 static const char *s_intern(s_walker_t *w, const char *name)
@@ -228,20 +216,12 @@ static int s_enter_block(s_walker_t *w)
     ll_analysis_t *a = w->a;
     int saved = w->block;
     w->cond++;
-    if (a->nblocks == a->capblocks) {
-        size_t cap = a->capblocks ? a->capblocks * 2 : 16;
-        int *p = realloc(a->block_parent, cap * sizeof *p);
-        if (!p) {
-            w->oom = true;
-            return saved;
-        }
-        a->block_parent = p;
-        a->capblocks = cap;
-        if (a->nblocks == 0)
-            a->block_parent[a->nblocks++] = -1; /* block 0: the cell */
+    int block = ll_blocks_add(&a->blocks, saved);
+    if (block < 0) {
+        w->oom = true;
+        return saved;
     }
-    a->block_parent[a->nblocks] = saved;
-    w->block = (int) a->nblocks++;
+    w->block = block;
     return saved;
 }
 
@@ -253,14 +233,7 @@ static void s_leave_block(s_walker_t *w, int saved)
 
 bool ll_analysis_block_encloses(const ll_analysis_t *self, int outer, int inner)
 {
-    if (outer < 0 || inner < 0)
-        return false;
-    for (int b = inner, guard = 0; b >= 0 && guard < 100000; guard++) {
-        if (b == outer)
-            return true;
-        b = (size_t) b < self->nblocks ? self->block_parent[b] : -1;
-    }
-    return false;
+    return ll_blocks_encloses(&self->blocks, outer, inner);
 }
 
 static void s_add_all(s_walker_t *w, ll_names_t *set, const ll_names_t *other)
@@ -307,32 +280,9 @@ static void s_kernel_bound(s_walker_t *w)
 
 /* ---- name resolution -------------------------------------------------- */
 
-/* Whether NAME read in scope SC refers to the module namespace. */
-static bool s_resolves_global(const s_scope_t *sc, const char *name)
-{
-    if (sc->kind == SC_MODULE)
-        return true;
-    if (ll_names_has(&sc->globals, name))
-        return true;
-    if (ll_names_has(&sc->nonlocals, name) || ll_names_has(&sc->locals, name))
-        return false;
-    /* Free name: enclosing function scopes, skipping class bodies. */
-    for (sc = sc->parent; sc; sc = sc->parent) {
-        if (sc->kind == SC_MODULE)
-            return true;
-        if (sc->kind == SC_CLASS)
-            continue;
-        if (ll_names_has(&sc->globals, name))
-            return true;
-        if (ll_names_has(&sc->locals, name) || ll_names_has(&sc->nonlocals, name))
-            return false;
-    }
-    return true;
-}
-
 static void s_load(s_walker_t *w, const char *name)
 {
-    if (!s_resolves_global(w->scope, name))
+    if (!ll_scope_resolves_global(w->scope, name))
         return;
     if (strcmp(name, "get_ipython") == 0 || strcmp(name, "__main__") == 0)
         s_opaque(w); /* the namespace itself escapes */
@@ -343,9 +293,10 @@ static void s_load(s_walker_t *w, const char *name)
 }
 
 /* Bind NAME in scope SC (the current one, or a walrus's target scope). */
-static void s_store_in(s_walker_t *w, s_scope_t *sc, const char *name, int kind, int ref)
+static void s_store_in(s_walker_t *w, ll_scope_t *sc, const char *name, int kind, int ref)
 {
-    if (sc->kind == SC_MODULE) {
+    ll_scope_bind_t where = ll_scope_binding(sc, name);
+    if (where == LL_SCOPE_BIND_MODULE) {
         s_emit(w, LL_EV_BIND, kind, name, ref, false);
         if (w->defset && w->block == w->defblock && sc == w->scope)
             s_add(w, w->defset, name);
@@ -353,7 +304,7 @@ static void s_store_in(s_walker_t *w, s_scope_t *sc, const char *name, int kind,
             s_add(w, w->loopdefs, name);
         return;
     }
-    if (!ll_names_has(&sc->globals, name))
+    if (where == LL_SCOPE_BIND_LOCAL)
         return; /* a local of the function, class or comprehension */
     if (sc->immediate)
         s_emit(w, LL_EV_BIND, kind == LL_BK_IMPORT ? kind : LL_BK_VALUE, name,
@@ -370,7 +321,7 @@ static void s_store(s_walker_t *w, const char *name, int kind, int ref)
 /* `del x` needs x to exist (NameError otherwise), so it reads it first. */
 static void s_delete(s_walker_t *w, const char *name, bool reads)
 {
-    if (w->scope->kind != SC_MODULE)
+    if (w->scope->kind != LL_SCOPE_MODULE)
         return;
     if (reads)
         s_emit(w, LL_EV_LOAD, 0, name, -1, true);
@@ -407,13 +358,13 @@ static const char *s_base_name(PyObject *node)
 static void s_mutate(s_walker_t *w, PyObject *target)
 {
     const char *base = s_base_name(target);
-    if (base && w->scope->kind == SC_MODULE && s_resolves_global(w->scope, base))
+    if (base && w->scope->kind == LL_SCOPE_MODULE && ll_scope_resolves_global(w->scope, base))
         s_emit(w, LL_EV_MUTATE, 0, base, -1, false);
 }
 
 /* ---- scanning a scope's own bindings (symtable's first pass) ----------- */
 
-static void s_scan_list(s_walker_t *w, PyObject *list, s_scope_t *sc, bool comp)
+static void s_scan_list(s_walker_t *w, PyObject *list, ll_scope_t *sc, bool comp)
 {
     if (!list || !PyList_Check(list))
         return;
@@ -421,7 +372,7 @@ static void s_scan_list(s_walker_t *w, PyObject *list, s_scope_t *sc, bool comp)
         s_scan(w, PyList_GET_ITEM(list, i), sc, comp);
 }
 
-static void s_scan_field(s_walker_t *w, PyObject *node, PyObject *attr, s_scope_t *sc, bool comp)
+static void s_scan_field(s_walker_t *w, PyObject *node, PyObject *attr, ll_scope_t *sc, bool comp)
 {
     PyObject *v = ll_ast_get(node, attr);
     if (!v)
@@ -435,7 +386,7 @@ static void s_scan_field(s_walker_t *w, PyObject *node, PyObject *attr, s_scope_
 
 /* Collect into SC the names its code binds.  In COMP mode (inside a
  * comprehension of SC) only walrus targets bind in SC. */
-static void s_scan(s_walker_t *w, PyObject *node, s_scope_t *sc, bool comp)
+static void s_scan(s_walker_t *w, PyObject *node, ll_scope_t *sc, bool comp)
 {
     if (!ll_ast_node(node) || w->depth > LL_ANALYSIS_MAX_DEPTH)
         return;
@@ -524,21 +475,6 @@ static void s_scan(s_walker_t *w, PyObject *node, s_scope_t *sc, bool comp)
 
 /* ---- the walk --------------------------------------------------------- */
 
-static void s_scope_init(s_scope_t *sc, int kind, s_scope_t *parent, bool immediate)
-{
-    memset(sc, 0, sizeof *sc);
-    sc->kind = kind;
-    sc->parent = parent;
-    sc->immediate = immediate;
-}
-
-static void s_scope_free(s_scope_t *sc)
-{
-    ll_names_clear(&sc->locals);
-    ll_names_clear(&sc->globals);
-    ll_names_clear(&sc->nonlocals);
-}
-
 static void s_walk_list(s_walker_t *w, PyObject *list)
 {
     if (!list || !PyList_Check(list))
@@ -572,7 +508,7 @@ static void s_walk_body(s_walker_t *w, PyObject *list)
     if (!list || !PyList_Check(list))
         return;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list) && !w->oom; i++) {
-        if (w->scope->kind == SC_MODULE && !w->one_unit)
+        if (w->scope->kind == LL_SCOPE_MODULE && !w->one_unit)
             s_emit(w, LL_EV_UNIT, 0, NULL, -1, false);
         s_walk(w, PyList_GET_ITEM(list, i));
     }
@@ -606,7 +542,7 @@ static void s_walk_name(s_walker_t *w, PyObject *node)
 }
 
 /* Parameter names of an `arguments` node into SC's locals. */
-static void s_params(s_walker_t *w, PyObject *args, s_scope_t *sc)
+static void s_params(s_walker_t *w, PyObject *args, ll_scope_t *sc)
 {
     if (!args)
         return;
@@ -636,7 +572,7 @@ static void s_params(s_walker_t *w, PyObject *args, s_scope_t *sc)
  * globals whenever they are used). */
 static void s_decorated(s_walker_t *w, PyObject *node, const char *name)
 {
-    if (w->scope->kind != SC_MODULE)
+    if (w->scope->kind != LL_SCOPE_MODULE)
         return;
     PyObject *decs = ll_ast_get(node, ll_ast.a_decorator_list);
     for (Py_ssize_t i = 0; decs && PyList_Check(decs) && i < PyList_GET_SIZE(decs); i++) {
@@ -665,13 +601,13 @@ static void s_walk_def(s_walker_t *w, PyObject *node)
     int g = w->group >= 0         ? w->group
             : w->class_group >= 0 ? w->class_group
                                   : s_new_group(w, name, LL_BK_FUNC);
-    s_scope_t sc;
-    s_scope_init(&sc, SC_FUNC, w->scope, false);
+    ll_scope_t sc;
+    ll_scope_init(&sc, LL_SCOPE_FUNC, w->scope, false);
     s_params(w, args, &sc);
     Py_XDECREF(args);
     PyObject *body = ll_ast_get(node, ll_ast.a_body);
     s_scan_list(w, body, &sc, false);
-    s_scope_t *saved_scope = w->scope;
+    ll_scope_t *saved_scope = w->scope;
     int saved_group = w->group;
     w->scope = &sc;
     w->group = g;
@@ -679,7 +615,7 @@ static void s_walk_def(s_walker_t *w, PyObject *node)
     w->scope = saved_scope;
     w->group = saved_group;
     Py_XDECREF(body);
-    s_scope_free(&sc);
+    ll_scope_free(&sc);
 
     s_store(w, name, LL_BK_FUNC, own ? g : -1);
     s_decorated(w, node, name);
@@ -699,17 +635,17 @@ static void s_walk_class(s_walker_t *w, PyObject *node)
     int saved_cg = w->class_group;
     if (own)
         w->class_group = cg;
-    s_scope_t sc;
-    s_scope_init(&sc, SC_CLASS, w->scope, w->scope->immediate && w->group < 0);
+    ll_scope_t sc;
+    ll_scope_init(&sc, LL_SCOPE_CLASS, w->scope, w->scope->immediate && w->group < 0);
     PyObject *body = ll_ast_get(node, ll_ast.a_body);
     s_scan_list(w, body, &sc, false);
-    s_scope_t *saved_scope = w->scope;
+    ll_scope_t *saved_scope = w->scope;
     w->scope = &sc;
     s_walk_body(w, body);
     w->scope = saved_scope;
     w->class_group = saved_cg;
     Py_XDECREF(body);
-    s_scope_free(&sc);
+    ll_scope_free(&sc);
 
     s_store(w, name, LL_BK_CLASS, own ? cg : -1);
     s_decorated(w, node, name);
@@ -727,14 +663,14 @@ static void s_walk_lambda(s_walker_t *w, PyObject *node)
     int g = w->group >= 0         ? w->group
             : w->class_group >= 0 ? w->class_group
                                   : s_new_group(w, NULL, LL_BK_VALUE);
-    s_scope_t sc;
-    s_scope_init(&sc, SC_FUNC, w->scope, w->scope->immediate);
+    ll_scope_t sc;
+    ll_scope_init(&sc, LL_SCOPE_FUNC, w->scope, w->scope->immediate);
     s_params(w, args, &sc);
     Py_XDECREF(args);
     PyObject *body = ll_ast_get(node, ll_ast.a_body);
     if (body)
         s_scan(w, body, &sc, false);
-    s_scope_t *saved_scope = w->scope;
+    ll_scope_t *saved_scope = w->scope;
     int saved_group = w->group;
     w->scope = &sc;
     w->group = g;
@@ -743,7 +679,7 @@ static void s_walk_lambda(s_walker_t *w, PyObject *node)
     w->scope = saved_scope;
     w->group = saved_group;
     Py_XDECREF(body);
-    s_scope_free(&sc);
+    ll_scope_free(&sc);
     if (own && g >= 0)
         s_emit(w, LL_EV_DEFER, 0, NULL, g, false);
 }
@@ -766,11 +702,11 @@ static void s_walk_comp(s_walker_t *w, PyObject *node)
     int g = lazy ? s_new_group(w, NULL, LL_BK_VALUE) : -1;
     if (g >= 0)
         w->group = g;
-    s_scope_t sc;
-    s_scope_init(&sc, SC_COMP, w->scope, w->scope->immediate);
+    ll_scope_t sc;
+    ll_scope_init(&sc, LL_SCOPE_COMP, w->scope, w->scope->immediate);
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(gens); i++)
         s_scan_field(w, PyList_GET_ITEM(gens, i), ll_ast.a_target, &sc, false);
-    s_scope_t *saved_scope = w->scope;
+    ll_scope_t *saved_scope = w->scope;
     w->scope = &sc;
     /* A walrus in it binds only if the loop runs. */
     int saved_block = s_enter_block(w);
@@ -788,7 +724,7 @@ static void s_walk_comp(s_walker_t *w, PyObject *node)
         s_walk_field(w, node, ll_ast.a_elt);
     s_leave_block(w, saved_block);
     w->scope = saved_scope;
-    s_scope_free(&sc);
+    ll_scope_free(&sc);
     Py_DECREF(gens);
     w->group = saved_group;
     if (g >= 0)
@@ -801,10 +737,7 @@ static void s_walk_namedexpr(s_walker_t *w, PyObject *node)
     PyObject *target = ll_ast_get(node, ll_ast.a_target);
     const char *id = target ? ll_ast_str(target, ll_ast.a_id) : NULL;
     if (id) {
-        s_scope_t *t = w->scope;
-        while (t->kind == SC_COMP && t->parent)
-            t = t->parent;
-        s_store_in(w, t, id, LL_BK_VALUE, -1);
+        s_store_in(w, ll_scope_walrus_target(w->scope), id, LL_BK_VALUE, -1);
     }
     Py_XDECREF(target);
 }
@@ -901,7 +834,7 @@ static void s_walk_import(s_walker_t *w, PyObject *node)
         if (w->group >= 0)
             s_add(w, &w->a->groups[w->group].paths, path);
         int idx = -1;
-        if (w->scope->kind == SC_MODULE || ll_names_has(&w->scope->globals, bound))
+        if (w->scope->kind == LL_SCOPE_MODULE || ll_names_has(&w->scope->globals, bound))
             idx = s_add_import(w, bound, module, attr, path, stmt);
         s_store(w, bound, kind, idx);
     }
@@ -922,7 +855,7 @@ static void s_walk_loop(s_walker_t *w, PyObject *node, bool is_while)
     if (!is_while)
         s_walk_field(w, node, ll_ast.a_target);
     s_walk_body_field(w, node, ll_ast.a_body, false);
-    if (defs.count && w->scope->kind == SC_MODULE) {
+    if (defs.count && w->scope->kind == LL_SCOPE_MODULE) {
         s_emit(w, LL_EV_UNIT, 0, NULL, -1, false);
         for (size_t i = 0; i < defs.count; i++)
             s_emit(w, LL_EV_LOAD, 0, defs.items[i], -1, false);
@@ -965,7 +898,7 @@ static void s_walk_if(s_walker_t *w, PyObject *node)
     s_walk_branch(w, node, ll_ast.a_body, &then);
     bool has_else = ll_ast_has_items(node, ll_ast.a_orelse);
     s_walk_branch(w, node, ll_ast.a_orelse, &other);
-    for (size_t i = 0; has_else && w->scope->kind == SC_MODULE && i < then.count; i++) {
+    for (size_t i = 0; has_else && w->scope->kind == LL_SCOPE_MODULE && i < then.count; i++) {
         const char *name = then.items[i];
         if (!ll_names_has(&other, name))
             continue;
@@ -994,7 +927,7 @@ static void s_walk_try(s_walker_t *w, PyObject *node)
         int saved_block = w->defblock;
         w->defset = &mine;
         w->defblock = w->block;
-        if (w->scope->kind == SC_MODULE)
+        if (w->scope->kind == LL_SCOPE_MODULE)
             s_emit(w, LL_EV_UNIT, 0, NULL, -1, false);
         s_walk_field(w, h, ll_ast.a_type);
         const char *name = ll_ast_str(h, ll_ast.a_name);
@@ -1023,7 +956,7 @@ static void s_walk_try(s_walker_t *w, PyObject *node)
     s_walk_branch(w, node, ll_ast.a_orelse, &ok);
     w->block = outer;
     s_walk_body_field(w, node, ll_ast.a_finalbody, false);
-    for (size_t i = 0; nh > 0 && w->scope->kind == SC_MODULE && i < ok.count; i++) {
+    for (size_t i = 0; nh > 0 && w->scope->kind == LL_SCOPE_MODULE && i < ok.count; i++) {
         if (!ll_names_has(&common, ok.items[i]))
             continue;
         s_emit(w, LL_EV_SETTLE, 0, ok.items[i], -1, false);
@@ -1261,7 +1194,7 @@ static void s_walk_call(s_walker_t *w, PyObject *node)
         return;
     }
     const char *id = ll_ast_is(func, ll_ast.t_Name) ? ll_ast_str(func, ll_ast.a_id) : NULL;
-    if (id && s_resolves_global(w->scope, id)) {
+    if (id && ll_scope_resolves_global(w->scope, id)) {
         bool noargs =
             !ll_ast_has_items(node, ll_ast.a_args) && !ll_ast_has_items(node, ll_ast.a_keywords);
         if (strcmp(id, "exec") == 0 || strcmp(id, "eval") == 0 || strcmp(id, "globals") == 0 ||
@@ -1327,7 +1260,7 @@ static void s_walk(s_walker_t *w, PyObject *node)
             s_walk_field(w, node, ll_ast.a_value);
             if (id) {
                 s_store(w, id, LL_BK_VALUE, -1);
-                if (w->scope->kind == SC_MODULE)
+                if (w->scope->kind == LL_SCOPE_MODULE)
                     s_emit(w, LL_EV_MUTATE, 0, id, -1, false);
             }
         } else {
@@ -1417,14 +1350,14 @@ static void s_walk_code(s_walker_t *w, const char *code, bool as_function)
     }
     PyObject *body = ll_ast_get(tree, ll_ast.a_body);
     if (as_function) {
-        s_scope_t sc;
-        s_scope_init(&sc, SC_FUNC, w->scope, w->scope->immediate);
+        ll_scope_t sc;
+        ll_scope_init(&sc, LL_SCOPE_FUNC, w->scope, w->scope->immediate);
         s_scan_list(w, body, &sc, false);
-        s_scope_t *saved = w->scope;
+        ll_scope_t *saved = w->scope;
         w->scope = &sc;
         s_walk_body(w, body);
         w->scope = saved;
-        s_scope_free(&sc);
+        ll_scope_free(&sc);
     } else
         s_walk_body(w, body);
     Py_XDECREF(body);
@@ -1608,8 +1541,8 @@ ll_analysis_t *ll_analysis_new(const char *code, size_t len)
         return a;
     }
 
-    s_scope_t module;
-    s_scope_init(&module, SC_MODULE, NULL, true);
+    ll_scope_t module;
+    ll_scope_init(&module, LL_SCOPE_MODULE, NULL, true);
     char base;
     s_walker_t w = {.a = a, .scope = &module, .group = -1, .class_group = -1, .stack_base = &base};
     w.stack_budget = s_stack_budget(&base);
@@ -1617,7 +1550,7 @@ ll_analysis_t *ll_analysis_new(const char *code, size_t len)
     s_walk_body(&w, body);
     Py_XDECREF(body);
     Py_DECREF(tree);
-    s_scope_free(&module);
+    ll_scope_free(&module);
     PyErr_Clear();
     if (w.oom || (!w.too_deep && s_facts(a) != 0)) {
         ll_analysis_destroy(&a);
@@ -1672,7 +1605,7 @@ void ll_analysis_destroy(ll_analysis_t **self_p)
     ll_names_clear(&a->packages);
     ll_names_clear(&a->loaded);
     free(a->funcs);
-    free(a->block_parent);
+    ll_blocks_free(&a->blocks);
     free(a);
     *self_p = NULL;
 }

@@ -80,14 +80,14 @@ int ll_analysis_init(char *err, size_t errlen)
     PyObject *ast = PyImport_ImportModule("_ast");
     if (!ast)
         goto fail_python;
-#define X(n)                                             \
+#define X(n)                                               \
     if (!(ll_ast.t_##n = PyObject_GetAttrString(ast, #n))) \
         goto fail_python;
     LL_AST_TYPES(X)
 #undef X
     Py_DECREF(ast);
     ast = NULL;
-#define X(n)                                            \
+#define X(n)                                              \
     if (!(ll_ast.a_##n = PyUnicode_InternFromString(#n))) \
         goto fail_python;
     LL_AST_ATTRS(X)
@@ -158,4 +158,3 @@ void ll_analysis_shutdown(void)
     ll_names_clear(&s_builtins);
     ll_ast.ready = false;
 }
-

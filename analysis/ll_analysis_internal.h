@@ -135,6 +135,60 @@ int ll_analysis_gpu_add_list(const char *list);
  * ll_analysis_session.c. */
 int ll_analysis_compute_reads(const ll_analysis_t *cell, ll_names_t *reads);
 
+/* ---- scopes and conditional blocks (ll_analysis_scope.c; pure) -------- */
+
+typedef enum {
+    LL_SCOPE_MODULE = 0, /* the cell's top level */
+    LL_SCOPE_FUNC,       /* a function, lambda or %timeit body */
+    LL_SCOPE_CLASS,      /* a class body */
+    LL_SCOPE_COMP,       /* a comprehension or generator expression */
+} ll_scope_kind_t;
+
+typedef struct ll_scope_t {
+    ll_scope_kind_t kind;
+    struct ll_scope_t *parent; /* enclosing scope, NULL for the module */
+    bool immediate;            /* runs now: its global reads are LOAD events */
+    ll_names_t locals;         /* names bound in the scope */
+    ll_names_t globals;        /* declared global */
+    ll_names_t nonlocals;      /* declared nonlocal */
+} ll_scope_t;
+
+/* Where binding a name in a scope lands. */
+typedef enum {
+    LL_SCOPE_BIND_LOCAL = 0, /* a local of the function, class or comprehension */
+    LL_SCOPE_BIND_MODULE,    /* a top-level binding of the cell */
+    LL_SCOPE_BIND_GLOBAL,    /* a module name bound through a `global` declaration */
+} ll_scope_bind_t;
+
+/* An empty scope of KIND inside PARENT; ll_scope_free frees its sets. */
+void ll_scope_init(ll_scope_t *sc, ll_scope_kind_t kind, ll_scope_t *parent, bool immediate);
+void ll_scope_free(ll_scope_t *sc);
+/* Whether NAME read in SC refers to the module namespace. */
+bool ll_scope_resolves_global(const ll_scope_t *sc, const char *name);
+/* Where binding NAME in SC lands. */
+ll_scope_bind_t ll_scope_binding(const ll_scope_t *sc, const char *name);
+/* The scope a walrus in SC binds in: the nearest that is not a
+ * comprehension. */
+ll_scope_t *ll_scope_walrus_target(ll_scope_t *sc);
+
+/* The tree of a cell's conditional blocks (branch, loop body, try body,
+ * handler, case): block 0 is the cell itself, every other block has a
+ * parent.  A binding made in a block is certainly done for code in any
+ * block it encloses. */
+typedef struct {
+    int *parent;  /* parent[b]: the block enclosing b (-1 for block 0) */
+    size_t count; /* blocks made, block 0 included */
+    size_t cap;   /* allocated slots in parent */
+} ll_blocks_t;
+
+/* A new block inside PARENT (the first call also makes block 0): its
+ * number, or -1 when out of memory. */
+int ll_blocks_add(ll_blocks_t *self, int parent);
+/* Whether block OUTER is INNER or encloses it.  Block -1 encloses nothing
+ * and is enclosed by nothing. */
+bool ll_blocks_encloses(const ll_blocks_t *self, int outer, int inner);
+void ll_blocks_free(ll_blocks_t *self);
+
 /* ---- IPython magics (ll_analysis_magic.c; pure) ------------------------ */
 
 typedef enum {
