@@ -1,13 +1,17 @@
 /* ll_analysis_internal: what the parts of the cell analysis share and nobody
  * else should see: an insertion-ordered set of owned strings (names, module
- * paths), the per-cell event stream the AST walker produces, and the facts
- * the session replays.  Runs wherever the analysis runs (the gateway's shell
- * thread, or the `looseleaf analyze` CLI); nothing here touches Python.
+ * paths), the pure pieces (module lists, scope rules, the magic table), the
+ * per-cell event stream the AST walker produces and the cell object that
+ * holds it, and the entry points of the files that touch Python.  Runs
+ * wherever the analysis runs (the gateway's shell thread, or the
+ * `looseleaf analyze` CLI); nothing declared here needs Python types (the
+ * AST-reading files have ll_analysis_ast.h and ll_analysis_walk.h).
  *
- * The event stream is the heart of the design.  The walker (ll_analysis.c)
- * turns a cell's AST into an ordered list of module-level events: LOAD of a
- * global name, BIND of a top-level name (with its kind: value, import,
- * function, class), MUTATE, DEL, UNIT (a new top-level simple statement).
+ * The event stream is the heart of the design.  The walker
+ * (ll_analysis_walk*.c) turns a cell's AST into an ordered list of
+ * module-level events: LOAD of a global name, BIND of a top-level name
+ * (with its kind: value, import, function, class), MUTATE, DEL, UNIT (a new
+ * top-level simple statement).
  * Function and class bodies are not executed at definition, so their global
  * reads are not events but a "group" attached to the BIND.  The session
  * (ll_analysis_session.c) replays the events against the recorded cells:
@@ -48,77 +52,6 @@ void ll_names_remove(ll_names_t *self, const char *name);
  * SELF, valid while SELF is unchanged); NULL when empty or out of memory. */
 const char **ll_names_sorted(const ll_names_t *self);
 
-/* ---- events ----------------------------------------------------------- */
-typedef enum {
-    LL_EV_UNIT = 0, /* start of a top-level statement (or compound header) */
-    LL_EV_LOAD,     /* a global name is read at module level, now */
-    LL_EV_BIND,     /* a top-level name is bound */
-    LL_EV_MUTATE,   /* a top-level name's object may be changed in place */
-    LL_EV_DEL,      /* a top-level name is deleted */
-    LL_EV_DEFER,    /* a lambda's body globals become deps of this unit */
-    LL_EV_ARG,      /* a call's argument: a name (kind 0) or a lambda (1) */
-    LL_EV_PASS,     /* the call those ARGs went to: a function's name
-                         (kind 0) or a method's receiver (kind 1) */
-    LL_EV_SETTLE,   /* every branch of an if/else bound the name: the
-                         binding from before the statement is gone */
-} ll_ev_type_t;
-
-typedef enum {
-    LL_BK_VALUE = 0, /* any object built by running code */
-    LL_BK_IMPORT,    /* a module or a name taken from one by an import */
-    LL_BK_FUNC,      /* def */
-    LL_BK_CLASS,     /* class */
-    LL_BK_STAR,      /* from m import * (name is "*m") */
-} ll_bind_kind_t;
-
-typedef struct {
-    uint8_t type;     /* ll_ev_type_t */
-    uint8_t kind;     /* ll_bind_kind_t, for BIND */
-    bool cond;        /* inside a branch, loop, try or handler: may not run */
-    bool direct;      /* LOAD written in the cell (not added by the walker) */
-    int block;        /* innermost conditional block (0: the cell itself) */
-    const char *name; /* interned in the analysis's name pool */
-    int ref;          /* BIND FUNC/CLASS, DEFER: group index; BIND IMPORT/STAR:
-                         import index; else -1 */
-} ll_ev_t;
-
-/* The deferred body of a function, class (its methods) or lambda. */
-typedef struct {
-    const char *name;   /* bound name, NULL for a lambda */
-    int kind;           /* LL_BK_FUNC, LL_BK_CLASS, or LL_BK_VALUE (lambda) */
-    ll_names_t globals; /* global names read by the body (any depth) */
-    ll_names_t gwrites; /* names the body assigns after `global` */
-    ll_names_t paths;   /* module paths the body imports itself */
-    ll_names_t shown;   /* globals without builtins, for callers */
-    bool opaque;        /* the body uses exec/eval/globals()/... */
-    bool kernel_bound;  /* the body uses get_ipython().kernel */
-} ll_group_t;
-
-/* One name bound by an import statement. */
-typedef struct {
-    const char *bound; /* name bound in the namespace ("*m" for a star) */
-    char *module;      /* module imported ("a.b.c"), relative: ".x" */
-    char *attr;        /* from-import: the name taken, else NULL */
-    char *path;        /* dotted path of the bound object: module[.attr] */
-    char *stmt;        /* the statement that re-creates the binding */
-} ll_import_t;
-
-/* Accessors for the session: the analysis's event stream. */
-typedef struct ll_analysis_t ll_analysis_t;
-const ll_ev_t *ll_analysis_events(const ll_analysis_t *self, size_t *count);
-const ll_group_t *ll_analysis_group(const ll_analysis_t *self, int index);
-const ll_import_t *ll_analysis_import(const ll_analysis_t *self, int index);
-bool ll_analysis_opaque_flag(const ll_analysis_t *self);
-/* Whether the cell's own top-level code uses get_ipython().kernel. */
-bool ll_analysis_kernel_bound_flag(const ll_analysis_t *self);
-/* Whether the cell may look NAME up after binding it: a LOAD event or a
- * body global of one of its functions or lambdas. */
-bool ll_analysis_may_load(const ll_analysis_t *self, const char *name);
-/* Whether conditional block OUTER is INNER or encloses it: a binding made in
- * OUTER earlier in the cell is certainly done when code in INNER runs.
- * Block -1 encloses nothing. */
-bool ll_analysis_block_encloses(const ll_analysis_t *self, int outer, int inner);
-
 /* ---- module lists (ll_analysis_modules.c) ------------------------------ */
 
 /* Top-level package of a module path ("a" of "a.b.c"); NULL for relative
@@ -129,11 +62,6 @@ const char *ll_analysis_package_of(const char *path, char *buf, size_t buflen);
  * semicolons, colons or blanks (LOOSELEAF_GPU_PACKAGES).  0, or -1 when out
  * of memory. */
 int ll_analysis_gpu_add_list(const char *list);
-
-/* Replay the cell against an empty session: the names it reads from
- * outside (ll_analysis_reads).  0 or -1 (out of memory).  In
- * ll_analysis_session.c. */
-int ll_analysis_compute_reads(const ll_analysis_t *cell, ll_names_t *reads);
 
 /* ---- scopes and conditional blocks (ll_analysis_scope.c; pure) -------- */
 
@@ -238,6 +166,112 @@ int ll_magic_expand(const char *text, int (*name_cb)(void *ctx, const char *name
 /* The object a help line names ("np.zeros??  " -> "np.zeros"), into BUF. */
 void ll_magic_object(const char *line, char *buf, size_t buflen);
 
+/* ---- events ----------------------------------------------------------- */
+typedef enum {
+    LL_EV_UNIT = 0, /* start of a top-level statement (or compound header) */
+    LL_EV_LOAD,     /* a global name is read at module level, now */
+    LL_EV_BIND,     /* a top-level name is bound */
+    LL_EV_MUTATE,   /* a top-level name's object may be changed in place */
+    LL_EV_DEL,      /* a top-level name is deleted */
+    LL_EV_DEFER,    /* a lambda's body globals become deps of this unit */
+    LL_EV_ARG,      /* a call's argument: a name (kind 0) or a lambda (1) */
+    LL_EV_PASS,     /* the call those ARGs went to: a function's name
+                         (kind 0) or a method's receiver (kind 1) */
+    LL_EV_SETTLE,   /* every branch of an if/else bound the name: the
+                         binding from before the statement is gone */
+} ll_ev_type_t;
+
+typedef enum {
+    LL_BK_VALUE = 0, /* any object built by running code */
+    LL_BK_IMPORT,    /* a module or a name taken from one by an import */
+    LL_BK_FUNC,      /* def */
+    LL_BK_CLASS,     /* class */
+    LL_BK_STAR,      /* from m import * (name is "*m") */
+} ll_bind_kind_t;
+
+typedef struct {
+    uint8_t type;     /* ll_ev_type_t */
+    uint8_t kind;     /* ll_bind_kind_t, for BIND */
+    bool cond;        /* inside a branch, loop, try or handler: may not run */
+    bool direct;      /* LOAD written in the cell (not added by the walker) */
+    int block;        /* innermost conditional block (0: the cell itself) */
+    const char *name; /* interned in the analysis's name pool */
+    int ref;          /* BIND FUNC/CLASS, DEFER: group index; BIND IMPORT/STAR:
+                         import index; else -1 */
+} ll_ev_t;
+
+/* The deferred body of a function, class (its methods) or lambda. */
+typedef struct {
+    const char *name;   /* bound name, NULL for a lambda */
+    int kind;           /* LL_BK_FUNC, LL_BK_CLASS, or LL_BK_VALUE (lambda) */
+    ll_names_t globals; /* global names read by the body (any depth) */
+    ll_names_t gwrites; /* names the body assigns after `global` */
+    ll_names_t paths;   /* module paths the body imports itself */
+    ll_names_t shown;   /* globals without builtins, for callers */
+    bool opaque;        /* the body uses exec/eval/globals()/... */
+    bool kernel_bound;  /* the body uses get_ipython().kernel */
+} ll_group_t;
+
+/* One name bound by an import statement. */
+typedef struct {
+    const char *bound; /* name bound in the namespace ("*m" for a star) */
+    char *module;      /* module imported ("a.b.c"), relative: ".x" */
+    char *attr;        /* from-import: the name taken, else NULL */
+    char *path;        /* dotted path of the bound object: module[.attr] */
+    char *stmt;        /* the statement that re-creates the binding */
+} ll_import_t;
+
+/* ---- the cell object (ll_analysis.c builds it, the walker fills it) ----- */
+
+/* What ll_analysis_new finds in one cell.  The walker (ll_analysis_walk*.c)
+ * appends events, groups, imports and blocks; ll_analysis.c derives the
+ * facts; the replay reads the events.  Private: outside analysis/ the
+ * object is opaque. */
+struct ll_analysis_t {
+    char *error;       /* parse failure, or NULL */
+    int forced;        /* -1, LL_ANALYSIS_CPU or LL_ANALYSIS_GPU */
+    bool opaque;       /* the cell's own top-level code is opaque */
+    bool kernel_bound; /* ... uses get_ipython().kernel */
+    ll_names_t pool;   /* interned names events point into */
+    ll_ev_t *ev;       /* event stream */
+    size_t nev, capev;
+    ll_group_t *groups; /* deferred bodies */
+    size_t ngroups, capgroups;
+    ll_import_t *imports; /* import bindings */
+    size_t nimports, capimports;
+    /* facts for callers (derived from the events) */
+    ll_names_t defs, reads, mutates, deletes, packages;
+    bool reads_done;   /* reads are computed on first use (a replay) */
+    ll_names_t loaded; /* names LOADed or read by a body anywhere */
+    int *funcs;        /* indexes of the named groups, in order */
+    size_t nfuncs;
+    ll_blocks_t blocks; /* the conditional blocks events are made in */
+};
+
+typedef struct ll_analysis_t ll_analysis_t;
+
+/* Accessors for the replay: the cell's event stream (ll_analysis.c). */
+const ll_ev_t *ll_analysis_events(const ll_analysis_t *self, size_t *count);
+const ll_group_t *ll_analysis_group(const ll_analysis_t *self, int index);
+const ll_import_t *ll_analysis_import(const ll_analysis_t *self, int index);
+bool ll_analysis_opaque_flag(const ll_analysis_t *self);
+/* Whether the cell's own top-level code uses get_ipython().kernel. */
+bool ll_analysis_kernel_bound_flag(const ll_analysis_t *self);
+/* Whether the cell may look NAME up after binding it: a LOAD event or a
+ * body global of one of its functions or lambdas. */
+bool ll_analysis_may_load(const ll_analysis_t *self, const char *name);
+/* Whether conditional block OUTER is INNER or encloses it: a binding made in
+ * OUTER earlier in the cell is certainly done when code in INNER runs.
+ * Block -1 encloses nothing. */
+bool ll_analysis_block_encloses(const ll_analysis_t *self, int outer, int inner);
+
+/* ---- the replay ----------------------------------------------------- */
+
+/* Replay the cell against an empty session: the names it reads from
+ * outside (ll_analysis_reads).  0 or -1 (out of memory).  In
+ * ll_analysis_session.c. */
+int ll_analysis_compute_reads(const ll_analysis_t *cell, ll_names_t *reads);
+
 /* ---- IPython input transformation (ll_analysis_ipython.c; GIL held) ---- */
 
 /* IPython's leading_indent, in place: strip the first line's indentation
@@ -252,7 +286,11 @@ char *ll_analysis_transform(const char *src);
 /* Drop the cached transformer (before Py_Finalize). */
 void ll_analysis_ipython_shutdown(void);
 
-/* Whether NAME is a Python builtin (set by ll_analysis_init). */
+/* ---- the AST cache (ll_analysis_ast.c) --------------------------------- */
+
+/* Whether NAME is a Python builtin (the set is filled by ll_analysis_init)
+ * or one of the names IPython puts in every namespace (_, _N, _iN, __x__,
+ * In, Out, get_ipython, ...). */
 bool ll_analysis_is_builtin(const char *name);
 
 #endif

@@ -118,13 +118,13 @@ static void s_st_names(ll_names_t *set, const char *csv)
 int ll_analysis_scope_selftest(bool verbose)
 {
     int fails = 0;
-#define S_CHECK(cond)                                                                         \
-    do {                                                                                      \
-        if (!(cond)) {                                                                        \
-            fails++;                                                                          \
-            if (verbose)                                                                      \
+#define S_CHECK(cond)                                                                          \
+    do {                                                                                       \
+        if (!(cond)) {                                                                         \
+            fails++;                                                                           \
+            if (verbose)                                                                       \
                 fprintf(stderr, "ll_analysis_scope: failed: %s (line %d)\n", #cond, __LINE__); \
-        }                                                                                     \
+        }                                                                                      \
     } while (0)
     /* module
      *   class C:        attr = ...
@@ -169,7 +169,8 @@ int ll_analysis_scope_selftest(bool verbose)
     S_CHECK(!ll_scope_resolves_global(&comp_fn, "i") && !ll_scope_resolves_global(&comp_fn, "v"));
     S_CHECK(ll_scope_resolves_global(&comp_fn, "g") && ll_scope_resolves_global(&comp_fn, "q"));
     S_CHECK(!ll_scope_resolves_global(&comp_mod, "j") && ll_scope_resolves_global(&comp_mod, "i"));
-    S_CHECK(!ll_scope_resolves_global(&comp_comp, "i") && !ll_scope_resolves_global(&comp_comp, "self"));
+    S_CHECK(!ll_scope_resolves_global(&comp_comp, "i") &&
+            !ll_scope_resolves_global(&comp_comp, "self"));
 
     /* Where a binding lands. */
     S_CHECK(ll_scope_binding(&mod, "x") == LL_SCOPE_BIND_MODULE);
@@ -194,7 +195,8 @@ int ll_analysis_scope_selftest(bool verbose)
     int else_body = ll_blocks_add(&b, 0);
     S_CHECK(if_body == 1 && nested == 2 && else_body == 3);
     S_CHECK(ll_blocks_encloses(&b, 0, nested) && ll_blocks_encloses(&b, if_body, nested));
-    S_CHECK(!ll_blocks_encloses(&b, nested, if_body) && !ll_blocks_encloses(&b, if_body, else_body));
+    S_CHECK(!ll_blocks_encloses(&b, nested, if_body) &&
+            !ll_blocks_encloses(&b, if_body, else_body));
     S_CHECK(ll_blocks_encloses(&b, else_body, else_body));
     S_CHECK(!ll_blocks_encloses(&b, -1, nested) && !ll_blocks_encloses(&b, 0, -1));
     S_CHECK(!ll_blocks_encloses(&b, 0, 99)); /* unknown block: nothing encloses it */
