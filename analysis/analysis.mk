@@ -2,13 +2,14 @@
 # CPython's AST, the session's def-use graph and closures, `looseleaf analyze`.
 ANALYSIS_SRCS := analysis/ll_analysis.c analysis/ll_analysis_ast.c analysis/ll_analysis_ipython.c \
                  analysis/ll_analysis_magic.c analysis/ll_analysis_modules.c \
-                 analysis/ll_analysis_names.c analysis/ll_analysis_scope.c \
-                 analysis/ll_analysis_session.c analysis/ll_analysis_walk.c \
+                 analysis/ll_analysis_names.c analysis/ll_analysis_replay.c \
+                 analysis/ll_analysis_scope.c analysis/ll_analysis_session.c analysis/ll_analysis_walk.c \
                  analysis/ll_analysis_walk_call.c analysis/ll_analysis_walk_state.c \
                  analysis/ll_analyze_cli.c
 LIB_SRCS  += $(ANALYSIS_SRCS)
 TEST_SRCS += analysis/ll_analysis_selftest.c
-SELFTESTS += ll_analysis ll_analysis_modules ll_analysis_magic ll_analysis_scope
+SELFTESTS += ll_analysis ll_analysis_modules ll_analysis_magic ll_analysis_scope \
+             ll_analysis_session
 
 # What a program that only analyses links: the module, the interpreter's
 # start-up (kernel/ll_interp.c) and base's log and clock.  (This fragment is

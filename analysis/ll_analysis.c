@@ -11,7 +11,7 @@
  * ast.Module is walked in C (ll_analysis_walk*.c) into events; the facts
  * callers see (defs, mutates, deletes, imports, functions) are derived from
  * those, and reads by replaying them against an empty session
- * (ll_analysis_session.c), on first use.
+ * (ll_analysis_replay.c), on first use.
  *
  * Bad input never crashes: NUL bytes and undecodable text are errors, so is
  * a parse failure (CPython bounds nesting: 200 brackets, 100 indents,
@@ -26,7 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- building an analysis --------------------------------------------- */
+/* ---- building an analysis ---------------------------------------------- */
 
 /* The pending exception as one line; clears it.  Malloc'd. */
 static char *s_error_text(void)
@@ -82,7 +82,7 @@ static PyObject *s_parse(const char *src, char **err, bool *syntax)
 }
 
 /* Derive the caller-facing facts from the events. */
-static int s_facts(ll_analysis_t *a)
+int ll_analysis_facts(ll_analysis_t *a)
 {
     for (size_t i = 0; i < a->nev; i++) {
         const ll_ev_t *e = &a->ev[i];
@@ -205,7 +205,7 @@ ll_analysis_t *ll_analysis_new(const char *code, size_t len)
 
     int walked = ll_walk_cell(a, tree);
     Py_DECREF(tree);
-    if (walked < 0 || (walked == 0 && s_facts(a) != 0)) {
+    if (walked < 0 || (walked == 0 && ll_analysis_facts(a) != 0)) {
         ll_analysis_destroy(&a);
         return NULL;
     }
@@ -263,7 +263,7 @@ void ll_analysis_destroy(ll_analysis_t **self_p)
     *self_p = NULL;
 }
 
-/* ---- accessors -------------------------------------------------------- */
+/* ---- accessors --------------------------------------------------------- */
 
 static ll_analysis_strs_t s_strs(const ll_names_t *n)
 {
@@ -306,18 +306,6 @@ bool ll_analysis_is_opaque(const ll_analysis_t *self)
 {
     return self->opaque;
 }
-bool ll_analysis_opaque_flag(const ll_analysis_t *self)
-{
-    return self->opaque;
-}
-bool ll_analysis_kernel_bound_flag(const ll_analysis_t *self)
-{
-    return self->kernel_bound;
-}
-bool ll_analysis_may_load(const ll_analysis_t *self, const char *name)
-{
-    return ll_names_has(&self->loaded, name);
-}
 int ll_analysis_forced_label(const ll_analysis_t *self)
 {
     return self->forced;
@@ -338,27 +326,6 @@ ll_analysis_strs_t ll_analysis_function_globals(const ll_analysis_t *self, size_
     if (i >= self->nfuncs)
         return (ll_analysis_strs_t){NULL, 0};
     return s_strs(&self->groups[self->funcs[i]].shown);
-}
-
-const ll_ev_t *ll_analysis_events(const ll_analysis_t *self, size_t *count)
-{
-    *count = self->nev;
-    return self->ev;
-}
-
-const ll_group_t *ll_analysis_group(const ll_analysis_t *self, int index)
-{
-    return index >= 0 && (size_t) index < self->ngroups ? &self->groups[index] : NULL;
-}
-
-const ll_import_t *ll_analysis_import(const ll_analysis_t *self, int index)
-{
-    return index >= 0 && (size_t) index < self->nimports ? &self->imports[index] : NULL;
-}
-
-bool ll_analysis_block_encloses(const ll_analysis_t *self, int outer, int inner)
-{
-    return ll_blocks_encloses(&self->blocks, outer, inner);
 }
 
 static json_t *s_json_list(const ll_names_t *n)

@@ -13,8 +13,8 @@
  * understood.  Sessions and closures never touch Python.  Not thread-safe:
  * use one thread, or a lock around all calls.
  *
- * Semantics, in short (the long version is at the top of ll_analysis.c and
- * ll_analysis_session.c):
+ * Semantics, in short (the long version is at the top of ll_analysis_walk.c
+ * and ll_analysis_replay.c; analysis/API.md maps the files):
  * - reads: global names the cell's top-level code may read before binding
  *   them itself, including what comprehensions, lambdas, class bodies,
  *   decorators and default arguments read, and the globals of the cell's own
@@ -124,7 +124,7 @@ int ll_analysis_forced_label(const ll_analysis_t *self);
  * opaque. */
 json_t *ll_analysis_json(const ll_analysis_t *self);
 
-/* ---- session ---------------------------------------------------------- */
+/* ---- session ----------------------------------------------------------- */
 
 /* An empty session (no cell executed yet). */
 ll_analysis_session_t *ll_analysis_session_new(void);

@@ -13,10 +13,11 @@
  * (with its kind: value, import, function, class), MUTATE, DEL, UNIT (a new
  * top-level simple statement).
  * Function and class bodies are not executed at definition, so their global
- * reads are not events but a "group" attached to the BIND.  The session
- * (ll_analysis_session.c) replays the events against the recorded cells:
- * the same replay computes a draft cell's closures and records an executed
- * cell, so there is one notion of what a cell reads. */
+ * reads are not events but a "group" attached to the BIND.  The replay
+ * (ll_analysis_replay.c) runs the events against the recorded cells of a
+ * session (ll_analysis_session.c): the same replay computes a draft cell's
+ * closures, records an executed cell and gives a cell's own reads, so
+ * there is one notion of what a cell reads. */
 #ifndef LL_ANALYSIS_INTERNAL_H
 #define LL_ANALYSIS_INTERNAL_H
 
@@ -63,7 +64,7 @@ const char *ll_analysis_package_of(const char *path, char *buf, size_t buflen);
  * of memory. */
 int ll_analysis_gpu_add_list(const char *list);
 
-/* ---- scopes and conditional blocks (ll_analysis_scope.c; pure) -------- */
+/* ---- scopes and conditional blocks (ll_analysis_scope.c; pure) --------- */
 
 typedef enum {
     LL_SCOPE_MODULE = 0, /* the cell's top level */
@@ -166,7 +167,7 @@ int ll_magic_expand(const char *text, int (*name_cb)(void *ctx, const char *name
 /* The object a help line names ("np.zeros??  " -> "np.zeros"), into BUF. */
 void ll_magic_object(const char *line, char *buf, size_t buflen);
 
-/* ---- events ----------------------------------------------------------- */
+/* ---- events ------------------------------------------------------------ */
 typedef enum {
     LL_EV_UNIT = 0, /* start of a top-level statement (or compound header) */
     LL_EV_LOAD,     /* a global name is read at module level, now */
@@ -221,7 +222,7 @@ typedef struct {
     char *stmt;        /* the statement that re-creates the binding */
 } ll_import_t;
 
-/* ---- the cell object (ll_analysis.c builds it, the walker fills it) ----- */
+/* ---- the cell object (ll_analysis.c builds it, the walker fills it) ---- */
 
 /* What ll_analysis_new finds in one cell.  The walker (ll_analysis_walk*.c)
  * appends events, groups, imports and blocks; ll_analysis.c derives the
@@ -250,26 +251,55 @@ struct ll_analysis_t {
 
 typedef struct ll_analysis_t ll_analysis_t;
 
-/* Accessors for the replay: the cell's event stream (ll_analysis.c). */
-const ll_ev_t *ll_analysis_events(const ll_analysis_t *self, size_t *count);
-const ll_group_t *ll_analysis_group(const ll_analysis_t *self, int index);
-const ll_import_t *ll_analysis_import(const ll_analysis_t *self, int index);
-bool ll_analysis_opaque_flag(const ll_analysis_t *self);
-/* Whether the cell's own top-level code uses get_ipython().kernel. */
-bool ll_analysis_kernel_bound_flag(const ll_analysis_t *self);
+/* Derive the facts callers see (defs, mutates, deletes, functions,
+ * packages, and the names the cell may look up) from the events; what
+ * ll_analysis_new does after the walk (and a self-test after scripting
+ * events by hand).  0, or -1 when out of memory.  In ll_analysis.c. */
+int ll_analysis_facts(ll_analysis_t *self);
+
+/* Accessors for the replay: the cell's event stream.  Inline, so the
+ * replay reads the cell without depending on ll_analysis.c. */
+static inline const ll_ev_t *ll_analysis_events(const ll_analysis_t *self, size_t *count)
+{
+    *count = self->nev;
+    return self->ev;
+}
+static inline const ll_group_t *ll_analysis_group(const ll_analysis_t *self, int index)
+{
+    return index >= 0 && (size_t) index < self->ngroups ? &self->groups[index] : NULL;
+}
+static inline const ll_import_t *ll_analysis_import(const ll_analysis_t *self, int index)
+{
+    return index >= 0 && (size_t) index < self->nimports ? &self->imports[index] : NULL;
+}
+/* Whether the cell's own top-level code is opaque / uses get_ipython().kernel. */
+static inline bool ll_analysis_opaque_flag(const ll_analysis_t *self)
+{
+    return self->opaque;
+}
+static inline bool ll_analysis_kernel_bound_flag(const ll_analysis_t *self)
+{
+    return self->kernel_bound;
+}
 /* Whether the cell may look NAME up after binding it: a LOAD event or a
  * body global of one of its functions or lambdas. */
-bool ll_analysis_may_load(const ll_analysis_t *self, const char *name);
+static inline bool ll_analysis_may_load(const ll_analysis_t *self, const char *name)
+{
+    return ll_names_has(&self->loaded, name);
+}
 /* Whether conditional block OUTER is INNER or encloses it: a binding made in
  * OUTER earlier in the cell is certainly done when code in INNER runs.
  * Block -1 encloses nothing. */
-bool ll_analysis_block_encloses(const ll_analysis_t *self, int outer, int inner);
+static inline bool ll_analysis_block_encloses(const ll_analysis_t *self, int outer, int inner)
+{
+    return ll_blocks_encloses(&self->blocks, outer, inner);
+}
 
-/* ---- the replay ----------------------------------------------------- */
+/* ---- the replay -------------------------------------------------------- */
 
-/* Replay the cell against an empty session: the names it reads from
- * outside (ll_analysis_reads).  0 or -1 (out of memory).  In
- * ll_analysis_session.c. */
+/* Replay the cell against an empty session: add to READS the names it
+ * reads from outside (ll_analysis_reads).  0 or -1 (out of memory).  In
+ * ll_analysis_replay.c. */
 int ll_analysis_compute_reads(const ll_analysis_t *cell, ll_names_t *reads);
 
 /* ---- IPython input transformation (ll_analysis_ipython.c; GIL held) ---- */

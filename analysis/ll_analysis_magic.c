@@ -265,7 +265,7 @@ void ll_magic_object(const char *line, char *buf, size_t buflen)
         buf[--n] = '\0';
 }
 
-/* ---- self-test: the table's and the text rules' decisions, scripted ------ */
+/* ---- self-test: the table's and the text rules' decisions, scripted ---- */
 
 typedef struct {
     char seen[8][64]; /* what the callbacks were given, in order */

@@ -132,7 +132,7 @@ const char *ll_analysis_package_of(const char *path, char *buf, size_t buflen)
     return buf;
 }
 
-/* ---- self-test: the list decisions, scripted ---------------------------- */
+/* ---- self-test: the list decisions, scripted --------------------------- */
 
 int ll_analysis_modules_selftest(bool verbose)
 {

@@ -68,7 +68,7 @@ ll_scope_t *ll_scope_walrus_target(ll_scope_t *sc)
     return sc;
 }
 
-/* ---- conditional blocks ------------------------------------------------- */
+/* ---- conditional blocks ------------------------------------------------ */
 
 int ll_blocks_add(ll_blocks_t *self, int parent)
 {
@@ -104,7 +104,7 @@ void ll_blocks_free(ll_blocks_t *self)
     memset(self, 0, sizeof *self);
 }
 
-/* ---- self-test: resolution, binding and block decisions, scripted ------- */
+/* ---- self-test: resolution, binding and block decisions, scripted ------ */
 
 static void s_st_names(ll_names_t *set, const char *csv)
 {

@@ -2,688 +2,33 @@
  * closures of a candidate cell (issue 3).  Pure C: no Python, no GIL; runs
  * on the gateway's shell thread (or the CLI).
  *
- * DESIGN
- * The session maps each live top-level name to its current binding: the
- * kind (value, function, class, import), the cell that made it (the most
- * recently executed binder wins, whatever the cells' order in the
- * notebook), and two sets computed when that cell was recorded:
- *   prov  the module paths the object was built with: the import-bound
- *         names its statement read, the prov of the variables it read, the
- *         modules reached through the functions it called.  This is why an
- *         object of a `datasets` type pulls in `datasets` even though the
- *         cell that uses it never names the package.
- *   deps  names the object looks up when it is used.  For a function or
- *         class: the globals its body (its methods) reads.  For a value:
- *         the body globals of every function or lambda its statement
- *         referenced, since the value may hold it (Trainer(compute_metrics=
- *         f) needs f's globals when it evaluates, and a model built by
- *         Net() needs Net's methods' globals) -- but not the names of the
- *         values it was computed from: `b = a + 1` does not need `a` later.
- *
- * A cell is replayed event by event (ll_analysis_internal.h) against an
- * overlay holding its own bindings so far; a binding made in a branch is an
- * alternative that does not hide the older one.  A LOAD resolves through
- * the overlay first, then the session; reaching a function or a value
- * expands its deps, which are loaded in turn (each binding once per
- * statement).  Every non-import name resolved in the session on the way is
- * in the state closure; every import binding reached gives its statement
- * and module path.  So the state closure is exactly: the live variables the
- * cell's code and the code it may call will look up in the namespace; a
- * name a definer cell merely read to build a variable is not included (the
- * variable is restored as an object; it does not re-run its definer).  The
- * closure stops at import-bound names, which are re-created by their import
- * statement instead.  Recording replays the same way and then makes the
- * overlay the session's new state, so draft analysis and recording can
+ * The session is the live names and their bindings (ll_analysis_replay.h).
+ * Recording a cell replays its events (ll_analysis_replay.c) and makes the
+ * replay's overlay the session's new state; a closure replays a draft cell
+ * the same way and reads the result, so draft analysis and recording can
  * never disagree.
- *
- * Values change in place too: a statement that mutates x (x.a = f,
- * x[k] = v, x.append(f), a decorator @x.register, a call x.add(f) or
- * register(f) given a function, which marks the variables register's body
- * reads) passes its prov and deps on to x's binding when it is recorded.
  *
  * When anything reached is opaque the closure is every live variable and
  * every live import: imprecision may cost time, never correctness. */
-#include "analysis/ll_analysis.h"
-#include "analysis/ll_analysis_internal.h"
+#include "analysis/ll_analysis_replay.h"
 
-#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- a small map from names to pointers -------------------------------- */
-
-typedef struct {
-    ll_names_t keys; /* names, in insertion order */
-    void **vals;     /* vals[i] belongs to keys.items[i] */
-    size_t cap;
-} s_map_t;
-
-static void *s_map_get(const s_map_t *m, const char *key)
-{
-    long at = ll_names_find(&m->keys, key);
-    return at < 0 ? NULL : m->vals[at];
-}
-
-static int s_map_set(s_map_t *m, const char *key, void *val)
-{
-    long at = ll_names_find(&m->keys, key);
-    if (at >= 0) {
-        m->vals[at] = val;
-        return 0;
-    }
-    if (m->keys.count == m->cap) {
-        size_t cap = m->cap ? m->cap * 2 : 16;
-        void **v = realloc(m->vals, cap * sizeof *v);
-        if (!v)
-            return -1;
-        m->vals = v;
-        m->cap = cap;
-    }
-    if (ll_names_add(&m->keys, key) < 0)
-        return -1;
-    m->vals[m->keys.count - 1] = val;
-    return 0;
-}
-
-static void s_map_remove(s_map_t *m, const char *key)
-{
-    long at = ll_names_find(&m->keys, key);
-    if (at < 0)
-        return;
-    memmove(m->vals + at, m->vals + at + 1, (m->keys.count - (size_t) at - 1) * sizeof *m->vals);
-    ll_names_remove(&m->keys, key);
-}
-
-static void s_map_free(s_map_t *m)
-{
-    ll_names_clear(&m->keys);
-    free(m->vals);
-    memset(m, 0, sizeof *m);
-}
-
-/* ---- bindings --------------------------------------------------------- */
-
-typedef struct {
-    int kind;           /* ll_bind_kind_t */
-    size_t cell;        /* the recorded cell (1-based) that bound it */
-    ll_names_t prov;    /* module paths the object was built with */
-    ll_names_t deps;    /* names looked up when the object is used */
-    ll_names_t gwrites; /* function: globals it assigns when called */
-    bool opaque;        /* using it defeats the analysis */
-    bool kernel_bound;  /* using it uses the kernel object (get_ipython().kernel) */
-    char *path;         /* import: dotted path of the bound object */
-    char *stmt;         /* import: statement that re-creates it */
-    bool moved;         /* ownership passed from a replay to the session */
-} s_binding_t;
-
-static void s_binding_free(s_binding_t *b)
-{
-    if (!b)
-        return;
-    ll_names_clear(&b->prov);
-    ll_names_clear(&b->deps);
-    ll_names_clear(&b->gwrites);
-    free(b->path);
-    free(b->stmt);
-    free(b);
-}
-
-static bool s_is_import(const s_binding_t *b)
-{
-    return b->kind == LL_BK_IMPORT || b->kind == LL_BK_STAR;
-}
-
-struct ll_analysis_session_t {
-    s_map_t names;    /* live name -> s_binding_t* */
-    ll_names_t stars; /* keys ("*m") of live star imports */
-    size_t cells;     /* cells recorded */
-};
-
-/* ---- the replay ------------------------------------------------------- */
-
-typedef struct {
-    s_binding_t **alts; /* the cell's own bindings that may be current */
-    int *blocks;        /* blocks[i]: the conditional block alts[i] was made in */
-    size_t nalts, cap;
-    bool base;    /* the binding from before the cell may be current */
-    bool deleted; /* certainly deleted by the cell */
-} s_entry_t;
-
-typedef struct {
-    const char *name;
-    bool cellside; /* reached from the cell's code or its own bindings */
-    int block;     /* the conditional block where the lookup happens */
-} s_work_t;
-
-typedef struct {
-    ll_analysis_session_t *s; /* NULL: empty session */
-    const ll_analysis_t *a;
-    bool record;
-    bool oom;
-    s_map_t overlay;   /* name -> s_entry_t* */
-    ll_names_t ostars; /* overlay keys of the cell's star imports */
-    /* results */
-    ll_names_t reads; /* read from outside the cell */
-    ll_names_t state; /* live non-import names reached */
-    ll_names_t stmts; /* import statements reached */
-    ll_names_t paths; /* module paths reached */
-    bool opaque;
-    bool kernel_bound; /* reached comm machinery: the cell must run in the kernel */
-    /* the current unit (top-level statement) */
-    ll_names_t uprov, udeps, umut, pending_gwrites;
-    ll_names_t mutated; /* every name the cell may change in place */
-    ll_names_t pargs;   /* names passed to the call being read */
-    bool plambda;       /* ... and whether a lambda was passed too */
-    s_binding_t **ubinds;
-    const char **ubinds_names; /* the names ubinds[i] were bound to */
-    size_t nubinds, capubinds;
-    const void **visited; /* open-addressing set of bindings */
-    size_t nvisited, capvisited;
-    s_work_t *stack;
-    size_t nstack, capstack;
-    s_binding_t **owned; /* every binding this replay created */
-    size_t nowned, capowned;
-} s_sim_t;
-
-static int s_grow(void **arr, size_t *cap, size_t need, size_t size)
-{
-    if (need <= *cap)
-        return 0;
-    size_t n = *cap ? *cap * 2 : 16;
-    while (n < need)
-        n *= 2;
-    void *p = realloc(*arr, n * size);
-    if (!p)
-        return -1;
-    *arr = p;
-    *cap = n;
-    return 0;
-}
-
-static void s_add(s_sim_t *sim, ll_names_t *set, const char *name)
+static void s_add(ll_replay_t *sim, ll_names_t *set, const char *name)
 {
     if (ll_names_add(set, name) < 0)
         sim->oom = true;
 }
 
-static void s_union(s_sim_t *sim, ll_names_t *set, const ll_names_t *other)
+static void s_union(ll_replay_t *sim, ll_names_t *set, const ll_names_t *other)
 {
     if (ll_names_union(set, other) < 0)
         sim->oom = true;
 }
 
-/* Returns true if B was already visited in this unit (marks it if not). */
-static bool s_visited(s_sim_t *sim, const void *b)
-{
-    if ((sim->nvisited + 1) * 2 > sim->capvisited) {
-        size_t cap = sim->capvisited ? sim->capvisited * 2 : 64;
-        const void **v = calloc(cap, sizeof *v);
-        if (!v) {
-            sim->oom = true;
-            return true;
-        }
-        for (size_t i = 0; i < sim->capvisited; i++) {
-            if (!sim->visited[i])
-                continue;
-            size_t slot = ((uintptr_t) sim->visited[i] >> 4) & (cap - 1);
-            while (v[slot])
-                slot = (slot + 1) & (cap - 1);
-            v[slot] = sim->visited[i];
-        }
-        free(sim->visited);
-        sim->visited = v;
-        sim->capvisited = cap;
-    }
-    size_t slot = ((uintptr_t) b >> 4) & (sim->capvisited - 1);
-    while (sim->visited[slot]) {
-        if (sim->visited[slot] == b)
-            return true;
-        slot = (slot + 1) & (sim->capvisited - 1);
-    }
-    sim->visited[slot] = b;
-    sim->nvisited++;
-    return false;
-}
-
-static void s_push(s_sim_t *sim, const char *name, bool cellside, int block)
-{
-    if (s_grow((void **) &sim->stack, &sim->capstack, sim->nstack + 1, sizeof *sim->stack) != 0) {
-        sim->oom = true;
-        return;
-    }
-    sim->stack[sim->nstack++] = (s_work_t){name, cellside, block};
-}
-
-static s_binding_t *s_base(const s_sim_t *sim, const char *name)
-{
-    return sim->s ? s_map_get(&sim->s->names, name) : NULL;
-}
-
-/* NAME resolved to B: note what it needs and expand what it looks up. */
-static void s_visit(s_sim_t *sim, const char *name, s_binding_t *b, bool in_cell, bool cellside,
-                    int block)
-{
-    if (s_is_import(b)) {
-        if (b->path)
-            s_add(sim, &sim->paths, b->path), s_add(sim, &sim->uprov, b->path);
-        if (ll_analysis_is_kernel_module(b->path))
-            sim->kernel_bound = true;
-        if (!in_cell && b->stmt)
-            s_add(sim, &sim->stmts, b->stmt);
-        return;
-    }
-    if (!in_cell)
-        s_add(sim, &sim->state, name);
-    if (s_visited(sim, b))
-        return;
-    /* Its prov and deps reach the unit's new bindings in s_end_unit, from
-     * the visited set, and only when something will use them. */
-    s_union(sim, &sim->paths, &b->prov);
-    if (b->opaque)
-        sim->opaque = true;
-    if (b->kernel_bound)
-        sim->kernel_bound = true;
-    for (size_t i = 0; i < b->deps.count; i++)
-        s_push(sim, b->deps.items[i], cellside && in_cell, block);
-    s_union(sim, &sim->pending_gwrites, &b->gwrites);
-}
-
-static void s_drain(s_sim_t *sim)
-{
-    while (sim->nstack && !sim->oom) {
-        s_work_t w = sim->stack[--sim->nstack];
-        s_entry_t *e = s_map_get(&sim->overlay, w.name);
-        if (e) {
-            /* Newest first; a binding made in a block enclosing this lookup
-             * is certainly done and hides everything older.  s_visit never
-             * changes the overlay, so the arrays stay put. */
-            bool hidden = !e->base;
-            for (size_t i = e->nalts; i-- > 0;) {
-                s_visit(sim, w.name, e->alts[i], true, w.cellside, w.block);
-                if (ll_analysis_block_encloses(sim->a, e->blocks[i], w.block)) {
-                    hidden = true;
-                    break;
-                }
-            }
-            if (hidden)
-                continue;
-        }
-        s_binding_t *b = s_base(sim, w.name);
-        bool builtin = !b && ll_analysis_is_builtin(w.name);
-        if (w.cellside && !builtin)
-            s_add(sim, &sim->reads, w.name);
-        if (b) {
-            s_visit(sim, w.name, b, false, false, w.block);
-            continue;
-        }
-        if (builtin)
-            continue;
-        /* Unknown name: a live star import may have bound it. */
-        for (size_t i = 0; sim->s && i < sim->s->stars.count; i++) {
-            s_binding_t *star = s_map_get(&sim->s->names, sim->s->stars.items[i]);
-            if (star)
-                s_visit(sim, w.name, star, false, false, w.block);
-        }
-        for (size_t i = 0; i < sim->ostars.count; i++) {
-            s_entry_t *se = s_map_get(&sim->overlay, sim->ostars.items[i]);
-            for (size_t k = 0; se && k < se->nalts; k++)
-                s_visit(sim, w.name, se->alts[k], true, false, w.block);
-        }
-    }
-}
-
-static s_entry_t *s_entry(s_sim_t *sim, const char *name)
-{
-    s_entry_t *e = s_map_get(&sim->overlay, name);
-    if (e)
-        return e;
-    e = calloc(1, sizeof *e);
-    if (!e || s_map_set(&sim->overlay, name, e) != 0) {
-        free(e);
-        sim->oom = true;
-        return NULL;
-    }
-    e->base = true;
-    return e;
-}
-
-static s_binding_t *s_new_binding(s_sim_t *sim, int kind)
-{
-    s_binding_t *b = calloc(1, sizeof *b);
-    if (!b ||
-        s_grow((void **) &sim->owned, &sim->capowned, sim->nowned + 1, sizeof *sim->owned) != 0) {
-        free(b);
-        sim->oom = true;
-        return NULL;
-    }
-    sim->owned[sim->nowned++] = b;
-    b->kind = kind;
-    b->cell = (sim->s ? sim->s->cells : 0) + 1;
-    return b;
-}
-
-static void s_put(s_sim_t *sim, const char *name, s_binding_t *b, bool cond, int block)
-{
-    s_entry_t *e = s_entry(sim, name);
-    if (!e)
-        return;
-    if (!cond) {
-        e->nalts = 0;
-        e->base = false;
-    }
-    e->deleted = false;
-    size_t cap = e->cap;
-    if (s_grow((void **) &e->alts, &cap, e->nalts + 1, sizeof *e->alts) ||
-        s_grow((void **) &e->blocks, &e->cap, e->nalts + 1, sizeof *e->blocks)) {
-        sim->oom = true;
-        return;
-    }
-    e->alts[e->nalts] = b;
-    e->blocks[e->nalts++] = block;
-    size_t capnames = sim->capubinds;
-    if (s_grow((void **) &sim->ubinds_names, &capnames, sim->nubinds + 1,
-               sizeof *sim->ubinds_names) ||
-        s_grow((void **) &sim->ubinds, &sim->capubinds, sim->nubinds + 1, sizeof *sim->ubinds)) {
-        sim->oom = true;
-        return;
-    }
-    sim->ubinds_names[sim->nubinds] = name;
-    sim->ubinds[sim->nubinds++] = b;
-}
-
-static void s_bind(s_sim_t *sim, const ll_ev_t *ev)
-{
-    int kind = ev->kind;
-    const ll_group_t *g = NULL;
-    const ll_import_t *im = NULL;
-    if (kind == LL_BK_FUNC || kind == LL_BK_CLASS) {
-        g = ll_analysis_group(sim->a, ev->ref);
-        if (!g)
-            kind = LL_BK_VALUE;
-    } else if (kind == LL_BK_IMPORT || kind == LL_BK_STAR) {
-        im = ll_analysis_import(sim->a, ev->ref);
-        if (!im)
-            kind = LL_BK_VALUE;
-    }
-    s_binding_t *b = s_new_binding(sim, kind);
-    if (!b)
-        return;
-    if (g) {
-        s_union(sim, &b->deps, &g->globals);
-        s_union(sim, &b->gwrites, &g->gwrites);
-        s_union(sim, &b->prov, &g->paths);
-        b->opaque = g->opaque;
-        b->kernel_bound = g->kernel_bound;
-    }
-    if (im) {
-        b->path = strdup(im->path);
-        b->stmt = strdup(im->stmt);
-        if (!b->path || !b->stmt)
-            sim->oom = true;
-    }
-    s_put(sim, ev->name, b, ev->cond, ev->block);
-    if (kind == LL_BK_STAR) {
-        sim->opaque = true;
-        s_add(sim, &sim->ostars, ev->name);
-    }
-}
-
-static void s_apply_gwrites(s_sim_t *sim)
-{
-    /* A function that assigns globals binds them when it is called. */
-    for (size_t i = 0; i < sim->pending_gwrites.count; i++) {
-        s_binding_t *b = s_new_binding(sim, LL_BK_VALUE);
-        if (!b)
-            return;
-        s_put(sim, sim->pending_gwrites.items[i], b, true, -1);
-    }
-    ll_names_clear(&sim->pending_gwrites);
-}
-
-/* What the statement read flows into B: modules and deps. */
-static void s_feed(s_sim_t *sim, s_binding_t *b)
-{
-    if (s_is_import(b))
-        return;
-    s_union(sim, &b->prov, &sim->uprov);
-    s_union(sim, &b->deps, &sim->udeps);
-    for (size_t i = 0; i < sim->capvisited; i++) {
-        const s_binding_t *v = sim->visited[i];
-        if (!v || v == b)
-            continue;
-        s_union(sim, &b->prov, &v->prov);
-        s_union(sim, &b->deps, &v->deps);
-    }
-}
-
-static void s_end_unit(s_sim_t *sim)
-{
-    /* A draft replay only needs a binding's prov and deps if the cell
-     * itself looks the name up again later. */
-    bool need = sim->record;
-    for (size_t i = 0; !need && i < sim->nubinds; i++)
-        need = ll_analysis_may_load(sim->a, sim->ubinds_names[i]);
-    for (size_t i = 0; !need && i < sim->umut.count; i++)
-        need = ll_analysis_may_load(sim->a, sim->umut.items[i]);
-    for (size_t i = 0; need && i < sim->nubinds; i++)
-        s_feed(sim, sim->ubinds[i]);
-    for (size_t i = 0; need && i < sim->umut.count; i++) {
-        const char *name = sim->umut.items[i];
-        s_entry_t *e = s_map_get(&sim->overlay, name);
-        for (size_t k = 0; e && k < e->nalts; k++)
-            s_feed(sim, e->alts[k]);
-        s_binding_t *b = (!e || e->base) ? s_base(sim, name) : NULL;
-        if (b && sim->record)
-            s_feed(sim, b);
-    }
-    ll_names_reset(&sim->uprov);
-    ll_names_reset(&sim->udeps);
-    ll_names_reset(&sim->umut);
-    sim->nubinds = 0;
-    if (sim->nvisited) {
-        memset(sim->visited, 0, sim->capvisited * sizeof *sim->visited);
-        sim->nvisited = 0;
-    }
-}
-
-static void s_del(s_sim_t *sim, const ll_ev_t *ev)
-{
-    s_entry_t *e = s_entry(sim, ev->name);
-    if (!e)
-        return;
-    if (!ev->cond) {
-        e->nalts = 0;
-        e->base = false;
-        e->deleted = true;
-    } else {
-        /* A conditional delete (`except ... as e` ending, `if c: del x`)
-         * ends the bindings made in its own block; older ones may remain. */
-        size_t keep = 0;
-        for (size_t i = 0; i < e->nalts; i++) {
-            if (e->blocks[i] == ev->block)
-                continue;
-            e->alts[keep] = e->alts[i];
-            e->blocks[keep++] = e->blocks[i];
-        }
-        e->nalts = keep;
-    }
-}
-
-/* The bindings NAME may have at this point of the cell: the cell's own
- * alternatives, then (if still possible) the session's. */
-static size_t s_current(s_sim_t *sim, const char *name, s_binding_t **out, size_t max)
-{
-    size_t n = 0;
-    s_entry_t *e = s_map_get(&sim->overlay, name);
-    for (size_t i = 0; e && i < e->nalts && n < max; i++)
-        out[n++] = e->alts[i];
-    s_binding_t *b = (!e || e->base) ? s_base(sim, name) : NULL;
-    if (b && n < max)
-        out[n++] = b;
-    return n;
-}
-
-static bool s_is_code(const s_binding_t *b)
-{
-    return b->kind == LL_BK_FUNC || b->kind == LL_BK_CLASS;
-}
-
-/* NAME may be changed in place by the current statement. */
-static void s_mutates(s_sim_t *sim, const char *name)
-{
-    s_add(sim, &sim->umut, name);
-    s_add(sim, &sim->mutated, name);
-}
-
-/* A call received the ARGs: if one of them is a function, class or lambda,
- * whatever the call may store it in needs its globals from now on: the
- * receiver of a method, or the variables a called function's body reads. */
-static void s_pass(s_sim_t *sim, const ll_ev_t *ev)
-{
-    bool code = sim->plambda;
-    s_binding_t *alts[16];
-    for (size_t i = 0; !code && i < sim->pargs.count; i++) {
-        size_t n = s_current(sim, sim->pargs.items[i], alts, 16);
-        for (size_t k = 0; k < n; k++)
-            code |= s_is_code(alts[k]);
-    }
-    ll_names_reset(&sim->pargs);
-    sim->plambda = false;
-    if (!code)
-        return;
-    if (ev->kind == 1) {
-        s_mutates(sim, ev->name);
-        return;
-    }
-    size_t n = s_current(sim, ev->name, alts, 16);
-    for (size_t k = 0; k < n; k++) {
-        if (!s_is_code(alts[k]))
-            continue;
-        const ll_names_t *deps = &alts[k]->deps;
-        for (size_t i = 0; i < deps->count; i++) {
-            s_binding_t *held[16];
-            size_t m = s_current(sim, deps->items[i], held, 16);
-            for (size_t j = 0; j < m; j++)
-                if (!s_is_import(held[j]) && !s_is_code(held[j])) {
-                    s_mutates(sim, deps->items[i]);
-                    break;
-                }
-        }
-    }
-}
-
-static void s_run(s_sim_t *sim)
-{
-    size_t nev = 0;
-    const ll_ev_t *ev = ll_analysis_events(sim->a, &nev);
-    if (ll_analysis_opaque_flag(sim->a))
-        sim->opaque = true;
-    if (ll_analysis_kernel_bound_flag(sim->a))
-        sim->kernel_bound = true;
-    for (size_t i = 0; i < nev && !sim->oom; i++) {
-        switch (ev[i].type) {
-        case LL_EV_UNIT:
-            s_end_unit(sim);
-            ll_names_reset(&sim->pargs);
-            sim->plambda = false;
-            break;
-        case LL_EV_LOAD:
-            s_push(sim, ev[i].name, true, ev[i].block);
-            s_drain(sim);
-            s_apply_gwrites(sim);
-            break;
-        case LL_EV_BIND: s_bind(sim, &ev[i]); break;
-        case LL_EV_MUTATE: s_mutates(sim, ev[i].name); break;
-        case LL_EV_ARG:
-            if (ev[i].kind == 1)
-                sim->plambda = true;
-            else if (ev[i].name)
-                s_add(sim, &sim->pargs, ev[i].name);
-            break;
-        case LL_EV_PASS: s_pass(sim, &ev[i]); break;
-        case LL_EV_SETTLE: {
-            /* every branch rebound it: what it was before the cell is gone */
-            s_entry_t *e = s_entry(sim, ev[i].name);
-            if (e && e->nalts)
-                e->base = false;
-            break;
-        }
-        case LL_EV_DEL: s_del(sim, &ev[i]); break;
-        case LL_EV_DEFER: {
-            const ll_group_t *g = ll_analysis_group(sim->a, ev[i].ref);
-            if (g) {
-                s_union(sim, &sim->udeps, &g->globals);
-                s_union(sim, &sim->uprov, &g->paths);
-                if (g->opaque)
-                    sim->opaque = true;
-                if (g->kernel_bound)
-                    sim->kernel_bound = true;
-            }
-            break;
-        }
-        }
-    }
-    s_end_unit(sim);
-}
-
-/* The replay's scratch sets borrow their strings: every name it handles
- * belongs to the analysis or to a binding that outlives the replay. */
-static void s_sim_init(s_sim_t *sim, ll_analysis_session_t *s, const ll_analysis_t *a, bool record)
-{
-    memset(sim, 0, sizeof *sim);
-    sim->s = s;
-    sim->a = a;
-    sim->record = record;
-    ll_names_t *sets[] = {&sim->reads, &sim->state,           &sim->stmts, &sim->paths,
-                          &sim->uprov, &sim->udeps,           &sim->umut,  &sim->mutated,
-                          &sim->pargs, &sim->pending_gwrites, &sim->ostars};
-    for (size_t i = 0; i < sizeof sets / sizeof *sets; i++)
-        sets[i]->borrow = true;
-}
-
-static void s_sim_free(s_sim_t *sim)
-{
-    for (size_t i = 0; i < sim->overlay.keys.count; i++) {
-        s_entry_t *e = sim->overlay.vals[i];
-        free(e->alts);
-        free(e->blocks);
-        free(e);
-    }
-    s_map_free(&sim->overlay);
-    ll_names_clear(&sim->ostars);
-    for (size_t i = 0; i < sim->nowned; i++)
-        if (!sim->owned[i]->moved)
-            s_binding_free(sim->owned[i]);
-    free(sim->owned);
-    ll_names_clear(&sim->reads);
-    ll_names_clear(&sim->state);
-    ll_names_clear(&sim->stmts);
-    ll_names_clear(&sim->paths);
-    ll_names_clear(&sim->uprov);
-    ll_names_clear(&sim->udeps);
-    ll_names_clear(&sim->umut);
-    ll_names_clear(&sim->mutated);
-    ll_names_clear(&sim->pargs);
-    ll_names_clear(&sim->pending_gwrites);
-    free(sim->ubinds);
-    free(sim->ubinds_names);
-    free(sim->visited);
-    free(sim->stack);
-}
-
-int ll_analysis_compute_reads(const ll_analysis_t *cell, ll_names_t *reads)
-{
-    s_sim_t sim;
-    s_sim_init(&sim, NULL, cell, false);
-    s_run(&sim);
-    int rc = sim.oom ? -1 : 0;
-    if (rc == 0)
-        rc = ll_names_union(reads, &sim.reads);
-    s_sim_free(&sim);
-    return rc;
-}
-
-/* ---- session ---------------------------------------------------------- */
+/* ---- session ----------------------------------------------------------- */
 
 ll_analysis_session_t *ll_analysis_session_new(void)
 {
@@ -696,8 +41,8 @@ void ll_analysis_session_destroy(ll_analysis_session_t **self_p)
         return;
     ll_analysis_session_t *s = *self_p;
     for (size_t i = 0; i < s->names.keys.count; i++)
-        s_binding_free(s->names.vals[i]);
-    s_map_free(&s->names);
+        ll_binding_free(s->names.vals[i]);
+    ll_map_free(&s->names);
     ll_names_clear(&s->stars);
     free(s);
     *self_p = NULL;
@@ -712,14 +57,14 @@ size_t ll_analysis_session_live_count(const ll_analysis_session_t *self)
 {
     size_t n = 0;
     for (size_t i = 0; i < self->names.keys.count; i++)
-        n += !s_is_import(self->names.vals[i]);
+        n += !ll_binding_is_import(self->names.vals[i]);
     return n;
 }
 
 /* One binding standing for several that may each be current. */
-static s_binding_t *s_merge(s_sim_t *sim, s_binding_t **alts, size_t n, s_binding_t *old)
+static ll_binding_t *s_merge(ll_replay_t *sim, ll_binding_t **alts, size_t n, ll_binding_t *old)
 {
-    s_binding_t *m = calloc(1, sizeof *m);
+    ll_binding_t *m = calloc(1, sizeof *m);
     if (!m) {
         sim->oom = true;
         return NULL;
@@ -727,7 +72,7 @@ static s_binding_t *s_merge(s_sim_t *sim, s_binding_t **alts, size_t n, s_bindin
     m->cell = alts[0]->cell;
     bool same_import = true;
     for (size_t i = 0; i <= n; i++) {
-        s_binding_t *b = i < n ? alts[i] : old;
+        ll_binding_t *b = i < n ? alts[i] : old;
         if (!b)
             continue;
         s_union(sim, &m->prov, &b->prov);
@@ -735,10 +80,10 @@ static s_binding_t *s_merge(s_sim_t *sim, s_binding_t **alts, size_t n, s_bindin
         s_union(sim, &m->gwrites, &b->gwrites);
         m->opaque |= b->opaque;
         m->kernel_bound |= b->kernel_bound;
-        if (s_is_import(b) && b->path)
+        if (ll_binding_is_import(b) && b->path)
             s_add(sim, &m->prov, b->path);
-        if (!s_is_import(b) || !b->path || !alts[0]->path || strcmp(b->path, alts[0]->path) != 0 ||
-            b->kind != alts[0]->kind)
+        if (!ll_binding_is_import(b) || !b->path || !alts[0]->path ||
+            strcmp(b->path, alts[0]->path) != 0 || b->kind != alts[0]->kind)
             same_import = false;
     }
     if (same_import) {
@@ -750,24 +95,24 @@ static s_binding_t *s_merge(s_sim_t *sim, s_binding_t **alts, size_t n, s_bindin
     return m;
 }
 
-static void s_commit(s_sim_t *sim)
+static void s_commit(ll_replay_t *sim)
 {
     ll_analysis_session_t *s = sim->s;
     for (size_t i = 0; i < sim->overlay.keys.count && !sim->oom; i++) {
         const char *name = sim->overlay.keys.items[i];
-        s_entry_t *e = sim->overlay.vals[i];
-        s_binding_t *old = s_map_get(&s->names, name);
+        ll_replay_entry_t *e = sim->overlay.vals[i];
+        ll_binding_t *old = ll_map_get(&s->names, name);
         if (e->deleted) {
             if (old) {
-                s_map_remove(&s->names, name);
+                ll_map_remove(&s->names, name);
                 ll_names_remove(&s->stars, name);
-                s_binding_free(old);
+                ll_binding_free(old);
             }
             continue;
         }
         if (e->nalts == 0)
             continue;
-        s_binding_t *nb;
+        ll_binding_t *nb;
         if (e->nalts == 1 && (!e->base || !old)) {
             nb = e->alts[0];
             nb->moved = true;
@@ -775,15 +120,15 @@ static void s_commit(s_sim_t *sim)
             nb = s_merge(sim, e->alts, e->nalts, e->base ? old : NULL);
         if (!nb)
             return;
-        if (s_map_set(&s->names, name, nb) != 0) {
+        if (ll_map_set(&s->names, name, nb) != 0) {
             sim->oom = true;
             if (!nb->moved)
-                s_binding_free(nb);
+                ll_binding_free(nb);
             nb->moved = false;
             return;
         }
         if (old)
-            s_binding_free(old);
+            ll_binding_free(old);
         if (nb->kind == LL_BK_STAR)
             s_add(sim, &s->stars, name);
     }
@@ -795,18 +140,18 @@ int ll_analysis_session_record(ll_analysis_session_t *self, const ll_analysis_t 
         return -1;
     if (ll_analysis_error(cell))
         return 0;
-    s_sim_t sim;
-    s_sim_init(&sim, self, cell, true);
-    s_run(&sim);
+    ll_replay_t sim;
+    ll_replay_init(&sim, self, cell, true);
+    ll_replay_run(&sim);
     if (!sim.oom)
         s_commit(&sim);
     int rc = sim.oom ? -1 : 0;
-    s_sim_free(&sim);
+    ll_replay_free(&sim);
     self->cells++;
     return rc;
 }
 
-/* ---- closures --------------------------------------------------------- */
+/* ---- closures ---------------------------------------------------------- */
 
 struct ll_analysis_closure_t {
     ll_names_t state;     /* sorted */
@@ -866,9 +211,9 @@ ll_analysis_closure_t *ll_analysis_session_closure(ll_analysis_session_t *self,
 {
     if (!self || !cell || ll_analysis_error(cell))
         return NULL;
-    s_sim_t sim;
-    s_sim_init(&sim, self, cell, false);
-    s_run(&sim);
+    ll_replay_t sim;
+    ll_replay_init(&sim, self, cell, false);
+    ll_replay_run(&sim);
     ll_analysis_closure_t *c = calloc(1, sizeof *c);
     /* Scratch sets borrow from the replay, the session and the cell; only
      * the closure's own sets copy. */
@@ -878,9 +223,9 @@ ll_analysis_closure_t *ll_analysis_session_closure(ll_analysis_session_t *self,
     if (rc == 0 && sim.opaque) {
         /* Everything live, and every module anything live was built with. */
         for (size_t i = 0; rc == 0 && i < self->names.keys.count; i++) {
-            s_binding_t *b = self->names.vals[i];
+            ll_binding_t *b = self->names.vals[i];
             const char *name = self->names.keys.items[i];
-            if (s_is_import(b)) {
+            if (ll_binding_is_import(b)) {
                 if ((b->stmt && ll_names_add(&stmts, b->stmt) < 0) ||
                     (b->path && ll_names_add(&paths, b->path) < 0))
                     rc = -1;
@@ -915,7 +260,7 @@ ll_analysis_closure_t *ll_analysis_session_closure(ll_analysis_session_t *self,
         ll_names_t writes = {.borrow = true}, deletes = {.borrow = true};
         for (size_t i = 0; rc == 0 && i < sim.overlay.keys.count; i++) {
             const char *name = sim.overlay.keys.items[i];
-            const s_entry_t *e = sim.overlay.vals[i];
+            const ll_replay_entry_t *e = sim.overlay.vals[i];
             if (name[0] == '*')
                 continue;
             if (e->nalts && ll_names_add(&writes, name) < 0)
@@ -924,10 +269,10 @@ ll_analysis_closure_t *ll_analysis_session_closure(ll_analysis_session_t *self,
                 rc = -1;
         }
         for (size_t i = 0; rc == 0 && i < sim.mutated.count; i++) {
-            s_binding_t *b = s_base(&sim, sim.mutated.items[i]);
-            s_entry_t *e = s_map_get(&sim.overlay, sim.mutated.items[i]);
-            bool module = (b && s_is_import(b) && !e) ||
-                          (e && e->nalts && s_is_import(e->alts[e->nalts - 1]));
+            ll_binding_t *b = ll_replay_base(&sim, sim.mutated.items[i]);
+            ll_replay_entry_t *e = ll_map_get(&sim.overlay, sim.mutated.items[i]);
+            bool module = (b && ll_binding_is_import(b) && !e) ||
+                          (e && e->nalts && ll_binding_is_import(e->alts[e->nalts - 1]));
             if (!module && ll_names_add(&writes, sim.mutated.items[i]) < 0)
                 rc = -1;
         }
@@ -956,7 +301,7 @@ ll_analysis_closure_t *ll_analysis_session_closure(ll_analysis_session_t *self,
     ll_names_clear(&stmts);
     ll_names_clear(&paths);
     ll_names_clear(&imports);
-    s_sim_free(&sim);
+    ll_replay_free(&sim);
     if (rc != 0)
         ll_analysis_closure_destroy(&c);
     return c;
@@ -1022,3 +367,355 @@ json_t *ll_analysis_closure_json(const ll_analysis_closure_t *self)
                      self->label == LL_ANALYSIS_GPU ? "gpu" : "cpu", "opaque", self->opaque,
                      "kernel_bound", self->kernel_bound, "live", (json_int_t) self->live);
 }
+
+/* ---- self-test: closures over a session, from scripted event streams --- */
+
+/* A cell built from a script instead of Python: tokens separated by ';'.
+ *   U            a new top-level statement      L n    n is read now
+ *   B n          n bound to a value             M n    n may change in place
+ *   F n = a,b/w  def n, body reads a,b, assigns global w (after /)
+ *   C n = a      class n, methods read a
+ *   I n mod      import mod as n (import mod when n is mod)
+ *   D n          del n          S n   every branch bound n (settled)
+ *   A n          n passed to a call (A lambda: a lambda)
+ *   P n          ... the call was n(...)        R n    ... it was n.method(...)
+ *   {  }         enter / leave a conditional block (tokens of their own)
+ *   O  K         the cell is opaque / uses get_ipython().kernel
+ *   gpu cpu      the cell forces its label */
+typedef struct {
+    ll_analysis_t *a;
+    int depth;    /* conditional blocks entered */
+    int block;    /* current block */
+    int stack[8]; /* enclosing blocks */
+} s_st_build_t;
+
+static const char *s_st_intern(ll_analysis_t *a, const char *name)
+{
+    if (!name)
+        return NULL;
+    if (ll_names_add(&a->pool, name) < 0)
+        return NULL;
+    return a->pool.items[ll_names_find(&a->pool, name)];
+}
+
+static void s_st_ev(s_st_build_t *b, int type, int kind, const char *name, int ref)
+{
+    ll_analysis_t *a = b->a;
+    if (a->nev == a->capev) {
+        a->capev = a->capev ? a->capev * 2 : 16;
+        a->ev = realloc(a->ev, a->capev * sizeof *a->ev);
+    }
+    a->ev[a->nev++] = (ll_ev_t){.type = (uint8_t) type,
+                                .kind = (uint8_t) kind,
+                                .cond = b->depth > 0,
+                                .direct = type == LL_EV_LOAD,
+                                .block = b->block,
+                                .name = s_st_intern(a, name),
+                                .ref = ref};
+}
+
+/* "a,b/w": body globals a, b; global writes w. */
+static int s_st_group(ll_analysis_t *a, const char *name, int kind, const char *spec)
+{
+    a->groups = realloc(a->groups, (a->ngroups + 1) * sizeof *a->groups);
+    ll_group_t *g = &a->groups[a->ngroups];
+    *g = (ll_group_t){.name = s_st_intern(a, name), .kind = kind};
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", spec ? spec : "");
+    char *slash = strchr(buf, '/');
+    if (slash)
+        *slash++ = '\0';
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ", ", &save); t; t = strtok_r(NULL, ", ", &save))
+        ll_names_add(&g->globals, t);
+    for (char *t = slash ? strtok_r(slash, ", ", &save) : NULL; t; t = strtok_r(NULL, ", ", &save))
+        ll_names_add(&g->gwrites, t);
+    return (int) a->ngroups++;
+}
+
+static int s_st_import(ll_analysis_t *a, const char *bound, const char *module)
+{
+    char stmt[128];
+    if (strcmp(bound, module) == 0)
+        snprintf(stmt, sizeof stmt, "import %s", module);
+    else
+        snprintf(stmt, sizeof stmt, "import %s as %s", module, bound);
+    a->imports = realloc(a->imports, (a->nimports + 1) * sizeof *a->imports);
+    a->imports[a->nimports] = (ll_import_t){.bound = s_st_intern(a, bound),
+                                            .module = strdup(module),
+                                            .path = strdup(module),
+                                            .stmt = strdup(stmt)};
+    return (int) a->nimports++;
+}
+
+static void s_st_token(s_st_build_t *b, char *tok)
+{
+    char op[8] = "", n[64] = "", arg[64] = "";
+    sscanf(tok, "%7s %63s %63[^\n]", op, n, arg);
+    const char *spec = arg[0] == '=' ? arg + 1 + strspn(arg + 1, " ") : arg;
+    ll_analysis_t *a = b->a;
+    if (!strcmp(op, "U"))
+        s_st_ev(b, LL_EV_UNIT, 0, NULL, -1);
+    else if (!strcmp(op, "L"))
+        s_st_ev(b, LL_EV_LOAD, 0, n, -1);
+    else if (!strcmp(op, "B"))
+        s_st_ev(b, LL_EV_BIND, LL_BK_VALUE, n, -1);
+    else if (!strcmp(op, "F") || !strcmp(op, "C")) {
+        int kind = op[0] == 'F' ? LL_BK_FUNC : LL_BK_CLASS;
+        s_st_ev(b, LL_EV_BIND, kind, n, s_st_group(a, n, kind, spec));
+    } else if (!strcmp(op, "I"))
+        s_st_ev(b, LL_EV_BIND, LL_BK_IMPORT, n, s_st_import(a, n, arg));
+    else if (!strcmp(op, "M"))
+        s_st_ev(b, LL_EV_MUTATE, 0, n, -1);
+    else if (!strcmp(op, "D"))
+        s_st_ev(b, LL_EV_DEL, 0, n, -1);
+    else if (!strcmp(op, "S"))
+        s_st_ev(b, LL_EV_SETTLE, 0, n, -1);
+    else if (!strcmp(op, "A"))
+        s_st_ev(b, LL_EV_ARG, !strcmp(n, "lambda"), strcmp(n, "lambda") ? n : NULL, -1);
+    else if (!strcmp(op, "P") || !strcmp(op, "R"))
+        s_st_ev(b, LL_EV_PASS, op[0] == 'R', n, -1);
+    else if (!strcmp(op, "{") && b->depth < 8) {
+        b->stack[b->depth++] = b->block;
+        b->block = ll_blocks_add(&a->blocks, b->block);
+    } else if (!strcmp(op, "}") && b->depth > 0)
+        b->block = b->stack[--b->depth];
+    else if (!strcmp(op, "O"))
+        a->opaque = true;
+    else if (!strcmp(op, "K"))
+        a->kernel_bound = true;
+    else if (!strcmp(op, "gpu") || !strcmp(op, "cpu"))
+        a->forced = op[0] == 'g' ? LL_ANALYSIS_GPU : LL_ANALYSIS_CPU;
+}
+
+static ll_analysis_t *s_st_cell(const char *script)
+{
+    s_st_build_t b = {.a = calloc(1, sizeof(ll_analysis_t))};
+    b.a->forced = -1;
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", script);
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ";", &save); tok; tok = strtok_r(NULL, ";", &save))
+        s_st_token(&b, tok + strspn(tok, " "));
+    ll_analysis_facts(b.a);
+    return b.a;
+}
+
+/* Record each script as an executed cell. */
+static void s_st_record(ll_analysis_session_t *s, const char *const *scripts)
+{
+    for (; *scripts; scripts++) {
+        ll_analysis_t *a = s_st_cell(*scripts);
+        ll_analysis_session_record(s, a);
+        ll_analysis_destroy(&a);
+    }
+}
+
+/* Whether L is exactly the comma-separated names of EXPECT ("" for none). */
+static bool s_st_is(ll_analysis_strs_t l, const char *expect, bool verbose)
+{
+    char buf[256], got[256] = "";
+    snprintf(buf, sizeof buf, "%s", expect);
+    size_t n = 0, at = 0;
+    char *save = NULL;
+    bool same = true;
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save), n++) {
+        bool found = false;
+        for (size_t i = 0; i < l.count; i++)
+            found |= strcmp(l.items[i], t) == 0;
+        same &= found;
+    }
+    same &= n == l.count;
+    for (size_t i = 0; i < l.count && at < sizeof got; i++)
+        at += (size_t) snprintf(got + at, sizeof got - at, "%s%s", i ? "," : "", l.items[i]);
+    if (!same && verbose)
+        fprintf(stderr, "ll_analysis_session: expected {%s}, got {%s}\n", expect, got);
+    return same;
+}
+
+/* The closure of SCRIPT as a draft cell in S; the caller destroys it. */
+static ll_analysis_closure_t *s_st_closure(ll_analysis_session_t *s, const char *script)
+{
+    ll_analysis_t *a = s_st_cell(script);
+    ll_analysis_closure_t *c = ll_analysis_session_closure(s, a);
+    ll_analysis_destroy(&a);
+    return c;
+}
+
+/* SCRIPT's reads against an empty session, as a comma-separated list. */
+static bool s_st_reads(const char *script, const char *expect, bool verbose)
+{
+    ll_analysis_t *a = s_st_cell(script);
+    ll_names_t reads = {0};
+    bool ok = ll_analysis_compute_reads(a, &reads) == 0 &&
+              s_st_is((ll_analysis_strs_t){(const char *const *) reads.items, reads.count}, expect,
+                      verbose);
+    ll_names_clear(&reads);
+    ll_analysis_destroy(&a);
+    return ok;
+}
+
+static int s_st_fails;
+static bool s_st_verbose;
+
+#define S_CHECK(cond)                                                                            \
+    do {                                                                                         \
+        if (!(cond)) {                                                                           \
+            s_st_fails++;                                                                        \
+            if (s_st_verbose)                                                                    \
+                fprintf(stderr, "ll_analysis_session: failed: %s (line %d)\n", #cond, __LINE__); \
+        }                                                                                        \
+    } while (0)
+#define S_IS(list, expect) s_st_is(list, expect, s_st_verbose)
+
+/* What a cell reaches: functions' globals, values' held code, imports,
+ * the label. */
+static void s_st_reach(ll_analysis_session_t *s)
+{
+    ll_analysis_closure_t *c;
+    /* Calling f needs f and what its body reads. */
+    c = s_st_closure(s, "U; L f");
+    S_CHECK(c && S_IS(ll_analysis_closure_state(c), "f,x") && !ll_analysis_closure_is_opaque(c));
+    S_CHECK(c && ll_analysis_closure_label(c) == LL_ANALYSIS_CPU &&
+            ll_analysis_closure_live_count(c) == 7);
+    S_CHECK(c && S_IS(ll_analysis_closure_writes(c), "") &&
+            S_IS(ll_analysis_closure_imports(c), ""));
+    ll_analysis_closure_destroy(&c);
+    /* A value does not need what it was computed from ... */
+    c = s_st_closure(s, "U; L b");
+    S_CHECK(c && S_IS(ll_analysis_closure_state(c), "b"));
+    ll_analysis_closure_destroy(&c);
+    /* ... but one built by calling a function may hold its code. */
+    c = s_st_closure(s, "U; L z");
+    S_CHECK(c && S_IS(ll_analysis_closure_state(c), "z,x"));
+    ll_analysis_closure_destroy(&c);
+    /* Imports are re-created by their statement, not restored. */
+    c = s_st_closure(s, "U; L np; B arr");
+    S_CHECK(c && S_IS(ll_analysis_closure_state(c), ""));
+    S_CHECK(c && S_IS(ll_analysis_closure_import_stmts(c), "import numpy as np"));
+    S_CHECK(c && S_IS(ll_analysis_closure_imports(c), "numpy") &&
+            S_IS(ll_analysis_closure_writes(c), "arr"));
+    S_CHECK(c && ll_analysis_closure_label(c) == LL_ANALYSIS_CPU);
+    ll_analysis_closure_destroy(&c);
+    /* A GPU framework reached directly, or through what a value was built
+     * with (t never names torch in the cell that uses it), labels GPU;
+     * a forced label wins. */
+    c = s_st_closure(s, "U; L t");
+    S_CHECK(c && S_IS(ll_analysis_closure_state(c), "t") &&
+            S_IS(ll_analysis_closure_imports(c), "torch"));
+    S_CHECK(c && S_IS(ll_analysis_closure_import_stmts(c), "") &&
+            ll_analysis_closure_label(c) == LL_ANALYSIS_GPU);
+    ll_analysis_closure_destroy(&c);
+    c = s_st_closure(s, "cpu; U; L torch");
+    S_CHECK(c && ll_analysis_closure_label(c) == LL_ANALYSIS_CPU);
+    ll_analysis_closure_destroy(&c);
+    /* Comm machinery keeps the cell in the kernel, whatever else it uses. */
+    c = s_st_closure(s, "U; I ipywidgets ipywidgets; U; L ipywidgets; L torch");
+    S_CHECK(c && ll_analysis_closure_is_kernel_bound(c) &&
+            ll_analysis_closure_label(c) == LL_ANALYSIS_CPU);
+    ll_analysis_closure_destroy(&c);
+    c = s_st_closure(s, "K; U; L t");
+    S_CHECK(c && ll_analysis_closure_is_kernel_bound(c) &&
+            ll_analysis_closure_label(c) == LL_ANALYSIS_CPU);
+    ll_analysis_closure_destroy(&c);
+}
+
+/* The cell's own bindings, branches, in-place changes, global writes. */
+static void s_st_bindings(ll_analysis_session_t *s)
+{
+    ll_analysis_closure_t *c;
+    /* The cell's own bindings hide the session's, unless made in a branch
+     * that may not run; when every branch binds, the old value is gone. */
+    c = s_st_closure(s, "U; B y; U; L y");
+    S_CHECK(c && S_IS(ll_analysis_closure_state(c), ""));
+    ll_analysis_closure_destroy(&c);
+    c = s_st_closure(s, "U; L x; {; B y; }; U; L y");
+    S_CHECK(c && S_IS(ll_analysis_closure_state(c), "x,y") &&
+            S_IS(ll_analysis_closure_writes(c), "y"));
+    ll_analysis_closure_destroy(&c);
+    c = s_st_closure(s, "U; L x; {; B y; }; {; B y; }; S y; U; L y");
+    S_CHECK(c && S_IS(ll_analysis_closure_state(c), "x"));
+    ll_analysis_closure_destroy(&c);
+    S_CHECK(s_st_reads("U; L c; {; B w; }; U; L w", "c,w", s_st_verbose));
+    S_CHECK(s_st_reads("U; B w; U; L w; L len", "len", s_st_verbose));
+    /* A binding made earlier in an enclosing block is certainly done. */
+    S_CHECK(s_st_reads("U; L c; {; B w; {; L w; }; }", "c", s_st_verbose));
+
+    /* In-place changes: reg.append(g) makes reg hold g, and so need what
+     * g's body reads; the change is a write.  Changing a module is not. */
+    c = s_st_closure(s, "U; F g = y; U; L reg; L g; A g; R reg; M reg; U; L np; M np");
+    S_CHECK(c && S_IS(ll_analysis_closure_writes(c), "g,reg"));
+    ll_analysis_closure_destroy(&c);
+    static const char *const more[] = {"U; F g = y",
+                                       "U; L reg; L g; A g; R reg; M reg",
+                                       "U; F register = registry",
+                                       "U; B registry",
+                                       "U; F h = x",
+                                       "U; L register; L h; A h; P register",
+                                       NULL};
+    s_st_record(s, more);
+    c = s_st_closure(s, "U; L reg");
+    S_CHECK(c && S_IS(ll_analysis_closure_state(c), "reg,y"));
+    ll_analysis_closure_destroy(&c);
+    /* register(h): h may now be kept in what register's body reads. */
+    c = s_st_closure(s, "U; L registry");
+    S_CHECK(c && S_IS(ll_analysis_closure_state(c), "registry,x"));
+    ll_analysis_closure_destroy(&c);
+    /* A function's global writes are the caller's writes. */
+    static const char *const setter[] = {"U; F setter = /counter", NULL};
+    s_st_record(s, setter);
+    c = s_st_closure(s, "U; L setter");
+    S_CHECK(c && S_IS(ll_analysis_closure_writes(c), "counter"));
+    ll_analysis_closure_destroy(&c);
+}
+
+/* Deletions, and an opaque cell. */
+static void s_st_ends(ll_analysis_session_t *s)
+{
+    ll_analysis_closure_t *c;
+    /* Deleting: the name is no longer live and a later read of it finds
+     * nothing; a draft's deletes are reported. */
+    c = s_st_closure(s, "U; L y; D y");
+    S_CHECK(c && S_IS(ll_analysis_closure_deletes(c), "y") &&
+            S_IS(ll_analysis_closure_writes(c), ""));
+    ll_analysis_closure_destroy(&c);
+    size_t live = ll_analysis_session_live_count(s);
+    static const char *const del[] = {"U; L b; D b", NULL};
+    s_st_record(s, del);
+    S_CHECK(ll_analysis_session_live_count(s) == live - 1);
+    c = s_st_closure(s, "U; L b");
+    S_CHECK(c && S_IS(ll_analysis_closure_state(c), ""));
+    ll_analysis_closure_destroy(&c);
+
+    /* Opaque: everything live and every live import. */
+    c = s_st_closure(s, "O; U; L x");
+    S_CHECK(c && ll_analysis_closure_is_opaque(c) &&
+            ll_analysis_closure_state(c).count == ll_analysis_session_live_count(s));
+    S_CHECK(c && S_IS(ll_analysis_closure_import_stmts(c), "import numpy as np,import torch"));
+    S_CHECK(c && ll_analysis_closure_label(c) == LL_ANALYSIS_GPU);
+    ll_analysis_closure_destroy(&c);
+}
+
+int ll_analysis_session_selftest(bool verbose)
+{
+    s_st_fails = 0;
+    s_st_verbose = verbose;
+    ll_analysis_session_t *s = ll_analysis_session_new();
+    /* x = 1; y = 2 | def f(): return x | import numpy as np | import torch
+     * | b = x + 1 | z = f() | t = torch.ones(3) | reg = [] */
+    static const char *const history[] = {"U; B x; U; B y",   "U; F f = x",  "U; I np numpy",
+                                          "U; I torch torch", "U; L x; B b", "U; L f; B z",
+                                          "U; L torch; B t",  "U; B reg",    NULL};
+    s_st_record(s, history);
+    S_CHECK(ll_analysis_session_cells(s) == 8);
+    S_CHECK(ll_analysis_session_live_count(s) == 7); /* x y f b z t reg; not np, torch */
+    s_st_reach(s);
+    s_st_bindings(s);
+    s_st_ends(s);
+    S_CHECK(ll_analysis_session_closure(NULL, NULL) == NULL);
+    ll_analysis_session_destroy(&s);
+    S_CHECK(s == NULL);
+    return s_st_fails ? 1 : 0;
+}
+#undef S_IS
+#undef S_CHECK

@@ -40,7 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- the walk --------------------------------------------------------- */
+/* ---- the walk ---------------------------------------------------------- */
 
 static void s_walk_list(ll_walker_t *w, PyObject *list)
 {
@@ -517,7 +517,7 @@ static void s_walk_match(ll_walker_t *w, PyObject *node)
     Py_XDECREF(cases);
 }
 
-/* ---- assignments and expression statements ---------------------------- */
+/* ---- assignments and expression statements ----------------------------- */
 
 /* x.a / x[k]: a store or del through it may change x in place; reaching
  * the user namespace or the kernel object through get_ipython() matters. */
@@ -607,7 +607,7 @@ static void s_walk_expr_stmt(ll_walker_t *w, PyObject *node)
     Py_DECREF(value);
 }
 
-/* ---- dispatch --------------------------------------------------------- */
+/* ---- dispatch ---------------------------------------------------------- */
 
 void ll_walk(ll_walker_t *w, PyObject *node)
 {
@@ -669,7 +669,7 @@ void ll_walk(ll_walker_t *w, PyObject *node)
     w->depth--;
 }
 
-/* ---- entry -------------------------------------------------------------- */
+/* ---- entry ------------------------------------------------------------- */
 
 int ll_walk_cell(ll_analysis_t *a, PyObject *tree)
 {

@@ -28,7 +28,7 @@
 
 /* The walk's state: where in the cell it is and what it found wrong. */
 typedef struct {
-    ll_analysis_t *a;  /* the cell being built */
+    ll_analysis_t *a; /* the cell being built */
     ll_scope_t *scope;
     int group;          /* deferred group receiving global reads, or -1 */
     int class_group;    /* group of the top-level class being walked, or -1 */

@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- IPython magics ----------------------------------------------------- */
+/* ---- IPython magics ---------------------------------------------------- */
 
 static int s_expand_name(void *ctx, const char *name)
 {
@@ -279,4 +279,3 @@ void ll_walk_code(ll_walker_t *w, const char *code, bool as_function)
     Py_XDECREF(body);
     Py_DECREF(tree);
 }
-

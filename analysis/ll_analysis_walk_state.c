@@ -170,7 +170,7 @@ void ll_walk_kernel_bound(ll_walker_t *w)
         w->a->groups[w->group].kernel_bound = true;
 }
 
-/* ---- name resolution -------------------------------------------------- */
+/* ---- name resolution --------------------------------------------------- */
 
 void ll_walk_load(ll_walker_t *w, const char *name)
 {
@@ -200,7 +200,7 @@ void ll_walk_store_in(ll_walker_t *w, ll_scope_t *sc, const char *name, int kind
         return; /* a local of the function, class or comprehension */
     if (sc->immediate)
         ll_walk_emit(w, LL_EV_BIND, kind == LL_BK_IMPORT ? kind : LL_BK_VALUE, name,
-               kind == LL_BK_IMPORT ? ref : -1, false);
+                     kind == LL_BK_IMPORT ? ref : -1, false);
     if (w->group >= 0)
         ll_walk_add(w, &w->a->groups[w->group].gwrites, name);
 }
@@ -255,7 +255,7 @@ void ll_walk_mutate(ll_walker_t *w, PyObject *target)
 }
 
 int ll_walk_add_import(ll_walker_t *w, const char *bound, const char *module, const char *attr,
-                        const char *path, const char *stmt)
+                       const char *path, const char *stmt)
 {
     ll_analysis_t *a = w->a;
     if (a->nimports == a->capimports) {
@@ -286,7 +286,7 @@ int ll_walk_add_import(ll_walker_t *w, const char *bound, const char *module, co
     return (int) a->nimports++;
 }
 
-/* ---- the pre-scan: a scope's own bindings (symtable's first pass) ------- */
+/* ---- the pre-scan: a scope's own bindings (symtable's first pass) ------ */
 
 void ll_walk_scan_list(ll_walker_t *w, PyObject *list, ll_scope_t *sc, bool comp)
 {
@@ -396,4 +396,3 @@ void ll_walk_scan(ll_walker_t *w, PyObject *node, ll_scope_t *sc, bool comp)
     }
     w->depth--;
 }
-
