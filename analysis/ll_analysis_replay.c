@@ -112,7 +112,6 @@ void ll_binding_free(ll_binding_t *b)
     free(b);
 }
 
-
 /* ---- the replay -------------------------------------------------------- */
 
 static int s_grow(void **arr, size_t *cap, size_t need, size_t size)
@@ -190,8 +189,8 @@ ll_binding_t *ll_replay_base(const ll_replay_t *sim, const char *name)
 }
 
 /* NAME resolved to B: note what it needs and expand what it looks up. */
-static void s_visit(ll_replay_t *sim, const char *name, ll_binding_t *b, bool in_cell, bool cellside,
-                    int block)
+static void s_visit(ll_replay_t *sim, const char *name, ll_binding_t *b, bool in_cell,
+                    bool cellside, int block)
 {
     if (ll_binding_is_import(b)) {
         if (b->path)
@@ -612,4 +611,3 @@ int ll_analysis_compute_reads(const ll_analysis_t *cell, ll_names_t *reads)
     ll_replay_free(&sim);
     return rc;
 }
-

@@ -57,7 +57,7 @@ static inline bool ll_binding_is_import(const ll_binding_t *b)
 
 /* The session: every live top-level name and its binding. */
 struct ll_analysis_session_t {
-    ll_map_t names;    /* live name -> ll_binding_t* */
+    ll_map_t names;   /* live name -> ll_binding_t* */
     ll_names_t stars; /* keys ("*m") of live star imports */
     size_t cells;     /* cells recorded */
 };
@@ -66,7 +66,7 @@ struct ll_analysis_session_t {
 
 typedef struct {
     ll_binding_t **alts; /* the cell's own bindings that may be current */
-    int *blocks;        /* blocks[i]: the conditional block alts[i] was made in */
+    int *blocks;         /* blocks[i]: the conditional block alts[i] was made in */
     size_t nalts, cap;
     bool base;    /* the binding from before the cell may be current */
     bool deleted; /* certainly deleted by the cell */
@@ -83,7 +83,7 @@ typedef struct {
     const ll_analysis_t *a;
     bool record;
     bool oom;
-    ll_map_t overlay;   /* name -> ll_replay_entry_t* */
+    ll_map_t overlay;  /* name -> ll_replay_entry_t* */
     ll_names_t ostars; /* overlay keys of the cell's star imports */
     /* results */
     ll_names_t reads; /* read from outside the cell */
@@ -111,7 +111,8 @@ typedef struct {
 /* Ready SIM to replay cell A against session S (NULL: an empty session);
  * RECORD when the cell has executed and its bindings will be committed
  * (they then keep their prov and deps whether or not the cell uses them). */
-void ll_replay_init(ll_replay_t *sim, ll_analysis_session_t *s, const ll_analysis_t *a, bool record);
+void ll_replay_init(ll_replay_t *sim, ll_analysis_session_t *s, const ll_analysis_t *a,
+                    bool record);
 /* Replay the cell's events; the results are in SIM (sim->oom on failure). */
 void ll_replay_run(ll_replay_t *sim);
 /* Free what the replay owns; bindings marked `moved` belong to the session. */
