@@ -1,5 +1,6 @@
 # Cell analysis (issue 3; owned by the analysis engineer): per-cell facts from
 # CPython's AST, the session's def-use graph and closures, `looseleaf analyze`.
+# analysis/API.md describes the module and its files.
 ANALYSIS_SRCS := analysis/ll_analysis.c analysis/ll_analysis_ast.c analysis/ll_analysis_ipython.c \
                  analysis/ll_analysis_magic.c analysis/ll_analysis_modules.c \
                  analysis/ll_analysis_names.c analysis/ll_analysis_replay.c \

@@ -82,10 +82,11 @@ bool ll_analysis_is_gpu_module(const char *path);
  * ipykernel, ipywidgets): a cell using it runs in the kernel. */
 bool ll_analysis_is_kernel_module(const char *path);
 
-/* Analyse cell source CODE of LEN bytes (need not be NUL-terminated).  A
- * first line `%%gpu` or `%%cpu` forces the label and is stripped.  Returns
- * a new analysis; when the cell cannot be parsed the analysis carries the
- * error (ll_analysis_error) and no facts.  Calls ll_analysis_init if nobody
+/* Analyse cell source CODE of LEN bytes (need not be NUL-terminated; the
+ * caller keeps it).  A first line `%%gpu` or `%%cpu` forces the label and
+ * is stripped.  Returns a new analysis the caller destroys
+ * (ll_analysis_destroy); when the cell cannot be parsed the analysis
+ * carries the error (ll_analysis_error) and no facts.  Calls ll_analysis_init if nobody
  * did.  NULL only when out of memory or Python is not initialised.  GIL
  * held. */
 ll_analysis_t *ll_analysis_new(const char *code, size_t len);
@@ -126,12 +127,15 @@ json_t *ll_analysis_json(const ll_analysis_t *self);
 
 /* ---- session ----------------------------------------------------------- */
 
-/* An empty session (no cell executed yet). */
+/* An empty session (no cell executed yet), which the caller destroys;
+ * NULL when out of memory. */
 ll_analysis_session_t *ll_analysis_session_new(void);
+/* Destroy and NULL *SELF_P; safe on NULL. */
 void ll_analysis_session_destroy(ll_analysis_session_t **self_p);
 
 /* Record that CELL has just executed (whether or not it raised): its
- * bindings replace earlier ones, its deletions end them.  A cell that did
+ * bindings replace earlier ones, its deletions end them.  CELL stays the
+ * caller's; the session copies what it keeps.  A cell that did
  * not parse changed nothing and is skipped.  0, or -1 when out of memory. */
 int ll_analysis_session_record(ll_analysis_session_t *self, const ll_analysis_t *cell);
 
@@ -145,6 +149,7 @@ size_t ll_analysis_session_live_count(const ll_analysis_session_t *self);
  * parse.  Does not change the session. */
 ll_analysis_closure_t *ll_analysis_session_closure(ll_analysis_session_t *self,
                                                    const ll_analysis_t *cell);
+/* Destroy and NULL *SELF_P; safe on NULL. */
 void ll_analysis_closure_destroy(ll_analysis_closure_t **self_p);
 
 /* The live variables the cell needs, sorted. */
@@ -177,12 +182,15 @@ size_t ll_analysis_closure_live_count(const ll_analysis_closure_t *self);
 json_t *ll_analysis_closure_json(const ll_analysis_closure_t *self);
 
 /* `looseleaf analyze [--json] NOTEBOOK.ipynb|-`: ARGV[0] is "analyze".
- * Prints per code cell its facts and closures (cells taken as executed in
+ * Sets the process's log role (A) and starts Python
+ * (ll_interp_start_python).  Prints per code cell its facts and closures (cells taken as executed in
  * notebook order), then the corpus figures.  Exit status: 0, 1 when some
  * cell did not parse, 2 on bad usage or an unreadable notebook. */
 int ll_analyze_main(int argc, char **argv);
 
-/* C self-test (czmq style). */
+/* C self-test of this API (ll_analysis_selftest.c; starts and finalizes
+ * Python when none runs).  The pure parts have their own, declared in
+ * ll_analysis_internal.h. */
 int ll_analysis_selftest(bool verbose);
 
 #endif

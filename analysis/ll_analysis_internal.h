@@ -49,8 +49,9 @@ void ll_names_reset(ll_names_t *self);
 long ll_names_find(const ll_names_t *self, const char *name);
 /* Remove NAME if present (keeps the order of the others). */
 void ll_names_remove(ll_names_t *self, const char *name);
-/* A newly allocated array of the items sorted by strcmp (pointers into
- * SELF, valid while SELF is unchanged); NULL when empty or out of memory. */
+/* A newly allocated array of the items sorted by strcmp, which the caller
+ * frees (the strings stay SELF's, valid while SELF is unchanged); NULL when
+ * empty or out of memory. */
 const char **ll_names_sorted(const ll_names_t *self);
 
 /* ---- module lists (ll_analysis_modules.c) ------------------------------ */
@@ -307,11 +308,13 @@ int ll_analysis_compute_reads(const ll_analysis_t *cell, ll_names_t *reads);
 /* IPython's leading_indent, in place: strip the first line's indentation
  * from every line that starts with it. */
 void ll_analysis_dedent(char *src);
-/* SRC with IPython syntax turned into Python, as a malloc'd string, or NULL
- * when nothing needed changing (or IPython is unavailable).  *WHOLE is set
+/* SRC with IPython syntax turned into Python, as a malloc'd string the
+ * caller frees, or NULL when nothing needed changing (or IPython is
+ * unavailable).  *WHOLE is set
  * when the whole cell went through IPython (a cell magic). */
 char *ll_analysis_prepare(const char *src, bool *whole);
-/* IPython's TransformerManager().transform_cell(SRC), malloc'd, or NULL. */
+/* IPython's TransformerManager().transform_cell(SRC), malloc'd (the caller
+ * frees it), or NULL. */
 char *ll_analysis_transform(const char *src);
 /* Drop the cached transformer (before Py_Finalize). */
 void ll_analysis_ipython_shutdown(void);
@@ -322,5 +325,12 @@ void ll_analysis_ipython_shutdown(void);
  * or one of the names IPython puts in every namespace (_, _N, _iN, __x__,
  * In, Out, get_ipython, ...). */
 bool ll_analysis_is_builtin(const char *name);
+
+/* ---- self-tests of the pure parts (run by build/ll_selftest) ----------- */
+
+int ll_analysis_modules_selftest(bool verbose); /* ll_analysis_modules.c */
+int ll_analysis_magic_selftest(bool verbose);   /* ll_analysis_magic.c */
+int ll_analysis_scope_selftest(bool verbose);   /* ll_analysis_scope.c */
+int ll_analysis_session_selftest(bool verbose); /* ll_analysis_session.c: scripted cells */
 
 #endif
