@@ -22,7 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "gateway/ll_analysis.h"
+#include "analysis/ll_analysis.h"
 #include "base/ll_b64.h"
 #include "base/ll_clock.h"
 #include "base/ll_log.h"

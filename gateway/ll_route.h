@@ -2,7 +2,7 @@
  * "life of a cell"), driven by the execution policy in gateway/ll_exec.h:
  *
  *   the plan   every executed cell is analysed against the session's def-use
- *              graph (gateway/ll_analysis.h) and recorded in it after it ran
+ *              graph (analysis/ll_analysis.h) and recorded in it after it ran
  *              (ll_route_plan / ll_route_done): its state and import closure
  *              and its CPU/GPU label;
  *   the relay  a GPU cell is handed to the host pool (zygote/ll_zygote.h),

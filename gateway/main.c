@@ -3,7 +3,7 @@
  *   looseleaf -f CONNECTION_FILE          the kernel (what kernel.json runs)
  *   looseleaf kernel -f CONNECTION_FILE   the same
  *   looseleaf install [...]               write the kernelspec
- *   looseleaf analyze ...                 cell analysis (gateway/ll_analyze_cli.c)
+ *   looseleaf analyze ...                 cell analysis (analysis/ll_analyze_cli.c)
  *   looseleaf --version | --help
  *
  * Runs in the kernel process (or a short-lived command-line process); only
@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gateway/ll_analysis.h"
+#include "analysis/ll_analysis.h"
 #include "gateway/ll_kernel.h"
 #include "gateway/ll_kernelspec.h"
 #include "zygote/ll_zygote.h"

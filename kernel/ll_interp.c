@@ -431,30 +431,13 @@ static const char s_bootstrap[] =
     "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
     "del _pp, _ll\n";
 
-int ll_interp_init(const char *argv0, const ll_interp_hooks_t *hooks, char *err, size_t errlen)
+/* The PyConfig part of ll_interp_init, alone: standalone programs (the
+ * analysis CLI, its benchmark and self-test) get the same interpreter the
+ * kernel runs, without the shell. */
+int ll_interp_start_python(const char *argv0, char *err, size_t errlen)
 {
-    if (s_initialized) {
-        s_set_err(err, errlen, "interpreter already initialized", NULL);
-        return -1;
-    }
-    if (!hooks) {
-        s_set_err(err, errlen, "no hooks given", NULL);
-        return -1;
-    }
-    s_hooks = *hooks;
-    s_thread = pthread_self();
-    atomic_store(&s_hooks_off, false);
-
-    static bool inittab_done;
-    if (!inittab_done) {
-        if (PyImport_AppendInittab("_looseleaf_kernel", s_module_init) < 0) {
-            s_set_err(err, errlen, "cannot register _looseleaf_kernel", NULL);
-            return -1;
-        }
-        pthread_atfork(NULL, NULL, s_atfork_child);
-        inittab_done = true;
-    }
-
+    if (Py_IsInitialized())
+        return 0;
     PyStatus status;
     PyConfig config;
     PyConfig_InitPythonConfig(&config);
@@ -484,6 +467,40 @@ int ll_interp_init(const char *argv0, const ll_interp_hooks_t *hooks, char *err,
     if (PyStatus_Exception(status))
         goto fail_status;
     PyConfig_Clear(&config);
+    return 0;
+
+fail_status:
+    s_status_err(err, errlen, "Python initialization failed", status);
+    PyConfig_Clear(&config);
+    return -1;
+}
+
+int ll_interp_init(const char *argv0, const ll_interp_hooks_t *hooks, char *err, size_t errlen)
+{
+    if (s_initialized) {
+        s_set_err(err, errlen, "interpreter already initialized", NULL);
+        return -1;
+    }
+    if (!hooks) {
+        s_set_err(err, errlen, "no hooks given", NULL);
+        return -1;
+    }
+    s_hooks = *hooks;
+    s_thread = pthread_self();
+    atomic_store(&s_hooks_off, false);
+
+    static bool inittab_done;
+    if (!inittab_done) {
+        if (PyImport_AppendInittab("_looseleaf_kernel", s_module_init) < 0) {
+            s_set_err(err, errlen, "cannot register _looseleaf_kernel", NULL);
+            return -1;
+        }
+        pthread_atfork(NULL, NULL, s_atfork_child);
+        inittab_done = true;
+    }
+
+    if (ll_interp_start_python(argv0, err, errlen) != 0)
+        return -1;
     s_initialized = true;
 
     char pkgpath[3 * PATH_MAX];
@@ -546,10 +563,6 @@ int ll_interp_init(const char *argv0, const ll_interp_hooks_t *hooks, char *err,
     ll_debug("interp", "interpreter ready");
     return 0;
 
-fail_status:
-    s_status_err(err, errlen, "Python initialization failed", status);
-    PyConfig_Clear(&config);
-    return -1;
 fail_py:
     /* Python is up but unusable; leave it (finalizing a half-built shell can
      * hang) and let the caller exit. */

@@ -73,7 +73,17 @@ typedef struct {
  * is the module's PyInit function (returns PyObject *). */
 int ll_interp_add_builtin(const char *name, void *(*initfunc)(void) );
 
-/* Start CPython (PyConfig, every status checked), import looseleaf_kernel and
+/* Start CPython from PyConfig exactly as ll_interp_init does (every status
+ * checked; PYTHON* environment variables ignored, so another interpreter's
+ * PYTHONHOME cannot break us; sys.executable and the prefix are the system
+ * Python the build used; ARGV0 becomes sys.argv[0], "looseleaf" when NULL),
+ * but nothing more: no IPython, no hooks, no package path, PYTHONPATH not
+ * added.  For programs that only need Python (`looseleaf analyze`, the
+ * analysis benchmark).  Returns with the GIL held; 0 at once when Python is
+ * already running.  0, or -1 with a reason in ERR. */
+int ll_interp_start_python(const char *argv0, char *err, size_t errlen);
+
+/* Start CPython (ll_interp_start_python), import looseleaf_kernel and
  * create the shell.  ARGV0 becomes sys.argv[0]; sys.executable is the system
  * Python the build used.  PYTHON* environment variables are ignored (another
  * interpreter's PYTHONHOME cannot break us) except PYTHONPATH, which is added

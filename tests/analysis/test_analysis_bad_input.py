@@ -1,11 +1,11 @@
 """Bad input to the cell analysis: a verdict or a clear error, never a crash,
 in bounded time and memory (issue 3).
 
-Each cell is analysed in its own `build/ll_analyze --json` process under an
-address-space limit; a crash (signal), a hang (timeout) or a malformed answer
-fails the test.  The C self-test covers the same cases through the API
-(gateway/ll_analysis_selftest.c), including invalid UTF-8, which a JSON
-notebook cannot carry.
+Each cell is analysed in its own `build/looseleaf analyze --json` process
+under an address-space limit; a crash (signal), a hang (timeout) or a
+malformed answer fails the test.  The C self-test covers the same cases
+through the API (analysis/ll_analysis_selftest.c), including invalid UTF-8,
+which a JSON notebook cannot carry.
 """
 import json
 import resource
@@ -60,7 +60,7 @@ CASES = {
 
 
 def analyse_one(source):
-    proc = subprocess.run([str(ANALYZE), "--json", "-"],
+    proc = subprocess.run([*ANALYZE, "--json", "-"],
                           input=json.dumps(notebook([{"code": source}])),
                           capture_output=True, text=True, timeout=120,
                           preexec_fn=_limit)
@@ -106,7 +106,7 @@ def test_deep_cell_on_a_small_stack(stack_kib):
         resource.setrlimit(resource.RLIMIT_STACK, (stack_kib << 10, stack_kib << 10))
 
     cells = [{"code": "x = " + "-" * n + "1\n"} for n in (100, 1000, 1490, 2500)]
-    proc = subprocess.run([str(ANALYZE), "--json", "-"], input=json.dumps(notebook(cells)),
+    proc = subprocess.run([*ANALYZE, "--json", "-"], input=json.dumps(notebook(cells)),
                           capture_output=True, text=True, timeout=120, preexec_fn=small_stack)
     assert proc.returncode in (0, 1), f"exit {proc.returncode}: {proc.stderr[-2000:]}"
     doc = json.loads(proc.stdout)

@@ -1,7 +1,7 @@
 """Table-driven corpus of cells with hand-checked expectations (issue 3).
 
 tests/analysis/corpus.txt holds sessions of cells.  Each session becomes a
-notebook that `build/ll_analyze --json -` (the code of `looseleaf analyze`)
+notebook that `build/looseleaf analyze --json -`
 analyses in order, so every cell's closures are computed against the cells
 before it in its session.  Format:
 
@@ -24,7 +24,7 @@ import subprocess
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-ANALYZE = ROOT / "build" / "ll_analyze"
+ANALYZE = [str(ROOT / "build" / "looseleaf"), "analyze"]
 CORPUS = pathlib.Path(__file__).with_name("corpus.txt")
 
 SET_FIELDS = {
@@ -89,7 +89,7 @@ def analyze(cells, env=None):
     full_env.pop("LOOSELEAF_GPU_PACKAGES", None)
     full_env.update(env or {})
     proc = subprocess.run(
-        [str(ANALYZE), "--json", "-"], input=json.dumps(notebook(cells)),
+        [*ANALYZE, "--json", "-"], input=json.dumps(notebook(cells)),
         capture_output=True, text=True, env=full_env, timeout=60)
     assert proc.returncode in (0, 1), proc.stderr
     return json.loads(proc.stdout)
@@ -167,7 +167,7 @@ def test_session(session):
 def test_cli_text_output_and_summary():
     """The human-readable form carries the same facts and the corpus figures."""
     cells = next(s for s in SESSIONS if s["name"].startswith("paper"))["cells"]
-    proc = subprocess.run([str(ANALYZE), "-"], input=json.dumps(notebook(cells)),
+    proc = subprocess.run([*ANALYZE, "-"], input=json.dumps(notebook(cells)),
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
@@ -185,26 +185,26 @@ def test_cli_syntax_error_reported_and_rest_analysed():
     assert errs[1].startswith("SyntaxError") and "line 1" in errs[1]
     assert result["cells"][2]["closure"]["state_closure"] == ["x"]
     assert result["summary"]["errors"] == 1
-    proc = subprocess.run([str(ANALYZE), "-"], input=json.dumps(notebook(cells)),
+    proc = subprocess.run([*ANALYZE, "-"], input=json.dumps(notebook(cells)),
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert "error: SyntaxError" in proc.stdout
 
 
 def test_cli_bad_usage_and_bad_notebooks(tmp_path):
-    assert subprocess.run([str(ANALYZE)], capture_output=True).returncode == 2
-    missing = subprocess.run([str(ANALYZE), str(tmp_path / "nope.ipynb")],
+    assert subprocess.run(ANALYZE, capture_output=True).returncode == 2
+    missing = subprocess.run([*ANALYZE, str(tmp_path / "nope.ipynb")],
                              capture_output=True, text=True)
     assert missing.returncode == 2 and "not a JSON notebook" in missing.stderr
     for text in ["{", "[]", '{"cells": 3}', "\x00\x01"]:
-        proc = subprocess.run([str(ANALYZE), "-"], input=text.encode(),
+        proc = subprocess.run([*ANALYZE, "-"], input=text.encode(),
                               capture_output=True, timeout=60)
         assert proc.returncode == 2, text
     # non-code cells and odd cell entries are skipped, not fatal
     nb = {"cells": [{"cell_type": "markdown", "source": "# hi"}, 7,
                     {"cell_type": "code", "source": ["a = 1\n", "b = a\n"]},
                     {"cell_type": "code"}]}
-    proc = subprocess.run([str(ANALYZE), "--json", "-"], input=json.dumps(nb),
+    proc = subprocess.run([*ANALYZE, "--json", "-"], input=json.dumps(nb),
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
@@ -213,14 +213,12 @@ def test_cli_bad_usage_and_bad_notebooks(tmp_path):
 
 
 def test_python_baseline_agrees_with_c():
-    """`make bench` compares the C analysis with tests/bench/bench_analysis_py.py;
+    """`make bench` compares the C analysis with tests/analysis/pyoracle.py;
     that comparison is only fair if both compute the same thing.  On every
     corpus session without IPython syntax (the baseline leaves magics out),
     both must give the same reads, state closure, import closure and import
     statements for every cell."""
-    import sys
-    sys.path.insert(0, str(ROOT / "tests" / "bench"))
-    import bench_analysis_py as py
+    import pyoracle as py
 
     checked, failures = 0, []
     for session in SESSIONS:
@@ -254,7 +252,7 @@ def test_cli_ignores_python_environment_variables():
     env = dict(os.environ, PYTHONHOME="/nonexistent", PYTHONPATH="/nonexistent/lib",
                PYTHONSTARTUP="/nonexistent/startup.py")
     cells = [{"code": "%time x = 1\n"}, {"code": "y = x\n"}]
-    proc = subprocess.run([str(ANALYZE), "--json", "-"], input=json.dumps(notebook(cells)),
+    proc = subprocess.run([*ANALYZE, "--json", "-"], input=json.dumps(notebook(cells)),
                           capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)

@@ -1,5 +1,5 @@
 """Differential test: the C analysis against the pure-Python port of the same
-algorithm (tests/bench/bench_analysis_py.py, also `make bench`'s baseline) on
+algorithm (tests/analysis/pyoracle.py, also `make bench`'s baseline) on
 random sessions of random cells (issue 3).
 
 The generator combines the constructs the analysis cares about (scopes,
@@ -11,14 +11,10 @@ import statements and opaque flag, and the CLI must never crash.  Seeds are
 fixed, so a failure reproduces.
 """
 import random
-import sys
-
 import pytest
 
-from test_analysis_corpus import ROOT, analyze
-
-sys.path.insert(0, str(ROOT / "tests" / "bench"))
-import bench_analysis_py as py  # noqa: E402
+import pyoracle as py
+from test_analysis_corpus import analyze
 
 N = ["a","b","c","d","f","g","h","k","m","C","np","torch","os"]
 def name(): return random.choice(N)

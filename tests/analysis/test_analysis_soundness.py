@@ -1,16 +1,17 @@
 """Soundness of the computed closures on real notebooks (issue 3).
 
-For each notebook, `build/ll_analyze --json` computes every code cell's state
-closure and import statements; soundness_runner.py then executes the notebook
+For each notebook, `build/looseleaf analyze --json` computes every code
+cell's state closure and import statements; soundness_runner.py then executes the notebook
 twice in fresh processes and working directories: once normally, once with
 each cell seeing only its closure (plus its imports, plus IPython's own
 names).  Every cell must produce the same stdout, stderr, display outputs and
 error in both runs.  A missed name shows up as a NameError in the second run.
 
-Notebooks: the public ones from /work/shared/notebooks (copied into
-tests/analysis/notebooks/ with their licences, see SOURCES.md there) and the
-ones written below for the constructs they lack, and random runnable
-sessions (fixed seeds).  A negative control checks
+Notebooks: every one in examples/ (the project's one copy; sources and
+licences in examples/SOURCES.md), the one public notebook kept out of
+examples/ (tests/analysis/notebooks/, see SOURCES.md there), the ones
+written below for the constructs they lack, and random runnable sessions
+(fixed seeds).  A negative control checks
 that the harness does catch a closure with one needed name removed.
 """
 import json
@@ -26,11 +27,12 @@ import pytest
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-ANALYZE = ROOT / "build" / "ll_analyze"
+ANALYZE = [str(ROOT / "build" / "looseleaf"), "analyze"]
 RUNNER = HERE / "soundness_runner.py"
 PYTHON = "/usr/bin/python3"
 
-PUBLIC = sorted((HERE / "notebooks").glob("*.ipynb"))
+PUBLIC = sorted([*(ROOT / "examples").glob("*.ipynb"), *(HERE / "notebooks").glob("*.ipynb")],
+                key=lambda p: p.name)
 
 WRITTEN = {
     "functions_objects_magics": [
@@ -233,7 +235,7 @@ def write_notebook(path, sources):
 
 
 def analyse(nb_path):
-    proc = subprocess.run([str(ANALYZE), "--json", str(nb_path)],
+    proc = subprocess.run([*ANALYZE, "--json", str(nb_path)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode in (0, 1), proc.stderr
     return json.loads(proc.stdout)
@@ -307,7 +309,7 @@ def test_closure_gives_same_outputs(notebook, tmp_path):
 
 
 def test_public_notebooks_present():
-    assert len(PUBLIC) >= 6, "copy the public notebooks into tests/analysis/notebooks"
+    assert len(PUBLIC) >= 9, "the notebooks of examples/ and tests/analysis/notebooks/"
 
 
 def test_harness_catches_a_missing_name(tmp_path):

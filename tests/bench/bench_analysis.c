@@ -7,8 +7,9 @@
 #include <Python.h>
 
 #include "base/ll_clock.h"
-#include "gateway/ll_analysis.h"
+#include "analysis/ll_analysis.h"
 #include "base/ll_log.h"
+#include "kernel/ll_interp.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -102,7 +103,8 @@ int main(int argc, char **argv)
     if (argc > 1 && strcmp(argv[1], "--dump") == 0)
         return s_dump();
     char err[256];
-    if (ll_analysis_python_start(err, sizeof err) != 0) {
+    if (ll_interp_start_python(argv[0], err, sizeof err) != 0 ||
+        ll_analysis_init(err, sizeof err) != 0) {
         fprintf(stderr, "bench_analysis: %s\n", err);
         return 1;
     }

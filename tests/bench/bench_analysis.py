@@ -3,8 +3,8 @@
 
 Runs build/tests/bench/bench_analysis (C: microseconds per analysis of a
 typical 30-line cell, per closure query in a session of 500 executed cells,
-per recorded cell), then tests/bench/bench_analysis_py.py (ast-based
-baseline) on the same inputs, in this process, and prints both with the
+per recorded cell), then the pure-Python oracle of the analysis tests,
+tests/analysis/pyoracle.py (ast-based), as the baseline on the same inputs, in this process, and prints both with the
 ratios.  Targets (issue 3): under 1000 us each on this machine.  Both sides
 must agree on the closure they compute, so the comparison is like for like.
 """
@@ -17,8 +17,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 BENCH = os.path.join(ROOT, "build", "tests", "bench", "bench_analysis")
-sys.path.insert(0, HERE)
-import bench_analysis_py as py  # noqa: E402
+sys.path.insert(0, os.path.join(ROOT, "tests", "analysis"))
+import pyoracle as py  # noqa: E402
 
 
 def best_of(fn, repeat=5, number=200):
@@ -50,7 +50,7 @@ def main():
     py_closure = best_of(lambda: session.closure(cand), number=50)
     py_size = len(session.closure(cand)["state"])
 
-    print("cell analysis (C, gateway/ll_analysis*.c) vs pure Python ast baseline "
+    print("cell analysis (C, analysis/ll_analysis*.c) vs pure Python ast baseline "
           "(best of 3 runs / 5 repeats)")
     rows = [("analyse a 30-line cell", c["analyse_30_line_cell_us"], py_analyse),
             ("closure in a 500-cell session", c["closure_500_cells_us"], py_closure),

@@ -1,11 +1,13 @@
-"""The cell analysis in pure Python with the `ast` module: the baseline that
-`make bench` compares gateway/ll_analysis*.c against (issue 3).
+"""The cell analysis in pure Python with the `ast` module: the oracle the
+analysis tests check analysis/ (the C module) against
+(test_analysis_differential.py on random sessions, test_analysis_corpus.py
+on the corpus), and the baseline `make bench` times it against (issue 3).
 
 The same algorithm as the C module, written the way one would in Python:
 ast.parse, a scope-aware walk producing module-level events (LOAD, BIND,
 MUTATE, DEL, UNIT, DEFER) and function bodies as groups of global reads, then
 a session that replays events to get state/import closures.  IPython magics
-are left out (the benchmark cells have none).  Run by bench_analysis.py.
+are left out (the benchmark cells have none).
 """
 import ast
 import builtins

@@ -13,8 +13,8 @@
  * understood.  Sessions and closures never touch Python.  Not thread-safe:
  * use one thread, or a lock around all calls.
  *
- * Semantics, in short (the long version is at the top of ll_analysis.c and
- * ll_analysis_session.c):
+ * Semantics, in short (the long version is at the top of ll_analysis_walk.c
+ * and ll_analysis_replay.c; analysis/API.md maps the files):
  * - reads: global names the cell's top-level code may read before binding
  *   them itself, including what comprehensions, lambdas, class bodies,
  *   decorators and default arguments read, and the globals of the cell's own
@@ -82,10 +82,11 @@ bool ll_analysis_is_gpu_module(const char *path);
  * ipykernel, ipywidgets): a cell using it runs in the kernel. */
 bool ll_analysis_is_kernel_module(const char *path);
 
-/* Analyse cell source CODE of LEN bytes (need not be NUL-terminated).  A
- * first line `%%gpu` or `%%cpu` forces the label and is stripped.  Returns
- * a new analysis; when the cell cannot be parsed the analysis carries the
- * error (ll_analysis_error) and no facts.  Calls ll_analysis_init if nobody
+/* Analyse cell source CODE of LEN bytes (need not be NUL-terminated; the
+ * caller keeps it).  A first line `%%gpu` or `%%cpu` forces the label and
+ * is stripped.  Returns a new analysis the caller destroys
+ * (ll_analysis_destroy); when the cell cannot be parsed the analysis
+ * carries the error (ll_analysis_error) and no facts.  Calls ll_analysis_init if nobody
  * did.  NULL only when out of memory or Python is not initialised.  GIL
  * held. */
 ll_analysis_t *ll_analysis_new(const char *code, size_t len);
@@ -103,8 +104,6 @@ ll_analysis_strs_t ll_analysis_reads(const ll_analysis_t *self);
 /* Top-level names whose objects the cell may change in place (x.a = 1,
  * x[0] = 1, del x[0], x += 1, x.method(...) as a statement). */
 ll_analysis_strs_t ll_analysis_mutates(const ll_analysis_t *self);
-/* Top-level names the cell certainly deletes. */
-ll_analysis_strs_t ll_analysis_deletes(const ll_analysis_t *self);
 /* Top-level packages of the cell's own import statements. */
 ll_analysis_strs_t ll_analysis_imports(const ll_analysis_t *self);
 
@@ -120,17 +119,23 @@ bool ll_analysis_is_opaque(const ll_analysis_t *self);
 /* -1 no `%%gpu`/`%%cpu` line, else the forced ll_analysis_label_t. */
 int ll_analysis_forced_label(const ll_analysis_t *self);
 
-/* The per-cell facts as a new JSON object (caller owns the reference). */
+/* The per-cell facts as a new JSON object (caller owns the reference):
+ * error, forced_label, and for a cell that parsed defs, reads, mutates,
+ * deletes (names it certainly deletes), packages, imports, functions,
+ * opaque. */
 json_t *ll_analysis_json(const ll_analysis_t *self);
 
-/* ---- session ---------------------------------------------------------- */
+/* ---- session ----------------------------------------------------------- */
 
-/* An empty session (no cell executed yet). */
+/* An empty session (no cell executed yet), which the caller destroys;
+ * NULL when out of memory. */
 ll_analysis_session_t *ll_analysis_session_new(void);
+/* Destroy and NULL *SELF_P; safe on NULL. */
 void ll_analysis_session_destroy(ll_analysis_session_t **self_p);
 
 /* Record that CELL has just executed (whether or not it raised): its
- * bindings replace earlier ones, its deletions end them.  A cell that did
+ * bindings replace earlier ones, its deletions end them.  CELL stays the
+ * caller's; the session copies what it keeps.  A cell that did
  * not parse changed nothing and is skipped.  0, or -1 when out of memory. */
 int ll_analysis_session_record(ll_analysis_session_t *self, const ll_analysis_t *cell);
 
@@ -144,14 +149,13 @@ size_t ll_analysis_session_live_count(const ll_analysis_session_t *self);
  * parse.  Does not change the session. */
 ll_analysis_closure_t *ll_analysis_session_closure(ll_analysis_session_t *self,
                                                    const ll_analysis_t *cell);
+/* Destroy and NULL *SELF_P; safe on NULL. */
 void ll_analysis_closure_destroy(ll_analysis_closure_t **self_p);
 
 /* The live variables the cell needs, sorted. */
 ll_analysis_strs_t ll_analysis_closure_state(const ll_analysis_closure_t *self);
 /* Top-level packages it needs, sorted. */
 ll_analysis_strs_t ll_analysis_closure_imports(const ll_analysis_closure_t *self);
-/* Packages reachable from its top-level statements, sorted. */
-ll_analysis_strs_t ll_analysis_closure_effective(const ll_analysis_closure_t *self);
 /* Import statements that re-create the import-bound names it reads, sorted
  * ("import numpy as np", "from transformers import Trainer"). */
 ll_analysis_strs_t ll_analysis_closure_import_stmts(const ll_analysis_closure_t *self);
@@ -171,24 +175,22 @@ bool ll_analysis_closure_is_kernel_bound(const ll_analysis_closure_t *self);
 /* Live variables in the session at the time of the query. */
 size_t ll_analysis_closure_live_count(const ll_analysis_closure_t *self);
 
-/* The closures as a new JSON object (caller owns the reference). */
+/* The closures as a new JSON object (caller owns the reference):
+ * state_closure, import_closure, effective_imports (packages reachable from
+ * its statements), import_statements, writes, deletes, label, opaque,
+ * kernel_bound, live. */
 json_t *ll_analysis_closure_json(const ll_analysis_closure_t *self);
 
-/* For standalone programs (the CLI, benchmarks): start an embedded CPython
- * laid out like Debian's /usr/bin/python3, ignoring PYTHON* environment
- * variables (a pyenv on PATH must not leak in), site enabled; then
- * ll_analysis_init.  Returns with the GIL held.  A no-op for Python (but
- * not for ll_analysis_init) when Python is already up.  0, or -1 with a
- * reason in ERR. */
-int ll_analysis_python_start(char *err, size_t errlen);
-
 /* `looseleaf analyze [--json] NOTEBOOK.ipynb|-`: ARGV[0] is "analyze".
- * Prints per code cell its facts and closures (cells taken as executed in
+ * Sets the process's log role (A) and starts Python
+ * (ll_interp_start_python).  Prints per code cell its facts and closures (cells taken as executed in
  * notebook order), then the corpus figures.  Exit status: 0, 1 when some
  * cell did not parse, 2 on bad usage or an unreadable notebook. */
 int ll_analyze_main(int argc, char **argv);
 
-/* C self-test (czmq style). */
+/* C self-test of this API (ll_analysis_selftest.c; starts and finalizes
+ * Python when none runs).  The pure parts have their own, declared in
+ * ll_analysis_internal.h. */
 int ll_analysis_selftest(bool verbose);
 
 #endif

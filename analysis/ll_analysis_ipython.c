@@ -13,7 +13,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include "gateway/ll_analysis_internal.h"
+#include "analysis/ll_analysis_internal.h"
 #include "base/ll_log.h"
 
 #include <ctype.h>

@@ -7,8 +7,9 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include "gateway/ll_analysis.h"
-#include "gateway/ll_analysis_internal.h"
+#include "analysis/ll_analysis.h"
+#include "analysis/ll_analysis_internal.h"
+#include "kernel/ll_interp.h"
 
 #include <ftw.h>
 #include <stdio.h>
@@ -378,7 +379,8 @@ int ll_analysis_selftest(bool verbose)
     s_failures = 0;
     bool started = !Py_IsInitialized();
     char err[256];
-    if (ll_analysis_python_start(err, sizeof err) != 0) {
+    if (ll_interp_start_python("ll_selftest", err, sizeof err) != 0 ||
+        ll_analysis_init(err, sizeof err) != 0) {
         fprintf(stderr, "\n  %s", err);
         return 1;
     }

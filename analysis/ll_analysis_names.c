@@ -4,7 +4,7 @@
  * owned copies, so iteration follows insertion order (which makes the CLI's
  * output follow the cell's text) and lookups stay O(1) in sessions of
  * thousands of names.  No locking: each set belongs to one object. */
-#include "gateway/ll_analysis_internal.h"
+#include "analysis/ll_analysis_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
