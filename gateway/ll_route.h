@@ -11,7 +11,7 @@
  *      state to the checkpoint store (request looseleaf_before_gpu), or says
  *      why the cell must run in the interpreter instead (a closure variable
  *      that cannot be saved, a store that cannot start);
- *   2. ll_route_run_gpu hands it to the host pool (zygote/ll_zygote.h): a
+ *   2. ll_route_run_gpu hands it to the host pool (zygote/ll_zclient.h): a
  *      worker forked from a zygote restores the closure, runs the cell,
  *      streams its output, saves; this thread relays the worker's output to
  *      iopub, its input() prompts to stdin, SIGINT to the worker, and waits

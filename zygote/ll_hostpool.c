@@ -22,7 +22,8 @@
  * - the base node is respawned when it dies; at most max_nodes nodes exist,
  *   least-recently-used leaves are evicted, the base is kept;
  * - a child node holds only modules that passed the CUDA-safety probe. */
-#include "zygote/ll_zygote.h"
+#include "zygote/ll_hostpool.h"
+#include "zygote/ll_zclient.h"
 #include "zygote/ll_gdsf.h"
 #include "zygote/ll_zframe.h"
 #include "base/ll_clock.h"
@@ -1843,7 +1844,7 @@ static void s_usage(void)
         "                      [--warm-idle SECONDS] [--spec-window SECONDS]\n");
 }
 
-int ll_pool_main(int argc, char **argv)
+int ll_hostpool_main(int argc, char **argv)
 {
     ll_log_init('P');
     memset(&P, 0, sizeof P);

@@ -3,7 +3,7 @@
  * Runs in the kernel process, which has ZeroMQ threads and therefore never
  * forks: a missing pool is started with posix_spawn (exec), and the pool
  * detaches itself.  One thread uses a client at a time. */
-#include "zygote/ll_zygote.h"
+#include "zygote/ll_zclient.h"
 #include "zygote/ll_zframe.h"
 #include "base/ll_clock.h"
 #include "base/ll_log.h"

@@ -9,6 +9,8 @@
  *       {"op":"run", ...request} {"op":"prefetch", ...request} {"op":"input","id","value"}
  *       {"op":"interrupt","id"} {"op":"cancel","id"} {"op":"stats"}.
  * One thread; polls stdin and the client's fd. */
+#include "zygote/ll_hostpool.h"
+#include "zygote/ll_zclient.h"
 #include "zygote/ll_zygote.h"
 #include "base/ll_log.h"
 
@@ -121,7 +123,7 @@ int main(int argc, char **argv)
         return 2;
     }
     if (strcmp(argv[1], "pool") == 0)
-        return ll_pool_main(argc - 1, argv + 1);
+        return ll_hostpool_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "zygote") == 0)
         return ll_zygote_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "client") == 0) {
