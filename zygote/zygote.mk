@@ -3,9 +3,10 @@ SELFTESTS += ll_zframe ll_gdsf
 LIB_SRCS  += zygote/ll_zframe.c zygote/ll_gdsf.c zygote/ll_hostpool.c zygote/ll_zygote.c zygote/ll_zclient.c
 EXTRA_TARGETS += $(BUILD)/zygote/ll_zdriver
 
-# The test driver: the pool/zygote subcommands and a JSON-lines client (tests/zygote/).
-# (zygote.mk is the last fragment included, so LIB_SRCS is complete here.)
-$(BUILD)/zygote/ll_zdriver: $(BUILD)/zygote/ll_zdriver.o $(LIB_SRCS:%.c=$(BUILD)/%.o)
+# The test driver: a JSON-lines client of the host pool (tests/zygote/, tests/prefetch/).  The pool it
+# starts is build/looseleaf's (LL_POOL_EXE), so it links only the client.
+$(BUILD)/zygote/ll_zdriver: $(BUILD)/zygote/ll_zdriver.o $(BUILD)/zygote/ll_zclient.o \
+                            $(BUILD)/zygote/ll_zframe.o $(BASE_OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 PYTESTS   += tests/zygote
 BENCHES   += tests/bench/bench_zygote.py
