@@ -23,6 +23,7 @@
  *   least-recently-used leaves are evicted, the base is kept;
  * - a child node holds only modules that passed the CUDA-safety probe. */
 #include "zygote/ll_hostpool.h"
+#include "zygote/ll_hostpool_config.h"
 #include "zygote/ll_zclient.h"
 #include "zygote/ll_gdsf.h"
 #include "zygote/ll_zframe.h"
@@ -48,10 +49,10 @@
 #include <unistd.h>
 
 #define S_MAX_CLIENTS   128
-#define S_MAX_NODES     256
+#define S_MAX_NODES     LL_HOSTPOOL_MAX_NODES
 #define S_MAX_RUNS      512
 #define S_MAX_PROBES    32
-#define S_MAX_SLOTS     64
+#define S_MAX_SLOTS     LL_HOSTPOOL_MAX_SLOTS
 #define S_PROBE_MS      120000.0
 #define S_MAX_SESSIONS  512
 #define S_EXIT_GRACE_MS 5000.0  /* an evicted worker that does not leave by then is killed */
@@ -154,24 +155,18 @@ typedef struct {
 } s_probe_t;
 
 static struct {
-    char dir[PATH_MAX];       /* runtime dir */
+    ll_hostpool_config_t cfg; /* what the pool was told (read once at its start) */
     char sock[PATH_MAX + 16]; /* listening socket path */
     char exe[PATH_MAX]; /* our binary (/proc/self/exe: it survives a rebuild), exec'd as `zygote` */
     char exe_name[PATH_MAX]; /* its name, for the zygotes' argv[0] */
-    char head[1024];         /* comma list of the base node's modules */
     int listen_fd;
     int sig_fd;
-    int nslots;        /* slots */
+    int nslots;        /* slots: CUDA devices when found, else cfg.nslots virtual ones */
     bool cuda;         /* slots are CUDA devices */
-    int idle_exit_s;   /* exit this long after the last client left */
-    int max_nodes;     /* zygote nodes per host */
     int max_staged;    /* workers a prefetch may prepare without a slot (staged), all sessions */
     bool staged_defer; /* staged workers leave the state's restore to the cell's run (CUDA hosts) */
-    int warm_idle_s;   /* a warm worker unused this long leaves; 0: no warm workers */
-    int spec_s;        /* a speculative worker outranks completed ones this long */
     ll_gdsf_t *gdsf;   /* eviction order of warm workers, keyed by pid */
     s_sess_t sessions[S_MAX_SESSIONS];
-    bool grow;                 /* grow child nodes for tail packages */
     int slot_run[S_MAX_SLOTS]; /* run index holding each slot, -1 free */
     s_client_t clients[S_MAX_CLIENTS];
     s_node_t nodes[S_MAX_NODES];
@@ -380,7 +375,7 @@ static int s_spawn_base(void)
         sigset_t all;
         sigemptyset(&all);
         sigprocmask(SIG_SETMASK, &all, NULL);
-        execl(P.exe, P.exe_name, "zygote", "--fd", fdarg, "--head", P.head, "--node", idarg,
+        execl(P.exe, P.exe_name, "zygote", "--fd", fdarg, "--head", P.cfg.head, "--node", idarg,
               (char *) NULL);
         _exit(127);
     }
@@ -396,7 +391,7 @@ static int s_spawn_base(void)
     nd->pid = pid;
     nd->modules = json_array();
     s_nonblock(sv[0]);
-    ll_info("pool", "base zygote node %d started (pid %d, head %s)", id, (int) pid, P.head);
+    ll_info("pool", "base zygote node %d started (pid %d, head %s)", id, (int) pid, P.cfg.head);
     return n;
 }
 
@@ -477,7 +472,7 @@ static void s_node_gone(int n, const char *why)
 /* Evict least-recently-used leaves (never the base, never a node forking). */
 static void s_evict(void)
 {
-    while (s_node_count() > P.max_nodes) {
+    while (s_node_count() > P.cfg.max_nodes) {
         int victim = -1;
         for (int i = 0; i < S_MAX_NODES; i++) {
             s_node_t *nd = &P.nodes[i];
@@ -607,7 +602,7 @@ static int s_node_by_id(int id)
 /* Ask node N's zygote to fork a child node that also imports MODULES. */
 static void s_grow(int n, json_t *modules)
 {
-    if (!P.grow || n < 0 || !P.nodes[n].ready)
+    if (!P.cfg.grow || n < 0 || !P.nodes[n].ready)
         return;
     int c = -1;
     for (int i = 0; i < S_MAX_NODES; i++)
@@ -689,7 +684,7 @@ static void s_probe_done(int i, int status)
 /* After choosing node N for a cell: grow towards the packages it lacked. */
 static void s_consider_growth(int n, const json_t *imports)
 {
-    if (!P.grow)
+    if (!P.cfg.grow)
         return;
     size_t k;
     json_t *v;
@@ -930,7 +925,7 @@ static void s_start_run(int r, int slot)
     /* Staged without a GPU: where variables may live on the device, their
      * restore waits for the slot (the cell's run restores them). */
     json_object_set_new(job, "defer_restore", json_boolean(slot < 0 && P.staged_defer));
-    json_object_set_new(job, "keep_warm", json_boolean(P.warm_idle_s > 0));
+    json_object_set_new(job, "keep_warm", json_boolean(P.cfg.warm_idle_s > 0));
     json_object_set_new(job, "prefetch", json_boolean(run->prefetch));
     json_t *m = json_pack("{s:s, s:o}", "type", "fork", "job", job);
     int rc = ll_zframe_send(P.nodes[n].fd, m, sv[1]);
@@ -1021,7 +1016,7 @@ static void s_start_warm(int r, int w)
     json_object_set_new(job, "client", json_integer(run->client));
     json_object_set_new(job, "node", json_integer(run->node_id));
     json_object_set_new(job, "wait_ms", json_real(run->wait_ms));
-    json_object_set_new(job, "keep_warm", json_boolean(P.warm_idle_s > 0));
+    json_object_set_new(job, "keep_warm", json_boolean(P.cfg.warm_idle_s > 0));
     json_t *m = json_pack("{s:s, s:o}", "type", run->prefetch ? "prefetch" : "run", "job", job);
     if (ll_zframe_send(run->wfd, m, -1) < 0) {
         /* It is dying: its exit reports the cell as lost (WorkerDied). */
@@ -1494,10 +1489,10 @@ static json_t *s_stats(void)
     }
     return json_pack("{s:s, s:i, s:o, s:o, s:o, s:b, s:i, s:O, s:i, s:b, s:o, s:o, s:f, s:i}",
                      "type", "stats", "pid", (int) getpid(), "nodes", nodes, "slots", slots, "runs",
-                     runs, "cuda", P.cuda, "max_nodes", P.max_nodes, "safety", P.safety,
+                     runs, "cuda", P.cuda, "max_nodes", P.cfg.max_nodes, "safety", P.safety,
                      "base_respawns", P.base_respawns, "base_broken", P.base_broken, "workers",
                      workers, "sessions", sessions, "clock", ll_gdsf_clock(P.gdsf), "warm_idle_s",
-                     P.warm_idle_s);
+                     P.cfg.warm_idle_s);
 }
 
 static void s_client_frame(int c, json_t *m)
@@ -1517,7 +1512,7 @@ static void s_client_frame(int c, json_t *m)
             bad = "run: a cell with this id is already running";
         else if (!json_is_string(json_object_get(m, "session")))
             bad = "run: 'session' must be a string";
-        else if (prefetch && P.warm_idle_s <= 0)
+        else if (prefetch && P.cfg.warm_idle_s <= 0)
             bad = "prefetch: warm workers are off in this pool (--warm-idle 0)";
         else if (!prefetch && !json_is_string(json_object_get(m, "code")))
             bad = "run: 'code' must be a string";
@@ -1734,8 +1729,8 @@ static void s_worker_frame(int r, json_t *m)
         json_t *rep = json_object_get(m, "report");
         json_t *ev = json_is_object(rep) ? json_deep_copy(rep) : json_object();
         bool ok = !json_object_get(ev, "fatal");
-        bool stay = ok && json_is_true(json_object_get(ev, "stays_warm")) && P.warm_idle_s > 0 &&
-                    run->client >= 0;
+        bool stay = ok && json_is_true(json_object_get(ev, "stays_warm")) &&
+                    P.cfg.warm_idle_s > 0 && run->client >= 0;
         json_t *restored = json_object_get(ev, "restored");
         bool changed = run->fresh || (json_is_array(restored) && json_array_size(restored) > 0) ||
                        json_array_size(json_object_get(ev, "dropped_stale")) > 0;
@@ -1778,8 +1773,8 @@ static void s_worker_frame(int r, json_t *m)
         if (si >= 0)
             P.sessions[si].pf_credit =
                 1; /* a cell ran: its next prefetch may take a slot (s_prefetch_evicts) */
-        bool stay = ll && json_is_true(json_object_get(ll, "stays_warm")) && P.warm_idle_s > 0 &&
-                    run->client >= 0 && !run->cancelled;
+        bool stay = ll && json_is_true(json_object_get(ll, "stays_warm")) &&
+                    P.cfg.warm_idle_s > 0 && run->client >= 0 && !run->cancelled;
         if (stay) {
             run->cells++;
             run->spec = false;
@@ -1801,14 +1796,14 @@ static void s_worker_frame(int r, json_t *m)
 
 static int s_prepare_dir(void)
 {
-    if (mkdir(P.dir, 0700) < 0 && errno != EEXIST) {
-        ll_error("pool", "cannot create %s: %s", P.dir, strerror(errno));
+    if (mkdir(P.cfg.dir, 0700) < 0 && errno != EEXIST) {
+        ll_error("pool", "cannot create %s: %s", P.cfg.dir, strerror(errno));
         return -1;
     }
     struct stat st;
-    if (stat(P.dir, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() ||
+    if (stat(P.cfg.dir, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() ||
         (st.st_mode & 077)) {
-        ll_error("pool", "%s must be a directory owned by uid %d with mode 0700", P.dir,
+        ll_error("pool", "%s must be a directory owned by uid %d with mode 0700", P.cfg.dir,
                  (int) getuid());
         return -1;
     }
@@ -1835,72 +1830,23 @@ static int s_listen(void)
     return fd;
 }
 
-static void s_usage(void)
-{
-    fprintf(
-        stderr,
-        "usage: looseleaf pool [--runtime-dir DIR] [--slots N] [--idle-exit SECONDS]\n"
-        "                      [--head MOD,MOD,...] [--max-nodes N] [--no-grow] [--foreground]\n"
-        "                      [--warm-idle SECONDS] [--spec-window SECONDS]\n");
-}
-
 int ll_hostpool_main(int argc, char **argv)
 {
     ll_log_init('P');
     memset(&P, 0, sizeof P);
-    ll_zclient_default_dir(P.dir, sizeof P.dir);
-    snprintf(P.head, sizeof P.head, "%s",
-             getenv("LL_POOL_HEAD") ? getenv("LL_POOL_HEAD")
-                                    : "numpy,torch,IPython,looseleaf_kernel,looseleaf_store");
-    P.nslots = getenv("LL_POOL_SLOTS") ? atoi(getenv("LL_POOL_SLOTS")) : 2;
-    P.idle_exit_s = getenv("LL_POOL_IDLE_EXIT") ? atoi(getenv("LL_POOL_IDLE_EXIT")) : 300;
-    P.max_nodes = getenv("LL_POOL_MAX_NODES") ? atoi(getenv("LL_POOL_MAX_NODES")) : 50;
-    P.max_staged = getenv("LL_POOL_MAX_STAGED") ? atoi(getenv("LL_POOL_MAX_STAGED")) : -1;
-    /* Warm workers are off unless asked for: the kernel asks (300 s,
-     * gateway/ll_route.c); bare pools (tests/zygote) fork per cell. */
-    P.warm_idle_s = getenv("LL_POOL_WARM_IDLE_S") ? atoi(getenv("LL_POOL_WARM_IDLE_S")) : 0;
-    P.spec_s = getenv("LL_POOL_SPEC_S") ? atoi(getenv("LL_POOL_SPEC_S")) : 30;
-    P.grow = true;
-    bool foreground = false;
-    const char *log = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        bool nx = i + 1 < argc;
-        if (strcmp(a, "--runtime-dir") == 0 && nx)
-            snprintf(P.dir, sizeof P.dir, "%s", argv[++i]);
-        else if (strcmp(a, "--slots") == 0 && nx)
-            P.nslots = atoi(argv[++i]);
-        else if (strcmp(a, "--idle-exit") == 0 && nx)
-            P.idle_exit_s = atoi(argv[++i]);
-        else if (strcmp(a, "--head") == 0 && nx)
-            snprintf(P.head, sizeof P.head, "%s", argv[++i]);
-        else if (strcmp(a, "--max-nodes") == 0 && nx)
-            P.max_nodes = atoi(argv[++i]);
-        else if (strcmp(a, "--warm-idle") == 0 && nx)
-            P.warm_idle_s = atoi(argv[++i]);
-        else if (strcmp(a, "--spec-window") == 0 && nx)
-            P.spec_s = atoi(argv[++i]);
-        else if (strcmp(a, "--log") == 0 && nx)
-            log = argv[++i];
-        else if (strcmp(a, "--no-grow") == 0)
-            P.grow = false;
-        else if (strcmp(a, "--foreground") == 0)
-            foreground = true;
-        else {
-            s_usage();
-            return 2;
-        }
-    }
-    if (P.nslots < 1 || P.nslots > S_MAX_SLOTS || P.max_nodes < 1 || P.max_nodes > S_MAX_NODES ||
-        P.idle_exit_s < 0 || P.warm_idle_s < 0 || P.spec_s < 0) {
-        fprintf(stderr,
-                "looseleaf pool: --slots must be 1..%d, --max-nodes 1..%d, --idle-exit, "
-                "--warm-idle and "
-                "--spec-window >= 0\n",
-                S_MAX_SLOTS, S_MAX_NODES);
+    ll_hostpool_config_defaults(&P.cfg);
+    ll_zclient_default_dir(P.cfg.dir, sizeof P.cfg.dir);
+    ll_hostpool_config_env(&P.cfg, getenv);
+    char err[1024];
+    if (ll_hostpool_config_args(&P.cfg, argc, argv, err, sizeof err) < 0) {
+        fputs(err, stderr);
         return 2;
     }
-    P.gdsf = ll_gdsf_new(P.spec_s * 1000.0);
+    P.nslots = P.cfg.nslots;
+    P.max_staged = P.cfg.max_staged;
+    bool foreground = P.cfg.foreground;
+    const char *log = P.cfg.log[0] ? P.cfg.log : NULL;
+    P.gdsf = ll_gdsf_new(P.cfg.spec_s * 1000.0);
     if (!P.gdsf)
         return 1;
     if (ll_zframe_self_exe(P.exe, sizeof P.exe, P.exe_name, sizeof P.exe_name) < 0) {
@@ -1910,8 +1856,8 @@ int ll_hostpool_main(int argc, char **argv)
     if (s_prepare_dir() < 0)
         return 1;
     char lockpath[PATH_MAX + 16];
-    snprintf(lockpath, sizeof lockpath, "%s/pool.lock", P.dir);
-    snprintf(P.sock, sizeof P.sock, "%s/pool.sock", P.dir);
+    snprintf(lockpath, sizeof lockpath, "%s/pool.lock", P.cfg.dir);
+    snprintf(P.sock, sizeof P.sock, "%s/pool.sock", P.cfg.dir);
     if (!foreground) {
         /* Detach: the client that started us must not be our parent (it
          * would have to reap us) nor share our output pipes. */
@@ -1925,7 +1871,7 @@ int ll_hostpool_main(int argc, char **argv)
          * live on in every zygote and fail its pre-fork check. */
         close_range(3, ~0U, 0);
         char logpath[PATH_MAX + 16];
-        snprintf(logpath, sizeof logpath, "%s/pool.log", P.dir);
+        snprintf(logpath, sizeof logpath, "%s/pool.log", P.cfg.dir);
         int lfd = open(log ? log : logpath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
         int nfd = open("/dev/null", O_RDONLY);
         if (nfd >= 0) {
@@ -1941,7 +1887,7 @@ int ll_hostpool_main(int argc, char **argv)
     }
     int lock = open(lockpath, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (lock < 0 || flock(lock, LOCK_EX | LOCK_NB) < 0) {
-        ll_info("pool", "another pool already serves %s", P.dir);
+        ll_info("pool", "another pool already serves %s", P.cfg.dir);
         return 0;
     }
     prctl(PR_SET_CHILD_SUBREAPER, 1);
@@ -1956,7 +1902,7 @@ int ll_hostpool_main(int argc, char **argv)
     P.listen_fd = s_listen();
     if (P.listen_fd < 0 || P.sig_fd < 0)
         return 1;
-    int ncuda = getenv("LL_POOL_NO_CUDA") ? 0 : s_count_cuda();
+    int ncuda = P.cfg.no_cuda ? 0 : s_count_cuda();
     if (ncuda > 0) {
         P.cuda = true;
         P.nslots = ncuda < S_MAX_SLOTS ? ncuda : S_MAX_SLOTS;
@@ -1968,8 +1914,7 @@ int ll_hostpool_main(int argc, char **argv)
      * the slot: variables may hold device tensors. */
     if (P.max_staged < 0)
         P.max_staged = 2 * P.nslots;
-    P.staged_defer = P.cuda || (getenv("LL_POOL_STAGED_DEFER") &&
-                                strcmp(getenv("LL_POOL_STAGED_DEFER"), "1") == 0);
+    P.staged_defer = P.cuda || P.cfg.staged_defer;
     for (int s = 0; s < S_MAX_SLOTS; s++)
         P.slot_run[s] = -1;
     for (int c = 0; c < S_MAX_CLIENTS; c++)
@@ -1979,8 +1924,8 @@ int ll_hostpool_main(int argc, char **argv)
         P.runs[r].slot = -1;
     }
     P.safety = json_object();
-    ll_info("pool", "serving %s: %d %s slot(s), up to %d zygote nodes, idle exit %d s", P.dir,
-            P.nslots, P.cuda ? "CUDA" : "virtual", P.max_nodes, P.idle_exit_s);
+    ll_info("pool", "serving %s: %d %s slot(s), up to %d zygote nodes, idle exit %d s", P.cfg.dir,
+            P.nslots, P.cuda ? "CUDA" : "virtual", P.cfg.max_nodes, P.cfg.idle_exit_s);
     if (s_spawn_base() < 0) {
         ll_error("pool", "cannot start the base zygote: %s", strerror(errno));
         return 1;
@@ -2041,7 +1986,7 @@ int ll_hostpool_main(int argc, char **argv)
             s_run_t *run = &P.runs[r];
             double left = -1;
             if (run->used && run->state == S_WARM) {
-                left = run->idle_since + P.warm_idle_s * 1000.0 - now;
+                left = run->idle_since + P.cfg.warm_idle_s * 1000.0 - now;
                 if (left <= 0) {
                     s_evict_worker(r, "idle timeout", false);
                     left = S_EXIT_GRACE_MS;
@@ -2069,9 +2014,9 @@ int ll_hostpool_main(int argc, char **argv)
                 timeout = (int) left + 1;
         }
         if (P.idle_since) {
-            double left = P.idle_since + P.idle_exit_s * 1000.0 - now;
+            double left = P.idle_since + P.cfg.idle_exit_s * 1000.0 - now;
             if (left <= 0) {
-                ll_info("pool", "no client for %d s: exiting", P.idle_exit_s);
+                ll_info("pool", "no client for %d s: exiting", P.cfg.idle_exit_s);
                 break;
             }
             timeout = timeout < 0 || (int) left + 1 < timeout ? (int) left + 1 : timeout;
