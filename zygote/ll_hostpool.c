@@ -26,6 +26,7 @@
 #include "zygote/ll_hostpool_config.h"
 #include "zygote/ll_zclient.h"
 #include "zygote/ll_gdsf.h"
+#include "zygote/ll_ztree.h"
 #include "zygote/ll_zframe.h"
 #include "base/ll_clock.h"
 #include "base/ll_log.h"
@@ -49,11 +50,8 @@
 #include <unistd.h>
 
 #define S_MAX_CLIENTS   128
-#define S_MAX_NODES     LL_HOSTPOOL_MAX_NODES
 #define S_MAX_RUNS      512
-#define S_MAX_PROBES    32
 #define S_MAX_SLOTS     LL_HOSTPOOL_MAX_SLOTS
-#define S_PROBE_MS      120000.0
 #define S_MAX_SESSIONS  512
 #define S_EXIT_GRACE_MS 5000.0  /* an evicted worker that does not leave by then is killed */
 #define S_SAVE_GRACE_MS 30000.0 /* a worker saving when its client left may finish that long */
@@ -81,19 +79,6 @@ typedef struct {
     double held_ms; /* slot-held time of holdings that ended */
     int pf_credit;  /* prefetch evictions it may make (0 or 1): s_prefetch_evicts */
 } s_sess_t;
-
-typedef struct {
-    bool used;        /* entry in use */
-    int id;           /* node id (0 = base), unique for the pool's life */
-    int parent;       /* index of the parent node, -1 for the base */
-    int fd;           /* control socket to the zygote */
-    ll_zreader_t *rd; /* frames from the zygote */
-    pid_t pid;        /* 0 until the zygote said ready */
-    bool ready;       /* imported its modules, accepts forks */
-    json_t *modules;  /* array of top-level module names it imported */
-    double last_used; /* ms, for LRU eviction */
-    int forking;      /* forks sent and not yet answered */
-} s_node_t;
 
 /* A run entry is a cell (or prefetch) and, once forked, its worker; a warm
  * worker keeps its entry after the cell (S_WARM) and hands it to the next
@@ -144,16 +129,6 @@ typedef struct {
     double evict_t;    /* ms, when it was told to exit */
 } s_run_t;
 
-typedef struct {
-    pid_t pid;        /* 0: free */
-    int fd;           /* read end of its stdout */
-    char module[128]; /* the package probed */
-    int node;         /* node index to grow from when safe */
-    char out[512];    /* its output */
-    size_t outlen;
-    double started; /* ms; a probe that hangs is killed after S_PROBE_MS */
-} s_probe_t;
-
 static struct {
     ll_hostpool_config_t cfg; /* what the pool was told (read once at its start) */
     char sock[PATH_MAX + 16]; /* listening socket path */
@@ -169,16 +144,10 @@ static struct {
     s_sess_t sessions[S_MAX_SESSIONS];
     int slot_run[S_MAX_SLOTS]; /* run index holding each slot, -1 free */
     s_client_t clients[S_MAX_CLIENTS];
-    s_node_t nodes[S_MAX_NODES];
+    ll_ztree_t *tree; /* the zygote nodes and the CUDA-safety probes */
     s_run_t runs[S_MAX_RUNS];
-    s_probe_t probes[S_MAX_PROBES];
-    json_t *safety; /* {module: true (safe) | false} from probes */
-    int next_node_id;
     double idle_since; /* ms, 0 while busy */
     bool stop;
-    int base_respawns;
-    int base_failures; /* base deaths in a row before it was ready */
-    bool base_broken;  /* gave up respawning the base */
 } P;
 
 static void s_drop_run(int r);
@@ -216,16 +185,6 @@ static void s_nonblock(int fd)
     int fl = fcntl(fd, F_GETFL);
     if (fl >= 0)
         fcntl(fd, F_SETFL, fl | O_NONBLOCK);
-}
-
-static bool s_has_module(const json_t *arr, const char *name)
-{
-    size_t i;
-    json_t *v;
-    json_array_foreach(arr, i, v)
-        if (json_is_string(v) && strcmp(json_string_value(v), name) == 0)
-            return true;
-    return false;
 }
 
 /* Write what the socket takes now. */
@@ -335,82 +294,6 @@ static void s_reply_error(int r, const char *ename, const char *evalue)
 /* ------------------------------------------------------------------ */
 /* Nodes                                                              */
 
-/* Start a zygote by exec (the base, or a replacement after its death). */
-static int s_spawn_base(void)
-{
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
-        return -1;
-    int n = -1;
-    for (int i = 0; i < S_MAX_NODES; i++)
-        if (!P.nodes[i].used) {
-            n = i;
-            break;
-        }
-    if (n < 0) {
-        close(sv[0]);
-        close(sv[1]);
-        return -1;
-    }
-    char fdarg[16], idarg[16];
-    int id = P.next_node_id++;
-    snprintf(idarg, sizeof idarg, "%d", id);
-    /* The child only calls async-signal-safe functions before exec (the CUDA
-     * runtime, when loaded, may have started threads in this process). */
-    int ctl = fcntl(sv[1], F_DUPFD, 3); /* a copy without CLOEXEC for the zygote */
-    if (ctl < 0) {
-        close(sv[0]);
-        close(sv[1]);
-        return -1;
-    }
-    snprintf(fdarg, sizeof fdarg, "%d", ctl);
-    pid_t pid = fork();
-    if (pid < 0) {
-        close(sv[0]);
-        close(sv[1]);
-        close(ctl);
-        return -1;
-    }
-    if (pid == 0) {
-        sigset_t all;
-        sigemptyset(&all);
-        sigprocmask(SIG_SETMASK, &all, NULL);
-        execl(P.exe, P.exe_name, "zygote", "--fd", fdarg, "--head", P.cfg.head, "--node", idarg,
-              (char *) NULL);
-        _exit(127);
-    }
-    close(sv[1]);
-    close(ctl);
-    s_node_t *nd = &P.nodes[n];
-    memset(nd, 0, sizeof *nd);
-    nd->used = true;
-    nd->id = id;
-    nd->parent = -1;
-    nd->fd = sv[0];
-    nd->rd = ll_zreader_new(sv[0]);
-    nd->pid = pid;
-    nd->modules = json_array();
-    s_nonblock(sv[0]);
-    ll_info("pool", "base zygote node %d started (pid %d, head %s)", id, (int) pid, P.cfg.head);
-    return n;
-}
-
-static int s_node_count(void)
-{
-    int k = 0;
-    for (int i = 0; i < S_MAX_NODES; i++)
-        k += P.nodes[i].used;
-    return k;
-}
-
-static bool s_is_leaf(int n)
-{
-    for (int i = 0; i < S_MAX_NODES; i++)
-        if (P.nodes[i].used && P.nodes[i].parent == n)
-            return false;
-    return true;
-}
-
 /* Every queued cell gets an error reply (no zygote will fork it). */
 static void s_fail_queued(void)
 {
@@ -423,11 +306,11 @@ static void s_fail_queued(void)
         }
 }
 
-static void s_node_gone(int n, const char *why)
+/* ll_ztree_gone_fn: node N is going; cells being forked there never got a
+ * worker. */
+static void s_node_lost(void *arg, int n)
 {
-    s_node_t *nd = &P.nodes[n];
-    ll_warn("pool", "zygote node %d (pid %d) gone: %s", nd->id, (int) nd->pid, why);
-    /* Cells being forked there never got a worker. */
+    (void) arg;
     for (int r = 0; r < S_MAX_RUNS; r++) {
         s_run_t *run = &P.runs[r];
         if (run->used && run->state == S_FORKING && run->node == n && run->wpid == 0) {
@@ -435,282 +318,6 @@ static void s_node_gone(int n, const char *why)
                           "the zygote died before the worker started; run the cell again");
             s_drop_run(r);
         }
-    }
-    bool base = nd->parent == -1, was_ready = nd->ready;
-    /* Children of a dead node stay (they hold their own sockets) but hang
-     * from the base now (-2: from the base about to be respawned). */
-    for (int i = 0; i < S_MAX_NODES; i++)
-        if (P.nodes[i].used && P.nodes[i].parent == n)
-            P.nodes[i].parent = base ? -2 : nd->parent;
-    close(nd->fd);
-    ll_zreader_destroy(&nd->rd);
-    json_decref(nd->modules);
-    memset(nd, 0, sizeof *nd);
-    if (base && !P.stop) {
-        /* A base that dies before it was ever ready (exec failed, the head
-         * crashes the interpreter) is not respawned forever. */
-        P.base_failures = was_ready ? 0 : P.base_failures + 1;
-        int b = -1;
-        if (P.base_failures < 3) {
-            P.base_respawns++;
-            b = s_spawn_base();
-        }
-        if (b < 0) {
-            ll_error(
-                "pool",
-                "the base zygote cannot be started (see the lines above): GPU cells fail until the "
-                "pool restarts");
-            P.base_broken = true;
-            s_fail_queued();
-        }
-        for (int i = 0; i < S_MAX_NODES; i++)
-            if (P.nodes[i].used && P.nodes[i].parent == -2 && b >= 0)
-                P.nodes[i].parent = b;
-    }
-}
-
-/* Evict least-recently-used leaves (never the base, never a node forking). */
-static void s_evict(void)
-{
-    while (s_node_count() > P.cfg.max_nodes) {
-        int victim = -1;
-        for (int i = 0; i < S_MAX_NODES; i++) {
-            s_node_t *nd = &P.nodes[i];
-            if (!nd->used || nd->parent == -1 || !nd->ready || nd->forking || !s_is_leaf(i))
-                continue;
-            if (victim < 0 || nd->last_used < P.nodes[victim].last_used)
-                victim = i;
-        }
-        if (victim < 0)
-            return;
-        ll_info("pool", "evicting zygote node %d (least recently used leaf)", P.nodes[victim].id);
-        json_t *m = json_pack("{s:s}", "type", "exit");
-        ll_zframe_send(P.nodes[victim].fd, m, -1);
-        json_decref(m);
-        s_node_gone(victim, "evicted");
-    }
-}
-
-/* Best node for an import closure: covers most of it; ties go to the node
- * with the fewest modules (the least memory copied, the most general). */
-static int s_best_node(const json_t *imports)
-{
-    int best = -1, best_score = -1;
-    for (int i = 0; i < S_MAX_NODES; i++) {
-        s_node_t *nd = &P.nodes[i];
-        if (!nd->used || !nd->ready)
-            continue;
-        int score = 0;
-        size_t k;
-        json_t *v;
-        json_array_foreach(imports, k, v)
-            if (json_is_string(v) && s_has_module(nd->modules, json_string_value(v)))
-                score++;
-        if (score > best_score ||
-            (score == best_score &&
-             json_array_size(nd->modules) < json_array_size(P.nodes[best].modules))) {
-            best = i;
-            best_score = score;
-        }
-    }
-    return best;
-}
-
-/* ------------------------------------------------------------------ */
-/* CUDA-safety probes and growth                                      */
-
-static bool s_probing(const char *module)
-{
-    for (int i = 0; i < S_MAX_PROBES; i++)
-        if (P.probes[i].pid && strcmp(P.probes[i].module, module) == 0)
-            return true;
-    return false;
-}
-
-static void s_start_probe(const char *module, int node)
-{
-    int slot = -1;
-    for (int i = 0; i < S_MAX_PROBES; i++)
-        if (!P.probes[i].pid) {
-            slot = i;
-            break;
-        }
-    if (slot < 0 || strlen(module) >= sizeof P.probes[0].module)
-        return;
-    int pfd[2];
-    if (pipe2(pfd, O_CLOEXEC) < 0)
-        return;
-    /* The probe's environment is ours with zygote/py first on PYTHONPATH,
-     * built before the fork (see s_spawn_base). */
-    extern char **environ;
-    size_t nenv = 0;
-    while (environ[nenv])
-        nenv++;
-    char **envp = calloc(nenv + 2, sizeof *envp);
-    const char *pp = getenv("PYTHONPATH");
-    char path[3 * PATH_MAX];
-    snprintf(path, sizeof path, "PYTHONPATH=%s/zygote/py%s%s", LL_SRCDIR, pp && *pp ? ":" : "",
-             pp ? pp : "");
-    if (!envp) {
-        close(pfd[0]);
-        close(pfd[1]);
-        return;
-    }
-    size_t k = 0;
-    envp[k++] = path;
-    for (size_t i = 0; i < nenv; i++)
-        if (strncmp(environ[i], "PYTHONPATH=", 11) != 0)
-            envp[k++] = environ[i];
-    envp[k] = NULL;
-    pid_t pid = fork();
-    if (pid < 0) {
-        free(envp);
-        close(pfd[0]);
-        close(pfd[1]);
-        return;
-    }
-    if (pid == 0) {
-        dup2(pfd[1], 1);
-        sigset_t all;
-        sigemptyset(&all);
-        sigprocmask(SIG_SETMASK, &all, NULL);
-        execle("/usr/bin/python3", "python3", "-m", "looseleaf_zygote.probe", module, (char *) NULL,
-               envp);
-        _exit(127);
-    }
-    free(envp);
-    close(pfd[1]);
-    s_nonblock(pfd[0]);
-    s_probe_t *pr = &P.probes[slot];
-    memset(pr, 0, sizeof *pr);
-    pr->pid = pid;
-    pr->fd = pfd[0];
-    pr->node = P.nodes[node].id;
-    snprintf(pr->module, sizeof pr->module, "%s", module);
-    pr->started = ll_clock_ms();
-    ll_info("pool", "probing whether importing %s touches CUDA (pid %d)", module, (int) pid);
-}
-
-static int s_node_by_id(int id)
-{
-    for (int i = 0; i < S_MAX_NODES; i++)
-        if (P.nodes[i].used && P.nodes[i].id == id)
-            return i;
-    return -1;
-}
-
-/* Ask node N's zygote to fork a child node that also imports MODULES. */
-static void s_grow(int n, json_t *modules)
-{
-    if (!P.cfg.grow || n < 0 || !P.nodes[n].ready)
-        return;
-    int c = -1;
-    for (int i = 0; i < S_MAX_NODES; i++)
-        if (!P.nodes[i].used) {
-            c = i;
-            break;
-        }
-    if (c < 0)
-        return;
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
-        return;
-    int id = P.next_node_id++;
-    json_t *m = json_pack("{s:s, s:i, s:O}", "type", "grow", "node", id, "modules", modules);
-    int rc = ll_zframe_send(P.nodes[n].fd, m, sv[1]);
-    json_decref(m);
-    close(sv[1]);
-    if (rc < 0) {
-        close(sv[0]);
-        return;
-    }
-    s_node_t *nd = &P.nodes[c];
-    memset(nd, 0, sizeof *nd);
-    nd->used = true;
-    nd->id = id;
-    nd->parent = n;
-    nd->fd = sv[0];
-    nd->rd = ll_zreader_new(sv[0]);
-    /* What it will hold, until it says what it does hold: a cell arriving
-     * meanwhile must not grow the same node again (it is not ready, so no
-     * cell forks from it yet). */
-    nd->modules = json_copy(P.nodes[n].modules);
-    json_array_extend(nd->modules, modules);
-    nd->last_used = ll_clock_ms();
-    s_nonblock(sv[0]);
-    ll_info("pool", "growing node %d from node %d", id, P.nodes[n].id);
-    s_evict();
-}
-
-static void s_probe_done(int i, int status)
-{
-    s_probe_t *pr = &P.probes[i];
-    /* Drain what is left of its output. */
-    for (; pr->fd >= 0;) {
-        ssize_t r = read(pr->fd, pr->out + pr->outlen, sizeof pr->out - 1 - pr->outlen);
-        if (r <= 0)
-            break;
-        pr->outlen += (size_t) r;
-    }
-    pr->out[pr->outlen] = '\0';
-    if (pr->fd >= 0)
-        close(pr->fd);
-    json_error_t jerr;
-    json_t *res = json_loads(pr->out, 0, &jerr);
-    bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0 && res &&
-              json_is_true(json_object_get(res, "imported"));
-    bool safe = ok && json_is_true(json_object_get(res, "safe"));
-    json_object_set_new(P.safety, pr->module, json_boolean(safe));
-    ll_info("pool", "probe of %s: %s%s%s", pr->module,
-            safe ? "CUDA-safe"
-            : ok ? "touches CUDA"
-                 : "import failed",
-            res && json_string_value(json_object_get(res, "why")) ? ": " : "",
-            res && json_string_value(json_object_get(res, "why"))
-                ? json_string_value(json_object_get(res, "why"))
-                : "");
-    if (safe) {
-        int n = s_node_by_id(pr->node);
-        if (n >= 0) {
-            json_t *mods = json_pack("[s]", pr->module);
-            s_grow(n, mods);
-            json_decref(mods);
-        }
-    }
-    json_decref(res);
-    memset(pr, 0, sizeof *pr);
-}
-
-/* After choosing node N for a cell: grow towards the packages it lacked. */
-static void s_consider_growth(int n, const json_t *imports)
-{
-    if (!P.cfg.grow)
-        return;
-    size_t k;
-    json_t *v;
-    json_array_foreach(imports, k, v) {
-        const char *m = json_string_value(v);
-        if (!m || !*m || s_has_module(P.nodes[n].modules, m))
-            continue;
-        json_t *known = json_object_get(P.safety, m);
-        if (json_is_false(known))
-            continue; /* touches CUDA or fails: imported after the fork */
-        if (json_is_true(known)) {
-            /* Safe but missing here: some other node may have it already. */
-            bool exists = false;
-            for (int i = 0; i < S_MAX_NODES; i++)
-                if (P.nodes[i].used && P.nodes[i].parent == n &&
-                    s_has_module(P.nodes[i].modules, m))
-                    exists = true;
-            if (!exists) {
-                json_t *mods = json_pack("[s]", m);
-                s_grow(n, mods);
-                json_decref(mods);
-            }
-            continue;
-        }
-        if (!s_probing(m))
-            s_start_probe(m, n);
     }
 }
 
@@ -908,7 +515,7 @@ static void s_worker_exited(pid_t pid, int status)
 static void s_start_run(int r, int slot)
 {
     s_run_t *run = &P.runs[r];
-    int n = s_best_node(json_object_get(run->req, "import_closure"));
+    int n = ll_ztree_best(P.tree, json_object_get(run->req, "import_closure"));
     if (n < 0)
         return; /* no node ready yet: stays queued */
     int sv[2];
@@ -919,17 +526,14 @@ static void s_start_run(int r, int slot)
     json_object_set_new(job, "device", P.cuda && slot >= 0 ? json_integer(slot) : json_null());
     json_object_set_new(job, "slot", json_integer(slot));
     json_object_set_new(job, "client", json_integer(run->client));
-    json_object_set_new(job, "node", json_integer(P.nodes[n].id));
     json_object_set_new(job, "wait_ms", json_real(run->wait_ms));
-    json_object_set_new(job, "node_modules", json_copy(P.nodes[n].modules));
     /* Staged without a GPU: where variables may live on the device, their
      * restore waits for the slot (the cell's run restores them). */
     json_object_set_new(job, "defer_restore", json_boolean(slot < 0 && P.staged_defer));
     json_object_set_new(job, "keep_warm", json_boolean(P.cfg.warm_idle_s > 0));
     json_object_set_new(job, "prefetch", json_boolean(run->prefetch));
-    json_t *m = json_pack("{s:s, s:o}", "type", "fork", "job", job);
-    int rc = ll_zframe_send(P.nodes[n].fd, m, sv[1]);
-    json_decref(m);
+    int rc = ll_ztree_fork(P.tree, n, job, sv[1]);
+    json_decref(job);
     close(sv[1]);
     if (rc < 0) {
         close(sv[0]);
@@ -942,16 +546,14 @@ static void s_start_run(int r, int slot)
     run->fresh = true;
     run->spec = true;
     run->node = n;
-    run->node_id = P.nodes[n].id;
+    run->node_id = ll_ztree_node_id(P.tree, n);
     if (slot >= 0)
         s_take_slot(r, slot);
-    P.nodes[n].last_used = ll_clock_ms();
-    P.nodes[n].forking++;
     if (slot >= 0)
-        ll_info("pool", "cell %s: fork from node %d on slot %d", run->id, P.nodes[n].id, slot);
+        ll_info("pool", "cell %s: fork from node %d on slot %d", run->id, run->node_id, slot);
     else
-        ll_info("pool", "prefetch %s: fork from node %d, staged (no slot)", run->id, P.nodes[n].id);
-    s_consider_growth(n, json_object_get(run->req, "import_closure"));
+        ll_info("pool", "prefetch %s: fork from node %d, staged (no slot)", run->id, run->node_id);
+    ll_ztree_consider_growth(P.tree, n, json_object_get(run->req, "import_closure"));
 }
 
 /* The session's warm worker for queued run R (idle, same client and session),
@@ -1310,7 +912,7 @@ static void s_schedule(void)
         if (run->prefetch) {
             int slot = s_free_slot();
             bool cells = s_cells_waiting();
-            bool node = s_best_node(json_object_get(run->req, "import_closure")) >= 0;
+            bool node = ll_ztree_best(P.tree, json_object_get(run->req, "import_closure")) >= 0;
             if (run->restage) {
                 /* Staged or not at all: it takes nobody's slot. */
                 if (node && s_staged_count() < P.max_staged)
@@ -1334,7 +936,7 @@ static void s_schedule(void)
             continue;
         int slot = s_free_slot();
         if (slot >= 0) {
-            if (s_best_node(json_object_get(run->req, "import_closure")) < 0) {
+            if (ll_ztree_best(P.tree, json_object_get(run->req, "import_closure")) < 0) {
                 blocked = true; /* no node ready yet */
                 continue;
             }
@@ -1433,16 +1035,7 @@ static void s_run_pid(int r, pid_t pid)
 
 static json_t *s_stats(void)
 {
-    json_t *nodes = json_array(), *slots = json_array(), *runs = json_array();
-    for (int i = 0; i < S_MAX_NODES; i++) {
-        s_node_t *nd = &P.nodes[i];
-        if (nd->used)
-            json_array_append_new(
-                nodes, json_pack("{s:i, s:i, s:i, s:b, s:O, s:f}", "id", nd->id, "parent",
-                                 nd->parent >= 0 ? P.nodes[nd->parent].id : nd->parent, "pid",
-                                 (int) nd->pid, "ready", nd->ready, "modules", nd->modules,
-                                 "last_used", nd->last_used));
-    }
+    json_t *nodes = ll_ztree_nodes_json(P.tree), *slots = json_array(), *runs = json_array();
     for (int s = 0; s < P.nslots; s++)
         json_array_append_new(slots, P.slot_run[s] >= 0 ? json_string(P.runs[P.slot_run[s]].id)
                                                         : json_null());
@@ -1487,12 +1080,12 @@ static json_t *s_stats(void)
                                         se->client, "gpu_held_s", held, "connected_s", conn,
                                         "held_share", conn > 0 ? held / conn : 0.0));
     }
-    return json_pack("{s:s, s:i, s:o, s:o, s:o, s:b, s:i, s:O, s:i, s:b, s:o, s:o, s:f, s:i}",
-                     "type", "stats", "pid", (int) getpid(), "nodes", nodes, "slots", slots, "runs",
-                     runs, "cuda", P.cuda, "max_nodes", P.cfg.max_nodes, "safety", P.safety,
-                     "base_respawns", P.base_respawns, "base_broken", P.base_broken, "workers",
-                     workers, "sessions", sessions, "clock", ll_gdsf_clock(P.gdsf), "warm_idle_s",
-                     P.cfg.warm_idle_s);
+    return json_pack(
+        "{s:s, s:i, s:o, s:o, s:o, s:b, s:i, s:O, s:i, s:b, s:o, s:o, s:f, s:i}", "type", "stats",
+        "pid", (int) getpid(), "nodes", nodes, "slots", slots, "runs", runs, "cuda", P.cuda,
+        "max_nodes", P.cfg.max_nodes, "safety", (json_t *) ll_ztree_safety(P.tree), "base_respawns",
+        ll_ztree_base_respawns(P.tree), "base_broken", ll_ztree_broken(P.tree), "workers", workers,
+        "sessions", sessions, "clock", ll_gdsf_clock(P.gdsf), "warm_idle_s", P.cfg.warm_idle_s);
 }
 
 static void s_client_frame(int c, json_t *m)
@@ -1536,7 +1129,7 @@ static void s_client_frame(int c, json_t *m)
         s_session(c, P.runs[r].session, true);
         if (!json_is_array(json_object_get(m, "import_closure")))
             json_object_set_new(m, "import_closure", json_array());
-        if (P.base_broken)
+        if (ll_ztree_broken(P.tree))
             s_fail_queued();
         else
             s_schedule();
@@ -1635,26 +1228,14 @@ static void s_client_gone(int c)
 
 static void s_node_frame(int n, json_t *m)
 {
-    s_node_t *nd = &P.nodes[n];
     const char *type = json_string_value(json_object_get(m, "type"));
     if (!type)
         return;
     if (strcmp(type, "ready") == 0) {
-        nd->ready = true;
-        nd->pid = (pid_t) json_integer_value(json_object_get(m, "pid"));
-        json_t *mods = json_object_get(m, "modules");
-        if (json_is_array(mods)) {
-            json_decref(nd->modules);
-            nd->modules = json_copy(mods);
-        }
-        nd->last_used = ll_clock_ms();
-        ll_info("pool", "zygote node %d ready (pid %d, %zu modules, %.0f ms)", nd->id,
-                (int) nd->pid, json_array_size(nd->modules),
-                json_number_value(json_object_get(m, "load_ms")));
+        ll_ztree_node_ready(P.tree, n, m);
         s_schedule();
     } else if (strcmp(type, "forked") == 0 || strcmp(type, "refused") == 0) {
-        if (nd->forking > 0)
-            nd->forking--;
+        ll_ztree_fork_answered(P.tree, n);
         const char *rid = json_string_value(json_object_get(m, "run"));
         int client = (int) json_integer_value(json_object_get(m, "client"));
         int r = s_find_run(client, rid);
@@ -1923,17 +1504,18 @@ int ll_hostpool_main(int argc, char **argv)
         P.runs[r].wfd = -1;
         P.runs[r].slot = -1;
     }
-    P.safety = json_object();
     ll_info("pool", "serving %s: %d %s slot(s), up to %d zygote nodes, idle exit %d s", P.cfg.dir,
             P.nslots, P.cuda ? "CUDA" : "virtual", P.cfg.max_nodes, P.cfg.idle_exit_s);
-    if (s_spawn_base() < 0) {
+    P.tree =
+        ll_ztree_new(P.exe, P.exe_name, P.cfg.head, P.cfg.max_nodes, P.cfg.grow, s_node_lost, NULL);
+    if (!P.tree || ll_ztree_spawn_base(P.tree) < 0) {
         ll_error("pool", "cannot start the base zygote: %s", strerror(errno));
         return 1;
     }
     P.idle_since = ll_clock_ms();
 
     enum { K_LISTEN, K_SIG, K_CLIENT, K_NODE, K_WORKER, K_PROBE };
-    struct pollfd pfd[2 + S_MAX_CLIENTS + S_MAX_NODES + S_MAX_RUNS + S_MAX_PROBES];
+    struct pollfd pfd[2 + S_MAX_CLIENTS + LL_ZTREE_MAX_NODES + S_MAX_RUNS + LL_ZTREE_MAX_PROBES];
     int kind[sizeof pfd / sizeof pfd[0]], idx[sizeof pfd / sizeof pfd[0]];
     while (!P.stop) {
         int np = 0;
@@ -1947,10 +1529,10 @@ int ll_hostpool_main(int argc, char **argv)
                                           (short) (POLLIN | (P.clients[c].olen ? POLLOUT : 0)), 0},
                 kind[np] = K_CLIENT, idx[np++] = c;
             }
-        for (int n = 0; n < S_MAX_NODES; n++)
-            if (P.nodes[n].used)
-                pfd[np] = (struct pollfd){P.nodes[n].fd, POLLIN, 0}, kind[np] = K_NODE,
-                idx[np++] = n;
+        for (int n = 0; n < LL_ZTREE_MAX_NODES; n++)
+            if (ll_ztree_node_fd(P.tree, n) >= 0)
+                pfd[np] = (struct pollfd){ll_ztree_node_fd(P.tree, n), POLLIN, 0},
+                kind[np] = K_NODE, idx[np++] = n;
         int nruns = 0;
         for (int r = 0; r < S_MAX_RUNS; r++)
             if (P.runs[r].used) {
@@ -1959,27 +1541,17 @@ int ll_hostpool_main(int argc, char **argv)
                     pfd[np] = (struct pollfd){P.runs[r].wfd, POLLIN, 0}, kind[np] = K_WORKER,
                     idx[np++] = r;
             }
-        for (int i = 0; i < S_MAX_PROBES; i++)
-            if (P.probes[i].pid && P.probes[i].fd >= 0)
-                pfd[np] = (struct pollfd){P.probes[i].fd, POLLIN, 0}, kind[np] = K_PROBE,
-                idx[np++] = i;
+        for (int i = 0; i < LL_ZTREE_MAX_PROBES; i++)
+            if (ll_ztree_probe_fd(P.tree, i) >= 0)
+                pfd[np] = (struct pollfd){ll_ztree_probe_fd(P.tree, i), POLLIN, 0},
+                kind[np] = K_PROBE, idx[np++] = i;
 
         double now = ll_clock_ms();
         if (nclients || nruns)
             P.idle_since = 0;
         else if (!P.idle_since)
             P.idle_since = now;
-        int timeout = -1;
-        for (int j = 0; j < S_MAX_PROBES; j++)
-            if (P.probes[j].pid) {
-                if (now - P.probes[j].started > S_PROBE_MS) {
-                    ll_warn("pool", "probe of %s hangs: killed (the package stays out of zygotes)",
-                            P.probes[j].module);
-                    kill(P.probes[j].pid, SIGKILL); /* reaped through SIGCHLD: verdict "failed" */
-                    P.probes[j].started = now;
-                }
-                timeout = 1000;
-            }
+        int timeout = ll_ztree_timeout(P.tree, now);
         /* Warm workers unused for --warm-idle leave; an evicted one that
          * does not leave in time is killed (its save committed). */
         for (int r = 0; r < S_MAX_RUNS; r++) {
@@ -2067,12 +1639,7 @@ int ll_hostpool_main(int argc, char **argv)
                 int status;
                 pid_t pid;
                 while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-                    bool known = false;
-                    for (int j = 0; j < S_MAX_PROBES; j++)
-                        if (P.probes[j].pid == pid) {
-                            s_probe_done(j, status);
-                            known = true;
-                        }
+                    bool known = ll_ztree_reaped(P.tree, pid, status);
                     if (!known)
                         s_worker_exited(pid, status); /* orphaned worker, or a node (ignored) */
                 }
@@ -2099,17 +1666,20 @@ int ll_hostpool_main(int argc, char **argv)
                 break;
             }
             case K_NODE: {
-                if (!P.nodes[k].used || P.nodes[k].fd != pfd[i].fd)
+                if (ll_ztree_node_fd(P.tree, k) != pfd[i].fd)
                     break;
-                int fr = ll_zreader_fill(P.nodes[k].rd);
+                int fr = ll_zreader_fill(ll_ztree_node_reader(P.tree, k));
                 json_t *m;
                 bool bad = false;
-                while (P.nodes[k].used && (m = ll_zreader_pop(P.nodes[k].rd, &bad))) {
+                while (ll_ztree_node_fd(P.tree, k) == pfd[i].fd &&
+                       (m = ll_zreader_pop(ll_ztree_node_reader(P.tree, k), &bad))) {
                     s_node_frame(k, m);
                     json_decref(m);
                 }
-                if (P.nodes[k].used && (fr < 0 || bad))
-                    s_node_gone(k, bad ? "malformed frame" : "its socket closed");
+                if (ll_ztree_node_fd(P.tree, k) == pfd[i].fd && (fr < 0 || bad) &&
+                    ll_ztree_node_gone(P.tree, k, bad ? "malformed frame" : "its socket closed",
+                                       !P.stop) < 0)
+                    s_fail_queued();
                 break;
             }
             case K_WORKER: {
@@ -2130,14 +1700,7 @@ int ll_hostpool_main(int argc, char **argv)
                 break;
             }
             case K_PROBE: {
-                s_probe_t *pr = &P.probes[k];
-                ssize_t r = read(pr->fd, pr->out + pr->outlen, sizeof pr->out - 1 - pr->outlen);
-                if (r > 0)
-                    pr->outlen += (size_t) r;
-                else if (r == 0 || (errno != EAGAIN && errno != EINTR)) {
-                    close(pr->fd); /* its exit (SIGCHLD) finishes the probe */
-                    pr->fd = -1;
-                }
+                ll_ztree_probe_input(P.tree, k);
                 break;
             }
             }
@@ -2151,9 +1714,7 @@ int ll_hostpool_main(int argc, char **argv)
     for (int i = 0; i < S_MAX_SESSIONS; i++)
         if (P.sessions[i].used)
             s_session_end(i);
-    for (int n = 0; n < S_MAX_NODES; n++)
-        if (P.nodes[n].used && P.nodes[n].pid > 0)
-            kill(P.nodes[n].pid, SIGTERM);
+    ll_ztree_stop(P.tree);
     for (int r = 0; r < S_MAX_RUNS; r++)
         if (P.runs[r].used)
             s_kill_run(r, SIGKILL);
