@@ -526,3 +526,74 @@ int ll_hostpool_main(int argc, char **argv)
     s_destroy(pool);
     return rc;
 }
+
+/* ------------------------------------------------------------------ */
+/* Self-test: a client's queue of frames on a socketpair (no process is */
+/* started): a client that does not read stalls nobody, gets every     */
+/* frame in order once it reads; a dead or gone one gets nothing.      */
+
+int ll_hostpool_selftest(bool verbose)
+{
+    int fails = 0;
+#define S_CHECK(cond)                                                                    \
+    do {                                                                                 \
+        if (!(cond)) {                                                                   \
+            fails++;                                                                     \
+            if (verbose)                                                                 \
+                fprintf(stderr, "ll_hostpool: failed: %s (line %d)\n", #cond, __LINE__); \
+        }                                                                                \
+    } while (0)
+    ll_hostpool_t *pool = calloc(1, sizeof *pool);
+    int sv[2];
+    S_CHECK(pool && socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) == 0);
+    if (!pool)
+        return 1;
+    for (int c = 0; c < LL_HOSTPOOL_MAX_CLIENTS; c++)
+        pool->clients[c].fd = -1;
+    int small = 4096;
+    setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
+    setsockopt(sv[1], SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    pool->clients[0].fd = sv[0];
+    char text[1001];
+    memset(text, 'a', 1000);
+    text[1000] = '\0';
+    const int nframes = 300; /* ~300 KiB: more than the socket holds */
+    for (int i = 0; i < nframes; i++)
+        ll_hostpool_send(pool, 0,
+                         json_pack("{s:s, s:i, s:s}", "type", "stream", "n", i, "text", text));
+    S_CHECK(pool->clients[0].olen > 0 && !pool->clients[0].dead); /* queued, not blocked */
+    /* The client reads: every frame, in order, as the queue drains. */
+    ll_zreader_t *rd = ll_zreader_new(sv[1]);
+    int next = 0;
+    bool bad = false;
+    for (int turn = 0; turn < 100000 && next < nframes && !bad; turn++) {
+        s_client_flush(pool, 0);
+        ll_zreader_fill(rd);
+        json_t *m;
+        while ((m = ll_zreader_pop(rd, &bad))) {
+            bad = bad || json_integer_value(json_object_get(m, "n")) != next++;
+            json_decref(m);
+        }
+    }
+    S_CHECK(next == nframes && !bad && pool->clients[0].olen == 0);
+    /* A client marked dead, or one that is gone, gets nothing. */
+    pool->clients[0].dead = true;
+    ll_hostpool_send(pool, 0, json_pack("{s:s}", "type", "stats"));
+    S_CHECK(pool->clients[0].olen == 0);
+    ll_hostpool_send(pool, 1, json_pack("{s:s}", "type", "stats"));
+    ll_hostpool_send(pool, -1, json_pack("{s:s}", "type", "stats"));
+    S_CHECK(pool->clients[1].olen == 0);
+    /* A client whose end closed is marked dead at the next write. */
+    pool->clients[0].dead = false;
+    close(sv[1]);
+    ll_hostpool_send(pool, 0, json_pack("{s:s}", "type", "stats"));
+    S_CHECK(pool->clients[0].dead);
+    ll_zreader_destroy(&rd);
+    close(sv[0]);
+    free(pool->clients[0].out);
+    free(pool);
+#undef S_CHECK
+    if (verbose)
+        fprintf(stderr, "ll_hostpool: %s\n", fails ? "FAILED" : "ok");
+    return fails ? 1 : 0;
+}

@@ -433,6 +433,28 @@ static bool s_json_has(const json_t *arr, const json_t *v)
     return false;
 }
 
+/* The request that prepares again the session of a job whose request was
+ * REQ (PREFETCH: a prefetch's): a prefetch's as it was; a cell's becomes
+ * the closure of that cell with what it defined (but deleted), without its
+ * code.  The caller owns the result; NULL when out of memory. */
+static json_t *s_restage_request(const json_t *req, bool prefetch)
+{
+    json_t *out = json_deep_copy(req);
+    if (!out || prefetch)
+        return out;
+    if (!json_is_array(json_object_get(out, "state_closure")))
+        json_object_set_new(out, "state_closure", json_array());
+    json_t *closure = json_object_get(out, "state_closure"),
+           *deleted = json_object_get(out, "deletes");
+    size_t i;
+    json_t *name;
+    json_array_foreach(json_object_get(out, "defines"), i, name)
+        if (!s_json_has(closure, name) && !s_json_has(deleted, name))
+            json_array_append(closure, name);
+    json_object_del(out, "code");
+    return out;
+}
+
 /* Warm worker V is being evicted under slot pressure while its client is
  * still there: prepare its session again, staged (without a slot), so the
  * session's next cell still starts on a prepared worker.  The GPU slot is
@@ -445,21 +467,9 @@ static bool s_json_has(const json_t *arr, const json_t *v)
 static void s_restage(ll_hostpool_t *pool, int v)
 {
     ll_hostpool_run_t *old = &pool->runs[v];
-    json_t *req = json_deep_copy(old->req);
+    json_t *req = s_restage_request(old->req, s_is_prefetch(pool, v));
     if (!req)
         return;
-    if (!s_is_prefetch(pool, v)) {
-        if (!json_is_array(json_object_get(req, "state_closure")))
-            json_object_set_new(req, "state_closure", json_array());
-        json_t *closure = json_object_get(req, "state_closure"),
-               *deleted = json_object_get(req, "deletes");
-        size_t i;
-        json_t *name;
-        json_array_foreach(json_object_get(req, "defines"), i, name)
-            if (!s_json_has(closure, name) && !s_json_has(deleted, name))
-                json_array_append(closure, name);
-        json_object_del(req, "code");
-    }
     int r = s_new_run(pool, s_job(pool, v)->client, old->id, s_job(pool, v)->session, req,
                       LL_SCHED_RESTAGE);
     json_decref(req);
@@ -995,4 +1005,49 @@ void ll_hostpool_jobs_stop(ll_hostpool_t *pool)
     for (int r = 0; r < LL_SCHED_MAX_JOBS; r++)
         if (s_used(pool, r))
             s_kill_run(pool, r, SIGKILL);
+}
+
+/* ------------------------------------------------------------------ */
+/* Self-test: what needs no process (the restaged request).            */
+
+int ll_hostpool_jobs_selftest(bool verbose)
+{
+    int fails = 0;
+#define S_CHECK(cond)                                                                         \
+    do {                                                                                      \
+        if (!(cond)) {                                                                        \
+            fails++;                                                                          \
+            if (verbose)                                                                      \
+                fprintf(stderr, "ll_hostpool_jobs: failed: %s (line %d)\n", #cond, __LINE__); \
+        }                                                                                     \
+    } while (0)
+    /* A cell's closure grows by what it defined, not what it deleted; its
+     * code goes; the rest of the request stays. */
+    json_t *cell = json_pack("{s:s, s:s, s:[s], s:[s, s, s], s:[s], s:[s]}", "id", "c1", "code",
+                             "y = x + 1; del z", "state_closure", "x", "defines", "y", "x", "z",
+                             "deletes", "z", "import_closure", "numpy");
+    json_t *want =
+        json_pack("{s:s, s:[s, s], s:[s, s, s], s:[s], s:[s]}", "id", "c1", "state_closure", "x",
+                  "y", "defines", "y", "x", "z", "deletes", "z", "import_closure", "numpy");
+    json_t *got = s_restage_request(cell, false);
+    S_CHECK(got && json_equal(got, want) && json_object_get(cell, "code"));
+    json_decref(got);
+    /* Without a closure (or with a malformed one) the defines are it. */
+    json_object_set_new(cell, "state_closure", json_string("bad"));
+    got = s_restage_request(cell, false);
+    S_CHECK(got && json_array_size(json_object_get(got, "state_closure")) == 2);
+    json_decref(got);
+    /* A prefetch's request is prepared again as it was. */
+    json_t *pf =
+        json_pack("{s:s, s:[s], s:i}", "id", "p1", "state_closure", "w", "closure_bytes", 4096);
+    got = s_restage_request(pf, true);
+    S_CHECK(got && got != pf && json_equal(got, pf));
+    json_decref(got);
+    json_decref(pf);
+    json_decref(cell);
+    json_decref(want);
+#undef S_CHECK
+    if (verbose)
+        fprintf(stderr, "ll_hostpool_jobs: %s\n", fails ? "FAILED" : "ok");
+    return fails ? 1 : 0;
 }

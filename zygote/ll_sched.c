@@ -724,9 +724,6 @@ static bool s_test_prepared(ll_sched_t *s, int r, int pid, double bytes, double 
     return ll_sched_prepared(s, r, true, true, bytes, now);
 }
 
-int ll_sched_selftest(bool verbose)
-{
-    int fails = 0;
 #define S_CHECK(cond)                                                                 \
     do {                                                                              \
         if (!(cond)) {                                                                \
@@ -735,12 +732,15 @@ int ll_sched_selftest(bool verbose)
                 fprintf(stderr, "ll_sched: failed: %s (line %d)\n", #cond, __LINE__); \
         }                                                                             \
     } while (0)
+
+/* Cells: oldest first, no node no fork, told once they wait; an
+ * eviction under pressure, one per waiting cell; a warm hit. */
+static int s_test_cells(bool verbose)
+{
+    int fails = 0;
     const double win = 10000.0; /* speculation window: 10 s */
     ll_sched_decision_t d[8];
     int n;
-
-    /* ---- Cells: oldest first, no node no fork, told once they wait; an
-     * eviction under pressure, one per waiting cell; a warm hit. */
     ll_sched_t *s = ll_sched_new(2, 4, win, true);
     S_CHECK(s && ll_sched_nslots(s) == 2 && ll_sched_slot_job(s, 0) == -1);
     S_CHECK(ll_sched_session_open(s, 0, "a") >= 0 && ll_sched_session_open(s, 1, "b") >= 0 &&
@@ -796,11 +796,19 @@ int ll_sched_selftest(bool verbose)
     ll_sched_destroy(&s);
     S_CHECK(s == NULL);
     ll_sched_destroy(&s); /* safe twice */
+    return fails;
+}
 
-    /* ---- A failed fork blocks younger cells for the rest of the pass. */
-    s = ll_sched_new(2, 4, win, true);
-    a1 = ll_sched_add(s, 0, "a", LL_SCHED_CELL, 0, 1);
-    b1 = ll_sched_add(s, 1, "b", LL_SCHED_CELL, 0, 2);
+/* A failed fork blocks younger cells for the rest of the pass. */
+static int s_test_fork_failed(bool verbose)
+{
+    int fails = 0;
+    const double win = 10000.0; /* speculation window: 10 s */
+    ll_sched_decision_t d[8];
+    int n;
+    ll_sched_t *s = ll_sched_new(2, 4, win, true);
+    int a1 = ll_sched_add(s, 0, "a", LL_SCHED_CELL, 0, 1);
+    int b1 = ll_sched_add(s, 1, "b", LL_SCHED_CELL, 0, 2);
     ll_sched_begin(s, 3, true);
     S_CHECK(ll_sched_next(s, &d[0]) && d[0].op == LL_SCHED_FORK && d[0].r == a1);
     ll_sched_fork_failed(s, a1);
@@ -821,11 +829,19 @@ int ll_sched_selftest(bool verbose)
     a1 = ll_sched_add(s, 0, "a", LL_SCHED_CELL, 0, 1);
     S_CHECK(s_test_pass(s, 1, true, d, 8) == 1 && !s_test_cell_done(s, a1, 301, 10, 2));
     ll_sched_destroy(&s);
+    return fails;
+}
 
-    /* ---- Prefetch credit: spent by an eviction whose victim is not
-     * older, earned back when a cell of the session replies; a speculative
-     * worker is protected from prefetches (not from cells). */
-    s = ll_sched_new(1, 0, win, true); /* 1 slot, no staged workers */
+/* Prefetch credit: spent by an eviction whose victim is not
+ * older, earned back when a cell of the session replies; a speculative
+ * worker is protected from prefetches (not from cells). */
+static int s_test_credit(bool verbose)
+{
+    int fails = 0;
+    const double win = 10000.0; /* speculation window: 10 s */
+    ll_sched_decision_t d[8];
+    int n;
+    ll_sched_t *s = ll_sched_new(1, 0, win, true); /* 1 slot, no staged workers */
     int sx = ll_sched_session_open(s, 0, "x"), sy = ll_sched_session_open(s, 1, "y");
     S_CHECK(ll_sched_session(s, sy)->credit == 1);
     int x1 = ll_sched_add(s, 0, "x", LL_SCHED_CELL, 0, 0);
@@ -888,11 +904,19 @@ int ll_sched_selftest(bool verbose)
     S_CHECK(strcmp(d[0].why, "the session's worker is running a cell") == 0);
     S_CHECK(ll_sched_replied(s, y1, true, 10, 17) && ll_sched_session(s, sy)->credit == 1);
     ll_sched_destroy(&s);
+    return fails;
+}
 
-    /* ---- Staged workers: a prefetch that finds no slot it may take is
-     * prepared without one; the session's cell promotes it into a free
-     * slot, or evicts for it; a restage never takes a slot. */
-    s = ll_sched_new(1, 2, win, true);
+/* Staged workers: a prefetch that finds no slot it may take is
+ * prepared without one; the session's cell promotes it into a free
+ * slot, or evicts for it; a restage never takes a slot. */
+static int s_test_staged(bool verbose)
+{
+    int fails = 0;
+    const double win = 10000.0; /* speculation window: 10 s */
+    ll_sched_decision_t d[8];
+    int n;
+    ll_sched_t *s = ll_sched_new(1, 2, win, true);
     int sa = ll_sched_session_open(s, 0, "a");
     ll_sched_session_open(s, 1, "b");
     int b0 = ll_sched_add(s, 1, "b", LL_SCHED_CELL, 0, 0);
@@ -939,22 +963,30 @@ int ll_sched_selftest(bool verbose)
     S_CHECK(n == 2 && d[0].op == LL_SCHED_FORK && d[0].r == bq && d[0].slot == -1);
     S_CHECK(d[1].op == LL_SCHED_DROP && d[1].r == bz && ll_sched_job(s, bz)->state == 0);
     ll_sched_destroy(&s);
+    return fails;
+}
 
-    /* ---- A staged worker promoted by its session's prefetch: into a free
-     * slot when no cell waits, or by evicting with the session's credit. */
-    s = ll_sched_new(1, 2, win, true);
+/* A staged worker promoted by its session's prefetch: into a free
+ * slot when no cell waits, or by evicting with the session's credit. */
+static int s_test_promotion(bool verbose)
+{
+    int fails = 0;
+    const double win = 10000.0; /* speculation window: 10 s */
+    ll_sched_decision_t d[8];
+    int n;
+    ll_sched_t *s = ll_sched_new(1, 2, win, true);
     ll_sched_session_open(s, 0, "a");
     int sb = ll_sched_session_open(s, 1, "b");
-    b0 = ll_sched_add(s, 1, "b", LL_SCHED_CELL, 0, 0);
+    int b0 = ll_sched_add(s, 1, "b", LL_SCHED_CELL, 0, 0);
     S_CHECK(s_test_pass(s, 0, true, d, 8) == 1 && s_test_cell_done(s, b0, 601, 10, 0));
-    ap = ll_sched_add(s, 0, "a", LL_SCHED_PREFETCH, 0, 1);
+    int ap = ll_sched_add(s, 0, "a", LL_SCHED_PREFETCH, 0, 1);
     n = s_test_pass(s, 1, true, d, 8); /* evicts b0 with a's credit */
     S_CHECK(n == 1 && d[0].op == LL_SCHED_EVICT && d[0].w == b0 && d[0].credit);
     ll_sched_drop(s, b0, 2);
     S_CHECK(s_test_pass(s, 2, true, d, 8) == 1 && d[0].op == LL_SCHED_FORK && d[0].slot == 0);
     S_CHECK(s_test_prepared(s, ap, 602, 10, 3));
     /* b prefetches: a's worker is speculative, so b's is staged. */
-    bp = ll_sched_add(s, 1, "b", LL_SCHED_PREFETCH, 0, 4);
+    int bp = ll_sched_add(s, 1, "b", LL_SCHED_PREFETCH, 0, 4);
     S_CHECK(s_test_pass(s, 4, true, d, 8) == 1 && d[0].op == LL_SCHED_FORK && d[0].slot == -1);
     S_CHECK(s_test_prepared(s, bp, 603, 10, 5));
     /* Past a's window, b prefetches again: its staged worker evicts a's
@@ -968,12 +1000,19 @@ int ll_sched_selftest(bool verbose)
     n = s_test_pass(s, 20002, true, d, 8);
     S_CHECK(n == 1 && d[0].op == LL_SCHED_HAND && d[0].r == bp2 && d[0].w == bp && d[0].slot == 0);
     ll_sched_destroy(&s);
+    return fails;
+}
 
-    /* ---- Sessions: slot-held time, running holdings included. */
-    s = ll_sched_new(1, 2, win, true);
+/* Sessions: slot-held time, running holdings included. */
+static int s_test_sessions(bool verbose)
+{
+    int fails = 0;
+    const double win = 10000.0; /* speculation window: 10 s */
+    ll_sched_decision_t d[8];
+    ll_sched_t *s = ll_sched_new(1, 2, win, true);
     int si = ll_sched_session_open(s, 0, "a");
     S_CHECK(ll_sched_session_open(s, -1, "a") == -1 && ll_sched_session_open(s, 0, NULL) == -1);
-    a1 = ll_sched_add(s, 0, "a", LL_SCHED_CELL, 0, 100);
+    int a1 = ll_sched_add(s, 0, "a", LL_SCHED_CELL, 0, 100);
     S_CHECK(s_test_pass(s, 100, true, d, 8) == 1);
     S_CHECK(ll_sched_session_held(s, si, 350) == 250);
     S_CHECK(s_test_cell_done(s, a1, 701, 10, 400));
@@ -985,8 +1024,15 @@ int ll_sched_selftest(bool verbose)
     ll_sched_session_close(s, si);
     S_CHECK(ll_sched_session_find(s, 0, "a") == -1);
     ll_sched_destroy(&s);
-#undef S_CHECK
+    return fails;
+}
+
+int ll_sched_selftest(bool verbose)
+{
+    int fails = s_test_cells(verbose) + s_test_fork_failed(verbose) + s_test_credit(verbose) +
+                s_test_staged(verbose) + s_test_promotion(verbose) + s_test_sessions(verbose);
     if (verbose)
         fprintf(stderr, "ll_sched: %s\n", fails ? "FAILED" : "ok");
     return fails ? 1 : 0;
 }
+#undef S_CHECK
