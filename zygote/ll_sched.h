@@ -213,12 +213,13 @@ void ll_sched_fork_failed(ll_sched_t *self, int r);
 
 /* ---- reading ---- */
 
-/* Job R (0 <= R < LL_SCHED_MAX_JOBS). */
+/* Job R (0 <= R < LL_SCHED_MAX_JOBS), owned by the schedule (it changes
+ * with it). */
 const ll_sched_job_t *ll_sched_job(const ll_sched_t *self, int r);
 
-/* Session I (0 <= I < LL_SCHED_MAX_SESSIONS), and its slot-held ms at NOW
- * (the holdings still running included); the session of (CLIENT, NAME), or
- * -1. */
+/* Session I (0 <= I < LL_SCHED_MAX_SESSIONS, owned by the schedule), and
+ * its slot-held ms at NOW (the holdings still running included); the
+ * session of (CLIENT, NAME), or -1. */
 const ll_sched_session_t *ll_sched_session(const ll_sched_t *self, int i);
 double ll_sched_session_held(const ll_sched_t *self, int i, double now);
 int ll_sched_session_find(const ll_sched_t *self, int client, const char *name);
@@ -227,7 +228,8 @@ int ll_sched_session_find(const ll_sched_t *self, int client, const char *name);
 int ll_sched_nslots(const ll_sched_t *self);
 int ll_sched_slot_job(const ll_sched_t *self, int s);
 
-/* The eviction order of warm workers (values, clock, speculation). */
+/* The eviction order of warm workers (values, clock, speculation), owned
+ * by the schedule. */
 const ll_gdsf_t *ll_sched_gdsf(const ll_sched_t *self);
 
 #endif

@@ -96,8 +96,8 @@ int ll_ztree_timeout(ll_ztree_t *self, double now);
 
 /* ---- reading ---- */
 
-/* Node N's control socket (-1: no node N) and its frame reader; its id,
- * zygote pid (0 before ready). */
+/* Node N's control socket (-1: no node N) and its frame reader (both the
+ * tree's); its id. */
 int ll_ztree_node_fd(const ll_ztree_t *self, int n);
 ll_zreader_t *ll_ztree_node_reader(const ll_ztree_t *self, int n);
 int ll_ztree_node_id(const ll_ztree_t *self, int n);
@@ -105,8 +105,9 @@ int ll_ztree_node_id(const ll_ztree_t *self, int n);
 /* Probe I's output pipe (-1: none). */
 int ll_ztree_probe_fd(const ll_ztree_t *self, int i);
 
-/* For the pool's stats: the nodes (a new array), the probes' verdicts
- * {module: safe} (borrowed), base respawns, whether the tree is broken. */
+/* For the pool's stats: the nodes (a new array the caller owns), the
+ * probes' verdicts {module: safe} (the tree's), base respawns, whether the
+ * tree is broken. */
 json_t *ll_ztree_nodes_json(const ll_ztree_t *self);
 const json_t *ll_ztree_safety(const ll_ztree_t *self);
 int ll_ztree_base_respawns(const ll_ztree_t *self);
