@@ -26,7 +26,7 @@
 #include "base/ll_b64.h"
 #include "base/ll_clock.h"
 #include "base/ll_log.h"
-#include "zygote/ll_zygote.h"
+#include "zygote/ll_zclient.h"
 
 struct ll_route_t {
     ll_analysis_session_t *session; /* every executed cell, in order */

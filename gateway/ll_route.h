@@ -5,7 +5,7 @@
  *              graph (analysis/ll_analysis.h) and recorded in it after it ran
  *              (ll_route_plan / ll_route_done): its state and import closure
  *              and its CPU/GPU label;
- *   the relay  a GPU cell is handed to the host pool (zygote/ll_zygote.h),
+ *   the relay  a GPU cell is handed to the host pool (zygote/ll_zclient.h),
  *              whose worker restores the closure from the store, runs the
  *              cell, streams its output and saves; this thread relays the
  *              worker's output to iopub, its input() prompts to stdin, SIGINT

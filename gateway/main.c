@@ -17,6 +17,7 @@
 #include "analysis/ll_analysis.h"
 #include "gateway/ll_kernel.h"
 #include "gateway/ll_kernelspec.h"
+#include "zygote/ll_hostpool.h"
 #include "zygote/ll_zygote.h"
 
 static void s_usage(FILE *out)
@@ -136,7 +137,8 @@ int main(int argc, char **argv)
     static const struct {
         const char *name;
         int (*fn)(int, char **);
-    } subs[] = {{"analyze", ll_analyze_main}, {"pool", ll_pool_main}, {"zygote", ll_zygote_main}};
+    } subs[] = {
+        {"analyze", ll_analyze_main}, {"pool", ll_hostpool_main}, {"zygote", ll_zygote_main}};
     for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++)
         if (strcmp(cmd, subs[i].name) == 0)
             return subs[i].fn(argc - 1, argv + 1);

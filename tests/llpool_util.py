@@ -130,7 +130,8 @@ def stop_pool(pool_dir, timeout=30):
 # ---- a client of a pool ------------------------------------------------------------------------------------
 class PoolClient:
     """One client of the pool serving POOL_DIR (a kernel, as far as the pool can tell): DRIVER client POOL_DIR
-    ARGS, started with ENV; the pool is started if none serves POOL_DIR.  Events are read on a thread into a
+    ARGS, started with ENV; the pool is started if none serves POOL_DIR, from ENV's LL_POOL_EXE (build/looseleaf,
+    which the driver requires: it is no pool itself).  Events are read on a thread into a
     queue; events that arrive while stats() waits for its answer go to STRAY (a list; a private one if None)."""
 
     def __init__(self, driver, pool_dir, args=(), env=None, stray=None):

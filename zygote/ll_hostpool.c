@@ -1,5 +1,8 @@
 /* ll_hostpool: the host pool (`looseleaf pool`), one process per runtime dir
- * (per uid), shared by every kernel on the host.
+ * (per uid), shared by every kernel on the host: its set-up, its poll loop
+ * and the clients' connections.  What clients ask and workers say is
+ * ll_hostpool_jobs.c's; which job gets a slot or a warm worker and whom to
+ * evict is ll_sched.h's; the zygote tree is ll_ztree.h's.
  *
  * Runs single-threaded: one poll loop over the listening socket, the clients,
  * the zygote nodes, the workers, the CUDA-safety probes and a signalfd for
@@ -8,30 +11,24 @@
  * so a worker whose zygote died is reaped here and its fate still reported.
  *
  * What must stay true:
- * - a slot is held from the fork of a worker until its death, or its reply
- *   (sent by the worker only after its save committed) when it does not stay
- *   warm; a cell arriving when every slot is held evicts an idle warm worker
- *   (GreedyDual, ll_gdsf.h) or waits, and its client is told so;
- * - a warm worker (idle, its save committed) serves only its own client's
- *   session: the next cell of that session runs on it (a hit); it is never
- *   evicted while it prepares, runs or saves; it leaves under slot pressure,
- *   after --warm-idle seconds unused, or when its client goes;
- * - a prefetch that finds no slot it may take prepares a staged worker that
- *   holds none: it takes one when its session's cell runs, as a cell would;
- * - a client that goes away takes only its own cells with it;
- * - the base node is respawned when it dies; at most max_nodes nodes exist,
- *   least-recently-used leaves are evicted, the base is kept;
- * - a child node holds only modules that passed the CUDA-safety probe. */
-#include "zygote/ll_zygote.h"
-#include "zygote/ll_gdsf.h"
-#include "zygote/ll_zframe.h"
+ * - one pool per runtime dir (pool.lock), which is ours and private (0700),
+ *   and only our own uid may connect (SO_PEERCRED);
+ * - the pool detaches from the kernel that started it (it serves others):
+ *   its own session, no descriptor of the starter's (they would reach every
+ *   zygote and fail its pre-fork check), its output to pool.log;
+ * - a client that stops reading stalls only itself: its frames are queued,
+ *   and past 512 MiB it is dropped;
+ * - the pool exits --idle-exit seconds after its last client and job left,
+ *   and on SIGTERM/SIGINT, killing its workers. */
+#include "zygote/ll_hostpool.h"
+#include "zygote/ll_hostpool_internal.h"
+#include "zygote/ll_zclient.h"
 #include "base/ll_clock.h"
 #include "base/ll_log.h"
 
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -46,196 +43,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define S_MAX_CLIENTS   128
-#define S_MAX_NODES     256
-#define S_MAX_RUNS      512
-#define S_MAX_PROBES    32
-#define S_MAX_SLOTS     64
-#define S_PROBE_MS      120000.0
-#define S_MAX_SESSIONS  512
-#define S_EXIT_GRACE_MS 5000.0  /* an evicted worker that does not leave by then is killed */
-#define S_SAVE_GRACE_MS 30000.0 /* a worker saving when its client left may finish that long */
-
 /* Frames to a client are queued and written as its socket takes them, so a
  * client that stops reading stalls only itself; past S_CLIENT_QUEUE_MAX it
  * is dropped (its cells are cancelled) instead of growing without bound. */
 #define S_CLIENT_QUEUE_MAX (512u << 20)
 
-typedef struct {
-    int fd;            /* -1: free entry */
-    ll_zreader_t *rd;  /* frames from the client */
-    char *out;         /* bytes queued for it */
-    size_t olen, ocap; /* queued, allocated */
-    bool dead;         /* to be dropped at the end of this loop turn */
-    double connected;  /* ms, when it connected (a pinned session's GPU time starts here) */
-} s_client_t;
-
-/* A session of a client: its GPU-seconds (slot-held time) against the time
- * it was connected, for stats and the line logged when it ends. */
-typedef struct {
-    bool used;      /* entry in use */
-    int client;     /* its client */
-    char *name;     /* the run requests' "session" */
-    double held_ms; /* slot-held time of holdings that ended */
-    int pf_credit;  /* prefetch evictions it may make (0 or 1): s_prefetch_evicts */
-} s_sess_t;
-
-typedef struct {
-    bool used;        /* entry in use */
-    int id;           /* node id (0 = base), unique for the pool's life */
-    int parent;       /* index of the parent node, -1 for the base */
-    int fd;           /* control socket to the zygote */
-    ll_zreader_t *rd; /* frames from the zygote */
-    pid_t pid;        /* 0 until the zygote said ready */
-    bool ready;       /* imported its modules, accepts forks */
-    json_t *modules;  /* array of top-level module names it imported */
-    double last_used; /* ms, for LRU eviction */
-    int forking;      /* forks sent and not yet answered */
-} s_node_t;
-
-/* A run entry is a cell (or prefetch) and, once forked, its worker; a warm
- * worker keeps its entry after the cell (S_WARM) and hands it to the next
- * cell of its session.  Only S_WARM workers are evictable. */
-enum {
-    S_QUEUED = 1, /* waits for a slot (or a warm worker busy preparing) */
-    S_FORKING,    /* forked (or handed to a warm worker), not yet ready */
-    S_RUNNING,    /* the cell runs */
-    S_SAVING,     /* the cell ran; its save has not committed */
-    S_PREPARING,  /* a prefetch: restoring and importing, no cell */
-    S_WARM,       /* idle, its save committed: waits for its session's next job */
-    S_EVICTING    /* told to exit; holds its slot until it is gone */
-};
-
-typedef struct {
-    bool used;         /* entry in use */
-    int client;        /* index of the client that asked */
-    char *id;          /* the client's id for the cell */
-    json_t *req;       /* the run request */
-    int state;         /* S_QUEUED / S_FORKING / S_RUNNING */
-    int slot;          /* held slot, -1 while queued */
-    int node;          /* node index it was forked from */
-    int node_id;       /* that node's id (for the report) */
-    int wfd;           /* socket to the worker */
-    ll_zreader_t *wrd; /* frames from the worker */
-    pid_t wpid;        /* worker pid, 0 until ready/forked */
-    bool eof;          /* worker socket closed */
-    bool exited;       /* exit status known */
-    int status;        /* waitpid status */
-    bool cancelled;    /* killed on request (cancel, client gone) */
-    int pending_sig;   /* signal asked for before the worker's pid was known */
-    bool waited;       /* a wait event was sent */
-    double t_queued;   /* ms, when the request arrived */
-    double wait_ms;    /* time spent waiting for a slot */
-    char *session;     /* the request's session */
-    bool prefetch;     /* a prefetch request: prepare, run nothing */
-    bool handover;     /* handed to a warm worker that has not said ready: interrupts wait */
-    bool warm_hit;     /* this job runs on a warm worker */
-    bool staged_hit;   /* ... one a prefetch prepared without a slot (staged) */
-    bool fresh;        /* its worker was forked for this job */
-    bool evicted_for;  /* a prefetch that evicted a warm worker: waits for that slot */
-    bool restage; /* a prefetch the pool made itself (s_restage): staged only, answered to nobody */
-    bool spec;    /* the worker never ran a cell (a prefetch prepared it) */
-    int cells;    /* cells the worker ran */
-    double held_bytes; /* bytes of state the worker holds (its last report) */
-    double slot_t0;    /* ms, when it took its slot */
-    double idle_since; /* ms, when it became warm (idle timeout) */
-    double evict_t;    /* ms, when it was told to exit */
-} s_run_t;
-
-typedef struct {
-    pid_t pid;        /* 0: free */
-    int fd;           /* read end of its stdout */
-    char module[128]; /* the package probed */
-    int node;         /* node index to grow from when safe */
-    char out[512];    /* its output */
-    size_t outlen;
-    double started; /* ms; a probe that hangs is killed after S_PROBE_MS */
-} s_probe_t;
-
-static struct {
-    char dir[PATH_MAX];       /* runtime dir */
-    char sock[PATH_MAX + 16]; /* listening socket path */
-    char exe[PATH_MAX]; /* our binary (/proc/self/exe: it survives a rebuild), exec'd as `zygote` */
-    char exe_name[PATH_MAX]; /* its name, for the zygotes' argv[0] */
-    char head[1024];         /* comma list of the base node's modules */
-    int listen_fd;
-    int sig_fd;
-    int nslots;        /* slots */
-    bool cuda;         /* slots are CUDA devices */
-    int idle_exit_s;   /* exit this long after the last client left */
-    int max_nodes;     /* zygote nodes per host */
-    int max_staged;    /* workers a prefetch may prepare without a slot (staged), all sessions */
-    bool staged_defer; /* staged workers leave the state's restore to the cell's run (CUDA hosts) */
-    int warm_idle_s;   /* a warm worker unused this long leaves; 0: no warm workers */
-    int spec_s;        /* a speculative worker outranks completed ones this long */
-    ll_gdsf_t *gdsf;   /* eviction order of warm workers, keyed by pid */
-    s_sess_t sessions[S_MAX_SESSIONS];
-    bool grow;                 /* grow child nodes for tail packages */
-    int slot_run[S_MAX_SLOTS]; /* run index holding each slot, -1 free */
-    s_client_t clients[S_MAX_CLIENTS];
-    s_node_t nodes[S_MAX_NODES];
-    s_run_t runs[S_MAX_RUNS];
-    s_probe_t probes[S_MAX_PROBES];
-    json_t *safety; /* {module: true (safe) | false} from probes */
-    int next_node_id;
-    double idle_since; /* ms, 0 while busy */
-    bool stop;
-    int base_respawns;
-    int base_failures; /* base deaths in a row before it was ready */
-    bool base_broken;  /* gave up respawning the base */
-} P;
-
-static void s_drop_run(int r);
-static void s_schedule(void);
-static void s_release_slot(int r);
-static void s_restage(int v);
-
 /* ------------------------------------------------------------------ */
-/* Slots: CUDA devices counted through the runtime loaded with dlopen  */
-/* (never linked), else virtual ones.                                 */
+/* Clients' connections                                               */
 
-static int s_count_cuda(void)
+/* Write what client C's socket takes now. */
+static void s_client_flush(ll_hostpool_t *pool, int c)
 {
-    static const char *names[] = {"libcudart.so", "libcudart.so.12", "libcudart.so.11.0", NULL};
-    for (int i = 0; names[i]; i++) {
-        void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-        if (!h)
-            continue;
-        int (*count)(int *) = (int (*)(int *)) dlsym(h, "cudaGetDeviceCount");
-        int n = 0;
-        if (count && count(&n) == 0 && n > 0) {
-            /* Keep the library loaded: unloading after cuInit is not safe. */
-            return n;
-        }
-        dlclose(h);
-    }
-    return 0;
-}
-
-/* ------------------------------------------------------------------ */
-/* Helpers                                                            */
-
-static void s_nonblock(int fd)
-{
-    int fl = fcntl(fd, F_GETFL);
-    if (fl >= 0)
-        fcntl(fd, F_SETFL, fl | O_NONBLOCK);
-}
-
-static bool s_has_module(const json_t *arr, const char *name)
-{
-    size_t i;
-    json_t *v;
-    json_array_foreach(arr, i, v)
-        if (json_is_string(v) && strcmp(json_string_value(v), name) == 0)
-            return true;
-    return false;
-}
-
-/* Write what the socket takes now. */
-static void s_client_flush(int c)
-{
-    s_client_t *cl = &P.clients[c];
+    ll_hostpool_client_t *cl = &pool->clients[c];
     size_t done = 0;
     while (done < cl->olen) {
         ssize_t w = send(cl->fd, cl->out + done, cl->olen - done, MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -255,15 +74,16 @@ static void s_client_flush(int c)
     cl->olen -= done;
 }
 
-static void s_send_client(int c, json_t *msg)
+void ll_hostpool_send(ll_hostpool_t *pool, int c, json_t *msg)
 {
     size_t n = 0;
-    char *bytes =
-        c >= 0 && P.clients[c].fd >= 0 && !P.clients[c].dead ? ll_zframe_encode(msg, &n) : NULL;
+    char *bytes = c >= 0 && pool->clients[c].fd >= 0 && !pool->clients[c].dead
+                      ? ll_zframe_encode(msg, &n)
+                      : NULL;
     json_decref(msg);
     if (!bytes)
         return;
-    s_client_t *cl = &P.clients[c];
+    ll_hostpool_client_t *cl = &pool->clients[c];
     if (cl->olen + n > S_CLIENT_QUEUE_MAX) {
         ll_warn("pool", "client %d does not read its events (%zu bytes queued): dropping it", c,
                 cl->olen);
@@ -285,1662 +105,234 @@ static void s_send_client(int c, json_t *msg)
     memcpy(cl->out + cl->olen, bytes, n);
     cl->olen += n;
     free(bytes);
-    s_client_flush(c);
+    s_client_flush(pool, c);
 }
 
-static const char *s_signame(int sig)
+/* Accept every client waiting on the listening socket. */
+static void s_accept(ll_hostpool_t *pool)
 {
-    const char *d = sigabbrev_np(sig);
-    return d ? d : "?";
-}
-
-/* Answer M ("prefetched") to the client of prefetch R; a restaged one
- * (s_restage) was asked by nobody. */
-static void s_answer_prefetch(int r, json_t *m)
-{
-    if (P.runs[r].restage)
-        json_decref(m);
-    else
-        s_send_client(P.runs[r].client, m);
-}
-
-/* Prefetch R will not be prepared (WHY): answer so and drop it. */
-static void s_skip_prefetch(int r, const char *why)
-{
-    s_answer_prefetch(r, json_pack("{s:s, s:s, s:b, s:s}", "type", "prefetched", "id", P.runs[r].id,
-                                   "ok", 0, "skipped", why));
-    s_drop_run(r);
-}
-
-/* The reply of a cell whose worker never replied. */
-static void s_reply_error(int r, const char *ename, const char *evalue)
-{
-    s_run_t *run = &P.runs[r];
-    if (run->prefetch) {
-        /* A prefetch is answered by "prefetched", whatever went wrong. */
-        s_answer_prefetch(r, json_pack("{s:s, s:s, s:b, s:s, s:s}", "type", "prefetched", "id",
-                                       run->id, "ok", 0, "ename", ename, "error", evalue));
-        return;
-    }
-    json_t *tb = json_pack("[s]", evalue);
-    json_t *content = json_pack("{s:s, s:s, s:s, s:o, s:O, s:{}, s:[]}", "status", "error", "ename",
-                                ename, "evalue", evalue, "traceback", tb, "execution_count",
-                                json_object_get(run->req, "execution_count")
-                                    ? json_object_get(run->req, "execution_count")
-                                    : json_null(),
-                                "user_expressions", "payload");
-    json_t *ll = json_pack("{s:s, s:i, s:i, s:f}", "route", "gpu", "worker_pid", (int) run->wpid,
-                           "zygote_node", run->node_id, "wait_ms", run->wait_ms);
-    json_t *md = json_pack("{s:s, s:o}", "status", "error", "looseleaf", ll);
-    s_send_client(run->client, json_pack("{s:s, s:s, s:o, s:o}", "type", "reply", "id", run->id,
-                                         "content", content, "metadata", md));
-}
-
-/* ------------------------------------------------------------------ */
-/* Nodes                                                              */
-
-/* Start a zygote by exec (the base, or a replacement after its death). */
-static int s_spawn_base(void)
-{
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
-        return -1;
-    int n = -1;
-    for (int i = 0; i < S_MAX_NODES; i++)
-        if (!P.nodes[i].used) {
-            n = i;
-            break;
-        }
-    if (n < 0) {
-        close(sv[0]);
-        close(sv[1]);
-        return -1;
-    }
-    char fdarg[16], idarg[16];
-    int id = P.next_node_id++;
-    snprintf(idarg, sizeof idarg, "%d", id);
-    /* The child only calls async-signal-safe functions before exec (the CUDA
-     * runtime, when loaded, may have started threads in this process). */
-    int ctl = fcntl(sv[1], F_DUPFD, 3); /* a copy without CLOEXEC for the zygote */
-    if (ctl < 0) {
-        close(sv[0]);
-        close(sv[1]);
-        return -1;
-    }
-    snprintf(fdarg, sizeof fdarg, "%d", ctl);
-    pid_t pid = fork();
-    if (pid < 0) {
-        close(sv[0]);
-        close(sv[1]);
-        close(ctl);
-        return -1;
-    }
-    if (pid == 0) {
-        sigset_t all;
-        sigemptyset(&all);
-        sigprocmask(SIG_SETMASK, &all, NULL);
-        execl(P.exe, P.exe_name, "zygote", "--fd", fdarg, "--head", P.head, "--node", idarg,
-              (char *) NULL);
-        _exit(127);
-    }
-    close(sv[1]);
-    close(ctl);
-    s_node_t *nd = &P.nodes[n];
-    memset(nd, 0, sizeof *nd);
-    nd->used = true;
-    nd->id = id;
-    nd->parent = -1;
-    nd->fd = sv[0];
-    nd->rd = ll_zreader_new(sv[0]);
-    nd->pid = pid;
-    nd->modules = json_array();
-    s_nonblock(sv[0]);
-    ll_info("pool", "base zygote node %d started (pid %d, head %s)", id, (int) pid, P.head);
-    return n;
-}
-
-static int s_node_count(void)
-{
-    int k = 0;
-    for (int i = 0; i < S_MAX_NODES; i++)
-        k += P.nodes[i].used;
-    return k;
-}
-
-static bool s_is_leaf(int n)
-{
-    for (int i = 0; i < S_MAX_NODES; i++)
-        if (P.nodes[i].used && P.nodes[i].parent == n)
-            return false;
-    return true;
-}
-
-/* Every queued cell gets an error reply (no zygote will fork it). */
-static void s_fail_queued(void)
-{
-    for (int r = 0; r < S_MAX_RUNS; r++)
-        if (P.runs[r].used && P.runs[r].state == S_QUEUED) {
-            s_reply_error(
-                r, "ZygoteUnavailable",
-                "the pool cannot start its base zygote (see pool.log in the pool's runtime dir)");
-            s_drop_run(r);
-        }
-}
-
-static void s_node_gone(int n, const char *why)
-{
-    s_node_t *nd = &P.nodes[n];
-    ll_warn("pool", "zygote node %d (pid %d) gone: %s", nd->id, (int) nd->pid, why);
-    /* Cells being forked there never got a worker. */
-    for (int r = 0; r < S_MAX_RUNS; r++) {
-        s_run_t *run = &P.runs[r];
-        if (run->used && run->state == S_FORKING && run->node == n && run->wpid == 0) {
-            s_reply_error(r, "ZygoteDied",
-                          "the zygote died before the worker started; run the cell again");
-            s_drop_run(r);
-        }
-    }
-    bool base = nd->parent == -1, was_ready = nd->ready;
-    /* Children of a dead node stay (they hold their own sockets) but hang
-     * from the base now (-2: from the base about to be respawned). */
-    for (int i = 0; i < S_MAX_NODES; i++)
-        if (P.nodes[i].used && P.nodes[i].parent == n)
-            P.nodes[i].parent = base ? -2 : nd->parent;
-    close(nd->fd);
-    ll_zreader_destroy(&nd->rd);
-    json_decref(nd->modules);
-    memset(nd, 0, sizeof *nd);
-    if (base && !P.stop) {
-        /* A base that dies before it was ever ready (exec failed, the head
-         * crashes the interpreter) is not respawned forever. */
-        P.base_failures = was_ready ? 0 : P.base_failures + 1;
-        int b = -1;
-        if (P.base_failures < 3) {
-            P.base_respawns++;
-            b = s_spawn_base();
-        }
-        if (b < 0) {
-            ll_error(
-                "pool",
-                "the base zygote cannot be started (see the lines above): GPU cells fail until the "
-                "pool restarts");
-            P.base_broken = true;
-            s_fail_queued();
-        }
-        for (int i = 0; i < S_MAX_NODES; i++)
-            if (P.nodes[i].used && P.nodes[i].parent == -2 && b >= 0)
-                P.nodes[i].parent = b;
-    }
-}
-
-/* Evict least-recently-used leaves (never the base, never a node forking). */
-static void s_evict(void)
-{
-    while (s_node_count() > P.max_nodes) {
-        int victim = -1;
-        for (int i = 0; i < S_MAX_NODES; i++) {
-            s_node_t *nd = &P.nodes[i];
-            if (!nd->used || nd->parent == -1 || !nd->ready || nd->forking || !s_is_leaf(i))
-                continue;
-            if (victim < 0 || nd->last_used < P.nodes[victim].last_used)
-                victim = i;
-        }
-        if (victim < 0)
-            return;
-        ll_info("pool", "evicting zygote node %d (least recently used leaf)", P.nodes[victim].id);
-        json_t *m = json_pack("{s:s}", "type", "exit");
-        ll_zframe_send(P.nodes[victim].fd, m, -1);
-        json_decref(m);
-        s_node_gone(victim, "evicted");
-    }
-}
-
-/* Best node for an import closure: covers most of it; ties go to the node
- * with the fewest modules (the least memory copied, the most general). */
-static int s_best_node(const json_t *imports)
-{
-    int best = -1, best_score = -1;
-    for (int i = 0; i < S_MAX_NODES; i++) {
-        s_node_t *nd = &P.nodes[i];
-        if (!nd->used || !nd->ready)
-            continue;
-        int score = 0;
-        size_t k;
-        json_t *v;
-        json_array_foreach(imports, k, v)
-            if (json_is_string(v) && s_has_module(nd->modules, json_string_value(v)))
-                score++;
-        if (score > best_score ||
-            (score == best_score &&
-             json_array_size(nd->modules) < json_array_size(P.nodes[best].modules))) {
-            best = i;
-            best_score = score;
-        }
-    }
-    return best;
-}
-
-/* ------------------------------------------------------------------ */
-/* CUDA-safety probes and growth                                      */
-
-static bool s_probing(const char *module)
-{
-    for (int i = 0; i < S_MAX_PROBES; i++)
-        if (P.probes[i].pid && strcmp(P.probes[i].module, module) == 0)
-            return true;
-    return false;
-}
-
-static void s_start_probe(const char *module, int node)
-{
-    int slot = -1;
-    for (int i = 0; i < S_MAX_PROBES; i++)
-        if (!P.probes[i].pid) {
-            slot = i;
-            break;
-        }
-    if (slot < 0 || strlen(module) >= sizeof P.probes[0].module)
-        return;
-    int pfd[2];
-    if (pipe2(pfd, O_CLOEXEC) < 0)
-        return;
-    /* The probe's environment is ours with zygote/py first on PYTHONPATH,
-     * built before the fork (see s_spawn_base). */
-    extern char **environ;
-    size_t nenv = 0;
-    while (environ[nenv])
-        nenv++;
-    char **envp = calloc(nenv + 2, sizeof *envp);
-    const char *pp = getenv("PYTHONPATH");
-    char path[3 * PATH_MAX];
-    snprintf(path, sizeof path, "PYTHONPATH=%s/zygote/py%s%s", LL_SRCDIR, pp && *pp ? ":" : "",
-             pp ? pp : "");
-    if (!envp) {
-        close(pfd[0]);
-        close(pfd[1]);
-        return;
-    }
-    size_t k = 0;
-    envp[k++] = path;
-    for (size_t i = 0; i < nenv; i++)
-        if (strncmp(environ[i], "PYTHONPATH=", 11) != 0)
-            envp[k++] = environ[i];
-    envp[k] = NULL;
-    pid_t pid = fork();
-    if (pid < 0) {
-        free(envp);
-        close(pfd[0]);
-        close(pfd[1]);
-        return;
-    }
-    if (pid == 0) {
-        dup2(pfd[1], 1);
-        sigset_t all;
-        sigemptyset(&all);
-        sigprocmask(SIG_SETMASK, &all, NULL);
-        execle("/usr/bin/python3", "python3", "-m", "looseleaf_zygote.probe", module, (char *) NULL,
-               envp);
-        _exit(127);
-    }
-    free(envp);
-    close(pfd[1]);
-    s_nonblock(pfd[0]);
-    s_probe_t *pr = &P.probes[slot];
-    memset(pr, 0, sizeof *pr);
-    pr->pid = pid;
-    pr->fd = pfd[0];
-    pr->node = P.nodes[node].id;
-    snprintf(pr->module, sizeof pr->module, "%s", module);
-    pr->started = ll_clock_ms();
-    ll_info("pool", "probing whether importing %s touches CUDA (pid %d)", module, (int) pid);
-}
-
-static int s_node_by_id(int id)
-{
-    for (int i = 0; i < S_MAX_NODES; i++)
-        if (P.nodes[i].used && P.nodes[i].id == id)
-            return i;
-    return -1;
-}
-
-/* Ask node N's zygote to fork a child node that also imports MODULES. */
-static void s_grow(int n, json_t *modules)
-{
-    if (!P.grow || n < 0 || !P.nodes[n].ready)
-        return;
-    int c = -1;
-    for (int i = 0; i < S_MAX_NODES; i++)
-        if (!P.nodes[i].used) {
-            c = i;
-            break;
-        }
-    if (c < 0)
-        return;
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
-        return;
-    int id = P.next_node_id++;
-    json_t *m = json_pack("{s:s, s:i, s:O}", "type", "grow", "node", id, "modules", modules);
-    int rc = ll_zframe_send(P.nodes[n].fd, m, sv[1]);
-    json_decref(m);
-    close(sv[1]);
-    if (rc < 0) {
-        close(sv[0]);
-        return;
-    }
-    s_node_t *nd = &P.nodes[c];
-    memset(nd, 0, sizeof *nd);
-    nd->used = true;
-    nd->id = id;
-    nd->parent = n;
-    nd->fd = sv[0];
-    nd->rd = ll_zreader_new(sv[0]);
-    /* What it will hold, until it says what it does hold: a cell arriving
-     * meanwhile must not grow the same node again (it is not ready, so no
-     * cell forks from it yet). */
-    nd->modules = json_copy(P.nodes[n].modules);
-    json_array_extend(nd->modules, modules);
-    nd->last_used = ll_clock_ms();
-    s_nonblock(sv[0]);
-    ll_info("pool", "growing node %d from node %d", id, P.nodes[n].id);
-    s_evict();
-}
-
-static void s_probe_done(int i, int status)
-{
-    s_probe_t *pr = &P.probes[i];
-    /* Drain what is left of its output. */
-    for (; pr->fd >= 0;) {
-        ssize_t r = read(pr->fd, pr->out + pr->outlen, sizeof pr->out - 1 - pr->outlen);
-        if (r <= 0)
-            break;
-        pr->outlen += (size_t) r;
-    }
-    pr->out[pr->outlen] = '\0';
-    if (pr->fd >= 0)
-        close(pr->fd);
-    json_error_t jerr;
-    json_t *res = json_loads(pr->out, 0, &jerr);
-    bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0 && res &&
-              json_is_true(json_object_get(res, "imported"));
-    bool safe = ok && json_is_true(json_object_get(res, "safe"));
-    json_object_set_new(P.safety, pr->module, json_boolean(safe));
-    ll_info("pool", "probe of %s: %s%s%s", pr->module,
-            safe ? "CUDA-safe"
-            : ok ? "touches CUDA"
-                 : "import failed",
-            res && json_string_value(json_object_get(res, "why")) ? ": " : "",
-            res && json_string_value(json_object_get(res, "why"))
-                ? json_string_value(json_object_get(res, "why"))
-                : "");
-    if (safe) {
-        int n = s_node_by_id(pr->node);
-        if (n >= 0) {
-            json_t *mods = json_pack("[s]", pr->module);
-            s_grow(n, mods);
-            json_decref(mods);
-        }
-    }
-    json_decref(res);
-    memset(pr, 0, sizeof *pr);
-}
-
-/* After choosing node N for a cell: grow towards the packages it lacked. */
-static void s_consider_growth(int n, const json_t *imports)
-{
-    if (!P.grow)
-        return;
-    size_t k;
-    json_t *v;
-    json_array_foreach(imports, k, v) {
-        const char *m = json_string_value(v);
-        if (!m || !*m || s_has_module(P.nodes[n].modules, m))
-            continue;
-        json_t *known = json_object_get(P.safety, m);
-        if (json_is_false(known))
-            continue; /* touches CUDA or fails: imported after the fork */
-        if (json_is_true(known)) {
-            /* Safe but missing here: some other node may have it already. */
-            bool exists = false;
-            for (int i = 0; i < S_MAX_NODES; i++)
-                if (P.nodes[i].used && P.nodes[i].parent == n &&
-                    s_has_module(P.nodes[i].modules, m))
-                    exists = true;
-            if (!exists) {
-                json_t *mods = json_pack("[s]", m);
-                s_grow(n, mods);
-                json_decref(mods);
-            }
+    int fd;
+    while ((fd = accept4(pool->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0) {
+        int c = -1;
+        for (int j = 0; j < LL_HOSTPOOL_MAX_CLIENTS && c < 0; j++)
+            if (pool->clients[j].fd < 0)
+                c = j;
+        if (c < 0) {
+            close(fd);
             continue;
         }
-        if (!s_probing(m))
-            s_start_probe(m, n);
-    }
-}
-
-/* ------------------------------------------------------------------ */
-/* Runs                                                               */
-
-/* ------------------------------------------------------------------ */
-/* Sessions: GPU-seconds held against a pinned session                */
-
-static int s_session(int c, const char *name, bool create)
-{
-    int free_i = -1;
-    for (int i = 0; i < S_MAX_SESSIONS; i++) {
-        s_sess_t *se = &P.sessions[i];
-        if (se->used && se->client == c && name && strcmp(se->name, name) == 0)
-            return i;
-        if (!se->used && free_i < 0)
-            free_i = i;
-    }
-    if (!create || free_i < 0 || c < 0 || !name)
-        return -1;
-    s_sess_t *se = &P.sessions[free_i];
-    se->used = true;
-    se->client = c;
-    se->name = strdup(name);
-    se->held_ms = 0;
-    se->pf_credit = 1; /* its first prefetch may take a slot: the user is about to run it */
-    if (!se->name) {
-        se->used = false;
-        return -1;
-    }
-    return free_i;
-}
-
-/* Slot-held ms of session I, the holdings still running included. */
-static double s_session_held(int i, double now)
-{
-    s_sess_t *se = &P.sessions[i];
-    double held = se->held_ms;
-    for (int r = 0; r < S_MAX_RUNS; r++) {
-        s_run_t *run = &P.runs[r];
-        if (run->used && run->slot >= 0 && run->client == se->client && run->session &&
-            strcmp(run->session, se->name) == 0)
-            held += now - run->slot_t0;
-    }
-    return held;
-}
-
-static void s_take_slot(int r, int slot)
-{
-    P.slot_run[slot] = r;
-    P.runs[r].slot = slot;
-    P.runs[r].slot_t0 = ll_clock_ms();
-}
-
-static void s_release_slot(int r)
-{
-    s_run_t *run = &P.runs[r];
-    if (run->slot < 0)
-        return;
-    int i = s_session(run->client, run->session, false);
-    if (i >= 0)
-        P.sessions[i].held_ms += ll_clock_ms() - run->slot_t0;
-    P.slot_run[run->slot] = -1;
-    run->slot = -1;
-}
-
-/* The client of session I left: one line on the pool log, then forget it. */
-static void s_session_end(int i)
-{
-    s_sess_t *se = &P.sessions[i];
-    double now = ll_clock_ms();
-    double held = s_session_held(i, now) / 1000.0;
-    double conn = se->client >= 0 && P.clients[se->client].fd >= 0
-                      ? (now - P.clients[se->client].connected) / 1000.0
-                      : held;
-    /* Written whatever the log level (kernels start the pool at warn):
-     * this line is the session's GPU bill, read by people and benches. */
-    int level = ll_log_level;
-    if (ll_log_level < LL_LOG_INFO)
-        ll_log_level = LL_LOG_INFO;
-    ll_info("pool", "session %s: GPU held %.1f s of %.1f s connected (%.0f%%)", se->name, held,
-            conn, conn > 0 ? 100.0 * held / conn : 0.0);
-    ll_log_level = level;
-    free(se->name);
-    memset(se, 0, sizeof *se);
-}
-
-static void s_drop_run(int r)
-{
-    s_run_t *run = &P.runs[r];
-    s_release_slot(r);
-    if (run->wpid > 0)
-        ll_gdsf_remove(P.gdsf, (int) run->wpid);
-    if (run->wfd >= 0)
-        close(run->wfd);
-    ll_zreader_destroy(&run->wrd);
-    free(run->id);
-    free(run->session);
-    json_decref(run->req);
-    memset(run, 0, sizeof *run);
-    run->wfd = -1;
-    run->slot = -1;
-}
-
-static bool s_idle_worker(const s_run_t *run)
-{
-    return run->used && (run->state == S_WARM || run->state == S_EVICTING);
-}
-
-/* A worker whose socket closed and whose exit status is known, without a
- * reply: tell the client how it died. */
-static void s_finish_dead(int r)
-{
-    s_run_t *run = &P.runs[r];
-    char why[512];
-    if (run->handover && !run->cancelled) {
-        /* A warm worker that died before it took this job (it says ready
-         * before anything runs): nothing ran, so the job is queued again
-         * and gets a fresh worker, as if the pool had seen the death first. */
-        ll_warn("pool", "%s %s: warm worker %d was gone before it took the job: forking anew",
-                run->prefetch ? "prefetch" : "cell", run->id, (int) run->wpid);
-        s_release_slot(r);
-        ll_gdsf_remove(P.gdsf, (int) run->wpid);
-        close(run->wfd);
-        run->wfd = -1;
-        ll_zreader_destroy(&run->wrd);
-        run->wpid = 0;
-        run->eof = run->exited = false;
-        run->status = 0;
-        run->handover = run->warm_hit = false;
-        run->cells = 0;
-        run->held_bytes = 0;
-        run->state = S_QUEUED;
-        s_schedule();
-        return;
-    }
-    if (s_idle_worker(run)) {
-        /* A warm worker gone: its last save committed, nothing is lost. */
-        if (run->state == S_WARM)
-            ll_warn(
-                "pool",
-                "warm worker %d of session %s died (status %d): the session's next cell forks anew",
-                (int) run->wpid, run->session ? run->session : "?", run->status);
-        s_drop_run(r);
-        s_schedule();
-        return;
-    }
-    if (run->prefetch) {
-        snprintf(why, sizeof why, "the worker (pid %d) preparing the prefetch %s ended (%s %d)",
-                 (int) run->wpid, run->cancelled ? "was cancelled" : "died",
-                 WIFSIGNALED(run->status) ? "signal" : "status",
-                 WIFSIGNALED(run->status) ? WTERMSIG(run->status) : WEXITSTATUS(run->status));
-        ll_info("pool", "%s", why);
-        s_answer_prefetch(r, json_pack("{s:s, s:s, s:b, s:s}", "type", "prefetched", "id", run->id,
-                                       "ok", 0, "error", why));
-        s_drop_run(r);
-        s_schedule();
-        return;
-    }
-    if (run->cancelled)
-        snprintf(why, sizeof why, "the cell was cancelled (worker pid %d killed)", (int) run->wpid);
-    else if (WIFSIGNALED(run->status))
-        snprintf(why, sizeof why,
-                 "the worker (pid %d) running this cell was killed by signal SIG%s (%d); the "
-                 "session continues "
-                 "from the last committed versions of its variables",
-                 (int) run->wpid, s_signame(WTERMSIG(run->status)), WTERMSIG(run->status));
-    else
-        snprintf(why, sizeof why,
-                 "the worker (pid %d) running this cell exited with status %d before replying; the "
-                 "session "
-                 "continues from the last committed versions of its variables",
-                 (int) run->wpid, WIFEXITED(run->status) ? WEXITSTATUS(run->status) : -1);
-    ll_warn("pool", "cell %s: %s", run->id, why);
-    s_reply_error(r, run->cancelled ? "Cancelled" : "WorkerDied", why);
-    s_drop_run(r);
-    s_schedule();
-}
-
-static void s_worker_exited(pid_t pid, int status)
-{
-    for (int r = 0; r < S_MAX_RUNS; r++) {
-        s_run_t *run = &P.runs[r];
-        if (run->used && run->wpid == pid && !run->exited) {
-            run->exited = true;
-            run->status = status;
-            if (run->eof)
-                s_finish_dead(r);
-            return;
-        }
-    }
-}
-
-static void s_start_run(int r, int slot)
-{
-    s_run_t *run = &P.runs[r];
-    int n = s_best_node(json_object_get(run->req, "import_closure"));
-    if (n < 0)
-        return; /* no node ready yet: stays queued */
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
-        return;
-    run->wait_ms = ll_clock_ms() - run->t_queued;
-    json_t *job = json_deep_copy(run->req);
-    json_object_set_new(job, "device", P.cuda && slot >= 0 ? json_integer(slot) : json_null());
-    json_object_set_new(job, "slot", json_integer(slot));
-    json_object_set_new(job, "client", json_integer(run->client));
-    json_object_set_new(job, "node", json_integer(P.nodes[n].id));
-    json_object_set_new(job, "wait_ms", json_real(run->wait_ms));
-    json_object_set_new(job, "node_modules", json_copy(P.nodes[n].modules));
-    /* Staged without a GPU: where variables may live on the device, their
-     * restore waits for the slot (the cell's run restores them). */
-    json_object_set_new(job, "defer_restore", json_boolean(slot < 0 && P.staged_defer));
-    json_object_set_new(job, "keep_warm", json_boolean(P.warm_idle_s > 0));
-    json_object_set_new(job, "prefetch", json_boolean(run->prefetch));
-    json_t *m = json_pack("{s:s, s:o}", "type", "fork", "job", job);
-    int rc = ll_zframe_send(P.nodes[n].fd, m, sv[1]);
-    json_decref(m);
-    close(sv[1]);
-    if (rc < 0) {
-        close(sv[0]);
-        return;
-    }
-    s_nonblock(sv[0]);
-    run->wfd = sv[0];
-    run->wrd = ll_zreader_new(sv[0]);
-    run->state = S_FORKING;
-    run->fresh = true;
-    run->spec = true;
-    run->node = n;
-    run->node_id = P.nodes[n].id;
-    if (slot >= 0)
-        s_take_slot(r, slot);
-    P.nodes[n].last_used = ll_clock_ms();
-    P.nodes[n].forking++;
-    if (slot >= 0)
-        ll_info("pool", "cell %s: fork from node %d on slot %d", run->id, P.nodes[n].id, slot);
-    else
-        ll_info("pool", "prefetch %s: fork from node %d, staged (no slot)", run->id, P.nodes[n].id);
-    s_consider_growth(n, json_object_get(run->req, "import_closure"));
-}
-
-/* The session's warm worker for queued run R (idle, same client and session),
- * else -1.  *BUSY is set when the session has a worker preparing a prefetch
- * (the run waits for it rather than forking another), *RUNNING when one runs
- * or saves a cell. */
-static int s_warm_for(int r, bool *busy, bool *running)
-{
-    s_run_t *run = &P.runs[r];
-    int best = -1;
-    *busy = *running = false;
-    for (int w = 0; w < S_MAX_RUNS; w++) {
-        s_run_t *wk = &P.runs[w];
-        if (w == r || !wk->used || wk->client != run->client || !wk->session ||
-            strcmp(wk->session, run->session) != 0)
-            continue;
-        if (wk->state == S_WARM && !wk->eof && !wk->exited) {
-            /* Several (cells that overlapped): the one that changed last. */
-            if (best < 0 || wk->idle_since > P.runs[best].idle_since)
-                best = w;
-        } else if (wk->state == S_PREPARING || (wk->prefetch && wk->state == S_FORKING)) {
-            *busy = true;
-        } else if (wk->state == S_FORKING || wk->state == S_RUNNING || wk->state == S_SAVING) {
-            *running = true;
-        }
-    }
-    return best;
-}
-
-/* Run queued R on warm worker W: the worker (socket, pid, slot) moves to R's
- * entry, W's entry goes.  Interrupts for R are held until the worker says
- * ready (it drops any stale one first). */
-static void s_start_warm(int r, int w)
-{
-    s_run_t *run = &P.runs[r], *wk = &P.runs[w];
-    run->wfd = wk->wfd;
-    run->wrd = wk->wrd;
-    run->wpid = wk->wpid;
-    run->node = wk->node;
-    run->node_id = wk->node_id;
-    run->spec = wk->spec;
-    run->cells = wk->cells;
-    run->held_bytes = wk->held_bytes;
-    run->slot = wk->slot;
-    run->slot_t0 = wk->slot_t0;
-    if (run->slot >= 0)
-        P.slot_run[run->slot] = r;
-    wk->wfd = -1;
-    wk->wrd = NULL;
-    wk->wpid = 0;
-    wk->slot = -1;
-    s_drop_run(w);
-    run->wait_ms = ll_clock_ms() - run->t_queued;
-    run->state = run->prefetch ? S_PREPARING : S_FORKING;
-    run->handover = true;
-    run->warm_hit = true;
-    ll_gdsf_set_idle(P.gdsf, (int) run->wpid, false);
-    json_t *job = json_deep_copy(run->req);
-    json_object_set_new(job, "device",
-                        P.cuda && run->slot >= 0 ? json_integer(run->slot) : json_null());
-    json_object_set_new(job, "slot", json_integer(run->slot));
-    json_object_set_new(job, "client", json_integer(run->client));
-    json_object_set_new(job, "node", json_integer(run->node_id));
-    json_object_set_new(job, "wait_ms", json_real(run->wait_ms));
-    json_object_set_new(job, "keep_warm", json_boolean(P.warm_idle_s > 0));
-    json_t *m = json_pack("{s:s, s:o}", "type", run->prefetch ? "prefetch" : "run", "job", job);
-    if (ll_zframe_send(run->wfd, m, -1) < 0) {
-        /* It is dying: its exit reports the cell as lost (WorkerDied). */
-        ll_warn("pool", "cell %s: warm worker %d unreachable: %s", run->id, (int) run->wpid,
-                strerror(errno));
-        kill(run->wpid, SIGKILL);
-    }
-    json_decref(m);
-    ll_info("pool", "%s %s: warm worker %d on slot %d", run->prefetch ? "prefetch" : "cell",
-            run->id, (int) run->wpid, run->slot);
-}
-
-/* Let warm worker R go: it keeps its slot until it is gone.  PRESSURE:
- * evicted for a slot (GreedyDual's clock advances to its L; killed; its
- * session prepared again, staged: s_restage), else told to exit. */
-static void s_evict_worker(int r, const char *why, bool pressure)
-{
-    s_run_t *run = &P.runs[r];
-    double l = 0;
-    ll_gdsf_value(P.gdsf, (int) run->wpid, &l);
-    if (pressure)
-        ll_gdsf_evict(P.gdsf, (int) run->wpid);
-    else
-        ll_gdsf_remove(P.gdsf, (int) run->wpid);
-    ll_info(
-        "pool",
-        "warm worker %d of session %s leaves (%s; L %.0f, %.0f bytes held, %d cells, clock %.0f)",
-        (int) run->wpid, run->session ? run->session : "?", why, l, run->held_bytes, run->cells,
-        ll_gdsf_clock(P.gdsf));
-    /* Its save committed: killing it loses nothing (the store drops a dead
-     * reader's leases).  Under pressure a cell or a prefetch waits for the
-     * slot, so it goes at once instead of unwinding Python; otherwise it is
-     * asked to exit. */
-    bool asked = false;
-    if (!pressure && run->wfd >= 0) {
-        json_t *m = json_pack("{s:s}", "type", "exit");
-        asked = ll_zframe_send(run->wfd, m, -1) == 0;
-        json_decref(m);
-    }
-    if (!asked)
-        kill(run->wpid, SIGKILL);
-    run->state = S_EVICTING;
-    run->evict_t = ll_clock_ms();
-    if (pressure)
-        s_restage(r); /* its session keeps a prepared worker, without a slot */
-}
-
-/* Prefetch R finds every slot held: evict the GreedyDual victim among idle
- * warm workers (completed before speculative, smallest L), never one that
- * is speculative (prepared by a prefetch for its session's coming cell,
- * ll_gdsf.h: a cell may take it, a prefetch not), when either
- * - the victim's L is below the L the prefetched worker would get (the clock
- *   now plus the bytes of its closure, `closure_bytes` when the request
- *   gives them, else 0): state that went unused since the clock passed it;
- * - or the session holds a prefetch credit.  A session starts with one
- *   credit, spends it here and earns it back by running a cell: an honest
- *   user edits and then runs what was prefetched, so each of its prefetches
- *   may take a slot from state left idle, as its cell would at Run, but
- *   within the edit time.  A client that only prefetches gets one slot this
- *   way, then none until it runs a cell.
- * Repeated prefetches of an unchanged closure do not renew H either, so they
- * cannot keep evicting sessions whose state changed since.  Returns whether
- * it evicted. */
-static bool s_prefetch_evicts(int r, double now)
-{
-    s_run_t *run = &P.runs[r];
-    int victim = ll_gdsf_victim(P.gdsf, now);
-    double l = 0, est = json_number_value(json_object_get(run->req, "closure_bytes"));
-    if (victim < 0 || !ll_gdsf_value(P.gdsf, victim, &l) ||
-        ll_gdsf_speculative(P.gdsf, victim, now))
-        return false; /* every idle worker is prepared for its session's coming cell */
-    bool older = l < ll_gdsf_clock(P.gdsf) + (est > 0 ? est : 0);
-    int si = s_session(run->client, run->session, false);
-    bool credit = si >= 0 && P.sessions[si].pf_credit > 0;
-    if (!older && !credit)
-        return false;
-    for (int v = 0; v < S_MAX_RUNS; v++)
-        if (P.runs[v].used && P.runs[v].state == S_WARM && P.runs[v].wpid == victim) {
-            char why[200];
-            snprintf(why, sizeof why, "slot pressure: prefetch %.80s of session %.40s%s", run->id,
-                     run->session, older ? "" : " (its credit)");
-            if (!older)
-                P.sessions[si].pf_credit--;
-            s_evict_worker(v, why, true);
-            return true;
-        }
-    return false;
-}
-
-/* Queued R is a prefetch, or waits for a slot: whether it may take a free
- * slot now.  A prefetch never waits and never evicts: it takes a free slot
- * only when no cell is waiting for one. */
-static bool s_cells_waiting(void)
-{
-    for (int r = 0; r < S_MAX_RUNS; r++)
-        if (P.runs[r].used && P.runs[r].state == S_QUEUED && !P.runs[r].prefetch)
-            return true;
-    return false;
-}
-
-static int s_free_slot(void)
-{
-    for (int s2 = 0; s2 < P.nslots; s2++)
-        if (P.slot_run[s2] < 0)
-            return s2;
-    return -1;
-}
-
-/* A new queued entry for client C's request REQ (ID, SESSION; the entry
- * takes its own reference), or -1 when the table is full (or memory). */
-static int s_new_run(int c, const char *id, const char *session, json_t *req, bool prefetch)
-{
-    int r = -1;
-    for (int i = 0; i < S_MAX_RUNS && r < 0; i++)
-        if (!P.runs[i].used)
-            r = i;
-    if (r < 0)
-        return -1;
-    s_run_t *run = &P.runs[r];
-    memset(run, 0, sizeof *run);
-    run->used = true;
-    run->client = c;
-    run->id = strdup(id);
-    run->session = strdup(session);
-    run->prefetch = prefetch;
-    run->req = json_incref(req);
-    run->state = S_QUEUED;
-    run->slot = -1;
-    run->wfd = -1;
-    run->node = -1;
-    run->t_queued = ll_clock_ms();
-    if (!run->id || !run->session) {
-        s_drop_run(r);
-        return -1;
-    }
-    return r;
-}
-
-/* Workers prepared, or being prepared, without a slot (staged). */
-static int s_staged_count(void)
-{
-    int n = 0;
-    for (int r = 0; r < S_MAX_RUNS; r++)
-        if (P.runs[r].used && P.runs[r].wfd >= 0 && P.runs[r].slot < 0 &&
-            (P.runs[r].state == S_FORKING || P.runs[r].state == S_PREPARING ||
-             P.runs[r].state == S_WARM))
-            n++;
-    return n;
-}
-
-/* Whether a cell of R's client and session, sent before R, is queued (it
- * superseded R; a cell sent after R waits for R's preparation instead). */
-static bool s_session_cell_queued(int r)
-{
-    for (int q = 0; q < S_MAX_RUNS; q++) {
-        s_run_t *c = &P.runs[q];
-        if (q != r && c->used && c->state == S_QUEUED && !c->prefetch &&
-            c->client == P.runs[r].client && c->t_queued <= P.runs[r].t_queued && c->session &&
-            strcmp(c->session, P.runs[r].session) == 0)
-            return true;
-    }
-    return false;
-}
-
-/* Whether JSON array ARR holds a value equal to V (NULL ARR: no). */
-static bool s_json_has(const json_t *arr, const json_t *v)
-{
-    for (size_t j = 0; j < json_array_size(arr); j++)
-        if (json_equal(json_array_get(arr, j), v))
-            return true;
-    return false;
-}
-
-/* Warm worker V is being evicted under slot pressure while its client is
- * still there: prepare its session again, staged (without a slot), so the
- * session's next cell still starts on a prepared worker.  The GPU slot is
- * what is scarce; a process that restored the state (on a CUDA host: that
- * imported the closure) is cheap.  What it restores: the closure of the
- * prefetch that prepared V, or of V's last cell with what that cell
- * defined (a notebook's next GPU cell mostly reads what the last one did);
- * the cell's run re-checks versions and restores the rest.  A prefetch
- * keeps its id (the kernel's cancel still reaches it); it answers nobody. */
-static void s_restage(int v)
-{
-    s_run_t *old = &P.runs[v];
-    if (old->client < 0 || !old->req || !old->id || !old->session ||
-        s_staged_count() >= P.max_staged)
-        return;
-    json_t *req = json_deep_copy(old->req);
-    if (!req)
-        return;
-    if (!old->prefetch) {
-        if (!json_is_array(json_object_get(req, "state_closure")))
-            json_object_set_new(req, "state_closure", json_array());
-        json_t *closure = json_object_get(req, "state_closure"),
-               *deleted = json_object_get(req, "deletes");
-        size_t i;
-        json_t *name;
-        json_array_foreach(json_object_get(req, "defines"), i, name)
-            if (!s_json_has(closure, name) && !s_json_has(deleted, name))
-                json_array_append(closure, name);
-        json_object_del(req, "code");
-    }
-    int r = s_new_run(old->client, old->id, old->session, req, true);
-    json_decref(req);
-    if (r < 0)
-        return;
-    P.runs[r].restage = true;
-    ll_info("pool", "session %s: prepared again, staged (its worker was evicted)",
-            P.runs[r].session);
-}
-
-/* Hand queued cells to their session's warm worker, or free slots, oldest
- * first; under pressure evict idle warm workers (GreedyDual); tell waiting
- * cells. */
-static void s_schedule(void)
-{
-    int order[S_MAX_RUNS], nq = 0;
-    for (int r = 0; r < S_MAX_RUNS; r++)
-        if (P.runs[r].used && P.runs[r].state == S_QUEUED)
-            order[nq++] = r;
-    /* Oldest first (a handful at most: insertion sort). */
-    for (int i = 1; i < nq; i++)
-        for (int j = i; j > 0 && P.runs[order[j]].t_queued < P.runs[order[j - 1]].t_queued; j--) {
-            int t = order[j];
-            order[j] = order[j - 1];
-            order[j - 1] = t;
-        }
-    int evicting = 0;
-    for (int r = 0; r < S_MAX_RUNS; r++)
-        if (P.runs[r].used && P.runs[r].state == S_EVICTING &&
-            P.runs[r].slot >= 0) /* a staged one frees none */
-            evicting++;
-    double now = ll_clock_ms();
-    bool blocked = false; /* an older cell waits for a slot: younger ones may not take one first */
-    for (int i = 0; i < nq; i++) {
-        int r = order[i];
-        s_run_t *run = &P.runs[r];
-        if (!run->used || run->state != S_QUEUED)
-            continue;
-        if (run->prefetch && s_session_cell_queued(r)) {
-            /* The session's cell waits for a slot (on its staged worker, or to fork). */
-            s_skip_prefetch(r, "the session's cell waits for a GPU slot");
+        /* The dir is 0700; still, only our own uid may use the pool. */
+        struct ucred cred;
+        socklen_t cl = sizeof cred;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0 || cred.uid != getuid()) {
+            ll_warn("pool", "refusing a client of another uid");
+            close(fd);
             continue;
         }
-        bool busy = false, running = false;
-        int w = s_warm_for(r, &busy, &running);
-        if (w >= 0 && P.runs[w].slot < 0 && run->prefetch) {
-            /* The session's worker is staged and its user edits a GPU cell:
-             * give it a slot now if one is free, or may be freed by the
-             * prefetch rules (the wait for it then falls in the edit time),
-             * else re-check versions without one. */
-            int slot = s_free_slot();
-            bool cells = s_cells_waiting();
-            if (slot >= 0 && !cells) {
-                s_take_slot(w, slot);
-                s_start_warm(r, w);
-            } else if (slot < 0 && !cells && !run->evicted_for && !run->restage &&
-                       s_prefetch_evicts(r, now)) {
-                run->evicted_for = true; /* stays queued until that worker is gone */
-            } else if (!run->evicted_for || cells) {
-                s_start_warm(r, w);
-            }
-            continue;
-        }
-        if (w >= 0 && (P.runs[w].slot >= 0 || run->prefetch)) {
-            s_start_warm(r, w);
-            continue;
-        }
-        if (w >= 0) {
-            /* The cell's worker was prepared without a slot (staged): it
-             * takes a free one, or waits as a cold cell would, evicting. */
-            if (blocked)
-                continue;
-            int slot = s_free_slot();
-            if (slot >= 0) {
-                s_take_slot(w, slot);
-                s_start_warm(r, w);
-                run->staged_hit = true;
-                continue;
-            }
-            goto evict;
-        }
-        if (busy)
-            continue; /* the session's prefetch is preparing its worker: wait for it */
-        if (run->prefetch && running) {
-            /* The session's cell runs: its worker stays warm after it. */
-            s_skip_prefetch(r, "the session's worker is running a cell");
-            continue;
-        }
-        if (run->prefetch) {
-            int slot = s_free_slot();
-            bool cells = s_cells_waiting();
-            bool node = s_best_node(json_object_get(run->req, "import_closure")) >= 0;
-            if (run->restage) {
-                /* Staged or not at all: it takes nobody's slot. */
-                if (node && s_staged_count() < P.max_staged)
-                    s_start_run(r, -1);
-                else
-                    s_drop_run(r);
-                continue;
-            }
-            if (slot >= 0 && !cells && node) {
-                s_start_run(r, slot);
-            } else if (slot < 0 && !cells && !run->evicted_for && s_prefetch_evicts(r, now)) {
-                run->evicted_for = true; /* stays queued until that worker is gone */
-            } else if (!run->evicted_for && node && s_staged_count() < P.max_staged) {
-                s_start_run(r, -1); /* staged: prepared without a slot, it takes one at Run */
-            } else if (!run->evicted_for) {
-                s_skip_prefetch(r, cells ? "cells wait for a GPU slot" : "no free GPU slot");
-            }
-            continue;
-        }
-        if (blocked)
-            continue;
-        int slot = s_free_slot();
-        if (slot >= 0) {
-            if (s_best_node(json_object_get(run->req, "import_closure")) < 0) {
-                blocked = true; /* no node ready yet */
-                continue;
-            }
-            s_start_run(r, slot);
-            if (run->state == S_QUEUED)
-                blocked = true;
-            continue;
-        }
-    evict:
-        blocked = true;
-        if (evicting > 0) {
-            evicting--; /* a slot is on its way to this cell */
-            continue;
-        }
-        int victim = P.gdsf ? ll_gdsf_victim(P.gdsf, now) : -1;
-        for (int v = 0; v < S_MAX_RUNS && victim >= 0; v++)
-            if (P.runs[v].used && P.runs[v].state == S_WARM && P.runs[v].wpid == victim) {
-                char why[200];
-                snprintf(why, sizeof why, "slot pressure: cell %.80s of session %.40s needs a slot",
-                         run->id, run->session);
-                s_evict_worker(v, why, true);
-                victim = -1;
-            }
-    }
-    int queued = 0;
-    for (int r = 0; r < S_MAX_RUNS; r++)
-        if (P.runs[r].used && P.runs[r].state == S_QUEUED && !P.runs[r].prefetch)
-            queued++;
-    bool all_held = true;
-    for (int s2 = 0; s2 < P.nslots; s2++)
-        if (P.slot_run[s2] < 0)
-            all_held = false;
-    for (int r = 0; r < S_MAX_RUNS; r++) {
-        s_run_t *run = &P.runs[r];
-        if (run->used && run->state == S_QUEUED && !run->prefetch && !run->waited && all_held) {
-            run->waited = true;
-            ll_info("pool", "cell %s waits: all %d slots are held", run->id, P.nslots);
-            s_send_client(run->client, json_pack("{s:s, s:s, s:i, s:i}", "type", "wait", "id",
-                                                 run->id, "slots", P.nslots, "queued", queued));
-        }
+        memset(&pool->clients[c], 0, sizeof pool->clients[c]);
+        pool->clients[c].fd = fd;
+        pool->clients[c].rd = ll_zreader_new(fd);
+        pool->clients[c].connected = ll_clock_ms();
+        ll_info("pool", "client %d connected", c);
     }
 }
 
-static int s_find_run(int c, const char *id)
+/* Client C goes: its jobs and sessions (ll_hostpool_client_left), then its
+ * connection. */
+static void s_client_gone(ll_hostpool_t *pool, int c)
 {
-    if (!id)
-        return -1;
-    for (int r = 0; r < S_MAX_RUNS; r++)
-        if (P.runs[r].used && !s_idle_worker(&P.runs[r]) && P.runs[r].client == c &&
-            strcmp(P.runs[r].id, id) == 0)
-            return r;
-    return -1;
-}
-
-static bool s_str_array(const json_t *a)
-{
-    if (!a)
-        return true;
-    if (!json_is_array(a))
-        return false;
-    size_t i;
-    json_t *v;
-    json_array_foreach(a, i, v)
-        if (!json_is_string(v))
-            return false;
-    return true;
-}
-
-static void s_client_error(int c, const char *id, const char *why)
-{
-    s_send_client(c, json_pack("{s:s, s:s?, s:s}", "type", "error", "id", id, "error", why));
-}
-
-static void s_kill_run(int r, int sig)
-{
-    s_run_t *run = &P.runs[r];
-    if (run->wpid > 0 && (!run->handover || sig == SIGKILL))
-        kill(run->wpid, sig);
-    else if (sig == SIGKILL || !run->pending_sig)
-        run->pending_sig = sig; /* sent when the zygote reports the fork */
-}
-
-/* The worker's pid became known. */
-static void s_run_pid(int r, pid_t pid)
-{
-    s_run_t *run = &P.runs[r];
-    if (run->wpid)
-        return;
-    run->wpid = pid;
-    if (run->pending_sig) {
-        ll_debug("pool", "cell %s: signal %d, asked before the fork, sent to worker %d", run->id,
-                 run->pending_sig, (int) pid);
-        kill(pid, run->pending_sig);
-    }
-}
-
-static json_t *s_stats(void)
-{
-    json_t *nodes = json_array(), *slots = json_array(), *runs = json_array();
-    for (int i = 0; i < S_MAX_NODES; i++) {
-        s_node_t *nd = &P.nodes[i];
-        if (nd->used)
-            json_array_append_new(
-                nodes, json_pack("{s:i, s:i, s:i, s:b, s:O, s:f}", "id", nd->id, "parent",
-                                 nd->parent >= 0 ? P.nodes[nd->parent].id : nd->parent, "pid",
-                                 (int) nd->pid, "ready", nd->ready, "modules", nd->modules,
-                                 "last_used", nd->last_used));
-    }
-    for (int s = 0; s < P.nslots; s++)
-        json_array_append_new(slots, P.slot_run[s] >= 0 ? json_string(P.runs[P.slot_run[s]].id)
-                                                        : json_null());
-    static const char *const state_names[] = {"",       "queued",    "forking", "running",
-                                              "saving", "preparing", "warm",    "evicting"};
-    json_t *workers = json_array(), *sessions = json_array();
-    double now = ll_clock_ms();
-    for (int r = 0; r < S_MAX_RUNS; r++) {
-        s_run_t *run = &P.runs[r];
-        if (!run->used)
-            continue;
-        if (!s_idle_worker(run))
-            json_array_append_new(runs, json_pack("{s:s, s:i, s:i}", "id", run->id, "state",
-                                                  run->state, "pid", (int) run->wpid));
-        if (run->wpid <= 0 || run->state == S_QUEUED)
-            continue;
-        /* Every worker: warm ones (staged ones hold no slot), and busy ones. */
-        const char *st = run->state == S_WARM && run->slot < 0 ? "staged"
-                         : run->state == S_WARM && ll_gdsf_speculative(P.gdsf, (int) run->wpid, now)
-                             ? "speculative"
-                             : state_names[run->state];
-        double l = 0;
-        bool known = ll_gdsf_value(P.gdsf, (int) run->wpid, &l);
-        json_array_append_new(
-            workers, json_pack("{s:s, s:i, s:i, s:s, s:o, s:f, s:i, s:b, s:i, s:f}", "session",
-                               run->session ? run->session : "", "client", run->client, "pid",
-                               (int) run->wpid, "state", st, "L",
-                               known ? json_real(l) : json_null(), "bytes", run->held_bytes,
-                               "cells", run->cells, "spec", run->spec, "slot", run->slot, "idle_s",
-                               run->state == S_WARM ? (now - run->idle_since) / 1000.0 : 0.0));
-    }
-    for (int i = 0; i < S_MAX_SESSIONS; i++) {
-        s_sess_t *se = &P.sessions[i];
-        if (!se->used)
-            continue;
-        double held = s_session_held(i, now) / 1000.0;
-        double conn = se->client >= 0 && P.clients[se->client].fd >= 0
-                          ? (now - P.clients[se->client].connected) / 1000.0
-                          : held;
-        json_array_append_new(sessions,
-                              json_pack("{s:s, s:i, s:f, s:f, s:f}", "session", se->name, "client",
-                                        se->client, "gpu_held_s", held, "connected_s", conn,
-                                        "held_share", conn > 0 ? held / conn : 0.0));
-    }
-    return json_pack("{s:s, s:i, s:o, s:o, s:o, s:b, s:i, s:O, s:i, s:b, s:o, s:o, s:f, s:i}",
-                     "type", "stats", "pid", (int) getpid(), "nodes", nodes, "slots", slots, "runs",
-                     runs, "cuda", P.cuda, "max_nodes", P.max_nodes, "safety", P.safety,
-                     "base_respawns", P.base_respawns, "base_broken", P.base_broken, "workers",
-                     workers, "sessions", sessions, "clock", ll_gdsf_clock(P.gdsf), "warm_idle_s",
-                     P.warm_idle_s);
-}
-
-static void s_client_frame(int c, json_t *m)
-{
-    const char *type = json_string_value(json_object_get(m, "type"));
-    const char *id = json_string_value(json_object_get(m, "id"));
-    if (!type) {
-        s_client_error(c, id, "frame without a type");
-        return;
-    }
-    bool prefetch = strcmp(type, "prefetch") == 0;
-    if (strcmp(type, "run") == 0 || prefetch) {
-        const char *bad = NULL;
-        if (!id || !*id)
-            bad = "run: 'id' must be a non-empty string";
-        else if (s_find_run(c, id) >= 0)
-            bad = "run: a cell with this id is already running";
-        else if (!json_is_string(json_object_get(m, "session")))
-            bad = "run: 'session' must be a string";
-        else if (prefetch && P.warm_idle_s <= 0)
-            bad = "prefetch: warm workers are off in this pool (--warm-idle 0)";
-        else if (!prefetch && !json_is_string(json_object_get(m, "code")))
-            bad = "run: 'code' must be a string";
-        else if (!json_is_string(json_object_get(m, "store_dir")))
-            bad = "run: 'store_dir' must be a string";
-        else if (!s_str_array(json_object_get(m, "state_closure")) ||
-                 !s_str_array(json_object_get(m, "import_closure")) ||
-                 !s_str_array(json_object_get(m, "defines")) ||
-                 !s_str_array(json_object_get(m, "deletes")))
-            bad =
-                "run: state_closure, import_closure, defines and deletes must be arrays of strings";
-        if (bad) {
-            s_client_error(c, id, bad);
-            return;
-        }
-        int r = s_new_run(c, id, json_string_value(json_object_get(m, "session")), m, prefetch);
-        if (r < 0) {
-            s_client_error(c, id, "run: too many cells in flight");
-            return;
-        }
-        s_session(c, P.runs[r].session, true);
-        if (!json_is_array(json_object_get(m, "import_closure")))
-            json_object_set_new(m, "import_closure", json_array());
-        if (P.base_broken)
-            s_fail_queued();
-        else
-            s_schedule();
-        return;
-    }
-    int r = s_find_run(c, id);
-    if (r < 0 && id && strcmp(type, "cancel") == 0) {
-        /* A prefetch that finished: its speculative worker (never ran a
-         * cell) leaves; a worker that ran cells stays. */
-        for (int w = 0; w < S_MAX_RUNS; w++)
-            if (P.runs[w].used && P.runs[w].state == S_WARM && P.runs[w].client == c &&
-                P.runs[w].spec && P.runs[w].id && strcmp(P.runs[w].id, id) == 0)
-                s_evict_worker(w, "its prefetch was cancelled", false);
-        return;
-    }
-    if (strcmp(type, "stats") == 0) {
-        s_send_client(c, s_stats());
-    } else if (strcmp(type, "input_reply") == 0) {
-        if (r < 0 || P.runs[r].wfd < 0)
-            return;
-        json_t *f =
-            json_pack("{s:s, s:O}", "type", "input_reply", "value",
-                      json_object_get(m, "value") ? json_object_get(m, "value") : json_string(""));
-        ll_zframe_send(P.runs[r].wfd, f, -1);
-        json_decref(f);
-    } else if (strcmp(type, "interrupt") == 0 || strcmp(type, "cancel") == 0) {
-        if (r < 0)
-            return;
-        bool cancel = type[0] == 'c';
-        if (P.runs[r].prefetch) {
-            /* Speculative work dropped: a worker forked for it goes (it
-             * committed nothing); a warm one finishes restoring and stays. */
-            if (P.runs[r].state == S_QUEUED) {
-                s_send_client(c, json_pack("{s:s, s:s, s:b, s:s}", "type", "prefetched", "id", id,
-                                           "ok", 0, "skipped", "cancelled"));
-                s_drop_run(r);
-            } else if (P.runs[r].fresh) {
-                P.runs[r].cancelled = true;
-                s_kill_run(r, SIGKILL);
-            }
-            return;
-        }
-        if (P.runs[r].state == S_QUEUED) {
-            s_reply_error(r, cancel ? "Cancelled" : "KeyboardInterrupt",
-                          cancel ? "the cell was cancelled before it started"
-                                 : "interrupted before the cell started");
-            s_drop_run(r);
-        } else if (cancel) {
-            P.runs[r].cancelled = true;
-            s_kill_run(r, SIGKILL);
-        } else {
-            s_kill_run(r, SIGINT);
-        }
-    } else {
-        s_client_error(c, id, "unknown frame type");
-    }
-}
-
-static void s_client_gone(int c)
-{
-    for (int r = 0; r < S_MAX_RUNS; r++) {
-        s_run_t *run = &P.runs[r];
-        if (!run->used || run->client != c)
-            continue;
-        if (run->state == S_QUEUED) {
-            s_drop_run(r);
-            continue;
-        }
-        if (run->state == S_WARM) {
-            s_evict_worker(r, "its client left", false);
-        } else if (run->state == S_SAVING) {
-            /* Its save commits (a cell that ran is kept, as if the client
-             * had waited), then it leaves: nobody takes it warm. */
-            run->evict_t = ll_clock_ms();
-        } else if (run->state != S_EVICTING) {
-            run->cancelled = true;
-            s_kill_run(r, SIGKILL);
-        }
-    }
-    for (int i = 0; i < S_MAX_SESSIONS; i++)
-        if (P.sessions[i].used && P.sessions[i].client == c)
-            s_session_end(i);
-    for (int r = 0; r < S_MAX_RUNS; r++)
-        if (P.runs[r].used && P.runs[r].client == c)
-            P.runs[r].client = -1;
-    close(P.clients[c].fd);
-    ll_zreader_destroy(&P.clients[c].rd);
-    free(P.clients[c].out);
-    memset(&P.clients[c], 0, sizeof P.clients[c]);
-    P.clients[c].fd = -1;
+    ll_hostpool_client_left(pool, c);
+    close(pool->clients[c].fd);
+    ll_zreader_destroy(&pool->clients[c].rd);
+    free(pool->clients[c].out);
+    memset(&pool->clients[c], 0, sizeof pool->clients[c]);
+    pool->clients[c].fd = -1;
     ll_info("pool", "client %d left", c);
 }
 
-/* ------------------------------------------------------------------ */
-/* Frames from zygotes and workers                                    */
-
-static void s_node_frame(int n, json_t *m)
+/* Client C's socket is ready (REVENTS): write what is queued, read frames. */
+static void s_client_input(ll_hostpool_t *pool, int c, short revents)
 {
-    s_node_t *nd = &P.nodes[n];
-    const char *type = json_string_value(json_object_get(m, "type"));
-    if (!type)
+    if (revents & POLLOUT)
+        s_client_flush(pool, c);
+    if (!(revents & (POLLIN | POLLHUP | POLLERR)))
         return;
-    if (strcmp(type, "ready") == 0) {
-        nd->ready = true;
-        nd->pid = (pid_t) json_integer_value(json_object_get(m, "pid"));
-        json_t *mods = json_object_get(m, "modules");
-        if (json_is_array(mods)) {
-            json_decref(nd->modules);
-            nd->modules = json_copy(mods);
-        }
-        nd->last_used = ll_clock_ms();
-        ll_info("pool", "zygote node %d ready (pid %d, %zu modules, %.0f ms)", nd->id,
-                (int) nd->pid, json_array_size(nd->modules),
-                json_number_value(json_object_get(m, "load_ms")));
-        s_schedule();
-    } else if (strcmp(type, "forked") == 0 || strcmp(type, "refused") == 0) {
-        if (nd->forking > 0)
-            nd->forking--;
-        const char *rid = json_string_value(json_object_get(m, "run"));
-        int client = (int) json_integer_value(json_object_get(m, "client"));
-        int r = s_find_run(client, rid);
-        if (r < 0)
-            return;
-        if (type[0] == 'f') {
-            s_run_pid(r, (pid_t) json_integer_value(json_object_get(m, "pid")));
-            return;
-        }
-        const char *why = json_string_value(json_object_get(m, "why"));
-        char msg[600];
-        snprintf(msg, sizeof msg, "the zygote refused to fork a worker: %s", why ? why : "?");
-        ll_error("pool", "cell %s: %s", P.runs[r].id, msg);
-        s_reply_error(r, "ZygoteRefused", msg);
-        s_drop_run(r);
-        s_schedule();
-    } else if (strcmp(type, "exited") == 0) {
-        s_worker_exited((pid_t) json_integer_value(json_object_get(m, "pid")),
-                        (int) json_integer_value(json_object_get(m, "status")));
+    int fr = ll_zreader_fill(pool->clients[c].rd);
+    json_t *m;
+    bool bad = false;
+    while ((m = ll_zreader_pop(pool->clients[c].rd, &bad))) {
+        ll_hostpool_client_frame(pool, c, m);
+        json_decref(m);
     }
-}
-
-/* Worker R is idle now, its save committed (or a prefetch prepared it):
- * keep it warm for its session.  CHANGED: its state changed (a cell ran, a
- * prefetch restored something), so GreedyDual values it from the clock now. */
-static void s_make_warm(int r, bool changed)
-{
-    s_run_t *run = &P.runs[r];
-    double now = ll_clock_ms();
-    run->state = S_WARM;
-    run->idle_since = now;
-    run->handover = false;
-    run->pending_sig = 0;
-    if (run->slot < 0)
-        return; /* staged: it holds no slot, so it is nobody's victim (it leaves when idle, cancelled or unused) */
-    if (changed || !ll_gdsf_value(P.gdsf, (int) run->wpid, NULL))
-        ll_gdsf_changed(P.gdsf, (int) run->wpid, run->held_bytes, run->spec, now);
-    ll_gdsf_set_idle(P.gdsf, (int) run->wpid, true);
-    ll_debug("pool", "worker %d warm for session %s (%.0f bytes)", (int) run->wpid, run->session,
-             run->held_bytes);
-}
-
-static void s_worker_frame(int r, json_t *m)
-{
-    s_run_t *run = &P.runs[r];
-    const char *type = json_string_value(json_object_get(m, "type"));
-    if (!type || s_idle_worker(run))
-        return; /* an idle worker has nothing to say */
-    if (strcmp(type, "ready") == 0) {
-        s_run_pid(r, (pid_t) json_integer_value(json_object_get(m, "pid")));
-        if (run->handover) {
-            /* The warm worker dropped stale interrupts: forward new ones. */
-            run->handover = false;
-            if (run->pending_sig && run->wpid > 0)
-                kill(run->wpid, run->pending_sig);
-            run->pending_sig = 0;
-        }
-        if (run->prefetch) {
-            run->state = S_PREPARING;
-            return;
-        }
-        run->state = S_RUNNING;
-        json_object_set_new(m, "type", json_string("started"));
-        json_object_set_new(m, "node", json_integer(run->node_id));
-        json_object_set_new(m, "wait_ms", json_real(run->wait_ms));
-        json_object_set_new(m, "warm_hit", json_boolean(run->warm_hit));
-    } else if (strcmp(type, "saving") == 0) {
-        if (run->state == S_RUNNING)
-            run->state = S_SAVING;
-        return;
-    } else if (strcmp(type, "prepared") == 0 && run->prefetch) {
-        json_t *rep = json_object_get(m, "report");
-        json_t *ev = json_is_object(rep) ? json_deep_copy(rep) : json_object();
-        bool ok = !json_object_get(ev, "fatal");
-        bool stay = ok && json_is_true(json_object_get(ev, "stays_warm")) && P.warm_idle_s > 0 &&
-                    run->client >= 0;
-        json_t *restored = json_object_get(ev, "restored");
-        bool changed = run->fresh || (json_is_array(restored) && json_array_size(restored) > 0) ||
-                       json_array_size(json_object_get(ev, "dropped_stale")) > 0;
-        if (json_is_number(json_object_get(ev, "held_bytes")))
-            run->held_bytes = json_number_value(json_object_get(ev, "held_bytes"));
-        json_object_set_new(ev, "type", json_string("prefetched"));
-        json_object_set_new(ev, "id", json_string(run->id));
-        json_object_set_new(ev, "ok", json_boolean(ok));
-        json_object_set_new(ev, "warm_hit", json_boolean(run->warm_hit));
-        json_object_set_new(ev, "staged", json_boolean(run->slot < 0));
-        json_object_set_new(ev, "zygote_node", json_integer(run->node_id));
-        json_object_set_new(ev, "wait_ms", json_real(run->wait_ms));
-        s_answer_prefetch(r, ev);
-        if (stay) {
-            s_make_warm(r, changed);
-            ll_gdsf_prepared(P.gdsf, (int) run->wpid, true,
-                             ll_clock_ms()); /* for the session's coming cell */
-            s_schedule();
-        } else {
-            s_drop_run(r); /* the worker leaves by itself */
-            s_schedule();
-        }
-        return;
-    } else if (strcmp(type, "reply") == 0) {
-        /* The worker replies only after its save committed: the slot is free,
-         * or the worker stays warm for the session's next cell. */
-        json_t *md = json_object_get(m, "metadata");
-        json_t *ll = md ? json_object_get(md, "looseleaf") : NULL;
-        if (ll) {
-            json_object_set_new(ll, "zygote_node", json_integer(run->node_id));
-            json_object_set_new(ll, "wait_ms", json_real(run->wait_ms));
-            json_object_set_new(ll, "warm_hit", json_boolean(run->warm_hit));
-            json_object_set_new(ll, "staged", json_boolean(run->staged_hit));
-            if (json_is_number(json_object_get(ll, "held_bytes")))
-                run->held_bytes = json_number_value(json_object_get(ll, "held_bytes"));
-        }
-        json_object_set_new(m, "id", json_string(run->id));
-        s_send_client(run->client, json_incref(m));
-        int si = s_session(run->client, run->session, false);
-        if (si >= 0)
-            P.sessions[si].pf_credit =
-                1; /* a cell ran: its next prefetch may take a slot (s_prefetch_evicts) */
-        bool stay = ll && json_is_true(json_object_get(ll, "stays_warm")) && P.warm_idle_s > 0 &&
-                    run->client >= 0 && !run->cancelled;
-        if (stay) {
-            run->cells++;
-            run->spec = false;
-            ll_gdsf_prepared(P.gdsf, (int) run->wpid, false,
-                             0); /* the cell it was prepared for ran */
-            s_make_warm(r, true);
-        } else {
-            s_drop_run(r); /* the worker exits by itself; its zygote reaps it */
-        }
-        s_schedule();
-        return;
-    }
-    json_object_set_new(m, "id", json_string(run->id));
-    s_send_client(run->client, json_incref(m));
+    if (bad)
+        ll_warn("pool", "client %d sent a malformed frame: dropped", c);
+    if (fr < 0 || bad)
+        s_client_gone(pool, c);
 }
 
 /* ------------------------------------------------------------------ */
-/* Start-up and the loop                                              */
+/* Set-up                                                             */
 
-static int s_prepare_dir(void)
+/* Slots are CUDA devices counted through the runtime loaded with dlopen
+ * (never linked); 0 when there is none. */
+static int s_count_cuda(void)
 {
-    if (mkdir(P.dir, 0700) < 0 && errno != EEXIST) {
-        ll_error("pool", "cannot create %s: %s", P.dir, strerror(errno));
+    static const char *names[] = {"libcudart.so", "libcudart.so.12", "libcudart.so.11.0", NULL};
+    for (int i = 0; names[i]; i++) {
+        void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (!h)
+            continue;
+        int (*count)(int *) = (int (*)(int *)) dlsym(h, "cudaGetDeviceCount");
+        int n = 0;
+        if (count && count(&n) == 0 && n > 0) {
+            /* Keep the library loaded: unloading after cuInit is not safe. */
+            return n;
+        }
+        dlclose(h);
+    }
+    return 0;
+}
+
+/* The options: defaults, LL_POOL_*, the command line.  Returns -1 to go
+ * on, else the exit status. */
+static int s_parse(ll_hostpool_t *pool, int argc, char **argv)
+{
+    ll_hostpool_config_defaults(&pool->cfg);
+    ll_zclient_default_dir(pool->cfg.dir, sizeof pool->cfg.dir);
+    ll_hostpool_config_env(&pool->cfg, getenv);
+    char err[1024];
+    if (ll_hostpool_config_args(&pool->cfg, argc, argv, err, sizeof err) < 0) {
+        fputs(err, stderr);
+        return 2;
+    }
+    return -1;
+}
+
+static int s_prepare_dir(ll_hostpool_t *pool)
+{
+    if (mkdir(pool->cfg.dir, 0700) < 0 && errno != EEXIST) {
+        ll_error("pool", "cannot create %s: %s", pool->cfg.dir, strerror(errno));
         return -1;
     }
     struct stat st;
-    if (stat(P.dir, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() ||
+    if (stat(pool->cfg.dir, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() ||
         (st.st_mode & 077)) {
-        ll_error("pool", "%s must be a directory owned by uid %d with mode 0700", P.dir,
+        ll_error("pool", "%s must be a directory owned by uid %d with mode 0700", pool->cfg.dir,
                  (int) getuid());
         return -1;
     }
     return 0;
 }
 
-static int s_listen(void)
+/* Detach: the client that started us must not be our parent (it would have
+ * to reap us) nor share our output pipes.  Returns 1 in the parent (which
+ * exits), 0 in the detached pool, -1 when the fork failed. */
+static int s_detach(ll_hostpool_t *pool)
+{
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid > 0)
+        return 1;
+    setsid();
+    /* Descriptors the starting process leaked (not close-on-exec) would
+     * live on in every zygote and fail its pre-fork check. */
+    close_range(3, ~0U, 0);
+    char logpath[PATH_MAX + 16];
+    snprintf(logpath, sizeof logpath, "%s/pool.log", pool->cfg.dir);
+    int lfd = open(pool->cfg.log[0] ? pool->cfg.log : logpath,
+                   O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    int nfd = open("/dev/null", O_RDONLY);
+    if (nfd >= 0) {
+        dup2(nfd, 0);
+        close(nfd);
+    }
+    if (lfd >= 0) {
+        dup2(lfd, 1);
+        dup2(lfd, 2);
+        close(lfd);
+    }
+    ll_log_init('P');
+    return 0;
+}
+
+static int s_listen(ll_hostpool_t *pool)
 {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    if (strlen(P.sock) >= sizeof sa.sun_path) {
-        ll_error("pool", "socket path too long: %s", P.sock);
+    if (strlen(pool->sock) >= sizeof sa.sun_path) {
+        ll_error("pool", "socket path too long: %s", pool->sock);
         return -1;
     }
-    strcpy(sa.sun_path, P.sock);
-    unlink(P.sock); /* stale: we hold the lock, so no pool listens there */
+    strcpy(sa.sun_path, pool->sock);
+    unlink(pool->sock); /* stale: we hold the lock, so no pool listens there */
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0 || bind(fd, (struct sockaddr *) &sa, sizeof sa) < 0 || listen(fd, 64) < 0) {
-        ll_error("pool", "cannot listen on %s: %s", P.sock, strerror(errno));
+        ll_error("pool", "cannot listen on %s: %s", pool->sock, strerror(errno));
         if (fd >= 0)
             close(fd);
         return -1;
     }
-    chmod(P.sock, 0600);
+    chmod(pool->sock, 0600);
     return fd;
 }
 
-static void s_usage(void)
+/* The schedule (slots: CUDA devices, else the configured virtual ones) and
+ * the tree with its base zygote.  0, or -1 (logged). */
+static int s_start_serving(ll_hostpool_t *pool)
 {
-    fprintf(
-        stderr,
-        "usage: looseleaf pool [--runtime-dir DIR] [--slots N] [--idle-exit SECONDS]\n"
-        "                      [--head MOD,MOD,...] [--max-nodes N] [--no-grow] [--foreground]\n"
-        "                      [--warm-idle SECONDS] [--spec-window SECONDS]\n");
+    int nslots = pool->cfg.nslots, max_staged = pool->cfg.max_staged;
+    int ncuda = pool->cfg.no_cuda ? 0 : s_count_cuda();
+    if (ncuda > 0) {
+        pool->cuda = true;
+        nslots = ncuda < LL_SCHED_MAX_SLOTS ? ncuda : LL_SCHED_MAX_SLOTS;
+    }
+    /* Staged workers (a prefetch finding no slot prepares one without):
+     * twice as many as slots unless set.  Without a GPU there is no device
+     * memory, so they restore everything; on CUDA hosts (or when tests ask,
+     * LL_POOL_STAGED_DEFER=1) only imports and the state's restore waits for
+     * the slot: variables may hold device tensors. */
+    if (max_staged < 0)
+        max_staged = 2 * nslots;
+    pool->staged_defer = pool->cuda || pool->cfg.staged_defer;
+    pool->sched =
+        ll_sched_new(nslots, max_staged, pool->cfg.spec_s * 1000.0, pool->cfg.warm_idle_s > 0);
+    if (!pool->sched)
+        return -1;
+    ll_info("pool", "serving %s: %d %s slot(s), up to %d zygote nodes, idle exit %d s",
+            pool->cfg.dir, nslots, pool->cuda ? "CUDA" : "virtual", pool->cfg.max_nodes,
+            pool->cfg.idle_exit_s);
+    pool->tree = ll_ztree_new(pool->exe, pool->exe_name, pool->cfg.head, pool->cfg.max_nodes,
+                              pool->cfg.grow, ll_hostpool_node_lost, pool);
+    if (!pool->tree || ll_ztree_spawn_base(pool->tree) < 0) {
+        ll_error("pool", "cannot start the base zygote: %s", strerror(errno));
+        return -1;
+    }
+    pool->idle_since = ll_clock_ms();
+    return 0;
 }
 
-int ll_pool_main(int argc, char **argv)
+/* Everything before the loop: the runtime dir, detaching, the lock, the
+ * signals, the socket, the schedule and the base zygote.  Returns -1 to go
+ * on, else the exit status (0 in the parent that detached, and when
+ * another pool serves the dir). */
+static int s_setup(ll_hostpool_t *pool)
 {
-    ll_log_init('P');
-    memset(&P, 0, sizeof P);
-    ll_zclient_default_dir(P.dir, sizeof P.dir);
-    snprintf(P.head, sizeof P.head, "%s",
-             getenv("LL_POOL_HEAD") ? getenv("LL_POOL_HEAD")
-                                    : "numpy,torch,IPython,looseleaf_kernel,looseleaf_store");
-    P.nslots = getenv("LL_POOL_SLOTS") ? atoi(getenv("LL_POOL_SLOTS")) : 2;
-    P.idle_exit_s = getenv("LL_POOL_IDLE_EXIT") ? atoi(getenv("LL_POOL_IDLE_EXIT")) : 300;
-    P.max_nodes = getenv("LL_POOL_MAX_NODES") ? atoi(getenv("LL_POOL_MAX_NODES")) : 50;
-    P.max_staged = getenv("LL_POOL_MAX_STAGED") ? atoi(getenv("LL_POOL_MAX_STAGED")) : -1;
-    /* Warm workers are off unless asked for: the kernel asks (300 s,
-     * gateway/ll_route.c); bare pools (tests/zygote) fork per cell. */
-    P.warm_idle_s = getenv("LL_POOL_WARM_IDLE_S") ? atoi(getenv("LL_POOL_WARM_IDLE_S")) : 0;
-    P.spec_s = getenv("LL_POOL_SPEC_S") ? atoi(getenv("LL_POOL_SPEC_S")) : 30;
-    P.grow = true;
-    bool foreground = false;
-    const char *log = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        bool nx = i + 1 < argc;
-        if (strcmp(a, "--runtime-dir") == 0 && nx)
-            snprintf(P.dir, sizeof P.dir, "%s", argv[++i]);
-        else if (strcmp(a, "--slots") == 0 && nx)
-            P.nslots = atoi(argv[++i]);
-        else if (strcmp(a, "--idle-exit") == 0 && nx)
-            P.idle_exit_s = atoi(argv[++i]);
-        else if (strcmp(a, "--head") == 0 && nx)
-            snprintf(P.head, sizeof P.head, "%s", argv[++i]);
-        else if (strcmp(a, "--max-nodes") == 0 && nx)
-            P.max_nodes = atoi(argv[++i]);
-        else if (strcmp(a, "--warm-idle") == 0 && nx)
-            P.warm_idle_s = atoi(argv[++i]);
-        else if (strcmp(a, "--spec-window") == 0 && nx)
-            P.spec_s = atoi(argv[++i]);
-        else if (strcmp(a, "--log") == 0 && nx)
-            log = argv[++i];
-        else if (strcmp(a, "--no-grow") == 0)
-            P.grow = false;
-        else if (strcmp(a, "--foreground") == 0)
-            foreground = true;
-        else {
-            s_usage();
-            return 2;
-        }
-    }
-    if (P.nslots < 1 || P.nslots > S_MAX_SLOTS || P.max_nodes < 1 || P.max_nodes > S_MAX_NODES ||
-        P.idle_exit_s < 0 || P.warm_idle_s < 0 || P.spec_s < 0) {
-        fprintf(stderr,
-                "looseleaf pool: --slots must be 1..%d, --max-nodes 1..%d, --idle-exit, "
-                "--warm-idle and "
-                "--spec-window >= 0\n",
-                S_MAX_SLOTS, S_MAX_NODES);
-        return 2;
-    }
-    P.gdsf = ll_gdsf_new(P.spec_s * 1000.0);
-    if (!P.gdsf)
-        return 1;
-    if (ll_zframe_self_exe(P.exe, sizeof P.exe, P.exe_name, sizeof P.exe_name) < 0) {
+    if (ll_zframe_self_exe(pool->exe, sizeof pool->exe, pool->exe_name, sizeof pool->exe_name) <
+        0) {
         fprintf(stderr, "looseleaf pool: cannot find its own binary: %s\n", strerror(errno));
         return 1;
     }
-    if (s_prepare_dir() < 0)
+    if (s_prepare_dir(pool) < 0)
         return 1;
     char lockpath[PATH_MAX + 16];
-    snprintf(lockpath, sizeof lockpath, "%s/pool.lock", P.dir);
-    snprintf(P.sock, sizeof P.sock, "%s/pool.sock", P.dir);
-    if (!foreground) {
-        /* Detach: the client that started us must not be our parent (it
-         * would have to reap us) nor share our output pipes. */
-        pid_t pid = fork();
-        if (pid < 0)
-            return 1;
-        if (pid > 0)
-            return 0;
-        setsid();
-        /* Descriptors the starting process leaked (not close-on-exec) would
-         * live on in every zygote and fail its pre-fork check. */
-        close_range(3, ~0U, 0);
-        char logpath[PATH_MAX + 16];
-        snprintf(logpath, sizeof logpath, "%s/pool.log", P.dir);
-        int lfd = open(log ? log : logpath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-        int nfd = open("/dev/null", O_RDONLY);
-        if (nfd >= 0) {
-            dup2(nfd, 0);
-            close(nfd);
-        }
-        if (lfd >= 0) {
-            dup2(lfd, 1);
-            dup2(lfd, 2);
-            close(lfd);
-        }
-        ll_log_init('P');
-    }
-    int lock = open(lockpath, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (lock < 0 || flock(lock, LOCK_EX | LOCK_NB) < 0) {
-        ll_info("pool", "another pool already serves %s", P.dir);
+    snprintf(lockpath, sizeof lockpath, "%s/pool.lock", pool->cfg.dir);
+    snprintf(pool->sock, sizeof pool->sock, "%s/pool.sock", pool->cfg.dir);
+    int detached = pool->cfg.foreground ? 0 : s_detach(pool);
+    if (detached != 0)
+        return detached > 0 ? 0 : 1;
+    pool->lock_fd = open(lockpath, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (pool->lock_fd < 0 || flock(pool->lock_fd, LOCK_EX | LOCK_NB) < 0) {
+        ll_info("pool", "another pool already serves %s", pool->cfg.dir);
         return 0;
     }
     prctl(PR_SET_CHILD_SUBREAPER, 1);
@@ -1951,266 +343,257 @@ int ll_pool_main(int argc, char **argv)
     sigaddset(&mask, SIGINT);
     sigprocmask(SIG_BLOCK, &mask, NULL);
     signal(SIGPIPE, SIG_IGN);
-    P.sig_fd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
-    P.listen_fd = s_listen();
-    if (P.listen_fd < 0 || P.sig_fd < 0)
+    pool->sig_fd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    pool->listen_fd = s_listen(pool);
+    if (pool->listen_fd < 0 || pool->sig_fd < 0)
         return 1;
-    int ncuda = getenv("LL_POOL_NO_CUDA") ? 0 : s_count_cuda();
-    if (ncuda > 0) {
-        P.cuda = true;
-        P.nslots = ncuda < S_MAX_SLOTS ? ncuda : S_MAX_SLOTS;
-    }
-    /* Staged workers (a prefetch finding no slot prepares one without):
-     * twice as many as slots unless set.  Without a GPU there is no device
-     * memory, so they restore everything; on CUDA hosts (or when tests ask,
-     * LL_POOL_STAGED_DEFER=1) only imports and the state's restore waits for
-     * the slot: variables may hold device tensors. */
-    if (P.max_staged < 0)
-        P.max_staged = 2 * P.nslots;
-    P.staged_defer = P.cuda || (getenv("LL_POOL_STAGED_DEFER") &&
-                                strcmp(getenv("LL_POOL_STAGED_DEFER"), "1") == 0);
-    for (int s = 0; s < S_MAX_SLOTS; s++)
-        P.slot_run[s] = -1;
-    for (int c = 0; c < S_MAX_CLIENTS; c++)
-        P.clients[c].fd = -1;
-    for (int r = 0; r < S_MAX_RUNS; r++) {
-        P.runs[r].wfd = -1;
-        P.runs[r].slot = -1;
-    }
-    P.safety = json_object();
-    ll_info("pool", "serving %s: %d %s slot(s), up to %d zygote nodes, idle exit %d s", P.dir,
-            P.nslots, P.cuda ? "CUDA" : "virtual", P.max_nodes, P.idle_exit_s);
-    if (s_spawn_base() < 0) {
-        ll_error("pool", "cannot start the base zygote: %s", strerror(errno));
-        return 1;
-    }
-    P.idle_since = ll_clock_ms();
+    return s_start_serving(pool) < 0 ? 1 : -1;
+}
 
-    enum { K_LISTEN, K_SIG, K_CLIENT, K_NODE, K_WORKER, K_PROBE };
-    struct pollfd pfd[2 + S_MAX_CLIENTS + S_MAX_NODES + S_MAX_RUNS + S_MAX_PROBES];
-    int kind[sizeof pfd / sizeof pfd[0]], idx[sizeof pfd / sizeof pfd[0]];
-    while (!P.stop) {
-        int np = 0;
-        pfd[np] = (struct pollfd){P.listen_fd, POLLIN, 0}, kind[np] = K_LISTEN, idx[np++] = 0;
-        pfd[np] = (struct pollfd){P.sig_fd, POLLIN, 0}, kind[np] = K_SIG, idx[np++] = 0;
-        int nclients = 0;
-        for (int c = 0; c < S_MAX_CLIENTS; c++)
-            if (P.clients[c].fd >= 0) {
-                nclients++;
-                pfd[np] = (struct pollfd){P.clients[c].fd,
-                                          (short) (POLLIN | (P.clients[c].olen ? POLLOUT : 0)), 0},
-                kind[np] = K_CLIENT, idx[np++] = c;
-            }
-        for (int n = 0; n < S_MAX_NODES; n++)
-            if (P.nodes[n].used)
-                pfd[np] = (struct pollfd){P.nodes[n].fd, POLLIN, 0}, kind[np] = K_NODE,
-                idx[np++] = n;
-        int nruns = 0;
-        for (int r = 0; r < S_MAX_RUNS; r++)
-            if (P.runs[r].used) {
-                nruns++;
-                if (P.runs[r].wfd >= 0 && !P.runs[r].eof)
-                    pfd[np] = (struct pollfd){P.runs[r].wfd, POLLIN, 0}, kind[np] = K_WORKER,
-                    idx[np++] = r;
-            }
-        for (int i = 0; i < S_MAX_PROBES; i++)
-            if (P.probes[i].pid && P.probes[i].fd >= 0)
-                pfd[np] = (struct pollfd){P.probes[i].fd, POLLIN, 0}, kind[np] = K_PROBE,
-                idx[np++] = i;
+/* ------------------------------------------------------------------ */
+/* The loop                                                           */
 
-        double now = ll_clock_ms();
-        if (nclients || nruns)
-            P.idle_since = 0;
-        else if (!P.idle_since)
-            P.idle_since = now;
-        int timeout = -1;
-        for (int j = 0; j < S_MAX_PROBES; j++)
-            if (P.probes[j].pid) {
-                if (now - P.probes[j].started > S_PROBE_MS) {
-                    ll_warn("pool", "probe of %s hangs: killed (the package stays out of zygotes)",
-                            P.probes[j].module);
-                    kill(P.probes[j].pid, SIGKILL); /* reaped through SIGCHLD: verdict "failed" */
-                    P.probes[j].started = now;
-                }
-                timeout = 1000;
-            }
-        /* Warm workers unused for --warm-idle leave; an evicted one that
-         * does not leave in time is killed (its save committed). */
-        for (int r = 0; r < S_MAX_RUNS; r++) {
-            s_run_t *run = &P.runs[r];
-            double left = -1;
-            if (run->used && run->state == S_WARM) {
-                left = run->idle_since + P.warm_idle_s * 1000.0 - now;
-                if (left <= 0) {
-                    s_evict_worker(r, "idle timeout", false);
-                    left = S_EXIT_GRACE_MS;
-                }
-            } else if (run->used && run->state == S_SAVING && run->client < 0) {
-                left = run->evict_t + S_SAVE_GRACE_MS - now;
-                if (left <= 0) {
-                    ll_warn("pool", "worker %d still saving %.0f s after its client left: killed",
-                            (int) run->wpid, S_SAVE_GRACE_MS / 1000);
-                    run->cancelled = true;
-                    kill(run->wpid, SIGKILL);
-                    run->evict_t = now; /* its exit ends the entry; until then, once per grace */
-                    left = S_SAVE_GRACE_MS;
-                }
-            } else if (run->used && run->state == S_EVICTING) {
-                left = run->evict_t + S_EXIT_GRACE_MS - now;
-                if (left <= 0 && run->wpid > 0 && !run->exited) {
-                    ll_warn("pool", "warm worker %d did not exit: killed", (int) run->wpid);
-                    kill(run->wpid, SIGKILL);
-                    run->evict_t = now;
-                    left = S_EXIT_GRACE_MS;
-                }
-            }
-            if (left >= 0 && (timeout < 0 || (int) left + 1 < timeout))
-                timeout = (int) left + 1;
+enum { K_LISTEN, K_SIG, K_CLIENT, K_NODE, K_WORKER, K_PROBE };
+
+#define S_MAX_POLL \
+    (2 + LL_HOSTPOOL_MAX_CLIENTS + LL_ZTREE_MAX_NODES + LL_SCHED_MAX_JOBS + LL_ZTREE_MAX_PROBES)
+
+/* What one turn of the loop polls: each descriptor with its kind and the
+ * entry it belongs to. */
+typedef struct {
+    struct pollfd pfd[S_MAX_POLL];
+    int kind[S_MAX_POLL]; /* K_* */
+    int idx[S_MAX_POLL];  /* the client, node, job or probe entry */
+    int n;                /* descriptors */
+} s_pollset_t;
+
+static void s_poll_add(s_pollset_t *ps, int fd, short events, int kind, int idx)
+{
+    ps->pfd[ps->n] = (struct pollfd){fd, events, 0};
+    ps->kind[ps->n] = kind;
+    ps->idx[ps->n++] = idx;
+}
+
+/* Every descriptor the pool waits on.  Returns whether a client is
+ * connected. */
+static bool s_pollset(ll_hostpool_t *pool, s_pollset_t *ps)
+{
+    ps->n = 0;
+    s_poll_add(ps, pool->listen_fd, POLLIN, K_LISTEN, 0);
+    s_poll_add(ps, pool->sig_fd, POLLIN, K_SIG, 0);
+    bool clients = false;
+    for (int c = 0; c < LL_HOSTPOOL_MAX_CLIENTS; c++)
+        if (pool->clients[c].fd >= 0) {
+            clients = true;
+            s_poll_add(ps, pool->clients[c].fd,
+                       (short) (POLLIN | (pool->clients[c].olen ? POLLOUT : 0)), K_CLIENT, c);
         }
-        if (P.idle_since) {
-            double left = P.idle_since + P.idle_exit_s * 1000.0 - now;
+    for (int n = 0; n < LL_ZTREE_MAX_NODES; n++)
+        if (ll_ztree_node_fd(pool->tree, n) >= 0)
+            s_poll_add(ps, ll_ztree_node_fd(pool->tree, n), POLLIN, K_NODE, n);
+    for (int r = 0; r < LL_SCHED_MAX_JOBS; r++) {
+        const ll_hostpool_run_t *run = &pool->runs[r];
+        if (ll_sched_job(pool->sched, r)->state && run->worker.fd >= 0 && !run->worker.eof)
+            s_poll_add(ps, run->worker.fd, POLLIN, K_WORKER, r);
+    }
+    for (int i = 0; i < LL_ZTREE_MAX_PROBES; i++)
+        if (ll_ztree_probe_fd(pool->tree, i) >= 0)
+            s_poll_add(ps, ll_ztree_probe_fd(pool->tree, i), POLLIN, K_PROBE, i);
+    return clients;
+}
+
+/* The signalfd: SIGTERM/SIGINT stop the pool; SIGCHLD reaps probes and
+ * orphaned workers (a node's exit is its socket closing). */
+static void s_signals(ll_hostpool_t *pool)
+{
+    struct signalfd_siginfo si;
+    while (read(pool->sig_fd, &si, sizeof si) == sizeof si)
+        if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT)
+            pool->stop = true;
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
+        if (!ll_ztree_reaped(pool->tree, pid, status))
+            ll_hostpool_worker_exited(pool, pid, status); /* orphaned worker, or a node (ignored) */
+}
+
+/* Node N's socket FD is readable: its frames, or its end. */
+static void s_node_input(ll_hostpool_t *pool, int n, int fd)
+{
+    if (ll_ztree_node_fd(pool->tree, n) != fd)
+        return;
+    int fr = ll_zreader_fill(ll_ztree_node_reader(pool->tree, n));
+    json_t *m;
+    bool bad = false;
+    while (ll_ztree_node_fd(pool->tree, n) == fd &&
+           (m = ll_zreader_pop(ll_ztree_node_reader(pool->tree, n), &bad))) {
+        ll_hostpool_node_frame(pool, n, m);
+        json_decref(m);
+    }
+    if (ll_ztree_node_fd(pool->tree, n) == fd && (fr < 0 || bad) &&
+        ll_ztree_node_gone(pool->tree, n, bad ? "malformed frame" : "its socket closed",
+                           !pool->stop) < 0)
+        ll_hostpool_fail_queued(pool);
+}
+
+/* Serve until stopped, or idle for --idle-exit seconds. */
+static void s_loop(ll_hostpool_t *pool)
+{
+    s_pollset_t ps;
+    while (!pool->stop) {
+        bool clients = s_pollset(pool, &ps);
+        double now = ll_clock_ms();
+        if (clients || ll_hostpool_busy(pool))
+            pool->idle_since = 0;
+        else if (!pool->idle_since)
+            pool->idle_since = now;
+        int timeout = ll_ztree_timeout(pool->tree, now);
+        timeout = ll_hostpool_worker_timers(pool, now, timeout);
+        if (pool->idle_since) {
+            double left = pool->idle_since + pool->cfg.idle_exit_s * 1000.0 - now;
             if (left <= 0) {
-                ll_info("pool", "no client for %d s: exiting", P.idle_exit_s);
-                break;
+                ll_info("pool", "no client for %d s: exiting", pool->cfg.idle_exit_s);
+                return;
             }
             timeout = timeout < 0 || (int) left + 1 < timeout ? (int) left + 1 : timeout;
         }
-        int rc = poll(pfd, (nfds_t) np, timeout);
+        int rc = poll(ps.pfd, (nfds_t) ps.n, timeout);
         if (rc < 0 && errno != EINTR)
-            break;
-        for (int i = 0; i < np && rc > 0; i++) {
-            if (!pfd[i].revents)
+            return;
+        for (int i = 0; i < ps.n && rc > 0; i++) {
+            if (!ps.pfd[i].revents)
                 continue;
-            int k = idx[i];
-            switch (kind[i]) {
-            case K_LISTEN: {
-                int fd;
-                while ((fd = accept4(P.listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0) {
-                    int c = -1;
-                    for (int j = 0; j < S_MAX_CLIENTS; j++)
-                        if (P.clients[j].fd < 0) {
-                            c = j;
-                            break;
-                        }
-                    if (c < 0) {
-                        close(fd);
-                        continue;
-                    }
-                    /* The dir is 0700; still, only our own uid may use the pool. */
-                    struct ucred cred;
-                    socklen_t cl = sizeof cred;
-                    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0 ||
-                        cred.uid != getuid()) {
-                        ll_warn("pool", "refusing a client of another uid");
-                        close(fd);
-                        continue;
-                    }
-                    memset(&P.clients[c], 0, sizeof P.clients[c]);
-                    P.clients[c].fd = fd;
-                    P.clients[c].rd = ll_zreader_new(fd);
-                    P.clients[c].connected = ll_clock_ms();
-                    ll_info("pool", "client %d connected", c);
-                }
+            int k = ps.idx[i], fd = ps.pfd[i].fd;
+            switch (ps.kind[i]) {
+            case K_LISTEN: s_accept(pool); break;
+            case K_SIG: s_signals(pool); break;
+            case K_CLIENT:
+                if (pool->clients[k].fd == fd)
+                    s_client_input(pool, k, ps.pfd[i].revents);
                 break;
-            }
-            case K_SIG: {
-                struct signalfd_siginfo si;
-                while (read(P.sig_fd, &si, sizeof si) == sizeof si)
-                    if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT)
-                        P.stop = true;
-                int status;
-                pid_t pid;
-                while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-                    bool known = false;
-                    for (int j = 0; j < S_MAX_PROBES; j++)
-                        if (P.probes[j].pid == pid) {
-                            s_probe_done(j, status);
-                            known = true;
-                        }
-                    if (!known)
-                        s_worker_exited(pid, status); /* orphaned worker, or a node (ignored) */
-                }
-                break;
-            }
-            case K_CLIENT: {
-                if (P.clients[k].fd != pfd[i].fd)
-                    break;
-                if (pfd[i].revents & POLLOUT)
-                    s_client_flush(k);
-                if (!(pfd[i].revents & (POLLIN | POLLHUP | POLLERR)))
-                    break;
-                int fr = ll_zreader_fill(P.clients[k].rd);
-                json_t *m;
-                bool bad = false;
-                while ((m = ll_zreader_pop(P.clients[k].rd, &bad))) {
-                    s_client_frame(k, m);
-                    json_decref(m);
-                }
-                if (bad)
-                    ll_warn("pool", "client %d sent a malformed frame: dropped", k);
-                if (fr < 0 || bad)
-                    s_client_gone(k);
-                break;
-            }
-            case K_NODE: {
-                if (!P.nodes[k].used || P.nodes[k].fd != pfd[i].fd)
-                    break;
-                int fr = ll_zreader_fill(P.nodes[k].rd);
-                json_t *m;
-                bool bad = false;
-                while (P.nodes[k].used && (m = ll_zreader_pop(P.nodes[k].rd, &bad))) {
-                    s_node_frame(k, m);
-                    json_decref(m);
-                }
-                if (P.nodes[k].used && (fr < 0 || bad))
-                    s_node_gone(k, bad ? "malformed frame" : "its socket closed");
-                break;
-            }
-            case K_WORKER: {
-                if (!P.runs[k].used || P.runs[k].wfd != pfd[i].fd)
-                    break;
-                int fr = ll_zreader_fill(P.runs[k].wrd);
-                json_t *m;
-                bool bad = false;
-                while (P.runs[k].used && (m = ll_zreader_pop(P.runs[k].wrd, &bad))) {
-                    s_worker_frame(k, m);
-                    json_decref(m);
-                }
-                if (P.runs[k].used && (fr < 0 || bad)) {
-                    P.runs[k].eof = true;
-                    if (P.runs[k].exited)
-                        s_finish_dead(k);
-                }
-                break;
-            }
-            case K_PROBE: {
-                s_probe_t *pr = &P.probes[k];
-                ssize_t r = read(pr->fd, pr->out + pr->outlen, sizeof pr->out - 1 - pr->outlen);
-                if (r > 0)
-                    pr->outlen += (size_t) r;
-                else if (r == 0 || (errno != EAGAIN && errno != EINTR)) {
-                    close(pr->fd); /* its exit (SIGCHLD) finishes the probe */
-                    pr->fd = -1;
-                }
-                break;
-            }
+            case K_NODE: s_node_input(pool, k, fd); break;
+            case K_WORKER: ll_hostpool_worker_input(pool, k, fd); break;
+            case K_PROBE: ll_ztree_probe_input(pool->tree, k); break;
             }
         }
-        s_schedule();
-        for (int c = 0; c < S_MAX_CLIENTS; c++)
-            if (P.clients[c].fd >= 0 && P.clients[c].dead)
-                s_client_gone(c);
+        ll_hostpool_schedule(pool);
+        for (int c = 0; c < LL_HOSTPOOL_MAX_CLIENTS; c++)
+            if (pool->clients[c].fd >= 0 && pool->clients[c].dead)
+                s_client_gone(pool, c);
     }
-    ll_info("pool", "stopping");
-    for (int i = 0; i < S_MAX_SESSIONS; i++)
-        if (P.sessions[i].used)
-            s_session_end(i);
-    for (int n = 0; n < S_MAX_NODES; n++)
-        if (P.nodes[n].used && P.nodes[n].pid > 0)
-            kill(P.nodes[n].pid, SIGTERM);
-    for (int r = 0; r < S_MAX_RUNS; r++)
-        if (P.runs[r].used)
-            s_kill_run(r, SIGKILL);
-    unlink(P.sock);
-    return 0;
+}
+
+/* Free what the pool holds (its processes are the teardown's). */
+static void s_destroy(ll_hostpool_t *pool)
+{
+    for (int c = 0; c < LL_HOSTPOOL_MAX_CLIENTS; c++) {
+        ll_zreader_destroy(&pool->clients[c].rd);
+        free(pool->clients[c].out);
+    }
+    for (int r = 0; r < LL_SCHED_MAX_JOBS; r++) {
+        ll_zreader_destroy(&pool->runs[r].worker.rd);
+        free(pool->runs[r].id);
+        json_decref(pool->runs[r].req);
+    }
+    ll_sched_destroy(&pool->sched);
+    ll_ztree_destroy(&pool->tree);
+    free(pool);
+}
+
+int ll_hostpool_main(int argc, char **argv)
+{
+    ll_log_init('P');
+    ll_hostpool_t *pool = calloc(1, sizeof *pool);
+    if (!pool)
+        return 1;
+    pool->listen_fd = pool->sig_fd = pool->lock_fd = -1;
+    for (int c = 0; c < LL_HOSTPOOL_MAX_CLIENTS; c++)
+        pool->clients[c].fd = -1;
+    for (int r = 0; r < LL_SCHED_MAX_JOBS; r++) {
+        pool->runs[r].worker.fd = -1;
+        pool->runs[r].worker.node = -1;
+    }
+    int rc = s_parse(pool, argc, argv);
+    if (rc < 0)
+        rc = s_setup(pool);
+    if (rc < 0) {
+        s_loop(pool);
+        ll_info("pool", "stopping");
+        ll_hostpool_jobs_stop(pool);
+        unlink(pool->sock);
+        rc = 0;
+    }
+    s_destroy(pool);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* Self-test: a client's queue of frames on a socketpair (no process is */
+/* started): a client that does not read stalls nobody, gets every     */
+/* frame in order once it reads; a dead or gone one gets nothing.      */
+
+int ll_hostpool_selftest(bool verbose)
+{
+    int fails = 0;
+#define S_CHECK(cond)                                                                    \
+    do {                                                                                 \
+        if (!(cond)) {                                                                   \
+            fails++;                                                                     \
+            if (verbose)                                                                 \
+                fprintf(stderr, "ll_hostpool: failed: %s (line %d)\n", #cond, __LINE__); \
+        }                                                                                \
+    } while (0)
+    ll_hostpool_t *pool = calloc(1, sizeof *pool);
+    int sv[2];
+    S_CHECK(pool && socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) == 0);
+    if (!pool)
+        return 1;
+    for (int c = 0; c < LL_HOSTPOOL_MAX_CLIENTS; c++)
+        pool->clients[c].fd = -1;
+    int small = 4096;
+    setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
+    setsockopt(sv[1], SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    pool->clients[0].fd = sv[0];
+    char text[1001];
+    memset(text, 'a', 1000);
+    text[1000] = '\0';
+    const int nframes = 300; /* ~300 KiB: more than the socket holds */
+    for (int i = 0; i < nframes; i++)
+        ll_hostpool_send(pool, 0,
+                         json_pack("{s:s, s:i, s:s}", "type", "stream", "n", i, "text", text));
+    S_CHECK(pool->clients[0].olen > 0 && !pool->clients[0].dead); /* queued, not blocked */
+    /* The client reads: every frame, in order, as the queue drains. */
+    ll_zreader_t *rd = ll_zreader_new(sv[1]);
+    int next = 0;
+    bool bad = false;
+    for (int turn = 0; turn < 100000 && next < nframes && !bad; turn++) {
+        s_client_flush(pool, 0);
+        ll_zreader_fill(rd);
+        json_t *m;
+        while ((m = ll_zreader_pop(rd, &bad))) {
+            bad = bad || json_integer_value(json_object_get(m, "n")) != next++;
+            json_decref(m);
+        }
+    }
+    S_CHECK(next == nframes && !bad && pool->clients[0].olen == 0);
+    /* A client marked dead, or one that is gone, gets nothing. */
+    pool->clients[0].dead = true;
+    ll_hostpool_send(pool, 0, json_pack("{s:s}", "type", "stats"));
+    S_CHECK(pool->clients[0].olen == 0);
+    ll_hostpool_send(pool, 1, json_pack("{s:s}", "type", "stats"));
+    ll_hostpool_send(pool, -1, json_pack("{s:s}", "type", "stats"));
+    S_CHECK(pool->clients[1].olen == 0);
+    /* A client whose end closed is marked dead at the next write. */
+    pool->clients[0].dead = false;
+    close(sv[1]);
+    ll_hostpool_send(pool, 0, json_pack("{s:s}", "type", "stats"));
+    S_CHECK(pool->clients[0].dead);
+    ll_zreader_destroy(&rd);
+    close(sv[0]);
+    free(pool->clients[0].out);
+    free(pool);
+#undef S_CHECK
+    if (verbose)
+        fprintf(stderr, "ll_hostpool: %s\n", fails ? "FAILED" : "ok");
+    return fails ? 1 : 0;
 }

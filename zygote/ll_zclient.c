@@ -1,9 +1,12 @@
-/* ll_zclient: the kernel's side of the host pool (zygote/API.md).
+/* ll_zclient: the kernel's side of the host pool (zygote/API.md,
+ * zygote/ll_zclient.h).
  *
  * Runs in the kernel process, which has ZeroMQ threads and therefore never
  * forks: a missing pool is started with posix_spawn (exec), and the pool
- * detaches itself.  One thread uses a client at a time. */
-#include "zygote/ll_zygote.h"
+ * detaches itself.  One thread uses a client at a time.  Requests go out as
+ * frames (zygote/ll_zframe.h) on a blocking write; events come in through a
+ * reader fed from the non-blocking socket. */
+#include "zygote/ll_zclient.h"
 #include "zygote/ll_zframe.h"
 #include "base/ll_clock.h"
 #include "base/ll_log.h"
@@ -61,6 +64,25 @@ static int s_connect(const char *sock)
         return -1;
     }
     return fd;
+}
+
+/* A client on connected socket FD (taken: closed on failure too), or NULL
+ * with ERR set. */
+static ll_zclient_t *s_client_new(int fd, char *err, size_t errlen)
+{
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    ll_zclient_t *self = calloc(1, sizeof *self);
+    if (self)
+        self->rd = ll_zreader_new(fd);
+    if (!self || !self->rd) {
+        free(self);
+        close(fd);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    self->fd = fd;
+    self->ok = true;
+    return self;
 }
 
 ll_zclient_t *ll_zclient_connect(const char *runtime_dir, const char *exe,
@@ -138,17 +160,7 @@ ll_zclient_t *ll_zclient_connect(const char *runtime_dir, const char *exe,
             return NULL;
         }
     }
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-    ll_zclient_t *self = calloc(1, sizeof *self);
-    if (!self) {
-        close(fd);
-        snprintf(err, errlen, "out of memory");
-        return NULL;
-    }
-    self->fd = fd;
-    self->rd = ll_zreader_new(fd);
-    self->ok = true;
-    return self;
+    return s_client_new(fd, err, errlen);
 }
 
 void ll_zclient_destroy(ll_zclient_t **self_p)
@@ -274,4 +286,176 @@ int ll_zclient_cancel(ll_zclient_t *self, const char *id)
 int ll_zclient_stats(ll_zclient_t *self)
 {
     return s_send(self, json_pack("{s:s}", "type", "stats"));
+}
+
+/* ------------------------------------------------------------------ */
+/* Self-test: a client on a socketpair whose other end plays the pool   */
+/* (frames out, events in, the pool gone), and the default dir.        */
+
+/* The next frame the client sent, as the pool reads it (caller owns it). */
+static json_t *s_test_recv(int pool_fd)
+{
+    return ll_zframe_recv(pool_fd, NULL, true);
+}
+
+/* A frame's "type", and a string field. */
+static bool s_test_is(const json_t *m, const char *type, const char *key, const char *value)
+{
+    const char *t = json_string_value(json_object_get(m, "type"));
+    const char *v = key ? json_string_value(json_object_get(m, key)) : NULL;
+    return t && strcmp(t, type) == 0 && (!key || (v && strcmp(v, value) == 0));
+}
+
+/* Set environment variable NAME to VALUE (NULL: unset). */
+static void s_test_setenv(const char *name, const char *value)
+{
+    if (value)
+        setenv(name, value, 1);
+    else
+        unsetenv(name);
+}
+
+int ll_zclient_selftest(bool verbose)
+{
+    int fails = 0;
+#define S_CHECK(cond)                                                                   \
+    do {                                                                                \
+        if (!(cond)) {                                                                  \
+            fails++;                                                                    \
+            if (verbose)                                                                \
+                fprintf(stderr, "ll_zclient: failed: %s (line %d)\n", #cond, __LINE__); \
+        }                                                                               \
+    } while (0)
+    char err[256];
+    int sv[2];
+    S_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+    ll_zclient_t *c = s_client_new(sv[0], err, sizeof err);
+    S_CHECK(c && ll_zclient_ok(c) && ll_zclient_fd(c) == sv[0]);
+    S_CHECK(fcntl(sv[0], F_GETFL) & O_NONBLOCK);
+
+    /* Requests are checked before they go: a run needs id, code, session
+     * and store_dir; a prefetch no code.  The request is only borrowed. */
+    json_t *req = json_pack("{s:s, s:s, s:s, s:[s]}", "id", "c1", "session", "s1", "store_dir",
+                            "/tmp/st", "state_closure", "x");
+    S_CHECK(ll_zclient_run(c, req, err, sizeof err) == -1 && strstr(err, "id, code, session"));
+    S_CHECK(ll_zclient_run(c, NULL, err, sizeof err) == -1);
+    S_CHECK(ll_zclient_prefetch(c, req, err, sizeof err) == 0);
+    json_object_set_new(req, "code", json_string("x = 1"));
+    S_CHECK(ll_zclient_run(c, req, err, sizeof err) == 0);
+    S_CHECK(!json_object_get(req, "type") && json_object_size(req) == 5);
+    json_t *nosession = json_pack("{s:s, s:s}", "id", "p", "store_dir", "/tmp/st");
+    S_CHECK(ll_zclient_prefetch(c, nosession, err, sizeof err) == -1 && strstr(err, "session"));
+    json_decref(nosession);
+    S_CHECK(ll_zclient_input_reply(c, "c1", "yes") == 0 &&
+            ll_zclient_input_reply(c, "c1", NULL) == 0);
+    S_CHECK(ll_zclient_interrupt(c, "c1") == 0 && ll_zclient_cancel(c, "c1") == 0);
+    S_CHECK(ll_zclient_stats(c) == 0);
+
+    /* The pool reads them as frames, in order. */
+    json_t *m = s_test_recv(sv[1]);
+    S_CHECK(s_test_is(m, "prefetch", "id", "c1") && !json_object_get(m, "code"));
+    S_CHECK(json_equal(json_object_get(m, "state_closure"), json_object_get(req, "state_closure")));
+    json_decref(m);
+    m = s_test_recv(sv[1]);
+    S_CHECK(s_test_is(m, "run", "code", "x = 1") && s_test_is(m, "run", "session", "s1"));
+    json_decref(m);
+    m = s_test_recv(sv[1]);
+    S_CHECK(s_test_is(m, "input_reply", "value", "yes") && s_test_is(m, "input_reply", "id", "c1"));
+    json_decref(m);
+    m = s_test_recv(sv[1]);
+    S_CHECK(s_test_is(m, "input_reply", "value", "")); /* NULL: an empty line */
+    json_decref(m);
+    m = s_test_recv(sv[1]);
+    S_CHECK(s_test_is(m, "interrupt", "id", "c1"));
+    json_decref(m);
+    m = s_test_recv(sv[1]);
+    S_CHECK(s_test_is(m, "cancel", "id", "c1"));
+    json_decref(m);
+    m = s_test_recv(sv[1]);
+    S_CHECK(s_test_is(m, "stats", NULL, NULL));
+    json_decref(m);
+    json_decref(req);
+
+    /* Events: none yet (at once, and after a short wait); then what the
+     * pool sends, in order, also when a frame arrives in pieces. */
+    S_CHECK(ll_zclient_next(c, 0) == NULL);
+    double t0 = ll_clock_ms();
+    S_CHECK(ll_zclient_next(c, 30) == NULL && ll_clock_ms() - t0 >= 25);
+    json_t *ev = json_pack("{s:s, s:s, s:s, s:s}", "type", "stream", "id", "c1", "name", "stdout",
+                           "text", "hi\n");
+    S_CHECK(ll_zframe_send(sv[1], ev, -1) == 0);
+    json_decref(ev);
+    ev = json_pack("{s:s, s:s, s:i}", "type", "wait", "id", "c2", "slots", 2);
+    size_t len = 0;
+    char *bytes = ll_zframe_encode(ev, &len);
+    json_decref(ev);
+    S_CHECK(bytes && write(sv[1], bytes, 3) == 3); /* a partial length */
+    json_t *got = ll_zclient_next(c, 1000);
+    S_CHECK(s_test_is(got, "stream", "text", "hi\n"));
+    json_decref(got);
+    S_CHECK(ll_zclient_next(c, 0) == NULL); /* half a frame is no event */
+    S_CHECK(bytes && write(sv[1], bytes + 3, len - 3) == (ssize_t) (len - 3));
+    free(bytes);
+    got = ll_zclient_next(c, 1000);
+    S_CHECK(s_test_is(got, "wait", "id", "c2") && ll_zclient_ok(c));
+    json_decref(got);
+
+    /* The pool goes: a last event still arrives, then pool_gone once; from
+     * then on the client says so and sends nothing. */
+    ev = json_pack("{s:s, s:s}", "type", "reply", "id", "c1");
+    S_CHECK(ll_zframe_send(sv[1], ev, -1) == 0);
+    json_decref(ev);
+    close(sv[1]);
+    got = ll_zclient_next(c, 1000);
+    S_CHECK(s_test_is(got, "reply", "id", "c1"));
+    json_decref(got);
+    got = ll_zclient_next(c, 1000);
+    S_CHECK(s_test_is(got, "pool_gone", NULL, NULL) && !ll_zclient_ok(c));
+    json_decref(got);
+    S_CHECK(ll_zclient_next(c, 0) == NULL && ll_zclient_next(c, 50) == NULL);
+    req = json_pack("{s:s, s:s, s:s, s:s}", "id", "c3", "code", "1", "session", "s1", "store_dir",
+                    "/tmp/st");
+    S_CHECK(ll_zclient_run(c, req, err, sizeof err) == -1 && strstr(err, "connection is gone"));
+    json_decref(req);
+    S_CHECK(ll_zclient_interrupt(c, "c3") == -1 && ll_zclient_stats(c) == -1);
+    ll_zclient_destroy(&c);
+    S_CHECK(c == NULL);
+    ll_zclient_destroy(&c); /* safe twice */
+
+    /* A malformed frame from the pool is the pool gone too. */
+    S_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+    c = s_client_new(sv[0], err, sizeof err);
+    static const char bad[] = {0, 0, 0, 3, 'a', 'b', 'c'};
+    S_CHECK(write(sv[1], bad, sizeof bad) == (ssize_t) sizeof bad);
+    got = ll_zclient_next(c, 1000);
+    S_CHECK(s_test_is(got, "pool_gone", NULL, NULL) && !ll_zclient_ok(c));
+    json_decref(got);
+    ll_zclient_destroy(&c);
+    close(sv[1]);
+
+    /* The default runtime dir: LOOSELEAF_POOL_DIR, else under
+     * XDG_RUNTIME_DIR, else per uid in /tmp (empty values do not count). */
+    char *saved[2] = {getenv("LOOSELEAF_POOL_DIR"), getenv("XDG_RUNTIME_DIR")};
+    for (int i = 0; i < 2; i++)
+        saved[i] = saved[i] ? strdup(saved[i]) : NULL;
+    char dir[PATH_MAX], want[64];
+    s_test_setenv("LOOSELEAF_POOL_DIR", "/tmp/pd");
+    s_test_setenv("XDG_RUNTIME_DIR", "/run/user/7");
+    ll_zclient_default_dir(dir, sizeof dir);
+    S_CHECK(strcmp(dir, "/tmp/pd") == 0);
+    s_test_setenv("LOOSELEAF_POOL_DIR", "");
+    ll_zclient_default_dir(dir, sizeof dir);
+    S_CHECK(strcmp(dir, "/run/user/7/looseleaf-pool") == 0);
+    s_test_setenv("XDG_RUNTIME_DIR", NULL);
+    ll_zclient_default_dir(dir, sizeof dir);
+    snprintf(want, sizeof want, "/tmp/looseleaf-pool-%d", (int) getuid());
+    S_CHECK(strcmp(dir, want) == 0);
+    s_test_setenv("LOOSELEAF_POOL_DIR", saved[0]);
+    s_test_setenv("XDG_RUNTIME_DIR", saved[1]);
+    free(saved[0]);
+    free(saved[1]);
+#undef S_CHECK
+    if (verbose)
+        fprintf(stderr, "ll_zclient: %s\n", fails ? "FAILED" : "ok");
+    return fails ? 1 : 0;
 }

@@ -1,15 +1,16 @@
-/* ll_zdriver: a small test driver for the zygote module (tests/zygote/).
+/* ll_zdriver: the test driver of the zygote module (tests/zygote/,
+ * tests/prefetch/, through tests/llpool_util.py): a client of the host pool
+ * that speaks JSON lines, as a kernel would speak to the pool.
  *
- *   ll_zdriver pool ...    / ll_zdriver zygote ...   the subcommands, as
- *       build/looseleaf will run them once the gateway dispatches them;
  *   ll_zdriver client DIR [POOL ARGS...]   connect through the client API
- *       (starting the pool with POOL ARGS when none answers, from the binary
- *       $LL_POOL_EXE, default this one), then read
+ *       (zygote/ll_zclient.h) to the pool of DIR, starting it with POOL ARGS
+ *       when none answers from the binary $LL_POOL_EXE (build/looseleaf:
+ *       the pool and its zygotes run as the product runs them); then read
  *       commands as JSON lines on stdin and print every event as a JSON line:
  *       {"op":"run", ...request} {"op":"prefetch", ...request} {"op":"input","id","value"}
- *       {"op":"interrupt","id"} {"op":"cancel","id"} {"op":"stats"}.
+ *       {"op":"interrupt","id"} {"op":"cancel","id"} {"op":"stats"} {"op":"quit"}.
  * One thread; polls stdin and the client's fd. */
-#include "zygote/ll_zygote.h"
+#include "zygote/ll_zclient.h"
 #include "base/ll_log.h"
 
 #include <errno.h>
@@ -36,9 +37,13 @@ static int s_client(int argc, char **argv)
         return 2;
     }
     char err[512];
-    /* LL_POOL_EXE: start the pool from another binary (build/looseleaf). */
-    ll_zclient_t *c = ll_zclient_connect(argv[1], getenv("LL_POOL_EXE"),
-                                         (const char *const *) argv + 2, err, sizeof err);
+    /* The pool is build/looseleaf's subcommand: this driver is no pool. */
+    const char *exe = getenv("LL_POOL_EXE");
+    ll_zclient_t *c = exe && *exe ? ll_zclient_connect(argv[1], exe, (const char *const *) argv + 2,
+                                                       err, sizeof err)
+                                  : NULL;
+    if (!exe || !*exe)
+        snprintf(err, sizeof err, "set LL_POOL_EXE to the looseleaf binary that runs the pool");
     if (!c) {
         json_t *e = json_pack("{s:s, s:s}", "type", "connect_error", "error", err);
         s_print(e);
@@ -117,13 +122,9 @@ static int s_client(int argc, char **argv)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: ll_zdriver pool|zygote|client ...\n");
+        fprintf(stderr, "usage: ll_zdriver client DIR [POOL ARGS...]\n");
         return 2;
     }
-    if (strcmp(argv[1], "pool") == 0)
-        return ll_pool_main(argc - 1, argv + 1);
-    if (strcmp(argv[1], "zygote") == 0)
-        return ll_zygote_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "client") == 0) {
         ll_log_init('G');
         return s_client(argc - 1, argv + 1);

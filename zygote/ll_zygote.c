@@ -102,6 +102,32 @@ static int s_count_tasks(void)
     return n;
 }
 
+/* Whether a line of /proc/self/maps maps the CUDA driver. */
+static bool s_maps_cuda(const char *line)
+{
+    return strstr(line, "libcuda.so") || strstr(line, "libnvidia-");
+}
+
+/* What an inherited descriptor pointing at TARGET (its /proc/self/fd link)
+ * means for a fork. */
+typedef enum {
+    S_FD_OK,      /* harmless: a regular file (modules' data, IPython's history), /dev/null,
+                     /dev/urandom, /dev/random */
+    S_FD_CUDA,    /* /dev/nvidia*: CUDA was touched */
+    S_FD_FOREIGN, /* a socket, pipe, other device or anything unknown: not ours to share */
+} s_fd_verdict_t;
+
+static s_fd_verdict_t s_fd_verdict(const char *target)
+{
+    if (strncmp(target, "/dev/nvidia", 11) == 0)
+        return S_FD_CUDA;
+    bool harmless = strcmp(target, "/dev/null") == 0 || strcmp(target, "/dev/urandom") == 0 ||
+                    strcmp(target, "/dev/random") == 0;
+    if (!harmless && (target[0] != '/' || strncmp(target, "/dev/", 5) == 0))
+        return S_FD_FOREIGN;
+    return S_FD_OK;
+}
+
 /* 0 if this process may fork a child now; else -1 with the reason in WHY.
  * ALLOW is an extra descriptor (the one being passed on), or -1. */
 static int s_prefork_check(int allow, char *why, size_t whylen)
@@ -117,7 +143,7 @@ static int s_prefork_check(int allow, char *why, size_t whylen)
     if (maps) {
         char line[1024];
         while (fgets(line, sizeof line, maps))
-            if (strstr(line, "libcuda.so") || strstr(line, "libnvidia-")) {
+            if (s_maps_cuda(line)) {
                 fclose(maps);
                 snprintf(
                     why, whylen,
@@ -144,7 +170,8 @@ static int s_prefork_check(int allow, char *why, size_t whylen)
         snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
         ssize_t n = readlink(path, target, sizeof target - 1);
         target[n > 0 ? n : 0] = '\0';
-        if (strncmp(target, "/dev/nvidia", 11) == 0) {
+        s_fd_verdict_t v = s_fd_verdict(target);
+        if (v == S_FD_CUDA) {
             snprintf(why, whylen, "the zygote holds %.200s (fd %d): CUDA was touched", target, fd);
             rc = -1;
             break;
@@ -152,9 +179,7 @@ static int s_prefork_check(int allow, char *why, size_t whylen)
         /* Regular files (modules' data files, IPython's history database)
          * are inherited harmlessly; sockets, pipes and devices are not ours
          * to share with every worker. */
-        bool harmless = strcmp(target, "/dev/null") == 0 || strcmp(target, "/dev/urandom") == 0 ||
-                        strcmp(target, "/dev/random") == 0;
-        if (!harmless && (target[0] != '/' || strncmp(target, "/dev/", 5) == 0)) {
+        if (v == S_FD_FOREIGN) {
             snprintf(why, whylen, "the zygote holds an unexpected descriptor %d (%.200s)", fd,
                      target);
             rc = -1;
@@ -306,10 +331,11 @@ static void s_merge_looseleaf(json_t *md, const char *report_json)
     json_decref(rep);
 }
 
-/* Whether the worker may stay warm after a cell whose preparation and save
- * reports are PREP and FIN: only when its namespace is exactly what the
- * store committed (a failed preparation, a failed commit or a variable that
- * could not be saved leaves values the store does not have). */
+/* Whether the worker may stay warm after a cell whose save report is FIN
+ * (NULL: the save did not run): only when its namespace is exactly what the
+ * store committed (a failed commit or a variable that could not be saved
+ * leaves values the store does not have; the caller checks that the
+ * preparation did not fail). */
 static bool s_can_stay(const char *fin)
 {
     json_error_t jerr;
@@ -646,6 +672,20 @@ static void s_fork_request(json_t *m, int passfd, bool grow)
     }
 }
 
+/* The head HEAD ("numpy,torch,...") as a JSON array text (malloc'd). */
+static char *s_head_json(const char *head)
+{
+    json_t *hl = json_array();
+    char *dup = strdup(head);
+    for (char *tok = dup ? strtok(dup, ",") : NULL; tok; tok = strtok(NULL, ","))
+        if (*tok)
+            json_array_append_new(hl, json_string(tok));
+    free(dup);
+    char *hj = json_dumps(hl, JSON_COMPACT);
+    json_decref(hl);
+    return hj;
+}
+
 int ll_zygote_main(int argc, char **argv)
 {
     ll_log_init('Z');
@@ -684,14 +724,7 @@ int ll_zygote_main(int argc, char **argv)
     int prc = PyRun_SimpleString("import sys\nsys.path.insert(1, "
                                  "'" LL_SRCDIR "/zygote/py')\n");
     PyGILState_Release(gil);
-    json_t *hl = json_array();
-    char *dup = strdup(head);
-    for (char *tok = strtok(dup, ","); tok; tok = strtok(NULL, ","))
-        if (*tok)
-            json_array_append_new(hl, json_string(tok));
-    free(dup);
-    char *hj = json_dumps(hl, JSON_COMPACT);
-    json_decref(hl);
+    char *hj = s_head_json(head);
     char *loaded = prc == 0 ? s_py_call("load_head", hj, err, sizeof err) : NULL;
     free(hj);
     if (!loaded) {
@@ -738,4 +771,65 @@ int ll_zygote_main(int argc, char **argv)
     }
     /* Exit without finalizing: workers we forked live on (reparented). */
     _exit(0);
+}
+
+/* ------------------------------------------------------------------ */
+/* Self-test: the pure pieces (what a pre-fork check makes of what it   */
+/* reads, the head, the reports), without forking or Python.           */
+
+int ll_zygote_selftest(bool verbose)
+{
+    int fails = 0;
+#define S_CHECK(cond)                                                                  \
+    do {                                                                               \
+        if (!(cond)) {                                                                 \
+            fails++;                                                                   \
+            if (verbose)                                                               \
+                fprintf(stderr, "ll_zygote: failed: %s (line %d)\n", #cond, __LINE__); \
+        }                                                                              \
+    } while (0)
+    /* /proc/self/maps: the CUDA driver or NVIDIA's libraries refuse a fork. */
+    S_CHECK(s_maps_cuda("7f00-7f01 r-xp 00000000 08:01 42 /usr/lib/x86_64-linux-gnu/libcuda.so.1"));
+    S_CHECK(s_maps_cuda("7f00-7f01 r--p 00000000 08:01 43 /usr/lib/libnvidia-ml.so.535.104"));
+    S_CHECK(!s_maps_cuda("7f00-7f01 r-xp 00000000 08:01 44 /usr/lib/x86_64-linux-gnu/libc.so.6"));
+    S_CHECK(!s_maps_cuda("7f00-7f01 r-xp 00000000 08:01 45 /usr/lib/libcudart.so.12"));
+    /* Inherited descriptors: regular files and the harmless devices pass. */
+    S_CHECK(s_fd_verdict("/dev/nvidia0") == S_FD_CUDA &&
+            s_fd_verdict("/dev/nvidiactl") == S_FD_CUDA);
+    S_CHECK(s_fd_verdict("/dev/nvidia-uvm") == S_FD_CUDA);
+    S_CHECK(s_fd_verdict("/dev/null") == S_FD_OK && s_fd_verdict("/dev/urandom") == S_FD_OK);
+    S_CHECK(s_fd_verdict("/dev/random") == S_FD_OK);
+    S_CHECK(s_fd_verdict("/home/u/.ipython/profile_default/history.sqlite") == S_FD_OK);
+    S_CHECK(s_fd_verdict("socket:[123]") == S_FD_FOREIGN &&
+            s_fd_verdict("pipe:[7]") == S_FD_FOREIGN);
+    S_CHECK(s_fd_verdict("anon_inode:[eventfd]") == S_FD_FOREIGN);
+    S_CHECK(s_fd_verdict("/dev/pts/0") == S_FD_FOREIGN &&
+            s_fd_verdict("/dev/shm/x") == S_FD_FOREIGN);
+    S_CHECK(s_fd_verdict("") == S_FD_FOREIGN); /* readlink failed */
+    /* The head: a comma list, empty items skipped. */
+    char *hj = s_head_json("numpy,,torch,");
+    S_CHECK(hj && strcmp(hj, "[\"numpy\",\"torch\"]") == 0);
+    free(hj);
+    hj = s_head_json("");
+    S_CHECK(hj && strcmp(hj, "[]") == 0);
+    free(hj);
+    /* A worker stays warm only when its save committed everything. */
+    S_CHECK(s_can_stay("{}") && s_can_stay("{\"saved\": [\"x\"]}"));
+    S_CHECK(!s_can_stay(NULL) && !s_can_stay("not json") && !s_can_stay("[]"));
+    S_CHECK(!s_can_stay("{\"save_error\": \"redis down\"}"));
+    S_CHECK(!s_can_stay("{\"save_failed\": {\"f\": \"cannot pickle\"}}"));
+    /* Reports merge into metadata.looseleaf, whatever was there stays. */
+    json_t *md = json_object();
+    s_merge_looseleaf(md, "{\"restore_ms\": 3}");
+    s_merge_looseleaf(md, NULL);
+    s_merge_looseleaf(md, "not json");
+    s_merge_looseleaf(md, "{\"save_ms\": 5, \"restore_ms\": 4}");
+    json_t *ll = json_object_get(md, "looseleaf");
+    S_CHECK(json_integer_value(json_object_get(ll, "restore_ms")) == 4);
+    S_CHECK(json_integer_value(json_object_get(ll, "save_ms")) == 5 && json_object_size(ll) == 2);
+    json_decref(md);
+#undef S_CHECK
+    if (verbose)
+        fprintf(stderr, "ll_zygote: %s\n", fails ? "FAILED" : "ok");
+    return fails ? 1 : 0;
 }

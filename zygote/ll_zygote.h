@@ -1,101 +1,18 @@
-/* ll_zygote: GPU cells on forked workers (zygote/API.md tells the whole story).
+/* ll_zygote: a zygote node (`looseleaf zygote`) and the workers it forks
+ * (zygote/API.md tells the whole story).
  *
- *   host pool   `looseleaf pool`   one per uid and runtime dir, started on
- *               demand by the first client; owns the slots (CUDA devices or
- *               virtual ones), the zygote tree and the workers.
- *   zygote      `looseleaf zygote` started by exec from the pool; imports the
- *               head, then forks workers (and child nodes) on request.
+ *   zygote      started by exec from the host pool (zygote/ll_hostpool.h);
+ *               imports the head, then forks workers (and child nodes that
+ *               import more) on request.  Single-threaded, no CUDA.
  *   worker      forked from a zygote: restores the cell's closure from the
  *               store, runs the cell with the kernel's IPython engine,
  *               streams its output, saves, then stays warm for its session
- *               (when the pool runs with --warm-idle) until evicted.
- *
- * The client API below is what the kernel (gateway) uses.  A client is not
- * thread-safe: use it from one thread (its fd fits a poll loop). */
+ *               (when the pool runs with --warm-idle) until evicted. */
 #ifndef LL_ZYGOTE_H
 #define LL_ZYGOTE_H
 
-#include <jansson.h>
-#include <stdbool.h>
-#include <stddef.h>
-
-/* Subcommand entry points (argv[0] is "pool" / "zygote"). */
-int ll_pool_main(int argc, char **argv);
+/* `looseleaf zygote --fd N [--head MOD,...] [--node ID]` (argv[0] is
+ * "zygote"), started by the pool only.  Returns an exit status. */
 int ll_zygote_main(int argc, char **argv);
-
-/* Default runtime dir of the pool: $LOOSELEAF_POOL_DIR, else
- * $XDG_RUNTIME_DIR/looseleaf-pool, else /tmp/looseleaf-pool-<uid>. */
-void ll_zclient_default_dir(char *out, size_t outlen);
-
-typedef struct ll_zclient_t ll_zclient_t;
-
-/* Connect to the pool of RUNTIME_DIR (NULL: the default), starting it when
- * none answers: exec of EXE (NULL: /proc/self/exe) with
- * `pool --runtime-dir DIR` plus EXTRA_ARGS (NULL-terminated, may be NULL),
- * which detaches itself.  Returns a client or NULL with a reason in ERR. */
-ll_zclient_t *ll_zclient_connect(const char *runtime_dir, const char *exe,
-                                 const char *const *extra_args, char *err, size_t errlen);
-
-/* Close the connection (the pool cancels this client's running cells). */
-void ll_zclient_destroy(ll_zclient_t **self_p);
-
-/* A fd that becomes readable when an event may be waiting. */
-int ll_zclient_fd(ll_zclient_t *self);
-
-/* Run one GPU cell.  REQUEST is a JSON object (borrowed) with:
- *   id (str, unique per client)        session (str)       code (str)
- *   store_dir (str: the store's runtime dir)   redis_url (str, optional)
- *   state_closure, import_closure, defines, deletes (arrays of str)
- *   parent (object: the execute_request's header)   execution_count (int)
- *   allow_stdin (bool)   user_expressions (object, optional)
- * Events for it come back through ll_zclient_next.  Returns 0, or -1 with
- * a reason in ERR (bad request, pool gone). */
-int ll_zclient_run(ll_zclient_t *self, const json_t *request, char *err, size_t errlen);
-
-/* Prepare a worker for the session's next GPU cell without running code (an
- * edit-time hint).  REQUEST as for ll_zclient_run, without code: id, session,
- * store_dir, redis_url, state_closure, import_closure, import_stmts.  The
- * session's warm worker restores what moved, else a worker is forked when a
- * slot is free and no cell waits for one (a prefetch never waits, never
- * evicts).  One event answers it: prefetched {ok, warm_hit, restored, ...}
- * or {ok: false, skipped|error}.  ll_zclient_cancel(ID) drops it.  Refused
- * (an error event) when the pool runs without warm workers. */
-int ll_zclient_prefetch(ll_zclient_t *self, const json_t *request, char *err, size_t errlen);
-
-/* Next event (a JSON object, caller owns it) or NULL when none arrived
- * within TIMEOUT_MS (0: do not wait, -1: forever).  Every event has "type"
- * and, for a cell, "id":
- *   wait          {slots, queued}: every slot is held; the cell waits
- *   started       {pid, node, fork_ms}: the worker is ready (pid final)
- *   stream        {name, text}
- *   iopub         {msg_type, content, metadata}: display_data, execute_result,
- *                 error, clear_output, ... to publish under the parent header
- *   input_request {prompt, password}: answer with ll_zclient_input_reply
- *   reply         {content, metadata}: the execute_reply; metadata.looseleaf
- *                 holds the per-cell report.  The last event of a cell.
- *   error         {error}: a malformed request (nothing ran)
- *   stats         answer to ll_zclient_stats (workers, sessions: GPU-seconds)
- *   prefetched    answer to ll_zclient_prefetch
- *   pool_gone     the connection to the pool broke (every running cell is
- *                 lost); returned once, then ll_zclient_ok() is false and
- *                 every later call returns NULL. */
-json_t *ll_zclient_next(ll_zclient_t *self, int timeout_ms);
-
-/* Whether the connection to the pool is still up. */
-bool ll_zclient_ok(ll_zclient_t *self);
-
-/* Answer the input_request of cell ID with VALUE ("\x04" = EOF). */
-int ll_zclient_input_reply(ll_zclient_t *self, const char *id, const char *value);
-
-/* Interrupt the cell ID (SIGINT to its worker: KeyboardInterrupt in the cell;
- * a waiting cell is dropped with an interrupted reply). */
-int ll_zclient_interrupt(ll_zclient_t *self, const char *id);
-
-/* Cancel the cell ID: its worker is killed (nothing after the last commit is
- * kept) and its reply says "cancelled". */
-int ll_zclient_cancel(ll_zclient_t *self, const char *id);
-
-/* Ask the pool for its state (event type "stats": slots, nodes, workers). */
-int ll_zclient_stats(ll_zclient_t *self);
 
 #endif

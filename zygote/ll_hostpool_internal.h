@@ -1,0 +1,137 @@
+/* ll_hostpool_internal: what the two halves of the host pool share and
+ * nobody else should see.  ll_hostpool.c is the process: its set-up, the
+ * poll loop, the clients' connections; ll_hostpool_jobs.c is what clients
+ * ask and workers say: jobs applied to processes as the schedule
+ * (ll_sched.h) decides.  Both run on the pool's one thread.
+ *
+ * The pool's state is one ll_hostpool_t, made by ll_hostpool_main and
+ * passed to every function (one pool per process). */
+#ifndef LL_HOSTPOOL_INTERNAL_H
+#define LL_HOSTPOOL_INTERNAL_H
+
+#include "zygote/ll_hostpool_config.h"
+#include "zygote/ll_sched.h"
+#include "zygote/ll_zframe.h"
+#include "zygote/ll_ztree.h"
+
+#include <jansson.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#define LL_HOSTPOOL_MAX_CLIENTS 128
+
+/* A kernel connected to the pool.  Frames to it are queued and written as
+ * its socket takes them (ll_hostpool_send). */
+typedef struct {
+    int fd;            /* -1: free entry */
+    ll_zreader_t *rd;  /* frames from the client */
+    char *out;         /* bytes queued for it */
+    size_t olen, ocap; /* queued, allocated */
+    bool dead;         /* to be dropped at the end of this loop turn */
+    double connected;  /* ms, when it connected (a pinned session's GPU time starts here) */
+} ll_hostpool_client_t;
+
+/* How a job got its worker (what its reports say). */
+typedef enum {
+    LL_HOSTPOOL_ORIGIN_NONE,   /* none yet: queued */
+    LL_HOSTPOOL_ORIGIN_FORKED, /* forked for this job */
+    LL_HOSTPOOL_ORIGIN_WARM,   /* its session's warm worker took it (a hit) */
+    LL_HOSTPOOL_ORIGIN_STAGED, /* ... one a prefetch prepared without a slot, promoted for it */
+} ll_hostpool_origin_t;
+
+/* The pool's side of job R: the request, its worker's process and socket,
+ * what the reports say.  Its state, slot, client and session are the
+ * schedule's (ll_sched_job(pool->sched, R)): entry R here is job R there,
+ * and is in use exactly while that one is.  A warm worker keeps its entry
+ * after its job and hands it, worker and all, to the next job of its
+ * session. */
+typedef struct {
+    char *id;    /* the client's id for the job */
+    json_t *req; /* the request */
+    struct {
+        int fd;           /* socket to the worker, -1 before it is forked */
+        ll_zreader_t *rd; /* frames from it */
+        pid_t pid;        /* 0 until known (the zygote's "forked" or the worker's "ready") */
+        int node;         /* tree entry of the node it was forked from, -1 none */
+        int node_id;      /* that node's id (for the reports) */
+        bool eof;         /* its socket closed */
+        bool exited;      /* its exit status is known (both: it is gone) */
+        int status;       /* its waitpid status */
+    } worker;
+    struct {
+        bool handover; /* handed to a warm worker that has not said ready: signals wait */
+        int pending;   /* a signal asked for before the worker could take it */
+    } sig;
+    bool cancelled;              /* killed on request (cancel, its client left, a save overdue) */
+    ll_hostpool_origin_t origin; /* how it got its worker */
+    double wait_ms;              /* time it waited for its worker */
+    double evict_t; /* ms, when it was told to exit (or its client left while it saved) */
+} ll_hostpool_run_t;
+
+typedef struct {
+    ll_hostpool_config_t cfg; /* what the pool was told (read once at its start) */
+    char sock[PATH_MAX + 16]; /* listening socket path */
+    char exe[PATH_MAX]; /* our binary (/proc/self/exe: it survives a rebuild), exec'd as `zygote` */
+    char exe_name[PATH_MAX]; /* its name, for the zygotes' argv[0] */
+    int listen_fd;           /* the listening socket */
+    int sig_fd;              /* SIGCHLD, SIGTERM, SIGINT */
+    int lock_fd;             /* pool.lock, held while the pool serves the dir */
+    bool cuda;               /* slots are CUDA devices */
+    bool staged_defer; /* staged workers leave the state's restore to the cell's run (CUDA hosts) */
+    ll_sched_t *sched; /* jobs, slots, sessions: the scheduling decisions */
+    ll_ztree_t *tree;  /* the zygote nodes and the CUDA-safety probes */
+    ll_hostpool_client_t clients[LL_HOSTPOOL_MAX_CLIENTS];
+    ll_hostpool_run_t runs[LL_SCHED_MAX_JOBS];
+    double idle_since; /* ms, 0 while busy */
+    bool stop;         /* SIGTERM or SIGINT came */
+} ll_hostpool_t;
+
+/* ---- ll_hostpool.c ---- */
+
+/* Queue MSG (stolen) for client C and write what its socket takes now; a
+ * client gone, or one that does not read (past 512 MiB queued), gets
+ * nothing (the latter is marked dead). */
+void ll_hostpool_send(ll_hostpool_t *pool, int c, json_t *msg);
+
+/* ---- ll_hostpool_jobs.c ---- */
+
+/* One pass of the schedule, its decisions applied. */
+void ll_hostpool_schedule(ll_hostpool_t *pool);
+
+/* Frame M (borrowed) from client C: a request, a signal, stats. */
+void ll_hostpool_client_frame(ll_hostpool_t *pool, int c, json_t *m);
+
+/* Client C left: its queued jobs go, its warm workers leave, its running
+ * ones are killed (a saving one finishes its save), its sessions end. */
+void ll_hostpool_client_left(ll_hostpool_t *pool, int c);
+
+/* Frame M (borrowed) from node N's zygote. */
+void ll_hostpool_node_frame(ll_hostpool_t *pool, int n, json_t *m);
+
+/* ll_ztree_gone_fn (ARG: the pool): node N is going; cells whose worker it
+ * was forking get a ZygoteDied reply. */
+void ll_hostpool_node_lost(void *arg, int n);
+
+/* Every queued job gets an error reply (the base zygote cannot start). */
+void ll_hostpool_fail_queued(ll_hostpool_t *pool);
+
+/* Job R's worker socket FD is readable (R's worker may have moved on). */
+void ll_hostpool_worker_input(ll_hostpool_t *pool, int r, int fd);
+
+/* PID (no probe) was reaped with STATUS: a worker's fate, if it was one. */
+void ll_hostpool_worker_exited(ll_hostpool_t *pool, pid_t pid, int status);
+
+/* At NOW: warm workers unused for --warm-idle leave, workers overdue are
+ * killed.  Returns TIMEOUT, or the ms until the next such deadline when
+ * sooner. */
+int ll_hostpool_worker_timers(ll_hostpool_t *pool, double now, int timeout);
+
+/* Whether a job or a worker exists (the pool is not idle). */
+bool ll_hostpool_busy(const ll_hostpool_t *pool);
+
+/* The pool stops: every session's line is logged, every worker killed. */
+void ll_hostpool_jobs_stop(ll_hostpool_t *pool);
+
+#endif
