@@ -17,3 +17,7 @@ BENCHES += tests/bench/bench_route.py
 
 # Issue 6: scripted editing sessions (several kernels, fewer slots), visible wait with and without prefetch.
 BENCHES += tests/bench/bench_prefetch.py
+
+# The tree's shape: dependencies point one way (base <- proto <- store, kernel <- analysis <- zygote <- gateway),
+# no include or import cycle, no C file or function past its size limit without a written reason.
+PYTESTS += tests/tree
