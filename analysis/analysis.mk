@@ -16,7 +16,7 @@ SELFTESTS += ll_analysis ll_analysis_modules ll_analysis_magic ll_analysis_scope
 # start-up (kernel/ll_interp.c) and base's log and clock.  (This fragment is
 # read before base/base.mk, so base's objects are named here rather than
 # taken from BASE_OBJS.)
-ANALYSIS_OBJS := $(ANALYSIS_SRCS:%.c=$(BUILD)/%.o) $(BUILD)/kernel/ll_interp.o \
+ANALYSIS_OBJS := $(ANALYSIS_SRCS:%.c=$(BUILD)/%.o) $(BUILD)/kernel/ll_interp.o $(BUILD)/kernel/ll_pyenv.o \
                  $(BUILD)/base/ll_log.o $(BUILD)/base/ll_clock.o
 
 # Benchmark: analysis of a 30-line cell and closures in a 500-cell session,

@@ -1,13 +1,14 @@
-# kernel/: the embedded interpreter (owned by the interpreter engineer).
-LIB_SRCS  += kernel/ll_interp.c
-SELFTESTS += ll_interp
+# kernel/: the embedded interpreter and the Python environment it runs in.
+LIB_SRCS  += kernel/ll_interp.c kernel/ll_pyenv.c
+SELFTESTS += ll_interp ll_pyenv
 PYTESTS   += tests/kernel/test_interp.py
 EXTRA_TARGETS += $(BUILD)/tests/kernel/embed_driver
 
-# sys.executable of the embedded interpreter: the Python we build against.
-$(BUILD)/kernel/ll_interp.o: CFLAGS += -DLL_PYTHON_EXE='"$(PYTHON)"'
+# The Python the build is for (make PYTHON=...): the environment the kernel
+# runs in unless its kernelspec names another (kernel/ll_pyenv.h).
+$(BUILD)/kernel/ll_pyenv.o: CFLAGS += -DLL_PYTHON_EXE='"$(PYTHON)"'
 
 # The embedding-scenario driver that tests/kernel/test_interp.py runs.
 $(BUILD)/tests/kernel/embed_driver: $(BUILD)/tests/kernel/embed_driver.o \
-		$(BUILD)/kernel/ll_interp.o $(BASE_OBJS)
+		$(BUILD)/kernel/ll_interp.o $(BUILD)/kernel/ll_pyenv.o $(BASE_OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)

@@ -31,6 +31,7 @@
 #include <Python.h>
 
 #include "kernel/ll_interp.h"
+#include "kernel/ll_pyenv.h"
 #include "base/ll_log.h"
 
 #include <errno.h>
@@ -47,9 +48,6 @@
 
 #ifndef LL_SRCDIR
 #define LL_SRCDIR "."
-#endif
-#ifndef LL_PYTHON_EXE
-#define LL_PYTHON_EXE "/usr/bin/python3"
 #endif
 
 /* The signal that wakes the interpreter thread out of a blocking call. */
@@ -450,13 +448,19 @@ int ll_interp_start_python(const char *argv0, char *err, size_t errlen)
     config.install_signal_handlers = 0;
     config.safe_path = 1;
 
-    /* sys.executable is a real Python (multiprocessing's spawn, %pip and
-     * subprocess.run([sys.executable, ...]) must find one), and it is what
-     * the prefix (hence the standard library and dist-packages) comes from. */
-    status = PyConfig_SetBytesString(&config, &config.program_name, LL_PYTHON_EXE);
+    /* sys.executable is the environment's Python (kernel/ll_pyenv.h): what
+     * the prefix, hence the standard library and the site-packages, come
+     * from, and a real Python for multiprocessing's spawn, %pip and
+     * subprocess.run([sys.executable, ...]). */
+    ll_pyenv_t env;
+    if (ll_pyenv_find(NULL, &env, err, errlen) < 0) {
+        PyConfig_Clear(&config);
+        return -1;
+    }
+    status = PyConfig_SetBytesString(&config, &config.program_name, env.python);
     if (PyStatus_Exception(status))
         goto fail_status;
-    status = PyConfig_SetBytesString(&config, &config.executable, LL_PYTHON_EXE);
+    status = PyConfig_SetBytesString(&config, &config.executable, env.python);
     if (PyStatus_Exception(status))
         goto fail_status;
     char *argv[1] = {(char *) (argv0 ? argv0 : "looseleaf")};
