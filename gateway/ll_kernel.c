@@ -645,7 +645,7 @@ static zsock_t *s_bind(int type, ll_channel_t ch, char *err, size_t errlen)
 static void s_kernel_info_complete(json_t *info)
 {
     json_object_set_new(info, "status", json_string("ok"));
-    json_object_set_new(info, "protocol_version", json_string("5.3"));
+    json_object_set_new(info, "protocol_version", json_string(LL_PROTOCOL_VERSION));
     json_object_set_new(info, "implementation", json_string("looseleaf"));
     if (!json_is_string(json_object_get(info, "implementation_version")))
         json_object_set_new(info, "implementation_version", json_string(LL_VERSION));
@@ -925,7 +925,8 @@ int ll_kernel_selftest(bool verbose)
     bool ok =
         strcmp(json_string_value(json_object_get(info, "implementation")), "looseleaf") == 0 &&
         strcmp(json_string_value(json_object_get(info, "implementation_version")), "9") == 0 &&
-        strcmp(json_string_value(json_object_get(info, "protocol_version")), "5.3") == 0 &&
+        strcmp(json_string_value(json_object_get(info, "protocol_version")), LL_PROTOCOL_VERSION) ==
+            0 &&
         json_is_false(json_object_get(info, "debugger"));
     json_decref(info);
     if (!ok)

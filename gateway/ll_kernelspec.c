@@ -15,8 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* Debian's python3-embed lives under /usr: its sys.prefix. */
-#define LL_KERNELSPEC_PY_PREFIX "/usr"
+#include "proto/ll_wire.h"
 
 /* The launcher icon (JupyterLab shows logo-svg.svg from the kernelspec
  * directory): a loose leaf, drawn here so the installed binary needs no
@@ -42,8 +41,8 @@ bool ll_kernelspec_name_ok(const char *name)
     return strcmp(name, ".") != 0 && strcmp(name, "..") != 0;
 }
 
-int ll_kernelspec_dir(ll_kernelspec_where_t where, const char *arg, const char *name, char *buf,
-                      size_t len, char *err, size_t errlen)
+int ll_kernelspec_dir(ll_kernelspec_where_t where, const char *arg, const char *env_prefix,
+                      const char *name, char *buf, size_t len, char *err, size_t errlen)
 {
     char data[PATH_MAX];
     const char *env;
@@ -69,7 +68,11 @@ int ll_kernelspec_dir(ll_kernelspec_where_t where, const char *arg, const char *
         break;
     case LL_KERNELSPEC_SYSTEM: n = snprintf(data, sizeof data, "/usr/local/share/jupyter"); break;
     case LL_KERNELSPEC_SYS_PREFIX:
-        n = snprintf(data, sizeof data, "%s/share/jupyter", LL_KERNELSPEC_PY_PREFIX);
+        if (!env_prefix || !*env_prefix) {
+            snprintf(err, errlen, "--sys-prefix: no environment to install into");
+            return -1;
+        }
+        n = snprintf(data, sizeof data, "%s/share/jupyter", env_prefix);
         break;
     case LL_KERNELSPEC_PREFIX:
         if (!arg || !*arg) {
@@ -103,16 +106,19 @@ int ll_kernelspec_dir(ll_kernelspec_where_t where, const char *arg, const char *
     return 0;
 }
 
-char *ll_kernelspec_json(const char *binary, const char *display_name)
+char *ll_kernelspec_json(const ll_kernelspec_t *spec)
 {
-    json_t *spec =
-        json_pack("{s:[s,s,s], s:s, s:s, s:s, s:{s:b}}", "argv", binary, "-f", "{connection_file}",
-                  "display_name", display_name ? display_name : LL_KERNELSPEC_DISPLAY_NAME,
-                  "language", "python", "interrupt_mode", "signal", "metadata", "debugger", 0);
-    if (!spec)
+    json_t *j = json_pack(
+        "{s:[s,s,s], s:s, s:s, s:s, s:s, s:{s:b}}", "argv", spec->binary, "-f", "{connection_file}",
+        "display_name", spec->display_name ? spec->display_name : LL_KERNELSPEC_DISPLAY_NAME,
+        "language", "python", "interrupt_mode", "signal", "kernel_protocol_version",
+        LL_PROTOCOL_VERSION, "metadata", "debugger", 0);
+    if (j && spec->python)
+        json_object_set_new(j, "env", json_pack("{s:s}", "LOOSELEAF_PYTHON", spec->python));
+    if (!j)
         return NULL;
-    char *text = json_dumps(spec, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
-    json_decref(spec);
+    char *text = json_dumps(j, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+    json_decref(j);
     return text;
 }
 
@@ -167,16 +173,15 @@ static int s_write_file(const char *dir, const char *name, const char *text, cha
     return 0;
 }
 
-int ll_kernelspec_write(const char *dir, const char *binary, const char *display_name, char *err,
-                        size_t errlen)
+int ll_kernelspec_write(const char *dir, const ll_kernelspec_t *spec, char *err, size_t errlen)
 {
-    if (!binary || binary[0] != '/') {
+    if (!spec->binary || spec->binary[0] != '/') {
         snprintf(err, errlen, "the kernel binary path must be absolute");
         return -1;
     }
     if (s_mkdirs(dir, err, errlen) < 0)
         return -1;
-    char *text = ll_kernelspec_json(binary, display_name);
+    char *text = ll_kernelspec_json(spec);
     if (!text) {
         snprintf(err, errlen, "cannot build kernel.json");
         return -1;
@@ -194,6 +199,35 @@ int ll_kernelspec_write(const char *dir, const char *binary, const char *display
         rc = s_write_file(dir, "kernel.json", line, err, errlen);
     free(line);
     return rc;
+}
+
+/* The settings override that turns continuous hinting on (ll_kernelspec.h). */
+static const char s_hints_json[] = "{\n"
+                                   " \"@jupyterlab/completer-extension:manager\": {\n"
+                                   "  \"autoCompletion\": true\n"
+                                   " }\n"
+                                   "}\n";
+
+int ll_kernelspec_hints(const char *jupyter_dir, bool on, char *err, size_t errlen)
+{
+    char dir[PATH_MAX];
+    int n = snprintf(dir, sizeof dir, "%s/lab/settings/overrides.d", jupyter_dir);
+    if (n < 0 || (size_t) n >= sizeof dir) {
+        snprintf(err, errlen, "directory name too long");
+        return -1;
+    }
+    if (!on) {
+        char path[PATH_MAX + 32];
+        snprintf(path, sizeof path, "%s/looseleaf.json", dir);
+        if (unlink(path) < 0 && errno != ENOENT) {
+            snprintf(err, errlen, "cannot remove %s: %s", path, strerror(errno));
+            return -1;
+        }
+        return 0;
+    }
+    if (s_mkdirs(dir, err, errlen) < 0)
+        return -1;
+    return s_write_file(dir, "looseleaf.json", s_hints_json, err, errlen);
 }
 
 int ll_kernelspec_self_path(char *buf, size_t len)
@@ -223,14 +257,15 @@ int ll_kernelspec_selftest(bool verbose)
     if (ll_kernelspec_name_ok("bad/name") || ll_kernelspec_name_ok("") ||
         ll_kernelspec_name_ok("..") || !ll_kernelspec_name_ok("looseleaf-2.x_y"))
         goto out;
-    if (ll_kernelspec_dir(LL_KERNELSPEC_USER, NULL, "a b", dir, sizeof dir, err, sizeof err) == 0)
+    if (ll_kernelspec_dir(LL_KERNELSPEC_USER, NULL, NULL, "a b", dir, sizeof dir, err,
+                          sizeof err) == 0)
         goto out;
 
     /* The user location honours JUPYTER_DATA_DIR. */
     char *old = getenv("JUPYTER_DATA_DIR") ? strdup(getenv("JUPYTER_DATA_DIR")) : NULL;
     setenv("JUPYTER_DATA_DIR", tmpl, 1);
-    int drc =
-        ll_kernelspec_dir(LL_KERNELSPEC_USER, NULL, "looseleaf", dir, sizeof dir, err, sizeof err);
+    int drc = ll_kernelspec_dir(LL_KERNELSPEC_USER, NULL, NULL, "looseleaf", dir, sizeof dir, err,
+                                sizeof err);
     if (old) {
         setenv("JUPYTER_DATA_DIR", old, 1);
         free(old);
@@ -241,17 +276,26 @@ int ll_kernelspec_selftest(bool verbose)
     snprintf(want, sizeof want, "%s/kernels/looseleaf", tmpl);
     if (drc != 0 || strcmp(dir, want) != 0)
         goto out;
-    if (ll_kernelspec_dir(LL_KERNELSPEC_PREFIX, "/opt/x", "k", want, sizeof want, err,
+    if (ll_kernelspec_dir(LL_KERNELSPEC_PREFIX, "/opt/x", NULL, "k", want, sizeof want, err,
                           sizeof err) != 0 ||
         strcmp(want, "/opt/x/share/jupyter/kernels/k") != 0)
         goto out;
+    /* --sys-prefix: the environment's prefix, and none is an error. */
+    if (ll_kernelspec_dir(LL_KERNELSPEC_SYS_PREFIX, NULL, "/venv", "k", want, sizeof want, err,
+                          sizeof err) != 0 ||
+        strcmp(want, "/venv/share/jupyter/kernels/k") != 0 ||
+        ll_kernelspec_dir(LL_KERNELSPEC_SYS_PREFIX, NULL, NULL, "k", want, sizeof want, err,
+                          sizeof err) == 0)
+        goto out;
 
     /* Write (parents created), read back, check every field. */
-    if (ll_kernelspec_write(dir, "/path/with \"quote\"/looseleaf", NULL, err, sizeof err) != 0) {
+    ll_kernelspec_t ks = {.binary = "/path/with \"quote\"/looseleaf", .python = "/venv/bin/python"};
+    if (ll_kernelspec_write(dir, &ks, err, sizeof err) != 0) {
         fprintf(stderr, "ll_kernelspec selftest: %s\n", err);
         goto out;
     }
-    if (ll_kernelspec_write(dir, "relative/looseleaf", NULL, err, sizeof err) == 0)
+    ll_kernelspec_t rel = {.binary = "relative/looseleaf"};
+    if (ll_kernelspec_write(dir, &rel, err, sizeof err) == 0)
         goto out;
     snprintf(file, sizeof file, "%s/kernel.json", dir);
     spec = json_load_file(file, 0, NULL);
@@ -266,7 +310,23 @@ int ll_kernelspec_selftest(bool verbose)
     if (strcmp(json_string_value(json_object_get(spec, "display_name")), "LooseLeaf (GPU)") != 0 ||
         strcmp(json_string_value(json_object_get(spec, "language")), "python") != 0 ||
         strcmp(json_string_value(json_object_get(spec, "interrupt_mode")), "signal") != 0 ||
-        !json_is_false(json_object_get(json_object_get(spec, "metadata"), "debugger")))
+        !json_is_false(json_object_get(json_object_get(spec, "metadata"), "debugger")) ||
+        strcmp(json_string_value(json_object_get(spec, "kernel_protocol_version")),
+               LL_PROTOCOL_VERSION) != 0 ||
+        strcmp(json_string_value(json_object_get(json_object_get(spec, "env"), "LOOSELEAF_PYTHON")),
+               "/venv/bin/python") != 0)
+        goto out;
+    /* The hints override, written and taken back. */
+    if (ll_kernelspec_hints(tmpl, true, err, sizeof err) != 0)
+        goto out;
+    snprintf(file, sizeof file, "%s/lab/settings/overrides.d/looseleaf.json", tmpl);
+    json_decref(spec);
+    spec = json_load_file(file, 0, NULL);
+    if (!json_is_true(json_object_get(
+            json_object_get(spec, "@jupyterlab/completer-extension:manager"), "autoCompletion")))
+        goto out;
+    if (ll_kernelspec_hints(tmpl, false, err, sizeof err) != 0 || access(file, F_OK) == 0 ||
+        ll_kernelspec_hints(tmpl, false, err, sizeof err) != 0)
         goto out;
     snprintf(file, sizeof file, "%s/logo-svg.svg", dir);
     if (access(file, R_OK) != 0)

@@ -28,19 +28,37 @@ typedef enum {
 bool ll_kernelspec_name_ok(const char *name);
 
 /* Write into BUF the directory a kernelspec named NAME goes to.  ARG is the
- * prefix (PREFIX) or the directory (DIR), else ignored.  Returns 0, or -1
- * with a reason in ERR. */
-int ll_kernelspec_dir(ll_kernelspec_where_t where, const char *arg, const char *name, char *buf,
-                      size_t len, char *err, size_t errlen);
-
-/* The kernel.json text for the kernel binary at BINARY (absolute path), with
- * DISPLAY_NAME (NULL: the default).  Returns a malloc'd string or NULL. */
-char *ll_kernelspec_json(const char *binary, const char *display_name);
-
-/* Create DIR (and parents) and write DIR/kernel.json atomically.  Returns 0,
+ * prefix (PREFIX) or the directory (DIR); ENV_PREFIX is the sys.prefix of
+ * the environment the kernel runs in (SYS_PREFIX); else ignored.  Returns 0,
  * or -1 with a reason in ERR. */
-int ll_kernelspec_write(const char *dir, const char *binary, const char *display_name, char *err,
-                        size_t errlen);
+int ll_kernelspec_dir(ll_kernelspec_where_t where, const char *arg, const char *env_prefix,
+                      const char *name, char *buf, size_t len, char *err, size_t errlen);
+
+/* What a kernel.json says (every string borrowed). */
+typedef struct {
+    const char *binary;       /* the kernel binary, an absolute path */
+    const char *display_name; /* NULL: LL_KERNELSPEC_DISPLAY_NAME */
+    const char *python;       /* the environment's Python (kernel/ll_pyenv.h), set as the
+                               * kernel's LOOSELEAF_PYTHON; NULL: the build's Python */
+} ll_kernelspec_t;
+
+/* The kernel.json text of SPEC.  Returns a malloc'd string (the caller
+ * frees it) or NULL. */
+char *ll_kernelspec_json(const ll_kernelspec_t *spec);
+
+/* Create DIR (and parents) and write DIR/kernel.json and the launcher icon
+ * atomically.  Returns 0, or -1 with a reason in ERR. */
+int ll_kernelspec_write(const char *dir, const ll_kernelspec_t *spec, char *err, size_t errlen);
+
+/* Edit-time hints from JupyterLab itself: JupyterLab sends a cell's code to
+ * the kernel while the user types only with continuous hinting on
+ * (@jupyterlab/completer-extension:manager autoCompletion, off by default).
+ * Write that default for every user of the JupyterLab installed under
+ * JUPYTER_DIR (<prefix>/share/jupyter) as a settings override of its own,
+ * lab/settings/overrides.d/looseleaf.json (a user's own settings still win;
+ * the administrator's overrides.json too).  ON false removes it.  Returns 0,
+ * or -1 with a reason in ERR. */
+int ll_kernelspec_hints(const char *jupyter_dir, bool on, char *err, size_t errlen);
 
 /* Absolute path of the running binary into BUF.  Returns 0 or -1. */
 int ll_kernelspec_self_path(char *buf, size_t len);

@@ -17,6 +17,7 @@
 #include "analysis/ll_analysis.h"
 #include "gateway/ll_kernel.h"
 #include "gateway/ll_kernelspec.h"
+#include "kernel/ll_pyenv.h"
 #include "zygote/ll_hostpool.h"
 #include "zygote/ll_zygote.h"
 
@@ -27,8 +28,11 @@ static void s_usage(FILE *out)
         "usage: looseleaf -f CONNECTION_FILE         run the kernel (Jupyter starts this)\n"
         "       looseleaf kernel -f CONNECTION_FILE  the same\n"
         "       looseleaf install [--user | --system | --sys-prefix | --prefix DIR | --dir DIR]\n"
-        "                         [--name NAME] [--display-name TEXT]\n"
+        "                         [--python PYTHON] [--name NAME] [--display-name TEXT]\n"
+        "                         [--no-hints]\n"
         "                         write the Jupyter kernelspec (default: --user, name %s)\n"
+        "                         for the environment of PYTHON (default: the active venv,\n"
+        "                         else the Python LooseLeaf was built for)\n"
         "       looseleaf analyze ...                static analysis of cells (see analyze "
         "--help)\n"
         "       looseleaf pool ... | zygote ...      the host pool and its zygotes (started by "
@@ -67,10 +71,22 @@ static int s_kernel_main(int argc, char **argv)
     return ll_kernel_run(file);
 }
 
+/* Where the Python of the environment to install into is: --python, else
+ * the active virtual environment, else the build's (kernel/ll_pyenv.h). */
+static const char *s_env_python(const char *given, char *buf, size_t len)
+{
+    const char *venv = getenv("VIRTUAL_ENV");
+    if (given || !venv || !*venv)
+        return given;
+    snprintf(buf, len, "%s/bin/python", venv);
+    return buf;
+}
+
 static int s_install_main(int argc, char **argv)
 {
     ll_kernelspec_where_t where = LL_KERNELSPEC_USER;
-    const char *arg = NULL, *name = LL_KERNELSPEC_NAME, *display = NULL;
+    const char *arg = NULL, *name = LL_KERNELSPEC_NAME, *display = NULL, *python = NULL;
+    bool hints = true;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         bool has_next = i + 1 < argc;
@@ -87,6 +103,10 @@ static int s_install_main(int argc, char **argv)
             name = argv[++i];
         else if (strcmp(a, "--display-name") == 0 && has_next)
             display = argv[++i];
+        else if (strcmp(a, "--python") == 0 && has_next)
+            python = argv[++i];
+        else if (strcmp(a, "--no-hints") == 0)
+            hints = false;
         else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             s_usage(stdout);
             return 0;
@@ -96,8 +116,10 @@ static int s_install_main(int argc, char **argv)
             return 2;
         }
     }
-    char dir[PATH_MAX], binary[PATH_MAX], err[512];
-    if (ll_kernelspec_dir(where, arg, name, dir, sizeof dir, err, sizeof err) < 0) {
+    char dir[PATH_MAX], binary[PATH_MAX], err[1024], venv_py[PATH_MAX];
+    ll_pyenv_t env;
+    if (ll_pyenv_find(s_env_python(python, venv_py, sizeof venv_py), &env, err, sizeof err) < 0 ||
+        ll_kernelspec_dir(where, arg, env.prefix, name, dir, sizeof dir, err, sizeof err) < 0) {
         fprintf(stderr, "looseleaf install: %s\n", err);
         return 1;
     }
@@ -105,12 +127,33 @@ static int s_install_main(int argc, char **argv)
         fprintf(stderr, "looseleaf install: cannot find the path of this program\n");
         return 1;
     }
-    if (ll_kernelspec_write(dir, binary, display, err, sizeof err) < 0) {
+    ll_kernelspec_t spec = {.binary = binary, .display_name = display, .python = env.python};
+    if (ll_kernelspec_write(dir, &spec, err, sizeof err) < 0) {
         fprintf(stderr, "looseleaf install: %s\n", err);
         return 1;
     }
-    printf("Installed kernelspec %s in %s\n",
-           where == LL_KERNELSPEC_DIR ? LL_KERNELSPEC_NAME : name, dir);
+    printf("Installed kernelspec %s in %s (Python: %s)\n",
+           where == LL_KERNELSPEC_DIR ? LL_KERNELSPEC_NAME : name, dir, env.python);
+    /* JupyterLab's continuous hinting, for the environment's JupyterLab:
+     * <data dir> is two levels above kernels/NAME. */
+    if (where == LL_KERNELSPEC_SYS_PREFIX || where == LL_KERNELSPEC_PREFIX ||
+        where == LL_KERNELSPEC_SYSTEM) {
+        char jupyter_dir[PATH_MAX];
+        snprintf(jupyter_dir, sizeof jupyter_dir, "%s", dir);
+        for (int up = 0; up < 2; up++) {
+            char *slash = strrchr(jupyter_dir, '/');
+            if (slash)
+                *slash = '\0';
+        }
+        if (ll_kernelspec_hints(jupyter_dir, hints, err, sizeof err) < 0) {
+            fprintf(stderr, "looseleaf install: %s\n", err);
+            return 1;
+        }
+        if (hints)
+            printf("JupyterLab in %s sends edit-time hints (continuous hinting on; "
+                   "--no-hints turns it off)\n",
+                   jupyter_dir);
+    }
     return 0;
 }
 

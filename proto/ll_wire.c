@@ -42,14 +42,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#define LL_WIRE_DELIM            "<IDS|MSG>"
-#define LL_WIRE_DELIM_LEN        9
-#define LL_WIRE_DIGEST_LEN       32
-#define LL_WIRE_SIG_HEX_LEN      64
-#define LL_WIRE_DEFAULT_HISTORY  65536 /* jupyter_client's digest_history_size */
-#define LL_WIRE_MAX_HISTORY      (1u << 24)
-#define LL_WIRE_EMPTY_SLOT       UINT32_MAX
-#define LL_WIRE_PROTOCOL_VERSION "5.3"
+#define LL_WIRE_DELIM           "<IDS|MSG>"
+#define LL_WIRE_DELIM_LEN       9
+#define LL_WIRE_DIGEST_LEN      32
+#define LL_WIRE_SIG_HEX_LEN     64
+#define LL_WIRE_DEFAULT_HISTORY 65536 /* jupyter_client's digest_history_size */
+#define LL_WIRE_MAX_HISTORY     (1u << 24)
+#define LL_WIRE_EMPTY_SLOT      UINT32_MAX
 
 struct ll_session_t {
     bool is_signed;     /* key non-empty: sign and verify */
@@ -672,7 +671,7 @@ static json_t *s_header_new(const ll_session_t *self, const char *msg_type)
         json_object_set_new(h, "username", json_string(self->username)) ||
         json_object_set_new(h, "session", json_string(self->id)) ||
         json_object_set_new(h, "date", json_string(date)) ||
-        json_object_set_new(h, "version", json_string(LL_WIRE_PROTOCOL_VERSION))) {
+        json_object_set_new(h, "version", json_string(LL_PROTOCOL_VERSION))) {
         json_decref(h);
         return NULL;
     }

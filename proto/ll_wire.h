@@ -20,6 +20,10 @@
 
 #include <czmq.h>
 #include <jansson.h>
+
+/* The Jupyter messaging protocol version the kernel speaks (message headers,
+ * kernel_info_reply, the kernelspec). */
+#define LL_PROTOCOL_VERSION "5.3"
 #include <stdbool.h>
 #include <stddef.h>
 
