@@ -37,7 +37,8 @@ import weakref
 import numpy as np
 
 from . import pagemap, wptrack
-from .serial import NeedOwner, SaveContext, Unpickler, blob_digest, pickle_var, split_blob, torch_dtype
+from .serial import (NeedOwner, SaveContext, Unpickler, blob_digest, pickle_var, remember_device, split_blob,
+                     storage_key, untyped_storage)
 
 _cell_counter = itertools.count(1)
 
@@ -89,6 +90,20 @@ def _to_device(torch, src, device):
     stream.synchronize()
     return dev
 
+
+
+def _is_storage(obj):
+    """Whether OBJ is a torch storage (typed or untyped)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, (torch.storage.TypedStorage, torch.storage.UntypedStorage))
+
+
+def _pinned(storage):
+    """Whether STORAGE is pinned host memory.  Only CUDA can pin memory, and asking a storage may initialise
+    CUDA (torch 2.x asks the runtime): never in a process that has not initialised it itself (the kernel, a
+    zygote: a CUDA context does not survive fork)."""
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized() and storage.is_pinned())
 
 class SaveReport:
     """What a save did.  saved: {name: new version}; unchanged: names whose committed version still holds;
@@ -232,7 +247,7 @@ class Checkpointer:
         self._drop_exports(name)
         self._state[name] = state
         for (kind, idx), obj in state.exports.items():
-            key = ("st", obj._storage._cdata) if kind == "p" and hasattr(obj, "_storage") else id(obj)
+            key = storage_key(obj) if kind == "p" and _is_storage(obj) else id(obj)
             self._owner[key] = (name, kind, idx, obj)
 
     def _drop_exports(self, name):
@@ -240,7 +255,7 @@ class Checkpointer:
         if st is None:
             return
         for (kind, idx), obj in st.exports.items():
-            key = ("st", obj._storage._cdata) if kind == "p" and hasattr(obj, "_storage") else id(obj)
+            key = storage_key(obj) if kind == "p" and _is_storage(obj) else id(obj)
             own = self._owner.get(key)
             if own is not None and own[0] == name:
                 del self._owner[key]
@@ -494,7 +509,7 @@ class Checkpointer:
             a = obj.obj
             if type(a) is np.ndarray and a.flags.owndata and a.base is None:
                 return a, a.__array_interface__["data"][0]
-        elif meta[0] == "s" and obj.device.type == "cpu" and not obj.is_pinned():
+        elif meta[0] == "s" and obj.device.type == "cpu" and not _pinned(obj):
             return obj, obj.data_ptr()
         return None
 
@@ -615,7 +630,6 @@ class Checkpointer:
 
     def _storage_from(self, name, meta, base, rep):
         torch = sys.modules.get("torch") or __import__("torch")
-        dtype = torch_dtype(meta[2])
         t = torch.from_numpy(base) if base.size else torch.empty(0, dtype=torch.uint8)
         device = meta[3]
         if device.startswith("cuda"):
@@ -623,7 +637,10 @@ class Checkpointer:
                 t = _to_device(torch, t, device)
             else:
                 rep.warnings.append("%s: a %s tensor was restored on the CPU (no CUDA here)" % (name, device))
-        return torch.storage.TypedStorage(wrap_storage=t.storage()._storage, dtype=dtype)
+        u = untyped_storage(t)
+        if u.device.type != device.split(":")[0] and base.size:
+            remember_device(u, device, base)  # saved again from here, it is still a device tensor
+        return u
 
     def _load_one(self, name, entry, resolve, rep):
         version, blob, prefs, refs = entry

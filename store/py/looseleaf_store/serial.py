@@ -128,6 +128,49 @@ def torch_dtype(name):
     return getattr(torch, name.rsplit(".", 1)[-1])
 
 
+def untyped_storage(t):
+    """The UntypedStorage under tensor T (torch 2.x: Tensor.untyped_storage; torch 1.x: through the typed
+    storage, which 2.x deprecates with a warning on every call)."""
+    get = getattr(t, "untyped_storage", None)
+    return get() if get is not None else t.storage().untyped()
+
+
+def as_untyped(storage):
+    """STORAGE (a TypedStorage from an older save, or an UntypedStorage) as an UntypedStorage."""
+    torch = sys.modules.get("torch") or __import__("torch")
+    return storage.untyped() if isinstance(storage, torch.storage.TypedStorage) else storage
+
+
+def storage_key(storage):
+    """The identity of a storage (its StorageImpl): every Python wrapper of one storage, and every view of one
+    tensor, gets the same key, so sharing between variables is found."""
+    return ("st", as_untyped(storage)._cdata)
+
+
+# A device tensor restored where there is no device (the kernel restores on the CPU) is still a device tensor
+# of the session: saved again from here, it goes back as one.  StorageImpl address -> (the device it was saved
+# from, a weak reference to the memory under it: the entry is void once that memory is gone).
+_restored_on = {}
+
+
+def remember_device(storage, device, holder):
+    """STORAGE (over HOLDER's memory) stands here for a storage of DEVICE."""
+    if len(_restored_on) > 4096:
+        for k in [k for k, (_, ref) in _restored_on.items() if ref() is None]:
+            del _restored_on[k]
+    _restored_on[storage._cdata] = (device, weakref.ref(holder))
+
+
+def storage_device(storage):
+    """The device STORAGE belongs to in the session (see remember_device), as a string."""
+    e = _restored_on.get(storage._cdata)
+    if e is not None:
+        if e[1]() is not None:
+            return e[0]
+        del _restored_on[storage._cdata]
+    return str(storage.device)
+
+
 def _reduce_tensor(t):
     torch = sys.modules["torch"]
     cls = type(t)
@@ -149,13 +192,13 @@ def _reduce_tensor(t):
         return (_rebuild_view, (base, t.storage_offset(), tuple(t.size()), tuple(t.stride())))
     grad = t.grad if t.is_leaf else None
     state = dict(t.__dict__) if t.__dict__ else None
-    return (_rebuild_tensor, (t.storage(), t.storage_offset(), tuple(t.size()), tuple(t.stride()),
+    return (_rebuild_tensor, (untyped_storage(t), t.storage_offset(), tuple(t.size()), tuple(t.stride()),
                               t.dtype, t.requires_grad, grad, kind, state))
 
 
 def _rebuild_tensor(storage, offset, size, stride, dtype, requires_grad, grad, kind, state):
     torch = sys.modules.get("torch") or __import__("torch")
-    u = storage._storage if isinstance(storage, torch.storage.TypedStorage) else storage
+    u = as_untyped(storage)
     t = torch.empty(0, dtype=dtype, device=u.device).set_(u, offset, size, stride)
     if kind == 1:
         t = torch.nn.Parameter(t, requires_grad=requires_grad)
@@ -326,17 +369,12 @@ class _Pickler(cloudpickle.CloudPickler):
         return None
 
     def _storage(self, obj):
-        torch = self._torch
-        if isinstance(obj, torch.storage.TypedStorage):
-            u, dtype = obj._storage, obj.dtype
-        else:
-            u, dtype = obj, torch.uint8
-        key = ("st", u._cdata)
-        ref = self._owned(key, lambda o: o._storage._cdata == u._cdata)
+        u = as_untyped(obj)
+        key = storage_key(u)
+        ref = self._owned(key, lambda o: storage_key(o) == key)
         if ref is not None:
             return ref
-        typed = torch.storage.TypedStorage(wrap_storage=u, dtype=dtype)
-        return self._local(key, ("s", u.nbytes(), str(dtype), str(u.device)), u, typed)
+        return self._local(key, ("s", u.nbytes(), "uint8", storage_device(u)), u, u)
 
     def _reduce_ndarray_whole(self, a):
         """A contiguous array whose bytes leave the stream (as numpy's own protocol-5 reduce), rebuilt
@@ -505,8 +543,8 @@ class Unpickler(_pickle.Unpickler):
                 out.append((id(obj), "o", idx, obj))
         torch = sys.modules.get("torch")
         for k, obj in self._locals.items():
-            if torch is not None and isinstance(obj, torch.storage.TypedStorage):
-                out.append((("st", obj._storage._cdata), "p", k, obj))
+            if torch is not None and isinstance(obj, (torch.storage.TypedStorage, torch.storage.UntypedStorage)):
+                out.append((storage_key(obj), "p", k, obj))
             elif isinstance(obj, bytearray):
                 out.append((id(obj), "p", k, obj))
         return out
