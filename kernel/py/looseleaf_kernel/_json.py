@@ -28,8 +28,8 @@ def _default(obj):
     if isinstance(obj, date):
         return obj.isoformat()
     if isinstance(obj, (bytes, bytearray, memoryview)):
-        # with the trailing newline, exactly as jupyter_client encodes bytes
-        return b2a_base64(bytes(obj)).decode("ascii")
+        # without a trailing newline, as jupyter_client 8 encodes bytes (7 added one)
+        return b2a_base64(bytes(obj), newline=False).decode("ascii")
     if isinstance(obj, numbers.Integral):
         return int(obj)
     if isinstance(obj, numbers.Real):

@@ -109,6 +109,26 @@ def _now():
     return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
 
 
+def _history_stand_in(flag):
+    """What stands for IPython 9's history writer thread in a forked child: it never starts; setting its
+    save_flag (FLAG) writes the inputs out at once."""
+    from IPython.core.history import HistorySavingThread
+
+    class _StandIn(HistorySavingThread):
+        def __init__(self):
+            threading.Thread.__init__(self, name="looseleaf-history-stand-in", daemon=True)
+            self.save_flag = flag
+            self.stop_now = False
+
+        def run(self):
+            pass
+
+        def stop(self):
+            pass
+
+    return _StandIn()
+
+
 class Kernel:
     """The interpreter side of one kernel: a shell plus request handlers."""
 
@@ -280,7 +300,11 @@ class Kernel:
             def set(self):
                 hm.writeout_cache(db)
 
-        hm.save_flag = _WriteNow()
+        if isinstance(getattr(type(hm), "save_flag", None), property):
+            # IPython 9: the flag belongs to the writer thread; a stand-in that never starts carries it.
+            hm.save_thread = _history_stand_in(_WriteNow())
+        else:
+            hm.save_flag = _WriteNow()
 
     # -- entry ------------------------------------------------------------
 

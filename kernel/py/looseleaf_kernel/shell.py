@@ -108,6 +108,11 @@ class CellCompiler(CachingCompiler):
                 self._filename_map.setdefault(name, int(number))
 
     @staticmethod
+    def is_cell_file(filename):
+        """Whether FILENAME is a cell of this session (written by one of its processes)."""
+        return bool(CellCompiler._dir) and os.path.dirname(filename) == CellCompiler._dir
+
+    @staticmethod
     def stop_sharing():
         """Write no cell files until use_dir gives a directory (a zygote: its workers write into the kernel's
         directory they are given, never into one of their own that nobody would remove)."""
@@ -277,6 +282,33 @@ class KernelMagics(Magics):
 
         display(Javascript("IPython.notebook.set_autosave_interval(%i)" % (interval * 1000)))
         print("Autosaving every %i seconds" % interval if interval else "Autosave disabled")
+
+
+def _cells_formatted_as_ipykernel_does():
+    """Tracebacks through cells read as on ipykernel.  IPython formats a frame with stack_data (pieces, dedented
+    source, the failing expression highlighted) only when it can count the lines of the frame's file; an
+    ipykernel cell's file exists only in linecache, so its frames take IPython's plain path (the cell's lines
+    as written).  Ours exist on disk too (the session's other processes read them), so IPython is told what
+    it would find for ipykernel's: a file it cannot count."""
+    try:
+        from IPython.core import ultratb
+    except ImportError:
+        return
+    count = getattr(ultratb, "get_line_number_of_frame", None)
+    threshold = getattr(ultratb, "FAST_THRESHOLD", None)
+    if count is None or threshold is None or getattr(count, "_looseleaf", False):
+        return
+
+    def counted(frame):
+        if CellCompiler.is_cell_file(frame.f_code.co_filename):
+            return threshold + 1
+        return count(frame)
+
+    counted._looseleaf = True
+    ultratb.get_line_number_of_frame = counted
+
+
+_cells_formatted_as_ipykernel_does()
 
 
 class LooseLeafShell(InteractiveShell):
