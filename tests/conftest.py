@@ -1,15 +1,20 @@
 """Shared pytest fixtures: a private Jupyter environment for the whole test run.
 
-Runs in the pytest process (/usr/bin/python3).  Every test that starts a
-kernel does so through the kernelspecs registered here, in a temp directory
-put first on JUPYTER_PATH, so no test depends on (or disturbs) a kernelspec,
-history database or runtime directory of the user who runs the tests:
+Runs in the pytest process, whose Python is the stack under test: the
+project's venv (`make test`: the current Jupyter stack from PyPI, torch 2.x)
+or Debian's /usr/bin/python3 (`make test-debian`: Debian's packages).  Every
+test that starts a kernel does so through the kernelspecs registered here, in
+a temp directory put first on JUPYTER_PATH, so no test depends on (or
+disturbs) a kernelspec, history database or runtime directory of the user who
+runs the tests:
 
   looseleaf         argv [<repo>/build/looseleaf, -f, {connection_file}],
-                    interrupt_mode signal (as `looseleaf install` writes it)
+                    interrupt_mode signal, env LOOSELEAF_PYTHON = this
+                    Python (as `looseleaf install` writes it for an
+                    environment): the kernel, its pool and workers import
+                    from the same environment as this process
   looseleaf-msgint  the same with interrupt_mode message
-  python3           the reference: Debian's ipykernel on /usr/bin/python3
-                    (the python3 first on PATH may be another interpreter)
+  python3           the reference: ipykernel of this same Python
   python3-msgint    the same with interrupt_mode message
 """
 import json
@@ -28,16 +33,18 @@ from llpool_util import stop_pool  # noqa: E402
 # LL_TEST_LOOSELEAF runs the suite against another build of the kernel (e.g. a
 # snapshot while the tree is being rebuilt); the default is the tree's own.
 LOOSELEAF_BIN = os.environ.get("LL_TEST_LOOSELEAF", os.path.join(REPO, "build", "looseleaf"))
-SYSTEM_PYTHON = "/usr/bin/python3"
+# The Python of the stack under test (never the python3 first on PATH, which may be another interpreter).
+PYTHON = sys.executable
 
 def _kernelspecs():
     looseleaf_argv = [LOOSELEAF_BIN, "-f", "{connection_file}"]
-    python_argv = [SYSTEM_PYTHON, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    python_argv = [PYTHON, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    env = {"LOOSELEAF_PYTHON": PYTHON}
     return {
         "looseleaf": {"argv": looseleaf_argv, "display_name": "LooseLeaf (GPU)",
-                      "language": "python", "interrupt_mode": "signal"},
+                      "language": "python", "interrupt_mode": "signal", "env": env},
         "looseleaf-msgint": {"argv": looseleaf_argv, "display_name": "LooseLeaf (message interrupt)",
-                             "language": "python", "interrupt_mode": "message"},
+                             "language": "python", "interrupt_mode": "message", "env": env},
         "python3": {"argv": python_argv, "display_name": "Python 3 (ipykernel)",
                     "language": "python", "interrupt_mode": "signal"},
         "python3-msgint": {"argv": python_argv, "display_name": "Python 3 (message interrupt)",
@@ -58,6 +65,8 @@ _ENV = {
     # ipykernel's debugger prints a frozen-modules warning on stderr at start
     # unless told not to; it is noise, not kernel output.
     "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+    # Kernels, pools, zygotes and the tests' own drivers run in this process's environment.
+    "LOOSELEAF_PYTHON": PYTHON,
     # GPU cells run on workers of a host pool that kernels start on demand and share; the tests' pool
     # is a private one, stopped at the end of the run (pytest_sessionfinish).
     "LOOSELEAF_POOL_DIR": os.path.join(_ROOT, "pool"),

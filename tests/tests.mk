@@ -21,3 +21,10 @@ BENCHES += tests/bench/bench_prefetch.py
 # The tree's shape: dependencies point one way (base <- proto <- store, kernel <- analysis <- zygote <- gateway),
 # no include or import cycle, no C file or function past its size limit without a written reason.
 PYTESTS += tests/tree
+
+# `make test-debian` (also the end of `make test`): a smoke run on Debian 12's own Jupyter stack (jupyter_client
+# 7, ipykernel 6 as the reference, IPython 8, torch 1.13 on the GPU path), so the kernel keeps working for users
+# of the distribution's packages; the full suites run on the current stack in the project's venv.
+DEBIAN_SMOKE := tests/integration/test_int_execute.py tests/integration/test_int_kernel_info.py \
+                tests/integration/test_int_stdin.py tests/integration/test_int_interrupt.py \
+                tests/routing/test_route_metadata.py tests/store/test_store_checkpoint.py

@@ -14,6 +14,7 @@ written below for the constructs they lack, and random runnable sessions
 (fixed seeds).  A negative control checks
 that the harness does catch a closure with one needed name removed.
 """
+import sys
 import json
 import os
 import pathlib
@@ -29,7 +30,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 ANALYZE = [str(ROOT / "build" / "looseleaf"), "analyze"]
 RUNNER = HERE / "soundness_runner.py"
-PYTHON = "/usr/bin/python3"
+PYTHON = sys.executable
 
 PUBLIC = sorted([*(ROOT / "examples").glob("*.ipynb"), *(HERE / "notebooks").glob("*.ipynb")],
                 key=lambda p: p.name)

@@ -2,7 +2,7 @@
 connection-file errors, unsigned mode, signals, shutdown, the kernel's own
 log staying off iopub, stream coalescing, interrupt of shell children.
 
-Runs in the pytest process (/usr/bin/python3).  Each test starts
+Runs in the pytest process.  Each test starts
 build/looseleaf itself from a connection file it writes (so it can see the
 kernel's stderr and exit status) and talks to it with jupyter_client's
 BlockingKernelClient.  Every wait polls with a deadline; none sleeps a fixed
@@ -160,7 +160,7 @@ def test_install_user_honours_jupyter_data_dir(tmp_path):
     _check_spec(data / "kernels" / "looseleaf" / "kernel.json")
     # jupyter itself finds it there.
     env = dict(os.environ, JUPYTER_DATA_DIR=str(data), JUPYTER_PATH="")
-    out = subprocess.run(["/usr/bin/python3", "-m", "jupyter_client.kernelspecapp", "list", "--json"],
+    out = subprocess.run([sys.executable, "-m", "jupyter_client.kernelspecapp", "list", "--json"],
                          capture_output=True, text=True, env=env, timeout=TIMEOUT)
     assert out.returncode == 0, out.stderr
     specs = json.loads(out.stdout)["kernelspecs"]
@@ -179,7 +179,7 @@ def test_install_prefix_and_name(tmp_path):
 def test_jupyter_kernelspec_install_from_build_dir(tmp_path):
     env = dict(os.environ, JUPYTER_DATA_DIR=str(tmp_path / "data"), JUPYTER_PATH="")
     src = os.path.join(REPO, "build", "kernelspec", "looseleaf")
-    r = subprocess.run(["/usr/bin/python3", "-m", "jupyter_client.kernelspecapp", "install", src,
+    r = subprocess.run([sys.executable, "-m", "jupyter_client.kernelspecapp", "install", src,
                         "--user"], capture_output=True, text=True, env=env, timeout=TIMEOUT)
     assert r.returncode == 0, r.stderr
     _check_spec(tmp_path / "data" / "kernels" / "looseleaf" / "kernel.json", BUILT)

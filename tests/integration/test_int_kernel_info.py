@@ -23,7 +23,7 @@ def test_kernel_info_fields(kernel):
         assert set(link) >= {"text", "url"}
     li = c["language_info"]
     assert li["name"] == "python"
-    # The kernels under test embed / run Debian's /usr/bin/python3.
+    # The kernels under test run this process's Python.
     assert li["version"] == "%d.%d.%d" % sys.version_info[:3]
     assert li["mimetype"] == "text/x-python"
     assert li["file_extension"] == ".py"

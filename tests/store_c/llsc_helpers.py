@@ -10,7 +10,7 @@ if PYEXT_DIR not in sys.path:
 
 
 def child_env(**extra):
-    """The environment for a child /usr/bin/python3 that imports _llstore."""
+    """The environment for a child Python (this one) that imports _llstore."""
     env = dict(os.environ)
     env["PYTHONPATH"] = PYEXT_DIR + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra)

@@ -1,6 +1,7 @@
 """A session whose cells run on different forked workers behaves like one Python process: torch training
 across cells (model + optimizer restored, sharing intact), views, in-place mutation, functions, redefinition,
 del, exceptions, and process state (cwd, env, sys.path, RNGs, torch dtype/grad mode)."""
+import sys
 import os
 import subprocess
 
@@ -30,7 +31,7 @@ def test_torch_training_across_workers_matches_one_process(env):
         outs.append(cell.stdout)
         pids.add(cell.ll["worker_pid"])
     assert len(pids) == len(TRAIN_CELLS)
-    plain = subprocess.run(["/usr/bin/python3", "-c", "\n".join(code for code, _, _ in TRAIN_CELLS)],
+    plain = subprocess.run([sys.executable, "-c", "\n".join(code for code, _, _ in TRAIN_CELLS)],
                            capture_output=True, text=True, check=True).stdout
     assert "".join(outs) == plain
     assert outs[-1].split()[1] == "True"
@@ -77,7 +78,7 @@ def test_process_state_follows_the_session(env):
     a = c.run("p1", code1, import_closure=["torch"])
     b = c.run("p2", code2, import_closure=["torch"], import_stmts=stmts)
     assert a.ok and b.ok, (a.events, b.events)
-    plain = subprocess.run(["/usr/bin/python3", "-c", code1 + "\n" + code2], capture_output=True, text=True,
+    plain = subprocess.run([sys.executable, "-c", code1 + "\n" + code2], capture_output=True, text=True,
                            check=True).stdout
     assert a.stdout + b.stdout == plain
 
