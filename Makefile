@@ -13,12 +13,24 @@
 # so that modules never edit each other's build rules.
 
 CC      ?= gcc
-PYTHON  := /usr/bin/python3
-PKGS    := libzmq libczmq openssl jansson python3-embed hiredis libxxhash
+PKGS    := libzmq libczmq openssl jansson hiredis libxxhash
 BUILD   := build
 
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS))
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS))
+
+# The Python the kernel embeds (its libpython) and runs in unless a kernelspec
+# names another environment of the same version (kernel/ll_pyenv.h):
+# Debian's by default, any CPython with a shared libpython with
+# `make PYTHON=/path/to/python3.X`.  Headers, library and the extension
+# suffix come from its sysconfig.
+PYTHON  ?= /usr/bin/python3
+PY_CONFIG  = $(shell $(PYTHON) -c 'import sysconfig as s; print(s.get_config_var("$(1)") or "")' 2>/dev/null)
+PY_CFLAGS := -I$(call PY_CONFIG,INCLUDEPY)
+PY_LIBS   := -L$(call PY_CONFIG,LIBDIR) -lpython$(call PY_CONFIG,LDVERSION)
+PY_EXT    := $(call PY_CONFIG,EXT_SUFFIX)
+PKG_CFLAGS += $(PY_CFLAGS)
+PKG_LIBS   += $(PY_LIBS)
 
 CFLAGS  ?= -O2 -g
 CFLAGS  += -std=c11 -Wall -Wextra -Wno-unused-parameter -Wshadow -fPIC \
@@ -40,7 +52,8 @@ LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 BIN_OBJS  := $(BIN_SRCS:%.c=$(BUILD)/%.o)
 TEST_OBJS := $(TEST_SRCS:%.c=$(BUILD)/%.o)
 
-.PHONY: all test selftest pytest bench clean deps deps-test setup run kernelspec format format-check
+.PHONY: all test test-debian selftest pytest venv bench clean deps deps-test setup run kernelspec \
+        format format-check
 all: $(BUILD)/looseleaf $(BUILD)/ll_selftest $(EXTRA_TARGETS)
 
 $(BUILD)/%.o: %.c
@@ -68,13 +81,36 @@ $(BUILD)/ll_selftest: $(BUILD)/tests/selftest.o $(LIB_OBJS) $(TEST_OBJS)
 selftest: $(BUILD)/ll_selftest
 	$(BUILD)/ll_selftest
 
-pytest: all
-	$(if $(strip $(PYTESTS)),$(PYTHON) -m pytest -q -ra -p no:cacheprovider $(PYTEST_ARGS) $(PYTESTS))
+# ---- the current Jupyter stack, from PyPI ----------------------------------
+# The project's virtual environment, made from the Python the kernel embeds
+# (so their libpython is one), with every version pinned in requirements.txt:
+# JupyterLab 4, Notebook 7, jupyter_client 8, ipykernel 7 (the reference
+# kernel), IPython 9, ipywidgets 8, torch 2.x, numpy 2.x, the test tools.
+VENV    := .venv
+VENV_PY := $(VENV)/bin/python
 
-# Everything: the C self-tests, then the integration tests.
-test: all
+venv: $(VENV)/.requirements
+$(VENV)/.requirements: requirements.txt
+	@[ -x $(VENV_PY) ] || $(PYTHON) -m venv $(VENV)
+	$(VENV_PY) -m pip install -q -r requirements.txt
+	@cp requirements.txt $@
+
+PYTEST = -m pytest -q -ra -p no:cacheprovider $(PYTEST_ARGS)
+
+pytest: all venv
+	$(if $(strip $(PYTESTS)),$(VENV_PY) $(PYTEST) $(PYTESTS))
+
+# Everything: the C self-tests, the suites on the current stack (the venv),
+# then a smoke run on Debian's own Jupyter stack so both keep working.
+test: all venv
 	$(BUILD)/ll_selftest
-	$(if $(strip $(PYTESTS)),$(PYTHON) -m pytest -q -ra -p no:cacheprovider $(PYTEST_ARGS) $(PYTESTS))
+	$(if $(strip $(PYTESTS)),$(VENV_PY) $(PYTEST) $(PYTESTS))
+	$(MAKE) --no-print-directory test-debian
+
+# Debian 12's Jupyter (jupyter_client 7, ipykernel 6, IPython 8, torch 1.13)
+# as client, reference and the kernel's environment.
+test-debian: all
+	$(if $(strip $(DEBIAN_SMOKE)),/usr/bin/python3 $(PYTEST) $(DEBIAN_SMOKE))
 
 bench: all
 	@set -e; for b in $(BENCHES); do echo "== $$b"; $$b; done
@@ -84,36 +120,41 @@ bench: all
 # Recommends are installed too: the machines the suite was developed on had them,
 # and a fresh machine must see the same Python packages (scipy, for one).
 DEB_BUILD := build-essential pkg-config libzmq3-dev libczmq-dev libssl-dev \
-             libjansson-dev libpython3-dev libhiredis-dev libxxhash-dev redis-server \
-             python3-ipython python3-comm python3-cloudpickle python3-numpy \
-             python3-jupyter-client jupyter-client python3-matplotlib-inline
-DEB_TEST  := python3-ipykernel jupyter-console python3-nbclient python3-nbformat \
+             libjansson-dev libpython3-dev python3-venv libhiredis-dev libxxhash-dev \
+             redis-server git ca-certificates
+# Debian's own Jupyter stack, for `make test-debian` (and a kernel installed
+# for /usr/bin/python3 without a venv).
+DEB_STACK := python3-ipython python3-comm python3-cloudpickle python3-numpy \
+             python3-jupyter-client jupyter-client python3-matplotlib-inline \
+             python3-ipykernel jupyter-console python3-nbclient python3-nbformat \
              python3-pytest python3-pexpect python3-torch python3-matplotlib \
-             python3-pandas python3-scipy python3-pytest-timeout tmux
-DEB_RUN   := jupyter-notebook
+             python3-pandas python3-scipy python3-pytest-timeout jupyter-notebook
+DEB_TEST  := $(DEB_STACK) tmux chromium
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT  := DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q
 
 deps:
 	$(SUDO) apt-get update -q
-	$(APT) $(DEB_BUILD) $(DEB_TEST) $(DEB_RUN)
-
-deps-test:
-	$(SUDO) apt-get update -q
 	$(APT) $(DEB_BUILD) $(DEB_TEST)
 
-kernelspec: $(BUILD)/looseleaf
-	$(BUILD)/looseleaf install --user
+deps-test: deps
 
-# One command: packages, build, kernelspec.
+# The kernelspec, into the project's venv (with JupyterLab's continuous
+# hinting on there): `looseleaf install --help` for other places.
+kernelspec: $(BUILD)/looseleaf venv
+	$(BUILD)/looseleaf install --sys-prefix --python $(VENV_PY)
+
+# One command: packages, build, the venv, the kernelspec.
 setup: deps
 	$(MAKE) all
 	$(MAKE) kernelspec
 
-# The README's first command: set everything up, then start a notebook server.
+# The README's first command: set everything up, then start JupyterLab, with
+# "LooseLeaf (GPU)" in its launcher.
+ROOT_OK := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 run: setup
-	jupyter notebook --no-browser
+	$(VENV)/bin/jupyter lab $(ROOT_OK)
 
 # Every C file of the tree in the style of .clang-format (generated test
 # vectors keep theirs).

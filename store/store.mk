@@ -12,7 +12,7 @@ BENCHES    += $(BUILD)/ll_store_bench
 
 # The same sources as a standalone extension module for /usr/bin/python3
 # (tests put build/py on sys.path).  Objects built apart: -DLL_STORE_PY_STANDALONE.
-STORE_PYEXT   := $(BUILD)/py/_llstore.cpython-311-x86_64-linux-gnu.so
+STORE_PYEXT   := $(BUILD)/py/_llstore$(PY_EXT)
 STORE_PY_OBJS := $(patsubst %.c,$(BUILD)/pyext/%.o,$(STORE_SRCS) base/ll_log.c base/ll_clock.c)
 STORE_PY_LIBS := $(shell pkg-config --libs hiredis libxxhash jansson) -lpthread
 EXTRA_TARGETS += $(STORE_PYEXT) $(BUILD)/ll_store_bench $(BUILD)/tests/store_c/embed_llstore
