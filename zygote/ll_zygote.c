@@ -686,6 +686,21 @@ static char *s_head_json(const char *head)
     return hj;
 }
 
+/* Libraries that start worker threads when imported: numpy 2.x wheels
+ * bundle an OpenBLAS that does, so would BLIS.  A zygote must stay
+ * single-threaded (it forks workers), so they start with one thread here;
+ * a worker gives the session its own settings back after the fork (its
+ * environment comes with the session's process state, and
+ * looseleaf_zygote.zyg sets the libraries' thread counts from it). */
+static void s_single_threaded_libraries(void)
+{
+    /* (Not OMP_NUM_THREADS nor MKL_NUM_THREADS: torch takes its default
+     * intra-op thread count from them, and starts no thread at import.) */
+    static const char *const vars[] = {"OPENBLAS_NUM_THREADS", "BLIS_NUM_THREADS"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        setenv(vars[i], "1", 1);
+}
+
 int ll_zygote_main(int argc, char **argv)
 {
     ll_log_init('Z');
@@ -713,6 +728,7 @@ int ll_zygote_main(int argc, char **argv)
     sigaddset(&mask, SIGCHLD);
     sigprocmask(SIG_BLOCK, &mask, NULL);
     s_sigfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    s_single_threaded_libraries();
     ll_interp_add_builtin("_llstore", ll_store_pyinit);
     ll_interp_hooks_t none = {0};
     char err[1024];

@@ -2,8 +2,8 @@
 
 Zygote (single-threaded, never touches CUDA):
   load_head(mods)   import the head, make torch single-threaded (MEASURED.md: a zygote that ran a 2-thread
-                    OpenMP op makes its children hang), stop IPython's history thread (a zygote must stay
-                    single-threaded), freeze the GC.
+                    OpenMP op makes its children hang), IPython's history in memory, without its thread (a
+                    zygote must stay single-threaded; the kernel keeps the session's history), freeze the GC.
   grow(mods)        in a freshly forked child node: import more.
   prefork()         gc.freeze() right before each fork (the child's GC would touch every page otherwise).
 Worker (after the fork, in the child; it stays warm for its session and prepares again for each job):
@@ -56,14 +56,76 @@ def _calm_torch():
         torch.set_num_threads(1)
 
 
-def _stop_history_thread():
+def _openblas_libs():
+    """The OpenBLAS libraries this process loaded (numpy's own, scipy's, the system one), as ctypes handles
+    with their set/get functions, whatever the symbol prefix of the build."""
+    import ctypes
+    out, seen = [], set()
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "openblas" in line.lower() and "/" in line}
+    except OSError:
+        return out
+    for path in sorted(paths):
+        if path in seen:
+            continue
+        seen.add(path)
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for prefix, suffix in (("", ""), ("scipy_", "64_"), ("scipy_", ""), ("", "64_")):
+            setter = getattr(lib, prefix + "openblas_set_num_threads" + suffix, None)
+            procs = getattr(lib, prefix + "openblas_get_num_procs" + suffix, None)
+            if setter is not None and procs is not None:
+                out.append((setter, procs))
+                break
+    return out
+
+
+def _session_threads():
+    """The thread counts the session would have in a process of its own: the zygote started its libraries
+    single-threaded (ll_zygote.c); the session's environment (restored with its process state) says what
+    OPENBLAS_NUM_THREADS / OMP_NUM_THREADS it wants, else each library's own default."""
+    env = os.environ
+    for setter, procs in _openblas_libs():
+        want = env.get("OPENBLAS_NUM_THREADS") or env.get("OMP_NUM_THREADS")
+        try:
+            n = int(want) if want else int(procs())
+            setter(max(1, n))
+        except (ValueError, OSError):
+            pass
+    torch = sys.modules.get("torch")
+    if torch is not None and _orig_threads:
+        try:
+            want = env.get("OMP_NUM_THREADS")
+            torch.set_num_threads(max(1, int(want)) if want else _orig_threads)
+        except ValueError:
+            torch.set_num_threads(_orig_threads)
+
+
+def _private_history():
+    """The zygote's IPython (hence every worker's) keeps its input history in a database of its own, in memory:
+    the kernel records every cell in the session's history database (coherence.after_gpu), and a worker writing
+    there too would collide with it (the same session and line numbers: IPython then prints "ERROR!
+    Session/line number was not unique" into the cell's output).  The history thread stops too: a zygote
+    must stay single-threaded."""
     from looseleaf_kernel import get_kernel
     k = get_kernel()
     hm = getattr(getattr(k, "shell", None), "history_manager", None)
+    if hm is None:
+        return
     t = getattr(hm, "save_thread", None)
     if t is not None:
         t.stop()
         hm.save_thread = None
+    try:
+        hm.db.close()
+    except Exception:  # noqa: BLE001 - a database that will not close is dropped anyway
+        pass
+    hm.hist_file = ":memory:"
+    hm.init_db()
+    hm.new_session()
 
 
 def _modules_now(asked):
@@ -83,7 +145,7 @@ def load_head(arg):
     mods = json.loads(arg)
     loaded, failed = _import(mods)
     _calm_torch()
-    _stop_history_thread()
+    _private_history()
     _no_cell_files()
     gc.collect()
     gc.freeze()
@@ -267,9 +329,7 @@ def worker_prepare(arg):
             return json.dumps({"fatal": "cannot restore the session's state: %s: %s" % (type(e).__name__, e)})
     t2 = time.perf_counter()
     # 3. The rest of the import closure, and the names imports bind.
-    torch = sys.modules.get("torch")
-    if torch is not None and _orig_threads:
-        torch.set_num_threads(_orig_threads)
+    _session_threads()
     missing = [m for m in job.get("import_closure") or [] if m not in sys.modules]
     loaded, failed = _import(missing)
     rep["imported_after_fork"] = loaded
