@@ -538,7 +538,13 @@ class Coherence:
             try:
                 rep = self.cp.restore([out_name])
                 if out_name in ns and not rep.failed:
-                    shell.displayhook.update_user_ns(ns[out_name])
+                    # The displayhook files a result under its prompt count: the execution count on IPython
+                    # 8, one less on IPython 9 (which counts the cell first).
+                    dh = shell.displayhook
+                    shell.execution_count = count
+                    if getattr(dh, "prompt_count", count) != count:
+                        shell.execution_count = count + 1
+                    dh.update_user_ns(ns[out_name])
             except Exception:  # noqa: BLE001 - the output was shown; only the history misses it
                 log.warning("cannot bring a GPU cell's result into the output history", exc_info=True)
         if isinstance(count, int) and keep:

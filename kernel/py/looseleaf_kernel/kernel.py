@@ -420,14 +420,16 @@ class Kernel:
                 self.coherence.after_cpu(plan)
 
         reply = {}
-        if res.success:
+        shown = getattr(shell, "displayhook_error", None)
+        if res.success and not shown:
             reply["status"] = "ok"
         else:
             err = res.error_before_exec if res.error_before_exec is not None else res.error_in_exec
+            etype, evalue = (type(err), err) if err is not None else shown
             reply["status"] = "error"
             reply["traceback"] = shell._last_traceback or []
-            reply["ename"] = str(type(err).__name__)
-            reply["evalue"] = str(err)
+            reply["ename"] = str(etype.__name__)
+            reply["evalue"] = str(evalue)
             reply["engine_info"] = {"engine_uuid": self.ident, "engine_id": -1, "method": "execute"}
         reply["execution_count"] = shell.execution_count - 1
         if reply["status"] == "ok" and isinstance(user_expressions, dict):

@@ -331,6 +331,7 @@ class LooseLeafShell(InteractiveShell):
 
     keepkernel_on_exit = None
     _last_traceback = None
+    displayhook_error = None  # (type, value) of an error raised formatting the cell's result
 
     def init_environment(self):
         env = os.environ
@@ -387,9 +388,14 @@ class LooseLeafShell(InteractiveShell):
 
     def run_cell(self, *args, **kwargs):
         self._last_traceback = None
+        self.displayhook_error = None
         return super().run_cell(*args, **kwargs)
 
     def _showtraceback(self, etype, evalue, stb):
+        if getattr(self.displayhook, "msg", None) is not None:
+            # An error while the cell's result is being formatted (a _repr_*_ that raises): the cell
+            # failed, as ipykernel 7 replies.
+            self.displayhook_error = (etype, evalue)
         # Flush first so the traceback comes after the cell's output.
         flush_streams()
         publish(
