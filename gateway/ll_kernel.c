@@ -651,6 +651,10 @@ static void s_kernel_info_complete(json_t *info)
         json_object_set_new(info, "implementation_version", json_string(LL_VERSION));
     if (!json_object_get(info, "debugger"))
         json_object_set_new(info, "debugger", json_false());
+    /* Protocol 5.4: optional features the kernel implements (none of the
+     * debugger, kernel subshells (JEP 91)). */
+    if (!json_is_array(json_object_get(info, "supported_features")))
+        json_object_set_new(info, "supported_features", json_array());
 }
 
 static int s_cache_kernel_info(char *err, size_t errlen)

@@ -23,7 +23,7 @@
 
 /* The Jupyter messaging protocol version the kernel speaks (message headers,
  * kernel_info_reply, the kernelspec). */
-#define LL_PROTOCOL_VERSION "5.3"
+#define LL_PROTOCOL_VERSION "5.4"
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -84,7 +84,7 @@ int ll_session_send(ll_session_t *self, zsock_t *sock, ll_msg_t **msg_p);
 
 /* A new message of MSG_TYPE in reply to PARENT (may be NULL): copies the
  * parent's identities and its header as parent_header, writes a fresh header
- * (new msg_id, this session, date, version "5.3").  Steals the reference to
+ * (new msg_id, this session, date, version LL_PROTOCOL_VERSION).  Steals the reference to
  * CONTENT (NULL means {}).  Returns NULL only on allocation failure. */
 ll_msg_t *ll_msg_new(ll_session_t *self, const char *msg_type, const ll_msg_t *parent,
                      json_t *content);

@@ -483,7 +483,7 @@ static void s_test_encode(void)
         LL_CHECK(date && strlen(date) == 27 && date[4] == '-' && date[10] == 'T' &&
                  date[19] == '.' && date[26] == 'Z');
         const char *version = json_string_value(json_object_get(reply->header, "version"));
-        LL_CHECK(version && strcmp(version, "5.3") == 0);
+        LL_CHECK(version && strcmp(version, LL_PROTOCOL_VERSION) == 0);
         LL_CHECK(strcmp(json_string_value(json_object_get(reply->header, "session")),
                         ll_session_id(kernel)) == 0);
         LL_CHECK(json_is_string(json_object_get(reply->header, "username")));

@@ -45,7 +45,7 @@ except ImportError:  # pragma: no cover - older IPython
 __all__ = ["Kernel", "start", "handle", "shutdown", "get_kernel"]
 
 __version__ = "0.1.0"
-PROTOCOL_VERSION = "5.3"
+PROTOCOL_VERSION = "5.4"
 _EXPERIMENTAL_KEY = "_jupyter_types_experimental"
 
 log = logging.getLogger("looseleaf_kernel")
@@ -587,6 +587,7 @@ class Kernel:
             "banner": self.shell.banner,
             "help_links": HELP_LINKS,
             "debugger": False,
+            "supported_features": [],
         }
         return dumps(reply), None
 
