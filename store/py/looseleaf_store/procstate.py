@@ -3,14 +3,21 @@
 Captured after every cell (in a worker, and by the kernel after CPU cells once it routes) and stored with
 the session's variables as the store entry NAME, in the same commit as the cell's variables; applied before
 the next cell runs, wherever that is.  Covers what notebooks rely on besides their variables: working
-directory, environment variables, sys.path, the random generators of random / numpy / torch, torch's
-default dtype and grad mode.  Runs in whatever process runs cells; not thread-safe.
+directory, environment variables, sys.path, the random generators of random / numpy / torch (CPU and
+CUDA), torch's default dtype and grad mode.  Runs in whatever process runs cells; not thread-safe.
 """
 import os
 import random
 import sys
 
 NAME = "__looseleaf_procstate__"
+
+# The CUDA generators' states travel too, though most processes of a session never initialise CUDA (the
+# kernel never does).  A process without CUDA carries what it last applied and hands it on unchanged:
+# (the CPU generator's seed when those states were taken, the states or None).  A seed set here since
+# (torch.manual_seed in a CPU cell, which in one process would reseed the CUDA generators too) replaces
+# them: the next process with CUDA seeds its generators with it.
+_cuda_carry = (None, None)
 
 # Variables that belong to the process, not to the session (set by LooseLeaf or the OS for this process).
 _ENV_LOCAL = {"CUDA_VISIBLE_DEVICES", "LOOSELEAF_ROLE", "_", "PWD", "OLDPWD", "SHLVL"}
@@ -32,7 +39,34 @@ def capture():
         st["torch_rng"] = torch.get_rng_state()
         st["torch_dtype"] = str(torch.get_default_dtype()).replace("torch.", "")
         st["torch_grad"] = torch.is_grad_enabled()
+        st["torch_cuda_rng"] = _cuda_rng(torch)
     return st
+
+
+def _cuda_rng(torch):
+    """(seed, states) of the CUDA generators for capture(): this process's own when it initialised CUDA,
+    else what it carries (_cuda_carry), with the states dropped when a seed was set here since."""
+    seed = torch.initial_seed()
+    if torch.cuda.is_initialized():
+        return seed, [s.clone() for s in torch.cuda.get_rng_state_all()]
+    carried_seed, states = _cuda_carry
+    return (seed, states if carried_seed == seed else None)
+
+
+def _apply_cuda_rng(torch, rng):
+    """Make the CUDA generators what RNG ((seed, states) from capture()) says: its states where this process
+    has CUDA (and the same number of devices), else a seed from it; carried along where it has no CUDA."""
+    global _cuda_carry
+    seed, states = rng
+    if not torch.cuda.is_initialized():
+        _cuda_carry = (seed, states)
+        if states is None and seed is not None:
+            torch.cuda.manual_seed_all(seed)  # queued by torch until CUDA starts here, if ever
+        return
+    if states is not None and len(states) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(states)
+    elif seed is not None:
+        torch.cuda.manual_seed_all(seed)
 
 
 def apply(st):
@@ -64,7 +98,24 @@ def apply(st):
         torch.set_rng_state(st["torch_rng"])
         torch.set_default_dtype(getattr(torch, st.get("torch_dtype", "float32")))
         torch.set_grad_enabled(bool(st.get("torch_grad", True)))
+        if isinstance(st.get("torch_cuda_rng"), tuple):
+            try:
+                _apply_cuda_rng(torch, st["torch_cuda_rng"])
+            except Exception as e:  # noqa: BLE001 - reported; the cell runs with the generators it has
+                problems.append("CUDA generators: %s: %s" % (type(e).__name__, e))
     return problems
+
+
+def cuda_started():
+    """CUDA was just initialised in this process (a worker, after its preparation applied the session's
+    process state): the CUDA generator states it carries become its generators' own.  (A seed without
+    states was queued by torch and applied as CUDA started.)"""
+    torch = sys.modules.get("torch")
+    seed, states = _cuda_carry
+    if torch is None or states is None or not torch.cuda.is_initialized():
+        return
+    if len(states) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(states)
 
 
 # {id(Checkpointer): the stored version this process's live state is}: set when restore() applied a version

@@ -7,12 +7,14 @@ Zygote (single-threaded, never touches CUDA):
   grow(mods)        in a freshly forked child node: import more.
   prefork()         gc.freeze() right before each fork (the child's GC would touch every page otherwise).
 Worker (after the fork, in the child; it stays warm for its session and prepares again for each job):
-  worker_prepare(job)  CUDA on the assigned device, the session's process state from the store (its sys.path
-                       and cwd decide what imports find), the rest of the import closure, the import
-                       statements that re-create import-bound names, restore of the state closure.  A warm worker first drops every name whose held version is not
-                       the committed one (the store is the truth: a CPU cell or another worker may have
-                       committed newer versions, or deleted names), and what references them; the restore
-                       then loads only what moved.  Also a prefetch's whole work (no cell follows at once).
+  worker_prepare(job)  the session's process state from the store first (its environment decides how CUDA
+                       starts, its sys.path and cwd what imports find), then CUDA on the assigned device
+                       (with the session's CUDA generator states), the rest of the import closure, the
+                       import statements that re-create import-bound names, restore of the state closure.
+                       A warm worker first drops every name whose held version is not the committed one
+                       (the store is the truth: a CPU cell or another worker may have committed newer
+                       versions, or deleted names), and what references them; the restore then loads only
+                       what moved.  Also a prefetch's whole work (no cell follows at once).
   worker_finish(job)   save the cell's definitions, the state closure (in-place mutation is invisible to
                        static analysis), whatever the cell rebound or deleted, and the process state; one
                        commit.  The store stays open: the worker stays warm.
@@ -290,20 +292,6 @@ def worker_prepare(arg):
     t0 = time.perf_counter()
     warm = bool(job.get("warm"))
     rep = {"imported_after_fork": [], "device": job.get("device"), "warm_hit": warm}
-    # 1. CUDA on the assigned device, only now (after the fork); a warm worker has it already, a staged one (a
-    #    prefetch prepared it without a slot) gets it with its cell's run.
-    dev = job.get("device")
-    if dev is not None and _device is None:
-        _device = dev
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(dev)
-        torch = sys.modules.get("torch")
-        if torch is not None:
-            try:
-                torch.cuda.init()
-                torch.cuda.set_device(0)
-            except Exception as e:  # noqa: BLE001 - reported; the cell then fails on its own CUDA use
-                rep["cuda_error"] = "%s: %s" % (type(e).__name__, e)
-    t1 = time.perf_counter()
     shell = _shell()
     # The session's cell sources: tracebacks through functions of earlier cells show their lines.
     compiler = getattr(shell, "compile", None)
@@ -315,8 +303,9 @@ def worker_prepare(arg):
     # Staged on a CUDA host: no device yet, and restored variables may hold device tensors, so only the imports
     # of the closure now; the cell's run (a warm job, with its device) restores the rest.
     defer = bool(job.get("defer_restore"))
-    # 2. The session's process state first (its sys.path and cwd decide what the imports find), and on a warm
-    #    worker the names whose committed version moved go.
+    # 1. The session's process state first: its environment decides how CUDA starts (PYTORCH_CUDA_ALLOC_CONF,
+    #    CUDA_LAUNCH_BLOCKING, CUDA_MODULE_LOADING set in the notebook), its sys.path and cwd what the imports
+    #    find; and on a warm worker the names whose committed version moved go.
     prep, probs = None, None
     if not defer:
         try:
@@ -327,6 +316,21 @@ def worker_prepare(arg):
             prep, probs = procstate.restore(_cp)
         except Exception as e:  # noqa: BLE001 - becomes the cell's error reply (nothing held can be trusted)
             return json.dumps({"fatal": "cannot restore the session's state: %s: %s" % (type(e).__name__, e)})
+    t1 = time.perf_counter()
+    # 2. CUDA on the assigned device, only now (after the fork, in the session's environment); a warm worker has
+    #    it already, a staged one (a prefetch prepared it without a slot) gets it with its cell's run.
+    dev = job.get("device")
+    if dev is not None and _device is None:
+        _device = dev
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(dev)
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            try:
+                torch.cuda.init()
+                torch.cuda.set_device(0)
+                procstate.cuda_started()  # the session's CUDA generators
+            except Exception as e:  # noqa: BLE001 - reported; the cell then fails on its own CUDA use
+                rep["cuda_error"] = "%s: %s" % (type(e).__name__, e)
     t2 = time.perf_counter()
     # 3. The rest of the import closure, and the names imports bind.
     _session_threads()
@@ -364,9 +368,9 @@ def worker_prepare(arg):
     t4 = time.perf_counter()
     _before = _visible(shell)
     rep.update({
-        "cuda_ms": (t1 - t0) * 1e3,
+        "cuda_ms": (t2 - t1) * 1e3,
         "import_ms": (t3 - t2) * 1e3,
-        "restore_ms": (t2 - t1) * 1e3 + (t4 - t3) * 1e3,
+        "restore_ms": (t1 - t0) * 1e3 + (t4 - t3) * 1e3,
         "bytes_restored": nbytes,
         "restored": restored,
         "missing": missing_names,
