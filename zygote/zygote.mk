@@ -9,7 +9,7 @@ EXTRA_TARGETS += $(BUILD)/zygote/ll_zdriver
 # The test driver: a JSON-lines client of the host pool (tests/zygote/, tests/prefetch/).  The pool it
 # starts is build/looseleaf's (LL_POOL_EXE), so it links only the client.
 $(BUILD)/zygote/ll_zdriver: $(BUILD)/zygote/ll_zdriver.o $(BUILD)/zygote/ll_zclient.o \
-                            $(BUILD)/zygote/ll_zframe.o $(BASE_OBJS)
+                            $(BUILD)/zygote/ll_zframe.o $(BUILD)/kernel/ll_pyenv.o $(BASE_OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 PYTESTS   += tests/zygote
 BENCHES   += tests/bench/bench_zygote.py
