@@ -26,7 +26,6 @@
 #include "base/ll_clock.h"
 #include "base/ll_log.h"
 
-#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -173,24 +172,35 @@ static void s_client_input(ll_hostpool_t *pool, int c, short revents)
 /* ------------------------------------------------------------------ */
 /* Set-up                                                             */
 
-/* Slots are CUDA devices counted through the runtime loaded with dlopen
- * (never linked); 0 when there is none. */
-static int s_count_cuda(void)
+/* The CUDA devices (ll_gpu.h: asked of the driver in a child) and the
+ * slots over them; logged either way, so pool.log says why a GPU host got
+ * no CUDA slot.  Returns the slots (0: no device, virtual slots). */
+static int s_find_gpus(ll_hostpool_t *pool)
 {
-    static const char *names[] = {"libcudart.so", "libcudart.so.12", "libcudart.so.11.0", NULL};
-    for (int i = 0; names[i]; i++) {
-        void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-        if (!h)
-            continue;
-        int (*count)(int *) = (int (*)(int *)) dlsym(h, "cudaGetDeviceCount");
-        int n = 0;
-        if (count && count(&n) == 0 && n > 0) {
-            /* Keep the library loaded: unloading after cuInit is not safe. */
-            return n;
-        }
-        dlclose(h);
+    ll_gpu_info_t *g = &pool->gpus;
+    if (pool->cfg.no_cuda) {
+        memset(g, 0, sizeof *g);
+        snprintf(g->why, sizeof g->why, "LL_POOL_NO_CUDA is set");
+        ll_info("pool", "CUDA: not looked for (LL_POOL_NO_CUDA)");
+        return 0;
     }
-    return 0;
+    int n = ll_gpu_detect(g, pool->cfg.gpu_detect_ms);
+    if (n <= 0 || ll_gpu_plan(n, pool->cfg.gpu_slots, pool->cfg.slots_given ? pool->cfg.nslots : 0,
+                              pool->cfg.gpu_mem_fraction, &pool->plan) < 0) {
+        /* Workers will see no device at all (CUDA_VISIBLE_DEVICES=""): no
+         * GPU work ever runs without a slot. */
+        ll_info("pool", "CUDA: no device (%s; %.0f ms): virtual slots, workers see no GPU",
+                g->why[0] ? g->why : "none counted", g->ms);
+        return 0;
+    }
+    const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+    snprintf(pool->visible, sizeof pool->visible, "%s", vis ? vis : "");
+    ll_info("pool", "CUDA: %d device(s) through %s (driver %d, %.0f ms); %d slot(s)", n, g->via,
+            g->driver_version, g->ms, pool->plan.nslots);
+    for (int d = 0; d < n; d++)
+        ll_info("pool", "CUDA device %d: %s, %.1f GiB, %d worker(s)", d, g->dev[d].name,
+                (double) g->dev[d].mem_bytes / (1 << 30), pool->plan.per_dev[d]);
+    return pool->plan.nslots;
 }
 
 /* The options: defaults, LL_POOL_*, the command line.  Returns -1 to go
@@ -276,15 +286,15 @@ static int s_listen(ll_hostpool_t *pool)
     return fd;
 }
 
-/* The schedule (slots: CUDA devices, else the configured virtual ones) and
+/* The schedule (slots: on CUDA devices, else the configured virtual ones) and
  * the tree with its base zygote.  0, or -1 (logged). */
 static int s_start_serving(ll_hostpool_t *pool)
 {
     int nslots = pool->cfg.nslots, max_staged = pool->cfg.max_staged;
-    int ncuda = pool->cfg.no_cuda ? 0 : s_count_cuda();
-    if (ncuda > 0) {
+    int cuda_slots = s_find_gpus(pool);
+    if (cuda_slots > 0) {
         pool->cuda = true;
-        nslots = ncuda < LL_SCHED_MAX_SLOTS ? ncuda : LL_SCHED_MAX_SLOTS;
+        nslots = cuda_slots < LL_SCHED_MAX_SLOTS ? cuda_slots : LL_SCHED_MAX_SLOTS;
     }
     /* Staged workers (a prefetch finding no slot prepares one without):
      * twice as many as slots unless set.  Without a GPU there is no device

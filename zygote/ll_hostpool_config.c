@@ -9,7 +9,7 @@
 #define S_DEFAULT_HEAD "numpy,torch,IPython,looseleaf_kernel,looseleaf_store"
 
 static const char s_usage[] =
-    "usage: looseleaf pool [--runtime-dir DIR] [--slots N] [--idle-exit SECONDS]\n"
+    "usage: looseleaf pool [--runtime-dir DIR] [--slots N] [--gpu-slots N] [--idle-exit SECONDS]\n"
     "                      [--head MOD,MOD,...] [--max-nodes N] [--no-grow] [--foreground]\n"
     "                      [--warm-idle SECONDS] [--spec-window SECONDS]\n";
 
@@ -18,6 +18,8 @@ void ll_hostpool_config_defaults(ll_hostpool_config_t *cfg)
     memset(cfg, 0, sizeof *cfg);
     snprintf(cfg->head, sizeof cfg->head, "%s", S_DEFAULT_HEAD);
     cfg->nslots = 2;
+    cfg->gpu_mem_fraction = -1;
+    cfg->gpu_detect_ms = 30000;
     cfg->idle_exit_s = 300;
     cfg->max_nodes = 50;
     cfg->max_staged = -1;
@@ -41,7 +43,13 @@ void ll_hostpool_config_env(ll_hostpool_config_t *cfg, char *(*get)(const char *
     const char *head = get("LL_POOL_HEAD");
     if (head)
         snprintf(cfg->head, sizeof cfg->head, "%s", head);
+    cfg->slots_given = get("LL_POOL_SLOTS") != NULL;
     s_env_int(get, "LL_POOL_SLOTS", &cfg->nslots);
+    s_env_int(get, "LL_POOL_GPU_SLOTS", &cfg->gpu_slots);
+    s_env_int(get, "LL_POOL_GPU_DETECT_MS", &cfg->gpu_detect_ms);
+    const char *frac = get("LL_POOL_GPU_MEM_FRACTION");
+    if (frac && *frac)
+        cfg->gpu_mem_fraction = atof(frac);
     s_env_int(get, "LL_POOL_IDLE_EXIT", &cfg->idle_exit_s);
     s_env_int(get, "LL_POOL_MAX_NODES", &cfg->max_nodes);
     s_env_int(get, "LL_POOL_MAX_STAGED", &cfg->max_staged);
@@ -60,8 +68,11 @@ int ll_hostpool_config_args(ll_hostpool_config_t *cfg, int argc, char **argv, ch
         bool nx = i + 1 < argc;
         if (strcmp(a, "--runtime-dir") == 0 && nx)
             snprintf(cfg->dir, sizeof cfg->dir, "%s", argv[++i]);
-        else if (strcmp(a, "--slots") == 0 && nx)
+        else if (strcmp(a, "--slots") == 0 && nx) {
             cfg->nslots = atoi(argv[++i]);
+            cfg->slots_given = true;
+        } else if (strcmp(a, "--gpu-slots") == 0 && nx)
+            cfg->gpu_slots = atoi(argv[++i]);
         else if (strcmp(a, "--idle-exit") == 0 && nx)
             cfg->idle_exit_s = atoi(argv[++i]);
         else if (strcmp(a, "--head") == 0 && nx)
@@ -85,11 +96,13 @@ int ll_hostpool_config_args(ll_hostpool_config_t *cfg, int argc, char **argv, ch
     }
     if (cfg->nslots < 1 || cfg->nslots > LL_HOSTPOOL_MAX_SLOTS || cfg->max_nodes < 1 ||
         cfg->max_nodes > LL_HOSTPOOL_MAX_NODES || cfg->idle_exit_s < 0 || cfg->warm_idle_s < 0 ||
-        cfg->spec_s < 0) {
+        cfg->spec_s < 0 || cfg->gpu_slots < 0 || cfg->gpu_slots > LL_HOSTPOOL_MAX_SLOTS ||
+        cfg->gpu_mem_fraction > 1 || (cfg->gpu_mem_fraction < 0 && cfg->gpu_mem_fraction != -1)) {
         snprintf(err, errlen,
                  "looseleaf pool: --slots must be 1..%d, --max-nodes 1..%d, --idle-exit, "
-                 "--warm-idle and --spec-window >= 0\n",
-                 LL_HOSTPOOL_MAX_SLOTS, LL_HOSTPOOL_MAX_NODES);
+                 "--warm-idle and --spec-window >= 0, --gpu-slots 0..%d, "
+                 "LL_POOL_GPU_MEM_FRACTION 0..1\n",
+                 LL_HOSTPOOL_MAX_SLOTS, LL_HOSTPOOL_MAX_NODES, LL_HOSTPOOL_MAX_SLOTS);
         return -1;
     }
     return 0;
@@ -132,6 +145,8 @@ int ll_hostpool_config_selftest(bool verbose)
     S_CHECK(cfg.nslots == 2 && cfg.idle_exit_s == 300 && cfg.max_nodes == 50);
     S_CHECK(cfg.max_staged == -1 && cfg.warm_idle_s == 0 && cfg.spec_s == 30);
     S_CHECK(cfg.grow && !cfg.foreground && !cfg.no_cuda && !cfg.staged_defer);
+    S_CHECK(!cfg.slots_given && cfg.gpu_slots == 0 && cfg.gpu_mem_fraction == -1 &&
+            cfg.gpu_detect_ms == 30000);
     S_CHECK(strcmp(cfg.head, S_DEFAULT_HEAD) == 0 && cfg.dir[0] == '\0' && cfg.log[0] == '\0');
 
     /* The environment sets defaults; the command line wins over it. */
@@ -147,6 +162,7 @@ int ll_hostpool_config_selftest(bool verbose)
     S_CHECK(cfg.max_nodes == 7 && cfg.max_staged == 5 && cfg.warm_idle_s == 300 &&
             cfg.spec_s == 10);
     S_CHECK(cfg.no_cuda && cfg.staged_defer); /* NO_CUDA counts when set, even empty */
+    S_CHECK(cfg.slots_given);
     char *args[] = {"pool",
                     "--runtime-dir",
                     "/tmp/d",
@@ -173,6 +189,23 @@ int ll_hostpool_config_selftest(bool verbose)
     S_CHECK(cfg.max_nodes == 9 && cfg.warm_idle_s == 1 && cfg.spec_s == 0);
     S_CHECK(!cfg.grow && cfg.foreground && cfg.max_staged == 5);
 
+    /* Workers per CUDA device and their memory cap. */
+    static const char *const envg[] = {"LL_POOL_GPU_SLOTS=3", "LL_POOL_GPU_MEM_FRACTION=0.25",
+                                       "LL_POOL_GPU_DETECT_MS=500", NULL};
+    ll_hostpool_config_defaults(&cfg);
+    s_fake_env = envg;
+    ll_hostpool_config_env(&cfg, s_fake_getenv);
+    S_CHECK(cfg.gpu_slots == 3 && cfg.gpu_mem_fraction == 0.25 && !cfg.slots_given &&
+            cfg.gpu_detect_ms == 500);
+    char *gargs[] = {"pool", "--gpu-slots", "2", NULL};
+    S_CHECK(ll_hostpool_config_args(&cfg, 3, gargs, err, sizeof err) == 0 && cfg.gpu_slots == 2);
+    static const char *const envg2[] = {"LL_POOL_GPU_MEM_FRACTION=1.5", NULL};
+    ll_hostpool_config_defaults(&cfg);
+    s_fake_env = envg2;
+    ll_hostpool_config_env(&cfg, s_fake_getenv);
+    S_CHECK(ll_hostpool_config_args(&cfg, 1, none, err, sizeof err) == -1 &&
+            strstr(err, "LL_POOL_GPU_MEM_FRACTION 0..1"));
+
     /* LL_POOL_STAGED_DEFER asks only with "1". */
     static const char *const env2[] = {"LL_POOL_STAGED_DEFER=yes", NULL};
     ll_hostpool_config_defaults(&cfg);
@@ -190,10 +223,11 @@ int ll_hostpool_config_selftest(bool verbose)
             strncmp(err, "usage:", 6) == 0);
 
     /* Values out of range, from the command line or the environment. */
-    char *range[][3] = {{"pool", "--slots", "0"},       {"pool", "--slots", "65"},
-                        {"pool", "--max-nodes", "0"},   {"pool", "--max-nodes", "257"},
-                        {"pool", "--idle-exit", "-1"},  {"pool", "--warm-idle", "-1"},
-                        {"pool", "--spec-window", "-1"}};
+    char *range[][3] = {{"pool", "--slots", "0"},        {"pool", "--slots", "65"},
+                        {"pool", "--max-nodes", "0"},    {"pool", "--max-nodes", "257"},
+                        {"pool", "--idle-exit", "-1"},   {"pool", "--warm-idle", "-1"},
+                        {"pool", "--spec-window", "-1"}, {"pool", "--gpu-slots", "-1"},
+                        {"pool", "--gpu-slots", "65"}};
     for (size_t i = 0; i < sizeof range / sizeof range[0]; i++) {
         ll_hostpool_config_defaults(&cfg);
         S_CHECK(ll_hostpool_config_args(&cfg, 3, range[i], err, sizeof err) == -1 &&

@@ -18,10 +18,18 @@ typedef struct {
     char dir[PATH_MAX]; /* runtime dir (--runtime-dir; default ll_zclient_default_dir) */
     char head[1024];    /* comma list of the base node's modules (--head, LL_POOL_HEAD) */
     char log[PATH_MAX]; /* log file of a detached pool (--log; "": DIR/pool.log) */
-    int nslots;         /* virtual slots when no CUDA device is found (--slots, LL_POOL_SLOTS) */
-    int idle_exit_s;    /* exit this long after the last client left (--idle-exit) */
-    int max_nodes;      /* zygote nodes at most (--max-nodes, LL_POOL_MAX_NODES) */
-    int max_staged;     /* staged workers at most, pool-wide (LL_POOL_MAX_STAGED); -1: 2 x slots */
+    int nslots;         /* slots (--slots, LL_POOL_SLOTS): virtual ones without CUDA; with CUDA
+                           devices the total spread over them, when given (slots_given) */
+    bool slots_given;   /* --slots or LL_POOL_SLOTS was set */
+    int gpu_detect_ms;  /* the driver may take this long to count the devices
+                           (LL_POOL_GPU_DETECT_MS; cuInit on many GPUs takes seconds) */
+    int gpu_slots;      /* workers per CUDA device (--gpu-slots, LL_POOL_GPU_SLOTS); 0: not set */
+    double gpu_mem_fraction; /* each worker's cap, a share of its device's memory
+                                (LL_POOL_GPU_MEM_FRACTION); -1: 0.95 / workers on the device, none
+                                when alone; 0: no cap */
+    int idle_exit_s;         /* exit this long after the last client left (--idle-exit) */
+    int max_nodes;           /* zygote nodes at most (--max-nodes, LL_POOL_MAX_NODES) */
+    int max_staged;    /* staged workers at most, pool-wide (LL_POOL_MAX_STAGED); -1: 2 x slots */
     int warm_idle_s;   /* a warm worker unused this long leaves; 0: no warm workers (--warm-idle) */
     int spec_s;        /* a speculative worker outranks completed ones this long (--spec-window) */
     bool grow;         /* grow child nodes for tail packages (--no-grow: off) */

@@ -9,6 +9,7 @@
 #ifndef LL_HOSTPOOL_INTERNAL_H
 #define LL_HOSTPOOL_INTERNAL_H
 
+#include "zygote/ll_gpu.h"
 #include "zygote/ll_hostpool_config.h"
 #include "zygote/ll_sched.h"
 #include "zygote/ll_zframe.h"
@@ -78,7 +79,10 @@ typedef struct {
     int listen_fd;           /* the listening socket */
     int sig_fd;              /* SIGCHLD, SIGTERM, SIGINT */
     int lock_fd;             /* pool.lock, held while the pool serves the dir */
-    bool cuda;               /* slots are CUDA devices */
+    bool cuda;               /* slots are on CUDA devices */
+    ll_gpu_info_t gpus;      /* what the detection found (stats) */
+    ll_gpu_plan_t plan;      /* cuda: the slots' devices and memory caps */
+    char visible[256];       /* cuda: the pool's own CUDA_VISIBLE_DEVICES ("" unset) */
     bool staged_defer; /* staged workers leave the state's restore to the cell's run (CUDA hosts) */
     ll_sched_t *sched; /* jobs, slots, sessions: the scheduling decisions */
     ll_ztree_t *tree;  /* the zygote nodes and the CUDA-safety probes */

@@ -292,12 +292,32 @@ void ll_hostpool_worker_exited(ll_hostpool_t *pool, pid_t pid, int status)
     }
 }
 
+/* Where JOB's worker computes: on a CUDA host, SLOT's device (its index,
+ * the CUDA_VISIBLE_DEVICES entry that shows it alone, the worker's memory
+ * cap); without a slot (staged) or without CUDA, no device at all
+ * (CUDA_VISIBLE_DEVICES=""), so no GPU work ever runs without a slot. */
+static void s_job_device(ll_hostpool_t *pool, json_t *job, int slot)
+{
+    if (!pool->cuda || slot < 0) {
+        json_object_set_new(job, "device", json_null());
+        json_object_set_new(job, "cuda_visible", json_string(""));
+        return;
+    }
+    int dev = pool->plan.slot_dev[slot];
+    char vis[128];
+    ll_gpu_visible_entry(pool->visible, dev, vis, sizeof vis);
+    json_object_set_new(job, "device", json_integer(dev));
+    json_object_set_new(job, "cuda_visible", json_string(vis));
+    double f = pool->plan.mem_fraction[slot];
+    json_object_set_new(job, "mem_fraction", f > 0 ? json_real(f) : json_null());
+}
+
 /* The job frame for R's worker: the request plus where it runs. */
 static json_t *s_job_frame(ll_hostpool_t *pool, int r, int slot)
 {
     ll_hostpool_run_t *run = &pool->runs[r];
     json_t *job = json_deep_copy(run->req);
-    json_object_set_new(job, "device", pool->cuda && slot >= 0 ? json_integer(slot) : json_null());
+    s_job_device(pool, job, slot);
     json_object_set_new(job, "slot", json_integer(slot));
     json_object_set_new(job, "client", json_integer(s_job(pool, r)->client));
     json_object_set_new(job, "wait_ms", json_real(run->wait_ms));
@@ -612,6 +632,24 @@ static json_t *s_stats_sessions(ll_hostpool_t *pool, double now)
     return sessions;
 }
 
+/* Stats: what the GPU detection found, and the slots over the devices. */
+static json_t *s_stats_gpus(ll_hostpool_t *pool)
+{
+    const ll_gpu_info_t *g = &pool->gpus;
+    json_t *devs = json_array(), *slot_dev = json_array(), *caps = json_array();
+    for (int d = 0; d < g->count; d++)
+        json_array_append_new(devs, json_pack("{s:s, s:f, s:i}", "name", g->dev[d].name,
+                                              "mem_bytes", (double) g->dev[d].mem_bytes, "workers",
+                                              pool->cuda ? pool->plan.per_dev[d] : 0));
+    for (int s = 0; pool->cuda && s < ll_sched_nslots(pool->sched); s++) {
+        json_array_append_new(slot_dev, json_integer(pool->plan.slot_dev[s]));
+        json_array_append_new(caps, json_real(pool->plan.mem_fraction[s]));
+    }
+    return json_pack("{s:i, s:s, s:i, s:s, s:f, s:o, s:o, s:o}", "count", g->count, "via", g->via,
+                     "driver_version", g->driver_version, "why", g->why, "detect_ms", g->ms,
+                     "devices", devs, "slot_device", slot_dev, "mem_fraction", caps);
+}
+
 static json_t *s_stats(ll_hostpool_t *pool)
 {
     json_t *nodes = ll_ztree_nodes_json(pool->tree), *slots = json_array(), *runs = json_array();
@@ -627,12 +665,12 @@ static json_t *s_stats(ll_hostpool_t *pool)
     double now = ll_clock_ms();
     json_t *workers = s_stats_workers(pool, now), *sessions = s_stats_sessions(pool, now);
     return json_pack(
-        "{s:s, s:i, s:o, s:o, s:o, s:b, s:i, s:O, s:i, s:b, s:o, s:o, s:f, s:i}", "type", "stats",
-        "pid", (int) getpid(), "nodes", nodes, "slots", slots, "runs", runs, "cuda", pool->cuda,
-        "max_nodes", pool->cfg.max_nodes, "safety", (json_t *) ll_ztree_safety(pool->tree),
-        "base_respawns", ll_ztree_base_respawns(pool->tree), "base_broken",
-        ll_ztree_broken(pool->tree), "workers", workers, "sessions", sessions, "clock",
-        ll_gdsf_clock(ll_sched_gdsf(pool->sched)), "warm_idle_s", pool->cfg.warm_idle_s);
+        "{s:s, s:i, s:o, s:o, s:o, s:b, s:o, s:i, s:O, s:i, s:b, s:o, s:o, s:f, s:i}", "type",
+        "stats", "pid", (int) getpid(), "nodes", nodes, "slots", slots, "runs", runs, "cuda",
+        pool->cuda, "gpus", s_stats_gpus(pool), "max_nodes", pool->cfg.max_nodes, "safety",
+        (json_t *) ll_ztree_safety(pool->tree), "base_respawns", ll_ztree_base_respawns(pool->tree),
+        "base_broken", ll_ztree_broken(pool->tree), "workers", workers, "sessions", sessions,
+        "clock", ll_gdsf_clock(ll_sched_gdsf(pool->sched)), "warm_idle_s", pool->cfg.warm_idle_s);
 }
 
 /* A run or prefetch request M from client C: checked, queued. */

@@ -29,11 +29,12 @@ import time
 
 from looseleaf_store import procstate
 
+from . import gpu
+
 _orig_threads = None     # torch's intra-op threads before the zygote set 1 (workers restore it)
 _cp = None               # the worker's Checkpointer
 _store = None            # the worker's _llstore.Store
 _before = None           # {name: id(value)} of the namespace after restore
-_device = None           # the CUDA device this worker uses, once it has one (set before CUDA's first use)
 _store_key = None        # (store_dir, session, redis_url) _store was opened with
 _orig_run_cell = None    # the shell's run_cell before _guard_interrupts wrapped it
 
@@ -287,11 +288,12 @@ def _open_store(job):
 
 
 def worker_prepare(arg):
-    global _before, _device
+    global _before
     job = json.loads(arg)
     t0 = time.perf_counter()
     warm = bool(job.get("warm"))
     rep = {"imported_after_fork": [], "device": job.get("device"), "warm_hit": warm}
+    gpu.assign(job)  # its slot's device alone, or none: before anything may touch CUDA
     shell = _shell()
     # The session's cell sources: tracebacks through functions of earlier cells show their lines.
     compiler = getattr(shell, "compile", None)
@@ -319,18 +321,7 @@ def worker_prepare(arg):
     t1 = time.perf_counter()
     # 2. CUDA on the assigned device, only now (after the fork, in the session's environment); a warm worker has
     #    it already, a staged one (a prefetch prepared it without a slot) gets it with its cell's run.
-    dev = job.get("device")
-    if dev is not None and _device is None:
-        _device = dev
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(dev)
-        torch = sys.modules.get("torch")
-        if torch is not None:
-            try:
-                torch.cuda.init()
-                torch.cuda.set_device(0)
-                procstate.cuda_started()  # the session's CUDA generators
-            except Exception as e:  # noqa: BLE001 - reported; the cell then fails on its own CUDA use
-                rep["cuda_error"] = "%s: %s" % (type(e).__name__, e)
+    gpu.start(job, rep, procstate.cuda_started)  # with the session's CUDA generators
     t2 = time.perf_counter()
     # 3. The rest of the import closure, and the names imports bind.
     _session_threads()
@@ -344,6 +335,7 @@ def worker_prepare(arg):
             exec(compile(stmt, "<looseleaf import>", "exec"), ns)
         except BaseException as e:  # noqa: BLE001 - the cell will raise the same error itself
             rep.setdefault("import_failed", {})[stmt] = "%s: %s" % (type(e).__name__, e)
+    gpu.start(job, rep, procstate.cuda_started)  # torch came with the closure, not the zygote
     t3 = time.perf_counter()
     # 4. Restore the state closure.
     restored, missing_names, nbytes = [], [], 0

@@ -1,0 +1,96 @@
+"""looseleaf_zygote.gpu: a worker's device, from the pool's job (zygote/ll_gpu.h lays the slots out).
+
+Runs in a worker (after the fork), on the thread that runs cells, called by zyg.worker_prepare.
+
+  assign(job)      first thing of every preparation, before anything may touch CUDA: the worker sees only its
+                   slot's device (CUDA_VISIBLE_DEVICES = the job's `cuda_visible`), or, staged (no slot yet) or
+                   on a host without CUDA slots, no device at all (""): no GPU work ever runs without a slot,
+                   and no context lands on a device another worker holds.
+  start(job, rep)  once the worker has a slot and torch is imported: CUDA initialised on that device, the
+                   worker's memory cap (`mem_fraction`: torch.cuda.set_per_process_memory_fraction, when several
+                   workers share a device), cuBLAS warmed by one small product, so the cell's first matmul
+                   does not pay the handle's creation and the kernel's loading.  What it did goes into REP
+                   (`cuda_init_ms`, `cublas_warm_ms`, `mem_fraction`, `cuda_error`).  Without CUDA (torch's CPU
+                   build, no device) nothing is done and nothing is reported but why.
+
+Why the cap is torch's and not MPS: MPS needs a control daemon per host, run by whoever owns the GPU, and a
+fatal fault in one client can reach the others; the allocator's cap needs nothing.  It bounds what PyTorch's
+caching allocator takes; memory that other libraries allocate themselves (CuPy, JAX, a raw cudaMalloc) and
+each worker's CUDA context (~0.5 GiB) are outside it, which is why the default leaves 5% of the device over.
+"""
+import os
+import sys
+import time
+
+_started = False  # CUDA was started here for the worker's device (once per worker)
+_device = None    # the device index (among the pool's visible ones) this worker got, once it has one
+
+
+def assign(job):
+    """Show this worker only what its job allows (see the module's text).  Does nothing once CUDA started:
+    a context cannot move to another device."""
+    if _started or _initialized():
+        return
+    vis = job.get("cuda_visible")
+    if vis is None:  # a pool that does not say (older binary): its device index, as before
+        dev = job.get("device")
+        if dev is None:
+            return
+        vis = str(dev)
+    os.environ["CUDA_VISIBLE_DEVICES"] = vis
+
+
+def _initialized():
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001 - a torch without CUDA support
+        return False
+
+
+def start(job, rep, on_started=None):
+    """CUDA on the job's device, once per worker, when torch is imported.  ON_STARTED (no arguments) runs
+    right after the initialisation (the session's CUDA generator states).  Returns whether it started now."""
+    global _started, _device
+    dev = job.get("device")
+    torch = sys.modules.get("torch")
+    if _started or dev is None or torch is None:
+        return False
+    if _initialized():
+        # Touched while staged (no device visible): a context cannot be given a device afterwards.
+        rep["cuda_error"] = ("CUDA was initialised in this worker before it had a device (an import touched "
+                             "it while the worker was staged); it cannot use its slot's device")
+        return False
+    _started, _device = True, dev
+    t0 = time.perf_counter()
+    try:
+        torch.cuda.init()
+        torch.cuda.set_device(0)
+        frac = job.get("mem_fraction")
+        if frac:
+            torch.cuda.set_per_process_memory_fraction(float(frac), 0)
+            rep["mem_fraction"] = float(frac)
+        if on_started is not None:
+            on_started()
+    except Exception as e:  # noqa: BLE001 - reported; the cell then fails on its own CUDA use
+        rep["cuda_error"] = "%s: %s" % (type(e).__name__, e)
+        rep["cuda_init_ms"] = (time.perf_counter() - t0) * 1e3
+        return True
+    t1 = time.perf_counter()
+    rep["cuda_init_ms"] = (t1 - t0) * 1e3
+    rep["cublas_warm_ms"] = warm_cublas(torch)
+    return True
+
+
+def warm_cublas(torch):
+    """One small product on the current device: cuBLAS's handle and workspace exist afterwards.  Returns
+    the ms it took, or None when it failed (the cell will meet the same error itself)."""
+    t0 = time.perf_counter()
+    try:
+        a = torch.ones(64, 64, device="cuda")
+        (a @ a).sum().item()
+        b = a.to(torch.bfloat16)  # half-precision products go through cuBLASLt: its handle too
+        (b @ b).sum().item()
+    except Exception:  # noqa: BLE001
+        return None
+    return (time.perf_counter() - t0) * 1e3
