@@ -37,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "base/ll_log.h"
@@ -99,12 +100,111 @@ static bool s_session_ok(const char *s)
 
 /* ---- open / close ----------------------------------------------------- */
 
+/* A size such as "64G", "512M", "1073741824" (K, M, G, T: binary; an "iB"
+ * or "B" after them is allowed) into *OUT.  0, or -1 when it is none. */
+static int s_parse_bytes(const char *text, size_t *out)
+{
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (errno || end == text || *text == '-')
+        return -1;
+    int shift = 0;
+    switch (*end) {
+    case 'k':
+    case 'K':
+        shift = 10;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        shift = 20;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        shift = 30;
+        end++;
+        break;
+    case 't':
+    case 'T':
+        shift = 40;
+        end++;
+        break;
+    }
+    if (shift && (strcmp(end, "iB") == 0 || strcmp(end, "B") == 0))
+        end += strlen(end);
+    if (*end || (shift && v > (~0ULL >> shift)))
+        return -1;
+    *out = (size_t) (v << shift);
+    return 0;
+}
+
+/* The pool's size when the caller gives none: LL_STORE_POOL_BYTES, else
+ * half of RAM, at most 16 GiB (a bad LL_STORE_POOL_BYTES: the default;
+ * ll_store_open refuses it). */
 static size_t s_default_pool_bytes(void)
 {
+    const char *knob = getenv("LL_STORE_POOL_BYTES");
+    size_t n;
+    if (knob && *knob && s_parse_bytes(knob, &n) == 0 && n >= 2 * LL_STORE_R)
+        return n;
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     size_t half = pages > 0 && psz > 0 ? (size_t) pages * (size_t) psz / 2 : (size_t) 4 << 30;
     size_t cap = (size_t) 16 << 30;
     return half < cap ? half : cap;
+}
+
+/* The size of a new pool of this store into *OUT: the caller's (OPTS),
+ * else LL_STORE_POOL_BYTES, else the default.  Returns whether it is the
+ * default (s_fit_pool_bytes may shrink it), or -1 with the reason (a bad
+ * LL_STORE_POOL_BYTES) in ERR. */
+static int s_pool_bytes(const ll_store_opts_t *opts, size_t *out, char *err, size_t errlen)
+{
+    const char *knob = getenv("LL_STORE_POOL_BYTES");
+    size_t n = 0;
+    if (opts->pool_bytes) {
+        *out = opts->pool_bytes;
+        return 0;
+    }
+    if (knob && *knob) {
+        if (s_parse_bytes(knob, &n) != 0 || n < 2 * LL_STORE_R) {
+            snprintf(err, errlen,
+                     "LL_STORE_POOL_BYTES must be a size of at least 4M, such as 64G or 512M, "
+                     "not '%.40s'",
+                     knob);
+            return -1;
+        }
+        *out = n;
+        return 0;
+    }
+    *out = s_default_pool_bytes();
+    return 1;
+}
+
+/* A default-sized new pool file at PATH shrinks to what its file system
+ * has free (a container's /dev/shm is often 64 MiB), with a warning; too
+ * little room even for that is left to ll_pool's check (a clear error). */
+static void s_fit_pool_bytes(const char *path, size_t *pool_bytes)
+{
+    char dir[1024];
+    struct statvfs sv;
+    const char *slash = path ? strrchr(path, '/') : NULL;
+    if (!slash || slash == path || (size_t) (slash - path) >= sizeof dir)
+        return;
+    snprintf(dir, sizeof dir, "%.*s", (int) (slash - path), path);
+    if (statvfs(dir, &sv) != 0 || sv.f_blocks == 0)
+        return;
+    unsigned long long avail = (unsigned long long) sv.f_bavail * sv.f_frsize;
+    size_t fit = (size_t) (avail / 10 * 9);
+    fit -= fit % LL_STORE_R;
+    if (fit < *pool_bytes && fit >= 8 * LL_STORE_R) {
+        ll_warn("store",
+                "payload pool sized to %zu MiB: %s has %llu MiB free (LL_STORE_POOL_BYTES "
+                "sets the size)",
+                fit >> 20, dir, avail >> 20);
+        *pool_bytes = fit;
+    }
 }
 
 int ll_store_page_kind_choice(size_t pool_bytes, bool owner, char kind[16], char *why,
@@ -308,7 +408,10 @@ ll_store_t *ll_store_open(const char *runtime_dir, const char *session, const ll
     if (!st->redis)
         goto fail;
 
-    size_t pool_bytes = opts->pool_bytes ? opts->pool_bytes : s_default_pool_bytes();
+    size_t pool_bytes = 0;
+    int defaulted = s_pool_bytes(opts, &pool_bytes, err, errlen);
+    if (defaulted < 0)
+        goto fail;
     const char *want = opts->pool_path && *opts->pool_path ? opts->pool_path : NULL;
     ll_pagekind_host_t host;
     ll_pagekind_host_read(NULL, &host);
@@ -331,6 +434,9 @@ ll_store_t *ll_store_open(const char *runtime_dir, const char *session, const ll
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
+    /* The session's owner makes its pool (others open the recorded one). */
+    if (defaulted && st->redis_owned && !want && kind.place == LL_PAGEKIND_SHM_FILE)
+        s_fit_pool_bytes(pool_path, &pool_bytes);
     ll_debug("store", "session %s: a new pool would be %s", session, why);
     if (s_attach_pool(st, want, pool_path, fallback, pool_bytes, err, errlen) != 0) {
         if (kind.place == LL_PAGEKIND_NONE && strstr(err, "pool path is empty"))
@@ -582,6 +688,16 @@ int ll_store_selftest(bool verbose)
         fprintf(stderr, "ll_store selftest: mkdtemp: %s\n", strerror(errno));
         return 1;
     }
+    /* Sizes as LL_STORE_POOL_BYTES takes them. */
+    size_t nb = 0;
+    S_CHECK(s_parse_bytes("64G", &nb) == 0 && nb == (size_t) 64 << 30);
+    S_CHECK(s_parse_bytes("512MiB", &nb) == 0 && nb == (size_t) 512 << 20);
+    S_CHECK(s_parse_bytes("3k", &nb) == 0 && nb == 3072);
+    S_CHECK(s_parse_bytes("1TB", &nb) == 0 && nb == (size_t) 1 << 40);
+    S_CHECK(s_parse_bytes("1048576", &nb) == 0 && nb == 1048576);
+    S_CHECK(s_parse_bytes("", &nb) == -1 && s_parse_bytes("G", &nb) == -1);
+    S_CHECK(s_parse_bytes("-1G", &nb) == -1 && s_parse_bytes("12X", &nb) == -1);
+    S_CHECK(s_parse_bytes("1Gx", &nb) == -1 && s_parse_bytes("99999999999T", &nb) == -1);
     char pool_path[128];
     snprintf(pool_path, sizeof pool_path, "/dev/shm/ll-store-selftest-%d.pool", (int) getpid());
     ll_store_opts_t opts = {.pool_bytes = 8 * LL_STORE_R, .pool_path = pool_path};

@@ -26,7 +26,7 @@ typedef enum {
 
 typedef struct {
     const char *redis_url; /* NULL: private redis-server of the runtime dir */
-    size_t pool_bytes;     /* 0: default (half of RAM, at most 16 GiB) */
+    size_t pool_bytes;     /* 0: LL_STORE_POOL_BYTES, else half of RAM, at most 16 GiB */
     const char *pool_path; /* NULL: /dev/shm/looseleaf-<uid>-<hash>-<session>.pool */
     /* Free pool space kept prefaulted in the background (ll_pool_reserve):
      * 0 = the default policy (LL_STORE_RESERVE_DEFAULT), < 0 = none, > 0 = keep
