@@ -65,7 +65,8 @@ typedef struct {
         bool handover; /* handed to a warm worker that has not said ready: signals wait */
         int pending;   /* a signal asked for before the worker could take it */
     } sig;
-    bool cancelled;              /* killed on request (cancel, its client left, a save overdue) */
+    bool cancelled;  /* killed on request (cancel, its client left, a save overdue) */
+    bool group_wait; /* its worker is gone, the rest of its process group not yet: the slot waits */
     ll_hostpool_origin_t origin; /* how it got its worker */
     double wait_ms;              /* time it waited for its worker */
     double evict_t; /* ms, when it was told to exit (or its client left while it saved) */

@@ -19,7 +19,11 @@
  *   its client goes;
  * - a client that goes away takes only its own cells with it;
  * - a worker's death is reported once both its socket closed and its exit
- *   status is known (from its zygote, or reaped here as their subreaper). */
+ *   status is known (from its zygote, or reaped here as their subreaper);
+ * - a worker is the leader of its own process group (ll_zygote.c), and is
+ *   killed with it: children of its cells (DataLoader workers, a
+ *   multiprocessing pool) hold the device too, so the slot stays held
+ *   until the whole group is gone, and they are reaped here. */
 #include "zygote/ll_hostpool_internal.h"
 #include "base/ll_clock.h"
 #include "base/ll_log.h"
@@ -36,6 +40,9 @@
 
 #define S_EXIT_GRACE_MS 5000.0  /* an evicted worker that does not leave by then is killed */
 #define S_SAVE_GRACE_MS 30000.0 /* a worker saving when its client left may finish that long */
+#define S_GROUP_POLL_MS 20      /* a dead worker's group is looked at this often until it is gone */
+#define S_GROUP_WAIT_MS \
+    10000.0 /* ... and its slot given back after this long regardless (logged) */
 
 static void s_nonblock(int fd)
 {
@@ -48,6 +55,24 @@ static const char *s_signame(int sig)
 {
     const char *d = sigabbrev_np(sig);
     return d ? d : "?";
+}
+
+/* Signal SIG to worker PID; SIGKILL goes to its whole process group (its
+ * own since the fork: whatever its cells started dies with it). */
+static void s_signal_worker(pid_t pid, int sig)
+{
+    if (pid <= 0)
+        return;
+    if (sig == SIGKILL)
+        kill(-pid, SIGKILL);
+    kill(pid, sig);
+}
+
+/* Whether a process of worker PID's group still exists (a zombie too: it
+ * is reaped here, as their subreaper). */
+static bool s_group_alive(pid_t pid)
+{
+    return pid > 0 && (kill(-pid, 0) == 0 || errno == EPERM);
 }
 
 /* ------------------------------------------------------------------ */
@@ -93,6 +118,44 @@ static void s_drop_run(ll_hostpool_t *pool, int r)
 {
     ll_sched_drop(pool->sched, r, ll_clock_ms());
     s_run_free(pool, r);
+}
+
+/* Job R's worker is gone (reaped, its socket closed): the rest of its
+ * process group is killed, and a slot it held stays held (R EVICTING) until
+ * that group is gone too (ll_hostpool_worker_timers looks), so the next
+ * worker on the slot never meets the device memory of the last one's
+ * children.  Then R is dropped. */
+static void s_drop_worker(ll_hostpool_t *pool, int r)
+{
+    ll_hostpool_run_t *run = &pool->runs[r];
+    pid_t pid = run->worker.pid;
+    if (s_group_alive(pid)) {
+        kill(-pid, SIGKILL);
+        if (s_job(pool, r)->slot >= 0) {
+            if (s_job(pool, r)->state != LL_SCHED_EVICTING)
+                ll_sched_release(pool->sched, r, NULL);
+            run->group_wait = true;
+            run->evict_t = ll_clock_ms();
+            ll_info("pool", "worker %d is gone; slot %d waits for the rest of its process group",
+                    (int) pid, s_job(pool, r)->slot);
+            return;
+        }
+    }
+    s_drop_run(pool, r);
+}
+
+/* Job R's worker will not stay warm and exits by itself: one holding a
+ * slot keeps it (R EVICTING) until it and its group are gone
+ * (s_drop_worker), and is killed if it has not left after S_EXIT_GRACE_MS,
+ * as an evicted one. */
+static void s_let_go(ll_hostpool_t *pool, int r)
+{
+    if (s_job(pool, r)->slot < 0 || pool->runs[r].worker.pid <= 0) {
+        s_drop_run(pool, r);
+        return;
+    }
+    ll_sched_release(pool->sched, r, NULL);
+    pool->runs[r].evict_t = ll_clock_ms();
 }
 
 /* A new queued job of client C (ID, SESSION; REQ: the request, the entry
@@ -219,6 +282,7 @@ static void s_finish_dead(ll_hostpool_t *pool, int r)
          * and gets a fresh worker, as if the pool had seen the death first. */
         ll_warn("pool", "%s %s: warm worker %d was gone before it took the job: forking anew",
                 s_is_prefetch(pool, r) ? "prefetch" : "cell", run->id, (int) run->worker.pid);
+        s_signal_worker(run->worker.pid, SIGKILL); /* the rest of its group */
         ll_sched_requeue(pool->sched, r, ll_clock_ms());
         close(run->worker.fd);
         run->worker.fd = -1;
@@ -238,7 +302,7 @@ static void s_finish_dead(ll_hostpool_t *pool, int r)
                 "pool",
                 "warm worker %d of session %s died (status %d): the session's next cell forks anew",
                 (int) run->worker.pid, j->session ? j->session : "?", run->worker.status);
-        s_drop_run(pool, r);
+        s_drop_worker(pool, r);
         ll_hostpool_schedule(pool);
         return;
     }
@@ -252,7 +316,7 @@ static void s_finish_dead(ll_hostpool_t *pool, int r)
         s_answer_prefetch(pool, r,
                           json_pack("{s:s, s:s, s:b, s:s}", "type", "prefetched", "id", run->id,
                                     "ok", 0, "error", why));
-        s_drop_run(pool, r);
+        s_drop_worker(pool, r);
         ll_hostpool_schedule(pool);
         return;
     }
@@ -273,7 +337,7 @@ static void s_finish_dead(ll_hostpool_t *pool, int r)
                  (int) run->worker.pid, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
     ll_warn("pool", "cell %s: %s", run->id, why);
     s_reply_error(pool, r, run->cancelled ? "Cancelled" : "WorkerDied", why);
-    s_drop_run(pool, r);
+    s_drop_worker(pool, r);
     ll_hostpool_schedule(pool);
 }
 
@@ -287,6 +351,8 @@ void ll_hostpool_worker_exited(ll_hostpool_t *pool, pid_t pid, int status)
             ll_sched_lost(pool->sched, r);
             if (run->worker.eof)
                 s_finish_dead(pool, r);
+            else
+                kill(-pid, SIGKILL); /* what it forked holds its socket open: the EOF follows */
             return;
         }
     }
@@ -385,7 +451,7 @@ static void s_hand(ll_hostpool_t *pool, const ll_sched_decision_t *d)
         /* It is dying: its exit reports the cell as lost (WorkerDied). */
         ll_warn("pool", "cell %s: warm worker %d unreachable: %s", run->id, (int) run->worker.pid,
                 strerror(errno));
-        kill(run->worker.pid, SIGKILL);
+        s_signal_worker(run->worker.pid, SIGKILL);
     }
     json_decref(m);
     ll_info("pool", "%s %s: warm worker %d on slot %d", prefetch ? "prefetch" : "cell", run->id,
@@ -414,7 +480,7 @@ static void s_worker_leaves(ll_hostpool_t *pool, int w, const char *why, double 
         json_decref(m);
     }
     if (!asked)
-        kill(run->worker.pid, SIGKILL);
+        s_signal_worker(run->worker.pid, SIGKILL);
     run->evict_t = ll_clock_ms();
 }
 
@@ -562,7 +628,7 @@ static void s_kill_run(ll_hostpool_t *pool, int r, int sig)
 {
     ll_hostpool_run_t *run = &pool->runs[r];
     if (run->worker.pid > 0 && (!run->sig.handover || sig == SIGKILL))
-        kill(run->worker.pid, sig);
+        s_signal_worker(run->worker.pid, sig);
     else if (sig == SIGKILL || !run->sig.pending)
         run->sig.pending = sig; /* sent when the zygote reports the fork */
 }
@@ -578,7 +644,7 @@ static void s_run_pid(ll_hostpool_t *pool, int r, pid_t pid)
     if (run->sig.pending) {
         ll_debug("pool", "cell %s: signal %d, asked before the fork, sent to worker %d", run->id,
                  run->sig.pending, (int) pid);
-        kill(pid, run->sig.pending);
+        s_signal_worker(pid, run->sig.pending);
     }
 }
 
@@ -870,7 +936,7 @@ static void s_worker_ready(ll_hostpool_t *pool, int r, json_t *m)
         /* The warm worker dropped stale interrupts: forward new ones. */
         run->sig.handover = false;
         if (run->sig.pending && run->worker.pid > 0)
-            kill(run->worker.pid, run->sig.pending);
+            s_signal_worker(run->worker.pid, run->sig.pending);
         run->sig.pending = 0;
     }
     ll_sched_ready(pool->sched, r);
@@ -910,7 +976,7 @@ static void s_worker_prepared(ll_hostpool_t *pool, int r, json_t *m)
     if (ll_sched_prepared(pool->sched, r, may_stay, changed, held_bytes, ll_clock_ms()))
         s_warm(pool, r);
     else
-        s_drop_run(pool, r); /* the worker leaves by itself */
+        s_let_go(pool, r); /* the worker leaves by itself */
     ll_hostpool_schedule(pool);
 }
 
@@ -936,7 +1002,7 @@ static void s_worker_reply(ll_hostpool_t *pool, int r, json_t *m)
     if (ll_sched_replied(pool->sched, r, may_stay, held_bytes, ll_clock_ms()))
         s_warm(pool, r);
     else
-        s_drop_run(pool, r); /* the worker exits by itself; its zygote reaps it */
+        s_let_go(pool, r); /* the worker exits by itself; its zygote reaps it */
     ll_hostpool_schedule(pool);
 }
 
@@ -970,7 +1036,22 @@ int ll_hostpool_worker_timers(ll_hostpool_t *pool, double now, int timeout)
         ll_hostpool_run_t *run = &pool->runs[r];
         const ll_sched_job_t *j = s_job(pool, r);
         double left = -1;
-        if (j->state == LL_SCHED_WARM) {
+        if (run->group_wait) {
+            /* Its worker is gone; the rest of its group holds the slot. */
+            bool alive = s_group_alive(run->worker.pid);
+            if (!alive || now - run->evict_t >= S_GROUP_WAIT_MS) {
+                if (alive)
+                    ll_warn("pool",
+                            "process group of worker %d still alive %.0f s after it: slot %d "
+                            "is used again",
+                            (int) run->worker.pid, S_GROUP_WAIT_MS / 1000, j->slot);
+                s_drop_run(pool, r);
+                timeout = 0; /* the slot is free: schedule now */
+                continue;
+            }
+            kill(-run->worker.pid, SIGKILL);
+            left = S_GROUP_POLL_MS;
+        } else if (j->state == LL_SCHED_WARM) {
             left = j->worker.idle_since + pool->cfg.warm_idle_s * 1000.0 - now;
             if (left <= 0) {
                 s_release_worker(pool, r, "idle timeout");
@@ -982,7 +1063,7 @@ int ll_hostpool_worker_timers(ll_hostpool_t *pool, double now, int timeout)
                 ll_warn("pool", "worker %d still saving %.0f s after its client left: killed",
                         (int) run->worker.pid, S_SAVE_GRACE_MS / 1000);
                 run->cancelled = true;
-                kill(run->worker.pid, SIGKILL);
+                s_signal_worker(run->worker.pid, SIGKILL);
                 run->evict_t = now; /* its exit ends the entry; until then, once per grace */
                 left = S_SAVE_GRACE_MS;
             }
@@ -990,7 +1071,7 @@ int ll_hostpool_worker_timers(ll_hostpool_t *pool, double now, int timeout)
             left = run->evict_t + S_EXIT_GRACE_MS - now;
             if (left <= 0 && run->worker.pid > 0 && !run->worker.exited) {
                 ll_warn("pool", "warm worker %d did not exit: killed", (int) run->worker.pid);
-                kill(run->worker.pid, SIGKILL);
+                s_signal_worker(run->worker.pid, SIGKILL);
                 run->evict_t = now;
                 left = S_EXIT_GRACE_MS;
             }

@@ -12,7 +12,8 @@
  * otherwise touch every page: MEASURED.md).  A failed check refuses the fork
  * and says why; it never forks a zygote in a state a child cannot survive.
  *
- * A worker is the child of a fork: it drops the zygote's descriptors, takes
+ * A worker is the child of a fork, the leader of a process group of its own
+ * (the pool kills the group with it): it drops the zygote's descriptors, takes
  * the worker socket passed by the pool, logs as role W, installs its hooks
  * (stream/display/input go to the pool as frames), and runs
  * looseleaf_zygote.worker: prepare (CUDA device, imports, restore), the cell
@@ -644,8 +645,14 @@ static void s_fork_request(json_t *m, int passfd, bool grow)
         return;
     }
     if (pid == 0) {
-        if (!grow)
+        if (!grow) {
+            /* A worker leads its own process group, which the pool kills
+             * whole: children of its cells (DataLoader workers) hold the
+             * device too.  Both sides set it, so it holds before the pool
+             * can learn the pid. */
+            setpgid(0, 0);
             s_worker_main(passfd, json_incref(job), t0);
+        }
         /* A child node: the passed socket is its control socket now. */
         sigprocmask(SIG_SETMASK, &oldmask, NULL);
         close(s_ctl);
@@ -663,6 +670,7 @@ static void s_fork_request(json_t *m, int passfd, bool grow)
     }
     close(passfd);
     if (!grow) {
+        setpgid(pid, pid);
         json_t *r = json_pack(
             "{s:s, s:O, s:O, s:i}", "type", "forked", "run", json_object_get(job, "id"), "client",
             json_object_get(job, "client") ? json_object_get(job, "client") : json_integer(-1),
