@@ -70,7 +70,6 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
-#include <sys/statvfs.h>
 #include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
@@ -326,32 +325,6 @@ static int s_create_memfd(ll_pool_t *pool, const char *path, size_t pool_bytes, 
     return 0;
 }
 
-/* Whether a new pool file of POOL_BYTES (its header beside) fits in the
- * file system of FD.  The file is sparse: one that does not fit is made
- * all the same, and the first save that touches what is missing dies of
- * SIGBUS (a container's /dev/shm is often 64 MiB).  Huge-page file systems
- * are the page-kind choice's (ll_pagekind.c).  0, or -1 with the reason. */
-static int s_check_room(int fd, const char *path, size_t pool_bytes, char *err, size_t errlen)
-{
-    struct statfs sfs;
-    struct statvfs svfs;
-    if (fstatfs(fd, &sfs) != 0 || (unsigned long) sfs.f_type == S_HUGETLBFS_MAGIC ||
-        fstatvfs(fd, &svfs) != 0 || svfs.f_blocks == 0)
-        return 0; /* no limit known */
-    unsigned long long avail = (unsigned long long) svfs.f_bavail * svfs.f_frsize;
-    unsigned long long need = (unsigned long long) pool_bytes + LL_POOL_REGION_BYTES;
-    if (need <= avail)
-        return 0;
-    unsigned long long mib = 1 << 20, fit = avail > 2 * mib ? avail - 2 * mib : 0;
-    snprintf(err, errlen,
-             "payload pool %s: %llu MiB do not fit in its file system (%llu MiB free of %llu "
-             "MiB): set LL_STORE_POOL_BYTES to at most %lluM, or give it more room (a "
-             "container's /dev/shm: docker run --shm-size=32g)",
-             path, need / mib, avail / mib,
-             (unsigned long long) svfs.f_blocks * svfs.f_frsize / mib, fit / mib);
-    return -1;
-}
-
 /* Open the pool file PATH into POOL->fd, creating and initialising it when
  * it is new (*CREATED then true), under an exclusive flock so that two
  * processes opening a new pool initialise it once.  0, or -1 with a reason
@@ -389,8 +362,7 @@ static int s_open_file(ll_pool_t *pool, const char *path, size_t pool_bytes, boo
     if (unfinished && ftruncate(pool->fd, 0) == 0)
         st.st_size = 0;
     if (st.st_size == 0) {
-        if (s_check_room(pool->fd, path, pool_bytes, err, errlen) != 0 ||
-            s_init_file(pool->fd, pool_bytes, path, NULL, err, errlen) != 0) {
+        if (s_init_file(pool->fd, pool_bytes, path, NULL, err, errlen) != 0) {
             if (ftruncate(pool->fd, 0) != 0) {
                 /* nothing more to undo */
             }

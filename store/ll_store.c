@@ -37,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -182,29 +183,46 @@ static int s_pool_bytes(const ll_store_opts_t *opts, size_t *out, char *err, siz
     return 1;
 }
 
-/* A default-sized new pool file at PATH shrinks to what its file system
- * has free (a container's /dev/shm is often 64 MiB), with a warning; too
- * little room even for that is left to ll_pool's check (a clear error). */
-static void s_fit_pool_bytes(const char *path, size_t *pool_bytes)
+/* The session's new pool file at PATH (the store chose the place) against
+ * the room its file system has free.  The file is sparse: one that does not
+ * fit is made all the same, and saves fail later, when backing a region
+ * finds no room (a container's /dev/shm is often 64 MiB).  A size given
+ * (DEFAULTED false: pool_bytes, LL_STORE_POOL_BYTES) that does not fit is
+ * an error now; the default shrinks to 90% of what is free (a warning),
+ * unless that is under 16 MiB (the error).  0, or -1 with the reason. */
+static int s_fit_pool_bytes(const char *path, bool defaulted, size_t *pool_bytes, char *err,
+                            size_t errlen)
 {
     char dir[1024];
     struct statvfs sv;
+    struct stat st;
     const char *slash = path ? strrchr(path, '/') : NULL;
-    if (!slash || slash == path || (size_t) (slash - path) >= sizeof dir)
-        return;
+    if (!slash || slash == path || (size_t) (slash - path) >= sizeof dir || stat(path, &st) == 0)
+        return 0; /* a memfd, or a pool file that exists already */
     snprintf(dir, sizeof dir, "%.*s", (int) (slash - path), path);
     if (statvfs(dir, &sv) != 0 || sv.f_blocks == 0)
-        return;
+        return 0; /* no limit known */
     unsigned long long avail = (unsigned long long) sv.f_bavail * sv.f_frsize;
+    unsigned long long need = (unsigned long long) *pool_bytes + LL_STORE_R; /* and its header */
+    if (need <= avail)
+        return 0;
     size_t fit = (size_t) (avail / 10 * 9);
     fit -= fit % LL_STORE_R;
-    if (fit < *pool_bytes && fit >= 8 * LL_STORE_R) {
+    if (defaulted && fit >= 8 * LL_STORE_R) {
         ll_warn("store",
                 "payload pool sized to %zu MiB: %s has %llu MiB free (LL_STORE_POOL_BYTES "
                 "sets the size)",
                 fit >> 20, dir, avail >> 20);
         *pool_bytes = fit;
+        return 0;
     }
+    snprintf(err, errlen,
+             "payload pool %s: %llu MiB do not fit in %s (%llu MiB free of %llu MiB): set "
+             "LL_STORE_POOL_BYTES to at most %zuM, or give it more room (a container's /dev/shm: "
+             "docker run --shm-size=32g)",
+             path, need >> 20, dir, avail >> 20,
+             (unsigned long long) sv.f_blocks * sv.f_frsize >> 20, fit >> 20);
+    return -1;
 }
 
 int ll_store_page_kind_choice(size_t pool_bytes, bool owner, char kind[16], char *why,
@@ -435,8 +453,9 @@ ll_store_t *ll_store_open(const char *runtime_dir, const char *session, const ll
         goto fail;
     }
     /* The session's owner makes its pool (others open the recorded one). */
-    if (defaulted && st->redis_owned && !want && kind.place == LL_PAGEKIND_SHM_FILE)
-        s_fit_pool_bytes(pool_path, &pool_bytes);
+    if (st->redis_owned && !want && kind.place == LL_PAGEKIND_SHM_FILE &&
+        s_fit_pool_bytes(pool_path, defaulted == 1, &pool_bytes, err, errlen) != 0)
+        goto fail;
     ll_debug("store", "session %s: a new pool would be %s", session, why);
     if (s_attach_pool(st, want, pool_path, fallback, pool_bytes, err, errlen) != 0) {
         if (kind.place == LL_PAGEKIND_NONE && strstr(err, "pool path is empty"))

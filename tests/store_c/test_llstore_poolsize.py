@@ -59,7 +59,7 @@ def test_the_default_pool_shrinks_to_a_small_dev_shm_with_a_warning():
 def test_a_pool_size_that_does_not_fit_is_a_clear_error():
     out, err = _in_small_shm("64m", {"LL_STORE_POOL_BYTES": "1G"})
     assert out.startswith("ERROR"), (out, err)
-    assert "do not fit in its file system" in out and "LL_STORE_POOL_BYTES" in out and "--shm-size" in out, out
+    assert "do not fit in /dev/shm" in out and "LL_STORE_POOL_BYTES" in out and "--shm-size" in out, out
 
 
 def test_too_small_a_dev_shm_even_for_the_default_is_a_clear_error():
