@@ -74,6 +74,30 @@ int ll_store_errkind(ll_store_t *store);
 char *ll_store_put(ll_store_t *store, const void *data, size_t len, const char *base_ref,
                    const uint8_t *dirty, size_t *written);
 
+/* A payload written in pieces, for bytes that are not in this process's
+ * memory all at once (a device's changed regions, copied out through a
+ * pair of staging buffers while the store copies the last pair in).
+ * BEGIN allocates what a put of LEN bytes with BASE_REF and DIRTY (as
+ * ll_store_put) would write; the regions the caller must write are those
+ * DIRTY names (all without a base), and any the base lost meanwhile:
+ * ll_store_writer_needed lists them.  WRITE copies N of them, region
+ * IDX[k] at SRC + k * 2 MiB, on the put's threads; FINISH shares a written
+ * region whose hash is the base's after all and returns the ref
+ * (malloc'd, the caller's; *WRITTEN: bytes copied), held as a put's;
+ * ABORT gives everything back.  FINISH and ABORT free *W_P and null it.
+ * The writer must end before its store is destroyed.  NULL / -1 with the
+ * reason in the store's error, as for a put. */
+typedef struct ll_store_writer ll_store_writer_t;
+ll_store_writer_t *ll_store_writer_begin(ll_store_t *store, size_t len, const char *base_ref,
+                                         const uint8_t *dirty);
+/* The regions still to write into IDX (NULL: only count them; else room
+ * for every region of the payload).  Returns how many. */
+size_t ll_store_writer_needed(const ll_store_writer_t *w, size_t *idx);
+int ll_store_writer_write(ll_store_writer_t *w, const size_t *idx, size_t n, const void *src,
+                          size_t srclen);
+char *ll_store_writer_finish(ll_store_writer_t **w_p, size_t *written);
+void ll_store_writer_abort(ll_store_writer_t **w_p);
+
 /* Give back an uncommitted payload.  0, or -1 when REF is not pending. */
 int ll_store_discard(ll_store_t *store, const char *ref);
 

@@ -524,6 +524,183 @@ out:
     return map;
 }
 
+/* ---- a payload written in pieces ---------------------------------------- */
+
+/* A put whose bytes come in pieces (ll_store.h, ll_store_writer_*): its
+ * regions are allocated (and the base's leased) at the start, filled by
+ * each write on the put's copy threads, compared with the base's and
+ * settled at the finish, exactly as a put that copies first. */
+struct ll_store_writer {
+    s_put_t p;     /* the put */
+    uint8_t *need; /* per region: 1 the caller must write it, 2 written, 0 shared with the base */
+    size_t nneed;  /* regions still to write */
+};
+
+/* One write: the regions IDX[k] of the payload are at SRC + k * R. */
+typedef struct {
+    s_put_t *p;
+    const size_t *idx;
+    const char *src;
+} s_piece_t;
+
+static void s_copy_piece(void *ctx, size_t k)
+{
+    s_piece_t *c = ctx;
+    s_put_t *p = c->p;
+    size_t i = c->idx[k];
+    int rc = ll_pool_back(p->pool, p->regs[i].idx);
+    if (rc != 0) {
+        p->backerr[i] = rc;
+        return;
+    }
+    p->regs[i].hash = ll_hash_copy(p->dst[i], c->src + k * LL_STORE_R, s_chunk(p->len, i));
+}
+
+/* Free W's tables; regions its put has not handed over (a finish) are
+ * given back. */
+static void s_writer_free(ll_store_writer_t *w)
+{
+    s_put_end(&w->p);
+    free(w->need);
+    free(w);
+}
+
+ll_store_writer_t *ll_store_writer_begin(ll_store_t *st, size_t len, const char *base_ref,
+                                         const uint8_t *dirty)
+{
+    if (ll_store_enter(st) != 0)
+        return NULL;
+    ll_store_writer_t *w = calloc(1, sizeof *w);
+    if (!w) {
+        ll_store_fail(st, LL_STORE_EIO, "out of memory");
+        goto out;
+    }
+    w->p = (s_put_t){.len = len, .pool = st->pool, .st = st};
+    w->p.n = (len + LL_STORE_R - 1) / LL_STORE_R;
+    w->need = calloc(w->p.n ? w->p.n : 1, 1);
+    if (!w->need || s_put_init(&w->p) != 0) {
+        ll_store_fail(st, LL_STORE_EIO, "out of memory");
+        goto fail;
+    }
+    if (s_put_check(&w->p, base_ref, dirty) != 0)
+        goto fail;
+    s_put_lease_base(&w->p, dirty);
+    s_put_gc_first(&w->p);
+    if (s_put_alloc(&w->p) != 0)
+        goto fail;
+    for (size_t i = 0; i < w->p.n; i++)
+        if (!w->p.reuse[i]) {
+            w->need[i] = 1;
+            w->nneed++;
+        }
+    goto out;
+fail:
+    s_writer_free(w);
+    w = NULL;
+out:
+    ll_store_leave(st);
+    return w;
+}
+
+size_t ll_store_writer_needed(const ll_store_writer_t *w, size_t *idx)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < w->p.n; i++)
+        if (w->need[i] == 1) {
+            if (idx)
+                idx[k] = i;
+            k++;
+        }
+    return k;
+}
+
+int ll_store_writer_write(ll_store_writer_t *w, const size_t *idx, size_t n, const void *src,
+                          size_t srclen)
+{
+    ll_store_t *st = w->p.st;
+    if (ll_store_enter(st) != 0)
+        return -1;
+    int rc = -1;
+    size_t k = 0, bytes = 0;
+    for (; k < n; k++) {
+        size_t i = idx[k];
+        if (i >= w->p.n || w->need[i] != 1) {
+            ll_store_fail(st, LL_STORE_EINVAL,
+                          "region %zu is not one this payload still needs written", i);
+            break;
+        }
+        if (k * LL_STORE_R + s_chunk(w->p.len, i) > srclen) {
+            ll_store_fail(st, LL_STORE_EINVAL,
+                          "a buffer of %zu bytes holds no region %zu at piece %zu", srclen, i, k);
+            break;
+        }
+        w->need[i] = 2;
+        bytes += s_chunk(w->p.len, i);
+    }
+    if (k < n) {
+        while (k-- > 0)
+            w->need[idx[k]] = 1; /* nothing written */
+        goto out;
+    }
+    s_piece_t c = {&w->p, idx, src};
+    ll_pool_reserve_hold(st->pool, true);
+    s_parallel(n, bytes, s_copy_piece, &c);
+    ll_pool_reserve_hold(st->pool, false);
+    w->nneed -= n;
+    rc = s_put_check_backing(&w->p);
+out:
+    ll_store_leave(st);
+    return rc;
+}
+
+char *ll_store_writer_finish(ll_store_writer_t **w_p, size_t *written)
+{
+    ll_store_writer_t *w = *w_p;
+    *w_p = NULL;
+    ll_store_t *st = w->p.st;
+    if (ll_store_enter(st) != 0) {
+        free(w->need);
+        free(w); /* another process's store: nothing of it to give back here */
+        return NULL;
+    }
+    char *ref = NULL;
+    if (w->nneed) {
+        ll_store_fail(st, LL_STORE_EINVAL, "%zu region(s) of the payload were never written",
+                      w->nneed);
+        goto out;
+    }
+    if (s_put_check_backing(&w->p) != 0)
+        goto out;
+    size_t late_same = s_put_settle(&w->p);
+    ref = s_put_finish(&w->p);
+    if (!ref)
+        goto out;
+    *written = w->p.nwritten;
+    ll_debug("store", "put %zu bytes in pieces: %zu copied, %zu regions unchanged after all",
+             w->p.len, w->p.nwritten, late_same);
+    ll_store_fault("after_payload");
+out:
+    s_writer_free(w);
+    ll_store_leave(st);
+    return ref;
+}
+
+void ll_store_writer_abort(ll_store_writer_t **w_p)
+{
+    ll_store_writer_t *w = *w_p;
+    if (!w)
+        return;
+    *w_p = NULL;
+    if (ll_store_enter(w->p.st) != 0) {
+        free(w->need);
+        free(w);
+        return;
+    }
+    ll_store_t *st = w->p.st;
+    s_writer_free(w);
+    ll_store_leave(st);
+}
+
 /* ---- self-test: the put's decisions, scripted ----------------------- */
 
 int ll_store_put_selftest(bool verbose)

@@ -80,6 +80,7 @@ static PyTypeObject MappingType = {
 typedef struct {
     PyObject_HEAD ll_store_t *st; /* NULL once closed */
     int busy;                     /* calls running without the GIL (changed only under it) */
+    int writers;                  /* PayloadWriters not yet finished or aborted */
 } StoreObject;
 
 /* Run EXPR without the GIL, counted so close() cannot free the store under
@@ -280,6 +281,201 @@ static PyObject *Store_put_payload(StoreObject *self, PyObject *args, PyObject *
     PyObject *r = s_make_ref(ref, nbytes, written);
     free(ref);
     return r;
+}
+
+/* ---- PayloadWriter: a payload written in pieces (ll_store_writer_*) ------ */
+
+typedef struct {
+    PyObject_HEAD StoreObject *store; /* strong reference */
+    ll_store_writer_t *w;             /* NULL once finished or aborted */
+    size_t nbytes;                    /* the payload's length */
+} WriterObject;
+
+static void s_writer_end(WriterObject *self)
+{
+    if (!self->w)
+        return;
+    if (self->store->st)
+        S_NOGIL(self->store, ll_store_writer_abort(&self->w));
+    self->w = NULL;
+    self->store->writers--;
+}
+
+static void Writer_dealloc(WriterObject *self)
+{
+    s_writer_end(self);
+    Py_XDECREF(self->store);
+    Py_TYPE(self)->tp_free((PyObject *) self);
+}
+
+static int s_writer_open(WriterObject *self)
+{
+    if (!self->w) {
+        PyErr_SetString(PyExc_ValueError, "this payload writer is finished");
+        return -1;
+    }
+    return s_check_open(self->store);
+}
+
+static PyObject *Writer_needed(WriterObject *self, void *unused)
+{
+    if (s_writer_open(self) != 0)
+        return NULL;
+    size_t n = ll_store_writer_needed(self->w, NULL);
+    size_t *idx = malloc((n ? n : 1) * sizeof *idx);
+    if (!idx)
+        return PyErr_NoMemory();
+    ll_store_writer_needed(self->w, idx);
+    PyObject *list = PyList_New((Py_ssize_t) n);
+    for (size_t k = 0; list && k < n; k++) {
+        PyObject *v = PyLong_FromSize_t(idx[k]);
+        if (!v) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t) k, v);
+    }
+    free(idx);
+    return list;
+}
+
+static PyObject *Writer_write(WriterObject *self, PyObject *args)
+{
+    PyObject *regions_o, *buf_o;
+    if (!PyArg_ParseTuple(args, "OO:write", &regions_o, &buf_o) || s_writer_open(self) != 0)
+        return NULL;
+    PyObject *seq = PySequence_Fast(regions_o, "regions must be a sequence of region indices");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    size_t *idx = malloc((n ? (size_t) n : 1) * sizeof *idx);
+    if (!idx) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        Py_ssize_t i = PyNumber_AsSsize_t(PySequence_Fast_GET_ITEM(seq, k), PyExc_OverflowError);
+        if (i < 0) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_ValueError, "region %zd is out of range", i);
+            free(idx);
+            Py_DECREF(seq);
+            return NULL;
+        }
+        idx[k] = (size_t) i;
+    }
+    Py_DECREF(seq);
+    Py_buffer view;
+    if (PyObject_GetBuffer(buf_o, &view, PyBUF_C_CONTIGUOUS) != 0) {
+        free(idx);
+        return NULL;
+    }
+    int rc;
+    S_NOGIL(self->store,
+            rc = ll_store_writer_write(self->w, idx, (size_t) n, view.buf, (size_t) view.len));
+    PyBuffer_Release(&view);
+    free(idx);
+    if (rc != 0)
+        return s_raise(self->store);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Writer_finish(WriterObject *self, PyObject *unused)
+{
+    if (s_writer_open(self) != 0)
+        return NULL;
+    size_t written = 0;
+    char *ref;
+    S_NOGIL(self->store, ref = ll_store_writer_finish(&self->w, &written));
+    self->w = NULL;
+    self->store->writers--;
+    if (!ref)
+        return s_raise(self->store);
+    PyObject *r = s_make_ref(ref, self->nbytes, written);
+    free(ref);
+    return r;
+}
+
+static PyObject *Writer_abort(WriterObject *self, PyObject *unused)
+{
+    s_writer_end(self);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Writer_methods[] = {
+    {"write", (PyCFunction) Writer_write, METH_VARARGS,
+     "write(regions, buffer): copy regions[k] of the payload from buffer[k * REGION_BYTES:]"},
+    {"finish", (PyCFunction) Writer_finish, METH_NOARGS,
+     "finish() -> PayloadRef, once every needed region was written"},
+    {"abort", (PyCFunction) Writer_abort, METH_NOARGS,
+     "abort(): give back everything (idempotent)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Writer_getset[] = {
+    {"needed", (getter) Writer_needed, NULL,
+     "the region indices still to write (the dirty ones, and any the base lost)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject WriterType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "_llstore.PayloadWriter",
+    .tp_basicsize = sizeof(WriterObject),
+    .tp_dealloc = (destructor) Writer_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A payload written in pieces: Store.payload_writer(nbytes, base=None, dirty=None).",
+    .tp_methods = Writer_methods,
+    .tp_getset = Writer_getset,
+};
+
+static PyObject *Store_payload_writer(StoreObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"nbytes", "base", "dirty", NULL};
+    Py_ssize_t nbytes;
+    PyObject *base_o = Py_None, *dirty_o = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "n|OO:payload_writer", kwlist, &nbytes, &base_o,
+                                     &dirty_o))
+        return NULL;
+    if (s_check_open(self) != 0)
+        return NULL;
+    if (nbytes < 0)
+        return PyErr_Format(PyExc_ValueError, "nbytes must be >= 0");
+    const char *base = NULL;
+    if (base_o != Py_None) {
+        if (!PyUnicode_Check(base_o))
+            return PyErr_Format(PyExc_TypeError, "base must be a payload ref (str) or None");
+        if (!(base = PyUnicode_AsUTF8(base_o)))
+            return NULL;
+    }
+    uint8_t *dirty = NULL;
+    if (dirty_o != Py_None) {
+        if (!base)
+            return PyErr_Format(PyExc_ValueError, "dirty needs a base");
+        if (!(dirty = s_dirty_mask(dirty_o, (size_t) nbytes)))
+            return NULL;
+    }
+    WriterObject *wo = PyObject_New(WriterObject, &WriterType);
+    if (!wo) {
+        free(dirty);
+        return NULL;
+    }
+    wo->store = NULL;
+    wo->w = NULL;
+    wo->nbytes = (size_t) nbytes;
+    Py_INCREF(base_o);
+    ll_store_writer_t *w;
+    S_NOGIL(self, w = ll_store_writer_begin(self->st, (size_t) nbytes, base, dirty));
+    Py_DECREF(base_o);
+    free(dirty);
+    if (!w) {
+        Py_DECREF(wo);
+        return s_raise(self);
+    }
+    Py_INCREF(self);
+    wo->store = self;
+    wo->w = w;
+    self->writers++;
+    return (PyObject *) wo;
 }
 
 static PyObject *Store_map_payload(StoreObject *self, PyObject *args, PyObject *kw)
@@ -642,6 +838,11 @@ static PyObject *Store_delete_session(StoreObject *self, PyObject *unused)
 
 static PyObject *Store_close(StoreObject *self, PyObject *unused)
 {
+    if (self->writers) {
+        PyErr_SetString(s_StoreError, "a payload writer of this store is still open: finish or "
+                                      "abort it first");
+        return NULL;
+    }
     if (self->busy) {
         PyErr_SetString(s_StoreError,
                         "store is in use by another thread; close it after that call");
@@ -691,6 +892,10 @@ static PyObject *Store_stats(StoreObject *self, PyObject *unused)
 static PyMethodDef Store_methods[] = {
     {"put_payload", (PyCFunction) (void (*)(void)) Store_put_payload, METH_VARARGS | METH_KEYWORDS,
      "put_payload(buffer, base=None, dirty=None) -> PayloadRef: copy a buffer into the pool"},
+    {"payload_writer", (PyCFunction) (void (*)(void)) Store_payload_writer,
+     METH_VARARGS | METH_KEYWORDS,
+     "payload_writer(nbytes, base=None, dirty=None) -> PayloadWriter: a payload written in "
+     "pieces"},
     {"map_payload", (PyCFunction) (void (*)(void)) Store_map_payload, METH_VARARGS | METH_KEYWORDS,
      "map_payload(ref, writable=False) -> memoryview of the payload (no copy)"},
     {"commit", (PyCFunction) (void (*)(void)) Store_commit, METH_VARARGS | METH_KEYWORDS,
@@ -839,7 +1044,8 @@ PyMODINIT_FUNC PyInit__llstore(void)
 #ifdef LL_STORE_PY_STANDALONE
     ll_log_init('W');
 #endif
-    if (PyType_Ready(&StoreType) < 0 || PyType_Ready(&MappingType) < 0)
+    if (PyType_Ready(&StoreType) < 0 || PyType_Ready(&MappingType) < 0 ||
+        PyType_Ready(&WriterType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&s_module);
     if (!m)
@@ -865,12 +1071,14 @@ PyMODINIT_FUNC PyInit__llstore(void)
     Py_INCREF(s_PayloadRef);
     Py_INCREF(&StoreType);
     Py_INCREF(&MappingType);
+    Py_INCREF(&WriterType);
     Py_INCREF(s_StoreError);
     Py_INCREF(s_PoolFullError);
     Py_INCREF(s_ConflictError);
     Py_INCREF(s_PayloadGoneError);
     if (PyModule_AddObject(m, "Store", (PyObject *) &StoreType) ||
         PyModule_AddObject(m, "_Mapping", (PyObject *) &MappingType) ||
+        PyModule_AddObject(m, "PayloadWriter", (PyObject *) &WriterType) ||
         PyModule_AddObject(m, "StoreError", s_StoreError) ||
         PyModule_AddObject(m, "PoolFullError", s_PoolFullError) ||
         PyModule_AddObject(m, "ConflictError", s_ConflictError) ||
