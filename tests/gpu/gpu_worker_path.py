@@ -8,8 +8,9 @@ Checks (each prints PASS / FAIL / SKIP and a figure):
   fork      a worker forked from the zygote sets CUDA_VISIBLE_DEVICES to its slot, initialises CUDA after the
             fork, and gets the same matmul result as the CPU; time of CUDA init after fork.
   control   a zygote that initialised CUDA: its forked child cannot use CUDA (so zygotes must never touch it).
-  pinned    a CUDA tensor copied to pinned host memory by Checkpointer._payload_buffer and back by
-            looseleaf_store.checkpoint._to_device is bit-identical; GB/s both ways.
+  pinned    a CUDA tensor copied to pinned host memory and back through looseleaf_store.devsave's staging
+            pair is bit-identical, and region hashes computed on the device equal those computed on the
+            CPU (the same function runs on both); GB/s both ways.
 """
 import gc
 import json
@@ -117,13 +118,13 @@ def main():
         report("fork", "PASS" if res.get("ok") and res.get("visible") == 1 else "FAIL",
                "slot %d: %s" % (slot, res))
 
-    # pinned: device -> pinned host -> device with the store's own routines (needs cloudpickle to import them).
+    # pinned: device -> host -> device through the store's staging pair (looseleaf_store.devsave).
     try:
-        from looseleaf_store import checkpoint
+        from looseleaf_store import devsave
     except ImportError as e:
         report("pinned", "SKIP", "looseleaf_store does not import here: %s" % e)
-        checkpoint = None
-    if checkpoint is not None:
+        devsave = None
+    if devsave is not None:
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:
@@ -132,17 +133,20 @@ def main():
                 torch.cuda.init()
                 n = 256 << 20
                 src = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
-                holder = type("H", (), {"_pinned": None})()
+                host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                host = checkpoint.Checkpointer._payload_buffer(holder, ("s", n), src.untyped_storage()
-                                                               if hasattr(src, "untyped_storage") else src.storage())
+                host.copy_(src)
                 t1 = time.perf_counter()
-                back = checkpoint._to_device(torch, torch.from_numpy(host), "cuda")
+                back = devsave.to_device(torch, host.numpy(), "cuda")
                 torch.cuda.synchronize()
                 t2 = time.perf_counter()
-                ok = bool(torch.equal(back, src)) and holder._pinned.is_pinned()
-                msg = json.dumps({"ok": ok, "d2h_GBps": n / (t1 - t0) / 1e9, "h2d_GBps": n / (t2 - t1) / 1e9})
+                h_dev = devsave.region_hashes(torch, src).cpu()
+                h_cpu = devsave.region_hashes(torch, host)
+                ok = (bool(torch.equal(back, src)) and devsave._staging.pinned
+                      and bool(torch.equal(h_dev, h_cpu)))
+                msg = json.dumps({"ok": ok, "d2h_GBps": n / (t1 - t0) / 1e9, "h2d_GBps": n / (t2 - t1) / 1e9,
+                                  "hashes_agree": bool(torch.equal(h_dev, h_cpu))})
             except Exception as e:  # noqa: BLE001
                 msg = json.dumps({"ok": False, "error": repr(e)})
             os.write(w, msg.encode())

@@ -25,6 +25,11 @@ What it keeps true (see serial.py for how one variable is pickled):
   rewritten here), so a payload found more than half rewritten stops being tracked until a save finds
   it (nearly) unchanged again.  LL_STORE_WPTRACK=0 turns it off (every region is hashed, ~10 GB/s).
 
+* Device memory (CUDA tensors' storages) goes through devsave.py: hashed per 2 MiB region on the device
+  after synchronize(), compared with the hashes of the payload it was saved as or restored from, and only
+  the changed regions copied, through a fixed pair of pinned buffers pipelined with the store's copy;
+  restore copies through the same pair and hashes on the device.
+
 Limits: the ownership table keeps every exported object of every saved or restored variable alive until
 the variable is saved again or deleted (a list of a million dicts costs a million table entries).
 """
@@ -36,7 +41,7 @@ import weakref
 
 import numpy as np
 
-from . import pagemap, wptrack
+from . import devsave, pagemap, wptrack
 from .serial import (NeedOwner, SaveContext, Unpickler, blob_digest, pickle_var, remember_device, split_blob,
                      storage_key, untyped_storage)
 
@@ -60,36 +65,9 @@ def _reason(e):
     return "%s: %s" % (e.__class__.__name__, msg)
 
 
-_STAGE_BYTES = 64 << 20
-
 # Payloads this process owns are write-tracked from this size on (smaller ones hash in microseconds, and
 # each tracked range costs a kernel mapping).
 TRACK_MIN_BYTES = 8 << 20
-
-
-def _to_device(torch, src, device):
-    """Copy the mapped payload SRC (uint8, CPU) to DEVICE through two pinned staging buffers, so the
-    DMA of one chunk overlaps the copy of the next out of the (pageable, shared) pool mapping."""
-    n = src.numel()
-    dev = torch.empty(n, dtype=torch.uint8, device=device)
-    if n == 0:
-        return dev
-    stream = torch.cuda.current_stream(dev.device)
-    bufs = [torch.empty(min(_STAGE_BYTES, n), dtype=torch.uint8, pin_memory=True)
-            for _ in range(2 if n > _STAGE_BYTES else 1)]
-    done = [None] * len(bufs)
-    for i, off in enumerate(range(0, n, _STAGE_BYTES)):
-        k = i % len(bufs)
-        m = min(_STAGE_BYTES, n - off)
-        if done[k] is not None:
-            done[k].synchronize()  # the DMA out of this staging buffer has finished
-        bufs[k][:m].copy_(src[off:off + m])
-        dev[off:off + m].copy_(bufs[k][:m], non_blocking=True)
-        done[k] = torch.cuda.Event()
-        done[k].record(stream)
-    stream.synchronize()
-    return dev
-
 
 
 def _is_storage(obj):
@@ -192,7 +170,7 @@ class Checkpointer:
         self._graph = {}  # name -> (version, set of owner names), every committed variable of the session
         self._mapped = {}  # address -> (weakref to the mapping's ndarray, ref, nbytes)
         self._mapped_purge = 64
-        self._pinned = None  # pinned host buffer for device-to-pool copies (CUDA hosts only)
+        self._devh = devsave.Hashes()  # device hashes of the payloads device storages were saved as
         self._put_dirty = True  # whether put_payload takes dirty= (regions known written)
         # Restore CUDA tensors on the CPU without asking CUDA anything: the kernel process, which must
         # never hold a CUDA context (only workers do), sets this.
@@ -461,6 +439,8 @@ class Checkpointer:
                 st.exports = exports
                 st.track = tracks[n]
                 self._install(n, st)
+        if len(self._devh):
+            self._devh.keep(r for st in self._state.values() for r in st.prefs)
         rep.seconds = time.perf_counter() - t0
         return rep
 
@@ -490,16 +470,24 @@ class Checkpointer:
             return obj
         torch = sys.modules["torch"]
         n = meta[1]
-        view = torch.empty(0, dtype=torch.uint8, device=obj.device).set_(obj, 0, (n,), (1,))
-        if obj.device.type == "cpu":
-            return view.numpy()
-        # Device memory is copied by DMA into pinned host memory (kept for the next save), then into
-        # the pool.
-        host = self._pinned
-        if host is None or host.numel() < n:
-            host = self._pinned = torch.empty(max(n, 1), dtype=torch.uint8, pin_memory=True)
-        host[:n].copy_(view)
-        return host[:n].numpy()
+        return torch.empty(0, dtype=torch.uint8, device=obj.device).set_(obj, 0, (n,), (1,)).numpy()
+
+    def _put_device(self, meta, obj, base):
+        """Device storage OBJ against BASE (devsave.py: hashed on the device, only changed regions copied,
+        through the staging pair).  Returns (the ref to commit, bytes written, a fresh ref or None)."""
+        torch = sys.modules["torch"]
+        n = meta[1]
+        u = torch.empty(0, dtype=torch.uint8, device=obj.device).set_(obj, 0, (n,), (1,))
+        r, h = devsave.save(torch, self.store, u, base, self._devh)
+        if r is None:
+            return base, 0, None  # no region changed: BASE stands, its hashes too
+        if base is not None and r.written == 0:
+            committed, written = base, 0  # same bytes after all: r is held until the commit
+        else:
+            committed, written = str(r), r.written
+        if h is not None:
+            self._devh.put(committed, n, h)
+        return committed, written, r
 
     def _own_memory(self, meta, obj):
         """(holder, address) when payload OBJ is big memory this process owns privately and can track."""
@@ -532,8 +520,15 @@ class Checkpointer:
         out, new, written, tracks = [], [], 0, {}
         try:
             for k, (meta, obj) in enumerate(pk.payloads):
-                buf = self._payload_buffer(meta, obj)
                 base = oldp[k] if k < len(oldp) and tuple(oldm[k]) == tuple(meta) else None
+                if meta[0] == "s" and devsave.is_device_payload(obj):
+                    ref, w, r = self._put_device(meta, obj, base)
+                    out.append(ref)
+                    written += w
+                    if r is not None:
+                        new.append(r)
+                    continue
+                buf = self._payload_buffer(meta, obj)
                 own = self._own_memory(meta, obj)
                 rec = oldt.get(k)
                 same = own is not None and rec is not None and self._same_owner(rec, own[0], own[1], meta[1])
@@ -634,13 +629,24 @@ class Checkpointer:
         device = meta[3]
         if device.startswith("cuda"):
             if not self.cpu_only and torch.cuda.is_available():
-                t = _to_device(torch, t, device)
+                t = devsave.to_device(torch, t, device)
+                self._hash_restored(base, t)
             else:
                 rep.warnings.append("%s: a %s tensor was restored on the CPU (no CUDA here)" % (name, device))
+        elif device == "cpu" and devsave.is_device_payload(t):
+            self._hash_restored(base, t)  # (LL_STORE_DEVSAVE=cpu: tests of the device path)
         u = untyped_storage(t)
         if u.device.type != device.split(":")[0] and base.size:
             remember_device(u, device, base)  # saved again from here, it is still a device tensor
         return u
+
+    def _hash_restored(self, base, t):
+        """Device hashes of T, restored from the payload mapped at BASE: saved unchanged, it moves no byte."""
+        if not base.size:
+            return
+        m = self._mapped.get(base.__array_interface__["data"][0])
+        if m is not None and m[0]() is base:
+            self._devh.put(m[1], m[2], devsave.region_hashes(sys.modules["torch"], t))
 
     def _load_one(self, name, entry, resolve, rep):
         version, blob, prefs, refs = entry
