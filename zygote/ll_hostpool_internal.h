@@ -1,8 +1,9 @@
-/* ll_hostpool_internal: what the two halves of the host pool share and
- * nobody else should see.  ll_hostpool.c is the process: its set-up, the
- * poll loop, the clients' connections; ll_hostpool_jobs.c is what clients
- * ask and workers say: jobs applied to processes as the schedule
- * (ll_sched.h) decides.  Both run on the pool's one thread.
+/* ll_hostpool_internal: what the parts of the host pool share and nobody
+ * else should see.  ll_hostpool.c is the process: its set-up, the poll
+ * loop, the clients' connections; ll_hostpool_jobs.c is what clients ask
+ * and workers say: jobs applied to processes as the schedule (ll_sched.h)
+ * decides; ll_hostpool_stats.c answers `stats`.  All run on the pool's one
+ * thread.
  *
  * The pool's state is one ll_hostpool_t, made by ll_hostpool_main and
  * passed to every function (one pool per process). */
@@ -67,6 +68,8 @@ typedef struct {
     } sig;
     bool cancelled;  /* killed on request (cancel, its client left, a save overdue) */
     bool group_wait; /* its worker is gone, the rest of its process group not yet: the slot waits */
+    bool silent; /* a prefetch the pool made itself (a staged worker's promotion): answers nobody */
+    bool promote_tried; /* a staged worker the pool tried to prepare on a free slot (once) */
     ll_hostpool_origin_t origin; /* how it got its worker */
     double wait_ms;              /* time it waited for its worker */
     double evict_t; /* ms, when it was told to exit (or its client left while it saved) */
@@ -138,5 +141,10 @@ bool ll_hostpool_busy(const ll_hostpool_t *pool);
 
 /* The pool stops: every session's line is logged, every worker killed. */
 void ll_hostpool_jobs_stop(ll_hostpool_t *pool);
+
+/* ---- ll_hostpool_stats.c ---- */
+
+/* The `stats` event (zygote/API.md); the caller owns it. */
+json_t *ll_hostpool_stats(ll_hostpool_t *pool);
 
 #endif

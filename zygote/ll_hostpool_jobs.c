@@ -181,7 +181,7 @@ static int s_new_run(ll_hostpool_t *pool, int c, const char *id, const char *ses
  * (s_restage) was asked by nobody. */
 static void s_answer_prefetch(ll_hostpool_t *pool, int r, json_t *m)
 {
-    if (s_job(pool, r)->kind == LL_SCHED_RESTAGE)
+    if (s_job(pool, r)->kind == LL_SCHED_RESTAGE || pool->runs[r].silent)
         json_decref(m);
     else
         ll_hostpool_send(pool, s_job(pool, r)->client, m);
@@ -576,20 +576,63 @@ static void s_tell_wait(ll_hostpool_t *pool, const ll_sched_decision_t *d)
                                nslots, "queued", d->queued));
 }
 
-/* One pass of the schedule (ll_sched.h): its decisions, applied. */
+/* Where variables may live on a device (CUDA hosts), a staged worker only
+ * imported: it had no device to restore them to.  Once a slot is free and
+ * nothing is queued, the pool prepares one for real in the edit window: a
+ * prefetch of its own (its closure, answered to nobody) hands it the slot,
+ * and it initialises CUDA on that device, warms cuBLAS and restores, all
+ * before the session's Run (zygote/py/looseleaf_zygote/gpu.py).  Once per
+ * staged worker (a skipped try is not repeated).  Returns whether a job
+ * was added. */
+static bool s_promote_staged(ll_hostpool_t *pool)
+{
+    if (!pool->staged_defer)
+        return false;
+    bool free_slot = false;
+    for (int s = 0; s < ll_sched_nslots(pool->sched) && !free_slot; s++)
+        free_slot = ll_sched_slot_job(pool->sched, s) < 0;
+    for (int r = 0; r < LL_SCHED_MAX_JOBS && free_slot; r++)
+        if (s_job(pool, r)->state == LL_SCHED_QUEUED)
+            return false;
+    for (int w = 0; w < LL_SCHED_MAX_JOBS && free_slot; w++) {
+        const ll_sched_job_t *j = s_job(pool, w);
+        ll_hostpool_run_t *run = &pool->runs[w];
+        if (j->state != LL_SCHED_WARM || j->slot >= 0 || j->client < 0 || run->promote_tried ||
+            !run->req || !run->id)
+            continue;
+        run->promote_tried = true;
+        json_t *req = s_restage_request(run->req, s_is_prefetch(pool, w));
+        int r = req ? s_new_run(pool, j->client, run->id, j->session, req, LL_SCHED_PREFETCH) : -1;
+        json_decref(req);
+        if (r < 0)
+            continue;
+        pool->runs[r].silent = true;
+        ll_info("pool", "session %s: staged worker %d is prepared on a free slot before its Run",
+                j->session, (int) run->worker.pid);
+        return true;
+    }
+    return false;
+}
+
+/* One pass of the schedule (ll_sched.h): its decisions, applied; again
+ * when it left a slot free for a staged worker (s_promote_staged). */
 void ll_hostpool_schedule(ll_hostpool_t *pool)
 {
     ll_sched_decision_t d;
-    ll_sched_begin(pool->sched, ll_clock_ms(), ll_ztree_any_ready(pool->tree));
-    while (ll_sched_next(pool->sched, &d)) {
-        switch (d.op) {
-        case LL_SCHED_FORK: s_fork(pool, d.r, d.slot); break;
-        case LL_SCHED_HAND: s_hand(pool, &d); break;
-        case LL_SCHED_EVICT: s_evict_for(pool, &d); break;
-        case LL_SCHED_SKIP: s_skip_prefetch(pool, d.r, d.why); break;
-        case LL_SCHED_DROP: s_drop_run(pool, d.r); break;
-        case LL_SCHED_WAIT: s_tell_wait(pool, &d); break;
+    for (int round = 0; round < 4; round++) {
+        ll_sched_begin(pool->sched, ll_clock_ms(), ll_ztree_any_ready(pool->tree));
+        while (ll_sched_next(pool->sched, &d)) {
+            switch (d.op) {
+            case LL_SCHED_FORK: s_fork(pool, d.r, d.slot); break;
+            case LL_SCHED_HAND: s_hand(pool, &d); break;
+            case LL_SCHED_EVICT: s_evict_for(pool, &d); break;
+            case LL_SCHED_SKIP: s_skip_prefetch(pool, d.r, d.why); break;
+            case LL_SCHED_DROP: s_drop_run(pool, d.r); break;
+            case LL_SCHED_WAIT: s_tell_wait(pool, &d); break;
+            }
         }
+        if (!s_promote_staged(pool))
+            break;
     }
 }
 
@@ -646,97 +689,6 @@ static void s_run_pid(ll_hostpool_t *pool, int r, pid_t pid)
                  run->sig.pending, (int) pid);
         s_signal_worker(pid, run->sig.pending);
     }
-}
-
-/* Stats: every worker (warm ones, staged ones holding no slot, busy ones). */
-static json_t *s_stats_workers(ll_hostpool_t *pool, double now)
-{
-    static const char *const state_names[] = {"",       "queued",    "forking", "running",
-                                              "saving", "preparing", "warm",    "evicting"};
-    const ll_gdsf_t *gdsf = ll_sched_gdsf(pool->sched);
-    json_t *workers = json_array();
-    for (int r = 0; r < LL_SCHED_MAX_JOBS; r++) {
-        const ll_hostpool_run_t *run = &pool->runs[r];
-        const ll_sched_job_t *j = s_job(pool, r);
-        if (!j->state || run->worker.pid <= 0 || j->state == LL_SCHED_QUEUED)
-            continue;
-        int key = (int) run->worker.pid;
-        const char *st = j->state == LL_SCHED_WARM && j->slot < 0 ? "staged"
-                         : j->state == LL_SCHED_WARM && ll_gdsf_speculative(gdsf, key, now)
-                             ? "speculative"
-                             : state_names[j->state];
-        double l = 0;
-        bool known = ll_gdsf_value(gdsf, key, &l);
-        json_array_append_new(
-            workers,
-            json_pack("{s:s, s:i, s:i, s:s, s:o, s:f, s:i, s:b, s:i, s:f}", "session",
-                      j->session ? j->session : "", "client", j->client, "pid", key, "state", st,
-                      "L", known ? json_real(l) : json_null(), "bytes", j->worker.held_bytes,
-                      "cells", j->worker.cells, "spec", j->worker.spec, "slot", j->slot, "idle_s",
-                      j->state == LL_SCHED_WARM ? (now - j->worker.idle_since) / 1000.0 : 0.0));
-    }
-    return workers;
-}
-
-/* Stats: per session, its GPU-seconds against its time connected. */
-static json_t *s_stats_sessions(ll_hostpool_t *pool, double now)
-{
-    json_t *sessions = json_array();
-    for (int i = 0; i < LL_SCHED_MAX_SESSIONS; i++) {
-        const ll_sched_session_t *se = ll_sched_session(pool->sched, i);
-        if (!se->used)
-            continue;
-        double held = ll_sched_session_held(pool->sched, i, now) / 1000.0;
-        double conn = se->client >= 0 && pool->clients[se->client].fd >= 0
-                          ? (now - pool->clients[se->client].connected) / 1000.0
-                          : held;
-        json_array_append_new(sessions,
-                              json_pack("{s:s, s:i, s:f, s:f, s:f}", "session", se->name, "client",
-                                        se->client, "gpu_held_s", held, "connected_s", conn,
-                                        "held_share", conn > 0 ? held / conn : 0.0));
-    }
-    return sessions;
-}
-
-/* Stats: what the GPU detection found, and the slots over the devices. */
-static json_t *s_stats_gpus(ll_hostpool_t *pool)
-{
-    const ll_gpu_info_t *g = &pool->gpus;
-    json_t *devs = json_array(), *slot_dev = json_array(), *caps = json_array();
-    for (int d = 0; d < g->count; d++)
-        json_array_append_new(devs, json_pack("{s:s, s:f, s:i}", "name", g->dev[d].name,
-                                              "mem_bytes", (double) g->dev[d].mem_bytes, "workers",
-                                              pool->cuda ? pool->plan.per_dev[d] : 0));
-    for (int s = 0; pool->cuda && s < ll_sched_nslots(pool->sched); s++) {
-        json_array_append_new(slot_dev, json_integer(pool->plan.slot_dev[s]));
-        json_array_append_new(caps, json_real(pool->plan.mem_fraction[s]));
-    }
-    return json_pack("{s:i, s:s, s:i, s:s, s:f, s:o, s:o, s:o}", "count", g->count, "via", g->via,
-                     "driver_version", g->driver_version, "why", g->why, "detect_ms", g->ms,
-                     "devices", devs, "slot_device", slot_dev, "mem_fraction", caps);
-}
-
-static json_t *s_stats(ll_hostpool_t *pool)
-{
-    json_t *nodes = ll_ztree_nodes_json(pool->tree), *slots = json_array(), *runs = json_array();
-    for (int s = 0; s < ll_sched_nslots(pool->sched); s++) {
-        int r = ll_sched_slot_job(pool->sched, s);
-        json_array_append_new(slots, r >= 0 ? json_string(pool->runs[r].id) : json_null());
-    }
-    for (int r = 0; r < LL_SCHED_MAX_JOBS; r++)
-        if (s_used(pool, r) && !s_idle_worker(pool, r))
-            json_array_append_new(runs, json_pack("{s:s, s:i, s:i}", "id", pool->runs[r].id,
-                                                  "state", (int) s_job(pool, r)->state, "pid",
-                                                  (int) pool->runs[r].worker.pid));
-    double now = ll_clock_ms();
-    json_t *workers = s_stats_workers(pool, now), *sessions = s_stats_sessions(pool, now);
-    return json_pack(
-        "{s:s, s:i, s:o, s:o, s:o, s:b, s:o, s:i, s:O, s:i, s:b, s:o, s:o, s:f, s:i}", "type",
-        "stats", "pid", (int) getpid(), "nodes", nodes, "slots", slots, "runs", runs, "cuda",
-        pool->cuda, "gpus", s_stats_gpus(pool), "max_nodes", pool->cfg.max_nodes, "safety",
-        (json_t *) ll_ztree_safety(pool->tree), "base_respawns", ll_ztree_base_respawns(pool->tree),
-        "base_broken", ll_ztree_broken(pool->tree), "workers", workers, "sessions", sessions,
-        "clock", ll_gdsf_clock(ll_sched_gdsf(pool->sched)), "warm_idle_s", pool->cfg.warm_idle_s);
 }
 
 /* A run or prefetch request M from client C: checked, queued. */
@@ -836,7 +788,7 @@ void ll_hostpool_client_frame(ll_hostpool_t *pool, int c, json_t *m)
         return;
     }
     if (strcmp(type, "stats") == 0) {
-        ll_hostpool_send(pool, c, s_stats(pool));
+        ll_hostpool_send(pool, c, ll_hostpool_stats(pool));
     } else if (strcmp(type, "input_reply") == 0) {
         if (r < 0 || pool->runs[r].worker.fd < 0)
             return;

@@ -3,6 +3,7 @@ SELFTESTS += ll_zframe ll_gdsf ll_sched ll_ztree ll_gpu ll_hostpool_config ll_ho
              ll_zclient ll_zygote
 LIB_SRCS  += zygote/ll_zframe.c zygote/ll_gdsf.c zygote/ll_sched.c zygote/ll_ztree.c zygote/ll_gpu.c \
              zygote/ll_hostpool_config.c zygote/ll_hostpool.c zygote/ll_hostpool_jobs.c \
+             zygote/ll_hostpool_stats.c \
              zygote/ll_zygote.c zygote/ll_zclient.c
 EXTRA_TARGETS += $(BUILD)/zygote/ll_zdriver
 
