@@ -16,8 +16,23 @@ CC      ?= gcc
 PKGS    := libzmq libczmq openssl jansson hiredis libxxhash
 BUILD   := build
 
+# The libraries: pkg-config's, or, with DEPS_PREFIX=DIR, Debian's packages
+# unpacked with dpkg -x into DIR (the GPU machine's bundle, tests/gpu/README.md:
+# no pkg-config, no Debian libraries there), found at run time through the
+# binaries' RPATH (DT_RPATH, which also serves the libraries' own needs).
+DEPS_PREFIX ?=
+ifeq ($(strip $(DEPS_PREFIX)),)
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS))
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS))
+STORE_DEPS_LIBS := $(shell pkg-config --libs hiredis libxxhash jansson)
+else
+DEPS_LIBDIR := $(abspath $(DEPS_PREFIX))/usr/lib/x86_64-linux-gnu
+DEPS_RPATH  := -L$(DEPS_LIBDIR) -Wl,--disable-new-dtags,-rpath,$(DEPS_LIBDIR)
+PKG_CFLAGS := -I$(abspath $(DEPS_PREFIX))/usr/include \
+              -I$(abspath $(DEPS_PREFIX))/usr/include/x86_64-linux-gnu
+PKG_LIBS   := $(DEPS_RPATH) -lzmq -lczmq -lssl -lcrypto -ljansson -lhiredis -lxxhash
+STORE_DEPS_LIBS := $(DEPS_RPATH) -lhiredis -lxxhash -ljansson
+endif
 
 # The Python the kernel embeds (its libpython) and runs in unless a kernelspec
 # names another environment of the same version (kernel/ll_pyenv.h):
@@ -28,6 +43,9 @@ PYTHON  ?= /usr/bin/python3
 PY_CONFIG  = $(shell $(PYTHON) -c 'import sysconfig as s; print(s.get_config_var("$(1)") or "")' 2>/dev/null)
 PY_CFLAGS := -I$(call PY_CONFIG,INCLUDEPY)
 PY_LIBS   := -L$(call PY_CONFIG,LIBDIR) -lpython$(call PY_CONFIG,LDVERSION)
+ifneq ($(strip $(DEPS_PREFIX)),)
+PY_LIBS   += -Wl,-rpath,$(call PY_CONFIG,LIBDIR)
+endif
 PY_EXT    := $(call PY_CONFIG,EXT_SUFFIX)
 PKG_CFLAGS += $(PY_CFLAGS)
 PKG_LIBS   += $(PY_LIBS)
@@ -53,7 +71,7 @@ BIN_OBJS  := $(BIN_SRCS:%.c=$(BUILD)/%.o)
 TEST_OBJS := $(TEST_SRCS:%.c=$(BUILD)/%.o)
 
 .PHONY: all test test-debian selftest pytest venv bench clean deps deps-test setup run kernelspec \
-        format format-check
+        format format-check gpu-bundle e2e-build
 all: $(BUILD)/looseleaf $(BUILD)/ll_selftest $(EXTRA_TARGETS)
 
 $(BUILD)/%.o: %.c
@@ -114,6 +132,15 @@ test-debian: all
 
 bench: all
 	@set -e; for b in $(BENCHES); do echo "== $$b"; $$b; done
+
+# ---- the GPU machine's run (tests/gpu/README.md) --------------------------
+# The bundle it carries (Debian's libraries and the kernel's wheels for
+# CPython 3.12, under the size limit), and what tests/gpu/e2e.sh builds there
+# (with BUILD, PYTHON and DEPS_PREFIX of its own): the kernel and the store's
+# extension, nothing else.
+gpu-bundle: all
+	tests/gpu/bundle.sh
+e2e-build: $(BUILD)/looseleaf $(STORE_PYEXT)
 
 # ---- set-up on a fresh Debian 12 machine --------------------------------
 # Packages to build and run the kernel, and what the tests drive it with.

@@ -14,7 +14,7 @@ BENCHES    += $(BUILD)/ll_store_bench
 # (tests put build/py on sys.path).  Objects built apart: -DLL_STORE_PY_STANDALONE.
 STORE_PYEXT   := $(BUILD)/py/_llstore$(PY_EXT)
 STORE_PY_OBJS := $(patsubst %.c,$(BUILD)/pyext/%.o,$(STORE_SRCS) base/ll_log.c base/ll_clock.c)
-STORE_PY_LIBS := $(shell pkg-config --libs hiredis libxxhash jansson) -lpthread
+STORE_PY_LIBS := $(STORE_DEPS_LIBS) -lpthread
 EXTRA_TARGETS += $(STORE_PYEXT) $(BUILD)/ll_store_bench $(BUILD)/tests/store_c/embed_llstore
 
 # Only this file may use AVX2 instructions; ll_hash.c checks the CPU first.
