@@ -36,6 +36,9 @@ def zygote_state():
 
 
 def main():
+    # As a zygote starts (zygote/ll_zygote.c): numpy 2.x's OpenBLAS starts threads at import unless told not to.
+    for var in ("OPENBLAS_NUM_THREADS", "BLIS_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
     import torch
     torch.set_num_threads(1)
     try:

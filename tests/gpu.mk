@@ -1,0 +1,3 @@
+# tests/gpu/: the GPU machine's run (tests/gpu/README.md).  Here, without a GPU: tests/gpu/run.sh (through
+# tests/zygote/test_gpu_script.py) and tests/gpu/e2e.sh --cpu, on the bundle and build path the device uses.
+PYTESTS += tests/gpu/test_e2e_cpu.py
