@@ -36,7 +36,8 @@ typedef struct ll_route_plan_t ll_route_plan_t;
 /* Whether routing is on (LOOSELEAF_GPU_ROUTING is not "0"). */
 bool ll_route_enabled(void);
 
-/* After ll_interp_init.  Returns NULL with a reason in ERR. */
+/* After ll_interp_init.  The caller owns the result (ll_route_destroy).
+ * Returns NULL with a reason in ERR. */
 ll_route_t *ll_route_new(char *err, size_t errlen);
 
 /* Before ll_interp_finalize: also closes the connection to the host pool
@@ -44,8 +45,9 @@ ll_route_t *ll_route_new(char *err, size_t errlen);
 void ll_route_destroy(ll_route_t **self_p);
 
 /* Analyse CODE (LEN bytes, may contain NUL) before it runs.  Returns a plan
- * (never NULL unless out of memory); a cell that does not parse gets a plan
- * without closure. */
+ * the caller owns until ll_route_done or ll_route_plan_free (never NULL
+ * unless out of memory); a cell that does not parse gets a plan without
+ * closure. */
 ll_route_plan_t *ll_route_plan(ll_route_t *self, const char *code, size_t len);
 
 /* Whether the plan sends the cell to a worker (labelled GPU). */

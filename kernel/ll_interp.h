@@ -111,10 +111,11 @@ typedef struct {
                                 * NULL otherwise */
 } ll_interp_request_t;
 
-/* Handle REQ in Python.  Returns the reply's content as malloc'd JSON text
- * (NULL for messages that have no reply, e.g. comm_msg), and when
- * *REPLY_METADATA_JSON is non-NULL on return, a malloc'd JSON object text for
- * the reply's metadata (REPLY_METADATA_JSON may be NULL).  Never lets a
+/* Handle REQ in Python.  Returns the reply's content as JSON text the
+ * caller frees (NULL for messages that have no reply, e.g. comm_msg), and
+ * when *REPLY_METADATA_JSON is non-NULL on return, a JSON object text for the
+ * reply's metadata, which the caller frees too (REPLY_METADATA_JSON may be
+ * NULL).  Never lets a
  * Python exception escape: an internal failure becomes an error reply. */
 char *ll_interp_call(const ll_interp_request_t *req, char **reply_metadata_json);
 

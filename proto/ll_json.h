@@ -49,8 +49,9 @@ int ll_jbuf_put(ll_jbuf_t *buf, const void *bytes, size_t n);
  * NULL, nested deeper than 2048 levels (or cyclic), or memory runs out. */
 int ll_json_write(ll_jbuf_t *buf, const json_t *value);
 
-/* Parse LEN bytes of TEXT (need not be NUL-terminated) into a new value,
- * or NULL with "at byte N: reason" in ERR.  Never reads past TEXT + LEN. */
+/* Parse LEN bytes of TEXT (need not be NUL-terminated) into a new value (a
+ * new reference the caller owns), or NULL with "at byte N: reason" in ERR.
+ * Never reads past TEXT + LEN. */
 json_t *ll_json_parse(const char *text, size_t len, char *err, size_t errlen);
 
 #endif

@@ -48,7 +48,8 @@ typedef struct {
  * "hmac-sha256".  REPLAY_HISTORY is the number of recent signatures
  * remembered (0: default 65536, jupyter_client's digest_history_size); the
  * oldest is forgotten first.  The key is copied into OpenSSL's context.
- * Returns NULL if the scheme is unsupported. */
+ * The caller owns the result (ll_session_destroy).  Returns NULL if the
+ * scheme is unsupported. */
 ll_session_t *ll_session_new(const unsigned char *key, size_t key_len, const char *scheme,
                              size_t replay_history);
 void ll_session_destroy(ll_session_t **self_p);
@@ -85,7 +86,8 @@ int ll_session_send(ll_session_t *self, zsock_t *sock, ll_msg_t **msg_p);
 /* A new message of MSG_TYPE in reply to PARENT (may be NULL): copies the
  * parent's identities and its header as parent_header, writes a fresh header
  * (new msg_id, this session, date, version LL_PROTOCOL_VERSION).  Steals the reference to
- * CONTENT (NULL means {}).  Returns NULL only on allocation failure. */
+ * CONTENT (NULL means {}).  The caller owns the result (ll_msg_destroy, or
+ * a send that takes it).  Returns NULL only on allocation failure. */
 ll_msg_t *ll_msg_new(ll_session_t *self, const char *msg_type, const ll_msg_t *parent,
                      json_t *content);
 
