@@ -112,8 +112,11 @@ test: all venv
 test-debian: all
 	$(if $(strip $(DEBIAN_SMOKE)),/usr/bin/python3 $(PYTEST) $(DEBIAN_SMOKE))
 
-bench: all
-	@set -e; for b in $(BENCHES); do echo "== $$b"; $$b; done
+# Python benchmarks run on the project's venv (the current stack; their
+# reference ipykernel is the venv's), the C ones as they are.
+bench: all venv
+	@set -e; for b in $(BENCHES); do echo "== $$b"; \
+	    case $$b in *.py) $(VENV_PY) $$b ;; *) $$b ;; esac; done
 
 # ---- set-up on a fresh Debian 12 machine --------------------------------
 # Packages to build and run the kernel, and what the tests drive it with.

@@ -448,6 +448,9 @@ static bool s_execute_on_worker(ll_exec_t *self, ll_msg_t *req, ll_route_plan_t 
     json_object_set_new(after, "unknown", json_boolean(!json_is_array(saved)));
     self->epoch++; /* history, counter, the worker's commit: a kept prefetch commit is stale */
     json_decref(s_interp_own("looseleaf_after_gpu", after, req));
+    /* The idle commit also brings the cell's result into the output history,
+     * in idle time rather than before this reply (coherence.install_outputs). */
+    self->commit_at = ll_clock_ms();
     json_decref(after);
     /* store_history=False: the counter did not move, as the interpreter
      * would reply (the worker's IPython counted the cell). */

@@ -524,9 +524,14 @@ static void s_relay_event(s_relay_t *r, json_t *ev)
     } else if (strcmp(type, "stream") == 0) {
         const char *name = json_string_value(json_object_get(ev, "name"));
         json_t *text = json_object_get(ev, "text");
-        if (name && json_is_string(text))
+        /* The worker coalesced its text already (base/ll_stream, 20 ms): out
+         * at once, so a flushed print reaches the frontend as promptly as
+         * from a CPU cell, not another coalescing interval later. */
+        if (name && json_is_string(text)) {
             ll_iopub_stream_write(io->iopub, name, json_string_value(text),
                                   json_string_length(text));
+            ll_iopub_stream_flush(io->iopub);
+        }
     } else if (strcmp(type, "iopub") == 0) {
         const char *t = s_publish(io, ev);
         bool input = t && strcmp(t, "execute_input") == 0;

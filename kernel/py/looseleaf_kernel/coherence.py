@@ -27,6 +27,7 @@ import inspect
 import logging
 import os
 import pickle
+import re
 import shutil
 import tempfile
 import time
@@ -36,6 +37,12 @@ import uuid
 from .procs import pid_alive
 
 log = logging.getLogger("looseleaf_kernel")
+
+# Names a draft mentions (completion, inspection): the first part of dotted names.
+_IDENTIFIER = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
+
+# A cell that reads the output history (Out[3], _, __, ___, _7, _oh), to be brought up to date first.
+_OUTPUT_NAMES = re.compile(r"(?<![\w.])(?:_{1,3}|_\d+|Out|_oh)(?!\w)")
 
 # IPython's own names: never variables of the session.
 _HIDDEN = {"_", "__", "___", "_i", "_ii", "_iii", "In", "Out", "_oh", "_ih", "_dh", "exit", "quit",
@@ -115,12 +122,9 @@ def node_module(node):
 
 
 def _state_blob(st):
-    """A comparable form of a procstate.capture() (None if it cannot be pickled).  Torch's RNG state goes in as
-    its bytes: two pickles of one unchanged tensor differ, which made every Run re-commit the process state."""
+    """A comparable form of a procstate.capture() (None if it cannot be pickled): its values are plain (the
+    generator states as bytes), so equal states pickle equally."""
     try:
-        rng = st.get("torch_rng")
-        if rng is not None and hasattr(rng, "numpy"):
-            st = dict(st, torch_rng=rng.numpy().tobytes())
         return pickle.dumps(st, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:  # noqa: BLE001 - then it is simply saved every time
         return None
@@ -180,6 +184,8 @@ class Coherence:
         # mid-commit; then the versions are compared once), _ps_moved whether a GPU cell ran since the
         # process state was last pulled.
         self._moved = set()
+        # GPU cells' results not yet in the output history: [(execution count, "_N")], oldest first.
+        self._pending_out = []
         self._ps_moved = False
 
     # ---- the namespace -------------------------------------------------------------------------------
@@ -315,6 +321,7 @@ class Coherence:
     def before_cpu(self, plan):
         """Refresh the cell's closure from the store where a worker changed it, and bring in the imports
         it reads; remember the namespace.  Returns the refresh's report for metadata.looseleaf."""
+        self.install_outputs(plan.get("code"))
         self._imports(plan.get("import_stmts"))
         load_index = getattr(self.shell.compile, "load_index", None)
         if load_index is not None:
@@ -322,6 +329,19 @@ class Coherence:
         out = self._refresh(plan.get("state") or [])
         self._before = self._visible()
         return out
+
+    def refresh_for(self, code):
+        """Before completion or inspection of CODE (a frontend's draft, or a name): bring the session
+        variables it names up to date from the store where a worker made or changed them, as a CPU cell
+        reading them would, so `t.resha<Tab>` completes a tensor a GPU cell made.  Nothing to do, and no store
+        round trip, when no GPU cell ran since the last refresh."""
+        if self.cp is None or not code or (self._moved is not None and not self._moved):
+            return
+        names = set(_IDENTIFIER.findall(code))
+        if self._moved is not None:
+            names &= self._moved
+        if names:
+            self._refresh(sorted(names))
 
     def _refresh(self, names):
         """Bring NAMES (None: every variable) up to date from the store where a worker changed them, and
@@ -442,6 +462,7 @@ class Coherence:
         {"skipped": why}."""
         if self.cp is None:
             return {"skipped": "no store"}
+        self.install_outputs()  # in idle time: neither the GPU cell's reply nor the next cell waited for it
         ns = self.shell.user_ns
         names = self._saveable(self.dirty)
         if len(names) > _QUICK_NAMES:
@@ -517,6 +538,39 @@ class Coherence:
                 log.info("cannot size the closure of a prefetch", exc_info=True)
         return out
 
+    def install_outputs(self, code=None):
+        """Bring GPU cells' results into the output history (Out, _N, and _, __, ___ as the three latest),
+        as IPython's displayhook would have put them here.  Restoring a result may import its framework here
+        (torch: 0.5 s and more), which must hold up neither the GPU cell's reply nor a CPU cell that does not
+        read the history: so it runs in idle time (commit_idle), or before a CPU cell whose CODE reads the
+        output history.  Returns the names installed."""
+        if not self._pending_out or (code is not None and not _OUTPUT_NAMES.search(code)):
+            return []
+        shell, ns = self.shell, self.shell.user_ns
+        pending, self._pending_out = self._pending_out, []
+        out = shell.history_manager.output_hist
+        for count, out_name in pending:
+            try:
+                rep = self.cp.restore([out_name])
+                if out_name in ns and not rep.failed:
+                    out[count] = ns[out_name]
+            except Exception:  # noqa: BLE001 - the output was shown; only the history misses it
+                log.warning("cannot bring a GPU cell's result into the output history", exc_info=True)
+        ordered = sorted(out.items())  # in the order IPython would have filed them
+        out.clear()
+        out.update(ordered)
+        # _, __, ___: the three latest results, in the displayhook (which shifts them at the next result) and
+        # in the namespace, unless the user assigned one of them (IPython's own rule).
+        dh = shell.displayhook
+        unders = ("_", "__", "___")
+        mine = all(ns[u] is getattr(dh, u, None) for u in unders if u in ns)
+        latest = [out[c] for c in sorted(out)[-3:]][::-1]
+        for name, value in zip(unders, latest):
+            setattr(dh, name, value)
+            if mine:
+                ns[name] = value
+        return [name for _, name in pending]
+
     def after_gpu(self, info):
         """A worker ran the cell (or tried to): history and counter as IPython's run_cell keeps them, and
         the namespace follows what the worker saved and deleted."""
@@ -533,20 +587,10 @@ class Coherence:
         ns = shell.user_ns
         out_name = "_%d" % count if isinstance(count, int) and keep else None
         if out_name and out_name in (info.get("saved") or []) and self.cp is not None:
-            # The cell's result (saved by its worker as _N): into Out, _, __, ___ as IPython's displayhook
-            # would have put it here.
-            try:
-                rep = self.cp.restore([out_name])
-                if out_name in ns and not rep.failed:
-                    # The displayhook files a result under its prompt count: the execution count on IPython
-                    # 8, one less on IPython 9 (which counts the cell first).
-                    dh = shell.displayhook
-                    shell.execution_count = count
-                    if getattr(dh, "prompt_count", count) != count:
-                        shell.execution_count = count + 1
-                    dh.update_user_ns(ns[out_name])
-            except Exception:  # noqa: BLE001 - the output was shown; only the history misses it
-                log.warning("cannot bring a GPU cell's result into the output history", exc_info=True)
+            # The cell's result (saved by its worker as _N) enters Out, _, __, ___ later (install_outputs):
+            # restoring it may import its framework here (torch: 0.5 s and more), which must not hold up
+            # the GPU cell's reply.
+            self._pending_out.append((count, out_name))
         if isinstance(count, int) and keep:
             shell.execution_count = count + 1
         for n in info.get("deleted") or []:

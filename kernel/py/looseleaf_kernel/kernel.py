@@ -397,7 +397,7 @@ class Kernel:
             plan = None
         if plan is not None and isinstance(plan.get("notice"), str):
             sys.stderr.write(plan["notice"])  # why a GPU cell runs here (gateway/ll_kernel.c)
-        route_md = self.coherence.before_cpu(plan) if plan is not None else None
+        route_md = self.coherence.before_cpu(dict(plan, code=code)) if plan is not None else None
         t_exec = time.perf_counter()
         # Interrupts land only while the cell runs, never in the reply.
         _lk.set_busy(True)
@@ -499,6 +499,7 @@ class Kernel:
 
     def complete_request(self, content, parent):
         code, cursor_pos = _code_and_cursor(content)
+        self.coherence.refresh_for(code)  # variables GPU cells made or changed, as a CPU cell would see them
         if _HAVE_EXPERIMENTAL_COMPLETIONS:
             with provisionalcompleter():
                 raw = self.shell.Completer.completions(code, cursor_pos)
@@ -530,6 +531,7 @@ class Kernel:
             detail_level = 0
         omit = content.get("omit_sections", ())
         name = token_at_cursor(code, cursor_pos)
+        self.coherence.refresh_for(name)
         reply = {"status": "ok", "data": {}, "metadata": {}}
         try:
             bundle = self.shell.object_inspect_mime(
