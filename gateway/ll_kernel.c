@@ -856,6 +856,9 @@ int ll_kernel_run(const char *connection_file)
         .input_request = s_hook_input,
         .pool_stats = s_hook_pool_stats,
     };
+    /* The store's waits for Redis end on the interrupt eventfd (SIGINT,
+     * SIGTERM, a shutdown): coherence.py gives it to its Store. */
+    ll_interp_set_interrupt_fd(s_k.intr_fd);
     /* The checkpoint store's module is part of the binary (issue 4): cells
      * and the interpreter's own code `import _llstore` without a .so. */
     if (ll_interp_add_builtin("_llstore", ll_store_pyinit) < 0)

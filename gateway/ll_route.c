@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -218,11 +219,14 @@ static json_t *s_run_request(ll_route_plan_t *plan, const ll_msg_t *req, const j
         json_object_set(r, "cells_dir", cells);
     /* Fault tests (tests/routing): with LOOSELEAF_TEST_FAULTS=1 in the
      * kernel's environment, execute_request metadata "looseleaf_fault"
-     * ("restore", "save", ...) makes the worker SIGKILL itself there. */
+     * ("restore", "save", "stop_redis@restore", ...: zyg.py's _fault)
+     * makes the worker do something bad there. */
     const char *faults = getenv("LOOSELEAF_TEST_FAULTS");
     json_t *fault = json_object_get(req->metadata, "looseleaf_fault");
-    if (r && faults && strcmp(faults, "1") == 0 && json_is_string(fault))
+    if (r && faults && strcmp(faults, "1") == 0 && json_is_string(fault)) {
         json_object_set(r, "fault", fault);
+        json_object_set_new(r, "kernel_pid", json_integer(getpid()));
+    }
     return r;
 }
 
@@ -588,6 +592,40 @@ static void s_relay(s_relay_t *r)
         ll_stdin_release(r->io->stdin_chan);
 }
 
+/* What the worker's account changes in its reply, before anything is
+ * published: a preparation that failed because the store did not answer or
+ * an interrupt ended its wait is named so (StoreUnavailable,
+ * KeyboardInterrupt), not WorkerPrepareError; a cell whose results the
+ * store could not take (the save is all or nothing: a full pool, Redis
+ * gone, an interrupt) ends in that error although its code ran, naming the
+ * variables; when the cell failed on its own, the save's failure is said
+ * on stderr. */
+static void s_settle_reply(s_relay_t *r)
+{
+    json_t *ll = json_object_get(r->md, "looseleaf");
+    const char *status = json_string_value(json_object_get(r->content, "status"));
+    bool failed = status && strcmp(status, "error") == 0;
+    const char *fatal_ename = json_string_value(json_object_get(ll, "fatal_ename"));
+    if (failed && fatal_ename)
+        json_object_set_new(r->content, "ename", json_string(fatal_ename));
+    const char *save_error = json_string_value(json_object_get(ll, "save_error"));
+    if (!save_error || !json_is_object(r->content))
+        return;
+    const char *save_ename = json_string_value(json_object_get(ll, "save_ename"));
+    if (failed) {
+        char *line = NULL;
+        if (asprintf(&line, "LooseLeaf: %s\n", save_error) > 0)
+            ll_iopub_stream_write(r->io->iopub, "stderr", line, strlen(line));
+        free(line);
+        return;
+    }
+    json_t *e = s_error_reply(save_ename ? save_ename : "SaveError", save_error, r->count);
+    json_object_set(e, "execution_count", json_object_get(r->content, "execution_count"));
+    json_decref(r->content);
+    r->content = e;
+    r->saw_error = false; /* the error goes out on iopub too */
+}
+
 int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *req,
                      const json_t *sync, const ll_route_io_t *io, json_t **content_p, json_t **md_p,
                      char *err, size_t errlen)
@@ -618,6 +656,7 @@ int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *re
                    .count = json_integer_value(json_object_get(sync, "execution_count")),
                    .visible_wait = -1};
     s_relay(&r);
+    s_settle_reply(&r);
     const char *status = json_string_value(json_object_get(r.content, "status"));
     if (!r.saw_error && status && strcmp(status, "error") == 0 &&
         json_is_string(json_object_get(r.content, "ename")))

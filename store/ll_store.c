@@ -105,8 +105,15 @@ static bool s_session_ok(const char *s)
 
 /* ---- open / close ----------------------------------------------------- */
 
+/* The default pool size: LL_STORE_POOL_BYTES when set (a number of bytes,
+ * at least a region), else half of RAM, at most 16 GiB. */
 static size_t s_default_pool_bytes(void)
 {
+    const char *v = getenv("LL_STORE_POOL_BYTES");
+    char *end;
+    unsigned long long n = v ? strtoull(v, &end, 10) : 0;
+    if (v && end != v && *end == 0 && n >= LL_STORE_R)
+        return (size_t) n;
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     size_t half = pages > 0 && psz > 0 ? (size_t) pages * (size_t) psz / 2 : (size_t) 4 << 30;
     size_t cap = (size_t) 16 << 30;
@@ -203,6 +210,12 @@ static int s_attach_pool(ll_store_t *st, const char *want, const char *default_p
             }
             if (!pool)
                 break;
+            /* The owner's pool (the kernel's) has no name: it goes with the
+             * last process that maps it, even when the kernel is killed, so
+             * it never stays in /dev/shm. */
+            if (!want && st->redis_owned && ll_pool_make_nameless(pool) != 0)
+                ll_warn("store", "session %s: cannot unlink the new pool %s: %s", st->session, path,
+                        strerror(errno));
         }
         char value[1100];
         snprintf(value, sizeof value, "%s %llx", ll_pool_share_path(pool),

@@ -33,7 +33,7 @@ import time
 import types
 import uuid
 
-from .procs import pid_alive
+from .procs import same_process, start_time
 
 log = logging.getLogger("looseleaf_kernel")
 
@@ -85,6 +85,16 @@ def _reason(e):
     return "%s: %s" % (type(e).__name__, e)
 
 
+# What the store's failures mean for a cell (issue 16): the store is gone or silent, or an interrupt ended
+# the wait.  The cell then fails with that error instead of running somewhere its variables are not.
+_CELL_ERRORS = ("StoreUnavailable", "KeyboardInterrupt")
+
+
+def _cell_error(kind, why):
+    """The answer that makes the gateway end the cell with error KIND (a name of _CELL_ERRORS) saying WHY."""
+    return {"error": {"ename": kind, "evalue": why}}
+
+
 # Calls whose result can never be checkpointed (dotted name as written in the cell -> what it makes).
 _UNSAVEABLE_CALLS = {
     "open": "an open file", "io.open": "an open file", "socket.socket": "a socket",
@@ -107,7 +117,16 @@ def _dotted(node):
     return ".".join(reversed(parts))
 
 
-_OWNER = "owner"  # in a store dir: "<kernel pid> <session>", for _sweep
+_OWNER = "owner"  # in a store dir: "<kernel pid> <session> <its start time>", for _sweep
+
+
+def _interrupt_fd():
+    """The kernel's interrupt eventfd (the hooks' interrupt_fd), -1 outside the kernel."""
+    try:
+        import _looseleaf_kernel
+        return _looseleaf_kernel.interrupt_fd()
+    except (ImportError, AttributeError):
+        return -1
 
 
 def node_module(node):
@@ -127,9 +146,11 @@ def _state_blob(st):
 
 
 def _sweep(base):
-    """Remove the stores of kernels that died without shutting down (SIGKILL, OOM): their redis-server
-    would run for ever and their pool file would keep its memory.  Only our own directories (owner file,
-    0700, our uid) whose owner process is gone."""
+    """Remove the stores of kernels that died without shutting down (SIGKILL, OOM).  Their redis-server
+    dies with them (parent-death signal) and their pool has no name (it goes with its last process), but
+    the directory, with the append-only file, stays.  Only our own directories (owner file, 0700, our
+    uid) whose owner process is gone: the pid and its start time decide, so a recycled pid cannot keep a
+    dead kernel's store alive."""
     import _llstore
     try:
         names = [n for n in os.listdir(base) if n.startswith("looseleaf-store-")]
@@ -140,13 +161,14 @@ def _sweep(base):
         try:
             st = os.lstat(d)
             with open(os.path.join(d, _OWNER)) as f:
-                pid, session = f.read().split()
-            pid = int(pid)
-        except (OSError, ValueError):
+                fields = f.read().split()
+            pid, session = int(fields[0]), fields[1]
+            started = int(fields[2]) if len(fields) > 2 else None
+        except (OSError, ValueError, IndexError):
             continue
         if st.st_uid != os.getuid() or st.st_mode & 0o077 or pid == os.getpid():
             continue
-        if pid_alive(pid):
+        if same_process(pid, started):
             continue
         try:
             store = _llstore.Store(d, session)
@@ -214,8 +236,14 @@ class Coherence:
         self.session = uuid.uuid4().hex[:16]
         try:
             with open(os.path.join(self.dir, _OWNER), "w") as f:
-                f.write("%d %s\n" % (os.getpid(), self.session))
+                started = start_time(os.getpid())
+                f.write("%d %s%s\n" % (os.getpid(), self.session, " %d" % started if started else ""))
             self.store = _llstore.Store(self.dir, self.session)
+            fd = _interrupt_fd()
+            if fd >= 0:
+                # An interrupt ends a wait for a silent Redis (the kernel's interrupt eventfd: one from
+                # before the call is not for it).
+                self.store.set_interrupt_fd(fd, drain=True)
             self.cp = Checkpointer(self.store, self.shell.user_ns)
             self.cp.cpu_only = True  # a CUDA tensor refreshed here comes back on the CPU: no context here
         except BaseException:
@@ -326,7 +354,9 @@ class Coherence:
     def _refresh(self, names):
         """Bring NAMES (None: every variable) up to date from the store where a worker changed them, and
         the process state; the kernel's own newer copies (dirty) stay.  Returns the report for
-        metadata.looseleaf ({} when no store is open: no GPU cell ran yet)."""
+        metadata.looseleaf ({} when no store is open: no GPU cell ran yet), with `error` when the store
+        did not answer (or an interrupt came) while something had to be refreshed: then the cell must
+        not run on values older than what a worker committed."""
         out = {}
         if self.cp is not None:
             t0 = time.perf_counter()
@@ -347,13 +377,25 @@ class Coherence:
                     if rep.failed:
                         log.warning("cannot refresh %s from the store", rep.failed)
                         out["restore_failed"] = rep.failed
+                        gone = sorted(n for n, why in rep.failed.items() if why.startswith("StoreUnavailable"))
+                        if gone:
+                            out.update(_cell_error("StoreUnavailable", "the checkpoint store did not answer; "
+                                                   "cannot refresh %s: %s" % (", ".join(gone), rep.failed[gone[0]])))
                     out["restored"], out["bytes_restored"] = sorted(rep.restored), rep.payload_bytes
+            except KeyboardInterrupt:
+                self._moved = None
+                out.update(_cell_error("KeyboardInterrupt", "interrupted while refreshing the cell's variables"))
             except Exception as e:  # noqa: BLE001 - the cell runs with what the namespace has
                 log.warning("refreshing variables from the store failed", exc_info=True)
                 out["restore_failed"] = {"*": _reason(e)}
                 self._moved = None
+                if type(e).__name__ in _CELL_ERRORS:
+                    out.update(_cell_error(type(e).__name__, "the checkpoint store did not answer: %s" % e))
             try:
-                self._pull_procstate()
+                if "error" not in out:
+                    self._pull_procstate()
+            except KeyboardInterrupt:
+                out.update(_cell_error("KeyboardInterrupt", "interrupted while refreshing the process state"))
             except Exception as e:  # noqa: BLE001 - the cell runs with the process state it has
                 log.warning("refreshing the process state from the store failed", exc_info=True)
                 out["restore_failed"] = {"*": _reason(e)}
@@ -464,7 +506,8 @@ class Coherence:
     def before_gpu(self, plan):
         """Commit the dirty part of a GPU cell's closure (and the process state) so its worker can restore
         it.  Returns a dict for the gateway: the store's coordinates and the execution count, or
-        `fallback` (why the cell must run here instead)."""
+        `fallback` (why the cell must run here instead), or `error` ({ename, evalue}: the store did not
+        answer, or an interrupt came: the cell fails with that error and runs nowhere)."""
         t0 = time.perf_counter()
         code = plan.get("code")
         hold = self._will_hold_unsaveable(code) if isinstance(code, str) else {}
@@ -490,11 +533,18 @@ class Coherence:
         # seed of an earlier GPU cell (a CPU cell in between has pulled it already: then a no-op).
         try:
             self._pull_procstate()
-        except Exception as e:  # noqa: BLE001 - the store is unusable: the cell runs here
+            rep = self._push(names)
+        except KeyboardInterrupt:
+            return _cell_error("KeyboardInterrupt", "interrupted while the kernel committed the cell's variables")
+        except Exception as e:  # noqa: BLE001 - the store is unusable
+            if type(e).__name__ in _CELL_ERRORS:
+                return _cell_error(type(e).__name__, "the checkpoint store did not answer: %s" % e)
             return {"fallback": "the checkpoint store failed (%s)" % _reason(e)}
-        rep = self._push(names)
         out = {"kernel_save_ms": (time.perf_counter() - t0) * 1e3, "kernel_bytes_saved": rep.bytes_written,
                "kernel_saved": sorted(n for n in rep.saved if n != procstate.NAME)}
+        if rep.error and rep.error_kind in _CELL_ERRORS:
+            # Running the cell here instead would meet the variables only workers made with NameError.
+            return dict(out, **_cell_error(rep.error_kind, "the checkpoint store did not answer: %s" % rep.error))
         if rep.error:
             return dict(out, fallback="the checkpoint store failed (%s)" % rep.error)
         blocking = {n: why for n, why in rep.failed.items() if n in state or n == procstate.NAME}
