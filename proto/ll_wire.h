@@ -66,7 +66,9 @@ int ll_session_sign(const ll_session_t *self, const void *const parts[4], const 
  * With a key the signature must be 64 hex characters (either case); without
  * one the signature frame is ignored, as jupyter_client does.  JSON strings
  * may contain \u0000 (a NUL inside `code` is kept; use json_string_length).
- * Frames after content are kept, in order, in msg->buffers. */
+ * Frames after content are kept, in order, in msg->buffers.  The header must
+ * be an object with string msg_type and msg_id, name no key twice, and a
+ * version, when it has one, must read as one ("5.3"). */
 ll_msg_t *ll_session_decode(ll_session_t *self, zmsg_t **raw_p, char *why, size_t whylen);
 
 /* Build the signed frames of MSG (identities first, then delimiter, ...).

@@ -207,6 +207,24 @@ def test_header_without_msg_type(raw):
     raw.assert_alive_and_no_answer_to({h["msg_id"]})
 
 
+def test_unparsable_version_and_duplicate_header_keys_dropped(raw, kernel):
+    """A header whose version does not read as one, or that names a key twice (readers would disagree on
+    which one counts), is dropped like any malformed header (issue 16).  ipykernel accepts both."""
+    if kernel.name.startswith("python3"):
+        pytest.skip("ipykernel does not check header.version nor duplicate keys")
+    bad = []
+    for extra in ({"version": "x.y"}, {"version": 5.3}, {"version": ""}):
+        h = _header("execute_request", **extra)
+        bad.append((h["msg_id"], json.dumps(h).encode()))
+    h = _header("kernel_info_request")
+    bad.append((h["msg_id"], (json.dumps(h)[:-1] + ', "msg_type": "execute_request"}').encode()))
+    content = json.dumps(_exec_content("hdr_ran = 1")).encode()
+    for _, htext in bad:
+        raw.send(raw.signed_parts(htext, b"{}", b"{}", content))
+    raw.assert_alive_and_no_answer_to({msg_id for msg_id, _ in bad})
+    assert _eval(kernel, "'hdr_ran' in globals()") == "False"
+
+
 def test_unknown_msg_type(raw):
     msg_id, frames = raw.frames("no_such_request", {"x": 1})
     raw.send(frames)
