@@ -610,6 +610,24 @@ out_drop:
     return NULL;
 }
 
+/* ---- limits --------------------------------------------------------------- */
+
+int64_t ll_wire_max_frame_bytes(void)
+{
+    const char *v = getenv("LOOSELEAF_MAX_FRAME_BYTES");
+    char *end;
+    long long n = v ? strtoll(v, &end, 10) : 0;
+    if (!v || end == v || *end)
+        return LL_WIRE_MAX_FRAME_DEFAULT;
+    return n > 0 ? (int64_t) n : -1;
+}
+
+int ll_wire_limit_frames(zsock_t *sock)
+{
+    int64_t max = ll_wire_max_frame_bytes();
+    return zmq_setsockopt(zsock_resolve(sock), ZMQ_MAXMSGSIZE, &max, sizeof max);
+}
+
 /* ---- encode ------------------------------------------------------------- */
 
 zmsg_t *ll_session_encode(ll_session_t *self, const ll_msg_t *msg)

@@ -22,6 +22,7 @@
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct ll_session_t ll_session_t;
 
@@ -91,6 +92,20 @@ void ll_msg_destroy(ll_msg_t **self_p);
 
 /* Convenience: a string field of content, or NULL. Borrowed. */
 const char *ll_msg_content_str(const ll_msg_t *msg, const char *key);
+
+/* The largest frame a kernel socket accepts: LOOSELEAF_MAX_FRAME_BYTES (bytes;
+ * 0 or a negative number: no limit), default LL_WIRE_MAX_FRAME_DEFAULT,
+ * generous for real outputs and comm buffers (a cell of 100 MB passes). */
+#define LL_WIRE_MAX_FRAME_DEFAULT ((int64_t) 128 << 20)
+int64_t ll_wire_max_frame_bytes(void);
+
+/* Set ZMQ_MAXMSGSIZE on SOCK (before it binds or connects) to
+ * ll_wire_max_frame_bytes(): a peer that sends a larger frame is
+ * disconnected before the frame is buffered, so nobody can make the kernel
+ * hold a huge message before its signature is even checked.  (ZeroMQ
+ * bounds each frame: a message of many frames below the limit is still
+ * buffered whole.)  0, or -1 with errno. */
+int ll_wire_limit_frames(zsock_t *sock);
 
 /* A fresh uuid4-formatted id ("8-4-4-4-12" hex + NUL), unique within the
  * process (and across a fork), without a syscall per id.  Thread-safe. */

@@ -8,6 +8,7 @@ history database or runtime directory of the user who runs the tests:
   looseleaf         argv [<repo>/build/looseleaf, -f, {connection_file}],
                     interrupt_mode signal (as `looseleaf install` writes it)
   looseleaf-msgint  the same with interrupt_mode message
+  looseleaf-unsigned  the same with --allow-empty-key (an empty key is refused otherwise)
   python3           the reference: Debian's ipykernel on /usr/bin/python3
                     (the python3 first on PATH may be another interpreter)
   python3-msgint    the same with interrupt_mode message
@@ -38,6 +39,9 @@ def _kernelspecs():
                       "language": "python", "interrupt_mode": "signal"},
         "looseleaf-msgint": {"argv": looseleaf_argv, "display_name": "LooseLeaf (message interrupt)",
                              "language": "python", "interrupt_mode": "message"},
+        "looseleaf-unsigned": {"argv": looseleaf_argv + ["--allow-empty-key"],
+                               "display_name": "LooseLeaf (empty key allowed)", "language": "python",
+                               "interrupt_mode": "signal"},
         "python3": {"argv": python_argv, "display_name": "Python 3 (ipykernel)",
                     "language": "python", "interrupt_mode": "signal"},
         "python3-msgint": {"argv": python_argv, "display_name": "Python 3 (message interrupt)",

@@ -330,6 +330,7 @@ def test_bad_connection_file_stops_kernel(looseleaf_bin, tmp_path, content, fiel
     path = tmp_path / "kernel.json"
     if content is not None:
         path.write_text(content if isinstance(content, str) else json.dumps(content))
+        path.chmod(0o600)  # as Jupyter writes it (a file others may read is refused before its fields)
     # Port numbers 1..5 are never bound: validation fails before any socket exists.
     proc = subprocess.run([looseleaf_bin, "-f", str(path)], capture_output=True, timeout=60)
     err = proc.stderr.decode(errors="replace")
@@ -342,7 +343,8 @@ def test_empty_key_runs_unsigned(kernel_name, jupyter_env):
     """An empty key: messages go unsigned both ways, as Jupyter allows."""
     from jupyter_client import KernelManager
     from itest_util import kernel_env
-    km = KernelManager(kernel_name=kernel_name)
+    # looseleaf runs unsigned only when told to (issue 16): its kernelspec then passes --allow-empty-key.
+    km = KernelManager(kernel_name=kernel_name + "-unsigned" if kernel_name == "looseleaf" else kernel_name)
     km.session.key = b""
     km.start_kernel(env=kernel_env())
     with open(km.connection_file) as f:
