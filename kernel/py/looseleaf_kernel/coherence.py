@@ -347,7 +347,8 @@ class Coherence:
         load_index = getattr(self.shell.compile, "load_index", None)
         if load_index is not None:
             load_index()  # cells compiled by workers: their tracebacks read as ours
-        out = self._refresh(plan.get("state") or [])
+        # "unknown": a cell too big to analyse: it may read any variable.
+        out = self._refresh(None if plan.get("unknown") else plan.get("state") or [])
         self._before = self._visible()
         return out
 
@@ -432,6 +433,8 @@ class Coherence:
         changed = self._rebound_since(before)
         for key in ("writes", "deletes", "state"):
             changed.update(n for n in plan.get(key) or [] if isinstance(n, str))
+        if plan.get("unknown"):
+            changed.update(self._visible())  # (an unanalysed cell may have changed anything in place)
         self.dirty.update(self._saveable(changed))
 
     def _will_hold_unsaveable(self, code):

@@ -12,7 +12,8 @@ Worker (after the fork, in the child; it stays warm for its session and prepares
                        statements that re-create import-bound names, restore of the state closure.  A warm worker first drops every name whose held version is not
                        the committed one (the store is the truth: a CPU cell or another worker may have
                        committed newer versions, or deleted names), and what references them; the restore
-                       then loads only what moved.  Also a prefetch's whole work (no cell follows at once).
+                       then loads only what moved.  `state_all` (a cell too big to analyse ran in the
+                       session): every committed variable is the closure.  Also a prefetch's whole work (no cell follows at once).
   worker_finish(job)   save the cell's definitions, the state closure (in-place mutation is invisible to
                        static analysis), whatever the cell rebound or deleted, and the process state; one
                        commit, all or nothing when the store fails (a full pool, Redis unavailable, an
@@ -335,7 +336,11 @@ def worker_prepare(arg):
     restored, missing_names, nbytes = [], [], 0
     if not defer:
         try:
-            r = _cp.restore(list(job.get("state_closure") or []))
+            closure = list(job.get("state_closure") or [])
+            if job.get("state_all"):
+                # A cell too big to analyse ran in the session: any variable may be read.
+                closure = sorted(set(closure) | (set(_cp.versions()) - {procstate.NAME}))
+            r = _cp.restore(closure)
             _fault(job, "restore")
         except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - becomes the cell's error reply
             return _fatal("cannot restore the cell's variables", e)
