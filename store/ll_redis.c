@@ -649,6 +649,86 @@ static long long s_try_commit(ll_redis_t *r, ll_redis_t *other)
     return rc;
 }
 
+/* The checks of the self-test below, on connection R to the server on
+ * SOCK in DIR: true when they all pass (a failure is printed). */
+#define T_CHECK(cond)                                                                         \
+    do {                                                                                      \
+        if (!(cond)) {                                                                        \
+            fprintf(stderr, "ll_redis selftest: %s:%d: %s failed (%s)\n", __FILE__, __LINE__, \
+                    #cond, r->err);                                                           \
+            return false;                                                                     \
+        }                                                                                     \
+    } while (0)
+
+static bool s_selftest_acl(ll_redis_t *r, const char *sock)
+{
+    /* ACL: nobody gets in without logging in (the default user is off); the
+     * store's user may not run what the store does not, nor touch keys
+     * outside ll:*. */
+    ll_redis_begin(r);
+    struct timeval tv = {2, 0};
+    redisContext *anon = redisConnectUnixWithTimeout(sock, tv);
+    redisReply *no = anon && !anon->err ? redisCommand(anon, "GET ll:t:k") : NULL;
+    bool refused = no && no->type == REDIS_REPLY_ERROR && strstr(no->str, "NOAUTH");
+    if (no)
+        freeReplyObject(no);
+    if (anon)
+        redisFree(anon);
+    T_CHECK(refused);
+    T_CHECK(s_reply_is(ll_redis_cmdf(r, "FLUSHALL"), REDIS_REPLY_ERROR, NULL));
+    T_CHECK(s_reply_is(ll_redis_cmdf(r, "CONFIG SET appendonly no"), REDIS_REPLY_ERROR, NULL));
+    T_CHECK(s_reply_is(ll_redis_cmdf(r, "SET other 1"), REDIS_REPLY_ERROR, NULL));
+    T_CHECK(s_reply_is(ll_redis_cmdf(r, "GET ll:t:k"), REDIS_REPLY_STRING, "v"));
+
+    return true;
+}
+
+static bool s_selftest_waits(ll_redis_t *r, const char *dir)
+{
+    /* A stopped server (SIGSTOP): the call gives up at its deadline as
+     * unavailable, and every later command of the call fails at once; the
+     * next call, once the server runs again, reconnects. */
+    pid_t spid = ll_redis_server_pid(dir);
+    T_CHECK(spid > 0);
+    r->timeout_ms = 300;
+    ll_redis_begin(r);
+    kill(spid, SIGSTOP);
+    double t0 = ll_clock_ms();
+    redisReply *stalled = ll_redis_cmdf(r, "PING");
+    double waited = ll_clock_ms() - t0;
+    redisReply *after = ll_redis_cmdf(r, "PING");
+    kill(spid, SIGCONT);
+    T_CHECK(!stalled && !after && ll_redis_failure(r) == LL_REDIS_UNAVAILABLE);
+    T_CHECK(waited >= 250 && waited < 3000 && strstr(ll_redis_errstr(r), "did not answer"));
+    r->timeout_ms = 10000;
+    ll_redis_begin(r);
+    T_CHECK(s_reply_is(ll_redis_cmdf(r, "PING"), REDIS_REPLY_STATUS, "PONG"));
+
+    /* An interrupt (the cancel fd) ends a wait at once; one from before
+     * the call is not for it (drained). */
+    int ifd[2] = {-1, -1};
+    T_CHECK(pipe2(ifd, O_NONBLOCK | O_CLOEXEC) == 0);
+    ll_redis_set_cancel(r, ifd[0], true, NULL, NULL);
+    bool wrote = write(ifd[1], "i", 1) == 1;
+    ll_redis_begin(r);
+    redisReply *pong = ll_redis_cmdf(r, "PING");
+    T_CHECK(wrote && s_reply_is(pong, REDIS_REPLY_STATUS, "PONG"));
+    kill(spid, SIGSTOP);
+    wrote = write(ifd[1], "i", 1) == 1;
+    t0 = ll_clock_ms();
+    stalled = ll_redis_cmdf(r, "PING");
+    waited = ll_clock_ms() - t0;
+    kill(spid, SIGCONT);
+    ll_redis_set_cancel(r, -1, false, NULL, NULL);
+    close(ifd[0]);
+    close(ifd[1]);
+    T_CHECK(wrote && !stalled && ll_redis_failure(r) == LL_REDIS_CANCELLED && waited < 1000 &&
+            strstr(ll_redis_errstr(r), "interrupted"));
+    ll_redis_begin(r);
+    T_CHECK(s_reply_is(ll_redis_cmdf(r, "PING"), REDIS_REPLY_STATUS, "PONG"));
+    return true;
+}
+
 int ll_redis_selftest(bool verbose)
 {
     char dir[] = "/tmp/ll-redis-selftest-XXXXXX", err[512] = "", url[600], path[600];
@@ -752,65 +832,8 @@ int ll_redis_selftest(bool verbose)
     S_CHECK(ll_redis_reconnects(r) == 3);
     S_CHECK(s_try_commit(r2, NULL) == 3 && ll_redis_reconnects(r2) == 1);
 
-    /* ACL: nobody gets in without logging in (the default user is off); the
-     * store's user may not run what the store does not, nor touch keys
-     * outside ll:*. */
-    ll_redis_begin(r);
-    struct timeval tv = {2, 0};
-    redisContext *anon = redisConnectUnixWithTimeout(sock, tv);
-    redisReply *no = anon && !anon->err ? redisCommand(anon, "GET ll:t:k") : NULL;
-    bool refused = no && no->type == REDIS_REPLY_ERROR && strstr(no->str, "NOAUTH");
-    if (no)
-        freeReplyObject(no);
-    if (anon)
-        redisFree(anon);
-    S_CHECK(refused);
-    S_CHECK(s_reply_is(ll_redis_cmdf(r, "FLUSHALL"), REDIS_REPLY_ERROR, NULL));
-    S_CHECK(s_reply_is(ll_redis_cmdf(r, "CONFIG SET appendonly no"), REDIS_REPLY_ERROR, NULL));
-    S_CHECK(s_reply_is(ll_redis_cmdf(r, "SET other 1"), REDIS_REPLY_ERROR, NULL));
-    S_CHECK(s_reply_is(ll_redis_cmdf(r, "GET ll:t:k"), REDIS_REPLY_STRING, "v"));
-
-    /* A stopped server (SIGSTOP): the call gives up at its deadline as
-     * unavailable, and every later command of the call fails at once; the
-     * next call, once the server runs again, reconnects. */
-    pid_t spid = ll_redis_server_pid(dir);
-    S_CHECK(spid > 0);
-    r->timeout_ms = 300;
-    ll_redis_begin(r);
-    kill(spid, SIGSTOP);
-    double t0 = ll_clock_ms();
-    redisReply *stalled = ll_redis_cmdf(r, "PING");
-    double waited = ll_clock_ms() - t0;
-    redisReply *after = ll_redis_cmdf(r, "PING");
-    kill(spid, SIGCONT);
-    S_CHECK(!stalled && !after && ll_redis_failure(r) == LL_REDIS_UNAVAILABLE);
-    S_CHECK(waited >= 250 && waited < 3000 && strstr(ll_redis_errstr(r), "did not answer"));
-    r->timeout_ms = 10000;
-    ll_redis_begin(r);
-    S_CHECK(s_reply_is(ll_redis_cmdf(r, "PING"), REDIS_REPLY_STATUS, "PONG"));
-
-    /* An interrupt (the cancel fd) ends a wait at once; one from before
-     * the call is not for it (drained). */
-    int ifd[2] = {-1, -1};
-    S_CHECK(pipe2(ifd, O_NONBLOCK | O_CLOEXEC) == 0);
-    ll_redis_set_cancel(r, ifd[0], true, NULL, NULL);
-    bool wrote = write(ifd[1], "i", 1) == 1;
-    ll_redis_begin(r);
-    redisReply *pong = ll_redis_cmdf(r, "PING");
-    S_CHECK(wrote && s_reply_is(pong, REDIS_REPLY_STATUS, "PONG"));
-    kill(spid, SIGSTOP);
-    wrote = write(ifd[1], "i", 1) == 1;
-    t0 = ll_clock_ms();
-    stalled = ll_redis_cmdf(r, "PING");
-    waited = ll_clock_ms() - t0;
-    kill(spid, SIGCONT);
-    ll_redis_set_cancel(r, -1, false, NULL, NULL);
-    close(ifd[0]);
-    close(ifd[1]);
-    S_CHECK(wrote && !stalled && ll_redis_failure(r) == LL_REDIS_CANCELLED && waited < 1000 &&
-            strstr(ll_redis_errstr(r), "interrupted"));
-    ll_redis_begin(r);
-    S_CHECK(s_reply_is(ll_redis_cmdf(r, "PING"), REDIS_REPLY_STATUS, "PONG"));
+    S_CHECK(s_selftest_acl(r, sock));
+    S_CHECK(s_selftest_waits(r, dir));
     if (verbose)
         printf("(redis in %s) ", dir);
     rc = 0;
