@@ -122,7 +122,8 @@ def _visible(shell):
 def _fault(job, stage):
     """Tests only (the kernel passes a job's "fault" only under LOOSELEAF_TEST_FAULTS=1): "ACTION@STAGE"
     does ACTION when the worker reaches STAGE ("prepare": before the store is opened, "restore": after the
-    restore, "save": before the save); a bare STAGE means kill.  Actions: kill (this worker), kill_zygote
+    restore, "save": before the save); a bare STAGE means kill.  Actions: kill (this worker), kill_once
+    (this worker if it is the job's first), kill_zygote
     (its parent), kill_pool (the host pool), kill_kernel, interrupt (SIGINT to this worker), and on the
     session's redis-server kill_redis, stop_redis (SIGSTOP), wipe_redis (killed with its append-only
     file: it comes back empty)."""
@@ -139,6 +140,11 @@ def _fault(job, stage):
 
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    elif action == "kill_once":  # the first worker of the job only (the pool retries a restore once)
+        mark = os.path.join(job["store_dir"], "fault-once-%s" % job.get("id"))
+        if not os.path.exists(mark):
+            open(mark, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
     elif action == "kill_zygote":
         os.kill(os.getppid(), signal.SIGKILL)
     elif action == "kill_pool":
