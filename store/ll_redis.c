@@ -323,10 +323,11 @@ static int s_parse_url(ll_redis_t *r, const char *url, char *err, size_t errlen)
 
 ll_redis_t *ll_redis_connect(const char *url, char *err, size_t errlen)
 {
-    return ll_redis_connect_timeout(url, ll_redis_timeout_s() * 1e3, err, errlen);
+    return ll_redis_connect_timeout(url, ll_redis_timeout_s() * 1e3, -1, err, errlen);
 }
 
-ll_redis_t *ll_redis_connect_timeout(const char *url, double timeout_ms, char *err, size_t errlen)
+ll_redis_t *ll_redis_connect_timeout(const char *url, double timeout_ms, int cancel_fd, char *err,
+                                     size_t errlen)
 {
     s_ignore_sigpipe();
     ll_redis_t *r = calloc(1, sizeof *r);
@@ -335,7 +336,7 @@ ll_redis_t *ll_redis_connect_timeout(const char *url, double timeout_ms, char *e
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
-    r->cancel_fd = -1;
+    r->cancel_fd = cancel_fd;
     r->timeout_ms = timeout_ms;
     if (s_parse_url(r, url, err, errlen) != 0) {
         ll_redis_destroy(&r);

@@ -39,8 +39,11 @@ double ll_redis_timeout_s(void);
  * in ERR. */
 ll_redis_t *ll_redis_connect(const char *url, char *err, size_t errlen);
 /* The same with calls (and the connect itself) limited to TIMEOUT_MS
- * instead of ll_redis_timeout_s(). */
-ll_redis_t *ll_redis_connect_timeout(const char *url, double timeout_ms, char *err, size_t errlen);
+ * instead of ll_redis_timeout_s(), and CANCEL_FD (-1: none) ending its waits
+ * from the start, the connect's login included (ll_redis_set_cancel, not
+ * drained). */
+ll_redis_t *ll_redis_connect_timeout(const char *url, double timeout_ms, int cancel_fd, char *err,
+                                     size_t errlen);
 void ll_redis_destroy(ll_redis_t **r_p);
 
 /* Start a call: its deadline is ll_redis_timeout_s() from now, its failure

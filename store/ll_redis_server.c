@@ -565,7 +565,9 @@ static bool s_guard_ping(ll_redis_guard_t *g, ll_redis_t **conn, double half_ms)
         char url[PATH_MAX + 8];
         snprintf(url, sizeof url, "unix://%s", sock ? sock : "");
         free(sock);
-        *conn = ll_redis_connect_timeout(url, half_ms, err, sizeof err);
+        /* Stopping the guard ends a login or PING that waits for a silent
+         * server. */
+        *conn = ll_redis_connect_timeout(url, half_ms, g->stop_fd, err, sizeof err);
         if (!*conn)
             return !strstr(err, "did not answer");
     }
