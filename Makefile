@@ -10,6 +10,7 @@
 #   PYTESTS    pytest paths run by `make test`
 #   BENCHES    commands run by `make bench`
 #   EXTRA_TARGETS  further build outputs (e.g. a Python extension)
+#   TEST_DEPS  what `make test` builds besides `all` (e.g. the fuzz targets)
 # so that modules never edit each other's build rules.
 
 CC      ?= gcc
@@ -33,6 +34,7 @@ SELFTESTS :=
 PYTESTS   :=
 BENCHES   :=
 EXTRA_TARGETS :=
+TEST_DEPS :=
 
 include $(sort $(wildcard */*.mk))
 
@@ -72,7 +74,7 @@ pytest: all
 	$(if $(strip $(PYTESTS)),$(PYTHON) -m pytest -q -ra -p no:cacheprovider $(PYTEST_ARGS) $(PYTESTS))
 
 # Everything: the C self-tests, then the integration tests.
-test: all
+test: all $(TEST_DEPS)
 	$(BUILD)/ll_selftest
 	$(if $(strip $(PYTESTS)),$(PYTHON) -m pytest -q -ra -p no:cacheprovider $(PYTEST_ARGS) $(PYTESTS))
 
@@ -89,7 +91,8 @@ DEB_BUILD := build-essential pkg-config libzmq3-dev libczmq-dev libssl-dev \
              python3-jupyter-client jupyter-client python3-matplotlib-inline
 DEB_TEST  := python3-ipykernel jupyter-console python3-nbclient python3-nbformat \
              python3-pytest python3-pexpect python3-torch python3-matplotlib \
-             python3-pandas python3-scipy python3-pytest-timeout tmux
+             python3-pandas python3-scipy python3-pytest-timeout tmux \
+             clang libclang-rt-14-dev
 DEB_RUN   := jupyter-notebook
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
