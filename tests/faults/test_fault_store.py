@@ -86,6 +86,35 @@ def test_redis_stopped_a_cell_answers(fk):
     assert redis_pid(fk.store) != pid
 
 
+def test_redis_back_without_its_data_one_clear_error():
+    """The store's redis-server killed with its append-only file gone: it comes back empty.  The next GPU
+    cell fails once with StoreUnavailable naming what lived only in the store; the kernel's own variables
+    are committed again, and the session goes on with them."""
+    import shutil
+    k = FaultKernel(new_pool_dir(), env={"LL_STORE_TIMEOUT_S": str(TIMEOUT_S)})
+    try:
+        run_route(k, "import torch\nwe_gpu = torch.ones(2)", "gpu")  # only in the store (a worker made it)
+        run_route(k, "%%cpu\nwe_cpu = 41", "cpu")                     # the kernel holds it
+        run_route(k, "%%gpu\nprint(we_cpu)", "gpu")                   # and commits it
+        store = store_of(k.pid)
+        pid = redis_pid(store)
+        os.kill(pid, signal.SIGSTOP)
+        shutil.rmtree(os.path.join(store, "redis-aof"))
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: redis_pid(store) not in (None, pid), 10, "the server to come back")
+        reply, msgs = execute(k, "%%gpu\nprint(we_cpu + 1)")
+        c = reply["content"]
+        assert c["status"] == "error" and c["ename"] == "StoreUnavailable", c
+        assert "without its data" in c["evalue"] and "we_gpu" in c["evalue"], c
+        assert "we_cpu" not in c["evalue"], c
+        _, msgs = run_route(k, "%%gpu\nprint(we_cpu + 1)", "gpu")
+        assert stream_text(msgs) == "42\n"
+        reply, _ = execute(k, "print(we_gpu)")
+        assert reply["content"]["ename"] == "NameError", reply["content"]
+    finally:
+        k.stop()
+
+
 @pytest.mark.parametrize("where", ["kernel", "prepare", "save"])
 def test_interrupt_ends_a_wait_for_a_silent_store(fk, where):
     """Redis stopped while the kernel commits before a GPU cell, while its worker restores (fault

@@ -205,6 +205,8 @@ class Coherence:
         # process state was last pulled.
         self._moved = set()
         self._ps_moved = False
+        self._seen_version = 0  # the newest commit this process saw in the store (_lost_data)
+        self._lost = None  # what _lost_data found, until a GPU cell's Run says so
 
     # ---- the namespace -------------------------------------------------------------------------------
     def _procstate(self):
@@ -266,6 +268,29 @@ class Coherence:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
 
+    def _lost_data(self):
+        """Whether the store came back without its data (its redis-server restarted on an empty directory):
+        its newest commit is older than one this process saw.  Then what this process holds becomes dirty
+        again (forgotten by the Checkpointer: saved whole at the next commit) and the answer is (names that
+        lived only in the store, names whose newest version did); else None."""
+        version, _ = self.store.last_commit()
+        if version >= self._seen_version:
+            self._seen_version = version
+            return None
+        ns = self.shell.user_ns
+        procstate = self._procstate()
+        gone = sorted(n for n in self.cp.known() if n not in ns and n != procstate.NAME)
+        stale = sorted(n for n in (self._moved or ()) if n in ns)
+        log.warning("the checkpoint store lost its data (commit %d, had seen %d): %s only lived there",
+                    version, self._seen_version, gone)
+        self.cp.forget()
+        self.dirty.update(self._saveable(self._visible()))
+        self._ps = self._ps_blob = None
+        self._ps_moved = False
+        self._moved = set()
+        self._seen_version = version
+        return gone, stale
+
     # ---- process state ------------------------------------------------------------------------------
     def _pull_procstate(self):
         """Apply the stored process state if a worker committed a newer one than this process last
@@ -308,6 +333,8 @@ class Coherence:
         if procstate.NAME in rep.saved or procstate.NAME in rep.unchanged:
             self._ps = st
             self._ps_blob = blob
+        if rep.saved:
+            self._seen_version = max(self._seen_version, max(rep.saved.values()))
         return rep
 
     # ---- around CPU cells ----------------------------------------------------------------------------
@@ -524,6 +551,14 @@ class Coherence:
             self._open()
         except Exception as e:  # noqa: BLE001 - reported; the cell runs in the interpreter
             return {"fallback": "the checkpoint store cannot start (%s)" % _reason(e)}
+        try:
+            lost = self._lost_data()
+        except KeyboardInterrupt:
+            return _cell_error("KeyboardInterrupt", "interrupted while the kernel asked the checkpoint store")
+        except Exception as e:  # noqa: BLE001 - the store is unusable
+            if type(e).__name__ in _CELL_ERRORS:
+                return _cell_error(type(e).__name__, "the checkpoint store did not answer: %s" % e)
+            return {"fallback": "the checkpoint store failed (%s)" % _reason(e)}
         ns = self.shell.user_ns
         state = set(self._saveable(plan.get("state") or []))
         # Every dirty name, not only the closure's: the store must know what the kernel's variables share
@@ -559,6 +594,18 @@ class Coherence:
             return dict(out, fallback="variable '%s' cannot be saved (%s)" % (name, why),
                         unsaveable=blocking)
         self.dirty -= set(rep.saved) | set(rep.unchanged) | set(rep.deleted)
+        self._lost = lost or self._lost
+        if self._lost is not None and not plan.get("prefetch"):
+            # The kernel's own variables are in the store again; the cell would meet the lost ones with
+            # NameError (or older values): it fails once, saying which.
+            (gone, stale), self._lost = self._lost, None
+            why = "the checkpoint store came back without its data (its redis-server restarted empty)"
+            if gone:
+                why += "; %s lived only there and %s gone" % (", ".join(gone), "is" if len(gone) == 1 else "are")
+            if stale:
+                why += "; the newest versions of %s are gone, the kernel's older ones stay" % ", ".join(stale)
+            return dict(out, **_cell_error("StoreUnavailable", why + "; the kernel's variables were saved "
+                                           "again: run the cells that made the others again"))
         st = self.store.stats()
         out.update({"store_dir": self.dir, "session": self.session, "redis_url": st.get("redis_url") or "",
                     "execution_count": self.shell.execution_count,

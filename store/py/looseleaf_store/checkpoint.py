@@ -203,6 +203,11 @@ class Checkpointer:
         """{name: version} the namespace holds (saved or restored by this Checkpointer)."""
         return {n: s.version for n, s in self._state.items() if n in self.namespace}
 
+    def known(self):
+        """Names of every committed variable of the session as this Checkpointer last read the store (its
+        saves and restores read them), whether or not it holds them."""
+        return sorted(self._graph)
+
     def version(self, name):
         """The version of NAME this Checkpointer last saved or restored, whether or not the namespace still
         binds it; None when it holds none."""
