@@ -17,20 +17,24 @@ from routehelp import (GPU_TIMEOUT, Kernel, alive, execute, ll_md, run_route, se
 
 
 class FaultKernel(Kernel):
-    """A looseleaf kernel with the fault hook on (LOOSELEAF_TEST_FAULTS=1), on a host pool of its own in
-    POOL_DIR (stopped with the kernel), ENV added to both."""
+    """A looseleaf kernel with the fault hook on (LOOSELEAF_TEST_FAULTS=1), ENV added to its environment.
+    With POOL_DIR, on a host pool of its own there (stopped with the kernel), which sees ENV too (a store
+    timeout for its workers, a fault that kills the pool); without, on the run's shared pool."""
 
-    def __init__(self, pool_dir, env=None, name="looseleaf"):
+    def __init__(self, pool_dir=None, env=None, name="looseleaf"):
         self.pool_dir = pool_dir
-        super().__init__(name, env=dict({"LOOSELEAF_TEST_FAULTS": "1", "LOOSELEAF_POOL_DIR": pool_dir,
-                                         "LL_POOL_WARM_IDLE_S": "300"}, **(env or {})))
+        base = {"LOOSELEAF_TEST_FAULTS": "1"}
+        if pool_dir:
+            base.update(LOOSELEAF_POOL_DIR=pool_dir, LL_POOL_WARM_IDLE_S="300")
+        super().__init__(name, env=dict(base, **(env or {})))
         self.store = None  # the store dir, once known (store_of)
 
     def stop(self):
         try:
             super().stop()
         finally:
-            stop_pool(self.pool_dir)
+            if self.pool_dir:
+                stop_pool(self.pool_dir)
 
 
 def new_pool_dir():

@@ -10,7 +10,7 @@ from faulthelp import FaultKernel, execute, ll_md, new_pool_dir, run_route, stre
 
 @pytest.fixture(scope="module")
 def bk():
-    k = FaultKernel(new_pool_dir(), env={"LOOSELEAF_ANALYSIS_MAX_BYTES": str(64 << 10)})
+    k = FaultKernel(env={"LOOSELEAF_ANALYSIS_MAX_BYTES": str(64 << 10)})
     try:
         run_route(k, "import torch\nbc_t = torch.ones(3)", "gpu")
         yield k

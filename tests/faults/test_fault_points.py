@@ -132,7 +132,7 @@ def test_a_worker_the_oom_killer_ends_is_reported_so(pk):
 
 @pytest.mark.parametrize("stage", ["restore", "save"])
 def test_kernel_killed_mid_cell_leaves_nothing(stage):
-    k = FaultKernel(new_pool_dir())
+    k = FaultKernel()
     try:
         run_route(k, "import torch\nkm_t = torch.ones(300, 1000)", "gpu")
         d = store_of(k.pid)
@@ -146,7 +146,7 @@ def test_kernel_killed_mid_cell_leaves_nothing(stage):
 
 
 def test_shutdown_during_a_stalled_save_leaves_nothing():
-    k = FaultKernel(new_pool_dir(), env={"LL_STORE_TIMEOUT_S": "30"})
+    k = FaultKernel(env={"LL_STORE_TIMEOUT_S": "30"})
     try:
         run_route(k, "import torch\nss_t = torch.ones(300, 1000)", "gpu")
         d = store_of(k.pid)

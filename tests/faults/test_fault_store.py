@@ -91,7 +91,7 @@ def test_redis_back_without_its_data_one_clear_error():
     cell fails once with StoreUnavailable naming what lived only in the store; the kernel's own variables
     are committed again, and the session goes on with them."""
     import shutil
-    k = FaultKernel(new_pool_dir(), env={"LL_STORE_TIMEOUT_S": str(TIMEOUT_S)})
+    k = FaultKernel(env={"LL_STORE_TIMEOUT_S": str(TIMEOUT_S)})
     try:
         run_route(k, "import torch\nwe_gpu = torch.ones(2)", "gpu")  # only in the store (a worker made it)
         run_route(k, "%%cpu\nwe_cpu = 41", "cpu")                     # the kernel holds it
@@ -155,7 +155,7 @@ def test_interrupt_ends_a_wait_for_a_silent_store(fk, where):
 @pytest.fixture(scope="module")
 def small_pool():
     """A kernel whose payload pool holds 32 regions of 2 MiB (64 MiB)."""
-    k = FaultKernel(new_pool_dir(), env={"LL_STORE_POOL_BYTES": str(64 << 20)})
+    k = FaultKernel(env={"LL_STORE_POOL_BYTES": str(64 << 20)})
     try:
         run_route(k, "import torch\npf_small = torch.ones(4)", "gpu")
         yield k
@@ -188,7 +188,7 @@ def test_pool_full_a_cell_is_saved_whole_or_not_at_all(small_pool):
 def test_shutdown_leaves_nothing_behind():
     """Even after its redis-server was killed, a kernel that shuts down leaves no pool in /dev/shm, no
     store directory and no redis-server."""
-    k = FaultKernel(new_pool_dir())
+    k = FaultKernel()
     try:
         run_route(k, "import torch\nsd_t = torch.ones(300, 1000)", "gpu")
         d = store_of(k.pid)
@@ -203,7 +203,7 @@ def test_shutdown_leaves_nothing_behind():
 
 
 def test_a_killed_kernel_leaves_no_redis_and_no_pool():
-    k = FaultKernel(new_pool_dir())
+    k = FaultKernel()
     try:
         run_route(k, "import torch\nkk_t = torch.ones(300, 1000)", "gpu")
         d = store_of(k.pid)
@@ -226,7 +226,7 @@ def test_sweep_is_not_fooled_by_a_recycled_pid(fk):
     fake = tempfile.mkdtemp(prefix="looseleaf-store-", dir=base)
     with open(os.path.join(fake, "owner"), "w") as f:
         f.write("%d %s %d\n" % (os.getpid(), "recycledpid0000", 1))  # our pid, never our start time
-    k = FaultKernel(new_pool_dir())
+    k = FaultKernel()
     try:
         run_route(k, "import torch\nrp_t = torch.ones(2)", "gpu")  # opens its store: sweeps
         wait_for(lambda: not os.path.exists(fake), 30, "the dead kernel's store to be swept")
