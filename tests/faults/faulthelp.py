@@ -6,6 +6,7 @@ with a deadline.
 """
 import glob
 import os
+import shutil
 import sys
 import tempfile
 
@@ -35,6 +36,7 @@ class FaultKernel(Kernel):
         finally:
             if self.pool_dir:
                 stop_pool(self.pool_dir)
+                shutil.rmtree(os.path.dirname(self.pool_dir), ignore_errors=True)  # (new_pool_dir's)
 
 
 def new_pool_dir():
