@@ -53,8 +53,11 @@ ll_route_plan_t *ll_route_plan(ll_route_t *self, const char *code, size_t len);
 /* Whether the plan sends the cell to a worker (labelled GPU). */
 bool ll_route_is_gpu(const ll_route_plan_t *plan);
 
-/* {state, writes, deletes, import_stmts} of the cell's closure (a new object), for the
- * interpreter's coherence bookkeeping; NULL when the cell did not parse. */
+/* {state, writes, deletes, import_stmts, unknown} of the cell's closure (a new object), for
+ * the interpreter's coherence bookkeeping; NULL when the cell did not parse.  A cell over
+ * LOOSELEAF_ANALYSIS_MAX_BYTES (default 1 MiB) is not analysed at all (its plan says
+ * unknown: it may read or change anything, and is never GPU); from then on every plan says
+ * unknown and GPU cells restore every variable. */
 json_t *ll_route_plan_closure(const ll_route_plan_t *plan);
 
 /* The plan as execute_reply.metadata.looseleaf (a new object): ROUTE is

@@ -26,6 +26,9 @@ static void s_usage(FILE *out)
     fprintf(
         out,
         "usage: looseleaf -f CONNECTION_FILE         run the kernel (Jupyter starts this)\n"
+        "                [--allow-insecure-connection-file]  accept a symlink, or a file others\n"
+        "                                            may read (refused: the key runs code as you)\n"
+        "                [--allow-empty-key]         accept an empty key (nothing signed)\n"
         "       looseleaf kernel -f CONNECTION_FILE  the same\n"
         "       looseleaf install [--user | --system | --sys-prefix | --prefix DIR | --dir DIR]\n"
         "                         [--python PYTHON] [--name NAME] [--display-name TEXT]\n"
@@ -41,13 +44,20 @@ static void s_usage(FILE *out)
         LL_KERNELSPEC_NAME);
 }
 
-/* Find the connection file in "-f FILE" / "-f=FILE" / "--f=FILE". */
+/* Find the connection file in "-f FILE" / "-f=FILE" / "--f=FILE", and the
+ * flags that accept what the kernel refuses by default. */
 static int s_kernel_main(int argc, char **argv)
 {
     const char *file = NULL;
+    ll_kernel_opts_t opts = {0};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
-        if (strcmp(a, "-f") == 0 || strcmp(a, "--f") == 0 || strcmp(a, "--connection-file") == 0) {
+        if (strcmp(a, "--allow-insecure-connection-file") == 0) {
+            opts.allow_insecure_file = true;
+        } else if (strcmp(a, "--allow-empty-key") == 0) {
+            opts.allow_empty_key = true;
+        } else if (strcmp(a, "-f") == 0 || strcmp(a, "--f") == 0 ||
+                   strcmp(a, "--connection-file") == 0) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "looseleaf: %s needs a connection file\n", a);
                 return 2;
@@ -68,7 +78,7 @@ static int s_kernel_main(int argc, char **argv)
         s_usage(stderr);
         return 2;
     }
-    return ll_kernel_run(file);
+    return ll_kernel_run(file, &opts);
 }
 
 /* Where the Python of the environment to install into is: --python, else

@@ -67,6 +67,13 @@ typedef struct {
     char *(*pool_stats)(void *ctx);
 } ll_interp_hooks_t;
 
+/* FD (an eventfd of interrupts, borrowed: it must outlive the interpreter)
+ * becomes readable when the running cell is interrupted: code that waits
+ * outside Python (the checkpoint store waiting for Redis) ends its wait on
+ * it.  Python sees it as _looseleaf_kernel.interrupt_fd(); -1 (the
+ * default): none. */
+void ll_interp_set_interrupt_fd(int fd);
+
 /* Register a builtin extension module (PyImport_AppendInittab) so Python
  * code in the interpreter can import it.  Only before ll_interp_init; NAME
  * must stay valid for the life of the process (a string literal).  INITFUNC

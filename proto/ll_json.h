@@ -54,4 +54,10 @@ int ll_json_write(ll_jbuf_t *buf, const json_t *value);
  * Never reads past TEXT + LEN. */
 json_t *ll_json_parse(const char *text, size_t len, char *err, size_t errlen);
 
+/* The same with FLAGS: LL_JSON_NO_DUPLICATE_KEYS makes an object that
+ * names a key twice an error (RFC 8259 leaves it open; by default the last
+ * one wins, as in Python and jansson). */
+#define LL_JSON_NO_DUPLICATE_KEYS 1u
+json_t *ll_json_parse_flags(const char *text, size_t len, unsigned flags, char *err, size_t errlen);
+
 #endif
