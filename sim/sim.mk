@@ -10,3 +10,5 @@ SELFTESTS += ll_cost ll_trace ll_trace_gen ll_sim
 # The interpreter `looseleaf trace` measures notebooks with, and `simulate --out` plots with.
 $(BUILD)/sim/ll_trace_gen.o $(BUILD)/sim/ll_sim_cli.o: CFLAGS += -DLL_PYTHON_EXE='"$(PYTHON)"'
 
+# The commands on small traces, the fidelity check against a recorded bench_prefetch run (< 1 minute).
+PYTESTS   += tests/sim/test_sim.py
