@@ -370,6 +370,23 @@ static void s_run(ll_sim_t *sim, int d, ll_sim_sess_t *s, double now)
         ll_sim_at(sim, now + c->exec_s, d, LL_SIM_EV_CPU_DONE, s, 0, 0, 0);
 }
 
+static void s_free_session(ll_sim_sess_t *s)
+{
+    ll_trace_session_destroy(&s->tr);
+    free(s);
+}
+
+void ll_sim_hold(ll_sim_sess_t *s)
+{
+    s->holds++;
+}
+
+void ll_sim_unhold(ll_sim_t *sim, ll_sim_sess_t *s)
+{
+    if (--s->holds == 0 && s->pending == 0)
+        s_free_session(s);
+}
+
 static void s_leave(ll_sim_t *sim, int d, ll_sim_sess_t *s, double now)
 {
     s_design_t *dd = &sim->d[d];
@@ -378,10 +395,8 @@ static void s_leave(ll_sim_t *sim, int d, ll_sim_sess_t *s, double now)
     dd->r.sessions++;
     dd->r.connected_s += now - s->tr->arrival_s;
     dd->alive--;
-    if (--s->pending == 0) {
-        ll_trace_session_destroy(&s->tr);
-        free(s);
-    }
+    if (--s->pending == 0 && s->holds == 0)
+        s_free_session(s);
     if (dd->alive == 0 && sim->trace_done)
         s_close(sim, d, now);
 }

@@ -43,7 +43,7 @@ enum {
     EV_START = LL_SIM_EV_DESIGN, /* S's GPU cell starts executing (B: flags) */
     EV_END,                      /* ... its execution ended */
     EV_DONE,                     /* ... its GPU is given back (after a save or copy) */
-    EV_IDLE,                     /* keep-alive: S's container may have idled out (GEN) */
+    EV_IDLE,                     /* keep-alive: S's container may have idled out */
     EV_BOOTED,                   /* pinned, NotebookOS: host A is ready (GEN) */
 };
 
@@ -419,7 +419,7 @@ static void s_el_cell(s_base_t *b, ll_sim_sess_t *s, double now)
 {
     ll_sim_ds_t *ds = &s->ds[b->d];
     if (b->d == LL_SIM_KEEPALIVE && ds->bound) {
-        ds->ka_gen++; /* busy: its idle timer stops */
+        ds->ka_idle = -1; /* busy: not idle */
         s_schedule_start(b, s, now, LL_SIM_WARM);
         return;
     }
@@ -428,7 +428,7 @@ static void s_el_cell(s_base_t *b, ll_sim_sess_t *s, double now)
         s_push(&b->wait, s);
         return;
     }
-    ds->ka_gen++;
+    ds->ka_idle = -1;
     s_schedule_start(b, s, now + s_cold(b, s), 0);
 }
 
@@ -441,7 +441,7 @@ static void s_el_capacity(void *st, double now)
             break;
         memmove(b->wait.q, b->wait.q + 1, (size_t) (--b->wait.n) * sizeof *b->wait.q);
         s->ds[b->d].waiting = false;
-        s->ds[b->d].ka_gen++;
+        s->ds[b->d].ka_idle = -1;
         s_schedule_start(b, s, now + s_cold(b, s), 0);
     }
 }
@@ -451,11 +451,19 @@ static void s_el_run_gpu(void *st, ll_sim_sess_t *s, double now)
     s_el_cell(st, s, now);
 }
 
+/* S's container is idle from NOW: one timer per session, which on firing
+ * looks again (the idle clock may have restarted since). */
 static void s_ka_idle_timer(s_base_t *b, ll_sim_sess_t *s, double now)
 {
     ll_sim_ds_t *ds = &s->ds[b->d];
-    if (ds->bound)
-        ll_sim_at(b->sim, now + b->c->keepalive_idle_s, b->d, EV_IDLE, s, 0, 0, ++ds->ka_gen);
+    if (!ds->bound)
+        return;
+    ds->ka_idle = now;
+    if (!ds->ka_timer) {
+        ds->ka_timer = true;
+        ll_sim_hold(s); /* it may fire after the session left */
+        ll_sim_at(b->sim, now + b->c->keepalive_idle_s, b->d, EV_IDLE, s, 0, 0, 0);
+    }
 }
 
 static void s_el_cpu_done(void *st, ll_sim_sess_t *s, double now)
@@ -496,10 +504,22 @@ static void s_el_event(void *st, const ll_sim_ev_t *ev)
         s_el_give(b, s, ev->t);
         ll_sim_cell_done(b->sim, b->d, s, ev->t);
         break;
-    case EV_IDLE:
-        if (s->ds[b->d].bound && ev->gen == s->ds[b->d].ka_gen)
-            s_el_give(b, s, ev->t);
+    case EV_IDLE: {
+        ll_sim_ds_t *ds = &s->ds[b->d];
+        ds->ka_timer = false;
+        if (ds->bound && ds->ka_idle >= 0) {
+            double due = ds->ka_idle + b->c->keepalive_idle_s;
+            if (ev->t >= due - 1e-9) {
+                s_el_give(b, s, ev->t);
+            } else {
+                ds->ka_timer = true; /* busy meanwhile: look again when it may be due */
+                ll_sim_hold(s);
+                ll_sim_at(b->sim, due, b->d, EV_IDLE, s, 0, 0, 0);
+            }
+        }
+        ll_sim_unhold(b->sim, s);
         break;
+    }
     }
 }
 

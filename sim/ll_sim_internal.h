@@ -33,7 +33,8 @@ typedef struct {
     double t_pool;      /* LooseLeaf: when its kernel first reached a pool (< 0: not yet) */
     bool cuda;          /* its process started CUDA (pinned, keep-alive) */
     bool bound;         /* pinned: its GPU is bound; keep-alive: its container exists */
-    uint32_t ka_gen;    /* keep-alive: bumped per cell, for the idle timer */
+    double ka_idle;     /* keep-alive: its container idle since (< 0: running a cell) */
+    bool ka_timer;      /* keep-alive: its idle timer is pending (one at a time) */
     int replica[4];     /* NotebookOS: the hosts of its replicas */
     double sync_done;   /* NotebookOS: the other replicas have the last cell's writes */
     int leader;         /* NotebookOS: the replica that ran its last GPU cell */
@@ -43,6 +44,7 @@ typedef struct {
 typedef struct {
     ll_trace_session_t *tr;          /* owned */
     int pending;                     /* designs not done with it */
+    int holds;                       /* events of designs still referring to it */
     ll_sim_ds_t ds[LL_SIM_NDESIGNS]; /* per design */
 } ll_sim_sess_t;
 
@@ -107,6 +109,11 @@ const ll_trace_cell_t *ll_sim_cell(const ll_sim_sess_t *s, int d);
  * its start latency is NOW - its Run. */
 void ll_sim_started(ll_sim_t *sim, int d, ll_sim_sess_t *s, double now, int flags);
 
+/* An event of a design that may fire after S left refers to S: S stays
+ * allocated until ll_sim_unhold (one per hold). */
+void ll_sim_hold(ll_sim_sess_t *s);
+void ll_sim_unhold(ll_sim_t *sim, ll_sim_sess_t *s);
+
 /* S's current cell's output is back at NOW: the user goes on. */
 void ll_sim_cell_done(ll_sim_t *sim, int d, ll_sim_sess_t *s, double now);
 
@@ -135,6 +142,7 @@ typedef struct {
     ll_sim_host_state_t state; /* powered or not */
     ll_place_host_t snap;      /* what placement sees (valid unless dirty) */
     bool dirty;                /* the design changed it since */
+    bool listed;               /* it is on the fleet's list of stale views */
     uint32_t boot_gen;         /* its boot event's token */
     void *priv;                /* the design's per-host state */
 } ll_sim_host_t;
