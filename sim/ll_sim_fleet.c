@@ -23,8 +23,10 @@ struct ll_sim_fleet_t {
     ll_sim_host_t *h;              /* hosts, any state */
     int n, cap;
     ll_place_host_t *snaps; /* placement's view, one per host */
-    ll_provision_t *prov;   /* the controller */
-    bool started;           /* the first session came */
+    int *stale;             /* the hosts whose view is stale, each once */
+    int nstale;
+    ll_provision_t *prov; /* the controller */
+    bool started;         /* the first session came */
 };
 
 ll_sim_fleet_t *ll_sim_fleet_new(ll_sim_t *sim, int d, const ll_sim_fleet_ops_t *ops, void *design)
@@ -68,6 +70,7 @@ void ll_sim_fleet_destroy(ll_sim_fleet_t **f_p)
             f->ops->host_off(f->design, i, 0);
     free(f->h);
     free(f->snaps);
+    free(f->stale);
     ll_provision_destroy(&f->prov);
     free(f);
     *f_p = NULL;
@@ -83,6 +86,16 @@ ll_sim_host_t *ll_sim_fleet_host(ll_sim_fleet_t *f, int i)
     return &f->h[i];
 }
 
+/* Host I's view is stale (refreshed before placement looks at it). */
+static void s_mark(ll_sim_fleet_t *f, int i)
+{
+    f->h[i].dirty = true;
+    if (!f->h[i].listed) {
+        f->h[i].listed = true;
+        f->stale[f->nstale++] = i;
+    }
+}
+
 static void s_refresh(ll_sim_fleet_t *f, int i)
 {
     ll_sim_host_t *h = &f->h[i];
@@ -95,6 +108,16 @@ static void s_refresh(ll_sim_fleet_t *f, int i)
     h->snap.accepting = h->state == LL_SIM_HOST_ON;
     h->dirty = false;
     f->snaps[i] = h->snap;
+}
+
+/* Every stale view refreshed. */
+static void s_refresh_stale(ll_sim_fleet_t *f)
+{
+    for (int k = 0; k < f->nstale; k++) {
+        f->h[f->stale[k]].listed = false;
+        s_refresh(f, f->stale[k]);
+    }
+    f->nstale = 0;
 }
 
 /* A host slot to power: an off one, or a new one.  -1: no memory. */
@@ -113,6 +136,10 @@ static int s_new_host(ll_sim_fleet_t *f)
         if (!s)
             return -1;
         f->snaps = s;
+        int *st = realloc(f->stale, (size_t) cap * sizeof *st);
+        if (!st)
+            return -1;
+        f->stale = st;
         f->cap = cap;
     }
     memset(&f->h[f->n], 0, sizeof f->h[f->n]);
@@ -135,7 +162,7 @@ static void s_power_on(ll_sim_fleet_t *f, double now, bool ready)
     if (i < 0)
         return;
     ll_sim_host_t *h = &f->h[i];
-    h->dirty = true;
+    s_mark(f, i);
     h->boot_gen++;
     ll_sim_level(f->sim, f->d, LL_SIM_POWERED, now, 1);
     if (ready) {
@@ -156,7 +183,7 @@ static void s_power_off(ll_sim_fleet_t *f, int i, double now)
     f->ops->host_off(f->design, i, now);
     h->priv = NULL;
     h->state = LL_SIM_HOST_OFF;
-    h->dirty = true;
+    s_mark(f, i);
     h->boot_gen++;
     s_refresh(f, i);
     ll_sim_level(f->sim, f->d, LL_SIM_POWERED, now, -1);
@@ -165,7 +192,7 @@ static void s_power_off(ll_sim_fleet_t *f, int i, double now)
 void ll_sim_fleet_touched(ll_sim_fleet_t *f, int i, double now)
 {
     ll_sim_host_t *h = &f->h[i];
-    h->dirty = true;
+    s_mark(f, i);
     if (h->state != LL_SIM_HOST_DRAINING)
         return;
     s_refresh(f, i);
@@ -176,8 +203,15 @@ void ll_sim_fleet_touched(ll_sim_fleet_t *f, int i, double now)
 int ll_sim_fleet_place(ll_sim_fleet_t *f, const ll_place_ask_t *ask, ll_place_how_t *how,
                        double now)
 {
-    for (int i = 0; i < f->n; i++)
-        s_refresh(f, i);
+    s_refresh_stale(f);
+    /* The home rule first, on the home alone (ll_place_choose tries it first
+     * too): most jobs go home, and a fleet may have hundreds of hosts. */
+    if (ask->home >= 0 && ask->home < f->n) {
+        ll_place_ask_t home = *ask;
+        home.home = 0;
+        if (ll_place_choose(&f->snaps[ask->home], 1, &home, how) == 0 && *how == LL_PLACE_HOME)
+            return ask->home;
+    }
     int i = ll_place_choose(f->snaps, f->n, ask, how);
     if (i < 0 || *how == LL_PLACE_QUEUE)
         ll_sim_fleet_control(f, now); /* more work than room: the controller sees it now */
@@ -188,8 +222,8 @@ void ll_sim_fleet_control(ll_sim_fleet_t *f, double now)
 {
     double busy = 0;
     int queued = f->ops->waiting(f->design);
+    s_refresh_stale(f);
     for (int i = 0; i < f->n; i++) {
-        s_refresh(f, i);
         busy += f->h[i].snap.busy;
         queued += f->h[i].snap.queued;
     }
@@ -207,7 +241,7 @@ void ll_sim_fleet_control(ll_sim_fleet_t *f, double now)
                 best = i;
         if (best >= 0) {
             f->h[best].state = LL_SIM_HOST_ON;
-            f->h[best].dirty = true;
+            s_mark(f, best);
             s_refresh(f, best);
             f->ops->capacity(f->design, now);
             continue;
@@ -221,7 +255,7 @@ void ll_sim_fleet_control(ll_sim_fleet_t *f, double now)
         if (i < 0)
             break;
         f->h[i].state = LL_SIM_HOST_DRAINING;
-        f->h[i].dirty = true;
+        s_mark(f, i);
         s_refresh(f, i);
         ll_sim_fleet_touched(f, i, now);
     }
@@ -234,7 +268,7 @@ bool ll_sim_fleet_event(ll_sim_fleet_t *f, const ll_sim_ev_t *ev)
         if (h->state != LL_SIM_HOST_BOOTING || h->boot_gen != ev->gen)
             return true;
         h->state = LL_SIM_HOST_ON;
-        h->dirty = true;
+        s_mark(f, ev->a);
         f->ops->host_on(f->design, ev->a, ev->t);
         s_refresh(f, ev->a);
         f->ops->capacity(f->design, ev->t);

@@ -35,7 +35,7 @@ enum {
     EV_EXEC_END,                 /* job B's cell ran: its save starts */
     EV_SAVED,                    /* job B's save committed: the reply */
     EV_GONE,                     /* job B's worker exited */
-    EV_IDLE,                     /* job B's warm worker may have been idle warm_idle_s */
+    EV_IDLE,                     /* host A's worker B (its key) may have been idle warm_idle_s */
 };
 
 /* Job R of a host, beside the schedule's entry of the same index. */
@@ -50,6 +50,7 @@ typedef struct {
     bool warm;        /* a cell handed to a warm worker */
     bool staged_hit;  /* ... a staged one, promoted into a slot */
     bool executing;   /* counted in the EXEC level */
+    bool idle_timer;  /* an EV_IDLE for it is pending (one at a time) */
 } s_job_t;
 
 typedef struct {
@@ -123,10 +124,46 @@ static void s_count(s_ll_t *L, int i, double now)
     h->warm = warm;
 }
 
+/* Job R's worker became warm at NOW: it leaves warm_idle_s later unless
+ * used.  One timer per worker (it follows the worker from entry to entry):
+ * when it fires it looks whether the worker became warm again since, and
+ * waits for that instead. */
 static void s_idle_timer(s_ll_t *L, int i, int r, double now)
 {
-    ll_sim_at(L->sim, now + L->c->warm_idle_s, L->d, EV_IDLE, NULL, i, r,
-              s_host(L, i)->jobs[r].tok);
+    s_host_t *h = s_host(L, i);
+    s_job_t *j = &h->jobs[r];
+    if (j->idle_timer)
+        return;
+    j->idle_timer = true;
+    ll_sim_at(L->sim, now + L->c->warm_idle_s, L->d, EV_IDLE, NULL, i,
+              ll_sched_job(h->sched, r)->worker.key, 0);
+}
+
+static void s_pass(s_ll_t *L, int i, double now);
+
+/* EV_IDLE: worker KEY on host I. */
+static void s_idle(s_ll_t *L, int i, int key, double now)
+{
+    s_host_t *h = s_host(L, i);
+    int r = 0, end = h ? ll_sched_jobs_end(h->sched) : 0;
+    while (r < end &&
+           !(ll_sched_job(h->sched, r)->state && ll_sched_job(h->sched, r)->worker.key == key))
+        r++;
+    if (r == end)
+        return; /* it is gone */
+    const ll_sched_job_t *j = ll_sched_job(h->sched, r);
+    h->jobs[r].idle_timer = false;
+    if (j->state != LL_SCHED_WARM)
+        return; /* busy again: it gets a timer when it is warm again */
+    double due = j->worker.idle_since / 1000.0 + L->c->warm_idle_s;
+    if (now < due - 1e-6) {
+        h->jobs[r].idle_timer = true;
+        ll_sim_at(L->sim, due, L->d, EV_IDLE, NULL, i, key, 0);
+        return;
+    }
+    ll_sched_release(h->sched, r, NULL);
+    ll_sim_at(L->sim, now + L->c->worker_exit_s, L->d, EV_GONE, NULL, i, r, h->jobs[r].tok);
+    s_pass(L, i, now);
 }
 
 /* ---- decisions, applied as ll_hostpool_jobs.c applies them ---- */
@@ -160,6 +197,7 @@ static void s_hand(s_ll_t *L, int i, const ll_sched_decision_t *d, double now)
     j->had_slot = w->had_slot;
     j->deferred = w->deferred;
     j->prepared = w->prepared;
+    j->idle_timer = w->idle_timer;
     s_clear(h, d->w);
     ll_sim_sess_t *s = j->s;
     ll_sim_ds_t *ds = &s->ds[L->d];
@@ -413,6 +451,10 @@ static void s_event(void *st, const ll_sim_ev_t *ev)
     if (ll_sim_fleet_event(L->fleet, ev))
         return;
     double now = ev->t;
+    if (ev->kind == EV_IDLE) {
+        s_idle(L, ev->a, ev->b, now);
+        return;
+    }
     if (ev->kind == EV_PLACE) {
         ll_sim_ds_t *ds = &ev->s->ds[L->d];
         if (ev->a == LL_SCHED_CELL)
@@ -425,7 +467,6 @@ static void s_event(void *st, const ll_sim_ev_t *ev)
     if (!h || h->jobs[ev->b].tok != ev->gen)
         return; /* the entry moved on (a hand-over, a kill) or the host is gone */
     int i = ev->a, r = ev->b;
-    const ll_sched_job_t *j = ll_sched_job(h->sched, r);
     switch (ev->kind) {
     case EV_READY: s_ready(L, i, r, now); break;
     case EV_EXEC_END: s_exec_end(L, i, r, now); break;
@@ -434,14 +475,6 @@ static void s_event(void *st, const ll_sim_ev_t *ev)
         ll_sched_drop(h->sched, r, now * 1000.0);
         s_clear(h, r);
         s_pass(L, i, now);
-        break;
-    case EV_IDLE:
-        if (j->state == LL_SCHED_WARM &&
-            fabs(j->worker.idle_since - (now - L->c->warm_idle_s) * 1000.0) < 1e-3) {
-            ll_sched_release(h->sched, r, NULL);
-            ll_sim_at(L->sim, now + L->c->worker_exit_s, L->d, EV_GONE, NULL, i, r, h->jobs[r].tok);
-            s_pass(L, i, now);
-        }
         break;
     }
 }
