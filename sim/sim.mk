@@ -12,3 +12,5 @@ $(BUILD)/sim/ll_trace_gen.o $(BUILD)/sim/ll_sim_cli.o: CFLAGS += -DLL_PYTHON_EXE
 
 # The commands on small traces, the fidelity check against a recorded bench_prefetch run (< 1 minute).
 PYTESTS   += tests/sim/test_sim.py
+# The paper's frontier at 24/48/72 sessions (plots into docs/sim/) and scale: 10,000 sessions over a day.
+BENCHES   += tests/bench/bench_sim.py
