@@ -4,6 +4,7 @@
  *   looseleaf kernel -f CONNECTION_FILE   the same
  *   looseleaf install [...]               write the kernelspec
  *   looseleaf analyze ...                 cell analysis (analysis/ll_analyze_cli.c)
+ *   looseleaf trace ... | simulate ...    the fleet simulator (sim/ll_sim_cli.h)
  *   looseleaf --version | --help
  *
  * Runs in the kernel process (or a short-lived command-line process); only
@@ -18,6 +19,7 @@
 #include "gateway/ll_kernel.h"
 #include "gateway/ll_kernelspec.h"
 #include "kernel/ll_pyenv.h"
+#include "sim/ll_sim_cli.h"
 #include "zygote/ll_hostpool.h"
 #include "zygote/ll_zygote.h"
 
@@ -38,6 +40,10 @@ static void s_usage(FILE *out)
         "                         else the Python LooseLeaf was built for)\n"
         "       looseleaf analyze ...                static analysis of cells (see analyze "
         "--help)\n"
+        "       looseleaf trace ... NOTEBOOK...      notebooks into a trace of sessions (see trace "
+        "--help)\n"
+        "       looseleaf simulate ... TRACE         the trace on a fleet of GPU hosts, LooseLeaf "
+        "and baselines\n"
         "       looseleaf pool ... | zygote ...      the host pool and its zygotes (started by "
         "kernels)\n"
         "       looseleaf --version | --help\n",
@@ -190,8 +196,11 @@ int main(int argc, char **argv)
     static const struct {
         const char *name;
         int (*fn)(int, char **);
-    } subs[] = {
-        {"analyze", ll_analyze_main}, {"pool", ll_hostpool_main}, {"zygote", ll_zygote_main}};
+    } subs[] = {{"analyze", ll_analyze_main},
+                {"pool", ll_hostpool_main},
+                {"zygote", ll_zygote_main},
+                {"trace", ll_trace_main},
+                {"simulate", ll_simulate_main}};
     for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++)
         if (strcmp(cmd, subs[i].name) == 0)
             return subs[i].fn(argc - 1, argv + 1);
