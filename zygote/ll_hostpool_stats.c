@@ -89,9 +89,10 @@ json_t *ll_hostpool_stats(ll_hostpool_t *pool)
     }
     for (int r = 0; r < LL_SCHED_MAX_JOBS; r++)
         if (s_busy_job(pool, r))
-            json_array_append_new(runs, json_pack("{s:s, s:i, s:i}", "id", pool->runs[r].id,
-                                                  "state", (int) ll_sched_job(pool->sched, r)->state, "pid",
-                                                  (int) pool->runs[r].worker.pid));
+            json_array_append_new(runs,
+                                  json_pack("{s:s, s:i, s:i}", "id", pool->runs[r].id, "state",
+                                            (int) ll_sched_job(pool->sched, r)->state, "pid",
+                                            (int) pool->runs[r].worker.pid));
     double now = ll_clock_ms();
     json_t *workers = s_stats_workers(pool, now), *sessions = s_stats_sessions(pool, now);
     return json_pack(

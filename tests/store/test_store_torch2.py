@@ -74,7 +74,7 @@ def no_cuda_carry(monkeypatch):
 def test_cuda_generator_states_travel_through_processes_without_cuda(no_cuda_carry):
     if torch.cuda.is_initialized():
         pytest.skip("this process has CUDA")
-    states = [torch.ByteTensor([1, 2, 3])]
+    states = [b"\x01\x02\x03"]
     torch.manual_seed(11)
     # A worker's state arrives (taken with seed 11 in effect) ...
     st = procstate.capture()

@@ -14,10 +14,17 @@ Worker (after the fork, in the child; it stays warm for its session and prepares
                        A warm worker first drops every name whose held version is not the committed one
                        (the store is the truth: a CPU cell or another worker may have committed newer
                        versions, or deleted names), and what references them; the restore then loads only
-                       what moved.  Also a prefetch's whole work (no cell follows at once).
+                       what moved.  `state_all` (a cell too big to analyse ran in the session): every
+                       committed variable is the closure.  Also a prefetch's whole work (no cell follows
+                       at once).
   worker_finish(job)   save the cell's definitions, the state closure (in-place mutation is invisible to
                        static analysis), whatever the cell rebound or deleted, and the process state; one
-                       commit.  The store stays open: the worker stays warm.
+                       commit, all or nothing when the store fails (a full pool, Redis unavailable, an
+                       interrupt): then `save_ename` / `save_error` say why and name the variables, and the
+                       gateway makes the cell's reply that error.  The store stays open: the worker stays
+                       warm.
+A failed preparation answers {"fatal": why, "fatal_ename": ...}: "StoreUnavailable" when the store did not
+answer, "KeyboardInterrupt" when an interrupt ended the wait (the gateway names the cell's error so).
   worker_exit(arg)     close the store (the worker leaves: evicted, idle, its client gone).
 """
 import gc
@@ -179,10 +186,48 @@ def _visible(shell):
 
 
 def _fault(job, stage):
-    """Tests only: a job's "fault" names the stage at which the worker SIGKILLs itself."""
-    if job.get("fault") == stage:
-        import signal
+    """Tests only (the kernel passes a job's "fault" only under LOOSELEAF_TEST_FAULTS=1): "ACTION@STAGE"
+    does ACTION when the worker reaches STAGE ("prepare": before the store is opened, "restore": after the
+    restore, "save": before the save); a bare STAGE means kill.  Actions: kill (this worker), kill_once
+    (this worker if it is the job's first), kill_zygote
+    (its parent), kill_pool (the host pool), kill_kernel, interrupt (SIGINT to this worker), and on the
+    session's redis-server kill_redis, stop_redis (SIGSTOP), wipe_redis (killed with its append-only
+    file: it comes back empty)."""
+    import signal
+    fault = job.get("fault") or ""
+    action, _, at = fault.rpartition("@")
+    if at != stage:
+        return
+    action = action or "kill"
+
+    def redis_pid():
+        with open(os.path.join(job["store_dir"], "redis.pid")) as f:
+            return int(f.read())
+
+    if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    elif action == "kill_once":  # the first worker of the job only (the pool retries a restore once)
+        mark = os.path.join(job["store_dir"], "fault-once-%s" % job.get("id"))
+        if not os.path.exists(mark):
+            open(mark, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+    elif action == "kill_zygote":
+        os.kill(os.getppid(), signal.SIGKILL)
+    elif action == "kill_pool":
+        with open("/proc/%d/stat" % os.getppid()) as f:
+            os.kill(int(f.read().rsplit(")", 1)[1].split()[1]), signal.SIGKILL)
+    elif action == "kill_kernel" and isinstance(job.get("kernel_pid"), int):
+        os.kill(job["kernel_pid"], signal.SIGKILL)
+    elif action == "interrupt":
+        os.kill(os.getpid(), signal.SIGINT)
+    elif action in ("kill_redis", "stop_redis"):
+        os.kill(redis_pid(), signal.SIGKILL if action == "kill_redis" else signal.SIGSTOP)
+    elif action == "wipe_redis":
+        import shutil
+        pid = redis_pid()
+        os.kill(pid, signal.SIGSTOP)
+        shutil.rmtree(os.path.join(job["store_dir"], "redis-aof"), ignore_errors=True)
+        os.kill(pid, signal.SIGKILL)
 
 
 def _guard_interrupts(shell, fd):
@@ -282,9 +327,21 @@ def _open_store(job):
     # No prefaulted reserve in workers: a warm worker holding a big model would keep as much again of pool
     # memory backed for its next save; the kernel's Store keeps the session's reserve.
     _store = _llstore.Store(key[0], key[1], redis_url=key[2], reserve_bytes=0)
+    if isinstance(job.get("int_fd"), int):
+        # An interrupt that comes while the store waits for Redis (restore, commit) ends the wait; the
+        # pipe is only polled, its byte stays for _guard_interrupts.
+        _store.set_interrupt_fd(job["int_fd"], drain=False)
     _cp = Checkpointer(_store, _shell().user_ns)
     _store_key = key
     return True
+
+
+def _fatal(what, e):
+    """The answer of a preparation that failed with E (an exception of the store or a KeyboardInterrupt)."""
+    out = {"fatal": "%s: %s: %s" % (what, type(e).__name__, e)}
+    if type(e).__name__ in ("StoreUnavailable", "KeyboardInterrupt"):
+        out["fatal_ename"] = type(e).__name__
+    return json.dumps(out)
 
 
 def worker_prepare(arg):
@@ -310,14 +367,15 @@ def worker_prepare(arg):
     #    find; and on a warm worker the names whose committed version moved go.
     prep, probs = None, None
     if not defer:
+        _fault(job, "prepare")
         try:
             _open_store(job)
             if warm:
                 _forget_outputs(shell)
                 rep["dropped_stale"] = _drop_stale(shell)
             prep, probs = procstate.restore(_cp)
-        except Exception as e:  # noqa: BLE001 - becomes the cell's error reply (nothing held can be trusted)
-            return json.dumps({"fatal": "cannot restore the session's state: %s: %s" % (type(e).__name__, e)})
+        except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - the cell's error reply
+            return _fatal("cannot restore the session's state", e)
     t1 = time.perf_counter()
     # 2. CUDA on the assigned device, only now (after the fork, in the session's environment); a warm worker has
     #    it already, a staged one (a prefetch prepared it without a slot) gets it with its cell's run.
@@ -341,13 +399,21 @@ def worker_prepare(arg):
     restored, missing_names, nbytes = [], [], 0
     if not defer:
         try:
-            r = _cp.restore(list(job.get("state_closure") or []))
+            closure = list(job.get("state_closure") or [])
+            if job.get("state_all"):
+                # A cell too big to analyse ran in the session: any variable may be read.
+                closure = sorted(set(closure) | (set(_cp.versions()) - {procstate.NAME}))
+            r = _cp.restore(closure)
             _fault(job, "restore")
-        except Exception as e:  # noqa: BLE001 - becomes the cell's error reply
-            return json.dumps({"fatal": "cannot restore the cell's variables: %s: %s" % (type(e).__name__, e)})
+        except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - becomes the cell's error reply
+            return _fatal("cannot restore the cell's variables", e)
         failed = dict(r.failed, **prep.failed)
         if failed:
-            return json.dumps({"fatal": "cannot restore %s" % "; ".join("%s: %s" % kv for kv in failed.items())})
+            out = {"fatal": "cannot restore %s" % "; ".join("%s: %s" % kv for kv in failed.items())}
+            unavailable = [why for why in failed.values() if why.startswith("StoreUnavailable")]
+            if unavailable:
+                out["fatal_ename"] = "StoreUnavailable"
+            return json.dumps(out)
         if probs:
             rep["procstate_problems"] = probs
         restored = sorted(n for n in r.restored if n != procstate.NAME)
@@ -390,10 +456,19 @@ def worker_finish(arg):
     count = job.get("execution_count")
     if isinstance(count, int) and ("_%d" % count) in ns:
         names.add("_%d" % count)
-    if (job.get("fault") or "") == "save":
+    if (job.get("fault") or "") in ("save", "kill@save"):
         # Die inside the commit: after the payloads went into the pool, just before Redis' EXEC.
         os.environ["LL_STORE_FAULT"] = "before_commit"
-    rep = procstate.save_with(_cp, sorted(names), cell_id=str(job.get("id")))
+    else:
+        _fault(job, "save")
+    try:
+        # All or nothing when the store fails: a cell is never committed torn.
+        rep = procstate.save_with(_cp, sorted(names), cell_id=str(job.get("id")), all_or_none=True)
+    except KeyboardInterrupt:
+        from looseleaf_store.checkpoint import SaveReport
+        rep = SaveReport()
+        rep.error_kind = "KeyboardInterrupt"
+        rep.error = "interrupted while saving"
     # _N is only output history (for the kernel's Out/_): a result that cannot be saved is no error.
     for n in [n for n in rep.failed if n.startswith("_") and n[1:].isdigit()]:
         del rep.failed[n]
@@ -403,12 +478,16 @@ def worker_finish(arg):
         "saved": sorted(n for n in rep.saved if n != procstate.NAME),
         "deleted": sorted(rep.deleted),
     }
-    if rep.failed:
+    if rep.error:
+        # The store failed (or an interrupt came): nothing of the cell was committed.
+        lost = sorted(n for n in names if n != procstate.NAME and not (n.startswith("_") and n[1:].isdigit()))
+        out["save_ename"] = rep.error_kind or "StoreError"
+        out["save_error"] = "the cell's results (%s) were not saved, nothing of this cell was committed: %s" % (
+            ", ".join(lost) or "none", rep.error)
+        out["save_failed"] = rep.failed or {n: rep.error for n in lost}
+    elif rep.failed:
         out["save_failed"] = rep.failed
         sys.stderr.write("LooseLeaf: could not save %s\n" % ", ".join("%s (%s)" % kv for kv in rep.failed.items()))
-    if rep.error:
-        out["save_error"] = rep.error
-        sys.stderr.write("LooseLeaf: the cell's variables were not saved: %s\n" % rep.error)
     out["held_bytes"] = _held_bytes()
     return json.dumps(out)
 
