@@ -27,10 +27,10 @@ PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS))
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS))
 STORE_DEPS_LIBS := $(shell pkg-config --libs hiredis libxxhash jansson)
 else
-DEPS_LIBDIR := $(abspath $(DEPS_PREFIX))/usr/lib/x86_64-linux-gnu
+DEPS_LIBDIR := $(abspath $(DEPS_PREFIX)/usr/lib/x86_64-linux-gnu)
 DEPS_RPATH  := -L$(DEPS_LIBDIR) -Wl,--disable-new-dtags,-rpath,$(DEPS_LIBDIR)
-PKG_CFLAGS := -I$(abspath $(DEPS_PREFIX))/usr/include \
-              -I$(abspath $(DEPS_PREFIX))/usr/include/x86_64-linux-gnu
+PKG_CFLAGS := -I$(abspath $(DEPS_PREFIX)/usr/include) \
+              -I$(abspath $(DEPS_PREFIX)/usr/include/x86_64-linux-gnu)
 PKG_LIBS   := $(DEPS_RPATH) -lzmq -lczmq -lssl -lcrypto -ljansson -lhiredis -lxxhash
 STORE_DEPS_LIBS := $(DEPS_RPATH) -lhiredis -lxxhash -ljansson
 endif

@@ -6,8 +6,8 @@
 #   deps.tar.xz  Debian 12's packages unpacked with dpkg -x into a prefix (never over /): the -dev packages the
 #                build needs (libzmq, czmq, OpenSSL, jansson, hiredis, xxhash: headers and link names), the
 #                runtime libraries of build/looseleaf, its _llstore extension and redis-server (their ldd
-#                closure, by package, less glibc and the C++ runtime, which the machine has newer), and
-#                redis-server itself (redis-tools holds the binary);
+#                closure, by package, less glibc and the C++ runtime, which the machine has newer),
+#                redis-server itself (redis-tools holds the binary), and GNU make;
 #   wheels/      the Python packages the kernel and its client need for CPython 3.12 (pip download
 #                --python-version 3.12 --only-binary=:all:), at the versions of the project's venv: IPython
 #                and its dependencies, comm, cloudpickle, pyzmq, jupyter_client and theirs;
@@ -29,7 +29,8 @@ if [ -f "$out/MANIFEST.json" ] && [ "$out/MANIFEST.json" -nt "$0" ] && [ -f "$ou
 fi
 
 # The packages: the build's -dev ones, redis, and whatever the built binaries load.
-dev_pkgs="libzmq3-dev libczmq-dev libssl-dev libjansson-dev libhiredis-dev libxxhash-dev redis-tools"
+# (make too: the GPU machine's image is not known to have it; Debian's needs only glibc)
+dev_pkgs="libzmq3-dev libczmq-dev libssl-dev libjansson-dev libhiredis-dev libxxhash-dev redis-tools make"
 skip_re='^(libc6|libc6-dev|libgcc-s1|libstdc\+\+6|libpython3[.0-9]*|libpython3[.0-9]*t64|libpython3[.0-9]*-stdlib)$'
 owner() { # the package owning library PATH (usrmerge: dpkg may know it under /lib or /usr/lib)
     local p=$1 q

@@ -48,11 +48,12 @@ class Report:
               "%s; %s; Python %s (%s); torch %s; glibc: %s" % (
                   self.meta.get("date"), env.get("nvidia_smi") or "no GPU", env.get("version"),
                   env.get("python"), env.get("torch"), env.get("glibc")), "",
-              "Build: %s%s" % (self.meta.get("status"), " — " + self.meta["why"] if self.meta.get("why") else ""),
+              "Build: %s%s; libraries: %s" % (self.meta.get("status"), " — " + self.meta["why"] if self.meta.get("why")
+                                              else "", self.meta.get("prefix")),
               "", "| check | result | figures / why |", "| --- | --- | --- |"]
         for c in self.checks:
             fig = ", ".join("%s %s" % (k, _fmt(v)) for k, v in c["figures"].items() if not isinstance(v, (list, dict)))
-            md.append("| %s | %s | %s%s |" % (c["name"], c["status"], fig, (" — " + c["why"]) if c["why"] else ""))
+            md.append("| %s | %s | %s |" % (c["name"], c["status"], " — ".join(x for x in (fig, c["why"]) if x)))
         md += ["", "Passed %(PASS)d, failed %(FAIL)d, skipped %(SKIP)d." % doc["summary"]]
         with open(os.path.join(self.out, "report.md"), "w") as f:
             f.write("\n".join(md) + "\n")
@@ -461,6 +462,54 @@ def check_three_kernels(ctx, rep):
         short_p95_ms=p95, max_visible_wait_ms=max(waits) if waits else None)
 
 
+def _mapped(pid):
+    """{file name: directory} of the shared objects process PID has mapped."""
+    got = {}
+    with open("/proc/%d/maps" % pid) as f:
+        for line in f:
+            parts = line.split(None, 5)
+            if len(parts) == 6 and ".so" in parts[5]:
+                path = parts[5].strip()
+                got[os.path.basename(path)] = os.path.realpath(os.path.dirname(path))
+    return got
+
+
+DEBIAN_LIBS = ("libzmq.so", "libczmq.so", "libhiredis.so", "libjansson.so", "libxxhash.so")
+
+
+def check_libraries(ctx, rep):
+    """What the running kernel loaded: the prefix's Debian libraries (the build's RPATH) and the chosen
+    Python's libpython; and the store's redis-server, the prefix's own when it holds one."""
+    k = ctx.kernel("pool-warm")
+    pid = k.pid()
+    if not pid:
+        return rep.add("libraries_loaded", "FAIL", "no kernel pid from jupyter_client")
+    maps = _mapped(pid)
+    want_dir = os.path.realpath(os.path.join(ctx.deps, "usr", "lib", "x86_64-linux-gnu"))
+    found = {lib: [maps[n] for n in maps if n.startswith(lib)] for lib in DEBIAN_LIBS}
+    wrong = {lib: dirs for lib, dirs in found.items() if dirs != [want_dir]}
+    pylib = [n for n in maps if n.startswith("libpython")]
+    py_dir = os.path.realpath(ctx.env.get("libdir") or "")
+    if not pylib or maps[pylib[0]] != py_dir:
+        wrong["libpython"] = [(n, maps[n]) for n in pylib]
+    rep.add("libraries_loaded", "FAIL" if wrong else "PASS",
+            "" if not wrong else "not from %s (libpython: %s): %s" % (want_dir, py_dir, wrong),
+            prefix=ctx.deps_note, libdir=want_dir, libpython=pylib[0] if pylib else None)
+    server = os.path.realpath(os.path.join(ctx.deps, "usr", "bin", "redis-check-rdb"))
+    if ctx.deps == "/" or not os.path.exists(server):
+        return rep.add("redis_from_bundle", "SKIP", "no bundle: the system's redis-server")
+    exes = {}
+    for d in os.listdir("/proc"):
+        try:
+            if d.isdigit() and open("/proc/%s/comm" % d).read().strip() == "redis-server":
+                exes[int(d)] = os.path.realpath("/proc/%s/exe" % d)
+        except OSError:
+            continue
+    ours = [pid for pid, exe in exes.items() if exe == server]
+    rep.add("redis_from_bundle", "PASS" if ours else "FAIL", "" if ours else "no redis-server runs %s: %s" % (
+        server, sorted(set(exes.values()))), server=server, pids=ours)
+
+
 # (name, check, seconds it needs on the GPU machine, here)
 CHECKS = [("worker_path", check_worker_path, 30, 15), ("pinned", check_pinned, 20, 0),
           ("train", check_train, 40, 25), ("save_restore", check_save_restore, 90, 25),
@@ -472,24 +521,26 @@ CHECKS = [("worker_path", check_worker_path, 30, 15), ("pinned", check_pinned, 2
 class Ctx:
     def __init__(self, a):
         self.mode, self.work, self.py = a.mode, a.work, sys.executable
+        self.deps, self.deps_note = a.deps or "/", a.deps_note or ""
         self.t_end = time.monotonic() + a.budget
         self.dev = "cuda" if a.mode == "gpu" else "cpu"
         self.pinned = None
         self.pools = set()
         self.kernels = {}
         self.env = json.load(open(a.env)) if a.env and os.path.exists(a.env) else {}
-        shm = self.env.get("dev_shm_free_gib") or 8
+        shm = self.env.get("dev_shm_free_gib")
+        shm = 8 if shm is None else shm
         if a.mode == "gpu":
             self.sizes = [s * GiB for s in (1, 4, 16) if 2.5 * s < shm]
             self.per_size_s = 25
             self.state_bytes = GiB
-            pool = min(48, int(shm * 0.8))
+            pool_mib = min(48 << 10, int(shm * 1024 * 0.8))  # (a container's 64 MiB /dev/shm: what fits)
         else:
             self.sizes = [64 * MiB]
             self.per_size_s = 10
             self.state_bytes = 64 * MiB
-            pool = 2
-        os.environ["LL_STORE_POOL_BYTES"] = "%dG" % pool
+            pool_mib = 2 << 10
+        os.environ["LL_STORE_POOL_BYTES"] = "%dM" % max(16, pool_mib)
 
     def left(self):
         return self.t_end - time.monotonic()
@@ -535,6 +586,8 @@ def main():
     ap.add_argument("--why", default="")
     ap.add_argument("--build-s", type=float, default=0)
     ap.add_argument("--bundle")
+    ap.add_argument("--deps", help="the DEPS_PREFIX the kernel was built against")
+    ap.add_argument("--deps-note", help="where that prefix came from (the bundle, or the system)")
     ap.add_argument("--wheels-closure")
     ap.add_argument("--binary")
     ap.add_argument("--pyext")
@@ -545,12 +598,15 @@ def main():
     if a.bundle and os.path.exists(os.path.join(a.bundle, "MANIFEST.json")):
         manifest = json.load(open(os.path.join(a.bundle, "MANIFEST.json")))
     rep = Report(a.out, {"mode": a.mode, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "env": ctx.env,
-                         "status": a.status, "why": a.why, "build_s": a.build_s,
+                         "status": a.status, "why": a.why, "build_s": a.build_s, "prefix": a.deps_note,
                          "bundle_bytes": manifest.get("bytes"), "budget_s": a.budget})
     if manifest:
         rep.add("bundle", "PASS" if manifest["bytes"] <= manifest["limit_mb"] * MiB else "FAIL",
                 bytes=manifest["bytes"], limit_mb=manifest["limit_mb"], wheels=len(manifest["wheels"]),
                 debian_packages=len(manifest["debian_packages"]))
+    else:
+        rep.add("bundle", "SKIP" if a.mode == "cpu" else "FAIL", "no bundle (make gpu-bundle); prefix: %s"
+                % a.deps_note)
     if a.wheels_closure:
         rep.add("bundle_wheels_cp312", "PASS" if a.wheels_closure == "ok" else "FAIL",
                 "" if a.wheels_closure == "ok" else a.wheels_closure)
@@ -573,7 +629,9 @@ def main():
         rep.add("kernel_start", "PASS", start_s=k.start_s, first_s=time.perf_counter() - t0)
         only = set(a.checks.split(",")) if a.checks else None
         for name, fn, need_gpu, need_cpu in CHECKS:
-            if only is not None and name not in only:
+            gpu_only = need_cpu == 0  # (here they only say why they skip)
+            if only is not None and name not in only and not (gpu_only and ctx.mode == "cpu"):
+                rep.add(name, "SKIP", "not among --checks %s" % a.checks)
                 continue
             need = need_gpu if ctx.mode == "gpu" else need_cpu
             if ctx.left() < need:
@@ -583,6 +641,10 @@ def main():
                 fn(ctx, rep)
             except Exception as e:  # noqa: BLE001 - one check's failure must not stop the others
                 rep.add(name, "FAIL", "%s: %s" % (type(e).__name__, str(e)[:800]))
+        try:
+            check_libraries(ctx, rep)
+        except Exception as e:  # noqa: BLE001
+            rep.add("libraries_loaded", "FAIL", "%s: %s" % (type(e).__name__, str(e)[:800]))
     finally:
         ctx.close()
     return 1 if rep.failed() else 0

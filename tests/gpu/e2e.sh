@@ -76,7 +76,7 @@ env = {"python": sys.executable, "version": platform.python_version(), "include"
        "pkg_config": bool(shutil.which("pkg-config")), "dpkg": bool(shutil.which("dpkg"))}
 try:
     st = os.statvfs("/dev/shm")
-    env["dev_shm_free_gib"] = round(st.f_bavail * st.f_frsize / 2**30, 1)
+    env["dev_shm_free_gib"] = round(st.f_bavail * st.f_frsize / 2**30, 3)
     env["mem_gib"] = round(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30, 1)
 except (OSError, ValueError):
     pass
@@ -87,19 +87,32 @@ EOF
 say "python: $py; $(tr -d '\n' <"$work/env.json" | head -c 600)"
 
 # 2. The bundle: Debian's prefix (a library the system's loader has already is the system's: Python's own
-#    modules load libssl, libz, ... and one process holds one of each), redis-server, the wheels.
+#    modules load libssl, libz, ... and one process holds one of each), redis-server, the wheels.  The prefix
+#    is unpacked at a fixed place (its files keep the archive's times), so the build below is incremental and
+#    its RPATH stays right; the build is made anew when the prefix or the Python changes.
 status=ok
 why=""
+deps_note=bundle
+deps=$repo/$build.deps
 if [ ! -f "$bundle/deps.tar.xz" ]; then
-    status=no_bundle
-    why="no bundle at $bundle (make gpu-bundle, and carry .gpubundle)"
+    if [ $mode = gpu ]; then
+        status=no_bundle
+        why="no bundle at $bundle (make gpu-bundle, and carry .gpubundle)"
+    else
+        # Here without a bundle (a fresh checkout; making one needs Debian's mirrors and PyPI): the same
+        # DEPS_PREFIX build, with the system's root as the prefix (Debian's packages installed there).
+        deps=/
+        deps_note="system (no bundle at $bundle: the DEPS_PREFIX build against / instead)"
+        say "no bundle at $bundle: building with DEPS_PREFIX=/ (the system's Debian libraries)"
+    fi
 else
+    rm -rf "$deps"
+    mkdir -p "$deps"
     "$py" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
-        "$bundle/deps.tar.xz" "$work/deps" 2>>"$log" || { status=no_bundle; why="cannot unpack $bundle/deps.tar.xz"; }
+        "$bundle/deps.tar.xz" "$deps" 2>>"$log" || { status=no_bundle; why="cannot unpack $bundle/deps.tar.xz"; }
 fi
-libdir=$work/deps/usr/lib/x86_64-linux-gnu
+libdir=$deps/usr/lib/x86_64-linux-gnu
 if [ $status = ok ] && [ $mode = gpu ] && command -v ldconfig >/dev/null; then
-    have=$(ldconfig -p 2>/dev/null | awk '{print $1}' | sort -u)
     for f in "$libdir"/lib*.so.[0-9]*; do
         [ -f "$f" ] && [ ! -L "$f" ] || continue
         so=$(basename "$f")
@@ -108,11 +121,14 @@ if [ $status = ok ] && [ $mode = gpu ] && command -v ldconfig >/dev/null; then
         if [ -n "$sys" ]; then ln -sfn "$sys" "$f" && say "system's $so: $sys"; fi
     done
 fi
-if [ -x "$work/deps/usr/bin/redis-check-rdb" ]; then
-    ln -sfn "$work/deps/usr/bin/redis-check-rdb" "$work/bin/redis-server-real"
-    printf '#!/bin/bash\nLD_LIBRARY_PATH=%s${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} exec -a redis-server %s "$@"\n' \
-        "$libdir" "$work/bin/redis-server-real" >"$work/bin/redis-server"
+if [ "$deps" != / ] && [ -x "$deps/usr/bin/redis-check-rdb" ]; then
+    # (redis-tools ships the one redis binary as redis-check-rdb; it is the server when run as redis-server,
+    # as Debian's redis-server package links it)
+    ln -sfn redis-check-rdb "$deps/usr/bin/redis-server"
+    printf '#!/bin/bash\nLD_LIBRARY_PATH=%s${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} exec %s "$@"\n' \
+        "$libdir" "$deps/usr/bin/redis-server" >"$work/bin/redis-server"
     chmod +x "$work/bin/redis-server"
+    export LL_REDIS_SERVER="$work/bin/redis-server"
 fi
 if [ $status = ok ] && [ $mode = gpu ]; then
     if "$py" -m pip --version >/dev/null 2>&1; then
@@ -121,7 +137,7 @@ if [ $status = ok ] && [ $mode = gpu ]; then
     else
         for w in "$bundle"/wheels/*.whl; do "$py" -m zipfile -e "$w" "$work/site"; done
     fi
-elif [ $status = ok ]; then
+elif [ $status = ok ] && [ "$deps" != / ]; then
     # Here the venv holds the packages; the bundle's wheels must still make a complete set for CPython 3.12.
     "$py" -m pip install -q --dry-run --ignore-installed --no-index --find-links "$bundle/wheels" \
         --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
@@ -130,11 +146,19 @@ elif [ $status = ok ]; then
         >>"$log" 2>&1 && echo ok >"$work/wheels_closure" || echo "incomplete (e2e.log)" >"$work/wheels_closure"
 fi
 
-# 3. The build, against this Python.
+# 3. The build, against this Python and this prefix.
 build_s=0
 if [ $status = ok ]; then
     b0=$(date +%s)
-    if make -C "$repo" -j"$jobs" BUILD="$build" PYTHON="$py" DEPS_PREFIX="$work/deps" e2e-build >>"$log" 2>&1; then
+    stamp="$py $deps"
+    if [ "$(cat "$repo/$build/.e2e-stamp" 2>/dev/null)" != "$stamp" ]; then
+        rm -rf "${repo:?}/$build"
+        mkdir -p "$repo/$build"
+        echo "$stamp" >"$repo/$build/.e2e-stamp"
+    fi
+    mk=make
+    command -v make >/dev/null || mk=$deps/usr/bin/make # (the bundle's, where the machine has none)
+    if "$mk" -C "$repo" -j"$jobs" BUILD="$build" PYTHON="$py" DEPS_PREFIX="$deps" e2e-build >>"$log" 2>&1; then
         build_s=$(($(date +%s) - b0))
         say "built in ${build_s} s: $repo/$build/looseleaf"
     else
@@ -146,10 +170,9 @@ fi
 
 # 4. The run.
 export PYTHONPATH="$work/site${PYTHONPATH:+:$PYTHONPATH}"
-export LL_REDIS_SERVER="$work/bin/redis-server"
 export PYTHONUNBUFFERED=1
 args=(--mode "$mode" --out "$report" --env "$work/env.json" --budget "$budget" --status "$status" --why "$why"
-      --build-s "$build_s" --bundle "$bundle" --work "$work")
+      --build-s "$build_s" --bundle "$bundle" --work "$work" --deps "$deps" --deps-note "$deps_note")
 [ -n "$checks" ] && args+=(--checks "$checks")
 [ -f "$work/wheels_closure" ] && args+=(--wheels-closure "$(cat "$work/wheels_closure")")
 if [ $status = ok ]; then
