@@ -168,8 +168,9 @@ def check_worker_path(ctx, rep):
     for line in p.stdout.splitlines():
         parts = line.split(None, 2)
         if len(parts) >= 2 and parts[1] in ("PASS", "FAIL", "SKIP"):
-            rep.add("worker_path." + parts[0], parts[1], parts[2] if len(parts) > 2 and parts[1] != "PASS" else "",
-                    detail=parts[2][:300] if len(parts) > 2 else "")
+            rest = parts[2] if len(parts) > 2 else ""
+            rep.add("worker_path." + parts[0], parts[1], rest if parts[1] != "PASS" else "",
+                    **({"detail": rest[:300]} if parts[1] == "PASS" else {}))
     if p.returncode not in (0, 1):
         rep.add("worker_path", "FAIL", "exit %d: %s" % (p.returncode, p.stderr[-500:]))
 
