@@ -130,14 +130,36 @@ if [ "$deps" != / ] && [ -x "$deps/usr/bin/redis-check-rdb" ]; then
     chmod +x "$work/bin/redis-server"
     export LL_REDIS_SERVER="$work/bin/redis-server"
 fi
-if [ $status = ok ] && [ $mode = gpu ]; then
-    if "$py" -m pip --version >/dev/null 2>&1; then
+if [ $status = ok ] && [ "$deps" != / ]; then
+    # (Here, with --cpu, the venv lacks none of them: the selection runs, nothing is installed.)
+    # Only what the machine's environment lacks or has older (IPython 9 wants psutil >= 7, ...); the packages
+    # torch imports too (typing_extensions, packaging) stay as they are.
+    mapfile -t lacking < <("$py" - "$bundle"/wheels/*.whl <<'PYEOF'
+import importlib.metadata as md, os, sys
+def key(v):
+    return tuple(int(p) if p.isdigit() else 0 for p in v.split(".")[:3])
+for w in sys.argv[1:]:
+    name, version = os.path.basename(w).split("-")[:2]
+    try:
+        have = md.version(name)
+    except md.PackageNotFoundError:
+        print(w)
+        continue
+    if name not in ("typing_extensions", "packaging") and key(have) < key(version):
+        print(w)
+PYEOF
+)
+    say "wheels from the bundle (lacking or older here): ${#lacking[@]} ${lacking[*]##*/}"
+    if [ ${#lacking[@]} -eq 0 ]; then
+        :
+    elif "$py" -m pip --version >/dev/null 2>&1; then
         "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$work/site" \
-            "$bundle"/wheels/*.whl >>"$log" 2>&1 || { status=no_wheels; why="the wheels did not install (e2e.log)"; }
+            "${lacking[@]}" >>"$log" 2>&1 || { status=no_wheels; why="the wheels did not install (e2e.log)"; }
     else
-        for w in "$bundle"/wheels/*.whl; do "$py" -m zipfile -e "$w" "$work/site"; done
+        for w in "${lacking[@]}"; do "$py" -m zipfile -e "$w" "$work/site"; done
     fi
-elif [ $status = ok ] && [ "$deps" != / ]; then
+fi
+if [ $status = ok ] && [ $mode = cpu ] && [ "$deps" != / ]; then
     # Here the venv holds the packages; the bundle's wheels must still make a complete set for CPython 3.12.
     "$py" -m pip install -q --dry-run --ignore-installed --no-index --find-links "$bundle/wheels" \
         --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \

@@ -6,10 +6,12 @@ checked for a complete set; without one (a fresh checkout, CI) the prefix is the
 Makefile path against Debian's installed libraries.  The checks that need CUDA are not run here (the report
 lists them as skipped with the reason); the others drive the real kernel through jupyter_client.
 
-Cost: about 2.5 minutes on 2 shared cores: ~45 CPU-seconds for the build into build/e2e-cpu (incremental on a
-second run), then about a minute of checks (four of them; `tests/gpu/e2e.sh --cpu` alone runs all, ~3 min)."""
+Cost, on 2 shared cores: about 35 s when build/e2e-cpu is up to date (four checks; `tests/gpu/e2e.sh --cpu`
+alone runs them all, ~100 s), about 2.5 minutes from a clean tree (the build into build/e2e-cpu: ~45
+CPU-seconds, 1-1.5 minutes of wall time under load)."""
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 
@@ -20,10 +22,14 @@ BUNDLE = os.path.join(REPO, ".gpubundle")
 def test_e2e_cpu_mode(tmp_path):
     bundled = os.path.exists(os.path.join(BUNDLE, "MANIFEST.json"))
     out = str(tmp_path / "report")
-    env = dict(os.environ, OUT=out, LL_E2E_WORK=tempfile.mkdtemp(prefix="ll-e2e-"))
-    p = subprocess.run([os.path.join(REPO, "tests", "gpu", "e2e.sh"), "--cpu", "--budget", "150",
-                        "--checks", "train,save_restore,sigkill,cold"],
-                       capture_output=True, text=True, timeout=1200, env=env)
+    work = tempfile.mkdtemp(prefix="ll-e2e-")
+    env = dict(os.environ, OUT=out, LL_E2E_WORK=work)
+    try:
+        p = subprocess.run([os.path.join(REPO, "tests", "gpu", "e2e.sh"), "--cpu", "--budget", "150",
+                            "--checks", "train,save_restore,sigkill,cold"],
+                           capture_output=True, text=True, timeout=1200, env=env)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     with open(os.path.join(out, "report.json")) as f:
         report = json.load(f)
     status = {c["name"]: c["status"] for c in report["checks"]}
