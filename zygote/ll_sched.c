@@ -1099,10 +1099,11 @@ static int s_test_homes(bool verbose)
     n = s_test_pass(s, 7, true, d, 8);
     S_CHECK(n == 1 && d[0].op == LL_SCHED_FORK && d[0].r == c1 && d[0].slot == 1);
     S_CHECK(s_test_cell_done(s, c1, 303, 100, 8));
-    /* A prefetch evicts no home: with c's worker busy it is staged. */
-    ll_sched_job_t *cj = (ll_sched_job_t *) ll_sched_job(s, c1);
-    cj->state = LL_SCHED_RUNNING; /* (as if c's next cell ran on it) */
-    ll_gdsf_set_idle((ll_gdsf_t *) ll_sched_gdsf(s), 303, false);
+    /* A prefetch evicts no home: with c's worker busy (its next cell) it is staged. */
+    int c2 = ll_sched_add(s, 2, "c", LL_SCHED_CELL, 0, 8.5);
+    n = s_test_pass(s, 8.5, true, d, 8);
+    S_CHECK(n == 1 && d[0].op == LL_SCHED_HAND && d[0].r == c2);
+    ll_sched_ready(s, c2);
     int d1 = ll_sched_add(s, 3, "d", LL_SCHED_PREFETCH, 1e12, 9);
     n = s_test_pass(s, 10, true, d, 8);
     S_CHECK(n == 1 && d[0].op == LL_SCHED_FORK && d[0].r == d1 && d[0].slot == -1);
