@@ -232,12 +232,11 @@ def _held_bytes():
     return total
 
 
-def _drop_stale(shell):
-    """A warm worker's namespace before its next job: keep only names held at their committed version (and
-    never what references a dropped one) and modules; every other name goes, so nothing stale can be read.
-    Returns the names dropped."""
+def _drop_stale(shell, vers):
+    """A warm worker's namespace before its next job: keep only names held at their committed version (VERS,
+    the store's versions) (and never what references a dropped one) and modules; every other name goes, so
+    nothing stale can be read.  Returns the names dropped."""
     ns = shell.user_ns
-    vers = _cp.versions()
     held = _cp.held()
     # Modules are no variables (never saved; import statements bind them): they stay.
     drop = {n for n in _visible(shell) if (held.get(n) is None or vers.get(n) != held[n])
@@ -392,14 +391,15 @@ def worker_prepare(arg):
     defer = bool(job.get("defer_restore"))
     # 2. The session's process state first (its sys.path and cwd decide what the imports find), and on a warm
     #    worker the names whose committed version moved go.
-    prep, probs = None, None
+    prep, probs, vers = None, None, {}
     if not defer:
         try:
             _open_store(job)
+            vers = _cp.versions()  # (no cell of the session commits while this one prepares)
             if warm:
                 _forget_outputs(shell)
-                rep["dropped_stale"] = _drop_stale(shell)
-            prep, probs = procstate.restore(_cp)
+                rep["dropped_stale"] = _drop_stale(shell, vers)
+            prep, probs = procstate.restore(_cp, vers)
         except Exception as e:  # noqa: BLE001 - becomes the cell's error reply (nothing held can be trusted)
             return json.dumps({"fatal": "cannot restore the session's state: %s: %s" % (type(e).__name__, e)})
     t2 = time.perf_counter()
@@ -413,7 +413,7 @@ def worker_prepare(arg):
     if not defer:
         # The user modules' globals before the import statements, which bind names to them.
         try:
-            _restore_modules(_cp.versions(), rep)
+            _restore_modules(vers, rep)
         except Exception as e:  # noqa: BLE001 - the cell runs with the modules as imported
             rep["module_failed"] = {"*": "%s: %s" % (type(e).__name__, e)}
     for stmt in job.get("import_stmts") or []:
