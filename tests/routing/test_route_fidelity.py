@@ -129,6 +129,24 @@ def test_gradients_accumulate_and_losses_backpropagate_later(pair):
     ])
 
 
+def test_autograd_state_restored_in_the_kernel(pair):
+    """The kernel's route: a GPU cell reading a value made in the kernel that no store holds (a lock) runs in
+    the kernel, which restores the tensors from the store: requires_grad, .grad and the hook hold there."""
+    pair.cells([
+        ("import torch\nkr_w = torch.ones(2, requires_grad=True)\nkr_h = kr_w.register_hook(lambda g: g * 3)\n"
+         "(kr_w * 2).sum().backward()", GPU),
+        ("import threading\nkr_lock = threading.Lock()", CPU),
+    ])
+    code = "with kr_lock:\n    (kr_w * 2).sum().backward()\n    print(kr_w.grad, kr_w.requires_grad, kr_w.is_leaf)"
+    r_ref, m_ref = execute(pair.ref, code)
+    r_ll, m_ll = execute(pair.ll, code)
+    md = ll_md(r_ll)
+    assert md["route"] == CPU and "kr_lock" in md["fallback"], md
+    assert r_ll["content"]["status"] == "ok" and stream_text(m_ll) == stream_text(m_ref) == \
+        "tensor([12., 12.]) True True\n", (stream_text(m_ll), stream_text(m_ref))
+    pair.cells([("del kr_lock", CPU), ("kr_h.remove()\n(kr_w * 2).sum().backward()\nprint(kr_w.grad)", GPU)])
+
+
 # ---- 3. shared memory across the CPU/GPU boundary --------------------------------------------------------
 
 def test_memory_shared_between_kernel_and_worker_names(pair):
