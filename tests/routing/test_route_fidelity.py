@@ -201,6 +201,11 @@ def test_user_module_globals_follow_the_session(pair, tmp_path, pool_mode):
         ("print(um.bump())", CPU),
         ("%autoreload 0", CPU),
     ])
+    path.write_text(_MOD_V1)
+    pair.cells([
+        ("um = importlib.reload(um)\nprint(um.bump(), torch.ones(1))", GPU),  # reloaded on the worker
+        ("print(um.bump(), um.count)", CPU),
+    ])
 
 
 # ---- 1. a lost home: LostVariable, never a bare NameError -------------------------------------------------
@@ -244,6 +249,26 @@ def test_home_worker_killed_then_lost_variable(jupyter_env, tmp_path):
         run_route(k, "lv_it = iter([5])", CPU)
         _, msgs = run_route(k, "print(next(lv_it))", CPU)
         assert stream_text(msgs) == "5\n"
+    finally:
+        k.stop()
+        stop_pool(pool_dir)
+
+
+def test_home_gone_with_the_pool(jupyter_env, tmp_path):
+    pool_dir = str(tmp_path / "pool")
+    k = Kernel("looseleaf", env={"LOOSELEAF_POOL_DIR": pool_dir})
+    try:
+        run_route(k, "def pg_gen():\n    yield 1", CPU)
+        reply, _ = run_route(k, "import torch\npg_it = pg_gen()\npg_t = torch.ones(1)", GPU)
+        pid = ll_md(reply)["worker_pid"]
+        stop_pool(pool_dir)
+        reply, _ = execute(k, "print(next(pg_it))")
+        c = reply["content"]
+        assert c["ename"] == "LostVariable" and re.match(
+            r"'pg_it' lived only in worker %d \(a generator\), which went with the GPU pool at \d\d:\d\d:\d\d$"
+            % pid, c["evalue"]), c
+        _, msgs = run_route(k, "print(pg_t)", GPU)  # the rest comes back from the store, on a new pool
+        assert stream_text(msgs) == "tensor([1.])\n"
     finally:
         k.stop()
         stop_pool(pool_dir)
