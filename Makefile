@@ -10,6 +10,7 @@
 #   PYTESTS    pytest paths run by `make test`
 #   BENCHES    commands run by `make bench`
 #   EXTRA_TARGETS  further build outputs (e.g. a Python extension)
+#   TEST_DEPS  what `make test` builds besides `all` (e.g. the fuzz targets)
 # so that modules never edit each other's build rules.
 
 CC      ?= gcc
@@ -45,6 +46,7 @@ SELFTESTS :=
 PYTESTS   :=
 BENCHES   :=
 EXTRA_TARGETS :=
+TEST_DEPS :=
 
 include $(sort $(wildcard */*.mk))
 
@@ -97,12 +99,12 @@ $(VENV)/.requirements: requirements.txt
 
 PYTEST = -m pytest -q -ra -p no:cacheprovider $(PYTEST_ARGS)
 
-pytest: all venv
+pytest: all venv $(TEST_DEPS)
 	$(if $(strip $(PYTESTS)),$(VENV_PY) $(PYTEST) $(PYTESTS))
 
 # Everything: the C self-tests, the suites on the current stack (the venv),
 # then a smoke run on Debian's own Jupyter stack so both keep working.
-test: all venv
+test: all venv $(TEST_DEPS)
 	$(BUILD)/ll_selftest
 	$(if $(strip $(PYTESTS)),$(VENV_PY) $(PYTEST) $(PYTESTS))
 	$(MAKE) --no-print-directory test-debian
@@ -112,8 +114,11 @@ test: all venv
 test-debian: all
 	$(if $(strip $(DEBIAN_SMOKE)),/usr/bin/python3 $(PYTEST) $(DEBIAN_SMOKE))
 
-bench: all
-	@set -e; for b in $(BENCHES); do echo "== $$b"; $$b; done
+# Python benchmarks run on the project's venv (the current stack; their
+# reference ipykernel is the venv's), the C ones as they are.
+bench: all venv
+	@set -e; for b in $(BENCHES); do echo "== $$b"; \
+	    case $$b in *.py) $(VENV_PY) $$b ;; *) $$b ;; esac; done
 
 # ---- set-up on a fresh Debian 12 machine --------------------------------
 # Packages to build and run the kernel, and what the tests drive it with.
@@ -129,7 +134,7 @@ DEB_STACK := python3-ipython python3-comm python3-cloudpickle python3-numpy \
              python3-ipykernel jupyter-console python3-nbclient python3-nbformat \
              python3-pytest python3-pexpect python3-torch python3-matplotlib \
              python3-pandas python3-scipy python3-pytest-timeout jupyter-notebook
-DEB_TEST  := $(DEB_STACK) tmux chromium
+DEB_TEST  := $(DEB_STACK) tmux chromium clang libclang-rt-14-dev
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT  := DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q

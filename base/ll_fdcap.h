@@ -26,8 +26,9 @@ typedef struct ll_fdcap_t ll_fdcap_t;
 typedef void(ll_fdcap_sink_fn)(void *ctx, const char *name, const char *data, size_t len);
 
 /* Capture the N (<= LL_FDCAP_MAX) descriptors FDS, reporting their bytes
- * under NAMES (static strings).  Returns NULL with a reason in ERR if a pipe,
- * dup or the thread fails (nothing is left redirected then). */
+ * under NAMES (static strings).  The caller owns the result (ll_fdcap_destroy).
+ * Returns NULL with a reason in ERR if a pipe, dup or the thread fails
+ * (nothing is left redirected then). */
 ll_fdcap_t *ll_fdcap_new(const int *fds, const char *const *names, size_t n, ll_fdcap_sink_fn *sink,
                          void *ctx, char *err, size_t errlen);
 

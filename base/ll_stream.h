@@ -33,8 +33,9 @@ typedef struct ll_stream_t ll_stream_t;
 typedef void(ll_stream_emit_fn)(void *ctx, const char *name, const char *text, size_t len);
 
 /* INTERVAL_MS: longest a byte waits (0: default 50).  THRESHOLD: buffered
- * bytes that wake the flusher at once (0: default 256 KiB).  Returns NULL if
- * the flusher thread cannot start. */
+ * bytes that wake the flusher at once (0: default 256 KiB).  The caller owns
+ * the result (ll_stream_destroy); CTX is borrowed.  Returns NULL if the
+ * flusher thread cannot start. */
 ll_stream_t *ll_stream_new(ll_stream_emit_fn *emit, void *ctx, int interval_ms, size_t threshold);
 
 /* Flush what is buffered, stop the flusher, free.  Nulls *SELF_P; safe on NULL. */

@@ -335,7 +335,7 @@ static void s_prefetch(ll_exec_t *self, const char *code)
         json_decref(closure);
         char err[256];
         s_kept_forget(&self->kept);
-        if (sync && !json_object_get(sync, "fallback")) {
+        if (sync && !json_object_get(sync, "fallback") && !json_object_get(sync, "error")) {
             if (ll_route_prefetch(self->route, plan, sync, err, sizeof err) < 0)
                 ll_info("exec", "prefetch not sent: %s", err);
             else
@@ -433,9 +433,11 @@ static void s_home_sync(ll_exec_t *self)
 
 /* Run a GPU-labelled cell on a worker.  True with *REPLY_P / *MD_P set when
  * it ran there; false when it must run in the interpreter instead, *WHY_P
- * saying why (for the notice and the metadata). */
+ * saying why (for the notice and the metadata), or must fail there without
+ * running, *FAIL_P its error ({ename, evalue}: the store did not answer, an
+ * interrupt came while the kernel committed). */
 static bool s_execute_on_worker(ll_exec_t *self, ll_msg_t *req, ll_route_plan_t *plan, double t_run,
-                                json_t **reply_p, json_t **md_p, json_t **why_p)
+                                json_t **reply_p, json_t **md_p, json_t **why_p, json_t **fail_p)
 {
     const char *code = json_string_value(json_object_get(req->content, "code"));
     json_t *sync = s_kept_take(&self->kept, code, self->epoch);
@@ -448,6 +450,12 @@ static bool s_execute_on_worker(ll_exec_t *self, ll_msg_t *req, ll_route_plan_t 
     }
     if (!sync) {
         *why_p = json_string("the kernel could not prepare the cell's variables");
+        return false;
+    }
+    json_t *fail = json_object_get(sync, "error");
+    if (json_is_object(fail)) {
+        *fail_p = json_incref(fail);
+        json_decref(sync);
         return false;
     }
     const char *fallback = json_string_value(json_object_get(sync, "fallback"));
@@ -491,6 +499,9 @@ static bool s_execute_on_worker(ll_exec_t *self, ll_msg_t *req, ll_route_plan_t 
     json_t *done = s_interp_own("looseleaf_after_gpu", after, req);
     s_home_set(self, done);
     json_decref(done);
+    /* The idle commit also brings the cell's result into the output history,
+     * in idle time rather than before this reply (coherence.install_outputs). */
+    self->commit_at = ll_clock_ms();
     json_decref(after);
     /* store_history=False: the counter did not move, as the interpreter
      * would reply (the worker's IPython counted the cell). */
@@ -516,12 +527,14 @@ static bool s_execute_on_worker(ll_exec_t *self, ll_msg_t *req, ll_route_plan_t 
  * frees it; NULL without a plan): the closure, and when a cell meant for a
  * worker (a GPU cell, or one reading what a worker holds) runs here
  * instead (WHY_NOT), the one-line notice it prints after its
- * execute_input. */
-static char *s_route_text(const ll_route_plan_t *plan, const json_t *why_not)
+ * execute_input, or when it must fail without running (FAIL), its error. */
+static char *s_route_text(const ll_route_plan_t *plan, const json_t *why_not, json_t *fail)
 {
     json_t *closure = plan ? ll_route_plan_closure(plan) : NULL;
     if (!closure)
         return NULL;
+    if (fail)
+        json_object_set(closure, "raise", fail);
     if (why_not)
         json_object_set_new(closure, "notice",
                             json_sprintf("LooseLeaf: %s; this %scell runs in the kernel\n",
@@ -542,7 +555,7 @@ void ll_exec_execute(ll_exec_t *self, ll_msg_t *req, json_t **reply_p, json_t **
     ll_route_plan_t *plan =
         self->route ? ll_route_plan(self->route, json_string_value(code), json_string_length(code))
                     : NULL;
-    json_t *reply = NULL, *md = NULL, *why_not = NULL;
+    json_t *reply = NULL, *md = NULL, *why_not = NULL, *fail = NULL;
     ll_route_poll(self->route); /* the pool's news first: a home worker that went */
     s_home_sync(self);
     /* A cell reading a name whose value lives in the session's home worker
@@ -550,13 +563,13 @@ void ll_exec_execute(ll_exec_t *self, ll_msg_t *req, json_t **reply_p, json_t **
      * (%config, widget set-up): they stay in the interpreter. */
     bool to_home = plan && ll_route_plan_reads(plan, self->home);
     bool on_worker = plan && (ll_route_is_gpu(plan) || to_home) && !silent &&
-                     s_execute_on_worker(self, req, plan, t_run, &reply, &md, &why_not);
+                     s_execute_on_worker(self, req, plan, t_run, &reply, &md, &why_not, &fail);
     if (!on_worker) {
-        if (plan && !silent)
+        if (plan && !silent && !fail)
             s_hint_queued(self);
         /* execute_input is published by the interpreter, which knows
          * IPython's execution_count before the cell runs. */
-        char *route = s_route_text(plan, why_not);
+        char *route = s_route_text(plan, why_not, fail);
         char *md_text = NULL;
         char *reply_text = s_interp_call(self, req, route, &md_text);
         free(route);
@@ -573,12 +586,14 @@ void ll_exec_execute(ll_exec_t *self, ll_msg_t *req, json_t **reply_p, json_t **
         }
         if (!on_worker) {
             /* The plan, plus the interpreter's refresh and timing. */
-            json_t *ll = ll_route_plan_json(plan, "cpu");
+            json_t *ll = ll_route_plan_json(plan, fail ? "none" : "cpu");
             json_t *interp_ll = json_object_get(md, "looseleaf");
             if (json_is_object(interp_ll))
                 json_object_update_missing(ll, interp_ll);
             if (why_not)
                 json_object_set(ll, "fallback", why_not);
+            if (fail)
+                json_object_set(ll, "failed", fail);
             json_object_set_new(md, "looseleaf", ll);
             s_home_set(self, ll); /* the cell may have bound a name a worker held */
         } else if (to_home) {
@@ -587,6 +602,7 @@ void ll_exec_execute(ll_exec_t *self, ll_msg_t *req, json_t **reply_p, json_t **
         ll_route_done(self->route, &plan);
     }
     json_decref(why_not);
+    json_decref(fail);
     *reply_p = reply;
     *md_p = md;
 }

@@ -80,6 +80,7 @@ ll_iopub_t *ll_iopub_new(ll_session_t *session, const char *endpoint, char *err,
     zsock_set_sndhwm(self->pub, 0);
     if (strstr(endpoint, "://["))
         zsock_set_ipv6(self->pub, 1); /* tcp://[::1]:port */
+    ll_wire_limit_frames(self->pub);  /* (what comes in on PUB: subscriptions) */
     if (zsock_bind(self->pub, "%s", endpoint) == -1) {
         snprintf(err, errlen, "cannot bind iopub to %s: %s", endpoint, zmq_strerror(zmq_errno()));
         goto out_fail;

@@ -56,7 +56,8 @@ void ll_iopub_stream_flush(ll_iopub_t *self);
 ll_msg_t *ll_iopub_msg_to_parent(ll_iopub_t *self, const char *msg_type, json_t *content);
 
 /* A copy of REQ with its identities and header only (other parts empty),
- * enough to address replies to it.  NULL on allocation failure. */
+ * enough to address replies to it; the caller owns it (ll_msg_destroy).
+ * NULL on allocation failure. */
 ll_msg_t *ll_iopub_parent_copy(const ll_msg_t *req);
 
 int ll_iopub_selftest(bool verbose);

@@ -623,6 +623,9 @@ static zsock_t *s_bind(int type, ll_channel_t ch, char *err, size_t errlen)
         return NULL;
     }
     zsock_set_linger(sock, 1000); /* let the last replies (shutdown) leave */
+    /* A frame beyond the limit disconnects its sender before it is held
+     * in memory (it could not be verified until then). */
+    ll_wire_limit_frames(sock);
     if (strchr(s_k.conn.ip, ':'))
         zsock_set_ipv6(sock, 1); /* an IPv6 address ("::1") binds only with this */
     if (type == ZMQ_ROUTER) {
@@ -651,6 +654,10 @@ static void s_kernel_info_complete(json_t *info)
         json_object_set_new(info, "implementation_version", json_string(LL_VERSION));
     if (!json_object_get(info, "debugger"))
         json_object_set_new(info, "debugger", json_false());
+    /* Protocol 5.4: optional features the kernel implements (none of the
+     * debugger, kernel subshells (JEP 91)). */
+    if (!json_is_array(json_object_get(info, "supported_features")))
+        json_object_set_new(info, "supported_features", json_array());
 }
 
 static int s_cache_kernel_info(char *err, size_t errlen)
@@ -764,8 +771,48 @@ static void s_teardown(bool interp_started)
         }
 }
 
-int ll_kernel_run(const char *connection_file)
+/* Whether IP (a tcp address) listens on every interface of the host. */
+static bool s_any_address(const char *ip)
 {
+    return strcmp(ip, "0.0.0.0") == 0 || strcmp(ip, "*") == 0 || strcmp(ip, "::") == 0 ||
+           strcmp(ip, "[::]") == 0;
+}
+
+/* Read CONNECTION_FILE into s_k.conn and refuse what OPTS do not accept (a
+ * file others may read, an empty key; ll_conn_load says why); warn about a
+ * kernel that listens everywhere.  0, or -1 (printed on stderr). */
+static int s_load_connection(const char *connection_file, const ll_kernel_opts_t *opts)
+{
+    char err[512];
+    if (ll_conn_load(connection_file, opts->allow_insecure_file ? LL_CONN_ALLOW_INSECURE : 0,
+                     &s_k.conn, err, sizeof err) < 0) {
+        fprintf(stderr, "looseleaf: %s\n", err);
+        return -1;
+    }
+    if (s_k.conn.key_len == 0 && !opts->allow_empty_key) {
+        fprintf(stderr,
+                "looseleaf: connection file %s: the key is empty, so messages would be neither "
+                "signed nor verified and anyone who can reach these ports could run code as you; "
+                "--allow-empty-key runs the kernel like that anyway\n",
+                connection_file);
+        return -1;
+    }
+    if (s_k.conn.key_len == 0)
+        ll_warn("kernel", "!!! the connection file has an EMPTY KEY: messages are neither signed "
+                          "nor verified, anyone who can reach these ports can run code !!!");
+    if (strcmp(s_k.conn.transport, "tcp") == 0 && s_any_address(s_k.conn.ip))
+        ll_warn("kernel",
+                "the kernel listens on every network interface (ip %s): anyone who can reach "
+                "this host can try its ports, and only the key keeps them out",
+                s_k.conn.ip);
+    return 0;
+}
+
+int ll_kernel_run(const char *connection_file, const ll_kernel_opts_t *opts)
+{
+    ll_kernel_opts_t none = {0};
+    if (!opts)
+        opts = &none;
     char err[512];
     bool interp_started = false;
     /* A kernel started by `jupyter console` shares the user's terminal:
@@ -773,14 +820,8 @@ int ll_kernel_run(const char *connection_file)
      * LOOSELEAF_LOG=info|debug asks for more. */
     setenv("LOOSELEAF_LOG", "warn", 0);
     ll_log_init('G');
-
-    if (ll_conn_load(connection_file, &s_k.conn, err, sizeof err) < 0) {
-        fprintf(stderr, "looseleaf: %s\n", err);
+    if (s_load_connection(connection_file, opts) < 0)
         return 1;
-    }
-    if (s_k.conn.key_len == 0)
-        ll_warn("kernel", "!!! the connection file has an EMPTY KEY: messages are neither signed "
-                          "nor verified, anyone who can reach these ports can run code !!!");
     s_k.session = ll_session_new(s_k.conn.key, s_k.conn.key_len, s_k.conn.signature_scheme, 0);
     ll_conn_clear(&s_k.conn); /* the session keeps its own copy of the key */
     if (!s_k.session) {
@@ -856,6 +897,9 @@ int ll_kernel_run(const char *connection_file)
         .input_request = s_hook_input,
         .pool_stats = s_hook_pool_stats,
     };
+    /* The store's waits for Redis end on the interrupt eventfd (SIGINT,
+     * SIGTERM, a shutdown): coherence.py gives it to its Store. */
+    ll_interp_set_interrupt_fd(s_k.intr_fd);
     /* The checkpoint store's module is part of the binary (issue 4): cells
      * and the interpreter's own code `import _llstore` without a .so. */
     if (ll_interp_add_builtin("_llstore", ll_store_pyinit) < 0)

@@ -21,10 +21,18 @@
 
 #define LL_VERSION "0.1.0"
 
-/* Run the kernel on CONNECTION_FILE until shutdown or SIGTERM.  Returns the
- * process exit status (0 after a clean shutdown, 1 when the connection file
- * or start-up fails, with the reason printed on stderr). */
-int ll_kernel_run(const char *connection_file);
+/* What the kernel accepts that it refuses by default (command-line flags). */
+typedef struct {
+    bool allow_insecure_file; /* --allow-insecure-connection-file: a symlink, or a
+                               * file others may read */
+    bool allow_empty_key;     /* --allow-empty-key: no signatures at all */
+} ll_kernel_opts_t;
+
+/* Run the kernel on CONNECTION_FILE until shutdown or SIGTERM (OPTS may be
+ * NULL: the defaults).  Returns the process exit status (0 after a clean
+ * shutdown, 1 when the connection file or start-up fails, with the reason
+ * printed on stderr). */
+int ll_kernel_run(const char *connection_file, const ll_kernel_opts_t *opts);
 
 int ll_kernel_selftest(bool verbose);
 

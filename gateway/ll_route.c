@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -37,12 +38,27 @@ struct ll_route_t {
     char *prefetch_key;     /* its closure (JSON text), to tell a repeat from a new one */
     json_t
         *gone; /* [{pid, why}]: the session's workers the pool said went (0: all), not yet taken */
+    bool restore_all; /* an unanalysed cell ran: workers restore every variable */
 };
 
 struct ll_route_plan_t {
     ll_analysis_t *cell;            /* NULL if the analysis failed outright */
     ll_analysis_closure_t *closure; /* NULL when the cell did not parse */
+    size_t unanalysed;              /* bytes of a cell too big to analyse (0: analysed) */
+    bool unknown;                   /* an unanalysed cell ran before: its closure may be anything */
 };
+
+/* The largest cell the analysis parses: LOOSELEAF_ANALYSIS_MAX_BYTES, default
+ * 1 MiB.  CPython's AST of a cell costs ~10x its size at the peak (a signed
+ * 100 MB cell took the kernel to 1.4 GB); cells this big are data pasted
+ * into code, not code whose closure matters. */
+static size_t s_analysis_max_bytes(void)
+{
+    const char *v = getenv("LOOSELEAF_ANALYSIS_MAX_BYTES");
+    char *end;
+    unsigned long long n = v ? strtoull(v, &end, 10) : 0;
+    return v && end != v && *end == 0 && n > 0 ? (size_t) n : (size_t) 1 << 20;
+}
 
 /* The session's GPU time as of the pool's latest stats (usage_request):
  * the only state shared with another thread. */
@@ -99,6 +115,14 @@ ll_route_plan_t *ll_route_plan(ll_route_t *self, const char *code, size_t len)
     ll_route_plan_t *plan = calloc(1, sizeof *plan);
     if (!plan)
         return NULL;
+    plan->unknown = self->restore_all;
+    if (len > s_analysis_max_bytes()) {
+        /* Not analysed: it runs in the interpreter with a plan that
+         * assumes the worst (ll_route_plan_closure), and the session's
+         * later GPU cells restore every variable (ll_route_done). */
+        plan->unanalysed = len;
+        return plan;
+    }
     PyGILState_STATE gil = PyGILState_Ensure();
     plan->cell = ll_analysis_new(code, len);
     PyGILState_Release(gil);
@@ -122,13 +146,19 @@ static json_t *s_strs_json(ll_analysis_strs_t strs)
 
 json_t *ll_route_plan_closure(const ll_route_plan_t *plan)
 {
+    if (plan && plan->unanalysed) /* anything may be read or changed */
+        return json_pack("{s:[], s:[], s:[], s:[], s:b}", "state", "writes", "deletes",
+                         "import_stmts", "unknown", 1);
     if (!plan || !plan->closure)
         return NULL;
-    return json_pack("{s:o, s:o, s:o, s:o}", "state",
-                     s_strs_json(ll_analysis_closure_state(plan->closure)), "writes",
-                     s_strs_json(ll_analysis_closure_writes(plan->closure)), "deletes",
-                     s_strs_json(ll_analysis_closure_deletes(plan->closure)), "import_stmts",
-                     s_strs_json(ll_analysis_closure_import_stmts(plan->closure)));
+    /* After an unanalysed cell a function the analysis never saw may read
+     * or change any variable: "unknown" makes the interpreter refresh all
+     * that moved first and count all as changed after. */
+    return json_pack(
+        "{s:o, s:o, s:o, s:o, s:b}", "state", s_strs_json(ll_analysis_closure_state(plan->closure)),
+        "writes", s_strs_json(ll_analysis_closure_writes(plan->closure)), "deletes",
+        s_strs_json(ll_analysis_closure_deletes(plan->closure)), "import_stmts",
+        s_strs_json(ll_analysis_closure_import_stmts(plan->closure)), "unknown", plan->unknown);
 }
 
 /* Whether strings STRS has a key of object NAMES. */
@@ -155,6 +185,11 @@ json_t *ll_route_plan_json(const ll_route_plan_t *plan, const char *route)
         return out;
     json_object_set_new(out, "route", json_string(route));
     json_object_set_new(out, "label", json_string(ll_route_is_gpu(plan) ? "gpu" : "cpu"));
+    if (plan->unanalysed)
+        json_object_set_new(out, "analysis_skipped",
+                            json_sprintf("a cell of %zu bytes is over the analysis limit of %zu "
+                                         "(LOOSELEAF_ANALYSIS_MAX_BYTES)",
+                                         plan->unanalysed, s_analysis_max_bytes()));
     if (plan->cell) {
         const char *error = ll_analysis_error(plan->cell);
         if (error)
@@ -182,6 +217,14 @@ void ll_route_done(ll_route_t *self, ll_route_plan_t **plan_p)
     if (!plan_p || !*plan_p)
         return;
     ll_route_plan_t *plan = *plan_p;
+    /* A cell the session cannot record may have defined anything (a
+     * function whose body later cells reach): from now on the closure of a
+     * GPU cell is every variable. */
+    if (plan->unanalysed && !self->restore_all) {
+        ll_info("route", "a cell of %zu bytes ran unanalysed: GPU cells restore every variable",
+                plan->unanalysed);
+        self->restore_all = true;
+    }
     /* The session mirrors what ran: errors and silent cells included. */
     if (plan->cell && ll_analysis_session_record(self->session, plan->cell) < 0)
         ll_warn("route", "cannot record a cell in the analysis session");
@@ -244,11 +287,14 @@ static json_t *s_run_request(ll_route_plan_t *plan, const ll_msg_t *req, const j
             json_object_set(r, homes[i], json_object_get(sync, homes[i]));
     /* Fault tests (tests/routing): with LOOSELEAF_TEST_FAULTS=1 in the
      * kernel's environment, execute_request metadata "looseleaf_fault"
-     * ("restore", "save", ...) makes the worker SIGKILL itself there. */
+     * ("restore", "save", "stop_redis@restore", ...: zyg.py's _fault)
+     * makes the worker do something bad there. */
     const char *faults = getenv("LOOSELEAF_TEST_FAULTS");
     json_t *fault = json_object_get(req->metadata, "looseleaf_fault");
-    if (r && faults && strcmp(faults, "1") == 0 && json_is_string(fault))
+    if (r && faults && strcmp(faults, "1") == 0 && json_is_string(fault)) {
         json_object_set(r, "fault", fault);
+        json_object_set_new(r, "kernel_pid", json_integer(getpid()));
+    }
     return r;
 }
 
@@ -465,6 +511,8 @@ int ll_route_prefetch(ll_route_t *self, ll_route_plan_t *plan, const json_t *syn
         "state_closure", s_strs_json(ll_analysis_closure_state(plan->closure)), "import_closure",
         s_strs_json(ll_analysis_closure_imports(plan->closure)), "import_stmts",
         s_strs_json(ll_analysis_closure_import_stmts(plan->closure)));
+    if (request && self->restore_all)
+        json_object_set_new(request, "state_all", json_true());
     char *key = request ? json_dumps(request, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     /* (after the key: the same closure grown in bytes is still the same prefetch) */
     json_t *bytes = json_object_get(sync, "closure_bytes");
@@ -587,9 +635,14 @@ static void s_relay_event(s_relay_t *r, json_t *ev)
     } else if (strcmp(type, "stream") == 0) {
         const char *name = json_string_value(json_object_get(ev, "name"));
         json_t *text = json_object_get(ev, "text");
-        if (name && json_is_string(text))
+        /* The worker coalesced its text already (base/ll_stream, 20 ms): out
+         * at once, so a flushed print reaches the frontend as promptly as
+         * from a CPU cell, not another coalescing interval later. */
+        if (name && json_is_string(text)) {
             ll_iopub_stream_write(io->iopub, name, json_string_value(text),
                                   json_string_length(text));
+            ll_iopub_stream_flush(io->iopub);
+        }
     } else if (strcmp(type, "iopub") == 0) {
         const char *t = s_publish(io, ev);
         bool input = t && strcmp(t, "execute_input") == 0;
@@ -651,6 +704,40 @@ static void s_relay(s_relay_t *r)
         ll_stdin_release(r->io->stdin_chan);
 }
 
+/* What the worker's account changes in its reply, before anything is
+ * published: a preparation that failed because the store did not answer or
+ * an interrupt ended its wait is named so (StoreUnavailable,
+ * KeyboardInterrupt), not WorkerPrepareError; a cell whose results the
+ * store could not take (the save is all or nothing: a full pool, Redis
+ * gone, an interrupt) ends in that error although its code ran, naming the
+ * variables; when the cell failed on its own, the save's failure is said
+ * on stderr. */
+static void s_settle_reply(s_relay_t *r)
+{
+    json_t *ll = json_object_get(r->md, "looseleaf");
+    const char *status = json_string_value(json_object_get(r->content, "status"));
+    bool failed = status && strcmp(status, "error") == 0;
+    const char *fatal_ename = json_string_value(json_object_get(ll, "fatal_ename"));
+    if (failed && fatal_ename)
+        json_object_set_new(r->content, "ename", json_string(fatal_ename));
+    const char *save_error = json_string_value(json_object_get(ll, "save_error"));
+    if (!save_error || !json_is_object(r->content))
+        return;
+    const char *save_ename = json_string_value(json_object_get(ll, "save_ename"));
+    if (failed) {
+        char *line = NULL;
+        if (asprintf(&line, "LooseLeaf: %s\n", save_error) > 0)
+            ll_iopub_stream_write(r->io->iopub, "stderr", line, strlen(line));
+        free(line);
+        return;
+    }
+    json_t *e = s_error_reply(save_ename ? save_ename : "SaveError", save_error, r->count);
+    json_object_set(e, "execution_count", json_object_get(r->content, "execution_count"));
+    json_decref(r->content);
+    r->content = e;
+    r->saw_error = false; /* the error goes out on iopub too */
+}
+
 int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *req,
                      const json_t *sync, const ll_route_io_t *io, json_t **content_p, json_t **md_p,
                      char *err, size_t errlen)
@@ -666,6 +753,8 @@ int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *re
     const char *session = json_string_value(json_object_get(sync, "session"));
     snprintf(self->store_session, sizeof self->store_session, "%s", session ? session : "");
     json_t *request = s_run_request(plan, req, sync, id);
+    if (request && self->restore_all)
+        json_object_set_new(request, "state_all", json_true());
     if (!request) {
         snprintf(err, errlen, "out of memory");
         return -1;
@@ -681,6 +770,7 @@ int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *re
                    .count = json_integer_value(json_object_get(sync, "execution_count")),
                    .visible_wait = -1};
     s_relay(&r);
+    s_settle_reply(&r);
     const char *status = json_string_value(json_object_get(r.content, "status"));
     if (!r.saw_error && status && strcmp(status, "error") == 0 &&
         json_is_string(json_object_get(r.content, "ename")))

@@ -36,7 +36,8 @@ typedef struct ll_route_plan_t ll_route_plan_t;
 /* Whether routing is on (LOOSELEAF_GPU_ROUTING is not "0"). */
 bool ll_route_enabled(void);
 
-/* After ll_interp_init.  Returns NULL with a reason in ERR. */
+/* After ll_interp_init.  The caller owns the result (ll_route_destroy).
+ * Returns NULL with a reason in ERR. */
 ll_route_t *ll_route_new(char *err, size_t errlen);
 
 /* Before ll_interp_finalize: also closes the connection to the host pool
@@ -44,8 +45,9 @@ ll_route_t *ll_route_new(char *err, size_t errlen);
 void ll_route_destroy(ll_route_t **self_p);
 
 /* Analyse CODE (LEN bytes, may contain NUL) before it runs.  Returns a plan
- * (never NULL unless out of memory); a cell that does not parse gets a plan
- * without closure. */
+ * the caller owns until ll_route_done or ll_route_plan_free (never NULL
+ * unless out of memory); a cell that does not parse gets a plan without
+ * closure. */
 ll_route_plan_t *ll_route_plan(ll_route_t *self, const char *code, size_t len);
 
 /* Whether the plan sends the cell to a worker (labelled GPU). */
@@ -55,8 +57,11 @@ bool ll_route_is_gpu(const ll_route_plan_t *plan);
  * NAMES (the names whose values live in the session's home worker). */
 bool ll_route_plan_reads(const ll_route_plan_t *plan, const json_t *names);
 
-/* {state, writes, deletes, import_stmts} of the cell's closure (a new object), for the
- * interpreter's coherence bookkeeping; NULL when the cell did not parse. */
+/* {state, writes, deletes, import_stmts, unknown} of the cell's closure (a new object), for
+ * the interpreter's coherence bookkeeping; NULL when the cell did not parse.  A cell over
+ * LOOSELEAF_ANALYSIS_MAX_BYTES (default 1 MiB) is not analysed at all (its plan says
+ * unknown: it may read or change anything, and is never GPU); from then on every plan says
+ * unknown and GPU cells restore every variable. */
 json_t *ll_route_plan_closure(const ll_route_plan_t *plan);
 
 /* The plan as execute_reply.metadata.looseleaf (a new object): ROUTE is

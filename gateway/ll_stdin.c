@@ -17,6 +17,7 @@ struct ll_stdin_t {
     ll_session_t *session; /* borrowed */
     ll_iopub_t *iopub;     /* its parent addresses prompts; borrowed */
     pthread_mutex_t lock;  /* held from ask to release */
+    zmsg_t *asked;         /* routing identity the pending prompt went to (under lock) */
 };
 
 ll_stdin_t *ll_stdin_new(zsock_t *sock, ll_session_t *session, ll_iopub_t *iopub)
@@ -35,6 +36,7 @@ void ll_stdin_destroy(ll_stdin_t **self_p)
 {
     if (!self_p || !*self_p)
         return;
+    zmsg_destroy(&(*self_p)->asked);
     pthread_mutex_destroy(&(*self_p)->lock);
     free(*self_p);
     *self_p = NULL;
@@ -54,11 +56,25 @@ bool ll_stdin_ask(ll_stdin_t *self, const char *prompt, bool password)
     ll_msg_t *msg = ll_iopub_msg_to_parent(
         self->iopub, "input_request",
         json_pack("{s:s, s:b}", "prompt", prompt ? prompt : "", "password", password));
+    zmsg_destroy(&self->asked);
+    self->asked = msg && msg->identities ? zmsg_dup(msg->identities) : NULL;
     if (!msg || ll_session_send(self->session, self->sock, &msg) != 0) {
         ll_warn("stdin", "cannot send input_request (no frontend on stdin?)");
         pthread_mutex_unlock(&self->lock);
         return false;
     }
+    return true;
+}
+
+/* Whether message identities A and B are the same frames. */
+static bool s_same_identity(zmsg_t *a, zmsg_t *b)
+{
+    if (!a || !b || zmsg_size(a) != zmsg_size(b))
+        return false;
+    for (zframe_t *fa = zmsg_first(a), *fb = zmsg_first(b); fa && fb;
+         fa = zmsg_next(a), fb = zmsg_next(b))
+        if (!zframe_eq(fa, fb))
+            return false;
     return true;
 }
 
@@ -73,7 +89,12 @@ char *ll_stdin_take(ll_stdin_t *self)
             continue;
         }
         char *value = NULL;
-        if (strcmp(reply->msg_type, "input_reply") == 0) {
+        if (strcmp(reply->msg_type, "input_reply") == 0 &&
+            !s_same_identity(reply->identities, self->asked)) {
+            /* Another frontend (another socket identity) must not answer
+             * the prompt of the one whose cell asked. */
+            ll_warn("stdin", "an input_reply from a frontend that was not asked: dropped");
+        } else if (strcmp(reply->msg_type, "input_reply") == 0) {
             const char *v = ll_msg_content_str(reply, "value");
             value = strdup(v ? v : "");
         } else {
@@ -149,8 +170,8 @@ static bool s_never(void)
 }
 
 /* A frontend on a DEALER answers the kernel's ROUTER: the prompt arrives
- * signed and addressed, an unrelated message is dropped, the reply is taken,
- * and an interrupt ends a wait. */
+ * signed and addressed, another frontend's answer and an unrelated message
+ * are dropped, the reply is taken, and an interrupt ends a wait. */
 int ll_stdin_selftest(bool verbose)
 {
     int rc = -1;
@@ -193,6 +214,26 @@ int ll_stdin_selftest(bool verbose)
     if (!got || strcmp(got->msg_type, "input_request") != 0 ||
         strcmp(ll_msg_content_str(got, "prompt"), "name? ") != 0)
         goto out_release;
+    /* An answer from another frontend (another identity) is dropped. */
+    zsock_t *intruder = zsock_new(ZMQ_DEALER);
+    zsock_set_identity(intruder, "intruder");
+    ll_msg_t *forged = ll_msg_new(session, "input_reply", got, json_pack("{s:s}", "value", "eve"));
+    zmsg_destroy(&forged->identities);
+    forged->identities = zmsg_new();
+    bool sent_forged = intruder && zsock_connect(intruder, "%s", endpoint) == 0 &&
+                       ll_session_send(session, intruder, &forged) == 0;
+    ll_msg_destroy(&forged);
+    zmq_pollitem_t it = {zsock_resolve(router), 0, ZMQ_POLLIN, 0};
+    bool arrived = sent_forged && zmq_poll(&it, 1, 2000) == 1;
+    int saved_level = ll_log_level;
+    ll_log_level = -1; /* the dropped answer is logged: expected */
+    char *stolen = arrived ? ll_stdin_take(in) : NULL;
+    ll_log_level = saved_level;
+    if (!arrived || stolen) {
+        free(stolen);
+        zsock_destroy(&intruder);
+        goto out_release;
+    }
     /* Something else first (dropped), then the answer. */
     ll_msg_t *other = ll_msg_new(session, "comm_msg", got, json_object());
     ll_msg_t *answer = ll_msg_new(session, "input_reply", got, json_pack("{s:s}", "value", "ada"));
@@ -212,6 +253,7 @@ int ll_stdin_selftest(bool verbose)
         ll_log_level = saved;
     }
     ll_stdin_release(in);
+    zsock_destroy(&intruder);
     bool ok = value && strcmp(value, "ada") == 0;
     free(value);
     if (!ok)
@@ -234,7 +276,7 @@ int ll_stdin_selftest(bool verbose)
         goto out;
     rc = 0;
     if (verbose)
-        printf("(prompt, dropped message, answer) ");
+        printf("(prompt, another frontend's answer, dropped message, answer) ");
     goto out;
 out_release:
     ll_stdin_release(in);

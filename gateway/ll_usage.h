@@ -19,7 +19,8 @@
 #include <jansson.h>
 #include <stdbool.h>
 
-/* A new usage_reply content object, or NULL on allocation failure. */
+/* A new usage_reply content object (the caller owns it), or NULL on
+ * allocation failure. */
 json_t *ll_usage_reply(void);
 
 int ll_usage_selftest(bool verbose);

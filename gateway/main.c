@@ -4,6 +4,7 @@
  *   looseleaf kernel -f CONNECTION_FILE   the same
  *   looseleaf install [...]               write the kernelspec
  *   looseleaf analyze ...                 cell analysis (analysis/ll_analyze_cli.c)
+ *   looseleaf trace ... | simulate ...    the fleet simulator (sim/ll_sim_cli.h)
  *   looseleaf --version | --help
  *
  * Runs in the kernel process (or a short-lived command-line process); only
@@ -18,6 +19,7 @@
 #include "gateway/ll_kernel.h"
 #include "gateway/ll_kernelspec.h"
 #include "kernel/ll_pyenv.h"
+#include "sim/ll_sim_cli.h"
 #include "zygote/ll_hostpool.h"
 #include "zygote/ll_zygote.h"
 
@@ -26,6 +28,9 @@ static void s_usage(FILE *out)
     fprintf(
         out,
         "usage: looseleaf -f CONNECTION_FILE         run the kernel (Jupyter starts this)\n"
+        "                [--allow-insecure-connection-file]  accept a symlink, or a file others\n"
+        "                                            may read (refused: the key runs code as you)\n"
+        "                [--allow-empty-key]         accept an empty key (nothing signed)\n"
         "       looseleaf kernel -f CONNECTION_FILE  the same\n"
         "       looseleaf install [--user | --system | --sys-prefix | --prefix DIR | --dir DIR]\n"
         "                         [--python PYTHON] [--name NAME] [--display-name TEXT]\n"
@@ -35,19 +40,30 @@ static void s_usage(FILE *out)
         "                         else the Python LooseLeaf was built for)\n"
         "       looseleaf analyze ...                static analysis of cells (see analyze "
         "--help)\n"
+        "       looseleaf trace ... NOTEBOOK...      notebooks into a trace of sessions (see trace "
+        "--help)\n"
+        "       looseleaf simulate ... TRACE         the trace on a fleet of GPU hosts, LooseLeaf "
+        "and baselines\n"
         "       looseleaf pool ... | zygote ...      the host pool and its zygotes (started by "
         "kernels)\n"
         "       looseleaf --version | --help\n",
         LL_KERNELSPEC_NAME);
 }
 
-/* Find the connection file in "-f FILE" / "-f=FILE" / "--f=FILE". */
+/* Find the connection file in "-f FILE" / "-f=FILE" / "--f=FILE", and the
+ * flags that accept what the kernel refuses by default. */
 static int s_kernel_main(int argc, char **argv)
 {
     const char *file = NULL;
+    ll_kernel_opts_t opts = {0};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
-        if (strcmp(a, "-f") == 0 || strcmp(a, "--f") == 0 || strcmp(a, "--connection-file") == 0) {
+        if (strcmp(a, "--allow-insecure-connection-file") == 0) {
+            opts.allow_insecure_file = true;
+        } else if (strcmp(a, "--allow-empty-key") == 0) {
+            opts.allow_empty_key = true;
+        } else if (strcmp(a, "-f") == 0 || strcmp(a, "--f") == 0 ||
+                   strcmp(a, "--connection-file") == 0) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "looseleaf: %s needs a connection file\n", a);
                 return 2;
@@ -68,7 +84,7 @@ static int s_kernel_main(int argc, char **argv)
         s_usage(stderr);
         return 2;
     }
-    return ll_kernel_run(file);
+    return ll_kernel_run(file, &opts);
 }
 
 /* Where the Python of the environment to install into is: --python, else
@@ -180,8 +196,11 @@ int main(int argc, char **argv)
     static const struct {
         const char *name;
         int (*fn)(int, char **);
-    } subs[] = {
-        {"analyze", ll_analyze_main}, {"pool", ll_hostpool_main}, {"zygote", ll_zygote_main}};
+    } subs[] = {{"analyze", ll_analyze_main},
+                {"pool", ll_hostpool_main},
+                {"zygote", ll_zygote_main},
+                {"trace", ll_trace_main},
+                {"simulate", ll_simulate_main}};
     for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++)
         if (strcmp(cmd, subs[i].name) == 0)
             return subs[i].fn(argc - 1, argv + 1);

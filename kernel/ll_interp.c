@@ -237,6 +237,20 @@ static PyObject *s_py_pool_stats(PyObject *self, PyObject *unused)
     return res;
 }
 
+static _Atomic int s_interrupt_fd = -1; /* ll_interp_set_interrupt_fd */
+
+void ll_interp_set_interrupt_fd(int fd)
+{
+    atomic_store(&s_interrupt_fd, fd);
+}
+
+/* interrupt_fd() -> int: the interrupt eventfd, -1 without one (or after a
+ * fork in a cell: the child is no kernel). */
+static PyObject *s_py_interrupt_fd(PyObject *self, PyObject *unused)
+{
+    return PyLong_FromLong(atomic_load(&s_hooks_off) ? -1 : atomic_load(&s_interrupt_fd));
+}
+
 /* log(level, module, text): one line through ll_log (the kernel's log on
  * its original stderr, not the notebook).  LEVEL is an ll_log_level_t. */
 static PyObject *s_py_log(PyObject *self, PyObject *args)
@@ -289,6 +303,8 @@ static PyMethodDef s_methods[] = {
     {"input_request", s_py_input_request, METH_VARARGS,
      "input_request(prompt, password=False) -> str: ask the frontend for a line."},
     {"log", s_py_log, METH_VARARGS, "log(level, module, text): a line in the kernel's log."},
+    {"interrupt_fd", s_py_interrupt_fd, METH_NOARGS,
+     "interrupt_fd() -> int: an fd readable once the running cell is interrupted, -1 if none."},
     {"pool_stats", s_py_pool_stats, METH_NOARGS,
      "pool_stats() -> str | None: the host pool's state (JSON), None without a pool."},
     {"log_level", s_py_log_level, METH_NOARGS, "log_level() -> int: the kernel's log threshold."},

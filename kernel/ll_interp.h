@@ -67,6 +67,13 @@ typedef struct {
     char *(*pool_stats)(void *ctx);
 } ll_interp_hooks_t;
 
+/* FD (an eventfd of interrupts, borrowed: it must outlive the interpreter)
+ * becomes readable when the running cell is interrupted: code that waits
+ * outside Python (the checkpoint store waiting for Redis) ends its wait on
+ * it.  Python sees it as _looseleaf_kernel.interrupt_fd(); -1 (the
+ * default): none. */
+void ll_interp_set_interrupt_fd(int fd);
+
 /* Register a builtin extension module (PyImport_AppendInittab) so Python
  * code in the interpreter can import it.  Only before ll_interp_init; NAME
  * must stay valid for the life of the process (a string literal).  INITFUNC
@@ -111,10 +118,11 @@ typedef struct {
                                 * NULL otherwise */
 } ll_interp_request_t;
 
-/* Handle REQ in Python.  Returns the reply's content as malloc'd JSON text
- * (NULL for messages that have no reply, e.g. comm_msg), and when
- * *REPLY_METADATA_JSON is non-NULL on return, a malloc'd JSON object text for
- * the reply's metadata (REPLY_METADATA_JSON may be NULL).  Never lets a
+/* Handle REQ in Python.  Returns the reply's content as JSON text the
+ * caller frees (NULL for messages that have no reply, e.g. comm_msg), and
+ * when *REPLY_METADATA_JSON is non-NULL on return, a JSON object text for the
+ * reply's metadata, which the caller frees too (REPLY_METADATA_JSON may be
+ * NULL).  Never lets a
  * Python exception escape: an internal failure becomes an error reply. */
 char *ll_interp_call(const ll_interp_request_t *req, char **reply_metadata_json);
 

@@ -5,7 +5,13 @@
  * key.  Optional, with jupyter_client's defaults: transport ("tcp"),
  * signature_scheme ("hmac-sha256"), kernel_name ("").  Unknown fields are
  * ignored, as jupyter_client does.  Every error names the field, so a
- * frontend's mistake is fixed from the kernel's one-line message. */
+ * frontend's mistake is fixed from the kernel's one-line message.
+ *
+ * The file holds the HMAC key, which lets whoever reads it run code as the
+ * user: unless the caller allows it, a symbolic link (opened with
+ * O_NOFOLLOW, so no swap between check and read) or a file another user or
+ * group may read or write is refused, as ssh refuses a private key others
+ * can read. */
 #include "proto/ll_conn.h"
 
 #include <errno.h>
@@ -15,8 +21,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <unistd.h>
 
 /* A connection file is a few hundred bytes; refusing anything huge keeps a
  * wrong path (a log, /dev/zero) from eating memory. */
@@ -235,20 +243,70 @@ out_decref:
     return rc;
 }
 
-int ll_conn_load(const char *path, ll_conn_info_t *info, char *err, size_t errlen)
+/* Open PATH for reading, refusing (unless FLAGS allow it) a symbolic link
+ * and a file that is not ours alone.  A FILE, or NULL with ERR. */
+static FILE *s_open_checked(const char *path, unsigned flags, char *err, size_t errlen)
+{
+    bool strict = !(flags & LL_CONN_ALLOW_INSECURE);
+    const char *opt = "(--allow-insecure-connection-file accepts it anyway)";
+    int fd = open(path, O_RDONLY | O_CLOEXEC | (strict ? O_NOFOLLOW : 0));
+    if (fd < 0 && errno == ELOOP && strict) {
+        s_fail(err, errlen,
+               "connection file %s: is a symbolic link; the kernel reads its key only from a "
+               "regular file %s",
+               path, opt);
+        return NULL;
+    }
+    if (fd < 0) {
+        s_fail(err, errlen, "connection file %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        s_fail(err, errlen, "connection file %s: %s", path, strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        s_fail(err, errlen, "connection file %s: is a directory", path);
+        close(fd);
+        return NULL;
+    }
+    if (strict && (!S_ISREG(st.st_mode) || st.st_uid != geteuid())) {
+        s_fail(err, errlen, "connection file %s: %s %s", path,
+               !S_ISREG(st.st_mode) ? "is not a regular file" : "belongs to another user", opt);
+        close(fd);
+        return NULL;
+    }
+    if (strict && (st.st_mode & 077)) {
+        s_fail(err, errlen,
+               "connection file %s: mode %04o lets %s read or change it, and the key in it "
+               "lets anyone who reads it run code as you; make it 0600 %s",
+               path, (unsigned) (st.st_mode & 07777),
+               (st.st_mode & 070) && (st.st_mode & 07) ? "group and others"
+               : (st.st_mode & 070)                    ? "the group"
+                                                       : "others",
+               opt);
+        close(fd);
+        return NULL;
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        s_fail(err, errlen, "connection file %s: %s", path, strerror(errno));
+        close(fd);
+    }
+    return f;
+}
+
+int ll_conn_load(const char *path, unsigned flags, ll_conn_info_t *info, char *err, size_t errlen)
 {
     if (info)
         memset(info, 0, sizeof *info);
     if (!path || !*path)
         return s_fail(err, errlen, "connection file: no path given");
-    FILE *f = fopen(path, "rb");
+    FILE *f = s_open_checked(path, flags, err, errlen);
     if (!f)
-        return s_fail(err, errlen, "connection file %s: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
-        fclose(f);
-        return s_fail(err, errlen, "connection file %s: is a directory", path);
-    }
+        return -1;
     char *text = malloc(LL_CONN_MAX_FILE + 1);
     if (!text) {
         fclose(f);

@@ -28,9 +28,16 @@ typedef struct {
     char kernel_name[128];     /* optional, "" when absent */
 } ll_conn_info_t;
 
-/* Read and validate PATH into *INFO.  Returns 0, or -1 with a one-line reason
- * naming the offending field (or the I/O error) in ERR. */
-int ll_conn_load(const char *path, ll_conn_info_t *info, char *err, size_t errlen);
+/* ll_conn_load FLAGS. */
+#define LL_CONN_ALLOW_INSECURE 1u /* accept a symlink or a file others may read or write */
+
+/* Read and validate PATH into *INFO.  The file holds the key that lets
+ * whoever knows it run code as us, so unless FLAGS has LL_CONN_ALLOW_INSECURE
+ * it must be a regular file (not a symbolic link) of this user that no group
+ * or other user may read or write (Jupyter writes 0600).  Returns 0, or -1
+ * with a one-line reason naming the offending field, the problem with the
+ * file or the I/O error in ERR. */
+int ll_conn_load(const char *path, unsigned flags, ll_conn_info_t *info, char *err, size_t errlen);
 
 /* Same, from a JSON text already in memory (used by tests). */
 int ll_conn_parse(const char *json_text, ll_conn_info_t *info, char *err, size_t errlen);

@@ -272,6 +272,7 @@ typedef struct {
     char *err;                  /* caller's error buffer */
     size_t errlen;
     bool failed; /* err already holds the first error */
+    bool no_dup; /* LL_JSON_NO_DUPLICATE_KEYS */
 } s_parser_t;
 
 static void s_perror(s_parser_t *ps, const unsigned char *at, const char *reason)
@@ -605,6 +606,13 @@ static json_t *s_parse_object(s_parser_t *ps, int depth)
             ps->p++;
             value = s_parse_value(ps, depth + 1);
         }
+        if (value && ps->no_dup && json_object_getn(obj, key_copy, key_len)) {
+            s_perror(ps, ps->p, "duplicate key");
+            json_decref(value);
+            if (key_copy != small)
+                free(key_copy);
+            goto out_fail;
+        }
         int rc = value ? json_object_setn_new_nocheck(obj, key_copy, key_len, value) : -1;
         if (key_copy != small)
             free(key_copy);
@@ -719,6 +727,11 @@ static json_t *s_parse_value(s_parser_t *ps, int depth)
 
 json_t *ll_json_parse(const char *text, size_t len, char *err, size_t errlen)
 {
+    return ll_json_parse_flags(text, len, 0, err, errlen);
+}
+
+json_t *ll_json_parse_flags(const char *text, size_t len, unsigned flags, char *err, size_t errlen)
+{
     if (err && errlen)
         err[0] = '\0';
     if (!text) {
@@ -733,6 +746,7 @@ json_t *ll_json_parse(const char *text, size_t len, char *err, size_t errlen)
         .end = (const unsigned char *) text + len,
         .err = err,
         .errlen = errlen,
+        .no_dup = (flags & LL_JSON_NO_DUPLICATE_KEYS) != 0,
     };
     ll_jbuf_init(&ps.scratch, scratch, sizeof scratch);
     json_t *v = s_parse_value(&ps, 0);

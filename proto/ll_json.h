@@ -49,8 +49,15 @@ int ll_jbuf_put(ll_jbuf_t *buf, const void *bytes, size_t n);
  * NULL, nested deeper than 2048 levels (or cyclic), or memory runs out. */
 int ll_json_write(ll_jbuf_t *buf, const json_t *value);
 
-/* Parse LEN bytes of TEXT (need not be NUL-terminated) into a new value,
- * or NULL with "at byte N: reason" in ERR.  Never reads past TEXT + LEN. */
+/* Parse LEN bytes of TEXT (need not be NUL-terminated) into a new value (a
+ * new reference the caller owns), or NULL with "at byte N: reason" in ERR.
+ * Never reads past TEXT + LEN. */
 json_t *ll_json_parse(const char *text, size_t len, char *err, size_t errlen);
+
+/* The same with FLAGS: LL_JSON_NO_DUPLICATE_KEYS makes an object that
+ * names a key twice an error (RFC 8259 leaves it open; by default the last
+ * one wins, as in Python and jansson). */
+#define LL_JSON_NO_DUPLICATE_KEYS 1u
+json_t *ll_json_parse_flags(const char *text, size_t len, unsigned flags, char *err, size_t errlen);
 
 #endif

@@ -433,8 +433,10 @@ static const char *const s_part_names[4] = {"header", "parent_header", "metadata
 static json_t *s_parse_part(zframe_t *frame, int part, char *why, size_t whylen)
 {
     char err[160];
-    json_t *v =
-        ll_json_parse((const char *) zframe_data(frame), zframe_size(frame), err, sizeof err);
+    /* A header naming a key twice (two msg_types, two sessions) is one
+     * that different readers would read differently: refused. */
+    json_t *v = ll_json_parse_flags((const char *) zframe_data(frame), zframe_size(frame),
+                                    part == 0 ? LL_JSON_NO_DUPLICATE_KEYS : 0, err, sizeof err);
     if (!v) {
         s_fail(why, whylen, "%s: invalid JSON %s", s_part_names[part], err);
         return NULL;
@@ -445,6 +447,30 @@ static json_t *s_parse_part(zframe_t *frame, int part, char *why, size_t whylen)
         return NULL;
     }
     return v;
+}
+
+/* Whether V is a protocol version: a string of numbers joined by dots
+ * ("5.3", "5"), each of at most 9 digits.  (Absent is fine too: old
+ * clients wrote none.) */
+static bool s_version_ok(const json_t *v)
+{
+    if (!json_is_string(v))
+        return false;
+    const char *p = json_string_value(v), *end = p + json_string_length(v);
+    if (p == end)
+        return false;
+    while (p < end) {
+        int digits = 0;
+        while (p < end && *p >= '0' && *p <= '9' && digits < 10) {
+            p++;
+            digits++;
+        }
+        if (digits == 0 || digits > 9)
+            return false;
+        if (p < end && (*p != '.' || ++p == end))
+            return false;
+    }
+    return true;
 }
 
 ll_msg_t *ll_session_decode(ll_session_t *self, zmsg_t **raw_p, char *why, size_t whylen)
@@ -563,6 +589,11 @@ ll_msg_t *ll_session_decode(ll_session_t *self, zmsg_t **raw_p, char *why, size_
         s_fail(why, whylen, "header: msg_id missing or not a string");
         goto out_drop;
     }
+    json_t *version = json_object_get(msg->header, "version");
+    if (version && !s_version_ok(version)) {
+        s_fail(why, whylen, "header: version is not a protocol version (\"5.3\")");
+        goto out_drop;
+    }
     msg->msg_type = json_string_value(type);
     for (int i = 0; i < 5; i++)
         zframe_destroy(&frames[i]);
@@ -576,6 +607,24 @@ out_drop:
     zmsg_destroy(&raw);
     ll_msg_destroy(&msg);
     return NULL;
+}
+
+/* ---- limits --------------------------------------------------------------- */
+
+int64_t ll_wire_max_frame_bytes(void)
+{
+    const char *v = getenv("LOOSELEAF_MAX_FRAME_BYTES");
+    char *end;
+    long long n = v ? strtoll(v, &end, 10) : 0;
+    if (!v || end == v || *end)
+        return LL_WIRE_MAX_FRAME_DEFAULT;
+    return n > 0 ? (int64_t) n : -1;
+}
+
+int ll_wire_limit_frames(zsock_t *sock)
+{
+    int64_t max = ll_wire_max_frame_bytes();
+    return zmq_setsockopt(zsock_resolve(sock), ZMQ_MAXMSGSIZE, &max, sizeof max);
 }
 
 /* ---- encode ------------------------------------------------------------- */

@@ -23,9 +23,10 @@
 
 /* The Jupyter messaging protocol version the kernel speaks (message headers,
  * kernel_info_reply, the kernelspec). */
-#define LL_PROTOCOL_VERSION "5.3"
+#define LL_PROTOCOL_VERSION "5.4"
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct ll_session_t ll_session_t;
 
@@ -48,7 +49,8 @@ typedef struct {
  * "hmac-sha256".  REPLAY_HISTORY is the number of recent signatures
  * remembered (0: default 65536, jupyter_client's digest_history_size); the
  * oldest is forgotten first.  The key is copied into OpenSSL's context.
- * Returns NULL if the scheme is unsupported. */
+ * The caller owns the result (ll_session_destroy).  Returns NULL if the
+ * scheme is unsupported. */
 ll_session_t *ll_session_new(const unsigned char *key, size_t key_len, const char *scheme,
                              size_t replay_history);
 void ll_session_destroy(ll_session_t **self_p);
@@ -70,7 +72,9 @@ int ll_session_sign(const ll_session_t *self, const void *const parts[4], const 
  * With a key the signature must be 64 hex characters (either case); without
  * one the signature frame is ignored, as jupyter_client does.  JSON strings
  * may contain \u0000 (a NUL inside `code` is kept; use json_string_length).
- * Frames after content are kept, in order, in msg->buffers. */
+ * Frames after content are kept, in order, in msg->buffers.  The header must
+ * be an object with string msg_type and msg_id, name no key twice, and a
+ * version, when it has one, must read as one ("5.3"). */
 ll_msg_t *ll_session_decode(ll_session_t *self, zmsg_t **raw_p, char *why, size_t whylen);
 
 /* Build the signed frames of MSG (identities first, then delimiter, ...).
@@ -84,8 +88,9 @@ int ll_session_send(ll_session_t *self, zsock_t *sock, ll_msg_t **msg_p);
 
 /* A new message of MSG_TYPE in reply to PARENT (may be NULL): copies the
  * parent's identities and its header as parent_header, writes a fresh header
- * (new msg_id, this session, date, version "5.3").  Steals the reference to
- * CONTENT (NULL means {}).  Returns NULL only on allocation failure. */
+ * (new msg_id, this session, date, version LL_PROTOCOL_VERSION).  Steals the reference to
+ * CONTENT (NULL means {}).  The caller owns the result (ll_msg_destroy, or
+ * a send that takes it).  Returns NULL only on allocation failure. */
 ll_msg_t *ll_msg_new(ll_session_t *self, const char *msg_type, const ll_msg_t *parent,
                      json_t *content);
 
@@ -93,6 +98,20 @@ void ll_msg_destroy(ll_msg_t **self_p);
 
 /* Convenience: a string field of content, or NULL. Borrowed. */
 const char *ll_msg_content_str(const ll_msg_t *msg, const char *key);
+
+/* The largest frame a kernel socket accepts: LOOSELEAF_MAX_FRAME_BYTES (bytes;
+ * 0 or a negative number: no limit), default LL_WIRE_MAX_FRAME_DEFAULT,
+ * generous for real outputs and comm buffers (a cell of 100 MB passes). */
+#define LL_WIRE_MAX_FRAME_DEFAULT ((int64_t) 128 << 20)
+int64_t ll_wire_max_frame_bytes(void);
+
+/* Set ZMQ_MAXMSGSIZE on SOCK (before it binds or connects) to
+ * ll_wire_max_frame_bytes(): a peer that sends a larger frame is
+ * disconnected before the frame is buffered, so nobody can make the kernel
+ * hold a huge message before its signature is even checked.  (ZeroMQ
+ * bounds each frame: a message of many frames below the limit is still
+ * buffered whole.)  0, or -1 with errno. */
+int ll_wire_limit_frames(zsock_t *sock);
 
 /* A fresh uuid4-formatted id ("8-4-4-4-12" hex + NUL), unique within the
  * process (and across a fork), without a syscall per id.  Thread-safe. */

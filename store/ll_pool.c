@@ -317,7 +317,7 @@ static int s_create_memfd(ll_pool_t *pool, const char *path, size_t pool_bytes, 
     pool->fd = memfd_create("looseleaf-pool", flags);
     if (pool->fd < 0)
         return s_fail(err, errlen, "memfd_create for %s failed: %s", path, errno);
-    pool->is_memfd = true;
+    pool->nameless = true;
     fchmod(pool->fd, 0600); /* others reach it through /proc/<pid>/fd */
     if (s_init_file(pool->fd, pool_bytes, path, want, err, errlen) != 0)
         return -1;
@@ -411,7 +411,7 @@ static int s_map_file(ll_pool_t *pool, const char *path, char *err, size_t errle
     pool->state = (_Atomic uint64_t *) (pool->hdr + 1);
     pool->lease = pool->state + pool->nregions;
     snprintf(pool->page_kind, sizeof pool->page_kind, "%.15s", peek.page_kind);
-    if (!pool->is_memfd) {
+    if (!pool->nameless) {
         char kind[16];
         s_detect_kind(pool->fd, kind, &pool->thp_advise);
     }
@@ -476,7 +476,7 @@ out_unmap:
 out_close:
     if (pool->fd >= 0)
         close(pool->fd);
-    if (created && !pool->is_memfd)
+    if (created && !pool->nameless)
         unlink(path);
     s_pool_free(pool);
     return NULL;
@@ -508,9 +508,19 @@ void ll_pool_destroy(ll_pool_t **pool_p)
     *pool_p = NULL;
 }
 
+int ll_pool_make_nameless(ll_pool_t *pool)
+{
+    if (pool->nameless)
+        return 0;
+    if (unlink(pool->path) != 0 && errno != ENOENT)
+        return -1;
+    pool->nameless = true;
+    return 0;
+}
+
 int ll_pool_unlink(ll_pool_t *pool)
 {
-    if (pool->is_memfd)
+    if (pool->nameless)
         return 0;
     if (unlink(pool->path) != 0 && errno != ENOENT)
         return -1;
@@ -553,7 +563,7 @@ uint64_t ll_pool_id(ll_pool_t *pool)
 
 const char *ll_pool_share_path(ll_pool_t *pool)
 {
-    return pool->is_memfd ? pool->share_path : pool->path;
+    return pool->nameless ? pool->share_path : pool->path;
 }
 
 /* Take one lease count on IDX (the bit is set on the first). */

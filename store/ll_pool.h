@@ -50,6 +50,12 @@ void ll_pool_destroy(ll_pool_t **pool_p);
 /* Remove the pool's file name (its memory goes once every process let go). */
 int ll_pool_unlink(ll_pool_t *pool);
 
+/* Remove the pool's file name now and share it as a memfd is shared
+ * (/proc/<pid>/fd/<n>, ll_pool_share_path), so that its memory goes with the
+ * last process that holds it, the creator among them, whatever kills them:
+ * nothing is left in /dev/shm.  0, or -1 with errno. */
+int ll_pool_make_nameless(ll_pool_t *pool);
+
 /* Allocate one region for writing, leased by this process; *ADDR is where
  * to write it.  Prefers free regions this process already prefaulted.  The
  * region is not backed here: the caller must ll_pool_back it before

@@ -39,7 +39,8 @@ typedef struct {
 struct ll_pool_t {
     int fd;                     /* pool file */
     char *path;                 /* its name ("memfd:..." for a nameless one) */
-    bool is_memfd;              /* nothing to unlink */
+    bool nameless;              /* a memfd, or a file unlinked by its owner: nothing to
+                                 * unlink, reached as /proc/<pid>/fd/<n> */
     char *base;                 /* shared RW mapping of the whole file */
     size_t file_len;            /* length of that mapping */
     ll_pool_hdr_t *hdr;         /* == base */

@@ -1,54 +1,62 @@
-/* ll_redis: private redis-server launcher and a reconnecting hiredis
- * connection (see ll_redis.h).  Runs in any process of a session; the
- * launcher is called by the process that owns the runtime directory.
+/* ll_redis: a reconnecting hiredis connection with deadlines and
+ * cancellation (see ll_redis.h).  Runs in any process of a session, on the
+ * thread that calls the store (under its mutex).
  *
  * DESIGN
  * ------
- * The private server listens only on RUNTIME_DIR/redis.sock (port 0,
- * unixsocketperm 700, the directory 0700), in its own session so a
- * Ctrl-C or a killpg() meant for the kernel does not take it down.  It is
- * spawned with posix_spawn, never fork(): the kernel process has ZeroMQ
- * threads by then.  It keeps an append-only file in the runtime directory
- * with appendfsync "always": Redis writes and fsyncs a transaction before it
- * replies, so a server killed and restarted mid-session comes back with every
- * commit it acknowledged.  ("everysec" would be cheaper, but while a slow
- * background fsync is pending Redis postpones the write and still replies,
- * so a kill -9 can lose acknowledged commits.)  Measured here: 0.2 ms median,
- * 2 ms p90 per commit on disk, nothing on tmpfs.  A crash of the *saving*
- * process needs nothing from Redis: MULTI/EXEC is atomic.
+ * hiredis' blocking calls wait in read() for as long as the server takes: a
+ * stopped redis-server (SIGSTOP, a full disk, a stall) would hang a cell
+ * for ever, with no interrupt able to end it (hiredis retries EINTR).  So
+ * the socket is non-blocking and every wait is our own poll() on it, the
+ * cancel fd (an interrupt) and the call's deadline, in slices of 100 ms
+ * between which the cancel check runs.  A wait that ends without its reply
+ * drops the connection: what the server was in the middle of is unknown,
+ * and a commit finds out from its record whether its EXEC ran
+ * (ll_store_commit.c).  Once a call failed that way, its later commands
+ * fail at once, so a store operation that retries (a commit's WATCH loop)
+ * still gives up after one timeout.
  *
  * hiredis contexts carry a sticky err/errstr: once set the context is dead,
- * so every call checks it and reconnects (after a Redis restart the socket
- * reappears once the server answers).  Writes to a closed socket would raise
- * SIGPIPE and kill the process: we set SIGPIPE to SIG_IGN if it is still the
- * default (CPython already does so).
+ * so every command checks it and reconnects (after a Redis restart the
+ * socket reappears once the server answers; a server still loading its
+ * append-only file answers -LOADING, retried with backoff until the
+ * deadline).  Writes to a closed socket would raise SIGPIPE and kill the
+ * process: we set SIGPIPE to SIG_IGN if it is still the default (CPython
+ * already does so).
+ *
+ * The private server (ll_redis_server.c) lets in only its ACL user; its
+ * password sits next to its socket (redis.pass, 0600, in a 0700
+ * directory), where this connection finds it.
  *
  * The self-test at the bottom starts a throwaway server in a temp dir and
  * drives connect, reconnect (after a cut connection and after the server
  * restarted), an optimistic WATCH/EXEC transaction overtaken and retried,
- * and the error paths; it polls, never sleeps for a fixed time. */
+ * a stopped server (the deadline) and an interrupt (the cancel fd), and the
+ * error paths; it polls, never sleeps for a fixed time. */
 #include "store/ll_redis.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "base/ll_log.h"
 #include "base/ll_clock.h"
+#include "base/ll_log.h"
+#include "store/ll_redis_server.h"
 
-extern char **environ;
+#define S_USER           "looseleaf" /* the private server's ACL user */
+#define S_RECONNECT_MS   3000.0      /* how long a broken connection is retried */
+#define S_SLICE_MS       100         /* between cancel checks */
+#define S_BACKOFF_MAX_MS 500.0
 
 struct ll_redis_t {
     redisContext *c;          /* NULL or a context (maybe with err set) */
@@ -56,14 +64,24 @@ struct ll_redis_t {
     char *path;               /* unix socket, or NULL */
     char *host;               /* tcp host, or NULL */
     int port;                 /* tcp port */
+    char *password;           /* the private server's (AUTH looseleaf ...), or NULL */
     char err[256];            /* last error */
     unsigned long reconnects; /* successful reconnects after a failure */
+    double timeout_ms;        /* of one call */
+    double deadline;          /* ll_clock_ms() when the current call gives up */
+    int failure;              /* ll_redis_failure_t of the current call */
+    int cancel_fd;            /* -1, or: readable ends a wait */
+    bool cancel_drain;        /* ll_redis_begin empties cancel_fd */
+    bool (*cancel_check)(void *ctx);
+    void *cancel_ctx;
 };
 
-static void s_nap(long usec)
+double ll_redis_timeout_s(void)
 {
-    struct timespec ts = {0, usec * 1000};
-    nanosleep(&ts, NULL);
+    const char *v = getenv("LL_STORE_TIMEOUT_S");
+    char *end;
+    double s = v ? strtod(v, &end) : 0;
+    return v && end != v && s > 0 ? s : 10.0;
 }
 
 static void s_ignore_sigpipe(void)
@@ -78,273 +96,157 @@ static void s_ignore_sigpipe(void)
     }
 }
 
-/* mkdir -p DIR with 0700 for what it creates. */
-static int s_mkdirs(const char *dir)
+/* The password of the private server whose socket is SOCK: the first line
+ * of redis.pass next to it, when that is a regular file of ours closed to
+ * others.  Malloc'd, or NULL (no such server: no AUTH). */
+static char *s_find_password(const char *sock)
 {
-    char *p = strdup(dir);
-    if (!p)
-        return -1;
-    for (char *s = p + 1; *s; s++) {
-        if (*s != '/')
-            continue;
-        *s = 0;
-        if (mkdir(p, 0700) != 0 && errno != EEXIST) {
-            free(p);
-            return -1;
-        }
-        *s = '/';
-    }
-    int rc = mkdir(p, 0700) != 0 && errno != EEXIST ? -1 : 0;
-    free(p);
-    return rc;
+    const char *slash = strrchr(sock, '/');
+    if (!slash)
+        return NULL;
+    char path[PATH_MAX];
+    if (snprintf(path, sizeof path, "%.*s/redis.pass", (int) (slash - sock), sock) >=
+        (int) sizeof path)
+        return NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return NULL;
+    struct stat st;
+    char buf[128];
+    ssize_t n = -1;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() && !(st.st_mode & 077))
+        n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return NULL;
+    buf[n] = 0;
+    buf[strcspn(buf, "\r\n")] = 0;
+    return buf[0] ? strdup(buf) : NULL;
 }
 
-/* Make RUNTIME_DIR exist, belong to us and be closed to others. */
-static int s_prepare_dir(const char *dir, char *err, size_t errlen)
+/* ---- waiting ----------------------------------------------------------- */
+
+/* The call gave up (KIND: unavailable or cancelled) with the reason FMT.
+ * The connection goes: what it was in the middle of is unknown.  -1. */
+static int s_give_up(ll_redis_t *r, int kind, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int s_give_up(ll_redis_t *r, int kind, const char *fmt, ...)
 {
-    if (s_mkdirs(dir) != 0) {
-        snprintf(err, errlen, "cannot create runtime directory %s: %s", dir, strerror(errno));
-        return -1;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->err, sizeof r->err, fmt, ap);
+    va_end(ap);
+    r->failure = kind;
+    ll_redis_reset(r);
+    return -1;
+}
+
+static int s_timed_out(ll_redis_t *r)
+{
+    return s_give_up(r, LL_REDIS_UNAVAILABLE, "Redis at %s did not answer within %g s", r->url,
+                     r->timeout_ms / 1e3);
+}
+
+static int s_cancelled(ll_redis_t *r)
+{
+    return s_give_up(r, LL_REDIS_CANCELLED, "interrupted while waiting for Redis at %s", r->url);
+}
+
+/* Wait until FD (-1: none, just pause) is ready for EVENTS, for at most
+ * UNTIL (ll_clock_ms).  0 when ready, 1 when UNTIL came first, -1 when the
+ * call's deadline passed or it was cancelled (the call failed). */
+static int s_wait_fd(ll_redis_t *r, int fd, short events, double until)
+{
+    for (;;) {
+        if (r->failure)
+            return -1;
+        double now = ll_clock_ms();
+        if (now >= r->deadline)
+            return s_timed_out(r);
+        if (now >= until)
+            return 1;
+        double left = (until < r->deadline ? until : r->deadline) - now;
+        int slice = left < S_SLICE_MS ? (int) left + 1 : S_SLICE_MS;
+        struct pollfd p[2] = {{fd, events, 0}, {r->cancel_fd, POLLIN, 0}};
+        int n = poll(p, 2, slice); /* (a negative fd is skipped) */
+        if (n < 0 && errno != EINTR)
+            return s_give_up(r, LL_REDIS_UNAVAILABLE, "Redis at %s: poll: %s", r->url,
+                             strerror(errno));
+        if (n > 0 && p[1].revents)
+            return s_cancelled(r);
+        /* (only after a quiet slice: the check may take a lock, the GIL) */
+        if (n == 0 && r->cancel_check && r->cancel_check(r->cancel_ctx))
+            return s_cancelled(r);
+        if (n > 0 && p[0].revents)
+            return 0;
     }
-    struct stat st;
-    if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        snprintf(err, errlen, "runtime directory %s is not a directory", dir);
-        return -1;
-    }
-    if (st.st_uid != geteuid()) {
-        snprintf(err, errlen, "runtime directory %s belongs to another user", dir);
-        return -1;
-    }
-    if ((st.st_mode & 077) && chmod(dir, 0700) != 0) {
-        snprintf(err, errlen, "cannot make %s private (0700): %s", dir, strerror(errno));
-        return -1;
+}
+
+/* Pause MS milliseconds (backoff), ending early like a wait.  0 or -1. */
+static int s_pause(ll_redis_t *r, double ms)
+{
+    return s_wait_fd(r, -1, 0, ll_clock_ms() + ms) < 0 ? -1 : 0;
+}
+
+static void s_note_io_error(ll_redis_t *r)
+{
+    if (r->failure)
+        return; /* the reason is recorded already */
+    if (r->c && r->c->err)
+        snprintf(r->err, sizeof r->err, "Redis at %s: %s", r->url, r->c->errstr);
+    else
+        snprintf(r->err, sizeof r->err, "Redis at %s: no reply", r->url);
+}
+
+/* Send everything buffered.  0, or -1 (connection broken or call failed). */
+static int s_flush(ll_redis_t *r)
+{
+    int done = 0;
+    while (!done) {
+        if (!r->c || redisBufferWrite(r->c, &done) != REDIS_OK) {
+            s_note_io_error(r);
+            return -1;
+        }
+        if (!done && s_wait_fd(r, r->c->fd, POLLOUT, r->deadline) != 0)
+            return -1;
     }
     return 0;
 }
 
-static char *s_join(const char *dir, const char *name)
+/* The next reply on the connection (caller frees), or NULL. */
+static redisReply *s_read_reply(ll_redis_t *r)
 {
-    size_t n = strlen(dir) + strlen(name) + 2;
-    char *p = malloc(n);
-    if (p)
-        snprintf(p, n, "%s/%s", dir, name);
-    return p;
-}
-
-/* 1 when a server answers PING on SOCK, 0 when none (or still loading). */
-static int s_ping(const char *sock)
-{
-    struct timeval tv = {0, 500000};
-    redisContext *c = redisConnectUnixWithTimeout(sock, tv);
-    if (!c)
-        return 0;
-    int ok = 0;
-    if (!c->err) {
-        redisReply *r = redisCommand(c, "PING");
-        ok = r && r->type == REDIS_REPLY_STATUS && strcmp(r->str, "PONG") == 0;
-        if (r)
-            freeReplyObject(r);
-    }
-    redisFree(c);
-    return ok;
-}
-
-static void s_log_tail(const char *dir, char *err, size_t errlen)
-{
-    char *log = s_join(dir, "redis.log");
-    FILE *f = log ? fopen(log, "re") : NULL;
-    free(log);
-    if (!f)
-        return;
-    char line[512], last[512] = "";
-    while (fgets(line, sizeof line, f))
-        if (line[0] != '\n')
-            snprintf(last, sizeof last, "%s", line);
-    fclose(f);
-    last[strcspn(last, "\n")] = 0;
-    size_t n = strlen(err);
-    if (last[0] && n + 10 < errlen)
-        snprintf(err + n, errlen - n, " (redis.log: %s)", last);
-}
-
-char *ll_redis_start(const char *runtime_dir, bool *started, char *err, size_t errlen)
-{
-    *started = false;
-    s_ignore_sigpipe();
-    if (s_prepare_dir(runtime_dir, err, errlen) != 0)
-        return NULL;
-    char *sock = s_join(runtime_dir, "redis.sock");
-    char *pidf = s_join(runtime_dir, "redis.pid");
-    char *logf = s_join(runtime_dir, "redis.log");
-    char *result = NULL;
-    int lock_fd = -1;
-    if (!sock || !pidf || !logf) {
-        snprintf(err, errlen, "out of memory");
-        goto out;
-    }
-    if (strlen(sock) >= sizeof(((struct sockaddr_un *) 0)->sun_path)) {
-        snprintf(err, errlen, "runtime directory path too long for a unix socket: %s", sock);
-        goto out;
-    }
-    /* Two processes starting the server at once would each spawn one, and
-     * the second would take over the socket and share the first's AOF: a
-     * lock file serializes starters; the second then finds it answering. */
-    char *lockf = s_join(runtime_dir, "redis.lock");
-    lock_fd = lockf ? open(lockf, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600) : -1;
-    free(lockf);
-    if (lock_fd < 0 || flock(lock_fd, LOCK_EX) != 0) {
-        snprintf(err, errlen, "cannot lock %s/redis.lock: %s", runtime_dir, strerror(errno));
-        goto out;
-    }
-    if (s_ping(sock)) {
-        result = sock;
-        sock = NULL;
-        goto out;
-    }
-    unlink(sock);
-    const char *server = getenv("LL_REDIS_SERVER");
-    if (!server || !*server)
-        server = "redis-server";
-    const char *argv[] = {server,      "--port",
-                          "0",         "--unixsocket",
-                          sock,        "--unixsocketperm",
-                          "700",       "--dir",
-                          runtime_dir, "--save",
-                          "",          "--appendonly",
-                          "yes",       "--appendfsync",
-                          "always",    "--appenddirname",
-                          "redis-aof", "--pidfile",
-                          pidf,        "--logfile",
-                          logf,        "--daemonize",
-                          "no",        "--databases",
-                          "1",         NULL};
-    posix_spawnattr_t attr;
-    posix_spawn_file_actions_t fa;
-    posix_spawnattr_init(&attr);
-    sigset_t none;
-    sigemptyset(&none);
-    posix_spawnattr_setsigmask(&attr, &none);
-    /* Signals we ignore stay ignored across exec: give Redis the defaults. */
-    sigset_t def;
-    sigemptyset(&def);
-    sigaddset(&def, SIGPIPE);
-    sigaddset(&def, SIGTERM);
-    sigaddset(&def, SIGINT);
-    posix_spawnattr_setsigdefault(&attr, &def);
-    posix_spawnattr_setflags(&attr,
-                             POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
-#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
-    posix_spawn_file_actions_addclosefrom_np(&fa, 3);
-#endif
-    pid_t pid;
-    int rc = posix_spawnp(&pid, server, &fa, &attr, (char *const *) argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&attr);
-    if (rc != 0) {
-        snprintf(err, errlen, "cannot start %s: %s", server, strerror(rc));
-        goto out;
-    }
-    double deadline = ll_clock_s() + 15.0;
+    void *reply = NULL;
+    if (!r->c || r->c->err || s_flush(r) != 0)
+        goto fail;
     for (;;) {
-        if (s_ping(sock))
-            break;
-        int status;
-        if (waitpid(pid, &status, WNOHANG) == pid) {
-            snprintf(err, errlen, "redis-server in %s exited at start (status %d)", runtime_dir,
-                     WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
-            s_log_tail(runtime_dir, err, errlen);
-            goto out;
-        }
-        if (ll_clock_s() > deadline) {
-            kill(pid, SIGKILL);
-            waitpid(pid, NULL, 0);
-            snprintf(err, errlen, "redis-server in %s did not answer within 15 s", runtime_dir);
-            s_log_tail(runtime_dir, err, errlen);
-            goto out;
-        }
-        s_nap(2000);
+        if (redisGetReplyFromReader(r->c, &reply) != REDIS_OK)
+            goto fail;
+        if (reply)
+            return reply;
+        if (s_wait_fd(r, r->c->fd, POLLIN, r->deadline) != 0)
+            return NULL;
+        if (redisBufferRead(r->c) != REDIS_OK)
+            goto fail;
     }
-    ll_info("store", "started redis-server %d on %s", (int) pid, sock);
-    *started = true;
-    result = sock;
-    sock = NULL;
-out:
-    if (lock_fd >= 0)
-        close(lock_fd); /* releases the lock */
-    free(sock);
-    free(pidf);
-    free(logf);
-    return result;
+fail:
+    s_note_io_error(r);
+    return NULL;
 }
 
-/* Whether PID runs a redis-server (so a recycled pid is never killed). */
-static bool s_is_redis(pid_t pid)
-{
-    char path[64], comm[64] = "";
-    snprintf(path, sizeof path, "/proc/%d/comm", (int) pid);
-    FILE *f = fopen(path, "re");
-    if (!f)
-        return false;
-    if (!fgets(comm, sizeof comm, f))
-        comm[0] = 0;
-    fclose(f);
-    return strncmp(comm, "redis", 5) == 0;
-}
+/* ---- connecting ---------------------------------------------------------- */
 
-int ll_redis_stop(const char *runtime_dir, char *err, size_t errlen)
-{
-    char *pidf = s_join(runtime_dir, "redis.pid");
-    if (!pidf) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
-    FILE *f = fopen(pidf, "re");
-    free(pidf);
-    if (!f)
-        return 0;
-    int pid = 0;
-    if (fscanf(f, "%d", &pid) != 1)
-        pid = 0;
-    fclose(f);
-    if (pid <= 0 || !s_is_redis(pid))
-        return 0;
-    if (kill(pid, SIGTERM) != 0) {
-        if (errno == ESRCH)
-            return 0;
-        snprintf(err, errlen, "cannot stop redis-server %d: %s", pid, strerror(errno));
-        return -1;
-    }
-    double deadline = ll_clock_s() + 10.0;
-    bool killed = false;
-    for (;;) {
-        int status;
-        pid_t w = waitpid(pid, &status, WNOHANG); /* reap it if it is our child */
-        if (w == pid || (w < 0 && kill(pid, 0) != 0 && errno == ESRCH))
-            break;
-        if (w < 0 && !s_is_redis(pid)) /* a zombie of someone else's */
-            break;
-        if (!killed && ll_clock_s() > deadline) {
-            ll_warn("store", "redis-server %d ignored SIGTERM for 10 s; killing it", pid);
-            kill(pid, SIGKILL);
-            killed = true;
-        }
-        s_nap(2000);
-    }
-    ll_info("store", "stopped redis-server %d of %s", pid, runtime_dir);
-    return 1;
-}
-
+/* Connect (the blocking connect of hiredis, bounded by the deadline), make
+ * the socket non-blocking, log in.  0, or -1 with the reason in R->err. */
 static int s_connect(ll_redis_t *r)
 {
-    struct timeval tv = {2, 0};
-    if (r->c) {
-        redisFree(r->c);
-        r->c = NULL;
-    }
+    ll_redis_reset(r);
+    double left = r->deadline - ll_clock_ms();
+    if (left < 1)
+        return s_timed_out(r);
+    double ms = left < 2000 ? left : 2000;
+    struct timeval tv = {(time_t) (ms / 1000), (suseconds_t) ((long) ms % 1000) * 1000};
     r->c = r->path ? redisConnectUnixWithTimeout(r->path, tv)
                    : redisConnectWithTimeout(r->host, r->port, tv);
     if (!r->c) {
@@ -353,24 +255,39 @@ static int s_connect(ll_redis_t *r)
     }
     if (r->c->err) {
         snprintf(r->err, sizeof r->err, "cannot connect to Redis at %s: %s", r->url, r->c->errstr);
-        redisFree(r->c);
-        r->c = NULL;
+        ll_redis_reset(r);
         return -1;
     }
-    struct timeval cmd_tv = {60, 0}; /* a hung server becomes an error, not a hang */
-    redisSetTimeout(r->c, cmd_tv);
-    return 0;
+    int fl = fcntl(r->c->fd, F_GETFL);
+    if (fl < 0 || fcntl(r->c->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+        snprintf(r->err, sizeof r->err, "cannot connect to Redis at %s: %s", r->url,
+                 strerror(errno));
+        ll_redis_reset(r);
+        return -1;
+    }
+    r->c->flags &= ~REDIS_BLOCK; /* our waits, not hiredis' */
+    if (!r->password)
+        return 0;
+    const char *argv[] = {"AUTH", S_USER, r->password};
+    const size_t lens[] = {4, strlen(S_USER), strlen(r->password)};
+    redisReply *reply = NULL;
+    if (redisAppendCommandArgv(r->c, 3, argv, lens) == REDIS_OK)
+        reply = s_read_reply(r);
+    bool ok = reply && reply->type == REDIS_REPLY_STATUS;
+    if (!ok && reply)
+        snprintf(r->err, sizeof r->err, "cannot log in to Redis at %s: %s", r->url,
+                 reply->type == REDIS_REPLY_ERROR ? reply->str : "unexpected reply");
+    else if (!ok && !r->failure)
+        snprintf(r->err, sizeof r->err, "cannot connect to Redis at %s: no answer to AUTH", r->url);
+    if (reply)
+        freeReplyObject(reply);
+    if (!ok)
+        ll_redis_reset(r);
+    return ok ? 0 : -1;
 }
 
-ll_redis_t *ll_redis_connect(const char *url, char *err, size_t errlen)
+static int s_parse_url(ll_redis_t *r, const char *url, char *err, size_t errlen)
 {
-    s_ignore_sigpipe();
-    ll_redis_t *r = calloc(1, sizeof *r);
-    if (!r || !(r->url = strdup(url))) {
-        free(r);
-        snprintf(err, errlen, "out of memory");
-        return NULL;
-    }
     if (strncmp(url, "unix://", 7) == 0) {
         r->path = strdup(url + 7);
     } else if (strncmp(url, "redis://", 8) == 0) {
@@ -387,8 +304,7 @@ ll_redis_t *ll_redis_connect(const char *url, char *err, size_t errlen)
             long port = strtol(colon + 1, &end, 10);
             if (port <= 0 || port > 65535 || (*end && *end != '/')) {
                 snprintf(err, errlen, "bad Redis URL %s: port", url);
-                ll_redis_destroy(&r);
-                return NULL;
+                return -1;
             }
             r->port = (int) port;
         }
@@ -396,11 +312,41 @@ ll_redis_t *ll_redis_connect(const char *url, char *err, size_t errlen)
         r->path = strdup(url);
     } else {
         snprintf(err, errlen, "bad Redis URL %s (want unix:///path or redis://host:port)", url);
+        return -1;
+    }
+    if (!r->path && !r->host) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+ll_redis_t *ll_redis_connect(const char *url, char *err, size_t errlen)
+{
+    return ll_redis_connect_timeout(url, ll_redis_timeout_s() * 1e3, -1, err, errlen);
+}
+
+ll_redis_t *ll_redis_connect_timeout(const char *url, double timeout_ms, int cancel_fd, char *err,
+                                     size_t errlen)
+{
+    s_ignore_sigpipe();
+    ll_redis_t *r = calloc(1, sizeof *r);
+    if (!r || !(r->url = strdup(url))) {
+        free(r);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    r->cancel_fd = cancel_fd;
+    r->timeout_ms = timeout_ms;
+    if (s_parse_url(r, url, err, errlen) != 0) {
         ll_redis_destroy(&r);
         return NULL;
     }
-    if ((!r->path && !r->host) || s_connect(r) != 0) {
-        snprintf(err, errlen, "%s", r->err[0] ? r->err : "out of memory");
+    if (r->path)
+        r->password = s_find_password(r->path);
+    ll_redis_begin(r);
+    if (s_connect(r) != 0) {
+        snprintf(err, errlen, "%s", r->err);
         ll_redis_destroy(&r);
         return NULL;
     }
@@ -412,13 +358,40 @@ void ll_redis_destroy(ll_redis_t **r_p)
     if (!r_p || !*r_p)
         return;
     ll_redis_t *r = *r_p;
-    if (r->c)
-        redisFree(r->c);
+    ll_redis_reset(r);
     free(r->url);
     free(r->path);
     free(r->host);
+    if (r->password) {
+        memset(r->password, 0, strlen(r->password));
+        free(r->password);
+    }
     free(r);
     *r_p = NULL;
+}
+
+void ll_redis_begin(ll_redis_t *r)
+{
+    r->deadline = ll_clock_ms() + r->timeout_ms;
+    r->failure = LL_REDIS_OK;
+    if (r->cancel_fd >= 0 && r->cancel_drain) {
+        char buf[64]; /* an eventfd gives 8 bytes at once, a pipe what it holds */
+        while (read(r->cancel_fd, buf, sizeof buf) > 0)
+            ;
+    }
+}
+
+void ll_redis_set_cancel(ll_redis_t *r, int fd, bool drain, bool (*check)(void *ctx), void *ctx)
+{
+    r->cancel_fd = fd;
+    r->cancel_drain = drain;
+    r->cancel_check = check;
+    r->cancel_ctx = ctx;
+}
+
+int ll_redis_failure(ll_redis_t *r)
+{
+    return r->failure;
 }
 
 bool ll_redis_connected(ll_redis_t *r)
@@ -428,70 +401,94 @@ bool ll_redis_connected(ll_redis_t *r)
 
 int ll_redis_ensure(ll_redis_t *r)
 {
+    if (r->failure)
+        return -1;
     if (r->c && !r->c->err)
         return 0;
     if (r->c)
         snprintf(r->err, sizeof r->err, "Redis at %s: %s", r->url, r->c->errstr);
     /* A restarting server needs a moment before its socket answers. */
-    double deadline = ll_clock_s() + 3.0;
+    double until = ll_clock_ms() + S_RECONNECT_MS, backoff = 10;
     while (s_connect(r) != 0) {
-        if (ll_clock_s() > deadline)
+        if (r->failure)
             return -1;
-        s_nap(20000);
+        if (ll_clock_ms() >= until) {
+            r->failure = LL_REDIS_UNAVAILABLE;
+            return -1;
+        }
+        if (s_pause(r, backoff) != 0)
+            return -1;
+        backoff = backoff * 2 < S_BACKOFF_MAX_MS ? backoff * 2 : S_BACKOFF_MAX_MS;
     }
     r->reconnects++;
     ll_info("store", "reconnected to Redis at %s", r->url);
     return 0;
 }
 
-static void s_note_io_error(ll_redis_t *r)
+/* One formatted command CMD (LEN bytes) with the retries ll_redis_cmd
+ * promises. */
+static redisReply *s_command(ll_redis_t *r, const char *cmd, size_t len)
 {
-    if (r->c && r->c->err)
-        snprintf(r->err, sizeof r->err, "Redis at %s: %s", r->url, r->c->errstr);
-    else
-        snprintf(r->err, sizeof r->err, "Redis at %s: no reply", r->url);
+    double backoff = 20;
+    for (int attempt = 0; attempt < 2;) {
+        if (ll_redis_ensure(r) != 0)
+            return NULL;
+        redisReply *reply = NULL;
+        if (redisAppendFormattedCommand(r->c, cmd, len) == REDIS_OK)
+            reply = s_read_reply(r);
+        if (!reply) {
+            if (r->failure)
+                return NULL;
+            s_note_io_error(r);
+            attempt++;
+            continue;
+        }
+        /* A server still loading its append-only file after a restart
+         * says so: wait for it, within the deadline. */
+        if (reply->type == REDIS_REPLY_ERROR && strncmp(reply->str, "LOADING", 7) == 0) {
+            freeReplyObject(reply);
+            if (s_pause(r, backoff) != 0)
+                return NULL;
+            backoff = backoff * 2 < S_BACKOFF_MAX_MS ? backoff * 2 : S_BACKOFF_MAX_MS;
+            continue;
+        }
+        return reply;
+    }
+    return NULL;
 }
 
 redisReply *ll_redis_cmd(ll_redis_t *r, int argc, const char **argv, const size_t *lens)
 {
-    for (int attempt = 0; attempt < 2; attempt++) {
-        if (ll_redis_ensure(r) != 0)
-            return NULL;
-        redisReply *reply = redisCommandArgv(r->c, argc, argv, lens);
-        if (reply) {
-            /* A server still loading its AOF after a restart says so. */
-            if (reply->type == REDIS_REPLY_ERROR && strncmp(reply->str, "LOADING", 7) == 0 &&
-                attempt == 0) {
-                freeReplyObject(reply);
-                s_nap(50000);
-                continue;
-            }
-            return reply;
-        }
-        s_note_io_error(r);
+    char *cmd;
+    int len = redisFormatCommandArgv(&cmd, argc, argv, lens);
+    if (len < 0) {
+        snprintf(r->err, sizeof r->err, "out of memory");
+        return NULL;
     }
-    return NULL;
+    redisReply *reply = s_command(r, cmd, (size_t) len);
+    redisFreeCommand(cmd);
+    return reply;
 }
 
 redisReply *ll_redis_cmdf(ll_redis_t *r, const char *fmt, ...)
 {
-    for (int attempt = 0; attempt < 2; attempt++) {
-        if (ll_redis_ensure(r) != 0)
-            return NULL;
-        va_list ap;
-        va_start(ap, fmt);
-        redisReply *reply = redisvCommand(r->c, fmt, ap);
-        va_end(ap);
-        if (reply)
-            return reply;
-        s_note_io_error(r);
+    char *cmd;
+    va_list ap;
+    va_start(ap, fmt);
+    int len = redisvFormatCommand(&cmd, fmt, ap);
+    va_end(ap);
+    if (len < 0) {
+        snprintf(r->err, sizeof r->err, "out of memory");
+        return NULL;
     }
-    return NULL;
+    redisReply *reply = s_command(r, cmd, (size_t) len);
+    redisFreeCommand(cmd);
+    return reply;
 }
 
 int ll_redis_append(ll_redis_t *r, int argc, const char **argv, const size_t *lens)
 {
-    if (!r->c || r->c->err) {
+    if (r->failure || !r->c || r->c->err) {
         s_note_io_error(r);
         return -1;
     }
@@ -504,12 +501,9 @@ int ll_redis_append(ll_redis_t *r, int argc, const char **argv, const size_t *le
 
 redisReply *ll_redis_reply(ll_redis_t *r)
 {
-    void *reply = NULL;
-    if (!r->c || r->c->err || redisGetReply(r->c, &reply) != REDIS_OK || !reply) {
-        s_note_io_error(r);
+    if (r->failure)
         return NULL;
-    }
-    return reply;
+    return s_read_reply(r);
 }
 
 int ll_redis_argn(ll_redis_argv_t *a, const char *s, size_t len)
@@ -582,10 +576,9 @@ void ll_redis_fault_drop(ll_redis_t *r)
 {
     if (!r->c || r->c->err)
         return;
-    int done = 0;
-    while (!done && redisBufferWrite(r->c, &done) == REDIS_OK)
-        ;
-    shutdown(r->c->fd, SHUT_RDWR);
+    s_flush(r);
+    if (r->c)
+        shutdown(r->c->fd, SHUT_RDWR);
     ll_warn("store", "LL_STORE_FAULT: dropped the Redis connection after sending");
 }
 
@@ -630,20 +623,20 @@ static bool s_reply_is(redisReply *reply, int type, const char *want)
  * concurrent change: try again), -1 on an error. */
 static long long s_try_commit(ll_redis_t *r, ll_redis_t *other)
 {
-    redisReply *w = ll_redis_cmdf(r, "WATCH seq");
+    redisReply *w = ll_redis_cmdf(r, "WATCH ll:t:seq");
     if (!s_reply_is(w, REDIS_REPLY_STATUS, "OK"))
         return -1;
-    redisReply *g = ll_redis_cmdf(r, "GET seq");
+    redisReply *g = ll_redis_cmdf(r, "GET ll:t:seq");
     uint64_t cur = ll_redis_u64(g);
     if (g)
         freeReplyObject(g);
-    if (other && !s_reply_is(ll_redis_cmdf(other, "INCR seq"), REDIS_REPLY_INTEGER, NULL))
+    if (other && !s_reply_is(ll_redis_cmdf(other, "INCR ll:t:seq"), REDIS_REPLY_INTEGER, NULL))
         return -1;
     char next[32];
     snprintf(next, sizeof next, "%llu", (unsigned long long) cur + 1);
     ll_redis_argv_t a = {0};
     int bad = ll_redis_arg(&a, "MULTI") || ll_redis_send(r, &a) || ll_redis_arg(&a, "SET") ||
-              ll_redis_arg(&a, "seq") || ll_redis_arg(&a, next) || ll_redis_send(r, &a) ||
+              ll_redis_arg(&a, "ll:t:seq") || ll_redis_arg(&a, next) || ll_redis_send(r, &a) ||
               ll_redis_arg(&a, "EXEC") || ll_redis_send(r, &a);
     ll_redis_argv_free(&a);
     redisReply *exec = !bad && ll_redis_drain(r, 2) == 0 ? ll_redis_reply(r) : NULL;
@@ -655,6 +648,86 @@ static long long s_try_commit(ll_redis_t *r, ll_redis_t *other)
     if (exec)
         freeReplyObject(exec);
     return rc;
+}
+
+/* The checks of the self-test below, on connection R to the server on
+ * SOCK in DIR: true when they all pass (a failure is printed). */
+#define T_CHECK(cond)                                                                         \
+    do {                                                                                      \
+        if (!(cond)) {                                                                        \
+            fprintf(stderr, "ll_redis selftest: %s:%d: %s failed (%s)\n", __FILE__, __LINE__, \
+                    #cond, r->err);                                                           \
+            return false;                                                                     \
+        }                                                                                     \
+    } while (0)
+
+static bool s_selftest_acl(ll_redis_t *r, const char *sock)
+{
+    /* ACL: nobody gets in without logging in (the default user is off); the
+     * store's user may not run what the store does not, nor touch keys
+     * outside ll:*. */
+    ll_redis_begin(r);
+    struct timeval tv = {2, 0};
+    redisContext *anon = redisConnectUnixWithTimeout(sock, tv);
+    redisReply *no = anon && !anon->err ? redisCommand(anon, "GET ll:t:k") : NULL;
+    bool refused = no && no->type == REDIS_REPLY_ERROR && strstr(no->str, "NOAUTH");
+    if (no)
+        freeReplyObject(no);
+    if (anon)
+        redisFree(anon);
+    T_CHECK(refused);
+    T_CHECK(s_reply_is(ll_redis_cmdf(r, "FLUSHALL"), REDIS_REPLY_ERROR, NULL));
+    T_CHECK(s_reply_is(ll_redis_cmdf(r, "CONFIG SET appendonly no"), REDIS_REPLY_ERROR, NULL));
+    T_CHECK(s_reply_is(ll_redis_cmdf(r, "SET other 1"), REDIS_REPLY_ERROR, NULL));
+    T_CHECK(s_reply_is(ll_redis_cmdf(r, "GET ll:t:k"), REDIS_REPLY_STRING, "v"));
+
+    return true;
+}
+
+static bool s_selftest_waits(ll_redis_t *r, const char *dir)
+{
+    /* A stopped server (SIGSTOP): the call gives up at its deadline as
+     * unavailable, and every later command of the call fails at once; the
+     * next call, once the server runs again, reconnects. */
+    pid_t spid = ll_redis_server_pid(dir);
+    T_CHECK(spid > 0);
+    r->timeout_ms = 300;
+    ll_redis_begin(r);
+    kill(spid, SIGSTOP);
+    double t0 = ll_clock_ms();
+    redisReply *stalled = ll_redis_cmdf(r, "PING");
+    double waited = ll_clock_ms() - t0;
+    redisReply *after = ll_redis_cmdf(r, "PING");
+    kill(spid, SIGCONT);
+    T_CHECK(!stalled && !after && ll_redis_failure(r) == LL_REDIS_UNAVAILABLE);
+    T_CHECK(waited >= 250 && waited < 3000 && strstr(ll_redis_errstr(r), "did not answer"));
+    r->timeout_ms = 10000;
+    ll_redis_begin(r);
+    T_CHECK(s_reply_is(ll_redis_cmdf(r, "PING"), REDIS_REPLY_STATUS, "PONG"));
+
+    /* An interrupt (the cancel fd) ends a wait at once; one from before
+     * the call is not for it (drained). */
+    int ifd[2] = {-1, -1};
+    T_CHECK(pipe2(ifd, O_NONBLOCK | O_CLOEXEC) == 0);
+    ll_redis_set_cancel(r, ifd[0], true, NULL, NULL);
+    bool wrote = write(ifd[1], "i", 1) == 1;
+    ll_redis_begin(r);
+    redisReply *pong = ll_redis_cmdf(r, "PING");
+    T_CHECK(wrote && s_reply_is(pong, REDIS_REPLY_STATUS, "PONG"));
+    kill(spid, SIGSTOP);
+    wrote = write(ifd[1], "i", 1) == 1;
+    t0 = ll_clock_ms();
+    stalled = ll_redis_cmdf(r, "PING");
+    waited = ll_clock_ms() - t0;
+    kill(spid, SIGCONT);
+    ll_redis_set_cancel(r, -1, false, NULL, NULL);
+    close(ifd[0]);
+    close(ifd[1]);
+    T_CHECK(wrote && !stalled && ll_redis_failure(r) == LL_REDIS_CANCELLED && waited < 1000 &&
+            strstr(ll_redis_errstr(r), "interrupted"));
+    ll_redis_begin(r);
+    T_CHECK(s_reply_is(ll_redis_cmdf(r, "PING"), REDIS_REPLY_STATUS, "PONG"));
+    return true;
 }
 
 int ll_redis_selftest(bool verbose)
@@ -679,36 +752,38 @@ int ll_redis_selftest(bool verbose)
             strstr(err, "cannot connect to Redis at unix://"));
     S_CHECK(ll_redis_stop(dir, err, sizeof err) == 0); /* none runs */
     snprintf(path, sizeof path, "%s/%0110d", dir, 0);  /* no room for "/redis.sock" */
-    S_CHECK(!ll_redis_start(path, &started, err, sizeof err) && strstr(err, "too long"));
+    S_CHECK(!ll_redis_start(path, NULL, &started, err, sizeof err) && strstr(err, "too long"));
     err[0] = 0;
 
     /* A private server; a second start finds it answering. */
-    sock = ll_redis_start(dir, &started, err, sizeof err);
+    sock = ll_redis_start(dir, NULL, &started, err, sizeof err);
     server = sock != NULL;
     S_CHECK(sock && started);
-    again = ll_redis_start(dir, &started, err, sizeof err);
+    again = ll_redis_start(dir, NULL, &started, err, sizeof err);
     S_CHECK(again && !started && strcmp(again, sock) == 0);
     snprintf(url, sizeof url, "unix://%s", sock);
     r = ll_redis_connect(url, err, sizeof err);
     S_CHECK(r && ll_redis_connected(r) && strcmp(ll_redis_url(r), url) == 0);
     r2 = ll_redis_connect(sock, err, sizeof err); /* a bare socket path */
     S_CHECK(r2);
+    ll_redis_begin(r); /* (every call of the store begins so; here, one per step) */
+    ll_redis_begin(r2);
 
     /* Replies, error replies returned as such, numbers. */
-    S_CHECK(s_reply_is(ll_redis_cmdf(r, "SET k %s", "v"), REDIS_REPLY_STATUS, "OK"));
-    S_CHECK(s_reply_is(ll_redis_cmdf(r, "INCR k"), REDIS_REPLY_ERROR, NULL));
-    const char *argv[] = {"SET", "bin"};
-    size_t lens[] = {3, 3};
+    S_CHECK(s_reply_is(ll_redis_cmdf(r, "SET ll:t:k %s", "v"), REDIS_REPLY_STATUS, "OK"));
+    S_CHECK(s_reply_is(ll_redis_cmdf(r, "INCR ll:t:k"), REDIS_REPLY_ERROR, NULL));
+    const char *argv[] = {"SET", "ll:t:bin"};
+    size_t lens[] = {3, 8};
     ll_redis_argv_t a = {0};
     S_CHECK(ll_redis_argn(&a, argv[0], lens[0]) == 0 && ll_redis_arg(&a, argv[1]) == 0 &&
             ll_redis_argn(&a, "a\0b", 3) == 0 && a.argc == 3);
     redisReply *x = ll_redis_cmd(r, a.argc, a.argv, a.lens);
     ll_redis_argv_free(&a);
     S_CHECK(a.argc == 0 && a.argv == NULL && s_reply_is(x, REDIS_REPLY_STATUS, "OK"));
-    x = ll_redis_cmdf(r, "STRLEN bin");
+    x = ll_redis_cmdf(r, "STRLEN ll:t:bin");
     S_CHECK(ll_redis_u64(x) == 3);
     freeReplyObject(x);
-    x = ll_redis_cmdf(r, "GET k");
+    x = ll_redis_cmdf(r, "GET ll:t:k");
     S_CHECK(ll_redis_u64(x) == 0 && ll_redis_u64(NULL) == 0); /* "v" is no number */
     freeReplyObject(x);
 
@@ -720,18 +795,20 @@ int ll_redis_selftest(bool verbose)
         got = s_try_commit(r, attempts++ == 0 ? r2 : NULL);
     S_CHECK(got == 2 && attempts == 2); /* 0, the other's INCR made 1, ours 2 */
 
+    ll_redis_begin(r);
+    ll_redis_begin(r2);
     /* The connection cut right after sending (drop_after_exec): the reply
      * is lost, the command ran; the next call reconnects by itself. */
-    S_CHECK(ll_redis_append(r, 3, (const char *[]){"SET", "dropped", "yes"},
-                            (const size_t[]){3, 7, 3}) == 0);
+    S_CHECK(ll_redis_append(r, 3, (const char *[]){"SET", "ll:t:dropped", "yes"},
+                            (const size_t[]){3, 12, 3}) == 0);
     ll_redis_fault_drop(r);
     S_CHECK(ll_redis_reply(r) == NULL && !ll_redis_connected(r) && ll_redis_errstr(r)[0]);
     S_CHECK(ll_redis_append(r, 1, (const char *[]){"PING"}, (const size_t[]){4}) == -1);
     bool seen = false;
     for (double until = ll_clock_ms() + 2000; !seen && ll_clock_ms() < until;) {
-        seen = s_reply_is(ll_redis_cmdf(r2, "GET dropped"), REDIS_REPLY_STRING, "yes");
+        seen = s_reply_is(ll_redis_cmdf(r2, "GET ll:t:dropped"), REDIS_REPLY_STRING, "yes");
         if (!seen)
-            s_nap(1000);
+            s_pause(r2, 1);
     }
     S_CHECK(seen);
     S_CHECK(ll_redis_ensure(r) == 0 && ll_redis_connected(r) && ll_redis_reconnects(r) == 1);
@@ -740,18 +817,24 @@ int ll_redis_selftest(bool verbose)
     S_CHECK(s_reply_is(ll_redis_cmdf(r, "PING"), REDIS_REPLY_STATUS, "PONG"));
     S_CHECK(ll_redis_reconnects(r) == 2);
 
+    ll_redis_begin(r);
     /* The server restarts: acknowledged writes come back (append-only file),
      * and both connections find the new server on their next command. */
     S_CHECK(ll_redis_stop(dir, err, sizeof err) == 1);
     server = false;
     S_CHECK(ll_redis_stop(dir, err, sizeof err) == 0);
     free(sock);
-    sock = ll_redis_start(dir, &started, err, sizeof err);
+    sock = ll_redis_start(dir, NULL, &started, err, sizeof err);
     server = sock != NULL;
     S_CHECK(sock && started);
-    S_CHECK(s_reply_is(ll_redis_cmdf(r, "GET k"), REDIS_REPLY_STRING, "v"));
+    ll_redis_begin(r);
+    ll_redis_begin(r2);
+    S_CHECK(s_reply_is(ll_redis_cmdf(r, "GET ll:t:k"), REDIS_REPLY_STRING, "v"));
     S_CHECK(ll_redis_reconnects(r) == 3);
     S_CHECK(s_try_commit(r2, NULL) == 3 && ll_redis_reconnects(r2) == 1);
+
+    S_CHECK(s_selftest_acl(r, sock));
+    S_CHECK(s_selftest_waits(r, dir));
     if (verbose)
         printf("(redis in %s) ", dir);
     rc = 0;

@@ -39,6 +39,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/ll_clock.h"
 #include "base/ll_log.h"
 #include "store/ll_pagekind.h"
 #include "store/ll_redis.h"
@@ -52,7 +53,12 @@ int ll_store_fail(ll_store_t *st, int kind, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(st->err, sizeof st->err, fmt, ap);
     va_end(ap);
-    st->errkind = kind;
+    /* A failure the call met because Redis was gone or silent, or because
+     * it was interrupted, says so to the caller, whatever step failed. */
+    int why = kind == LL_STORE_EIO && st->redis ? ll_redis_failure(st->redis) : LL_REDIS_OK;
+    st->errkind = why == LL_REDIS_UNAVAILABLE ? LL_STORE_EUNAVAIL
+                  : why == LL_REDIS_CANCELLED ? LL_STORE_EINTR
+                                              : kind;
     return -1;
 }
 
@@ -99,8 +105,15 @@ static bool s_session_ok(const char *s)
 
 /* ---- open / close ----------------------------------------------------- */
 
+/* The default pool size: LL_STORE_POOL_BYTES when set (a number of bytes,
+ * at least a region), else half of RAM, at most 16 GiB. */
 static size_t s_default_pool_bytes(void)
 {
+    const char *v = getenv("LL_STORE_POOL_BYTES");
+    char *end;
+    unsigned long long n = v ? strtoull(v, &end, 10) : 0;
+    if (v && end != v && *end == 0 && n >= LL_STORE_R)
+        return (size_t) n;
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     size_t half = pages > 0 && psz > 0 ? (size_t) pages * (size_t) psz / 2 : (size_t) 4 << 30;
     size_t cap = (size_t) 16 << 30;
@@ -197,6 +210,12 @@ static int s_attach_pool(ll_store_t *st, const char *want, const char *default_p
             }
             if (!pool)
                 break;
+            /* The owner's pool (the kernel's) has no name: it goes with the
+             * last process that maps it, even when the kernel is killed, so
+             * it never stays in /dev/shm. */
+            if (!want && st->redis_owned && ll_pool_make_nameless(pool) != 0)
+                ll_warn("store", "session %s: cannot unlink the new pool %s: %s", st->session, path,
+                        strerror(errno));
         }
         char value[1100];
         snprintf(value, sizeof value, "%s %llx", ll_pool_share_path(pool),
@@ -291,7 +310,7 @@ ll_store_t *ll_store_open(const char *runtime_dir, const char *session, const ll
     if (opts->redis_url && *opts->redis_url) {
         url = strdup(opts->redis_url);
     } else {
-        char *sock = ll_redis_start(runtime_dir, &st->redis_owned, err, errlen);
+        char *sock = ll_redis_start(runtime_dir, session, &st->redis_owned, err, errlen);
         if (!sock)
             goto fail;
         size_t n = strlen(sock) + 8;
@@ -339,6 +358,8 @@ ll_store_t *ll_store_open(const char *runtime_dir, const char *session, const ll
     }
     st->reserve_opt = opts->reserve_bytes;
     ll_store_reserve_update(st);
+    if (st->redis_owned)
+        st->guard = ll_redis_guard_new(runtime_dir, session);
     free(url);
     free(pool_path);
     free(fallback);
@@ -360,6 +381,7 @@ void ll_store_destroy(ll_store_t **store_p)
         ll_store_pending_release_all(st);
     ll_pool_destroy(&st->pool);
     ll_redis_destroy(&st->redis);
+    ll_redis_guard_destroy(&st->guard); /* before the stop: no restart */
     if (st->redis_owned && getpid() == st->pid) {
         char err[256];
         if (ll_redis_stop(st->runtime_dir, err, sizeof err) < 0)
@@ -398,7 +420,16 @@ int ll_store_enter(ll_store_t *st)
     }
     if (st->pool)
         ll_pool_reserve_busy(st->pool); /* the reserve refills once we are idle */
+    if (st->redis)
+        ll_redis_begin(st->redis); /* the call's deadline */
     return 0;
+}
+
+void ll_store_set_cancel(ll_store_t *st, int fd, bool drain, bool (*check)(void *ctx), void *ctx)
+{
+    pthread_mutex_lock(&st->mu);
+    ll_redis_set_cancel(st->redis, fd, drain, check, ctx);
+    pthread_mutex_unlock(&st->mu);
 }
 
 void ll_store_leave(ll_store_t *st)
@@ -585,6 +616,11 @@ int ll_store_selftest(bool verbose)
     char pool_path[128];
     snprintf(pool_path, sizeof pool_path, "/dev/shm/ll-store-selftest-%d.pool", (int) getpid());
     ll_store_opts_t opts = {.pool_bytes = 8 * LL_STORE_R, .pool_path = pool_path};
+    /* A short timeout for the stall below (read by the store and its guard
+     * when they start). */
+    const char *timeout_env = getenv("LL_STORE_TIMEOUT_S");
+    char *saved_timeout = timeout_env ? strdup(timeout_env) : NULL;
+    setenv("LL_STORE_TIMEOUT_S", "2", 1);
     st = ll_store_open(dir, "bad session!", &opts, err, sizeof err);
     S_CHECK(!st && strstr(err, "session id"));
     st = ll_store_open(dir, "selftest", &opts, err, sizeof err);
@@ -642,6 +678,36 @@ int ll_store_selftest(bool verbose)
     S_CHECK(ll_store_last_commit(st, &lv, &cell) == 0 && lv == 2 && cell &&
             strcmp(cell, "cell-2") == 0);
     free(cell);
+
+    /* The owner's guard: its redis-server killed, a new one comes up on the
+     * same data and the dead one is reaped; one stopped (SIGSTOP) is killed
+     * after half the timeout and comes back too, and a call that met the
+     * stall either rode it out or failed as unavailable, never hung. */
+    S_CHECK(st->guard);
+    pid_t rp = ll_redis_server_pid(dir);
+    S_CHECK(rp > 0 && kill(rp, SIGKILL) == 0);
+    for (double until = ll_clock_ms() + 15000;
+         ll_redis_guard_restarts(st->guard) < 1 && ll_clock_ms() < until;)
+        usleep(10000);
+    S_CHECK(ll_redis_guard_restarts(st->guard) == 1);
+    S_CHECK(kill(rp, 0) != 0 && errno == ESRCH); /* reaped, not <defunct> */
+    S_CHECK(ll_store_last_commit(st, &lv, &cell) == 0 && lv == 2);
+    free(cell);
+    rp = ll_redis_server_pid(dir);
+    S_CHECK(rp > 0 && kill(rp, SIGSTOP) == 0);
+    double t0 = ll_clock_ms();
+    int got = ll_store_last_commit(st, &lv, &cell);
+    double waited = ll_clock_ms() - t0;
+    if (got == 0)
+        free(cell);
+    S_CHECK(got == 0 || ll_store_errkind(st) == LL_STORE_EUNAVAIL);
+    S_CHECK(waited < 2000 * 1.5 + 500);
+    for (double until = ll_clock_ms() + 15000;
+         ll_redis_guard_restarts(st->guard) < 2 && ll_clock_ms() < until;)
+        usleep(10000);
+    S_CHECK(ll_redis_guard_restarts(st->guard) == 2);
+    S_CHECK(ll_store_last_commit(st, &lv, &cell) == 0 && lv == 2);
+    free(cell);
     S_CHECK(ll_store_delete_session(st) == 0);
     free(buf);
     if (verbose)
@@ -653,6 +719,11 @@ fail:
     free(ref1);
     free(ref2);
     ll_store_destroy(&st); /* stops the redis-server it started */
+    if (saved_timeout)
+        setenv("LL_STORE_TIMEOUT_S", saved_timeout, 1);
+    else
+        unsetenv("LL_STORE_TIMEOUT_S");
+    free(saved_timeout);
     unlink(pool_path);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

@@ -22,6 +22,8 @@ typedef enum {
     LL_STORE_EGONE = 3,     /* a payload's space was reclaimed since */
     LL_STORE_EINVAL = 4,    /* bad argument (e.g. a malformed payload ref) */
     LL_STORE_ECONFLICT = 5, /* base_versions did not match */
+    LL_STORE_EUNAVAIL = 6,  /* Redis did not answer in time, or cannot be reached */
+    LL_STORE_EINTR = 7,     /* the call was interrupted (ll_store_set_cancel) */
 } ll_store_errkind_t;
 
 typedef struct {
@@ -56,6 +58,14 @@ ll_store_t *ll_store_open(const char *runtime_dir, const char *session, const ll
  * available do not come (see API.md). */
 int ll_store_page_kind_choice(size_t pool_bytes, bool owner, char kind[16], char *why,
                               size_t whylen);
+
+/* What ends a call that waits for Redis before its timeout (LL_STORE_TIMEOUT_S,
+ * default 10 s; see ll_redis_set_cancel): FD becoming readable (DRAIN: an
+ * eventfd or pipe of interrupts emptied at the start of each call, so only
+ * an interrupt during the call counts) and CHECK(CTX) returning true (asked
+ * every 100 ms of a wait).  The call then fails with LL_STORE_EINTR. */
+void ll_store_set_cancel(ll_store_t *store, int fd, bool drain, bool (*check)(void *ctx),
+                         void *ctx);
 
 /* Release leases, stop an owned redis-server, free; nulls *STORE_P. */
 void ll_store_destroy(ll_store_t **store_p);

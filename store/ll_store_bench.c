@@ -37,6 +37,7 @@
 #include "base/ll_log.h"
 #include "store/ll_mman.h"
 #include "store/ll_redis.h"
+#include "store/ll_redis_server.h"
 #include "store/ll_store.h"
 
 #define R LL_POOL_REGION_BYTES
@@ -481,7 +482,7 @@ int main(void)
         return 1;
     }
     bool started;
-    char *sock = ll_redis_start(dir, &started, err, sizeof err);
+    char *sock = ll_redis_start(dir, NULL, &started, err, sizeof err);
     if (!sock) {
         fprintf(stderr, "ll_store_bench: %s\n", err);
         return 1;

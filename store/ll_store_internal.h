@@ -16,6 +16,7 @@
 
 #include "store/ll_pool.h"
 #include "store/ll_redis.h"
+#include "store/ll_redis_server.h"
 #include "store/ll_store.h"
 
 #define LL_STORE_R               LL_POOL_REGION_BYTES /* a region, for short */
@@ -36,7 +37,8 @@ struct ll_store_t {
     char *session;
     char *prefix; /* "ll:<session>:" */
     ll_redis_t *redis;
-    bool redis_owned; /* we started the private server */
+    bool redis_owned;        /* we started the private server */
+    ll_redis_guard_t *guard; /* restarts it when it dies or stalls (owner only) */
     ll_pool_t *pool;
     ll_store_pending_t *pending[LL_STORE_PENDING_BUCKETS];
     size_t npending;

@@ -19,9 +19,11 @@
 
 #include "base/ll_log.h"
 #include "store/ll_redis.h"
+#include "store/ll_redis_server.h"
 #include "store/ll_store.h"
 
 static PyObject *s_StoreError;
+static PyObject *s_StoreUnavailable;
 static PyObject *s_PoolFullError;
 static PyObject *s_ConflictError;
 static PyObject *s_PayloadGoneError;
@@ -34,6 +36,8 @@ static PyObject *s_exc_for(int kind)
     case LL_STORE_ECONFLICT: return s_ConflictError;
     case LL_STORE_EGONE: return s_PayloadGoneError;
     case LL_STORE_EINVAL: return PyExc_ValueError;
+    case LL_STORE_EUNAVAIL: return s_StoreUnavailable;
+    case LL_STORE_EINTR: return PyExc_KeyboardInterrupt;
     default: return s_StoreError;
     }
 }
@@ -104,8 +108,26 @@ static int s_check_open(StoreObject *self)
 
 static PyObject *s_raise(StoreObject *self)
 {
+    /* Interrupted by a signal handler that raised (s_signals): its
+     * exception (KeyboardInterrupt) is the one to see. */
+    if (ll_store_errkind(self->st) == LL_STORE_EINTR && PyErr_Occurred())
+        return NULL;
     PyErr_SetString(s_exc_for(ll_store_errkind(self->st)), ll_store_errstr(self->st));
     return NULL;
+}
+
+/* The store's cancel check: run Python's signal handlers (on the main
+ * thread; elsewhere this does nothing), so Ctrl-C ends a call that waits for
+ * a silent Redis.  Called without the GIL, from inside a store call that
+ * released it; a handler that raised leaves its exception set for
+ * s_raise. */
+static bool s_signals(void *ctx)
+{
+    (void) ctx;
+    PyGILState_STATE g = PyGILState_Ensure();
+    bool raised = PyErr_Occurred() || PyErr_CheckSignals() < 0;
+    PyGILState_Release(g);
+    return raised;
 }
 
 /* reserve_bytes as Python says it (None: default policy, 0: none, N bytes)
@@ -167,6 +189,7 @@ static int Store_init(StoreObject *self, PyObject *args, PyObject *kw)
         return -1;
     }
     self->st = st;
+    ll_store_set_cancel(st, -1, false, s_signals, NULL);
     return 0;
 }
 
@@ -629,6 +652,18 @@ static PyObject *Store_set_reserve(StoreObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+static PyObject *Store_set_interrupt_fd(StoreObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"fd", "drain", NULL};
+    int fd, drain = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "i|p:set_interrupt_fd", kwlist, &fd, &drain))
+        return NULL;
+    if (s_check_open(self) != 0)
+        return NULL;
+    ll_store_set_cancel(self->st, fd, drain != 0, s_signals, NULL);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Store_delete_session(StoreObject *self, PyObject *unused)
 {
     if (s_check_open(self) != 0)
@@ -708,6 +743,10 @@ static PyMethodDef Store_methods[] = {
      "(None: default policy, 0: none)"},
     {"prefault", (PyCFunction) Store_prefault, METH_O,
      "prefault(nbytes) -> bytes of free pool space backed and prefaulted ahead of a save"},
+    {"set_interrupt_fd", (PyCFunction) (void (*)(void)) Store_set_interrupt_fd,
+     METH_VARARGS | METH_KEYWORDS,
+     "set_interrupt_fd(fd, drain=False): a call waiting for Redis ends with KeyboardInterrupt "
+     "once FD is readable (-1: none; drain: emptied at the start of each call)"},
     {"delete_session", (PyCFunction) Store_delete_session, METH_NOARGS,
      "delete_session(): drop every key of the session and the pool file"},
     {"close", (PyCFunction) Store_close, METH_NOARGS, "close(): release everything (idempotent)"},
@@ -740,7 +779,7 @@ static PyObject *mod_start_redis(PyObject *mod, PyObject *dir_o)
     bool started;
     char *sock;
     Py_BEGIN_ALLOW_THREADS sock =
-        ll_redis_start(PyBytes_AS_STRING(bytes), &started, err, sizeof err);
+        ll_redis_start(PyBytes_AS_STRING(bytes), NULL, &started, err, sizeof err);
     Py_END_ALLOW_THREADS Py_DECREF(bytes);
     if (!sock) {
         PyErr_SetString(s_StoreError, err);
@@ -852,7 +891,12 @@ PyMODINIT_FUNC PyInit__llstore(void)
                                                 "base_versions did not match.", s_StoreError, NULL);
     s_PayloadGoneError = PyErr_NewExceptionWithDoc(
         "_llstore.PayloadGoneError", "The payload's space was reclaimed.", s_StoreError, NULL);
-    if (!s_StoreError || !s_PoolFullError || !s_ConflictError || !s_PayloadGoneError)
+    s_StoreUnavailable = PyErr_NewExceptionWithDoc(
+        "_llstore.StoreUnavailable",
+        "Redis did not answer within the store's timeout, or cannot be reached.", s_StoreError,
+        NULL);
+    if (!s_StoreError || !s_PoolFullError || !s_ConflictError || !s_PayloadGoneError ||
+        !s_StoreUnavailable)
         goto fail;
     PyObject *d = PyModule_GetDict(m);
     PyObject *r = PyRun_String(s_py_source, Py_file_input, d, d);
@@ -869,12 +913,14 @@ PyMODINIT_FUNC PyInit__llstore(void)
     Py_INCREF(s_PoolFullError);
     Py_INCREF(s_ConflictError);
     Py_INCREF(s_PayloadGoneError);
+    Py_INCREF(s_StoreUnavailable);
     if (PyModule_AddObject(m, "Store", (PyObject *) &StoreType) ||
         PyModule_AddObject(m, "_Mapping", (PyObject *) &MappingType) ||
         PyModule_AddObject(m, "StoreError", s_StoreError) ||
         PyModule_AddObject(m, "PoolFullError", s_PoolFullError) ||
         PyModule_AddObject(m, "ConflictError", s_ConflictError) ||
         PyModule_AddObject(m, "PayloadGoneError", s_PayloadGoneError) ||
+        PyModule_AddObject(m, "StoreUnavailable", s_StoreUnavailable) ||
         PyModule_AddIntConstant(m, "REGION_BYTES", (long) LL_POOL_REGION_BYTES))
         goto fail;
     return m;

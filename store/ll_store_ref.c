@@ -43,7 +43,11 @@ int ll_store_ref_parse(const char *ref, uint64_t *pool_id, size_t *nbytes, ll_po
         return -1;
     p = end + 1;
     size_t n = (size_t) ((nb + LL_STORE_R - 1) / LL_STORE_R);
-    if (n > UINT32_MAX)
+    /* Each region takes at least "i.g.h," in the text: a length the text
+     * cannot hold is refused before anything is allocated for it (a
+     * corrupt or hostile ref must not ask for gigabytes; found by
+     * tests/fuzz/fuzz_store_meta.c). */
+    if (n > UINT32_MAX || n > (strlen(p) + 1) / 6)
         return -1;
     ll_pool_region_t *r = malloc((n ? n : 1) * sizeof *r);
     if (!r)

@@ -1,7 +1,7 @@
 # store/: the checkpoint store's C half (owned by the store-C engineer):
 # payload pool, Redis metadata, the _llstore Python extension, its tests and
 # benchmark.  See store/API.md.
-STORE_SRCS := store/ll_pool.c store/ll_redis.c store/ll_store.c store/ll_store_py.c \
+STORE_SRCS := store/ll_pool.c store/ll_redis.c store/ll_redis_server.c store/ll_store.c store/ll_store_py.c \
               store/ll_store_ref.c store/ll_store_put.c store/ll_store_commit.c \
               store/ll_pool_reserve.c store/ll_pagekind.c \
               store/ll_hash.c store/ll_hash_avx2.c

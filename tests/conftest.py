@@ -14,6 +14,7 @@ runs the tests:
                     environment): the kernel, its pool and workers import
                     from the same environment as this process
   looseleaf-msgint  the same with interrupt_mode message
+  looseleaf-unsigned  the same with --allow-empty-key (an empty key is refused otherwise)
   python3           the reference: ipykernel of this same Python
   python3-msgint    the same with interrupt_mode message
 """
@@ -45,6 +46,9 @@ def _kernelspecs():
                       "language": "python", "interrupt_mode": "signal", "env": env},
         "looseleaf-msgint": {"argv": looseleaf_argv, "display_name": "LooseLeaf (message interrupt)",
                              "language": "python", "interrupt_mode": "message", "env": env},
+        "looseleaf-unsigned": {"argv": looseleaf_argv + ["--allow-empty-key"],
+                               "display_name": "LooseLeaf (empty key allowed)", "language": "python",
+                               "interrupt_mode": "signal", "env": env},
         "python3": {"argv": python_argv, "display_name": "Python 3 (ipykernel)",
                     "language": "python", "interrupt_mode": "signal"},
         "python3-msgint": {"argv": python_argv, "display_name": "Python 3 (message interrupt)",

@@ -28,3 +28,7 @@ PYTESTS += tests/tree
 DEBIAN_SMOKE := tests/integration/test_int_execute.py tests/integration/test_int_kernel_info.py \
                 tests/integration/test_int_stdin.py tests/integration/test_int_interrupt.py \
                 tests/routing/test_route_metadata.py tests/store/test_store_checkpoint.py
+
+# Issue 13 (items 6, 7): a warm GPU cell's first flushed output as prompt as a CPU cell's; a CPU cell after GPU
+# cells as cheap as on ipykernel.
+BENCHES += tests/bench/bench_responsive.py

@@ -68,6 +68,9 @@ typedef struct {
     ll_hostpool_origin_t origin; /* how it got its worker */
     double wait_ms;              /* time it waited for its worker */
     double evict_t; /* ms, when it was told to exit (or its client left while it saved) */
+    bool began;     /* its worker said something of the cell (output): its code may have run */
+    int retries;    /* times the job was given a fresh worker after one died preparing it */
+    unsigned long long oom_kills; /* the host's OOM kills when the job went to its worker */
 } ll_hostpool_run_t;
 
 /* A home worker that went (ll_hostpool_jobs.c, s_tell_gone): its session's

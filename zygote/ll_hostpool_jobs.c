@@ -235,8 +235,44 @@ static void s_tell_gone(ll_hostpool_t *pool, int r, const char *how)
     ll_sched_set_home(pool->sched, r, 0);
 }
 
+/* The processes the kernel's OOM killer has ended on this host so far
+ * (/proc/vmstat; 0 when unknown).  A worker killed by SIGKILL while this
+ * moved was, in all likelihood, one of them: another process of the host
+ * killed by it at the same moment would be counted too, which only makes
+ * the report blame memory for a kill that had another cause. */
+static unsigned long long s_oom_kills(void)
+{
+    FILE *f = fopen("/proc/vmstat", "re");
+    char line[128];
+    unsigned long long n = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "oom_kill %llu", &n) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return n;
+}
+
+/* Queue job R again for a fresh worker (its worker died before anything
+ * of the job ran). */
+static void s_requeue(ll_hostpool_t *pool, int r)
+{
+    ll_hostpool_run_t *run = &pool->runs[r];
+    ll_sched_requeue(pool->sched, r, ll_clock_ms());
+    close(run->worker.fd);
+    run->worker.fd = -1;
+    ll_zreader_destroy(&run->worker.rd);
+    run->worker.pid = 0;
+    run->worker.eof = run->worker.exited = false;
+    run->worker.status = 0;
+    run->sig.handover = false;
+    run->origin = LL_HOSTPOOL_ORIGIN_NONE;
+    ll_hostpool_schedule(pool);
+}
+
 /* A worker whose socket closed and whose exit status is known, without a
- * reply: tell the client how it died. */
+ * reply: tell the client how it died; one that died preparing a cell (no
+ * output yet) is given once more a fresh worker. */
 static void s_finish_dead(ll_hostpool_t *pool, int r)
 {
     ll_hostpool_run_t *run = &pool->runs[r];
@@ -248,21 +284,30 @@ static void s_finish_dead(ll_hostpool_t *pool, int r)
          * and gets a fresh worker, as if the pool had seen the death first. */
         ll_warn("pool", "%s %s: warm worker %d was gone before it took the job: forking anew",
                 s_is_prefetch(pool, r) ? "prefetch" : "cell", run->id, (int) run->worker.pid);
-        int st = run->worker.status;
+        int hst = run->worker.status;
         snprintf(why, sizeof why, "which died (%s %d)",
-                 WIFSIGNALED(st) ? "killed by signal" : "exit status",
-                 WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+                 WIFSIGNALED(hst) ? "killed by signal" : "exit status",
+                 WIFSIGNALED(hst) ? WTERMSIG(hst) : WEXITSTATUS(hst));
         s_tell_gone(pool, r, why);
-        ll_sched_requeue(pool->sched, r, ll_clock_ms());
-        close(run->worker.fd);
-        run->worker.fd = -1;
-        ll_zreader_destroy(&run->worker.rd);
-        run->worker.pid = 0;
-        run->worker.eof = run->worker.exited = false;
-        run->worker.status = 0;
-        run->sig.handover = false;
-        run->origin = LL_HOSTPOOL_ORIGIN_NONE;
-        ll_hostpool_schedule(pool);
+        s_requeue(pool, r);
+        return;
+    }
+    int st = run->worker.status;
+    bool oom = WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL && s_oom_kills() > run->oom_kills;
+    if (!run->cancelled && !run->began && run->retries == 0 && !s_is_prefetch(pool, r) &&
+        !s_idle_worker(pool, r)) {
+        /* It died preparing the cell (fork, imports, restore), before any
+         * of the cell's code ran: a restore changes nothing, so the cell
+         * gets one fresh worker more before it fails (what it was the home
+         * of is gone, though). */
+        ll_warn("pool",
+                "cell %s: worker %d died (%s %d%s) before the cell ran: once more on a "
+                "fresh worker",
+                run->id, (int) run->worker.pid, WIFSIGNALED(st) ? "signal" : "status",
+                WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st), oom ? ", out of memory" : "");
+        s_tell_gone(pool, r, "which died preparing a cell");
+        run->retries++;
+        s_requeue(pool, r);
         return;
     }
     if (s_idle_worker(pool, r)) {
@@ -273,7 +318,6 @@ static void s_finish_dead(ll_hostpool_t *pool, int r)
                 "pool",
                 "warm worker %d of session %s died (status %d): the session's next cell forks anew",
                 (int) run->worker.pid, j->session ? j->session : "?", run->worker.status);
-            int st = run->worker.status;
             snprintf(why, sizeof why, "which died (%s %d)",
                      WIFSIGNALED(st) ? "killed by signal" : "exit status",
                      WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
@@ -283,7 +327,6 @@ static void s_finish_dead(ll_hostpool_t *pool, int r)
         ll_hostpool_schedule(pool);
         return;
     }
-    int st = run->worker.status;
     if (s_is_prefetch(pool, r)) {
         snprintf(why, sizeof why, "the worker (pid %d) preparing the prefetch %s ended (%s %d)",
                  (int) run->worker.pid, run->cancelled ? "was cancelled" : "died",
@@ -302,10 +345,12 @@ static void s_finish_dead(ll_hostpool_t *pool, int r)
                  (int) run->worker.pid);
     else if (WIFSIGNALED(st))
         snprintf(why, sizeof why,
-                 "the worker (pid %d) running this cell was killed by signal SIG%s (%d); the "
+                 "the worker (pid %d) running this cell was killed by signal SIG%s (%d)%s%s; the "
                  "session continues "
                  "from the last committed versions of its variables",
-                 (int) run->worker.pid, s_signame(WTERMSIG(st)), WTERMSIG(st));
+                 (int) run->worker.pid, s_signame(WTERMSIG(st)), WTERMSIG(st),
+                 oom ? " (out of memory: the host's OOM killer ended it)" : "",
+                 run->retries ? " twice, the second time on a fresh worker" : "");
     else
         snprintf(why, sizeof why,
                  "the worker (pid %d) running this cell exited with status %d before replying; the "
@@ -358,6 +403,8 @@ static json_t *s_gone_of(ll_hostpool_t *pool, int r)
 static json_t *s_job_frame(ll_hostpool_t *pool, int r, int slot)
 {
     ll_hostpool_run_t *run = &pool->runs[r];
+    run->oom_kills = s_oom_kills();
+    run->began = false;
     json_t *job = json_deep_copy(run->req);
     json_t *gone = s_gone_of(pool, r);
     if (gone)
@@ -962,6 +1009,8 @@ static void s_worker_reply(ll_hostpool_t *pool, int r, json_t *m)
         json_object_set_new(ll, "wait_ms", json_real(run->wait_ms));
         json_object_set_new(ll, "warm_hit", json_boolean(run->origin >= LL_HOSTPOOL_ORIGIN_WARM));
         json_object_set_new(ll, "staged", json_boolean(run->origin == LL_HOSTPOOL_ORIGIN_STAGED));
+        if (run->retries)
+            json_object_set_new(ll, "worker_retries", json_integer(run->retries));
         if (json_is_number(json_object_get(ll, "held_bytes")))
             held_bytes = json_number_value(json_object_get(ll, "held_bytes"));
     }
@@ -993,6 +1042,7 @@ static void s_worker_frame(ll_hostpool_t *pool, int r, json_t *m)
     } else if (strcmp(type, "reply") == 0) {
         s_worker_reply(pool, r, m);
     } else {
+        run->began = true; /* output of the cell (or its input prompt): its code runs */
         json_object_set_new(m, "id", json_string(run->id));
         ll_hostpool_send(pool, s_job(pool, r)->client, json_incref(m));
     }

@@ -1,6 +1,7 @@
 /* ll_sched: the host pool's scheduling decisions (see ll_sched.h).  Used by
  * the pool's one thread; a few hundred entries at most, so plain arrays
- * scanned in full, as the pool always did. */
+ * scanned, as the pool always did, but only up to the last entry in use
+ * (the fleet simulator runs thousands of these schedules). */
 #include "zygote/ll_sched.h"
 
 #include <stdio.h>
@@ -30,6 +31,8 @@ struct ll_sched_t {
     int slot_job[LL_SCHED_MAX_SLOTS];                   /* job holding each slot, -1 free */
     ll_sched_job_t jobs[LL_SCHED_MAX_JOBS];             /* jobs and their workers */
     ll_sched_session_t sessions[LL_SCHED_MAX_SESSIONS]; /* sessions of connected clients */
+    int njobs;                                          /* entries from here on are all free */
+    int nsess;                                          /* sessions from here on are all unused */
     s_pass_t pass;                                      /* the pass under way */
 };
 
@@ -38,6 +41,13 @@ static void s_job_clear(ll_sched_job_t *j)
     free(j->session);
     memset(j, 0, sizeof *j);
     j->slot = -1;
+}
+
+/* After an entry was freed: the scans stop at the last one in use. */
+static void s_jobs_shrink(ll_sched_t *self)
+{
+    while (self->njobs > 0 && self->jobs[self->njobs - 1].state == LL_SCHED_FREE)
+        self->njobs--;
 }
 
 ll_sched_t *ll_sched_new(int nslots, int max_staged, double spec_window_ms, bool keep_warm)
@@ -81,7 +91,7 @@ void ll_sched_destroy(ll_sched_t **self_p)
 
 int ll_sched_session_find(const ll_sched_t *self, int client, const char *name)
 {
-    for (int i = 0; i < LL_SCHED_MAX_SESSIONS; i++) {
+    for (int i = 0; i < self->nsess; i++) {
         const ll_sched_session_t *se = &self->sessions[i];
         if (se->used && se->client == client && name && strcmp(se->name, name) == 0)
             return i;
@@ -98,6 +108,8 @@ int ll_sched_session_open(ll_sched_t *self, int client, const char *name)
         ;
     if (i == LL_SCHED_MAX_SESSIONS)
         return -1;
+    if (i >= self->nsess)
+        self->nsess = i + 1;
     ll_sched_session_t *se = &self->sessions[i];
     se->name = strdup(name);
     if (!se->name)
@@ -113,13 +125,15 @@ void ll_sched_session_close(ll_sched_t *self, int i)
 {
     free(self->sessions[i].name);
     memset(&self->sessions[i], 0, sizeof self->sessions[i]);
+    while (self->nsess > 0 && !self->sessions[self->nsess - 1].used)
+        self->nsess--;
 }
 
 double ll_sched_session_held(const ll_sched_t *self, int i, double now)
 {
     const ll_sched_session_t *se = &self->sessions[i];
     double held = se->held_ms;
-    for (int r = 0; r < LL_SCHED_MAX_JOBS; r++) {
+    for (int r = 0; r < self->njobs; r++) {
         const ll_sched_job_t *j = &self->jobs[r];
         if (j->state && j->slot >= 0 && j->client == se->client && j->session &&
             strcmp(j->session, se->name) == 0)
@@ -170,6 +184,8 @@ int ll_sched_add(ll_sched_t *self, int client, const char *session, ll_sched_kin
         r++;
     if (r == LL_SCHED_MAX_JOBS)
         return -1;
+    if (r >= self->njobs)
+        self->njobs = r + 1;
     ll_sched_job_t *j = &self->jobs[r];
     s_job_clear(j);
     j->session = strdup(session);
@@ -294,11 +310,12 @@ void ll_sched_drop(ll_sched_t *self, int r, double now)
     if (j->worker.key > 0)
         ll_gdsf_remove(self->gdsf, j->worker.key);
     s_job_clear(j);
+    s_jobs_shrink(self);
 }
 
 void ll_sched_client_gone(ll_sched_t *self, int client)
 {
-    for (int r = 0; r < LL_SCHED_MAX_JOBS; r++)
+    for (int r = 0; r < self->njobs; r++)
         if (self->jobs[r].state && self->jobs[r].client == client)
             self->jobs[r].client = -1;
 }
@@ -317,7 +334,7 @@ static bool s_same_session(const ll_sched_job_t *a, const ll_sched_job_t *b)
 static bool s_session_cell_queued(const ll_sched_t *self, int r)
 {
     const ll_sched_job_t *j = &self->jobs[r];
-    for (int q = 0; q < LL_SCHED_MAX_JOBS; q++) {
+    for (int q = 0; q < self->njobs; q++) {
         const ll_sched_job_t *c = &self->jobs[q];
         if (q != r && c->state == LL_SCHED_QUEUED && c->kind == LL_SCHED_CELL &&
             c->t_queued <= j->t_queued && s_same_session(c, j))
@@ -329,7 +346,7 @@ static bool s_session_cell_queued(const ll_sched_t *self, int r)
 /* Whether any cell waits for a slot. */
 static bool s_cells_waiting(const ll_sched_t *self)
 {
-    for (int r = 0; r < LL_SCHED_MAX_JOBS; r++)
+    for (int r = 0; r < self->njobs; r++)
         if (self->jobs[r].state == LL_SCHED_QUEUED && self->jobs[r].kind == LL_SCHED_CELL)
             return true;
     return false;
@@ -339,7 +356,7 @@ static bool s_cells_waiting(const ll_sched_t *self)
 static int s_staged_count(const ll_sched_t *self)
 {
     int n = 0;
-    for (int r = 0; r < LL_SCHED_MAX_JOBS; r++) {
+    for (int r = 0; r < self->njobs; r++) {
         const ll_sched_job_t *j = &self->jobs[r];
         if (j->slot < 0 && (j->state == LL_SCHED_FORKING || j->state == LL_SCHED_PREPARING ||
                             j->state == LL_SCHED_WARM))
@@ -357,7 +374,7 @@ static int s_warm_for(const ll_sched_t *self, int r, bool *busy, bool *running)
     const ll_sched_job_t *j = &self->jobs[r];
     int best = -1;
     *busy = *running = false;
-    for (int w = 0; w < LL_SCHED_MAX_JOBS; w++) {
+    for (int w = 0; w < self->njobs; w++) {
         const ll_sched_job_t *wk = &self->jobs[w];
         if (w == r || !wk->state || !s_same_session(wk, j))
             continue;
@@ -381,7 +398,7 @@ static int s_warm_for(const ll_sched_t *self, int r, bool *busy, bool *running)
 static int s_victim(const ll_sched_t *self, double now)
 {
     int key = ll_gdsf_victim(self->gdsf, now);
-    for (int v = 0; v < LL_SCHED_MAX_JOBS && key >= 0; v++)
+    for (int v = 0; v < self->njobs && key >= 0; v++)
         if (self->jobs[v].state == LL_SCHED_WARM && self->jobs[v].worker.key == key)
             return v;
     int best = -1;
@@ -426,6 +443,7 @@ static bool s_hand(ll_sched_t *self, int r, int w, ll_sched_decision_t *d)
         self->slot_job[j->slot] = r;
     wk->slot = -1;
     s_job_clear(wk);
+    s_jobs_shrink(self);
     j->state = j->kind == LL_SCHED_CELL ? LL_SCHED_FORKING : LL_SCHED_PREPARING;
     ll_gdsf_set_idle(self->gdsf, j->worker.key, false);
     d->op = LL_SCHED_HAND;
@@ -615,7 +633,7 @@ void ll_sched_begin(ll_sched_t *self, double now, bool nodes_ready)
     p->blocked = false;
     p->last_fork = -1;
     p->wait_r = -1;
-    for (int r = 0; r < LL_SCHED_MAX_JOBS; r++)
+    for (int r = 0; r < self->njobs; r++)
         if (self->jobs[r].state == LL_SCHED_QUEUED)
             p->order[p->nq++] = r;
     /* Oldest first (a handful at most: insertion sort, stable). */
@@ -628,7 +646,7 @@ void ll_sched_begin(ll_sched_t *self, double now, bool nodes_ready)
             p->order[k - 1] = t;
         }
     p->evicting = 0;
-    for (int r = 0; r < LL_SCHED_MAX_JOBS; r++)
+    for (int r = 0; r < self->njobs; r++)
         if (self->jobs[r].state == LL_SCHED_EVICTING && self->jobs[r].slot >= 0)
             p->evicting++; /* a staged one frees none */
 }
@@ -652,12 +670,12 @@ bool ll_sched_next(ll_sched_t *self, ll_sched_decision_t *d)
     if (p->wait_r < 0) {
         p->wait_r = 0;
         p->queued = 0;
-        for (int r = 0; r < LL_SCHED_MAX_JOBS; r++)
+        for (int r = 0; r < self->njobs; r++)
             if (self->jobs[r].state == LL_SCHED_QUEUED && self->jobs[r].kind == LL_SCHED_CELL)
                 p->queued++;
         p->all_held = s_free_slot(self) < 0;
     }
-    while (p->all_held && p->wait_r < LL_SCHED_MAX_JOBS) {
+    while (p->all_held && p->wait_r < self->njobs) {
         ll_sched_job_t *j = &self->jobs[p->wait_r++];
         if (j->state == LL_SCHED_QUEUED && j->kind == LL_SCHED_CELL && !j->queue.told_wait) {
             j->queue.told_wait = true;
@@ -696,6 +714,11 @@ const ll_sched_job_t *ll_sched_job(const ll_sched_t *self, int r)
 const ll_sched_session_t *ll_sched_session(const ll_sched_t *self, int i)
 {
     return &self->sessions[i];
+}
+
+int ll_sched_jobs_end(const ll_sched_t *self)
+{
+    return self->njobs;
 }
 
 int ll_sched_nslots(const ll_sched_t *self)

@@ -234,6 +234,10 @@ const ll_sched_session_t *ll_sched_session(const ll_sched_t *self, int i);
 double ll_sched_session_held(const ll_sched_t *self, int i, double now);
 int ll_sched_session_find(const ll_sched_t *self, int client, const char *name);
 
+/* One past the highest entry in use: every entry from there on is free
+ * (scans of the jobs may stop there). */
+int ll_sched_jobs_end(const ll_sched_t *self);
+
 /* The slots, and the job holding slot S (-1: free). */
 int ll_sched_nslots(const ll_sched_t *self);
 int ll_sched_slot_job(const ll_sched_t *self, int s);

@@ -10,6 +10,7 @@
 #include "zygote/ll_zframe.h"
 #include "base/ll_clock.h"
 #include "base/ll_log.h"
+#include "kernel/ll_pyenv.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -34,16 +35,34 @@ struct ll_zclient_t {
     bool ok;          /* connection up */
 };
 
+/* "-<8 hex digits>" naming the Python environment of this process when it is
+ * not the build's (kernel/ll_pyenv.h), else "": kernels of different
+ * environments must not share a pool, whose zygotes import one
+ * environment's packages. */
+static void s_env_suffix(char *out, size_t outlen)
+{
+    const char *py = getenv("LOOSELEAF_PYTHON");
+    out[0] = '\0';
+    if (!py || !*py || strcmp(py, ll_pyenv_build_python()) == 0)
+        return;
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (const unsigned char *p = (const unsigned char *) py; *p; p++)
+        h = (h ^ *p) * 16777619u;
+    snprintf(out, outlen, "-%08x", h);
+}
+
 void ll_zclient_default_dir(char *out, size_t outlen)
 {
     const char *env = getenv("LOOSELEAF_POOL_DIR");
     const char *xdg = getenv("XDG_RUNTIME_DIR");
+    char suffix[16];
+    s_env_suffix(suffix, sizeof suffix);
     if (env && *env)
         snprintf(out, outlen, "%s", env);
     else if (xdg && *xdg)
-        snprintf(out, outlen, "%s/looseleaf-pool", xdg);
+        snprintf(out, outlen, "%s/looseleaf-pool%s", xdg, suffix);
     else
-        snprintf(out, outlen, "/tmp/looseleaf-pool-%d", (int) getuid());
+        snprintf(out, outlen, "/tmp/looseleaf-pool-%d%s", (int) getuid(), suffix);
 }
 
 static int s_connect(const char *sock)
@@ -315,6 +334,54 @@ static void s_test_setenv(const char *name, const char *value)
         unsetenv(name);
 }
 
+/* The default runtime dir: LOOSELEAF_POOL_DIR, else under XDG_RUNTIME_DIR,
+ * else per uid in /tmp (empty values do not count), with a suffix for a
+ * Python environment other than the build's.  Returns the failures. */
+static int s_test_default_dir(void)
+{
+    int fails = 0;
+#define S_CHECK(cond)                                                                       \
+    do {                                                                                    \
+        if (!(cond)) {                                                                      \
+            fprintf(stderr, "ll_zclient selftest: %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+            fails++;                                                                        \
+        }                                                                                   \
+    } while (0)
+    char *saved[3] = {getenv("LOOSELEAF_POOL_DIR"), getenv("XDG_RUNTIME_DIR"),
+                      getenv("LOOSELEAF_PYTHON")};
+    for (int i = 0; i < 3; i++)
+        saved[i] = saved[i] ? strdup(saved[i]) : NULL;
+    s_test_setenv("LOOSELEAF_PYTHON", NULL);
+    char dir[PATH_MAX], want[64];
+    s_test_setenv("LOOSELEAF_POOL_DIR", "/tmp/pd");
+    s_test_setenv("XDG_RUNTIME_DIR", "/run/user/7");
+    ll_zclient_default_dir(dir, sizeof dir);
+    S_CHECK(strcmp(dir, "/tmp/pd") == 0);
+    s_test_setenv("LOOSELEAF_POOL_DIR", "");
+    ll_zclient_default_dir(dir, sizeof dir);
+    S_CHECK(strcmp(dir, "/run/user/7/looseleaf-pool") == 0);
+    s_test_setenv("XDG_RUNTIME_DIR", NULL);
+    ll_zclient_default_dir(dir, sizeof dir);
+    snprintf(want, sizeof want, "/tmp/looseleaf-pool-%d", (int) getuid());
+    S_CHECK(strcmp(dir, want) == 0);
+    /* Another environment's kernels get a pool of their own; the build's
+     * Python named explicitly is the default pool. */
+    s_test_setenv("LOOSELEAF_PYTHON", "/home/u/venv/bin/python");
+    ll_zclient_default_dir(dir, sizeof dir);
+    S_CHECK(strncmp(dir, want, strlen(want)) == 0 && strlen(dir) == strlen(want) + 9 &&
+            dir[strlen(want)] == '-');
+    s_test_setenv("LOOSELEAF_PYTHON", ll_pyenv_build_python());
+    ll_zclient_default_dir(dir, sizeof dir);
+    S_CHECK(strcmp(dir, want) == 0);
+    s_test_setenv("LOOSELEAF_POOL_DIR", saved[0]);
+    s_test_setenv("XDG_RUNTIME_DIR", saved[1]);
+    s_test_setenv("LOOSELEAF_PYTHON", saved[2]);
+    for (int i = 0; i < 3; i++)
+        free(saved[i]);
+#undef S_CHECK
+    return fails;
+}
+
 int ll_zclient_selftest(bool verbose)
 {
     int fails = 0;
@@ -433,27 +500,7 @@ int ll_zclient_selftest(bool verbose)
     ll_zclient_destroy(&c);
     close(sv[1]);
 
-    /* The default runtime dir: LOOSELEAF_POOL_DIR, else under
-     * XDG_RUNTIME_DIR, else per uid in /tmp (empty values do not count). */
-    char *saved[2] = {getenv("LOOSELEAF_POOL_DIR"), getenv("XDG_RUNTIME_DIR")};
-    for (int i = 0; i < 2; i++)
-        saved[i] = saved[i] ? strdup(saved[i]) : NULL;
-    char dir[PATH_MAX], want[64];
-    s_test_setenv("LOOSELEAF_POOL_DIR", "/tmp/pd");
-    s_test_setenv("XDG_RUNTIME_DIR", "/run/user/7");
-    ll_zclient_default_dir(dir, sizeof dir);
-    S_CHECK(strcmp(dir, "/tmp/pd") == 0);
-    s_test_setenv("LOOSELEAF_POOL_DIR", "");
-    ll_zclient_default_dir(dir, sizeof dir);
-    S_CHECK(strcmp(dir, "/run/user/7/looseleaf-pool") == 0);
-    s_test_setenv("XDG_RUNTIME_DIR", NULL);
-    ll_zclient_default_dir(dir, sizeof dir);
-    snprintf(want, sizeof want, "/tmp/looseleaf-pool-%d", (int) getuid());
-    S_CHECK(strcmp(dir, want) == 0);
-    s_test_setenv("LOOSELEAF_POOL_DIR", saved[0]);
-    s_test_setenv("XDG_RUNTIME_DIR", saved[1]);
-    free(saved[0]);
-    free(saved[1]);
+    fails += s_test_default_dir();
 #undef S_CHECK
     if (verbose)
         fprintf(stderr, "ll_zclient: %s\n", fails ? "FAILED" : "ok");

@@ -9,6 +9,7 @@
 #include "zygote/ll_ztree.h"
 #include "base/ll_clock.h"
 #include "base/ll_log.h"
+#include "kernel/ll_pyenv.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -409,8 +410,10 @@ static bool s_probing(const ll_ztree_t *self, const char *module)
     return false;
 }
 
-/* Start a probe of MODULE for node N: `python3 -m looseleaf_zygote.probe
- * MODULE` with zygote/py first on PYTHONPATH (built before the fork). */
+/* Start a probe of MODULE for node N: `python -m looseleaf_zygote.probe
+ * MODULE` with zygote/py first on PYTHONPATH (built before the fork), in
+ * the session's environment: its own Python (kernel/ll_pyenv.h), whose
+ * packages are the ones a zygote would import. */
 static void s_start_probe(ll_ztree_t *self, const char *module, int n)
 {
     int slot = -1;
@@ -419,6 +422,12 @@ static void s_start_probe(ll_ztree_t *self, const char *module, int n)
             slot = i;
     if (slot < 0 || strlen(module) >= sizeof self->probes[0].module)
         return;
+    char err[512];
+    ll_pyenv_t pyenv;
+    if (ll_pyenv_find(NULL, &pyenv, err, sizeof err) < 0) {
+        ll_warn("ztree", "cannot probe %s: %s", module, err);
+        return;
+    }
     int pfd[2];
     if (pipe2(pfd, O_CLOEXEC) < 0)
         return;
@@ -454,7 +463,7 @@ static void s_start_probe(ll_ztree_t *self, const char *module, int n)
         sigset_t all;
         sigemptyset(&all);
         sigprocmask(SIG_SETMASK, &all, NULL);
-        execle("/usr/bin/python3", "python3", "-m", "looseleaf_zygote.probe", module, (char *) NULL,
+        execle(pyenv.python, "python3", "-m", "looseleaf_zygote.probe", module, (char *) NULL,
                envp);
         _exit(127);
     }

@@ -378,14 +378,19 @@ static bool s_worker_cell(json_t *job, double fork_ms, bool warm, bool prefetche
     double t_exec0 = ll_clock_ms(), t_exec1 = t_exec0;
     if (fatal) {
         /* The cell cannot run here (store unreachable, closure not
-         * restorable): an error reply, nothing saved. */
+         * restorable, an interrupt ended the restore): an error reply named
+         * as the preparation says (StoreUnavailable, KeyboardInterrupt),
+         * nothing saved. */
         ll_error("worker", "cannot prepare the cell: %s", fatal);
-        json_t *c = json_pack(
-            "{s:s, s:s, s:s, s:[s], s:O, s:{}, s:[]}", "status", "error", "ename",
-            "WorkerPrepareError", "evalue", fatal, "traceback", fatal, "execution_count",
-            json_object_get(job, "execution_count") ? json_object_get(job, "execution_count")
-                                                    : json_null(),
-            "user_expressions", "payload");
+        const char *ename =
+            prep_j ? json_string_value(json_object_get(prep_j, "fatal_ename")) : NULL;
+        json_t *c = json_pack("{s:s, s:s, s:s, s:[s], s:O, s:{}, s:[]}", "status", "error", "ename",
+                              ename ? ename : "WorkerPrepareError", "evalue", fatal, "traceback",
+                              fatal, "execution_count",
+                              json_object_get(job, "execution_count")
+                                  ? json_object_get(job, "execution_count")
+                                  : json_null(),
+                              "user_expressions", "payload");
         reply = json_dumps(c, JSON_COMPACT);
         json_decref(c);
     } else {

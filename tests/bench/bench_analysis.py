@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """make bench: the cell analysis in C against the same analysis in pure Python.
 
 Runs build/tests/bench/bench_analysis (C: microseconds per analysis of a

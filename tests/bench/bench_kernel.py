@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Kernel benchmark (`make bench`): looseleaf against ipykernel, measured in
 the same run with the same client, printed as ours/ipykernel ratios.
 
@@ -27,10 +27,13 @@ from jupyter_client import KernelManager
 from jupyter_client.session import Session
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Kernels, pools and workers run in the environment of the Python running the bench (kernel/ll_pyenv.h).
+os.environ.setdefault("LOOSELEAF_PYTHON", sys.executable)
 LOOSELEAF = os.environ.get("LL_TEST_LOOSELEAF", os.path.join(REPO, "build", "looseleaf"))
 KERNELS = {
     "looseleaf": [LOOSELEAF, "-f", "{connection_file}"],
-    "ipykernel": ["/usr/bin/python3", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+    # The reference: ipykernel of the Python running the bench (make bench: the project's venv).
+    "ipykernel": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
 }
 TIMEOUT = 120.0
 
@@ -47,8 +50,9 @@ def private_jupyter_env():
         kdir = os.path.join(root, "share", "kernels", name)
         os.makedirs(kdir)
         with open(os.path.join(kdir, "kernel.json"), "w") as f:
+            # LooseLeaf runs in the same environment (kernel/ll_pyenv.h).
             json.dump({"argv": argv, "display_name": name, "language": "python",
-                       "interrupt_mode": "signal"}, f)
+                       "interrupt_mode": "signal", "env": {"LOOSELEAF_PYTHON": sys.executable}}, f)
     os.environ.update({
         "JUPYTER_PATH": os.path.join(root, "share"),
         "JUPYTER_DATA_DIR": os.path.join(root, "data"),

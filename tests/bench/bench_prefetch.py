@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """bench_prefetch: GPU cells that start with no visible delay: edit-time prefetch and warm workers (issue 6).
 
 Run by `make bench` (after `make all`).  Replays scripted notebook sessions against the real kernel: several
@@ -32,6 +32,8 @@ import time
 from jupyter_client import KernelManager
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Kernels, pools and workers run in the environment of the Python running the bench (kernel/ll_pyenv.h).
+os.environ.setdefault("LOOSELEAF_PYTHON", sys.executable)
 sys.path[:0] = [os.path.join(REPO, "tests", "bench")]
 
 from bench_route import _stop_pool  # noqa: E402

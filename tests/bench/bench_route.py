@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """bench_route: a scripted notebook session through the real kernel, GPU cells on forked workers (issue 5).
 
 Run by `make bench` (after `make all`).  Starts the LooseLeaf kernel through jupyter_client (its own pool in a
@@ -10,7 +10,7 @@ Prints, in one run:
   per GPU cell, from execute_reply.metadata.looseleaf: the kernel's commit of what CPU cells changed, then
   the worker's cold preparation split into fork, import and restore, bytes restored, exec and save;
   the worker fork latency from the base zygote (trivial GPU cells);
-  the same cells on the naive path: a fresh /usr/bin/python3 that imports torch and numpy from scratch and
+  the same cells on the naive path: a fresh Python (the bench's) that imports torch and numpy from scratch and
   loads the whole namespace with plain pickle (the namespace built by running the session in this process),
   timed from spawn to ready; the ratio naive / cold preparation (target: at least 10x);
   Run-to-reply time of each cell on LooseLeaf against ipykernel running the same cells, in this run.
@@ -26,6 +26,8 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Kernels, pools and workers run in the environment of the Python running the bench (kernel/ll_pyenv.h).
+os.environ.setdefault("LOOSELEAF_PYTHON", sys.executable)
 sys.path[:0] = [os.path.join(REPO, "tests", "bench"), os.path.join(REPO, "tests")]
 
 import numpy as np  # noqa: E402
@@ -41,7 +43,7 @@ LOOSELEAF = os.path.join(REPO, "build", "looseleaf")
 def _kernelspecs(root):
     specs = {
         "looseleaf": [LOOSELEAF, "-f", "{connection_file}"],
-        "python3": ["/usr/bin/python3", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "python3": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
     }
     for name, argv in specs.items():
         d = os.path.join(root, "share", "kernels", name)

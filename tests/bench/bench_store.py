@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """bench_store: looseleaf_store save/restore against the baselines of issue 4, measured in one run.
 
 Run by `make bench` (after `make all`: needs build/py/_llstore).  Starts its own redis-server in a temp

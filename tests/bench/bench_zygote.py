@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """bench_zygote: cold preparation of GPU cells on forked workers against the naive serverless path (issue 5).
 
 Run by `make bench` (after `make all`).  Starts its own redis-server and host pool (torch in the base zygote)
@@ -10,7 +10,7 @@ cells read a median 4-22% of the live variables).
 Prints, in one run:
   per GPU cell: cold preparation split into fork, import and restore (from the worker's report), bytes restored;
   the worker fork latency from the base zygote (trivial cells);
-  the same GPU cells on the naive path: a fresh /usr/bin/python3 that imports torch and numpy from scratch and
+  the same GPU cells on the naive path: a fresh Python (the bench's) that imports torch and numpy from scratch and
   loads the whole namespace with plain pickle, timed from spawn to ready;
   the ratio naive / cold preparation.  Target: cold preparation at least 10x faster;
   the same session again on a pool with warm workers (--warm-idle, issue 6): per GPU cell whether it was a warm
@@ -29,6 +29,8 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Kernels, pools and workers run in the environment of the Python running the bench (kernel/ll_pyenv.h).
+os.environ.setdefault("LOOSELEAF_PYTHON", sys.executable)
 sys.path[:0] = [os.path.join(REPO, "build", "py"), os.path.join(REPO, "store", "py"),
                 os.path.join(REPO, "tests", "zygote")]
 
@@ -82,7 +84,7 @@ def _cpu_cell(cp, ns, i, code, closure, defines):
 
 def naive_prep(path):
     t0 = time.perf_counter()
-    p = subprocess.Popen(["/usr/bin/python3", "-c", NAIVE, path], stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen([sys.executable, "-c", NAIVE, path], stdout=subprocess.PIPE, text=True)
     line = p.stdout.readline()
     t = time.perf_counter() - t0
     p.wait()

@@ -40,18 +40,20 @@ def _poll(cond, timeout=TIMEOUT, what="condition"):
 class Proc:
     """build/looseleaf started on a fresh connection file, stderr to a file."""
 
-    def __init__(self, tmp_path, key=b"secret-key", new_session=True, env=None):
+    def __init__(self, tmp_path, key=b"secret-key", new_session=True, env=None, ip="127.0.0.1", args=()):
         self.cf = str(tmp_path / "kernel.json")
-        write_connection_file(self.cf, key=key, transport="tcp", ip="127.0.0.1")
+        write_connection_file(self.cf, key=key, transport="tcp", ip=ip)
         self.errpath = tmp_path / "kernel.stderr"
         env = dict(os.environ, **(env or {}))
         env.pop("PYTEST_CURRENT_TEST", None)
         with open(self.errpath, "wb") as err:
-            self.p = subprocess.Popen([BIN, "-f", self.cf], stdout=subprocess.DEVNULL, stderr=err,
+            self.p = subprocess.Popen([BIN, "-f", self.cf, *args], stdout=subprocess.DEVNULL, stderr=err,
                                       stdin=subprocess.DEVNULL, env=env,
                                       start_new_session=new_session)
         self.kc = BlockingKernelClient(connection_file=self.cf)
         self.kc.load_connection_file()
+        if ip == "0.0.0.0":
+            self.kc.ip = "127.0.0.1"
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)
 
@@ -207,6 +209,7 @@ def test_bad_connection_file_names_the_field(tmp_path, change, field):
             cf[k] = v
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(cf))
+    path.chmod(0o600)  # (as Jupyter writes it: a file others may read is refused first)
     r = _run("-f", str(path))
     assert r.returncode == 1
     assert field in r.stderr
@@ -218,6 +221,7 @@ def test_unreadable_connection_file(tmp_path):
     assert r.returncode == 1 and "missing.json" in r.stderr
     bad = tmp_path / "garbage.json"
     bad.write_text("{not json")
+    bad.chmod(0o600)
     r = _run("-f", str(bad))
     assert r.returncode == 1 and "garbage.json" in r.stderr
 
@@ -230,6 +234,7 @@ def test_port_in_use_is_reported(tmp_path):
     cf = dict(GOOD, shell_port=s.getsockname()[1])
     path = tmp_path / "busy.json"
     path.write_text(json.dumps(cf))
+    path.chmod(0o600)
     try:
         r = _run("-f", str(path))
     finally:
@@ -240,7 +245,7 @@ def test_port_in_use_is_reported(tmp_path):
 # ---- running kernel ---------------------------------------------------------------------------
 
 def test_empty_key_runs_unsigned_with_warning(tmp_path):
-    p = Proc(tmp_path, key=b"")
+    p = Proc(tmp_path, key=b"", args=["--allow-empty-key"])
     try:
         reply, msgs = p.execute("print(6 * 7)")
         assert reply["status"] == "ok" and _stream_text(msgs) == "42\n"

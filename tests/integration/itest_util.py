@@ -71,6 +71,12 @@ class Kernel:
         # database: two kernels writing one sqlite file can hit "database is
         # locked", which IPython reports on stderr, into some cell's output.
         self._ipython_dir = tempfile.mkdtemp(prefix="ll-ipython-")
+        # Completion types come from jedi with a time limit (0.4 s): on a loaded test machine the two kernels
+        # would differ by which one hit it.  A generous limit makes the answer the same as on an idle one.
+        profile = os.path.join(self._ipython_dir, "profile_default")
+        os.makedirs(profile)
+        with open(os.path.join(profile, "ipython_config.py"), "w") as f:
+            f.write("c.Completer.jedi_compute_type_timeout = 10000\n")
         full_env = dict(kernel_env(), IPYTHONDIR=self._ipython_dir)
         full_env.update(env or {})
         self.km = KernelManager(kernel_name=name)

@@ -80,8 +80,9 @@ def test_complete(both, case):
     content = {"code": code, "cursor_pos": pos}
     mine, theirs = _request(k, "complete_request", content), _request(ref, "complete_request", content)
     assert mine["status"] == "ok"
-    _drop_own_magic(mine)
-    _drop_own_magic(theirs, "%subshell")
+    for reply in (mine, theirs):
+        _drop_own_magic(reply)
+        _drop_own_magic(reply, "%subshell")
     assert (mine["cursor_start"], mine["cursor_end"]) == (theirs["cursor_start"], theirs["cursor_end"])
     assert mine["matches"] == theirs["matches"]
     # Completion types (JupyterLab shows them beside each match).

@@ -74,8 +74,27 @@ def normalized_outputs(nb):
             else:
                 outs.append([t])
         cells.append([cell.execution_count] +
-                     [[o[0], o[1], _norm(o[2])] if o[0] == "stream" else o for o in outs])
+                     [[o[0], o[1], _norm(o[2])] if o[0] == "stream" else o for o in _by_stream(outs)])
     return cells
+
+
+def _by_stream(outs):
+    """OUTS with each run of stream outputs (between other outputs) as its stdout then its stderr: how the
+    text of the two streams interleaves within a run depends on when each was flushed (ipykernel flushes
+    each stream on its own), not on what the cell did."""
+    out, run = [], []
+    for o in outs + [None]:
+        if o is not None and o[0] == "stream":
+            run.append(o)
+            continue
+        for name in ("stdout", "stderr"):
+            text = "".join(r[2] for r in run if r[1] == name)
+            if text:
+                out.append(["stream", name, text])
+        run = []
+        if o is not None:
+            out.append(o)
+    return out
 
 
 def run_notebook(path, kernel_name, workdir):

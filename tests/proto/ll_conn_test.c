@@ -194,11 +194,16 @@ static void s_test_bad(void)
     LL_CHECK(ll_conn_parse(s_good, &info, NULL, 0) == 0); /* no error buffer is fine */
 }
 
+/* Write a file as Jupyter does: mode 0600. */
 static int s_write_file(const char *path, const char *data, size_t len)
 {
-    FILE *f = fopen(path, "wb");
-    if (!f)
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    if (!f) {
+        if (fd >= 0)
+            close(fd);
         return -1;
+    }
     size_t n = fwrite(data, 1, len, f);
     fclose(f);
     return n == len ? 0 : -1;
@@ -213,31 +218,51 @@ static void s_test_files(void)
 
     snprintf(path, sizeof path, "%s/kernel.json", dir);
     LL_CHECK(s_write_file(path, s_good, strlen(s_good)) == 0);
-    LL_CHECK(ll_conn_load(path, &info, err, sizeof err) == 0);
+    LL_CHECK(ll_conn_load(path, 0, &info, err, sizeof err) == 0);
     LL_CHECK(info.ports[LL_CHAN_HB] == 5005);
+
+    /* A file others may read (the key lets them run code as us) or a
+     * symbolic link is refused, naming the problem and the way out; the
+     * flag accepts both. */
+    chmod(path, 0644);
+    LL_CHECK(ll_conn_load(path, 0, &info, err, sizeof err) == -1 && info.key_len == 0);
+    LL_CHECK(strstr(err, path) && strstr(err, "mode 0644") && strstr(err, "others") &&
+             strstr(err, "--allow-insecure-connection-file"));
+    chmod(path, 0640);
+    LL_CHECK(ll_conn_load(path, 0, &info, err, sizeof err) == -1 && strstr(err, "the group"));
+    LL_CHECK(ll_conn_load(path, LL_CONN_ALLOW_INSECURE, &info, err, sizeof err) == 0);
+    chmod(path, 0600);
+    char link[300];
+    snprintf(link, sizeof link, "%s/link.json", dir);
+    LL_CHECK(symlink(path, link) == 0);
+    LL_CHECK(ll_conn_load(link, 0, &info, err, sizeof err) == -1);
+    LL_CHECK(strstr(err, link) && strstr(err, "symbolic link") &&
+             strstr(err, "--allow-insecure-connection-file"));
+    LL_CHECK(ll_conn_load(link, LL_CONN_ALLOW_INSECURE, &info, err, sizeof err) == 0);
+    unlink(link);
 
     /* The path is named in every file-level error. */
     snprintf(path, sizeof path, "%s/missing.json", dir);
-    LL_CHECK(ll_conn_load(path, &info, err, sizeof err) == -1);
+    LL_CHECK(ll_conn_load(path, 0, &info, err, sizeof err) == -1);
     LL_CHECK(strstr(err, path) && strstr(err, "No such file"));
 
-    LL_CHECK(ll_conn_load(dir, &info, err, sizeof err) == -1);
+    LL_CHECK(ll_conn_load(dir, 0, &info, err, sizeof err) == -1);
     LL_CHECK(strstr(err, dir) != NULL);
 
     snprintf(path, sizeof path, "%s/bad.json", dir);
     LL_CHECK(s_write_file(path, "{\"ip\": ", 7) == 0);
-    LL_CHECK(ll_conn_load(path, &info, err, sizeof err) == -1);
+    LL_CHECK(ll_conn_load(path, 0, &info, err, sizeof err) == -1);
     LL_CHECK(strstr(err, path) && strstr(err, "invalid JSON"));
 
     snprintf(path, sizeof path, "%s/field.json", dir);
     const char *no_key = "{\"ip\": \"127.0.0.1\", " S_PORTS "}";
     LL_CHECK(s_write_file(path, no_key, strlen(no_key)) == 0);
-    LL_CHECK(ll_conn_load(path, &info, err, sizeof err) == -1);
+    LL_CHECK(ll_conn_load(path, 0, &info, err, sizeof err) == -1);
     LL_CHECK(strstr(err, path) && strstr(err, "missing field \"key\""));
 
     snprintf(path, sizeof path, "%s/nul.json", dir);
     LL_CHECK(s_write_file(path, "{\"ip\"\0}", 7) == 0);
-    LL_CHECK(ll_conn_load(path, &info, err, sizeof err) == -1);
+    LL_CHECK(ll_conn_load(path, 0, &info, err, sizeof err) == -1);
     LL_CHECK(strstr(err, "NUL") != NULL);
 
     snprintf(path, sizeof path, "%s/huge.json", dir);
@@ -246,7 +271,7 @@ static void s_test_files(void)
     memset(huge, ' ', huge_len);
     LL_CHECK(s_write_file(path, huge, huge_len) == 0);
     free(huge);
-    LL_CHECK(ll_conn_load(path, &info, err, sizeof err) == -1);
+    LL_CHECK(ll_conn_load(path, 0, &info, err, sizeof err) == -1);
     LL_CHECK(strstr(err, "larger than") != NULL);
     unlink(path);
 
@@ -255,12 +280,12 @@ static void s_test_files(void)
     LL_CHECK(s_write_file(path, s_good, strlen(s_good)) == 0);
     chmod(path, 0);
     if (geteuid() != 0) {
-        LL_CHECK(ll_conn_load(path, &info, err, sizeof err) == -1);
+        LL_CHECK(ll_conn_load(path, 0, &info, err, sizeof err) == -1);
         LL_CHECK(strstr(err, "Permission denied") != NULL);
     }
 
-    LL_CHECK(ll_conn_load(NULL, &info, err, sizeof err) == -1);
-    LL_CHECK(ll_conn_load("", &info, err, sizeof err) == -1);
+    LL_CHECK(ll_conn_load(NULL, 0, &info, err, sizeof err) == -1);
+    LL_CHECK(ll_conn_load("", 0, &info, err, sizeof err) == -1);
 
     const char *names[] = {"kernel.json", "bad.json", "field.json", "nul.json", "secret.json"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {

@@ -443,6 +443,21 @@ int ll_json_selftest(bool verbose)
     }
     LL_CHECK(parse_mismatches == 0);
     LL_CHECK(disagreements == 0);
+    /* Duplicate keys: the last wins by default, an error on request (at
+     * any depth), and the error frees what was parsed. */
+    char derr[128];
+    const char dup[] = "{\"a\":1,\"b\":{\"c\":2,\"c\":3}}";
+    json_t *last = ll_json_parse(dup, sizeof dup - 1, derr, sizeof derr);
+    LL_CHECK(last && json_integer_value(json_object_get(json_object_get(last, "b"), "c")) == 3);
+    json_decref(last);
+    LL_CHECK(
+        !ll_json_parse_flags(dup, sizeof dup - 1, LL_JSON_NO_DUPLICATE_KEYS, derr, sizeof derr));
+    LL_CHECK(strstr(derr, "duplicate key") != NULL);
+    const char nul_keys[] = "{\"a\\u0000\":1,\"a\":2}"; /* different keys */
+    json_t *two = ll_json_parse_flags(nul_keys, sizeof nul_keys - 1, LL_JSON_NO_DUPLICATE_KEYS,
+                                      derr, sizeof derr);
+    LL_CHECK(two && json_object_size(two) == 2);
+    json_decref(two);
     if (s_failures)
         fprintf(stderr, "\n");
     return s_failures ? -1 : 0;

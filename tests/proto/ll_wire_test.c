@@ -321,6 +321,36 @@ static void s_test_bad_input(void)
         LL_CHECK(s_contains(why, j < 3 ? "msg_type" : "msg_id"));
     }
 
+    /* A header that names a key twice (readers would disagree on which
+     * counts) or whose version does not read as one is dropped too; a
+     * version in any good form, or none, is fine (issue 16). */
+    const char *bad_more[] = {
+        "{\"msg_id\":\"d1\",\"msg_type\":\"kernel_info_request\",\"msg_type\":\"execute_request\"}",
+        "{\"msg_id\":\"d2\",\"msg_id\":\"d3\",\"msg_type\":\"execute_request\"}",
+        "{\"msg_id\":\"v1\",\"msg_type\":\"execute_request\",\"version\":\"x.y\"}",
+        "{\"msg_id\":\"v2\",\"msg_type\":\"execute_request\",\"version\":5.3}",
+        "{\"msg_id\":\"v3\",\"msg_type\":\"execute_request\",\"version\":\"\"}",
+        "{\"msg_id\":\"v4\",\"msg_type\":\"execute_request\",\"version\":\"5.\"}",
+        "{\"msg_id\":\"v5\",\"msg_type\":\"execute_request\",\"version\":\"5..3\"}",
+        "{\"msg_id\":\"v6\",\"msg_type\":\"execute_request\",\"version\":\"99999999999.1\"}",
+        "{\"msg_id\":\"v7\",\"msg_type\":\"execute_request\",\"version\":\"5.3\\u0000\"}",
+    };
+    for (size_t j = 0; j < sizeof bad_more / sizeof bad_more[0]; j++) {
+        const char *parts[4] = {bad_more[j], "{}", "{}", "{}"};
+        LL_CHECK(!s_accepts(session, s_raw(session, parts, NULL), why, sizeof why));
+        LL_CHECK(s_contains(why, j < 2 ? "duplicate key" : "version"));
+    }
+    const char *good_versions[] = {
+        "{\"msg_id\":\"g1\",\"msg_type\":\"execute_request\",\"version\":\"5.3\"}",
+        "{\"msg_id\":\"g2\",\"msg_type\":\"execute_request\",\"version\":\"5\"}",
+        "{\"msg_id\":\"g3\",\"msg_type\":\"execute_request\",\"version\":\"10.0.1\"}",
+        "{\"msg_id\":\"g4\",\"msg_type\":\"execute_request\"}",
+    };
+    for (size_t j = 0; j < sizeof good_versions / sizeof good_versions[0]; j++) {
+        const char *parts[4] = {good_versions[j], "{}", "{}", "{\"x\":1,\"x\":2}"};
+        LL_CHECK(s_accepts(session, s_raw(session, parts, NULL), why, sizeof why));
+    }
+
     /* NUL inside code (\u0000) is kept whole; a raw NUL byte is not JSON. */
     s_header(header, sizeof header, "execute_request");
     const char *nul_parts[4] = {header, "{}", "{}", "{\"code\":\"a\\u0000b\\u0000\"}"};
@@ -483,7 +513,7 @@ static void s_test_encode(void)
         LL_CHECK(date && strlen(date) == 27 && date[4] == '-' && date[10] == 'T' &&
                  date[19] == '.' && date[26] == 'Z');
         const char *version = json_string_value(json_object_get(reply->header, "version"));
-        LL_CHECK(version && strcmp(version, "5.3") == 0);
+        LL_CHECK(version && strcmp(version, LL_PROTOCOL_VERSION) == 0);
         LL_CHECK(strcmp(json_string_value(json_object_get(reply->header, "session")),
                         ll_session_id(kernel)) == 0);
         LL_CHECK(json_is_string(json_object_get(reply->header, "username")));

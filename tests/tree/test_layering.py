@@ -3,10 +3,11 @@ file or function grows past what one reader can hold without saying why.
 
 Layers (a module may include or import only its own and lower layers):
 
-    base  <-  proto  <-  store, kernel  <-  analysis  <-  zygote  <-  gateway
+    base  <-  proto  <-  store, kernel  <-  analysis  <-  zygote  <-  sim  <-  gateway
 
 store and kernel are siblings (neither includes the other); the gateway is the program that puts every module
-together (it uses the host pool's client API), so it sits above zygote.  The Python packages follow the same
+together (it uses the host pool's client API), so it sits above zygote.  sim/ (the fleet simulator) uses the
+host pool's policies and the cell analysis; only gateway/main.c, which dispatches its subcommands, may use it.  The Python packages follow the same
 order: looseleaf_store <- looseleaf_kernel <- looseleaf_zygote.
 
 Size limits: a C source file over 1,200 lines, or a function over 150 lines, must say why at the top of its
@@ -19,7 +20,7 @@ import re
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-RANK = {"base": 0, "proto": 1, "store": 2, "kernel": 2, "analysis": 3, "zygote": 4, "gateway": 5}
+RANK = {"base": 0, "proto": 1, "store": 2, "kernel": 2, "analysis": 3, "zygote": 4, "sim": 5, "gateway": 6}
 PY_RANK = {"looseleaf_store": 0, "looseleaf_kernel": 1, "looseleaf_zygote": 2}
 PY_ROOTS = {"looseleaf_store": "store/py/looseleaf_store", "looseleaf_kernel": "kernel/py/looseleaf_kernel",
             "looseleaf_zygote": "zygote/py/looseleaf_zygote"}
@@ -53,6 +54,13 @@ def test_c_includes_point_down():
             if dep_mod != mod and RANK[dep_mod] >= RANK[mod]:
                 bad.append("%s includes %s/%s" % (rel, dep_mod, header))
     assert not bad, "includes against the layering:\n  " + "\n  ".join(bad)
+
+
+def test_only_main_uses_sim():
+    bad = ["%s includes sim/%s" % (rel, header) for rel in _c_files()
+           for dep_mod, header in INCLUDE.findall(_read(rel))
+           if dep_mod == "sim" and not rel.startswith("sim/") and rel != "gateway/main.c"]
+    assert not bad, "sim/ is used only by gateway/main.c:\n  " + "\n  ".join(bad)
 
 
 def _cycle(graph):

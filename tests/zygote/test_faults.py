@@ -17,6 +17,16 @@ def _started(c, cid):
         assert ev["type"] not in ("reply", "error"), ev
 
 
+def _executing(c, cid):
+    """Wait until cell CID's code runs (its execute_input): a worker killed before that was only preparing
+    it, and the pool gives the cell a fresh worker once (issue 16)."""
+    while True:
+        ev = c.next()
+        if ev.get("id") == cid and ev["type"] == "iopub" and ev.get("msg_type") == "execute_input":
+            return ev
+        assert ev["type"] not in ("reply", "error"), ev
+
+
 def _setup_x(c):
     r = c.run("x0", "x = 1", defines=["x"])
     assert r.ok, r.events
@@ -27,6 +37,7 @@ def test_sigkill_during_execution(env):
     _setup_x(c)
     c.submit("k", "x = 2\nimport time\nwhile True: time.sleep(0.01)", defines=["x"], state_closure=["x"])
     pid = _started(c, "k")["pid"]
+    _executing(c, "k")
     os.kill(pid, signal.SIGKILL)
     r = c.collect("k")[-1]
     assert r["content"]["status"] == "error"

@@ -30,9 +30,11 @@ Runs on the interpreter thread, inside request handling; not thread-safe.
 """
 import ast
 import contextlib
+import glob
 import logging
 import os
 import pickle
+import re
 import shutil
 import sys
 import tempfile
@@ -40,9 +42,15 @@ import time
 import types
 import uuid
 
-from .procs import pid_alive
+from .procs import same_process, start_time
 
 log = logging.getLogger("looseleaf_kernel")
+
+# Names a draft mentions (completion, inspection): the first part of dotted names.
+_IDENTIFIER = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
+
+# A cell that reads the output history (Out[3], _, __, ___, _7, _oh), to be brought up to date first.
+_OUTPUT_NAMES = re.compile(r"(?<![\w.])(?:_{1,3}|_\d+|Out|_oh)(?!\w)")
 
 # IPython's own names: never variables of the session.
 _HIDDEN = {"_", "__", "___", "_i", "_ii", "_iii", "In", "Out", "_oh", "_ih", "_dh", "exit", "quit",
@@ -92,7 +100,26 @@ def _reason(e):
     return "%s: %s" % (type(e).__name__, e)
 
 
-_OWNER = "owner"  # in a store dir: "<kernel pid> <session>", for _sweep
+# What the store's failures mean for a cell (issue 16): the store is gone or silent, or an interrupt ended
+# the wait.  The cell then fails with that error instead of running somewhere its variables are not.
+_CELL_ERRORS = ("StoreUnavailable", "KeyboardInterrupt")
+
+
+def _cell_error(kind, why):
+    """The answer that makes the gateway end the cell with error KIND (a name of _CELL_ERRORS) saying WHY."""
+    return {"error": {"ename": kind, "evalue": why}}
+
+
+_OWNER = "owner"  # in a store dir: "<kernel pid> <session> <its start time>", for _sweep
+
+
+def _interrupt_fd():
+    """The kernel's interrupt eventfd (the hooks' interrupt_fd), -1 outside the kernel."""
+    try:
+        import _looseleaf_kernel
+        return _looseleaf_kernel.interrupt_fd()
+    except (ImportError, AttributeError):
+        return -1
 
 
 def node_module(node):
@@ -100,12 +127,9 @@ def node_module(node):
 
 
 def _state_blob(st):
-    """A comparable form of a procstate.capture() (None if it cannot be pickled).  Torch's RNG state goes in as
-    its bytes: two pickles of one unchanged tensor differ, which made every Run re-commit the process state."""
+    """A comparable form of a procstate.capture() (None if it cannot be pickled): its values are plain (the
+    generator states as bytes), so equal states pickle equally."""
     try:
-        rng = st.get("torch_rng")
-        if rng is not None and hasattr(rng, "numpy"):
-            st = dict(st, torch_rng=rng.numpy().tobytes())
         return pickle.dumps(st, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:  # noqa: BLE001 - then it is simply saved every time
         return None
@@ -117,9 +141,11 @@ def _usermods():
 
 
 def _sweep(base):
-    """Remove the stores of kernels that died without shutting down (SIGKILL, OOM): their redis-server
-    would run for ever and their pool file would keep its memory.  Only our own directories (owner file,
-    0700, our uid) whose owner process is gone."""
+    """Remove the stores of kernels that died without shutting down (SIGKILL, OOM).  Their redis-server
+    dies with them (parent-death signal) and their pool has no name (it goes with its last process), but
+    the directory, with the append-only file, stays.  Only our own directories (owner file, 0700, our
+    uid) whose owner process is gone: the pid and its start time decide, so a recycled pid cannot keep a
+    dead kernel's store alive."""
     import _llstore
     try:
         names = [n for n in os.listdir(base) if n.startswith("looseleaf-store-")]
@@ -130,24 +156,26 @@ def _sweep(base):
         try:
             st = os.lstat(d)
             with open(os.path.join(d, _OWNER)) as f:
-                pid, session = f.read().split()
-            pid = int(pid)
-        except (OSError, ValueError):
+                fields = f.read().split()
+            pid, session = int(fields[0]), fields[1]
+            started = int(fields[2]) if len(fields) > 2 else None
+        except (OSError, ValueError, IndexError):
             continue
         if st.st_uid != os.getuid() or st.st_mode & 0o077 or pid == os.getpid():
             continue
-        if pid_alive(pid):
+        if same_process(pid, started):
             continue
-        try:
-            store = _llstore.Store(d, session)
-            store.delete_session()
-            store.close()
-        except Exception:  # noqa: BLE001 - best effort: at least stop its server
-            log.warning("cannot delete the store of dead kernel %d in %s", pid, d, exc_info=True)
+        # Its redis-server died with it (parent-death signal) and its pool had no name; what an older
+        # kernel may have left: a server still running, a pool file named after the session.
         try:
             _llstore.stop_redis(d)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - best effort
             pass
+        for pool in glob.glob("/dev/shm/looseleaf-%d-*-%s.pool" % (os.getuid(), session)):
+            try:
+                os.unlink(pool)
+            except OSError:
+                pass
         shutil.rmtree(d, ignore_errors=True)
 
 
@@ -170,6 +198,8 @@ class Coherence:
         # mid-commit; then the versions are compared once), _ps_moved whether a GPU cell ran since the
         # process state was last pulled.
         self._moved = set()
+        # GPU cells' results not yet in the output history: [(execution count, "_N")], oldest first.
+        self._pending_out = []
         self._ps_moved = False
         # Homes (issue 13, item 1): {name: {pid, kind: held | graph | tied, what}} of names whose live value
         # is in a worker; {name: message} of held names whose worker is gone; {name: message} of graph
@@ -178,6 +208,8 @@ class Coherence:
         self.lost = {}
         self.graph_lost = {}
         self._mods_dirty = False  # a CPU cell ran since the user modules' globals were last committed
+        self._seen_version = 0  # the newest commit this process saw in the store (_lost_data)
+        self._lost = None  # what _lost_data found, until a GPU cell's Run says so
 
     # ---- the namespace -------------------------------------------------------------------------------
     def _procstate(self):
@@ -213,8 +245,14 @@ class Coherence:
         self.session = uuid.uuid4().hex[:16]
         try:
             with open(os.path.join(self.dir, _OWNER), "w") as f:
-                f.write("%d %s\n" % (os.getpid(), self.session))
+                started = start_time(os.getpid())
+                f.write("%d %s%s\n" % (os.getpid(), self.session, " %d" % started if started else ""))
             self.store = _llstore.Store(self.dir, self.session)
+            fd = _interrupt_fd()
+            if fd >= 0:
+                # An interrupt ends a wait for a silent Redis (the kernel's interrupt eventfd: one from
+                # before the call is not for it).
+                self.store.set_interrupt_fd(fd, drain=True)
             self.cp = Checkpointer(self.store, self.shell.user_ns)
             self.cp.cpu_only = True  # a CUDA tensor refreshed here comes back on the CPU: no context here
         except BaseException:
@@ -222,17 +260,41 @@ class Coherence:
             raise
 
     def close(self):
-        """Delete the session's store (every key, the pool file) and stop its redis-server."""
+        """Stop the session's redis-server and remove its store: the directory holds every key (the
+        append-only file), and the pool has no name (it goes with the last process that maps it), so no
+        round trip to Redis is needed, and a silent Redis cannot hold up a shutdown."""
         store, self.store, self.cp = self.store, None, None
         if store is not None:
-            for step in (store.delete_session, store.close):
-                try:
-                    step()
-                except Exception:  # noqa: BLE001 - shutting down: log and go on
-                    log.warning("closing the checkpoint store", exc_info=True)
+            try:
+                store.close()
+            except Exception:  # noqa: BLE001 - shutting down: log and go on
+                log.warning("closing the checkpoint store", exc_info=True)
         if self.dir:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
+
+    def _lost_data(self):
+        """Whether the store came back without its data (its redis-server restarted on an empty directory):
+        its newest commit is older than one this process saw.  Then what this process holds becomes dirty
+        again (forgotten by the Checkpointer: saved whole at the next commit) and the answer is (names that
+        lived only in the store, names whose newest version did); else None."""
+        version, _ = self.store.last_commit()
+        if version >= self._seen_version:
+            self._seen_version = version
+            return None
+        ns = self.shell.user_ns
+        procstate = self._procstate()
+        gone = sorted(n for n in self.cp.known() if n not in ns and n != procstate.NAME)
+        stale = sorted(n for n in (self._moved or ()) if n in ns)
+        log.warning("the checkpoint store lost its data (commit %d, had seen %d): %s only lived there",
+                    version, self._seen_version, gone)
+        self.cp.forget()
+        self.dirty.update(self._saveable(self._visible()))
+        self._ps = self._ps_blob = None
+        self._ps_moved = False
+        self._moved = set()
+        self._seen_version = version
+        return gone, stale
 
     # ---- process state ------------------------------------------------------------------------------
     def _pull_procstate(self):
@@ -280,6 +342,8 @@ class Coherence:
             self._ps_blob = blob
         if not rep.error and modules:
             self._mods_dirty = False
+        if rep.saved:
+            self._seen_version = max(self._seen_version, max(rep.saved.values()))
         return rep
 
     # ---- around CPU cells ----------------------------------------------------------------------------
@@ -318,12 +382,14 @@ class Coherence:
     def before_cpu(self, plan):
         """Refresh the cell's closure from the store where a worker changed it, and bring in the imports
         it reads; remember the namespace.  Returns the refresh's report for metadata.looseleaf."""
+        self.install_outputs(plan.get("code"))
         self._imports(plan.get("import_stmts"))
         load_index = getattr(self.shell.compile, "load_index", None)
         if load_index is not None:
             load_index()  # cells compiled by workers: their tracebacks read as ours
+        # "unknown": a cell too big to analyse: it may read any variable.
         state = plan.get("state") or []
-        out = self._refresh(state)
+        out = self._refresh(None if plan.get("unknown") else state)
         for n in state:
             line = self.graph_lost.pop(n, None) if isinstance(n, str) else None
             if line:
@@ -331,10 +397,25 @@ class Coherence:
         self._before = self._visible()
         return out
 
+    def refresh_for(self, code):
+        """Before completion or inspection of CODE (a frontend's draft, or a name): bring the session
+        variables it names up to date from the store where a worker made or changed them, as a CPU cell
+        reading them would, so `t.resha<Tab>` completes a tensor a GPU cell made.  Nothing to do, and no store
+        round trip, when no GPU cell ran since the last refresh."""
+        if self.cp is None or not code or (self._moved is not None and not self._moved):
+            return
+        names = set(_IDENTIFIER.findall(code))
+        if self._moved is not None:
+            names &= self._moved
+        if names:
+            self._refresh(sorted(names))
+
     def _refresh(self, names):
         """Bring NAMES (None: every variable) up to date from the store where a worker changed them, and
         the process state; the kernel's own newer copies (dirty) stay.  Returns the report for
-        metadata.looseleaf ({} when no store is open: no GPU cell ran yet)."""
+        metadata.looseleaf ({} when no store is open: no GPU cell ran yet), with `error` when the store
+        did not answer (or an interrupt came) while something had to be refreshed: then the cell must
+        not run on values older than what a worker committed."""
         out = {}
         if self.cp is not None:
             t0 = time.perf_counter()
@@ -357,13 +438,25 @@ class Coherence:
                     if rep.failed:
                         log.warning("cannot refresh %s from the store", rep.failed)
                         out["restore_failed"] = rep.failed
+                        gone = sorted(n for n, why in rep.failed.items() if why.startswith("StoreUnavailable"))
+                        if gone:
+                            out.update(_cell_error("StoreUnavailable", "the checkpoint store did not answer; "
+                                                   "cannot refresh %s: %s" % (", ".join(gone), rep.failed[gone[0]])))
                     out["restored"], out["bytes_restored"] = sorted(rep.restored), rep.payload_bytes
+            except KeyboardInterrupt:
+                self._moved = None
+                out.update(_cell_error("KeyboardInterrupt", "interrupted while refreshing the cell's variables"))
             except Exception as e:  # noqa: BLE001 - the cell runs with what the namespace has
                 log.warning("refreshing variables from the store failed", exc_info=True)
                 out["restore_failed"] = {"*": _reason(e)}
                 self._moved = None
+                if type(e).__name__ in _CELL_ERRORS:
+                    out.update(_cell_error(type(e).__name__, "the checkpoint store did not answer: %s" % e))
             try:
-                self._pull_procstate()
+                if "error" not in out:
+                    self._pull_procstate()
+            except KeyboardInterrupt:
+                out.update(_cell_error("KeyboardInterrupt", "interrupted while refreshing the process state"))
             except Exception as e:  # noqa: BLE001 - the cell runs with the process state it has
                 log.warning("refreshing the process state from the store failed", exc_info=True)
                 out["restore_failed"] = {"*": _reason(e)}
@@ -405,6 +498,8 @@ class Coherence:
         changed = set(bound)
         for key in ("writes", "deletes", "state"):
             changed.update(n for n in plan.get(key) or [] if isinstance(n, str))
+        if plan.get("unknown"):
+            changed.update(self._visible())  # (an unanalysed cell may have changed anything in place)
         self._mark_dirty(changed)
         self._mods_dirty = True
         return self._rebound_here(bound)
@@ -420,6 +515,7 @@ class Coherence:
         {"skipped": why}."""
         if self.cp is None:
             return {"skipped": "no store"}
+        self.install_outputs()  # in idle time: neither the GPU cell's reply nor the next cell waited for it
         ns = self.shell.user_ns
         names = self._saveable(self.dirty)
         if len(names) > _QUICK_NAMES:
@@ -442,12 +538,21 @@ class Coherence:
     def before_gpu(self, plan):
         """Commit the dirty part of a GPU cell's closure (and the process state) so its worker can restore
         it.  Returns a dict for the gateway: the store's coordinates and the execution count, or
-        `fallback` (why the cell must run here instead)."""
+        `fallback` (why the cell must run here instead), or `error` ({ename, evalue}: the store did not
+        answer, or an interrupt came: the cell fails with that error and runs nowhere)."""
         t0 = time.perf_counter()
         try:
             self._open()
         except Exception as e:  # noqa: BLE001 - reported; the cell runs in the interpreter
             return {"fallback": "the checkpoint store cannot start (%s)" % _reason(e)}
+        try:
+            lost = self._lost_data()
+        except KeyboardInterrupt:
+            return _cell_error("KeyboardInterrupt", "interrupted while the kernel asked the checkpoint store")
+        except Exception as e:  # noqa: BLE001 - the store is unusable
+            if type(e).__name__ in _CELL_ERRORS:
+                return _cell_error(type(e).__name__, "the checkpoint store did not answer: %s" % e)
+            return {"fallback": "the checkpoint store failed (%s)" % _reason(e)}
         ns = self.shell.user_ns
         state = set(self._saveable(plan.get("state") or []))
         # Every dirty name, not only the closure's: the store must know what the kernel's variables share
@@ -463,11 +568,18 @@ class Coherence:
         # seed of an earlier GPU cell (a CPU cell in between has pulled it already: then a no-op).
         try:
             self._pull_procstate()
-        except Exception as e:  # noqa: BLE001 - the store is unusable: the cell runs here
+            rep = self._push(names)
+        except KeyboardInterrupt:
+            return _cell_error("KeyboardInterrupt", "interrupted while the kernel committed the cell's variables")
+        except Exception as e:  # noqa: BLE001 - the store is unusable
+            if type(e).__name__ in _CELL_ERRORS:
+                return _cell_error(type(e).__name__, "the checkpoint store did not answer: %s" % e)
             return {"fallback": "the checkpoint store failed (%s)" % _reason(e)}
-        rep = self._push(names)
         out = {"kernel_save_ms": (time.perf_counter() - t0) * 1e3, "kernel_bytes_saved": rep.bytes_written,
                "kernel_saved": sorted(n for n in rep.saved if n != procstate.NAME)}
+        if rep.error and rep.error_kind in _CELL_ERRORS:
+            # Running the cell here instead would meet the variables only workers made with NameError.
+            return dict(out, **_cell_error(rep.error_kind, "the checkpoint store did not answer: %s" % rep.error))
         if rep.error:
             return dict(out, fallback="the checkpoint store failed (%s)" % rep.error)
         blocking = {n: why for n, why in rep.failed.items() if n in state or n == procstate.NAME}
@@ -476,6 +588,18 @@ class Coherence:
             return dict(out, fallback="variable '%s' cannot be saved (%s)" % (name, why),
                         unsaveable=blocking)
         self.dirty -= set(rep.saved) | set(rep.unchanged) | set(rep.deleted)
+        self._lost = lost or self._lost
+        if self._lost is not None and not plan.get("prefetch"):
+            # The kernel's own variables are in the store again; the cell would meet the lost ones with
+            # NameError (or older values): it fails once, saying which.
+            (gone, stale), self._lost = self._lost, None
+            why = "the checkpoint store came back without its data (its redis-server restarted empty)"
+            if gone:
+                why += "; %s lived only there and %s gone" % (", ".join(gone), "is" if len(gone) == 1 else "are")
+            if stale:
+                why += "; the newest versions of %s are gone, the kernel's older ones stay" % ", ".join(stale)
+            return dict(out, **_cell_error("StoreUnavailable", why + "; the kernel's variables were saved "
+                                           "again: run the cells that made the others again"))
         st = self.store.stats()
         out.update({"store_dir": self.dir, "session": self.session, "redis_url": st.get("redis_url") or "",
                     "execution_count": self.shell.execution_count,
@@ -490,6 +614,39 @@ class Coherence:
             except Exception:  # noqa: BLE001 - an estimate only
                 log.info("cannot size the closure of a prefetch", exc_info=True)
         return out
+
+    def install_outputs(self, code=None):
+        """Bring GPU cells' results into the output history (Out, _N, and _, __, ___ as the three latest),
+        as IPython's displayhook would have put them here.  Restoring a result may import its framework here
+        (torch: 0.5 s and more), which must hold up neither the GPU cell's reply nor a CPU cell that does not
+        read the history: so it runs in idle time (commit_idle), or before a CPU cell whose CODE reads the
+        output history.  Returns the names installed."""
+        if not self._pending_out or (code is not None and not _OUTPUT_NAMES.search(code)):
+            return []
+        shell, ns = self.shell, self.shell.user_ns
+        pending, self._pending_out = self._pending_out, []
+        out = shell.history_manager.output_hist
+        for count, out_name in pending:
+            try:
+                rep = self.cp.restore([out_name])
+                if out_name in ns and not rep.failed:
+                    out[count] = ns[out_name]
+            except Exception:  # noqa: BLE001 - the output was shown; only the history misses it
+                log.warning("cannot bring a GPU cell's result into the output history", exc_info=True)
+        ordered = sorted(out.items())  # in the order IPython would have filed them
+        out.clear()
+        out.update(ordered)
+        # _, __, ___: the three latest results, in the displayhook (which shifts them at the next result) and
+        # in the namespace, unless the user assigned one of them (IPython's own rule).
+        dh = shell.displayhook
+        unders = ("_", "__", "___")
+        mine = all(ns[u] is getattr(dh, u, None) for u in unders if u in ns)
+        latest = [out[c] for c in sorted(out)[-3:]][::-1]
+        for name, value in zip(unders, latest):
+            setattr(dh, name, value)
+            if mine:
+                ns[name] = value
+        return [name for _, name in pending]
 
     def after_gpu(self, info):
         """A worker ran the cell (or tried to): history and counter as IPython's run_cell keeps them, and
@@ -507,14 +664,10 @@ class Coherence:
         ns = shell.user_ns
         out_name = "_%d" % count if isinstance(count, int) and keep else None
         if out_name and out_name in (info.get("saved") or []) and self.cp is not None:
-            # The cell's result (saved by its worker as _N): into Out, _, __, ___ as IPython's displayhook
-            # would have put it here.
-            try:
-                rep = self.cp.restore([out_name])
-                if out_name in ns and not rep.failed:
-                    shell.displayhook.update_user_ns(ns[out_name])
-            except Exception:  # noqa: BLE001 - the output was shown; only the history misses it
-                log.warning("cannot bring a GPU cell's result into the output history", exc_info=True)
+            # The cell's result (saved by its worker as _N) enters Out, _, __, ___ later (install_outputs):
+            # restoring it may import its framework here (torch: 0.5 s and more), which must not hold up
+            # the GPU cell's reply.
+            self._pending_out.append((count, out_name))
         if isinstance(count, int) and keep:
             shell.execution_count = count + 1
         for n in info.get("deleted") or []:

@@ -45,7 +45,7 @@ except ImportError:  # pragma: no cover - older IPython
 __all__ = ["Kernel", "start", "handle", "shutdown", "get_kernel"]
 
 __version__ = "0.1.0"
-PROTOCOL_VERSION = "5.3"
+PROTOCOL_VERSION = "5.4"
 _EXPERIMENTAL_KEY = "_jupyter_types_experimental"
 
 log = logging.getLogger("looseleaf_kernel")
@@ -398,14 +398,23 @@ class Kernel:
             plan = None
         if plan is not None and isinstance(plan.get("notice"), str):
             sys.stderr.write(plan["notice"])  # why a GPU cell runs here (gateway/ll_kernel.c)
-        route_md = self.coherence.before_cpu(plan) if plan is not None else None
+        # A GPU cell the kernel could not hand to a worker (the store did not answer, an interrupt came
+        # while committing) fails with that error instead of running; so does a CPU cell whose variables
+        # a worker changed when the store cannot give them back.
+        fail = plan.get("raise") if plan is not None else None
+        route_md = self.coherence.before_cpu(dict(plan, code=code)) if plan is not None and not fail else None
+        if route_md and isinstance(route_md.get("error"), dict):
+            fail = route_md.pop("error")
         t_exec = time.perf_counter()
         # Interrupts land only while the cell runs, never in the reply.
-        _lk.set_busy(True)
+        _lk.set_busy(not fail)
         try:
             try:
-                res = shell.run_cell(code, store_history=store_history, silent=silent,
-                                     cell_id=cell_id)
+                if isinstance(fail, dict):
+                    res = self._fail_cell(code, store_history, silent, cell_id, fail)
+                else:
+                    res = shell.run_cell(code, store_history=store_history, silent=silent,
+                                         cell_id=cell_id)
             except BaseException as e:
                 # IPython itself failed on this cell (or an interrupt hit its
                 # own code): still a cell error for the user, published and
@@ -417,20 +426,22 @@ class Kernel:
             _lk.set_busy(False)
             self.allow_stdin = False
             self._flush_streams()
-            if plan is not None:
+            if plan is not None and not fail:
                 extra = self.coherence.after_cpu(plan)
                 if route_md is not None and extra:
                     route_md.update(extra)
 
         reply = {}
-        if res.success:
+        shown = getattr(shell, "displayhook_error", None)
+        if res.success and not shown:
             reply["status"] = "ok"
         else:
             err = res.error_before_exec if res.error_before_exec is not None else res.error_in_exec
+            etype, evalue = (type(err), err) if err is not None else shown
             reply["status"] = "error"
             reply["traceback"] = shell._last_traceback or []
-            reply["ename"] = str(type(err).__name__)
-            reply["evalue"] = str(err)
+            reply["ename"] = str(etype.__name__)
+            reply["evalue"] = str(evalue)
             reply["engine_info"] = {"engine_uuid": self.ident, "engine_id": -1, "method": "execute"}
         reply["execution_count"] = shell.execution_count - 1
         if reply["status"] == "ok" and isinstance(user_expressions, dict):
@@ -444,6 +455,25 @@ class Kernel:
             route_md["exec_ms"] = (time.perf_counter() - t_exec) * 1e3
             metadata["looseleaf"] = route_md
         return dumps(reply), dumps(metadata)
+
+    def _fail_cell(self, code, store_history, silent, cell_id, fail):
+        """The cell ends with the error FAIL ({ename, evalue}) without running: its error is shown (the
+        exception only: no traceback into the kernel), and history and counter move as for a cell that
+        raised."""
+        shell = self.shell
+        ename = str(fail.get("ename") or "StoreUnavailable")
+        evalue = str(fail.get("evalue") or "")
+        etype = KeyboardInterrupt if ename == "KeyboardInterrupt" else type(ename, (Exception,), {})
+        if store_history:
+            shell.history_manager.store_inputs(shell.execution_count, code, code)
+        res = ExecutionResult(ExecutionInfo(code, store_history, silent, False, cell_id))
+        shell._last_traceback = None
+        e = etype(evalue)
+        res.error_in_exec = e
+        shell._showtraceback(etype, e, shell.InteractiveTB.get_exception_only(etype, e))
+        if store_history:
+            shell.execution_count += 1
+        return res
 
     def looseleaf_before_gpu(self, content, parent):
         return dumps(self.coherence.before_gpu(content)), None
@@ -503,6 +533,7 @@ class Kernel:
 
     def complete_request(self, content, parent):
         code, cursor_pos = _code_and_cursor(content)
+        self.coherence.refresh_for(code)  # variables GPU cells made or changed, as a CPU cell would see them
         if _HAVE_EXPERIMENTAL_COMPLETIONS:
             with provisionalcompleter():
                 raw = self.shell.Completer.completions(code, cursor_pos)
@@ -534,6 +565,7 @@ class Kernel:
             detail_level = 0
         omit = content.get("omit_sections", ())
         name = token_at_cursor(code, cursor_pos)
+        self.coherence.refresh_for(name)
         reply = {"status": "ok", "data": {}, "metadata": {}}
         try:
             bundle = self.shell.object_inspect_mime(
@@ -591,6 +623,7 @@ class Kernel:
             "banner": self.shell.banner,
             "help_links": HELP_LINKS,
             "debugger": False,
+            "supported_features": [],
         }
         return dumps(reply), None
 

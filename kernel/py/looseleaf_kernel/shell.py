@@ -341,6 +341,7 @@ class LooseLeafShell(InteractiveShell):
     # raises LostVariable(message) instead of NameError.  Kept by coherence.py (the kernel) and zyg.py.
     lost_names = {}
     _lost_swapped = None  # (the NameError, the LostVariable shown for it) of the running cell
+    displayhook_error = None  # (type, value) of an error raised formatting the cell's result
 
     def init_environment(self):
         env = os.environ
@@ -398,6 +399,7 @@ class LooseLeafShell(InteractiveShell):
     def run_cell(self, *args, **kwargs):
         self._last_traceback = None
         self._lost_swapped = None
+        self.displayhook_error = None
         res = super().run_cell(*args, **kwargs)
         swapped, self._lost_swapped = self._lost_swapped, None
         if swapped is not None and res.error_in_exec is swapped[0]:
@@ -421,6 +423,10 @@ class LooseLeafShell(InteractiveShell):
         return super().showtraceback(exc_tuple, *args, **kwargs)
 
     def _showtraceback(self, etype, evalue, stb):
+        if getattr(self.displayhook, "msg", None) is not None:
+            # An error while the cell's result is being formatted (a _repr_*_ that raises): the cell
+            # failed, as ipykernel 7 replies.
+            self.displayhook_error = (etype, evalue)
         # Flush first so the traceback comes after the cell's output.
         flush_streams()
         publish(

@@ -60,6 +60,11 @@ def _reason(e):
     return "%s: %s" % (e.__class__.__name__, msg)
 
 
+def _store_error(e):
+    """Whether E is the store's failure (any _llstore.StoreError: no room, Redis gone), not the value's."""
+    return any(c.__name__ == "StoreError" and c.__module__ == "_llstore" for c in type(e).__mro__)
+
+
 _STAGE_BYTES = 64 << 20
 
 # Payloads this process owns are write-tracked from this size on (smaller ones hash in microseconds, and
@@ -111,7 +116,8 @@ class SaveReport:
     saved too (owners and dependents); bytes_written: payload bytes copied into the pool; payload_bytes:
     payload bytes of the saved variables; error: why the commit failed (nothing committed), else None;
     standins: {name: why} saved as the stand-in save(stand_in=...) gave, their own value being unsaveable;
-    graphs: names saved (or unchanged) whose value holds autograd history, which the store does not keep."""
+    graphs: names saved (or unchanged) whose value holds autograd history, which the store does not keep;
+    error_kind: the store's exception behind ERROR (e.g. "StoreUnavailable", "PoolFullError"), else None."""
 
     def __init__(self):
         self.saved = {}
@@ -122,6 +128,7 @@ class SaveReport:
         self.bytes_written = 0
         self.payload_bytes = 0
         self.error = None
+        self.error_kind = None
         self.seconds = 0.0
         self.standins = {}
         self.graphs = []
@@ -214,6 +221,11 @@ class Checkpointer:
     def held(self):
         """{name: version} the namespace holds (saved or restored by this Checkpointer)."""
         return {n: s.version for n, s in self._state.items() if n in self.namespace}
+
+    def known(self):
+        """Names of every committed variable of the session as this Checkpointer last read the store (its
+        saves and restores read them), whether or not it holds them."""
+        return sorted(self._graph)
 
     def version(self, name):
         """The version of NAME this Checkpointer last saved or restored, whether or not the namespace still
@@ -328,11 +340,14 @@ class Checkpointer:
         return False
 
     # ---- save ----------------------------------------------------------------------------------------
-    def save(self, names, cell_id=None, stand_in=None):
+    def save(self, names, cell_id=None, stand_in=None, all_or_none=False):
         """Save NAMES (absent from the namespace = delete) and whatever must go with them; one commit.
         Returns a SaveReport; never raises for a variable that cannot be saved.  STAND_IN(name, value, why),
         when given, is asked for an object to commit instead of a value that cannot be pickled (None: the
-        variable fails as usual); the namespace keeps the value."""
+        variable fails as usual); the namespace keeps the value.  ALL_OR_NONE: a variable the store cannot
+        take (no room in the pool, Redis unavailable) fails the whole save: nothing is committed and every
+        payload this save wrote is given back (a variable that cannot be pickled is still only left out).
+        An interrupt (KeyboardInterrupt) commits nothing either, and propagates."""
         t0 = time.perf_counter()
         names = _names(names)
         rep = SaveReport()
@@ -342,7 +357,7 @@ class Checkpointer:
         try:
             self._sync_graph()
         except Exception as e:
-            rep.error = _reason(e)
+            rep.error, rep.error_kind = _reason(e), type(e).__name__
             rep.failed = {n: rep.error for n in names}
             rep.seconds = time.perf_counter() - t0
             return rep
@@ -427,6 +442,14 @@ class Checkpointer:
                 prefs, written, new, tracks[n] = self._put_payloads(n, pk)
             except Exception as e:
                 failed[n] = _reason(e)
+                if all_or_none and _store_error(e):
+                    self._discard(fresh)
+                    rep.error_kind = type(e).__name__
+                    rep.error = "%s: %s could not be saved (%s); nothing of this save was committed" % (
+                        rep.error_kind, n, e)
+                    rep.failed = dict(failed, **{m: rep.error for m in ok})
+                    rep.seconds = time.perf_counter() - t0
+                    return rep
                 continue
             except BaseException:  # KeyboardInterrupt: nothing is committed, give the space back
                 self._discard(fresh)
@@ -453,8 +476,11 @@ class Checkpointer:
         if writes or deletes:
             try:
                 versions = self.store.commit(cell_id, writes, deletes)
-            except Exception as e:
+            except BaseException as e:
                 self._discard(fresh)
+                if not isinstance(e, Exception):
+                    raise
+                rep.error_kind = type(e).__name__
                 rep.error = "commit failed, nothing saved: " + _reason(e)
                 for n in writes:
                     rep.failed[n] = rep.error

@@ -81,12 +81,26 @@ import warnings
 import weakref
 
 import _pickle
+import collections
+import importlib
+
 import cloudpickle
-from cloudpickle import cloudpickle_fast as _cpf
 from cloudpickle.cloudpickle import _make_empty_cell, _should_pickle_by_reference
 
 # Store entries of user modules' globals (usermods.ENTRY_PREFIX; not imported: usermods is imported lazily).
 MODULE_ENTRY_PREFIX = "__looseleaf_module__."
+# cloudpickle's function and code reduces: in cloudpickle.cloudpickle since 3.0, in cloudpickle_fast before
+# (which 3.x keeps only as a deprecated alias).
+_cpf = cloudpickle.cloudpickle if hasattr(cloudpickle.cloudpickle, "_function_getstate") else \
+    importlib.import_module("cloudpickle.cloudpickle_fast")
+
+
+def _code_reduce(code):
+    """cloudpickle's reduce of a code object, keeping its file name (cloudpickle 3 writes "<dynamic-code>"
+    there): a traceback through a function that another process of the session defined then shows the
+    cell's source, which every process reads from the session's cell directory."""
+    fn, args = _cpf._code_reduce(code)
+    return fn, tuple(code.co_filename if a == "<dynamic-code>" else a for a in args)
 
 # bytes/bytearray at least this long leave the stream (smaller ones cost less inline than a payload).
 BIG_BYTES = 64 * 1024
@@ -473,6 +487,8 @@ def _rebuild_memory_buffer(kind, value, pos):
 class _Pickler(cloudpickle.CloudPickler):
     """One per save, reused for each variable (start() resets it): creating a pickler costs more than
     pickling a small variable."""
+
+    dispatch_table = collections.ChainMap({types.CodeType: _code_reduce}, cloudpickle.CloudPickler.dispatch_table)
 
     def __init__(self, file, ctx):
         super().__init__(file, protocol=5, buffer_callback=self._oob)

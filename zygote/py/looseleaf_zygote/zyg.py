@@ -7,19 +7,27 @@ Zygote (single-threaded, never touches CUDA):
   grow(mods)        in a freshly forked child node: import more.
   prefork()         gc.freeze() right before each fork (the child's GC would touch every page otherwise).
 Worker (after the fork, in the child; it stays warm for its session and prepares again for each job):
-  worker_prepare(job)  CUDA on the assigned device, the session's process state from the store (its sys.path
-                       and cwd decide what imports find), the rest of the import closure, the import
-                       statements that re-create import-bound names, restore of the state closure.  A warm worker first drops every name whose held version is not
-                       the committed one (the store is the truth: a CPU cell or another worker may have
-                       committed newer versions, or deleted names), and what references them; the restore
-                       then loads only what moved.  Also a prefetch's whole work (no cell follows at once).
+  worker_prepare(job)  the session's process state from the store first (its environment decides how CUDA
+                       starts, its sys.path and cwd what imports find), then CUDA on the assigned device
+                       (with the session's CUDA generator states), the rest of the import closure, the
+                       import statements that re-create import-bound names, restore of the state closure.
+                       A warm worker first drops every name whose held version is not the committed one
+                       (the store is the truth: a CPU cell or another worker may have committed newer
+                       versions, or deleted names), and what references them; the restore then loads only
+                       what moved.  `state_all` (a cell too big to analyse ran in the session): every
+                       committed variable is the closure.  Also a prefetch's whole work (no cell follows
+                       at once).
   worker_finish(job)   save the cell's definitions, the state closure (in-place mutation is invisible to
                        static analysis), whatever the cell rebound or deleted, the user modules' globals
-                       and the process state; one commit.  The store stays open: the worker stays warm.
-                       A value that cannot be saved is committed as a HomeRef (looseleaf_store.homes) and
-                       stays here: the worker is the session's home for it (and for a value whose autograd
-                       graph the store cannot keep, and for what those share objects with), reported as
-                       `home`, which keeps it warm and last in line for eviction.
+                       and the process state; one commit, all or nothing when the store fails (a full pool,
+                       Redis unavailable, an interrupt): then `save_ename` / `save_error` say why and name
+                       the variables, and the gateway makes the cell's reply that error.  The store stays
+                       open: the worker stays warm.  A value that cannot be saved is committed as a HomeRef
+                       (looseleaf_store.homes) and stays here: the worker is the session's home for it (and
+                       for a value whose autograd graph the store cannot keep, and for what those share
+                       objects with), reported as `home`, which keeps it warm and last in line for eviction.
+A failed preparation answers {"fatal": why, "fatal_ename": ...}: "StoreUnavailable" when the store did not
+answer, "KeyboardInterrupt" when an interrupt ended the wait (the gateway names the cell's error so).
   worker_exit(arg)     close the store (the worker leaves: evicted, idle, its client gone).
 """
 import gc
@@ -188,10 +196,48 @@ def _visible(shell):
 
 
 def _fault(job, stage):
-    """Tests only: a job's "fault" names the stage at which the worker SIGKILLs itself."""
-    if job.get("fault") == stage:
-        import signal
+    """Tests only (the kernel passes a job's "fault" only under LOOSELEAF_TEST_FAULTS=1): "ACTION@STAGE"
+    does ACTION when the worker reaches STAGE ("prepare": before the store is opened, "restore": after the
+    restore, "save": before the save); a bare STAGE means kill.  Actions: kill (this worker), kill_once
+    (this worker if it is the job's first), kill_zygote
+    (its parent), kill_pool (the host pool), kill_kernel, interrupt (SIGINT to this worker), and on the
+    session's redis-server kill_redis, stop_redis (SIGSTOP), wipe_redis (killed with its append-only
+    file: it comes back empty)."""
+    import signal
+    fault = job.get("fault") or ""
+    action, _, at = fault.rpartition("@")
+    if at != stage:
+        return
+    action = action or "kill"
+
+    def redis_pid():
+        with open(os.path.join(job["store_dir"], "redis.pid")) as f:
+            return int(f.read())
+
+    if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    elif action == "kill_once":  # the first worker of the job only (the pool retries a restore once)
+        mark = os.path.join(job["store_dir"], "fault-once-%s" % job.get("id"))
+        if not os.path.exists(mark):
+            open(mark, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+    elif action == "kill_zygote":
+        os.kill(os.getppid(), signal.SIGKILL)
+    elif action == "kill_pool":
+        with open("/proc/%d/stat" % os.getppid()) as f:
+            os.kill(int(f.read().rsplit(")", 1)[1].split()[1]), signal.SIGKILL)
+    elif action == "kill_kernel" and isinstance(job.get("kernel_pid"), int):
+        os.kill(job["kernel_pid"], signal.SIGKILL)
+    elif action == "interrupt":
+        os.kill(os.getpid(), signal.SIGINT)
+    elif action in ("kill_redis", "stop_redis"):
+        os.kill(redis_pid(), signal.SIGKILL if action == "kill_redis" else signal.SIGSTOP)
+    elif action == "wipe_redis":
+        import shutil
+        pid = redis_pid()
+        os.kill(pid, signal.SIGSTOP)
+        shutil.rmtree(os.path.join(job["store_dir"], "redis-aof"), ignore_errors=True)
+        os.kill(pid, signal.SIGKILL)
 
 
 def _guard_interrupts(shell, fd):
@@ -295,6 +341,10 @@ def _open_store(job):
     # No prefaulted reserve in workers: a warm worker holding a big model would keep as much again of pool
     # memory backed for its next save; the kernel's Store keeps the session's reserve.
     _store = _llstore.Store(key[0], key[1], redis_url=key[2], reserve_bytes=0)
+    if isinstance(job.get("int_fd"), int):
+        # An interrupt that comes while the store waits for Redis (restore, commit) ends the wait; the
+        # pipe is only polled, its byte stays for _guard_interrupts.
+        _store.set_interrupt_fd(job["int_fd"], drain=False)
     _cp = Checkpointer(_store, _shell().user_ns)
     _store_key = key
     return True
@@ -355,6 +405,14 @@ def _resolve_homerefs(shell, names, lost, gone):
     return out
 
 
+def _fatal(what, e):
+    """The answer of a preparation that failed with E (an exception of the store or a KeyboardInterrupt)."""
+    out = {"fatal": "%s: %s: %s" % (what, type(e).__name__, e)}
+    if type(e).__name__ in ("StoreUnavailable", "KeyboardInterrupt"):
+        out["fatal_ename"] = type(e).__name__
+    return json.dumps(out)
+
+
 def worker_prepare(arg):
     global _before, _device, _token
     job = json.loads(arg)
@@ -364,20 +422,6 @@ def worker_prepare(arg):
     t0 = time.perf_counter()
     warm = bool(job.get("warm"))
     rep = {"imported_after_fork": [], "device": job.get("device"), "warm_hit": warm}
-    # 1. CUDA on the assigned device, only now (after the fork); a warm worker has it already, a staged one (a
-    #    prefetch prepared it without a slot) gets it with its cell's run.
-    dev = job.get("device")
-    if dev is not None and _device is None:
-        _device = dev
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(dev)
-        torch = sys.modules.get("torch")
-        if torch is not None:
-            try:
-                torch.cuda.init()
-                torch.cuda.set_device(0)
-            except Exception as e:  # noqa: BLE001 - reported; the cell then fails on its own CUDA use
-                rep["cuda_error"] = "%s: %s" % (type(e).__name__, e)
-    t1 = time.perf_counter()
     shell = _shell()
     # The session's cell sources: tracebacks through functions of earlier cells show their lines.
     compiler = getattr(shell, "compile", None)
@@ -389,10 +433,12 @@ def worker_prepare(arg):
     # Staged on a CUDA host: no device yet, and restored variables may hold device tensors, so only the imports
     # of the closure now; the cell's run (a warm job, with its device) restores the rest.
     defer = bool(job.get("defer_restore"))
-    # 2. The session's process state first (its sys.path and cwd decide what the imports find), and on a warm
-    #    worker the names whose committed version moved go.
+    # 1. The session's process state first: its environment decides how CUDA starts (PYTORCH_CUDA_ALLOC_CONF,
+    #    CUDA_LAUNCH_BLOCKING, CUDA_MODULE_LOADING set in the notebook), its sys.path and cwd what the imports
+    #    find; and on a warm worker the names whose committed version moved go.
     prep, probs, vers = None, None, {}
     if not defer:
+        _fault(job, "prepare")
         try:
             _open_store(job)
             vers = _cp.versions()  # (no cell of the session commits while this one prepares)
@@ -400,8 +446,23 @@ def worker_prepare(arg):
                 _forget_outputs(shell)
                 rep["dropped_stale"] = _drop_stale(shell, vers)
             prep, probs = procstate.restore(_cp, vers)
-        except Exception as e:  # noqa: BLE001 - becomes the cell's error reply (nothing held can be trusted)
-            return json.dumps({"fatal": "cannot restore the session's state: %s: %s" % (type(e).__name__, e)})
+        except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - the cell's error reply
+            return _fatal("cannot restore the session's state", e)
+    t1 = time.perf_counter()
+    # 2. CUDA on the assigned device, only now (after the fork, in the session's environment); a warm worker has
+    #    it already, a staged one (a prefetch prepared it without a slot) gets it with its cell's run.
+    dev = job.get("device")
+    if dev is not None and _device is None:
+        _device = dev
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(dev)
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            try:
+                torch.cuda.init()
+                torch.cuda.set_device(0)
+                procstate.cuda_started()  # the session's CUDA generators
+            except Exception as e:  # noqa: BLE001 - reported; the cell then fails on its own CUDA use
+                rep["cuda_error"] = "%s: %s" % (type(e).__name__, e)
     t2 = time.perf_counter()
     # 3. The rest of the import closure, and the names imports bind.
     _session_threads()
@@ -426,13 +487,21 @@ def worker_prepare(arg):
     restored, missing_names, nbytes = [], [], 0
     if not defer:
         try:
-            r = _cp.restore(list(job.get("state_closure") or []))
+            closure = list(job.get("state_closure") or [])
+            if job.get("state_all"):
+                # A cell too big to analyse ran in the session: any variable may be read.
+                closure = sorted(set(closure) | (set(vers) - {procstate.NAME}))
+            r = _cp.restore(closure)
             _fault(job, "restore")
-        except Exception as e:  # noqa: BLE001 - becomes the cell's error reply
-            return json.dumps({"fatal": "cannot restore the cell's variables: %s: %s" % (type(e).__name__, e)})
+        except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - becomes the cell's error reply
+            return _fatal("cannot restore the cell's variables", e)
         failed = dict(r.failed, **prep.failed)
         if failed:
-            return json.dumps({"fatal": "cannot restore %s" % "; ".join("%s: %s" % kv for kv in failed.items())})
+            out = {"fatal": "cannot restore %s" % "; ".join("%s: %s" % kv for kv in failed.items())}
+            unavailable = [why for why in failed.values() if why.startswith("StoreUnavailable")]
+            if unavailable:
+                out["fatal_ename"] = "StoreUnavailable"
+            return json.dumps(out)
         if probs:
             rep["procstate_problems"] = probs
         restored = sorted(n for n in r.restored if n != procstate.NAME)
@@ -452,9 +521,9 @@ def worker_prepare(arg):
     t4 = time.perf_counter()
     _before = _visible(shell)
     rep.update({
-        "cuda_ms": (t1 - t0) * 1e3,
+        "cuda_ms": (t2 - t1) * 1e3,
         "import_ms": (t3 - t2) * 1e3,
-        "restore_ms": (t2 - t1) * 1e3 + (t4 - t3) * 1e3,
+        "restore_ms": (t1 - t0) * 1e3 + (t4 - t3) * 1e3,
         "bytes_restored": nbytes,
         "restored": restored,
         "missing": missing_names,
@@ -490,27 +559,38 @@ def worker_finish(arg):
     count = job.get("execution_count")
     if isinstance(count, int) and ("_%d" % count) in ns:
         names.add("_%d" % count)
-    if (job.get("fault") or "") == "save":
+    if (job.get("fault") or "") in ("save", "kill@save"):
         # Die inside the commit: after the payloads went into the pool, just before Redis' EXEC.
         os.environ["LL_STORE_FAULT"] = "before_commit"
-    rep = procstate.save_with(_cp, sorted(names), cell_id=str(job.get("id")), stand_in=_stand_in)
-    _note_home(ns, rep)
-    if _home:
-        # What the home values reach is used here too; a newly reached variable is committed now, so
-        # the store has it at the version this process holds.
-        owner, graph = _cp.sharing()
-        _tied.clear()
-        _tied.update(n for n in homes.tied(owner, ns, sorted(_home), graph) if n in ns and n not in _home
-                     and not usermods.is_entry(n) and n != procstate.NAME)
-        extra = sorted(n for n in _tied if n not in names)
-        if extra:
-            rep2 = _cp.save(extra, cell_id="%s-tied" % job.get("id"), stand_in=_stand_in)
-            _note_home(ns, rep2)
-            rep.saved.update(rep2.saved)
-            rep.failed.update(rep2.failed)
-            rep.error = rep.error or rep2.error
     else:
-        _tied.clear()
+        _fault(job, "save")
+    try:
+        # All or nothing when the store fails: a cell is never committed torn.
+        rep = procstate.save_with(_cp, sorted(names), cell_id=str(job.get("id")), stand_in=_stand_in,
+                                  all_or_none=True)
+        _note_home(ns, rep)
+        if _home and not rep.error:
+            # What the home values reach is used here too; a newly reached variable is committed now, so
+            # the store has it at the version this process holds.
+            owner, graph = _cp.sharing()
+            _tied.clear()
+            _tied.update(n for n in homes.tied(owner, ns, sorted(_home), graph) if n in ns and n not in _home
+                         and not usermods.is_entry(n) and n != procstate.NAME)
+            extra = sorted(n for n in _tied if n not in names)
+            if extra:
+                rep2 = _cp.save(extra, cell_id="%s-tied" % job.get("id"), stand_in=_stand_in, all_or_none=True)
+                _note_home(ns, rep2)
+                rep.saved.update(rep2.saved)
+                rep.failed.update(rep2.failed)
+                rep.error = rep.error or rep2.error
+                rep.error_kind = rep.error_kind or rep2.error_kind
+        elif not _home:
+            _tied.clear()
+    except KeyboardInterrupt:
+        from looseleaf_store.checkpoint import SaveReport
+        rep = SaveReport()
+        rep.error_kind = "KeyboardInterrupt"
+        rep.error = "interrupted while saving"
     # _N is only output history (for the kernel's Out/_): a result that cannot be saved is no error.
     for n in [n for n in rep.failed if n.startswith("_") and n[1:].isdigit()]:
         del rep.failed[n]
@@ -520,12 +600,16 @@ def worker_finish(arg):
         "saved": sorted(n for n in rep.saved if n != procstate.NAME),
         "deleted": sorted(rep.deleted),
     }
-    if rep.failed:
+    if rep.error:
+        # The store failed (or an interrupt came): nothing of the cell was committed.
+        lost = sorted(n for n in names if n != procstate.NAME and not (n.startswith("_") and n[1:].isdigit()))
+        out["save_ename"] = rep.error_kind or "StoreError"
+        out["save_error"] = "the cell's results (%s) were not saved, nothing of this cell was committed: %s" % (
+            ", ".join(lost) or "none", rep.error)
+        out["save_failed"] = rep.failed or {n: rep.error for n in lost}
+    elif rep.failed:
         out["save_failed"] = rep.failed
         sys.stderr.write("LooseLeaf: could not save %s\n" % ", ".join("%s (%s)" % kv for kv in rep.failed.items()))
-    if rep.error:
-        out["save_error"] = rep.error
-        sys.stderr.write("LooseLeaf: the cell's variables were not saved: %s\n" % rep.error)
     out["held_bytes"] = _held_bytes()
     out["home"] = _home_report()
     return json.dumps(out)

@@ -1,0 +1,16 @@
+# sim/: the fleet simulator (issue 18; owned by the fleet-simulation engineer): `looseleaf trace` and
+# `looseleaf simulate`.  sim/API.md describes the commands, the trace format and the cost file.  It uses
+# the host pool's pure policies (zygote/ll_sched, ll_gdsf, ll_place, ll_provision) and the cell analysis;
+# nothing depends on it but gateway/main.c, which dispatches the two subcommands.
+SIM_SRCS  := sim/ll_cost.c sim/ll_trace.c sim/ll_trace_gen.c sim/ll_sim.c sim/ll_sim_fleet.c \
+             sim/ll_sim_looseleaf.c sim/ll_sim_baselines.c sim/ll_sim_cli.c
+LIB_SRCS  += $(SIM_SRCS)
+SELFTESTS += ll_cost ll_trace ll_trace_gen ll_sim
+
+# The interpreter `looseleaf trace` measures notebooks with, and `simulate --out` plots with.
+$(BUILD)/sim/ll_trace_gen.o $(BUILD)/sim/ll_sim_cli.o: CFLAGS += -DLL_PYTHON_EXE='"$(PYTHON)"'
+
+# The commands on small traces, the fidelity check against a recorded bench_prefetch run (< 1 minute).
+PYTESTS   += tests/sim/test_sim.py
+# The paper's frontier at 24/48/72 sessions (plots into docs/sim/) and scale: 10,000 sessions over a day.
+BENCHES   += tests/bench/bench_sim.py

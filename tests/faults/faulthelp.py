@@ -1,0 +1,126 @@
+"""Helpers of the fault-injection suite (tests/faults/, issue 16): a looseleaf kernel on a host pool of its
+own (so the pool's and the workers' environment is the kernel's: a short store timeout, a small pool), the
+processes and files a kernel's checkpoint store consists of (its store directory, redis-server, pool), and
+zombies.  Builds on tests/routing/routehelp.py.  Runs in the pytest process; every wait polls a condition
+with a deadline.
+"""
+import glob
+import os
+import shutil
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(os.path.dirname(HERE), "routing")]
+
+from routehelp import (GPU_TIMEOUT, Kernel, alive, execute, ll_md, run_route, send_execute,  # noqa: E402,F401
+                       stop_pool, stream_text, wait_for)
+
+
+class FaultKernel(Kernel):
+    """A looseleaf kernel with the fault hook on (LOOSELEAF_TEST_FAULTS=1), ENV added to its environment.
+    With POOL_DIR, on a host pool of its own there (stopped with the kernel), which sees ENV too (a store
+    timeout for its workers, a fault that kills the pool); without, on the run's shared pool."""
+
+    def __init__(self, pool_dir=None, env=None, name="looseleaf"):
+        self.pool_dir = pool_dir
+        base = {"LOOSELEAF_TEST_FAULTS": "1"}
+        if pool_dir:
+            base.update(LOOSELEAF_POOL_DIR=pool_dir, LL_POOL_WARM_IDLE_S="300")
+        super().__init__(name, env=dict(base, **(env or {})))
+        self.store = None  # the store dir, once known (store_of)
+
+    def stop(self):
+        try:
+            super().stop()
+        finally:
+            if self.pool_dir:
+                stop_pool(self.pool_dir)
+                shutil.rmtree(os.path.dirname(self.pool_dir), ignore_errors=True)  # (new_pool_dir's)
+
+
+def new_pool_dir():
+    return os.path.join(tempfile.mkdtemp(prefix="llf-"), "pool")
+
+
+def _store_dirs():
+    out = []
+    for base in (os.environ.get("XDG_RUNTIME_DIR"), "/dev/shm", tempfile.gettempdir()):
+        if base and os.path.isdir(base):
+            out += glob.glob(os.path.join(base, "looseleaf-store-*"))
+    return out
+
+
+def owner_of(d):
+    """(kernel pid, session) of store dir D, or None."""
+    try:
+        with open(os.path.join(d, "owner")) as f:
+            fields = f.read().split()
+        return int(fields[0]), fields[1]
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def store_of(pid):
+    """The store dir of the kernel PID (asserted: exactly one)."""
+    dirs = [d for d in _store_dirs() if (owner_of(d) or (None,))[0] == pid]
+    assert len(dirs) == 1, "store dirs of kernel %d: %s" % (pid, dirs)
+    return dirs[0]
+
+
+def redis_pid(d):
+    """The pid of the redis-server serving store dir D (from its pid file), or None."""
+    try:
+        with open(os.path.join(d, "redis.pid")) as f:
+            pid = int(f.read())
+    except (OSError, ValueError):
+        return None
+    return pid if alive(pid) else None
+
+
+def redis_processes(d):
+    """pids of live redis-servers whose command line names store dir D."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if b"redis-server" in cmd and d.encode() in cmd and alive(int(pid)):
+            out.append(int(pid))
+    return out
+
+
+def zombies_of(pid):
+    """Children of PID that exited and were not reaped (<defunct>)."""
+    out = []
+    for child in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/stat" % child) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] == "Z" and int(fields[1]) == pid:
+            out.append(int(child))
+    return out
+
+
+def pool_files(session):
+    """Files in /dev/shm of the payload pool of SESSION (a pool with a name: there should be none)."""
+    return glob.glob("/dev/shm/looseleaf-%d-*-%s.pool" % (os.getuid(), session))
+
+
+def pool_holders(session):
+    """pids of live processes that map the payload pool of SESSION (named or not): while there are none, its
+    memory is free."""
+    name = "-%s.pool" % session
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/maps" % pid) as f:
+                if any(name in line for line in f):
+                    out.append(int(pid))
+        except OSError:
+            continue
+    return out

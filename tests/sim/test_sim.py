@@ -1,0 +1,207 @@
+"""`looseleaf trace` and `looseleaf simulate` (issue 18; sim/API.md): the commands, the trace format's errors,
+and the simulator's fidelity against a measured run of bench_prefetch.
+
+Fidelity: sim/fidelity/bench_prefetch_recorded.json is one run of bench_prefetch's editing sessions (3 kernels
+sharing a host pool of 2 slots, 16 GPU cells each; with and without edit-time hints) recorded cell by cell on
+this 2-core VM by sim/fidelity/record_prefetch.py.  sim/fidelity/to_trace.py turns it into a trace (the recorded
+edit windows, gaps, execution times, closures); the simulator, with the cost table's numbers (sim/costs.json:
+`make bench` figures, none from this recording), must predict what was measured:
+
+  warm-hit rate                          within 5 points
+  GPU-seconds held / connected (the pool's per-session bill)   within 5 points
+  median and p95 of the visible wait     within a factor of 2.5, or 10 ms
+  GPU cells starting within 1 s          within 2 points
+
+Why a factor of 2.5 for the latency percentiles: three recordings of the same bench on this shared VM gave
+median visible waits without hints of 23, 58 and 92 ms (a factor of 4 between runs); the cost table's numbers
+come from a quieter `make bench` run.  The rates and the held share depend on the schedule, not on the machine's
+load, and are held to 5 points.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LOOSELEAF = os.path.join(REPO, "build", "looseleaf")
+RECORDED = os.path.join(REPO, "sim", "fidelity", "bench_prefetch_recorded.json")
+sys.path.insert(0, os.path.join(REPO, "sim", "fidelity"))
+
+import to_trace  # noqa: E402
+
+DESIGNS = ["pinned", "keepalive", "notebookos", "naive", "looseleaf_noprefetch", "looseleaf"]
+
+
+def _run(args, **kw):
+    return subprocess.run([LOOSELEAF] + args, capture_output=True, text=True, timeout=120, **kw)
+
+
+def _write(path, lines):
+    with open(path, "w") as f:
+        for line in lines:
+            f.write((line if isinstance(line, str) else json.dumps(line)) + "\n")
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory):
+    """A trace of 6 sessions of the tree's torch example, measured (cached in a private cache dir)."""
+    d = tmp_path_factory.mktemp("trace")
+    env = dict(os.environ, XDG_CACHE_HOME=str(d / "cache"))
+    nb = os.path.join(REPO, "examples", "looseleaf_torch_training.ipynb")
+    r = _run(["trace", "--sessions", "6", "--seed", "7", "--spread", "60", nb], env=env)
+    assert r.returncode == 0, r.stderr
+    path = d / "t.jsonl"
+    path.write_text(r.stdout)
+    again = _run(["trace", "--sessions", "6", "--seed", "7", "--spread", "60", nb], env=env)
+    assert again.stdout == r.stdout, "a trace depends only on its options (the measurement is cached)"
+    assert "running" not in again.stderr
+    return path
+
+
+def test_trace_format(trace):
+    lines = [json.loads(l) for l in trace.read_text().splitlines()]
+    head, nb, sessions = lines[0], lines[1], lines[2:]
+    assert head["trace"] == "looseleaf-fleet" and head["seed"] == 7 and head["sessions"] == 6
+    assert head["distributions"]["edit_s_lognormal"] == {"median": 10.0, "sigma": 1.0}
+    assert head["import_s"]["torch"] > 0.1  # measured in a fresh interpreter
+    assert nb["notebook"] == "nb0" and nb["source"].endswith("looseleaf_torch_training.ipynb")
+    # The project's own analysis: every cell of the torch example is a GPU cell, and the training cell reads the
+    # model, the optimiser and the data; their sizes were measured by running the notebook.
+    assert all(c["label"] == "gpu" for c in nb["cells"]) and nb["cells"][0]["imports"] == ["torch"]
+    train = nb["cells"][3]
+    assert {"model", "opt", "X", "y"} <= set(train["state"]) and train["closure_bytes"] > 1000
+    assert len(sessions) == 6 and [s["arrival_s"] for s in sessions] == sorted(s["arrival_s"] for s in sessions)
+    assert all(0 <= s["arrival_s"] <= 60 for s in sessions)
+    for s in sessions:
+        cells = [c["cell"] for c in s["cells"]]
+        assert cells == sorted(cells) and set(cells) == set(range(len(nb["cells"])))  # in order, reruns kept
+        assert all(c["edit_s"] > 0 and c["gap_s"] > 0 for c in s["cells"])
+
+
+def test_simulate_table_and_json(trace, tmp_path):
+    r = _run(["simulate", str(trace)])
+    assert r.returncode == 0, r.stderr
+    for name in DESIGNS:
+        assert name in r.stdout
+    assert "6 sessions" in r.stdout
+    j = _run(["simulate", "--json", "--out", str(tmp_path / "out"), "--no-plots", str(trace)])
+    assert j.returncode == 0, j.stderr
+    doc = json.loads(j.stdout)
+    assert list(doc) == DESIGNS
+    for name, d in doc.items():
+        for key in ("gpu_hours", "peak_gpus", "mean_busy_gpus", "share_within_1s", "latency_p50_s",
+                    "latency_p95_s", "warm_hit_rate", "latency_cdf", "sessions"):
+            assert key in d, (name, key)
+        assert d["sessions"] == 6 and d["gpu_cells"] == doc["pinned"]["gpu_cells"] > 0
+        assert d["peak_gpus"] % 8 == 0  # whole hosts
+        cdf = [s for _, s in d["latency_cdf"]]
+        assert cdf == sorted(cdf) and 0 <= cdf[0] and cdf[-1] <= 1
+    assert doc["pinned"]["warm_hit_rate"] == 1.0 and doc["naive"]["warm_hit_rate"] == 0.0
+    # NotebookOS keeps three replicas on distinct hosts: at least three hosts.
+    assert doc["notebookos"]["peak_gpus"] >= 24
+    # Edit-time prefetch: more warm hits than without, and the cells start within 1 s.
+    assert doc["looseleaf"]["warm_hit_rate"] > doc["looseleaf_noprefetch"]["warm_hit_rate"]
+    assert doc["looseleaf"]["share_within_1s"] >= 0.95
+    for f in ("summary.csv", "cdf.csv", "timeline.csv"):
+        assert (tmp_path / "out" / f).stat().st_size > 0
+    head = (tmp_path / "out" / "summary.csv").read_text().splitlines()
+    assert head[0].startswith("design,gpu_hours") and len(head) == 1 + len(DESIGNS)
+
+
+def test_simulate_threads_agree(trace):
+    one = json.loads(_run(["simulate", "--json", "--threads", "1", str(trace)]).stdout)
+    two = json.loads(_run(["simulate", "--json", "--threads", "2", str(trace)]).stdout)
+    assert one == two
+
+
+def test_simulate_bad_input(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    _write(bad, [{"session": "a", "arrival_s": 5, "cells": []}, {"session": "b", "arrival_s": 1, "cells": []}])
+    r = _run(["simulate", str(bad)])
+    assert r.returncode == 1 and "line 2" in r.stderr and "arrival order" in r.stderr
+    _write(bad, ['{"session": "a", "arrival_s": 0, "cells": [{"label": "tpu", "exec_s": 1}]}'])
+    r = _run(["simulate", str(bad)])
+    assert r.returncode == 1 and "line 1" in r.stderr and "label" in r.stderr
+    _write(bad, ["not json"])
+    assert _run(["simulate", str(bad)]).returncode == 1
+    assert _run(["simulate", str(tmp_path / "missing.jsonl")]).returncode == 2
+    assert _run(["simulate", "--designs", "nope", str(bad)]).returncode == 2
+    r = _run(["simulate", "--set", "no_such_cost=1", str(bad)])
+    assert r.returncode == 2 and "no_such_cost" in r.stderr
+    assert _run(["simulate"]).returncode == 2
+    assert _run(["trace"]).returncode == 2
+    r = _run(["trace", "--no-run", str(tmp_path / "missing.ipynb")])
+    assert r.returncode == 1 and "cannot open" in r.stderr
+
+
+def test_operator_trace_inline_cells(tmp_path):
+    """A trace an operator writes from logs: cells inline, no notebook lines, numbers as session ids."""
+    t = tmp_path / "ops.jsonl"
+    _write(t, [{"session": 1, "arrival_s": 0, "cells": [
+                   {"label": "cpu", "exec_s": 2, "edit_s": 5, "gap_s": 1},
+                   {"label": "gpu", "exec_s": 30, "edit_s": 20, "gap_s": 10, "closure_bytes": 2e9,
+                    "written_bytes": 1e8, "namespace_bytes": 4e9, "imports": ["torch"]}]},
+               {"session": 2, "arrival_s": 3, "tail_s": 60,
+                "cells": [{"label": "gpu", "exec_s": 5, "edit_s": 3}]}])
+    doc = json.loads(_run(["simulate", "--json", str(t)]).stdout)
+    assert doc["pinned"]["gpu_cells"] == 2 and doc["looseleaf"]["sessions"] == 2
+
+
+def _predict(trace_path, design):
+    r = _run(["simulate", "--json", "--hosts", "1", "--gpus-per-host", "2", "--gpu", "none", "--designs", design,
+              str(trace_path)])
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)[design]
+
+
+def _close(pred, meas, factor=2.5, slack=0.010):
+    return meas / factor - slack <= pred <= meas * factor + slack
+
+
+@pytest.mark.parametrize("name,design", [("hints", "looseleaf"), ("nohints", "looseleaf_noprefetch")])
+def test_fidelity_bench_prefetch(tmp_path, name, design):
+    with open(RECORDED) as f:
+        doc = json.load(f)
+    path = tmp_path / ("%s.jsonl" % name)
+    _write(path, to_trace.trace_lines(doc, name))
+    meas = to_trace.figures(doc, name)
+    pred = _predict(path, design)
+    report = "%s: measured %s, predicted %s" % (name, meas, {k: pred[k] for k in (
+        "latency_p50_s", "latency_p95_s", "warm_hit_rate", "session_held_share", "share_within_1s")})
+    assert pred["gpu_cells"] == meas["gpu_cells"] == 48, report
+    assert abs(pred["warm_hit_rate"] - meas["warm_hit_rate"]) <= 0.05, report
+    assert abs(pred["session_held_share"] - meas["session_held_share"]) <= 0.05, report
+    assert abs(pred["share_within_1s"] - 1.0) <= 0.02, report  # every measured GPU cell started within 1 s
+    assert _close(pred["latency_p50_s"], meas["latency_p50_s"]), report
+    assert _close(pred["latency_p95_s"], meas["latency_p95_s"]), report
+
+
+def test_trace_from_recorded_timing(tmp_path):
+    """Notebooks saved by JupyterLab with Record Timing: one session each, their own execution times."""
+    import datetime
+    with open(os.path.join(REPO, "examples", "looseleaf_torch_training.ipynb")) as f:
+        nb = json.load(f)
+    t, k = 1700000000.0, 0
+
+    def iso(x):
+        return datetime.datetime.fromtimestamp(x, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+    for c in nb["cells"]:
+        if c["cell_type"] == "code":
+            c.setdefault("metadata", {})["execution"] = {"iopub.execute_input": iso(t),
+                                                        "shell.execute_reply": iso(t + 2 + k)}
+            t += 2 + k + 40
+            k += 1
+    path = tmp_path / "timed.ipynb"
+    path.write_text(json.dumps(nb))
+    r = _run(["trace", "--timing", "--no-run", str(path), os.path.join(REPO, "examples", "looseleaf_cpu_basics.ipynb")])
+    assert r.returncode == 0, r.stderr
+    assert "no recorded timing" in r.stderr  # the second notebook has none: left out
+    sessions = [json.loads(l) for l in r.stdout.splitlines() if l.startswith('{"session"')]
+    assert len(sessions) == 1 and sessions[0]["arrival_s"] == 0
+    cells = sessions[0]["cells"]
+    assert [c["cell"] for c in cells] == list(range(k))
+    assert [round(c["exec_s"], 3) for c in cells] == [2.0 + i for i in range(k)]
+    assert all(abs(c["gap_s"] + c["edit_s"] - 40) < 1e-3 for c in cells[1:])  # output to next Run: 40 s
