@@ -11,7 +11,9 @@
  *                messages are hints, and run no user code).
  * Plus two counters: the epoch (interpreter requests that may have run user
  * code: a kept commit is valid only in the epoch it was made) and the time
- * user code last ran (the idle commit is due a while after it).
+ * user code last ran (the idle commit is due a while after it); and the
+ * session's homes (issue 13, item 1): the names whose live value only a
+ * worker holds, which every cell reading one runs on, whatever its label.
  *
  * The interpreter is called in two ways: requests of the frontend
  * (s_interp_call: content, header, metadata, buffers, and for an executed
@@ -67,6 +69,7 @@ struct ll_exec_t {
     s_comms_t comms;     /* open looseleaf.prefetch comms */
     unsigned long epoch; /* interpreter requests that may have run user code */
     double commit_at;    /* when user code last ran here (ll_clock_ms), 0 once committed */
+    json_t *home;        /* {name: {pid, kind, what}}: names living in a worker (coherence.home) */
 };
 
 /* ---- pure pieces ----------------------------------------------------------- */
@@ -393,6 +396,39 @@ static void s_idle_commit(ll_exec_t *self)
     json_decref(content);
 }
 
+/* ---- homes -------------------------------------------------------------------
+ *
+ * A value a worker made that no store can hold lives on in that worker, the
+ * session's home for it (zygote/py/looseleaf_zygote/zyg.py); the
+ * interpreter's coherence keeps which names those are and tells us with
+ * every answer that may change them (looseleaf_after_gpu, a CPU cell's
+ * metadata, looseleaf_home_lost).  A cell that reads one runs there. */
+
+/* The interpreter's answer OBJ (borrowed) carries the session's homes:
+ * they replace ours. */
+static void s_home_set(ll_exec_t *self, const json_t *obj)
+{
+    json_t *home = json_object_get(obj, "home");
+    if (json_is_object(home)) {
+        json_decref(self->home);
+        self->home = json_incref(home);
+    }
+}
+
+/* The pool said workers of the session went: the interpreter marks what
+ * they held as lost (a later read raises LostVariable naming why). */
+static void s_home_sync(ll_exec_t *self)
+{
+    json_t *gone = ll_route_take_gone(self->route);
+    if (!gone)
+        return;
+    json_t *content = json_pack("{s:o}", "gone", gone);
+    json_t *reply = content ? s_interp_own("looseleaf_home_lost", content, NULL) : NULL;
+    s_home_set(self, reply);
+    json_decref(reply);
+    json_decref(content);
+}
+
 /* ---- execute ---------------------------------------------------------------- */
 
 /* Run a GPU-labelled cell on a worker.  True with *REPLY_P / *MD_P set when
@@ -451,11 +487,18 @@ static bool s_execute_on_worker(ll_exec_t *self, ll_msg_t *req, ll_route_plan_t 
                   json_object_get(req->content, "code"), "execution_count",
                   json_object_get(sync, "execution_count"), "saved", saved ? saved : json_array(),
                   "deleted", deleted ? deleted : json_array());
+    /* What the worker is the session's home for, now. */
+    if (json_is_object(json_object_get(wmd, "home"))) {
+        json_object_set(after, "home", json_object_get(wmd, "home"));
+        json_object_set(after, "worker_pid", json_object_get(wmd, "worker_pid"));
+    }
     /* Without the worker's account of what it committed (it died, the pool
      * went away), the kernel compares versions before its next CPU cell. */
     json_object_set_new(after, "unknown", json_boolean(!json_is_array(saved)));
     self->epoch++; /* history, counter, the worker's commit: a kept prefetch commit is stale */
-    json_decref(s_interp_own("looseleaf_after_gpu", after, req));
+    json_t *done = s_interp_own("looseleaf_after_gpu", after, req);
+    s_home_set(self, done);
+    json_decref(done);
     /* The idle commit also brings the cell's result into the output history,
      * in idle time rather than before this reply (coherence.install_outputs). */
     self->commit_at = ll_clock_ms();
@@ -481,8 +524,9 @@ static bool s_execute_on_worker(ll_exec_t *self, ll_msg_t *req, ll_route_plan_t 
 }
 
 /* The plan the interpreter gets with a CPU cell (JSON text, the caller
- * frees it; NULL without a plan): the closure, and when a GPU cell runs
- * here instead (WHY_NOT), the one-line notice it prints after its
+ * frees it; NULL without a plan): the closure, and when a cell meant for a
+ * worker (a GPU cell, or one reading what a worker holds) runs here
+ * instead (WHY_NOT), the one-line notice it prints after its
  * execute_input, or when it must fail without running (FAIL), its error. */
 static char *s_route_text(const ll_route_plan_t *plan, const json_t *why_not, json_t *fail)
 {
@@ -493,8 +537,9 @@ static char *s_route_text(const ll_route_plan_t *plan, const json_t *why_not, js
         json_object_set(closure, "raise", fail);
     if (why_not)
         json_object_set_new(closure, "notice",
-                            json_sprintf("LooseLeaf: %s; this GPU cell runs in the kernel\n",
-                                         json_string_value(why_not)));
+                            json_sprintf("LooseLeaf: %s; this %scell runs in the kernel\n",
+                                         json_string_value(why_not),
+                                         ll_route_is_gpu(plan) ? "GPU " : ""));
     char *text = json_dumps(closure, JSON_COMPACT);
     json_decref(closure);
     return text;
@@ -511,9 +556,13 @@ void ll_exec_execute(ll_exec_t *self, ll_msg_t *req, json_t **reply_p, json_t **
         self->route ? ll_route_plan(self->route, json_string_value(code), json_string_length(code))
                     : NULL;
     json_t *reply = NULL, *md = NULL, *why_not = NULL, *fail = NULL;
-    /* Silent cells are the frontend's own (%config, widget set-up): they
-     * stay in the interpreter. */
-    bool on_worker = plan && ll_route_is_gpu(plan) && !silent &&
+    ll_route_poll(self->route); /* the pool's news first: a home worker that went */
+    s_home_sync(self);
+    /* A cell reading a name whose value lives in the session's home worker
+     * runs there, whatever its label.  Silent cells are the frontend's own
+     * (%config, widget set-up): they stay in the interpreter. */
+    bool to_home = plan && ll_route_plan_reads(plan, self->home);
+    bool on_worker = plan && (ll_route_is_gpu(plan) || to_home) && !silent &&
                      s_execute_on_worker(self, req, plan, t_run, &reply, &md, &why_not, &fail);
     if (!on_worker) {
         if (plan && !silent && !fail)
@@ -546,6 +595,9 @@ void ll_exec_execute(ll_exec_t *self, ll_msg_t *req, json_t **reply_p, json_t **
             if (fail)
                 json_object_set(ll, "failed", fail);
             json_object_set_new(md, "looseleaf", ll);
+            s_home_set(self, ll); /* the cell may have bound a name a worker held */
+        } else if (to_home) {
+            json_object_set_new(json_object_get(md, "looseleaf"), "to_home", json_true());
         }
         ll_route_done(self->route, &plan);
     }
@@ -649,6 +701,7 @@ void ll_exec_destroy(ll_exec_t **self_p)
     s_hint_drop(&self->hint);
     s_kept_forget(&self->kept);
     zlist_destroy(&self->comms.ids);
+    json_decref(self->home);
     free(self);
     *self_p = NULL;
 }

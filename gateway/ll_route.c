@@ -36,7 +36,9 @@ struct ll_route_t {
     char prefetch_id[48];           /* the last prefetch, until a cell runs or it is cancelled */
     char store_session[64]; /* the store session GPU cells run under ("" before the first) */
     char *prefetch_key;     /* its closure (JSON text), to tell a repeat from a new one */
-    bool restore_all;       /* an unanalysed cell ran: workers restore every variable */
+    json_t
+        *gone; /* [{pid, why}]: the session's workers the pool said went (0: all), not yet taken */
+    bool restore_all; /* an unanalysed cell ran: workers restore every variable */
 };
 
 struct ll_route_plan_t {
@@ -95,6 +97,7 @@ void ll_route_destroy(ll_route_t **self_p)
     ll_route_t *self = *self_p;
     ll_zclient_destroy(&self->pool);
     free(self->prefetch_key);
+    json_decref(self->gone);
     pthread_mutex_lock(&s_usage_lock);
     json_decref(s_usage);
     s_usage = NULL;
@@ -156,6 +159,23 @@ json_t *ll_route_plan_closure(const ll_route_plan_t *plan)
         "writes", s_strs_json(ll_analysis_closure_writes(plan->closure)), "deletes",
         s_strs_json(ll_analysis_closure_deletes(plan->closure)), "import_stmts",
         s_strs_json(ll_analysis_closure_import_stmts(plan->closure)), "unknown", plan->unknown);
+}
+
+/* Whether strings STRS has a key of object NAMES. */
+static bool s_strs_any(ll_analysis_strs_t strs, const json_t *names)
+{
+    for (size_t i = 0; i < strs.count; i++)
+        if (json_object_get(names, strs.items[i]))
+            return true;
+    return false;
+}
+
+bool ll_route_plan_reads(const ll_route_plan_t *plan, const json_t *names)
+{
+    if (!plan || !plan->closure || !json_object_size(names))
+        return false;
+    return s_strs_any(ll_analysis_closure_state(plan->closure), names) ||
+           s_strs_any(ll_analysis_closure_deletes(plan->closure), names);
 }
 
 json_t *ll_route_plan_json(const ll_route_plan_t *plan, const char *route)
@@ -259,6 +279,12 @@ static json_t *s_run_request(ll_route_plan_t *plan, const ll_msg_t *req, const j
     json_t *cells = json_object_get(sync, "cells_dir"); /* where the session's cell sources are */
     if (r && json_is_string(cells))
         json_object_set(r, "cells_dir", cells);
+    /* What the worker must know of values that lived in other workers
+     * (coherence.py: lost names it reads, notices of lost graphs). */
+    const char *homes[] = {"lost", "notices"};
+    for (size_t i = 0; r && i < sizeof homes / sizeof homes[0]; i++)
+        if (json_object_get(sync, homes[i]))
+            json_object_set(r, homes[i], json_object_get(sync, homes[i]));
     /* Fault tests (tests/routing): with LOOSELEAF_TEST_FAULTS=1 in the
      * kernel's environment, execute_request metadata "looseleaf_fault"
      * ("restore", "save", "stop_redis@restore", ...: zyg.py's _fault)
@@ -369,7 +395,37 @@ static void s_keep_usage(ll_route_t *self, json_t *stats)
     }
 }
 
-/* Events nobody waits for: prefetch answers (logged), stats, a broken pool. */
+/* A worker of this session went, WHY (PID 0: every worker, the pool went
+ * away): kept for ll_route_take_gone. */
+static void s_note_gone(ll_route_t *self, json_int_t pid, const char *why)
+{
+    if (!self->gone)
+        self->gone = json_array();
+    json_array_append_new(self->gone, json_pack("{s:I, s:s}", "pid", pid, "why", why));
+}
+
+/* The pool connection broke: every worker of the session went with it. */
+static void s_pool_went(ll_route_t *self)
+{
+    char at[16], why[64];
+    time_t now = time(NULL);
+    struct tm tm;
+    if (!localtime_r(&now, &tm) || !strftime(at, sizeof at, "%H:%M:%S", &tm))
+        snprintf(at, sizeof at, "?");
+    snprintf(why, sizeof why, "which went with the GPU pool at %s", at);
+    s_note_gone(self, 0, why);
+}
+
+json_t *ll_route_take_gone(ll_route_t *self)
+{
+    json_t *gone = self ? self->gone : NULL;
+    if (self)
+        self->gone = NULL;
+    return gone;
+}
+
+/* Events nobody waits for: prefetch answers (logged), stats, a broken pool,
+ * a worker of the session gone. */
 static void s_idle_event(ll_route_t *self, json_t *ev)
 {
     const char *type = json_string_value(json_object_get(ev, "type"));
@@ -384,6 +440,12 @@ static void s_idle_event(ll_route_t *self, json_t *ev)
                  json_is_true(json_object_get(ev, "warm_hit")));
     } else if (type && strcmp(type, "pool_gone") == 0) {
         self->prefetch_id[0] = '\0';
+        s_pool_went(self);
+    } else if (type && strcmp(type, "worker_gone") == 0) {
+        const char *session = json_string_value(json_object_get(ev, "session"));
+        const char *why = json_string_value(json_object_get(ev, "why"));
+        if (session && strcmp(session, self->store_session) == 0)
+            s_note_gone(self, json_integer_value(json_object_get(ev, "pid")), why ? why : "gone");
     }
 }
 
@@ -563,6 +625,7 @@ static void s_relay_event(s_relay_t *r, json_t *ev)
     if (!type)
         return;
     if (strcmp(type, "pool_gone") == 0) {
+        s_pool_went(r->route);
         r->content = s_error_reply("PoolGone",
                                    "the GPU pool went away while this cell ran; the session "
                                    "continues from the last committed versions of its variables",

@@ -53,6 +53,10 @@ ll_route_plan_t *ll_route_plan(ll_route_t *self, const char *code, size_t len);
 /* Whether the plan sends the cell to a worker (labelled GPU). */
 bool ll_route_is_gpu(const ll_route_plan_t *plan);
 
+/* Whether the cell of PLAN reads or deletes a name that is a key of object
+ * NAMES (the names whose values live in the session's home worker). */
+bool ll_route_plan_reads(const ll_route_plan_t *plan, const json_t *names);
+
 /* {state, writes, deletes, import_stmts, unknown} of the cell's closure (a new object), for
  * the interpreter's coherence bookkeeping; NULL when the cell did not parse.  A cell over
  * LOOSELEAF_ANALYSIS_MAX_BYTES (default 1 MiB) is not analysed at all (its plan says
@@ -107,6 +111,11 @@ void ll_route_cancel_prefetch(ll_route_t *self);
  * what to do when it is readable: drain events nobody waits for. */
 int ll_route_fd(ll_route_t *self);
 void ll_route_poll(ll_route_t *self);
+
+/* The session's workers the host pool said went since the last call, as
+ * [{pid, why}] (pid 0: every worker, the pool went away), or NULL: a new
+ * reference, which the caller owns (coherence.home_lost takes it). */
+json_t *ll_route_take_gone(ll_route_t *self);
 
 /* The pool's `stats` answer (a new object; waits up to TIMEOUT_MS for it,
  * serving other events meanwhile), NULL without a pool connection. */

@@ -78,6 +78,16 @@ typedef struct {
     unsigned long long oom_kills; /* the host's OOM kills when the job went to its worker */
 } ll_hostpool_run_t;
 
+/* A home worker that went (ll_hostpool_jobs.c, s_tell_gone): its session's
+ * next workers are told, so a cell reading what it held names why. */
+#define LL_HOSTPOOL_GONE 32
+typedef struct {
+    int client;       /* its client (-1: entry unused) */
+    char session[64]; /* its session */
+    int pid;          /* the worker */
+    char why[300];    /* "evicted for another session at 12:01:07" */
+} ll_hostpool_gone_t;
+
 typedef struct {
     ll_hostpool_config_t cfg; /* what the pool was told (read once at its start) */
     char sock[PATH_MAX + 16]; /* listening socket path */
@@ -95,8 +105,10 @@ typedef struct {
     ll_ztree_t *tree;  /* the zygote nodes and the CUDA-safety probes */
     ll_hostpool_client_t clients[LL_HOSTPOOL_MAX_CLIENTS];
     ll_hostpool_run_t runs[LL_SCHED_MAX_JOBS];
-    double idle_since; /* ms, 0 while busy */
-    bool stop;         /* SIGTERM or SIGINT came */
+    ll_hostpool_gone_t gone[LL_HOSTPOOL_GONE]; /* home workers that went, newest at gone_next - 1 */
+    int gone_next;                             /* where the next one goes (a ring) */
+    double idle_since;                         /* ms, 0 while busy */
+    bool stop;                                 /* SIGTERM or SIGINT came */
 } ll_hostpool_t;
 
 /* ---- ll_hostpool.c ---- */

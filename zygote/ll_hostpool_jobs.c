@@ -36,6 +36,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define S_EXIT_GRACE_MS 5000.0  /* an evicted worker that does not leave by then is killed */
@@ -269,6 +270,34 @@ static void s_session_end(ll_hostpool_t *pool, int i)
     ll_sched_session_close(pool->sched, i);
 }
 
+/* R's worker, the home of values of its session no store holds (zyg.py),
+ * goes (HOW: "evicted for another session", ...): its client hears it, with
+ * the time, so the kernel can name each lost variable and why.  Once. */
+static void s_tell_gone(ll_hostpool_t *pool, int r, const char *how)
+{
+    const ll_sched_job_t *j = s_job(pool, r);
+    if (j->worker.home <= 0 || j->client < 0 || pool->runs[r].worker.pid <= 0)
+        return;
+    char at[16], why[300];
+    time_t now = time(NULL);
+    struct tm tm;
+    if (!localtime_r(&now, &tm) || !strftime(at, sizeof at, "%H:%M:%S", &tm))
+        snprintf(at, sizeof at, "?");
+    snprintf(why, sizeof why, "%s at %s", how, at);
+    ll_info("pool", "worker %d, home of session %s: %s", (int) pool->runs[r].worker.pid,
+            j->session ? j->session : "?", why);
+    ll_hostpool_gone_t *g = &pool->gone[pool->gone_next++ % LL_HOSTPOOL_GONE];
+    g->client = j->client;
+    snprintf(g->session, sizeof g->session, "%s", j->session ? j->session : "");
+    g->pid = (int) pool->runs[r].worker.pid;
+    snprintf(g->why, sizeof g->why, "%s", why);
+    ll_hostpool_send(pool, j->client,
+                     json_pack("{s:s, s:i, s:s, s:s}", "type", "worker_gone", "pid",
+                               (int) pool->runs[r].worker.pid, "session",
+                               j->session ? j->session : "", "why", why));
+    ll_sched_set_home(pool->sched, r, 0);
+}
+
 /* The processes the kernel's OOM killer has ended on this host so far
  * (/proc/vmstat; 0 when unknown).  A worker killed by SIGKILL while this
  * moved was, in all likelihood, one of them: another process of the host
@@ -319,6 +348,11 @@ static void s_finish_dead(ll_hostpool_t *pool, int r)
          * and gets a fresh worker, as if the pool had seen the death first. */
         ll_warn("pool", "%s %s: warm worker %d was gone before it took the job: forking anew",
                 s_is_prefetch(pool, r) ? "prefetch" : "cell", run->id, (int) run->worker.pid);
+        int hst = run->worker.status;
+        snprintf(why, sizeof why, "which died (%s %d)",
+                 WIFSIGNALED(hst) ? "killed by signal" : "exit status",
+                 WIFSIGNALED(hst) ? WTERMSIG(hst) : WEXITSTATUS(hst));
+        s_tell_gone(pool, r, why);
         s_requeue(pool, r);
         return;
     }
@@ -328,23 +362,31 @@ static void s_finish_dead(ll_hostpool_t *pool, int r)
         !s_idle_worker(pool, r)) {
         /* It died preparing the cell (fork, imports, restore), before any
          * of the cell's code ran: a restore changes nothing, so the cell
-         * gets one fresh worker more before it fails. */
+         * gets one fresh worker more before it fails (what it was the home
+         * of is gone, though). */
         ll_warn("pool",
                 "cell %s: worker %d died (%s %d%s) before the cell ran: once more on a "
                 "fresh worker",
                 run->id, (int) run->worker.pid, WIFSIGNALED(st) ? "signal" : "status",
                 WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st), oom ? ", out of memory" : "");
+        s_tell_gone(pool, r, "which died preparing a cell");
         run->retries++;
         s_requeue(pool, r);
         return;
     }
     if (s_idle_worker(pool, r)) {
-        /* A warm worker gone: its last save committed, nothing is lost. */
-        if (j->state == LL_SCHED_WARM)
+        /* A warm worker gone: its last save committed, nothing is lost but
+         * what it was the home of. */
+        if (j->state == LL_SCHED_WARM) {
             ll_warn(
                 "pool",
                 "warm worker %d of session %s died (status %d): the session's next cell forks anew",
                 (int) run->worker.pid, j->session ? j->session : "?", run->worker.status);
+            snprintf(why, sizeof why, "which died (%s %d)",
+                     WIFSIGNALED(st) ? "killed by signal" : "exit status",
+                     WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+            s_tell_gone(pool, r, why);
+        }
         s_drop_worker(pool, r);
         ll_hostpool_schedule(pool);
         return;
@@ -380,6 +422,7 @@ static void s_finish_dead(ll_hostpool_t *pool, int r)
                  "continues from the last committed versions of its variables",
                  (int) run->worker.pid, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
     ll_warn("pool", "cell %s: %s", run->id, why);
+    s_tell_gone(pool, r, "which died running a cell");
     s_reply_error(pool, r, run->cancelled ? "Cancelled" : "WorkerDied", why);
     s_drop_worker(pool, r);
     ll_hostpool_schedule(pool);
@@ -422,7 +465,27 @@ static void s_job_device(ll_hostpool_t *pool, json_t *job, int slot)
     json_object_set_new(job, "mem_fraction", f > 0 ? json_real(f) : json_null());
 }
 
-/* The job frame for R's worker: the request plus where it runs. */
+/* The home workers of R's session that went, as {pid: why} (NULL: none). */
+static json_t *s_gone_of(ll_hostpool_t *pool, int r)
+{
+    const ll_sched_job_t *j = s_job(pool, r);
+    json_t *out = NULL;
+    for (int i = 0; i < LL_HOSTPOOL_GONE && i < pool->gone_next; i++) {
+        const ll_hostpool_gone_t *g = &pool->gone[i];
+        if (g->client != j->client || !j->session || strcmp(g->session, j->session) != 0)
+            continue;
+        char pid[16];
+        snprintf(pid, sizeof pid, "%d", g->pid);
+        if (!out)
+            out = json_object();
+        json_object_set_new(out, pid, json_string(g->why));
+    }
+    return out;
+}
+
+/* The job frame for R's worker: the request plus where it runs, and the
+ * session's home workers that went (a cell reading what they held names
+ * why: zyg.py). */
 static json_t *s_job_frame(ll_hostpool_t *pool, int r, int slot)
 {
     ll_hostpool_run_t *run = &pool->runs[r];
@@ -430,6 +493,9 @@ static json_t *s_job_frame(ll_hostpool_t *pool, int r, int slot)
     run->began = false;
     json_t *job = json_deep_copy(run->req);
     s_job_device(pool, job, slot);
+    json_t *gone = s_gone_of(pool, r);
+    if (gone)
+        json_object_set_new(job, "gone_workers", gone);
     json_object_set_new(job, "slot", json_integer(slot));
     json_object_set_new(job, "client", json_integer(s_job(pool, r)->client));
     json_object_set_new(job, "wait_ms", json_real(run->wait_ms));
@@ -551,6 +617,7 @@ static void s_evict_for(ll_hostpool_t *pool, const ll_sched_decision_t *d)
     else
         snprintf(why, sizeof why, "slot pressure: prefetch %.80s of session %.40s%s",
                  pool->runs[d->r].id, j->session, d->credit ? " (its credit)" : "");
+    s_tell_gone(pool, d->w, "evicted for another session");
     s_worker_leaves(pool, d->w, why, d->l, true);
     if (d->restage)
         s_restage(pool, d->w); /* its session keeps a prepared worker, without a slot */
@@ -853,6 +920,9 @@ void ll_hostpool_client_frame(ll_hostpool_t *pool, int c, json_t *m)
 
 void ll_hostpool_client_left(ll_hostpool_t *pool, int c)
 {
+    for (int i = 0; i < LL_HOSTPOOL_GONE; i++)
+        if (pool->gone[i].client == c)
+            pool->gone[i].client = -1; /* its slot may go to a new client */
     for (int r = 0; r < LL_SCHED_MAX_JOBS; r++) {
         const ll_sched_job_t *j = s_job(pool, r);
         if (!j->state || j->client != c)
@@ -970,11 +1040,14 @@ static void s_worker_prepared(ll_hostpool_t *pool, int r, json_t *m)
     json_object_set_new(ev, "zygote_node", json_integer(run->worker.node_id));
     json_object_set_new(ev, "wait_ms", json_real(run->wait_ms));
     double held_bytes = json_is_number(held) ? json_number_value(held) : -1;
+    ll_sched_set_home(pool->sched, r, (int) json_object_size(json_object_get(ev, "home")));
     s_answer_prefetch(pool, r, ev);
-    if (ll_sched_prepared(pool->sched, r, may_stay, changed, held_bytes, ll_clock_ms()))
+    if (ll_sched_prepared(pool->sched, r, may_stay, changed, held_bytes, ll_clock_ms())) {
         s_warm(pool, r);
-    else
+    } else {
+        s_tell_gone(pool, r, "which could not stay");
         s_let_go(pool, r); /* the worker leaves by itself */
+    }
     ll_hostpool_schedule(pool);
 }
 
@@ -999,10 +1072,13 @@ static void s_worker_reply(ll_hostpool_t *pool, int r, json_t *m)
     json_object_set_new(m, "id", json_string(run->id));
     ll_hostpool_send(pool, s_job(pool, r)->client, json_incref(m));
     bool may_stay = ll && json_is_true(json_object_get(ll, "stays_warm")) && !run->cancelled;
-    if (ll_sched_replied(pool->sched, r, may_stay, held_bytes, ll_clock_ms()))
+    ll_sched_set_home(pool->sched, r, (int) json_object_size(json_object_get(ll, "home")));
+    if (ll_sched_replied(pool->sched, r, may_stay, held_bytes, ll_clock_ms())) {
         s_warm(pool, r);
-    else
+    } else {
+        s_tell_gone(pool, r, "which could not stay after its cell");
         s_let_go(pool, r); /* the worker exits by itself; its zygote reaps it */
+    }
     ll_hostpool_schedule(pool);
 }
 
@@ -1052,7 +1128,9 @@ int ll_hostpool_worker_timers(ll_hostpool_t *pool, double now, int timeout)
             }
             kill(-run->worker.pid, SIGKILL);
             left = S_GROUP_POLL_MS;
-        } else if (j->state == LL_SCHED_WARM) {
+        } else if (j->state == LL_SCHED_WARM && j->worker.home == 0) {
+            /* (A home stays while its client is there: it holds what no
+             * store can.) */
             left = j->worker.idle_since + pool->cfg.warm_idle_s * 1000.0 - now;
             if (left <= 0) {
                 s_release_worker(pool, r, "idle timeout");

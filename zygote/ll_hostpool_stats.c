@@ -33,11 +33,12 @@ static json_t *s_stats_workers(ll_hostpool_t *pool, double now)
         bool known = ll_gdsf_value(gdsf, key, &l);
         json_array_append_new(
             workers,
-            json_pack("{s:s, s:i, s:i, s:s, s:o, s:f, s:i, s:b, s:i, s:f}", "session",
+            json_pack("{s:s, s:i, s:i, s:s, s:o, s:f, s:i, s:b, s:i, s:f, s:i}", "session",
                       j->session ? j->session : "", "client", j->client, "pid", key, "state", st,
                       "L", known ? json_real(l) : json_null(), "bytes", j->worker.held_bytes,
                       "cells", j->worker.cells, "spec", j->worker.spec, "slot", j->slot, "idle_s",
-                      j->state == LL_SCHED_WARM ? (now - j->worker.idle_since) / 1000.0 : 0.0));
+                      j->state == LL_SCHED_WARM ? (now - j->worker.idle_since) / 1000.0 : 0.0,
+                      "home", j->worker.home));
     }
     return workers;
 }

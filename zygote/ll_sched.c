@@ -204,6 +204,11 @@ void ll_sched_set_worker(ll_sched_t *self, int r, int key)
     self->jobs[r].worker.key = key;
 }
 
+void ll_sched_set_home(ll_sched_t *self, int r, int names)
+{
+    self->jobs[r].worker.home = names > 0 ? names : 0;
+}
+
 void ll_sched_ready(ll_sched_t *self, int r)
 {
     ll_sched_job_t *j = &self->jobs[r];
@@ -219,7 +224,8 @@ void ll_sched_saving(ll_sched_t *self, int r)
 /* R's worker is idle now (its save committed, or a prefetch prepared it):
  * warm for its session.  CHANGED: its state changed, so GreedyDual values
  * it from the clock now.  A staged worker holds no slot: it is nobody's
- * victim (it leaves when idle, cancelled or unused). */
+ * victim (it leaves when idle, cancelled or unused).  A home is never
+ * GreedyDual's victim (s_victim falls back to it). */
 static void s_make_warm(ll_sched_t *self, int r, bool changed, double now)
 {
     ll_sched_job_t *j = &self->jobs[r];
@@ -229,7 +235,14 @@ static void s_make_warm(ll_sched_t *self, int r, bool changed, double now)
         return;
     if (changed || !ll_gdsf_value(self->gdsf, j->worker.key, NULL))
         ll_gdsf_changed(self->gdsf, j->worker.key, j->worker.held_bytes, j->worker.spec, now);
-    ll_gdsf_set_idle(self->gdsf, j->worker.key, true);
+    ll_gdsf_set_idle(self->gdsf, j->worker.key, j->worker.home == 0);
+}
+
+/* Whether R's worker may stay after its job (MAY_STAY: it and the pool's
+ * side allow it): while its client is there, as a warm worker or a home. */
+static bool s_stays(const ll_sched_t *self, const ll_sched_job_t *j, bool may_stay)
+{
+    return may_stay && (self->keep_warm || j->worker.home > 0) && j->client >= 0;
 }
 
 bool ll_sched_prepared(ll_sched_t *self, int r, bool may_stay, bool changed, double held_bytes,
@@ -238,7 +251,7 @@ bool ll_sched_prepared(ll_sched_t *self, int r, bool may_stay, bool changed, dou
     ll_sched_job_t *j = &self->jobs[r];
     if (held_bytes >= 0)
         j->worker.held_bytes = held_bytes;
-    if (!(may_stay && self->keep_warm && j->client >= 0))
+    if (!s_stays(self, j, may_stay))
         return false;
     s_make_warm(self, r, changed, now);
     ll_gdsf_prepared(self->gdsf, j->worker.key, true, now); /* for the session's coming cell */
@@ -253,7 +266,7 @@ bool ll_sched_replied(ll_sched_t *self, int r, bool may_stay, double held_bytes,
     int si = ll_sched_session_find(self, j->client, j->session);
     if (si >= 0)
         self->sessions[si].credit = 1; /* a cell ran: its next prefetch may take a slot */
-    if (!(may_stay && self->keep_warm && j->client >= 0))
+    if (!s_stays(self, j, may_stay))
         return false;
     j->worker.cells++;
     j->worker.spec = false;
@@ -379,14 +392,27 @@ static int s_warm_for(const ll_sched_t *self, int r, bool *busy, bool *running)
     return best;
 }
 
-/* The warm entry of GreedyDual's victim at NOW, or -1. */
+/* The warm entry of GreedyDual's victim at NOW, or -1.  Homes are no
+ * GreedyDual victims: when no other warm worker holds a slot, the home
+ * whose state is oldest (smallest L) is, as the last choice. */
 static int s_victim(const ll_sched_t *self, double now)
 {
     int key = ll_gdsf_victim(self->gdsf, now);
     for (int v = 0; v < self->njobs && key >= 0; v++)
         if (self->jobs[v].state == LL_SCHED_WARM && self->jobs[v].worker.key == key)
             return v;
-    return -1;
+    int best = -1;
+    double best_l = 0;
+    for (int v = 0; v < LL_SCHED_MAX_JOBS; v++) {
+        const ll_sched_job_t *j = &self->jobs[v];
+        double l = 0;
+        if (j->state != LL_SCHED_WARM || j->worker.home == 0 || j->slot < 0 || j->worker.gone ||
+            !ll_gdsf_value(self->gdsf, j->worker.key, &l))
+            continue;
+        if (best < 0 || l < best_l)
+            best = v, best_l = l;
+    }
+    return best;
 }
 
 /* ------------------------------------------------------------------ */
@@ -1050,10 +1076,74 @@ static int s_test_sessions(bool verbose)
     return fails;
 }
 
+/* Homes: a worker holding values no store can hold stays where workers do
+ * not stay warm, is no prefetch's victim, and a cell's only when no other
+ * warm worker is left. */
+static int s_test_homes(bool verbose)
+{
+    int fails = 0;
+    ll_sched_decision_t d[8];
+    int n;
+    /* Without warm workers, only a home stays. */
+    ll_sched_t *s = ll_sched_new(2, 0, 10000.0, false);
+    S_CHECK(s && ll_sched_session_open(s, 0, "a") >= 0 && ll_sched_session_open(s, 1, "b") >= 0);
+    int a1 = ll_sched_add(s, 0, "a", LL_SCHED_CELL, 0, 1);
+    int b1 = ll_sched_add(s, 1, "b", LL_SCHED_CELL, 0, 1);
+    n = s_test_pass(s, 2, true, d, 8);
+    S_CHECK(n == 2 && d[0].op == LL_SCHED_FORK && d[1].op == LL_SCHED_FORK);
+    ll_sched_set_home(s, a1, 2);
+    S_CHECK(s_test_cell_done(s, a1, 201, 10, 3) && ll_sched_job(s, a1)->state == LL_SCHED_WARM);
+    S_CHECK(!s_test_cell_done(s, b1, 202, 10, 3));
+    ll_sched_drop(s, b1, 3);
+    /* The session's next cell is a hit on its home. */
+    int a2 = ll_sched_add(s, 0, "a", LL_SCHED_CELL, 0, 4);
+    n = s_test_pass(s, 5, true, d, 8);
+    S_CHECK(n == 1 && d[0].op == LL_SCHED_HAND && d[0].r == a2 &&
+            ll_sched_job(s, a2)->worker.home == 2);
+    ll_sched_set_home(s, a2, 0); /* its cell rebound the names: no home any more */
+    S_CHECK(!ll_sched_replied(s, a2, true, 10, 6));
+    ll_sched_destroy(&s);
+
+    /* Warm workers: the home (older state, smaller L) goes last. */
+    s = ll_sched_new(2, 4, 10000.0, true);
+    S_CHECK(s && ll_sched_session_open(s, 0, "a") >= 0 && ll_sched_session_open(s, 1, "b") >= 0 &&
+            ll_sched_session_open(s, 2, "c") >= 0 && ll_sched_session_open(s, 3, "d") >= 0);
+    a1 = ll_sched_add(s, 0, "a", LL_SCHED_CELL, 0, 1);
+    b1 = ll_sched_add(s, 1, "b", LL_SCHED_CELL, 0, 1);
+    S_CHECK(s_test_pass(s, 2, true, d, 8) == 2);
+    ll_sched_set_home(s, a1, 1);
+    S_CHECK(s_test_cell_done(s, a1, 301, 10, 3));   /* L 10 */
+    S_CHECK(s_test_cell_done(s, b1, 302, 5000, 4)); /* L 5000 */
+    int c1 = ll_sched_add(s, 2, "c", LL_SCHED_CELL, 0, 5);
+    n = s_test_pass(s, 6, true, d, 8);
+    S_CHECK(n == 2 && d[0].op == LL_SCHED_EVICT && d[0].r == c1 && d[0].w == b1);
+    S_CHECK(d[1].op == LL_SCHED_WAIT && d[1].r == c1);
+    ll_sched_drop(s, b1, 7); /* gone */
+    n = s_test_pass(s, 7, true, d, 8);
+    S_CHECK(n == 1 && d[0].op == LL_SCHED_FORK && d[0].r == c1 && d[0].slot == 1);
+    S_CHECK(s_test_cell_done(s, c1, 303, 100, 8));
+    /* A prefetch evicts no home: with c's worker busy (its next cell) it is staged. */
+    int c2 = ll_sched_add(s, 2, "c", LL_SCHED_CELL, 0, 8.5);
+    n = s_test_pass(s, 8.5, true, d, 8);
+    S_CHECK(n == 1 && d[0].op == LL_SCHED_HAND && d[0].r == c2);
+    ll_sched_ready(s, c2);
+    int d1 = ll_sched_add(s, 3, "d", LL_SCHED_PREFETCH, 1e12, 9);
+    n = s_test_pass(s, 10, true, d, 8);
+    S_CHECK(n == 1 && d[0].op == LL_SCHED_FORK && d[0].r == d1 && d[0].slot == -1);
+    S_CHECK(s_test_prepared(s, d1, 304, 10, 10.5) && ll_sched_job(s, d1)->slot == -1);
+    /* A cell, when only the home is left, evicts it. */
+    int d2 = ll_sched_add(s, 3, "d", LL_SCHED_CELL, 0, 11);
+    n = s_test_pass(s, 12, true, d, 8);
+    S_CHECK(n >= 1 && d[0].op == LL_SCHED_EVICT && d[0].r == d2 && d[0].w == a1);
+    ll_sched_destroy(&s);
+    return fails;
+}
+
 int ll_sched_selftest(bool verbose)
 {
     int fails = s_test_cells(verbose) + s_test_fork_failed(verbose) + s_test_credit(verbose) +
-                s_test_staged(verbose) + s_test_promotion(verbose) + s_test_sessions(verbose);
+                s_test_staged(verbose) + s_test_promotion(verbose) + s_test_sessions(verbose) +
+                s_test_homes(verbose);
     if (verbose)
         fprintf(stderr, "ll_sched: %s\n", fails ? "FAILED" : "ok");
     return fails ? 1 : 0;

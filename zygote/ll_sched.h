@@ -35,6 +35,11 @@
  * - a restage (a prefetch the pool makes itself when it evicts a worker
  *   under pressure while its client is connected): staged or nothing,
  *   never a slot.
+ * A worker that is its session's home (it holds values no store can hold,
+ * ll_sched_set_home) stays after its job even where workers do not stay
+ * warm, is no prefetch's victim and a cell's victim only when no other
+ * warm worker is left (then the one of smallest L), and leaves on no idle
+ * timeout (the pool's timers ask ll_sched_job's worker.home).
  * Each decision is applied to the schedule before ll_sched_next returns it,
  * but for the dropping of a skipped or dropped job, which the caller does
  * once it answered; the caller then does what it says (fork, hand over,
@@ -90,6 +95,7 @@ typedef struct {
         int cells;         /* cells it ran */
         double held_bytes; /* bytes of state it holds (its last report) */
         double idle_since; /* ms, when it last became warm */
+        int home; /* names it is its session's home for (its last report): kept, evicted last */
     } worker;
 } ll_sched_job_t;
 
@@ -151,6 +157,10 @@ int ll_sched_session_open(ll_sched_t *self, int client, const char *name);
 
 /* R's worker is pid KEY (known from the zygote or the worker). */
 void ll_sched_set_worker(ll_sched_t *self, int r, int key);
+
+/* R's worker reports being its session's home for NAMES names (0: none),
+ * before ll_sched_prepared / ll_sched_replied. */
+void ll_sched_set_home(ll_sched_t *self, int r, int names);
 
 /* R's worker said ready: a cell runs (RUNNING), a prefetch prepares
  * (PREPARING). */

@@ -333,16 +333,20 @@ static void s_merge_looseleaf(json_t *md, const char *report_json)
 }
 
 /* Whether the worker may stay warm after a cell whose save report is FIN
- * (NULL: the save did not run): only when its namespace is exactly what the
- * store committed (a failed commit or a variable that could not be saved
- * leaves values the store does not have; the caller checks that the
- * preparation did not fail). */
-static bool s_can_stay(const char *fin)
+ * (NULL: the save did not run), when the pool keeps warm workers
+ * (KEEP_WARM): only when its namespace is exactly what the store committed
+ * (a failed commit or a variable that could not be saved leaves values the
+ * store does not have; the caller checks that the preparation did not
+ * fail).  A worker that is the session's home for values no store can hold
+ * (FIN's "home", zyg.py) stays whatever the pool's setting, unless its
+ * commit failed: leaving would lose them. */
+static bool s_can_stay(const char *fin, bool keep_warm)
 {
     json_error_t jerr;
     json_t *f = fin ? json_loads(fin, 0, &jerr) : NULL;
+    bool home = json_object_size(json_object_get(f, "home")) > 0;
     bool ok = json_is_object(f) && !json_object_get(f, "save_error") &&
-              !json_object_get(f, "save_failed");
+              (home || (keep_warm && !json_object_get(f, "save_failed")));
     json_decref(f);
     return ok;
 }
@@ -421,7 +425,7 @@ static bool s_worker_cell(json_t *job, double fork_ms, bool warm, bool prefetche
         fflush(NULL);
         ll_fdcap_sync(cap);
     }
-    bool stay = json_is_true(json_object_get(job, "keep_warm")) && !fatal && s_can_stay(fin);
+    bool stay = !fatal && s_can_stay(fin, json_is_true(json_object_get(job, "keep_warm")));
     json_t *reply_j = reply ? json_loads(reply, 0, &jerr) : NULL;
     json_t *md = md_text ? json_loads(md_text, 0, &jerr) : NULL;
     if (!json_is_object(md)) {
@@ -842,11 +846,17 @@ int ll_zygote_selftest(bool verbose)
     hj = s_head_json("");
     S_CHECK(hj && strcmp(hj, "[]") == 0);
     free(hj);
-    /* A worker stays warm only when its save committed everything. */
-    S_CHECK(s_can_stay("{}") && s_can_stay("{\"saved\": [\"x\"]}"));
-    S_CHECK(!s_can_stay(NULL) && !s_can_stay("not json") && !s_can_stay("[]"));
-    S_CHECK(!s_can_stay("{\"save_error\": \"redis down\"}"));
-    S_CHECK(!s_can_stay("{\"save_failed\": {\"f\": \"cannot pickle\"}}"));
+    /* A worker stays warm only when its save committed everything ... */
+    S_CHECK(s_can_stay("{}", true) && s_can_stay("{\"saved\": [\"x\"]}", true));
+    S_CHECK(!s_can_stay(NULL, true) && !s_can_stay("not json", true) && !s_can_stay("[]", true));
+    S_CHECK(!s_can_stay("{\"save_error\": \"redis down\"}", true));
+    S_CHECK(!s_can_stay("{\"save_failed\": {\"f\": \"cannot pickle\"}}", true));
+    S_CHECK(!s_can_stay("{}", false) && !s_can_stay("{\"home\": {}}", false));
+    /* ... but the home of values no store holds stays, warm workers or not. */
+    const char *home =
+        "{\"home\": {\"it\": {\"pid\": 7, \"kind\": \"held\"}}, \"save_failed\": {}}";
+    S_CHECK(s_can_stay(home, false) && s_can_stay(home, true));
+    S_CHECK(!s_can_stay("{\"home\": {\"it\": {}}, \"save_error\": \"x\"}", false));
     /* Reports merge into metadata.looseleaf, whatever was there stays. */
     json_t *md = json_object();
     s_merge_looseleaf(md, "{\"restore_ms\": 3}");

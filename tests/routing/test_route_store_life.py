@@ -1,7 +1,8 @@
 """The kernel's checkpoint store over its life (coherence.py): opened at the first GPU cell in a private 0700
 directory with its own redis-server, deleted at shutdown; when its kernel dies without shutting down, the
-redis-server dies with it and the next kernel sweeps the directory.  And the rule that a GPU cell binding a value no store can hold (a generator, an open
-file) runs in the kernel, where the value lives on for later cells, with the one-line notice."""
+redis-server dies with it and the next kernel sweeps the directory.  And the rule that a value a GPU cell binds
+that no store can hold (a generator, an open file) lives on in the worker that made it, the session's home for
+it, where later cells reading it run."""
 import glob
 import os
 import signal
@@ -81,23 +82,21 @@ def test_next_kernel_sweeps_the_store_of_a_killed_kernel(jupyter_env):
         k1.stop()
 
 
-def test_gpu_cell_binding_a_generator_runs_in_the_kernel(jupyter_env):
+def test_gpu_cell_binding_a_generator_keeps_it_on_its_worker(jupyter_env):
     k = Kernel("looseleaf")
     try:
         run_route(k, "import torch\ngx = torch.arange(8.)", "gpu")
-        reply, msgs = execute(k, "gen = (gx[i:i + 2] for i in range(0, 8, 2))\nprint(next(gen).tolist())")
+        reply, msgs = run_route(k, "gen = (gx[i:i + 2] for i in range(0, 8, 2))\nprint(next(gen).tolist())", "gpu")
         md = ll_md(reply)
-        assert reply["content"]["status"] == "ok" and md["label"] == "gpu" and md["route"] == "cpu", md
-        assert "'gen' will hold a generator" in md["fallback"], md
-        err = stream_text(msgs, "stderr")
-        assert err.startswith("LooseLeaf: 'gen' will hold a generator") and err.count("\n") == 1, err
-        assert stream_text(msgs) == "[0.0, 1.0]\n"
-        # Later GPU-labelled cells needing it run where it lives, and it kept its position.
-        reply, msgs = execute(k, "print(next(gen).tolist(), gx.sum().item())")
-        md = ll_md(reply)
-        assert md["route"] == "cpu" and "'gen' cannot be saved" in md["fallback"], md
-        assert stream_text(msgs) == "[2.0, 3.0] 28.0\n"
-        # A GPU cell that does not need it still runs on a worker.
-        run_route(k, "gy = gx * 2\nprint(gy[1].item())", "gpu")
+        home = md["worker_pid"]
+        assert md["home"]["gen"] == {"pid": home, "kind": "held", "what": "a generator"}, md
+        assert md["stays_warm"] is True and "save_failed" not in md, md
+        assert stream_text(msgs, "stderr") == "" and stream_text(msgs) == "[0.0, 1.0]\n"
+        # Later cells needing it run where it lives, and it kept its position.
+        reply, msgs = run_route(k, "print(next(gen).tolist(), gx.sum().item())", "gpu")
+        assert ll_md(reply)["worker_pid"] == home and stream_text(msgs) == "[2.0, 3.0] 28.0\n"
+        # A GPU cell that does not need it runs on the session's worker too (it is warm).
+        reply, msgs = run_route(k, "gy = gx * 2\nprint(gy[1].item())", "gpu")
+        assert ll_md(reply)["worker_pid"] == home and stream_text(msgs) == "2.0\n"
     finally:
         k.stop()

@@ -284,15 +284,21 @@ def test_idle_timeout_and_client_exit_end_warm_workers_and_log_gpu_seconds(env):
     assert "s connected (" in line and "%)" in line, line
 
 
-def test_a_worker_whose_namespace_differs_from_the_store_does_not_stay(env):
-    # A generator cannot be saved: the worker's namespace would hold what the store does not, so it leaves.
+def test_a_worker_holding_what_no_store_holds_stays_as_its_home(env):
+    # A generator cannot be saved: its worker keeps it (a HomeRef stands for it in the store) and stays, the
+    # session's home for it; its next cell finds it there (a pool without warm workers keeps a home too:
+    # tests/routing/test_route_fidelity.py).
     c = env.client(extra=WARM)
-    r = c.run("g", "gen = (i for i in range(3))\nok = 1", defines=["gen", "ok"])
-    assert r.ll["stays_warm"] is False and "gen" in r.ll["save_failed"], r.ll
-    wait_for(lambda: not pid_alive(r.ll["worker_pid"]), 10, "the worker to leave")
-    r2 = c.run("h", "print(ok, 'gen' in dir())", state_closure=["ok"])
-    assert r2.stdout == "1 False\n" and not r2.ll["warm_hit"], r2.events
-    assert r2.ll["stays_warm"] is True
+    r = c.run("g", "gen = (i for i in range(3))\nok = 1\nprint(next(gen))", defines=["gen", "ok"])
+    assert r.ll["stays_warm"] is True and "save_failed" not in r.ll, r.ll
+    assert r.ll["home"]["gen"]["kind"] == "held" and r.ll["home"]["gen"]["pid"] == r.ll["worker_pid"]
+    r2 = c.run("h", "print(ok, next(gen))", state_closure=["ok", "gen"])
+    assert r2.stdout == "1 1\n" and r2.ll["warm_hit"], r2.events
+    w = [x for x in c.stats()["workers"] if x["pid"] == r.ll["worker_pid"]]
+    assert w and w[0]["home"] == 1, w
+    # Bound again to what a store holds: no home any more.
+    r3 = c.run("i", "gen = 5", defines=["gen"])
+    assert r3.ll["home"] == {} and r3.ll["stays_warm"] is True, r3.ll
 
 
 def test_repeated_prefetches_cannot_keep_a_worker_against_an_honest_session(env):

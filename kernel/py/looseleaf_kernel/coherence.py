@@ -8,8 +8,15 @@ only through the store, lazily, and this object keeps the two sides coherent:
   store's.  That is the analysis' writes, deletes and state closure (a method call can change an object in
   place without the analysis seeing it) plus whatever the namespace shows rebound or deleted.
 * Before a GPU cell the dirty names reach the store in one commit (all of them, so that the store knows
-  what they share with the cell's closure), with the process state (cwd, env, sys.path, RNGs, torch dtype / grad mode; looseleaf_store.procstate).  A closure name
-  that cannot be saved makes the gateway run the cell here instead, with a one-line notice.
+  what they share with the cell's closure), with the process state (cwd, env, sys.path, RNGs, torch dtype /
+  grad mode; looseleaf_store.procstate) and the globals of the user's own modules (looseleaf_store.usermods).
+  A closure name that cannot be saved (made here, it lives here) makes the gateway run the cell here
+  instead, with a one-line notice.
+* Homes (issue 13, item 1).  A value a worker made that cannot be saved stays in that worker, which is the
+  session's home for it (and for values whose autograd graph it holds, and what they share objects with):
+  `home` maps those names to the worker, and the gateway sends every cell reading one there.  When the
+  worker goes, its held names are `lost` (reading one raises LostVariable naming why), a graph name comes
+  back without its graph (a notice says so when a cell next reads it).
 * After a GPU cell the names its worker deleted leave the namespace; the ones it saved are no longer
   dirty (the store's copy is now the newer one) and the cell enters IPython's history and counter.
 * Before a CPU cell, closure names whose store version moved (a worker changed them) are restored (payloads
@@ -24,12 +31,12 @@ Runs on the interpreter thread, inside request handling; not thread-safe.
 import ast
 import contextlib
 import glob
-import inspect
 import logging
 import os
 import pickle
 import re
 import shutil
+import sys
 import tempfile
 import time
 import types
@@ -103,28 +110,6 @@ def _cell_error(kind, why):
     return {"error": {"ename": kind, "evalue": why}}
 
 
-# Calls whose result can never be checkpointed (dotted name as written in the cell -> what it makes).
-_UNSAVEABLE_CALLS = {
-    "open": "an open file", "io.open": "an open file", "socket.socket": "a socket",
-    "socket.create_connection": "a socket", "subprocess.Popen": "a process handle",
-    "sqlite3.connect": "a database connection", "tempfile.TemporaryFile": "an open file",
-    "tempfile.NamedTemporaryFile": "an open file", "threading.Thread": "a thread", "threading.Lock": "a lock",
-    "threading.RLock": "a lock", "threading.Condition": "a lock", "threading.Semaphore": "a lock",
-    "threading.Event": "a lock",
-}
-
-
-def _dotted(node):
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    parts.append(node.id)
-    return ".".join(reversed(parts))
-
-
 _OWNER = "owner"  # in a store dir: "<kernel pid> <session> <its start time>", for _sweep
 
 
@@ -148,6 +133,11 @@ def _state_blob(st):
         return pickle.dumps(st, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:  # noqa: BLE001 - then it is simply saved every time
         return None
+
+
+def _usermods():
+    from looseleaf_store import usermods
+    return usermods
 
 
 def _sweep(base):
@@ -211,6 +201,13 @@ class Coherence:
         # GPU cells' results not yet in the output history: [(execution count, "_N")], oldest first.
         self._pending_out = []
         self._ps_moved = False
+        # Homes (issue 13, item 1): {name: {pid, kind: held | graph | tied, what}} of names whose live value
+        # is in a worker; {name: message} of held names whose worker is gone; {name: message} of graph
+        # names whose worker is gone, told once to the next cell that reads them.
+        self.home = {}
+        self.lost = {}
+        self.graph_lost = {}
+        self._mods_dirty = False  # a CPU cell ran since the user modules' globals were last committed
         self._seen_version = 0  # the newest commit this process saw in the store (_lost_data)
         self._lost = None  # what _lost_data found, until a GPU cell's Run says so
 
@@ -223,11 +220,13 @@ class Coherence:
         return visible(self.shell)
 
     def _saveable(self, names):
-        """NAMES without modules (import statements bring those back) and IPython's own names."""
+        """NAMES without modules (import statements bring those back; a user's own module bound by an
+        assignment, `m = importlib.reload(m)`, is saved: by reference) and IPython's own names."""
         ns = self.shell.user_ns
         hidden = set(getattr(self.shell, "user_ns_hidden", {})) | _HIDDEN
+        usermods = _usermods()
         return sorted(n for n in names if isinstance(n, str) and n not in hidden and
-                      not isinstance(ns.get(n), types.ModuleType))
+                      (not isinstance(ns.get(n), types.ModuleType) or usermods.is_user_module(ns[n])))
 
     # ---- the store -----------------------------------------------------------------------------------
     def _open(self):
@@ -319,11 +318,13 @@ class Coherence:
                 log.warning("process state not fully applied: %s", problems)
             self._ps_blob = _state_blob(procstate.capture())
 
-    def _push(self, names):
+    def _push(self, names, modules=True):
         """Save NAMES with this process's state in one commit (procstate.save_with, remembering what was
-        saved so _pull_procstate knows it)."""
+        saved so _pull_procstate knows it), and when MODULES the user modules' globals if code run here may
+        have changed them."""
         procstate = self._procstate()
         ns = self.shell.user_ns
+        names = list(names) + (self._module_entries() if modules else [])
         st = procstate.capture()
         blob = _state_blob(st)
         if not names and blob is not None and blob == self._ps_blob:
@@ -339,6 +340,8 @@ class Coherence:
         if procstate.NAME in rep.saved or procstate.NAME in rep.unchanged:
             self._ps = st
             self._ps_blob = blob
+        if not rep.error and modules:
+            self._mods_dirty = False
         if rep.saved:
             self._seen_version = max(self._seen_version, max(rep.saved.values()))
         return rep
@@ -385,7 +388,12 @@ class Coherence:
         if load_index is not None:
             load_index()  # cells compiled by workers: their tracebacks read as ours
         # "unknown": a cell too big to analyse: it may read any variable.
-        out = self._refresh(None if plan.get("unknown") else plan.get("state") or [])
+        state = plan.get("state") or []
+        out = self._refresh(None if plan.get("unknown") else state)
+        for n in state:
+            line = self.graph_lost.pop(n, None) if isinstance(n, str) else None
+            if line:
+                sys.stderr.write(line)
         self._before = self._visible()
         return out
 
@@ -416,13 +424,15 @@ class Coherence:
                 if self._moved is None:
                     held = self.cp.held()
                     self._moved = {n for n, v in self.cp.versions().items() if held.get(n) != v}
+                self._pull_modules()
                 if not self._moved:
                     names = []  # nothing moved: nothing is stale (the common case, with no round trip)
                 elif names is None:  # what this process holds, and what workers made or deleted since
                     names = sorted((set(self.cp.held()) | self._moved) - {self._procstate().NAME})
-                names = self._stale([n for n in names if n not in self.dirty])
+                names = self._stale([n for n in names if n not in self.dirty and not _usermods().is_entry(n)])
                 if names:
                     rep = self.cp.restore(self._saveable(names), protect=sorted(self.dirty))
+                    self._unbind_homerefs(rep.restored)
                     self._moved.difference_update(n for n in names if n not in rep.failed)
                     self._moved.difference_update(rep.restored)
                     if rep.failed:
@@ -473,58 +483,26 @@ class Coherence:
         try:
             yield
         finally:
-            self.dirty.update(self._saveable(self._rebound_since(before)))
+            bound = self._rebound_since(before)
+            self._mark_dirty(bound)
+            self._mods_dirty = True
+            self._rebound_here(bound)
 
     def after_cpu(self, plan):
-        """Mark what the CPU cell may have changed as dirty."""
+        """Mark what the CPU cell may have changed as dirty.  Returns what metadata.looseleaf adds: the
+        session's homes when the cell rebound a name a worker held."""
         before, self._before = self._before, None
         if before is None:
-            return
-        changed = self._rebound_since(before)
+            return {}
+        bound = self._rebound_since(before)  # what the namespace shows bound or deleted
+        changed = set(bound)
         for key in ("writes", "deletes", "state"):
             changed.update(n for n in plan.get(key) or [] if isinstance(n, str))
         if plan.get("unknown"):
             changed.update(self._visible())  # (an unanalysed cell may have changed anything in place)
-        self.dirty.update(self._saveable(changed))
-
-    def _will_hold_unsaveable(self, code):
-        """{name: what} for top-level assignments of CODE whose value certainly cannot be checkpointed: a
-        generator (a generator expression, or a call of a generator function of the namespace), an open
-        file, a socket, a lock, a thread, a process or database handle, an iterator over a DataLoader.  Such a
-        value would be lost with the worker that made it; made here, it lives on in the interpreter and the
-        cells that need it run here (DESIGN.md: cells that need it run where it lives)."""
-        try:
-            tree = ast.parse(self.shell.transform_cell(code))
-        except (SyntaxError, ValueError, TypeError):
-            return {}
-        ns = self.shell.user_ns
-        out = {}
-        for stmt in tree.body:
-            if isinstance(stmt, ast.Assign):
-                targets, value = stmt.targets, stmt.value
-            elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
-                targets, value = [stmt.target], stmt.value
-            else:
-                continue
-            what = None
-            if isinstance(value, ast.GeneratorExp):
-                what = "a generator"
-            elif isinstance(value, ast.Call):
-                fn = _dotted(value.func)
-                what = _UNSAVEABLE_CALLS.get(fn)
-                obj = ns.get(fn) if fn and "." not in fn else None
-                if what is None and obj is not None and (inspect.isgeneratorfunction(obj) or
-                                                         inspect.isasyncgenfunction(obj)):
-                    what = "a generator"
-                if what is None and fn in ("iter", "enumerate") and value.args and \
-                        isinstance(value.args[0], ast.Name) and \
-                        type(ns.get(value.args[0].id)).__name__ == "DataLoader":
-                    what = "an iterator over a DataLoader"
-            if what:
-                for t in targets:
-                    if isinstance(t, ast.Name):
-                        out[t.id] = what
-        return out
+        self._mark_dirty(changed)
+        self._mods_dirty = True
+        return self._rebound_here(bound)
 
     # ---- between cells --------------------------------------------------------------------------------
     def commit_idle(self):
@@ -547,7 +525,7 @@ class Coherence:
             return {"skipped": "not quick to save: %s" % ", ".join(slow[:5])}
         try:
             self._pull_procstate()  # a worker's newer state first, as before_gpu
-            rep = self._push(names)
+            rep = self._push(names, modules=False)  # (a module's globals may be slow: the Run commits them)
         except Exception as e:  # noqa: BLE001 - the Run commits instead
             log.info("idle commit failed", exc_info=True)
             return {"skipped": _reason(e)}
@@ -563,11 +541,6 @@ class Coherence:
         `fallback` (why the cell must run here instead), or `error` ({ename, evalue}: the store did not
         answer, or an interrupt came: the cell fails with that error and runs nowhere)."""
         t0 = time.perf_counter()
-        code = plan.get("code")
-        hold = self._will_hold_unsaveable(code) if isinstance(code, str) else {}
-        if hold:
-            name, what = sorted(hold.items())[0]
-            return {"fallback": "'%s' will hold %s, which cannot be saved" % (name, what), "unsaveable": hold}
         try:
             self._open()
         except Exception as e:  # noqa: BLE001 - reported; the cell runs in the interpreter
@@ -631,6 +604,7 @@ class Coherence:
         out.update({"store_dir": self.dir, "session": self.session, "redis_url": st.get("redis_url") or "",
                     "execution_count": self.shell.execution_count,
                     "cells_dir": self.shell.compile.session_dir()})
+        out.update(self._for_worker(state, plan.get("prefetch")))
         if plan.get("prefetch"):
             # What a prepared worker will hold: the pool's GreedyDual weighs a speculative worker by it.
             try:
@@ -709,4 +683,144 @@ class Coherence:
             self._moved.update(n for n in saved + deleted if isinstance(n, str))
         else:
             self._moved = None
-        return {}
+        for n in (saved or []) + (deleted or []):
+            self.lost.pop(n, None)  # bound again (or deleted) by the cell
+            self.graph_lost.pop(n, None)
+        if isinstance(info.get("home"), dict):
+            self._adopt_home(info["home"], info.get("worker_pid"))
+        self._update_lost_names()
+        return {"home": self.home}
+
+    # ---- homes (issue 13, item 1) --------------------------------------------------------------------
+    def _adopt_home(self, home, pid):
+        """HOME: what the worker PID that ran the session's last cell is the home of.  A held name another
+        worker was home of, and which this one does not hold, went with that worker."""
+        for n, h in list(self.home.items()):
+            if n in home or h.get("pid") == pid:
+                continue
+            self._went(n, h, "which is gone")
+        ns = self.shell.user_ns
+        self.home = {n: h for n, h in home.items() if isinstance(n, str) and isinstance(h, dict)}
+        for n, h in self.home.items():
+            self.lost.pop(n, None)
+            self.graph_lost.pop(n, None)
+            if h.get("kind") == "held":
+                # Its live value is the worker's: an older one here must not be read or saved.
+                ns.pop(n, None)
+                self.dirty.discard(n)
+
+    def _went(self, name, h, why):
+        """Home name NAME (its entry H) lost its worker (WHY: how it went)."""
+        if h.get("kind") == "held":
+            self.lost[name] = "'%s' lived only in worker %s (%s), %s" % (name, h.get("pid"), h.get("what"), why)
+        elif h.get("kind") == "graph":
+            self.graph_lost[name] = ("LooseLeaf: '%s' lost its autograd graph: it lived in worker %s, %s; its "
+                                     "value is restored without it\n" % (name, h.get("pid"), why))
+
+    def home_lost(self, content):
+        """Workers of the session went (the host pool told: evicted, died, the pool went away):
+        content {gone: [{pid, why}]}, pid 0 for every worker.  Their held names are lost, their graph names
+        keep their saved values without the graph.  Returns {home}."""
+        for ev in content.get("gone") or []:
+            if not isinstance(ev, dict):
+                continue
+            pid, why = ev.get("pid") or 0, ev.get("why") or "which is gone"
+            for n, h in list(self.home.items()):
+                if not pid or h.get("pid") == pid:
+                    self._went(n, h, why)
+                    del self.home[n]
+            if pid:
+                # Names found lost before the pool said why (a cell reached them first).
+                mark = "worker %d" % pid
+                for table in (self.lost, self.graph_lost):
+                    for n, msg in list(table.items()):
+                        at = msg.find(mark)
+                        if at >= 0 and not msg[at + len(mark):at + len(mark) + 1].isdigit() and \
+                                "which is gone" in msg:
+                            table[n] = msg.replace("which is gone", why)
+        self._update_lost_names()
+        return {"home": self.home}
+
+    def _update_lost_names(self):
+        """The shell's {name: message} for names whose value is not here: lost ones, and held ones whose
+        home is a worker (this cell then runs here only because that worker could not take it)."""
+        ns = self.shell.user_ns
+        names = dict(self.lost)
+        for n, h in self.home.items():
+            if h.get("kind") == "held" and n not in ns:
+                names[n] = "'%s' lives only in worker %s (%s), and this cell ran in the kernel" % (
+                    n, h.get("pid"), h.get("what"))
+        self.shell.lost_names = names
+
+    def _unbind_homerefs(self, names):
+        """A HomeRef among the restored NAMES is no value: it leaves the namespace (a worker holds the value,
+        or held it)."""
+        from looseleaf_store.homes import HomeRef
+        ns = self.shell.user_ns
+        for n in names:
+            v = ns.get(n)
+            if type(v) is HomeRef:
+                ns.pop(n, None)
+                if n not in self.home and n not in self.lost:
+                    self.lost[n] = "'%s' lived only in worker %d (%s), which is gone" % (n, v.pid, v.what)
+        self._update_lost_names()
+
+    def _mark_dirty(self, names):
+        """NAMES may have changed here: dirty, but for a held or lost name this process has no value of
+        (saving it would delete the worker's value, or the record of its loss)."""
+        ns = self.shell.user_ns
+        self.dirty.update(n for n in self._saveable(names)
+                          if n in ns or (n not in self.home and n not in self.lost))
+
+    def _rebound_here(self, names):
+        """NAMES were bound or deleted by code run here: no worker is their home, none lost them.  Returns
+        {home} for metadata.looseleaf when that changed the session's homes, else {}."""
+        moved = [n for n in names if n in self.home]
+        for n in names:
+            self.home.pop(n, None)
+            self.lost.pop(n, None)
+            self.graph_lost.pop(n, None)
+        self._update_lost_names()
+        return {"home": self.home} if moved else {}
+
+    def _for_worker(self, state, prefetch):
+        """What the worker running a cell with closure STATE needs to know of homes: {lost: {name: message}}
+        of lost names it reads, and notices for the graphs they lost (told once)."""
+        out = {}
+        lost = {n: self.lost[n] for n in state if n in self.lost}
+        if lost:
+            out["lost"] = lost
+        notices = [self.graph_lost.pop(n) for n in sorted(state) if n in self.graph_lost]
+        if notices:
+            out["notices"] = notices
+        return out
+
+    # ---- user modules (issue 13, item 4) -----------------------------------------------------------------
+    def _module_entries(self):
+        """The entries of the user's modules when code run here may have changed their globals (bound in the
+        namespace, usermods.py), else []."""
+        usermods = _usermods()
+        am = getattr(getattr(self.shell, "magics_manager", None), "registry", {}).get("AutoreloadMagics")
+        reloader = getattr(am, "_reloader", None)
+        if reloader is not None and getattr(reloader, "enabled", False):
+            # %autoreload: a GPU cell reloads what changed on disk first, as a cell here would.
+            try:
+                reloader.check()
+            except Exception:  # noqa: BLE001 - as IPython's own hook: a failed reload is no error here
+                log.info("autoreload check failed", exc_info=True)
+            self._mods_dirty = True
+        if not self._mods_dirty or not usermods.user_modules():
+            return []
+        return usermods.bind_all(self.shell.user_ns)
+
+    def _pull_modules(self):
+        """Bring the globals of user modules a worker committed (their entries moved) into this process."""
+        if not self._moved:
+            return
+        entries = sorted(n for n in self._moved if _usermods().is_entry(n))
+        if not entries:
+            return
+        rep = self.cp.restore(entries)
+        if rep.failed:
+            log.warning("cannot bring user modules' globals from the store: %s", rep.failed)
+        self._moved.difference_update(n for n in entries if n not in rep.failed)

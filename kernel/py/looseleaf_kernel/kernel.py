@@ -194,6 +194,7 @@ class Kernel:
             "looseleaf_before_gpu": self.looseleaf_before_gpu,
             "looseleaf_after_gpu": self.looseleaf_after_gpu,
             "looseleaf_commit_idle": self.looseleaf_commit_idle,
+            "looseleaf_home_lost": self.looseleaf_home_lost,
         }
         self.coherence = Coherence(self.shell)
         CellCompiler.sweep()  # cell sources of kernels that were killed
@@ -426,7 +427,9 @@ class Kernel:
             self.allow_stdin = False
             self._flush_streams()
             if plan is not None and not fail:
-                self.coherence.after_cpu(plan)
+                extra = self.coherence.after_cpu(plan)
+                if route_md is not None and extra:
+                    route_md.update(extra)
 
         reply = {}
         shown = getattr(shell, "displayhook_error", None)
@@ -480,6 +483,9 @@ class Kernel:
 
     def looseleaf_commit_idle(self, content, parent):
         return dumps(self.coherence.commit_idle()), None
+
+    def looseleaf_home_lost(self, content, parent):
+        return dumps(self.coherence.home_lost(content)), None
 
     def _flush_streams(self):
         flush_streams()

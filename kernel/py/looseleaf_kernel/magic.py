@@ -1,4 +1,5 @@
-"""%looseleaf: where the session's variables live, its warm GPU workers, and the GPU time it held.
+"""%looseleaf: where the session's variables live (values only a worker holds, and values lost with one,
+included), its warm GPU workers, and the GPU time it held.
 
 Runs in the kernel's interpreter (the cell analysis knows the magic touches no variable, so a cell holding
 only it is a CPU cell).  The pool's state comes from the gateway (`_looseleaf_kernel.pool_stats()`, which
@@ -45,11 +46,19 @@ def report(kernel):
         except Exception as e:  # noqa: BLE001 - shown, not raised
             out["store_error"] = "%s: %s" % (type(e).__name__, e)
     from looseleaf_store import procstate
-    for name in sorted(set(visible) | set(committed)):
-        if name == procstate.NAME or (name.startswith("_") and name[1:].isdigit()):
+    for name in sorted(set(visible) | set(committed) | set(coh.home) | set(coh.lost)):
+        if name == procstate.NAME or name.startswith("__") or (name.startswith("_") and name[1:].isdigit()):
             continue
         v = committed.get(name)
-        if name in coh.dirty or (name in ns and v is None):
+        h = coh.home.get(name)
+        if name in coh.lost:
+            where = "lost: %s" % coh.lost[name]
+        elif h is not None and h.get("kind") == "held":
+            where = "worker %s (%s), only there: cells reading it run there" % (h.get("pid"), h.get("what"))
+        elif h is not None:
+            where = "worker %s (%s; the store has its value): cells reading it run there" % (
+                h.get("pid"), "its autograd graph" if h.get("kind") == "graph" else h.get("what"))
+        elif name in coh.dirty or (name in ns and v is None):
             where = "kernel (newer than the store)" if v is not None else "kernel only (not in the store yet)"
         elif name not in ns:
             where = "store only (made by a GPU cell)"

@@ -28,7 +28,13 @@ from traitlets import Any, CBool, Instance, Type, default
 
 from .display import LooseLeafDisplayHook, LooseLeafDisplayPublisher, flush_streams, publish
 
-__all__ = ["LooseLeafShell", "ZMQInteractiveShell", "CellCompiler", "connection_file"]
+__all__ = ["LooseLeafShell", "ZMQInteractiveShell", "CellCompiler", "connection_file", "LostVariable"]
+
+
+class LostVariable(NameError):
+    """A variable of the session whose value lived only in a process that is gone (or that this cell does
+    not run in): raised where Python would raise a bare NameError for it.  A NameError, so code that
+    catches NameError behaves as before."""
 
 
 class CellCompiler(CachingCompiler):
@@ -331,6 +337,10 @@ class LooseLeafShell(InteractiveShell):
 
     keepkernel_on_exit = None
     _last_traceback = None
+    # {name: message} of variables whose value is not in this process (issue 13, item 1): reading one
+    # raises LostVariable(message) instead of NameError.  Kept by coherence.py (the kernel) and zyg.py.
+    lost_names = {}
+    _lost_swapped = None  # (the NameError, the LostVariable shown for it) of the running cell
     displayhook_error = None  # (type, value) of an error raised formatting the cell's result
 
     def init_environment(self):
@@ -388,8 +398,29 @@ class LooseLeafShell(InteractiveShell):
 
     def run_cell(self, *args, **kwargs):
         self._last_traceback = None
+        self._lost_swapped = None
         self.displayhook_error = None
-        return super().run_cell(*args, **kwargs)
+        res = super().run_cell(*args, **kwargs)
+        swapped, self._lost_swapped = self._lost_swapped, None
+        if swapped is not None and res.error_in_exec is swapped[0]:
+            res.error_in_exec = swapped[1]  # the reply names it as the traceback does
+        return res
+
+    def showtraceback(self, exc_tuple=None, *args, **kwargs):
+        if self.lost_names:
+            try:
+                etype, value, tb = self._get_exc_info(exc_tuple)
+            except ValueError:
+                return super().showtraceback(exc_tuple, *args, **kwargs)
+            msg = self.lost_names.get(getattr(value, "name", None)) \
+                if isinstance(value, NameError) and not isinstance(value, LostVariable) else None
+            if msg:
+                lost = LostVariable(msg)
+                lost.name = value.name
+                lost.__traceback__ = tb
+                self._lost_swapped = (value, lost)
+                exc_tuple = (LostVariable, lost, tb)
+        return super().showtraceback(exc_tuple, *args, **kwargs)
 
     def _showtraceback(self, etype, evalue, stb):
         if getattr(self.displayhook, "msg", None) is not None:

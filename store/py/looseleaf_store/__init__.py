@@ -11,7 +11,9 @@ Used by the kernel's interpreter and by GPU workers:
 
 serial.py documents how variables are pickled so that sharing survives; checkpoint.py what save and
 restore guarantee; procstate.py the process state (cwd, environment, sys.path, RNG states, torch dtype and
-grad mode) saved with a session's variables; pagemap.py and wptrack.py how unchanged payloads are found without hashing them
+grad mode) saved with a session's variables; homes.py what stands in the store for a value no pickle takes
+(it stays in the process that made it); usermods.py the globals of the user's own modules, saved as entries
+of their own; pagemap.py and wptrack.py how unchanged payloads are found without hashing them
 (LL_STORE_WPTRACK=0 turns write tracking off).  `_llstore` is the C store (store/API.md): a builtin module of build/looseleaf, and
 build/py/_llstore*.so for /usr/bin/python3.
 """

@@ -42,8 +42,8 @@ import weakref
 import numpy as np
 
 from . import devsave, pagemap, wptrack
-from .serial import (NeedOwner, SaveContext, Unpickler, blob_digest, pickle_var, remember_device, split_blob,
-                     storage_key, untyped_storage)
+from .serial import (MemIndex, NeedOwner, SaveContext, Unpickler, blob_digest, pickle_var, remember_device,
+                     split_blob, storage_key, untyped_storage)
 
 _cell_counter = itertools.count(1)
 
@@ -93,8 +93,9 @@ class SaveReport:
     deleted: names removed from the store; failed: {name: reason}; added: names not asked for that were
     saved too (owners and dependents); bytes_written: payload bytes copied into the pool; payload_bytes:
     payload bytes of the saved variables; error: why the commit failed (nothing committed), else None;
-    error_kind: the store's exception behind ERROR (e.g. "StoreUnavailable", "PoolFullError"), else
-    None."""
+    standins: {name: why} saved as the stand-in save(stand_in=...) gave, their own value being unsaveable;
+    graphs: names saved (or unchanged) whose value holds autograd history, which the store does not keep;
+    error_kind: the store's exception behind ERROR (e.g. "StoreUnavailable", "PoolFullError"), else None."""
 
     def __init__(self):
         self.saved = {}
@@ -107,6 +108,8 @@ class SaveReport:
         self.error = None
         self.error_kind = None
         self.seconds = 0.0
+        self.standins = {}
+        self.graphs = []
 
     def __repr__(self):
         return ("SaveReport(saved=%r, unchanged=%d, deleted=%r, failed=%r, added=%r, bytes_written=%d, "
@@ -175,6 +178,7 @@ class Checkpointer:
         self.namespace = namespace
         self._state = {}  # name -> _VarState
         self._owner = {}  # export key -> (name, kind, index, obj), for every variable in _state
+        self._mem = MemIndex()  # CPU memory of the arrays and storages in _owner, by address
         self._graph = {}  # name -> (version, set of owner names), every committed variable of the session
         self._mapped = {}  # address -> (weakref to the mapping's ndarray, ref, nbytes)
         self._mapped_purge = 64
@@ -218,6 +222,12 @@ class Checkpointer:
         st = self._state.get(name)
         return tuple(st.prefs) if st is not None else ()
 
+    def sharing(self):
+        """(exports, refs graph), read-only: {export key: (name, kind, index, obj)} of every variable held
+        here, and {name: (version, names its stream references)} of every committed variable.  For finding
+        which variables share objects (homes.tied)."""
+        return self._owner, self._graph
+
     def forget(self, names=None):
         """Drop what this process knows of NAMES (default: all) - held versions, exported objects (which
         it keeps alive), write tracking - without touching the store; e.g. after the namespace is reset.
@@ -240,6 +250,7 @@ class Checkpointer:
         for (kind, idx), obj in state.exports.items():
             key = storage_key(obj) if kind == "p" and _is_storage(obj) else id(obj)
             self._owner[key] = (name, kind, idx, obj)
+            self._mem.add(key, obj)
 
     def _drop_exports(self, name):
         st = self._state.pop(name, None)
@@ -250,6 +261,7 @@ class Checkpointer:
             own = self._owner.get(key)
             if own is not None and own[0] == name:
                 del self._owner[key]
+                self._mem.discard(key)
 
     def _sync_graph(self):
         """Bring the refs graph of the whole session up to date (entries other processes committed)."""
@@ -306,12 +318,14 @@ class Checkpointer:
         return False
 
     # ---- save ----------------------------------------------------------------------------------------
-    def save(self, names, cell_id=None, all_or_none=False):
+    def save(self, names, cell_id=None, stand_in=None, all_or_none=False):
         """Save NAMES (absent from the namespace = delete) and whatever must go with them; one commit.
-        Returns a SaveReport; never raises for a variable that cannot be saved.  ALL_OR_NONE: a variable
-        the store cannot take (no room in the pool, Redis unavailable) fails the whole save: nothing is
-        committed and every payload this save wrote is given back (a variable that cannot be pickled is
-        still only left out).  An interrupt (KeyboardInterrupt) commits nothing either, and propagates."""
+        Returns a SaveReport; never raises for a variable that cannot be saved.  STAND_IN(name, value, why),
+        when given, is asked for an object to commit instead of a value that cannot be pickled (None: the
+        variable fails as usual); the namespace keeps the value.  ALL_OR_NONE: a variable the store cannot
+        take (no room in the pool, Redis unavailable) fails the whole save: nothing is committed and every
+        payload this save wrote is given back (a variable that cannot be pickled is still only left out).
+        An interrupt (KeyboardInterrupt) commits nothing either, and propagates."""
         t0 = time.perf_counter()
         names = _names(names)
         rep = SaveReport()
@@ -334,8 +348,8 @@ class Checkpointer:
         for _attempt in range(10000):
             order = self._stable_order(order)
             saving = set(order)
-            ctx = SaveContext(ns, self._owner, saving)
-            res, failed, need = {}, {}, None
+            ctx = SaveContext(ns, self._owner, saving, self._mem)
+            res, failed, need, standins = {}, {}, None, {}
             for n in order:
                 try:
                     pk = pickle_var(ctx, n, ns[n])
@@ -343,8 +357,19 @@ class Checkpointer:
                     need = e.name
                     break
                 except Exception as e:
-                    failed[n] = _reason(e)
-                    continue
+                    sub = stand_in(n, ns[n], _reason(e)) if stand_in is not None else None
+                    if sub is None:
+                        failed[n] = _reason(e)
+                        continue
+                    standins[n] = _reason(e)
+                    try:
+                        pk = pickle_var(ctx, n, sub)
+                    except NeedOwner as e2:
+                        need = e2.name
+                        break
+                    except Exception as e2:
+                        failed[n] = _reason(e2)
+                        continue
                 res[n] = pk
                 for key, kind, idx, obj in pk.exports:
                     ctx.cur.setdefault(key, (n, kind, idx, obj))
@@ -413,6 +438,8 @@ class Checkpointer:
             ok[n] = prefs
             st = self._state.get(n)
             gv = self._graph.get(n)
+            if pk.graph:
+                rep.graphs.append(n)
             if (st is not None and gv is not None and gv[0] == st.version and st.hash == pk.hash
                     and st.prefs == prefs and st.deps == pk.deps):
                 rep.unchanged.append(n)
@@ -421,6 +448,7 @@ class Checkpointer:
             writes[n] = (pk.blob, prefs, refs)
             pmeta[n] = [m for m, _ in pk.payloads]
         rep.failed = failed
+        rep.standins = {n: why for n, why in standins.items() if n in ok}
 
         versions = {}
         if writes or deletes:

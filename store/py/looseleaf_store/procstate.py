@@ -223,13 +223,16 @@ def cuda_started():
 _live = {}
 
 
-def restore(cp):
+def restore(cp, versions=None):
     """Bring the session's process state into the process of Checkpointer CP when its stored version moved
     (a worker before its cell): nothing to read or apply when the stored version is the one this process's
     state already is (a warm worker whose own save is the newest, or a second preparation for one cell).
-    Returns the RestoreReport and the problems of apply()."""
+    VERSIONS: the store's versions, when the caller just read them.  Returns the RestoreReport and the
+    problems of apply()."""
     mine = _live.get(id(cp))
-    if mine is not None and mine == cp.version(NAME) and cp.versions().get(NAME) == mine:
+    if versions is None and mine is not None:
+        versions = cp.versions()
+    if mine is not None and mine == cp.version(NAME) and versions.get(NAME) == mine:
         from .checkpoint import RestoreReport
         rep = RestoreReport()
         rep.skipped = [NAME]

@@ -31,6 +31,25 @@ functions and classes defined in cells go by value; small immutable values stay 
   References only ever point to variables pickled earlier in the same save (or to committed variables the
   Checkpointer pulls into the save), so the refs graph is acyclic and restore loads owners first.
 
+* Values with a state protocol.  One registry (REDUCERS, register_reducer) says how a type without usable
+  pickle support of its own is saved through its state (torch.Generator: get_state / set_state, its device
+  kept); every pickle of a variable, in the kernel and in workers, consults it.  A tensor's backward hooks
+  (a leaf's `_backward_hooks`) go with it, so `h.remove()` of a handle saved alongside still works.
+
+* Memory shared between variables.  A tensor over a numpy array's memory (`torch.from_numpy(a)`), an
+  array over a tensor's storage (`t.numpy()`) and an array over a bytearray (`np.frombuffer`) are rebuilt
+  over the memory of the object they view, which its owner exports like any shared object (MemIndex: the
+  CPU memory of arrays and storages exported so far, by address).  So they share memory after restore,
+  and saving one pulls its owner into the save (NeedOwner): a write through either name moves the version
+  of both.
+
+* Graphs.  A tensor with autograd history (grad_fn) is saved as a leaf with its data; the pickle notes it
+  (Pickled.graph) so that the process holding the live graph can keep serving it (checkpoint.py).
+
+* User modules.  A module imported from the user's own files, pickled as a variable of its own
+  (usermods.py), goes by the value of its globals, with a fingerprint of its code so that a process whose
+  copy is older reloads it.
+
 * Big structures.  A stream longer than STREAM_INLINE_MAX (a long list, an object array) is itself a
   payload (kind "x"), so Redis only ever holds small blobs and an unchanged structure costs no bytes.
 
@@ -44,12 +63,13 @@ LIMITS
   variable whose exports changed, in the same commit.
 * A numpy view shares memory with its base after restore when the base is saved too (or the view covers
   at least half of it); a small view of an array nobody saves is stored as a copy of the view.
-* Non-leaf tensors come back as leaves (autograd history is not state).  Tensor subclasses other than Parameter, sparse and quantized tensors
+* Non-leaf tensors come back as leaves (autograd history is not state; Pickled.graph says it was there).  Tensor subclasses other than Parameter, sparse and quantized tensors
   use torch's own reduce (their storages still leave the stream).
 * Objects pickle cannot handle (open files, sockets, generators, locks) fail their variable only, and
   every variable of the same save that references them.
 * Exports hold their objects alive (ids must stay unique): see checkpoint.py.
 """
+import bisect
 import enum
 import hashlib
 import io
@@ -57,6 +77,7 @@ import pickle
 import struct
 import sys
 import types
+import warnings
 import weakref
 
 import _pickle
@@ -66,6 +87,8 @@ import importlib
 import cloudpickle
 from cloudpickle.cloudpickle import _make_empty_cell, _should_pickle_by_reference
 
+# Store entries of user modules' globals (usermods.ENTRY_PREFIX; not imported: usermods is imported lazily).
+MODULE_ENTRY_PREFIX = "__looseleaf_module__."
 # cloudpickle's function and code reduces: in cloudpickle.cloudpickle since 3.0, in cloudpickle_fast before
 # (which 3.x keeps only as a deprecated alias).
 _cpf = cloudpickle.cloudpickle if hasattr(cloudpickle.cloudpickle, "_function_getstate") else \
@@ -205,13 +228,22 @@ def _reduce_tensor(t):
             and not base.is_neg():
         # A view stays a view of its base (v._base is t after restore, as in the process that made it).
         return (_rebuild_view, (base, t.storage_offset(), tuple(t.size()), tuple(t.stride())))
-    grad = t.grad if t.is_leaf else None
+    return (_rebuild_tensor, (untyped_storage(t),) + _tensor_args(t, kind))
+
+
+def _tensor_args(t, kind):
+    """What _rebuild_tensor needs of tensor T besides its storage."""
+    leaf = t.is_leaf
+    grad = t.grad if leaf else None
     state = dict(t.__dict__) if t.__dict__ else None
-    return (_rebuild_tensor, (untyped_storage(t), t.storage_offset(), tuple(t.size()), tuple(t.stride()),
-                              t.dtype, t.requires_grad, grad, kind, state))
+    # A leaf's backward hooks (the dict register_hook fills, which its handles point to); a non-leaf's hooks
+    # live in its graph.
+    hooks = t._backward_hooks if leaf and t._backward_hooks else None
+    return (t.storage_offset(), tuple(t.size()), tuple(t.stride()), t.dtype, t.requires_grad, grad, kind,
+            state, hooks)
 
 
-def _rebuild_tensor(storage, offset, size, stride, dtype, requires_grad, grad, kind, state):
+def _rebuild_tensor(storage, offset, size, stride, dtype, requires_grad, grad, kind, state, hooks=None):
     torch = sys.modules.get("torch") or __import__("torch")
     u = as_untyped(storage)
     t = torch.empty(0, dtype=dtype, device=u.device).set_(u, offset, size, stride)
@@ -223,11 +255,138 @@ def _rebuild_tensor(storage, offset, size, stride, dtype, requires_grad, grad, k
         t.grad = grad
     if state:
         t.__dict__.update(state)
+    if hooks:
+        t._backward_hooks = hooks  # registers them with autograd, as register_hook would
     return t
+
+
+def _rebuild_tensor_on_array(arr, byte_off, offset, size, stride, dtype, requires_grad, grad, kind, state,
+                             hooks=None):
+    """A CPU tensor over the memory of numpy array ARR (torch.from_numpy): its storage began BYTE_OFF bytes
+    into ARR."""
+    torch = sys.modules.get("torch") or __import__("torch")
+    np = sys.modules.get("numpy") or __import__("numpy")
+    flat = arr.reshape(-1, order="A").view(np.uint8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a read-only array: torch warns that writes are undefined
+        u = untyped_storage(torch.from_numpy(flat))
+    item = torch.empty(0, dtype=dtype).element_size()
+    return _rebuild_tensor(u, byte_off // item + offset, size, stride, dtype, requires_grad, grad, kind, state,
+                           hooks)
+
+
+def _rebuild_ndarray_on_storage(storage, byte_off, shape, strides, dtype, writeable):
+    """A numpy array over the memory of a CPU torch STORAGE (t.numpy()), BYTE_OFF bytes into it."""
+    torch = sys.modules.get("torch") or __import__("torch")
+    np = sys.modules.get("numpy") or __import__("numpy")
+    u = as_untyped(storage)
+    whole = torch.empty(0, dtype=torch.uint8, device=u.device).set_(u, 0, (u.nbytes(),), (1,)).numpy()
+    a = np.ndarray(shape, dtype, buffer=whole, offset=byte_off, strides=strides)
+    if not writeable:
+        a.flags.writeable = False
+    return a
+
+
+def _rebuild_frombuffer(obj, dtype, offset, shape, strides, writeable):
+    """A numpy array over the buffer of OBJ (np.frombuffer of a bytearray or bytes): OBJ is the same object as
+    the other names that hold it."""
+    np = sys.modules.get("numpy") or __import__("numpy")
+    a = np.ndarray(shape, dtype, buffer=obj, offset=offset, strides=strides)
+    if not writeable and a.flags.writeable:
+        a.flags.writeable = False
+    return a
 
 
 def _rebuild_view(base, offset, size, stride):
     return base.as_strided(size, stride, offset)
+
+
+# ---- values with a state protocol ---------------------------------------------------------------------
+# (type's __module__, type's __qualname__) -> reduce function (as __reduce__ returns).  A type whose own
+# pickle support is missing or unusable (varies with library versions) but which can get and set its state
+# is saved through this, in every process that saves variables.
+REDUCERS = {}
+
+
+def register_reducer(module, qualname, reduce):
+    """Save values of the type named (MODULE, QUALNAME) through REDUCE(value) -> (callable, args)."""
+    REDUCERS[(module, qualname)] = reduce
+
+
+def _reduce_torch_generator(g):
+    return (_rebuild_torch_generator, (str(g.device), g.get_state()))
+
+
+def _rebuild_torch_generator(device, state):
+    torch = sys.modules.get("torch") or __import__("torch")
+    if device.startswith("cuda") and not torch.cuda.is_initialized():
+        # The kernel (and a zygote) never initialises CUDA: such a generator is used where CUDA is.
+        raise RuntimeError("a %s generator is restored only in a process that initialised CUDA" % device)
+    g = torch.Generator(device=device)
+    g.set_state(state)
+    return g
+
+
+register_reducer("torch._C", "Generator", _reduce_torch_generator)
+register_reducer("torch", "Generator", _reduce_torch_generator)
+
+
+class MemIndex:
+    """CPU memory of exported objects (numpy arrays, torch storages), by address: which object's memory a
+    new array or tensor lies in.  Entries are (start, end, obj) keyed by an export key."""
+
+    def __init__(self):
+        self._by_key = {}
+        self._sorted = None
+
+    def __len__(self):
+        return len(self._by_key)
+
+    def add(self, key, obj):
+        r = memory_range(obj)
+        if r is not None:
+            self._by_key[key] = (r[0], r[1], obj)
+            self._sorted = None
+
+    def discard(self, key):
+        if self._by_key.pop(key, None) is not None:
+            self._sorted = None
+
+    def find(self, start, end, skip=None, storages_only=False):
+        """(start, end, obj) of the object whose memory holds [START, END) (the widest such), other than SKIP
+        (and a torch storage when STORAGES_ONLY); None if none."""
+        if not self._by_key or end <= start:
+            return None
+        if self._sorted is None:
+            self._sorted = sorted(self._by_key.values(), key=lambda e: (e[0], -e[1]))
+            self._starts = [e[0] for e in self._sorted]
+        i = bisect.bisect_right(self._starts, start)
+        best = None
+        for k in range(i - 1, max(i - 65, -1), -1):
+            s0, e0, obj = self._sorted[k]
+            if storages_only and type(obj).__module__ == "numpy":
+                continue
+            if s0 <= start and end <= e0 and obj is not skip and (best is None or e0 - s0 > best[1] - best[0]):
+                best = (s0, e0, obj)
+        return best
+
+
+def memory_range(obj):
+    """[start, end) of the CPU memory under OBJ (a contiguous numpy array, or a CPU torch storage), else None."""
+    np = sys.modules.get("numpy")
+    if np is not None and type(obj) is np.ndarray:
+        if obj.nbytes == 0 or obj.dtype.hasobject or not (obj.flags.c_contiguous or obj.flags.f_contiguous):
+            return None
+        p = obj.__array_interface__["data"][0]
+        return (p, p + obj.nbytes)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, (torch.storage.TypedStorage, torch.storage.UntypedStorage)):
+        u = as_untyped(obj)
+        if u.device.type != "cpu" or u.nbytes() == 0:
+            return None
+        p = u.data_ptr()
+        return (p, p + u.nbytes())
+    return None
 
 
 # id(flat array over a restored payload) -> the array _rebuild_ndarray built on it (weakly held: the
@@ -269,11 +428,26 @@ def _function_setstate_keep_builtins(obj, state):
         g["__builtins__"] = old
 
 
+def _byte_bounds(a):
+    """[lo, hi) of the bytes numpy array A spans (its strides may be negative)."""
+    lo = hi = a.__array_interface__["data"][0]
+    for n, st in zip(a.shape, a.strides):
+        if n == 0:
+            return lo, lo
+        if st < 0:
+            lo += (n - 1) * st
+        else:
+            hi += (n - 1) * st
+    return lo, hi + a.itemsize
+
+
 class SaveContext:
     """State shared by the picklers of one save: who exports what."""
 
-    def __init__(self, namespace, old_owner, saving):
+    def __init__(self, namespace, old_owner, saving, old_mem=None):
         self.namespace = namespace
+        self.mem = MemIndex()  # CPU memory of the arrays and storages pickled so far in this save
+        self.old_mem = old_mem if old_mem is not None else MemIndex()  # ... of committed variables' exports
         self.cur = {}  # key -> (owner, kind, index, obj): exports of variables pickled earlier in this save
         self.old = old_owner  # same, for committed variables (only consulted for names not in `saving`)
         self.saving = saving  # set of names being pickled in this save
@@ -290,9 +464,9 @@ class SaveContext:
 class Pickled:
     """One variable's pickle: the blob to commit and what leaves the stream."""
 
-    __slots__ = ("name", "blob", "payloads", "pobjs", "deps", "soft", "exports", "hash")
+    __slots__ = ("name", "blob", "payloads", "pobjs", "deps", "soft", "exports", "hash", "graph")
 
-    def __init__(self, name, blob, payloads, pobjs, deps, soft, exports):
+    def __init__(self, name, blob, payloads, pobjs, deps, soft, exports, graph=False):
         self.name = name
         self.blob = blob  # bytes: header + stream
         self.payloads = payloads  # [(meta, obj)]: meta = (kind, nbytes, ...); obj = buffer or storage
@@ -301,6 +475,7 @@ class Pickled:
         self.soft = soft  # set of global names cell functions read
         self.exports = exports  # [(key, kind, index, obj)]
         self.hash = blob_digest(blob)
+        self.graph = graph  # it holds a tensor with autograd history (saved without it)
 
 
 def _rebuild_memory_buffer(kind, value, pos):
@@ -335,6 +510,8 @@ class _Pickler(cloudpickle.CloudPickler):
         self._pkey = {}  # local payload key -> index, so one object is one payload
         self.deps = set()
         self.soft = set()
+        self.graph = False
+        self.module_root = None  # a user module pickled as a variable of its own (usermods.py)
 
     def _oob(self, pb):
         raw = pb.raw()
@@ -391,6 +568,7 @@ class _Pickler(cloudpickle.CloudPickler):
         ref = self._owned(key, lambda o: storage_key(o) == key)
         if ref is not None:
             return ref
+        self._ctx.mem.add(key, u)
         return self._local(key, ("s", u.nbytes(), "uint8", storage_device(u)), u, u)
 
     def _reduce_ndarray_whole(self, a):
@@ -403,6 +581,7 @@ class _Pickler(cloudpickle.CloudPickler):
         except (ValueError, TypeError, BufferError):
             return NotImplemented  # e.g. datetime64: no buffer export, numpy's reduce copies it in-band
         self._ctx.arrays[id(a)] = a
+        self._ctx.mem.add(id(a), a)
         order = "F" if a.flags.f_contiguous and not a.flags.c_contiguous else "C"
         return (_rebuild_ndarray, (pb, a.dtype, a.shape, order))
 
@@ -441,9 +620,75 @@ class _Pickler(cloudpickle.CloudPickler):
             return NotImplemented
         return (_rebuild_ndarray_view, (root, offset, a.shape, a.strides, a.dtype, a.flags.writeable))
 
+    def _find_mem(self, lo, hi, skip, storages_only=False):
+        """The exported array or storage whose memory holds [LO, HI), other than SKIP (this save's first)."""
+        ctx = self._ctx
+        return ctx.mem.find(lo, hi, skip, storages_only) or ctx.old_mem.find(lo, hi, skip, storages_only)
+
+    def _reduce_ndarray_alias(self, a):
+        """An array over memory another object owns: a tensor's storage (t.numpy()), a bytearray or bytes
+        (np.frombuffer), or an exported array or storage found by address (torch.from_numpy(a) pickled
+        first).  Rebuilt over that object, so they share memory after restore.  None otherwise."""
+        np, torch = self._np, self._torch
+        if a.dtype.hasobject:
+            return None
+        root = a
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        b = root.base
+        lo, hi = _byte_bounds(a)
+        writeable = a.flags.writeable
+        if torch is not None and isinstance(b, torch.Tensor):
+            if b.device.type != "cpu":
+                return None
+            u = untyped_storage(b)
+            off = a.__array_interface__["data"][0] - u.data_ptr()
+            if lo < u.data_ptr() or hi > u.data_ptr() + u.nbytes():
+                return None
+            return (_rebuild_ndarray_on_storage, (u, off, a.shape, a.strides, a.dtype, writeable))
+        if isinstance(b, memoryview):
+            b = b.obj
+        if type(b) in (bytearray, bytes):
+            start = np.frombuffer(b, np.uint8).__array_interface__["data"][0] if len(b) else 0
+            if lo < start or hi > start + len(b):
+                return None
+            return (_rebuild_frombuffer, (b, a.dtype, a.__array_interface__["data"][0] - start, a.shape, a.strides,
+                                          writeable))
+        # (Arrays over other arrays' memory are views: _reduce_ndarray_view knows them through .base.)
+        found = self._find_mem(lo, hi, a, storages_only=True)
+        if found is None:
+            return None
+        off = a.__array_interface__["data"][0] - found[0]
+        return (_rebuild_ndarray_on_storage, (found[2], off, a.shape, a.strides, a.dtype, writeable))
+
+    def _reduce_tensor_alias(self, t, r):
+        """Tensor T (reduced to R by _reduce_tensor) whose storage is none of the known ones but lies in the
+        memory of an exported array (torch.from_numpy) or storage: rebuilt over that object."""
+        storage = r[1][0]
+        if storage.device.type != "cpu":
+            return r
+        key = storage_key(storage)
+        if key in self._ctx.cur or key in self._ctx.old:
+            return r
+        rng = memory_range(storage)
+        found = self._find_mem(rng[0], rng[1], storage) if rng is not None else None
+        if found is None:
+            return r
+        args = r[1][1:]
+        item = t.element_size()
+        byte_off = rng[0] - found[0]
+        if byte_off % item:
+            return r
+        if type(found[2]) is self._np.ndarray:
+            return (_rebuild_tensor_on_array, (found[2], byte_off) + args)
+        return (_rebuild_tensor, (found[2], byte_off // item + args[0]) + args[1:])
+
     def reducer_override(self, obj):
         np = self._np
         if np is not None and type(obj) is np.ndarray:
+            r = self._reduce_ndarray_alias(obj)
+            if r is not None:
+                return r
             if isinstance(obj.base, np.ndarray):
                 return self._reduce_ndarray_view(obj)
             return self._reduce_ndarray_whole(obj)
@@ -456,9 +701,18 @@ class _Pickler(cloudpickle.CloudPickler):
             raise TypeError("cannot pickle %r object: an open file cannot be saved" % type(obj).__name__)
         torch = self._torch
         if torch is not None and isinstance(obj, torch.Tensor):
+            if obj.grad_fn is not None:
+                self.graph = True
             r = _reduce_tensor(obj)
             if r is not NotImplemented:
-                return r
+                return r if r[0] is not _rebuild_tensor else self._reduce_tensor_alias(obj, r)
+        t = type(obj)
+        red = REDUCERS.get((t.__module__, t.__qualname__)) if REDUCERS else None
+        if red is not None:
+            return red(obj)
+        if obj is self.module_root and obj is not None:
+            from .usermods import reduce_module
+            return reduce_module(obj)
         return super().reducer_override(obj)
 
     def _dynamic_function_reduce(self, func):
@@ -483,6 +737,8 @@ def pickle_var(ctx, name, value):
     if p is None:
         p = ctx.pickler = _Pickler(io.BytesIO(), ctx)
     p.start()
+    if isinstance(value, types.ModuleType) and name.startswith(MODULE_ENTRY_PREFIX):
+        p.module_root = value  # its globals by value (usermods.py); any other module by reference
     p.dump(value)
     stream = p._file.getvalue()
     exports = []
@@ -503,7 +759,7 @@ def pickle_var(ctx, name, value):
     hdr["pay"] = [m for m, _ in p.payloads]
     hdr = pickle.dumps(hdr, protocol=5)
     blob = _HDR.pack(_MAGIC, len(hdr)) + hdr + stream
-    return Pickled(name, blob, p.payloads, p.pobjs, p.deps, p.soft, exports)
+    return Pickled(name, blob, p.payloads, p.pobjs, p.deps, p.soft, exports, p.graph)
 
 
 def blob_digest(blob):

@@ -18,11 +18,14 @@ Worker (after the fork, in the child; it stays warm for its session and prepares
                        committed variable is the closure.  Also a prefetch's whole work (no cell follows
                        at once).
   worker_finish(job)   save the cell's definitions, the state closure (in-place mutation is invisible to
-                       static analysis), whatever the cell rebound or deleted, and the process state; one
-                       commit, all or nothing when the store fails (a full pool, Redis unavailable, an
-                       interrupt): then `save_ename` / `save_error` say why and name the variables, and the
-                       gateway makes the cell's reply that error.  The store stays open: the worker stays
-                       warm.
+                       static analysis), whatever the cell rebound or deleted, the user modules' globals
+                       and the process state; one commit, all or nothing when the store fails (a full pool,
+                       Redis unavailable, an interrupt): then `save_ename` / `save_error` say why and name
+                       the variables, and the gateway makes the cell's reply that error.  The store stays
+                       open: the worker stays warm.  A value that cannot be saved is committed as a HomeRef
+                       (looseleaf_store.homes) and stays here: the worker is the session's home for it (and
+                       for a value whose autograd graph the store cannot keep, and for what those share
+                       objects with), reported as `home`, which keeps it warm and last in line for eviction.
 A failed preparation answers {"fatal": why, "fatal_ename": ...}: "StoreUnavailable" when the store did not
 answer, "KeyboardInterrupt" when an interrupt ended the wait (the gateway names the cell's error so).
   worker_exit(arg)     close the store (the worker leaves: evicted, idle, its client gone).
@@ -34,7 +37,7 @@ import os
 import sys
 import time
 
-from looseleaf_store import procstate
+from looseleaf_store import homes, procstate, usermods
 
 from . import gpu
 
@@ -44,6 +47,12 @@ _store = None            # the worker's _llstore.Store
 _before = None           # {name: id(value)} of the namespace after restore
 _store_key = None        # (store_dir, session, redis_url) _store was opened with
 _orig_run_cell = None    # the shell's run_cell before _guard_interrupts wrapped it
+# The session's home here (issue 13, item 1): values only this process holds, and what they share.
+_token = None            # tells this worker from a later process with the same pid (HomeRef.token)
+_home = {}               # name -> {"kind": "held" | "graph", "what": ...}: home values held here
+_home_refs = {}          # name -> the HomeRef committed for it (the same object each save: an unchanged blob)
+_tied = set()            # names of saved variables whose objects a home value reaches
+_notices = []            # lines for the next cell's stderr (a variable that lost its autograd graph)
 
 
 def _import(mods):
@@ -157,6 +166,7 @@ def load_head(arg):
     _calm_torch()
     _private_history()
     _no_cell_files()
+    usermods.user_modules()  # which modules are the user's, decided once here for every worker
     gc.collect()
     gc.freeze()
     return json.dumps({"modules": _modules_now(loaded), "failed": failed})
@@ -165,6 +175,7 @@ def load_head(arg):
 def grow(arg):
     loaded, failed = _import(json.loads(arg))
     _calm_torch()
+    usermods.user_modules()
     gc.freeze()
     return json.dumps({"modules": _modules_now(loaded), "failed": failed})
 
@@ -247,6 +258,8 @@ def _guard_interrupts(shell, fd):
             pending = b""
         if pending:
             raise KeyboardInterrupt()
+        while _notices:
+            sys.stderr.write(_notices.pop(0))
         return run_cell(*a, **k)
     shell.run_cell = guarded
 
@@ -266,12 +279,11 @@ def _held_bytes():
     return total
 
 
-def _drop_stale(shell):
-    """A warm worker's namespace before its next job: keep only names held at their committed version (and
-    never what references a dropped one) and modules; every other name goes, so nothing stale can be read.
-    Returns the names dropped."""
+def _drop_stale(shell, vers):
+    """A warm worker's namespace before its next job: keep only names held at their committed version (VERS,
+    the store's versions) (and never what references a dropped one) and modules; every other name goes, so
+    nothing stale can be read.  Returns the names dropped."""
     ns = shell.user_ns
-    vers = _cp.versions()
     held = _cp.held()
     # Modules are no variables (never saved; import statements bind them): they stay.
     drop = {n for n in _visible(shell) if (held.get(n) is None or vers.get(n) != held[n])
@@ -285,6 +297,9 @@ def _drop_stale(shell):
                 grew = True
     for n in drop:
         ns.pop(n, None)
+        _home.pop(n, None)
+        _home_refs.pop(n, None)
+        _tied.discard(n)
     _cp.forget(sorted(drop))
     return sorted(drop)
 
@@ -336,6 +351,61 @@ def _open_store(job):
     return True
 
 
+def _stand_in(name, value, why):
+    """The HomeRef committed for NAME, whose VALUE cannot be saved (Checkpointer.save's stand_in)."""
+    if (name.startswith("_") and name[1:].isdigit()) or usermods.is_entry(name):
+        return None  # output history, a module's globals: nothing to keep a worker for
+    what = homes.describe(value, why)
+    ref = _home_refs.get(name)
+    if ref is None or ref.what != what:
+        ref = _home_refs[name] = homes.HomeRef(os.getpid(), _token, what)
+    return ref
+
+
+def _home_report():
+    """{name: {pid, kind, what}}: the names this worker is the session's home for."""
+    pid = os.getpid()
+    out = {n: dict(h, pid=pid) for n, h in _home.items()}
+    for n in sorted(_tied):
+        out.setdefault(n, {"pid": pid, "kind": "tied", "what": "shares objects with %s" %
+                           ", ".join("'%s'" % h for h in sorted(_home))})
+    return out
+
+
+def _restore_modules(vers, rep):
+    """Bring the user modules' globals the store holds newer versions of (usermods.py).  A module whose file
+    changed on disk since the session loaded it (and never reloaded it) cannot run the session's code here:
+    the cell is told."""
+    names = [n for n in vers if usermods.is_entry(n)]
+    if not names:
+        return
+    r = _cp.restore(names)
+    if r.failed:
+        rep["module_failed"] = r.failed
+    for n in r.restored:
+        mod = _shell().user_ns.get(n)
+        stale = getattr(mod, usermods.STALE_ATTR, None)
+        if stale:
+            _notices.append("LooseLeaf: module %s changed on disk since the session loaded it, and was not "
+                            "reloaded; this worker runs it as it is on disk now\n" % stale)
+
+
+def _resolve_homerefs(shell, names, lost, gone):
+    """A HomeRef among the restored NAMES stands for a value some other worker held: that value is not here.
+    The name leaves the namespace (reading it raises LostVariable, looseleaf_kernel.shell); LOST ({name:
+    message}, from the kernel) or GONE ({pid: why}, from the pool: the session's home workers that went)
+    says why."""
+    ns = shell.user_ns
+    out = {}
+    for n in names:
+        v = ns.get(n)
+        if type(v) is homes.HomeRef and v.token != _token:
+            ns.pop(n, None)
+            out[n] = lost.get(n) or "'%s' lived only in worker %d (%s), %s" % (
+                n, v.pid, v.what, gone.get(str(v.pid)) or "which is gone")
+    return out
+
+
 def _fatal(what, e):
     """The answer of a preparation that failed with E (an exception of the store or a KeyboardInterrupt)."""
     out = {"fatal": "%s: %s: %s" % (what, type(e).__name__, e)}
@@ -345,8 +415,11 @@ def _fatal(what, e):
 
 
 def worker_prepare(arg):
-    global _before
+    global _before, _token
     job = json.loads(arg)
+    if _token is None:
+        import uuid
+        _token = uuid.uuid4().hex
     t0 = time.perf_counter()
     warm = bool(job.get("warm"))
     rep = {"imported_after_fork": [], "device": job.get("device"), "warm_hit": warm}
@@ -365,15 +438,16 @@ def worker_prepare(arg):
     # 1. The session's process state first: its environment decides how CUDA starts (PYTORCH_CUDA_ALLOC_CONF,
     #    CUDA_LAUNCH_BLOCKING, CUDA_MODULE_LOADING set in the notebook), its sys.path and cwd what the imports
     #    find; and on a warm worker the names whose committed version moved go.
-    prep, probs = None, None
+    prep, probs, vers = None, None, {}
     if not defer:
         _fault(job, "prepare")
         try:
             _open_store(job)
+            vers = _cp.versions()  # (no cell of the session commits while this one prepares)
             if warm:
                 _forget_outputs(shell)
-                rep["dropped_stale"] = _drop_stale(shell)
-            prep, probs = procstate.restore(_cp)
+                rep["dropped_stale"] = _drop_stale(shell, vers)
+            prep, probs = procstate.restore(_cp, vers)
         except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - the cell's error reply
             return _fatal("cannot restore the session's state", e)
     t1 = time.perf_counter()
@@ -388,6 +462,12 @@ def worker_prepare(arg):
     rep["imported_after_fork"] = loaded
     if failed:
         rep["import_failed"] = failed
+    if not defer:
+        # The user modules' globals before the import statements, which bind names to them.
+        try:
+            _restore_modules(vers, rep)
+        except Exception as e:  # noqa: BLE001 - the cell runs with the modules as imported
+            rep["module_failed"] = {"*": "%s: %s" % (type(e).__name__, e)}
     for stmt in job.get("import_stmts") or []:
         try:
             exec(compile(stmt, "<looseleaf import>", "exec"), ns)
@@ -402,7 +482,7 @@ def worker_prepare(arg):
             closure = list(job.get("state_closure") or [])
             if job.get("state_all"):
                 # A cell too big to analyse ran in the session: any variable may be read.
-                closure = sorted(set(closure) | (set(_cp.versions()) - {procstate.NAME}))
+                closure = sorted(set(closure) | (set(vers) - {procstate.NAME}))
             r = _cp.restore(closure)
             _fault(job, "restore")
         except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - becomes the cell's error reply
@@ -418,6 +498,13 @@ def worker_prepare(arg):
             rep["procstate_problems"] = probs
         restored = sorted(n for n in r.restored if n != procstate.NAME)
         missing_names = [n for n in r.missing if n != procstate.NAME]
+        lost = job.get("lost") if isinstance(job.get("lost"), dict) else {}
+        gone_workers = job.get("gone_workers") if isinstance(job.get("gone_workers"), dict) else {}
+        gone = _resolve_homerefs(shell, restored, lost, gone_workers)
+        shell.lost_names = dict(lost, **gone)
+        if gone:
+            rep["lost"] = sorted(gone)
+        _notices[:] = [line for line in job.get("notices") or [] if isinstance(line, str)]
         nbytes = r.payload_bytes + prep.payload_bytes
     else:
         rep["restore_deferred"] = True
@@ -433,6 +520,7 @@ def worker_prepare(arg):
         "restored": restored,
         "missing": missing_names,
         "held_bytes": _held_bytes(),
+        "home": _home_report(),
     })
     rep["prep_ms"] = {"fork": job.get("fork_ms", 0.0), "import": rep["import_ms"] + rep["cuda_ms"],
                       "restore": rep["restore_ms"]}
@@ -451,7 +539,14 @@ def worker_finish(arg):
         if _before.get(k) != ident and not isinstance(ns.get(k), type(sys)):
             names.add(k)
     names |= {k for k in _before if k not in after}
-    names = {n for n in names if not isinstance(ns.get(n), type(sys))}
+    # (a user's own module bound by an assignment, `m = importlib.reload(m)`, is saved: by reference)
+    names = {n for n in names if not isinstance(ns.get(n), type(sys)) or usermods.is_user_module(ns[n])}
+    # What home values share may have changed through them (a backward() into the model's parameters).
+    names |= {n for n in _tied if n in ns}
+    # A value another worker held and lost stays recorded as lost, unless this cell bound the name again.
+    lost = getattr(shell, "lost_names", None) or {}
+    names -= {n for n in lost if n not in ns}
+    names |= set(usermods.bind_all(ns))
     # The cell's result (_N, set by the displayhook) goes too: the kernel puts it into its Out, _, __.
     count = job.get("execution_count")
     if isinstance(count, int) and ("_%d" % count) in ns:
@@ -463,7 +558,26 @@ def worker_finish(arg):
         _fault(job, "save")
     try:
         # All or nothing when the store fails: a cell is never committed torn.
-        rep = procstate.save_with(_cp, sorted(names), cell_id=str(job.get("id")), all_or_none=True)
+        rep = procstate.save_with(_cp, sorted(names), cell_id=str(job.get("id")), stand_in=_stand_in,
+                                  all_or_none=True)
+        _note_home(ns, rep)
+        if _home and not rep.error:
+            # What the home values reach is used here too; a newly reached variable is committed now, so
+            # the store has it at the version this process holds.
+            owner, graph = _cp.sharing()
+            _tied.clear()
+            _tied.update(n for n in homes.tied(owner, ns, sorted(_home), graph) if n in ns and n not in _home
+                         and not usermods.is_entry(n) and n != procstate.NAME)
+            extra = sorted(n for n in _tied if n not in names)
+            if extra:
+                rep2 = _cp.save(extra, cell_id="%s-tied" % job.get("id"), stand_in=_stand_in, all_or_none=True)
+                _note_home(ns, rep2)
+                rep.saved.update(rep2.saved)
+                rep.failed.update(rep2.failed)
+                rep.error = rep.error or rep2.error
+                rep.error_kind = rep.error_kind or rep2.error_kind
+        elif not _home:
+            _tied.clear()
     except KeyboardInterrupt:
         from looseleaf_store.checkpoint import SaveReport
         rep = SaveReport()
@@ -489,7 +603,26 @@ def worker_finish(arg):
         out["save_failed"] = rep.failed
         sys.stderr.write("LooseLeaf: could not save %s\n" % ", ".join("%s (%s)" % kv for kv in rep.failed.items()))
     out["held_bytes"] = _held_bytes()
+    out["home"] = _home_report()
     return json.dumps(out)
+
+
+def _note_home(ns, rep):
+    """The home values after save REP: stand-ins (no pickle takes them) and graphs (the store keeps their data,
+    this process their autograd history); names saved plainly, deleted or gone are no home values."""
+    for n in rep.standins:
+        _home[n] = {"kind": "held", "what": _home_refs[n].what}
+    graphs = {n for n in rep.graphs if not (n.startswith("_") and n[1:].isdigit())
+              and n != procstate.NAME and not usermods.is_entry(n)}
+    for n in graphs:
+        _home[n] = {"kind": "graph", "what": "an autograd graph"}
+    for n in list(rep.saved) + list(rep.unchanged):
+        if n not in rep.standins and n not in graphs:
+            _home.pop(n, None)
+            _home_refs.pop(n, None)
+    for n in list(rep.deleted) + [n for n in _home if n not in ns]:
+        _home.pop(n, None)
+        _home_refs.pop(n, None)
 
 
 def worker_exit(arg):
