@@ -24,11 +24,13 @@ typedef struct {
 } s_pass_t;
 
 struct ll_sched_t {
-    int nslots;                                         /* slots */
-    int max_staged;                                     /* staged workers at most */
-    bool keep_warm;                                     /* workers may stay warm */
-    ll_gdsf_t *gdsf;                                    /* eviction order of warm workers */
-    int slot_job[LL_SCHED_MAX_SLOTS];                   /* job holding each slot, -1 free */
+    int nslots;                        /* slots */
+    int max_staged;                    /* staged workers at most */
+    bool keep_warm;                    /* workers may stay warm */
+    ll_gdsf_t *gdsf;                   /* eviction order of warm workers */
+    int slot_job[LL_SCHED_MAX_SLOTS];  /* job holding each slot, -1 free */
+    bool unleased[LL_SCHED_MAX_SLOTS]; /* hostd: the slot is not ours (ll_sched_slot_lease) */
+    bool evict_hold;                   /* hostd: no eviction for a slot (ll_sched_evict_hold) */
     ll_sched_job_t jobs[LL_SCHED_MAX_JOBS];             /* jobs and their workers */
     ll_sched_session_t sessions[LL_SCHED_MAX_SESSIONS]; /* sessions of connected clients */
     int njobs;                                          /* entries from here on are all free */
@@ -168,7 +170,7 @@ static void s_release_slot(ll_sched_t *self, int r, double now)
 static int s_free_slot(const ll_sched_t *self)
 {
     for (int s = 0; s < self->nslots; s++)
-        if (self->slot_job[s] < 0)
+        if (self->slot_job[s] < 0 && !self->unleased[s])
             return s;
     return -1;
 }
@@ -232,13 +234,20 @@ static void s_make_warm(ll_sched_t *self, int r, bool changed, double now)
     ll_gdsf_set_idle(self->gdsf, j->worker.key, true);
 }
 
+/* hostd (ll_sched_slot_lease): a worker on a slot taken back does not stay
+ * warm after its job; its slot is free at its reply. */
+static bool s_slot_revoked(const ll_sched_t *self, const ll_sched_job_t *j)
+{
+    return j->slot >= 0 && self->unleased[j->slot];
+}
+
 bool ll_sched_prepared(ll_sched_t *self, int r, bool may_stay, bool changed, double held_bytes,
                        double now)
 {
     ll_sched_job_t *j = &self->jobs[r];
     if (held_bytes >= 0)
         j->worker.held_bytes = held_bytes;
-    if (!(may_stay && self->keep_warm && j->client >= 0))
+    if (!(may_stay && self->keep_warm && j->client >= 0) || s_slot_revoked(self, j))
         return false;
     s_make_warm(self, r, changed, now);
     ll_gdsf_prepared(self->gdsf, j->worker.key, true, now); /* for the session's coming cell */
@@ -253,7 +262,7 @@ bool ll_sched_replied(ll_sched_t *self, int r, bool may_stay, double held_bytes,
     int si = ll_sched_session_find(self, j->client, j->session);
     if (si >= 0)
         self->sessions[si].credit = 1; /* a cell ran: its next prefetch may take a slot */
-    if (!(may_stay && self->keep_warm && j->client >= 0))
+    if (!(may_stay && self->keep_warm && j->client >= 0) || s_slot_revoked(self, j))
         return false;
     j->worker.cells++;
     j->worker.spec = false;
@@ -474,6 +483,8 @@ static bool s_prefetch_evicts(ll_sched_t *self, int r, ll_sched_decision_t *d)
 {
     ll_sched_job_t *j = &self->jobs[r];
     double now = self->pass.now, l = 0;
+    if (self->evict_hold)
+        return false; /* hostd: a slot may come from the broker */
     int victim = ll_gdsf_victim(self->gdsf, now);
     if (victim < 0 || !ll_gdsf_value(self->gdsf, victim, &l) ||
         ll_gdsf_speculative(self->gdsf, victim, now))
@@ -547,6 +558,8 @@ static bool s_decide_pressure(ll_sched_t *self, int r, ll_sched_decision_t *d)
         self->pass.evicting--; /* a slot is on its way to this cell */
         return false;
     }
+    if (self->evict_hold)
+        return false; /* hostd: a slot may come from the broker first */
     int v = s_victim(self, self->pass.now);
     return v >= 0 && s_evict(self, r, v, false, d);
 }
@@ -698,6 +711,24 @@ int ll_sched_jobs_end(const ll_sched_t *self)
 int ll_sched_nslots(const ll_sched_t *self)
 {
     return self->nslots;
+}
+
+/* ---- hostd (zygote/ll_hostpool_hostd.c): slots leased from the broker ---- */
+
+void ll_sched_slot_lease(ll_sched_t *self, int s, bool leased)
+{
+    if (s >= 0 && s < self->nslots)
+        self->unleased[s] = !leased;
+}
+
+bool ll_sched_slot_leased(const ll_sched_t *self, int s)
+{
+    return s >= 0 && s < self->nslots && !self->unleased[s];
+}
+
+void ll_sched_evict_hold(ll_sched_t *self, bool hold)
+{
+    self->evict_hold = hold;
 }
 
 int ll_sched_slot_job(const ll_sched_t *self, int s)
@@ -1050,10 +1081,50 @@ static int s_test_sessions(bool verbose)
     return fails;
 }
 
+/* hostd: slots not leased take no job; held, they let no worker stay warm;
+ * the eviction hold makes a cell wait instead of evicting. */
+static int s_test_leases(bool verbose)
+{
+    int fails = 0;
+    ll_sched_decision_t d[8];
+    ll_sched_t *s = ll_sched_new(2, 4, 10000.0, true);
+    S_CHECK(s && ll_sched_session_open(s, 0, "a") >= 0 && ll_sched_session_open(s, 0, "b") >= 0);
+    ll_sched_slot_lease(s, 0, false);
+    ll_sched_slot_lease(s, 1, false);
+    S_CHECK(!ll_sched_slot_leased(s, 0) && !ll_sched_slot_leased(s, 5));
+    int a1 = ll_sched_add(s, 0, "a", LL_SCHED_CELL, 0, 1);
+    int n = s_test_pass(s, 2, true, d, 8);
+    S_CHECK(n == 1 && d[0].op == LL_SCHED_WAIT && d[0].r == a1); /* no slot is ours */
+    ll_sched_slot_lease(s, 1, true);
+    n = s_test_pass(s, 3, true, d, 8);
+    S_CHECK(n == 1 && d[0].op == LL_SCHED_FORK && d[0].slot == 1);
+    S_CHECK(s_test_cell_done(s, a1, 201, 10, 4)); /* warm on slot 1 */
+    /* b's cell finds no free leased slot: with the hold it waits, without
+     * it evicts a's warm worker. */
+    ll_sched_evict_hold(s, true);
+    int b1 = ll_sched_add(s, 0, "b", LL_SCHED_CELL, 0, 5);
+    n = s_test_pass(s, 6, true, d, 8);
+    S_CHECK(n == 1 && d[0].op == LL_SCHED_WAIT && d[0].r == b1);
+    ll_sched_evict_hold(s, false);
+    n = s_test_pass(s, 7, true, d, 8);
+    S_CHECK(n == 1 && d[0].op == LL_SCHED_EVICT && d[0].w == a1);
+    ll_sched_drop(s, a1, 8);
+    n = s_test_pass(s, 8, true, d, 8);
+    S_CHECK(n == 1 && d[0].op == LL_SCHED_FORK && d[0].r == b1 && d[0].slot == 1);
+    /* Slot 1 taken back while b1 runs: its worker does not stay warm. */
+    ll_sched_slot_lease(s, 1, false);
+    S_CHECK(!s_test_cell_done(s, b1, 202, 10, 9));
+    ll_sched_drop(s, b1, 9);
+    S_CHECK(ll_sched_slot_job(s, 1) == -1);
+    ll_sched_destroy(&s);
+    return fails;
+}
+
 int ll_sched_selftest(bool verbose)
 {
     int fails = s_test_cells(verbose) + s_test_fork_failed(verbose) + s_test_credit(verbose) +
-                s_test_staged(verbose) + s_test_promotion(verbose) + s_test_sessions(verbose);
+                s_test_staged(verbose) + s_test_promotion(verbose) + s_test_sessions(verbose) +
+                s_test_leases(verbose);
     if (verbose)
         fprintf(stderr, "ll_sched: %s\n", fails ? "FAILED" : "ok");
     return fails ? 1 : 0;
