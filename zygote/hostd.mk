@@ -1,0 +1,4 @@
+# zygote/: `looseleaf hostd`, the host's GPU slot broker, and `looseleaf top` (issue 17; hostd/API.md).
+# The broker's policy is pure (ll_hostd_policy, scripted self-test).
+SELFTESTS += ll_hostd_policy
+LIB_SRCS  += zygote/ll_hostd_policy.c
