@@ -1,4 +1,5 @@
 # zygote/: `looseleaf hostd`, the host's GPU slot broker, and `looseleaf top` (issue 17; hostd/API.md).
-# The broker's policy is pure (ll_hostd_policy, scripted self-test).
+# The broker's policy is pure (ll_hostd_policy, scripted self-test); the pool's link to it is
+# ll_hostpool_hostd.c.
 SELFTESTS += ll_hostd_policy
-LIB_SRCS  += zygote/ll_hostd_policy.c
+LIB_SRCS  += zygote/ll_hostd_policy.c zygote/ll_hostd.c zygote/ll_hostpool_hostd.c

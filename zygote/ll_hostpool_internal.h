@@ -73,6 +73,9 @@ typedef struct {
     unsigned long long oom_kills; /* the host's OOM kills when the job went to its worker */
 } ll_hostpool_run_t;
 
+/* The link to `looseleaf hostd` (ll_hostpool_hostd.c). */
+typedef struct ll_hostpool_hostd_t ll_hostpool_hostd_t;
+
 typedef struct {
     ll_hostpool_config_t cfg; /* what the pool was told (read once at its start) */
     char sock[PATH_MAX + 16]; /* listening socket path */
@@ -87,8 +90,9 @@ typedef struct {
     ll_ztree_t *tree;  /* the zygote nodes and the CUDA-safety probes */
     ll_hostpool_client_t clients[LL_HOSTPOOL_MAX_CLIENTS];
     ll_hostpool_run_t runs[LL_SCHED_MAX_JOBS];
-    double idle_since; /* ms, 0 while busy */
-    bool stop;         /* SIGTERM or SIGINT came */
+    double idle_since;          /* ms, 0 while busy */
+    bool stop;                  /* SIGTERM or SIGINT came */
+    ll_hostpool_hostd_t *hostd; /* the slot broker's link; NULL: the pool's own slots */
 } ll_hostpool_t;
 
 /* ---- ll_hostpool.c ---- */
@@ -136,5 +140,26 @@ bool ll_hostpool_busy(const ll_hostpool_t *pool);
 
 /* The pool stops: every session's line is logged, every worker killed. */
 void ll_hostpool_jobs_stop(ll_hostpool_t *pool);
+
+/* hostd takes back the slot of warm worker W: it leaves at once (killed:
+ * its save committed), holding its slot until it is gone.  WHY: logged. */
+void ll_hostpool_evict_warm(ll_hostpool_t *pool, int w, const char *why);
+
+/* ---- ll_hostpool_hostd.c: slots leased from `looseleaf hostd` ---- */
+
+/* Look for the broker (hostd/API.md), registering when it answers. */
+void ll_hostpool_hostd_start(ll_hostpool_t *pool);
+void ll_hostpool_hostd_stop(ll_hostpool_t *pool);
+/* The broker's connection to poll for POLLIN, -1 none. */
+int ll_hostpool_hostd_fd(const ll_hostpool_t *pool);
+/* Its frames (grants, revocations, answers); then a pass of the schedule. */
+void ll_hostpool_hostd_input(ll_hostpool_t *pool);
+/* At NOW: try to reach it again when due.  TIMEOUT, or the ms to the next
+ * attempt when sooner. */
+int ll_hostpool_hostd_timer(ll_hostpool_t *pool, double now, int timeout);
+/* After a pass: tell the broker what changed (cells waiting, leases busy or
+ * idle, leases free to return), and evict warm workers on slots it takes
+ * back. */
+void ll_hostpool_hostd_sync(ll_hostpool_t *pool);
 
 #endif

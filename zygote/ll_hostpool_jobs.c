@@ -453,6 +453,14 @@ static void s_release_worker(ll_hostpool_t *pool, int w, const char *why)
     s_worker_leaves(pool, w, why, l, false);
 }
 
+/* hostd (ll_hostpool_hostd.c) takes W's slot back. */
+void ll_hostpool_evict_warm(ll_hostpool_t *pool, int w, const char *why)
+{
+    double l = 0;
+    ll_sched_release(pool->sched, w, &l);
+    s_worker_leaves(pool, w, why, l, true);
+}
+
 /* LL_SCHED_EVICT: warm worker D->W leaves under slot pressure, for D->R;
  * its session is prepared again, staged, when the schedule says so. */
 static void s_evict_for(ll_hostpool_t *pool, const ll_sched_decision_t *d)
@@ -551,6 +559,7 @@ void ll_hostpool_schedule(ll_hostpool_t *pool)
         case LL_SCHED_WAIT: s_tell_wait(pool, &d); break;
         }
     }
+    ll_hostpool_hostd_sync(pool); /* hostd: what the pass changed, to the broker */
 }
 
 static int s_find_run(ll_hostpool_t *pool, int c, const char *id)
