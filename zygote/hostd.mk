@@ -3,3 +3,6 @@
 # ll_hostpool_hostd.c.
 SELFTESTS += ll_hostd_policy
 LIB_SRCS  += zygote/ll_hostd_policy.c zygote/ll_hostd.c zygote/ll_hostpool_hostd.c
+
+# Real OS users (useradd, setpriv; root only, skipped otherwise) sharing one broker (~25 s on 2 cores).
+PYTESTS   += tests/hostd

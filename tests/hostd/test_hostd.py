@@ -1,0 +1,194 @@
+"""`looseleaf hostd`, the host's slot broker, with real OS users (issue 17; hostd/API.md).
+
+Two test users (useradd), each with a private store and host pool run as that user (setpriv), share one
+broker of 2 slots run as root.  Checked: the broker never lends more than its slots and no two users' workers
+run at once beyond them; workers run as their user; a user cannot give back or mark another user's lease
+(an error, nothing changes); a user above share loses its warm (then its busy) leases first when another
+waits, and the newcomer's cell starts before the heavy user's next one; the broker killed mid-session: pools
+fall back to their own slots, re-register when it is back, and no variable is lost.
+
+Root only (CI runs as root); skipped elsewhere.  Costs ~30 s on 2 cores (4 pools' zygotes, short cells).
+"""
+import os
+import subprocess
+import threading
+import time
+
+import pytest
+
+import hdhelp
+from hdhelp import Binaries, Hostd, User, reply_ok, started, stdout, user_stats, wait_for
+
+pytestmark = pytest.mark.skipif(not hdhelp.usable(), reason="needs root, useradd and setpriv (real OS users)")
+
+
+@pytest.fixture(scope="module")
+def bins():
+    b = Binaries()
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def hostd(bins):
+    h = Hostd(bins, nslots=2)
+    yield h
+    h.close()
+
+
+@pytest.fixture
+def users(bins, hostd):
+    made = []
+    tag = "%05d" % (os.getpid() % 100000)
+    try:
+        for letter in "ab":
+            made.append(User("llhd%s%s" % (tag, letter), bins, hostd.socket))
+        yield made
+    finally:
+        for u in made:
+            u.close()
+
+
+class Sampler:
+    """Polls the broker's stats on a thread: the most leases and held slots it ever showed."""
+
+    def __init__(self, hostd):
+        self.hostd = hostd
+        self.max_leases = self.max_busy = 0
+        self.samples = 0
+        self.stop = False
+        self.t = threading.Thread(target=self._run, daemon=True)
+        self.t.start()
+
+    def _run(self):
+        while not self.stop:
+            st = self.hostd.stats(check=False)
+            if st:
+                self.samples += 1
+                self.max_leases = max(self.max_leases, st["leases"])
+                self.max_busy = max(self.max_busy, st["busy_slots"])
+            time.sleep(0.01)
+
+    def close(self):
+        self.stop = True
+        self.t.join()
+
+
+def test_two_users_share_two_slots(hostd, users):
+    a, b = users
+    clients = [a.client("a1"), a.client("a2"), b.client("b1"), b.client("b2")]
+    sampler = Sampler(hostd)
+    try:
+        # Every session defines its own x, then four cells at once that each hold a slot ~1 s.
+        for i, c in enumerate(clients):
+            ev = c.run("def", "x = %d" % (100 + i))
+            assert reply_ok(ev), ev
+        for c in clients:
+            c.submit("busy", "import os, time\ntime.sleep(1.0)\nprint(x, os.getuid())", state_closure=["x"])
+        outs = [c.collect("busy") for c in clients]
+    finally:
+        sampler.close()
+    for i, ev in enumerate(outs):
+        assert reply_ok(ev), ev
+        # No variable crosses sessions or users; the worker runs as its user.
+        assert stdout(ev) == "%d %d\n" % (100 + i, [a, a, b, b][i].uid)
+    assert sampler.samples > 10
+    assert sampler.max_leases <= 2 and sampler.max_busy <= 2, (sampler.max_leases, sampler.max_busy)
+    # Both users waited for each other: somebody was told to wait, and the broker took slots back.
+    st = hostd.stats()
+    ua, ub = user_stats(st, a), user_stats(st, b)
+    assert ua and ub and ua["gpu_held_s"] > 0 and ub["gpu_held_s"] > 0
+    assert ua["grants"] + ub["grants"] >= 3
+    # `looseleaf top` prints the same (run as an unprivileged user: the broker answers anyone).
+    top = a.as_user([a.bins.looseleaf, "top", "--socket", hostd.socket])
+    assert a.name in top and b.name in top and "2 slot(s)" in top
+
+
+def test_user_cannot_touch_another_users_lease(hostd, users):
+    a, b = users
+    ca = a.client("a1")
+    assert reply_ok(ca.run("c1", "x = 1"))  # a's warm worker holds a lease
+    st = wait_for(lambda: (lambda s: s if [l["state"] for l in s["lease_list"]] == ["warm"] else None)(
+        hostd.stats()), 10, "a's warm lease")
+    lease = st["lease_list"][0]
+    assert lease["uid"] == a.uid
+    # b speaks to the broker itself: not registered, then registered, it names a's slot.
+    script = r"""
+import json, socket, struct, sys
+sys.path.insert(0, %r)
+from hdhelp import send_frame, recv_frame
+s = socket.socket(socket.AF_UNIX); s.connect(%r)
+out = []
+send_frame(s, {"type": "release", "slot": %d}); out.append(recv_frame(s))
+send_frame(s, {"type": "hello", "nslots": 2, "held": []}); out.append(recv_frame(s))
+for t in ("release", "mark"):
+    send_frame(s, {"type": t, "slot": %d, "idle": True, "value": 0}); out.append(recv_frame(s))
+print(json.dumps(out))
+""" % (os.path.dirname(os.path.abspath(__file__)), hostd.socket, lease["slot"], lease["slot"])
+    import json
+    out = json.loads(b.as_user([hdhelp.PYTHON, "-c", script]))
+    assert out[0]["type"] == "error" and "hello" in out[0]["error"]
+    assert out[1]["type"] == "welcome" and out[1]["adopted"] == []
+    assert out[2]["type"] == "error" and "no lease" in out[2]["error"]
+    assert out[3]["type"] == "error" and "no lease" in out[3]["error"]
+    after = hostd.stats()
+    assert [(l["slot"], l["uid"], l["state"]) for l in after["lease_list"]] == \
+        [(lease["slot"], a.uid, lease["state"])]
+    # b cannot reach a's pool either: its dir is a's alone.
+    r = subprocess.run(b.cmd(["ls", a.pool_dir]), capture_output=True, text=True)
+    assert r.returncode != 0 and "Permission denied" in r.stderr
+    assert reply_ok(ca.run("c2", "print(x)", state_closure=["x"]))
+
+
+def test_heavy_users_leases_go_first(hostd, users):
+    a, b = users
+    a1, a2 = a.client("a1"), a.client("a2")
+    # a fills both slots with warm workers: alone on the host, it may.
+    assert reply_ok(a1.run("w1", "x = 1")) and reply_ok(a2.run("w2", "y = 2"))
+    wait_for(lambda: (user_stats(hostd.stats(), a) or {}).get("warm") == 2, 10, "a's two warm leases")
+    # b arrives: a is above share (2 of 2 slots, share 1): one of its warm leases is taken back.
+    b1 = b.client("b1")
+    evb = b1.run("b", "print('b ran')")
+    assert reply_ok(evb) and stdout(evb) == "b ran\n"
+    st = hostd.stats()
+    assert user_stats(st, a)["revokes"] >= 1 and user_stats(st, b)["revokes"] == 0
+    assert "hostd takes its slot back" in a.log()
+    # Now both of a's sessions run long cells (a queue: each session's next cell waits behind it);
+    # b's next cell must start before a's queued ones: a is above share while b waits.
+    assert reply_ok(b1.run("b2", "z = 3"))
+    a1.submit("long1", "import time; time.sleep(1.5)")
+    a2.submit("long2", "import time; time.sleep(1.5)")
+    wait_for(lambda: user_stats(hostd.stats(), a)["busy"] + user_stats(hostd.stats(), b)["busy"] >= 1, 10,
+             "a's long cells to start")
+    a1.submit("next1", "print(x)", state_closure=["x"])
+    b1.submit("b3", "print(z)", state_closure=["z"])
+    evb3 = b1.collect("b3")
+    ev_next = a1.collect("next1")
+    assert reply_ok(evb3) and stdout(evb3) == "3\n"
+    assert reply_ok(ev_next) and stdout(ev_next) == "1\n"
+    a1.collect("long1")
+    a2.collect("long2")
+    assert started(evb3)["_t"] <= started(ev_next)["_t"]
+
+
+def test_broker_restart_mid_session(hostd, users):
+    a, b = users
+    ca, cb = a.client("a1"), b.client("b1")
+    assert reply_ok(ca.run("c1", "x = [1, 2, 3]")) and reply_ok(cb.run("c1", "y = 'b'"))
+    hostd.kill()
+    # Both pools fall back to their own slots (said once) and go on.
+    wait_for(lambda: "using the pool's own" in a.log() and "using the pool's own" in b.log(), 10,
+             "the pools to fall back")
+    ev = ca.run("c2", "x.append(4); print(x)", state_closure=["x"])
+    assert reply_ok(ev) and stdout(ev) == "[1, 2, 3, 4]\n"
+    ev = cb.run("c2", "print(y * 2)", state_closure=["y"])
+    assert reply_ok(ev) and stdout(ev) == "bb\n"
+    hostd.start()
+    # They register again, claiming the slots their warm workers hold.
+    wait_for(lambda: a.log().count("registered") >= 2 and b.log().count("registered") >= 2, 10,
+             "the pools to register again")
+    st = wait_for(lambda: (lambda s: s if s["leases"] == 2 else None)(hostd.stats()), 10, "adopted leases")
+    assert sorted(l["uid"] for l in st["lease_list"]) == sorted([a.uid, b.uid])
+    ev = ca.run("c3", "print(sum(x))", state_closure=["x"])
+    assert reply_ok(ev) and stdout(ev) == "10\n"
+    assert a.log().count("using the pool's own") == 1
