@@ -41,7 +41,8 @@ struct ll_hostpool_hostd_t {
     bool said_private;                /* "own slots" logged since the last registration */
     double next_try;                  /* ms, next attempt to connect */
     int want_sent;                    /* the last "want" the broker has (as it counts) */
-    bool hold_off;                    /* the broker said no slot is on its way: evict our own */
+    bool answered;                    /* the broker said wait since cells began to wait */
+    bool hold_off;                    /* ... and that no slot is on its way: evict our own */
     bool lease[LL_SCHED_MAX_SLOTS];   /* we hold the broker's lease on the slot */
     bool revoked[LL_SCHED_MAX_SLOTS]; /* ... which it takes back */
     struct {
@@ -71,10 +72,11 @@ static void s_private(ll_hostpool_t *pool, const char *why)
     for (int s = 0; s < nslots; s++)
         ll_sched_slot_lease(pool->sched, s, true);
     ll_sched_evict_hold(pool->sched, false);
+    ll_sched_wait_quiet(pool->sched, false);
     memset(hd->lease, 0, sizeof hd->lease);
     memset(hd->revoked, 0, sizeof hd->revoked);
     memset(hd->mark, 0, sizeof hd->mark);
-    hd->registered = hd->hold_off = false;
+    hd->registered = hd->hold_off = hd->answered = false;
     hd->next_try = ll_clock_ms() + S_RETRY_MS;
     if (!hd->said_private) {
         /* Said whatever the log level: an administrator looks for it. */
@@ -126,8 +128,9 @@ static void s_connect(ll_hostpool_t *pool)
     }
     memset(hd->mark, 0, sizeof hd->mark);
     hd->want_sent = 0;
-    hd->hold_off = false;
+    hd->hold_off = hd->answered = false;
     ll_sched_evict_hold(pool->sched, true);
+    ll_sched_wait_quiet(pool->sched, true);
     s_send(pool, json_pack("{s:s, s:i, s:i, s:o}", "type", "hello", "nslots", nslots, "pid",
                            (int) getpid(), "held", held));
 }
@@ -248,8 +251,9 @@ void ll_hostpool_hostd_sync(ll_hostpool_t *pool)
         s_send(pool, json_pack("{s:s, s:i}", "type", "want", "n", want));
     }
     if (want == 0)
-        hd->hold_off = false;
+        hd->hold_off = hd->answered = false;
     ll_sched_evict_hold(pool->sched, !hd->hold_off);
+    ll_sched_wait_quiet(pool->sched, !hd->answered);
 }
 
 /* One frame from the broker. */
@@ -283,8 +287,10 @@ static void s_frame(ll_hostpool_t *pool, json_t *m)
         ll_sched_slot_lease(pool->sched, s, false);
         ll_info("pool", "hostd takes slot %d back", s);
     } else if (strcmp(type, "wait") == 0) {
+        hd->answered = true;
         hd->hold_off = !json_is_true(json_object_get(m, "revoking"));
         ll_sched_evict_hold(pool->sched, !hd->hold_off);
+        ll_sched_wait_quiet(pool->sched, false);
     } else if (strcmp(type, "error") == 0) {
         ll_warn("pool", "hostd refused a request: %s",
                 json_string_value(json_object_get(m, "error")));

@@ -31,6 +31,7 @@ struct ll_sched_t {
     int slot_job[LL_SCHED_MAX_SLOTS];  /* job holding each slot, -1 free */
     bool unleased[LL_SCHED_MAX_SLOTS]; /* hostd: the slot is not ours (ll_sched_slot_lease) */
     bool evict_hold;                   /* hostd: no eviction for a slot (ll_sched_evict_hold) */
+    bool wait_quiet;                   /* hostd: no WAIT told yet (ll_sched_wait_quiet) */
     ll_sched_job_t jobs[LL_SCHED_MAX_JOBS];             /* jobs and their workers */
     ll_sched_session_t sessions[LL_SCHED_MAX_SESSIONS]; /* sessions of connected clients */
     int njobs;                                          /* entries from here on are all free */
@@ -660,7 +661,7 @@ bool ll_sched_next(ll_sched_t *self, ll_sched_decision_t *d)
         for (int r = 0; r < self->njobs; r++)
             if (self->jobs[r].state == LL_SCHED_QUEUED && self->jobs[r].kind == LL_SCHED_CELL)
                 p->queued++;
-        p->all_held = s_free_slot(self) < 0;
+        p->all_held = s_free_slot(self) < 0 && !self->wait_quiet;
     }
     while (p->all_held && p->wait_r < self->njobs) {
         ll_sched_job_t *j = &self->jobs[p->wait_r++];
@@ -729,6 +730,11 @@ bool ll_sched_slot_leased(const ll_sched_t *self, int s)
 void ll_sched_evict_hold(ll_sched_t *self, bool hold)
 {
     self->evict_hold = hold;
+}
+
+void ll_sched_wait_quiet(ll_sched_t *self, bool quiet)
+{
+    self->wait_quiet = quiet;
 }
 
 int ll_sched_slot_job(const ll_sched_t *self, int s)
@@ -1102,7 +1108,10 @@ static int s_test_leases(bool verbose)
     /* b's cell finds no free leased slot: with the hold it waits, without
      * it evicts a's warm worker. */
     ll_sched_evict_hold(s, true);
+    ll_sched_wait_quiet(s, true);
     int b1 = ll_sched_add(s, 0, "b", LL_SCHED_CELL, 0, 5);
+    S_CHECK(s_test_pass(s, 6, true, d, 8) == 0); /* nothing to tell yet: the broker may lend one */
+    ll_sched_wait_quiet(s, false);
     n = s_test_pass(s, 6, true, d, 8);
     S_CHECK(n == 1 && d[0].op == LL_SCHED_WAIT && d[0].r == b1);
     ll_sched_evict_hold(s, false);

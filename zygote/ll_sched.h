@@ -245,6 +245,10 @@ bool ll_sched_slot_leased(const ll_sched_t *self, int s);
  * waits: the broker may lend a slot first).  Off by default. */
 void ll_sched_evict_hold(ll_sched_t *self, bool hold);
 
+/* QUIET: cells finding every slot held are not told they wait (not yet:
+ * the broker may lend one at once); told once it is off.  Off by default. */
+void ll_sched_wait_quiet(ll_sched_t *self, bool quiet);
+
 /* The eviction order of warm workers (values, clock, speculation), owned
  * by the schedule. */
 const ll_gdsf_t *ll_sched_gdsf(const ll_sched_t *self);
