@@ -192,3 +192,67 @@ def test_broker_restart_mid_session(hostd, users):
     ev = ca.run("c3", "print(sum(x))", state_closure=["x"])
     assert reply_ok(ev) and stdout(ev) == "10\n"
     assert a.log().count("using the pool's own") == 1
+
+
+# A LooseLeaf kernel started by the user through jupyter_client (the user's own Jupyter dirs, kernelspec and
+# pool dir), running a CPU cell, a GPU cell (%%gpu) and a CPU cell that reads what the GPU cell made.
+KERNEL_SCRIPT = r"""
+import json, os, sys
+from jupyter_client import KernelManager
+km = KernelManager(kernel_name="looseleaf")
+km.start_kernel()
+kc = km.client(); kc.start_channels(); kc.wait_for_ready(timeout=120)
+out = []
+for code in sys.argv[1:]:
+    text = []
+    def hook(msg):
+        if msg["msg_type"] == "stream":
+            text.append(msg["content"]["text"])
+    reply = kc.execute_interactive(code, output_hook=hook, timeout=180)
+    out.append({"status": reply["content"]["status"], "stdout": "".join(text),
+                "route": reply["metadata"].get("looseleaf", {}).get("route")})
+kc.stop_channels(); km.shutdown_kernel(now=False)
+print(json.dumps(out))
+"""
+
+
+def _kernel_env(user, bins):
+    """USER's Jupyter dirs and the looseleaf kernelspec (the copied binary, this venv's Python)."""
+    jp = os.path.join(user.dir, "jupyter")
+    kdir = os.path.join(jp, "share", "kernels", "looseleaf")
+    os.makedirs(kdir)
+    import json
+    with open(os.path.join(kdir, "kernel.json"), "w") as f:
+        json.dump({"argv": [bins.looseleaf, "-f", "{connection_file}"], "display_name": "LooseLeaf",
+                   "language": "python", "interrupt_mode": "signal",
+                   "env": {"LOOSELEAF_PYTHON": hdhelp.PYTHON}}, f)
+    for root, dirs, files in os.walk(jp):
+        for n in dirs + files + [""]:
+            os.chown(os.path.join(root, n), user.uid, user.gid)
+    env = dict(user.environ, JUPYTER_PATH=os.path.join(jp, "share"), JUPYTER_DATA_DIR=os.path.join(jp, "data"),
+               JUPYTER_RUNTIME_DIR=os.path.join(jp, "runtime"), JUPYTER_CONFIG_DIR=os.path.join(jp, "config"),
+               LOOSELEAF_POOL_DIR=user.pool_dir, PYDEVD_DISABLE_FILE_VALIDATION="1")
+    return env
+
+
+def test_kernels_of_two_users(hostd, users, bins):
+    """Each user's kernel, started by that user through jupyter_client, runs its GPU cell on a worker of its
+    own uid under the broker's slots; neither sees the other's variables."""
+    procs = []
+    for n, u in enumerate(users):
+        cells = ["x = %d" % (10 * (n + 1)), "%%gpu\nimport os\ny = x * 2\nprint(y, os.getuid())",
+                 "print(x + y, 'z' in dir())"]
+        procs.append(subprocess.Popen(u.cmd([hdhelp.PYTHON, "-c", KERNEL_SCRIPT] + cells), env=_kernel_env(u, bins),
+                                      cwd=u.dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    import json
+    for n, (u, p) in enumerate(zip(users, procs)):
+        so, se = p.communicate(timeout=300)
+        assert p.returncode == 0, se[-3000:]
+        out = json.loads(so.strip().splitlines()[-1])
+        x = 10 * (n + 1)
+        assert [c["status"] for c in out] == ["ok"] * 3, out
+        assert out[1]["route"] == "gpu" and out[2]["route"] == "cpu", out
+        assert out[1]["stdout"] == "%d %d\n" % (2 * x, u.uid)
+        assert out[2]["stdout"] == "%d False\n" % (3 * x)
+    st = hostd.stats()
+    assert all(user_stats(st, u) and user_stats(st, u)["grants"] >= 1 for u in users), st
