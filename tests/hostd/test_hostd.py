@@ -7,7 +7,10 @@ run at once beyond them; workers run as their user; a user cannot give back or m
 waits, and the newcomer's cell starts before the heavy user's next one; the broker killed mid-session: pools
 fall back to their own slots, re-register when it is back, and no variable is lost.
 
-Root only (CI runs as root); skipped elsewhere.  Costs ~30 s on 2 cores (4 pools' zygotes, short cells).
+Also: a user cannot reach anything of another user's (sockets, files, processes: permission errors), and one
+user's worker crash or zygote kill touches no other user; two users' kernels through jupyter_client.
+
+Root only (CI runs as root); skipped elsewhere.  Costs ~50 s on 2 cores (pools' zygotes, kernels, short cells).
 """
 import os
 import subprocess
@@ -256,3 +259,83 @@ def test_kernels_of_two_users(hostd, users, bins):
         assert out[2]["stdout"] == "%d False\n" % (3 * x)
     st = hostd.stats()
     assert all(user_stats(st, u) and user_stats(st, u)["grants"] >= 1 for u in users), st
+
+
+ATTEMPTS_SCRIPT = r"""
+import json, os, socket, sys
+targets = json.loads(sys.argv[1])
+out = {}
+def attempt(name, fn):
+    try:
+        fn()
+        out[name] = "allowed"
+    except PermissionError as e:
+        out[name] = "EPERM/EACCES"
+    except OSError as e:
+        out[name] = "other: %s" % e
+def connect(path):
+    s = socket.socket(socket.AF_UNIX); s.settimeout(5)
+    try:
+        s.connect(path)
+    finally:
+        s.close()
+attempt("pool_socket", lambda: connect(targets["pool_sock"]))
+attempt("redis_socket", lambda: connect(targets["redis_sock"]))
+attempt("pool_dir", lambda: os.listdir(targets["pool_dir"]))
+attempt("payload_file", lambda: open(targets["payload"], "rb").close())
+for what in ("worker", "zygote", "pool"):
+    pid = targets[what]
+    attempt(what + "_signal", lambda: os.kill(pid, 0))
+    attempt(what + "_mem", lambda: open("/proc/%d/mem" % pid, "rb").close())
+    attempt(what + "_environ", lambda: open("/proc/%d/environ" % pid, "rb").close())
+print(json.dumps(out))
+"""
+
+
+def test_other_user_reaches_nothing_of_a(hostd, users):
+    """User b cannot connect to, signal, read or map anything of a's: a's pool socket and dir, store socket,
+    payload pool file, warm worker, zygote and pool (each attempt fails with a permission error)."""
+    a, b = users
+    ca = a.client("a1")
+    assert reply_ok(ca.run("c1", "import numpy as np\nx = np.arange(100000)"))
+    st = ca.stats()
+    worker = next(w["pid"] for w in st["workers"] if w["state"] == "warm")
+    zygote = st["nodes"][0]["pid"]
+    payload = None
+    with open("/proc/%d/maps" % worker) as f:  # the payload pool the worker maps (root may look)
+        for line in f:
+            path = line.split()[-1] if len(line.split()) >= 6 else ""
+            if path.startswith("/") and ("shm" in path or path.startswith(a.dir)) and "redis" not in path:
+                payload = path
+    assert payload, "no payload pool mapped by a's worker"
+    targets = {"pool_sock": os.path.join(a.pool_dir, "pool.sock"), "pool_dir": a.pool_dir,
+               "redis_sock": a.redis_url[len("unix://"):], "payload": payload,
+               "worker": worker, "zygote": zygote, "pool": st["pid"]}
+    import json
+    out = json.loads(b.as_user([hdhelp.PYTHON, "-c", ATTEMPTS_SCRIPT, json.dumps(targets)]))
+    assert out == {k: "EPERM/EACCES" for k in out} and len(out) == 13, out
+    assert reply_ok(ca.run("c2", "print(x.sum())", state_closure=["x"]))
+
+
+def test_faults_of_one_user_touch_no_other(hostd, users):
+    """a's worker crashing and a's zygote killed: b's session goes on; a's next cells run; a's lease comes
+    back to the broker."""
+    a, b = users
+    ca, cb = a.client("a1"), b.client("b1")
+    assert reply_ok(ca.run("c1", "x = 5")) and reply_ok(cb.run("c1", "y = 7"))
+    cb.submit("slow", "import time; time.sleep(1.0); print(y)", state_closure=["y"])
+    ev = ca.run("crash", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    assert ev[-1]["content"]["status"] == "error" and ev[-1]["content"]["ename"] == "WorkerDied"
+    evb = cb.collect("slow")
+    assert reply_ok(evb) and stdout(evb) == "7\n"
+    # a's zygote killed: a's pool starts another; a's next cell (a fresh worker) still sees x.
+    zygote = ca.stats()["nodes"][0]["pid"]
+    os.kill(zygote, 9)
+    wait_for(lambda: any(n["pid"] != zygote and n["ready"] for n in ca.stats()["nodes"]), 60,
+             "a's pool to start a new base zygote")
+    ev = ca.run("c2", "print(x + 1)", state_closure=["x"])
+    assert reply_ok(ev) and stdout(ev) == "6\n", ev
+    ev = cb.run("c2", "print(y + 1)", state_closure=["y"])
+    assert reply_ok(ev) and stdout(ev) == "8\n"
+    st = hostd.stats()
+    assert st["leases"] <= 2 and all(l["uid"] in (a.uid, b.uid) for l in st["lease_list"])
