@@ -4,8 +4,8 @@
 SELFTESTS += ll_hostd_policy
 LIB_SRCS  += zygote/ll_hostd_policy.c zygote/ll_hostd.c zygote/ll_hostpool_hostd.c
 
-# Real OS users (useradd, setpriv; root only, skipped otherwise) sharing one broker, and their kernels
-# through jupyter_client (~45 s on 2 cores).
+# Real OS users (useradd, setpriv; root only, skipped otherwise) sharing one broker, and three users'
+# kernels through jupyter_client against ipykernel (~1 minute on 2 cores).
 PYTESTS   += tests/hostd
 
 # Administrators: `make install-hostd` (root) installs the binary and the unit and starts the broker

@@ -194,13 +194,17 @@ class Hostd:
         os.chmod(self.dir, 0o755)
         self.socket = os.path.join(self.dir, "hostd.sock")
         self.log_path = os.path.join(self.dir, "hostd.log")
+        with socket.socket() as s:  # a free local port for its metrics
+            s.bind(("127.0.0.1", 0))
+            self.metrics_port = s.getsockname()[1]
         self.proc = None
         self.start()
 
     def start(self):
         self.logf = open(self.log_path, "a")
         self.proc = subprocess.Popen([self.bins.looseleaf, "hostd", "--socket", self.socket, "--slots",
-                                      str(self.nslots)], stdout=self.logf, stderr=self.logf)
+                                      str(self.nslots), "--metrics-port", str(self.metrics_port)],
+                                     stdout=self.logf, stderr=self.logf)
         wait_for(lambda: self.stats(check=False), 10, "the broker to answer")
 
     def kill(self):
@@ -220,6 +224,16 @@ class Hostd:
             if check:
                 raise
             return None
+
+    def http(self, path):
+        """(status, body) of GET PATH on its metrics port."""
+        import urllib.error
+        import urllib.request
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.metrics_port, path), timeout=10) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, ""
 
     def log(self):
         with open(self.log_path) as f:

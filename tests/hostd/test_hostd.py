@@ -8,7 +8,8 @@ waits, and the newcomer's cell starts before the heavy user's next one; the brok
 fall back to their own slots, re-register when it is back, and no variable is lost.
 
 Also: a user cannot reach anything of another user's (sockets, files, processes: permission errors), and one
-user's worker crash or zygote kill touches no other user; two users' kernels through jupyter_client.
+user's worker crash or zygote kill touches no other user; three users' kernels (two each) through
+jupyter_client, every output equal to ipykernel's.
 
 Root only (CI runs as root); skipped elsewhere.  Costs ~50 s on 2 cores (pools' zygotes, kernels, short cells).
 """
@@ -17,6 +18,7 @@ import subprocess
 import threading
 import time
 
+import numpy as np
 import pytest
 
 import hdhelp
@@ -105,6 +107,18 @@ def test_two_users_share_two_slots(hostd, users):
     # `looseleaf top` prints the same (run as an unprivileged user: the broker answers anyone).
     top = a.as_user([a.bins.looseleaf, "top", "--socket", hostd.socket])
     assert a.name in top and b.name in top and "2 slot(s)" in top
+    # ... and its metrics endpoint, as Prometheus text.
+    status, text = hostd.http("/metrics")
+    lines = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    assert status == 200 and lines["looseleaf_hostd_slots"] == "2"
+    assert int(lines["looseleaf_hostd_slots_held"]) <= 2 and lines["looseleaf_hostd_waiting_cells"] == "0"
+    for u in (a, b):
+        held = float(lines['looseleaf_hostd_user_gpu_held_seconds_total{uid="%d"}' % u.uid])
+        busy = float(lines['looseleaf_hostd_user_gpu_busy_seconds_total{uid="%d"}' % u.uid])
+        assert held >= busy > 0.9  # each user ran 2 cells of ~1 s
+    hits = int(lines["looseleaf_hostd_warm_hits_total"])
+    assert hits + int(lines["looseleaf_hostd_cold_starts_total"]) >= 8 and hits >= 1
+    assert hostd.http("/other")[0] == 404
 
 
 def test_user_cannot_touch_another_users_lease(hostd, users):
@@ -197,68 +211,112 @@ def test_broker_restart_mid_session(hostd, users):
     assert a.log().count("using the pool's own") == 1
 
 
-# A LooseLeaf kernel started by the user through jupyter_client (the user's own Jupyter dirs, kernelspec and
-# pool dir), running a CPU cell, a GPU cell (%%gpu) and a CPU cell that reads what the GPU cell made.
+# Kernels started by the user through jupyter_client (the user's own Jupyter dirs, kernelspecs and pool dir):
+# two LooseLeaf kernels and the reference ipykernel run the same cells, mixed CPU and GPU (%%gpu; the
+# reference runs them without that line), cell by cell in turn.  Prints each kernel's outputs as JSON.
 KERNEL_SCRIPT = r"""
-import json, os, sys
+import json, sys
 from jupyter_client import KernelManager
-km = KernelManager(kernel_name="looseleaf")
-km.start_kernel()
-kc = km.client(); kc.start_channels(); kc.wait_for_ready(timeout=120)
-out = []
-for code in sys.argv[1:]:
-    text = []
-    def hook(msg):
-        if msg["msg_type"] == "stream":
-            text.append(msg["content"]["text"])
-    reply = kc.execute_interactive(code, output_hook=hook, timeout=180)
-    out.append({"status": reply["content"]["status"], "stdout": "".join(text),
-                "route": reply["metadata"].get("looseleaf", {}).get("route")})
-kc.stop_channels(); km.shutdown_kernel(now=False)
+cells = json.loads(sys.argv[1])
+kms = {name: KernelManager(kernel_name=name) for name in ("looseleaf", "looseleaf2", "python3")}
+kcs = {}
+for name, km in kms.items():
+    km.start_kernel(); kcs[name] = km.client(); kcs[name].start_channels()
+for kc in kcs.values():
+    kc.wait_for_ready(timeout=120)
+out = {name: [] for name in kms}
+for code in cells:
+    for name, kc in kcs.items():
+        got = []
+        def hook(msg):
+            c = msg["content"]
+            if msg["msg_type"] == "stream":
+                got.append(c["text"])
+            elif msg["msg_type"] in ("execute_result", "display_data"):
+                got.append(c["data"].get("text/plain", "") + "\n")
+            elif msg["msg_type"] == "error":
+                got.append("%s: %s\n" % (c["ename"], c["evalue"]))
+        run = code if name != "python3" else code.replace("%%gpu\n", "")
+        reply = kc.execute_interactive(run, output_hook=hook, timeout=180)
+        out[name].append({"status": reply["content"]["status"], "out": "".join(got),
+                          "route": reply["metadata"].get("looseleaf", {}).get("route")})
+for name, kc in kcs.items():
+    kc.stop_channels(); kms[name].shutdown_kernel(now=False)
 print(json.dumps(out))
 """
 
 
 def _kernel_env(user, bins):
-    """USER's Jupyter dirs and the looseleaf kernelspec (the copied binary, this venv's Python)."""
-    jp = os.path.join(user.dir, "jupyter")
-    kdir = os.path.join(jp, "share", "kernels", "looseleaf")
-    os.makedirs(kdir)
+    """USER's Jupyter dirs with kernelspecs: looseleaf (the copied binary, this venv's Python), the same again
+    (a second kernel of the user: same kernelspec, listed twice to make the script plain), and python3
+    (ipykernel of this venv)."""
     import json
-    with open(os.path.join(kdir, "kernel.json"), "w") as f:
-        json.dump({"argv": [bins.looseleaf, "-f", "{connection_file}"], "display_name": "LooseLeaf",
-                   "language": "python", "interrupt_mode": "signal",
-                   "env": {"LOOSELEAF_PYTHON": hdhelp.PYTHON}}, f)
+    jp = os.path.join(user.dir, "jupyter")
+    specs = {"looseleaf": {"argv": [bins.looseleaf, "-f", "{connection_file}"], "display_name": "LooseLeaf",
+                           "language": "python", "interrupt_mode": "signal",
+                           "env": {"LOOSELEAF_PYTHON": hdhelp.PYTHON}},
+             "python3": {"argv": [hdhelp.PYTHON, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                         "display_name": "Python 3", "language": "python"}}
+    specs["looseleaf2"] = specs["looseleaf"]
+    for name, spec in specs.items():
+        kdir = os.path.join(jp, "share", "kernels", name)
+        os.makedirs(kdir)
+        with open(os.path.join(kdir, "kernel.json"), "w") as f:
+            json.dump(spec, f)
     for root, dirs, files in os.walk(jp):
         for n in dirs + files + [""]:
             os.chown(os.path.join(root, n), user.uid, user.gid)
-    env = dict(user.environ, JUPYTER_PATH=os.path.join(jp, "share"), JUPYTER_DATA_DIR=os.path.join(jp, "data"),
-               JUPYTER_RUNTIME_DIR=os.path.join(jp, "runtime"), JUPYTER_CONFIG_DIR=os.path.join(jp, "config"),
-               LOOSELEAF_POOL_DIR=user.pool_dir, PYDEVD_DISABLE_FILE_VALIDATION="1")
-    return env
+    return dict(user.environ, JUPYTER_PATH=os.path.join(jp, "share"), JUPYTER_DATA_DIR=os.path.join(jp, "data"),
+                JUPYTER_RUNTIME_DIR=os.path.join(jp, "runtime"), JUPYTER_CONFIG_DIR=os.path.join(jp, "config"),
+                LOOSELEAF_POOL_DIR=user.pool_dir, PYDEVD_DISABLE_FILE_VALIDATION="1")
 
 
-def test_kernels_of_two_users(hostd, users, bins):
-    """Each user's kernel, started by that user through jupyter_client, runs its GPU cell on a worker of its
-    own uid under the broker's slots; neither sees the other's variables."""
-    procs = []
-    for n, u in enumerate(users):
-        cells = ["x = %d" % (10 * (n + 1)), "%%gpu\nimport os\ny = x * 2\nprint(y, os.getuid())",
-                 "print(x + y, 'z' in dir())"]
-        procs.append(subprocess.Popen(u.cmd([hdhelp.PYTHON, "-c", KERNEL_SCRIPT] + cells), env=_kernel_env(u, bins),
-                                      cwd=u.dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+def _unnoticed(text):
+    """TEXT without the kernel's notice that a GPU cell waits for a slot (README: six kernels on two slots
+    wait, and say so; ipykernel has nothing to wait for)."""
+    return "".join(line for line in text.splitlines(True)
+                   if not line.startswith("LooseLeaf: every GPU slot is in use"))
+
+
+def test_kernels_of_three_users(hostd, users, bins):
+    """Three users, two LooseLeaf kernels each, on the broker's 2 slots: every output equal to ipykernel's (run
+    by the same user on the same cells), GPU cells on workers of the user's own uid, no variable crossing
+    kernels or users, the broker never lending more than 2 slots."""
+    users = users + [User(users[0].name[:-1] + "c", bins, hostd.socket)]
     import json
-    for n, (u, p) in enumerate(zip(users, procs)):
-        so, se = p.communicate(timeout=300)
-        assert p.returncode == 0, se[-3000:]
-        out = json.loads(so.strip().splitlines()[-1])
-        x = 10 * (n + 1)
-        assert [c["status"] for c in out] == ["ok"] * 3, out
-        assert out[1]["route"] == "gpu" and out[2]["route"] == "cpu", out
-        assert out[1]["stdout"] == "%d %d\n" % (2 * x, u.uid)
-        assert out[2]["stdout"] == "%d False\n" % (3 * x)
-    st = hostd.stats()
-    assert all(user_stats(st, u) and user_stats(st, u)["grants"] >= 1 for u in users), st
+    try:
+        sampler = Sampler(hostd)
+        procs = []
+        for n, u in enumerate(users):
+            cells = ["x = %d" % (10 * (n + 1)),
+                     "%%gpu\nimport os, time\ny = x * 2\ntime.sleep(0.3)\nprint(y, os.getuid())",
+                     "print(x + y, 'z' in dir(), 'w' in dir())",
+                     "%%gpu\nimport numpy as np\nz = np.arange(x + y)\nz.sum()",
+                     "w = list(z[:3])\nw"]
+            procs.append(subprocess.Popen(u.cmd([hdhelp.PYTHON, "-c", KERNEL_SCRIPT, json.dumps(cells)]),
+                                          env=_kernel_env(u, bins), cwd=u.dir, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))
+        outs = []
+        for p in procs:
+            so, se = p.communicate(timeout=400)
+            assert p.returncode == 0, se[-3000:]
+            outs.append(json.loads(so.strip().splitlines()[-1]))
+        sampler.close()
+        for n, (u, out) in enumerate(zip(users, outs)):
+            ref = out["python3"]
+            assert [c["status"] for c in ref] == ["ok"] * 5, ref
+            for name in ("looseleaf", "looseleaf2"):
+                got = out[name]
+                assert [c["route"] for c in got] == ["cpu", "gpu", "cpu", "gpu", "cpu"], got
+                assert [_unnoticed(c["out"]) for c in got] == [c["out"] for c in ref], (name, got, ref)
+            x = 10 * (n + 1)
+            assert ref[1]["out"] == "%d %d\n" % (2 * x, u.uid)
+            assert ref[3]["out"] == "%r\n" % np.arange(3 * x).sum()
+        assert sampler.max_leases <= 2 and sampler.max_busy <= 2, (sampler.max_leases, sampler.max_busy)
+        st = hostd.stats()
+        assert all(user_stats(st, u) and user_stats(st, u)["grants"] >= 1 for u in users), st
+    finally:
+        users[2].close()
 
 
 ATTEMPTS_SCRIPT = r"""
