@@ -42,7 +42,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#define S_MAX_HTTP 16
+#define S_MAX_HTTP    16
+#define S_MAX_PER_UID 16 /* connections of one uid at once: one user cannot take every entry */
 
 typedef struct {
     int fd;           /* -1: free */
@@ -218,6 +219,14 @@ static void s_accept(s_hostd_t *h)
             if (h->conns[j].fd < 0)
                 c = j;
         if (c < 0 || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0) {
+            close(fd);
+            continue;
+        }
+        int same = 0;
+        for (int j = 0; j < LL_HOSTD_MAX_CONNS; j++)
+            same += h->conns[j].fd >= 0 && h->conns[j].uid == cred.uid;
+        if (same >= S_MAX_PER_UID) {
+            ll_warn("hostd", "uid %u already has %d connections: refusing another", cred.uid, same);
             close(fd);
             continue;
         }

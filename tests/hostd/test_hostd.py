@@ -140,14 +140,25 @@ send_frame(s, {"type": "release", "slot": %d}); out.append(recv_frame(s))
 send_frame(s, {"type": "hello", "nslots": 2, "held": []}); out.append(recv_frame(s))
 for t in ("release", "mark"):
     send_frame(s, {"type": t, "slot": %d, "idle": True, "value": 0}); out.append(recv_frame(s))
+# One user cannot take every connection of the broker: past 16 at once it is refused.
+more, answered = [], 0
+for i in range(20):
+    c = socket.socket(socket.AF_UNIX); c.connect(%r); more.append(c)
+for c in more:
+    try:
+        send_frame(c, {"type": "stats"}); recv_frame(c); answered += 1
+    except OSError:
+        pass
+out.append(answered)
 print(json.dumps(out))
-""" % (os.path.dirname(os.path.abspath(__file__)), hostd.socket, lease["slot"], lease["slot"])
+""" % (os.path.dirname(os.path.abspath(__file__)), hostd.socket, lease["slot"], lease["slot"], hostd.socket)
     import json
     out = json.loads(b.as_user([hdhelp.PYTHON, "-c", script]))
     assert out[0]["type"] == "error" and "hello" in out[0]["error"]
     assert out[1]["type"] == "welcome" and out[1]["adopted"] == []
     assert out[2]["type"] == "error" and "no lease" in out[2]["error"]
     assert out[3]["type"] == "error" and "no lease" in out[3]["error"]
+    assert out[4] == 15  # 16 connections of b's at most: the one above, and 15 of these
     after = hostd.stats()
     assert [(l["slot"], l["uid"], l["state"]) for l in after["lease_list"]] == \
         [(lease["slot"], a.uid, lease["state"])]
