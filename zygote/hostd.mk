@@ -18,3 +18,7 @@ install-hostd: $(BUILD)/looseleaf
 	sed 's|@BINDIR@|$(PREFIX)/bin|' hostd/looseleaf-hostd.service \
 	    > $(DESTDIR)/etc/systemd/system/looseleaf-hostd.service
 	[ -n "$(DESTDIR)" ] || { systemctl daemon-reload && systemctl enable --now looseleaf-hostd; }
+
+# Three users' sessions on 2 slots: GPU-seconds held and busy per user against pinned, cell start latency
+# (root only; ~20 s).
+BENCHES   += tests/bench/bench_hostd.py
