@@ -31,7 +31,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#define S_RETRY_MS 1000.0 /* between attempts to reach the broker */
+#define S_RETRY_MS   1000.0  /* between attempts to reach the broker */
+#define S_REFUSED_MS 30000.0 /* ... after it refused to register us */
+#define S_WELCOME_MS 5000.0  /* a broker that does not welcome us by then is given up */
 
 struct ll_hostpool_hostd_t {
     char sock[108];                   /* the broker's socket ("": none is looked for) */
@@ -40,6 +42,7 @@ struct ll_hostpool_hostd_t {
     bool registered;                  /* it welcomed us */
     bool said_private;                /* "own slots" logged since the last registration */
     double next_try;                  /* ms, next attempt to connect */
+    double hello_t;                   /* ms, when we said hello */
     int want_sent;                    /* the last "want" the broker has (as it counts) */
     bool answered;                    /* the broker said wait since cells began to wait */
     bool hold_off;                    /* ... and that no slot is on its way: evict our own */
@@ -131,6 +134,7 @@ static void s_connect(ll_hostpool_t *pool)
     hd->hold_off = hd->answered = false;
     ll_sched_evict_hold(pool->sched, true);
     ll_sched_wait_quiet(pool->sched, true);
+    hd->hello_t = ll_clock_ms();
     s_send(pool, json_pack("{s:s, s:i, s:i, s:o}", "type", "hello", "nslots", nslots, "pid",
                            (int) getpid(), "held", held));
 }
@@ -170,6 +174,16 @@ int ll_hostpool_hostd_fd(const ll_hostpool_t *pool)
 int ll_hostpool_hostd_timer(ll_hostpool_t *pool, double now, int timeout)
 {
     ll_hostpool_hostd_t *hd = pool->hostd;
+    if (hd && hd->fd >= 0 && !hd->registered) {
+        /* Until it welcomes us the pool takes no new slot: not for long. */
+        if (now >= hd->hello_t + S_WELCOME_MS) {
+            s_private(pool, "did not answer");
+            ll_hostpool_schedule(pool);
+            return 0;
+        }
+        int left = (int) (hd->hello_t + S_WELCOME_MS - now) + 1;
+        return timeout < 0 || left < timeout ? left : timeout;
+    }
     if (!hd || !hd->sock[0] || hd->fd >= 0)
         return timeout;
     if (now >= hd->next_try) {
@@ -291,6 +305,14 @@ static void s_frame(ll_hostpool_t *pool, json_t *m)
         hd->hold_off = !json_is_true(json_object_get(m, "revoking"));
         ll_sched_evict_hold(pool->sched, !hd->hold_off);
         ll_sched_wait_quiet(pool->sched, false);
+    } else if (strcmp(type, "error") == 0 && !hd->registered) {
+        /* It will not have us (too many users): our own slots, and ask
+         * again later. */
+        char why[300];
+        snprintf(why, sizeof why, "refused to register: %.200s",
+                 json_string_value(json_object_get(m, "error")));
+        s_private(pool, why);
+        hd->next_try = ll_clock_ms() + S_REFUSED_MS;
     } else if (strcmp(type, "error") == 0) {
         ll_warn("pool", "hostd refused a request: %s",
                 json_string_value(json_object_get(m, "error")));

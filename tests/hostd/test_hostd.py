@@ -14,7 +14,9 @@ jupyter_client, every output equal to ipykernel's.
 Root only (CI runs as root); skipped elsewhere.  Costs ~50 s on 2 cores (pools' zygotes, kernels, short cells).
 """
 import os
+import shutil
 import subprocess
+import tempfile
 import threading
 import time
 
@@ -408,3 +410,28 @@ def test_faults_of_one_user_touch_no_other(hostd, users):
     assert reply_ok(ev) and stdout(ev) == "8\n"
     st = hostd.stats()
     assert st["leases"] <= 2 and all(l["uid"] in (a.uid, b.uid) for l in st["lease_list"])
+
+
+def test_silent_broker_is_given_up(bins, tmp_path):
+    """Something listens on the broker's socket but never welcomes the pool: after a few seconds the pool
+    uses its own slots (said once) and its cells run."""
+    import socket
+    d = tempfile.mkdtemp(prefix="ll-hostd-silent-")
+    os.chmod(d, 0o755)
+    path = os.path.join(d, "hostd.sock")
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(path)
+    os.chmod(path, 0o666)
+    srv.listen(8)
+    u = None
+    try:
+        u = User("llhd%05ds" % (os.getpid() % 100000), bins, path)
+        c = u.client("s1")
+        ev = c.run("c1", "print(6 * 7)")
+        assert reply_ok(ev) and stdout(ev) == "42\n"
+        assert "did not answer" in u.log() and u.log().count("using the pool's own") == 1
+    finally:
+        if u:
+            u.close()
+        srv.close()
+        shutil.rmtree(d, True)
