@@ -259,10 +259,21 @@ static int s_first_waiting(const ll_hostd_policy_t *self, const bool *skip)
     return best;
 }
 
+/* Revocations under way for connection CI of leases that were idle (their
+ * workers are being evicted: the slots come back at once). */
+static int s_revoking_idle_for(const ll_hostd_policy_t *self, int ci)
+{
+    int n = 0;
+    for (int i = 0; i < LL_HOSTD_MAX_LEASES; i++)
+        n += self->leases[i].conn >= 0 && self->leases[i].revoking &&
+             self->leases[i].for_conn == ci && self->leases[i].idle;
+    return n;
+}
+
 /* The lease to take back for waiting connection C, or NULL: among users
- * above share (not C's), an idle lease of the smallest value, else the
- * longest-held busy one. */
-static ll_hostd_lease_t *s_victim(ll_hostd_policy_t *self, const s_conn_t *c)
+ * above share (not C's), an idle lease of the smallest value, else (unless
+ * IDLE_ONLY) the longest-held busy one. */
+static ll_hostd_lease_t *s_victim(ll_hostd_policy_t *self, const s_conn_t *c, bool idle_only)
 {
     double share =
         (double) self->nslots / (double) (s_active_users(self) ? s_active_users(self) : 1);
@@ -277,7 +288,7 @@ static ll_hostd_lease_t *s_victim(ll_hostd_policy_t *self, const s_conn_t *c)
         if (!l->idle && (!busy || l->t0 < busy->t0))
             busy = l;
     }
-    return idle ? idle : busy;
+    return idle ? idle : idle_only ? NULL : busy;
 }
 
 bool ll_hostd_policy_next(ll_hostd_policy_t *self, double now, ll_hostd_decision_t *d)
@@ -308,8 +319,11 @@ bool ll_hostd_policy_next(ll_hostd_policy_t *self, double now, ll_hostd_decision
                 *d = (ll_hostd_decision_t){LL_HOSTD_GRANT, ci, s, -1, false};
                 return true;
             }
-        if (c->revokes_for < c->want) {
-            ll_hostd_lease_t *v = s_victim(self, c);
+        /* One revocation per slot wanted; but a busy lease taken back comes
+         * back only at its cell's end, so an idle lease that turns up
+         * meanwhile is taken back too (the bound: at once when idle). */
+        if (c->revokes_for < c->want || s_revoking_idle_for(self, ci) < c->want) {
+            ll_hostd_lease_t *v = s_victim(self, c, c->revokes_for >= c->want);
             if (v) {
                 v->revoking = true;
                 v->for_conn = ci;
@@ -513,6 +527,34 @@ static int s_test_fair(bool verbose)
     return fails;
 }
 
+/* A busy lease taken back comes back only at its cell's end: an idle lease
+ * of a user above share that turns up meanwhile is taken back too. */
+static int s_test_idle_meanwhile(bool verbose)
+{
+    int fails = 0;
+    ll_hostd_decision_t d[8];
+    ll_hostd_policy_t *p = ll_hostd_policy_new(3);
+    ll_hostd_policy_open(p, 0, 1001, 3, 0);
+    ll_hostd_policy_open(p, 1, 1002, 3, 0);
+    ll_hostd_policy_want(p, 0, 3, 1);
+    S_CHECK(s_test_pass(p, 1, d, 8) == 3); /* 1001: slots 0, 1, 2, all busy */
+    ll_hostd_policy_want(p, 1, 1, 2);
+    int n = s_test_pass(p, 2, d, 8);
+    S_CHECK(n == 2 && d[0].op == LL_HOSTD_REVOKE && d[0].slot == 0 && d[1].revoking);
+    S_CHECK(s_test_pass(p, 3, d, 8) == 0); /* one revocation per slot wanted */
+    S_CHECK(ll_hostd_policy_mark(p, 0, 2, true, 9, 31, 1, 4) == 0); /* slot 2 turns idle */
+    n = s_test_pass(p, 4, d, 8);
+    S_CHECK(n == 2 && d[0].op == LL_HOSTD_REVOKE && d[0].conn == 0 && d[0].slot == 2);
+    S_CHECK(d[1].op == LL_HOSTD_WAIT && d[1].conn == 1 && d[1].revoking);
+    S_CHECK(ll_hostd_policy_release(p, 0, 2, 5) == 0);
+    n = s_test_pass(p, 5, d, 8);
+    S_CHECK(n == 1 && d[0].op == LL_HOSTD_GRANT && d[0].conn == 1 && d[0].slot == 2);
+    S_CHECK(ll_hostd_policy_release(p, 0, 0, 6) == 0); /* the busy one comes back: nobody waits */
+    S_CHECK(s_test_pass(p, 6, d, 8) == 0 && ll_hostd_policy_busy_slots(p) == 2);
+    ll_hostd_policy_destroy(&p);
+    return fails;
+}
+
 /* Re-registration after a broker restart: leases adopted even beyond the
  * slots; nothing is lent until they are back within. */
 static int s_test_adopt(bool verbose)
@@ -542,7 +584,8 @@ static int s_test_adopt(bool verbose)
 
 int ll_hostd_policy_selftest(bool verbose)
 {
-    int fails = s_test_grants(verbose) + s_test_fair(verbose) + s_test_adopt(verbose);
+    int fails = s_test_grants(verbose) + s_test_fair(verbose) + s_test_idle_meanwhile(verbose) +
+                s_test_adopt(verbose);
     if (verbose)
         fprintf(stderr, "ll_hostd_policy: %s\n", fails ? "FAILED" : "ok");
     return fails ? 1 : 0;

@@ -241,8 +241,9 @@ void ll_hostpool_hostd_sync(ll_hostpool_t *pool)
             continue;
         }
         const ll_sched_job_t *j = ll_sched_job(pool->sched, r);
-        bool idle = j->state == LL_SCHED_WARM;
-        if (hd->revoked[s] && idle) {
+        /* An evicting worker runs no cell either: idle for the broker's count. */
+        bool idle = j->state == LL_SCHED_WARM || j->state == LL_SCHED_EVICTING;
+        if (hd->revoked[s] && j->state == LL_SCHED_WARM) {
             ll_hostpool_evict_warm(pool, r, "hostd takes its slot back for another user");
             continue;
         }
