@@ -20,6 +20,7 @@
 #include "gateway/ll_kernelspec.h"
 #include "kernel/ll_pyenv.h"
 #include "sim/ll_sim_cli.h"
+#include "zygote/ll_hostd.h"
 #include "zygote/ll_hostpool.h"
 #include "zygote/ll_zygote.h"
 
@@ -46,6 +47,8 @@ static void s_usage(FILE *out)
         "and baselines\n"
         "       looseleaf pool ... | zygote ...      the host pool and its zygotes (started by "
         "kernels)\n"
+        "       looseleaf hostd ... | top ...        the host's GPU slot broker (a system service) "
+        "and what it holds\n"
         "       looseleaf --version | --help\n",
         LL_KERNELSPEC_NAME);
 }
@@ -196,10 +199,8 @@ int main(int argc, char **argv)
     static const struct {
         const char *name;
         int (*fn)(int, char **);
-    } subs[] = {{"analyze", ll_analyze_main},
-                {"pool", ll_hostpool_main},
-                {"zygote", ll_zygote_main},
-                {"trace", ll_trace_main},
+    } subs[] = {{"analyze", ll_analyze_main},  {"pool", ll_hostpool_main}, {"hostd", ll_hostd_main},
+                {"top", ll_hostd_top_main},    {"zygote", ll_zygote_main}, {"trace", ll_trace_main},
                 {"simulate", ll_simulate_main}};
     for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++)
         if (strcmp(cmd, subs[i].name) == 0)

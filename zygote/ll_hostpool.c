@@ -318,6 +318,7 @@ static int s_start_serving(ll_hostpool_t *pool)
         return -1;
     }
     pool->idle_since = ll_clock_ms();
+    ll_hostpool_hostd_start(pool); /* hostd: slots borrowed from the host's broker, if any */
     return 0;
 }
 
@@ -363,10 +364,10 @@ static int s_setup(ll_hostpool_t *pool)
 /* ------------------------------------------------------------------ */
 /* The loop                                                           */
 
-enum { K_LISTEN, K_SIG, K_CLIENT, K_NODE, K_WORKER, K_PROBE };
+enum { K_LISTEN, K_SIG, K_CLIENT, K_NODE, K_WORKER, K_PROBE, K_HOSTD };
 
 #define S_MAX_POLL \
-    (2 + LL_HOSTPOOL_MAX_CLIENTS + LL_ZTREE_MAX_NODES + LL_SCHED_MAX_JOBS + LL_ZTREE_MAX_PROBES)
+    (3 + LL_HOSTPOOL_MAX_CLIENTS + LL_ZTREE_MAX_NODES + LL_SCHED_MAX_JOBS + LL_ZTREE_MAX_PROBES)
 
 /* What one turn of the loop polls: each descriptor with its kind and the
  * entry it belongs to. */
@@ -391,6 +392,8 @@ static bool s_pollset(ll_hostpool_t *pool, s_pollset_t *ps)
     ps->n = 0;
     s_poll_add(ps, pool->listen_fd, POLLIN, K_LISTEN, 0);
     s_poll_add(ps, pool->sig_fd, POLLIN, K_SIG, 0);
+    if (ll_hostpool_hostd_fd(pool) >= 0)
+        s_poll_add(ps, ll_hostpool_hostd_fd(pool), POLLIN, K_HOSTD, 0);
     bool clients = false;
     for (int c = 0; c < LL_HOSTPOOL_MAX_CLIENTS; c++)
         if (pool->clients[c].fd >= 0) {
@@ -459,6 +462,7 @@ static void s_loop(ll_hostpool_t *pool)
             pool->idle_since = now;
         int timeout = ll_ztree_timeout(pool->tree, now);
         timeout = ll_hostpool_worker_timers(pool, now, timeout);
+        timeout = ll_hostpool_hostd_timer(pool, now, timeout);
         if (pool->idle_since) {
             double left = pool->idle_since + pool->cfg.idle_exit_s * 1000.0 - now;
             if (left <= 0) {
@@ -484,6 +488,10 @@ static void s_loop(ll_hostpool_t *pool)
             case K_NODE: s_node_input(pool, k, fd); break;
             case K_WORKER: ll_hostpool_worker_input(pool, k, fd); break;
             case K_PROBE: ll_ztree_probe_input(pool->tree, k); break;
+            case K_HOSTD:
+                if (ll_hostpool_hostd_fd(pool) == fd)
+                    ll_hostpool_hostd_input(pool);
+                break;
             }
         }
         ll_hostpool_schedule(pool);
@@ -505,6 +513,7 @@ static void s_destroy(ll_hostpool_t *pool)
         free(pool->runs[r].id);
         json_decref(pool->runs[r].req);
     }
+    ll_hostpool_hostd_stop(pool);
     ll_sched_destroy(&pool->sched);
     ll_ztree_destroy(&pool->tree);
     free(pool);

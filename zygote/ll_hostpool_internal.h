@@ -87,6 +87,8 @@ typedef struct {
     int pid;          /* the worker */
     char why[300];    /* "evicted for another session at 12:01:07" */
 } ll_hostpool_gone_t;
+/* The link to `looseleaf hostd` (ll_hostpool_hostd.c). */
+typedef struct ll_hostpool_hostd_t ll_hostpool_hostd_t;
 
 typedef struct {
     ll_hostpool_config_t cfg; /* what the pool was told (read once at its start) */
@@ -109,6 +111,7 @@ typedef struct {
     int gone_next;                             /* where the next one goes (a ring) */
     double idle_since;                         /* ms, 0 while busy */
     bool stop;                                 /* SIGTERM or SIGINT came */
+    ll_hostpool_hostd_t *hostd; /* the slot broker's link; NULL: the pool's own slots */
 } ll_hostpool_t;
 
 /* ---- ll_hostpool.c ---- */
@@ -157,9 +160,39 @@ bool ll_hostpool_busy(const ll_hostpool_t *pool);
 /* The pool stops: every session's line is logged, every worker killed. */
 void ll_hostpool_jobs_stop(ll_hostpool_t *pool);
 
+/* ---- ll_hostpool_homes.c ---- */
+
+/* R's worker, the home of values of its session, goes (HOW: "evicted for
+ * another session", ...): its client is told, with the time, once; no-op
+ * when it is no home. */
+void ll_hostpool_tell_gone(ll_hostpool_t *pool, int r, const char *how);
+/* The home workers of R's session that went, as {pid: why}: a new object
+ * the caller owns, NULL when none. */
+json_t *ll_hostpool_gone_of(ll_hostpool_t *pool, int r);
+
 /* ---- ll_hostpool_stats.c ---- */
 
 /* The `stats` event (zygote/API.md); the caller owns it. */
 json_t *ll_hostpool_stats(ll_hostpool_t *pool);
+/* hostd takes back the slot of warm worker W: it leaves at once (killed:
+ * its save committed), holding its slot until it is gone.  WHY: logged. */
+void ll_hostpool_evict_warm(ll_hostpool_t *pool, int w, const char *why);
+
+/* ---- ll_hostpool_hostd.c: slots leased from `looseleaf hostd` ---- */
+
+/* Look for the broker (hostd/API.md), registering when it answers. */
+void ll_hostpool_hostd_start(ll_hostpool_t *pool);
+void ll_hostpool_hostd_stop(ll_hostpool_t *pool);
+/* The broker's connection to poll for POLLIN, -1 none. */
+int ll_hostpool_hostd_fd(const ll_hostpool_t *pool);
+/* Its frames (grants, revocations, answers); then a pass of the schedule. */
+void ll_hostpool_hostd_input(ll_hostpool_t *pool);
+/* At NOW: try to reach it again when due.  TIMEOUT, or the ms to the next
+ * attempt when sooner. */
+int ll_hostpool_hostd_timer(ll_hostpool_t *pool, double now, int timeout);
+/* After a pass: tell the broker what changed (cells waiting, leases busy or
+ * idle, leases free to return), and evict warm workers on slots it takes
+ * back. */
+void ll_hostpool_hostd_sync(ll_hostpool_t *pool);
 
 #endif

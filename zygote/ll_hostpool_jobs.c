@@ -23,7 +23,15 @@
  * - a worker is the leader of its own process group (ll_zygote.c), and is
  *   killed with it: children of its cells (DataLoader workers, a
  *   multiprocessing pool) hold the device too, so the slot stays held
- *   until the whole group is gone, and they are reaped here. */
+ *   until the whole group is gone, and they are reaped here.
+ *
+ * Why this file is long: it is the pool's one job state machine (clients'
+ * requests, zygotes' forks, workers' frames, deaths and timers), and every
+ * part of it goes through the same two dozen helpers on the run table
+ * (s_job, s_drop_worker, s_reply_error, ...).  What stands apart went to
+ * files of its own: the stats (ll_hostpool_stats.c), the record of homes
+ * that went (ll_hostpool_homes.c), the slot broker's link
+ * (ll_hostpool_hostd.c) and every decision (ll_sched.c). */
 #include "zygote/ll_hostpool_internal.h"
 #include "base/ll_clock.h"
 #include "base/ll_log.h"
@@ -270,34 +278,6 @@ static void s_session_end(ll_hostpool_t *pool, int i)
     ll_sched_session_close(pool->sched, i);
 }
 
-/* R's worker, the home of values of its session no store holds (zyg.py),
- * goes (HOW: "evicted for another session", ...): its client hears it, with
- * the time, so the kernel can name each lost variable and why.  Once. */
-static void s_tell_gone(ll_hostpool_t *pool, int r, const char *how)
-{
-    const ll_sched_job_t *j = s_job(pool, r);
-    if (j->worker.home <= 0 || j->client < 0 || pool->runs[r].worker.pid <= 0)
-        return;
-    char at[16], why[300];
-    time_t now = time(NULL);
-    struct tm tm;
-    if (!localtime_r(&now, &tm) || !strftime(at, sizeof at, "%H:%M:%S", &tm))
-        snprintf(at, sizeof at, "?");
-    snprintf(why, sizeof why, "%s at %s", how, at);
-    ll_info("pool", "worker %d, home of session %s: %s", (int) pool->runs[r].worker.pid,
-            j->session ? j->session : "?", why);
-    ll_hostpool_gone_t *g = &pool->gone[pool->gone_next++ % LL_HOSTPOOL_GONE];
-    g->client = j->client;
-    snprintf(g->session, sizeof g->session, "%s", j->session ? j->session : "");
-    g->pid = (int) pool->runs[r].worker.pid;
-    snprintf(g->why, sizeof g->why, "%s", why);
-    ll_hostpool_send(pool, j->client,
-                     json_pack("{s:s, s:i, s:s, s:s}", "type", "worker_gone", "pid",
-                               (int) pool->runs[r].worker.pid, "session",
-                               j->session ? j->session : "", "why", why));
-    ll_sched_set_home(pool->sched, r, 0);
-}
-
 /* The processes the kernel's OOM killer has ended on this host so far
  * (/proc/vmstat; 0 when unknown).  A worker killed by SIGKILL while this
  * moved was, in all likelihood, one of them: another process of the host
@@ -352,7 +332,7 @@ static void s_finish_dead(ll_hostpool_t *pool, int r)
         snprintf(why, sizeof why, "which died (%s %d)",
                  WIFSIGNALED(hst) ? "killed by signal" : "exit status",
                  WIFSIGNALED(hst) ? WTERMSIG(hst) : WEXITSTATUS(hst));
-        s_tell_gone(pool, r, why);
+        ll_hostpool_tell_gone(pool, r, why);
         s_requeue(pool, r);
         return;
     }
@@ -369,7 +349,7 @@ static void s_finish_dead(ll_hostpool_t *pool, int r)
                 "fresh worker",
                 run->id, (int) run->worker.pid, WIFSIGNALED(st) ? "signal" : "status",
                 WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st), oom ? ", out of memory" : "");
-        s_tell_gone(pool, r, "which died preparing a cell");
+        ll_hostpool_tell_gone(pool, r, "which died preparing a cell");
         run->retries++;
         s_requeue(pool, r);
         return;
@@ -385,7 +365,7 @@ static void s_finish_dead(ll_hostpool_t *pool, int r)
             snprintf(why, sizeof why, "which died (%s %d)",
                      WIFSIGNALED(st) ? "killed by signal" : "exit status",
                      WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
-            s_tell_gone(pool, r, why);
+            ll_hostpool_tell_gone(pool, r, why);
         }
         s_drop_worker(pool, r);
         ll_hostpool_schedule(pool);
@@ -422,7 +402,7 @@ static void s_finish_dead(ll_hostpool_t *pool, int r)
                  "continues from the last committed versions of its variables",
                  (int) run->worker.pid, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
     ll_warn("pool", "cell %s: %s", run->id, why);
-    s_tell_gone(pool, r, "which died running a cell");
+    ll_hostpool_tell_gone(pool, r, "which died running a cell");
     s_reply_error(pool, r, run->cancelled ? "Cancelled" : "WorkerDied", why);
     s_drop_worker(pool, r);
     ll_hostpool_schedule(pool);
@@ -465,24 +445,6 @@ static void s_job_device(ll_hostpool_t *pool, json_t *job, int slot)
     json_object_set_new(job, "mem_fraction", f > 0 ? json_real(f) : json_null());
 }
 
-/* The home workers of R's session that went, as {pid: why} (NULL: none). */
-static json_t *s_gone_of(ll_hostpool_t *pool, int r)
-{
-    const ll_sched_job_t *j = s_job(pool, r);
-    json_t *out = NULL;
-    for (int i = 0; i < LL_HOSTPOOL_GONE && i < pool->gone_next; i++) {
-        const ll_hostpool_gone_t *g = &pool->gone[i];
-        if (g->client != j->client || !j->session || strcmp(g->session, j->session) != 0)
-            continue;
-        char pid[16];
-        snprintf(pid, sizeof pid, "%d", g->pid);
-        if (!out)
-            out = json_object();
-        json_object_set_new(out, pid, json_string(g->why));
-    }
-    return out;
-}
-
 /* The job frame for R's worker: the request plus where it runs, and the
  * session's home workers that went (a cell reading what they held names
  * why: zyg.py). */
@@ -493,7 +455,7 @@ static json_t *s_job_frame(ll_hostpool_t *pool, int r, int slot)
     run->began = false;
     json_t *job = json_deep_copy(run->req);
     s_job_device(pool, job, slot);
-    json_t *gone = s_gone_of(pool, r);
+    json_t *gone = ll_hostpool_gone_of(pool, r);
     if (gone)
         json_object_set_new(job, "gone_workers", gone);
     json_object_set_new(job, "slot", json_integer(slot));
@@ -605,6 +567,14 @@ static void s_release_worker(ll_hostpool_t *pool, int w, const char *why)
     s_worker_leaves(pool, w, why, l, false);
 }
 
+/* hostd (ll_hostpool_hostd.c) takes W's slot back. */
+void ll_hostpool_evict_warm(ll_hostpool_t *pool, int w, const char *why)
+{
+    double l = 0;
+    ll_sched_release(pool->sched, w, &l);
+    s_worker_leaves(pool, w, why, l, true);
+}
+
 /* LL_SCHED_EVICT: warm worker D->W leaves under slot pressure, for D->R;
  * its session is prepared again, staged, when the schedule says so. */
 static void s_evict_for(ll_hostpool_t *pool, const ll_sched_decision_t *d)
@@ -617,7 +587,7 @@ static void s_evict_for(ll_hostpool_t *pool, const ll_sched_decision_t *d)
     else
         snprintf(why, sizeof why, "slot pressure: prefetch %.80s of session %.40s%s",
                  pool->runs[d->r].id, j->session, d->credit ? " (its credit)" : "");
-    s_tell_gone(pool, d->w, "evicted for another session");
+    ll_hostpool_tell_gone(pool, d->w, "evicted for another session");
     s_worker_leaves(pool, d->w, why, d->l, true);
     if (d->restage)
         s_restage(pool, d->w); /* its session keeps a prepared worker, without a slot */
@@ -747,6 +717,7 @@ void ll_hostpool_schedule(ll_hostpool_t *pool)
         if (!s_promote_staged(pool))
             break;
     }
+    ll_hostpool_hostd_sync(pool); /* hostd: what the pass changed, to the broker */
 }
 
 static int s_find_run(ll_hostpool_t *pool, int c, const char *id)
@@ -1045,7 +1016,7 @@ static void s_worker_prepared(ll_hostpool_t *pool, int r, json_t *m)
     if (ll_sched_prepared(pool->sched, r, may_stay, changed, held_bytes, ll_clock_ms())) {
         s_warm(pool, r);
     } else {
-        s_tell_gone(pool, r, "which could not stay");
+        ll_hostpool_tell_gone(pool, r, "which could not stay");
         s_let_go(pool, r); /* the worker leaves by itself */
     }
     ll_hostpool_schedule(pool);
@@ -1076,7 +1047,7 @@ static void s_worker_reply(ll_hostpool_t *pool, int r, json_t *m)
     if (ll_sched_replied(pool->sched, r, may_stay, held_bytes, ll_clock_ms())) {
         s_warm(pool, r);
     } else {
-        s_tell_gone(pool, r, "which could not stay after its cell");
+        ll_hostpool_tell_gone(pool, r, "which could not stay after its cell");
         s_let_go(pool, r); /* the worker exits by itself; its zygote reaps it */
     }
     ll_hostpool_schedule(pool);

@@ -242,6 +242,23 @@ int ll_sched_jobs_end(const ll_sched_t *self);
 int ll_sched_nslots(const ll_sched_t *self);
 int ll_sched_slot_job(const ll_sched_t *self, int s);
 
+/* ---- slots leased from `looseleaf hostd` (hostd/API.md) ---- */
+
+/* Whether slot S is the pool's to use (all are, until the pool talks to a
+ * broker).  An unleased slot takes no new job when free; a worker holding
+ * it when it was taken back does not stay warm after its job (its slot is
+ * free at its reply).  The caller evicts a warm worker there itself. */
+void ll_sched_slot_lease(ll_sched_t *self, int s, bool leased);
+bool ll_sched_slot_leased(const ll_sched_t *self, int s);
+
+/* HOLD: a cell or prefetch finding no free slot evicts no warm worker (it
+ * waits: the broker may lend a slot first).  Off by default. */
+void ll_sched_evict_hold(ll_sched_t *self, bool hold);
+
+/* QUIET: cells finding every slot held are not told they wait (not yet:
+ * the broker may lend one at once); told once it is off.  Off by default. */
+void ll_sched_wait_quiet(ll_sched_t *self, bool quiet);
+
 /* The eviction order of warm workers (values, clock, speculation), owned
  * by the schedule. */
 const ll_gdsf_t *ll_sched_gdsf(const ll_sched_t *self);

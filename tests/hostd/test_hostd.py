@@ -1,0 +1,437 @@
+"""`looseleaf hostd`, the host's slot broker, with real OS users (issue 17; hostd/API.md).
+
+Two test users (useradd), each with a private store and host pool run as that user (setpriv), share one
+broker of 2 slots run as root.  Checked: the broker never lends more than its slots and no two users' workers
+run at once beyond them; workers run as their user; a user cannot give back or mark another user's lease
+(an error, nothing changes); a user above share loses its warm (then its busy) leases first when another
+waits, and the newcomer's cell starts before the heavy user's next one; the broker killed mid-session: pools
+fall back to their own slots, re-register when it is back, and no variable is lost.
+
+Also: a user cannot reach anything of another user's (sockets, files, processes: permission errors), and one
+user's worker crash or zygote kill touches no other user; three users' kernels (two each) through
+jupyter_client, every output equal to ipykernel's.
+
+Root only (CI runs as root); skipped elsewhere.  Costs ~50 s on 2 cores (pools' zygotes, kernels, short cells).
+"""
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import hdhelp
+from hdhelp import Binaries, Hostd, User, reply_ok, started, stdout, user_stats, wait_for
+
+pytestmark = pytest.mark.skipif(not hdhelp.usable(), reason="needs root, useradd and setpriv (real OS users)")
+
+
+@pytest.fixture(scope="module")
+def bins():
+    b = Binaries()
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def hostd(bins):
+    h = Hostd(bins, nslots=2)
+    yield h
+    h.close()
+
+
+@pytest.fixture
+def users(bins, hostd):
+    made = []
+    tag = "%05d" % (os.getpid() % 100000)
+    try:
+        for letter in "ab":
+            made.append(User("llhd%s%s" % (tag, letter), bins, hostd.socket))
+        yield made
+    finally:
+        for u in made:
+            u.close()
+
+
+class Sampler:
+    """Polls the broker's stats on a thread: the most leases and held slots it ever showed."""
+
+    def __init__(self, hostd):
+        self.hostd = hostd
+        self.max_leases = self.max_busy = 0
+        self.samples = 0
+        self.stop = False
+        self.t = threading.Thread(target=self._run, daemon=True)
+        self.t.start()
+
+    def _run(self):
+        while not self.stop:
+            st = self.hostd.stats(check=False)
+            if st:
+                self.samples += 1
+                self.max_leases = max(self.max_leases, st["leases"])
+                self.max_busy = max(self.max_busy, st["busy_slots"])
+            time.sleep(0.01)
+
+    def close(self):
+        self.stop = True
+        self.t.join()
+
+
+def test_two_users_share_two_slots(hostd, users):
+    a, b = users
+    clients = [a.client("a1"), a.client("a2"), b.client("b1"), b.client("b2")]
+    sampler = Sampler(hostd)
+    try:
+        # Every session defines its own x, then four cells at once that each hold a slot ~1 s.
+        for i, c in enumerate(clients):
+            ev = c.run("def", "x = %d" % (100 + i))
+            assert reply_ok(ev), ev
+        for c in clients:
+            c.submit("busy", "import os, time\ntime.sleep(1.0)\nprint(x, os.getuid())", state_closure=["x"])
+        outs = [c.collect("busy") for c in clients]
+    finally:
+        sampler.close()
+    for i, ev in enumerate(outs):
+        assert reply_ok(ev), ev
+        # No variable crosses sessions or users; the worker runs as its user.
+        assert stdout(ev) == "%d %d\n" % (100 + i, [a, a, b, b][i].uid)
+    assert sampler.samples > 10
+    assert sampler.max_leases <= 2 and sampler.max_busy <= 2, (sampler.max_leases, sampler.max_busy)
+    # Both users waited for each other: somebody was told to wait, and the broker took slots back.
+    st = hostd.stats()
+    ua, ub = user_stats(st, a), user_stats(st, b)
+    assert ua and ub and ua["gpu_held_s"] > 0 and ub["gpu_held_s"] > 0
+    assert ua["grants"] + ub["grants"] >= 3
+    # `looseleaf top` prints the same (run as an unprivileged user: the broker answers anyone).
+    top = a.as_user([a.bins.looseleaf, "top", "--socket", hostd.socket])
+    assert a.name in top and b.name in top and "2 slot(s)" in top
+    # ... and its metrics endpoint, as Prometheus text.
+    status, text = hostd.http("/metrics")
+    lines = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    assert status == 200 and lines["looseleaf_hostd_slots"] == "2"
+    assert int(lines["looseleaf_hostd_slots_held"]) <= 2 and lines["looseleaf_hostd_waiting_cells"] == "0"
+    for u in (a, b):
+        held = float(lines['looseleaf_hostd_user_gpu_held_seconds_total{uid="%d"}' % u.uid])
+        busy = float(lines['looseleaf_hostd_user_gpu_busy_seconds_total{uid="%d"}' % u.uid])
+        assert held >= busy > 0.9  # each user ran 2 cells of ~1 s
+    hits = int(lines["looseleaf_hostd_warm_hits_total"])
+    assert hits + int(lines["looseleaf_hostd_cold_starts_total"]) >= 8 and hits >= 1
+    assert hostd.http("/other")[0] == 404
+
+
+def test_user_cannot_touch_another_users_lease(hostd, users):
+    a, b = users
+    ca = a.client("a1")
+    assert reply_ok(ca.run("c1", "x = 1"))  # a's warm worker holds a lease
+    st = wait_for(lambda: (lambda s: s if [l["state"] for l in s["lease_list"]] == ["warm"] else None)(
+        hostd.stats()), 10, "a's warm lease")
+    lease = st["lease_list"][0]
+    assert lease["uid"] == a.uid
+    # b speaks to the broker itself: not registered, then registered, it names a's slot.
+    script = r"""
+import json, socket, struct, sys
+sys.path.insert(0, %r)
+from hdhelp import send_frame, recv_frame
+s = socket.socket(socket.AF_UNIX); s.connect(%r)
+out = []
+send_frame(s, {"type": "release", "slot": %d}); out.append(recv_frame(s))
+send_frame(s, {"type": "hello", "nslots": 2, "held": []}); out.append(recv_frame(s))
+for t in ("release", "mark"):
+    send_frame(s, {"type": t, "slot": %d, "idle": True, "value": 0}); out.append(recv_frame(s))
+# One user cannot take every connection of the broker: past 16 at once it is refused.
+more, answered = [], 0
+for i in range(20):
+    c = socket.socket(socket.AF_UNIX); c.connect(%r); more.append(c)
+for c in more:
+    try:
+        send_frame(c, {"type": "stats"}); recv_frame(c); answered += 1
+    except OSError:
+        pass
+out.append(answered)
+print(json.dumps(out))
+""" % (os.path.dirname(os.path.abspath(__file__)), hostd.socket, lease["slot"], lease["slot"], hostd.socket)
+    import json
+    out = json.loads(b.as_user([hdhelp.PYTHON, "-c", script]))
+    assert out[0]["type"] == "error" and "hello" in out[0]["error"]
+    assert out[1]["type"] == "welcome" and out[1]["adopted"] == []
+    assert out[2]["type"] == "error" and "no lease" in out[2]["error"]
+    assert out[3]["type"] == "error" and "no lease" in out[3]["error"]
+    assert out[4] == 15  # 16 connections of b's at most: the one above, and 15 of these
+    after = hostd.stats()
+    assert [(l["slot"], l["uid"], l["state"]) for l in after["lease_list"]] == \
+        [(lease["slot"], a.uid, lease["state"])]
+    # b cannot reach a's pool either: its dir is a's alone.
+    r = subprocess.run(b.cmd(["ls", a.pool_dir]), capture_output=True, text=True)
+    assert r.returncode != 0 and "Permission denied" in r.stderr
+    assert reply_ok(ca.run("c2", "print(x)", state_closure=["x"]))
+
+
+def test_heavy_users_leases_go_first(hostd, users):
+    a, b = users
+    a1, a2 = a.client("a1"), a.client("a2")
+    # a fills both slots with warm workers: alone on the host, it may.
+    assert reply_ok(a1.run("w1", "x = 1")) and reply_ok(a2.run("w2", "y = 2"))
+    wait_for(lambda: (user_stats(hostd.stats(), a) or {}).get("warm") == 2, 10, "a's two warm leases")
+    # b arrives: a is above share (2 of 2 slots, share 1): one of its warm leases is taken back.
+    b1 = b.client("b1")
+    evb = b1.run("b", "print('b ran')")
+    assert reply_ok(evb) and stdout(evb) == "b ran\n"
+    st = hostd.stats()
+    assert user_stats(st, a)["revokes"] >= 1 and user_stats(st, b)["revokes"] == 0
+    assert "hostd takes its slot back" in a.log()
+    # Now both of a's sessions run long cells (a queue: each session's next cell waits behind it);
+    # b's next cell must start before a's queued ones: a is above share while b waits.
+    assert reply_ok(b1.run("b2", "z = 3"))
+    a1.submit("long1", "import time; time.sleep(1.5)")
+    a2.submit("long2", "import time; time.sleep(1.5)")
+    wait_for(lambda: user_stats(hostd.stats(), a)["busy"] + user_stats(hostd.stats(), b)["busy"] >= 1, 10,
+             "a's long cells to start")
+    a1.submit("next1", "print(x)", state_closure=["x"])
+    b1.submit("b3", "print(z)", state_closure=["z"])
+    evb3 = b1.collect("b3")
+    ev_next = a1.collect("next1")
+    assert reply_ok(evb3) and stdout(evb3) == "3\n"
+    assert reply_ok(ev_next) and stdout(ev_next) == "1\n"
+    a1.collect("long1")
+    a2.collect("long2")
+    assert started(evb3)["_t"] <= started(ev_next)["_t"]
+
+
+def test_broker_restart_mid_session(hostd, users):
+    a, b = users
+    ca, cb = a.client("a1"), b.client("b1")
+    assert reply_ok(ca.run("c1", "x = [1, 2, 3]")) and reply_ok(cb.run("c1", "y = 'b'"))
+    hostd.kill()
+    # Both pools fall back to their own slots (said once) and go on.
+    wait_for(lambda: "using the pool's own" in a.log() and "using the pool's own" in b.log(), 10,
+             "the pools to fall back")
+    ev = ca.run("c2", "x.append(4); print(x)", state_closure=["x"])
+    assert reply_ok(ev) and stdout(ev) == "[1, 2, 3, 4]\n"
+    ev = cb.run("c2", "print(y * 2)", state_closure=["y"])
+    assert reply_ok(ev) and stdout(ev) == "bb\n"
+    hostd.start()
+    # They register again, claiming the slots their warm workers hold.
+    wait_for(lambda: a.log().count("registered") >= 2 and b.log().count("registered") >= 2, 10,
+             "the pools to register again")
+    st = wait_for(lambda: (lambda s: s if s["leases"] == 2 else None)(hostd.stats()), 10, "adopted leases")
+    assert sorted(l["uid"] for l in st["lease_list"]) == sorted([a.uid, b.uid])
+    ev = ca.run("c3", "print(sum(x))", state_closure=["x"])
+    assert reply_ok(ev) and stdout(ev) == "10\n"
+    assert a.log().count("using the pool's own") == 1
+
+
+# Kernels started by the user through jupyter_client (the user's own Jupyter dirs, kernelspecs and pool dir):
+# two LooseLeaf kernels and the reference ipykernel run the same cells, mixed CPU and GPU (%%gpu; the
+# reference runs them without that line), cell by cell in turn.  Prints each kernel's outputs as JSON.
+KERNEL_SCRIPT = r"""
+import json, sys
+from jupyter_client import KernelManager
+cells = json.loads(sys.argv[1])
+kms = {name: KernelManager(kernel_name=name) for name in ("looseleaf", "looseleaf2", "python3")}
+kcs = {}
+for name, km in kms.items():
+    km.start_kernel(); kcs[name] = km.client(); kcs[name].start_channels()
+for kc in kcs.values():
+    kc.wait_for_ready(timeout=120)
+out = {name: [] for name in kms}
+for code in cells:
+    for name, kc in kcs.items():
+        got = []
+        def hook(msg):
+            c = msg["content"]
+            if msg["msg_type"] == "stream":
+                got.append(c["text"])
+            elif msg["msg_type"] in ("execute_result", "display_data"):
+                got.append(c["data"].get("text/plain", "") + "\n")
+            elif msg["msg_type"] == "error":
+                got.append("%s: %s\n" % (c["ename"], c["evalue"]))
+        run = code if name != "python3" else code.replace("%%gpu\n", "")
+        reply = kc.execute_interactive(run, output_hook=hook, timeout=180)
+        out[name].append({"status": reply["content"]["status"], "out": "".join(got),
+                          "route": reply["metadata"].get("looseleaf", {}).get("route")})
+for name, kc in kcs.items():
+    kc.stop_channels(); kms[name].shutdown_kernel(now=False)
+print(json.dumps(out))
+"""
+
+
+def _kernel_env(user, bins):
+    """USER's Jupyter dirs with kernelspecs: looseleaf (the copied binary, this venv's Python), the same again
+    (a second kernel of the user: same kernelspec, listed twice to make the script plain), and python3
+    (ipykernel of this venv)."""
+    import json
+    jp = os.path.join(user.dir, "jupyter")
+    specs = {"looseleaf": {"argv": [bins.looseleaf, "-f", "{connection_file}"], "display_name": "LooseLeaf",
+                           "language": "python", "interrupt_mode": "signal",
+                           "env": {"LOOSELEAF_PYTHON": hdhelp.PYTHON}},
+             "python3": {"argv": [hdhelp.PYTHON, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                         "display_name": "Python 3", "language": "python"}}
+    specs["looseleaf2"] = specs["looseleaf"]
+    for name, spec in specs.items():
+        kdir = os.path.join(jp, "share", "kernels", name)
+        os.makedirs(kdir)
+        with open(os.path.join(kdir, "kernel.json"), "w") as f:
+            json.dump(spec, f)
+    for root, dirs, files in os.walk(jp):
+        for n in dirs + files + [""]:
+            os.chown(os.path.join(root, n), user.uid, user.gid)
+    return dict(user.environ, JUPYTER_PATH=os.path.join(jp, "share"), JUPYTER_DATA_DIR=os.path.join(jp, "data"),
+                JUPYTER_RUNTIME_DIR=os.path.join(jp, "runtime"), JUPYTER_CONFIG_DIR=os.path.join(jp, "config"),
+                LOOSELEAF_POOL_DIR=user.pool_dir, PYDEVD_DISABLE_FILE_VALIDATION="1")
+
+
+def _unnoticed(text):
+    """TEXT without the kernel's notice that a GPU cell waits for a slot (README: six kernels on two slots
+    wait, and say so; ipykernel has nothing to wait for)."""
+    return "".join(line for line in text.splitlines(True)
+                   if not line.startswith("LooseLeaf: every GPU slot is in use"))
+
+
+def test_kernels_of_three_users(hostd, users, bins):
+    """Three users, two LooseLeaf kernels each, on the broker's 2 slots: every output equal to ipykernel's (run
+    by the same user on the same cells), GPU cells on workers of the user's own uid, no variable crossing
+    kernels or users, the broker never lending more than 2 slots."""
+    users = users + [User(users[0].name[:-1] + "c", bins, hostd.socket)]
+    import json
+    try:
+        sampler = Sampler(hostd)
+        procs = []
+        for n, u in enumerate(users):
+            cells = ["x = %d" % (10 * (n + 1)),
+                     "%%gpu\nimport os, time\ny = x * 2\ntime.sleep(0.3)\nprint(y, os.getuid())",
+                     "print(x + y, 'z' in dir(), 'w' in dir())",
+                     "%%gpu\nimport numpy as np\nz = np.arange(x + y)\nz.sum()",
+                     "w = list(z[:3])\nw"]
+            procs.append(subprocess.Popen(u.cmd([hdhelp.PYTHON, "-c", KERNEL_SCRIPT, json.dumps(cells)]),
+                                          env=_kernel_env(u, bins), cwd=u.dir, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))
+        outs = []
+        for p in procs:
+            so, se = p.communicate(timeout=400)
+            assert p.returncode == 0, se[-3000:]
+            outs.append(json.loads(so.strip().splitlines()[-1]))
+        sampler.close()
+        for n, (u, out) in enumerate(zip(users, outs)):
+            ref = out["python3"]
+            assert [c["status"] for c in ref] == ["ok"] * 5, ref
+            for name in ("looseleaf", "looseleaf2"):
+                got = out[name]
+                assert [c["route"] for c in got] == ["cpu", "gpu", "cpu", "gpu", "cpu"], got
+                assert [_unnoticed(c["out"]) for c in got] == [c["out"] for c in ref], (name, got, ref)
+            x = 10 * (n + 1)
+            assert ref[1]["out"] == "%d %d\n" % (2 * x, u.uid)
+            assert ref[3]["out"] == "%r\n" % np.arange(3 * x).sum()
+        assert sampler.max_leases <= 2 and sampler.max_busy <= 2, (sampler.max_leases, sampler.max_busy)
+        st = hostd.stats()
+        assert all(user_stats(st, u) and user_stats(st, u)["grants"] >= 1 for u in users), st
+    finally:
+        users[2].close()
+
+
+ATTEMPTS_SCRIPT = r"""
+import json, os, socket, sys
+targets = json.loads(sys.argv[1])
+out = {}
+def attempt(name, fn):
+    try:
+        fn()
+        out[name] = "allowed"
+    except PermissionError as e:
+        out[name] = "EPERM/EACCES"
+    except OSError as e:
+        out[name] = "other: %s" % e
+def connect(path):
+    s = socket.socket(socket.AF_UNIX); s.settimeout(5)
+    try:
+        s.connect(path)
+    finally:
+        s.close()
+attempt("pool_socket", lambda: connect(targets["pool_sock"]))
+attempt("redis_socket", lambda: connect(targets["redis_sock"]))
+attempt("pool_dir", lambda: os.listdir(targets["pool_dir"]))
+attempt("payload_file", lambda: open(targets["payload"], "rb").close())
+for what in ("worker", "zygote", "pool"):
+    pid = targets[what]
+    attempt(what + "_signal", lambda: os.kill(pid, 0))
+    attempt(what + "_mem", lambda: open("/proc/%d/mem" % pid, "rb").close())
+    attempt(what + "_environ", lambda: open("/proc/%d/environ" % pid, "rb").close())
+print(json.dumps(out))
+"""
+
+
+def test_other_user_reaches_nothing_of_a(hostd, users):
+    """User b cannot connect to, signal, read or map anything of a's: a's pool socket and dir, store socket,
+    payload pool file, warm worker, zygote and pool (each attempt fails with a permission error)."""
+    a, b = users
+    ca = a.client("a1")
+    assert reply_ok(ca.run("c1", "import numpy as np\nx = np.arange(100000)"))
+    st = ca.stats()
+    worker = next(w["pid"] for w in st["workers"] if w["state"] == "warm")
+    zygote = st["nodes"][0]["pid"]
+    payload = None
+    with open("/proc/%d/maps" % worker) as f:  # the payload pool the worker maps (root may look)
+        for line in f:
+            path = line.split()[-1] if len(line.split()) >= 6 else ""
+            if path.startswith("/") and ("shm" in path or path.startswith(a.dir)) and "redis" not in path:
+                payload = path
+    assert payload, "no payload pool mapped by a's worker"
+    targets = {"pool_sock": os.path.join(a.pool_dir, "pool.sock"), "pool_dir": a.pool_dir,
+               "redis_sock": a.redis_url[len("unix://"):], "payload": payload,
+               "worker": worker, "zygote": zygote, "pool": st["pid"]}
+    import json
+    out = json.loads(b.as_user([hdhelp.PYTHON, "-c", ATTEMPTS_SCRIPT, json.dumps(targets)]))
+    assert out == {k: "EPERM/EACCES" for k in out} and len(out) == 13, out
+    assert reply_ok(ca.run("c2", "print(x.sum())", state_closure=["x"]))
+
+
+def test_faults_of_one_user_touch_no_other(hostd, users):
+    """a's worker crashing and a's zygote killed: b's session goes on; a's next cells run; a's lease comes
+    back to the broker."""
+    a, b = users
+    ca, cb = a.client("a1"), b.client("b1")
+    assert reply_ok(ca.run("c1", "x = 5")) and reply_ok(cb.run("c1", "y = 7"))
+    cb.submit("slow", "import time; time.sleep(1.0); print(y)", state_closure=["y"])
+    ev = ca.run("crash", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    assert ev[-1]["content"]["status"] == "error" and ev[-1]["content"]["ename"] == "WorkerDied"
+    evb = cb.collect("slow")
+    assert reply_ok(evb) and stdout(evb) == "7\n"
+    # a's zygote killed: a's pool starts another; a's next cell (a fresh worker) still sees x.
+    zygote = ca.stats()["nodes"][0]["pid"]
+    os.kill(zygote, 9)
+    wait_for(lambda: any(n["pid"] != zygote and n["ready"] for n in ca.stats()["nodes"]), 60,
+             "a's pool to start a new base zygote")
+    ev = ca.run("c2", "print(x + 1)", state_closure=["x"])
+    assert reply_ok(ev) and stdout(ev) == "6\n", ev
+    ev = cb.run("c2", "print(y + 1)", state_closure=["y"])
+    assert reply_ok(ev) and stdout(ev) == "8\n"
+    st = hostd.stats()
+    assert st["leases"] <= 2 and all(l["uid"] in (a.uid, b.uid) for l in st["lease_list"])
+
+
+def test_silent_broker_is_given_up(bins, tmp_path):
+    """Something listens on the broker's socket but never welcomes the pool: after a few seconds the pool
+    uses its own slots (said once) and its cells run."""
+    import socket
+    d = tempfile.mkdtemp(prefix="ll-hostd-silent-")
+    os.chmod(d, 0o755)
+    path = os.path.join(d, "hostd.sock")
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(path)
+    os.chmod(path, 0o666)
+    srv.listen(8)
+    u = None
+    try:
+        u = User("llhd%05ds" % (os.getpid() % 100000), bins, path)
+        c = u.client("s1")
+        ev = c.run("c1", "print(6 * 7)")
+        assert reply_ok(ev) and stdout(ev) == "42\n"
+        assert "did not answer" in u.log() and u.log().count("using the pool's own") == 1
+    finally:
+        if u:
+            u.close()
+        srv.close()
+        shutil.rmtree(d, True)

@@ -1,0 +1,24 @@
+# zygote/: `looseleaf hostd`, the host's GPU slot broker, and `looseleaf top` (issue 17; hostd/API.md).
+# The broker's policy is pure (ll_hostd_policy, scripted self-test); the pool's link to it is
+# ll_hostpool_hostd.c.  The systemd unit is hostd/looseleaf-hostd.service.
+SELFTESTS += ll_hostd_policy
+LIB_SRCS  += zygote/ll_hostd_policy.c zygote/ll_hostd.c zygote/ll_hostpool_hostd.c
+
+# Real OS users (useradd, setpriv; root only, skipped otherwise) sharing one broker, and three users'
+# kernels through jupyter_client against ipykernel (~1 minute on 2 cores).
+PYTESTS   += tests/hostd
+
+# Administrators: `make install-hostd` (root) installs the binary and the unit and starts the broker
+# (with DESTDIR set, it only copies).
+PREFIX ?= /usr/local
+.PHONY: install-hostd
+install-hostd: $(BUILD)/looseleaf
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)/etc/systemd/system
+	install -m 0755 $(BUILD)/looseleaf $(DESTDIR)$(PREFIX)/bin/looseleaf
+	sed 's|@BINDIR@|$(PREFIX)/bin|' hostd/looseleaf-hostd.service \
+	    > $(DESTDIR)/etc/systemd/system/looseleaf-hostd.service
+	[ -n "$(DESTDIR)" ] || { systemctl daemon-reload && systemctl enable --now looseleaf-hostd; }
+
+# Three users' sessions on 2 slots: GPU-seconds held and busy per user against pinned, cell start latency
+# (root only; ~20 s).
+BENCHES   += tests/bench/bench_hostd.py

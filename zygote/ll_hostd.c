@@ -1,0 +1,715 @@
+/* ll_hostd: `looseleaf hostd`, the host's slot broker, and `looseleaf top`
+ * (ll_hostd.h, hostd/API.md).  The broker is one process per host, normally
+ * started as root by systemd (hostd/looseleaf-hostd.service); it runs no
+ * user code and never touches a user's files or processes.  Each user's
+ * host pool connects to its socket, is identified by SO_PEERCRED, and
+ * borrows slots; which pool gets which slot, and whose lease is taken back,
+ * is ll_hostd_policy.h's.
+ *
+ * Runs single-threaded: one poll loop over the listening socket, the pools'
+ * connections, a signalfd (SIGTERM/SIGINT) and, with --metrics-port, a
+ * localhost TCP socket answering `GET /metrics` with Prometheus text.
+ *
+ * What must stay true:
+ * - a connection names only its own leases: every lease is the
+ *   connection's that got it, so a request about another's lease is an
+ *   error that changes nothing (the uid, from SO_PEERCRED, is what the
+ *   share counts and what `top` shows);
+ * - the broker never blocks on a pool: frames to pools are tiny; a pool
+ *   whose socket does not take one is dropped (its leases end; it falls
+ *   back to its own slots and registers again);
+ * - when it stops, pools see their connection close and fall back. */
+#include "zygote/ll_hostd.h"
+#include "zygote/ll_hostd_policy.h"
+#include "zygote/ll_zframe.h"
+#include "base/ll_clock.h"
+#include "base/ll_log.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pwd.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#define S_MAX_HTTP    16
+#define S_MAX_PER_UID 16 /* connections of one uid at once: one user cannot take every entry */
+
+typedef struct {
+    int fd;           /* -1: free */
+    ll_zreader_t *rd; /* frames from it */
+    unsigned uid;     /* its peer's uid (SO_PEERCRED) */
+    int pid;          /* its peer's pid */
+    bool pool;        /* it registered (hello): a policy connection of the same index */
+    bool dead;        /* to be dropped at the end of this turn */
+} s_conn_t;
+
+typedef struct {
+    int fd;         /* -1: free */
+    char buf[2048]; /* the request so far */
+    size_t len;
+} s_http_t;
+
+typedef struct {
+    char sock[108];
+    int nslots;
+    int metrics_port;
+    int listen_fd, sig_fd, http_fd;
+    double started;
+    ll_hostd_policy_t *policy;
+    s_conn_t conns[LL_HOSTD_MAX_CONNS];
+    s_http_t http[S_MAX_HTTP];
+    bool stop;
+} s_hostd_t;
+
+void ll_hostd_socket_path(char *out, size_t len)
+{
+    const char *e = getenv("LL_HOSTD_SOCKET");
+    snprintf(out, len, "%s", e && *e ? e : LL_HOSTD_DEFAULT_SOCKET);
+}
+
+/* GPUs the NVIDIA driver knows (/proc/driver/nvidia/gpus/ holds one entry
+ * per GPU): the broker counts without loading CUDA.  0 when none. */
+static int s_count_gpus(void)
+{
+    DIR *d = opendir("/proc/driver/nvidia/gpus");
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        n += e->d_name[0] != '.';
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* ------------------------------------------------------------------ */
+/* Pools' connections                                                 */
+
+static void s_send(s_hostd_t *h, int c, json_t *msg)
+{
+    if (h->conns[c].fd >= 0 && !h->conns[c].dead && ll_zframe_send(h->conns[c].fd, msg, -1) < 0) {
+        ll_warn("hostd", "pool pid %d (uid %u) does not take frames (%s): dropping it",
+                h->conns[c].pid, h->conns[c].uid, strerror(errno));
+        h->conns[c].dead = true;
+    }
+    json_decref(msg);
+}
+
+static void s_error(s_hostd_t *h, int c, const char *why)
+{
+    ll_info("hostd", "pool pid %d (uid %u): refused: %s", h->conns[c].pid, h->conns[c].uid, why);
+    s_send(h, c, json_pack("{s:s, s:s}", "type", "error", "error", why));
+}
+
+/* Apply the policy's decisions until it has none. */
+static void s_decide(s_hostd_t *h)
+{
+    ll_hostd_decision_t d;
+    while (ll_hostd_policy_next(h->policy, ll_clock_ms(), &d)) {
+        switch (d.op) {
+        case LL_HOSTD_GRANT:
+            ll_info("hostd", "slot %d lent to uid %u (pool pid %d)", d.slot, h->conns[d.conn].uid,
+                    h->conns[d.conn].pid);
+            s_send(h, d.conn, json_pack("{s:s, s:i}", "type", "grant", "slot", d.slot));
+            break;
+        case LL_HOSTD_REVOKE:
+            ll_info("hostd", "slot %d taken back from uid %u for uid %u", d.slot,
+                    h->conns[d.conn].uid, h->conns[d.for_conn].uid);
+            s_send(h, d.conn, json_pack("{s:s, s:i}", "type", "revoke", "slot", d.slot));
+            break;
+        case LL_HOSTD_WAIT:
+            s_send(h, d.conn, json_pack("{s:s, s:b}", "type", "wait", "revoking", d.revoking));
+            break;
+        }
+    }
+}
+
+/* "hello" from C: it registers, claiming the slots it holds now. */
+static void s_hello(s_hostd_t *h, int c, json_t *m)
+{
+    if (h->conns[c].pool) {
+        s_error(h, c, "hello: already registered");
+        return;
+    }
+    double now = ll_clock_ms();
+    int nslots = (int) json_integer_value(json_object_get(m, "nslots"));
+    if (ll_hostd_policy_open(h->policy, c, h->conns[c].uid, nslots, now) < 0) {
+        s_error(h, c, "hello: too many users");
+        return;
+    }
+    h->conns[c].pool = true;
+    json_t *adopted = json_array(), *held = json_object_get(m, "held"), *e;
+    size_t i;
+    json_array_foreach(held, i, e) {
+        int slot = (int) json_integer_value(json_object_get(e, "slot"));
+        bool idle = json_is_true(json_object_get(e, "idle"));
+        if (json_is_integer(json_object_get(e, "slot")) &&
+            ll_hostd_policy_adopt(h->policy, c, slot, idle, now) == 0) {
+            ll_hostd_policy_mark(h->policy, c, slot, idle,
+                                 json_number_value(json_object_get(e, "value")),
+                                 (int) json_integer_value(json_object_get(e, "pid")),
+                                 (int) json_integer_value(json_object_get(e, "cells")), now);
+            json_array_append_new(adopted, json_integer(slot));
+        }
+    }
+    ll_info("hostd", "pool pid %d of uid %u registered (%d slots, %zu held)", h->conns[c].pid,
+            h->conns[c].uid, nslots, json_array_size(adopted));
+    s_send(h, c,
+           json_pack("{s:s, s:i, s:o}", "type", "welcome", "slots",
+                     ll_hostd_policy_nslots(h->policy), "adopted", adopted));
+}
+
+static json_t *s_stats(s_hostd_t *h);
+
+static void s_frame(s_hostd_t *h, int c, json_t *m)
+{
+    const char *type = json_string_value(json_object_get(m, "type"));
+    double now = ll_clock_ms();
+    if (!type) {
+        s_error(h, c, "frame without a type");
+    } else if (strcmp(type, "stats") == 0) {
+        s_send(h, c, s_stats(h));
+    } else if (strcmp(type, "hello") == 0) {
+        s_hello(h, c, m);
+    } else if (!h->conns[c].pool) {
+        s_error(h, c, "not registered: send hello first");
+    } else if (strcmp(type, "want") == 0) {
+        ll_hostd_policy_want(h->policy, c, (int) json_integer_value(json_object_get(m, "n")), now);
+    } else if (strcmp(type, "release") == 0 || strcmp(type, "mark") == 0) {
+        json_t *js = json_object_get(m, "slot");
+        int slot = json_is_integer(js) ? (int) json_integer_value(js) : -1;
+        int rc =
+            type[0] == 'r'
+                ? ll_hostd_policy_release(h->policy, c, slot, now)
+                : ll_hostd_policy_mark(h->policy, c, slot, json_is_true(json_object_get(m, "idle")),
+                                       json_number_value(json_object_get(m, "value")),
+                                       (int) json_integer_value(json_object_get(m, "pid")),
+                                       (int) json_integer_value(json_object_get(m, "cells")), now);
+        if (rc < 0) {
+            char why[128];
+            snprintf(why, sizeof why, "%s: this connection holds no lease on slot %d", type, slot);
+            s_error(h, c, why);
+        } else if (type[0] == 'r') {
+            ll_info("hostd", "slot %d returned by uid %u", slot, h->conns[c].uid);
+        }
+    } else {
+        s_error(h, c, "unknown frame type");
+    }
+    s_decide(h);
+}
+
+static void s_accept(s_hostd_t *h)
+{
+    int fd;
+    while ((fd = accept4(h->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0) {
+        struct ucred cred;
+        socklen_t cl = sizeof cred;
+        int c = -1;
+        for (int j = 0; j < LL_HOSTD_MAX_CONNS && c < 0; j++)
+            if (h->conns[j].fd < 0)
+                c = j;
+        if (c < 0 || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0) {
+            close(fd);
+            continue;
+        }
+        int same = 0;
+        for (int j = 0; j < LL_HOSTD_MAX_CONNS; j++)
+            same += h->conns[j].fd >= 0 && h->conns[j].uid == cred.uid;
+        if (same >= S_MAX_PER_UID) {
+            ll_warn("hostd", "uid %u already has %d connections: refusing another", cred.uid, same);
+            close(fd);
+            continue;
+        }
+        h->conns[c] = (s_conn_t){fd, ll_zreader_new(fd), cred.uid, cred.pid, false, false};
+    }
+}
+
+static void s_conn_gone(s_hostd_t *h, int c)
+{
+    if (h->conns[c].pool) {
+        ll_info("hostd", "pool pid %d of uid %u left: its leases end", h->conns[c].pid,
+                h->conns[c].uid);
+        ll_hostd_policy_close(h->policy, c, ll_clock_ms());
+    }
+    close(h->conns[c].fd);
+    ll_zreader_destroy(&h->conns[c].rd);
+    memset(&h->conns[c], 0, sizeof h->conns[c]);
+    h->conns[c].fd = -1;
+    s_decide(h);
+}
+
+static void s_conn_input(s_hostd_t *h, int c)
+{
+    int fr = ll_zreader_fill(h->conns[c].rd);
+    json_t *m;
+    bool bad = false;
+    while (!h->conns[c].dead && (m = ll_zreader_pop(h->conns[c].rd, &bad))) {
+        s_frame(h, c, m);
+        json_decref(m);
+    }
+    if (fr < 0 || bad)
+        h->conns[c].dead = true;
+}
+
+/* ------------------------------------------------------------------ */
+/* What it holds: stats (top) and Prometheus text                     */
+
+static json_t *s_user_name(unsigned uid)
+{
+    struct passwd *pw = getpwuid(uid);
+    return pw ? json_string(pw->pw_name) : json_null();
+}
+
+static json_t *s_stats(s_hostd_t *h)
+{
+    double now = ll_clock_ms();
+    json_t *leases = json_array(), *users = json_array(), *pools = json_array();
+    int waiting = 0;
+    for (int i = 0; i < LL_HOSTD_MAX_LEASES; i++) {
+        const ll_hostd_lease_t *l = ll_hostd_policy_lease(h->policy, i);
+        if (l->conn < 0)
+            continue;
+        json_array_append_new(leases, json_pack("{s:i, s:i, s:i, s:s, s:f, s:b, s:f}", "slot",
+                                                l->slot, "uid", (int) l->uid, "pool_pid",
+                                                h->conns[l->conn].pid, "state",
+                                                l->revoking ? "revoking"
+                                                : l->idle   ? "warm"
+                                                            : "busy",
+                                                "value", l->value, "revoking", l->revoking,
+                                                "held_s", (now - l->t0) / 1000));
+    }
+    for (int c = 0; c < LL_HOSTD_MAX_CONNS; c++) {
+        unsigned uid;
+        int want;
+        if (!ll_hostd_policy_conn(h->policy, c, &uid, &want))
+            continue;
+        waiting += want;
+        json_array_append_new(pools, json_pack("{s:i, s:i, s:i}", "uid", (int) uid, "pid",
+                                               h->conns[c].pid, "waiting", want));
+    }
+    for (int i = 0; i < LL_HOSTD_MAX_USERS; i++) {
+        const ll_hostd_user_t *u = ll_hostd_policy_user(h->policy, i);
+        if (!u->used)
+            continue;
+        double held, busy;
+        ll_hostd_policy_user_times(h->policy, i, now, &held, &busy);
+        int nbusy = 0, nwarm = 0, want = 0;
+        for (int k = 0; k < LL_HOSTD_MAX_LEASES; k++) {
+            const ll_hostd_lease_t *l = ll_hostd_policy_lease(h->policy, k);
+            if (l->conn >= 0 && l->uid == u->uid && l->idle)
+                nwarm++;
+            else if (l->conn >= 0 && l->uid == u->uid)
+                nbusy++;
+        }
+        for (int c = 0; c < LL_HOSTD_MAX_CONNS; c++) {
+            unsigned uid;
+            int w;
+            if (ll_hostd_policy_conn(h->policy, c, &uid, &w) && uid == u->uid)
+                want += w;
+        }
+        json_array_append_new(
+            users, json_pack("{s:i, s:o, s:i, s:i, s:i, s:f, s:f, s:I, s:I, s:I, s:I}", "uid",
+                             (int) u->uid, "name", s_user_name(u->uid), "busy", nbusy, "warm",
+                             nwarm, "waiting", want, "gpu_held_s", held / 1000, "gpu_busy_s",
+                             busy / 1000, "grants", (json_int_t) u->grants, "revokes",
+                             (json_int_t) u->revokes, "cold_starts", (json_int_t) u->cold_starts,
+                             "warm_hits", (json_int_t) u->warm_hits));
+    }
+    return json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:f, s:o, s:o, s:o}", "type", "hostd_stats",
+                     "pid", (int) getpid(), "slots", ll_hostd_policy_nslots(h->policy),
+                     "busy_slots", ll_hostd_policy_busy_slots(h->policy), "leases",
+                     ll_hostd_policy_nleases(h->policy), "waiting", waiting, "uptime_s",
+                     (now - h->started) / 1000, "lease_list", leases, "users", users, "pools",
+                     pools);
+}
+
+/* The Prometheus text of stats ST (borrowed); the caller frees it. */
+static char *s_prometheus(const json_t *st)
+{
+    char *out = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&out, &len);
+    if (!f)
+        return NULL;
+    json_t *users = json_object_get(st, "users"), *u;
+    size_t i;
+    long hits = 0, cold = 0;
+    fprintf(f,
+            "# HELP looseleaf_hostd_slots GPU slots the broker lends.\n"
+            "# TYPE looseleaf_hostd_slots gauge\nlooseleaf_hostd_slots %lld\n",
+            json_integer_value(json_object_get(st, "slots")));
+    fprintf(f,
+            "# HELP looseleaf_hostd_slots_held Slots lent to a pool (busy or warm).\n"
+            "# TYPE looseleaf_hostd_slots_held gauge\nlooseleaf_hostd_slots_held %lld\n",
+            json_integer_value(json_object_get(st, "busy_slots")));
+    fprintf(f,
+            "# HELP looseleaf_hostd_waiting_cells Cells waiting for a slot.\n"
+            "# TYPE looseleaf_hostd_waiting_cells gauge\nlooseleaf_hostd_waiting_cells %lld\n",
+            json_integer_value(json_object_get(st, "waiting")));
+    static const struct {
+        const char *key, *name, *type, *help;
+    } per_user[] = {
+        {"busy", "looseleaf_hostd_user_busy_slots", "gauge", "Slots running a cell."},
+        {"warm", "looseleaf_hostd_user_warm_slots", "gauge", "Slots held by an idle warm worker."},
+        {"waiting", "looseleaf_hostd_user_waiting_cells", "gauge", "Cells waiting for a slot."},
+        {"gpu_held_s", "looseleaf_hostd_user_gpu_held_seconds_total", "counter",
+         "Slot-seconds held (busy or warm)."},
+        {"gpu_busy_s", "looseleaf_hostd_user_gpu_busy_seconds_total", "counter",
+         "Slot-seconds running cells."},
+        {"grants", "looseleaf_hostd_user_grants_total", "counter", "Slots lent."},
+        {"revokes", "looseleaf_hostd_user_revokes_total", "counter", "Slots taken back."},
+    };
+    for (size_t k = 0; k < sizeof per_user / sizeof per_user[0]; k++) {
+        fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", per_user[k].name, per_user[k].help,
+                per_user[k].name, per_user[k].type);
+        json_array_foreach(users, i, u) {
+            json_t *v = json_object_get(u, per_user[k].key);
+            fprintf(f, "%s{uid=\"%lld\"} %g\n", per_user[k].name,
+                    json_integer_value(json_object_get(u, "uid")), json_number_value(v));
+        }
+    }
+    json_array_foreach(users, i, u) {
+        hits += (long) json_integer_value(json_object_get(u, "warm_hits"));
+        cold += (long) json_integer_value(json_object_get(u, "cold_starts"));
+    }
+    fprintf(f,
+            "# HELP looseleaf_hostd_warm_hits_total Cells that started on a warm worker.\n"
+            "# TYPE looseleaf_hostd_warm_hits_total counter\nlooseleaf_hostd_warm_hits_total %ld\n"
+            "# HELP looseleaf_hostd_cold_starts_total Cells that started on a fresh worker.\n"
+            "# TYPE looseleaf_hostd_cold_starts_total counter\n"
+            "looseleaf_hostd_cold_starts_total %ld\n"
+            "# HELP looseleaf_hostd_warm_hit_ratio Warm hits over cells started.\n"
+            "# TYPE looseleaf_hostd_warm_hit_ratio gauge\nlooseleaf_hostd_warm_hit_ratio %g\n",
+            hits, cold, hits + cold ? (double) hits / (double) (hits + cold) : 0.0);
+    fclose(f);
+    return out;
+}
+
+static void s_http_input(s_hostd_t *h, int k)
+{
+    s_http_t *q = &h->http[k];
+    ssize_t n = read(q->fd, q->buf + q->len, sizeof q->buf - 1 - q->len);
+    if (n > 0) {
+        q->len += (size_t) n;
+        q->buf[q->len] = '\0';
+    }
+    bool done = strstr(q->buf, "\r\n\r\n") || strstr(q->buf, "\n\n");
+    if (!done && n != 0 && q->len < sizeof q->buf - 1)
+        return;
+    if (done) {
+        bool metrics = strncmp(q->buf, "GET /metrics", 12) == 0;
+        json_t *st = s_stats(h);
+        char *body = metrics ? s_prometheus(st) : NULL;
+        json_decref(st);
+        char head[256];
+        int hl = snprintf(head, sizeof head,
+                          "HTTP/1.0 %s\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                          "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+                          metrics ? "200 OK" : "404 Not Found", body ? strlen(body) : 0);
+        /* Small and local: a blocking write of a few KiB. */
+        int fl = fcntl(q->fd, F_GETFL);
+        fcntl(q->fd, F_SETFL, fl & ~O_NONBLOCK);
+        struct timeval tv = {1, 0};
+        setsockopt(q->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        if (write(q->fd, head, (size_t) hl) == hl && body)
+            (void) !write(q->fd, body, strlen(body));
+        free(body);
+    }
+    close(q->fd);
+    q->fd = -1;
+    q->len = 0;
+    q->buf[0] = '\0';
+}
+
+/* ------------------------------------------------------------------ */
+/* Set-up and the loop                                                */
+
+static int s_listen_unix(s_hostd_t *h)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (strlen(h->sock) >= sizeof sa.sun_path)
+        return -1;
+    strcpy(sa.sun_path, h->sock);
+    /* Its dir: created world-searchable (pools of every user connect). */
+    char dir[sizeof h->sock];
+    snprintf(dir, sizeof dir, "%s", h->sock);
+    char *slash = strrchr(dir, '/');
+    if (slash && slash != dir) {
+        *slash = '\0';
+        if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+            ll_warn("hostd", "cannot create %s: %s", dir, strerror(errno));
+    }
+    /* A live broker answers connect(): never take its socket away. */
+    int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (probe >= 0 && connect(probe, (struct sockaddr *) &sa, sizeof sa) == 0) {
+        close(probe);
+        ll_error("hostd", "another broker serves %s", h->sock);
+        return -1;
+    }
+    if (probe >= 0)
+        close(probe);
+    unlink(h->sock);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0 || bind(fd, (struct sockaddr *) &sa, sizeof sa) < 0 || listen(fd, 64) < 0) {
+        ll_error("hostd", "cannot listen on %s: %s", h->sock, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    chmod(h->sock, 0666); /* every user's pool connects; SO_PEERCRED says who */
+    return fd;
+}
+
+static int s_listen_http(int port)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t) port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0), one = 1;
+    if (fd >= 0)
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (fd < 0 || bind(fd, (struct sockaddr *) &sa, sizeof sa) < 0 || listen(fd, 16) < 0) {
+        ll_error("hostd", "cannot listen on 127.0.0.1:%d: %s", port, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int s_args(s_hostd_t *h, int argc, char **argv)
+{
+    ll_hostd_socket_path(h->sock, sizeof h->sock);
+    const char *e = getenv("LL_POOL_SLOTS");
+    h->nslots = e && *e ? atoi(e) : 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--socket") == 0 && v) {
+            snprintf(h->sock, sizeof h->sock, "%s", v);
+            i++;
+        } else if (strcmp(a, "--slots") == 0 && v) {
+            h->nslots = atoi(v);
+            i++;
+        } else if (strcmp(a, "--metrics-port") == 0 && v) {
+            h->metrics_port = atoi(v);
+            i++;
+        } else {
+            fprintf(stderr, "usage: looseleaf hostd [--socket PATH] [--slots N] "
+                            "[--metrics-port PORT]\n"
+                            "  PATH default $LL_HOSTD_SOCKET, else " LL_HOSTD_DEFAULT_SOCKET "\n"
+                            "  N default $LL_POOL_SLOTS, else the NVIDIA GPUs, else 2\n");
+            return -1;
+        }
+    }
+    if (h->nslots <= 0)
+        h->nslots = s_count_gpus();
+    if (h->nslots <= 0)
+        h->nslots = 2;
+    if (h->nslots > LL_HOSTD_MAX_SLOTS || h->metrics_port < 0 || h->metrics_port > 65535) {
+        fprintf(stderr, "looseleaf hostd: --slots must be 1..%d, --metrics-port 0..65535\n",
+                LL_HOSTD_MAX_SLOTS);
+        return -1;
+    }
+    return 0;
+}
+
+static void s_loop(s_hostd_t *h)
+{
+    struct pollfd pfd[3 + LL_HOSTD_MAX_CONNS + S_MAX_HTTP];
+    int idx[3 + LL_HOSTD_MAX_CONNS + S_MAX_HTTP];
+    while (!h->stop) {
+        int n = 0;
+        pfd[n] = (struct pollfd){h->listen_fd, POLLIN, 0};
+        idx[n++] = -1;
+        pfd[n] = (struct pollfd){h->sig_fd, POLLIN, 0};
+        idx[n++] = -2;
+        if (h->http_fd >= 0) {
+            pfd[n] = (struct pollfd){h->http_fd, POLLIN, 0};
+            idx[n++] = -3;
+        }
+        for (int c = 0; c < LL_HOSTD_MAX_CONNS; c++)
+            if (h->conns[c].fd >= 0) {
+                pfd[n] = (struct pollfd){h->conns[c].fd, POLLIN, 0};
+                idx[n++] = c;
+            }
+        for (int k = 0; k < S_MAX_HTTP; k++)
+            if (h->http[k].fd >= 0) {
+                pfd[n] = (struct pollfd){h->http[k].fd, POLLIN, 0};
+                idx[n++] = 1000 + k;
+            }
+        if (poll(pfd, (nfds_t) n, -1) < 0 && errno != EINTR)
+            return;
+        for (int i = 0; i < n; i++) {
+            if (!pfd[i].revents)
+                continue;
+            if (idx[i] == -1) {
+                s_accept(h);
+            } else if (idx[i] == -2) {
+                struct signalfd_siginfo si;
+                while (read(h->sig_fd, &si, sizeof si) == sizeof si)
+                    h->stop = true;
+            } else if (idx[i] == -3) {
+                int fd;
+                while ((fd = accept4(h->http_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0) {
+                    int k = 0;
+                    while (k < S_MAX_HTTP && h->http[k].fd >= 0)
+                        k++;
+                    if (k == S_MAX_HTTP) {
+                        close(fd);
+                        continue;
+                    }
+                    h->http[k].fd = fd;
+                }
+            } else if (idx[i] >= 1000) {
+                if (h->http[idx[i] - 1000].fd == pfd[i].fd)
+                    s_http_input(h, idx[i] - 1000);
+            } else if (h->conns[idx[i]].fd == pfd[i].fd) {
+                s_conn_input(h, idx[i]);
+            }
+        }
+        for (int c = 0; c < LL_HOSTD_MAX_CONNS; c++)
+            if (h->conns[c].fd >= 0 && h->conns[c].dead)
+                s_conn_gone(h, c);
+    }
+}
+
+int ll_hostd_main(int argc, char **argv)
+{
+    ll_log_init('H');
+    s_hostd_t *h = calloc(1, sizeof *h);
+    if (!h)
+        return 1;
+    h->listen_fd = h->sig_fd = h->http_fd = -1;
+    for (int c = 0; c < LL_HOSTD_MAX_CONNS; c++)
+        h->conns[c].fd = -1;
+    for (int k = 0; k < S_MAX_HTTP; k++)
+        h->http[k].fd = -1;
+    int rc = 1;
+    if (s_args(h, argc, argv) < 0) {
+        free(h);
+        return 2;
+    }
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGINT);
+    sigprocmask(SIG_BLOCK, &mask, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    h->sig_fd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    h->policy = ll_hostd_policy_new(h->nslots);
+    h->listen_fd = h->policy ? s_listen_unix(h) : -1;
+    if (h->metrics_port > 0)
+        h->http_fd = s_listen_http(h->metrics_port);
+    if (h->listen_fd >= 0 && h->sig_fd >= 0 && (h->metrics_port == 0 || h->http_fd >= 0)) {
+        h->started = ll_clock_ms();
+        ll_info("hostd", "serving %s: %d slot(s)%s", h->sock, h->nslots,
+                h->metrics_port ? ", metrics on 127.0.0.1" : "");
+        s_loop(h);
+        ll_info("hostd", "stopping");
+        unlink(h->sock);
+        rc = 0;
+    }
+    for (int c = 0; c < LL_HOSTD_MAX_CONNS; c++)
+        if (h->conns[c].fd >= 0) {
+            close(h->conns[c].fd);
+            ll_zreader_destroy(&h->conns[c].rd);
+        }
+    for (int k = 0; k < S_MAX_HTTP; k++)
+        if (h->http[k].fd >= 0)
+            close(h->http[k].fd);
+    if (h->listen_fd >= 0)
+        close(h->listen_fd);
+    if (h->http_fd >= 0)
+        close(h->http_fd);
+    if (h->sig_fd >= 0)
+        close(h->sig_fd);
+    ll_hostd_policy_destroy(&h->policy);
+    free(h);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* looseleaf top                                                      */
+
+int ll_hostd_top_main(int argc, char **argv)
+{
+    char sock[108];
+    bool json = false, prom = false;
+    ll_hostd_socket_path(sock, sizeof sock);
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--socket") == 0 && i + 1 < argc)
+            snprintf(sock, sizeof sock, "%s", argv[++i]);
+        else if (strcmp(argv[i], "--json") == 0)
+            json = true;
+        else if (strcmp(argv[i], "--prometheus") == 0)
+            prom = true;
+        else {
+            fprintf(stderr, "usage: looseleaf top [--socket PATH] [--json | --prometheus]\n");
+            return 2;
+        }
+    }
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", sock);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    json_t *req = json_pack("{s:s}", "type", "stats");
+    json_t *st = NULL;
+    if (fd >= 0 && connect(fd, (struct sockaddr *) &sa, sizeof sa) == 0 &&
+        ll_zframe_send(fd, req, -1) == 0)
+        st = ll_zframe_recv(fd, NULL, true);
+    json_decref(req);
+    if (fd >= 0)
+        close(fd);
+    if (!st) {
+        fprintf(stderr, "looseleaf top: no broker answers on %s (pools use their own slots)\n",
+                sock);
+        return 1;
+    }
+    if (json || prom) {
+        char *s = json ? json_dumps(st, JSON_INDENT(1)) : s_prometheus(st);
+        printf("%s%s", s ? s : "", json ? "\n" : "");
+        free(s);
+        json_decref(st);
+        return 0;
+    }
+    printf("looseleaf hostd pid %lld on %s: %lld slot(s), %lld held, %lld lease(s), %lld cell(s) "
+           "waiting\n",
+           json_integer_value(json_object_get(st, "pid")), sock,
+           json_integer_value(json_object_get(st, "slots")),
+           json_integer_value(json_object_get(st, "busy_slots")),
+           json_integer_value(json_object_get(st, "leases")),
+           json_integer_value(json_object_get(st, "waiting")));
+    printf("\n%-16s %7s %5s %5s %7s %12s %12s %6s %6s\n", "USER", "UID", "BUSY", "WARM", "WAITING",
+           "GPU-HELD-S", "GPU-BUSY-S", "HITS", "COLD");
+    json_t *u, *l;
+    size_t i;
+    json_array_foreach(json_object_get(st, "users"), i, u) {
+        const char *name = json_string_value(json_object_get(u, "name"));
+        printf("%-16s %7lld %5lld %5lld %7lld %12.1f %12.1f %6lld %6lld\n", name ? name : "?",
+               json_integer_value(json_object_get(u, "uid")),
+               json_integer_value(json_object_get(u, "busy")),
+               json_integer_value(json_object_get(u, "warm")),
+               json_integer_value(json_object_get(u, "waiting")),
+               json_number_value(json_object_get(u, "gpu_held_s")),
+               json_number_value(json_object_get(u, "gpu_busy_s")),
+               json_integer_value(json_object_get(u, "warm_hits")),
+               json_integer_value(json_object_get(u, "cold_starts")));
+    }
+    printf("\n%-5s %7s %9s %-9s %10s\n", "SLOT", "UID", "POOL-PID", "STATE", "HELD-S");
+    json_array_foreach(json_object_get(st, "lease_list"), i, l)
+        printf("%-5lld %7lld %9lld %-9s %10.1f\n", json_integer_value(json_object_get(l, "slot")),
+               json_integer_value(json_object_get(l, "uid")),
+               json_integer_value(json_object_get(l, "pool_pid")),
+               json_string_value(json_object_get(l, "state")),
+               json_number_value(json_object_get(l, "held_s")));
+    json_decref(st);
+    return 0;
+}

@@ -1,0 +1,592 @@
+/* ll_hostd_policy: the slot broker's decisions (see ll_hostd_policy.h).
+ * Used by the broker's one thread; a few hundred entries at most, so plain
+ * arrays scanned. */
+#include "zygote/ll_hostd_policy.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    bool used;         /* registered */
+    unsigned uid;      /* its user */
+    int nslots;        /* it can use slots 0..nslots-1 */
+    int want;          /* slots wanted beyond what it holds */
+    double wait_since; /* ms, since when it wants (0: wants none) */
+    bool told_wait;    /* told WAIT since its want last changed */
+    int revokes_for;   /* revocations under way for it */
+} s_conn_t;
+
+struct ll_hostd_policy_t {
+    int nslots;
+    s_conn_t conns[LL_HOSTD_MAX_CONNS];
+    ll_hostd_lease_t leases[LL_HOSTD_MAX_LEASES];
+    ll_hostd_user_t users[LL_HOSTD_MAX_USERS];
+};
+
+ll_hostd_policy_t *ll_hostd_policy_new(int nslots)
+{
+    if (nslots < 1 || nslots > LL_HOSTD_MAX_SLOTS)
+        return NULL;
+    ll_hostd_policy_t *self = calloc(1, sizeof *self);
+    if (!self)
+        return NULL;
+    self->nslots = nslots;
+    for (int i = 0; i < LL_HOSTD_MAX_LEASES; i++)
+        self->leases[i].conn = -1;
+    return self;
+}
+
+void ll_hostd_policy_destroy(ll_hostd_policy_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    free(*self_p);
+    *self_p = NULL;
+}
+
+static s_conn_t *s_conn(ll_hostd_policy_t *self, int conn)
+{
+    return conn >= 0 && conn < LL_HOSTD_MAX_CONNS && self->conns[conn].used ? &self->conns[conn]
+                                                                            : NULL;
+}
+
+static ll_hostd_user_t *s_user(ll_hostd_policy_t *self, unsigned uid, bool make)
+{
+    for (int i = 0; i < LL_HOSTD_MAX_USERS; i++)
+        if (self->users[i].used && self->users[i].uid == uid)
+            return &self->users[i];
+    for (int i = 0; make && i < LL_HOSTD_MAX_USERS; i++)
+        if (!self->users[i].used) {
+            memset(&self->users[i], 0, sizeof self->users[i]);
+            self->users[i].used = true;
+            self->users[i].uid = uid;
+            return &self->users[i];
+        }
+    return NULL;
+}
+
+/* The lease CONN holds on SLOT, or NULL. */
+static ll_hostd_lease_t *s_lease(ll_hostd_policy_t *self, int conn, int slot)
+{
+    for (int i = 0; i < LL_HOSTD_MAX_LEASES; i++)
+        if (self->leases[i].conn == conn && self->leases[i].slot == slot)
+            return &self->leases[i];
+    return NULL;
+}
+
+static bool s_slot_free(const ll_hostd_policy_t *self, int slot)
+{
+    for (int i = 0; i < LL_HOSTD_MAX_LEASES; i++)
+        if (self->leases[i].conn >= 0 && self->leases[i].slot == slot)
+            return false;
+    return true;
+}
+
+/* Leases of UID not being taken back (what counts against its share). */
+static int s_held(const ll_hostd_policy_t *self, unsigned uid)
+{
+    int n = 0;
+    for (int i = 0; i < LL_HOSTD_MAX_LEASES; i++)
+        if (self->leases[i].conn >= 0 && self->leases[i].uid == uid && !self->leases[i].revoking)
+            n++;
+    return n;
+}
+
+/* Users holding a lease or waiting for one. */
+static int s_active_users(const ll_hostd_policy_t *self)
+{
+    unsigned seen[LL_HOSTD_MAX_CONNS + LL_HOSTD_MAX_LEASES];
+    int n = 0;
+    for (int c = 0; c < LL_HOSTD_MAX_CONNS + LL_HOSTD_MAX_LEASES; c++) {
+        unsigned uid;
+        if (c < LL_HOSTD_MAX_CONNS) {
+            if (!self->conns[c].used || self->conns[c].want <= 0)
+                continue;
+            uid = self->conns[c].uid;
+        } else {
+            const ll_hostd_lease_t *l = &self->leases[c - LL_HOSTD_MAX_CONNS];
+            if (l->conn < 0)
+                continue;
+            uid = l->uid;
+        }
+        bool dup = false;
+        for (int k = 0; k < n && !dup; k++)
+            dup = seen[k] == uid;
+        if (!dup)
+            seen[n++] = uid;
+    }
+    return n;
+}
+
+/* Lease L ends at NOW: its times go to its user; a revocation it was
+ * counted for is done. */
+static void s_lease_end(ll_hostd_policy_t *self, ll_hostd_lease_t *l, double now)
+{
+    ll_hostd_user_t *u = s_user(self, l->uid, false);
+    if (u) {
+        u->held_ms += now - l->t0;
+        if (!l->idle)
+            u->busy_ms += now - l->busy_t0;
+    }
+    if (l->revoking && l->for_conn >= 0 && self->conns[l->for_conn].used &&
+        self->conns[l->for_conn].revokes_for > 0)
+        self->conns[l->for_conn].revokes_for--;
+    memset(l, 0, sizeof *l);
+    l->conn = -1;
+}
+
+static ll_hostd_lease_t *s_lease_new(ll_hostd_policy_t *self, int conn, int slot, double now)
+{
+    for (int i = 0; i < LL_HOSTD_MAX_LEASES; i++)
+        if (self->leases[i].conn < 0) {
+            ll_hostd_lease_t *l = &self->leases[i];
+            memset(l, 0, sizeof *l);
+            l->conn = conn;
+            l->uid = self->conns[conn].uid;
+            l->slot = slot;
+            l->for_conn = -1;
+            l->t0 = l->busy_t0 = now;
+            l->last_pid = -1;
+            return l;
+        }
+    return NULL;
+}
+
+int ll_hostd_policy_open(ll_hostd_policy_t *self, int conn, unsigned uid, int nslots, double now)
+{
+    if (conn < 0 || conn >= LL_HOSTD_MAX_CONNS || self->conns[conn].used ||
+        !s_user(self, uid, true))
+        return -1;
+    s_conn_t *c = &self->conns[conn];
+    memset(c, 0, sizeof *c);
+    c->used = true;
+    c->uid = uid;
+    c->nslots = nslots < 1 ? 1 : nslots > self->nslots ? self->nslots : nslots;
+    return 0;
+}
+
+void ll_hostd_policy_close(ll_hostd_policy_t *self, int conn, double now)
+{
+    if (!s_conn(self, conn))
+        return;
+    for (int i = 0; i < LL_HOSTD_MAX_LEASES; i++) {
+        if (self->leases[i].conn == conn)
+            s_lease_end(self, &self->leases[i], now);
+        if (self->leases[i].conn >= 0 && self->leases[i].for_conn == conn)
+            self->leases[i].for_conn = -1; /* still taken back: someone else will want it */
+    }
+    memset(&self->conns[conn], 0, sizeof self->conns[conn]);
+}
+
+int ll_hostd_policy_adopt(ll_hostd_policy_t *self, int conn, int slot, bool idle, double now)
+{
+    if (!s_conn(self, conn) || slot < 0 || slot >= self->nslots || s_lease(self, conn, slot))
+        return -1;
+    ll_hostd_lease_t *l = s_lease_new(self, conn, slot, now);
+    if (!l)
+        return -1;
+    l->idle = idle;
+    return 0;
+}
+
+void ll_hostd_policy_want(ll_hostd_policy_t *self, int conn, int n, double now)
+{
+    s_conn_t *c = s_conn(self, conn);
+    if (!c)
+        return;
+    n = n < 0 ? 0 : n > LL_HOSTD_MAX_SLOTS ? LL_HOSTD_MAX_SLOTS : n;
+    if (n > 0 && c->want == 0)
+        c->wait_since = now;
+    if (n == 0)
+        c->wait_since = 0;
+    if (n != c->want)
+        c->told_wait = false;
+    c->want = n;
+}
+
+int ll_hostd_policy_release(ll_hostd_policy_t *self, int conn, int slot, double now)
+{
+    ll_hostd_lease_t *l = s_conn(self, conn) ? s_lease(self, conn, slot) : NULL;
+    if (!l)
+        return -1;
+    s_lease_end(self, l, now);
+    return 0;
+}
+
+int ll_hostd_policy_mark(ll_hostd_policy_t *self, int conn, int slot, bool idle, double value,
+                         int pid, int cells, double now)
+{
+    ll_hostd_lease_t *l = s_conn(self, conn) ? s_lease(self, conn, slot) : NULL;
+    if (!l)
+        return -1;
+    ll_hostd_user_t *u = s_user(self, l->uid, false);
+    if (idle && !l->idle && u)
+        u->busy_ms += now - l->busy_t0;
+    if (!idle && l->idle)
+        l->busy_t0 = now;
+    if (!idle && pid > 0 && u && (pid != l->last_pid || cells != l->last_cells)) {
+        /* A cell starts on this worker: the first one it runs forked for it
+         * (a cold start), any later one is a warm hit. */
+        if (cells > 0)
+            u->warm_hits++;
+        else
+            u->cold_starts++;
+        l->last_pid = pid;
+        l->last_cells = cells;
+    }
+    l->idle = idle;
+    l->value = value;
+    return 0;
+}
+
+/* The waiting connection to serve first: its user holds the fewest leases,
+ * then it waits longest.  SKIP: connections already looked at this turn. */
+static int s_first_waiting(const ll_hostd_policy_t *self, const bool *skip)
+{
+    int best = -1, best_held = 0;
+    for (int c = 0; c < LL_HOSTD_MAX_CONNS; c++) {
+        const s_conn_t *cn = &self->conns[c];
+        if (!cn->used || cn->want <= 0 || skip[c])
+            continue;
+        int held = s_held(self, cn->uid);
+        if (best < 0 || held < best_held ||
+            (held == best_held && cn->wait_since < self->conns[best].wait_since)) {
+            best = c;
+            best_held = held;
+        }
+    }
+    return best;
+}
+
+/* Revocations under way for connection CI of leases that were idle (their
+ * workers are being evicted: the slots come back at once). */
+static int s_revoking_idle_for(const ll_hostd_policy_t *self, int ci)
+{
+    int n = 0;
+    for (int i = 0; i < LL_HOSTD_MAX_LEASES; i++)
+        n += self->leases[i].conn >= 0 && self->leases[i].revoking &&
+             self->leases[i].for_conn == ci && self->leases[i].idle;
+    return n;
+}
+
+/* The lease to take back for waiting connection C, or NULL: among users
+ * above share (not C's), an idle lease of the smallest value, else (unless
+ * IDLE_ONLY) the longest-held busy one. */
+static ll_hostd_lease_t *s_victim(ll_hostd_policy_t *self, const s_conn_t *c, bool idle_only)
+{
+    double share =
+        (double) self->nslots / (double) (s_active_users(self) ? s_active_users(self) : 1);
+    ll_hostd_lease_t *idle = NULL, *busy = NULL;
+    for (int i = 0; i < LL_HOSTD_MAX_LEASES; i++) {
+        ll_hostd_lease_t *l = &self->leases[i];
+        if (l->conn < 0 || l->revoking || l->uid == c->uid || l->slot >= c->nslots ||
+            (double) s_held(self, l->uid) <= share)
+            continue;
+        if (l->idle && (!idle || l->value < idle->value))
+            idle = l;
+        if (!l->idle && (!busy || l->t0 < busy->t0))
+            busy = l;
+    }
+    return idle ? idle : idle_only ? NULL : busy;
+}
+
+bool ll_hostd_policy_next(ll_hostd_policy_t *self, double now, ll_hostd_decision_t *d)
+{
+    bool skip[LL_HOSTD_MAX_CONNS] = {false};
+    memset(d, 0, sizeof *d);
+    int busy = ll_hostd_policy_busy_slots(self), nl = ll_hostd_policy_nleases(self);
+    for (;;) {
+        int ci = s_first_waiting(self, skip);
+        if (ci < 0)
+            return false;
+        skip[ci] = true;
+        s_conn_t *c = &self->conns[ci];
+        /* A free slot it can use, unless adopted leases over-commit the
+         * slots (then nothing is lent until they are back within). */
+        for (int s = 0; s < c->nslots && nl < self->nslots && busy < self->nslots; s++)
+            if (s_slot_free(self, s)) {
+                ll_hostd_lease_t *l = s_lease_new(self, ci, s, now);
+                if (!l)
+                    return false;
+                ll_hostd_user_t *u = s_user(self, c->uid, false);
+                if (u)
+                    u->grants++;
+                c->want--;
+                c->told_wait = false;
+                if (c->want == 0)
+                    c->wait_since = 0;
+                *d = (ll_hostd_decision_t){LL_HOSTD_GRANT, ci, s, -1, false};
+                return true;
+            }
+        /* One revocation per slot wanted; but a busy lease taken back comes
+         * back only at its cell's end, so an idle lease that turns up
+         * meanwhile is taken back too (the bound: at once when idle). */
+        if (c->revokes_for < c->want || s_revoking_idle_for(self, ci) < c->want) {
+            ll_hostd_lease_t *v = s_victim(self, c, c->revokes_for >= c->want);
+            if (v) {
+                v->revoking = true;
+                v->for_conn = ci;
+                c->revokes_for++;
+                c->told_wait = false; /* told below that a slot is on its way */
+                ll_hostd_user_t *u = s_user(self, v->uid, false);
+                if (u)
+                    u->revokes++;
+                *d = (ll_hostd_decision_t){LL_HOSTD_REVOKE, v->conn, v->slot, ci, false};
+                return true;
+            }
+        }
+        if (!c->told_wait) {
+            c->told_wait = true;
+            *d = (ll_hostd_decision_t){LL_HOSTD_WAIT, ci, -1, -1, c->revokes_for > 0};
+            return true;
+        }
+    }
+}
+
+int ll_hostd_policy_nslots(const ll_hostd_policy_t *self)
+{
+    return self->nslots;
+}
+
+const ll_hostd_lease_t *ll_hostd_policy_lease(const ll_hostd_policy_t *self, int i)
+{
+    return &self->leases[i];
+}
+
+const ll_hostd_user_t *ll_hostd_policy_user(const ll_hostd_policy_t *self, int i)
+{
+    return &self->users[i];
+}
+
+void ll_hostd_policy_user_times(const ll_hostd_policy_t *self, int i, double now, double *held_ms,
+                                double *busy_ms)
+{
+    const ll_hostd_user_t *u = &self->users[i];
+    double h = u->held_ms, b = u->busy_ms;
+    for (int k = 0; k < LL_HOSTD_MAX_LEASES; k++) {
+        const ll_hostd_lease_t *l = &self->leases[k];
+        if (l->conn < 0 || !u->used || l->uid != u->uid)
+            continue;
+        h += now - l->t0;
+        if (!l->idle)
+            b += now - l->busy_t0;
+    }
+    *held_ms = h;
+    *busy_ms = b;
+}
+
+bool ll_hostd_policy_conn(const ll_hostd_policy_t *self, int conn, unsigned *uid, int *want)
+{
+    if (conn < 0 || conn >= LL_HOSTD_MAX_CONNS || !self->conns[conn].used)
+        return false;
+    if (uid)
+        *uid = self->conns[conn].uid;
+    if (want)
+        *want = self->conns[conn].want;
+    return true;
+}
+
+int ll_hostd_policy_nleases(const ll_hostd_policy_t *self)
+{
+    int n = 0;
+    for (int i = 0; i < LL_HOSTD_MAX_LEASES; i++)
+        n += self->leases[i].conn >= 0;
+    return n;
+}
+
+int ll_hostd_policy_busy_slots(const ll_hostd_policy_t *self)
+{
+    int n = 0;
+    for (int s = 0; s < self->nslots; s++)
+        n += !s_slot_free(self, s);
+    return n;
+}
+
+/* ------------------------------------------------------------------ */
+/* Self-test: scripted sequences, each decision checked.               */
+
+#define S_CHECK(cond)                                                                        \
+    do {                                                                                     \
+        if (!(cond)) {                                                                       \
+            fails++;                                                                         \
+            if (verbose)                                                                     \
+                fprintf(stderr, "ll_hostd_policy: failed: %s (line %d)\n", #cond, __LINE__); \
+        }                                                                                    \
+    } while (0)
+
+/* Every decision of a pass at NOW into OUT (at most MAX); their count. */
+static int s_test_pass(ll_hostd_policy_t *p, double now, ll_hostd_decision_t *out, int max)
+{
+    ll_hostd_decision_t d;
+    int n = 0;
+    while (ll_hostd_policy_next(p, now, &d) && n < 64)
+        if (n < max)
+            out[n++] = d;
+    return n;
+}
+
+/* Two users on two slots: grants never exceed the slots; a release of
+ * someone else's lease changes nothing; the fewest-held user goes first. */
+static int s_test_grants(bool verbose)
+{
+    int fails = 0;
+    ll_hostd_decision_t d[8];
+    ll_hostd_policy_t *p = ll_hostd_policy_new(2);
+    S_CHECK(p && ll_hostd_policy_open(p, 0, 1001, 2, 0) == 0);
+    S_CHECK(ll_hostd_policy_open(p, 0, 1001, 2, 0) == -1); /* in use */
+    S_CHECK(ll_hostd_policy_open(p, 1, 1002, 2, 0) == 0);
+    ll_hostd_policy_want(p, 0, 3, 1); /* user 1001 wants 3 */
+    int n = s_test_pass(p, 1, d, 8);
+    S_CHECK(n == 3 && d[0].op == LL_HOSTD_GRANT && d[0].conn == 0 && d[0].slot == 0);
+    S_CHECK(d[1].op == LL_HOSTD_GRANT && d[1].slot == 1);
+    S_CHECK(d[2].op == LL_HOSTD_WAIT && d[2].conn == 0 &&
+            !d[2].revoking); /* alone: no share to take */
+    S_CHECK(ll_hostd_policy_nleases(p) == 2 && ll_hostd_policy_busy_slots(p) == 2);
+    S_CHECK(s_test_pass(p, 2, d, 8) == 0); /* told once */
+    /* User 1002 cannot give back or mark 1001's leases. */
+    S_CHECK(ll_hostd_policy_release(p, 1, 0, 3) == -1 && ll_hostd_policy_nleases(p) == 2);
+    S_CHECK(ll_hostd_policy_mark(p, 1, 0, true, 5, 0, 0, 3) == -1);
+    S_CHECK(!ll_hostd_policy_lease(p, 0)->idle);
+    /* 1002 arrives: share is 1, 1001 holds 2 (both busy): its longest-held
+     * lease is taken back for 1002, who is told a slot is on its way. */
+    ll_hostd_policy_want(p, 1, 1, 4);
+    n = s_test_pass(p, 4, d, 8);
+    S_CHECK(n == 2 && d[0].op == LL_HOSTD_REVOKE && d[0].conn == 0 && d[0].for_conn == 1);
+    S_CHECK(d[1].op == LL_HOSTD_WAIT && d[1].conn == 1 && d[1].revoking);
+    int revoked = d[0].slot;
+    /* 1001 returns it: it goes to 1002 (fewer held), not back to 1001. */
+    S_CHECK(ll_hostd_policy_release(p, 0, revoked, 10) == 0);
+    n = s_test_pass(p, 10, d, 8);
+    S_CHECK(n >= 1 && d[0].op == LL_HOSTD_GRANT && d[0].conn == 1 && d[0].slot == revoked);
+    S_CHECK(ll_hostd_policy_busy_slots(p) == 2 && ll_hostd_policy_nleases(p) == 2);
+    /* Users' times: 1001 held slot 0 and 1 from 1; one ended at 10. */
+    double held, busy;
+    ll_hostd_policy_user_times(p, 0, 20, &held, &busy);
+    S_CHECK(held == 9 + 19 && busy == held);
+    S_CHECK(ll_hostd_policy_user(p, 0)->grants == 2 && ll_hostd_policy_user(p, 0)->revokes == 1);
+    ll_hostd_policy_close(p, 0, 30);
+    S_CHECK(ll_hostd_policy_nleases(p) == 1 && ll_hostd_policy_release(p, 0, 1, 31) == -1);
+    ll_hostd_policy_destroy(&p);
+    ll_hostd_policy_destroy(&p);
+    S_CHECK(!p);
+    return fails;
+}
+
+/* Fairness among warm leases: the heavy user's idle lease of the smallest
+ * value goes first; a user at share takes nothing from another at share. */
+static int s_test_fair(bool verbose)
+{
+    int fails = 0;
+    ll_hostd_decision_t d[8];
+    ll_hostd_policy_t *p = ll_hostd_policy_new(3);
+    S_CHECK(ll_hostd_policy_open(p, 0, 1001, 3, 0) == 0 &&
+            ll_hostd_policy_open(p, 1, 1002, 3, 0) == 0);
+    ll_hostd_policy_want(p, 0, 3, 1);
+    S_CHECK(s_test_pass(p, 1, d, 8) == 3);
+    S_CHECK(ll_hostd_policy_mark(p, 0, 0, true, 500, 11, 1, 2) == 0); /* idle, value 500 */
+    S_CHECK(ll_hostd_policy_mark(p, 0, 1, true, 100, 12, 1, 2) == 0); /* idle, value 100 */
+    S_CHECK(ll_hostd_policy_mark(p, 0, 2, false, 0, 13, 0, 2) == 0);  /* busy */
+    ll_hostd_policy_want(p, 1, 1, 3);
+    int n = s_test_pass(p, 3, d, 8);
+    S_CHECK(n == 2 && d[0].op == LL_HOSTD_REVOKE && d[0].slot == 1); /* smallest value */
+    S_CHECK(ll_hostd_policy_release(p, 0, 1, 4) == 0);
+    n = s_test_pass(p, 4, d, 8);
+    S_CHECK(n == 1 && d[0].op == LL_HOSTD_GRANT && d[0].conn == 1 && d[0].slot == 1);
+    /* 1002 wants one more: 1001 holds 2 > share 1.5: its idle one goes. */
+    ll_hostd_policy_want(p, 1, 1, 5);
+    n = s_test_pass(p, 5, d, 8);
+    S_CHECK(n == 2 && d[0].op == LL_HOSTD_REVOKE && d[0].slot == 0);
+    S_CHECK(ll_hostd_policy_release(p, 0, 0, 6) == 0 && s_test_pass(p, 6, d, 8) >= 1);
+    S_CHECK(d[0].op == LL_HOSTD_GRANT && d[0].conn == 1);
+    /* Now 1002 holds 2, 1001 holds 1 (busy): 1001 wants one: 1002 is above
+     * share (1.5) but busy: its longest-held lease is taken back. */
+    ll_hostd_policy_want(p, 0, 1, 7);
+    n = s_test_pass(p, 7, d, 8);
+    S_CHECK(n == 2 && d[0].op == LL_HOSTD_REVOKE && d[0].conn == 1 && d[0].slot == 1);
+    /* Hits: the marks say a cold start, then a warm hit on the same worker. */
+    S_CHECK(ll_hostd_policy_mark(p, 1, 0, false, 0, 21, 0, 8) == 0);
+    S_CHECK(ll_hostd_policy_mark(p, 1, 0, true, 10, 21, 1, 9) == 0);
+    S_CHECK(ll_hostd_policy_mark(p, 1, 0, false, 0, 21, 1, 10) == 0);
+    S_CHECK(ll_hostd_policy_user(p, 1)->cold_starts == 1 &&
+            ll_hostd_policy_user(p, 1)->warm_hits == 1);
+    ll_hostd_policy_destroy(&p);
+    /* Two users at share, one idle lease each: no revocation, a WAIT
+     * without one on its way (the waiting pool evicts its own). */
+    p = ll_hostd_policy_new(2);
+    ll_hostd_policy_open(p, 0, 1001, 2, 0);
+    ll_hostd_policy_open(p, 1, 1002, 2, 0);
+    ll_hostd_policy_want(p, 0, 1, 1);
+    ll_hostd_policy_want(p, 1, 1, 1);
+    S_CHECK(s_test_pass(p, 1, d, 8) == 2);
+    ll_hostd_policy_mark(p, 0, d[0].conn == 0 ? d[0].slot : d[1].slot, true, 1, 5, 1, 2);
+    ll_hostd_policy_want(p, 1, 1, 3);
+    n = s_test_pass(p, 3, d, 8);
+    S_CHECK(n == 1 && d[0].op == LL_HOSTD_WAIT && d[0].conn == 1 && !d[0].revoking);
+    ll_hostd_policy_destroy(&p);
+    return fails;
+}
+
+/* A busy lease taken back comes back only at its cell's end: an idle lease
+ * of a user above share that turns up meanwhile is taken back too. */
+static int s_test_idle_meanwhile(bool verbose)
+{
+    int fails = 0;
+    ll_hostd_decision_t d[8];
+    ll_hostd_policy_t *p = ll_hostd_policy_new(3);
+    ll_hostd_policy_open(p, 0, 1001, 3, 0);
+    ll_hostd_policy_open(p, 1, 1002, 3, 0);
+    ll_hostd_policy_want(p, 0, 3, 1);
+    S_CHECK(s_test_pass(p, 1, d, 8) == 3); /* 1001: slots 0, 1, 2, all busy */
+    ll_hostd_policy_want(p, 1, 1, 2);
+    int n = s_test_pass(p, 2, d, 8);
+    S_CHECK(n == 2 && d[0].op == LL_HOSTD_REVOKE && d[0].slot == 0 && d[1].revoking);
+    S_CHECK(s_test_pass(p, 3, d, 8) == 0); /* one revocation per slot wanted */
+    S_CHECK(ll_hostd_policy_mark(p, 0, 2, true, 9, 31, 1, 4) == 0); /* slot 2 turns idle */
+    n = s_test_pass(p, 4, d, 8);
+    S_CHECK(n == 2 && d[0].op == LL_HOSTD_REVOKE && d[0].conn == 0 && d[0].slot == 2);
+    S_CHECK(d[1].op == LL_HOSTD_WAIT && d[1].conn == 1 && d[1].revoking);
+    S_CHECK(ll_hostd_policy_release(p, 0, 2, 5) == 0);
+    n = s_test_pass(p, 5, d, 8);
+    S_CHECK(n == 1 && d[0].op == LL_HOSTD_GRANT && d[0].conn == 1 && d[0].slot == 2);
+    S_CHECK(ll_hostd_policy_release(p, 0, 0, 6) == 0); /* the busy one comes back: nobody waits */
+    S_CHECK(s_test_pass(p, 6, d, 8) == 0 && ll_hostd_policy_busy_slots(p) == 2);
+    ll_hostd_policy_destroy(&p);
+    return fails;
+}
+
+/* Re-registration after a broker restart: leases adopted even beyond the
+ * slots; nothing is lent until they are back within. */
+static int s_test_adopt(bool verbose)
+{
+    int fails = 0;
+    ll_hostd_decision_t d[8];
+    ll_hostd_policy_t *p = ll_hostd_policy_new(2);
+    ll_hostd_policy_open(p, 0, 1001, 2, 0);
+    ll_hostd_policy_open(p, 1, 1002, 2, 0);
+    S_CHECK(ll_hostd_policy_adopt(p, 0, 0, false, 1) == 0 &&
+            ll_hostd_policy_adopt(p, 0, 1, true, 1) == 0);
+    S_CHECK(ll_hostd_policy_adopt(p, 1, 0, false, 1) == 0); /* both ran on slot 0 meanwhile */
+    S_CHECK(ll_hostd_policy_adopt(p, 1, 0, false, 1) == -1 &&
+            ll_hostd_policy_adopt(p, 1, 7, false, 1) == -1);
+    S_CHECK(ll_hostd_policy_nleases(p) == 3 && ll_hostd_policy_busy_slots(p) == 2);
+    ll_hostd_policy_release(p, 1, 0, 2);
+    ll_hostd_policy_want(p, 1, 1, 2);
+    int n = s_test_pass(p, 2, d, 8); /* 1001 holds 2 > share 1: its idle slot 1 goes */
+    S_CHECK(n == 2 && d[0].op == LL_HOSTD_REVOKE && d[0].conn == 0 && d[0].slot == 1);
+    ll_hostd_policy_release(p, 0, 1, 3);
+    n = s_test_pass(p, 3, d, 8);
+    S_CHECK(n == 1 && d[0].op == LL_HOSTD_GRANT && d[0].conn == 1 && d[0].slot == 1);
+    ll_hostd_policy_destroy(&p);
+    S_CHECK(!ll_hostd_policy_new(0) && !ll_hostd_policy_new(LL_HOSTD_MAX_SLOTS + 1));
+    return fails;
+}
+
+int ll_hostd_policy_selftest(bool verbose)
+{
+    int fails = s_test_grants(verbose) + s_test_fair(verbose) + s_test_idle_meanwhile(verbose) +
+                s_test_adopt(verbose);
+    if (verbose)
+        fprintf(stderr, "ll_hostd_policy: %s\n", fails ? "FAILED" : "ok");
+    return fails ? 1 : 0;
+}
