@@ -154,9 +154,13 @@ static void s_flush_locked(ll_stream_t *self, bool final)
         pthread_mutex_unlock(&self->buf_lock);
         return;
     }
-    /* A tail held back once and not completed since is emitted as is. */
-    if (self->holding && self->hold_seq == self->seq)
-        final = true;
+    /* A held tail not completed since waits for its next write or a final
+     * flush: a timer never sends half a character (a writer stalled on a
+     * loaded host for longer than one interval would see it as U+FFFD). */
+    if (!final && self->holding && self->hold_seq == self->seq) {
+        pthread_mutex_unlock(&self->buf_lock);
+        return;
+    }
     size_t keep = 0;
     if (!final) {
         /* Find an incomplete sequence in the last 3 bytes. */
@@ -212,7 +216,8 @@ static void *s_flusher(void *arg)
     pthread_sigmask(SIG_BLOCK, &all, NULL);
     pthread_mutex_lock(&self->buf_lock);
     while (!self->stop) {
-        if (self->len == 0) {
+        if (self->len == 0 || (self->holding && self->hold_seq == self->seq)) {
+            /* Nothing, or only a held-back incomplete tail: a write wakes us. */
             pthread_cond_wait(&self->cond, &self->buf_lock);
             continue;
         }
@@ -302,8 +307,11 @@ void ll_stream_write(ll_stream_t *self, const char *name, const char *data, size
         pthread_mutex_unlock(&self->buf_lock);
         return;
     }
-    if (self->len == 0) {
-        snprintf(self->name, sizeof self->name, "%s", name);
+    if (self->len == 0 || self->holding) {
+        /* The buffer's first byte (a held tail counts as none): its
+         * interval starts now, and the flusher waits for it. */
+        if (self->len == 0)
+            snprintf(self->name, sizeof self->name, "%s", name);
         self->first_ns = ll_clock_ns();
         pthread_cond_signal(&self->cond);
     }
@@ -445,12 +453,15 @@ int ll_stream_selftest(bool verbose)
 
     /* A multi-byte character split across writes is not split across chunks:
      * the timer sends "ab" and holds the cut euro sign back until its last
-     * byte comes (the hold lasts one more interval, 200 ms here). */
+     * byte comes, however long that takes. */
     ll_stream_t *slow = ll_stream_new(s_record_emit, &r, 200, 1024);
     S_CHECK(slow);
     ll_stream_write(slow, "stdout", "ab\xE2\x82", 4);
     for (int i = 0; i < 5000 && s_record_chunks(&r) < 7; i++)
         nanosleep(&(struct timespec){0, 1000000}, NULL);
+    /* Three intervals with no write: still held (a timer never sends it). */
+    nanosleep(&(struct timespec){0, 600000000}, NULL);
+    S_CHECK(s_record_chunks(&r) == 7);
     ll_stream_write(slow, "stdout", "\xAC", 1);
     ll_stream_flush(slow);
     ll_stream_destroy(&slow);

@@ -17,7 +17,9 @@
  *
  * Text handed to EMIT is valid UTF-8: an incomplete multi-byte sequence at
  * the end of the buffer (a pipe read can split one) is held back until the
- * next write unless the flush is final; invalid bytes become U+FFFD.
+ * next write, however long that takes, unless the flush is final (a caller's
+ * ll_stream_flush, or text of the other stream coming); invalid bytes become
+ * U+FFFD.
  *
  * Threads: write/flush from any thread; one internal flusher thread. */
 #ifndef LL_STREAM_H

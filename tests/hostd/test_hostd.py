@@ -119,7 +119,9 @@ def test_two_users_share_two_slots(hostd, users):
         busy = float(lines['looseleaf_hostd_user_gpu_busy_seconds_total{uid="%d"}' % u.uid])
         assert held >= busy > 0.9  # each user ran 2 cells of ~1 s
     hits = int(lines["looseleaf_hostd_warm_hits_total"])
-    assert hits + int(lines["looseleaf_hostd_cold_starts_total"]) >= 8 and hits >= 1
+    # Every cell is a warm hit or a cold start (how many were warm depends on the host's load: the broker
+    # takes warm slots back for the other user).
+    assert hits + int(lines["looseleaf_hostd_cold_starts_total"]) >= 8
     assert hostd.http("/other")[0] == 404
 
 
