@@ -25,9 +25,11 @@ PYTESTS += tests/tree
 # `make test-debian` (also the end of `make test`): a smoke run on Debian 12's own Jupyter stack (jupyter_client
 # 7, ipykernel 6 as the reference, IPython 8, torch 1.13 on the GPU path), so the kernel keeps working for users
 # of the distribution's packages; the full suites run on the current stack in the project's venv.
+# The widget tests are there for Debian's ipywidgets 6, which reaches ipykernel.comm.Comm (about 30 s).
 DEBIAN_SMOKE := tests/integration/test_int_execute.py tests/integration/test_int_kernel_info.py \
                 tests/integration/test_int_stdin.py tests/integration/test_int_interrupt.py \
-                tests/routing/test_route_metadata.py tests/store/test_store_checkpoint.py
+                tests/routing/test_route_metadata.py tests/store/test_store_checkpoint.py \
+                tests/integration/test_int_widgets.py
 
 # Issue 13 (items 6, 7): a warm GPU cell's first flushed output as prompt as a CPU cell's; a CPU cell after GPU
 # cells as cheap as on ipykernel.
