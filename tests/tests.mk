@@ -34,3 +34,12 @@ DEBIAN_SMOKE := tests/integration/test_int_execute.py tests/integration/test_int
 # Issue 13 (items 6, 7): a warm GPU cell's first flushed output as prompt as a CPU cell's; a CPU cell after GPU
 # cells as cheap as on ipykernel.
 BENCHES += tests/bench/bench_responsive.py
+
+# `make test-browser` (issue 14): LooseLeaf as a person uses it in JupyterLab 4, Notebook 7 and Debian's classic
+# notebook 6.4, driven in Debian's chromium by Playwright for Python (tests/browser/).  About 4 minutes on 2
+# cores, so not part of `make test`; .ci/run runs it after `make test`.  Screenshots of every step go under the
+# run's pytest temporary directory (printed at the end).  The in-browser hint measurement is
+# tests/browser/bench_hints.py (~20 minutes, run by hand; not in BENCHES).
+BROWSER_TESTS := tests/browser/test_browser.py
+test-browser: all venv
+	$(VENV_PY) $(PYTEST) -s $(BROWSER_TESTS)
