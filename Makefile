@@ -72,8 +72,8 @@ LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 BIN_OBJS  := $(BIN_SRCS:%.c=$(BUILD)/%.o)
 TEST_OBJS := $(TEST_SRCS:%.c=$(BUILD)/%.o)
 
-.PHONY: all test test-debian selftest pytest venv bench clean deps deps-test setup run kernelspec \
-        format format-check gpu-bundle e2e-build
+.PHONY: all test test-debian test-browser selftest pytest venv bench clean deps deps-test setup run \
+        kernelspec format format-check gpu-bundle e2e-build
 all: $(BUILD)/looseleaf $(BUILD)/ll_selftest $(EXTRA_TARGETS)
 
 $(BUILD)/%.o: %.c
@@ -160,7 +160,7 @@ DEB_STACK := python3-ipython python3-comm python3-cloudpickle python3-numpy \
              python3-jupyter-client jupyter-client python3-matplotlib-inline \
              python3-ipykernel jupyter-console python3-nbclient python3-nbformat \
              python3-pytest python3-pexpect python3-torch python3-matplotlib \
-             python3-pandas python3-scipy python3-pytest-timeout jupyter-notebook
+             python3-pandas python3-scipy python3-pytest-timeout jupyter-notebook python3-ipywidgets
 DEB_TEST  := $(DEB_STACK) tmux chromium clang libclang-rt-14-dev
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

@@ -468,7 +468,10 @@ static bool s_execute_on_worker(ll_exec_t *self, ll_msg_t *req, ll_route_plan_t 
                         .stdin_chan = self->env.stdin_chan,
                         .intr_fd = self->env.intr_fd,
                         .stopping = self->env.stopping,
-                        .t_run = t_run};
+                        .t_run = t_run,
+                        .shell_handle = self->env.shell_handle,
+                        .shell_readable = self->env.shell_readable,
+                        .ctx = self->env.ctx};
     char err[512];
     uint64_t v; /* an interrupt from before this cell is not for it */
     ssize_t r = read(self->env.intr_fd, &v, sizeof v);

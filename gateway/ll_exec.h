@@ -53,7 +53,12 @@ typedef struct {
      * waiting in it (borrowed, NULL when none): while a CPU cell runs, the
      * next GPU cell of a "Run all" gets its worker prepared. */
     const ll_msg_t *(*next_queued_execute)(void *ctx);
-    void *ctx; /* for next_queued_execute */
+    /* While a GPU cell runs on a worker, SHELL_HANDLE (the shell socket's
+     * zmq handle) is polled too; when readable, SHELL_READABLE reads it
+     * ahead, answering at once what needs no interpreter (kernel_info). */
+    void *shell_handle;
+    void (*shell_readable)(void *ctx);
+    void *ctx; /* for next_queued_execute and shell_readable */
 } ll_exec_env_t;
 
 /* After ll_interp_init.  ENV is copied.  Never NULL unless out of memory:

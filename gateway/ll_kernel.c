@@ -352,6 +352,30 @@ static const ll_msg_t *s_next_queued_execute(void *ctx)
     return NULL;
 }
 
+/* A GPU cell runs on a worker and shell became readable: read it ahead into
+ * the queue, answering each kernel_info_request at once (the nudge
+ * jupyter_server sends a kernel on every new connection, on shell and
+ * control, until iopub answers) from the cached reply, with its busy/idle
+ * but without becoming the running cell's parent.  Everything else keeps
+ * its turn. */
+static void s_shell_readable(void *ctx)
+{
+    (void) ctx;
+    if (!s_k.queued && !(s_k.queued = zlist_new()))
+        return;
+    ll_msg_t *req;
+    while ((req = s_recv_shell())) {
+        if (strcmp(req->msg_type, "kernel_info_request") != 0) {
+            zlist_append(s_k.queued, req);
+            continue;
+        }
+        ll_iopub_status(s_k.iopub, "busy", req);
+        s_on_kernel_info(req, S_SHELL, s_k.shell);
+        ll_iopub_status(s_k.iopub, "idle", req);
+        ll_msg_destroy(&req);
+    }
+}
+
 static void s_on_execute(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
 {
     json_t *content = req->content;
@@ -912,7 +936,9 @@ int ll_kernel_run(const char *connection_file, const ll_kernel_opts_t *opts)
                          .stdin_chan = s_k.stdin_chan,
                          .intr_fd = s_k.intr_fd,
                          .stopping = s_stopping,
-                         .next_queued_execute = s_next_queued_execute};
+                         .next_queued_execute = s_next_queued_execute,
+                         .shell_handle = zsock_resolve(s_k.shell),
+                         .shell_readable = s_shell_readable};
     if (!(s_k.exec = ll_exec_new(&env))) {
         snprintf(err, sizeof err, "out of memory");
         goto out_fail;

@@ -678,20 +678,32 @@ static void s_relay_event(s_relay_t *r, json_t *ev)
 static void s_relay(s_relay_t *r)
 {
     ll_route_t *self = r->route;
+    const ll_route_io_t *io = r->io;
     while (!r->content) {
-        zmq_pollitem_t items[3] = {
-            {NULL, ll_zclient_fd(self->pool), ZMQ_POLLIN, 0},
-            {NULL, r->io->intr_fd, ZMQ_POLLIN, 0},
-            {zsock_resolve(ll_stdin_sock(r->io->stdin_chan)), 0, ZMQ_POLLIN, 0}};
-        int rc = zmq_poll(items, r->asking ? 3 : 2, r->cancelled ? 100 : -1);
+        zmq_pollitem_t items[4] = {{NULL, ll_zclient_fd(self->pool), ZMQ_POLLIN, 0},
+                                   {NULL, io->intr_fd, ZMQ_POLLIN, 0}};
+        int n = 2, stdin_i = -1, shell_i = -1;
+        if (r->asking) {
+            items[n] =
+                (zmq_pollitem_t){zsock_resolve(ll_stdin_sock(io->stdin_chan)), 0, ZMQ_POLLIN, 0};
+            stdin_i = n++;
+        }
+        /* Requests on shell while the cell runs (jupyter_server's kernel_info nudge). */
+        if (io->shell_handle && io->shell_readable) {
+            items[n] = (zmq_pollitem_t){io->shell_handle, 0, ZMQ_POLLIN, 0};
+            shell_i = n++;
+        }
+        int rc = zmq_poll(items, n, r->cancelled ? 100 : -1);
         if (rc < 0 && errno != EINTR) {
             r->content = s_error_reply("PoolGone", "cannot wait for the GPU worker", r->count);
             break;
         }
         if (rc > 0 && items[1].revents)
             s_relay_signal(r);
-        if (rc > 0 && r->asking && items[2].revents)
+        if (rc > 0 && stdin_i >= 0 && items[stdin_i].revents)
             s_relay_stdin(r);
+        if (rc > 0 && shell_i >= 0 && items[shell_i].revents)
+            io->shell_readable(io->ctx);
         json_t *ev;
         while (!r->content && (ev = ll_zclient_next(self->pool, 0))) {
             s_relay_event(r, ev);

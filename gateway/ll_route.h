@@ -79,6 +79,9 @@ typedef struct {
     int intr_fd;            /* eventfd: SIGINT, shutdown or SIGTERM arrived */
     bool (*stopping)(void); /* the kernel is shutting down */
     double t_run;           /* ll_clock_ms() when the execute_request arrived */
+    void *shell_handle;     /* the shell socket (zmq handle), polled while the cell runs, or NULL */
+    void (*shell_readable)(void *ctx); /* ... read ahead by this when readable */
+    void *ctx;                         /* for shell_readable */
 } ll_route_io_t;
 
 /* Run the GPU cell of PLAN for REQ (its execute_request) on a worker.

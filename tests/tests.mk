@@ -25,10 +25,21 @@ PYTESTS += tests/tree
 # `make test-debian` (also the end of `make test`): a smoke run on Debian 12's own Jupyter stack (jupyter_client
 # 7, ipykernel 6 as the reference, IPython 8, torch 1.13 on the GPU path), so the kernel keeps working for users
 # of the distribution's packages; the full suites run on the current stack in the project's venv.
+# The widget tests are there for Debian's ipywidgets 6, which reaches ipykernel.comm.Comm (15-30 s).
 DEBIAN_SMOKE := tests/integration/test_int_execute.py tests/integration/test_int_kernel_info.py \
                 tests/integration/test_int_stdin.py tests/integration/test_int_interrupt.py \
-                tests/routing/test_route_metadata.py tests/store/test_store_checkpoint.py
+                tests/routing/test_route_metadata.py tests/store/test_store_checkpoint.py \
+                tests/integration/test_int_widgets.py
 
 # Issue 13 (items 6, 7): a warm GPU cell's first flushed output as prompt as a CPU cell's; a CPU cell after GPU
 # cells as cheap as on ipykernel.
 BENCHES += tests/bench/bench_responsive.py
+
+# `make test-browser` (issue 14): LooseLeaf as a person uses it in JupyterLab 4, Notebook 7 and Debian's classic
+# notebook 6.4, driven in Debian's chromium by Playwright for Python (tests/browser/).  100 s on an idle 2-core
+# machine, up to 6 minutes on a loaded one, so not part of `make test`; .ci/run runs it after `make test`.  Screenshots of every step go under the
+# run's pytest temporary directory (printed at the end).  The in-browser hint measurement is
+# tests/browser/bench_hints.py (16 minutes for 16 cells, run by hand; not in BENCHES).
+BROWSER_TESTS := tests/browser/test_browser.py
+test-browser: all venv
+	$(VENV_PY) $(PYTEST) -s $(BROWSER_TESTS)

@@ -145,7 +145,10 @@ class Kernel:
         self._stdout = OutStream("stdout", 1)
         self._stderr = OutStream("stderr", 2)
         sys.stdout, sys.stderr = self._stdout, self._stderr
-        comms.install()
+        # What code written for ipykernel sends through: kernel.session.send(kernel.iopub_socket, ...).
+        self.session = comms.SESSION
+        self.iopub_socket = comms.IOPUB
+        comms.install(self)
         # Our errors and the comm package's are the kernel's business, not
         # the cell's output.
         _route_logs()
