@@ -116,15 +116,22 @@ $(VENV)/.requirements: requirements.txt
 	@cp requirements.txt $@
 
 PYTEST = -m pytest -q -ra -p no:cacheprovider $(PYTEST_ARGS)
+# The venv's suites run in TEST_JOBS pytest processes (pytest-xdist), a test
+# file to a process: most of a test's time is spent waiting for kernels,
+# workers and timers, not computing, so two processes on two cores take
+# about half the time of one.  Each process has its own Jupyter directories,
+# host pool and stores (tests/conftest.py).  TEST_JOBS=0: one process.
+TEST_JOBS ?= 2
+PYTEST_PAR = $(if $(filter-out 0,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadfile)
 
 pytest: all venv $(TEST_DEPS)
-	$(if $(strip $(PYTESTS)),$(VENV_PY) $(PYTEST) $(PYTESTS))
+	$(if $(strip $(PYTESTS)),$(VENV_PY) $(PYTEST) $(PYTEST_PAR) $(PYTESTS))
 
 # Everything: the C self-tests, the suites on the current stack (the venv),
 # then a smoke run on Debian's own Jupyter stack so both keep working.
 test: all venv $(TEST_DEPS)
 	$(BUILD)/ll_selftest
-	$(if $(strip $(PYTESTS)),$(VENV_PY) $(PYTEST) $(PYTESTS))
+	$(if $(strip $(PYTESTS)),$(VENV_PY) $(PYTEST) $(PYTEST_PAR) $(PYTESTS))
 	$(MAKE) --no-print-directory test-debian
 
 # Debian 12's Jupyter (jupyter_client 7, ipykernel 6, IPython 8, torch 1.13)
