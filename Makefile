@@ -62,6 +62,7 @@ BIN_SRCS  :=
 TEST_SRCS :=
 SELFTESTS :=
 PYTESTS   :=
+PYTESTS_ALONE :=
 BENCHES   :=
 EXTRA_TARGETS :=
 TEST_DEPS :=
@@ -121,17 +122,23 @@ PYTEST = -m pytest -q -ra -p no:cacheprovider $(PYTEST_ARGS)
 # workers and timers, not computing, so two processes on two cores take
 # about half the time of one.  Each process has its own Jupyter directories,
 # host pool and stores (tests/conftest.py).  TEST_JOBS=0: one process.
+# A crashed test process ends the run (--max-worker-restart=0) rather than
+# leave its files unscheduled.  Suites in PYTESTS_ALONE need the machine to
+# themselves (tests/hostd: OS users, nine kernels on two slots) and run after
+# the others, in one process.
 TEST_JOBS ?= 2
-PYTEST_PAR = $(if $(filter-out 0,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadfile)
+PYTEST_PAR = $(if $(filter-out 0,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadfile --max-worker-restart=0)
 
 pytest: all venv $(TEST_DEPS)
 	$(if $(strip $(PYTESTS)),$(VENV_PY) $(PYTEST) $(PYTEST_PAR) $(PYTESTS))
+	$(if $(strip $(PYTESTS_ALONE)),$(VENV_PY) $(PYTEST) $(PYTESTS_ALONE))
 
 # Everything: the C self-tests, the suites on the current stack (the venv),
 # then a smoke run on Debian's own Jupyter stack so both keep working.
 test: all venv $(TEST_DEPS)
 	$(BUILD)/ll_selftest
 	$(if $(strip $(PYTESTS)),$(VENV_PY) $(PYTEST) $(PYTEST_PAR) $(PYTESTS))
+	$(if $(strip $(PYTESTS_ALONE)),$(VENV_PY) $(PYTEST) $(PYTESTS_ALONE))
 	$(MAKE) --no-print-directory test-debian
 
 # Debian 12's Jupyter (jupyter_client 7, ipykernel 6, IPython 8, torch 1.13)
