@@ -337,16 +337,17 @@ static void s_merge_looseleaf(json_t *md, const char *report_json)
  * (KEEP_WARM): only when its namespace is exactly what the store committed
  * (a failed commit or a variable that could not be saved leaves values the
  * store does not have; the caller checks that the preparation did not
- * fail).  A worker that is the session's home for values no store can hold
- * (FIN's "home", zyg.py) stays whatever the pool's setting, unless its
- * commit failed: leaving would lose them. */
+ * fail).  A worker that is the session's home (FIN's "home", zyg.py) stays
+ * whatever the pool's setting and also when its commit failed: it holds
+ * values no store can hold, or that the store could not take, which would
+ * go with it. */
 static bool s_can_stay(const char *fin, bool keep_warm)
 {
     json_error_t jerr;
     json_t *f = fin ? json_loads(fin, 0, &jerr) : NULL;
     bool home = json_object_size(json_object_get(f, "home")) > 0;
-    bool ok = json_is_object(f) && !json_object_get(f, "save_error") &&
-              (home || (keep_warm && !json_object_get(f, "save_failed")));
+    bool ok = json_is_object(f) && (home || (keep_warm && !json_object_get(f, "save_error") &&
+                                             !json_object_get(f, "save_failed")));
     json_decref(f);
     return ok;
 }

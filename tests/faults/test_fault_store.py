@@ -174,11 +174,21 @@ def test_pool_full_a_cell_is_saved_whole_or_not_at_all(small_pool):
     assert "pf_big" in c["evalue"] and "pf_a" in c["evalue"] and "nothing of this cell" in c["evalue"], c
     errors = [m["content"] for m in msgs if m["msg_type"] == "error"]
     assert [e["ename"] for e in errors] == ["PoolFullError"], errors
-    # All or nothing: pf_a was not committed either, the older variables are intact.
-    reply, _ = execute(k, "print(pf_a.sum())")
-    assert reply["content"]["ename"] == "NameError", reply["content"]
+    # All or nothing in the store: pf_a was not committed either, the older variables are intact.  The worker
+    # holds the only copy of both, so it stays as their home (issue 16, item 2; README "Failure model"): a
+    # later cell reading them runs there, whatever its label, and sees them.
+    md = ll_md(reply)
+    assert md["home"]["pf_a"]["what"] == "not saved: PoolFullError" and "pf_big" in md["home"], md
+    home = md["worker_pid"]
+    reply, msgs = execute(k, "print(int(pf_a.sum()), int(pf_big.sum()))")
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert stream_text(msgs) == "%d %d\n" % (2 << 20, 14 << 20)
+    assert ll_md(reply)["worker_pid"] == home, ll_md(reply)
     _, msgs = run_route(k, "print(pf_small.sum().item())", "gpu")
     assert stream_text(msgs) == "4.0\n"
+    # Bound again to what fits, they are saved and the worker is no home for them any more.
+    reply, _ = run_route(k, "pf_a = torch.ones(4)\ndel pf_big", "gpu")
+    assert "pf_a" not in ll_md(reply).get("home", {}) and "pf_big" not in ll_md(reply).get("home", {})
     # What the failed save took came back: a value that fits only then is saved.
     run_route(k, "pf_c = torch.ones(10 << 20)", "gpu")
     _, msgs = run_route(k, "print(pf_c.sum().item())", "gpu")

@@ -52,6 +52,8 @@ _token = None            # tells this worker from a later process with the same 
 _home = {}               # name -> {"kind": "held" | "graph", "what": ...}: home values held here
 _home_refs = {}          # name -> the HomeRef committed for it (the same object each save: an unchanged blob)
 _tied = set()            # names of saved variables whose objects a home value reaches
+_unsaved = {}            # name -> its committed version (None: none) when the store could not take its new
+                         # value (a full pool, Redis gone): the value lives only here, a home value too
 _notices = []            # lines for the next cell's stderr (a variable that lost its autograd graph)
 
 
@@ -286,8 +288,9 @@ def _drop_stale(shell, vers):
     ns = shell.user_ns
     held = _cp.held()
     # Modules are no variables (never saved; import statements bind them): they stay.
+    # (A value the store could not take stays while nothing newer was committed for its name.)
     drop = {n for n in _visible(shell) if (held.get(n) is None or vers.get(n) != held[n])
-            and not isinstance(ns.get(n), type(sys))}
+            and not isinstance(ns.get(n), type(sys)) and not (n in _unsaved and vers.get(n) == _unsaved[n])}
     grew = True
     while grew:
         grew = False
@@ -299,6 +302,7 @@ def _drop_stale(shell, vers):
         ns.pop(n, None)
         _home.pop(n, None)
         _home_refs.pop(n, None)
+        _unsaved.pop(n, None)
         _tied.discard(n)
     _cp.forget(sorted(drop))
     return sorted(drop)
@@ -543,6 +547,9 @@ def worker_finish(arg):
     names = {n for n in names if not isinstance(ns.get(n), type(sys)) or usermods.is_user_module(ns[n])}
     # What home values share may have changed through them (a backward() into the model's parameters).
     names |= {n for n in _tied if n in ns}
+    # A value the store could not take stays a home value unless this cell bound it again: saving it again
+    # would fail this cell for what an earlier one made (its changes in place live here, with it).
+    names -= {n for n in _unsaved if n in after and _before.get(n) == after[n]}
     # A value another worker held and lost stays recorded as lost, unless this cell bound the name again.
     lost = getattr(shell, "lost_names", None) or {}
     names -= {n for n in lost if n not in ns}
@@ -599,6 +606,14 @@ def worker_finish(arg):
         out["save_error"] = "the cell's results (%s) were not saved, nothing of this cell was committed: %s" % (
             ", ".join(lost) or "none", rep.error)
         out["save_failed"] = rep.failed or {n: rep.error for n in lost}
+        # This process holds the only copy of what the cell made or changed: it stays as their home (issue 16,
+        # item 2), and later cells reading them run here, until a cell binds them again (then saved) or the
+        # worker must go (then LostVariable says why).
+        held = _cp.held() if _cp is not None else {}
+        for n in lost:
+            if n in ns and not isinstance(ns[n], type(sys)) and not usermods.is_entry(n):
+                _home[n] = {"kind": "held", "what": "not saved: %s" % out["save_ename"]}
+                _unsaved[n] = held.get(n)
     elif rep.failed:
         out["save_failed"] = rep.failed
         sys.stderr.write("LooseLeaf: could not save %s\n" % ", ".join("%s (%s)" % kv for kv in rep.failed.items()))
@@ -620,9 +635,11 @@ def _note_home(ns, rep):
         if n not in rep.standins and n not in graphs:
             _home.pop(n, None)
             _home_refs.pop(n, None)
+            _unsaved.pop(n, None)
     for n in list(rep.deleted) + [n for n in _home if n not in ns]:
         _home.pop(n, None)
         _home_refs.pop(n, None)
+        _unsaved.pop(n, None)
 
 
 def worker_exit(arg):
