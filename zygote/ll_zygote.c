@@ -857,7 +857,9 @@ int ll_zygote_selftest(bool verbose)
     const char *home =
         "{\"home\": {\"it\": {\"pid\": 7, \"kind\": \"held\"}}, \"save_failed\": {}}";
     S_CHECK(s_can_stay(home, false) && s_can_stay(home, true));
-    S_CHECK(!s_can_stay("{\"home\": {\"it\": {}}, \"save_error\": \"x\"}", false));
+    /* A failed commit too: the home holds what the store could not take. */
+    S_CHECK(s_can_stay("{\"home\": {\"it\": {}}, \"save_error\": \"x\"}", false));
+    S_CHECK(!s_can_stay("{\"home\": {}, \"save_error\": \"x\"}", true));
     /* Reports merge into metadata.looseleaf, whatever was there stays. */
     json_t *md = json_object();
     s_merge_looseleaf(md, "{\"restore_ms\": 3}");
