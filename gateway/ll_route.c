@@ -552,6 +552,8 @@ typedef struct {
     bool saw_input;          /* the worker published the cell's execute_input */
     bool saw_error;          /* ... and an error */
     double visible_wait;     /* Run to the cell's execute_input (the worker starts executing) */
+    bool heard;              /* the pool said something of this cell (it took it) */
+    bool resend;             /* the pool went before it took the cell: send it to a new one */
     json_t *content, *md;    /* the reply, once there is one */
 } s_relay_t;
 
@@ -624,8 +626,17 @@ static void s_relay_event(s_relay_t *r, json_t *ev)
     const char *evid = json_string_value(json_object_get(ev, "id"));
     if (!type)
         return;
+    if (evid && strcmp(evid, r->id) == 0)
+        r->heard = true; /* the pool took the cell */
     if (strcmp(type, "pool_gone") == 0) {
         s_pool_went(r->route);
+        if (!r->heard && !r->cancelled) {
+            /* Gone before it said anything of the cell (it was going down
+             * as the request came: a pool killed a moment ago): nothing of
+             * the cell ran, so it goes to a new pool instead. */
+            r->resend = true;
+            return;
+        }
         r->content = s_error_reply("PoolGone",
                                    "the GPU pool went away while this cell ran; the session "
                                    "continues from the last committed versions of its variables",
@@ -679,7 +690,7 @@ static void s_relay(s_relay_t *r)
 {
     ll_route_t *self = r->route;
     const ll_route_io_t *io = r->io;
-    while (!r->content) {
+    while (!r->content && !r->resend) {
         zmq_pollitem_t items[4] = {{NULL, ll_zclient_fd(self->pool), ZMQ_POLLIN, 0},
                                    {NULL, io->intr_fd, ZMQ_POLLIN, 0}};
         int n = 2, stdin_i = -1, shell_i = -1;
@@ -705,7 +716,7 @@ static void s_relay(s_relay_t *r)
         if (rc > 0 && shell_i >= 0 && items[shell_i].revents)
             io->shell_readable(io->ctx);
         json_t *ev;
-        while (!r->content && (ev = ll_zclient_next(self->pool, 0))) {
+        while (!r->content && !r->resend && (ev = ll_zclient_next(self->pool, 0))) {
             s_relay_event(r, ev);
             json_decref(ev);
         }
@@ -772,9 +783,10 @@ int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *re
         return -1;
     }
     int sent = s_send_run(self, request, err, errlen);
-    json_decref(request);
-    if (sent < 0)
+    if (sent < 0) {
+        json_decref(request);
         return -1;
+    }
 
     s_relay_t r = {.route = self,
                    .io = io,
@@ -782,6 +794,20 @@ int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *re
                    .count = json_integer_value(json_object_get(sync, "execution_count")),
                    .visible_wait = -1};
     s_relay(&r);
+    if (r.resend) { /* once: to the pool that starts now */
+        ll_info("route", "%s: the pool went before it took the cell: sent to a new pool", id);
+        ll_zclient_destroy(&self->pool);
+        r.resend = false;
+        if (s_send_run(self, request, err, errlen) == 0)
+            s_relay(&r);
+        if (!r.content)
+            r.content = s_error_reply("PoolGone",
+                                      "the GPU pool went away twice before it took this cell; "
+                                      "the session continues from the last committed versions of "
+                                      "its variables",
+                                      r.count);
+    }
+    json_decref(request);
     s_settle_reply(&r);
     const char *status = json_string_value(json_object_get(r.content, "status"));
     if (!r.saw_error && status && strcmp(status, "error") == 0 &&
