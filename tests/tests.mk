@@ -7,7 +7,10 @@
 # re-validates the tests themselves).  A test file is listed here only once it
 # passes against looseleaf; one it does not pass yet goes into
 # tests/integration/test_pending.py (not listed) until it does (none now).
-PYTESTS += $(sort $(wildcard tests/integration/test_int_*.py))
+PYTESTS += $(filter-out tests/integration/test_int_interrupt.py,$(sort $(wildcard tests/integration/test_int_*.py)))
+# Interrupt timing (an interrupt must land within 15 s) is measured with the machine to ourselves: next to
+# another test process one message-mode interrupt was once lost (still to be explained).
+PYTESTS_ALONE += tests/integration/test_int_interrupt.py
 
 # looseleaf vs ipykernel: start, `pass` round trip, 1,000,000 printed lines.
 BENCHES += tests/bench/bench_kernel.py
