@@ -160,6 +160,17 @@ bool ll_hostpool_busy(const ll_hostpool_t *pool);
 /* The pool stops: every session's line is logged, every worker killed. */
 void ll_hostpool_jobs_stop(ll_hostpool_t *pool);
 
+/* ---- ll_hostpool_procs.c: workers as processes ---- */
+
+/* SIG's name without "SIG" ("KILL"), "?" when unknown. */
+const char *ll_hostpool_signame(int sig);
+/* Signal SIG to worker PID; SIGKILL goes to its whole process group. */
+void ll_hostpool_signal_worker(pid_t pid, int sig);
+/* Whether a process of worker PID's group still exists (a zombie too). */
+bool ll_hostpool_group_alive(pid_t pid);
+/* The OOM kills of this host so far (/proc/vmstat; 0 when unknown). */
+unsigned long long ll_hostpool_oom_kills(void);
+
 /* ---- ll_hostpool_homes.c ---- */
 
 /* R's worker, the home of values of its session, goes (HOW: "evicted for

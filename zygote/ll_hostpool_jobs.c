@@ -25,13 +25,10 @@
  *   multiprocessing pool) hold the device too, so the slot stays held
  *   until the whole group is gone, and they are reaped here.
  *
- * Why this file is long: it is the pool's one job state machine (clients'
- * requests, zygotes' forks, workers' frames, deaths and timers), and every
- * part of it goes through the same two dozen helpers on the run table
- * (s_job, s_drop_worker, s_reply_error, ...).  What stands apart went to
- * files of its own: the stats (ll_hostpool_stats.c), the record of homes
- * that went (ll_hostpool_homes.c), the slot broker's link
- * (ll_hostpool_hostd.c) and every decision (ll_sched.c). */
+ * Beside it: the stats (ll_hostpool_stats.c), the record of homes that
+ * went (ll_hostpool_homes.c), workers as processes (ll_hostpool_procs.c),
+ * the slot broker's link (ll_hostpool_hostd.c) and every decision
+ * (ll_sched.c). */
 #include "zygote/ll_hostpool_internal.h"
 #include "base/ll_clock.h"
 #include "base/ll_log.h"
@@ -58,30 +55,6 @@ static void s_nonblock(int fd)
     int fl = fcntl(fd, F_GETFL);
     if (fl >= 0)
         fcntl(fd, F_SETFL, fl | O_NONBLOCK);
-}
-
-static const char *s_signame(int sig)
-{
-    const char *d = sigabbrev_np(sig);
-    return d ? d : "?";
-}
-
-/* Signal SIG to worker PID; SIGKILL goes to its whole process group (its
- * own since the fork: whatever its cells started dies with it). */
-static void s_signal_worker(pid_t pid, int sig)
-{
-    if (pid <= 0)
-        return;
-    if (sig == SIGKILL)
-        kill(-pid, SIGKILL);
-    kill(pid, sig);
-}
-
-/* Whether a process of worker PID's group still exists (a zombie too: it
- * is reaped here, as their subreaper). */
-static bool s_group_alive(pid_t pid)
-{
-    return pid > 0 && (kill(-pid, 0) == 0 || errno == EPERM);
 }
 
 /* ------------------------------------------------------------------ */
@@ -138,7 +111,7 @@ static void s_drop_worker(ll_hostpool_t *pool, int r)
 {
     ll_hostpool_run_t *run = &pool->runs[r];
     pid_t pid = run->worker.pid;
-    if (s_group_alive(pid)) {
+    if (ll_hostpool_group_alive(pid)) {
         kill(-pid, SIGKILL);
         if (s_job(pool, r)->slot >= 0) {
             if (s_job(pool, r)->state != LL_SCHED_EVICTING)
@@ -278,30 +251,12 @@ static void s_session_end(ll_hostpool_t *pool, int i)
     ll_sched_session_close(pool->sched, i);
 }
 
-/* The processes the kernel's OOM killer has ended on this host so far
- * (/proc/vmstat; 0 when unknown).  A worker killed by SIGKILL while this
- * moved was, in all likelihood, one of them: another process of the host
- * killed by it at the same moment would be counted too, which only makes
- * the report blame memory for a kill that had another cause. */
-static unsigned long long s_oom_kills(void)
-{
-    FILE *f = fopen("/proc/vmstat", "re");
-    char line[128];
-    unsigned long long n = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "oom_kill %llu", &n) == 1)
-            break;
-    if (f)
-        fclose(f);
-    return n;
-}
-
 /* Queue job R again for a fresh worker (its worker died before anything
  * of the job ran). */
 static void s_requeue(ll_hostpool_t *pool, int r)
 {
     ll_hostpool_run_t *run = &pool->runs[r];
-    s_signal_worker(run->worker.pid, SIGKILL); /* the rest of its group */
+    ll_hostpool_signal_worker(run->worker.pid, SIGKILL); /* the rest of its group */
     ll_sched_requeue(pool->sched, r, ll_clock_ms());
     close(run->worker.fd);
     run->worker.fd = -1;
@@ -337,7 +292,8 @@ static void s_finish_dead(ll_hostpool_t *pool, int r)
         return;
     }
     int st = run->worker.status;
-    bool oom = WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL && s_oom_kills() > run->oom_kills;
+    bool oom =
+        WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL && ll_hostpool_oom_kills() > run->oom_kills;
     if (!run->cancelled && !run->began && run->retries == 0 && !s_is_prefetch(pool, r) &&
         !s_idle_worker(pool, r)) {
         /* It died preparing the cell (fork, imports, restore), before any
@@ -392,7 +348,7 @@ static void s_finish_dead(ll_hostpool_t *pool, int r)
                  "the worker (pid %d) running this cell was killed by signal SIG%s (%d)%s%s; the "
                  "session continues "
                  "from the last committed versions of its variables",
-                 (int) run->worker.pid, s_signame(WTERMSIG(st)), WTERMSIG(st),
+                 (int) run->worker.pid, ll_hostpool_signame(WTERMSIG(st)), WTERMSIG(st),
                  oom ? " (out of memory: the host's OOM killer ended it)" : "",
                  run->retries ? " twice, the second time on a fresh worker" : "");
     else
@@ -451,7 +407,7 @@ static void s_job_device(ll_hostpool_t *pool, json_t *job, int slot)
 static json_t *s_job_frame(ll_hostpool_t *pool, int r, int slot)
 {
     ll_hostpool_run_t *run = &pool->runs[r];
-    run->oom_kills = s_oom_kills();
+    run->oom_kills = ll_hostpool_oom_kills();
     run->began = false;
     json_t *job = json_deep_copy(run->req);
     s_job_device(pool, job, slot);
@@ -525,7 +481,7 @@ static void s_hand(ll_hostpool_t *pool, const ll_sched_decision_t *d)
         /* It is dying: its exit reports the cell as lost (WorkerDied). */
         ll_warn("pool", "cell %s: warm worker %d unreachable: %s", run->id, (int) run->worker.pid,
                 strerror(errno));
-        s_signal_worker(run->worker.pid, SIGKILL);
+        ll_hostpool_signal_worker(run->worker.pid, SIGKILL);
     }
     json_decref(m);
     ll_info("pool", "%s %s: warm worker %d on slot %d", prefetch ? "prefetch" : "cell", run->id,
@@ -554,7 +510,7 @@ static void s_worker_leaves(ll_hostpool_t *pool, int w, const char *why, double 
         json_decref(m);
     }
     if (!asked)
-        s_signal_worker(run->worker.pid, SIGKILL);
+        ll_hostpool_signal_worker(run->worker.pid, SIGKILL);
     run->evict_t = ll_clock_ms();
 }
 
@@ -755,7 +711,7 @@ static void s_kill_run(ll_hostpool_t *pool, int r, int sig)
 {
     ll_hostpool_run_t *run = &pool->runs[r];
     if (run->worker.pid > 0 && (!run->sig.handover || sig == SIGKILL))
-        s_signal_worker(run->worker.pid, sig);
+        ll_hostpool_signal_worker(run->worker.pid, sig);
     else if (sig == SIGKILL || !run->sig.pending)
         run->sig.pending = sig; /* sent when the zygote reports the fork */
 }
@@ -771,7 +727,7 @@ static void s_run_pid(ll_hostpool_t *pool, int r, pid_t pid)
     if (run->sig.pending) {
         ll_debug("pool", "cell %s: signal %d, asked before the fork, sent to worker %d", run->id,
                  run->sig.pending, (int) pid);
-        s_signal_worker(pid, run->sig.pending);
+        ll_hostpool_signal_worker(pid, run->sig.pending);
     }
 }
 
@@ -975,7 +931,7 @@ static void s_worker_ready(ll_hostpool_t *pool, int r, json_t *m)
         /* The warm worker dropped stale interrupts: forward new ones. */
         run->sig.handover = false;
         if (run->sig.pending && run->worker.pid > 0)
-            s_signal_worker(run->worker.pid, run->sig.pending);
+            ll_hostpool_signal_worker(run->worker.pid, run->sig.pending);
         run->sig.pending = 0;
     }
     ll_sched_ready(pool->sched, r);
@@ -1086,7 +1042,7 @@ int ll_hostpool_worker_timers(ll_hostpool_t *pool, double now, int timeout)
         double left = -1;
         if (run->group_wait) {
             /* Its worker is gone; the rest of its group holds the slot. */
-            bool alive = s_group_alive(run->worker.pid);
+            bool alive = ll_hostpool_group_alive(run->worker.pid);
             if (!alive || now - run->evict_t >= S_GROUP_WAIT_MS) {
                 if (alive)
                     ll_warn("pool",
@@ -1113,7 +1069,7 @@ int ll_hostpool_worker_timers(ll_hostpool_t *pool, double now, int timeout)
                 ll_warn("pool", "worker %d still saving %.0f s after its client left: killed",
                         (int) run->worker.pid, S_SAVE_GRACE_MS / 1000);
                 run->cancelled = true;
-                s_signal_worker(run->worker.pid, SIGKILL);
+                ll_hostpool_signal_worker(run->worker.pid, SIGKILL);
                 run->evict_t = now; /* its exit ends the entry; until then, once per grace */
                 left = S_SAVE_GRACE_MS;
             }
@@ -1121,7 +1077,7 @@ int ll_hostpool_worker_timers(ll_hostpool_t *pool, double now, int timeout)
             left = run->evict_t + S_EXIT_GRACE_MS - now;
             if (left <= 0 && run->worker.pid > 0 && !run->worker.exited) {
                 ll_warn("pool", "warm worker %d did not exit: killed", (int) run->worker.pid);
-                s_signal_worker(run->worker.pid, SIGKILL);
+                ll_hostpool_signal_worker(run->worker.pid, SIGKILL);
                 run->evict_t = now;
                 left = S_EXIT_GRACE_MS;
             }

@@ -4,7 +4,7 @@ SELFTESTS += ll_zframe ll_gdsf ll_sched ll_place ll_provision ll_ztree ll_gpu ll
 LIB_SRCS  += zygote/ll_zframe.c zygote/ll_gdsf.c zygote/ll_sched.c zygote/ll_sched_selftest.c zygote/ll_place.c \
              zygote/ll_provision.c zygote/ll_ztree.c zygote/ll_gpu.c \
              zygote/ll_hostpool_config.c zygote/ll_hostpool.c zygote/ll_hostpool_jobs.c \
-             zygote/ll_hostpool_stats.c zygote/ll_hostpool_homes.c \
+             zygote/ll_hostpool_stats.c zygote/ll_hostpool_homes.c zygote/ll_hostpool_procs.c \
              zygote/ll_zygote.c zygote/ll_zclient.c
 EXTRA_TARGETS += $(BUILD)/zygote/ll_zdriver
 
