@@ -77,6 +77,22 @@ def _calm_torch():
         torch.set_num_threads(1)
 
 
+def _warm_torch():
+    """torch >= 2 imports ~900 more modules (torch._dynamo, sympy, ...) the first time a process builds an
+    optimizer: 1.3-1.5 s here, paid by every fresh worker's first `torch.optim.SGD(...)` cell.  Building a
+    throwaway optimizer over a CPU parameter here does those imports once, for every worker forked below.  It
+    starts no thread and asks no CUDA device count (torch 2.11, checked by hand); were that to change, the
+    zygote's own checks before each fork (one thread, no CUDA driver mapped: ll_zygote.c) would refuse."""
+    torch = sys.modules.get("torch")
+    if torch is None or getattr(_warm_torch, "done", False):
+        return
+    _warm_torch.done = True
+    try:
+        torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    except Exception:  # noqa: BLE001 - a torch without optimizers: workers import what they use themselves
+        pass
+
+
 def _openblas_libs():
     """The OpenBLAS libraries this process loaded (numpy's own, scipy's, the system one), as ctypes handles
     with their set/get functions, whatever the symbol prefix of the build."""
@@ -166,6 +182,7 @@ def load_head(arg):
     mods = json.loads(arg)
     loaded, failed = _import(mods)
     _calm_torch()
+    _warm_torch()
     _private_history()
     _no_cell_files()
     usermods.user_modules()  # which modules are the user's, decided once here for every worker
@@ -177,6 +194,7 @@ def load_head(arg):
 def grow(arg):
     loaded, failed = _import(json.loads(arg))
     _calm_torch()
+    _warm_torch()
     usermods.user_modules()
     gc.freeze()
     return json.dumps({"modules": _modules_now(loaded), "failed": failed})
@@ -619,7 +637,64 @@ def worker_finish(arg):
         sys.stderr.write("LooseLeaf: could not save %s\n" % ", ".join("%s (%s)" % kv for kv in rep.failed.items()))
     out["held_bytes"] = _held_bytes()
     out["home"] = _home_report()
+    out["shapes"] = _shapes(ns, out["saved"])
     return json.dumps(out)
+
+
+_SHAPE_DIR_MAX = 4000  # names of one value's dir() sent at most (a tensor has ~750)
+
+
+def _shapes(ns, names):
+    """What the kernel needs to complete `name.<Tab>` on NAMES (saved by this cell) without restoring them:
+    each one's type, dir() and payload bytes ({"names": {name: [type, dir index, bytes]}, "dirs": [[...]]},
+    equal dir() lists sent once).  The kernel answers a completion from these while restoring the value would
+    import its framework or map a large payload (coherence.complete_view); a value whose dir() fails is left
+    out, and is restored as before."""
+    import _llstore
+    dirs, index, named = [], {}, {}
+    for n in names:
+        if n not in ns or n.startswith("_") and n[1:].isdigit():
+            continue
+        v = ns[n]
+        try:
+            attrs = tuple(a for a in dir(v) if isinstance(a, str))[:_SHAPE_DIR_MAX]
+        except Exception:  # noqa: BLE001 - a __dir__ that fails: the kernel restores the value instead
+            continue
+        if attrs not in index:
+            index[attrs] = len(dirs)
+            dirs.append(list(attrs))
+        nbytes = 0
+        for ref in _cp.payload_refs(n) if _cp is not None else ():
+            try:
+                nbytes += _llstore.ref_nbytes(ref)
+            except Exception:  # noqa: BLE001 - a ref we cannot size counts nothing
+                pass
+        t = type(v)
+        named[n] = ["%s.%s" % (getattr(t, "__module__", "builtins"), t.__qualname__), index[attrs], nbytes,
+                    sorted(_value_modules(v))]
+    return {"names": named, "dirs": dirs}
+
+
+def _value_modules(v, depth=2, out=None):
+    """Top-level modules restoring V would import, as far as its types show (its classes' MROs, and those of
+    a few items of its containers and attributes): the kernel restores it for a completion only when they are
+    imported there already.  A module this misses costs that completion time, never a wrong answer."""
+    out = set() if out is None else out
+    for c in type(v).__mro__:
+        m = getattr(c, "__module__", None)
+        if isinstance(m, str) and m not in ("builtins", "__main__"):
+            out.add(m.partition(".")[0])
+    if depth > 0:
+        if isinstance(v, dict):
+            items = list(v.values())[:32]
+        elif isinstance(v, (list, tuple, set, frozenset)):
+            items = list(v)[:32]
+        else:
+            d = getattr(v, "__dict__", None)
+            items = list(d.values())[:32] if isinstance(d, dict) else []
+        for x in items:
+            _value_modules(x, depth - 1, out)
+    return out
 
 
 def _note_home(ns, rep):
