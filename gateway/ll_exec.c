@@ -495,6 +495,11 @@ static bool s_execute_on_worker(ll_exec_t *self, ll_msg_t *req, ll_route_plan_t 
         json_object_set(after, "home", json_object_get(wmd, "home"));
         json_object_set(after, "worker_pid", json_object_get(wmd, "worker_pid"));
     }
+    /* The saved values' types and dir() lists, for completion without a
+     * restore (coherence.complete_view); kept out of the reply's metadata. */
+    if (json_is_object(json_object_get(wmd, "shapes")))
+        json_object_set(after, "shapes", json_object_get(wmd, "shapes"));
+    json_object_del(wmd, "shapes");
     /* Without the worker's account of what it committed (it died, the pool
      * went away), the kernel compares versions before its next CPU cell. */
     json_object_set_new(after, "unknown", json_boolean(!json_is_array(saved)));

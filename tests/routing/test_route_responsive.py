@@ -78,6 +78,36 @@ def test_completion_and_inspection_see_a_gpu_made_tensor(pair):
     assert mine["data"]["text/plain"] == theirs["data"]["text/plain"]
 
 
+@pytest.fixture(scope="module")
+def bare(jupyter_env):
+    """A looseleaf kernel of this module's own that never imports torch itself (no idle commit either)."""
+    k = Kernel("looseleaf", env={"LOOSELEAF_IDLE_COMMIT_MS": "0"})
+    yield k
+    k.stop()
+
+
+def test_completion_on_gpu_values_does_not_wait_for_their_framework(bare, ref):
+    """`t.resha<Tab>` on a tensor a GPU cell made is answered from its worker's account of it (type and dir())
+    while restoring it would import torch into the kernel (0.5 s and more; JupyterLab drops completion
+    replies slower than 1 s): ipykernel's matches, torch still not imported.  The same for an instance of a
+    cell's class that holds a tensor.  A CPU cell reading them then gets the values themselves."""
+    cell = ("import torch\nsc_t = torch.zeros(2, 3)\nclass SC:\n    def __init__(self):\n"
+            "        self.weight = torch.ones(1)\nsc_o = SC()")
+    run_route(bare, cell, GPU)
+    execute(ref, cell)
+    for code in ("sc_t.resha", "sc_o.wei"):
+        content = {"code": code, "cursor_pos": len(code)}
+        mine, theirs = _request(bare, "complete_request", content), _request(ref, "complete_request", content)
+        assert mine["matches"] and mine["matches"] == theirs["matches"], (mine["matches"], theirs["matches"])
+        assert (mine["cursor_start"], mine["cursor_end"]) == (theirs["cursor_start"], theirs["cursor_end"])
+    _, msgs = run_route(bare, "import sys\nprint('torch' in sys.modules)", CPU)
+    assert stream_text(msgs) == "False\n"
+    read = "print(sc_t.shape, sc_o.weight, type(sc_o).__name__)"
+    _, mine = run_route(bare, "%%cpu\n" + read, CPU)
+    _, theirs = execute(ref, read)
+    assert stream_text(mine) == stream_text(theirs)
+
+
 def test_who_and_whos_list_gpu_made_variables(pair):
     pair.cells([
         ("import torch\nwho_a = torch.ones(1)\nwho_b = 5j", GPU),

@@ -52,6 +52,27 @@ _IDENTIFIER = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
 # A cell that reads the output history (Out[3], _, __, ___, _7, _oh), to be brought up to date first.
 _OUTPUT_NAMES = re.compile(r"(?<![\w.])(?:_{1,3}|_\d+|Out|_oh)(?!\w)")
 
+# A value a GPU cell saved whose payloads are larger than this is completed from its worker's account of it
+# (Coherence.complete_view) rather than restored into the kernel first.
+_COMPLETE_RESTORE_BYTES = 64 << 20
+
+_NOT_BOUND = object()
+
+
+def _completion_stand_in(type_name, attrs):
+    """An object that completes as a value of TYPE_NAME whose dir() is ATTRS would: `t.resha<Tab>` on it gives
+    what the real tensor gives, without importing torch into the kernel or restoring the tensor."""
+    qual = type_name.rpartition(".")[2] or "value"
+    names = list(attrs)
+    # Its module is this one, which is imported: jedi imports the module a class names, and the real
+    # one's (torch) is what the stand-in is there to spare.
+    cls = type(qual, (), {
+        "__dir__": lambda self: names, "__module__": __name__, "__slots__": (),
+        "__doc__": "The %s a GPU cell made (completion from its worker's account; not restored yet)." % type_name,
+    })
+    return cls()
+
+
 # IPython's own names: never variables of the session.
 _HIDDEN = {"_", "__", "___", "_i", "_ii", "_iii", "In", "Out", "_oh", "_ih", "_dh", "exit", "quit",
            "get_ipython"}
@@ -207,6 +228,9 @@ class Coherence:
         self.home = {}
         self.lost = {}
         self.graph_lost = {}
+        # {name: (type, dir list, payload bytes, top-level modules)} of values GPU cells saved: what completion
+        # answers from while restoring them would be slow (complete_view).
+        self._shapes = {}
         self._mods_dirty = False  # a CPU cell ran since the user modules' globals were last committed
         self._seen_version = 0  # the newest commit this process saw in the store (_lost_data)
         self._lost = None  # what _lost_data found, until a GPU cell's Run says so
@@ -402,13 +426,66 @@ class Coherence:
         variables it names up to date from the store where a worker made or changed them, as a CPU cell
         reading them would, so `t.resha<Tab>` completes a tensor a GPU cell made.  Nothing to do, and no store
         round trip, when no GPU cell ran since the last refresh."""
+        self._refresh_named(code, ())
+
+    def _refresh_named(self, code, skip):
         if self.cp is None or not code or (self._moved is not None and not self._moved):
             return
-        names = set(_IDENTIFIER.findall(code))
+        names = set(_IDENTIFIER.findall(code)) - set(skip)
         if self._moved is not None:
             names &= self._moved
         if names:
             self._refresh(sorted(names))
+
+    @contextlib.contextmanager
+    def complete_view(self, code):
+        """Completion of CODE (a frontend's draft) sees every session variable, within ipykernel's latency:
+        as refresh_for, except that a variable a GPU cell changed whose restore would import a framework the
+        kernel has not imported (torch: 0.5 s and more) or map more than _COMPLETE_RESTORE_BYTES is stood in
+        for, for the completion only, by an object of its type's name whose dir() is the worker's.  JupyterLab
+        drops completion replies slower than 1 s; the value itself comes when a CPU cell or an inspection
+        reads it."""
+        slow = {}
+        if self._moved:
+            for n in set(_IDENTIFIER.findall(code or "")) & self._moved:
+                shape = self._shapes.get(n)
+                if shape is not None and (shape[2] > _COMPLETE_RESTORE_BYTES
+                                          or any(m not in sys.modules for m in shape[3])):
+                    slow[n] = shape
+        self._refresh_named(code, slow)
+        ns = self.shell.user_ns
+        swapped = {}
+        for n, (type_name, attrs, _, _) in slow.items():
+            swapped[n] = ns.get(n, _NOT_BOUND)
+            ns[n] = _completion_stand_in(type_name, attrs)
+        try:
+            yield
+        finally:
+            for n, old in swapped.items():
+                if old is _NOT_BOUND:
+                    ns.pop(n, None)
+                else:
+                    ns[n] = old
+
+    def _note_shapes(self, shapes, saved, deleted):
+        """Keep the worker's account (after_gpu's `shapes`) of the values it saved; forget what the cell
+        deleted or saved without one."""
+        for n in (saved or []) + (deleted or []):
+            if isinstance(n, str):
+                self._shapes.pop(n, None)
+        if not isinstance(shapes, dict):
+            return
+        dirs, named = shapes.get("dirs"), shapes.get("names")
+        if not isinstance(dirs, list) or not isinstance(named, dict):
+            return
+        for n, entry in named.items():
+            try:
+                type_name, idx, nbytes, mods = entry
+                attrs = dirs[idx]
+                self._shapes[n] = (str(type_name), [a for a in attrs if isinstance(a, str)], int(nbytes),
+                                   tuple(m for m in mods if isinstance(m, str)))
+            except (TypeError, ValueError, IndexError):
+                continue  # a malformed entry: that name is restored for completion, as before
 
     def _refresh(self, names):
         """Bring NAMES (None: every variable) up to date from the store where a worker changed them, and
@@ -683,6 +760,7 @@ class Coherence:
             self._moved.update(n for n in saved + deleted if isinstance(n, str))
         else:
             self._moved = None
+        self._note_shapes(info.get("shapes"), saved, deleted)
         for n in (saved or []) + (deleted or []):
             self.lost.pop(n, None)  # bound again (or deleted) by the cell
             self.graph_lost.pop(n, None)

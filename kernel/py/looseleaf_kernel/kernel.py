@@ -536,7 +536,10 @@ class Kernel:
 
     def complete_request(self, content, parent):
         code, cursor_pos = _code_and_cursor(content)
-        self.coherence.refresh_for(code)  # variables GPU cells made or changed, as a CPU cell would see them
+        with self.coherence.complete_view(code):  # variables GPU cells made or changed, as a CPU cell sees them
+            return self._complete(code, cursor_pos)
+
+    def _complete(self, code, cursor_pos):
         if _HAVE_EXPERIMENTAL_COMPLETIONS:
             with provisionalcompleter():
                 raw = self.shell.Completer.completions(code, cursor_pos)
