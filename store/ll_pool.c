@@ -661,7 +661,23 @@ void ll_pool_free_unwritten(ll_pool_t *pool, const ll_pool_region_t *reg)
     if (reg->idx >= pool->nregions)
         return;
     uint64_t s = reg->gen << 2 | LL_POOL_ST_ALLOC;
-    atomic_compare_exchange_strong(&pool->state[reg->idx], &s, reg->gen << 2 | LL_POOL_ST_FREE);
+    if (atomic_compare_exchange_strong(&pool->state[reg->idx], &s, reg->gen << 2 | LL_POOL_ST_FREE))
+        ll_quota_give(pool->quota, 1);
+}
+
+_Static_assert(LL_POOL_REGION_BYTES == (size_t) 2 << 20, "ll_quota counts 2 MiB regions");
+
+void ll_pool_set_quota(ll_pool_t *pool, ll_quota_t *q)
+{
+    size_t used = 0;
+    for (size_t i = 0; i < pool->nregions; i++)
+        used += (atomic_load(&pool->state[i]) & 3) != LL_POOL_ST_FREE;
+    if (q && ll_quota_join(q, pool->hdr->id, used, pool->nameless ? NULL : pool->path) != 0) {
+        ll_warn("store", "pool %s: the user's store ledger has no room (%d pools): not counted",
+                pool->path, LL_QUOTA_MAX_POOLS);
+        q = NULL;
+    }
+    pool->quota = q;
 }
 
 size_t ll_pool_prefault(ll_pool_t *pool, size_t nregions)
@@ -681,6 +697,12 @@ int ll_pool_alloc_unbacked(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, 
                            char *err, size_t errlen)
 {
     size_t n = pool->nregions;
+    /* Counted first (ll_quota: add, then check the user's total). */
+    if (ll_quota_take(pool->quota, 1, NULL) != 0) {
+        *kind = LL_POOL_EQUOTA;
+        snprintf(err, errlen, "over the user's cap on store memory");
+        return -1;
+    }
     size_t start = atomic_fetch_add(&pool->hdr->cursor, 1) % n;
     /* Two passes: first the free regions this process already prefaulted
      * (a steady-state save then costs a copy, not page faults), then any. */
@@ -715,6 +737,7 @@ int ll_pool_alloc_unbacked(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, 
         *addr = pool->data + (size_t) i * LL_POOL_REGION_BYTES;
         return 0;
     }
+    ll_quota_give(pool->quota, 1);
     *kind = LL_POOL_EFULL;
     snprintf(err, errlen, "payload pool full: all %zu regions (%zu MiB) of %s are in use", n,
              n * (LL_POOL_REGION_BYTES >> 20), pool->path);
@@ -775,6 +798,7 @@ int ll_pool_gc(ll_pool_t *pool, ll_pool_refs_fn referenced, void *ctx, char *err
         if (atomic_compare_exchange_strong(&pool->state[i], &freeing, gen << 2 | LL_POOL_ST_FREE))
             freed++;
     }
+    ll_quota_give(pool->quota, (size_t) freed);
     ll_debug("store", "pool gc: %zu candidates, %d freed", ncand, freed);
 out:
     free(cand);

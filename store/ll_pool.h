@@ -14,6 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "store/ll_quota.h"
+
 #define LL_POOL_REGION_BYTES ((size_t) 2 << 20)
 #define LL_POOL_MAX_PROCS    64 /* processes that may hold leases at once */
 
@@ -35,6 +37,7 @@ typedef enum {
     LL_POOL_EFULL = 2, /* no free region or no memory to back one */
     LL_POOL_EGONE = 3, /* a region was reclaimed (or reused) since */
     LL_POOL_EINVAL = 4,
+    LL_POOL_EQUOTA = 5, /* the user's pools would hold more than the cap (ll_quota) */
 } ll_pool_errkind_t;
 
 /* Open the pool file PATH, creating it (0600) with room for POOL_BYTES when
@@ -56,14 +59,19 @@ int ll_pool_unlink(ll_pool_t *pool);
  * nothing is left in /dev/shm.  0, or -1 with errno. */
 int ll_pool_make_nameless(ll_pool_t *pool);
 
+/* Count this pool's regions in the user's ledger Q (ll_quota; NULL: none)
+ * from now on: allocations fail with LL_POOL_EQUOTA past the user's cap.
+ * Q stays the caller's and must outlive this handle's allocations. */
+void ll_pool_set_quota(ll_pool_t *pool, ll_quota_t *q);
+
 /* Allocate one region for writing, leased by this process; *ADDR is where
  * to write it.  Prefers free regions this process already prefaulted.  The
  * region is not backed here: the caller must ll_pool_back it before
  * writing, which several threads may do at once for distinct regions, so
  * backing (page faults at ~9 GB/s with 4 KiB pages) overlaps the copy
  * instead of preceding it.  Calls on one handle must not overlap (ll_store
- * serializes them).  Returns 0, or -1 with LL_POOL_EFULL in *KIND and a
- * reason in ERR. */
+ * serializes them).  Returns 0, or -1 with LL_POOL_EFULL (or LL_POOL_EQUOTA)
+ * in *KIND and a reason in ERR. */
 int ll_pool_alloc_unbacked(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind,
                            char *err, size_t errlen);
 

@@ -48,6 +48,7 @@ struct ll_pool_t {
     size_t nregions;            /* copy of hdr->nregions */
     _Atomic uint64_t *state;    /* per-region state words */
     _Atomic uint64_t *lease;    /* per-region lease bitmaps */
+    ll_quota_t *quota;          /* the user's ledger (the store's), NULL: not counted */
     int slot;                   /* my slot, -1 once released */
     uint64_t me;                /* my slot word */
     pid_t pid;                  /* process that opened this handle */

@@ -107,9 +107,7 @@ static bool s_session_ok(const char *s)
 
 /* ---- open / close ----------------------------------------------------- */
 
-/* A size such as "64G", "512M", "1073741824" (K, M, G, T: binary; an "iB"
- * or "B" after them is allowed) into *OUT.  0, or -1 when it is none. */
-static int s_parse_bytes(const char *text, size_t *out)
+int ll_store_parse_bytes(const char *text, size_t *out)
 {
     char *end = NULL;
     errno = 0;
@@ -154,7 +152,7 @@ static size_t s_default_pool_bytes(void)
 {
     const char *knob = getenv("LL_STORE_POOL_BYTES");
     size_t n;
-    if (knob && *knob && s_parse_bytes(knob, &n) == 0 && n >= 2 * LL_STORE_R)
+    if (knob && *knob && ll_store_parse_bytes(knob, &n) == 0 && n >= 2 * LL_STORE_R)
         return n;
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     size_t half = pages > 0 && psz > 0 ? (size_t) pages * (size_t) psz / 2 : (size_t) 4 << 30;
@@ -175,7 +173,7 @@ static int s_pool_bytes(const ll_store_opts_t *opts, size_t *out, char *err, siz
         return 0;
     }
     if (knob && *knob) {
-        if (s_parse_bytes(knob, &n) != 0 || n < 2 * LL_STORE_R) {
+        if (ll_store_parse_bytes(knob, &n) != 0 || n < 2 * LL_STORE_R) {
             snprintf(err, errlen,
                      "LL_STORE_POOL_BYTES must be a size of at least 4M, such as 64G or 512M, "
                      "not '%.40s'",
@@ -385,6 +383,34 @@ void ll_store_reserve_update(ll_store_t *st)
     ll_pool_reserve(st->pool, nreg); /* starts its thread only for nreg > 0 */
 }
 
+/* Count the pool in the user's ledger (ll_quota; without one, a warning
+ * and no cap), and set the cap from LL_STORE_USER_CAP unless the broker
+ * set it (hostd's cap wins).  0, or -1 for a bad LL_STORE_USER_CAP. */
+static int s_open_quota(ll_store_t *st, char *err, size_t errlen)
+{
+    char e[640];
+    st->quota = ll_quota_open(NULL, e, sizeof e);
+    if (!st->quota && e[0])
+        ll_warn("store", "%s", e);
+    const char *knob = getenv("LL_STORE_USER_CAP");
+    size_t cap = 0;
+    if (knob && *knob) {
+        if (ll_store_parse_bytes(knob, &cap) != 0) {
+            snprintf(err, errlen,
+                     "LL_STORE_USER_CAP must be a size such as 16G or 512M (0: none), not "
+                     "'%.40s'",
+                     knob);
+            return -1;
+        }
+        int src;
+        ll_quota_cap(st->quota, &src);
+        if (src != LL_QUOTA_SRC_HOSTD)
+            ll_quota_set_cap(st->quota, cap, cap ? LL_QUOTA_SRC_ENV : LL_QUOTA_SRC_NONE);
+    }
+    ll_pool_set_quota(st->pool, st->quota);
+    return 0;
+}
+
 ll_store_t *ll_store_open(const char *runtime_dir, const char *session, const ll_store_opts_t *opts,
                           char *err, size_t errlen)
 {
@@ -474,6 +500,8 @@ ll_store_t *ll_store_open(const char *runtime_dir, const char *session, const ll
             snprintf(err, errlen, "%s", why);
         goto fail;
     }
+    if (s_open_quota(st, err, errlen) != 0)
+        goto fail;
     st->reserve_opt = opts->reserve_bytes;
     ll_store_reserve_update(st);
     if (st->redis_owned)
@@ -497,7 +525,10 @@ void ll_store_destroy(ll_store_t **store_p)
     ll_store_t *st = *store_p;
     if (st->pool && getpid() == st->pid)
         ll_store_pending_release_all(st);
+    if (st->pool)
+        ll_pool_set_quota(st->pool, NULL); /* a mapping may keep the pool's handle */
     ll_pool_destroy(&st->pool);
+    ll_quota_destroy(&st->quota);
     ll_redis_destroy(&st->redis);
     ll_redis_guard_destroy(&st->guard); /* before the stop: no restart */
     if (st->redis_owned && getpid() == st->pid) {
@@ -740,14 +771,15 @@ int ll_store_selftest(bool verbose)
     setenv("LL_STORE_TIMEOUT_S", "2", 1);
     /* Sizes as LL_STORE_POOL_BYTES takes them. */
     size_t nb = 0;
-    S_CHECK(s_parse_bytes("64G", &nb) == 0 && nb == (size_t) 64 << 30);
-    S_CHECK(s_parse_bytes("512MiB", &nb) == 0 && nb == (size_t) 512 << 20);
-    S_CHECK(s_parse_bytes("3k", &nb) == 0 && nb == 3072);
-    S_CHECK(s_parse_bytes("1TB", &nb) == 0 && nb == (size_t) 1 << 40);
-    S_CHECK(s_parse_bytes("1048576", &nb) == 0 && nb == 1048576);
-    S_CHECK(s_parse_bytes("", &nb) == -1 && s_parse_bytes("G", &nb) == -1);
-    S_CHECK(s_parse_bytes("-1G", &nb) == -1 && s_parse_bytes("12X", &nb) == -1);
-    S_CHECK(s_parse_bytes("1Gx", &nb) == -1 && s_parse_bytes("99999999999T", &nb) == -1);
+    S_CHECK(ll_store_parse_bytes("64G", &nb) == 0 && nb == (size_t) 64 << 30);
+    S_CHECK(ll_store_parse_bytes("512MiB", &nb) == 0 && nb == (size_t) 512 << 20);
+    S_CHECK(ll_store_parse_bytes("3k", &nb) == 0 && nb == 3072);
+    S_CHECK(ll_store_parse_bytes("1TB", &nb) == 0 && nb == (size_t) 1 << 40);
+    S_CHECK(ll_store_parse_bytes("1048576", &nb) == 0 && nb == 1048576);
+    S_CHECK(ll_store_parse_bytes("", &nb) == -1 && ll_store_parse_bytes("G", &nb) == -1);
+    S_CHECK(ll_store_parse_bytes("-1G", &nb) == -1 && ll_store_parse_bytes("12X", &nb) == -1);
+    S_CHECK(ll_store_parse_bytes("1Gx", &nb) == -1 &&
+            ll_store_parse_bytes("99999999999T", &nb) == -1);
     ll_store_opts_t opts = {.pool_bytes = 8 * LL_STORE_R, .pool_path = pool_path};
     st = ll_store_open(dir, "bad session!", &opts, err, sizeof err);
     S_CHECK(!st && strstr(err, "session id"));

@@ -24,6 +24,7 @@ typedef enum {
     LL_STORE_ECONFLICT = 5, /* base_versions did not match */
     LL_STORE_EUNAVAIL = 6,  /* Redis did not answer in time, or cannot be reached */
     LL_STORE_EINTR = 7,     /* the call was interrupted (ll_store_set_cancel) */
+    LL_STORE_EQUOTA = 8,    /* the user's pools would hold more than the cap (ll_quota) */
 } ll_store_errkind_t;
 
 typedef struct {
@@ -43,6 +44,10 @@ typedef struct {
 #define LL_STORE_RESERVE_DEFAULT   0
 #define LL_STORE_RESERVE_OWNER_MIN ((size_t) 256 << 20)
 #define LL_STORE_RESERVE_MAX       ((size_t) 2 << 30)
+
+/* A size such as "64G", "512M", "1073741824" (K, M, G, T: binary; "iB" or
+ * "B" may follow) into *OUT.  0, or -1 when TEXT is none. */
+int ll_store_parse_bytes(const char *text, size_t *out);
 
 /* Open session SESSION of RUNTIME_DIR.  Returns a store the caller destroys
  * (ll_store_destroy), or NULL with a reason in ERR. */

@@ -40,6 +40,7 @@ struct ll_store_t {
     bool redis_owned;        /* we started the private server */
     ll_redis_guard_t *guard; /* restarts it when it dies or stalls (owner only) */
     ll_pool_t *pool;
+    ll_quota_t *quota; /* the user's ledger (ll_quota), NULL: not counted */
     ll_store_pending_t *pending[LL_STORE_PENDING_BUCKETS];
     size_t npending;
     char err[768]; /* last failure */

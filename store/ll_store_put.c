@@ -13,6 +13,7 @@
  * (MEASURED.md: 15 -> 28 GB/s); each 64 KiB piece is hashed right after it
  * is copied, while it is still in cache. */
 #include <errno.h>
+#include <pwd.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -288,8 +289,40 @@ static void s_put_gc_first(s_put_t *p)
     st->errkind = LL_STORE_OK;
 }
 
-/* Allocate every region to write; a full pool first tries reclamation
- * (once per round).  0; 1 when copying first found no room for the
+/* The user's pools would hold more than the cap with the regions of this
+ * put still to allocate (from I on): the error names the user, the cap and
+ * its knob, what the put needs and what the user holds apart from it. */
+static int s_put_quota_fail(s_put_t *p, size_t i)
+{
+    ll_store_t *st = p->st;
+    size_t more = 0, mine = 0;
+    for (size_t j = 0; j < p->n; j++) {
+        more += !p->reuse[j];
+        mine += j < i && !p->reuse[j];
+    }
+    int src;
+    uint64_t cap = ll_quota_cap(st->quota, &src), held = ll_quota_held(st->quota);
+    held = held > mine * LL_STORE_R ? held - mine * LL_STORE_R : 0;
+    char user[64], bcap[32], blen[32], bmore[32], bheld[32];
+    struct passwd pw, *res = NULL;
+    char pwbuf[1024];
+    if (getpwuid_r(geteuid(), &pw, pwbuf, sizeof pwbuf, &res) == 0 && res)
+        snprintf(user, sizeof user, "%s", res->pw_name);
+    else
+        snprintf(user, sizeof user, "%d", (int) geteuid());
+    return ll_store_fail(st, LL_STORE_EQUOTA,
+                         "user %s may hold %s in the checkpoint store (%s); a payload of %s "
+                         "needs %s more, %s held; delete variables or ask the administrator",
+                         user, ll_quota_fmt_bytes(cap, bcap, sizeof bcap),
+                         src == LL_QUOTA_SRC_ENV ? "LL_STORE_USER_CAP"
+                                                 : "looseleaf hostd --store-cap",
+                         ll_quota_fmt_bytes(p->len, blen, sizeof blen),
+                         ll_quota_fmt_bytes(more * LL_STORE_R, bmore, sizeof bmore),
+                         ll_quota_fmt_bytes(held, bheld, sizeof bheld));
+}
+
+/* Allocate every region to write; a full pool (or one over the user's
+ * cap) first tries reclamation (once per round).  0; 1 when copying first found no room for the
  * unchanged regions too: everything taken is given back, copy_first is
  * off, and the caller hashes first and tries again; -1 with the reason
  * recorded. */
@@ -304,18 +337,21 @@ static int s_put_alloc(s_put_t *p)
         while (ll_pool_alloc_unbacked(st->pool, &p->regs[i], &p->dst[i], &kind, err, sizeof err) !=
                0) {
             p->dst[i] = NULL;
-            if (kind == LL_POOL_EFULL && !p->tried_gc) {
+            bool room = kind == LL_POOL_EFULL || kind == LL_POOL_EQUOTA;
+            if (room && !p->tried_gc) {
                 p->tried_gc = true;
                 if (ll_store_gc_locked(st) > 0)
                     continue;
             }
-            if (kind == LL_POOL_EFULL && p->copy_first) {
+            if (room && p->copy_first) {
                 for (size_t j = 0; j < i; j++)
                     s_put_free_new(p, j);
                 p->nwritten = 0;
                 p->copy_first = false;
                 return 1;
             }
+            if (kind == LL_POOL_EQUOTA)
+                return s_put_quota_fail(p, i);
             return ll_store_fail(st, kind == LL_POOL_EFULL ? LL_STORE_EFULL : LL_STORE_EIO,
                                  "%s (payload of %zu bytes)", err, p->len);
         }

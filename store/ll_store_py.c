@@ -25,6 +25,7 @@
 static PyObject *s_StoreError;
 static PyObject *s_StoreUnavailable;
 static PyObject *s_PoolFullError;
+static PyObject *s_StoreQuotaExceeded;
 static PyObject *s_ConflictError;
 static PyObject *s_PayloadGoneError;
 static PyObject *s_PayloadRef; /* class PayloadRef(str) */
@@ -33,6 +34,7 @@ static PyObject *s_exc_for(int kind)
 {
     switch (kind) {
     case LL_STORE_EFULL: return s_PoolFullError;
+    case LL_STORE_EQUOTA: return s_StoreQuotaExceeded;
     case LL_STORE_ECONFLICT: return s_ConflictError;
     case LL_STORE_EGONE: return s_PayloadGoneError;
     case LL_STORE_EINVAL: return PyExc_ValueError;
@@ -1093,6 +1095,11 @@ PyMODINIT_FUNC PyInit__llstore(void)
         PyErr_NewExceptionWithDoc("_llstore.StoreError", "A store operation failed.", NULL, NULL);
     s_PoolFullError = PyErr_NewExceptionWithDoc(
         "_llstore.PoolFullError", "The payload pool has no room.", s_StoreError, NULL);
+    s_StoreQuotaExceeded = PyErr_NewExceptionWithDoc(
+        "_llstore.StoreQuotaExceeded",
+        "The user's payload pools would hold more than the user's cap (looseleaf hostd "
+        "--store-cap, LL_STORE_USER_CAP).",
+        s_PoolFullError, NULL);
     s_ConflictError = PyErr_NewExceptionWithDoc("_llstore.ConflictError",
                                                 "base_versions did not match.", s_StoreError, NULL);
     s_PayloadGoneError = PyErr_NewExceptionWithDoc(
@@ -1101,8 +1108,8 @@ PyMODINIT_FUNC PyInit__llstore(void)
         "_llstore.StoreUnavailable",
         "Redis did not answer within the store's timeout, or cannot be reached.", s_StoreError,
         NULL);
-    if (!s_StoreError || !s_PoolFullError || !s_ConflictError || !s_PayloadGoneError ||
-        !s_StoreUnavailable)
+    if (!s_StoreError || !s_PoolFullError || !s_StoreQuotaExceeded || !s_ConflictError ||
+        !s_PayloadGoneError || !s_StoreUnavailable)
         goto fail;
     PyObject *d = PyModule_GetDict(m);
     PyObject *r = PyRun_String(s_py_source, Py_file_input, d, d);
@@ -1118,6 +1125,7 @@ PyMODINIT_FUNC PyInit__llstore(void)
     Py_INCREF(&WriterType);
     Py_INCREF(s_StoreError);
     Py_INCREF(s_PoolFullError);
+    Py_INCREF(s_StoreQuotaExceeded);
     Py_INCREF(s_ConflictError);
     Py_INCREF(s_PayloadGoneError);
     Py_INCREF(s_StoreUnavailable);
@@ -1126,6 +1134,7 @@ PyMODINIT_FUNC PyInit__llstore(void)
         PyModule_AddObject(m, "PayloadWriter", (PyObject *) &WriterType) ||
         PyModule_AddObject(m, "StoreError", s_StoreError) ||
         PyModule_AddObject(m, "PoolFullError", s_PoolFullError) ||
+        PyModule_AddObject(m, "StoreQuotaExceeded", s_StoreQuotaExceeded) ||
         PyModule_AddObject(m, "ConflictError", s_ConflictError) ||
         PyModule_AddObject(m, "PayloadGoneError", s_PayloadGoneError) ||
         PyModule_AddObject(m, "StoreUnavailable", s_StoreUnavailable) ||

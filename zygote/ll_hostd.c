@@ -22,6 +22,7 @@
 #include "zygote/ll_hostd.h"
 #include "zygote/ll_hostd_policy.h"
 #include "zygote/ll_zframe.h"
+#include "store/ll_store.h"
 #include "base/ll_clock.h"
 #include "base/ll_log.h"
 
@@ -64,6 +65,7 @@ typedef struct {
     char sock[108];
     int nslots;
     int metrics_port;
+    size_t store_cap; /* bytes of checkpoint store each user may hold, 0: no cap */
     int listen_fd, sig_fd, http_fd;
     double started;
     ll_hostd_policy_t *policy;
@@ -165,8 +167,9 @@ static void s_hello(s_hostd_t *h, int c, json_t *m)
     ll_info("hostd", "pool pid %d of uid %u registered (%d slots, %zu held)", h->conns[c].pid,
             h->conns[c].uid, nslots, json_array_size(adopted));
     s_send(h, c,
-           json_pack("{s:s, s:i, s:o}", "type", "welcome", "slots",
-                     ll_hostd_policy_nslots(h->policy), "adopted", adopted));
+           json_pack("{s:s, s:i, s:o, s:I}", "type", "welcome", "slots",
+                     ll_hostd_policy_nslots(h->policy), "adopted", adopted, "store_cap",
+                     (json_int_t) h->store_cap));
 }
 
 static json_t *s_stats(s_hostd_t *h);
@@ -325,12 +328,12 @@ static json_t *s_stats(s_hostd_t *h)
                              (json_int_t) u->revokes, "cold_starts", (json_int_t) u->cold_starts,
                              "warm_hits", (json_int_t) u->warm_hits));
     }
-    return json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:f, s:o, s:o, s:o}", "type", "hostd_stats",
-                     "pid", (int) getpid(), "slots", ll_hostd_policy_nslots(h->policy),
-                     "busy_slots", ll_hostd_policy_busy_slots(h->policy), "leases",
-                     ll_hostd_policy_nleases(h->policy), "waiting", waiting, "uptime_s",
-                     (now - h->started) / 1000, "lease_list", leases, "users", users, "pools",
-                     pools);
+    return json_pack(
+        "{s:s, s:i, s:i, s:I, s:i, s:i, s:i, s:f, s:o, s:o, s:o}", "type", "hostd_stats", "pid",
+        (int) getpid(), "slots", ll_hostd_policy_nslots(h->policy), "store_cap",
+        (json_int_t) h->store_cap, "busy_slots", ll_hostd_policy_busy_slots(h->policy), "leases",
+        ll_hostd_policy_nleases(h->policy), "waiting", waiting, "uptime_s",
+        (now - h->started) / 1000, "lease_list", leases, "users", users, "pools", pools);
 }
 
 /* The Prometheus text of stats ST (borrowed); the caller frees it. */
@@ -356,6 +359,11 @@ static char *s_prometheus(const json_t *st)
             "# HELP looseleaf_hostd_waiting_cells Cells waiting for a slot.\n"
             "# TYPE looseleaf_hostd_waiting_cells gauge\nlooseleaf_hostd_waiting_cells %lld\n",
             json_integer_value(json_object_get(st, "waiting")));
+    fprintf(f,
+            "# HELP looseleaf_hostd_store_cap_bytes Checkpoint store each user may hold (0: no "
+            "cap).\n# TYPE looseleaf_hostd_store_cap_bytes gauge\n"
+            "looseleaf_hostd_store_cap_bytes %lld\n",
+            json_integer_value(json_object_get(st, "store_cap")));
     static const struct {
         const char *key, *name, *type, *help;
     } per_user[] = {
@@ -491,6 +499,7 @@ static int s_args(s_hostd_t *h, int argc, char **argv)
     ll_hostd_socket_path(h->sock, sizeof h->sock);
     const char *e = getenv("LL_POOL_SLOTS");
     h->nslots = e && *e ? atoi(e) : 0;
+    const char *cap = getenv("LL_HOSTD_STORE_CAP");
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--socket") == 0 && v) {
@@ -502,13 +511,25 @@ static int s_args(s_hostd_t *h, int argc, char **argv)
         } else if (strcmp(a, "--metrics-port") == 0 && v) {
             h->metrics_port = atoi(v);
             i++;
+        } else if (strcmp(a, "--store-cap") == 0 && v) {
+            cap = v;
+            i++;
         } else {
             fprintf(stderr, "usage: looseleaf hostd [--socket PATH] [--slots N] "
-                            "[--metrics-port PORT]\n"
+                            "[--metrics-port PORT] [--store-cap BYTES]\n"
                             "  PATH default $LL_HOSTD_SOCKET, else " LL_HOSTD_DEFAULT_SOCKET "\n"
-                            "  N default $LL_POOL_SLOTS, else the NVIDIA GPUs, else 2\n");
+                            "  N default $LL_POOL_SLOTS, else the NVIDIA GPUs, else 2\n"
+                            "  BYTES (checkpoint store per user: 64G, 512M; 0 none) default "
+                            "$LL_HOSTD_STORE_CAP, else none\n");
             return -1;
         }
+    }
+    if (cap && *cap && ll_store_parse_bytes(cap, &h->store_cap) != 0) {
+        fprintf(stderr,
+                "looseleaf hostd: --store-cap must be a size such as 64G or 512M (0: none), "
+                "not '%s'\n",
+                cap);
+        return -1;
     }
     if (h->nslots <= 0)
         h->nslots = s_count_gpus();
@@ -611,8 +632,8 @@ int ll_hostd_main(int argc, char **argv)
         h->http_fd = s_listen_http(h->metrics_port);
     if (h->listen_fd >= 0 && h->sig_fd >= 0 && (h->metrics_port == 0 || h->http_fd >= 0)) {
         h->started = ll_clock_ms();
-        ll_info("hostd", "serving %s: %d slot(s)%s", h->sock, h->nslots,
-                h->metrics_port ? ", metrics on 127.0.0.1" : "");
+        ll_info("hostd", "serving %s: %d slot(s)%s, store cap %zu MiB per user (0: none)", h->sock,
+                h->nslots, h->metrics_port ? ", metrics on 127.0.0.1" : "", h->store_cap >> 20);
         s_loop(h);
         ll_info("hostd", "stopping");
         unlink(h->sock);
@@ -687,6 +708,9 @@ int ll_hostd_top_main(int argc, char **argv)
            json_integer_value(json_object_get(st, "busy_slots")),
            json_integer_value(json_object_get(st, "leases")),
            json_integer_value(json_object_get(st, "waiting")));
+    json_int_t cap = json_integer_value(json_object_get(st, "store_cap"));
+    if (cap)
+        printf("checkpoint store: at most %lld MiB per user\n", (long long) (cap >> 20));
     printf("\n%-16s %7s %5s %5s %7s %12s %12s %6s %6s\n", "USER", "UID", "BUSY", "WARM", "WAITING",
            "GPU-HELD-S", "GPU-BUSY-S", "HITS", "COLD");
     json_t *u, *l;

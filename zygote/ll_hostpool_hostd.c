@@ -20,6 +20,7 @@
  * workers hold right then, so nothing running is disturbed. */
 #include "zygote/ll_hostd.h"
 #include "zygote/ll_hostpool_internal.h"
+#include "store/ll_quota.h"
 #include "base/ll_clock.h"
 #include "base/ll_log.h"
 
@@ -44,6 +45,7 @@ struct ll_hostpool_hostd_t {
     double next_try;                  /* ms, next attempt to connect */
     double hello_t;                   /* ms, when we said hello */
     int want_sent;                    /* the last "want" the broker has (as it counts) */
+    ll_quota_t *quota;                /* the user's store ledger: the broker's cap goes there */
     bool answered;                    /* the broker said wait since cells began to wait */
     bool hold_off;                    /* ... and that no slot is on its way: evict our own */
     bool lease[LL_SCHED_MAX_SLOTS];   /* we hold the broker's lease on the slot */
@@ -146,6 +148,10 @@ void ll_hostpool_hostd_start(ll_hostpool_t *pool)
         return; /* no broker link: the pool's own slots */
     pool->hostd = hd;
     hd->fd = -1;
+    char err[640];
+    hd->quota = ll_quota_open(NULL, err, sizeof err);
+    if (!hd->quota && err[0])
+        ll_warn("pool", "%s: the broker's store cap cannot be applied", err);
     ll_hostd_socket_path(hd->sock, sizeof hd->sock);
     if (strcmp(hd->sock, "off") == 0) {
         hd->sock[0] = '\0';
@@ -162,6 +168,7 @@ void ll_hostpool_hostd_stop(ll_hostpool_t *pool)
     if (hd->fd >= 0)
         close(hd->fd);
     ll_zreader_destroy(&hd->rd);
+    ll_quota_destroy(&hd->quota);
     free(hd);
     pool->hostd = NULL;
 }
@@ -284,9 +291,15 @@ static void s_frame(ll_hostpool_t *pool, json_t *m)
     if (strcmp(type, "welcome") == 0) {
         hd->registered = true;
         hd->said_private = false;
-        ll_warn("pool", "hostd %s: registered (%lld host slot(s), %zu of ours claimed)", hd->sock,
-                json_integer_value(json_object_get(m, "slots")),
-                json_array_size(json_object_get(m, "adopted")));
+        /* The administrator's cap on the user's checkpoint store, for every
+         * store of the user (ll_quota): 0 lifts it.  It stays through a
+         * broker outage. */
+        json_int_t cap = json_integer_value(json_object_get(m, "store_cap"));
+        ll_quota_set_cap(hd->quota, cap > 0 ? (uint64_t) cap : 0, LL_QUOTA_SRC_HOSTD);
+        ll_warn("pool",
+                "hostd %s: registered (%lld host slot(s), %zu of ours claimed, store cap %lld MiB)",
+                hd->sock, json_integer_value(json_object_get(m, "slots")),
+                json_array_size(json_object_get(m, "adopted")), (long long) (cap >> 20));
     } else if (strcmp(type, "grant") == 0 && s >= 0 && s < nslots) {
         hd->lease[s] = true;
         hd->revoked[s] = false;

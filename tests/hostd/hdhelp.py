@@ -116,6 +116,10 @@ class User:
                 self.keeper.wait()
         finally:
             shutil.rmtree(self.dir, True)
+            try:  # the user's store ledger (a later user may get the same uid)
+                os.unlink("/dev/shm/looseleaf-%d-quota" % self.uid)
+            except OSError:
+                pass
             subprocess.run(["userdel", self.name], check=False, capture_output=True)
 
 
@@ -185,11 +189,12 @@ def started(events):
 
 
 class Hostd:
-    """`looseleaf hostd` as root on a private socket, NSLOTS slots."""
+    """`looseleaf hostd` as root on a private socket, NSLOTS slots, and EXTRA arguments."""
 
-    def __init__(self, bins, nslots=2):
+    def __init__(self, bins, nslots=2, extra=()):
         self.bins = bins
         self.nslots = nslots
+        self.extra = list(extra)
         self.dir = tempfile.mkdtemp(prefix="ll-hostd-sock-")
         os.chmod(self.dir, 0o755)
         self.socket = os.path.join(self.dir, "hostd.sock")
@@ -203,7 +208,7 @@ class Hostd:
     def start(self):
         self.logf = open(self.log_path, "a")
         self.proc = subprocess.Popen([self.bins.looseleaf, "hostd", "--socket", self.socket, "--slots",
-                                      str(self.nslots), "--metrics-port", str(self.metrics_port)],
+                                      str(self.nslots), "--metrics-port", str(self.metrics_port)] + self.extra,
                                      stdout=self.logf, stderr=self.logf)
         wait_for(lambda: self.stats(check=False), 10, "the broker to answer")
 

@@ -437,3 +437,84 @@ def test_silent_broker_is_given_up(bins, tmp_path):
             u.close()
         srv.close()
         shutil.rmtree(d, True)
+
+
+# Cells run in turn on named kernels of one user (jupyter_client): [[kernel, code], ...] in, per cell its
+# status, error, stdout and LooseLeaf metadata out (JSON).
+PLAN_SCRIPT = r"""
+import json, sys
+from jupyter_client import KernelManager
+plan = json.loads(sys.argv[1])
+kms, kcs = {}, {}
+for name in sorted({k for k, _ in plan}):
+    kms[name] = KernelManager(kernel_name=name); kms[name].start_kernel()
+    kcs[name] = kms[name].client(); kcs[name].start_channels(); kcs[name].wait_for_ready(timeout=120)
+out = []
+for name, code in plan:
+    got = []
+    def hook(msg):
+        if msg["msg_type"] == "stream":
+            got.append(msg["content"]["text"])
+    reply = kcs[name].execute_interactive(code, output_hook=hook, timeout=180)
+    c, md = reply["content"], reply["metadata"].get("looseleaf", {})
+    out.append({"status": c["status"], "ename": c.get("ename"), "evalue": c.get("evalue"), "out": "".join(got),
+                "route": md.get("route"), "worker": md.get("worker_pid"), "home": md.get("home") or {}})
+for name in kcs:
+    kcs[name].stop_channels(); kms[name].shutdown_kernel(now=False)
+print(json.dumps(out))
+"""
+
+
+def test_store_cap_per_user(bins):
+    """`looseleaf hostd --store-cap 64M`: a user's kernels together may hold 64 MiB of checkpoint store (each
+    kernel has a store of its own).  a's first kernel saves 40 MiB; 40 MiB more in a's second kernel get
+    StoreQuotaExceeded naming the user, the cap, the variable and what to do; the variable stays in its
+    worker (a later cell reads it there); once a deletes the first, it is saved.  b, saving 40 MiB at the same
+    time, is unaffected."""
+    import json
+    h = Hostd(bins, nslots=2, extra=["--store-cap", "64M"])
+    made = []
+    try:
+        tag = "%05d" % (os.getpid() % 100000)
+        for letter in "ab":
+            made.append(User("llhq%s%s" % (tag, letter), bins, h.socket))
+        a, b = made
+        mib40 = "import numpy as np\n%s = np.ones(40 << 17)"  # 40 MiB of float64
+        plans = {a: [["looseleaf", "%%gpu\n" + mib40 % "x"],
+                     ["looseleaf2", "%%gpu\n" + mib40 % "y" + "\nprint('ran')"],
+                     ["looseleaf2", "print(y.sum())"],
+                     ["looseleaf", "%%gpu\ndel x"],
+                     ["looseleaf2", "%%gpu\ny = y * 2\nprint(y[0])"]],
+                 b: [["looseleaf", "%%gpu\n" + mib40 % "z" + "\nprint(z.sum())"]]}
+        procs = {u: subprocess.Popen(u.cmd([hdhelp.PYTHON, "-c", PLAN_SCRIPT, json.dumps(plan)]),
+                                     env=_kernel_env(u, bins), cwd=u.dir, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True) for u, plan in plans.items()}
+        outs = {}
+        for u, p in procs.items():
+            so, se = p.communicate(timeout=300)
+            assert p.returncode == 0, se[-3000:]
+            outs[u] = json.loads(so.strip().splitlines()[-1])
+        x, y, ry, dx, y2 = outs[a]
+        assert x["status"] == "ok" and x["route"] == "gpu", x
+        # Over the cap: the cell ran, its results were not saved; the error says who, how much and what to do.
+        assert y["out"] == "ran\n" and y["status"] == "error" and y["ename"] == "StoreQuotaExceeded", y
+        for part in ("user %s may hold 64 MiB in the checkpoint store (looseleaf hostd --store-cap)" % a.name,
+                     "y could not be saved", "a payload of 40 MiB needs 40 MiB more",
+                     "delete variables or ask the administrator"):
+            assert part in y["evalue"], (part, y["evalue"])
+        held = float(y["evalue"].split(" MiB held")[0].rsplit(" ", 1)[1])
+        assert 40 <= held < 64, y["evalue"]
+        # The variable is not lost: its worker stays its home, and a later cell reading it runs there.
+        assert y["home"]["y"]["what"] == "not saved: StoreQuotaExceeded", y
+        assert ry["status"] == "ok" and ry["out"] == "%r\n" % float(5 << 20) and ry["worker"] == y["worker"], ry
+        # Room made (x deleted): y is saved, its worker no home for it any more.
+        assert dx["status"] == "ok" and y2["status"] == "ok" and y2["out"] == "2.0\n", (dx, y2)
+        assert "y" not in y2["home"], y2
+        (z,) = outs[b]
+        assert z["status"] == "ok" and z["out"] == "%r\n" % float(5 << 20), z
+        assert h.stats()["store_cap"] == 64 << 20
+        assert "store cap 64 MiB" in a.log()
+    finally:
+        for u in made:
+            u.close()
+        h.close()
