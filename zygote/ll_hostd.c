@@ -19,6 +19,7 @@
  *   whose socket does not take one is dropped (its leases end; it falls
  *   back to its own slots and registers again);
  * - when it stops, pools see their connection close and fall back. */
+#include "zygote/ll_gpu.h"
 #include "zygote/ll_hostd.h"
 #include "zygote/ll_hostd_policy.h"
 #include "zygote/ll_zframe.h"
@@ -63,6 +64,10 @@ typedef struct {
 typedef struct {
     char sock[108];
     int nslots;
+    ll_gpu_plan_t plan;                 /* the slots over the devices (slot_dev -1: virtual) */
+    ll_gpu_info_t gpus;                 /* what the detection found */
+    int ngpu;                           /* devices the slots lie over (0: virtual slots) */
+    char visible[LL_GPU_MAX_SLOTS][64]; /* per slot: the CUDA_VISIBLE_DEVICES entry of its device */
     int metrics_port;
     int listen_fd, sig_fd, http_fd;
     double started;
@@ -134,6 +139,22 @@ static void s_decide(s_hostd_t *h)
     }
 }
 
+/* Where each slot lies: [{slot, device (null: virtual), cuda_visible,
+ * mem_fraction}] (welcome, stats). */
+static json_t *s_slot_map(const s_hostd_t *h)
+{
+    json_t *map = json_array();
+    for (int s = 0; s < h->nslots; s++) {
+        bool dev = h->plan.slot_dev[s] >= 0;
+        json_array_append_new(map, json_pack("{s:i, s:o, s:o, s:f}", "slot", s, "device",
+                                             dev ? json_integer(h->plan.slot_dev[s]) : json_null(),
+                                             "cuda_visible",
+                                             dev ? json_string(h->visible[s]) : json_null(),
+                                             "mem_fraction", dev ? h->plan.mem_fraction[s] : 0.0));
+    }
+    return map;
+}
+
 /* "hello" from C: it registers, claiming the slots it holds now. */
 static void s_hello(s_hostd_t *h, int c, json_t *m)
 {
@@ -165,8 +186,9 @@ static void s_hello(s_hostd_t *h, int c, json_t *m)
     ll_info("hostd", "pool pid %d of uid %u registered (%d slots, %zu held)", h->conns[c].pid,
             h->conns[c].uid, nslots, json_array_size(adopted));
     s_send(h, c,
-           json_pack("{s:s, s:i, s:o}", "type", "welcome", "slots",
-                     ll_hostd_policy_nslots(h->policy), "adopted", adopted));
+           json_pack("{s:s, s:i, s:o, s:b, s:o}", "type", "welcome", "slots",
+                     ll_hostd_policy_nslots(h->policy), "adopted", adopted, "cuda", h->ngpu > 0,
+                     "slot_map", s_slot_map(h)));
 }
 
 static json_t *s_stats(s_hostd_t *h);
@@ -279,9 +301,11 @@ static json_t *s_stats(s_hostd_t *h)
         const ll_hostd_lease_t *l = ll_hostd_policy_lease(h->policy, i);
         if (l->conn < 0)
             continue;
-        json_array_append_new(leases, json_pack("{s:i, s:i, s:i, s:s, s:f, s:b, s:f}", "slot",
-                                                l->slot, "uid", (int) l->uid, "pool_pid",
-                                                h->conns[l->conn].pid, "state",
+        json_t *dev =
+            h->plan.slot_dev[l->slot] >= 0 ? json_integer(h->plan.slot_dev[l->slot]) : json_null();
+        json_array_append_new(leases, json_pack("{s:i, s:o, s:i, s:i, s:s, s:f, s:b, s:f}", "slot",
+                                                l->slot, "device", dev, "uid", (int) l->uid,
+                                                "pool_pid", h->conns[l->conn].pid, "state",
                                                 l->revoking ? "revoking"
                                                 : l->idle   ? "warm"
                                                             : "busy",
@@ -325,12 +349,24 @@ static json_t *s_stats(s_hostd_t *h)
                              (json_int_t) u->revokes, "cold_starts", (json_int_t) u->cold_starts,
                              "warm_hits", (json_int_t) u->warm_hits));
     }
-    return json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:f, s:o, s:o, s:o}", "type", "hostd_stats",
-                     "pid", (int) getpid(), "slots", ll_hostd_policy_nslots(h->policy),
-                     "busy_slots", ll_hostd_policy_busy_slots(h->policy), "leases",
-                     ll_hostd_policy_nleases(h->policy), "waiting", waiting, "uptime_s",
-                     (now - h->started) / 1000, "lease_list", leases, "users", users, "pools",
-                     pools);
+    json_t *devs = json_array();
+    for (int d = 0; d < h->ngpu; d++)
+        json_array_append_new(devs, json_pack("{s:i, s:s, s:f, s:i}", "device", d, "name",
+                                              h->gpus.dev[d].name, "mem_bytes",
+                                              (double) h->gpus.dev[d].mem_bytes, "slots",
+                                              h->plan.per_dev[d]));
+    json_t *st =
+        json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:f, s:o, s:o, s:o}", "type", "hostd_stats",
+                  "pid", (int) getpid(), "slots", ll_hostd_policy_nslots(h->policy), "busy_slots",
+                  ll_hostd_policy_busy_slots(h->policy), "leases",
+                  ll_hostd_policy_nleases(h->policy), "waiting", waiting, "uptime_s",
+                  (now - h->started) / 1000, "lease_list", leases, "users", users, "pools", pools);
+    json_object_set_new(st, "cuda", json_boolean(h->ngpu > 0));
+    json_object_set_new(st, "devices", devs);
+    json_object_set_new(st, "slot_map", s_slot_map(h));
+    json_object_set_new(st, "gpu_via", json_string(h->gpus.via));
+    json_object_set_new(st, "gpu_why", json_string(h->gpus.why));
+    return st;
 }
 
 /* The Prometheus text of stats ST (borrowed); the caller frees it. */
@@ -486,39 +522,93 @@ static int s_listen_http(int port)
     return fd;
 }
 
+/* The host's devices, counted as the host pool counts them (ll_gpu_detect:
+ * the CUDA driver asked in a child, LL_CUDA_DRIVER, LL_POOL_GPU_DETECT_MS;
+ * none under LL_POOL_NO_CUDA); when CUDA does not answer, the NVIDIA GPUs
+ * /proc lists (the driver may not be up yet at boot: one slot per GPU then
+ * still keeps two users' cells off one device).  Logged either way. */
+static int s_find_gpus(s_hostd_t *h)
+{
+    ll_gpu_info_t *g = &h->gpus;
+    memset(g, 0, sizeof *g);
+    if (getenv("LL_POOL_NO_CUDA")) {
+        snprintf(g->why, sizeof g->why, "LL_POOL_NO_CUDA is set");
+        ll_info("hostd", "CUDA: not looked for (LL_POOL_NO_CUDA): virtual slots");
+        return 0;
+    }
+    const char *ms = getenv("LL_POOL_GPU_DETECT_MS");
+    int n = ll_gpu_detect(g, ms && atoi(ms) > 0 ? atoi(ms) : 30000);
+    if (n > 0) {
+        ll_info("hostd", "CUDA: %d device(s) through %s (driver %d, %.0f ms)", n, g->via,
+                g->driver_version, g->ms);
+        return n;
+    }
+    n = s_count_gpus();
+    if (n > 0)
+        ll_warn("hostd", "CUDA did not count the devices (%s): %d NVIDIA GPU(s) in /proc", g->why,
+                n);
+    else
+        ll_info("hostd", "CUDA: no device (%s): virtual slots", g->why[0] ? g->why : "none");
+    return n;
+}
+
 static int s_args(s_hostd_t *h, int argc, char **argv)
 {
     ll_hostd_socket_path(h->sock, sizeof h->sock);
-    const char *e = getenv("LL_POOL_SLOTS");
-    h->nslots = e && *e ? atoi(e) : 0;
+    const char *e = getenv("LL_POOL_SLOTS"), *pg = getenv("LL_POOL_GPU_SLOTS");
+    const char *fr = getenv("LL_POOL_GPU_MEM_FRACTION");
+    int total = e && *e ? atoi(e) : 0, per_gpu = pg && *pg ? atoi(pg) : 0;
+    double fraction = fr && *fr ? atof(fr) : -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--socket") == 0 && v) {
             snprintf(h->sock, sizeof h->sock, "%s", v);
             i++;
         } else if (strcmp(a, "--slots") == 0 && v) {
-            h->nslots = atoi(v);
+            total = atoi(v);
+            i++;
+        } else if (strcmp(a, "--gpu-slots") == 0 && v) {
+            per_gpu = atoi(v);
             i++;
         } else if (strcmp(a, "--metrics-port") == 0 && v) {
             h->metrics_port = atoi(v);
             i++;
         } else {
-            fprintf(stderr, "usage: looseleaf hostd [--socket PATH] [--slots N] "
+            fprintf(stderr, "usage: looseleaf hostd [--socket PATH] [--slots N] [--gpu-slots N] "
                             "[--metrics-port PORT]\n"
                             "  PATH default $LL_HOSTD_SOCKET, else " LL_HOSTD_DEFAULT_SOCKET "\n"
-                            "  N default $LL_POOL_SLOTS, else the NVIDIA GPUs, else 2\n");
+                            "  --gpu-slots default $LL_POOL_GPU_SLOTS: slots per GPU, each capped "
+                            "at a share of its memory\n"
+                            "  --slots default $LL_POOL_SLOTS: the total (spread over the GPUs); "
+                            "else one per GPU, else 2\n");
             return -1;
         }
     }
-    if (h->nslots <= 0)
-        h->nslots = s_count_gpus();
-    if (h->nslots <= 0)
-        h->nslots = 2;
-    if (h->nslots > LL_HOSTD_MAX_SLOTS || h->metrics_port < 0 || h->metrics_port > 65535) {
-        fprintf(stderr, "looseleaf hostd: --slots must be 1..%d, --metrics-port 0..65535\n",
+    if (total < 0 || total > LL_HOSTD_MAX_SLOTS || per_gpu < 0 || per_gpu > LL_HOSTD_MAX_SLOTS ||
+        h->metrics_port < 0 || h->metrics_port > 65535 || fraction > 1 ||
+        (fraction < 0 && fraction != -1)) {
+        fprintf(stderr,
+                "looseleaf hostd: --slots and --gpu-slots must be 0..%d, --metrics-port "
+                "0..65535, LL_POOL_GPU_MEM_FRACTION 0..1\n",
                 LL_HOSTD_MAX_SLOTS);
         return -1;
     }
+    h->ngpu = s_find_gpus(h);
+    if (ll_hostd_policy_plan(h->ngpu, per_gpu, total, fraction, &h->plan) < 0) {
+        fprintf(stderr, "looseleaf hostd: %d GPU(s) x %d slots is more than %d slots\n", h->ngpu,
+                per_gpu, LL_HOSTD_MAX_SLOTS);
+        return -1;
+    }
+    h->nslots = h->plan.nslots;
+    const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+    for (int s = 0; s < h->nslots; s++)
+        if (h->plan.slot_dev[s] >= 0)
+            ll_gpu_visible_entry(vis, h->plan.slot_dev[s], h->visible[s], sizeof h->visible[s]);
+    for (int d = 0; d < h->ngpu && d < LL_GPU_MAX; d++)
+        ll_info("hostd", "GPU %d: %s, %.1f GiB: %d slot(s)%s", d,
+                h->gpus.dev[d].name[0] ? h->gpus.dev[d].name : "?",
+                (double) h->gpus.dev[d].mem_bytes / (1 << 30), h->plan.per_dev[d],
+                h->plan.per_dev[d] > 1 ? ", each capped" : "");
     return 0;
 }
 
@@ -611,8 +701,8 @@ int ll_hostd_main(int argc, char **argv)
         h->http_fd = s_listen_http(h->metrics_port);
     if (h->listen_fd >= 0 && h->sig_fd >= 0 && (h->metrics_port == 0 || h->http_fd >= 0)) {
         h->started = ll_clock_ms();
-        ll_info("hostd", "serving %s: %d slot(s)%s", h->sock, h->nslots,
-                h->metrics_port ? ", metrics on 127.0.0.1" : "");
+        ll_info("hostd", "serving %s: %d %s slot(s)%s", h->sock, h->nslots,
+                h->ngpu > 0 ? "GPU" : "virtual", h->metrics_port ? ", metrics on 127.0.0.1" : "");
         s_loop(h);
         ll_info("hostd", "stopping");
         unlink(h->sock);
@@ -687,6 +777,19 @@ int ll_hostd_top_main(int argc, char **argv)
            json_integer_value(json_object_get(st, "busy_slots")),
            json_integer_value(json_object_get(st, "leases")),
            json_integer_value(json_object_get(st, "waiting")));
+    json_t *sm;
+    size_t k;
+    if (json_is_true(json_object_get(st, "cuda"))) {
+        printf("slot:GPU");
+        json_array_foreach(json_object_get(st, "slot_map"), k, sm) {
+            double f = json_number_value(json_object_get(sm, "mem_fraction"));
+            printf(" %lld:%lld", json_integer_value(json_object_get(sm, "slot")),
+                   json_integer_value(json_object_get(sm, "device")));
+            if (f > 0)
+                printf("(cap %.3g)", f);
+        }
+        printf("\n");
+    }
     printf("\n%-16s %7s %5s %5s %7s %12s %12s %6s %6s\n", "USER", "UID", "BUSY", "WARM", "WAITING",
            "GPU-HELD-S", "GPU-BUSY-S", "HITS", "COLD");
     json_t *u, *l;

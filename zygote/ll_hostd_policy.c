@@ -10,7 +10,7 @@
 typedef struct {
     bool used;         /* registered */
     unsigned uid;      /* its user */
-    int nslots;        /* it can use slots 0..nslots-1 */
+    int nslots;        /* leases it may hold at once (its own slots) */
     int want;          /* slots wanted beyond what it holds */
     double wait_since; /* ms, since when it wants (0: wants none) */
     bool told_wait;    /* told WAIT since its want last changed */
@@ -43,6 +43,20 @@ void ll_hostd_policy_destroy(ll_hostd_policy_t **self_p)
         return;
     free(*self_p);
     *self_p = NULL;
+}
+
+int ll_hostd_policy_plan(int ngpu, int per_gpu, int total, double fraction, ll_gpu_plan_t *plan)
+{
+    memset(plan, 0, sizeof *plan);
+    if (total < 0 || total > LL_HOSTD_MAX_SLOTS || per_gpu < 0 || per_gpu > LL_HOSTD_MAX_SLOTS ||
+        (ngpu > 0 && per_gpu > 0 && ngpu * per_gpu > LL_HOSTD_MAX_SLOTS))
+        return -1;
+    if (ngpu > 0 && ll_gpu_plan(ngpu, per_gpu, total, fraction, plan) == 0)
+        return plan->nslots;
+    plan->nslots = total > 0 ? total : 2;
+    for (int s = 0; s < plan->nslots; s++)
+        plan->slot_dev[s] = -1;
+    return plan->nslots;
 }
 
 static s_conn_t *s_conn(ll_hostd_policy_t *self, int conn)
@@ -90,6 +104,15 @@ static int s_held(const ll_hostd_policy_t *self, unsigned uid)
     for (int i = 0; i < LL_HOSTD_MAX_LEASES; i++)
         if (self->leases[i].conn >= 0 && self->leases[i].uid == uid && !self->leases[i].revoking)
             n++;
+    return n;
+}
+
+/* Leases CONN holds (being taken back or not): at most its nslots. */
+static int s_conn_leases(const ll_hostd_policy_t *self, int conn)
+{
+    int n = 0;
+    for (int i = 0; i < LL_HOSTD_MAX_LEASES; i++)
+        n += self->leases[i].conn == conn;
     return n;
 }
 
@@ -162,7 +185,7 @@ int ll_hostd_policy_open(ll_hostd_policy_t *self, int conn, unsigned uid, int ns
     memset(c, 0, sizeof *c);
     c->used = true;
     c->uid = uid;
-    c->nslots = nslots < 1 ? 1 : nslots > self->nslots ? self->nslots : nslots;
+    c->nslots = nslots < 1 ? 1 : nslots > LL_HOSTD_MAX_SLOTS ? LL_HOSTD_MAX_SLOTS : nslots;
     return 0;
 }
 
@@ -241,13 +264,14 @@ int ll_hostd_policy_mark(ll_hostd_policy_t *self, int conn, int slot, bool idle,
 }
 
 /* The waiting connection to serve first: its user holds the fewest leases,
- * then it waits longest.  SKIP: connections already looked at this turn. */
+ * then it waits longest.  SKIP: connections already looked at this turn.
+ * One holding as many leases as it has slots waits for its own. */
 static int s_first_waiting(const ll_hostd_policy_t *self, const bool *skip)
 {
     int best = -1, best_held = 0;
     for (int c = 0; c < LL_HOSTD_MAX_CONNS; c++) {
         const s_conn_t *cn = &self->conns[c];
-        if (!cn->used || cn->want <= 0 || skip[c])
+        if (!cn->used || cn->want <= 0 || skip[c] || s_conn_leases(self, c) >= cn->nslots)
             continue;
         int held = s_held(self, cn->uid);
         if (best < 0 || held < best_held ||
@@ -280,7 +304,7 @@ static ll_hostd_lease_t *s_victim(ll_hostd_policy_t *self, const s_conn_t *c, bo
     ll_hostd_lease_t *idle = NULL, *busy = NULL;
     for (int i = 0; i < LL_HOSTD_MAX_LEASES; i++) {
         ll_hostd_lease_t *l = &self->leases[i];
-        if (l->conn < 0 || l->revoking || l->uid == c->uid || l->slot >= c->nslots ||
+        if (l->conn < 0 || l->revoking || l->uid == c->uid ||
             (double) s_held(self, l->uid) <= share)
             continue;
         if (l->idle && (!idle || l->value < idle->value))
@@ -302,9 +326,11 @@ bool ll_hostd_policy_next(ll_hostd_policy_t *self, double now, ll_hostd_decision
             return false;
         skip[ci] = true;
         s_conn_t *c = &self->conns[ci];
+        int want = c->want, room = c->nslots - s_conn_leases(self, ci);
+        want = want < room ? want : room;
         /* A free slot it can use, unless adopted leases over-commit the
          * slots (then nothing is lent until they are back within). */
-        for (int s = 0; s < c->nslots && nl < self->nslots && busy < self->nslots; s++)
+        for (int s = 0; s < self->nslots && nl < self->nslots && busy < self->nslots; s++)
             if (s_slot_free(self, s)) {
                 ll_hostd_lease_t *l = s_lease_new(self, ci, s, now);
                 if (!l)
@@ -322,8 +348,8 @@ bool ll_hostd_policy_next(ll_hostd_policy_t *self, double now, ll_hostd_decision
         /* One revocation per slot wanted; but a busy lease taken back comes
          * back only at its cell's end, so an idle lease that turns up
          * meanwhile is taken back too (the bound: at once when idle). */
-        if (c->revokes_for < c->want || s_revoking_idle_for(self, ci) < c->want) {
-            ll_hostd_lease_t *v = s_victim(self, c, c->revokes_for >= c->want);
+        if (c->revokes_for < want || s_revoking_idle_for(self, ci) < want) {
+            ll_hostd_lease_t *v = s_victim(self, c, c->revokes_for >= want);
             if (v) {
                 v->revoking = true;
                 v->for_conn = ci;
@@ -433,8 +459,8 @@ static int s_test_grants(bool verbose)
     int fails = 0;
     ll_hostd_decision_t d[8];
     ll_hostd_policy_t *p = ll_hostd_policy_new(2);
-    S_CHECK(p && ll_hostd_policy_open(p, 0, 1001, 2, 0) == 0);
-    S_CHECK(ll_hostd_policy_open(p, 0, 1001, 2, 0) == -1); /* in use */
+    S_CHECK(p && ll_hostd_policy_open(p, 0, 1001, 3, 0) == 0); /* a pool of 3 slots */
+    S_CHECK(ll_hostd_policy_open(p, 0, 1001, 2, 0) == -1);     /* in use */
     S_CHECK(ll_hostd_policy_open(p, 1, 1002, 2, 0) == 0);
     ll_hostd_policy_want(p, 0, 3, 1); /* user 1001 wants 3 */
     int n = s_test_pass(p, 1, d, 8);
@@ -582,10 +608,60 @@ static int s_test_adopt(bool verbose)
     return fails;
 }
 
+/* The slots counted as the pool counts its own, and leases on several
+ * slots per GPU: pools hold at most their own slots' worth, on any of the
+ * broker's, never more than the broker's slots in all. */
+static int s_test_plan(bool verbose)
+{
+    int fails = 0;
+    ll_gpu_plan_t pl;
+    /* One per GPU by default; two per GPU (LL_POOL_GPU_SLOTS=2): alternating, capped. */
+    S_CHECK(ll_hostd_policy_plan(2, 0, 0, -1, &pl) == 2 && pl.slot_dev[1] == 1 &&
+            pl.mem_fraction[0] == 0);
+    S_CHECK(ll_hostd_policy_plan(2, 2, 0, -1, &pl) == 4 && pl.slot_dev[0] == 0 &&
+            pl.slot_dev[1] == 1 && pl.slot_dev[2] == 0 && pl.slot_dev[3] == 1);
+    S_CHECK(pl.mem_fraction[3] == 0.475 && pl.per_dev[0] == 2);
+    /* --slots / LL_POOL_SLOTS: the total, spread over the devices; the per-GPU count wins. */
+    S_CHECK(ll_hostd_policy_plan(2, 0, 3, -1, &pl) == 3 && pl.slot_dev[2] == 0 &&
+            pl.mem_fraction[1] == 0 && pl.mem_fraction[2] == 0.475);
+    S_CHECK(ll_hostd_policy_plan(1, 3, 2, 0.3, &pl) == 3 && pl.mem_fraction[2] == 0.3);
+    /* No GPU: virtual slots (no device), the total or 2. */
+    S_CHECK(ll_hostd_policy_plan(0, 2, 0, -1, &pl) == 2 && pl.slot_dev[0] == -1 &&
+            pl.slot_dev[1] == -1);
+    S_CHECK(ll_hostd_policy_plan(0, 0, 5, -1, &pl) == 5 && pl.slot_dev[4] == -1);
+    S_CHECK(ll_hostd_policy_plan(0, 0, LL_HOSTD_MAX_SLOTS + 1, -1, &pl) == -1 &&
+            ll_hostd_policy_plan(8, 9, 0, -1, &pl) == -1);
+
+    /* Two GPUs, two slots each: three users' pools of 2 slots each want 3. */
+    ll_hostd_decision_t d[16];
+    ll_hostd_policy_t *p = ll_hostd_policy_new(4);
+    for (int c = 0; c < 3; c++) {
+        S_CHECK(ll_hostd_policy_open(p, c, 1001 + c, 2, 0) == 0);
+        ll_hostd_policy_want(p, c, 3, 1 + c);
+    }
+    int n = s_test_pass(p, 5, d, 16), grants = 0, per[3] = {0}, used[4] = {0};
+    for (int i = 0; i < n; i++)
+        if (d[i].op == LL_HOSTD_GRANT) {
+            grants++;
+            per[d[i].conn]++;
+            used[d[i].slot]++;
+        }
+    S_CHECK(grants == 4 && ll_hostd_policy_nleases(p) == 4 && ll_hostd_policy_busy_slots(p) == 4);
+    S_CHECK(per[0] <= 2 && per[1] <= 2 && per[2] <= 2 && per[0] + per[1] + per[2] == 4);
+    S_CHECK(used[0] == 1 && used[1] == 1 && used[2] == 1 && used[3] == 1);
+    /* Slots 2 and 3 went to pools of 2 slots: a pool's slots are any of the broker's. */
+    S_CHECK(per[1] >= 1 && per[2] >= 1);
+    /* The pool at its own slots' worth asks for no revocation beyond them. */
+    for (int i = 0; i < n; i++)
+        S_CHECK(d[i].op != LL_HOSTD_REVOKE || d[i].for_conn != 0);
+    ll_hostd_policy_destroy(&p);
+    return fails;
+}
+
 int ll_hostd_policy_selftest(bool verbose)
 {
     int fails = s_test_grants(verbose) + s_test_fair(verbose) + s_test_idle_meanwhile(verbose) +
-                s_test_adopt(verbose);
+                s_test_adopt(verbose) + s_test_plan(verbose);
     if (verbose)
         fprintf(stderr, "ll_hostd_policy: %s\n", fails ? "FAILED" : "ok");
     return fails ? 1 : 0;

@@ -7,7 +7,9 @@
  *
  * A connection is one user's host pool (its uid checked by the caller with
  * SO_PEERCRED).  A lease is one slot lent to one connection; a slot is free
- * when no lease names it.  A pool says how many more slots it wants (its
+ * when no lease names it.  A pool holds at most as many leases as it has
+ * slots of its own, on any of the broker's slots: the pool puts the worker
+ * of broker slot k on k's device (ll_hostd_policy_plan).  A pool says how many more slots it wants (its
  * cells waiting for one), marks each lease busy or idle (an idle warm
  * worker: evictable, with its GreedyDual value) and returns leases.
  *
@@ -34,6 +36,8 @@
  * number. */
 #ifndef LL_HOSTD_POLICY_H
 #define LL_HOSTD_POLICY_H
+
+#include "zygote/ll_gpu.h"
 
 #include <stdbool.h>
 
@@ -82,6 +86,16 @@ typedef struct {
 
 typedef struct ll_hostd_policy_t ll_hostd_policy_t;
 
+/* The broker's slots, counted as the host pool counts its own (ll_gpu_plan,
+ * the same knobs): with NGPU CUDA devices (> 0), PER_GPU workers on each
+ * when > 0 (--gpu-slots, LL_POOL_GPU_SLOTS), else TOTAL when > 0 (--slots,
+ * LL_POOL_SLOTS) spread over them, else one per device; each capped at
+ * FRACTION of its device (-1: 0.95 / workers on the device, none when
+ * alone).  Without a device (NGPU 0): TOTAL virtual slots, else 2, whose
+ * slot_dev is -1.  Fills *PLAN; returns its slots, or -1 when TOTAL or
+ * PER_GPU is out of range (over LL_HOSTD_MAX_SLOTS slots). */
+int ll_hostd_policy_plan(int ngpu, int per_gpu, int total, double fraction, ll_gpu_plan_t *plan);
+
 /* A broker of NSLOTS slots (1..LL_HOSTD_MAX_SLOTS); NULL when out of
  * memory or out of range.  The caller destroys it. */
 ll_hostd_policy_t *ll_hostd_policy_new(int nslots);
@@ -89,9 +103,9 @@ void ll_hostd_policy_destroy(ll_hostd_policy_t **self_p);
 
 /* ---- what happened ---- */
 
-/* Pool CONN (0..LL_HOSTD_MAX_CONNS-1) of UID registered; it can use slots
- * 0..NSLOTS-1.  Returns 0, or -1 (CONN out of range or in use, no room for
- * a new user). */
+/* Pool CONN (0..LL_HOSTD_MAX_CONNS-1) of UID registered; it holds NSLOTS
+ * leases at most (its own slots), on any of the broker's.  Returns 0, or
+ * -1 (CONN out of range or in use, no room for a new user). */
 int ll_hostd_policy_open(ll_hostd_policy_t *self, int conn, unsigned uid, int nslots, double now);
 
 /* CONN left at NOW: its leases end (what it ran is gone with it). */
