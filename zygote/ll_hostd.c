@@ -123,9 +123,11 @@ static void s_decide(s_hostd_t *h)
     while (ll_hostd_policy_next(h->policy, ll_clock_ms(), &d)) {
         switch (d.op) {
         case LL_HOSTD_GRANT:
-            ll_info("hostd", "slot %d lent to uid %u (pool pid %d)", d.slot, h->conns[d.conn].uid,
-                    h->conns[d.conn].pid);
-            s_send(h, d.conn, json_pack("{s:s, s:i}", "type", "grant", "slot", d.slot));
+            ll_info("hostd", "slot %d lent to uid %u (pool pid %d)%s", d.slot, h->conns[d.conn].uid,
+                    h->conns[d.conn].pid, d.prefetch ? " for a prefetch" : "");
+            s_send(h, d.conn,
+                   json_pack("{s:s, s:i, s:b}", "type", "grant", "slot", d.slot, "prefetch",
+                             d.prefetch));
             break;
         case LL_HOSTD_REVOKE:
             ll_info("hostd", "slot %d taken back from uid %u for uid %u", d.slot,
@@ -133,7 +135,9 @@ static void s_decide(s_hostd_t *h)
             s_send(h, d.conn, json_pack("{s:s, s:i}", "type", "revoke", "slot", d.slot));
             break;
         case LL_HOSTD_WAIT:
-            s_send(h, d.conn, json_pack("{s:s, s:b}", "type", "wait", "revoking", d.revoking));
+            s_send(h, d.conn,
+                   json_pack("{s:s, s:b, s:b}", "type", "wait", "revoking", d.revoking, "prefetch",
+                             d.prefetch));
             break;
         }
     }
@@ -180,15 +184,17 @@ static void s_hello(s_hostd_t *h, int c, json_t *m)
                                  json_number_value(json_object_get(e, "value")),
                                  (int) json_integer_value(json_object_get(e, "pid")),
                                  (int) json_integer_value(json_object_get(e, "cells")), now);
+            ll_hostd_policy_mark_prefetch(h->policy, c, slot,
+                                          json_is_true(json_object_get(e, "prefetch")));
             json_array_append_new(adopted, json_integer(slot));
         }
     }
     ll_info("hostd", "pool pid %d of uid %u registered (%d slots, %zu held)", h->conns[c].pid,
             h->conns[c].uid, nslots, json_array_size(adopted));
     s_send(h, c,
-           json_pack("{s:s, s:i, s:o, s:b, s:o}", "type", "welcome", "slots",
+           json_pack("{s:s, s:i, s:o, s:b, s:o, s:b}", "type", "welcome", "slots",
                      ll_hostd_policy_nslots(h->policy), "adopted", adopted, "cuda", h->ngpu > 0,
-                     "slot_map", s_slot_map(h)));
+                     "slot_map", s_slot_map(h), "prefetch_leases", true));
 }
 
 static json_t *s_stats(s_hostd_t *h);
@@ -207,6 +213,9 @@ static void s_frame(s_hostd_t *h, int c, json_t *m)
         s_error(h, c, "not registered: send hello first");
     } else if (strcmp(type, "want") == 0) {
         ll_hostd_policy_want(h->policy, c, (int) json_integer_value(json_object_get(m, "n")), now);
+        if (json_object_get(m, "prefetch"))
+            ll_hostd_policy_want_prefetch(
+                h->policy, c, (int) json_integer_value(json_object_get(m, "prefetch")), now);
     } else if (strcmp(type, "release") == 0 || strcmp(type, "mark") == 0) {
         json_t *js = json_object_get(m, "slot");
         int slot = json_is_integer(js) ? (int) json_integer_value(js) : -1;
@@ -217,6 +226,9 @@ static void s_frame(s_hostd_t *h, int c, json_t *m)
                                        json_number_value(json_object_get(m, "value")),
                                        (int) json_integer_value(json_object_get(m, "pid")),
                                        (int) json_integer_value(json_object_get(m, "cells")), now);
+        if (rc == 0 && type[0] == 'm' && json_object_get(m, "prefetch"))
+            ll_hostd_policy_mark_prefetch(h->policy, c, slot,
+                                          json_is_true(json_object_get(m, "prefetch")));
         if (rc < 0) {
             char why[128];
             snprintf(why, sizeof why, "%s: this connection holds no lease on slot %d", type, slot);
@@ -303,14 +315,15 @@ static json_t *s_stats(s_hostd_t *h)
             continue;
         json_t *dev =
             h->plan.slot_dev[l->slot] >= 0 ? json_integer(h->plan.slot_dev[l->slot]) : json_null();
-        json_array_append_new(leases, json_pack("{s:i, s:o, s:i, s:i, s:s, s:f, s:b, s:f}", "slot",
-                                                l->slot, "device", dev, "uid", (int) l->uid,
-                                                "pool_pid", h->conns[l->conn].pid, "state",
-                                                l->revoking ? "revoking"
-                                                : l->idle   ? "warm"
-                                                            : "busy",
-                                                "value", l->value, "revoking", l->revoking,
-                                                "held_s", (now - l->t0) / 1000));
+        json_array_append_new(leases,
+                              json_pack("{s:i, s:o, s:i, s:i, s:s, s:f, s:b, s:b, s:f}", "slot",
+                                        l->slot, "device", dev, "uid", (int) l->uid, "pool_pid",
+                                        h->conns[l->conn].pid, "state",
+                                        l->revoking ? "revoking"
+                                        : l->idle   ? "warm"
+                                                    : "busy",
+                                        "value", l->value, "revoking", l->revoking, "prefetch",
+                                        l->prefetch, "held_s", (now - l->t0) / 1000));
     }
     for (int c = 0; c < LL_HOSTD_MAX_CONNS; c++) {
         unsigned uid;
@@ -544,6 +557,7 @@ static int s_find_gpus(s_hostd_t *h)
         return n;
     }
     n = s_count_gpus();
+    n = n < LL_GPU_MAX ? n : LL_GPU_MAX;
     if (n > 0)
         ll_warn("hostd", "CUDA did not count the devices (%s): %d NVIDIA GPU(s) in /proc", g->why,
                 n);
@@ -806,12 +820,14 @@ int ll_hostd_top_main(int argc, char **argv)
                json_integer_value(json_object_get(u, "warm_hits")),
                json_integer_value(json_object_get(u, "cold_starts")));
     }
-    printf("\n%-5s %7s %9s %-9s %10s\n", "SLOT", "UID", "POOL-PID", "STATE", "HELD-S");
+    printf("\n%-5s %7s %9s %-9s %-8s %10s\n", "SLOT", "UID", "POOL-PID", "STATE", "FOR", "HELD-S");
     json_array_foreach(json_object_get(st, "lease_list"), i, l)
-        printf("%-5lld %7lld %9lld %-9s %10.1f\n", json_integer_value(json_object_get(l, "slot")),
+        printf("%-5lld %7lld %9lld %-9s %-8s %10.1f\n",
+               json_integer_value(json_object_get(l, "slot")),
                json_integer_value(json_object_get(l, "uid")),
                json_integer_value(json_object_get(l, "pool_pid")),
                json_string_value(json_object_get(l, "state")),
+               json_is_true(json_object_get(l, "prefetch")) ? "prefetch" : "cell",
                json_number_value(json_object_get(l, "held_s")));
     json_decref(st);
     return 0;

@@ -24,6 +24,13 @@
  * broker with virtual slots gives no map (the pool's own plan places it),
  * and LL_POOL_NO_CUDA keeps the pool's workers off every device.
  *
+ * Prefetches ask too, at the lowest priority: a prefetch finding no free
+ * slot of ours waits for the broker's answer (ll_sched_prefetch_ask): a
+ * slot lent for it (it forks there), or none (it is staged as without a
+ * broker).  A lease holding a prefetch is marked so: the broker takes it
+ * back first when anyone's cell waits, and a worker forked for the
+ * prefetch is then killed at once (it committed nothing).
+ *
  * When the broker goes away the pool falls back to its own slots (logged
  * once) and tries again every second; registering, it claims the slots its
  * workers hold right then (as the broker slots they had, when known), so
@@ -35,6 +42,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -54,6 +62,7 @@ struct ll_hostpool_hostd_t {
     double next_try;                /* ms, next attempt to connect */
     double hello_t;                 /* ms, when we said hello */
     int want_sent;                  /* the last "want" the broker has (as it counts) */
+    int pf_sent;                    /* ... and its "prefetch" */
     bool answered;                  /* the broker said wait since cells began to wait */
     bool hold_off;                  /* ... and that no slot is on its way: evict our own */
     bool lease[LL_SCHED_MAX_SLOTS]; /* we hold the broker's lease on the slot */
@@ -67,7 +76,7 @@ struct ll_hostpool_hostd_t {
     } map[LL_GPU_MAX_SLOTS];          /* per broker slot, from welcome */
     bool revoked[LL_SCHED_MAX_SLOTS]; /* ... which it takes back */
     struct {
-        bool sent, idle;
+        bool sent, idle, prefetch;
         int pid, cells;
     } mark[LL_SCHED_MAX_SLOTS]; /* the last mark sent per slot */
 };
@@ -94,6 +103,10 @@ static void s_private(ll_hostpool_t *pool, const char *why)
         ll_sched_slot_lease(pool->sched, s, true);
     ll_sched_evict_hold(pool->sched, false);
     ll_sched_wait_quiet(pool->sched, false);
+    ll_sched_prefetch_ask(pool->sched, false);
+    for (int s = 0; s < nslots; s++)
+        if (ll_sched_slot_job(pool->sched, s) < 0)
+            hd->bslot[s] = -1; /* a worker holding it keeps its number: claimed again */
     memset(hd->lease, 0, sizeof hd->lease);
     memset(hd->revoked, 0, sizeof hd->revoked);
     memset(hd->mark, 0, sizeof hd->mark);
@@ -108,6 +121,33 @@ static void s_private(ll_hostpool_t *pool, const char *why)
         ll_log_level = level;
         hd->said_private = true;
     }
+}
+
+/* Whether job J (holding a slot) is a prefetch's: preparing one, or a
+ * worker a prefetch prepared that has run no cell yet. */
+static bool s_holds_prefetch(const ll_sched_job_t *j)
+{
+    if (j->kind != LL_SCHED_CELL)
+        return j->state == LL_SCHED_FORKING || j->state == LL_SCHED_PREPARING ||
+               (j->state == LL_SCHED_WARM && j->worker.spec);
+    return j->state == LL_SCHED_WARM && j->worker.spec;
+}
+
+/* The broker takes back the slot of prefetch R, preparing: a worker forked
+ * for it is killed (it committed nothing; its client is told the prefetch
+ * ended, as on a cancel); a warm worker re-checking versions finishes and
+ * then leaves (its slot is no longer ours).  Once per job. */
+static void s_drop_prefetch(ll_hostpool_t *pool, int r)
+{
+    ll_hostpool_run_t *run = &pool->runs[r];
+    if (run->cancelled || run->origin != LL_HOSTPOOL_ORIGIN_FORKED)
+        return;
+    ll_info("pool", "prefetch %s: hostd takes its slot back for a cell: its worker goes", run->id);
+    run->cancelled = true;
+    if (run->worker.pid > 0)
+        ll_hostpool_signal_worker(run->worker.pid, SIGKILL);
+    else
+        run->sig.pending = SIGKILL; /* sent when the zygote reports the fork */
 }
 
 /* Try to reach the broker; on success register, claiming the slots held
@@ -164,12 +204,13 @@ static void s_connect(ll_hostpool_t *pool)
         double l = 0;
         ll_gdsf_value(g, j->worker.key, &l);
         json_array_append_new(held,
-                              json_pack("{s:i, s:b, s:f, s:i, s:i}", "slot", hd->bslot[s], "idle",
-                                        j->state == LL_SCHED_WARM, "value", l - ll_gdsf_clock(g),
-                                        "pid", j->worker.key, "cells", j->worker.cells));
+                              json_pack("{s:i, s:b, s:f, s:i, s:i, s:b}", "slot", hd->bslot[s],
+                                        "idle", j->state == LL_SCHED_WARM, "value",
+                                        l - ll_gdsf_clock(g), "pid", j->worker.key, "cells",
+                                        j->worker.cells, "prefetch", s_holds_prefetch(j)));
     }
     memset(hd->mark, 0, sizeof hd->mark);
-    hd->want_sent = 0;
+    hd->want_sent = hd->pf_sent = 0;
     hd->hold_off = hd->answered = false;
     ll_sched_evict_hold(pool->sched, true);
     ll_sched_wait_quiet(pool->sched, true);
@@ -238,8 +279,8 @@ int ll_hostpool_hostd_timer(ll_hostpool_t *pool, double now, int timeout)
 
 /* Slots wanted: cells queued beyond the free slots we hold (a cell may
  * wait for a zygote, not a slot; *BEYOND: those), at most our slots
- * without a lease (the broker lends no more than our slots). */
-static int s_want(const ll_hostpool_t *pool, int *beyond)
+ * without a lease (*ROOM: those; the broker lends no more than our slots). */
+static int s_want(const ll_hostpool_t *pool, int *room_out, int *beyond)
 {
     int n = 0, end = ll_sched_jobs_end(pool->sched), nslots = ll_sched_nslots(pool->sched);
     for (int r = 0; r < end; r++) {
@@ -253,6 +294,7 @@ static int s_want(const ll_hostpool_t *pool, int *beyond)
     }
     *beyond = n;
     n = n < room ? n : room;
+    *room_out = room;
     return n > 0 ? n : 0;
 }
 
@@ -284,6 +326,7 @@ void ll_hostpool_hostd_sync(ll_hostpool_t *pool)
                 hd->mark[s].sent = false;
                 ll_sched_slot_lease(pool->sched, s, false);
                 s_send(pool, json_pack("{s:s, s:i}", "type", "release", "slot", hd->bslot[s]));
+                hd->bslot[s] = -1;
             }
             continue;
         }
@@ -294,8 +337,12 @@ void ll_hostpool_hostd_sync(ll_hostpool_t *pool)
             ll_hostpool_evict_warm(pool, r, "hostd takes its slot back for another user");
             continue;
         }
+        if (hd->revoked[s] && j->kind != LL_SCHED_CELL &&
+            (j->state == LL_SCHED_FORKING || j->state == LL_SCHED_PREPARING))
+            s_drop_prefetch(pool, r);
+        bool pf = s_holds_prefetch(j);
         if (hd->mark[s].sent && hd->mark[s].idle == idle && hd->mark[s].pid == j->worker.key &&
-            hd->mark[s].cells == j->worker.cells)
+            hd->mark[s].cells == j->worker.cells && hd->mark[s].prefetch == pf)
             continue;
         double l = 0;
         ll_gdsf_value(g, j->worker.key, &l);
@@ -303,15 +350,20 @@ void ll_hostpool_hostd_sync(ll_hostpool_t *pool)
         hd->mark[s].idle = idle;
         hd->mark[s].pid = j->worker.key;
         hd->mark[s].cells = j->worker.cells;
+        hd->mark[s].prefetch = pf;
         s_send(pool,
-               json_pack("{s:s, s:i, s:b, s:f, s:i, s:i}", "type", "mark", "slot", hd->bslot[s],
-                         "idle", idle, "value", idle ? l - ll_gdsf_clock(g) : 0.0, "pid",
-                         j->worker.key, "cells", j->worker.cells));
+               json_pack("{s:s, s:i, s:b, s:f, s:i, s:i, s:b}", "type", "mark", "slot",
+                         hd->bslot[s], "idle", idle, "value", idle ? l - ll_gdsf_clock(g) : 0.0,
+                         "pid", j->worker.key, "cells", j->worker.cells, "prefetch", pf));
     }
-    int beyond = 0, want = s_want(pool, &beyond);
-    if (want != hd->want_sent) {
+    int room = 0, beyond = 0, want = s_want(pool, &room, &beyond);
+    int pf = ll_sched_prefetch_wanting(pool->sched); /* beyond the cells: at the lowest priority */
+    pf = pf < room - want ? pf : room - want;
+    pf = pf > 0 ? pf : 0;
+    if (want != hd->want_sent || pf != hd->pf_sent) {
         hd->want_sent = want;
-        s_send(pool, json_pack("{s:s, s:i}", "type", "want", "n", want));
+        hd->pf_sent = pf;
+        s_send(pool, json_pack("{s:s, s:i, s:i}", "type", "want", "n", want, "prefetch", pf));
     }
     if (want == 0 && beyond > 0)
         hd->hold_off = hd->answered = true; /* every slot of ours is leased: evict our own */
@@ -392,13 +444,17 @@ static void s_frame(ll_hostpool_t *pool, json_t *m)
         hd->registered = true;
         hd->said_private = false;
         s_welcome_map(pool, m);
+        ll_sched_prefetch_ask(pool->sched, json_is_true(json_object_get(m, "prefetch_leases")));
         ll_warn("pool", "hostd %s: registered (%lld host %s slot(s), %zu of ours claimed)",
                 hd->sock, json_integer_value(json_object_get(m, "slots")),
                 hd->map_cuda ? "GPU" : "virtual", json_array_size(json_object_get(m, "adopted")));
     } else if (strcmp(type, "grant") == 0 && b >= 0 && b < LL_GPU_MAX_SLOTS) {
-        if (hd->want_sent > 0)
-            hd->want_sent--; /* as the broker counts */
-        int s = 0;           /* a free slot of ours holds it */
+        bool for_pf = json_is_true(json_object_get(m, "prefetch"));
+        if (for_pf && hd->pf_sent > 0)
+            hd->pf_sent--; /* as the broker counts */
+        else if (!for_pf && hd->want_sent > 0)
+            hd->want_sent--;
+        int s = 0; /* a free slot of ours holds it */
         while (s < nslots && (hd->lease[s] || ll_sched_slot_job(pool->sched, s) >= 0))
             s++;
         if (s == nslots) {
@@ -411,7 +467,7 @@ static void s_frame(ll_hostpool_t *pool, json_t *m)
         hd->revoked[s] = false;
         hd->mark[s].sent = false;
         ll_sched_slot_lease(pool->sched, s, true);
-        ll_info("pool", "hostd lent slot %d (ours %d)", b, s);
+        ll_info("pool", "hostd lent slot %d (ours %d)%s", b, s, for_pf ? " for a prefetch" : "");
     } else if (strcmp(type, "revoke") == 0) {
         int s = s_ours(pool, b);
         if (s < 0)
@@ -419,6 +475,9 @@ static void s_frame(ll_hostpool_t *pool, json_t *m)
         hd->revoked[s] = true;
         ll_sched_slot_lease(pool->sched, s, false);
         ll_info("pool", "hostd takes slot %d (ours %d) back", b, s);
+    } else if (strcmp(type, "wait") == 0 && json_is_true(json_object_get(m, "prefetch"))) {
+        ll_sched_prefetch_refused(pool->sched); /* none lent: staged, as without a broker */
+        hd->pf_sent = -1;                       /* a prefetch asking later is asked for anew */
     } else if (strcmp(type, "wait") == 0) {
         hd->answered = true;
         hd->hold_off = !json_is_true(json_object_get(m, "revoking"));

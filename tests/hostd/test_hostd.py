@@ -505,3 +505,47 @@ def test_several_slots_per_gpu(bins):
         for u in made:
             u.close()
         h.close()
+
+
+def _prefetch(client, pid, **request):
+    """CLIENT's prefetch PID (a worker prepared for its session's coming cell); the pool's answer."""
+    client.send(op="prefetch", id=pid, session=client.session, store_dir=client.user.store_dir,
+                redis_url=client.user.redis_url, **request)
+    deadline = time.monotonic() + 120
+    while True:
+        ev = client.next(max(0.1, deadline - time.monotonic()))
+        assert ev["type"] not in ("eof", "pool_gone"), ev
+        if ev["type"] == "prefetched" and ev.get("id") == pid:
+            return ev
+        client.stray.append(ev)
+
+
+def test_prefetch_takes_a_free_slot_and_gives_it_back_first(hostd, users):
+    """A prefetch asks the broker for a slot at the lowest priority: user a, whose pool holds a warm
+    worker's lease (its share of 2 slots), prefetches for another session and is lent the free slot (no
+    cell waits); when user b's cell waits, that prefetch's lease is the one taken back, at once, although
+    a is not above its share (its prefetch counts in none), and a's warm worker keeps its slot."""
+    a, b = users
+    a1, a2 = a.client("a1"), a.client("a2")
+    assert reply_ok(a1.run("w", "x = 1"))
+    wait_for(lambda: [l["state"] for l in hostd.stats()["lease_list"]] == ["warm"], 10, "a's warm lease")
+    p = _prefetch(a2, "p1", state_closure=[])
+    assert p["ok"], p
+    st = wait_for(lambda: (lambda s: s if len(s["lease_list"]) == 2 and
+                           any(l["prefetch"] and l["state"] == "warm" for l in s["lease_list"]) else None)(
+        hostd.stats()), 10, "a's prefetch on a slot lent for it")
+    assert all(l["uid"] == a.uid for l in st["lease_list"]) and user_stats(st, a)["grants"] == 2
+    assert "for a prefetch" in a.log() and "for a prefetch" in hostd.log()
+    keep = next(l["slot"] for l in st["lease_list"] if not l["prefetch"])
+    gone = next(l["slot"] for l in st["lease_list"] if l["prefetch"])
+    # b's cell waits: the prefetch's slot is taken back (a at share keeps its warm worker's) and lent to b.
+    b1 = b.client("b1")
+    evb = b1.run("c", "print('b ran')")
+    assert reply_ok(evb) and stdout(evb) == "b ran\n"
+    st = hostd.stats()
+    assert user_stats(st, a)["revokes"] == 1 and user_stats(st, b)["revokes"] == 0
+    assert "slot %d taken back from uid %d for uid %d" % (gone, a.uid, b.uid) in hostd.log()
+    assert [(l["slot"], l["prefetch"]) for l in st["lease_list"] if l["uid"] == a.uid] == [(keep, False)]
+    # a's warm worker still holds its slot: its session's next cell is a warm hit.
+    ev = a1.run("w2", "print(x)", state_closure=["x"])
+    assert reply_ok(ev) and stdout(ev) == "1\n" and started(ev)["warm_hit"], ev
