@@ -11,7 +11,11 @@ Also: a user cannot reach anything of another user's (sockets, files, processes:
 user's worker crash or zygote kill touches no other user; three users' kernels (two each) through
 jupyter_client, every output equal to ipykernel's.
 
-Root only (CI runs as root); skipped elsewhere.  Costs ~50 s on 2 cores (pools' zygotes, kernels, short cells).
+Also: several slots per (fake) GPU, counted by the broker as a pool counts them, with the pools placing each
+worker on its broker slot's device; a prefetch lent a free slot at the lowest priority and taken back first when
+another user's cell waits.
+
+Root only (CI runs as root); skipped elsewhere.  Costs ~90 s on 2 cores (pools' zygotes, kernels, short cells).
 """
 import os
 import shutil
