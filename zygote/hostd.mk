@@ -5,8 +5,9 @@ SELFTESTS += ll_hostd_policy
 LIB_SRCS  += zygote/ll_hostd_policy.c zygote/ll_hostd.c zygote/ll_hostpool_hostd.c
 
 # Real OS users (useradd, setpriv; root only, skipped otherwise) sharing one broker, and three users'
-# kernels through jupyter_client against ipykernel (~1 minute on 2 cores, alone: next to another test
-# process its nine kernels on two slots ran past the 300 s limit).
+# kernels through jupyter_client against ipykernel (~90 s on 2 cores, alone, of which the fake-GPU slot map
+# and the prefetch lease take ~15 s; next to another test process its nine kernels on two slots ran past the
+# 300 s limit).
 PYTESTS_ALONE += tests/hostd
 
 # Administrators: `make install-hostd` (root) installs the binary and the unit and starts the broker

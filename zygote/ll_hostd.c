@@ -19,6 +19,7 @@
  *   whose socket does not take one is dropped (its leases end; it falls
  *   back to its own slots and registers again);
  * - when it stops, pools see their connection close and fall back. */
+#include "zygote/ll_gpu.h"
 #include "zygote/ll_hostd.h"
 #include "zygote/ll_hostd_policy.h"
 #include "zygote/ll_zframe.h"
@@ -64,6 +65,10 @@ typedef struct {
 typedef struct {
     char sock[108];
     int nslots;
+    ll_gpu_plan_t plan;                 /* the slots over the devices (slot_dev -1: virtual) */
+    ll_gpu_info_t gpus;                 /* what the detection found */
+    int ngpu;                           /* devices the slots lie over (0: virtual slots) */
+    char visible[LL_GPU_MAX_SLOTS][64]; /* per slot: the CUDA_VISIBLE_DEVICES entry of its device */
     int metrics_port;
     size_t store_cap; /* bytes of checkpoint store each user may hold, 0: no cap */
     int listen_fd, sig_fd, http_fd;
@@ -120,9 +125,11 @@ static void s_decide(s_hostd_t *h)
     while (ll_hostd_policy_next(h->policy, ll_clock_ms(), &d)) {
         switch (d.op) {
         case LL_HOSTD_GRANT:
-            ll_info("hostd", "slot %d lent to uid %u (pool pid %d)", d.slot, h->conns[d.conn].uid,
-                    h->conns[d.conn].pid);
-            s_send(h, d.conn, json_pack("{s:s, s:i}", "type", "grant", "slot", d.slot));
+            ll_info("hostd", "slot %d lent to uid %u (pool pid %d)%s", d.slot, h->conns[d.conn].uid,
+                    h->conns[d.conn].pid, d.prefetch ? " for a prefetch" : "");
+            s_send(h, d.conn,
+                   json_pack("{s:s, s:i, s:b}", "type", "grant", "slot", d.slot, "prefetch",
+                             d.prefetch));
             break;
         case LL_HOSTD_REVOKE:
             ll_info("hostd", "slot %d taken back from uid %u for uid %u", d.slot,
@@ -130,10 +137,28 @@ static void s_decide(s_hostd_t *h)
             s_send(h, d.conn, json_pack("{s:s, s:i}", "type", "revoke", "slot", d.slot));
             break;
         case LL_HOSTD_WAIT:
-            s_send(h, d.conn, json_pack("{s:s, s:b}", "type", "wait", "revoking", d.revoking));
+            s_send(h, d.conn,
+                   json_pack("{s:s, s:b, s:b}", "type", "wait", "revoking", d.revoking, "prefetch",
+                             d.prefetch));
             break;
         }
     }
+}
+
+/* Where each slot lies: [{slot, device (null: virtual), cuda_visible,
+ * mem_fraction}] (welcome, stats). */
+static json_t *s_slot_map(const s_hostd_t *h)
+{
+    json_t *map = json_array();
+    for (int s = 0; s < h->nslots; s++) {
+        bool dev = h->plan.slot_dev[s] >= 0;
+        json_array_append_new(map, json_pack("{s:i, s:o, s:o, s:f}", "slot", s, "device",
+                                             dev ? json_integer(h->plan.slot_dev[s]) : json_null(),
+                                             "cuda_visible",
+                                             dev ? json_string(h->visible[s]) : json_null(),
+                                             "mem_fraction", dev ? h->plan.mem_fraction[s] : 0.0));
+    }
+    return map;
 }
 
 /* "hello" from C: it registers, claiming the slots it holds now. */
@@ -161,14 +186,17 @@ static void s_hello(s_hostd_t *h, int c, json_t *m)
                                  json_number_value(json_object_get(e, "value")),
                                  (int) json_integer_value(json_object_get(e, "pid")),
                                  (int) json_integer_value(json_object_get(e, "cells")), now);
+            ll_hostd_policy_mark_prefetch(h->policy, c, slot,
+                                          json_is_true(json_object_get(e, "prefetch")));
             json_array_append_new(adopted, json_integer(slot));
         }
     }
     ll_info("hostd", "pool pid %d of uid %u registered (%d slots, %zu held)", h->conns[c].pid,
             h->conns[c].uid, nslots, json_array_size(adopted));
     s_send(h, c,
-           json_pack("{s:s, s:i, s:o, s:I}", "type", "welcome", "slots",
-                     ll_hostd_policy_nslots(h->policy), "adopted", adopted, "store_cap",
+           json_pack("{s:s, s:i, s:o, s:b, s:o, s:b, s:I}", "type", "welcome", "slots",
+                     ll_hostd_policy_nslots(h->policy), "adopted", adopted, "cuda", h->ngpu > 0,
+                     "slot_map", s_slot_map(h), "prefetch_leases", true, "store_cap",
                      (json_int_t) h->store_cap));
 }
 
@@ -188,6 +216,9 @@ static void s_frame(s_hostd_t *h, int c, json_t *m)
         s_error(h, c, "not registered: send hello first");
     } else if (strcmp(type, "want") == 0) {
         ll_hostd_policy_want(h->policy, c, (int) json_integer_value(json_object_get(m, "n")), now);
+        if (json_object_get(m, "prefetch"))
+            ll_hostd_policy_want_prefetch(
+                h->policy, c, (int) json_integer_value(json_object_get(m, "prefetch")), now);
     } else if (strcmp(type, "release") == 0 || strcmp(type, "mark") == 0) {
         json_t *js = json_object_get(m, "slot");
         int slot = json_is_integer(js) ? (int) json_integer_value(js) : -1;
@@ -198,6 +229,9 @@ static void s_frame(s_hostd_t *h, int c, json_t *m)
                                        json_number_value(json_object_get(m, "value")),
                                        (int) json_integer_value(json_object_get(m, "pid")),
                                        (int) json_integer_value(json_object_get(m, "cells")), now);
+        if (rc == 0 && type[0] == 'm' && json_object_get(m, "prefetch"))
+            ll_hostd_policy_mark_prefetch(h->policy, c, slot,
+                                          json_is_true(json_object_get(m, "prefetch")));
         if (rc < 0) {
             char why[128];
             snprintf(why, sizeof why, "%s: this connection holds no lease on slot %d", type, slot);
@@ -282,14 +316,17 @@ static json_t *s_stats(s_hostd_t *h)
         const ll_hostd_lease_t *l = ll_hostd_policy_lease(h->policy, i);
         if (l->conn < 0)
             continue;
-        json_array_append_new(leases, json_pack("{s:i, s:i, s:i, s:s, s:f, s:b, s:f}", "slot",
-                                                l->slot, "uid", (int) l->uid, "pool_pid",
-                                                h->conns[l->conn].pid, "state",
-                                                l->revoking ? "revoking"
-                                                : l->idle   ? "warm"
-                                                            : "busy",
-                                                "value", l->value, "revoking", l->revoking,
-                                                "held_s", (now - l->t0) / 1000));
+        json_t *dev =
+            h->plan.slot_dev[l->slot] >= 0 ? json_integer(h->plan.slot_dev[l->slot]) : json_null();
+        json_array_append_new(leases,
+                              json_pack("{s:i, s:o, s:i, s:i, s:s, s:f, s:b, s:b, s:f}", "slot",
+                                        l->slot, "device", dev, "uid", (int) l->uid, "pool_pid",
+                                        h->conns[l->conn].pid, "state",
+                                        l->revoking ? "revoking"
+                                        : l->idle   ? "warm"
+                                                    : "busy",
+                                        "value", l->value, "revoking", l->revoking, "prefetch",
+                                        l->prefetch, "held_s", (now - l->t0) / 1000));
     }
     for (int c = 0; c < LL_HOSTD_MAX_CONNS; c++) {
         unsigned uid;
@@ -328,12 +365,25 @@ static json_t *s_stats(s_hostd_t *h)
                              (json_int_t) u->revokes, "cold_starts", (json_int_t) u->cold_starts,
                              "warm_hits", (json_int_t) u->warm_hits));
     }
-    return json_pack(
-        "{s:s, s:i, s:i, s:I, s:i, s:i, s:i, s:f, s:o, s:o, s:o}", "type", "hostd_stats", "pid",
-        (int) getpid(), "slots", ll_hostd_policy_nslots(h->policy), "store_cap",
-        (json_int_t) h->store_cap, "busy_slots", ll_hostd_policy_busy_slots(h->policy), "leases",
-        ll_hostd_policy_nleases(h->policy), "waiting", waiting, "uptime_s",
-        (now - h->started) / 1000, "lease_list", leases, "users", users, "pools", pools);
+    json_t *devs = json_array();
+    for (int d = 0; d < h->ngpu; d++)
+        json_array_append_new(devs, json_pack("{s:i, s:s, s:f, s:i}", "device", d, "name",
+                                              h->gpus.dev[d].name, "mem_bytes",
+                                              (double) h->gpus.dev[d].mem_bytes, "slots",
+                                              h->plan.per_dev[d]));
+    json_t *st =
+        json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:f, s:o, s:o, s:o}", "type", "hostd_stats",
+                  "pid", (int) getpid(), "slots", ll_hostd_policy_nslots(h->policy), "busy_slots",
+                  ll_hostd_policy_busy_slots(h->policy), "leases",
+                  ll_hostd_policy_nleases(h->policy), "waiting", waiting, "uptime_s",
+                  (now - h->started) / 1000, "lease_list", leases, "users", users, "pools", pools);
+    json_object_set_new(st, "store_cap", json_integer((json_int_t) h->store_cap));
+    json_object_set_new(st, "cuda", json_boolean(h->ngpu > 0));
+    json_object_set_new(st, "devices", devs);
+    json_object_set_new(st, "slot_map", s_slot_map(h));
+    json_object_set_new(st, "gpu_via", json_string(h->gpus.via));
+    json_object_set_new(st, "gpu_why", json_string(h->gpus.why));
+    return st;
 }
 
 /* The Prometheus text of stats ST (borrowed); the caller frees it. */
@@ -494,11 +544,44 @@ static int s_listen_http(int port)
     return fd;
 }
 
+/* The host's devices, counted as the host pool counts them (ll_gpu_detect:
+ * the CUDA driver asked in a child, LL_CUDA_DRIVER, LL_POOL_GPU_DETECT_MS;
+ * none under LL_POOL_NO_CUDA); when CUDA does not answer, the NVIDIA GPUs
+ * /proc lists (the driver may not be up yet at boot: one slot per GPU then
+ * still keeps two users' cells off one device).  Logged either way. */
+static int s_find_gpus(s_hostd_t *h)
+{
+    ll_gpu_info_t *g = &h->gpus;
+    memset(g, 0, sizeof *g);
+    if (getenv("LL_POOL_NO_CUDA")) {
+        snprintf(g->why, sizeof g->why, "LL_POOL_NO_CUDA is set");
+        ll_info("hostd", "CUDA: not looked for (LL_POOL_NO_CUDA): virtual slots");
+        return 0;
+    }
+    const char *ms = getenv("LL_POOL_GPU_DETECT_MS");
+    int n = ll_gpu_detect(g, ms && atoi(ms) > 0 ? atoi(ms) : 30000);
+    if (n > 0) {
+        ll_info("hostd", "CUDA: %d device(s) through %s (driver %d, %.0f ms)", n, g->via,
+                g->driver_version, g->ms);
+        return n;
+    }
+    n = s_count_gpus();
+    n = n < LL_GPU_MAX ? n : LL_GPU_MAX;
+    if (n > 0)
+        ll_warn("hostd", "CUDA did not count the devices (%s): %d NVIDIA GPU(s) in /proc", g->why,
+                n);
+    else
+        ll_info("hostd", "CUDA: no device (%s): virtual slots", g->why[0] ? g->why : "none");
+    return n;
+}
+
 static int s_args(s_hostd_t *h, int argc, char **argv)
 {
     ll_hostd_socket_path(h->sock, sizeof h->sock);
-    const char *e = getenv("LL_POOL_SLOTS");
-    h->nslots = e && *e ? atoi(e) : 0;
+    const char *e = getenv("LL_POOL_SLOTS"), *pg = getenv("LL_POOL_GPU_SLOTS");
+    const char *fr = getenv("LL_POOL_GPU_MEM_FRACTION");
+    int total = e && *e ? atoi(e) : 0, per_gpu = pg && *pg ? atoi(pg) : 0;
+    double fraction = fr && *fr ? atof(fr) : -1;
     const char *cap = getenv("LL_HOSTD_STORE_CAP");
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -506,7 +589,10 @@ static int s_args(s_hostd_t *h, int argc, char **argv)
             snprintf(h->sock, sizeof h->sock, "%s", v);
             i++;
         } else if (strcmp(a, "--slots") == 0 && v) {
-            h->nslots = atoi(v);
+            total = atoi(v);
+            i++;
+        } else if (strcmp(a, "--gpu-slots") == 0 && v) {
+            per_gpu = atoi(v);
             i++;
         } else if (strcmp(a, "--metrics-port") == 0 && v) {
             h->metrics_port = atoi(v);
@@ -515,10 +601,13 @@ static int s_args(s_hostd_t *h, int argc, char **argv)
             cap = v;
             i++;
         } else {
-            fprintf(stderr, "usage: looseleaf hostd [--socket PATH] [--slots N] "
+            fprintf(stderr, "usage: looseleaf hostd [--socket PATH] [--slots N] [--gpu-slots N] "
                             "[--metrics-port PORT] [--store-cap BYTES]\n"
                             "  PATH default $LL_HOSTD_SOCKET, else " LL_HOSTD_DEFAULT_SOCKET "\n"
-                            "  N default $LL_POOL_SLOTS, else the NVIDIA GPUs, else 2\n"
+                            "  --gpu-slots default $LL_POOL_GPU_SLOTS: slots per GPU, each capped "
+                            "at a share of its memory\n"
+                            "  --slots default $LL_POOL_SLOTS: the total (spread over the GPUs); "
+                            "else one per GPU, else 2\n"
                             "  BYTES (checkpoint store per user: 64G, 512M; 0 none) default "
                             "$LL_HOSTD_STORE_CAP, else none\n");
             return -1;
@@ -531,15 +620,31 @@ static int s_args(s_hostd_t *h, int argc, char **argv)
                 cap);
         return -1;
     }
-    if (h->nslots <= 0)
-        h->nslots = s_count_gpus();
-    if (h->nslots <= 0)
-        h->nslots = 2;
-    if (h->nslots > LL_HOSTD_MAX_SLOTS || h->metrics_port < 0 || h->metrics_port > 65535) {
-        fprintf(stderr, "looseleaf hostd: --slots must be 1..%d, --metrics-port 0..65535\n",
+    if (total < 0 || total > LL_HOSTD_MAX_SLOTS || per_gpu < 0 || per_gpu > LL_HOSTD_MAX_SLOTS ||
+        h->metrics_port < 0 || h->metrics_port > 65535 || fraction > 1 ||
+        (fraction < 0 && fraction != -1)) {
+        fprintf(stderr,
+                "looseleaf hostd: --slots and --gpu-slots must be 0..%d, --metrics-port "
+                "0..65535, LL_POOL_GPU_MEM_FRACTION 0..1\n",
                 LL_HOSTD_MAX_SLOTS);
         return -1;
     }
+    h->ngpu = s_find_gpus(h);
+    if (ll_hostd_policy_plan(h->ngpu, per_gpu, total, fraction, &h->plan) < 0) {
+        fprintf(stderr, "looseleaf hostd: %d GPU(s) x %d slots is more than %d slots\n", h->ngpu,
+                per_gpu, LL_HOSTD_MAX_SLOTS);
+        return -1;
+    }
+    h->nslots = h->plan.nslots;
+    const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+    for (int s = 0; s < h->nslots; s++)
+        if (h->plan.slot_dev[s] >= 0)
+            ll_gpu_visible_entry(vis, h->plan.slot_dev[s], h->visible[s], sizeof h->visible[s]);
+    for (int d = 0; d < h->ngpu && d < LL_GPU_MAX; d++)
+        ll_info("hostd", "GPU %d: %s, %.1f GiB: %d slot(s)%s", d,
+                h->gpus.dev[d].name[0] ? h->gpus.dev[d].name : "?",
+                (double) h->gpus.dev[d].mem_bytes / (1 << 30), h->plan.per_dev[d],
+                h->plan.per_dev[d] > 1 ? ", each capped" : "");
     return 0;
 }
 
@@ -632,8 +737,9 @@ int ll_hostd_main(int argc, char **argv)
         h->http_fd = s_listen_http(h->metrics_port);
     if (h->listen_fd >= 0 && h->sig_fd >= 0 && (h->metrics_port == 0 || h->http_fd >= 0)) {
         h->started = ll_clock_ms();
-        ll_info("hostd", "serving %s: %d slot(s)%s, store cap %zu MiB per user (0: none)", h->sock,
-                h->nslots, h->metrics_port ? ", metrics on 127.0.0.1" : "", h->store_cap >> 20);
+        ll_info("hostd", "serving %s: %d %s slot(s)%s, store cap %zu MiB per user (0: none)",
+                h->sock, h->nslots, h->ngpu > 0 ? "GPU" : "virtual",
+                h->metrics_port ? ", metrics on 127.0.0.1" : "", h->store_cap >> 20);
         s_loop(h);
         ll_info("hostd", "stopping");
         unlink(h->sock);
@@ -711,6 +817,19 @@ int ll_hostd_top_main(int argc, char **argv)
     json_int_t cap = json_integer_value(json_object_get(st, "store_cap"));
     if (cap)
         printf("checkpoint store: at most %lld MiB per user\n", (long long) (cap >> 20));
+    json_t *sm;
+    size_t k;
+    if (json_is_true(json_object_get(st, "cuda"))) {
+        printf("slot:GPU");
+        json_array_foreach(json_object_get(st, "slot_map"), k, sm) {
+            double f = json_number_value(json_object_get(sm, "mem_fraction"));
+            printf(" %lld:%lld", json_integer_value(json_object_get(sm, "slot")),
+                   json_integer_value(json_object_get(sm, "device")));
+            if (f > 0)
+                printf("(cap %.3g)", f);
+        }
+        printf("\n");
+    }
     printf("\n%-16s %7s %5s %5s %7s %12s %12s %6s %6s\n", "USER", "UID", "BUSY", "WARM", "WAITING",
            "GPU-HELD-S", "GPU-BUSY-S", "HITS", "COLD");
     json_t *u, *l;
@@ -727,12 +846,14 @@ int ll_hostd_top_main(int argc, char **argv)
                json_integer_value(json_object_get(u, "warm_hits")),
                json_integer_value(json_object_get(u, "cold_starts")));
     }
-    printf("\n%-5s %7s %9s %-9s %10s\n", "SLOT", "UID", "POOL-PID", "STATE", "HELD-S");
+    printf("\n%-5s %7s %9s %-9s %-8s %10s\n", "SLOT", "UID", "POOL-PID", "STATE", "FOR", "HELD-S");
     json_array_foreach(json_object_get(st, "lease_list"), i, l)
-        printf("%-5lld %7lld %9lld %-9s %10.1f\n", json_integer_value(json_object_get(l, "slot")),
+        printf("%-5lld %7lld %9lld %-9s %-8s %10.1f\n",
+               json_integer_value(json_object_get(l, "slot")),
                json_integer_value(json_object_get(l, "uid")),
                json_integer_value(json_object_get(l, "pool_pid")),
                json_string_value(json_object_get(l, "state")),
+               json_is_true(json_object_get(l, "prefetch")) ? "prefetch" : "cell",
                json_number_value(json_object_get(l, "held_s")));
     json_decref(st);
     return 0;

@@ -10,11 +10,14 @@
 typedef struct {
     bool used;         /* registered */
     unsigned uid;      /* its user */
-    int nslots;        /* it can use slots 0..nslots-1 */
+    int nslots;        /* leases it may hold at once (its own slots) */
     int want;          /* slots wanted beyond what it holds */
     double wait_since; /* ms, since when it wants (0: wants none) */
     bool told_wait;    /* told WAIT since its want last changed */
     int revokes_for;   /* revocations under way for it */
+    int want_pf;       /* slots wanted for prefetches */
+    double pf_since;   /* ms, since when it wants them */
+    bool told_pf;      /* told WAIT (PREFETCH) since want_pf last changed */
 } s_conn_t;
 
 struct ll_hostd_policy_t {
@@ -43,6 +46,20 @@ void ll_hostd_policy_destroy(ll_hostd_policy_t **self_p)
         return;
     free(*self_p);
     *self_p = NULL;
+}
+
+int ll_hostd_policy_plan(int ngpu, int per_gpu, int total, double fraction, ll_gpu_plan_t *plan)
+{
+    memset(plan, 0, sizeof *plan);
+    if (total < 0 || total > LL_HOSTD_MAX_SLOTS || per_gpu < 0 || per_gpu > LL_HOSTD_MAX_SLOTS ||
+        (ngpu > 0 && per_gpu > 0 && ngpu * per_gpu > LL_HOSTD_MAX_SLOTS))
+        return -1;
+    if (ngpu > 0 && ll_gpu_plan(ngpu, per_gpu, total, fraction, plan) == 0)
+        return plan->nslots;
+    plan->nslots = total > 0 ? total : 2;
+    for (int s = 0; s < plan->nslots; s++)
+        plan->slot_dev[s] = -1;
+    return plan->nslots;
 }
 
 static s_conn_t *s_conn(ll_hostd_policy_t *self, int conn)
@@ -83,13 +100,24 @@ static bool s_slot_free(const ll_hostd_policy_t *self, int slot)
     return true;
 }
 
-/* Leases of UID not being taken back (what counts against its share). */
+/* Leases of UID not being taken back, prefetches' aside (what counts
+ * against its share). */
 static int s_held(const ll_hostd_policy_t *self, unsigned uid)
 {
     int n = 0;
     for (int i = 0; i < LL_HOSTD_MAX_LEASES; i++)
-        if (self->leases[i].conn >= 0 && self->leases[i].uid == uid && !self->leases[i].revoking)
+        if (self->leases[i].conn >= 0 && self->leases[i].uid == uid && !self->leases[i].revoking &&
+            !self->leases[i].prefetch)
             n++;
+    return n;
+}
+
+/* Leases CONN holds (being taken back or not): at most its nslots. */
+static int s_conn_leases(const ll_hostd_policy_t *self, int conn)
+{
+    int n = 0;
+    for (int i = 0; i < LL_HOSTD_MAX_LEASES; i++)
+        n += self->leases[i].conn == conn;
     return n;
 }
 
@@ -106,7 +134,7 @@ static int s_active_users(const ll_hostd_policy_t *self)
             uid = self->conns[c].uid;
         } else {
             const ll_hostd_lease_t *l = &self->leases[c - LL_HOSTD_MAX_CONNS];
-            if (l->conn < 0)
+            if (l->conn < 0 || l->prefetch)
                 continue;
             uid = l->uid;
         }
@@ -162,7 +190,7 @@ int ll_hostd_policy_open(ll_hostd_policy_t *self, int conn, unsigned uid, int ns
     memset(c, 0, sizeof *c);
     c->used = true;
     c->uid = uid;
-    c->nslots = nslots < 1 ? 1 : nslots > self->nslots ? self->nslots : nslots;
+    c->nslots = nslots < 1 ? 1 : nslots > LL_HOSTD_MAX_SLOTS ? LL_HOSTD_MAX_SLOTS : nslots;
     return 0;
 }
 
@@ -205,6 +233,27 @@ void ll_hostd_policy_want(ll_hostd_policy_t *self, int conn, int n, double now)
     c->want = n;
 }
 
+void ll_hostd_policy_want_prefetch(ll_hostd_policy_t *self, int conn, int n, double now)
+{
+    s_conn_t *c = s_conn(self, conn);
+    if (!c)
+        return;
+    n = n < 0 ? 0 : n > LL_HOSTD_MAX_SLOTS ? LL_HOSTD_MAX_SLOTS : n;
+    if (n > 0 && c->want_pf == 0)
+        c->pf_since = now;
+    c->told_pf = false; /* asked (again): answered (again) */
+    c->want_pf = n;
+}
+
+int ll_hostd_policy_mark_prefetch(ll_hostd_policy_t *self, int conn, int slot, bool prefetch)
+{
+    ll_hostd_lease_t *l = s_conn(self, conn) ? s_lease(self, conn, slot) : NULL;
+    if (!l)
+        return -1;
+    l->prefetch = prefetch;
+    return 0;
+}
+
 int ll_hostd_policy_release(ll_hostd_policy_t *self, int conn, int slot, double now)
 {
     ll_hostd_lease_t *l = s_conn(self, conn) ? s_lease(self, conn, slot) : NULL;
@@ -241,13 +290,14 @@ int ll_hostd_policy_mark(ll_hostd_policy_t *self, int conn, int slot, bool idle,
 }
 
 /* The waiting connection to serve first: its user holds the fewest leases,
- * then it waits longest.  SKIP: connections already looked at this turn. */
+ * then it waits longest.  SKIP: connections already looked at this turn.
+ * One holding as many leases as it has slots waits for its own. */
 static int s_first_waiting(const ll_hostd_policy_t *self, const bool *skip)
 {
     int best = -1, best_held = 0;
     for (int c = 0; c < LL_HOSTD_MAX_CONNS; c++) {
         const s_conn_t *cn = &self->conns[c];
-        if (!cn->used || cn->want <= 0 || skip[c])
+        if (!cn->used || cn->want <= 0 || skip[c] || s_conn_leases(self, c) >= cn->nslots)
             continue;
         int held = s_held(self, cn->uid);
         if (best < 0 || held < best_held ||
@@ -259,28 +309,44 @@ static int s_first_waiting(const ll_hostd_policy_t *self, const bool *skip)
     return best;
 }
 
-/* Revocations under way for connection CI of leases that were idle (their
- * workers are being evicted: the slots come back at once). */
+/* Whether lease L comes back at once when taken back: an idle worker is
+ * evicted, a prefetch's is dropped (it committed nothing). */
+static bool s_quick(const ll_hostd_lease_t *l)
+{
+    return l->idle || l->prefetch;
+}
+
+/* Revocations under way for connection CI of leases that come back at
+ * once (s_quick). */
 static int s_revoking_idle_for(const ll_hostd_policy_t *self, int ci)
 {
     int n = 0;
     for (int i = 0; i < LL_HOSTD_MAX_LEASES; i++)
         n += self->leases[i].conn >= 0 && self->leases[i].revoking &&
-             self->leases[i].for_conn == ci && self->leases[i].idle;
+             self->leases[i].for_conn == ci && s_quick(&self->leases[i]);
     return n;
 }
 
-/* The lease to take back for waiting connection C, or NULL: among users
- * above share (not C's), an idle lease of the smallest value, else (unless
- * IDLE_ONLY) the longest-held busy one. */
+/* The lease to take back for waiting connection C, or NULL: a prefetch's
+ * of anyone's (C's own too; an idle one first, then the latest lent);
+ * else among users above share (not C's), an idle lease of the smallest
+ * value, else (unless IDLE_ONLY) the longest-held busy one. */
 static ll_hostd_lease_t *s_victim(ll_hostd_policy_t *self, const s_conn_t *c, bool idle_only)
 {
     double share =
         (double) self->nslots / (double) (s_active_users(self) ? s_active_users(self) : 1);
-    ll_hostd_lease_t *idle = NULL, *busy = NULL;
+    ll_hostd_lease_t *idle = NULL, *busy = NULL, *pf = NULL;
     for (int i = 0; i < LL_HOSTD_MAX_LEASES; i++) {
         ll_hostd_lease_t *l = &self->leases[i];
-        if (l->conn < 0 || l->revoking || l->uid == c->uid || l->slot >= c->nslots ||
+        if (l->conn >= 0 && !l->revoking && l->prefetch &&
+            (!pf || (l->idle && !pf->idle) || (l->idle == pf->idle && l->t0 > pf->t0)))
+            pf = l;
+    }
+    if (pf)
+        return pf;
+    for (int i = 0; i < LL_HOSTD_MAX_LEASES; i++) {
+        ll_hostd_lease_t *l = &self->leases[i];
+        if (l->conn < 0 || l->revoking || l->uid == c->uid ||
             (double) s_held(self, l->uid) <= share)
             continue;
         if (l->idle && (!idle || l->value < idle->value))
@@ -291,6 +357,67 @@ static ll_hostd_lease_t *s_victim(ll_hostd_policy_t *self, const s_conn_t *c, bo
     return idle ? idle : idle_only ? NULL : busy;
 }
 
+/* Whether a cell of anyone's waits for a slot it could take. */
+static bool s_cells_wait(const ll_hostd_policy_t *self)
+{
+    for (int c = 0; c < LL_HOSTD_MAX_CONNS; c++)
+        if (self->conns[c].used && self->conns[c].want > 0 &&
+            s_conn_leases(self, c) < self->conns[c].nslots)
+            return true;
+    return false;
+}
+
+/* After the cells: a free slot nobody's cell can take goes to the
+ * prefetches waiting longest of the user holding the fewest leases; a pool
+ * whose prefetches get none is told so once.  NL, BUSY: leases and held
+ * slots (nothing is lent while adopted leases over-commit the slots). */
+static bool s_next_prefetch(ll_hostd_policy_t *self, double now, int nl, int busy,
+                            ll_hostd_decision_t *d)
+{
+    int slot = -1;
+    for (int s = 0; s < self->nslots && nl < self->nslots && busy < self->nslots && slot < 0; s++)
+        if (s_slot_free(self, s))
+            slot = s;
+    if (s_cells_wait(self))
+        slot = -1;
+    int best = -1, best_n = 0;
+    for (int c = 0; c < LL_HOSTD_MAX_CONNS; c++) {
+        s_conn_t *cn = &self->conns[c];
+        if (!cn->used || cn->want_pf <= 0 || s_conn_leases(self, c) >= cn->nslots)
+            continue;
+        int n = 0;
+        for (int i = 0; i < LL_HOSTD_MAX_LEASES; i++)
+            n += self->leases[i].conn >= 0 && self->leases[i].uid == cn->uid;
+        if (best < 0 || n < best_n || (n == best_n && cn->pf_since < self->conns[best].pf_since)) {
+            best = c;
+            best_n = n;
+        }
+    }
+    if (best >= 0 && slot >= 0) {
+        s_conn_t *c = &self->conns[best];
+        ll_hostd_lease_t *l = s_lease_new(self, best, slot, now);
+        if (!l)
+            return false;
+        l->prefetch = true;
+        ll_hostd_user_t *u = s_user(self, c->uid, false);
+        if (u)
+            u->grants++;
+        c->want_pf--;
+        c->told_pf = false;
+        *d = (ll_hostd_decision_t){LL_HOSTD_GRANT, best, slot, -1, false, true};
+        return true;
+    }
+    for (int c = 0; c < LL_HOSTD_MAX_CONNS; c++) {
+        s_conn_t *cn = &self->conns[c];
+        if (cn->used && cn->want_pf > 0 && !cn->told_pf) {
+            cn->told_pf = true;
+            *d = (ll_hostd_decision_t){LL_HOSTD_WAIT, c, -1, -1, false, true};
+            return true;
+        }
+    }
+    return false;
+}
+
 bool ll_hostd_policy_next(ll_hostd_policy_t *self, double now, ll_hostd_decision_t *d)
 {
     bool skip[LL_HOSTD_MAX_CONNS] = {false};
@@ -299,12 +426,14 @@ bool ll_hostd_policy_next(ll_hostd_policy_t *self, double now, ll_hostd_decision
     for (;;) {
         int ci = s_first_waiting(self, skip);
         if (ci < 0)
-            return false;
+            return s_next_prefetch(self, now, nl, busy, d);
         skip[ci] = true;
         s_conn_t *c = &self->conns[ci];
+        int want = c->want, room = c->nslots - s_conn_leases(self, ci);
+        want = want < room ? want : room;
         /* A free slot it can use, unless adopted leases over-commit the
          * slots (then nothing is lent until they are back within). */
-        for (int s = 0; s < c->nslots && nl < self->nslots && busy < self->nslots; s++)
+        for (int s = 0; s < self->nslots && nl < self->nslots && busy < self->nslots; s++)
             if (s_slot_free(self, s)) {
                 ll_hostd_lease_t *l = s_lease_new(self, ci, s, now);
                 if (!l)
@@ -316,14 +445,14 @@ bool ll_hostd_policy_next(ll_hostd_policy_t *self, double now, ll_hostd_decision
                 c->told_wait = false;
                 if (c->want == 0)
                     c->wait_since = 0;
-                *d = (ll_hostd_decision_t){LL_HOSTD_GRANT, ci, s, -1, false};
+                *d = (ll_hostd_decision_t){LL_HOSTD_GRANT, ci, s, -1, false, false};
                 return true;
             }
         /* One revocation per slot wanted; but a busy lease taken back comes
          * back only at its cell's end, so an idle lease that turns up
          * meanwhile is taken back too (the bound: at once when idle). */
-        if (c->revokes_for < c->want || s_revoking_idle_for(self, ci) < c->want) {
-            ll_hostd_lease_t *v = s_victim(self, c, c->revokes_for >= c->want);
+        if (c->revokes_for < want || s_revoking_idle_for(self, ci) < want) {
+            ll_hostd_lease_t *v = s_victim(self, c, c->revokes_for >= want);
             if (v) {
                 v->revoking = true;
                 v->for_conn = ci;
@@ -332,13 +461,13 @@ bool ll_hostd_policy_next(ll_hostd_policy_t *self, double now, ll_hostd_decision
                 ll_hostd_user_t *u = s_user(self, v->uid, false);
                 if (u)
                     u->revokes++;
-                *d = (ll_hostd_decision_t){LL_HOSTD_REVOKE, v->conn, v->slot, ci, false};
+                *d = (ll_hostd_decision_t){LL_HOSTD_REVOKE, v->conn, v->slot, ci, false, false};
                 return true;
             }
         }
         if (!c->told_wait) {
             c->told_wait = true;
-            *d = (ll_hostd_decision_t){LL_HOSTD_WAIT, ci, -1, -1, c->revokes_for > 0};
+            *d = (ll_hostd_decision_t){LL_HOSTD_WAIT, ci, -1, -1, c->revokes_for > 0, false};
             return true;
         }
     }
@@ -433,8 +562,8 @@ static int s_test_grants(bool verbose)
     int fails = 0;
     ll_hostd_decision_t d[8];
     ll_hostd_policy_t *p = ll_hostd_policy_new(2);
-    S_CHECK(p && ll_hostd_policy_open(p, 0, 1001, 2, 0) == 0);
-    S_CHECK(ll_hostd_policy_open(p, 0, 1001, 2, 0) == -1); /* in use */
+    S_CHECK(p && ll_hostd_policy_open(p, 0, 1001, 3, 0) == 0); /* a pool of 3 slots */
+    S_CHECK(ll_hostd_policy_open(p, 0, 1001, 2, 0) == -1);     /* in use */
     S_CHECK(ll_hostd_policy_open(p, 1, 1002, 2, 0) == 0);
     ll_hostd_policy_want(p, 0, 3, 1); /* user 1001 wants 3 */
     int n = s_test_pass(p, 1, d, 8);
@@ -582,10 +711,133 @@ static int s_test_adopt(bool verbose)
     return fails;
 }
 
+/* The slots counted as the pool counts its own, and leases on several
+ * slots per GPU: pools hold at most their own slots' worth, on any of the
+ * broker's, never more than the broker's slots in all. */
+static int s_test_plan(bool verbose)
+{
+    int fails = 0;
+    ll_gpu_plan_t pl;
+    /* One per GPU by default; two per GPU (LL_POOL_GPU_SLOTS=2): alternating, capped. */
+    S_CHECK(ll_hostd_policy_plan(2, 0, 0, -1, &pl) == 2 && pl.slot_dev[1] == 1 &&
+            pl.mem_fraction[0] == 0);
+    S_CHECK(ll_hostd_policy_plan(2, 2, 0, -1, &pl) == 4 && pl.slot_dev[0] == 0 &&
+            pl.slot_dev[1] == 1 && pl.slot_dev[2] == 0 && pl.slot_dev[3] == 1);
+    S_CHECK(pl.mem_fraction[3] == 0.475 && pl.per_dev[0] == 2);
+    /* --slots / LL_POOL_SLOTS: the total, spread over the devices; the per-GPU count wins. */
+    S_CHECK(ll_hostd_policy_plan(2, 0, 3, -1, &pl) == 3 && pl.slot_dev[2] == 0 &&
+            pl.mem_fraction[1] == 0 && pl.mem_fraction[2] == 0.475);
+    S_CHECK(ll_hostd_policy_plan(1, 3, 2, 0.3, &pl) == 3 && pl.mem_fraction[2] == 0.3);
+    /* No GPU: virtual slots (no device), the total or 2. */
+    S_CHECK(ll_hostd_policy_plan(0, 2, 0, -1, &pl) == 2 && pl.slot_dev[0] == -1 &&
+            pl.slot_dev[1] == -1);
+    S_CHECK(ll_hostd_policy_plan(0, 0, 5, -1, &pl) == 5 && pl.slot_dev[4] == -1);
+    S_CHECK(ll_hostd_policy_plan(0, 0, LL_HOSTD_MAX_SLOTS + 1, -1, &pl) == -1 &&
+            ll_hostd_policy_plan(8, 9, 0, -1, &pl) == -1);
+
+    /* Two GPUs, two slots each: three users' pools of 2 slots each want 3. */
+    ll_hostd_decision_t d[16];
+    ll_hostd_policy_t *p = ll_hostd_policy_new(4);
+    for (int c = 0; c < 3; c++) {
+        S_CHECK(ll_hostd_policy_open(p, c, 1001 + c, 2, 0) == 0);
+        ll_hostd_policy_want(p, c, 3, 1 + c);
+    }
+    int n = s_test_pass(p, 5, d, 16), grants = 0, per[3] = {0}, used[4] = {0};
+    for (int i = 0; i < n; i++)
+        if (d[i].op == LL_HOSTD_GRANT) {
+            grants++;
+            per[d[i].conn]++;
+            used[d[i].slot]++;
+        }
+    S_CHECK(grants == 4 && ll_hostd_policy_nleases(p) == 4 && ll_hostd_policy_busy_slots(p) == 4);
+    S_CHECK(per[0] <= 2 && per[1] <= 2 && per[2] <= 2 && per[0] + per[1] + per[2] == 4);
+    S_CHECK(used[0] == 1 && used[1] == 1 && used[2] == 1 && used[3] == 1);
+    /* Slots 2 and 3 went to pools of 2 slots: a pool's slots are any of the broker's. */
+    S_CHECK(per[1] >= 1 && per[2] >= 1);
+    /* The pool at its own slots' worth asks for no revocation beyond them. */
+    for (int i = 0; i < n; i++)
+        S_CHECK(d[i].op != LL_HOSTD_REVOKE || d[i].for_conn != 0);
+    ll_hostd_policy_destroy(&p);
+    return fails;
+}
+
+/* Prefetches at the lowest priority: lent only a free slot no cell wants,
+ * the first taken back when anyone's cell waits, counted in no share. */
+static int s_test_prefetch(bool verbose)
+{
+    int fails = 0;
+    ll_hostd_decision_t d[8];
+    ll_hostd_policy_t *p = ll_hostd_policy_new(2);
+    ll_hostd_policy_open(p, 0, 1001, 2, 0);
+    ll_hostd_policy_open(p, 1, 1002, 2, 0);
+    ll_hostd_policy_want(p, 0, 1, 1);
+    int n = s_test_pass(p, 1, d, 8);
+    S_CHECK(n == 1 && d[0].op == LL_HOSTD_GRANT && d[0].slot == 0 && !d[0].prefetch);
+    /* 1001 prefetches: slot 1 is free and no cell waits: lent, for the prefetch. */
+    ll_hostd_policy_want_prefetch(p, 0, 1, 2);
+    n = s_test_pass(p, 2, d, 8);
+    S_CHECK(n == 1 && d[0].op == LL_HOSTD_GRANT && d[0].conn == 0 && d[0].slot == 1 &&
+            d[0].prefetch);
+    const ll_hostd_lease_t *pl = NULL;
+    for (int i = 0; i < LL_HOSTD_MAX_LEASES; i++)
+        if (ll_hostd_policy_lease(p, i)->conn == 0 && ll_hostd_policy_lease(p, i)->slot == 1)
+            pl = ll_hostd_policy_lease(p, i);
+    S_CHECK(pl && pl->prefetch);
+    S_CHECK(ll_hostd_policy_mark(p, 0, 1, false, 0, 41, 0, 3) == 0); /* preparing: busy */
+    /* 1002's cell waits: 1001 holds one cell's slot, its share (its prefetch
+     * counts in none), yet its prefetch's slot is taken back at once. */
+    ll_hostd_policy_want(p, 1, 1, 4);
+    n = s_test_pass(p, 4, d, 8);
+    S_CHECK(n == 2 && d[0].op == LL_HOSTD_REVOKE && d[0].conn == 0 && d[0].slot == 1 &&
+            d[0].for_conn == 1);
+    S_CHECK(d[1].op == LL_HOSTD_WAIT && d[1].conn == 1 && d[1].revoking && !d[1].prefetch);
+    S_CHECK(s_test_pass(p, 5, d, 8) == 0); /* one revocation: it comes back at once */
+    S_CHECK(ll_hostd_policy_release(p, 0, 1, 6) == 0);
+    n = s_test_pass(p, 6, d, 8);
+    S_CHECK(n == 1 && d[0].op == LL_HOSTD_GRANT && d[0].conn == 1 && d[0].slot == 1 &&
+            !d[0].prefetch);
+    /* No free slot: the prefetch is told once it gets none; nothing is taken for it. */
+    ll_hostd_policy_want_prefetch(p, 0, 1, 7);
+    n = s_test_pass(p, 7, d, 8);
+    S_CHECK(n == 1 && d[0].op == LL_HOSTD_WAIT && d[0].conn == 0 && d[0].prefetch);
+    S_CHECK(s_test_pass(p, 8, d, 8) == 0);
+    ll_hostd_policy_destroy(&p);
+
+    /* A cell and a prefetch ask for the one free slot, the prefetch first:
+     * the cell gets it. */
+    p = ll_hostd_policy_new(1);
+    ll_hostd_policy_open(p, 0, 1001, 1, 0);
+    ll_hostd_policy_open(p, 1, 1002, 1, 0);
+    ll_hostd_policy_want_prefetch(p, 0, 1, 1);
+    ll_hostd_policy_want(p, 1, 1, 2);
+    n = s_test_pass(p, 2, d, 8);
+    S_CHECK(n == 2 && d[0].op == LL_HOSTD_GRANT && d[0].conn == 1 && !d[0].prefetch);
+    S_CHECK(d[1].op == LL_HOSTD_WAIT && d[1].conn == 0 && d[1].prefetch);
+    ll_hostd_policy_destroy(&p);
+
+    /* A prefetch's lease whose worker then runs its cell is a cell's lease:
+     * at share, it is kept (the waiting pool evicts its own). */
+    p = ll_hostd_policy_new(2);
+    ll_hostd_policy_open(p, 0, 1001, 2, 0);
+    ll_hostd_policy_open(p, 1, 1002, 2, 0);
+    ll_hostd_policy_want_prefetch(p, 0, 1, 1);
+    S_CHECK(s_test_pass(p, 1, d, 8) == 1 && d[0].prefetch && d[0].conn == 0);
+    int ps = d[0].slot;
+    ll_hostd_policy_want(p, 1, 1, 2);
+    S_CHECK(s_test_pass(p, 2, d, 8) == 1 && d[0].op == LL_HOSTD_GRANT && d[0].conn == 1);
+    S_CHECK(ll_hostd_policy_mark_prefetch(p, 0, ps, false) == 0 &&
+            ll_hostd_policy_mark_prefetch(p, 1, ps, false) == -1);
+    ll_hostd_policy_want(p, 1, 1, 3);
+    n = s_test_pass(p, 3, d, 8);
+    S_CHECK(n == 1 && d[0].op == LL_HOSTD_WAIT && d[0].conn == 1 && !d[0].revoking);
+    ll_hostd_policy_destroy(&p);
+    return fails;
+}
+
 int ll_hostd_policy_selftest(bool verbose)
 {
     int fails = s_test_grants(verbose) + s_test_fair(verbose) + s_test_idle_meanwhile(verbose) +
-                s_test_adopt(verbose);
+                s_test_adopt(verbose) + s_test_plan(verbose) + s_test_prefetch(verbose);
     if (verbose)
         fprintf(stderr, "ll_hostd_policy: %s\n", fails ? "FAILED" : "ok");
     return fails ? 1 : 0;

@@ -7,7 +7,9 @@
  *
  * A connection is one user's host pool (its uid checked by the caller with
  * SO_PEERCRED).  A lease is one slot lent to one connection; a slot is free
- * when no lease names it.  A pool says how many more slots it wants (its
+ * when no lease names it.  A pool holds at most as many leases as it has
+ * slots of its own, on any of the broker's slots: the pool puts the worker
+ * of broker slot k on k's device (ll_hostd_policy_plan).  A pool says how many more slots it wants (its
  * cells waiting for one), marks each lease busy or idle (an idle warm
  * worker: evictable, with its GreedyDual value) and returns leases.
  *
@@ -27,6 +29,15 @@
  * user above share ends (at once when such a user holds an idle lease),
  * plus the time that pool takes to evict and return the lease.
  *
+ * Prefetches (a pool preparing a worker for a cell its user edits) ask at
+ * the lowest priority: a prefetch is lent a slot only when one is free and
+ * no waiting cell of anyone's can take it; a lease holding a prefetch
+ * (lent for one, or marked so: its worker never ran a cell) is the first
+ * taken back when any user's cell waits, whatever the shares, and counts
+ * in no share nor order (a user is never above share, nor served later,
+ * for its prefetches).  A pool whose prefetches get no slot is told so
+ * once (WAIT, PREFETCH): it prepares them without one (staged).
+ *
  * Leases claimed by a pool when it (re-)registers (ll_hostd_policy_adopt:
  * what it ran while the broker was away) are accepted even on a slot
  * already leased: nothing can be taken back from a running cell, so the
@@ -34,6 +45,8 @@
  * number. */
 #ifndef LL_HOSTD_POLICY_H
 #define LL_HOSTD_POLICY_H
+
+#include "zygote/ll_gpu.h"
 
 #include <stdbool.h>
 
@@ -43,9 +56,10 @@
 #define LL_HOSTD_MAX_USERS  256 /* users ever seen (their GPU-seconds) */
 
 typedef enum {
-    LL_HOSTD_GRANT,  /* lend SLOT to CONN */
+    LL_HOSTD_GRANT,  /* lend SLOT to CONN (PREFETCH: for a prefetch) */
     LL_HOSTD_REVOKE, /* tell CONN to give SLOT back (for FOR_CONN) */
-    LL_HOSTD_WAIT,   /* tell CONN its wanted slots wait; REVOKING: one is on its way */
+    LL_HOSTD_WAIT,   /* tell CONN its wanted slots wait; REVOKING: one is on its way;
+                        PREFETCH: its prefetches get none now */
 } ll_hostd_op_t;
 
 typedef struct {
@@ -54,6 +68,7 @@ typedef struct {
     int slot;      /* GRANT, REVOKE */
     int for_conn;  /* REVOKE: the waiting pool it is for */
     bool revoking; /* WAIT: a revocation for CONN is under way */
+    bool prefetch; /* GRANT, WAIT: about CONN's prefetches */
 } ll_hostd_decision_t;
 
 /* One lease (read-only for callers). */
@@ -64,6 +79,7 @@ typedef struct {
     bool idle;      /* an idle warm worker holds it: evictable */
     double value;   /* idle: its GreedyDual value (the pool's L above its clock) */
     bool revoking;  /* taken back, not yet returned */
+    bool prefetch;  /* it holds a prefetch: lowest priority, first taken back */
     int for_conn;   /* revoking: for whom (-1 once that pool left) */
     double t0;      /* ms, lent at */
     double busy_t0; /* ms, busy since (while not idle) */
@@ -82,6 +98,16 @@ typedef struct {
 
 typedef struct ll_hostd_policy_t ll_hostd_policy_t;
 
+/* The broker's slots, counted as the host pool counts its own (ll_gpu_plan,
+ * the same knobs): with NGPU CUDA devices (> 0), PER_GPU workers on each
+ * when > 0 (--gpu-slots, LL_POOL_GPU_SLOTS), else TOTAL when > 0 (--slots,
+ * LL_POOL_SLOTS) spread over them, else one per device; each capped at
+ * FRACTION of its device (-1: 0.95 / workers on the device, none when
+ * alone).  Without a device (NGPU 0): TOTAL virtual slots, else 2, whose
+ * slot_dev is -1.  Fills *PLAN; returns its slots, or -1 when TOTAL or
+ * PER_GPU is out of range (over LL_HOSTD_MAX_SLOTS slots). */
+int ll_hostd_policy_plan(int ngpu, int per_gpu, int total, double fraction, ll_gpu_plan_t *plan);
+
 /* A broker of NSLOTS slots (1..LL_HOSTD_MAX_SLOTS); NULL when out of
  * memory or out of range.  The caller destroys it. */
 ll_hostd_policy_t *ll_hostd_policy_new(int nslots);
@@ -89,9 +115,9 @@ void ll_hostd_policy_destroy(ll_hostd_policy_t **self_p);
 
 /* ---- what happened ---- */
 
-/* Pool CONN (0..LL_HOSTD_MAX_CONNS-1) of UID registered; it can use slots
- * 0..NSLOTS-1.  Returns 0, or -1 (CONN out of range or in use, no room for
- * a new user). */
+/* Pool CONN (0..LL_HOSTD_MAX_CONNS-1) of UID registered; it holds NSLOTS
+ * leases at most (its own slots), on any of the broker's.  Returns 0, or
+ * -1 (CONN out of range or in use, no room for a new user). */
 int ll_hostd_policy_open(ll_hostd_policy_t *self, int conn, unsigned uid, int nslots, double now);
 
 /* CONN left at NOW: its leases end (what it ran is gone with it). */
@@ -103,6 +129,15 @@ int ll_hostd_policy_adopt(ll_hostd_policy_t *self, int conn, int slot, bool idle
 
 /* CONN wants N slots more than it holds (0: none). */
 void ll_hostd_policy_want(ll_hostd_policy_t *self, int conn, int n, double now);
+
+/* CONN wants N slots for prefetches (0: none), at the lowest priority;
+ * each call with N > 0 is answered (a GRANT for a prefetch, else WAIT,
+ * PREFETCH). */
+void ll_hostd_policy_want_prefetch(ll_hostd_policy_t *self, int conn, int n, double now);
+
+/* CONN's lease on SLOT holds a prefetch (its worker ran no cell) or not.
+ * 0, or -1 when CONN holds no lease on SLOT. */
+int ll_hostd_policy_mark_prefetch(ll_hostd_policy_t *self, int conn, int slot, bool prefetch);
 
 /* CONN returns SLOT at NOW.  0, or -1 when CONN holds no lease on SLOT
  * (nothing changes). */

@@ -205,5 +205,13 @@ int ll_hostpool_hostd_timer(ll_hostpool_t *pool, double now, int timeout);
  * idle, leases free to return), and evict warm workers on slots it takes
  * back. */
 void ll_hostpool_hostd_sync(ll_hostpool_t *pool);
+/* Where the worker on our SLOT runs when the broker's map places it (a
+ * registered pool's leased slot, on a broker of GPU slots, the pool not
+ * under LL_POOL_NO_CUDA): its device index, CUDA_VISIBLE_DEVICES entry
+ * (owned by the link) and memory cap (0: none); false: the pool's own plan. */
+bool ll_hostpool_hostd_device(const ll_hostpool_t *pool, int slot, int *dev, const char **vis,
+                              double *frac);
+/* The broker's slot our SLOT holds a lease on, -1 none (or no broker). */
+int ll_hostpool_hostd_slot(const ll_hostpool_t *pool, int slot);
 
 #endif

@@ -381,12 +381,23 @@ void ll_hostpool_worker_exited(ll_hostpool_t *pool, pid_t pid, int status)
     }
 }
 
-/* Where JOB's worker computes: on a CUDA host, SLOT's device (its index,
+/* Where JOB's worker computes: on a slot leased from hostd, the device the
+ * broker's map gives it; else on a CUDA host, SLOT's device (its index,
  * the CUDA_VISIBLE_DEVICES entry that shows it alone, the worker's memory
  * cap); without a slot (staged) or without CUDA, no device at all
  * (CUDA_VISIBLE_DEVICES=""), so no GPU work ever runs without a slot. */
 static void s_job_device(ll_hostpool_t *pool, json_t *job, int slot)
 {
+    int bdev;
+    const char *bvis;
+    double bfrac;
+    if (ll_hostpool_hostd_device(pool, slot, &bdev, &bvis, &bfrac)) {
+        /* A slot leased from hostd: where the broker's map puts it. */
+        json_object_set_new(job, "device", json_integer(bdev));
+        json_object_set_new(job, "cuda_visible", json_string(bvis));
+        json_object_set_new(job, "mem_fraction", bfrac > 0 ? json_real(bfrac) : json_null());
+        return;
+    }
     if (!pool->cuda || slot < 0) {
         json_object_set_new(job, "device", json_null());
         json_object_set_new(job, "cuda_visible", json_string(""));

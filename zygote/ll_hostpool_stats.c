@@ -72,13 +72,33 @@ static json_t *s_stats_gpus(ll_hostpool_t *pool)
         json_array_append_new(devs, json_pack("{s:s, s:f, s:i}", "name", g->dev[d].name,
                                               "mem_bytes", (double) g->dev[d].mem_bytes, "workers",
                                               pool->cuda ? pool->plan.per_dev[d] : 0));
-    for (int s = 0; pool->cuda && s < ll_sched_nslots(pool->sched); s++) {
-        json_array_append_new(slot_dev, json_integer(pool->plan.slot_dev[s]));
-        json_array_append_new(caps, json_real(pool->plan.mem_fraction[s]));
+    /* Per slot: where its worker runs now (a slot leased from hostd: where
+     * the broker's map puts it; else the pool's own plan), and the
+     * broker's slot it holds (null: none). */
+    json_t *hslots = json_array();
+    bool any = pool->cuda;
+    for (int s = 0; s < ll_sched_nslots(pool->sched); s++) {
+        int dev, b = ll_hostpool_hostd_slot(pool, s);
+        const char *vis;
+        double frac;
+        bool mapped = ll_hostpool_hostd_device(pool, s, &dev, &vis, &frac);
+        any = any || mapped;
+        json_array_append_new(hslots, b >= 0 ? json_integer(b) : json_null());
+        json_array_append_new(slot_dev, mapped       ? json_integer(dev)
+                                        : pool->cuda ? json_integer(pool->plan.slot_dev[s])
+                                                     : json_null());
+        json_array_append_new(caps, json_real(mapped       ? frac
+                                              : pool->cuda ? pool->plan.mem_fraction[s]
+                                                           : 0.0));
     }
-    return json_pack("{s:i, s:s, s:i, s:s, s:f, s:o, s:o, s:o}", "count", g->count, "via", g->via,
-                     "driver_version", g->driver_version, "why", g->why, "detect_ms", g->ms,
-                     "devices", devs, "slot_device", slot_dev, "mem_fraction", caps);
+    if (!any) { /* no device anywhere: empty, as before */
+        json_array_clear(slot_dev);
+        json_array_clear(caps);
+    }
+    return json_pack("{s:i, s:s, s:i, s:s, s:f, s:o, s:o, s:o, s:o}", "count", g->count, "via",
+                     g->via, "driver_version", g->driver_version, "why", g->why, "detect_ms", g->ms,
+                     "devices", devs, "slot_device", slot_dev, "mem_fraction", caps, "hostd_slot",
+                     hslots);
 }
 
 json_t *ll_hostpool_stats(ll_hostpool_t *pool)

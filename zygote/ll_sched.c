@@ -32,6 +32,7 @@ struct ll_sched_t {
     bool unleased[LL_SCHED_MAX_SLOTS]; /* hostd: the slot is not ours (ll_sched_slot_lease) */
     bool evict_hold;                   /* hostd: no eviction for a slot (ll_sched_evict_hold) */
     bool wait_quiet;                   /* hostd: no WAIT told yet (ll_sched_wait_quiet) */
+    bool prefetch_ask;                 /* hostd: prefetches ask it first (ll_sched_prefetch_ask) */
     ll_sched_job_t jobs[LL_SCHED_MAX_JOBS];             /* jobs and their workers */
     ll_sched_session_t sessions[LL_SCHED_MAX_SESSIONS]; /* sessions of connected clients */
     int njobs;                                          /* entries from here on are all free */
@@ -528,6 +529,19 @@ static bool s_prefetch_evicts(ll_sched_t *self, int r, ll_sched_decision_t *d)
     return s_evict(self, r, v, !older, d);
 }
 
+/* hostd: whether prefetch R, finding no free slot and no cell waiting,
+ * waits for the broker's answer (a slot lent, or none) rather than evict
+ * or be staged now. */
+static bool s_prefetch_asks(ll_sched_t *self, int r)
+{
+    ll_sched_job_t *j = &self->jobs[r];
+    if (!self->prefetch_ask || j->kind != LL_SCHED_PREFETCH || j->queue.lease_refused ||
+        j->queue.awaits_evict)
+        return false;
+    j->queue.wants_lease = true;
+    return true;
+}
+
 /* Prefetch R, whose session's worker W is staged: its user edits a GPU
  * cell, so W gets a slot now if one is free, or may be freed by the
  * prefetch rules (the wait for it then falls in the edit time), else it
@@ -541,6 +555,8 @@ static bool s_decide_staged_prefetch(ll_sched_t *self, int r, int w, ll_sched_de
         s_take_slot(self, w, slot, self->pass.now);
         return s_hand(self, r, w, d);
     }
+    if (slot < 0 && !cells && s_prefetch_asks(self, r))
+        return false;
     if (slot < 0 && !cells && !j->queue.awaits_evict && j->kind != LL_SCHED_RESTAGE &&
         s_prefetch_evicts(self, r, d))
         return true;
@@ -567,6 +583,8 @@ static bool s_decide_prefetch(ll_sched_t *self, int r, ll_sched_decision_t *d)
     }
     if (slot >= 0 && !cells && node)
         return s_fork(self, r, slot, d);
+    if (slot < 0 && !cells && s_prefetch_asks(self, r))
+        return false;
     if (slot < 0 && !cells && !j->queue.awaits_evict && s_prefetch_evicts(self, r, d))
         return true;
     if (!j->queue.awaits_evict && node && room)
@@ -761,6 +779,27 @@ void ll_sched_evict_hold(ll_sched_t *self, bool hold)
 void ll_sched_wait_quiet(ll_sched_t *self, bool quiet)
 {
     self->wait_quiet = quiet;
+}
+
+void ll_sched_prefetch_ask(ll_sched_t *self, bool ask)
+{
+    self->prefetch_ask = ask;
+}
+
+void ll_sched_prefetch_refused(ll_sched_t *self)
+{
+    for (int r = 0; r < self->njobs; r++)
+        if (self->jobs[r].state == LL_SCHED_QUEUED && self->jobs[r].queue.wants_lease)
+            self->jobs[r].queue.lease_refused = true;
+}
+
+int ll_sched_prefetch_wanting(const ll_sched_t *self)
+{
+    int n = 0;
+    for (int r = 0; r < self->njobs; r++)
+        n += self->jobs[r].state == LL_SCHED_QUEUED && self->jobs[r].queue.wants_lease &&
+             !self->jobs[r].queue.lease_refused;
+    return n;
 }
 
 int ll_sched_slot_job(const ll_sched_t *self, int s)

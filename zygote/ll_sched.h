@@ -35,6 +35,9 @@
  * - a restage (a prefetch the pool makes itself when it evicts a worker
  *   under pressure while its client is connected): staged or nothing,
  *   never a slot.
+ * Under `looseleaf hostd` (ll_sched_prefetch_ask) a prefetch that would
+ * evict or be staged first asks the broker for a slot at the lowest
+ * priority, and waits queued for its answer.
  * A worker that is its session's home (it holds values no store can hold,
  * ll_sched_set_home) stays after its job even where workers do not stay
  * warm, is no prefetch's victim and a cell's victim only when no other
@@ -87,6 +90,8 @@ typedef struct {
     struct {                /* while queued: */
         bool told_wait;     /* a cell was told it waits (LL_SCHED_WAIT, once) */
         bool awaits_evict;  /* a prefetch evicted a worker and waits for its slot */
+        bool wants_lease;   /* hostd: a prefetch waits for the broker's answer (a slot or none) */
+        bool lease_refused; /* hostd: ... which lent none: it is staged, as without a broker */
     } queue;
     struct {               /* its worker, once it has one (moves with it on a hand-over): */
         int key;           /* the worker's pid, its GreedyDual key; 0 before known */
@@ -258,6 +263,17 @@ void ll_sched_evict_hold(ll_sched_t *self, bool hold);
 /* QUIET: cells finding every slot held are not told they wait (not yet:
  * the broker may lend one at once); told once it is off.  Off by default. */
 void ll_sched_wait_quiet(ll_sched_t *self, bool quiet);
+
+/* ASK: a prefetch (a client's, not a restage) finding no free slot and
+ * no cell waiting waits for the broker (wants_lease) instead of evicting or
+ * being staged, until a slot is lent (it takes it) or the broker lends
+ * none (ll_sched_prefetch_refused: then it is decided as without a
+ * broker).  Off by default. */
+void ll_sched_prefetch_ask(ll_sched_t *self, bool ask);
+/* The broker lends no slot to the prefetches waiting for it now. */
+void ll_sched_prefetch_refused(ll_sched_t *self);
+/* Prefetches waiting for the broker's answer. */
+int ll_sched_prefetch_wanting(const ll_sched_t *self);
 
 /* The eviction order of warm workers (values, clock, speculation), owned
  * by the schedule. */

@@ -452,11 +452,42 @@ static int s_test_leases(bool verbose)
     return fails;
 }
 
+/* hostd: a prefetch finding no slot of ours waits for the broker's answer:
+ * a slot lent (it forks there), or none (staged, as without a broker). */
+static int s_test_prefetch_ask(bool verbose)
+{
+    int fails = 0;
+    ll_sched_decision_t d[8];
+    ll_sched_t *s = ll_sched_new(1, 4, 10000.0, true);
+    S_CHECK(s && ll_sched_session_open(s, 0, "a") >= 0 && ll_sched_session_open(s, 0, "b") >= 0);
+    ll_sched_slot_lease(s, 0, false);
+    ll_sched_prefetch_ask(s, true);
+    int p1 = ll_sched_add(s, 0, "a", LL_SCHED_PREFETCH, 0, 1);
+    S_CHECK(s_test_pass(s, 2, true, d, 8) == 0 && ll_sched_prefetch_wanting(s) == 1);
+    ll_sched_slot_lease(s, 0, true); /* lent for it */
+    int n = s_test_pass(s, 3, true, d, 8);
+    S_CHECK(n == 1 && d[0].op == LL_SCHED_FORK && d[0].r == p1 && d[0].slot == 0);
+    S_CHECK(ll_sched_prefetch_wanting(s) == 0);
+    /* Another session's prefetch: none lent this time, so it is staged. */
+    int p2 = ll_sched_add(s, 0, "b", LL_SCHED_PREFETCH, 0, 4);
+    S_CHECK(s_test_pass(s, 5, true, d, 8) == 0 && ll_sched_prefetch_wanting(s) == 1);
+    ll_sched_prefetch_refused(s);
+    S_CHECK(ll_sched_prefetch_wanting(s) == 0);
+    n = s_test_pass(s, 6, true, d, 8);
+    S_CHECK(n == 1 && d[0].op == LL_SCHED_FORK && d[0].r == p2 && d[0].slot == -1);
+    /* A restage never asks: staged at once. */
+    int r3 = ll_sched_add(s, 0, "c", LL_SCHED_RESTAGE, 0, 7);
+    n = s_test_pass(s, 8, true, d, 8);
+    S_CHECK(n == 1 && d[0].op == LL_SCHED_FORK && d[0].r == r3 && d[0].slot == -1);
+    ll_sched_destroy(&s);
+    return fails;
+}
+
 int ll_sched_selftest(bool verbose)
 {
     int fails = s_test_cells(verbose) + s_test_fork_failed(verbose) + s_test_credit(verbose) +
                 s_test_staged(verbose) + s_test_promotion(verbose) + s_test_sessions(verbose) +
-                s_test_homes(verbose) + s_test_leases(verbose);
+                s_test_homes(verbose) + s_test_leases(verbose) + s_test_prefetch_ask(verbose);
     if (verbose)
         fprintf(stderr, "ll_sched: %s\n", fails ? "FAILED" : "ok");
     return fails ? 1 : 0;

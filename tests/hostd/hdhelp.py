@@ -188,13 +188,43 @@ def started(events):
     return next(e for e in events if e["type"] == "started")
 
 
-class Hostd:
-    """`looseleaf hostd` as root on a private socket, NSLOTS slots, and EXTRA arguments."""
+# A fake CUDA driver (as tests/zygote/test_gpu_slots.py builds one): it counts LL_FAKE_CUDA devices, so the
+# broker and the pools lay their slots over GPUs on a machine without any.
+FAKE_DRIVER = r"""
+#include <stdio.h>
+#include <stdlib.h>
+static int count(void) { const char *m = getenv("LL_FAKE_CUDA"); return m ? atoi(m) : 1; }
+int cuDriverGetVersion(int *v) { *v = 13000; return 0; }
+int cuInit(unsigned flags) { (void) flags; return 0; }
+int cuDeviceGetCount(int *n) { *n = count(); return 0; }
+int cuDeviceGet(int *d, int i) { *d = i; return 0; }
+int cuDeviceGetName(char *name, int len, int d) { snprintf(name, len, "Fake GPU %d", d); return 0; }
+int cuDeviceTotalMem_v2(size_t *bytes, int d) { *bytes = (size_t) (80 + d) << 30; return 0; }
+int cuGetErrorString(int rc, const char **s) { (void) rc; *s = "unknown"; return 0; }
+"""
 
-    def __init__(self, bins, nslots=2, extra=()):
+
+def fake_cuda(bins):
+    """The fake driver built into BINS's dir (world-readable: the broker and every user load it)."""
+    src = os.path.join(bins.dir, "fakecuda.c")
+    lib = os.path.join(bins.dir, "libcuda.so.1")
+    if not os.path.exists(lib):
+        with open(src, "w") as f:
+            f.write(FAKE_DRIVER)
+        subprocess.run(["gcc", "-shared", "-fPIC", "-o", lib, src], check=True)
+        os.chmod(lib, 0o755)
+    return lib
+
+
+class Hostd:
+    """`looseleaf hostd` as root on a private socket, NSLOTS slots (or what ARGS say, with ENV added), and
+    EXTRA arguments."""
+
+    def __init__(self, bins, nslots=2, args=None, env=None, extra=()):
         self.bins = bins
         self.nslots = nslots
-        self.extra = list(extra)
+        self.args = (args if args is not None else ["--slots", str(nslots)]) + list(extra)
+        self.env = dict(os.environ, **(env or {}))
         self.dir = tempfile.mkdtemp(prefix="ll-hostd-sock-")
         os.chmod(self.dir, 0o755)
         self.socket = os.path.join(self.dir, "hostd.sock")
@@ -207,9 +237,9 @@ class Hostd:
 
     def start(self):
         self.logf = open(self.log_path, "a")
-        self.proc = subprocess.Popen([self.bins.looseleaf, "hostd", "--socket", self.socket, "--slots",
-                                      str(self.nslots), "--metrics-port", str(self.metrics_port)] + self.extra,
-                                     stdout=self.logf, stderr=self.logf)
+        self.proc = subprocess.Popen([self.bins.looseleaf, "hostd", "--socket", self.socket] + self.args +
+                                     ["--metrics-port", str(self.metrics_port)],
+                                     stdout=self.logf, stderr=self.logf, env=self.env)
         wait_for(lambda: self.stats(check=False), 10, "the broker to answer")
 
     def kill(self):

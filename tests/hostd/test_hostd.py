@@ -11,7 +11,11 @@ Also: a user cannot reach anything of another user's (sockets, files, processes:
 user's worker crash or zygote kill touches no other user; three users' kernels (two each) through
 jupyter_client, every output equal to ipykernel's.
 
-Root only (CI runs as root); skipped elsewhere.  Costs ~50 s on 2 cores (pools' zygotes, kernels, short cells).
+Also: several slots per (fake) GPU, counted by the broker as a pool counts them, with the pools placing each
+worker on its broker slot's device; a prefetch lent a free slot at the lowest priority and taken back first when
+another user's cell waits.
+
+Root only (CI runs as root); skipped elsewhere.  Costs ~90 s on 2 cores (pools' zygotes, kernels, short cells).
 """
 import os
 import shutil
@@ -518,3 +522,115 @@ def test_store_cap_per_user(bins):
         for u in made:
             u.close()
         h.close()
+
+
+def test_several_slots_per_gpu(bins):
+    """The broker counts its slots as a pool does: two (fake) GPUs with --gpu-slots 2 are four slots, on
+    devices 0, 1, 0, 1, each capped at 0.475 of its device.  `looseleaf top --json` shows that map, and
+    the pools follow it: their own plan (one fake GPU, 2 slots, both on device 0) is not what places their
+    workers; a worker on broker slot k sees k's device.  Two users with pools of 2 slots each hold up to 4
+    leases, any of the broker's slots, never more than 4 nor more than 2 each."""
+    lib = hdhelp.fake_cuda(bins)
+    h = Hostd(bins, args=["--gpu-slots", "2"], env={"LL_CUDA_DRIVER": lib, "LL_FAKE_CUDA": "2"})
+    made = []
+    try:
+        st = h.stats()
+        assert st["slots"] == 4 and st["cuda"], st
+        assert [(m["slot"], m["device"], m["cuda_visible"]) for m in st["slot_map"]] == \
+            [(0, 0, "0"), (1, 1, "1"), (2, 0, "0"), (3, 1, "1")], st["slot_map"]
+        assert all(abs(m["mem_fraction"] - 0.475) < 1e-9 for m in st["slot_map"])
+        assert [(d["name"], d["slots"]) for d in st["devices"]] == [("Fake GPU 0", 2), ("Fake GPU 1", 2)]
+        tag = "%05d" % (os.getpid() % 100000)
+        for letter in "ab":
+            u = User("llhd%s%s" % (tag, letter), bins, h.socket)
+            u.environ.update(LL_CUDA_DRIVER=lib, LL_FAKE_CUDA="1")  # each pool's own plan: device 0 alone
+            made.append(u)
+        a, b = made
+        import json
+        top = json.loads(a.as_user([bins.looseleaf, "top", "--socket", h.socket, "--json"]))
+        assert top["slot_map"] == st["slot_map"]
+        assert "slot:GPU 0:0(cap 0.475) 1:1(cap 0.475) 2:0(cap 0.475) 3:1(cap 0.475)" in \
+            a.as_user([bins.looseleaf, "top", "--socket", h.socket])
+        clients = [a.client("a1"), a.client("a2"), b.client("b1"), b.client("b2")]
+        assert clients[0].stats()["gpus"]["slot_device"] == [0, 0]  # unregistered slots: the pool's own plan
+        sampler = Sampler(h)
+        seen = {}  # cell id -> the broker slot its worker held, as its pool's stats said
+        leases_ok = True
+        try:
+            for i, c in enumerate(clients):
+                c.submit("g%d" % i, "import os, time\ntime.sleep(2.0)\nprint(os.environ['CUDA_VISIBLE_DEVICES'])")
+            deadline = time.monotonic() + 60
+            while len(seen) < 4 and time.monotonic() < deadline:
+                for c in (clients[0], clients[2]):
+                    g = c.stats()
+                    for s, run in enumerate(g["slots"]):
+                        bs = g["gpus"]["hostd_slot"][s]
+                        if run and bs is not None and run.startswith("g"):
+                            seen[run] = (bs, g["gpus"]["slot_device"][s], g["gpus"]["mem_fraction"][s])
+                hs = h.stats()
+                per = {}
+                for lease in hs["lease_list"]:
+                    per[lease["uid"]] = per.get(lease["uid"], 0) + 1
+                    leases_ok = leases_ok and lease["device"] == st["slot_map"][lease["slot"]]["device"]
+                leases_ok = leases_ok and all(n <= 2 for n in per.values())
+                time.sleep(0.05)
+            outs = {"g%d" % i: c.collect("g%d" % i) for i, c in enumerate(clients)}
+        finally:
+            sampler.close()
+        assert leases_ok
+        assert sampler.max_leases <= 4 and sampler.max_busy <= 4, (sampler.max_leases, sampler.max_busy)
+        assert seen, "no running cell seen in the pools' stats"
+        for cid, (bs, dev, frac) in seen.items():
+            assert dev == st["slot_map"][bs]["device"] and abs(frac - 0.475) < 1e-9, (cid, bs, dev, frac)
+            assert reply_ok(outs[cid]) and stdout(outs[cid]) == st["slot_map"][bs]["cuda_visible"] + "\n", \
+                (cid, bs, outs[cid])
+        printed = sorted(stdout(ev).strip() for ev in outs.values())
+        assert "1" in printed, printed  # the pools' own plan has device 0 alone
+    finally:
+        for u in made:
+            u.close()
+        h.close()
+
+
+def _prefetch(client, pid, **request):
+    """CLIENT's prefetch PID (a worker prepared for its session's coming cell); the pool's answer."""
+    client.send(op="prefetch", id=pid, session=client.session, store_dir=client.user.store_dir,
+                redis_url=client.user.redis_url, **request)
+    deadline = time.monotonic() + 120
+    while True:
+        ev = client.next(max(0.1, deadline - time.monotonic()))
+        assert ev["type"] not in ("eof", "pool_gone"), ev
+        if ev["type"] == "prefetched" and ev.get("id") == pid:
+            return ev
+        client.stray.append(ev)
+
+
+def test_prefetch_takes_a_free_slot_and_gives_it_back_first(hostd, users):
+    """A prefetch asks the broker for a slot at the lowest priority: user a, whose pool holds a warm
+    worker's lease (its share of 2 slots), prefetches for another session and is lent the free slot (no
+    cell waits); when user b's cell waits, that prefetch's lease is the one taken back, at once, although
+    a is not above its share (its prefetch counts in none), and a's warm worker keeps its slot."""
+    a, b = users
+    a1, a2 = a.client("a1"), a.client("a2")
+    assert reply_ok(a1.run("w", "x = 1"))
+    wait_for(lambda: [l["state"] for l in hostd.stats()["lease_list"]] == ["warm"], 10, "a's warm lease")
+    p = _prefetch(a2, "p1", state_closure=[])
+    assert p["ok"], p
+    st = wait_for(lambda: (lambda s: s if len(s["lease_list"]) == 2 and
+                           any(l["prefetch"] and l["state"] == "warm" for l in s["lease_list"]) else None)(
+        hostd.stats()), 10, "a's prefetch on a slot lent for it")
+    assert all(l["uid"] == a.uid for l in st["lease_list"]) and user_stats(st, a)["grants"] == 2
+    assert "for a prefetch" in a.log() and "for a prefetch" in hostd.log()
+    keep = next(l["slot"] for l in st["lease_list"] if not l["prefetch"])
+    gone = next(l["slot"] for l in st["lease_list"] if l["prefetch"])
+    # b's cell waits: the prefetch's slot is taken back (a at share keeps its warm worker's) and lent to b.
+    b1 = b.client("b1")
+    evb = b1.run("c", "print('b ran')")
+    assert reply_ok(evb) and stdout(evb) == "b ran\n"
+    st = hostd.stats()
+    assert user_stats(st, a)["revokes"] == 1 and user_stats(st, b)["revokes"] == 0
+    assert "slot %d taken back from uid %d for uid %d" % (gone, a.uid, b.uid) in hostd.log()
+    assert [(l["slot"], l["prefetch"]) for l in st["lease_list"] if l["uid"] == a.uid] == [(keep, False)]
+    # a's warm worker still holds its slot: its session's next cell is a warm hit.
+    ev = a1.run("w2", "print(x)", state_closure=["x"])
+    assert reply_ok(ev) and stdout(ev) == "1\n" and started(ev)["warm_hit"], ev
