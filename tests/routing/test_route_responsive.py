@@ -108,6 +108,18 @@ def test_completion_on_gpu_values_does_not_wait_for_their_framework(bare, ref):
     assert stream_text(mine) == stream_text(theirs)
 
 
+def test_gpu_cells_have_the_threads_of_a_process_of_their_own(pair):
+    """The zygotes run their libraries on one thread; a worker gives torch back the thread count a process of
+    the session's own has (ipykernel's), on its first cell and on later ones as a warm worker (which skips
+    looking again while nothing changed)."""
+    pair.cells([
+        ("import torch\nprint(torch.get_num_threads())", GPU),
+        ("th_t = torch.ones(3)\nprint(torch.get_num_threads(), th_t.sum())", GPU),
+        ("import numpy as np\nth_a = np.ones((64, 64)) @ np.ones((64, 64))\n"
+         "print(torch.get_num_threads(), th_a[0, 0])", GPU),
+    ])
+
+
 def test_who_and_whos_list_gpu_made_variables(pair):
     pair.cells([
         ("import torch\nwho_a = torch.ones(1)\nwho_b = 5j", GPU),

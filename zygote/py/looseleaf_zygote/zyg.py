@@ -54,6 +54,7 @@ _home_refs = {}          # name -> the HomeRef committed for it (the same object
 _tied = set()            # names of saved variables whose objects a home value reaches
 _unsaved = {}            # name -> its committed version (None: none) when the store could not take its new
                          # value (a full pool, Redis gone): the value lives only here, a home value too
+_threads_applied = None  # what _session_threads last applied the session's thread counts for
 _notices = []            # lines for the next cell's stderr (a variable that lost its autograd graph)
 
 
@@ -123,8 +124,15 @@ def _openblas_libs():
 def _session_threads():
     """The thread counts the session would have in a process of its own: the zygote started its libraries
     single-threaded (ll_zygote.c); the session's environment (restored with its process state) says what
-    OPENBLAS_NUM_THREADS / OMP_NUM_THREADS it wants, else each library's own default."""
+    OPENBLAS_NUM_THREADS / OMP_NUM_THREADS it wants, else each library's own default.  Done again only when
+    that environment or the set of loaded modules changed since this process last did it: finding the
+    libraries reads /proc/self/maps (1-1.5 ms), which a warm worker's every cell paid before its Run."""
+    global _threads_applied
     env = os.environ
+    key = (env.get("OPENBLAS_NUM_THREADS"), env.get("OMP_NUM_THREADS"), len(sys.modules))
+    if key == _threads_applied:
+        return
+    _threads_applied = key
     for setter, procs in _openblas_libs():
         want = env.get("OPENBLAS_NUM_THREADS") or env.get("OMP_NUM_THREADS")
         try:
