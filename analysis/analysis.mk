@@ -6,11 +6,11 @@ ANALYSIS_SRCS := analysis/ll_analysis.c analysis/ll_analysis_ast.c analysis/ll_a
                  analysis/ll_analysis_names.c analysis/ll_analysis_replay.c \
                  analysis/ll_analysis_scope.c analysis/ll_analysis_session.c analysis/ll_analysis_walk.c \
                  analysis/ll_analysis_walk_call.c analysis/ll_analysis_walk_state.c \
-                 analysis/ll_analyze_cli.c
+                 analysis/ll_analyze_cli.c analysis/ll_draft.c
 LIB_SRCS  += $(ANALYSIS_SRCS)
 TEST_SRCS += analysis/ll_analysis_selftest.c
 SELFTESTS += ll_analysis ll_analysis_modules ll_analysis_magic ll_analysis_scope \
-             ll_analysis_session
+             ll_analysis_session ll_draft
 
 # What a program that only analyses links: the module, the interpreter's
 # start-up (kernel/ll_interp.c) and base's log and clock.  (This fragment is

@@ -27,6 +27,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "analysis/ll_draft.h"
 #include "base/ll_clock.h"
 #include "base/ll_log.h"
 #include "gateway/ll_route.h"
@@ -321,10 +322,35 @@ void ll_exec_cancel_prefetch(ll_exec_t *self)
     s_kept_forget(&self->kept);
 }
 
-/* Prefetch for CODE now, if it is a GPU cell. */
-static void s_prefetch(ll_exec_t *self, const char *code)
+/* The plan of draft CODE: as typed, else (it does not parse: the user is
+ * mid-call) with its brackets closed, else without its last line
+ * (analysis/ll_draft.c).  The caller frees it. */
+static ll_route_plan_t *s_draft_plan(ll_exec_t *self, const char *code)
 {
     ll_route_plan_t *plan = ll_route_plan(self->route, code, strlen(code));
+    if (ll_route_plan_parsed(plan))
+        return plan;
+    char *guesses[2] = {ll_draft_closed(code), ll_draft_without_last_line(code)};
+    for (int i = 0; i < 2; i++) {
+        if (!guesses[i] || ll_route_is_gpu(plan))
+            continue;
+        ll_route_plan_t *guess = ll_route_plan(self->route, guesses[i], strlen(guesses[i]));
+        if (ll_route_is_gpu(guess)) {
+            ll_route_plan_free(&plan);
+            plan = guess;
+        } else {
+            ll_route_plan_free(&guess);
+        }
+    }
+    free(guesses[0]);
+    free(guesses[1]);
+    return plan;
+}
+
+/* Prefetch for CODE now, if it is a GPU cell (or, a draft, looks like one). */
+static void s_prefetch(ll_exec_t *self, const char *code)
+{
+    ll_route_plan_t *plan = s_draft_plan(self, code);
     if (ll_route_is_gpu(plan)) {
         json_t *closure = ll_route_plan_closure(plan);
         if (closure) {

@@ -136,6 +136,11 @@ bool ll_route_is_gpu(const ll_route_plan_t *plan)
     return plan && plan->closure && ll_analysis_closure_label(plan->closure) == LL_ANALYSIS_GPU;
 }
 
+bool ll_route_plan_parsed(const ll_route_plan_t *plan)
+{
+    return plan && (plan->closure || plan->unanalysed);
+}
+
 static json_t *s_strs_json(ll_analysis_strs_t strs)
 {
     json_t *a = json_array();

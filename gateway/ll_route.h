@@ -53,6 +53,9 @@ ll_route_plan_t *ll_route_plan(ll_route_t *self, const char *code, size_t len);
 /* Whether the plan sends the cell to a worker (labelled GPU). */
 bool ll_route_is_gpu(const ll_route_plan_t *plan);
 
+/* Whether PLAN's cell parsed (a cell too big to analyse counts as parsed). */
+bool ll_route_plan_parsed(const ll_route_plan_t *plan);
+
 /* Whether the cell of PLAN reads or deletes a name that is a key of object
  * NAMES (the names whose values live in the session's home worker). */
 bool ll_route_plan_reads(const ll_route_plan_t *plan, const json_t *names);

@@ -61,6 +61,26 @@ def test_pf_hint_prepares_warm_worker(pool, warm, kind):
     assert not {"x", name} & set(md["restored"]), "the prefetch restored x and %s before Run: %s" % (name, md)
 
 
+@pytest.mark.parametrize("draft", ["mid-call", "broken last line"])
+def test_pf_unfinished_draft_prepares_worker(pool, warm, draft):
+    """JupyterLab sends the cell as typed so far: most drafts of a short cell end inside a call and do not
+    parse.  Such a draft is analysed with its brackets closed (mid-call), else without its last line, so the
+    worker is prepared before Run all the same; the cell that runs is the finished one."""
+    k, pid = warm
+    name = "dr_" + draft.split()[0].replace("-", "_")
+    run_cpu(k, "import numpy as np\nx = 7\n%s = np.full(500, 2.0)" % name)
+    code = "%s\nprint(int(torch.from_numpy(%s).sum()))" % (GPU_CELL, name)
+    typed = code[:-3] if draft == "mid-call" else "%s\nprint(int(torch.from_numpy(%s).sum()) +" % (GPU_CELL, name)
+    before = len(pool.prefetches())
+    HINTS["complete"](k, typed)
+    pool.wait_prepared(before, "the unfinished draft's prefetch")
+    assert [w for _, w in pool.prefetches()[before:]] == [pid], "one prefetch, on the warm worker"
+    md, out = run_gpu(k, code)
+    assert out == "70\n1000\n"
+    assert md["warm_hit"] and md["worker_pid"] == pid and md["prepared_by_prefetch"], md
+    assert "x" not in md["restored"], md
+
+
 def test_pf_queued_execute_prepares_worker(pool, warm):
     """Run-all: a GPU cell already queued on shell when a CPU cell starts gets its worker prepared while that
     cell runs.  (The kernel reads the queue ahead as a CPU cell starts: the first CPU cell here makes sure the
