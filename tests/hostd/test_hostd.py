@@ -12,7 +12,8 @@ user's worker crash or zygote kill touches no other user; three users' kernels (
 jupyter_client) run cells of the real PyTorch notebooks in ../shared/notebooks: every output equal to
 ipykernel's, no variable or output crossing users, the broker never lending more than its 2 slots.
 
-Root only (CI runs as root); skipped elsewhere.  Costs ~50 s on 2 cores (pools' zygotes, kernels, short cells).
+Root only (CI runs as root); skipped elsewhere.  Costs ~125 s on 2 cores, ~100 s of it the notebook test (nine
+kernels, three pools, 15-16 notebook cells per user on two slots).
 """
 import os
 import shutil
