@@ -126,12 +126,20 @@ static void s_drop_worker(ll_hostpool_t *pool, int r)
     s_drop_run(pool, r);
 }
 
-/* Job R's worker will not stay warm and exits by itself: one holding a
- * slot keeps it (R EVICTING) until it and its group are gone
- * (s_drop_worker), and is killed if it has not left after S_EXIT_GRACE_MS,
- * as an evicted one. */
-static void s_let_go(ll_hostpool_t *pool, int r)
+/* Job R's worker will not stay warm: one that said it may stay (MAY_STAY)
+ * waits for its next cell, so it is told to exit (killed when that cannot
+ * be sent); any other exits by itself.  One holding a slot keeps it (R
+ * EVICTING) until it and its group are gone (s_drop_worker), and is killed
+ * if it has not left after S_EXIT_GRACE_MS, as an evicted one. */
+static void s_let_go(ll_hostpool_t *pool, int r, bool may_stay)
 {
+    ll_hostpool_run_t *run = &pool->runs[r];
+    if (may_stay && run->worker.pid > 0) {
+        json_t *m = json_pack("{s:s}", "type", "exit");
+        if (run->worker.fd < 0 || ll_zframe_send(run->worker.fd, m, -1) != 0)
+            ll_hostpool_signal_worker(run->worker.pid, SIGKILL);
+        json_decref(m);
+    }
     if (s_job(pool, r)->slot < 0 || pool->runs[r].worker.pid <= 0) {
         s_drop_run(pool, r);
         return;
@@ -984,7 +992,7 @@ static void s_worker_prepared(ll_hostpool_t *pool, int r, json_t *m)
         s_warm(pool, r);
     } else {
         ll_hostpool_tell_gone(pool, r, "which could not stay");
-        s_let_go(pool, r); /* the worker leaves by itself */
+        s_let_go(pool, r, may_stay);
     }
     ll_hostpool_schedule(pool);
 }
@@ -1015,7 +1023,7 @@ static void s_worker_reply(ll_hostpool_t *pool, int r, json_t *m)
         s_warm(pool, r);
     } else {
         ll_hostpool_tell_gone(pool, r, "which could not stay after its cell");
-        s_let_go(pool, r); /* the worker exits by itself; its zygote reaps it */
+        s_let_go(pool, r, may_stay); /* its zygote reaps it */
     }
     ll_hostpool_schedule(pool);
 }

@@ -299,6 +299,33 @@ def norm_text(text):
     return CELL_FILE.sub("CELL.py", text)
 
 
+# What also differs between two runs of one notebook cell (tests/integration/test_int_notebooks.py and
+# tests/hostd/ compare whole notebooks with it):
+VARYING = [
+    # %%time / %time report measured times.
+    (re.compile(r"CPU times: .*"), "CPU times: T"),
+    (re.compile(r"Wall time: .*"), "Wall time: T"),
+    # `!ls -l` shows the file's modification time (minute granularity; the
+    # two runs may straddle a minute).
+    (re.compile(r"\b[A-Z][a-z]{2} +\d{1,2} +\d{1,2}:\d{2}\b"), "MTIME"),
+    # display(..., display_id=True) makes a random uuid, shown in the handle's repr.
+    (re.compile(r"display_id=[0-9a-f]{32}\b"), "display_id=UUID"),
+]
+
+
+def norm_varying(v):
+    """V (a string, or lists and dicts of them) with each of VARYING's patterns replaced."""
+    if isinstance(v, str):
+        for pattern, repl in VARYING:
+            v = pattern.sub(repl, v)
+        return v
+    if isinstance(v, list):
+        return [norm_varying(x) for x in v]
+    if isinstance(v, dict):
+        return {k: norm_varying(x) for k, x in v.items()}
+    return v
+
+
 def norm_value(v):
     if isinstance(v, str):
         return norm_text(v)

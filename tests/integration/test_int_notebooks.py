@@ -6,14 +6,13 @@ errors allowed (notebooks may fail on purpose; the errors are compared too).
 """
 import glob
 import os
-import re
 import shutil
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from itest_util import REPO, kernel_env, norm_text, skip_slow_on_reference
+from itest_util import REPO, kernel_env, norm_text, norm_varying, skip_slow_on_reference
 
 NOTEBOOKS = sorted(glob.glob(os.path.join(REPO, "examples", "*.ipynb")))
 CELL_TIMEOUT = 300
@@ -23,25 +22,11 @@ CELL_TIMEOUT = 300
 # says what was drawn, and PNG bytes are not a kernel property.
 TEXT_MIMES = ("text/plain", "text/html", "text/markdown", "text/latex", "application/json")
 
-# Normalisations beyond itest_util.norm_text (addresses, prompt numbers, cell
-# file names), each for something that differs between any two runs:
-VARYING = [
-    # %%time / %time report measured times.
-    (re.compile(r"CPU times: .*"), "CPU times: T"),
-    (re.compile(r"Wall time: .*"), "Wall time: T"),
-    # `!ls -l` shows the file's modification time (minute granularity; the
-    # two runs may straddle a minute).
-    (re.compile(r"\b[A-Z][a-z]{2} +\d{1,2} +\d{1,2}:\d{2}\b"), "MTIME"),
-    # display(..., display_id=True) makes a random uuid, shown in the handle's repr.
-    (re.compile(r"display_id=[0-9a-f]{32}\b"), "display_id=UUID"),
-]
-
 
 def _norm(text):
-    text = norm_text(text)
-    for pattern, repl in VARYING:
-        text = pattern.sub(repl, text)
-    return text
+    """TEXT with what differs between any two runs normalised: itest_util.norm_text (addresses, prompt
+    numbers, cell file names), then itest_util.VARYING (timings, file times, display ids)."""
+    return norm_varying(norm_text(text))
 
 
 def normalized_outputs(nb):
