@@ -304,18 +304,23 @@ def mpl_cache():
     shutil.rmtree(d, True)
 
 
-def _kernel_env(user, bins, mpl_cache):
-    """USER's Jupyter dirs with kernelspecs: looseleaf (the copied binary, this venv's Python) and python3
-    (ipykernel of this venv); USER's matplotlib dir, a copy of MPL_CACHE."""
+def _kernel_env(user, bins, mpl_cache=None):
+    """USER's Jupyter dirs with kernelspecs: looseleaf (the copied binary, this venv's Python), the same again
+    as looseleaf2 (a second kernel of the user, named apart to keep plans plain) and python3 (ipykernel of this
+    venv); USER's matplotlib dir, a copy of MPL_CACHE when given."""
     import json
     jp = os.path.join(user.dir, "jupyter")
     mpl = os.path.join(user.dir, "mpl")
-    shutil.copytree(mpl_cache, mpl)
+    if mpl_cache:
+        shutil.copytree(mpl_cache, mpl)
+    else:
+        os.makedirs(mpl)
     specs = {"looseleaf": {"argv": [bins.looseleaf, "-f", "{connection_file}"], "display_name": "LooseLeaf",
                            "language": "python", "interrupt_mode": "signal",
                            "env": {"LOOSELEAF_PYTHON": hdhelp.PYTHON}},
              "python3": {"argv": [hdhelp.PYTHON, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
                          "display_name": "Python 3", "language": "python"}}
+    specs["looseleaf2"] = specs["looseleaf"]
     for name, spec in specs.items():
         kdir = os.path.join(jp, "share", "kernels", name)
         os.makedirs(kdir)
