@@ -27,3 +27,26 @@ def test_unit_verifies(tmp_path):
     unit.write_text(text.replace("@BINDIR@", str(tmp_path / "nowhere")).replace("Restart=", "Restartt="))
     r = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "Restartt" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+@pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze is not installed "
+                    "(Debian: the systemd package)")
+def test_install_hostd_puts_binary_and_unit_in_place(tmp_path):
+    """`make install-hostd` with DESTDIR (which only copies; without it, it also runs systemctl enable --now):
+    the binary under PREFIX/bin, executable and answering --version; the unit under /etc/systemd/system naming
+    that binary, and verifying once the DESTDIR prefix is put in front of its path."""
+    dest, prefix = tmp_path / "root", "/opt/llhostd"
+    r = subprocess.run(["make", "-s", "install-hostd", "DESTDIR=%s" % dest, "PREFIX=%s" % prefix], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    exe = dest / prefix.lstrip("/") / "bin" / "looseleaf"
+    assert os.access(exe, os.X_OK) and (os.stat(exe).st_mode & 0o777) == 0o755
+    v = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=30)
+    assert v.returncode == 0 and "looseleaf" in v.stdout.lower(), v.stdout + v.stderr
+    unit = dest / "etc" / "systemd" / "system" / "looseleaf-hostd.service"
+    text = unit.read_text()
+    assert "ExecStart=%s/bin/looseleaf hostd " % prefix in text and "@BINDIR@" not in text
+    check = tmp_path / "looseleaf-hostd.service"
+    check.write_text(text.replace(prefix + "/bin", str(exe.parent)))
+    r = subprocess.run(["systemd-analyze", "verify", str(check)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "looseleaf-hostd" not in r.stdout + r.stderr, r.stdout + r.stderr
