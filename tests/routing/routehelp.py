@@ -9,6 +9,8 @@ poll with a deadline.
 import os
 import sys
 
+import pytest
+
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.join(TESTS, "integration"), TESTS]
 
@@ -107,6 +109,38 @@ class Pair:
                 assert got_route == route, "%r ran on %s, expected %s" % (code, got_route, route)
             a, b = comparable(r_ll, m_ll), comparable(r_ref, m_ref)
             assert a == b, "%r differs:\nlooseleaf: %s\nipykernel: %s" % (code, a, b)
+
+
+def cold_warm_pair_fixtures(tmp_prefix):
+    """The fixtures of a module whose comparisons run twice, on a pool of their own each time: "cold"
+    (LL_POOL_WARM_IDLE_S=0: a GPU cell forks a fresh worker and restores from the store) and "warm" (the
+    session's worker stays).  Returns (pool_mode, ll, ref, pair); the module binds them under those names,
+    where they replace conftest.py's fixtures.  TMP_PREFIX names the pool's temporary directory."""
+
+    @pytest.fixture(scope="module", params=["cold", "warm"])
+    def pool_mode(request):
+        return request.param
+
+    @pytest.fixture(scope="module")
+    def ll(pool_mode, jupyter_env, tmp_path_factory):
+        pool_dir = str(tmp_path_factory.mktemp(tmp_prefix + pool_mode) / "pool")
+        k = Kernel("looseleaf", env={"LOOSELEAF_POOL_DIR": pool_dir,
+                                     "LL_POOL_WARM_IDLE_S": "0" if pool_mode == "cold" else "300"})
+        yield k
+        k.stop()
+        stop_pool(pool_dir)
+
+    @pytest.fixture(scope="module")
+    def ref(pool_mode, jupyter_env):
+        k = Kernel("python3")
+        yield k
+        k.stop()
+
+    @pytest.fixture(scope="module")
+    def pair(ll, ref):
+        return Pair(ll, ref)
+
+    return pool_mode, ll, ref, pair
 
 
 # ---- host pool processes (finding and stopping a pool: llpool_util) ---------------------------------------
