@@ -4,6 +4,7 @@ processes and files a kernel's checkpoint store consists of (its store directory
 zombies.  Builds on tests/routing/routehelp.py.  Runs in the pytest process; every wait polls a condition
 with a deadline.
 """
+import contextlib
 import glob
 import os
 import shutil
@@ -37,6 +38,18 @@ class FaultKernel(Kernel):
             if self.pool_dir:
                 stop_pool(self.pool_dir)
                 shutil.rmtree(os.path.dirname(self.pool_dir), ignore_errors=True)  # (new_pool_dir's)
+
+
+@contextlib.contextmanager
+def gpu_kernel(first_cell, pool_dir=None, env=None):
+    """A FaultKernel (POOL_DIR, ENV: as there) that has run FIRST_CELL on a worker, so its store and worker are
+    up; stopped when the block ends (the body of a module's kernel fixture)."""
+    k = FaultKernel(pool_dir, env)
+    try:
+        run_route(k, first_cell, "gpu")
+        yield k
+    finally:
+        k.stop()
 
 
 def new_pool_dir():
