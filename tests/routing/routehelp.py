@@ -114,11 +114,13 @@ class Pair:
             assert a == b, "%r differs:\nlooseleaf: %s\nipykernel: %s" % (code, a, b)
 
 
-def cold_warm_pair_fixtures(tmp_prefix):
+def cold_warm_fixtures(tmp_prefix):
     """The fixtures of a module whose comparisons run twice, on a pool of their own each time: "cold"
     (LL_POOL_WARM_IDLE_S=0: a GPU cell forks a fresh worker and restores from the store) and "warm" (the
-    session's worker stays).  Returns (pool_mode, ll, ref, pair); the module binds them under those names,
-    where they replace conftest.py's fixtures.  TMP_PREFIX names the pool's temporary directory."""
+    session's worker stays).  Returns (pool_mode, ll, ref); the module binds them under those names, where
+    they replace conftest.py's ll and ref (conftest.py's pair then pairs these: one pair per mode).  The
+    reference depends on the mode too, so each mode starts from a fresh ipykernel as from a fresh looseleaf
+    kernel.  TMP_PREFIX names the pool's temporary directory."""
 
     @pytest.fixture(scope="module", params=["cold", "warm"])
     def pool_mode(request):
@@ -139,11 +141,7 @@ def cold_warm_pair_fixtures(tmp_prefix):
         yield k
         k.stop()
 
-    @pytest.fixture(scope="module")
-    def pair(ll, ref):
-        return Pair(ll, ref)
-
-    return pool_mode, ll, ref, pair
+    return pool_mode, ll, ref
 
 
 # ---- host pool processes (finding and stopping a pool: llpool_util) ---------------------------------------

@@ -19,13 +19,13 @@ import os
 import re
 import signal
 
-from routehelp import (Kernel, cold_warm_pair_fixtures, execute, ll_md, run_route, stop_pool, stream_text,
+from routehelp import (Kernel, cold_warm_fixtures, execute, ll_md, run_route, stop_pool, stream_text,
                        wait_for)
 
 GPU, CPU = "gpu", "cpu"
 
 
-pool_mode, ll, ref, pair = cold_warm_pair_fixtures("fid-")
+pool_mode, ll, ref = cold_warm_fixtures("fid-")
 
 
 def _home_cell(pair, code):

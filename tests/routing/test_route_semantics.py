@@ -19,13 +19,13 @@ import tempfile
 import nbformat
 import pytest
 
-from routehelp import cold_warm_pair_fixtures, ll_md, run_route, stream_text
+from routehelp import cold_warm_fixtures, ll_md, run_route, stream_text
 
 GPU, CPU = "gpu", "cpu"
 NOTEBOOK = "/work/shared/notebooks/mrdbourke_01_pytorch_workflow.ipynb"
 
 
-pool_mode, ll, ref, pair = cold_warm_pair_fixtures("pool-")
+pool_mode, ll, ref = cold_warm_fixtures("pool-")
 
 
 def test_pool_mode_is_what_the_module_asked_for(pair, pool_mode):
