@@ -188,6 +188,13 @@ json_t *ll_analysis_closure_json(const ll_analysis_closure_t *self);
  * cell did not parse, 2 on bad usage or an unreadable notebook. */
 int ll_analyze_main(int argc, char **argv);
 
+/* The source of nbformat cell CELL ("source": a string or a list of
+ * strings, joined; a part that is not a string is skipped), NUL-terminated,
+ * its length in *LEN (when LEN is not NULL).  Caller frees; NULL when out of
+ * memory.  For the notebook readers: `looseleaf analyze` and the trace
+ * generator (sim/ll_trace_gen.c). */
+char *ll_analysis_cell_source(const json_t *cell, size_t *len);
+
 /* C self-test of this API (ll_analysis_selftest.c; starts and finalizes
  * Python when none runs).  The pure parts have their own, declared in
  * ll_analysis_internal.h. */

@@ -129,18 +129,6 @@ static int s_grow(void **arr, size_t *cap, size_t need, size_t size)
     return 0;
 }
 
-static void s_add(ll_replay_t *sim, ll_names_t *set, const char *name)
-{
-    if (ll_names_add(set, name) < 0)
-        sim->oom = true;
-}
-
-static void s_union(ll_replay_t *sim, ll_names_t *set, const ll_names_t *other)
-{
-    if (ll_names_union(set, other) < 0)
-        sim->oom = true;
-}
-
 /* Returns true if B was already visited in this unit (marks it if not). */
 static bool s_visited(ll_replay_t *sim, const void *b)
 {
@@ -194,27 +182,27 @@ static void s_visit(ll_replay_t *sim, const char *name, ll_binding_t *b, bool in
 {
     if (ll_binding_is_import(b)) {
         if (b->path)
-            s_add(sim, &sim->paths, b->path), s_add(sim, &sim->uprov, b->path);
+            ll_replay_add(sim, &sim->paths, b->path), ll_replay_add(sim, &sim->uprov, b->path);
         if (ll_analysis_is_kernel_module(b->path))
             sim->kernel_bound = true;
         if (!in_cell && b->stmt)
-            s_add(sim, &sim->stmts, b->stmt);
+            ll_replay_add(sim, &sim->stmts, b->stmt);
         return;
     }
     if (!in_cell)
-        s_add(sim, &sim->state, name);
+        ll_replay_add(sim, &sim->state, name);
     if (s_visited(sim, b))
         return;
     /* Its prov and deps reach the unit's new bindings in s_end_unit, from
      * the visited set, and only when something will use them. */
-    s_union(sim, &sim->paths, &b->prov);
+    ll_replay_union(sim, &sim->paths, &b->prov);
     if (b->opaque)
         sim->opaque = true;
     if (b->kernel_bound)
         sim->kernel_bound = true;
     for (size_t i = 0; i < b->deps.count; i++)
         s_push(sim, b->deps.items[i], cellside && in_cell, block);
-    s_union(sim, &sim->pending_gwrites, &b->gwrites);
+    ll_replay_union(sim, &sim->pending_gwrites, &b->gwrites);
 }
 
 static void s_drain(ll_replay_t *sim)
@@ -240,7 +228,7 @@ static void s_drain(ll_replay_t *sim)
         ll_binding_t *b = ll_replay_base(sim, w.name);
         bool builtin = !b && ll_analysis_is_builtin(w.name);
         if (w.cellside && !builtin)
-            s_add(sim, &sim->reads, w.name);
+            ll_replay_add(sim, &sim->reads, w.name);
         if (b) {
             s_visit(sim, w.name, b, false, false, w.block);
             continue;
@@ -338,9 +326,9 @@ static void s_bind(ll_replay_t *sim, const ll_ev_t *ev)
     if (!b)
         return;
     if (g) {
-        s_union(sim, &b->deps, &g->globals);
-        s_union(sim, &b->gwrites, &g->gwrites);
-        s_union(sim, &b->prov, &g->paths);
+        ll_replay_union(sim, &b->deps, &g->globals);
+        ll_replay_union(sim, &b->gwrites, &g->gwrites);
+        ll_replay_union(sim, &b->prov, &g->paths);
         b->opaque = g->opaque;
         b->kernel_bound = g->kernel_bound;
     }
@@ -353,7 +341,7 @@ static void s_bind(ll_replay_t *sim, const ll_ev_t *ev)
     s_put(sim, ev->name, b, ev->cond, ev->block);
     if (kind == LL_BK_STAR) {
         sim->opaque = true;
-        s_add(sim, &sim->ostars, ev->name);
+        ll_replay_add(sim, &sim->ostars, ev->name);
     }
 }
 
@@ -374,14 +362,14 @@ static void s_feed(ll_replay_t *sim, ll_binding_t *b)
 {
     if (ll_binding_is_import(b))
         return;
-    s_union(sim, &b->prov, &sim->uprov);
-    s_union(sim, &b->deps, &sim->udeps);
+    ll_replay_union(sim, &b->prov, &sim->uprov);
+    ll_replay_union(sim, &b->deps, &sim->udeps);
     for (size_t i = 0; i < sim->capvisited; i++) {
         const ll_binding_t *v = sim->visited[i];
         if (!v || v == b)
             continue;
-        s_union(sim, &b->prov, &v->prov);
-        s_union(sim, &b->deps, &v->deps);
+        ll_replay_union(sim, &b->prov, &v->prov);
+        ll_replay_union(sim, &b->deps, &v->deps);
     }
 }
 
@@ -460,8 +448,8 @@ static bool s_is_code(const ll_binding_t *b)
 /* NAME may be changed in place by the current statement. */
 static void s_mutates(ll_replay_t *sim, const char *name)
 {
-    s_add(sim, &sim->umut, name);
-    s_add(sim, &sim->mutated, name);
+    ll_replay_add(sim, &sim->umut, name);
+    ll_replay_add(sim, &sim->mutated, name);
 }
 
 /* A call received the ARGs: if one of them is a function, class or lambda,
@@ -527,7 +515,7 @@ void ll_replay_run(ll_replay_t *sim)
             if (ev[i].kind == 1)
                 sim->plambda = true;
             else if (ev[i].name)
-                s_add(sim, &sim->pargs, ev[i].name);
+                ll_replay_add(sim, &sim->pargs, ev[i].name);
             break;
         case LL_EV_PASS: s_pass(sim, &ev[i]); break;
         case LL_EV_SETTLE: {
@@ -541,8 +529,8 @@ void ll_replay_run(ll_replay_t *sim)
         case LL_EV_DEFER: {
             const ll_group_t *g = ll_analysis_group(sim->a, ev[i].ref);
             if (g) {
-                s_union(sim, &sim->udeps, &g->globals);
-                s_union(sim, &sim->uprov, &g->paths);
+                ll_replay_union(sim, &sim->udeps, &g->globals);
+                ll_replay_union(sim, &sim->uprov, &g->paths);
                 if (g->opaque)
                     sim->opaque = true;
                 if (g->kernel_bound)

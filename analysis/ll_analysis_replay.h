@@ -120,4 +120,19 @@ void ll_replay_free(ll_replay_t *sim);
 /* NAME's binding in the session before the cell, or NULL. */
 ll_binding_t *ll_replay_base(const ll_replay_t *sim, const char *name);
 
+/* Add NAME to SET, or every name of OTHER (union); running out of memory
+ * marks the replay failed (sim->oom) rather than returning an error each
+ * caller would check. */
+static inline void ll_replay_add(ll_replay_t *sim, ll_names_t *set, const char *name)
+{
+    if (ll_names_add(set, name) < 0)
+        sim->oom = true;
+}
+
+static inline void ll_replay_union(ll_replay_t *sim, ll_names_t *set, const ll_names_t *other)
+{
+    if (ll_names_union(set, other) < 0)
+        sim->oom = true;
+}
+
 #endif

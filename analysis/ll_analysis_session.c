@@ -16,18 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void s_add(ll_replay_t *sim, ll_names_t *set, const char *name)
-{
-    if (ll_names_add(set, name) < 0)
-        sim->oom = true;
-}
-
-static void s_union(ll_replay_t *sim, ll_names_t *set, const ll_names_t *other)
-{
-    if (ll_names_union(set, other) < 0)
-        sim->oom = true;
-}
-
 /* ---- session ----------------------------------------------------------- */
 
 ll_analysis_session_t *ll_analysis_session_new(void)
@@ -75,13 +63,13 @@ static ll_binding_t *s_merge(ll_replay_t *sim, ll_binding_t **alts, size_t n, ll
         ll_binding_t *b = i < n ? alts[i] : old;
         if (!b)
             continue;
-        s_union(sim, &m->prov, &b->prov);
-        s_union(sim, &m->deps, &b->deps);
-        s_union(sim, &m->gwrites, &b->gwrites);
+        ll_replay_union(sim, &m->prov, &b->prov);
+        ll_replay_union(sim, &m->deps, &b->deps);
+        ll_replay_union(sim, &m->gwrites, &b->gwrites);
         m->opaque |= b->opaque;
         m->kernel_bound |= b->kernel_bound;
         if (ll_binding_is_import(b) && b->path)
-            s_add(sim, &m->prov, b->path);
+            ll_replay_add(sim, &m->prov, b->path);
         if (!ll_binding_is_import(b) || !b->path || !alts[0]->path ||
             strcmp(b->path, alts[0]->path) != 0 || b->kind != alts[0]->kind)
             same_import = false;
@@ -130,7 +118,7 @@ static void s_commit(ll_replay_t *sim)
         if (old)
             ll_binding_free(old);
         if (nb->kind == LL_BK_STAR)
-            s_add(sim, &s->stars, name);
+            ll_replay_add(sim, &s->stars, name);
     }
 }
 

@@ -18,35 +18,35 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The cell's source: a string or a list of strings.  Malloc'd. */
-static char *s_source(json_t *cell, size_t *len)
+char *ll_analysis_cell_source(const json_t *cell, size_t *len)
 {
     json_t *src = json_object_get(cell, "source");
-    if (json_is_string(src)) {
-        *len = json_string_length(src);
-        char *out = malloc(*len + 1);
-        if (out) {
-            memcpy(out, json_string_value(src), *len);
-            out[*len] = '\0';
-        }
-        return out;
-    }
-    size_t total = 0, i;
-    json_t *part;
-    json_array_foreach(src, i, part)
-        total += json_string_length(part);
-    char *out = malloc(total + 1);
-    if (!out)
-        return NULL;
     size_t at = 0;
-    json_array_foreach(src, i, part) {
-        if (!json_is_string(part))
-            continue;
-        memcpy(out + at, json_string_value(part), json_string_length(part));
-        at += json_string_length(part);
+    char *out;
+    if (json_is_string(src)) {
+        at = json_string_length(src);
+        out = malloc(at + 1);
+        if (!out)
+            return NULL;
+        memcpy(out, json_string_value(src), at);
+    } else {
+        size_t total = 0, i;
+        json_t *part;
+        json_array_foreach(src, i, part)
+            total += json_string_length(part);
+        out = malloc(total + 1);
+        if (!out)
+            return NULL;
+        json_array_foreach(src, i, part) {
+            if (!json_is_string(part))
+                continue;
+            memcpy(out + at, json_string_value(part), json_string_length(part));
+            at += json_string_length(part);
+        }
     }
     out[at] = '\0';
-    *len = at;
+    if (len)
+        *len = at;
     return out;
 }
 
@@ -189,7 +189,7 @@ static int s_cell(s_run_t *run, size_t index, json_t *cell)
         return 0;
     run->ncode++;
     size_t len = 0;
-    char *src = s_source(cell, &len);
+    char *src = ll_analysis_cell_source(cell, &len);
     ll_analysis_t *a = src ? ll_analysis_new(src, len) : NULL;
     free(src);
     if (!a) {

@@ -21,7 +21,7 @@ char *ll_draft_closed(const char *code)
         return NULL;
     char stack[S_MAX_DEPTH];
     int depth = 0;
-    char quote = 0;    /* the open string's quote, 0 outside strings */
+    char quote = 0;      /* the open string's quote, 0 outside strings */
     bool triple = false; /* ... and whether it is a triple-quoted one */
     for (const char *p = code; *p; p++) {
         char c = *p;

@@ -479,28 +479,10 @@ static void s_dispatch(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
 
 /* ---- threads ------------------------------------------------------------- */
 
-/* Wait until SOCK is readable or stop_fd fires.  Returns 1 readable, 0 stop,
- * -1 error. */
-static int s_wait(zsock_t *sock, int fd)
-{
-    zmq_pollitem_t items[2] = {{zsock_resolve(sock), 0, ZMQ_POLLIN, 0}, {NULL, fd, ZMQ_POLLIN, 0}};
-    for (;;) {
-        int rc = zmq_poll(items, 2, -1);
-        if (rc < 0 && errno == EINTR)
-            continue;
-        if (rc < 0)
-            return -1;
-        if (items[1].revents)
-            return 0;
-        if (items[0].revents)
-            return 1;
-    }
-}
-
 static void *s_heartbeat_main(void *arg)
 {
     /* REP echo: whatever arrives goes straight back. */
-    while (s_wait(s_k.hb, s_k.stop_fd) == 1) {
+    while (ll_wire_wait(s_k.hb, s_k.stop_fd) == 1) {
         zmsg_t *ping = zmsg_recv(s_k.hb);
         if (ping && zmsg_send(&ping, s_k.hb) != 0)
             zmsg_destroy(&ping);
@@ -511,7 +493,7 @@ static void *s_heartbeat_main(void *arg)
 static void *s_control_main(void *arg)
 {
     char why[256];
-    while (s_wait(s_k.control, s_k.stop_fd) == 1) {
+    while (ll_wire_wait(s_k.control, s_k.stop_fd) == 1) {
         zmsg_t *raw = zmsg_recv(s_k.control);
         if (!raw)
             continue;

@@ -119,23 +119,6 @@ static void s_drain(int fd)
     (void) r;
 }
 
-/* Wait until the socket is readable or FD fires: 1 readable, 0 fired, -1 error. */
-static int s_wait(zsock_t *sock, int fd)
-{
-    zmq_pollitem_t items[2] = {{zsock_resolve(sock), 0, ZMQ_POLLIN, 0}, {NULL, fd, ZMQ_POLLIN, 0}};
-    for (;;) {
-        int rc = zmq_poll(items, 2, -1);
-        if (rc < 0 && errno == EINTR)
-            continue;
-        if (rc < 0)
-            return -1;
-        if (items[1].revents)
-            return 0;
-        if (items[0].revents)
-            return 1;
-    }
-}
-
 char *ll_stdin_input(ll_stdin_t *self, const char *prompt, bool password, int intr_fd,
                      bool (*stopping)(void), int *err)
 {
@@ -151,7 +134,7 @@ char *ll_stdin_input(ll_stdin_t *self, const char *prompt, bool password, int in
             *err = 1;
             break;
         }
-        if (s_wait(self->sock, intr_fd) <= 0) {
+        if (ll_wire_wait(self->sock, intr_fd) <= 0) {
             s_drain(intr_fd);
             *err = 1; /* interrupted (or the socket failed): KeyboardInterrupt */
             break;

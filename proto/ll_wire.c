@@ -27,6 +27,7 @@
 #include "proto/ll_json.h"
 #include "base/ll_log.h"
 
+#include <errno.h>
 #include <openssl/core_names.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -625,6 +626,23 @@ int ll_wire_limit_frames(zsock_t *sock)
 {
     int64_t max = ll_wire_max_frame_bytes();
     return zmq_setsockopt(zsock_resolve(sock), ZMQ_MAXMSGSIZE, &max, sizeof max);
+}
+
+int ll_wire_wait(zsock_t *sock, int stop_fd)
+{
+    zmq_pollitem_t items[2] = {{zsock_resolve(sock), 0, ZMQ_POLLIN, 0},
+                               {NULL, stop_fd, ZMQ_POLLIN, 0}};
+    for (;;) {
+        int rc = zmq_poll(items, 2, -1);
+        if (rc < 0 && errno == EINTR)
+            continue;
+        if (rc < 0)
+            return -1;
+        if (items[1].revents)
+            return 0;
+        if (items[0].revents)
+            return 1;
+    }
 }
 
 /* ---- encode ------------------------------------------------------------- */

@@ -113,6 +113,12 @@ int64_t ll_wire_max_frame_bytes(void);
  * buffered whole.)  0, or -1 with errno. */
 int ll_wire_limit_frames(zsock_t *sock);
 
+/* Block until SOCK has a message to read or STOP_FD (an eventfd that says
+ * stop, or interrupt) is readable, retrying on EINTR.  Returns 1 SOCK is
+ * readable, 0 STOP_FD fired (it wins when both are), -1 error (errno).
+ * STOP_FD is not read: draining it is the caller's. */
+int ll_wire_wait(zsock_t *sock, int stop_fd);
+
 /* A fresh uuid4-formatted id ("8-4-4-4-12" hex + NUL), unique within the
  * process (and across a fork), without a syscall per id.  Thread-safe. */
 void ll_wire_new_id(char out[37]);

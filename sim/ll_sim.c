@@ -387,6 +387,21 @@ void ll_sim_unhold(ll_sim_t *sim, ll_sim_sess_t *s)
         s_free_session(s);
 }
 
+void ll_sim_queue_push(ll_sim_queue_t *q, ll_sim_sess_t *s)
+{
+    if (q->n == q->cap) {
+        int cap = q->cap ? 2 * q->cap : 64;
+        ll_sim_sess_t **n = realloc(q->q, (size_t) cap * sizeof *n);
+        if (!n) {
+            fprintf(stderr, "looseleaf simulate: out of memory\n");
+            abort();
+        }
+        q->q = n;
+        q->cap = cap;
+    }
+    q->q[q->n++] = s;
+}
+
 static void s_leave(ll_sim_t *sim, int d, ll_sim_sess_t *s, double now)
 {
     s_design_t *dd = &sim->d[d];

@@ -47,27 +47,6 @@ enum {
     EV_BOOTED,                   /* pinned, NotebookOS: host A is ready (GEN) */
 };
 
-/* Sessions waiting for a GPU, oldest first. */
-typedef struct {
-    ll_sim_sess_t **q;
-    int n, cap;
-} s_queue_t;
-
-static void s_push(s_queue_t *q, ll_sim_sess_t *s)
-{
-    if (q->n == q->cap) {
-        int cap = q->cap ? 2 * q->cap : 64;
-        ll_sim_sess_t **n = realloc(q->q, (size_t) cap * sizeof *n);
-        if (!n) {
-            fprintf(stderr, "looseleaf simulate: out of memory\n");
-            abort();
-        }
-        q->q = n;
-        q->cap = cap;
-    }
-    q->q[q->n++] = s;
-}
-
 /* A host of the designs that manage their own (pinned, NotebookOS). */
 typedef struct {
     ll_sim_host_state_t state;
@@ -89,7 +68,7 @@ typedef struct {
     ll_sim_fleet_t *fleet; /* keep-alive, naive */
     int *used;             /* ... GPUs in use per fleet host */
     int nused;
-    s_queue_t wait; /* GPU cells (keep-alive, naive, NotebookOS) or sessions (pinned) */
+    ll_sim_queue_t wait; /* GPU cells (keep-alive, naive, NotebookOS) or sessions (pinned) */
 } s_base_t;
 
 static s_base_t *s_new(ll_sim_t *sim, int d)
@@ -227,7 +206,7 @@ static void s_pinned_start(void *st, ll_sim_sess_t *s, double now)
 {
     s_base_t *b = st;
     if (!s_pinned_bind(b, s, now))
-        s_push(&b->wait, s);
+        ll_sim_queue_push(&b->wait, s);
 }
 
 static void s_pinned_run_gpu(void *st, ll_sim_sess_t *s, double now)
@@ -425,7 +404,7 @@ static void s_el_cell(s_base_t *b, ll_sim_sess_t *s, double now)
     }
     if (!s_el_take(b, s, now)) {
         ds->waiting = true;
-        s_push(&b->wait, s);
+        ll_sim_queue_push(&b->wait, s);
         return;
     }
     ds->ka_idle = -1;
@@ -666,7 +645,7 @@ static void s_nbos_run_gpu(void *st, ll_sim_sess_t *s, double now)
     if (s_nbos_try(b, s, now))
         return;
     s->ds[b->d].waiting = true;
-    s_push(&b->wait, s);
+    ll_sim_queue_push(&b->wait, s);
     /* No free GPU anywhere: scale out, a host per G cells waiting. */
     int booting = 0;
     for (int i = 0; i < b->n; i++)

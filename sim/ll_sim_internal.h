@@ -114,6 +114,17 @@ void ll_sim_started(ll_sim_t *sim, int d, ll_sim_sess_t *s, double now, int flag
 void ll_sim_hold(ll_sim_sess_t *s);
 void ll_sim_unhold(ll_sim_t *sim, ll_sim_sess_t *s);
 
+/* Sessions waiting for a host or a GPU, oldest first: a design's queue.
+ * Its fields are read and edited in place; Q->q is freed with free(). */
+typedef struct {
+    ll_sim_sess_t **q;
+    int n, cap;
+} ll_sim_queue_t;
+
+/* Append S to Q.  Out of memory ends the simulation (abort): a run that
+ * lost a waiting session would report wrong figures. */
+void ll_sim_queue_push(ll_sim_queue_t *q, ll_sim_sess_t *s);
+
 /* S's current cell's output is back at NOW: the user goes on. */
 void ll_sim_cell_done(ll_sim_t *sim, int d, ll_sim_sess_t *s, double now);
 

@@ -67,9 +67,8 @@ typedef struct {
     bool gpu;           /* GPU hosts */
     int G;              /* slots per host */
     ll_sim_fleet_t *fleet;
-    int next_key;         /* worker pids */
-    ll_sim_sess_t **wait; /* GPU cells no host could take yet, oldest first */
-    int nwait, capwait;
+    int next_key;        /* worker pids */
+    ll_sim_queue_t wait; /* GPU cells no host could take yet */
 } s_ll_t;
 
 static s_host_t *s_host(s_ll_t *L, int i)
@@ -311,17 +310,7 @@ static void s_leave_host(s_ll_t *L, ll_sim_sess_t *s, int i, double now)
 
 static void s_wait(s_ll_t *L, ll_sim_sess_t *s)
 {
-    if (L->nwait == L->capwait) {
-        int cap = L->capwait ? 2 * L->capwait : 64;
-        ll_sim_sess_t **w = realloc(L->wait, (size_t) cap * sizeof *w);
-        if (!w) {
-            fprintf(stderr, "looseleaf simulate: out of memory\n");
-            abort();
-        }
-        L->wait = w;
-        L->capwait = cap;
-    }
-    L->wait[L->nwait++] = s;
+    ll_sim_queue_push(&L->wait, s);
     s->ds[L->d].waiting = true;
 }
 
@@ -529,20 +518,18 @@ static void s_host_off(void *st, int i, double now)
 static void s_capacity(void *st, double now)
 {
     s_ll_t *L = st;
-    int n = L->nwait;
-    ll_sim_sess_t **w = L->wait;
-    L->wait = NULL;
-    L->nwait = L->capwait = 0;
-    for (int k = 0; k < n; k++) {
-        w[k]->ds[L->d].waiting = false;
-        s_place(L, w[k], LL_SCHED_CELL, now);
+    ll_sim_queue_t w = L->wait; /* placing one may queue it again */
+    L->wait = (ll_sim_queue_t){0};
+    for (int k = 0; k < w.n; k++) {
+        w.q[k]->ds[L->d].waiting = false;
+        s_place(L, w.q[k], LL_SCHED_CELL, now);
     }
-    free(w);
+    free(w.q);
 }
 
 static int s_waiting(void *st)
 {
-    return ((s_ll_t *) st)->nwait;
+    return ((s_ll_t *) st)->wait.n;
 }
 
 static const ll_sim_fleet_ops_t s_fleet_ops = {
@@ -578,7 +565,7 @@ static void s_destroy(void *st)
 {
     s_ll_t *L = st;
     ll_sim_fleet_destroy(&L->fleet);
-    free(L->wait);
+    free(L->wait.q);
     free(L);
 }
 

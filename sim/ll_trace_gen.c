@@ -240,28 +240,6 @@ typedef struct {
     s_cell_t *cells;
 } s_nb_t;
 
-/* The cell's source: a string or a list of strings.  Malloc'd. */
-static char *s_source(json_t *cell)
-{
-    json_t *src = json_object_get(cell, "source");
-    if (json_is_string(src))
-        return strdup(json_string_value(src));
-    size_t total = 0, i;
-    json_t *part;
-    json_array_foreach(src, i, part)
-        total += json_string_length(part);
-    char *out = malloc(total + 1);
-    if (!out)
-        return NULL;
-    size_t at = 0;
-    json_array_foreach(src, i, part) {
-        memcpy(out + at, json_string_value(part), json_string_length(part));
-        at += json_string_length(part);
-    }
-    out[at] = '\0';
-    return out;
-}
-
 static json_t *s_strs(ll_analysis_strs_t l)
 {
     json_t *a = json_array();
@@ -307,7 +285,7 @@ static int s_analyse(json_t *nbjson, s_nb_t *out, json_t *writes)
         json_t *timing = json_object_get(json_object_get(cell, "metadata"), "execution");
         c->t_input = s_iso_time(json_object_get(timing, "iopub.execute_input"));
         c->t_reply = s_iso_time(json_object_get(timing, "shell.execute_reply"));
-        char *src = s_source(cell);
+        char *src = ll_analysis_cell_source(cell, NULL);
         ll_analysis_t *a = src ? ll_analysis_new(src, strlen(src)) : NULL;
         free(src);
         ll_analysis_closure_t *cl =

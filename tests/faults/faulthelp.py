@@ -4,6 +4,7 @@ processes and files a kernel's checkpoint store consists of (its store directory
 zombies.  Builds on tests/routing/routehelp.py.  Runs in the pytest process; every wait polls a condition
 with a deadline.
 """
+import contextlib
 import glob
 import os
 import shutil
@@ -13,8 +14,8 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(os.path.dirname(HERE), "routing")]
 
-from routehelp import (GPU_TIMEOUT, Kernel, alive, execute, ll_md, run_route, send_execute,  # noqa: E402,F401
-                       stop_pool, stream_text, wait_for)
+from routehelp import (GPU_TIMEOUT, Kernel, alive, execute, ll_md, owner_of, redis_processes,  # noqa: E402,F401
+                       run_route, send_execute, stop_pool, store_dirs_of, stream_text, wait_for)
 
 
 class FaultKernel(Kernel):
@@ -39,31 +40,25 @@ class FaultKernel(Kernel):
                 shutil.rmtree(os.path.dirname(self.pool_dir), ignore_errors=True)  # (new_pool_dir's)
 
 
+@contextlib.contextmanager
+def gpu_kernel(first_cell, pool_dir=None, env=None):
+    """A FaultKernel (POOL_DIR, ENV: as there) that has run FIRST_CELL on a worker, so its store and worker are
+    up; stopped when the block ends (the body of a module's kernel fixture)."""
+    k = FaultKernel(pool_dir, env)
+    try:
+        run_route(k, first_cell, "gpu")
+        yield k
+    finally:
+        k.stop()
+
+
 def new_pool_dir():
     return os.path.join(tempfile.mkdtemp(prefix="llf-"), "pool")
 
 
-def _store_dirs():
-    out = []
-    for base in (os.environ.get("XDG_RUNTIME_DIR"), "/dev/shm", tempfile.gettempdir()):
-        if base and os.path.isdir(base):
-            out += glob.glob(os.path.join(base, "looseleaf-store-*"))
-    return out
-
-
-def owner_of(d):
-    """(kernel pid, session) of store dir D, or None."""
-    try:
-        with open(os.path.join(d, "owner")) as f:
-            fields = f.read().split()
-        return int(fields[0]), fields[1]
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def store_of(pid):
     """The store dir of the kernel PID (asserted: exactly one)."""
-    dirs = [d for d in _store_dirs() if (owner_of(d) or (None,))[0] == pid]
+    dirs = store_dirs_of(pid)
     assert len(dirs) == 1, "store dirs of kernel %d: %s" % (pid, dirs)
     return dirs[0]
 
@@ -76,20 +71,6 @@ def redis_pid(d):
     except (OSError, ValueError):
         return None
     return pid if alive(pid) else None
-
-
-def redis_processes(d):
-    """pids of live redis-servers whose command line names store dir D."""
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open("/proc/%s/cmdline" % pid, "rb") as f:
-                cmd = f.read()
-        except OSError:
-            continue
-        if b"redis-server" in cmd and d.encode() in cmd and alive(int(pid)):
-            out.append(int(pid))
-    return out
 
 
 def zombies_of(pid):

@@ -5,17 +5,14 @@ later GPU cells, which from then on restore every variable.  The limit is LOOSEL
 here, 1 MiB by default)."""
 import pytest
 
-from faulthelp import FaultKernel, execute, ll_md, new_pool_dir, run_route, stream_text
+from faulthelp import execute, gpu_kernel, ll_md, run_route, stream_text
 
 
 @pytest.fixture(scope="module")
 def bk():
-    k = FaultKernel(env={"LOOSELEAF_ANALYSIS_MAX_BYTES": str(64 << 10)})
-    try:
-        run_route(k, "import torch\nbc_t = torch.ones(3)", "gpu")
+    with gpu_kernel("import torch\nbc_t = torch.ones(3)",
+                    env={"LOOSELEAF_ANALYSIS_MAX_BYTES": str(64 << 10)}) as k:
         yield k
-    finally:
-        k.stop()
 
 
 def test_a_cell_over_the_limit_runs_unanalysed_and_the_session_stays_right(bk):

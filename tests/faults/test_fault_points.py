@@ -12,22 +12,19 @@ import time
 
 import pytest
 
-from faulthelp import (FaultKernel, execute, ll_md, new_pool_dir, owner_of, pool_holders, redis_pid,
-                       redis_processes, run_route, send_execute, store_of, stream_text, wait_for)
+from faulthelp import (FaultKernel, execute, gpu_kernel, ll_md, new_pool_dir, owner_of, pool_holders,
+                       redis_pid, redis_processes, run_route, send_execute, store_of, stream_text, wait_for)
 
 CELL = "fp_t.add_(1)\nfp_n += 1\nprint('ran', flush=True)"
 
 
 @pytest.fixture(scope="module")
 def pk():
-    k = FaultKernel(new_pool_dir(), env={"LL_STORE_TIMEOUT_S": "4"})
-    try:
-        run_route(k, "import torch\nfp_t = torch.zeros(3)\nfp_n = 0", "gpu")
+    with gpu_kernel("import torch\nfp_t = torch.zeros(3)\nfp_n = 0", new_pool_dir(),
+                    env={"LL_STORE_TIMEOUT_S": "4"}) as k:
         k.store = store_of(k.pid)
         k.n = 0  # fp_n as committed (fp_t.sum() is 3 * fp_n)
         yield k
-    finally:
-        k.stop()
 
 
 def _committed(k):

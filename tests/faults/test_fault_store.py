@@ -13,22 +13,19 @@ import time
 
 import pytest
 
-from faulthelp import (FaultKernel, execute, ll_md, new_pool_dir, owner_of, pool_files, pool_holders,
-                       redis_pid, redis_processes, run_route, send_execute, store_of, stream_text,
-                       wait_for, zombies_of)
+from faulthelp import (FaultKernel, execute, gpu_kernel, ll_md, new_pool_dir, owner_of, pool_files,
+                       pool_holders, redis_pid, redis_processes, run_route, send_execute, store_of,
+                       stream_text, wait_for, zombies_of)
 
 TIMEOUT_S = 4  # LL_STORE_TIMEOUT_S of these kernels (and of their pools' workers)
 
 
 @pytest.fixture(scope="module")
 def fk():
-    k = FaultKernel(new_pool_dir(), env={"LL_STORE_TIMEOUT_S": str(TIMEOUT_S)})
-    try:
-        run_route(k, "import torch\nfs_t = torch.arange(4.)\nfs_n = 7", "gpu")
+    with gpu_kernel("import torch\nfs_t = torch.arange(4.)\nfs_n = 7", new_pool_dir(),
+                    env={"LL_STORE_TIMEOUT_S": str(TIMEOUT_S)}) as k:
         k.store = store_of(k.pid)
         yield k
-    finally:
-        k.stop()
 
 
 def _resume(pid):
@@ -159,12 +156,8 @@ def test_interrupt_ends_a_wait_for_a_silent_store(fk, where):
 @pytest.fixture(scope="module")
 def small_pool():
     """A kernel whose payload pool holds 32 regions of 2 MiB (64 MiB)."""
-    k = FaultKernel(env={"LL_STORE_POOL_BYTES": str(64 << 20)})
-    try:
-        run_route(k, "import torch\npf_small = torch.ones(4)", "gpu")
+    with gpu_kernel("import torch\npf_small = torch.ones(4)", env={"LL_STORE_POOL_BYTES": str(64 << 20)}) as k:
         yield k
-    finally:
-        k.stop()
 
 
 def test_pool_full_a_cell_is_saved_whole_or_not_at_all(small_pool):

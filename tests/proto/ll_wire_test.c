@@ -4,8 +4,8 @@
  * (tests/proto/wire_vectors.h, made by make_vectors.py): our decoder must
  * accept Session's frames and our HMAC must equal Session's signature.  Then
  * every bad-input case from issue 2, encode/decode round trips, replay
- * history eviction, concurrent decoding, and a randomized mutation loop that
- * must never crash the decoder. */
+ * history eviction, concurrent decoding, waiting on a socket and a stop fd,
+ * and a randomized mutation loop that must never crash the decoder. */
 #include "proto/ll_wire.h"
 
 #include "base/ll_log.h"
@@ -18,6 +18,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 static int s_failures;
 
@@ -643,6 +645,35 @@ static void s_test_threads(void)
     ll_session_destroy(&s);
 }
 
+static void s_test_wait(void)
+{
+    /* ll_wire_wait: 1 for a message, 0 for the stop fd (which wins when both
+     * are ready), and the stop fd is left unread. */
+    zsock_t *rx = zsock_new_pair("@inproc://ll-wire-test-wait");
+    zsock_t *tx = zsock_new_pair(">inproc://ll-wire-test-wait");
+    int efd = eventfd(0, EFD_NONBLOCK);
+    LL_CHECK(rx && tx && efd >= 0);
+    if (!rx || !tx || efd < 0)
+        goto out;
+    uint64_t one = 1, got = 0;
+    zstr_send(tx, "ping");
+    LL_CHECK(ll_wire_wait(rx, efd) == 1);
+    char *text = zstr_recv(rx);
+    LL_CHECK(text && strcmp(text, "ping") == 0);
+    zstr_free(&text);
+    LL_CHECK(write(efd, &one, sizeof one) == (ssize_t) sizeof one);
+    LL_CHECK(ll_wire_wait(rx, efd) == 0);
+    zstr_send(tx, "pong");
+    LL_CHECK(ll_wire_wait(rx, efd) == 0);
+    LL_CHECK(read(efd, &got, sizeof got) == (ssize_t) sizeof got && got == 1);
+    LL_CHECK(ll_wire_wait(rx, efd) == 1);
+out:
+    if (efd >= 0)
+        close(efd);
+    zsock_destroy(&tx);
+    zsock_destroy(&rx);
+}
+
 /* xorshift64*: deterministic, so a failure reproduces. */
 static uint64_t s_rng = 0x9e3779b97f4a7c15ULL;
 static uint64_t s_rand(void)
@@ -792,6 +823,7 @@ int ll_wire_selftest(bool verbose)
     s_test_encode();
     s_test_history();
     s_test_threads();
+    s_test_wait();
     s_test_fuzz(verbose);
     if (s_failures)
         fprintf(stderr, "\n");

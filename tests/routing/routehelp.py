@@ -1,13 +1,18 @@
 """Helpers for the GPU-routing tests (tests/routing/): run cells on a looseleaf kernel and on ipykernel side
 by side, read the routing report in execute_reply.metadata.looseleaf, send execute requests with the fault
-hook's metadata, and find the processes of a host pool.
+hook's metadata, and find the processes of a host pool and a kernel's checkpoint store (its directory and its
+redis-server).
 
 Runs in the pytest process.  Builds on tests/integration/itest_util.py (the Kernel helper, normalisation)
 and tests/llpool_util.py (pool processes, liveness, wait_for), both put on sys.path here.  Every wait is a
 poll with a deadline.
 """
+import glob
 import os
 import sys
+import tempfile
+
+import pytest
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.join(TESTS, "integration"), TESTS]
@@ -109,6 +114,36 @@ class Pair:
             assert a == b, "%r differs:\nlooseleaf: %s\nipykernel: %s" % (code, a, b)
 
 
+def cold_warm_fixtures(tmp_prefix):
+    """The fixtures of a module whose comparisons run twice, on a pool of their own each time: "cold"
+    (LL_POOL_WARM_IDLE_S=0: a GPU cell forks a fresh worker and restores from the store) and "warm" (the
+    session's worker stays).  Returns (pool_mode, ll, ref); the module binds them under those names, where
+    they replace conftest.py's ll and ref (conftest.py's pair then pairs these: one pair per mode).  The
+    reference depends on the mode too, so each mode starts from a fresh ipykernel as from a fresh looseleaf
+    kernel.  TMP_PREFIX names the pool's temporary directory."""
+
+    @pytest.fixture(scope="module", params=["cold", "warm"])
+    def pool_mode(request):
+        return request.param
+
+    @pytest.fixture(scope="module")
+    def ll(pool_mode, jupyter_env, tmp_path_factory):
+        pool_dir = str(tmp_path_factory.mktemp(tmp_prefix + pool_mode) / "pool")
+        k = Kernel("looseleaf", env={"LOOSELEAF_POOL_DIR": pool_dir,
+                                     "LL_POOL_WARM_IDLE_S": "0" if pool_mode == "cold" else "300"})
+        yield k
+        k.stop()
+        stop_pool(pool_dir)
+
+    @pytest.fixture(scope="module")
+    def ref(pool_mode, jupyter_env):
+        k = Kernel("python3")
+        yield k
+        k.stop()
+
+    return pool_mode, ll, ref
+
+
 # ---- host pool processes (finding and stopping a pool: llpool_util) ---------------------------------------
 def zygotes(pool_dir):
     """{node id: pid} of the `looseleaf zygote` children of POOL_DIR's pool (a respawned base gets a new id)."""
@@ -118,4 +153,43 @@ def zygotes(pool_dir):
         argv = cmdline(pid) if pid.isdigit() else None
         if argv and argv[1:2] == ["zygote"] and "--node" in argv[:-1] and ppid(pid) in pools:
             out[int(argv[argv.index("--node") + 1])] = int(pid)
+    return out
+
+
+# ---- a kernel's checkpoint store (coherence.py): its directory and redis-server ---------------------------
+def store_dirs():
+    """looseleaf-store-* dirs of this uid where kernels put them (XDG_RUNTIME_DIR, /dev/shm, tmp)."""
+    out = []
+    for base in (os.environ.get("XDG_RUNTIME_DIR"), "/dev/shm", tempfile.gettempdir()):
+        if base and os.path.isdir(base):
+            out += glob.glob(os.path.join(base, "looseleaf-store-*"))
+    return out
+
+
+def owner_of(d):
+    """(kernel pid, session) of store dir D, or None."""
+    try:
+        with open(os.path.join(d, "owner")) as f:
+            fields = f.read().split()
+        return int(fields[0]), fields[1]
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def store_dirs_of(pid):
+    """The store dirs whose owner is the kernel PID (a kernel has one once it ran a GPU cell)."""
+    return [d for d in store_dirs() if (owner_of(d) or (None,))[0] == pid]
+
+
+def redis_processes(d):
+    """pids of live redis-servers whose command line names store dir D."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if b"redis-server" in cmd and d.encode() in cmd and alive(int(pid)):
+            out.append(int(pid))
     return out

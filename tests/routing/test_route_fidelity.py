@@ -19,38 +19,13 @@ import os
 import re
 import signal
 
-import pytest
-
-from routehelp import Kernel, Pair, execute, ll_md, run_route, stop_pool, stream_text, wait_for
+from routehelp import (Kernel, cold_warm_fixtures, execute, ll_md, run_route, stop_pool, stream_text,
+                       wait_for)
 
 GPU, CPU = "gpu", "cpu"
 
 
-@pytest.fixture(scope="module", params=["cold", "warm"])
-def pool_mode(request):
-    return request.param
-
-
-@pytest.fixture(scope="module")
-def ll(pool_mode, jupyter_env, tmp_path_factory):
-    pool_dir = str(tmp_path_factory.mktemp("fid-" + pool_mode) / "pool")
-    k = Kernel("looseleaf", env={"LOOSELEAF_POOL_DIR": pool_dir,
-                                 "LL_POOL_WARM_IDLE_S": "0" if pool_mode == "cold" else "300"})
-    yield k
-    k.stop()
-    stop_pool(pool_dir)
-
-
-@pytest.fixture(scope="module")
-def ref(pool_mode, jupyter_env):
-    k = Kernel("python3")
-    yield k
-    k.stop()
-
-
-@pytest.fixture(scope="module")
-def pair(ll, ref):
-    return Pair(ll, ref)
+pool_mode, ll, ref = cold_warm_fixtures("fid-")
 
 
 def _home_cell(pair, code):

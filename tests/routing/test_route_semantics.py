@@ -19,37 +19,13 @@ import tempfile
 import nbformat
 import pytest
 
-from routehelp import Kernel, Pair, ll_md, run_route, stop_pool, stream_text
+from routehelp import cold_warm_fixtures, ll_md, run_route, stream_text
 
 GPU, CPU = "gpu", "cpu"
 NOTEBOOK = "/work/shared/notebooks/mrdbourke_01_pytorch_workflow.ipynb"
 
 
-@pytest.fixture(scope="module", params=["cold", "warm"])
-def pool_mode(request):
-    return request.param
-
-
-@pytest.fixture(scope="module")
-def ll(pool_mode, jupyter_env, tmp_path_factory):
-    pool_dir = str(tmp_path_factory.mktemp("pool-" + pool_mode) / "pool")
-    k = Kernel("looseleaf", env={"LOOSELEAF_POOL_DIR": pool_dir,
-                                 "LL_POOL_WARM_IDLE_S": "0" if pool_mode == "cold" else "300"})
-    yield k
-    k.stop()
-    stop_pool(pool_dir)
-
-
-@pytest.fixture(scope="module")
-def ref(pool_mode, jupyter_env):
-    k = Kernel("python3")
-    yield k
-    k.stop()
-
-
-@pytest.fixture(scope="module")
-def pair(ll, ref):
-    return Pair(ll, ref)
+pool_mode, ll, ref = cold_warm_fixtures("pool-")
 
 
 def test_pool_mode_is_what_the_module_asked_for(pair, pool_mode):

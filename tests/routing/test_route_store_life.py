@@ -3,62 +3,25 @@ directory with its own redis-server, deleted at shutdown; when its kernel dies w
 redis-server dies with it and the next kernel sweeps the directory.  And the rule that a value a GPU cell binds
 that no store can hold (a generator, an open file) lives on in the worker that made it, the session's home for
 it, where later cells reading it run."""
-import glob
 import os
 import signal
-import tempfile
 
-from routehelp import Kernel, execute, ll_md, run_route, stream_text, wait_for
-
-
-def _store_dirs():
-    """looseleaf-store-* dirs of this uid where kernels put them (XDG_RUNTIME_DIR, /dev/shm, tmp)."""
-    out = []
-    for base in (os.environ.get("XDG_RUNTIME_DIR"), "/dev/shm", tempfile.gettempdir()):
-        if base and os.path.isdir(base):
-            out += glob.glob(os.path.join(base, "looseleaf-store-*"))
-    return out
-
-
-def _owned_by(pid):
-    found = []
-    for d in _store_dirs():
-        try:
-            with open(os.path.join(d, "owner")) as f:
-                if f.read().split()[0] == str(pid):
-                    found.append(d)
-        except (OSError, IndexError):
-            pass
-    return found
-
-
-def _redis_of(d):
-    """pids of redis-servers serving store dir D."""
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open("/proc/%s/cmdline" % pid, "rb") as f:
-                cmd = f.read()
-        except OSError:
-            continue
-        if b"redis-server" in cmd and d.encode() in cmd:
-            pids.append(int(pid))
-    return pids
+from routehelp import Kernel, execute, ll_md, redis_processes, run_route, store_dirs_of, stream_text, wait_for
 
 
 def test_store_opens_at_first_gpu_cell_and_goes_at_shutdown(jupyter_env):
     k = Kernel("looseleaf")
     try:
         run_route(k, "sl_x = 1", "cpu")
-        assert _owned_by(k.pid) == [], "a store before any GPU cell"
+        assert store_dirs_of(k.pid) == [], "a store before any GPU cell"
         run_route(k, "import torch\nsl_t = torch.ones(2)", "gpu")
-        dirs = _owned_by(k.pid)
+        dirs = store_dirs_of(k.pid)
         assert len(dirs) == 1 and os.stat(dirs[0]).st_mode & 0o777 == 0o700, dirs
-        assert _redis_of(dirs[0]), "no redis-server for %s" % dirs[0]
+        assert redis_processes(dirs[0]), "no redis-server for %s" % dirs[0]
     finally:
         k.stop()
     wait_for(lambda: not os.path.exists(dirs[0]), 30, "the store dir to go at shutdown")
-    wait_for(lambda: not _redis_of(dirs[0]), 30, "the store's redis-server to stop")
+    wait_for(lambda: not redis_processes(dirs[0]), 30, "the store's redis-server to stop")
 
 
 def test_next_kernel_sweeps_the_store_of_a_killed_kernel(jupyter_env):
@@ -66,17 +29,17 @@ def test_next_kernel_sweeps_the_store_of_a_killed_kernel(jupyter_env):
     append-only file) stays until the next kernel that opens a store sweeps it."""
     k1 = Kernel("looseleaf")
     run_route(k1, "import torch\nsw_t = torch.ones(2)", "gpu")
-    dirs = _owned_by(k1.pid)
+    dirs = store_dirs_of(k1.pid)
     assert len(dirs) == 1
     os.kill(k1.pid, signal.SIGKILL)
     wait_for(lambda: not k1.km.is_alive(), 30, "the kernel to die")
-    wait_for(lambda: not _redis_of(dirs[0]), 10, "the dead kernel's redis-server to go")
+    wait_for(lambda: not redis_processes(dirs[0]), 10, "the dead kernel's redis-server to go")
     assert os.path.exists(dirs[0]), "SIGKILL left no store dir behind?"
     k2 = Kernel("looseleaf")
     try:
         run_route(k2, "import torch\nsw_u = torch.ones(2)", "gpu")  # opens its store: sweeps
         wait_for(lambda: not os.path.exists(dirs[0]), 30, "the dead kernel's store dir to be swept")
-        wait_for(lambda: not _redis_of(dirs[0]), 30, "the dead kernel's redis-server to stop")
+        wait_for(lambda: not redis_processes(dirs[0]), 30, "the dead kernel's redis-server to stop")
     finally:
         k2.stop()
         k1.stop()

@@ -6,41 +6,16 @@ variables are saved from it and restored - separately, as GPU workers do - into 
 import builtins
 import os
 import socket
-import textwrap
 import threading
 
 import numpy as np
 import pytest
 import torch
 
+from cphelp import fresh, new_ns, restore_ok, run, save_ok
 from looseleaf_store import BIG_BYTES, Checkpointer
 
 MiB = 1 << 20
-
-
-def new_ns():
-    return {"__name__": "__main__", "__builtins__": builtins}
-
-
-def run(ns, code):
-    exec(compile(textwrap.dedent(code), "<cell>", "exec"), ns)
-
-
-def fresh(store):
-    ns = new_ns()
-    return ns, Checkpointer(store, ns)
-
-
-def save_ok(cp, names):
-    rep = cp.save(names)
-    assert rep.error is None and not rep.failed, rep
-    return rep
-
-
-def restore_ok(cp, names):
-    rep = cp.restore(names)
-    assert not rep.failed and not rep.missing, rep
-    return rep
 
 
 # ---- sharing ---------------------------------------------------------------------------------------

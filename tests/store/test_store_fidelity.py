@@ -11,41 +11,15 @@
 Each test plays a notebook as tests/store/test_store_checkpoint.py does: cells exec'd in a namespace dict,
 variables saved, then restored into fresh namespaces (as GPU workers and the kernel do).
 """
-import builtins
 import importlib
 import sys
-import textwrap
 
 import numpy as np
 import pytest
 import torch
 
-from looseleaf_store import Checkpointer, homes, serial, usermods
-
-
-def new_ns():
-    return {"__name__": "__main__", "__builtins__": builtins}
-
-
-def run(ns, code):
-    exec(compile(textwrap.dedent(code), "<cell>", "exec"), ns)
-
-
-def fresh(store):
-    ns = new_ns()
-    return ns, Checkpointer(store, ns)
-
-
-def save_ok(cp, names, **kw):
-    rep = cp.save(names, **kw)
-    assert rep.error is None and not rep.failed, rep
-    return rep
-
-
-def restore_ok(cp, names):
-    rep = cp.restore(names)
-    assert not rep.failed and not rep.missing, rep
-    return rep
+from cphelp import fresh, restore_ok, run, save_ok
+from looseleaf_store import homes, serial, usermods
 
 
 # ---- state protocols ---------------------------------------------------------------------------------------
