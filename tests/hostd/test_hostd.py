@@ -239,10 +239,11 @@ def test_broker_restart_mid_session(hostd, users):
 # ---- three users, two kernels each, on real notebooks ---------------------------------------------------
 # Kernels started by each user through jupyter_client (the user's own Jupyter dirs, kernelspecs and pool dir,
 # tests/hostd/nbuser.py run as the user): two LooseLeaf kernels and the reference ipykernel run the same cells
-# of a real PyTorch notebook (../shared/notebooks, licences in SOURCES.md there), cell i sent to the three at
+# of a real PyTorch notebook (../shared/notebooks, copied into examples/ with their licences in SOURCES.md
+# there, so a clone alone runs it), cell i sent to the three at
 # once.  GPU routing is on: cells using torch run on workers of the user's pool, on the broker's slots (CPU
 # torch here: a GPU host differs only in the device the slot names).
-NOTEBOOKS = os.path.join(os.path.dirname(hdhelp.REPO), "shared", "notebooks")
+NOTEBOOKS = os.path.join(hdhelp.REPO, "examples")
 
 # Which code cells (0-based, among the notebook's code cells) each user runs.  A subset, so that tests/hostd,
 # which runs alone in `make test`, stays short: every cell costs three kernels of the user, and the six
