@@ -40,6 +40,7 @@ typedef struct {
     double debounce_ms;    /* a hint waits this long for a newer one */
     double max_wait_ms;    /* ... but no longer than this after the first of a burst */
     double idle_commit_ms; /* idle time before the idle commit; 0: never */
+    double pool_start_ms;  /* after the kernel starts, connect to (start) the pool; <0: never */
 } s_config_t;
 
 /* The pending hint. */
@@ -70,6 +71,7 @@ struct ll_exec_t {
     s_comms_t comms;     /* open looseleaf.prefetch comms */
     unsigned long epoch; /* interpreter requests that may have run user code */
     double commit_at;    /* when user code last ran here (ll_clock_ms), 0 once committed */
+    double pool_at;      /* when to start the host pool ahead of the first GPU cell, 0: done */
     json_t *home;        /* {name: {pid, kind, what}}: names living in a worker (coherence.home) */
 };
 
@@ -666,7 +668,9 @@ long ll_exec_timeout(ll_exec_t *self)
     double now = ll_clock_ms();
     long h = s_hint_due_in(&self->hint, &self->cfg, now);
     long c = s_idle_due_in(self->commit_at, &self->cfg, now);
-    return h < 0 ? c : c < 0 ? h : h < c ? h : c;
+    long p = self->pool_at > 0 ? s_ms_until(self->pool_at, now) : -1;
+    long t = h < 0 ? c : c < 0 ? h : h < c ? h : c;
+    return t < 0 ? p : p < 0 ? t : p < t ? p : t;
 }
 
 void ll_exec_on_fd(ll_exec_t *self)
@@ -685,6 +689,15 @@ bool ll_exec_on_timer(ll_exec_t *self, bool shell_waiting)
     }
     if (!shell_waiting && s_idle_due_in(self->commit_at, &self->cfg, now) == 0) {
         s_idle_commit(self);
+        return true;
+    }
+    if (!shell_waiting && self->pool_at > 0 && s_ms_until(self->pool_at, now) == 0) {
+        /* The pool's base zygote imports torch and the rest of its head
+         * (seconds) while the user writes the first GPU cell. */
+        self->pool_at = 0;
+        char err[256];
+        if (ll_route_connect(self->route, err, sizeof err) < 0)
+            ll_info("exec", "host pool not started ahead: %s", err);
         return true;
     }
     return false;
@@ -706,7 +719,8 @@ static s_config_t s_config_read(void)
 {
     s_config_t cfg = {.debounce_ms = s_env_ms("LOOSELEAF_PREFETCH_DEBOUNCE_MS", 250),
                       .max_wait_ms = s_env_ms("LOOSELEAF_PREFETCH_MAX_WAIT_MS", 1000),
-                      .idle_commit_ms = s_env_ms("LOOSELEAF_IDLE_COMMIT_MS", 250)};
+                      .idle_commit_ms = s_env_ms("LOOSELEAF_IDLE_COMMIT_MS", 250),
+                      .pool_start_ms = s_env_ms("LOOSELEAF_POOL_START_MS", -1)};
     return cfg;
 }
 
@@ -723,6 +737,8 @@ ll_exec_t *ll_exec_new(const ll_exec_env_t *env)
         if (!self->route)
             ll_warn("exec", "GPU routing is off: the cell analysis cannot start: %s", err);
     }
+    if (self->route && self->cfg.pool_start_ms >= 0)
+        self->pool_at = ll_clock_ms() + self->cfg.pool_start_ms + 1;
     return self;
 }
 

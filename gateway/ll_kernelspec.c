@@ -113,10 +113,15 @@ char *ll_kernelspec_json(const ll_kernelspec_t *spec)
         "display_name", spec->display_name ? spec->display_name : LL_KERNELSPEC_DISPLAY_NAME,
         "language", "python", "interrupt_mode", "signal", "kernel_protocol_version",
         LL_PROTOCOL_VERSION, "metadata", "debugger", 0);
-    if (j && spec->python)
-        json_object_set_new(j, "env", json_pack("{s:s}", "LOOSELEAF_PYTHON", spec->python));
     if (!j)
         return NULL;
+    /* An installed kernel starts the user's host pool (its base zygote
+     * importing torch: seconds) 200 ms after it starts, so the session's
+     * first GPU cell finds it ready (ll_exec.c). */
+    json_t *env = json_pack("{s:s}", "LOOSELEAF_POOL_START_MS", "200");
+    if (spec->python)
+        json_object_set_new(env, "LOOSELEAF_PYTHON", json_string(spec->python));
+    json_object_set_new(j, "env", env);
     char *text = json_dumps(j, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     json_decref(j);
     return text;

@@ -368,6 +368,15 @@ static int s_connect(ll_route_t *self, char *err, size_t errlen)
     return self->pool ? 0 : -1;
 }
 
+int ll_route_connect(ll_route_t *self, char *err, size_t errlen)
+{
+    if (!self) {
+        snprintf(err, errlen, "GPU routing is off");
+        return -1;
+    }
+    return s_connect(self, err, errlen);
+}
+
 int ll_route_fd(ll_route_t *self)
 {
     return self && self->pool && ll_zclient_ok(self->pool) ? ll_zclient_fd(self->pool) : -1;

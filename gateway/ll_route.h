@@ -53,6 +53,10 @@ ll_route_plan_t *ll_route_plan(ll_route_t *self, const char *code, size_t len);
 /* Whether the plan sends the cell to a worker (labelled GPU). */
 bool ll_route_is_gpu(const ll_route_plan_t *plan);
 
+/* Connect to the host pool now, starting it if it does not run (the first
+ * GPU cell does the same): 0, or -1 with a reason in ERR. */
+int ll_route_connect(ll_route_t *self, char *err, size_t errlen);
+
 /* Whether PLAN's cell parsed (a cell too big to analyse counts as parsed). */
 bool ll_route_plan_parsed(const ll_route_plan_t *plan);
 

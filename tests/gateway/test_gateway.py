@@ -173,7 +173,10 @@ def test_install_prefix_and_name(tmp_path):
     r = _run("install", "--prefix", str(tmp_path), "--name", "ll-test", "--display-name", "X Y")
     assert r.returncode == 0, r.stderr
     with open(tmp_path / "share" / "jupyter" / "kernels" / "ll-test" / "kernel.json") as f:
-        assert json.load(f)["display_name"] == "X Y"
+        spec = json.load(f)
+    assert spec["display_name"] == "X Y"
+    # An installed kernel starts the user's host pool ahead of its first GPU cell (tests/prefetch/test_pf_start.py).
+    assert spec["env"]["LOOSELEAF_POOL_START_MS"] == "200"
     r = _run("install", "--prefix", str(tmp_path), "--name", "bad/name")
     assert r.returncode == 1 and "invalid kernel name" in r.stderr
 
