@@ -332,6 +332,15 @@ void ll_stream_write(ll_stream_t *self, const char *name, const char *data, size
     }
 }
 
+void ll_stream_flush_whole(ll_stream_t *self)
+{
+    if (!self)
+        return;
+    pthread_mutex_lock(&self->send_lock);
+    s_flush_locked(self, false);
+    pthread_mutex_unlock(&self->send_lock);
+}
+
 void ll_stream_flush(ll_stream_t *self)
 {
     ll_stream_flush_then(self, NULL, NULL);
@@ -461,6 +470,10 @@ int ll_stream_selftest(bool verbose)
         nanosleep(&(struct timespec){0, 1000000}, NULL);
     /* Three intervals with no write: still held (a timer never sends it). */
     nanosleep(&(struct timespec){0, 600000000}, NULL);
+    S_CHECK(s_record_chunks(&r) == 7);
+    /* A program's flush() (a Python print(..., flush=True) at the end of a
+     * cell while fd output is still being drained) does not send it either. */
+    ll_stream_flush_whole(slow);
     S_CHECK(s_record_chunks(&r) == 7);
     ll_stream_write(slow, "stdout", "\xAC", 1);
     ll_stream_flush(slow);

@@ -51,6 +51,14 @@ void ll_stream_write(ll_stream_t *self, const char *name, const char *data, size
 /* Emit everything buffered now (incomplete UTF-8 tails included, as U+FFFD). */
 void ll_stream_flush(ll_stream_t *self);
 
+/* Send what is buffered now, except an incomplete UTF-8 character at its
+ * end, which waits for its last bytes (fd output a pipe read cut in two):
+ * what a program's flush() means.  Text a program writes itself is whole
+ * characters, so only captured fd output can be held; the final flush
+ * after the fds are drained (ll_stream_flush, ll_stream_flush_then) sends
+ * the rest. */
+void ll_stream_flush_whole(ll_stream_t *self);
+
 /* Flush, then call FN(ARG) under the send lock. */
 void ll_stream_flush_then(ll_stream_t *self, void (*fn)(void *arg), void *arg);
 

@@ -206,7 +206,7 @@ void ll_iopub_stream_write(ll_iopub_t *self, const char *name, const char *data,
 
 void ll_iopub_stream_flush(ll_iopub_t *self)
 {
-    ll_stream_flush(self->stream);
+    ll_stream_flush_whole(self->stream); /* a cut fd character waits for the drain */
 }
 
 typedef struct {

@@ -45,7 +45,9 @@ int ll_iopub_send(ll_iopub_t *self, const char *msg_type, const ll_msg_t *parent
 /* Publish status STATE ("busy"/"idle"/"starting") for PARENT (may be NULL). */
 int ll_iopub_status(ll_iopub_t *self, const char *state, const ll_msg_t *parent);
 
-/* Stream text (coalesced); see ll_stream. */
+/* Stream text (coalesced); see ll_stream.  The flush is a program's flush():
+ * a character fd capture cut in two waits for the drain and the status or
+ * reply that follows (ll_stream_flush_whole). */
 void ll_iopub_stream_write(ll_iopub_t *self, const char *name, const char *data, size_t len);
 void ll_iopub_stream_flush(ll_iopub_t *self);
 

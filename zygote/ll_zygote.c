@@ -235,9 +235,11 @@ static void s_w_stream(void *ctx, const char *name, const char *data, size_t len
     ll_stream_write(s_wstream, name, data, len);
 }
 
+/* The cell's own flush(): a character the fd capture cut waits for the
+ * drain after the cell (ll_stream_flush_whole). */
 static void s_w_flush(void *ctx)
 {
-    ll_stream_flush(s_wstream);
+    ll_stream_flush_whole(s_wstream);
 }
 
 static void s_w_publish(void *ctx, const char *msg_type, const char *content_json,
