@@ -580,8 +580,8 @@ out = []
 for name, code in plan:
     got = []
     def hook(msg):
-        if msg["msg_type"] == "stream":
-            got.append(msg["content"]["text"])
+        if msg["msg_type"] == "stream" and msg["content"]["name"] == "stdout":
+            got.append(msg["content"]["text"])  # (stderr has the load's "every GPU slot is in use" notices)
     reply = kcs[name].execute_interactive(code, output_hook=hook, timeout=180)
     c, md = reply["content"], reply["metadata"].get("looseleaf", {})
     out.append({"status": c["status"], "ename": c.get("ename"), "evalue": c.get("evalue"), "out": "".join(got),
