@@ -294,16 +294,20 @@ def _guard_interrupts(shell, fd):
 
 def _held_bytes():
     """Payload bytes of the variables this worker holds at their committed versions (GreedyDual's c)."""
-    import _llstore
     if _cp is None:
         return 0
+    return sum(_payload_bytes(name) for name in _cp.held())
+
+
+def _payload_bytes(name):
+    """Payload bytes of NAME's version this worker holds (0 without a store or a version held)."""
+    import _llstore
     total = 0
-    for name in _cp.held():
-        for ref in _cp.payload_refs(name):
-            try:
-                total += _llstore.ref_nbytes(ref)
-            except Exception:  # noqa: BLE001 - a ref we cannot size counts nothing
-                pass
+    for ref in _cp.payload_refs(name) if _cp is not None else ():
+        try:
+            total += _llstore.ref_nbytes(ref)
+        except Exception:  # noqa: BLE001 - a ref we cannot size counts nothing
+            pass
     return total
 
 
@@ -658,7 +662,6 @@ def _shapes(ns, names):
     equal dir() lists sent once).  The kernel answers a completion from these while restoring the value would
     import its framework or map a large payload (coherence.complete_view); a value whose dir() fails is left
     out, and is restored as before."""
-    import _llstore
     dirs, index, named = [], {}, {}
     for n in names:
         if n not in ns or n.startswith("_") and n[1:].isdigit():
@@ -671,14 +674,9 @@ def _shapes(ns, names):
         if attrs not in index:
             index[attrs] = len(dirs)
             dirs.append(list(attrs))
-        nbytes = 0
-        for ref in _cp.payload_refs(n) if _cp is not None else ():
-            try:
-                nbytes += _llstore.ref_nbytes(ref)
-            except Exception:  # noqa: BLE001 - a ref we cannot size counts nothing
-                pass
         t = type(v)
-        named[n] = ["%s.%s" % (getattr(t, "__module__", "builtins"), t.__qualname__), index[attrs], nbytes,
+        named[n] = ["%s.%s" % (getattr(t, "__module__", "builtins"), t.__qualname__), index[attrs],
+                    _payload_bytes(n),
                     sorted(_value_modules(v))]
     return {"names": named, "dirs": dirs}
 
