@@ -19,7 +19,7 @@
  *   is checked (ll_hostd_wire) before anything is done, and it grants
  *   nothing a client did not get from it: a slot claimed at `hello` is
  *   adopted only when this broker, before a restart, lent it to that uid
- *   (its record, S_RECORD) and nobody holds it now;
+ *   (its record, <socket>.leases) and nobody holds it now;
  * - the broker never blocks on a client: it only writes what a socket takes
  *   now; the rest waits in the connection's queue, and while a client's
  *   replies wait its requests are not read (so nothing grows).  A client
@@ -55,15 +55,15 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#define S_MAX_HTTP 16
-#define S_HTTP_MS  5000.0 /* a metrics connection's whole life: request and answer */
-#define S_MAX_PER_UID \
-    8                           /* connections of one uid at once: a user's pools (one per build and
-                                Python environment) and a `top` or two */
-#define S_OUT_SOFT   65536      /* a client's requests are read while less waits to go to it */
-#define S_OUT_MAX    (1u << 20) /* never more queued for one client (a defence) */
-#define S_STALL_MS   10000.0    /* a client that takes none of its queue for this long goes */
-#define S_RESTORE_MS 15000.0    /* after a restart, a recorded lease waits this long for its pool */
+/* A user's pools (one per LooseLeaf build and Python environment) and a
+ * `looseleaf top` or two: connections of one uid at once. */
+#define S_MAX_PER_UID 8
+#define S_MAX_HTTP    16
+#define S_HTTP_MS     5000.0     /* a metrics connection's whole life: request and answer */
+#define S_OUT_SOFT    65536      /* a client's requests are read while less waits to go to it */
+#define S_OUT_MAX     (1u << 20) /* never more queued for one client (a defence) */
+#define S_STALL_MS    10000.0    /* a client that takes none of its queue for this long goes */
+#define S_RESTORE_MS  15000.0 /* after a restart, a recorded lease waits this long for its pool */
 
 typedef struct {
     int fd;           /* -1: free */
@@ -465,10 +465,32 @@ static void s_conn_input(s_hostd_t *h, int c)
 /* ------------------------------------------------------------------ */
 /* What it holds: stats (top) and Prometheus text                     */
 
+/* UID's login name (null when it has none), looked up once per uid: a
+ * lookup may go to a directory service (NSS: LDAP, sssd), and any client
+ * may ask for stats as often as it likes. */
 static json_t *s_user_name(unsigned uid)
 {
-    struct passwd *pw = getpwuid(uid);
-    return pw ? json_string(pw->pw_name) : json_null();
+    static struct {
+        unsigned uid;
+        bool known, named;
+        char name[64];
+    } cache[LL_HOSTD_MAX_USERS];
+    int k = 0;
+    while (k < LL_HOSTD_MAX_USERS && cache[k].known && cache[k].uid != uid)
+        k++;
+    if (k == LL_HOSTD_MAX_USERS) {
+        struct passwd *pw = getpwuid(uid); /* (more users than the policy keeps: not cached) */
+        return pw ? json_string(pw->pw_name) : json_null();
+    }
+    if (!cache[k].known) {
+        struct passwd *pw = getpwuid(uid);
+        cache[k].uid = uid;
+        cache[k].known = true;
+        cache[k].named = pw && strlen(pw->pw_name) < sizeof cache[k].name;
+        if (cache[k].named)
+            strcpy(cache[k].name, pw->pw_name);
+    }
+    return cache[k].named ? json_string(cache[k].name) : json_null();
 }
 
 static json_t *s_stats(s_hostd_t *h)
