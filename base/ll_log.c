@@ -127,3 +127,45 @@ void ll_log_write(int level, const char *module, const char *fmt, ...)
     s_write_all(atomic_load(&s_fd), line, len);
     errno = saved_errno;
 }
+
+bool ll_log_limit(ll_log_limit_t *lim, double now_ms, double interval_ms, unsigned long *suppressed)
+{
+    pthread_mutex_lock(&lim->mu);
+    bool ok = now_ms >= lim->next_ms;
+    if (ok) {
+        *suppressed = lim->suppressed;
+        lim->suppressed = 0;
+        lim->next_ms = now_ms + interval_ms;
+    } else {
+        lim->suppressed++;
+    }
+    pthread_mutex_unlock(&lim->mu);
+    return ok;
+}
+
+void ll_log_write_limited(ll_log_limit_t *lim, int level, const char *module, const char *fmt, ...)
+{
+    int saved_errno = errno;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    unsigned long left_out = 0;
+    /* The first line of a burst always goes out (the monotonic clock
+     * starts above 0 ms after boot, so next_ms 0 never holds one back). */
+    if (!ll_log_limit(lim, (double) ts.tv_sec * 1000.0 + (double) ts.tv_nsec / 1e6, LL_LOG_LIMIT_MS,
+                      &left_out)) {
+        errno = saved_errno;
+        return;
+    }
+    char msg[PIPE_BUF];
+    va_list ap;
+    va_start(ap, fmt);
+    errno = saved_errno;
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (left_out)
+        ll_log_write(level, module, "%s (and %lu more like it in the last %.0f s, not logged)", msg,
+                     left_out, LL_LOG_LIMIT_MS / 1000);
+    else
+        ll_log_write(level, module, "%s", msg);
+    errno = saved_errno;
+}

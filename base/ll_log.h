@@ -17,7 +17,9 @@
 #ifndef LL_LOG_H
 #define LL_LOG_H
 
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdbool.h>
 
 typedef enum {
     LL_LOG_ERROR = 0,
@@ -54,6 +56,42 @@ void ll_log_write(int level, const char *module, const char *fmt, ...)
         if ((level) <= ll_log_level)                      \
             ll_log_write((level), (module), __VA_ARGS__); \
     } while (0)
+
+/* A rate limit for one kind of line that a peer can cause at will (a wire
+ * message dropped, a request refused): at most one such line every
+ * LL_LOG_LIMIT_MS, and the next line written says how many were left out
+ * meanwhile, so a flood of 50,000 junk frames costs a few lines, not
+ * 50,000.  One static limit per call site; safe across threads. */
+typedef struct {
+    pthread_mutex_t mu;
+    double next_ms;           /* monotonic ms: no line before then */
+    unsigned long suppressed; /* lines left out since the last one written */
+} ll_log_limit_t;
+#define LL_LOG_LIMIT_INIT               \
+    {                                   \
+        PTHREAD_MUTEX_INITIALIZER, 0, 0 \
+    }
+#define LL_LOG_LIMIT_MS 5000.0
+
+/* Whether a line may be written at NOW_MS: true (and *SUPPRESSED: lines
+ * left out before it; none may follow for INTERVAL_MS), or false (it is
+ * counted).  Pure but for the lock; the macros below use it. */
+bool ll_log_limit(ll_log_limit_t *lim, double now_ms, double interval_ms,
+                  unsigned long *suppressed);
+
+/* Format and write one line under LIM (appending "(N more like it not
+ * logged)" after a gap); use the macros below instead. */
+void ll_log_write_limited(ll_log_limit_t *lim, int level, const char *module, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+#define LL_LOG_LIMITED(lim, level, module, ...)                          \
+    do {                                                                 \
+        if ((level) <= ll_log_level)                                     \
+            ll_log_write_limited((lim), (level), (module), __VA_ARGS__); \
+    } while (0)
+
+#define ll_warn_limited(lim, module, ...) LL_LOG_LIMITED(lim, LL_LOG_WARN, module, __VA_ARGS__)
+#define ll_info_limited(lim, module, ...) LL_LOG_LIMITED(lim, LL_LOG_INFO, module, __VA_ARGS__)
 
 #define ll_error(module, ...) LL_LOG(LL_LOG_ERROR, module, __VA_ARGS__)
 #define ll_warn(module, ...)  LL_LOG(LL_LOG_WARN, module, __VA_ARGS__)

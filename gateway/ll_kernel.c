@@ -265,6 +265,10 @@ static void s_on_interp(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
 
 static void s_dispatch(ll_msg_t *req, s_chan_t chan, zsock_t *sock);
 
+/* Lines about messages dropped off the wire: a peer can send junk at will,
+ * so at most one line per interval each, with a count of the rest. */
+static ll_log_limit_t s_drop_shell = LL_LOG_LIMIT_INIT, s_drop_control = LL_LOG_LIMIT_INIT;
+
 /* The next request waiting on shell, decoded (receive timeout 0: never
  * waits), or NULL.  Undecodable messages are logged and dropped here. */
 static ll_msg_t *s_recv_shell(void)
@@ -275,7 +279,7 @@ static ll_msg_t *s_recv_shell(void)
         ll_msg_t *req = ll_session_decode(s_k.session, &raw, why, sizeof why);
         if (req)
             return req;
-        ll_warn("kernel", "dropped a message on shell: %s", why);
+        ll_warn_limited(&s_drop_shell, "kernel", "dropped a message on shell: %s", why);
     }
     return NULL;
 }
@@ -499,7 +503,7 @@ static void *s_control_main(void *arg)
             continue;
         ll_msg_t *req = ll_session_decode(s_k.session, &raw, why, sizeof why);
         if (!req) {
-            ll_warn("kernel", "dropped a message on control: %s", why);
+            ll_warn_limited(&s_drop_control, "kernel", "dropped a message on control: %s", why);
             continue;
         }
         s_dispatch(req, S_CONTROL, s_k.control);

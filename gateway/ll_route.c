@@ -303,13 +303,18 @@ static json_t *s_run_request(ll_route_plan_t *plan, const ll_msg_t *req, const j
     return r;
 }
 
+/* A worker's events dropped: at most one line per interval (its user's code
+ * may make them by the thousand). */
+static ll_log_limit_t s_drop_event = LL_LOG_LIMIT_INIT;
+
 /* Publish a worker's iopub event; returns its msg_type (borrowed) or NULL. */
 static const char *s_publish(const ll_route_io_t *io, json_t *ev)
 {
     const char *type = json_string_value(json_object_get(ev, "msg_type"));
     json_t *content = json_object_get(ev, "content");
     if (!type || !json_is_object(content)) {
-        ll_warn("route", "a worker published without a type or content: dropped");
+        ll_warn_limited(&s_drop_event, "route",
+                        "a worker published without a type or content: dropped");
         return NULL;
     }
     json_t *md = json_object_get(ev, "metadata");
@@ -321,7 +326,8 @@ static const char *s_publish(const ll_route_io_t *io, json_t *ev)
         json_t *b;
         json_array_foreach(b64, i, b) {
             if (!buffers || !json_is_string(b) || s_b64_frame(buffers, json_string_value(b)) < 0) {
-                ll_warn("route", "a worker's %.64s has a bad buffer: dropped", type);
+                ll_warn_limited(&s_drop_event, "route",
+                                "a worker's %.64s has a bad buffer: dropped", type);
                 zmsg_destroy(&buffers);
                 return NULL;
             }

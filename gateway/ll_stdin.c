@@ -78,6 +78,10 @@ static bool s_same_identity(zmsg_t *a, zmsg_t *b)
     return true;
 }
 
+/* Messages dropped on stdin: at most one line per interval (a peer can send
+ * junk at will). */
+static ll_log_limit_t s_drop_stdin = LL_LOG_LIMIT_INIT;
+
 char *ll_stdin_take(ll_stdin_t *self)
 {
     char why[256];
@@ -85,7 +89,7 @@ char *ll_stdin_take(ll_stdin_t *self)
     while ((raw = zmsg_recv(self->sock))) {
         ll_msg_t *reply = ll_session_decode(self->session, &raw, why, sizeof why);
         if (!reply) {
-            ll_warn("stdin", "dropped a message on stdin: %s", why);
+            ll_warn_limited(&s_drop_stdin, "stdin", "dropped a message on stdin: %s", why);
             continue;
         }
         char *value = NULL;
@@ -93,7 +97,8 @@ char *ll_stdin_take(ll_stdin_t *self)
             !s_same_identity(reply->identities, self->asked)) {
             /* Another frontend (another socket identity) must not answer
              * the prompt of the one whose cell asked. */
-            ll_warn("stdin", "an input_reply from a frontend that was not asked: dropped");
+            ll_warn_limited(&s_drop_stdin, "stdin",
+                            "an input_reply from a frontend that was not asked: dropped");
         } else if (strcmp(reply->msg_type, "input_reply") == 0) {
             const char *v = ll_msg_content_str(reply, "value");
             value = strdup(v ? v : "");

@@ -1,6 +1,7 @@
 # Fuzz targets (issue 16): libFuzzer (clang-14 from Debian, with libclang-rt-14-dev) under AddressSanitizer
 # and UndefinedBehaviorSanitizer, for what reads untrusted input: the wire decoder, the HMAC check, the
-# connection-file reader, the store's metadata decoder and the cell analysis.  `make test` runs each for a
+# connection-file reader, the store's metadata decoder, the cell analysis and what the host's slot broker
+# (root) takes from any local user (its frames, applied to its policy).  `make test` runs each for a
 # few seconds (tests/fuzz/test_fuzz.py, on the seeds in tests/fuzz/corpus/); `make fuzz` runs each for
 # FUZZ_SECONDS (default 300), keeping what it finds in build/fuzz/corpus/ (a crash: build/fuzz/crash-*).
 FUZZ_CC      ?= clang-14
@@ -11,13 +12,15 @@ FUZZ_CFLAGS  := -g -O1 -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize
                 -DLL_PYTHON_EXE='"$(PYTHON)"' -Wno-unused-command-line-argument
 FUZZ_LDFLAGS := -fsanitize=fuzzer,address,undefined
 
-FUZZ_TARGETS := wire hmac conn store_meta analysis
+FUZZ_TARGETS := wire hmac conn store_meta analysis hostd
 FUZZ_BINS    := $(FUZZ_TARGETS:%=$(FUZZ_DIR)/fuzz_%)
 FUZZ_BASE    := base/ll_log.c base/ll_clock.c
 FUZZ_SRCS_wire       := tests/fuzz/fuzz_wire.c proto/ll_wire.c proto/ll_json.c $(FUZZ_BASE)
 FUZZ_SRCS_hmac       := tests/fuzz/fuzz_hmac.c proto/ll_wire.c proto/ll_json.c $(FUZZ_BASE)
 FUZZ_SRCS_conn       := tests/fuzz/fuzz_conn.c proto/ll_conn.c
 FUZZ_SRCS_store_meta := tests/fuzz/fuzz_store_meta.c store/ll_store_ref.c
+FUZZ_SRCS_hostd      := tests/fuzz/fuzz_hostd.c zygote/ll_hostd_wire.c zygote/ll_hostd_policy.c \
+                        zygote/ll_gpu.c $(FUZZ_BASE)
 FUZZ_SRCS_analysis   := tests/fuzz/fuzz_analysis.c $(ANALYSIS_SRCS) kernel/ll_interp.c kernel/ll_pyenv.c $(FUZZ_BASE)
 
 $(FUZZ_DIR)/obj/%.o: %.c

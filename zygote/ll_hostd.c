@@ -15,13 +15,24 @@
  *   connection's that got it, so a request about another's lease is an
  *   error that changes nothing (the uid, from SO_PEERCRED, is what the
  *   share counts and what `top` shows);
- * - the broker never blocks on a pool: frames to pools are tiny; a pool
- *   whose socket does not take one is dropped (its leases end; it falls
- *   back to its own slots and registers again);
+ * - the broker trusts no client (any local user may connect): every field
+ *   is checked (ll_hostd_wire) before anything is done, and it grants
+ *   nothing a client did not get from it: a slot claimed at `hello` is
+ *   adopted only when this broker, before a restart, lent it to that uid
+ *   (its record, <socket>.leases) and nobody holds it now;
+ * - the broker never blocks on a client: it only writes what a socket takes
+ *   now; the rest waits in the connection's queue, and while a client's
+ *   replies wait its requests are not read (so nothing grows).  A client
+ *   that takes nothing for S_STALL_MS is dropped (a pool's leases end; it
+ *   falls back to its own slots and registers again);
+ * - what a client costs is bounded: S_MAX_PER_UID connections per uid,
+ *   frames of LL_HOSTD_FRAME_MAX bytes (the reader buffers one), queues of
+ *   S_OUT_SOFT plus one reply; a metrics connection lives S_HTTP_MS at most;
  * - when it stops, pools see their connection close and fall back. */
 #include "zygote/ll_gpu.h"
 #include "zygote/ll_hostd.h"
 #include "zygote/ll_hostd_policy.h"
+#include "zygote/ll_hostd_wire.h"
 #include "zygote/ll_zframe.h"
 #include "store/ll_store.h"
 #include "base/ll_clock.h"
@@ -44,26 +55,42 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+/* A user's pools (one per LooseLeaf build and Python environment) and a
+ * `looseleaf top` or two: connections of one uid at once. */
+#define S_MAX_PER_UID 8
 #define S_MAX_HTTP    16
-#define S_MAX_PER_UID 16 /* connections of one uid at once: one user cannot take every entry */
+#define S_HTTP_MS     5000.0     /* a metrics connection's whole life: request and answer */
+#define S_OUT_SOFT    65536      /* a client's requests are read while less waits to go to it */
+#define S_OUT_MAX     (1u << 20) /* never more queued for one client (a defence) */
+#define S_STALL_MS    10000.0    /* a client that takes none of its queue for this long goes */
+#define S_RESTORE_MS  15000.0 /* after a restart, a recorded lease waits this long for its pool */
 
 typedef struct {
     int fd;           /* -1: free */
-    ll_zreader_t *rd; /* frames from it */
+    ll_zreader_t *rd; /* frames from it (at most LL_HOSTD_FRAME_MAX) */
     unsigned uid;     /* its peer's uid (SO_PEERCRED) */
     int pid;          /* its peer's pid */
     bool pool;        /* it registered (hello): a policy connection of the same index */
     bool dead;        /* to be dropped at the end of this turn */
+    char *out;        /* frames queued for it, not yet written */
+    size_t olen;      /* bytes in out */
+    size_t ocap;      /* allocated */
+    double progress;  /* ms: when its queue last shrank (or filled from empty) */
 } s_conn_t;
 
 typedef struct {
-    int fd;         /* -1: free */
-    char buf[2048]; /* the request so far */
-    size_t len;
+    int fd;           /* -1: free */
+    char buf[2048];   /* the request so far */
+    size_t len;       /* bytes in buf */
+    char *out;        /* the answer, once the request is in (malloc'd) */
+    size_t olen, off; /* its length, and what went */
+    double t0;        /* ms, accepted at: closed at t0 + S_HTTP_MS whatever it did */
 } s_http_t;
 
 typedef struct {
     char sock[108];
+    char record[128]; /* sock + ".leases": who holds which slot, for a restart */
+    bool record_dirty;
     int nslots;
     ll_gpu_plan_t plan;                 /* the slots over the devices (slot_dev -1: virtual) */
     ll_gpu_info_t gpus;                 /* what the detection found */
@@ -78,6 +105,10 @@ typedef struct {
     s_http_t http[S_MAX_HTTP];
     bool stop;
 } s_hostd_t;
+
+/* What any local user can cause, logged at most once per interval each. */
+static ll_log_limit_t s_log_refused = LL_LOG_LIMIT_INIT, s_log_dropped = LL_LOG_LIMIT_INIT,
+                      s_log_conns = LL_LOG_LIMIT_INIT, s_log_http = LL_LOG_LIMIT_INIT;
 
 void ll_hostd_socket_path(char *out, size_t len)
 {
@@ -100,21 +131,134 @@ static int s_count_gpus(void)
 }
 
 /* ------------------------------------------------------------------ */
-/* Pools' connections                                                 */
+/* The record of leases: a restarted broker adopts only what it lent  */
 
+/* Every lease (and restored slot not yet claimed) as "slot uid" lines
+ * into the record, replaced whole (rename).  Root's, 0600. */
+static void s_record_write(s_hostd_t *h)
+{
+    char tmp[sizeof h->record + 8];
+    snprintf(tmp, sizeof tmp, "%s.tmp", h->record);
+    h->record_dirty = false;
+    unlink(tmp);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (!f) {
+        if (fd >= 0)
+            close(fd);
+        ll_warn_limited(&s_log_conns, "hostd", "cannot write %s: %s (a restart adopts nothing)",
+                        tmp, strerror(errno));
+        return;
+    }
+    for (int i = 0; i < LL_HOSTD_MAX_LEASES; i++) {
+        const ll_hostd_lease_t *l = ll_hostd_policy_lease(h->policy, i);
+        if (l->conn >= 0)
+            fprintf(f, "%d %u\n", l->slot, l->uid);
+    }
+    for (int s = 0; s < h->nslots; s++) {
+        unsigned uid;
+        if (ll_hostd_policy_restored(h->policy, s, &uid))
+            fprintf(f, "%d %u\n", s, uid);
+    }
+    if (fclose(f) != 0 || rename(tmp, h->record) != 0) {
+        ll_warn_limited(&s_log_conns, "hostd", "cannot write %s: %s", h->record, strerror(errno));
+        unlink(tmp);
+    }
+}
+
+/* At start: the leases the broker that ran before held, each kept for its
+ * uid's pool to claim back for S_RESTORE_MS.  A record that is not the
+ * broker's own (another owner, writable by others) is ignored. */
+static void s_record_load(s_hostd_t *h, double now)
+{
+    int fd = open(h->record, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    struct stat st;
+    FILE *f = NULL;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() && !(st.st_mode & 022))
+        f = fdopen(fd, "r");
+    if (!f) {
+        ll_warn("hostd", "%s is not the broker's own file: ignored", h->record);
+        close(fd);
+        return;
+    }
+    int slot, n = 0;
+    unsigned uid;
+    while (fscanf(f, "%d %u", &slot, &uid) == 2)
+        n += ll_hostd_policy_restore(h->policy, slot, uid, now + S_RESTORE_MS) == 0;
+    fclose(f);
+    if (n)
+        ll_info("hostd", "%d lease(s) of the broker before: held %.0f s for their pools to claim",
+                n, S_RESTORE_MS / 1000);
+}
+
+/* ------------------------------------------------------------------ */
+/* Clients' connections                                               */
+
+/* Write what client C's socket takes now, never waiting. */
+static void s_flush(s_hostd_t *h, int c)
+{
+    s_conn_t *cn = &h->conns[c];
+    size_t done = 0;
+    while (done < cn->olen && !cn->dead) {
+        ssize_t w = send(cn->fd, cn->out + done, cn->olen - done, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (w > 0)
+            done += (size_t) w;
+        else if (w < 0 && errno == EINTR)
+            continue;
+        else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            break;
+        else
+            cn->dead = true; /* gone: its EOF says so too */
+    }
+    if (done) {
+        memmove(cn->out, cn->out + done, cn->olen - done);
+        cn->olen -= done;
+        cn->progress = ll_clock_ms();
+    }
+}
+
+/* Queue MSG (stolen) for client C and write what its socket takes now. */
 static void s_send(s_hostd_t *h, int c, json_t *msg)
 {
-    if (h->conns[c].fd >= 0 && !h->conns[c].dead && ll_zframe_send(h->conns[c].fd, msg, -1) < 0) {
-        ll_warn("hostd", "pool pid %d (uid %u) does not take frames (%s): dropping it",
-                h->conns[c].pid, h->conns[c].uid, strerror(errno));
-        h->conns[c].dead = true;
-    }
+    s_conn_t *cn = &h->conns[c];
+    size_t n = 0;
+    char *bytes = cn->fd >= 0 && !cn->dead ? ll_zframe_encode(msg, &n) : NULL;
     json_decref(msg);
+    if (!bytes)
+        return;
+    if (cn->olen + n > S_OUT_MAX) {
+        ll_warn_limited(&s_log_dropped, "hostd",
+                        "client pid %d (uid %u) does not read what it asked for: dropping it",
+                        cn->pid, cn->uid);
+        cn->dead = true;
+        free(bytes);
+        return;
+    }
+    if (cn->olen + n > cn->ocap) {
+        size_t cap = (cn->olen + n) * 2;
+        char *nb = realloc(cn->out, cap);
+        if (!nb) {
+            cn->dead = true;
+            free(bytes);
+            return;
+        }
+        cn->out = nb;
+        cn->ocap = cap;
+    }
+    if (cn->olen == 0)
+        cn->progress = ll_clock_ms(); /* its stall counts from now */
+    memcpy(cn->out + cn->olen, bytes, n);
+    cn->olen += n;
+    free(bytes);
+    s_flush(h, c);
 }
 
 static void s_error(s_hostd_t *h, int c, const char *why)
 {
-    ll_info("hostd", "pool pid %d (uid %u): refused: %s", h->conns[c].pid, h->conns[c].uid, why);
+    ll_info_limited(&s_log_refused, "hostd", "client pid %d (uid %u): refused: %s", h->conns[c].pid,
+                    h->conns[c].uid, why);
     s_send(h, c, json_pack("{s:s, s:s}", "type", "error", "error", why));
 }
 
@@ -130,6 +274,7 @@ static void s_decide(s_hostd_t *h)
             s_send(h, d.conn,
                    json_pack("{s:s, s:i, s:b}", "type", "grant", "slot", d.slot, "prefetch",
                              d.prefetch));
+            h->record_dirty = true;
             break;
         case LL_HOSTD_REVOKE:
             ll_info("hostd", "slot %d taken back from uid %u for uid %u", d.slot,
@@ -161,38 +306,37 @@ static json_t *s_slot_map(const s_hostd_t *h)
     return map;
 }
 
-/* "hello" from C: it registers, claiming the slots it holds now. */
-static void s_hello(s_hostd_t *h, int c, json_t *m)
+/* "hello" Q from C: it registers; of the slots it claims, those this broker
+ * lent its uid before a restart (and nobody holds) are its leases again,
+ * the others it gives up (welcome's `adopted` leaves them out). */
+static void s_hello(s_hostd_t *h, int c, const ll_hostd_msg_t *q)
 {
     if (h->conns[c].pool) {
         s_error(h, c, "hello: already registered");
         return;
     }
     double now = ll_clock_ms();
-    int nslots = (int) json_integer_value(json_object_get(m, "nslots"));
-    if (ll_hostd_policy_open(h->policy, c, h->conns[c].uid, nslots, now) < 0) {
+    if (ll_hostd_policy_open(h->policy, c, h->conns[c].uid, q->nslots, now) < 0) {
         s_error(h, c, "hello: too many users");
         return;
     }
     h->conns[c].pool = true;
-    json_t *adopted = json_array(), *held = json_object_get(m, "held"), *e;
-    size_t i;
-    json_array_foreach(held, i, e) {
-        int slot = (int) json_integer_value(json_object_get(e, "slot"));
-        bool idle = json_is_true(json_object_get(e, "idle"));
-        if (json_is_integer(json_object_get(e, "slot")) &&
-            ll_hostd_policy_adopt(h->policy, c, slot, idle, now) == 0) {
-            ll_hostd_policy_mark(h->policy, c, slot, idle,
-                                 json_number_value(json_object_get(e, "value")),
-                                 (int) json_integer_value(json_object_get(e, "pid")),
-                                 (int) json_integer_value(json_object_get(e, "cells")), now);
-            ll_hostd_policy_mark_prefetch(h->policy, c, slot,
-                                          json_is_true(json_object_get(e, "prefetch")));
-            json_array_append_new(adopted, json_integer(slot));
+    json_t *adopted = json_array();
+    for (int i = 0; i < q->nheld; i++) {
+        const ll_hostd_lease_msg_t *e = &q->held[i];
+        if (ll_hostd_policy_adopt(h->policy, c, e->slot, e->idle, now) < 0) {
+            ll_info_limited(&s_log_refused, "hostd",
+                            "pool pid %d (uid %u) claims slot %d, which is not its lease: refused",
+                            h->conns[c].pid, h->conns[c].uid, e->slot);
+            continue;
         }
+        ll_hostd_policy_mark(h->policy, c, e->slot, e->idle, e->value, e->pid, e->cells, now);
+        ll_hostd_policy_mark_prefetch(h->policy, c, e->slot, e->prefetch);
+        json_array_append_new(adopted, json_integer(e->slot));
+        h->record_dirty = true;
     }
-    ll_info("hostd", "pool pid %d of uid %u registered (%d slots, %zu held)", h->conns[c].pid,
-            h->conns[c].uid, nslots, json_array_size(adopted));
+    ll_info("hostd", "pool pid %d of uid %u registered (%d slots, %zu of %d claimed adopted)",
+            h->conns[c].pid, h->conns[c].uid, q->nslots, json_array_size(adopted), q->nheld);
     s_send(h, c,
            json_pack("{s:s, s:i, s:o, s:b, s:o, s:b, s:I}", "type", "welcome", "slots",
                      ll_hostd_policy_nslots(h->policy), "adopted", adopted, "cuda", h->ngpu > 0,
@@ -204,43 +348,37 @@ static json_t *s_stats(s_hostd_t *h);
 
 static void s_frame(s_hostd_t *h, int c, json_t *m)
 {
-    const char *type = json_string_value(json_object_get(m, "type"));
     double now = ll_clock_ms();
-    if (!type) {
-        s_error(h, c, "frame without a type");
-    } else if (strcmp(type, "stats") == 0) {
+    ll_hostd_msg_t q;
+    char why[256];
+    if (ll_hostd_wire_parse(m, h->nslots, &q, why, sizeof why) < 0) {
+        s_error(h, c, why);
+    } else if (q.type == LL_HOSTD_MSG_STATS) {
         s_send(h, c, s_stats(h));
-    } else if (strcmp(type, "hello") == 0) {
-        s_hello(h, c, m);
+    } else if (q.type == LL_HOSTD_MSG_HELLO) {
+        s_hello(h, c, &q);
     } else if (!h->conns[c].pool) {
         s_error(h, c, "not registered: send hello first");
-    } else if (strcmp(type, "want") == 0) {
-        ll_hostd_policy_want(h->policy, c, (int) json_integer_value(json_object_get(m, "n")), now);
-        if (json_object_get(m, "prefetch"))
-            ll_hostd_policy_want_prefetch(
-                h->policy, c, (int) json_integer_value(json_object_get(m, "prefetch")), now);
-    } else if (strcmp(type, "release") == 0 || strcmp(type, "mark") == 0) {
-        json_t *js = json_object_get(m, "slot");
-        int slot = json_is_integer(js) ? (int) json_integer_value(js) : -1;
-        int rc =
-            type[0] == 'r'
-                ? ll_hostd_policy_release(h->policy, c, slot, now)
-                : ll_hostd_policy_mark(h->policy, c, slot, json_is_true(json_object_get(m, "idle")),
-                                       json_number_value(json_object_get(m, "value")),
-                                       (int) json_integer_value(json_object_get(m, "pid")),
-                                       (int) json_integer_value(json_object_get(m, "cells")), now);
-        if (rc == 0 && type[0] == 'm' && json_object_get(m, "prefetch"))
-            ll_hostd_policy_mark_prefetch(h->policy, c, slot,
-                                          json_is_true(json_object_get(m, "prefetch")));
-        if (rc < 0) {
-            char why[128];
-            snprintf(why, sizeof why, "%s: this connection holds no lease on slot %d", type, slot);
-            s_error(h, c, why);
-        } else if (type[0] == 'r') {
-            ll_info("hostd", "slot %d returned by uid %u", slot, h->conns[c].uid);
-        }
+    } else if (q.type == LL_HOSTD_MSG_WANT) {
+        ll_hostd_policy_want(h->policy, c, q.want, now);
+        if (q.has_prefetch)
+            ll_hostd_policy_want_prefetch(h->policy, c, q.want_prefetch, now);
     } else {
-        s_error(h, c, "unknown frame type");
+        const ll_hostd_lease_msg_t *l = &q.lease;
+        bool release = q.type == LL_HOSTD_MSG_RELEASE;
+        int rc = release ? ll_hostd_policy_release(h->policy, c, l->slot, now)
+                         : ll_hostd_policy_mark(h->policy, c, l->slot, l->idle, l->value, l->pid,
+                                                l->cells, now);
+        if (rc == 0 && !release && l->has_prefetch)
+            ll_hostd_policy_mark_prefetch(h->policy, c, l->slot, l->prefetch);
+        if (rc < 0) {
+            snprintf(why, sizeof why, "%s: this connection holds no lease on slot %d",
+                     release ? "release" : "mark", l->slot);
+            s_error(h, c, why);
+        } else if (release) {
+            ll_info("hostd", "slot %d returned by uid %u", l->slot, h->conns[c].uid);
+            h->record_dirty = true;
+        }
     }
     s_decide(h);
 }
@@ -256,6 +394,9 @@ static void s_accept(s_hostd_t *h)
             if (h->conns[j].fd < 0)
                 c = j;
         if (c < 0 || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0) {
+            if (c < 0)
+                ll_warn_limited(&s_log_conns, "hostd", "%d connections: refusing another",
+                                LL_HOSTD_MAX_CONNS);
             close(fd);
             continue;
         }
@@ -263,11 +404,17 @@ static void s_accept(s_hostd_t *h)
         for (int j = 0; j < LL_HOSTD_MAX_CONNS; j++)
             same += h->conns[j].fd >= 0 && h->conns[j].uid == cred.uid;
         if (same >= S_MAX_PER_UID) {
-            ll_warn("hostd", "uid %u already has %d connections: refusing another", cred.uid, same);
+            ll_warn_limited(&s_log_conns, "hostd",
+                            "uid %u already has %d connections: refusing another", cred.uid, same);
             close(fd);
             continue;
         }
-        h->conns[c] = (s_conn_t){fd, ll_zreader_new(fd), cred.uid, cred.pid, false, false};
+        ll_zreader_t *rd = ll_zreader_new_max(fd, LL_HOSTD_FRAME_MAX);
+        if (!rd) {
+            close(fd);
+            continue;
+        }
+        h->conns[c] = (s_conn_t){.fd = fd, .rd = rd, .uid = cred.uid, .pid = cred.pid};
     }
 }
 
@@ -277,34 +424,73 @@ static void s_conn_gone(s_hostd_t *h, int c)
         ll_info("hostd", "pool pid %d of uid %u left: its leases end", h->conns[c].pid,
                 h->conns[c].uid);
         ll_hostd_policy_close(h->policy, c, ll_clock_ms());
+        h->record_dirty = true;
     }
     close(h->conns[c].fd);
     ll_zreader_destroy(&h->conns[c].rd);
+    free(h->conns[c].out);
     memset(&h->conns[c], 0, sizeof h->conns[c]);
     h->conns[c].fd = -1;
     s_decide(h);
 }
 
-static void s_conn_input(s_hostd_t *h, int c)
+/* Act on C's frames read so far, while its replies do not back up (the
+ * rest waits in its reader, and its socket, until they went). */
+static void s_conn_pump(s_hostd_t *h, int c)
 {
-    int fr = ll_zreader_fill(h->conns[c].rd);
     json_t *m;
     bool bad = false;
-    while (!h->conns[c].dead && (m = ll_zreader_pop(h->conns[c].rd, &bad))) {
+    while (!h->conns[c].dead && h->conns[c].olen < S_OUT_SOFT &&
+           (m = ll_zreader_pop(h->conns[c].rd, &bad))) {
         s_frame(h, c, m);
         json_decref(m);
     }
-    if (fr < 0 || bad)
+    if (bad) {
+        ll_warn_limited(&s_log_dropped, "hostd",
+                        "client pid %d (uid %u) sent a malformed frame or one over %d bytes: "
+                        "dropping it",
+                        h->conns[c].pid, h->conns[c].uid, LL_HOSTD_FRAME_MAX);
+        h->conns[c].dead = true;
+    }
+}
+
+static void s_conn_input(s_hostd_t *h, int c)
+{
+    int fr = ll_zreader_fill(h->conns[c].rd);
+    s_conn_pump(h, c);
+    if (fr < 0)
         h->conns[c].dead = true;
 }
 
 /* ------------------------------------------------------------------ */
 /* What it holds: stats (top) and Prometheus text                     */
 
+/* UID's login name (null when it has none), looked up once per uid: a
+ * lookup may go to a directory service (NSS: LDAP, sssd), and any client
+ * may ask for stats as often as it likes. */
 static json_t *s_user_name(unsigned uid)
 {
-    struct passwd *pw = getpwuid(uid);
-    return pw ? json_string(pw->pw_name) : json_null();
+    static struct {
+        unsigned uid;
+        bool known, named;
+        char name[64];
+    } cache[LL_HOSTD_MAX_USERS];
+    int k = 0;
+    while (k < LL_HOSTD_MAX_USERS && cache[k].known && cache[k].uid != uid)
+        k++;
+    if (k == LL_HOSTD_MAX_USERS) {
+        struct passwd *pw = getpwuid(uid); /* (more users than the policy keeps: not cached) */
+        return pw ? json_string(pw->pw_name) : json_null();
+    }
+    if (!cache[k].known) {
+        struct passwd *pw = getpwuid(uid);
+        cache[k].uid = uid;
+        cache[k].known = true;
+        cache[k].named = pw && strlen(pw->pw_name) < sizeof cache[k].name;
+        if (cache[k].named)
+            strcpy(cache[k].name, pw->pw_name);
+    }
+    return cache[k].named ? json_string(cache[k].name) : json_null();
 }
 
 static json_t *s_stats(s_hostd_t *h)
@@ -453,40 +639,97 @@ static char *s_prometheus(const json_t *st)
     return out;
 }
 
+static void s_http_close(s_http_t *q)
+{
+    close(q->fd);
+    free(q->out);
+    memset(q, 0, sizeof *q);
+    q->fd = -1;
+}
+
+/* Write what metrics connection Q's socket takes now; closed when all went. */
+static void s_http_flush(s_http_t *q)
+{
+    while (q->off < q->olen) {
+        ssize_t w = send(q->fd, q->out + q->off, q->olen - q->off, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (w > 0)
+            q->off += (size_t) w;
+        else if (w < 0 && errno == EINTR)
+            continue;
+        else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        else
+            break;
+    }
+    s_http_close(q);
+}
+
+/* Bytes from metrics connection K; once its request is in, the answer is
+ * made and written as its socket takes it (never waiting: S_HTTP_MS
+ * bounds the whole exchange). */
 static void s_http_input(s_hostd_t *h, int k)
 {
     s_http_t *q = &h->http[k];
     ssize_t n = read(q->fd, q->buf + q->len, sizeof q->buf - 1 - q->len);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR))
+        return;
     if (n > 0) {
         q->len += (size_t) n;
         q->buf[q->len] = '\0';
     }
     bool done = strstr(q->buf, "\r\n\r\n") || strstr(q->buf, "\n\n");
-    if (!done && n != 0 && q->len < sizeof q->buf - 1)
+    if (!done && n > 0 && q->len < sizeof q->buf - 1)
         return;
-    if (done) {
-        bool metrics = strncmp(q->buf, "GET /metrics", 12) == 0;
-        json_t *st = s_stats(h);
-        char *body = metrics ? s_prometheus(st) : NULL;
-        json_decref(st);
-        char head[256];
-        int hl = snprintf(head, sizeof head,
-                          "HTTP/1.0 %s\r\nContent-Type: text/plain; version=0.0.4\r\n"
-                          "Content-Length: %zu\r\nConnection: close\r\n\r\n",
-                          metrics ? "200 OK" : "404 Not Found", body ? strlen(body) : 0);
-        /* Small and local: a blocking write of a few KiB. */
-        int fl = fcntl(q->fd, F_GETFL);
-        fcntl(q->fd, F_SETFL, fl & ~O_NONBLOCK);
-        struct timeval tv = {1, 0};
-        setsockopt(q->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-        if (write(q->fd, head, (size_t) hl) == hl && body)
-            (void) !write(q->fd, body, strlen(body));
-        free(body);
+    if (!done) {
+        s_http_close(q); /* closed, failed or too long before its end */
+        return;
     }
-    close(q->fd);
-    q->fd = -1;
-    q->len = 0;
-    q->buf[0] = '\0';
+    bool metrics = strncmp(q->buf, "GET /metrics", 12) == 0;
+    json_t *st = s_stats(h);
+    char *body = metrics ? s_prometheus(st) : NULL;
+    json_decref(st);
+    size_t bl = body ? strlen(body) : 0;
+    char head[256];
+    int hl = snprintf(head, sizeof head,
+                      "HTTP/1.0 %s\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                      "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+                      metrics ? "200 OK" : "404 Not Found", bl);
+    q->out = malloc((size_t) hl + bl);
+    if (!q->out) {
+        free(body);
+        s_http_close(q);
+        return;
+    }
+    memcpy(q->out, head, (size_t) hl);
+    if (body)
+        memcpy(q->out + hl, body, bl);
+    q->olen = (size_t) hl + bl;
+    free(body);
+    s_http_flush(q);
+}
+
+/* A metrics connection: into a free entry, else into the oldest one's (it
+ * had the longest to ask; a real scraper asks at once). */
+static void s_http_accept(s_hostd_t *h)
+{
+    int fd;
+    while ((fd = accept4(h->http_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0) {
+        int k = -1, oldest = 0;
+        for (int j = 0; j < S_MAX_HTTP && k < 0; j++) {
+            if (h->http[j].fd < 0)
+                k = j;
+            else if (h->http[j].t0 < h->http[oldest].t0)
+                oldest = j;
+        }
+        if (k < 0) {
+            ll_info_limited(&s_log_http, "hostd", "%d metrics connections open: closing the oldest",
+                            S_MAX_HTTP);
+            s_http_close(&h->http[oldest]);
+            k = oldest;
+        }
+        h->http[k].fd = fd;
+        h->http[k].t0 = ll_clock_ms();
+    }
 }
 
 /* ------------------------------------------------------------------ */
@@ -648,6 +891,47 @@ static int s_args(s_hostd_t *h, int argc, char **argv)
     return 0;
 }
 
+/* Ms until the next deadline at NOW (a stalled client, a metrics
+ * connection's end, a restored lease's grace), -1 when none. */
+static int s_timeout(const s_hostd_t *h, double now)
+{
+    double next = ll_hostd_policy_deadline(h->policy);
+    for (int c = 0; c < LL_HOSTD_MAX_CONNS; c++)
+        if (h->conns[c].fd >= 0 && h->conns[c].olen &&
+            (next == 0 || h->conns[c].progress + S_STALL_MS < next))
+            next = h->conns[c].progress + S_STALL_MS;
+    for (int k = 0; k < S_MAX_HTTP; k++)
+        if (h->http[k].fd >= 0 && (next == 0 || h->http[k].t0 + S_HTTP_MS < next))
+            next = h->http[k].t0 + S_HTTP_MS;
+    if (next == 0)
+        return -1;
+    return next <= now ? 0 : (int) (next - now) + 1;
+}
+
+/* What is due at NOW: stalled clients and spent metrics connections go; a
+ * restored lease whose grace ended is free (the policy's next pass). */
+static void s_deadlines(s_hostd_t *h, double now)
+{
+    for (int c = 0; c < LL_HOSTD_MAX_CONNS; c++) {
+        s_conn_t *cn = &h->conns[c];
+        if (cn->fd >= 0 && !cn->dead && cn->olen && now >= cn->progress + S_STALL_MS) {
+            ll_warn_limited(&s_log_dropped, "hostd",
+                            "client pid %d (uid %u) took nothing of %zu bytes for %.0f s: "
+                            "dropping it",
+                            cn->pid, cn->uid, cn->olen, S_STALL_MS / 1000);
+            cn->dead = true;
+        }
+    }
+    for (int k = 0; k < S_MAX_HTTP; k++)
+        if (h->http[k].fd >= 0 && now >= h->http[k].t0 + S_HTTP_MS)
+            s_http_close(&h->http[k]);
+    double due = ll_hostd_policy_deadline(h->policy);
+    if (due > 0 && now >= due) {
+        s_decide(h);
+        h->record_dirty = true;
+    }
+}
+
 static void s_loop(s_hostd_t *h)
 {
     struct pollfd pfd[3 + LL_HOSTD_MAX_CONNS + S_MAX_HTTP];
@@ -664,18 +948,22 @@ static void s_loop(s_hostd_t *h)
         }
         for (int c = 0; c < LL_HOSTD_MAX_CONNS; c++)
             if (h->conns[c].fd >= 0) {
-                pfd[n] = (struct pollfd){h->conns[c].fd, POLLIN, 0};
+                /* Its requests are read while its replies do not back up. */
+                short ev = (short) ((h->conns[c].olen < S_OUT_SOFT ? POLLIN : 0) |
+                                    (h->conns[c].olen ? POLLOUT : 0));
+                pfd[n] = (struct pollfd){h->conns[c].fd, ev, 0};
                 idx[n++] = c;
             }
         for (int k = 0; k < S_MAX_HTTP; k++)
             if (h->http[k].fd >= 0) {
-                pfd[n] = (struct pollfd){h->http[k].fd, POLLIN, 0};
+                pfd[n] = (struct pollfd){h->http[k].fd, h->http[k].out ? POLLOUT : POLLIN, 0};
                 idx[n++] = 1000 + k;
             }
-        if (poll(pfd, (nfds_t) n, -1) < 0 && errno != EINTR)
+        if (poll(pfd, (nfds_t) n, s_timeout(h, ll_clock_ms())) < 0 && errno != EINTR)
             return;
         for (int i = 0; i < n; i++) {
-            if (!pfd[i].revents)
+            short re = pfd[i].revents;
+            if (!re)
                 continue;
             if (idx[i] == -1) {
                 s_accept(h);
@@ -684,27 +972,31 @@ static void s_loop(s_hostd_t *h)
                 while (read(h->sig_fd, &si, sizeof si) == sizeof si)
                     h->stop = true;
             } else if (idx[i] == -3) {
-                int fd;
-                while ((fd = accept4(h->http_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0) {
-                    int k = 0;
-                    while (k < S_MAX_HTTP && h->http[k].fd >= 0)
-                        k++;
-                    if (k == S_MAX_HTTP) {
-                        close(fd);
-                        continue;
-                    }
-                    h->http[k].fd = fd;
-                }
+                s_http_accept(h);
             } else if (idx[i] >= 1000) {
-                if (h->http[idx[i] - 1000].fd == pfd[i].fd)
+                s_http_t *q = &h->http[idx[i] - 1000];
+                if (q->fd != pfd[i].fd)
+                    continue;
+                if (q->out)
+                    s_http_flush(q);
+                else
                     s_http_input(h, idx[i] - 1000);
-            } else if (h->conns[idx[i]].fd == pfd[i].fd) {
-                s_conn_input(h, idx[i]);
+            } else if (h->conns[idx[i]].fd == pfd[i].fd && !h->conns[idx[i]].dead) {
+                int c = idx[i];
+                if (h->conns[c].olen && (re & (POLLOUT | POLLERR | POLLHUP))) {
+                    s_flush(h, c);
+                    s_conn_pump(h, c); /* frames held back while its replies waited */
+                }
+                if (re & (POLLIN | POLLERR | POLLHUP))
+                    s_conn_input(h, c);
             }
         }
+        s_deadlines(h, ll_clock_ms());
         for (int c = 0; c < LL_HOSTD_MAX_CONNS; c++)
             if (h->conns[c].fd >= 0 && h->conns[c].dead)
                 s_conn_gone(h, c);
+        if (h->record_dirty)
+            s_record_write(h);
     }
 }
 
@@ -733,6 +1025,10 @@ int ll_hostd_main(int argc, char **argv)
     h->sig_fd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
     h->policy = ll_hostd_policy_new(h->nslots);
     h->listen_fd = h->policy ? s_listen_unix(h) : -1;
+    if (h->listen_fd >= 0) {
+        snprintf(h->record, sizeof h->record, "%s.leases", h->sock);
+        s_record_load(h, ll_clock_ms());
+    }
     if (h->metrics_port > 0)
         h->http_fd = s_listen_http(h->metrics_port);
     if (h->listen_fd >= 0 && h->sig_fd >= 0 && (h->metrics_port == 0 || h->http_fd >= 0)) {
@@ -749,10 +1045,11 @@ int ll_hostd_main(int argc, char **argv)
         if (h->conns[c].fd >= 0) {
             close(h->conns[c].fd);
             ll_zreader_destroy(&h->conns[c].rd);
+            free(h->conns[c].out);
         }
     for (int k = 0; k < S_MAX_HTTP; k++)
         if (h->http[k].fd >= 0)
-            close(h->http[k].fd);
+            s_http_close(&h->http[k]);
     if (h->listen_fd >= 0)
         close(h->listen_fd);
     if (h->http_fd >= 0)

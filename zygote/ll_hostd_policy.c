@@ -22,6 +22,11 @@ typedef struct {
 
 struct ll_hostd_policy_t {
     int nslots;
+    struct {
+        bool used;    /* lent to UID before the broker restarted, not claimed yet */
+        unsigned uid; /* the user it was lent to */
+        double until; /* ms, end of the grace: then it is free */
+    } restored[LL_HOSTD_MAX_SLOTS];
     s_conn_t conns[LL_HOSTD_MAX_CONNS];
     ll_hostd_lease_t leases[LL_HOSTD_MAX_LEASES];
     ll_hostd_user_t users[LL_HOSTD_MAX_USERS];
@@ -92,8 +97,11 @@ static ll_hostd_lease_t *s_lease(ll_hostd_policy_t *self, int conn, int slot)
     return NULL;
 }
 
+/* No lease on SLOT, and none restored for its user to claim. */
 static bool s_slot_free(const ll_hostd_policy_t *self, int slot)
 {
+    if (slot >= 0 && slot < LL_HOSTD_MAX_SLOTS && self->restored[slot].used)
+        return false;
     for (int i = 0; i < LL_HOSTD_MAX_LEASES; i++)
         if (self->leases[i].conn >= 0 && self->leases[i].slot == slot)
             return false;
@@ -207,15 +215,50 @@ void ll_hostd_policy_close(ll_hostd_policy_t *self, int conn, double now)
     memset(&self->conns[conn], 0, sizeof self->conns[conn]);
 }
 
+int ll_hostd_policy_restore(ll_hostd_policy_t *self, int slot, unsigned uid, double until)
+{
+    if (slot < 0 || slot >= self->nslots || self->restored[slot].used)
+        return -1;
+    self->restored[slot].used = true;
+    self->restored[slot].uid = uid;
+    self->restored[slot].until = until;
+    return 0;
+}
+
 int ll_hostd_policy_adopt(ll_hostd_policy_t *self, int conn, int slot, bool idle, double now)
 {
-    if (!s_conn(self, conn) || slot < 0 || slot >= self->nslots || s_lease(self, conn, slot))
+    s_conn_t *c = s_conn(self, conn);
+    if (!c || slot < 0 || slot >= self->nslots || !self->restored[slot].used ||
+        self->restored[slot].uid != c->uid || now >= self->restored[slot].until ||
+        s_conn_leases(self, conn) >= c->nslots)
         return -1;
+    for (int i = 0; i < LL_HOSTD_MAX_LEASES; i++)
+        if (self->leases[i].conn >= 0 && self->leases[i].slot == slot)
+            return -1; /* (a restored slot is lent to nobody: defence) */
     ll_hostd_lease_t *l = s_lease_new(self, conn, slot, now);
     if (!l)
         return -1;
+    self->restored[slot].used = false;
     l->idle = idle;
     return 0;
+}
+
+double ll_hostd_policy_deadline(const ll_hostd_policy_t *self)
+{
+    double t = 0;
+    for (int s = 0; s < self->nslots; s++)
+        if (self->restored[s].used && (t == 0 || self->restored[s].until < t))
+            t = self->restored[s].until;
+    return t;
+}
+
+bool ll_hostd_policy_restored(const ll_hostd_policy_t *self, int slot, unsigned *uid)
+{
+    if (slot < 0 || slot >= self->nslots || !self->restored[slot].used)
+        return false;
+    if (uid)
+        *uid = self->restored[slot].uid;
+    return true;
 }
 
 void ll_hostd_policy_want(ll_hostd_policy_t *self, int conn, int n, double now)
@@ -370,7 +413,7 @@ static bool s_cells_wait(const ll_hostd_policy_t *self)
 /* After the cells: a free slot nobody's cell can take goes to the
  * prefetches waiting longest of the user holding the fewest leases; a pool
  * whose prefetches get none is told so once.  NL, BUSY: leases and held
- * slots (nothing is lent while adopted leases over-commit the slots). */
+ * slots (never more leases than slots: a defence, adoption cannot pass them). */
 static bool s_next_prefetch(ll_hostd_policy_t *self, double now, int nl, int busy,
                             ll_hostd_decision_t *d)
 {
@@ -422,6 +465,9 @@ bool ll_hostd_policy_next(ll_hostd_policy_t *self, double now, ll_hostd_decision
 {
     bool skip[LL_HOSTD_MAX_CONNS] = {false};
     memset(d, 0, sizeof *d);
+    for (int s = 0; s < self->nslots; s++)
+        if (self->restored[s].used && now >= self->restored[s].until)
+            self->restored[s].used = false; /* not claimed back in time: free */
     int busy = ll_hostd_policy_busy_slots(self), nl = ll_hostd_policy_nleases(self);
     for (;;) {
         int ci = s_first_waiting(self, skip);
@@ -431,8 +477,8 @@ bool ll_hostd_policy_next(ll_hostd_policy_t *self, double now, ll_hostd_decision
         s_conn_t *c = &self->conns[ci];
         int want = c->want, room = c->nslots - s_conn_leases(self, ci);
         want = want < room ? want : room;
-        /* A free slot it can use, unless adopted leases over-commit the
-         * slots (then nothing is lent until they are back within). */
+        /* A free slot it can use (never more leases than slots: adoption
+         * takes only free slots, this is a defence). */
         for (int s = 0; s < self->nslots && nl < self->nslots && busy < self->nslots; s++)
             if (s_slot_free(self, s)) {
                 ll_hostd_lease_t *l = s_lease_new(self, ci, s, now);
@@ -684,28 +730,47 @@ static int s_test_idle_meanwhile(bool verbose)
     return fails;
 }
 
-/* Re-registration after a broker restart: leases adopted even beyond the
- * slots; nothing is lent until they are back within. */
+/* Re-registration: a claim is granted only where the broker lent that
+ * slot to that uid before it restarted (restored), nobody holds it, and
+ * within the pool's slots; a restored slot is lent to nobody else until
+ * claimed or its grace ends.  Nothing a client says leases a slot twice. */
 static int s_test_adopt(bool verbose)
 {
     int fails = 0;
     ll_hostd_decision_t d[8];
-    ll_hostd_policy_t *p = ll_hostd_policy_new(2);
-    ll_hostd_policy_open(p, 0, 1001, 2, 0);
+    ll_hostd_policy_t *p = ll_hostd_policy_new(3);
+    S_CHECK(ll_hostd_policy_restore(p, 0, 1001, 100) == 0 &&
+            ll_hostd_policy_restore(p, 1, 1001, 100) == 0 &&
+            ll_hostd_policy_restore(p, 2, 1002, 100) == 0);
+    S_CHECK(ll_hostd_policy_restore(p, 0, 1002, 100) == -1 &&
+            ll_hostd_policy_restore(p, 3, 1002, 100) == -1);
+    S_CHECK(ll_hostd_policy_deadline(p) == 100);
+    ll_hostd_policy_open(p, 0, 1001, 1, 0); /* a pool of one slot */
     ll_hostd_policy_open(p, 1, 1002, 2, 0);
-    S_CHECK(ll_hostd_policy_adopt(p, 0, 0, false, 1) == 0 &&
-            ll_hostd_policy_adopt(p, 0, 1, true, 1) == 0);
-    S_CHECK(ll_hostd_policy_adopt(p, 1, 0, false, 1) == 0); /* both ran on slot 0 meanwhile */
-    S_CHECK(ll_hostd_policy_adopt(p, 1, 0, false, 1) == -1 &&
-            ll_hostd_policy_adopt(p, 1, 7, false, 1) == -1);
-    S_CHECK(ll_hostd_policy_nleases(p) == 3 && ll_hostd_policy_busy_slots(p) == 2);
-    ll_hostd_policy_release(p, 1, 0, 2);
-    ll_hostd_policy_want(p, 1, 1, 2);
-    int n = s_test_pass(p, 2, d, 8); /* 1001 holds 2 > share 1: its idle slot 1 goes */
-    S_CHECK(n == 2 && d[0].op == LL_HOSTD_REVOKE && d[0].conn == 0 && d[0].slot == 1);
-    ll_hostd_policy_release(p, 0, 1, 3);
-    n = s_test_pass(p, 3, d, 8);
-    S_CHECK(n == 1 && d[0].op == LL_HOSTD_GRANT && d[0].conn == 1 && d[0].slot == 1);
+    ll_hostd_policy_open(p, 2, 1003, 2, 0);
+    /* Another user's slot, a slot never lent, out of range: refused. */
+    S_CHECK(ll_hostd_policy_adopt(p, 1, 0, false, 1) == -1);
+    S_CHECK(ll_hostd_policy_adopt(p, 2, 2, false, 1) == -1);
+    S_CHECK(ll_hostd_policy_adopt(p, 1, 7, false, 1) == -1 &&
+            ll_hostd_policy_adopt(p, 1, -1, false, 1) == -1);
+    /* Its own: granted once; past its own slots' worth: refused. */
+    S_CHECK(ll_hostd_policy_adopt(p, 0, 0, false, 1) == 0);
+    S_CHECK(ll_hostd_policy_adopt(p, 0, 0, false, 1) == -1);
+    S_CHECK(ll_hostd_policy_adopt(p, 0, 1, true, 1) == -1);
+    /* A waiting pool gets neither restored slot while its grace lasts. */
+    ll_hostd_policy_want(p, 2, 1, 2);
+    int n = s_test_pass(p, 2, d, 8);
+    S_CHECK(n == 1 && d[0].op == LL_HOSTD_WAIT && d[0].conn == 2);
+    S_CHECK(ll_hostd_policy_busy_slots(p) == 3 && ll_hostd_policy_nleases(p) == 1);
+    S_CHECK(ll_hostd_policy_adopt(p, 1, 2, true, 3) == 0); /* 1002 claims its own */
+    /* The grace ends: slot 1 (not claimed) is free and lent; a claim is then too late. */
+    n = s_test_pass(p, 100, d, 8);
+    S_CHECK(n == 1 && d[0].op == LL_HOSTD_GRANT && d[0].conn == 2 && d[0].slot == 1);
+    S_CHECK(ll_hostd_policy_deadline(p) == 0 && !ll_hostd_policy_restored(p, 1, NULL));
+    ll_hostd_policy_close(p, 0, 101);
+    ll_hostd_policy_open(p, 0, 1001, 1, 101);
+    S_CHECK(ll_hostd_policy_adopt(p, 0, 0, false, 101) == -1); /* nothing restored any more */
+    S_CHECK(ll_hostd_policy_nleases(p) == 2 && ll_hostd_policy_busy_slots(p) == 2);
     ll_hostd_policy_destroy(&p);
     S_CHECK(!ll_hostd_policy_new(0) && !ll_hostd_policy_new(LL_HOSTD_MAX_SLOTS + 1));
     return fails;

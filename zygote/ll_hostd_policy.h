@@ -38,11 +38,13 @@
  * for its prefetches).  A pool whose prefetches get no slot is told so
  * once (WAIT, PREFETCH): it prepares them without one (staged).
  *
- * Leases claimed by a pool when it (re-)registers (ll_hostd_policy_adopt:
- * what it ran while the broker was away) are accepted even on a slot
- * already leased: nothing can be taken back from a running cell, so the
- * broker grants nothing more until the slots are back within their
- * number. */
+ * The policy grants nothing a pool did not get from the broker: a lease a
+ * pool claims when it (re-)registers (ll_hostd_policy_adopt) is accepted
+ * only where the broker lent that slot to that uid before it restarted
+ * (ll_hostd_policy_restore, from the broker's record) and nobody holds it
+ * now, within the pool's own slots.  A restored slot is held for its uid
+ * (lent to nobody else) until claimed or until its grace ends.  Any other
+ * claim is refused: the pool gives that slot up (as on a revocation). */
 #ifndef LL_HOSTD_POLICY_H
 #define LL_HOSTD_POLICY_H
 
@@ -123,9 +125,20 @@ int ll_hostd_policy_open(ll_hostd_policy_t *self, int conn, unsigned uid, int ns
 /* CONN left at NOW: its leases end (what it ran is gone with it). */
 void ll_hostd_policy_close(ll_hostd_policy_t *self, int conn, double now);
 
-/* CONN claims SLOT, which it held when it registered.  0, or -1 (no such
- * connection, slot out of range, table full). */
+/* Before the broker restarted, it had lent SLOT to UID: held for UID's
+ * pool to claim back until UNTIL (ms).  0, or -1 (slot out of range or
+ * already restored). */
+int ll_hostd_policy_restore(ll_hostd_policy_t *self, int slot, unsigned uid, double until);
+
+/* CONN claims SLOT, which it held when it registered.  0, or -1 when the
+ * claim is not granted: no such connection, slot out of range, leased to
+ * anyone, not restored for CONN's uid (or its grace is over), or CONN
+ * holds its own slots' worth already. */
 int ll_hostd_policy_adopt(ll_hostd_policy_t *self, int conn, int slot, bool idle, double now);
+
+/* The earliest end of a restored slot's grace (ms), 0 when none: call
+ * ll_hostd_policy_next then (the slot becomes free). */
+double ll_hostd_policy_deadline(const ll_hostd_policy_t *self);
 
 /* CONN wants N slots more than it holds (0: none). */
 void ll_hostd_policy_want(ll_hostd_policy_t *self, int conn, int n, double now);
@@ -158,6 +171,8 @@ bool ll_hostd_policy_next(ll_hostd_policy_t *self, double now, ll_hostd_decision
 /* ---- reading ---- */
 
 int ll_hostd_policy_nslots(const ll_hostd_policy_t *self);
+/* Whether SLOT is restored for a uid (*UID) and not yet claimed. */
+bool ll_hostd_policy_restored(const ll_hostd_policy_t *self, int slot, unsigned *uid);
 /* Lease entry I (0..LL_HOSTD_MAX_LEASES-1), conn < 0 when unused. */
 const ll_hostd_lease_t *ll_hostd_policy_lease(const ll_hostd_policy_t *self, int i);
 /* User entry I (0..LL_HOSTD_MAX_USERS-1); its held and busy ms at NOW,

@@ -33,8 +33,11 @@
  *
  * When the broker goes away the pool falls back to its own slots (logged
  * once) and tries again every second; registering, it claims the slots its
- * workers hold right then (as the broker slots they had, when known), so
- * nothing running is disturbed. */
+ * workers hold right then (as the broker slots they had, when known).  The
+ * broker adopts only what it lent us before it restarted; a slot it does not
+ * adopt we give up as if it were taken back (unheld: nothing of it is said
+ * to the broker).  A frame to the broker waits S_SEND_MS at most: a broker
+ * that does not read is given up like one that went away. */
 #include "zygote/ll_hostd.h"
 #include "zygote/ll_hostpool_internal.h"
 #include "store/ll_quota.h"
@@ -53,6 +56,7 @@
 #define S_RETRY_MS   1000.0  /* between attempts to reach the broker */
 #define S_REFUSED_MS 30000.0 /* ... after it refused to register us */
 #define S_WELCOME_MS 5000.0  /* a broker that does not welcome us by then is given up */
+#define S_SEND_MS    5000    /* ... nor one that takes no frame of ours for so long */
 
 struct ll_hostpool_hostd_t {
     char sock[108];                 /* the broker's socket ("": none is looked for) */
@@ -77,17 +81,26 @@ struct ll_hostpool_hostd_t {
         char vis[64];                 /* its CUDA_VISIBLE_DEVICES entry */
     } map[LL_GPU_MAX_SLOTS];          /* per broker slot, from welcome */
     bool revoked[LL_SCHED_MAX_SLOTS]; /* ... which it takes back */
+    bool unheld[LL_SCHED_MAX_SLOTS];  /* claimed at hello, not adopted: given up as if taken
+                                         back, and nothing said of it (the broker lent it not) */
     struct {
         bool sent, idle, prefetch;
         int pid, cells;
     } mark[LL_SCHED_MAX_SLOTS]; /* the last mark sent per slot */
 };
 
+static void s_private(ll_hostpool_t *pool, const char *why);
+
 static void s_send(ll_hostpool_t *pool, json_t *m)
 {
     ll_hostpool_hostd_t *hd = pool->hostd;
-    if (hd->fd >= 0 && ll_zframe_send(hd->fd, m, -1) < 0)
-        ll_debug("pool", "hostd: send failed: %s", strerror(errno)); /* its EOF follows */
+    /* Never wait long on the broker: one that does not read is gone. */
+    if (hd->fd >= 0 && ll_zframe_send_within(hd->fd, m, -1, S_SEND_MS) < 0) {
+        int e = errno;
+        json_decref(m);
+        s_private(pool, e == ETIMEDOUT ? "does not read" : "went away");
+        return;
+    }
     json_decref(m);
 }
 
@@ -111,6 +124,7 @@ static void s_private(ll_hostpool_t *pool, const char *why)
             hd->bslot[s] = -1; /* a worker holding it keeps its number: claimed again */
     memset(hd->lease, 0, sizeof hd->lease);
     memset(hd->revoked, 0, sizeof hd->revoked);
+    memset(hd->unheld, 0, sizeof hd->unheld);
     memset(hd->mark, 0, sizeof hd->mark);
     hd->registered = hd->hold_off = hd->answered = false;
     hd->next_try = ll_clock_ms() + S_RETRY_MS;
@@ -198,7 +212,7 @@ static void s_connect(ll_hostpool_t *pool)
     }
     for (int s = 0; s < nslots; s++) {
         int r = ll_sched_slot_job(pool->sched, s);
-        hd->revoked[s] = false;
+        hd->revoked[s] = hd->unheld[s] = false;
         ll_sched_slot_lease(pool->sched, s, r >= 0);
         if (r < 0 || hd->bslot[s] < 0)
             continue;
@@ -329,11 +343,16 @@ void ll_hostpool_hostd_sync(ll_hostpool_t *pool)
         int r = ll_sched_slot_job(pool->sched, s);
         if (r < 0) {
             if (hd->revoked[s] || !s_cells_queued(pool)) {
-                hd->lease[s] = hd->revoked[s] = false;
+                bool said = !hd->unheld[s];
+                int b = hd->bslot[s];
+                hd->lease[s] = hd->revoked[s] = hd->unheld[s] = false;
                 hd->mark[s].sent = false;
-                ll_sched_slot_lease(pool->sched, s, false);
-                s_send(pool, json_pack("{s:s, s:i}", "type", "release", "slot", hd->bslot[s]));
                 hd->bslot[s] = -1;
+                ll_sched_slot_lease(pool->sched, s, false);
+                if (said)
+                    s_send(pool, json_pack("{s:s, s:i}", "type", "release", "slot", b));
+                if (hd->fd < 0)
+                    return; /* the broker went (s_send): our own slots now */
             }
             continue;
         }
@@ -348,6 +367,8 @@ void ll_hostpool_hostd_sync(ll_hostpool_t *pool)
             (j->state == LL_SCHED_FORKING || j->state == LL_SCHED_PREPARING))
             s_drop_prefetch(pool, r);
         bool pf = s_holds_prefetch(j);
+        if (hd->unheld[s])
+            continue; /* not the broker's lease: nothing to mark */
         if (hd->mark[s].sent && hd->mark[s].idle == idle && hd->mark[s].pid == j->worker.key &&
             hd->mark[s].cells == j->worker.cells && hd->mark[s].prefetch == pf)
             continue;
@@ -362,6 +383,8 @@ void ll_hostpool_hostd_sync(ll_hostpool_t *pool)
                json_pack("{s:s, s:i, s:b, s:f, s:i, s:i, s:b}", "type", "mark", "slot",
                          hd->bslot[s], "idle", idle, "value", idle ? l - ll_gdsf_clock(g) : 0.0,
                          "pid", j->worker.key, "cells", j->worker.cells, "prefetch", pf));
+        if (hd->fd < 0)
+            return; /* the broker went (s_send): our own slots now */
     }
     int room = 0, beyond = 0, want = s_want(pool, &room, &beyond);
     int pf = ll_sched_prefetch_wanting(pool->sched); /* beyond the cells: at the lowest priority */
@@ -371,6 +394,8 @@ void ll_hostpool_hostd_sync(ll_hostpool_t *pool)
         hd->want_sent = want;
         hd->pf_sent = pf;
         s_send(pool, json_pack("{s:s, s:i, s:i}", "type", "want", "n", want, "prefetch", pf));
+        if (hd->fd < 0)
+            return;
     }
     if (want == 0 && beyond > 0)
         hd->hold_off = hd->answered = true; /* every slot of ours is leased: evict our own */
@@ -385,7 +410,7 @@ static int s_ours(const ll_hostpool_t *pool, int b)
 {
     const ll_hostpool_hostd_t *hd = pool->hostd;
     for (int s = 0; b >= 0 && s < ll_sched_nslots(pool->sched); s++)
-        if (hd->lease[s] && hd->bslot[s] == b)
+        if (hd->lease[s] && !hd->unheld[s] && hd->bslot[s] == b)
             return s;
     return -1;
 }
@@ -451,6 +476,23 @@ static void s_frame(ll_hostpool_t *pool, json_t *m)
         hd->registered = true;
         hd->said_private = false;
         s_welcome_map(pool, m);
+        /* A slot we claimed and the broker did not adopt (it did not lend
+         * it to us, or another holds it now) is given up as if taken back:
+         * a warm worker there is evicted, a busy one finishes its cell. */
+        for (int s = 0; s < nslots; s++) {
+            if (!hd->lease[s])
+                continue;
+            bool adopted = false; /* (a slot we could not claim: not adopted either) */
+            json_t *e;
+            size_t i;
+            json_array_foreach(json_object_get(m, "adopted"), i, e)
+                adopted |= json_integer_value(e) == hd->bslot[s];
+            if (!adopted) {
+                hd->revoked[s] = hd->unheld[s] = true;
+                ll_sched_slot_lease(pool->sched, s, false);
+                ll_info("pool", "hostd did not adopt slot %d (ours %d): given up", hd->bslot[s], s);
+            }
+        }
         ll_sched_prefetch_ask(pool->sched, json_is_true(json_object_get(m, "prefetch_leases")));
         /* The administrator's cap on the user's checkpoint store, for every
          * store of the user (ll_quota): 0 lifts it.  It stays through a

@@ -6,6 +6,7 @@
 #include <limits.h>
 
 #include <errno.h>
+#include <poll.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,7 @@ struct ll_zreader_t {
     char *buf;  /* bytes read and not yet popped */
     size_t len; /* bytes in buf */
     size_t cap; /* allocated */
+    size_t max; /* the longest frame body accepted */
 };
 
 int ll_zframe_self_exe(char *exec_path, size_t plen, char *argv0, size_t alen)
@@ -56,6 +58,11 @@ char *ll_zframe_encode(const json_t *msg, size_t *len)
 
 int ll_zframe_send(int fd, const json_t *msg, int passfd)
 {
+    return ll_zframe_send_within(fd, msg, passfd, -1);
+}
+
+int ll_zframe_send_within(int fd, const json_t *msg, int passfd, int timeout_ms)
+{
     char *body = json_dumps(msg, JSON_COMPACT | JSON_ENSURE_ASCII);
     if (!body) {
         errno = ENOMEM;
@@ -83,6 +90,8 @@ int ll_zframe_send(int fd, const json_t *msg, int passfd)
         memcpy(CMSG_DATA(c), &passfd, sizeof(int));
     }
     size_t total = 4 + n, sent = 0;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     while (sent < total) {
         ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL);
         if (w < 0) {
@@ -90,9 +99,23 @@ int ll_zframe_send(int fd, const json_t *msg, int passfd)
                 continue;
             if (errno == EAGAIN) {
                 /* A slow reader: the pool's sockets are non-blocking; wait
-                 * for room rather than drop a frame half-written. */
-                struct timespec ts = {0, 1000000};
-                nanosleep(&ts, NULL);
+                 * for room rather than drop a frame half-written (a frame
+                 * cut short would leave the stream unreadable). */
+                int left = -1;
+                if (timeout_ms >= 0) {
+                    struct timespec t;
+                    clock_gettime(CLOCK_MONOTONIC, &t);
+                    long spent = (long) (t.tv_sec - t0.tv_sec) * 1000 +
+                                 (long) (t.tv_nsec - t0.tv_nsec) / 1000000;
+                    if (spent >= timeout_ms) {
+                        free(body);
+                        errno = ETIMEDOUT;
+                        return -1;
+                    }
+                    left = timeout_ms - (int) spent;
+                }
+                struct pollfd p = {fd, POLLOUT, 0};
+                (void) poll(&p, 1, left); /* error or hang-up: sendmsg says which */
                 continue;
             }
             int e = errno;
@@ -196,9 +219,18 @@ json_t *ll_zframe_recv(int fd, int *passfd, bool nointr)
 
 ll_zreader_t *ll_zreader_new(int fd)
 {
+    return ll_zreader_new_max(fd, LL_ZFRAME_MAX);
+}
+
+ll_zreader_t *ll_zreader_new_max(int fd, size_t max)
+{
+    if (max < 1 || max > LL_ZFRAME_MAX)
+        return NULL;
     ll_zreader_t *self = calloc(1, sizeof *self);
-    if (self)
+    if (self) {
         self->fd = fd;
+        self->max = max;
+    }
     return self;
 }
 
@@ -214,9 +246,16 @@ void ll_zreader_destroy(ll_zreader_t **self_p)
 int ll_zreader_fill(ll_zreader_t *self)
 {
     int any = 0;
+    /* One whole frame fits; past that the peer's bytes wait in its socket
+     * until frames are popped (a peer cannot grow this buffer at will). */
+    size_t limit = self->max + 4, first = limit < 131072 ? limit : 131072;
     for (;;) {
-        if (self->cap - self->len < 65536) {
-            size_t cap = self->cap ? self->cap * 2 : 131072;
+        if (self->len >= limit)
+            return any;
+        size_t room = limit - self->len < 65536 ? limit - self->len : 65536;
+        if (self->cap - self->len < room) {
+            size_t cap = self->cap ? self->cap * 2 : first;
+            cap = cap < limit ? cap : limit;
             char *nb = realloc(self->buf, cap);
             if (!nb) {
                 errno = ENOMEM;
@@ -225,7 +264,9 @@ int ll_zreader_fill(ll_zreader_t *self)
             self->buf = nb;
             self->cap = cap;
         }
-        ssize_t r = read(self->fd, self->buf + self->len, self->cap - self->len);
+        size_t want = self->cap - self->len;
+        want = want < limit - self->len ? want : limit - self->len;
+        ssize_t r = read(self->fd, self->buf + self->len, want);
         if (r > 0) {
             self->len += (size_t) r;
             any = 1;
@@ -250,7 +291,7 @@ json_t *ll_zreader_pop(ll_zreader_t *self, bool *bad)
         return NULL;
     const unsigned char *h = (const unsigned char *) self->buf;
     uint32_t n = ((uint32_t) h[0] << 24) | ((uint32_t) h[1] << 16) | ((uint32_t) h[2] << 8) | h[3];
-    if (n > LL_ZFRAME_MAX) {
+    if (n > self->max) {
         *bad = true;
         return NULL;
     }
@@ -337,6 +378,59 @@ int ll_zframe_selftest(bool verbose)
     fcntl(sv[1], F_SETFL, fcntl(sv[1], F_GETFL) & ~O_NONBLOCK);
     errno = 0;
     S_CHECK(!ll_zframe_recv(sv[1], NULL, true) && errno == EPROTO);
+    /* A bounded reader: a frame above its MAX is bad, and however much the
+     * peer sent, it holds one frame's worth (the rest waits in the socket). */
+    fcntl(sv[1], F_SETFL, fcntl(sv[1], F_GETFL) | O_NONBLOCK);
+    {
+        char junk[64];
+        while (read(sv[1], junk, sizeof junk) > 0) /* what the huge header left */
+            ;
+    }
+    json_t *small = json_pack("{s:s}", "type", "stats"); /* 16 bytes of JSON */
+    rd = ll_zreader_new_max(sv[1], 20);
+    S_CHECK(rd && !ll_zreader_new_max(sv[1], 0) && !ll_zreader_new_max(sv[1], LL_ZFRAME_MAX + 1));
+    for (int i = 0; i < 10; i++)
+        S_CHECK(ll_zframe_send(sv[0], small, -1) == 0);
+    int popped = 0;
+    S_CHECK(ll_zreader_fill(rd) == 1);
+    while ((a = ll_zreader_pop(rd, &bad)))
+        popped++, json_decref(a);
+    S_CHECK(popped == 1 && !bad); /* 24 bytes buffered at most: one frame a fill */
+    for (int turn = 0; turn < 20 && popped < 10; turn++) {
+        ll_zreader_fill(rd);
+        while ((a = ll_zreader_pop(rd, &bad)))
+            popped++, json_decref(a);
+    }
+    S_CHECK(popped == 10 && !bad);
+    json_t *big = json_pack("{s:s, s:s}", "type", "stats", "pad", "0123456789");
+    S_CHECK(ll_zframe_send(sv[0], big, -1) == 0);
+    ll_zreader_fill(rd);
+    S_CHECK(!ll_zreader_pop(rd, &bad) && bad);
+    ll_zreader_destroy(&rd);
+    json_decref(big);
+    {
+        char junk[64];
+        while (read(sv[1], junk, sizeof junk) > 0) /* the rest of the bad frame */
+            ;
+    }
+    json_decref(small);
+    /* A peer that does not read: ll_zframe_send_within gives up. */
+    {
+        int sp[2];
+        S_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sp) == 0);
+        char pad[4096];
+        memset(pad, 'x', sizeof pad - 1);
+        pad[sizeof pad - 1] = '\0';
+        json_t *fat = json_pack("{s:s}", "pad", pad);
+        int rc = 0;
+        for (int i = 0; i < 10000 && rc == 0; i++)
+            rc = ll_zframe_send_within(sp[0], fat, -1, 50);
+        S_CHECK(rc == -1 && errno == ETIMEDOUT);
+        json_decref(fat);
+        close(sp[0]);
+        close(sp[1]);
+    }
+    fcntl(sv[1], F_SETFL, fcntl(sv[1], F_GETFL) & ~O_NONBLOCK);
     /* Orderly EOF. */
     close(sv[0]);
     errno = 1;

@@ -17,8 +17,17 @@
 #define LL_ZFRAME_MAX (256u << 20)
 
 /* Send MSG (borrowed) as one frame; PASSFD >= 0 travels with it.  Retries on
- * EINTR.  Returns 0, or -1 with errno. */
+ * EINTR; on a non-blocking FD whose peer is slow it waits (poll) for room
+ * until the whole frame went, however long that takes: for a peer this
+ * process cannot go on without (the pool's zygotes and workers).  Never for
+ * a peer that may stop reading on purpose (the broker queues instead).
+ * Returns 0, or -1 with errno. */
 int ll_zframe_send(int fd, const json_t *msg, int passfd);
+
+/* As ll_zframe_send, but gives up after TIMEOUT_MS (< 0: never) of waiting
+ * for room: -1 with ETIMEDOUT.  Part of the frame may have gone then, so the
+ * stream is broken: the caller closes FD. */
+int ll_zframe_send_within(int fd, const json_t *msg, int passfd, int timeout_ms);
 
 /* MSG as frame bytes (length + JSON), malloc'd, length in *LEN; NULL on
  * failure. */
@@ -32,12 +41,20 @@ json_t *ll_zframe_recv(int fd, int *passfd, bool nointr);
 
 typedef struct ll_zreader_t ll_zreader_t;
 
-/* A reader of frames from FD (not owned). */
+/* A reader of frames from FD (not owned), of at most LL_ZFRAME_MAX bytes. */
 ll_zreader_t *ll_zreader_new(int fd);
+
+/* A reader of frames of at most MAX bytes (1..LL_ZFRAME_MAX): a longer one
+ * is bad (ll_zreader_pop), and the reader buffers at most one frame's worth
+ * (MAX + 4 bytes), so a peer that sends faster than its frames are popped
+ * costs no more memory (it waits in its socket). */
+ll_zreader_t *ll_zreader_new_max(int fd, size_t max);
 void ll_zreader_destroy(ll_zreader_t **self_p);
 
-/* Read what FD has now (non-blocking fd).  Returns 1 if bytes came, 0 if none
- * (EAGAIN), -1 on EOF or error (errno 0 = EOF). */
+/* Read what FD has now (non-blocking fd), up to the reader's bound (the
+ * rest is read once frames were popped: poll FD again).  Returns 1 if bytes
+ * came, 0 if none (EAGAIN, or the buffer is full), -1 on EOF or error
+ * (errno 0 = EOF). */
 int ll_zreader_fill(ll_zreader_t *self);
 
 /* Next complete frame (new reference) or NULL.  *BAD set on a malformed

@@ -117,6 +117,31 @@ int ll_log_selftest(bool verbose)
     s_drain(fds[0], buf, 1 << 20);
     LL_CHECK(strstr(buf, "No such file") != NULL);
 
+    /* A limited line: the first of a burst goes out, the rest are counted
+     * and said on the next line an interval later (pure part, then the
+     * writer). */
+    {
+        ll_log_limit_t lim = LL_LOG_LIMIT_INIT;
+        unsigned long left = 99;
+        LL_CHECK(ll_log_limit(&lim, 1000, 100, &left) && left == 0);
+        for (int i = 0; i < 50000; i++)
+            LL_CHECK(!ll_log_limit(&lim, 1000 + i * 0.001, 100, &left));
+        LL_CHECK(!ll_log_limit(&lim, 1099, 100, &left));
+        LL_CHECK(ll_log_limit(&lim, 1100, 100, &left) && left == 50001);
+        LL_CHECK(!ll_log_limit(&lim, 1150, 100, &left));
+        ll_log_limit_t w = LL_LOG_LIMIT_INIT;
+        ll_log_level = LL_LOG_INFO;
+        for (int i = 0; i < 1000; i++)
+            ll_warn_limited(&w, "mod", "dropped junk %d", i);
+        s_drain(fds[0], buf, 1 << 20);
+        LL_CHECK(strstr(buf, "dropped junk 0") && !strstr(buf, "dropped junk 1"));
+        LL_CHECK(strchr(buf, '\n') == strrchr(buf, '\n')); /* one line */
+        w.next_ms = 0;                                     /* the interval is over */
+        ll_warn_limited(&w, "mod", "dropped junk again");
+        s_drain(fds[0], buf, 1 << 20);
+        LL_CHECK(strstr(buf, "dropped junk again (and 999 more like it"));
+    }
+
     /* Level names. */
     LL_CHECK(ll_log_parse_level("debug") == LL_LOG_DEBUG);
     LL_CHECK(ll_log_parse_level("WARNING") == LL_LOG_WARN);

@@ -11,7 +11,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 SECONDS = int(os.environ.get("LL_FUZZ_SECONDS", "3"))
-TARGETS = ["wire", "hmac", "conn", "store_meta", "analysis"]
+TARGETS = ["wire", "hmac", "conn", "store_meta", "analysis", "hostd"]
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -154,7 +154,7 @@ send_frame(s, {"type": "release", "slot": %d}); out.append(recv_frame(s))
 send_frame(s, {"type": "hello", "nslots": 2, "held": []}); out.append(recv_frame(s))
 for t in ("release", "mark"):
     send_frame(s, {"type": t, "slot": %d, "idle": True, "value": 0}); out.append(recv_frame(s))
-# One user cannot take every connection of the broker: past 16 at once it is refused.
+# One user cannot take every connection of the broker: past 8 at once it is refused.
 more, answered = [], 0
 for i in range(20):
     c = socket.socket(socket.AF_UNIX); c.connect(%r); more.append(c)
@@ -172,7 +172,7 @@ print(json.dumps(out))
     assert out[1]["type"] == "welcome" and out[1]["adopted"] == []
     assert out[2]["type"] == "error" and "no lease" in out[2]["error"]
     assert out[3]["type"] == "error" and "no lease" in out[3]["error"]
-    assert out[4] == 15  # 16 connections of b's at most: the one above, and 15 of these
+    assert out[4] == 7  # 8 connections of b's at most: the one above, and 7 of these
     after = hostd.stats()
     assert [(l["slot"], l["uid"], l["state"]) for l in after["lease_list"]] == \
         [(lease["slot"], a.uid, lease["state"])]
