@@ -530,7 +530,12 @@ static bool s_worker_prefetch(json_t *job, double fork_ms, bool warm)
         json_decref(rep);
         rep = json_pack("{s:s}", "fatal", err);
     }
-    bool ok = !json_object_get(rep, "fatal");
+    /* cuda_refork: a staged worker whose imports initialised CUDA with no
+     * device visible (zyg.py): it cannot use a slot, so it goes. */
+    const char *refork = json_string_value(json_object_get(rep, "cuda_refork"));
+    bool ok = !json_object_get(rep, "fatal") && !refork;
+    if (refork)
+        ll_warn("worker", "staged worker leaves: %s", refork);
     json_object_set_new(rep, "worker_pid", json_integer(getpid()));
     json_object_set_new(rep, "zygote_node", json_integer(s_node_id));
     json_object_set_new(rep, "fork_ms", json_real(fork_ms));
