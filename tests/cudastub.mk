@@ -9,3 +9,4 @@ $(CUDASTUB): tests/cudastub/cudastub.c
 	$(CC) -O2 -g -std=c11 -Wall -Wextra -Wno-unused-parameter -D_GNU_SOURCE -fPIC -shared \
 	    -fvisibility=hidden -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread
 TEST_DEPS += $(CUDASTUB)
+PYTESTS   += tests/gpustub
