@@ -11,8 +11,10 @@
  * Like the real driver:
  *   - every call but cuDriverGetVersion, cuGetProcAddress and the error
  *     strings returns CUDA_ERROR_NOT_INITIALIZED (3) before cuInit;
- *   - cuInit reads CUDA_VISIBLE_DEVICES once: the devices it lists (indices,
- *     up to the first entry that is not a valid one), none when it is empty;
+ *   - cuInit reads CUDA_VISIBLE_DEVICES once: the devices it lists (indices
+ *     or UUIDs, GPU-4c4c5354-5542-0000-0000-0000000000NN for device NN, or
+ *     unique prefixes of them, up to the first entry that is not a valid
+ *     one), none when it is empty;
  *     the outcome (the count, or CUDA_ERROR_NO_DEVICE) is kept for the rest of
  *     the process, whatever CUDA_VISIBLE_DEVICES says later;
  *   - cuGetProcAddress(_v2) hands out the entry points it has (cudart 12+
@@ -85,8 +87,39 @@ static int s_host_devices(void)
     return n < 0 ? 0 : n > S_MAX_DEV ? S_MAX_DEV : n;
 }
 
-/* CUDA_VISIBLE_DEVICES as the driver reads it: indices up to the first
- * invalid or repeated entry; unset: every device. */
+/* Device D's UUID as CUDA_VISIBLE_DEVICES and nvidia-smi write it:
+ * GPU-4c4c5354-5542-0000-0000-0000000000DD ("LLSTUB", then D). */
+static void s_uuid_text(int d, char *buf, size_t len)
+{
+    snprintf(buf, len, "GPU-4c4c5354-5542-0000-0000-0000000000%02x", d & 0xff);
+}
+
+/* The host device an entry of CUDA_VISIBLE_DEVICES (P, N bytes) names: an
+ * index, or a UUID or a unique prefix of one (GPU-...); -1 if none. */
+static int s_entry_device(const char *p, size_t n, int host)
+{
+    if (n > 4 && strncmp(p, "GPU-", 4) == 0) {
+        int found = -1;
+        for (int d = 0; d < host; d++) {
+            char u[64];
+            s_uuid_text(d, u, sizeof u);
+            if (n <= strlen(u) && strncmp(p, u, n) == 0) {
+                if (found >= 0)
+                    return -1; /* ambiguous prefix */
+                found = d;
+            }
+        }
+        return found;
+    }
+    char *end;
+    long d = strtol(p, &end, 10);
+    if (end == p || (size_t) (end - p) != n || d < 0 || d >= host)
+        return -1;
+    return (int) d;
+}
+
+/* CUDA_VISIBLE_DEVICES as the driver reads it: indices or UUIDs up to the
+ * first invalid or repeated entry; unset: every device. */
 static void s_visible(void)
 {
     int host = s_host_devices();
@@ -101,15 +134,15 @@ static void s_visible(void)
     while (*p && s_count < S_MAX_DEV) {
         while (*p == ' ')
             p++;
-        char *end;
-        long d = strtol(p, &end, 10);
-        if (end == p || d < 0 || d >= host)
+        size_t n = strcspn(p, ", ");
+        int d = s_entry_device(p, n, host);
+        if (d < 0)
             return;
         for (int i = 0; i < s_count; i++)
             if (s_physical[i] == d)
                 return;
-        s_physical[s_count++] = (int) d;
-        p = end;
+        s_physical[s_count++] = d;
+        p += n;
         while (*p == ' ')
             p++;
         if (*p != ',')
@@ -260,7 +293,7 @@ static CUresult s_uuid(unsigned char *uuid, CUdevice dev)
     int rc = s_device(dev);
     if (rc != S_SUCCESS)
         return rc;
-    memset(uuid, 0, 16);
+    memset(uuid, 0, 16); /* s_uuid_text's bytes */
     memcpy(uuid, "LLSTUB", 6);
     uuid[15] = (unsigned char) s_physical[dev];
     return S_SUCCESS;

@@ -53,3 +53,15 @@ def test_cells_held_at_once_see_one_device_each(env):
             replies += 1
     seen = sorted(v.strip() for v in out.values())
     assert seen == ["driver 0 1 LooseLeaf Stub GPU 0", "driver 0 1 LooseLeaf Stub GPU 1"], seen
+
+
+def test_a_pool_whose_visible_list_names_uuids_hands_them_on(env):
+    # Batch systems (Slurm, Kubernetes' device plugin) list devices by UUID: the pool counts what the list
+    # shows and gives each worker its device's own entry, which the driver resolves to that device.
+    uuid1 = "GPU-4c4c5354-5542-0000-0000-000000000001"
+    env.environ["CUDA_VISIBLE_DEVICES"] = uuid1
+    c = env.client(slots=1)
+    g = c.stats()["gpus"]
+    assert g["count"] == 1 and [d["name"] for d in g["devices"]] == ["LooseLeaf Stub GPU 1"], g
+    r = c.run("a", "import os\nprint(os.environ['CUDA_VISIBLE_DEVICES'])\n" + ASK_DRIVER)
+    assert r.ok and r.stdout.splitlines() == [uuid1, "driver 0 1 LooseLeaf Stub GPU 1"], r.events
