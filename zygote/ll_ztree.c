@@ -463,7 +463,12 @@ static void s_start_probe(ll_ztree_t *self, const char *module, int n)
         sigset_t all;
         sigemptyset(&all);
         sigprocmask(SIG_SETMASK, &all, NULL);
-        execle(pyenv.python, "python3", "-m", "looseleaf_zygote.probe", module, (char *) NULL,
+        /* argv[0] is the interpreter's absolute path: CPython derives
+         * sys.executable, hence its prefix and site-packages, from argv[0],
+         * and a bare "python3" is looked up on PATH, which may name another
+         * Python than the environment's (the probe would then judge the
+         * package in the wrong environment). */
+        execle(pyenv.python, pyenv.python, "-m", "looseleaf_zygote.probe", module, (char *) NULL,
                envp);
         _exit(127);
     }

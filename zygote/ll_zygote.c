@@ -7,10 +7,14 @@
  * blocking loop over the control socket and a signalfd for SIGCHLD.
  *
  * Before every fork it checks (s_prefork_check) that it is single-threaded,
- * maps no CUDA driver, holds no /dev/nvidia* descriptor and only descriptors
- * it knows, and it freezes the garbage collector (a child's GC would
- * otherwise touch every page: MEASURED.md).  A failed check refuses the fork
- * and says why; it never forks a zygote in a state a child cannot survive.
+ * that the CUDA driver was never initialised here (no cuInit, no /dev/nvidia*
+ * descriptor or mapping) and that it holds only descriptors it knows, and it
+ * freezes the garbage collector (a child's GC would otherwise touch every
+ * page: MEASURED.md).  A failed check refuses the fork and says why; it never
+ * forks a zygote in a state a child cannot survive.  The driver library
+ * merely being mapped is no reason: a CUDA build of torch maps it at import
+ * (cuBLASLt and cuSPARSELt dlopen libcuda.so.1 when they load) without
+ * calling it, and a child can initialise the driver it inherited mapped.
  *
  * A worker is the child of a fork, the leader of a process group of its own
  * (the pool kills the group with it): it drops the zygote's descriptors, takes
@@ -34,6 +38,7 @@
 
 #include <Python.h>
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -103,10 +108,45 @@ static int s_count_tasks(void)
     return n;
 }
 
-/* Whether a line of /proc/self/maps maps the CUDA driver. */
-static bool s_maps_cuda(const char *line)
+/* Whether a line of /proc/self/maps maps an NVIDIA device (the driver maps
+ * /dev/nvidia* once it is initialised: its control and UVM regions). */
+static bool s_maps_nvidia_dev(const char *line)
 {
-    return strstr(line, "libcuda.so") || strstr(line, "libnvidia-");
+    return strstr(line, " /dev/nvidia") != NULL;
+}
+
+/* The path of the CUDA driver mapped in a line of /proc/self/maps into
+ * PATH, or false. */
+static bool s_maps_driver(const char *line, char *path, size_t pathlen)
+{
+    const char *p = strchr(line, '/');
+    const char *base = p ? strrchr(p, '/') : NULL;
+    if (!base || strncmp(base, "/libcuda.so", 11) != 0)
+        return false;
+    snprintf(path, pathlen, "%.*s", (int) strcspn(p, "\n"), p);
+    return true;
+}
+
+/* The driver's own answer on whether it was initialised in this process,
+ * asked of an already mapped libcuda (H: dlopen with RTLD_NOLOAD, so
+ * nothing is loaded that was not).  cuDeviceGetCount returns
+ * CUDA_ERROR_NOT_INITIALIZED (3) until cuInit was called, and does nothing
+ * else: the one question that does not initialise what it asks about.
+ * True with the reason in WHY when cuInit was called (successfully or not:
+ * a failed cuInit is remembered by the driver too). */
+static bool s_driver_initialised(void *h, char *why, size_t whylen)
+{
+    int (*count)(int *) = (int (*)(int *)) dlsym(h, "cuDeviceGetCount");
+    if (!count)
+        return false;
+    int n = 0, rc = count(&n);
+    if (rc == 3)
+        return false;
+    snprintf(why, whylen,
+             "the zygote initialised the CUDA driver (cuDeviceGetCount answers CUresult %d, not "
+             "CUDA_ERROR_NOT_INITIALIZED): a CUDA context does not survive fork",
+             rc);
+    return true;
 }
 
 /* What an inherited descriptor pointing at TARGET (its /proc/self/fd link)
@@ -140,18 +180,35 @@ static int s_prefork_check(int allow, char *why, size_t whylen)
                  tasks);
         return -1;
     }
+    /* The driver, if it is mapped at all (by its soname, else by the path a
+     * library loaded it from): initialised or not. */
+    char driver[PATH_MAX] = "";
     FILE *maps = fopen("/proc/self/maps", "re");
     if (maps) {
-        char line[1024];
-        while (fgets(line, sizeof line, maps))
-            if (s_maps_cuda(line)) {
+        char line[PATH_MAX + 128];
+        while (fgets(line, sizeof line, maps)) {
+            if (s_maps_nvidia_dev(line)) {
                 fclose(maps);
-                snprintf(
-                    why, whylen,
-                    "the zygote has the CUDA driver mapped (a CUDA context does not survive fork)");
+                snprintf(why, whylen,
+                         "the zygote maps an NVIDIA device (%.200s): CUDA was initialised here",
+                         strchr(line, '/'));
+                why[strcspn(why, "\n")] = '\0';
                 return -1;
             }
+            if (!driver[0])
+                s_maps_driver(line, driver, sizeof driver);
+        }
         fclose(maps);
+    }
+    if (driver[0]) {
+        void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+        if (!h)
+            h = dlopen(driver, RTLD_LAZY | RTLD_NOLOAD);
+        bool init = h && s_driver_initialised(h, why, whylen);
+        if (h)
+            dlclose(h);
+        if (init)
+            return -1;
     }
     DIR *d = opendir("/proc/self/fd");
     if (!d) {
@@ -473,7 +530,12 @@ static bool s_worker_prefetch(json_t *job, double fork_ms, bool warm)
         json_decref(rep);
         rep = json_pack("{s:s}", "fatal", err);
     }
-    bool ok = !json_object_get(rep, "fatal");
+    /* cuda_refork: a staged worker whose imports initialised CUDA with no
+     * device visible (zyg.py): it cannot use a slot, so it goes. */
+    const char *refork = json_string_value(json_object_get(rep, "cuda_refork"));
+    bool ok = !json_object_get(rep, "fatal") && !refork;
+    if (refork)
+        ll_warn("worker", "staged worker leaves: %s", refork);
     json_object_set_new(rep, "worker_pid", json_integer(getpid()));
     json_object_set_new(rep, "zygote_node", json_integer(s_node_id));
     json_object_set_new(rep, "fork_ms", json_real(fork_ms));
@@ -824,11 +886,28 @@ int ll_zygote_selftest(bool verbose)
                 fprintf(stderr, "ll_zygote: failed: %s (line %d)\n", #cond, __LINE__); \
         }                                                                              \
     } while (0)
-    /* /proc/self/maps: the CUDA driver or NVIDIA's libraries refuse a fork. */
-    S_CHECK(s_maps_cuda("7f00-7f01 r-xp 00000000 08:01 42 /usr/lib/x86_64-linux-gnu/libcuda.so.1"));
-    S_CHECK(s_maps_cuda("7f00-7f01 r--p 00000000 08:01 43 /usr/lib/libnvidia-ml.so.535.104"));
-    S_CHECK(!s_maps_cuda("7f00-7f01 r-xp 00000000 08:01 44 /usr/lib/x86_64-linux-gnu/libc.so.6"));
-    S_CHECK(!s_maps_cuda("7f00-7f01 r-xp 00000000 08:01 45 /usr/lib/libcudart.so.12"));
+    /* /proc/self/maps: a mapped NVIDIA device refuses a fork (the driver was
+     * initialised); the driver's or NVIDIA's libraries mapped do not (a CUDA
+     * build of torch maps libcuda at import without initialising it): the
+     * driver, once found, is asked (s_driver_initialised). */
+    S_CHECK(s_maps_nvidia_dev("7f00-7f01 rw-s 00000000 00:05 9 /dev/nvidiactl"));
+    S_CHECK(s_maps_nvidia_dev("7f00-7f01 rw-s 00000000 00:05 9 /dev/nvidia0\n"));
+    S_CHECK(s_maps_nvidia_dev("7f00-7f01 rw-s 00000000 00:05 9 /dev/nvidia-uvm"));
+    S_CHECK(!s_maps_nvidia_dev("7f00-7f01 r-xp 00000000 08:01 42 /usr/lib/libcuda.so.1"));
+    S_CHECK(!s_maps_nvidia_dev("7f00-7f01 r--p 00000000 08:01 43 /usr/lib/libnvidia-ml.so.535"));
+    char drv[PATH_MAX];
+    S_CHECK(
+        s_maps_driver("7f00-7f01 r-xp 00000000 08:01 42 /usr/lib/x86_64-linux-gnu/libcuda.so.1\n",
+                      drv, sizeof drv) &&
+        strcmp(drv, "/usr/lib/x86_64-linux-gnu/libcuda.so.1") == 0);
+    S_CHECK(s_maps_driver("7f00-7f01 r--p 00000000 08:01 42 /opt/t/libcuda.so.580.65.06", drv,
+                          sizeof drv) &&
+            strcmp(drv, "/opt/t/libcuda.so.580.65.06") == 0);
+    S_CHECK(!s_maps_driver("7f00-7f01 r-xp 00000000 08:01 45 /usr/lib/libcudart.so.13", drv,
+                           sizeof drv));
+    S_CHECK(!s_maps_driver("7f00-7f01 r-xp 00000000 08:01 45 /v/libcuda.so.1/libc.so.6", drv,
+                           sizeof drv));
+    S_CHECK(!s_maps_driver("7f00-7f01 rw-p 00000000 00:00 0 [heap]", drv, sizeof drv));
     /* Inherited descriptors: regular files and the harmless devices pass. */
     S_CHECK(s_fd_verdict("/dev/nvidia0") == S_FD_CUDA &&
             s_fd_verdict("/dev/nvidiactl") == S_FD_CUDA);

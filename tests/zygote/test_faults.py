@@ -201,18 +201,35 @@ def _head_module(env, name, code):
     return mods
 
 
-def test_zygote_with_the_cuda_driver_mapped_refuses_to_fork(env):
+def _stub_driver(env, mods):
+    """The stub CUDA driver (tests/cudastub/cudastub.c) built as MODS/libcuda.so.1, recording its calls."""
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cudastub", "cudastub.c")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-std=c11", "-D_GNU_SOURCE", "-Wl,-soname,libcuda.so.1", "-o",
+                    os.path.join(mods, "libcuda.so.1"), src, "-lpthread"], check=True)
+    env.environ["LL_CUDA_STUB_LOG"] = os.path.join(env.tmp, "cuda-calls.log")
+
+
+def test_zygote_with_the_cuda_driver_mapped_but_not_initialised_forks(env):
+    # What a CUDA build of torch does at import (cuBLASLt, cuSPARSELt): the driver mapped, never called.
     mods = _head_module(env, "llz_fakecuda", "import ctypes, os\n"
                         "LIB = ctypes.CDLL(os.path.join(os.path.dirname(__file__), 'libcuda.so.1'))\n")
-    # A library named like the CUDA driver (empty: mapping it is what the check looks for).
-    src = os.path.join(env.tmp, "empty.c")
-    with open(src, "w") as f:
-        f.write("int ll_fake_cuda_symbol;\n")
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", os.path.join(mods, "libcuda.so.1"), src], check=True)
+    _stub_driver(env, mods)
     c = env.client(head="IPython,looseleaf_kernel,looseleaf_store,llz_fakecuda")
     r = c.run("t", "print(1)")
-    assert r.content["ename"] == "ZygoteRefused"
-    assert "CUDA driver mapped" in r.content["evalue"], r.content
+    assert r.ok and r.stdout == "1\n", r.events
+    with open(env.environ["LL_CUDA_STUB_LOG"]) as f:
+        assert "cuInit" not in f.read()
+
+
+def test_zygote_that_initialised_the_cuda_driver_refuses_to_fork(env):
+    mods = _head_module(env, "llz_fakecuda", "import ctypes, os\n"
+                        "LIB = ctypes.CDLL(os.path.join(os.path.dirname(__file__), 'libcuda.so.1'))\n"
+                        "LIB.cuInit(0)\n")
+    _stub_driver(env, mods)
+    c = env.client(head="IPython,looseleaf_kernel,looseleaf_store,llz_fakecuda")
+    r = c.run("t", "print(1)")
+    assert r.content["ename"] == "ZygoteRefused", r.events
+    assert "initialised the CUDA driver" in r.content["evalue"], r.content
 
 
 def test_zygote_holding_a_foreign_descriptor_refuses_to_fork(env):

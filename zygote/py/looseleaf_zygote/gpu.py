@@ -13,6 +13,16 @@ Runs in a worker (after the fork), on the thread that runs cells, called by zyg.
                    (`cuda_init_ms`, `cublas_warm_ms`, `mem_fraction`, `cuda_error`).  Without CUDA (torch's CPU
                    build, no device) nothing is done and nothing is reported but why.
 
+  driver_initialized()  why this process counts as having initialised the CUDA driver, or None (see below).
+                   The zygote's pre-fork check (zygote/ll_zygote.c), the CUDA-safety probe (probe.py) and a
+                   staged worker (zyg.worker_prepare) ask it.
+
+What makes a process unfit to fork, or unfit to take a device later, is an initialised driver: cuInit reads
+CUDA_VISIBLE_DEVICES once and the process keeps that device count (0, in a staged worker) for its life, and
+a context does not survive fork.  A mapped driver is not: a CUDA build of torch maps libcuda.so.1 at
+`import torch` (cuBLASLt and cuSPARSELt dlopen it when they load) and never calls it.  So the driver itself
+is asked: cuDeviceGetCount answers CUDA_ERROR_NOT_INITIALIZED until cuInit was called, and does nothing else.
+
 Why the cap is torch's and not MPS: MPS needs a control daemon per host, run by whoever owns the GPU, and a
 fatal fault in one client can reach the others; the allocator's cap needs nothing.  It bounds what PyTorch's
 caching allocator takes; memory that other libraries allocate themselves (CuPy, JAX, a raw cudaMalloc) and
@@ -46,6 +56,67 @@ def _initialized():
         return bool(torch is not None and torch.cuda.is_initialized())
     except Exception:  # noqa: BLE001 - a torch without CUDA support
         return False
+
+
+_CUDA_ERROR_NOT_INITIALIZED = 3
+
+
+def _mapped_driver():
+    """The CUDA driver if this process maps it already (by its soname, else by the path a library loaded it
+    from), without loading it: a ctypes handle, or None."""
+    import ctypes
+    mode = os.RTLD_NOLOAD | os.RTLD_LAZY
+    try:
+        return ctypes.CDLL("libcuda.so.1", mode=mode)
+    except OSError:
+        pass
+    try:
+        with open("/proc/self/maps") as f:
+            paths = [ln.split(None, 5)[5].strip() for ln in f if "/libcuda.so" in ln and len(ln.split()) >= 6]
+    except OSError:
+        return None
+    for path in paths:
+        if os.path.basename(path).startswith("libcuda.so"):
+            try:
+                return ctypes.CDLL(path, mode=mode)
+            except OSError:
+                continue
+    return None
+
+
+def driver_initialized():
+    """Why this process counts as having initialised the CUDA driver, or None: torch initialised CUDA, the
+    process holds or maps an NVIDIA device (the real driver opens and maps /dev/nvidia* at cuInit), or the
+    mapped driver answers that cuInit was called (successfully or not: a failed cuInit sticks too)."""
+    if _initialized():
+        return "torch.cuda is initialized"
+    try:
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink("/proc/self/fd/" + fd)
+            except OSError:
+                continue
+            if target.startswith("/dev/nvidia"):
+                return "opened " + target
+        with open("/proc/self/maps") as f:
+            for line in f:
+                if " /dev/nvidia" in line:
+                    return "maps " + line.split()[-1]
+    except OSError:
+        pass
+    drv = _mapped_driver()
+    if drv is None:
+        return None
+    import ctypes
+    try:
+        count = drv.cuDeviceGetCount
+    except AttributeError:
+        return None
+    n = ctypes.c_int(0)
+    rc = count(ctypes.byref(n))
+    if rc == _CUDA_ERROR_NOT_INITIALIZED:
+        return None
+    return "the CUDA driver was initialised (cuInit called: cuDeviceGetCount answers CUresult %d)" % rc
 
 
 def start(job, rep, on_started=None):

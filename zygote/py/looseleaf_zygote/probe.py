@@ -1,14 +1,15 @@
 """CUDA-safety probe: `python3 -m looseleaf_zygote.probe PACKAGE` imports PACKAGE in a throwaway process with
 CUDA visible and prints one JSON line {"imported", "safe", "why"}.
 
-Importing touched CUDA when, afterwards, the process maps the CUDA driver (libcuda), holds a /dev/nvidia*
-descriptor, or called one of torch's CUDA probes (torch.cuda.is_available, device_count, init, ...: they call
-cuInit even on a host without a GPU, so they count as touching).  Such a package is never imported into a
-zygote (a CUDA context does not survive fork); workers import it after the fork.
+Importing touched CUDA when, afterwards, the CUDA driver was initialised in the process (gpu.driver_initialized:
+cuInit called, torch.cuda initialized, a /dev/nvidia* descriptor or mapping), or the import called one of
+torch's CUDA probes (torch.cuda.is_available, device_count, init, ...: they call cuInit even on a host without
+a GPU, so they count as touching).  The driver merely mapped does not count: a CUDA build of torch maps it at
+import without calling it.  Such a package is never imported into a zygote (a CUDA context does not survive
+fork); workers import it after the fork.
 """
 import importlib
 import json
-import os
 import sys
 
 _touched = []
@@ -50,23 +51,10 @@ class _Finder:
 
 def touched():
     """Why this process counts as having touched CUDA, or None."""
-    with open("/proc/self/maps") as f:
-        for line in f:
-            if "libcuda.so" in line or "libnvidia-" in line:
-                return "maps " + line.split()[-1]
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink("/proc/self/fd/" + fd)
-        except OSError:
-            continue
-        if target.startswith("/dev/nvidia"):
-            return "opened " + target
     if _touched:
         return "called " + ", ".join(sorted(set(_touched)))
-    torch = sys.modules.get("torch")
-    if torch is not None and getattr(torch.cuda, "is_initialized", lambda: False)():
-        return "initialized torch.cuda"
-    return None
+    from .gpu import driver_initialized
+    return driver_initialized()
 
 
 def main(argv):

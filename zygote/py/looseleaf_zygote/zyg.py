@@ -56,6 +56,7 @@ _unsaved = {}            # name -> its committed version (None: none) when the s
                          # value (a full pool, Redis gone): the value lives only here, a home value too
 _threads_applied = None  # what _session_threads last applied the session's thread counts for
 _notices = []            # lines for the next cell's stderr (a variable that lost its autograd graph)
+_device_host = False     # a job of this worker said workers get devices here (a slot's, or staged to get one)
 
 
 def _import(mods):
@@ -509,6 +510,22 @@ def worker_prepare(arg):
             rep.setdefault("import_failed", {})[stmt] = "%s: %s" % (type(e).__name__, e)
     gpu.start(job, rep, procstate.cuda_started)  # torch came with the closure, not the zygote
     t3 = time.perf_counter()
+    # Staged where workers get devices: an import that initialised the CUDA driver with no device visible left
+    # this process a device count of 0 for good (cuInit reads CUDA_VISIBLE_DEVICES once), so it could never
+    # use the slot it is staged for.  It leaves (the prefetch is answered, nothing was restored), and the
+    # session's Run forks a fresh worker that imports the closure with its slot's device visible.
+    global _device_host
+    _device_host = _device_host or bool(job.get("defer_restore")) or job.get("device") is not None
+    if job.get("prefetch") and job.get("device") is None and _device_host:
+        why = gpu.driver_initialized()
+        if why:
+            rep["cuda_refork"] = ("an import initialised CUDA while this worker had no device (%s): it cannot "
+                                  "use a slot's device, so it leaves and the cell's run forks a fresh worker"
+                                  % why)
+            rep["restore_deferred"] = True
+            rep.update({"cuda_ms": (t2 - t1) * 1e3, "import_ms": (t3 - t2) * 1e3, "restored": [],
+                        "missing": [], "held_bytes": 0, "home": {}})
+            return json.dumps(rep)
     # 4. Restore the state closure.
     restored, missing_names, nbytes = [], [], 0
     if not defer:
