@@ -172,12 +172,15 @@ def pool_plan(mode, shm_free_bytes):
 
 
 def hugepage_plan(pool_mib, meminfo):
-    """vm.nr_overcommit_hugepages for a pool of POOL_MIB, given /proc/meminfo's {key: value} MEMINFO: the
-    pool's pages plus 64 for the private copies a restore may take, over what is free already; 0 when the
-    host has no 2 MiB huge pages (Hugepagesize) or the free ones suffice."""
+    """vm.nr_overcommit_hugepages for pools of POOL_MIB, given /proc/meminfo's {key: value} MEMINFO; 0 when
+    the host has no 2 MiB huge pages (Hugepagesize) or the free ones suffice.  The limit is shared by every
+    pool of the run (each kernel has its own session's pool, and they are written at once: save_restore's
+    beside train's), so it is 60% of the memory, at least one pool's pages plus 64 (the private copies a
+    restore may take).  Surplus pages cost nothing until a pool writes them, and go back when it is gone."""
     if meminfo.get("Hugepagesize") != HUGE_PAGE // 1024:
         return 0
     need = (pool_mib * MiB + HUGE_PAGE - 1) // HUGE_PAGE + 64
+    need = max(need, meminfo.get("MemTotal", 0) * 6 // 10 // (HUGE_PAGE // 1024))
     free = max(0, meminfo.get("HugePages_Free", 0) - meminfo.get("HugePages_Rsvd", 0))
     return 0 if free >= need else need
 

@@ -156,8 +156,10 @@ def test_hugepage_plan():
     info = e2e_host.meminfo("MemTotal:       131072000 kB\nHugePages_Total:       0\nHugePages_Free:        0\n"
                             "HugePages_Rsvd:        0\nHugePages_Surp:        0\nHugepagesize:       2048 kB\n")
     assert info["Hugepagesize"] == 2048 and info["MemTotal"] == 131072000
-    assert e2e_host.hugepage_plan(48 << 10, info) == 24576 + 64
-    assert e2e_host.hugepage_plan(48 << 10, dict(info, HugePages_Free=30000)) == 0    # reserved already
+    # 60% of 125 GiB for all the run's pools (each kernel has one), at least one pool's pages + 64
+    assert e2e_host.hugepage_plan(48 << 10, info) == 131072000 * 6 // 10 // 2048 == 38400
+    assert e2e_host.hugepage_plan(48 << 10, dict(info, MemTotal=24 << 20)) == 24576 + 64
+    assert e2e_host.hugepage_plan(48 << 10, dict(info, HugePages_Free=40000)) == 0    # reserved already
     assert e2e_host.hugepage_plan(48 << 10, dict(info, Hugepagesize=1048576)) == 0    # no 2 MiB pages
 
 
