@@ -15,10 +15,13 @@ Run by e2e.sh with the machine's Python (no packages needed), never by hand:
                                  root: vm.nr_overcommit_hugepages, the surplus pages ll_pagekind.c counts, so
                                  no memory is locked away; else shmem THP for a memfd pool); writes what it
                                  found and did, which e2e.py puts in the report and uses for its sizes.
+                                 It changes the host only as root where a GPU is (/dev/nvidia0, ...), so a
+                                 rehearsal of the GPU mode on a shared machine leaves it alone.
 
 The pure parts (soname, ldconfig parsing, the plans) are tested here by tests/gpu/test_e2e_helpers.py.
 """
 import argparse
+import glob
 import json
 import os
 import struct
@@ -224,7 +227,12 @@ def _shm_mount():
 
 def setup(mode):
     """Check (and as root, fix) /dev/shm and huge pages for MODE's pool; returns what was found and done."""
-    out = {"root": os.geteuid() == 0, "actions": [], "problems": []}
+    # Changes only on a GPU machine (a device node there): a rehearsal of the GPU mode on a shared host, run
+    # as root, must leave its /dev/shm and huge pages alone.
+    gpu_here = bool(glob.glob("/dev/nvidia[0-9]*"))
+    out = {"may_configure": os.geteuid() == 0 and gpu_here, "actions": [], "problems": []}
+    if os.geteuid() == 0 and not gpu_here:
+        out["problems"].append("no /dev/nvidia* here: the host is left as it is")
     mem = meminfo(_read("/proc/meminfo"))
     mem_bytes = mem.get("MemTotal", 0) * 1024
     try:
@@ -236,8 +244,9 @@ def setup(mode):
     want = shm_plan(mode, total, mem_bytes)
     out["shm_before_bytes"] = total
     if want and mode == "gpu":
-        if not out["root"]:
-            out["problems"].append("/dev/shm has %.2f GiB, the run wants %.1f GiB: not root, left as is"
+        if not out["may_configure"]:
+            out["problems"].append("/dev/shm has %.2f GiB, the run wants %.1f GiB: left as is (root on a GPU "
+                                   "machine remounts it)"
                                    % (total / GiB, want / GiB))
         else:
             opts = _shm_mount()
@@ -265,13 +274,14 @@ def setup(mode):
     if mem.get("Hugepagesize") != HUGE_PAGE // 1024:
         out["problems"].append("no 2 MiB huge pages on this host (Hugepagesize %s kB)" % mem.get("Hugepagesize"))
     elif pages and have < pages and mode == "gpu":
-        if not out["root"]:
-            out["problems"].append("huge pages: vm.nr_overcommit_hugepages %d < %d, not root" % (have, pages))
+        if not out["may_configure"]:
+            out["problems"].append("huge pages: vm.nr_overcommit_hugepages %d < %d, left as is (root on a GPU "
+                                   "machine sets it)" % (have, pages))
         else:
             err = _write("/proc/sys/vm/nr_overcommit_hugepages", str(pages))
             (out["problems"] if err else out["actions"]).append(
                 err or "vm.nr_overcommit_hugepages=%d (a pool of %d MiB)" % (pages, out["pool_mib"]))
-    if mode == "gpu" and out["root"]:
+    if mode == "gpu" and out["may_configure"]:
         # Where hugetlb pages do not come, a memfd pool still gets THP when shmem allows it (ll_pagekind.c).
         shmem = _read("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
         if shmem and "[never]" in shmem:

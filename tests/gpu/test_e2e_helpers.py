@@ -247,3 +247,15 @@ def test_a_cell_running_past_the_budget_is_interrupted_and_reported():
     assert interrupts == [1]
     with pytest.raises(e2e.OutOfBudget, match="no time left"):
         k.run("1")  # nothing starts once it is spent
+
+
+def test_setup_in_gpu_mode_leaves_a_host_without_a_gpu_alone():
+    """A rehearsal of the GPU mode here (maybe as root, on a shared machine): no remount, no sysctl."""
+    if any(n.startswith("nvidia") and n[6:].isdigit() for n in os.listdir("/dev")):
+        pytest.skip("a GPU machine")
+    before = open("/proc/sys/vm/nr_overcommit_hugepages").read()
+    host = e2e_host.setup("gpu")
+    assert host["actions"] == [] and host["may_configure"] is False, host
+    assert open("/proc/sys/vm/nr_overcommit_hugepages").read() == before
+    if os.geteuid() == 0:
+        assert "no /dev/nvidia* here: the host is left as it is" in host["problems"], host
