@@ -43,9 +43,17 @@ endif
 PYTHON  ?= /usr/bin/python3
 PY_CONFIG  = $(shell $(PYTHON) -c 'import sysconfig as s; print(s.get_config_var("$(1)") or "")' 2>/dev/null)
 PY_CFLAGS := -I$(call PY_CONFIG,INCLUDEPY)
-PY_LIBS   := -L$(call PY_CONFIG,LIBDIR) -lpython$(call PY_CONFIG,LDVERSION)
+PY_LIBDIR := $(call PY_CONFIG,LIBDIR)
+PY_LDVERSION := $(call PY_CONFIG,LDVERSION)
+# A Python whose -dev package is missing (an Ubuntu venv's python3.12 without
+# python3.12-dev) has only libpython3.X.so.1.0 (INSTSONAME), not the link
+# name libpython3.X.so that -lpython3.X wants: then that file is linked by
+# its name (-l:libpython3.X.so.1.0).
+PY_SONAME := $(call PY_CONFIG,INSTSONAME)
+PY_LIBNAME := $(if $(wildcard $(PY_LIBDIR)/libpython$(PY_LDVERSION).so),python$(PY_LDVERSION),$(if               $(and $(PY_SONAME),$(wildcard $(PY_LIBDIR)/$(PY_SONAME))),:$(PY_SONAME),python$(PY_LDVERSION)))
+PY_LIBS   := -L$(PY_LIBDIR) -l$(PY_LIBNAME)
 ifneq ($(strip $(DEPS_PREFIX)),)
-PY_LIBS   += -Wl,-rpath,$(call PY_CONFIG,LIBDIR)
+PY_LIBS   += -Wl,-rpath,$(PY_LIBDIR)
 endif
 PY_EXT    := $(call PY_CONFIG,EXT_SUFFIX)
 PKG_CFLAGS += $(PY_CFLAGS)

@@ -399,14 +399,20 @@ static void s_merge_looseleaf(json_t *md, const char *report_json)
  * fail).  A worker that is the session's home (FIN's "home", zyg.py) stays
  * whatever the pool's setting and also when its commit failed: it holds
  * values no store can hold, or that the store could not take, which would
- * go with it. */
+ * go with it.  None stays once its CUDA context broke (FIN's
+ * "device_broken": a sticky error fails every later cell here, home or
+ * not), so the session's next cell gets a fresh worker. */
 static bool s_can_stay(const char *fin, bool keep_warm)
 {
     json_error_t jerr;
     json_t *f = fin ? json_loads(fin, 0, &jerr) : NULL;
     bool home = json_object_size(json_object_get(f, "home")) > 0;
-    bool ok = json_is_object(f) && (home || (keep_warm && !json_object_get(f, "save_error") &&
-                                             !json_object_get(f, "save_failed")));
+    bool ok = json_is_object(f) && !json_object_get(f, "device_broken") &&
+              (home || (keep_warm && !json_object_get(f, "save_error") &&
+                        !json_object_get(f, "save_failed")));
+    const char *broken = json_string_value(json_object_get(f, "device_broken"));
+    if (broken)
+        ll_warn("worker", "CUDA context broken after the cell (%s): leaving", broken);
     json_decref(f);
     return ok;
 }

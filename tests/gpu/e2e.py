@@ -4,12 +4,16 @@ run cut short still leaves what it measured.  Started by tests/gpu/e2e.sh (never
 
 Each check is PASS, FAIL or SKIP with its figures and, when not PASS, why.  --mode cpu runs the same checks
 here on CPU tensors with small sizes (the GPU-only ones skip); --mode gpu on the GPU machine.  Every check has
-a share of --budget seconds and is skipped, saying so, when too little is left.  The kernels run with pools of
-their own (LOOSELEAF_POOL_DIR under --work), stopped at the end.
+a share of --budget seconds and is skipped, saying so, when too little is left; every cell and plain process
+is cut at the budget's end (cap_timeout), and the budget ends early enough for the report and the pools'
+stop to fit before --deadline (the device call's end): a cell that hangs costs its check, never the run.
+The kernels run with pools of their own (LOOSELEAF_POOL_DIR under --work), stopped at the end; their logs
+are gathered into pool.log beside the report after every check.
 """
 import argparse
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -20,6 +24,35 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 GiB = 1 << 30
 MiB = 1 << 20
+# Kept from --deadline for what follows the checks: libraries_loaded, stopping the pools, the last report.
+RESERVE_S = 45
+POOL_LOG_TAIL = 4 * MiB  # of each pool's log in pool.log (the device tool takes back files of 16 MiB at most)
+
+
+def cap_timeout(requested, left):
+    """The timeout a cell or a plain process gets: REQUESTED seconds, cut to the LEFT seconds of the budget.
+    Raises OutOfBudget when nothing is left (it would not even start)."""
+    if left < 1:
+        raise OutOfBudget("no time left in the budget (%.0f s)" % left)
+    return min(requested, left)
+
+
+def budget_end(now, budget, deadline_in=None, reserve=RESERVE_S):
+    """The monotonic time the checks must end by: NOW + BUDGET, or earlier when the whole run must be over in
+    DEADLINE_IN seconds (less RESERVE for what comes after the checks)."""
+    end = now + budget
+    if deadline_in is not None:
+        end = min(end, now + deadline_in - reserve)
+    return end
+
+
+def save_sizes(mode, pool_mib):
+    """(sizes the save_restore check can run, {size: why not} for the others): a size needs 2.5 times itself
+    in the pool (the committed version, the rewrite's new one, slack)."""
+    want = [s * GiB for s in (1, 4, 16)] if mode == "gpu" else [64 * MiB]
+    fit = [s for s in want if 2.5 * s <= pool_mib * MiB]
+    return fit, {s: "the payload pool has %d MiB (/dev/shm's room), %d MiB needs %d" % (
+        pool_mib, s // MiB, int(2.5 * s) // MiB) for s in want if s not in fit}
 
 
 class Report:
@@ -77,6 +110,10 @@ class Cell:
                                                        self.stdout[-300:], self.stderr[-300:])
 
 
+class OutOfBudget(Exception):
+    """A cell or process the budget's end cut (or left unstarted)."""
+
+
 class Kernel:
     """A looseleaf kernel started by jupyter_client with POOL as its pool dir and ENV beside."""
 
@@ -92,7 +129,7 @@ class Kernel:
         self.km.start_kernel(env=e)
         self.kc = self.km.client()
         self.kc.start_channels()
-        self.kc.wait_for_ready(timeout=120)
+        self.kc.wait_for_ready(timeout=cap_timeout(120, ctx.left() + RESERVE_S / 2))
         self.start_s = time.perf_counter() - t0
 
     def pid(self):
@@ -101,14 +138,33 @@ class Kernel:
         return getattr(proc, "pid", None)
 
     def send(self, code):
+        cap_timeout(1, self.ctx.left())  # (nothing starts once the budget is spent)
         self.cells += 1
         return self.kc.execute(code, store_history=True, allow_stdin=False)
 
     def wait(self, msg_id, timeout=600, on_stdout=None):
+        """The cell MSG_ID's result, waiting TIMEOUT seconds at most and never past the budget's end: a cell
+        still running then is interrupted, and OutOfBudget says how long it ran."""
         t0 = time.perf_counter()
-        out, err, idle = [], [], False
-        deadline = time.monotonic() + timeout
+        out, err = [], []
+        capped = cap_timeout(timeout, self.ctx.left())
+        deadline = time.monotonic() + capped
+        try:
+            return self._wait(msg_id, deadline, out, err, t0, on_stdout)
+        except queue.Empty:
+            try:
+                self.km.interrupt_kernel()
+            except Exception:  # noqa: BLE001 - the report matters more
+                pass
+            raise OutOfBudget("a cell still ran after %.0f s (%s), interrupted: %r" % (
+                time.perf_counter() - t0, "the budget's end" if capped < timeout else "its timeout",
+                "".join(out)[-200:])) from None
+
+    def _wait(self, msg_id, deadline, out, err, t0, on_stdout):
+        idle = False
         while not idle:
+            if time.monotonic() > deadline:
+                raise queue.Empty
             msg = self.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
@@ -120,6 +176,8 @@ class Kernel:
             elif t == "status" and c["execution_state"] == "idle":
                 idle = True
         while True:
+            if time.monotonic() > deadline:
+                raise queue.Empty
             reply = self.kc.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
             if reply["parent_header"].get("msg_id") == msg_id:
                 return Cell(reply, "".join(out), "".join(err), time.perf_counter() - t0)
@@ -153,8 +211,12 @@ class CheckFailed(Exception):
 # ---- the checks ----------------------------------------------------------------------------------------------
 def _plain(ctx, code, timeout=300):
     """CODE in a fresh process of the environment's Python (no kernel): its stdout."""
-    p = subprocess.run([ctx.py, "-c", code], capture_output=True, text=True, timeout=timeout,
-                       env=dict(os.environ, CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0")))
+    try:
+        p = subprocess.run([ctx.py, "-c", code], capture_output=True, text=True,
+                           timeout=cap_timeout(timeout, ctx.left()),
+                           env=dict(os.environ, CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0")))
+    except subprocess.TimeoutExpired as e:
+        raise OutOfBudget("a plain process still ran after %.0f s" % e.timeout) from None
     if p.returncode != 0:
         raise CheckFailed("plain process failed: %s" % p.stderr[-800:])
     return p.stdout
@@ -165,8 +227,11 @@ def check_worker_path(ctx, rep):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(REPO, "zygote", "py"),
                                                        os.path.join(REPO, "store", "py"),
                                                        os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run([ctx.py, os.path.join(HERE, "gpu_worker_path.py")], capture_output=True, text=True,
-                       timeout=240, env=env)
+    try:
+        p = subprocess.run([ctx.py, os.path.join(HERE, "gpu_worker_path.py")], capture_output=True, text=True,
+                           timeout=cap_timeout(240, ctx.left()), env=env)
+    except subprocess.TimeoutExpired as e:
+        return rep.add("worker_path", "FAIL", "still ran after %.0f s, cut at the budget" % e.timeout)
     for line in p.stdout.splitlines():
         parts = line.split(None, 2)
         if len(parts) >= 2 and parts[1] in ("PASS", "FAIL", "SKIP"):
@@ -257,6 +322,10 @@ def _prep(md):
 def check_save_restore(ctx, rep):
     """Save and restore of SIZES of device tensors through the kernel (cold workers: every cell restores),
     against the pinned copy measured in the same run; and the save of unchanged state."""
+    for size, why in sorted(ctx.sizes_skipped.items()):
+        rep.add("save_restore.%dMiB" % (size // MiB), "SKIP", why + _host_why(ctx))
+    if not ctx.sizes:
+        return
     k = ctx.kernel("pool-cold", LL_POOL_WARM_IDLE_S=0)
     for size in ctx.sizes:
         if ctx.left() < ctx.per_size_s:
@@ -289,6 +358,37 @@ def check_save_restore(ctx, rep):
             if min(f["save_vs_pinned"], f["restore_vs_pinned"]) < 0.9 and status == "PASS":
                 status, why = "FAIL", "below 90% of the pinned copy's bandwidth"
         rep.add(name, status, why, **f)
+
+
+def _host_why(ctx):
+    """What e2e_host.py could not do for the pool, for a SKIP's reason ("" when nothing)."""
+    probs = ctx.host.get("problems") or []
+    return ("; " + "; ".join(probs)) if probs else ""
+
+
+# (A GPU cell: it uses torch.  The worker's store is the session's, opened on the kernel's pool.)
+POOL_KIND_CELL = """import torch
+import looseleaf_zygote.zyg as _llz
+print(torch.ones(1).device, _llz._store.stats()["page_kind"])"""
+
+
+def check_pool_pages(ctx, rep):
+    """The page kind of the kernel's payload pool on this host: what ll_pagekind.c chooses for the run's pool
+    size (asked through the store's extension), and what the pool got (a worker's store, in a GPU cell; the
+    choice falls back to 4 KiB pages when the huge pages do not come).  Huge pages (hugetlb, or THP) where
+    the host allows them; 4 KiB pages are no failure of the kernel, but they cap a save near the page-fault
+    rate, far below a pinned copy: then a SKIP that says why (and what e2e_host.py could not change)."""
+    import _llstore
+    choice, why = _llstore.page_kind_choice(ctx.pool_mib * MiB, True)
+    k = ctx.kernel("pool-cold", LL_POOL_WARM_IDLE_S=0)
+    kind = _ensure_ok(k.run(POOL_KIND_CELL), "the cell reading the pool's page kind").stdout.split()[-1]
+    figures = dict(kind=kind, chosen=choice, pool_mib=ctx.pool_mib, actions=ctx.host.get("actions"),
+                   nr_overcommit_hugepages=ctx.host.get("nr_overcommit_hugepages"),
+                   shmem_enabled=ctx.host.get("shmem_enabled"), choice=why[:400])
+    if kind in ("hugetlb", "thp"):
+        return rep.add("pool_pages", "PASS", **figures)
+    got = "" if kind == choice else " (%s chosen, but its pages did not come)" % choice
+    rep.add("pool_pages", "SKIP", "4 KiB pages%s: %s%s" % (got, why[:300], _host_why(ctx)), **figures)
 
 
 def _gpu_used_mib():
@@ -361,9 +461,12 @@ def check_sticky(ctx, rep):
     c1 = k.run("z.add_(100)\nbad = z[torch.tensor([1000], device='cuda')]\ntorch.cuda.synchronize()")
     c2 = k.run("import os\nprint(int(z.sum()), os.getpid())")
     out = c2.stdout.split()
-    ok = not c1.ok and c2.ok and out[:1] == ["45"] and out[1:] != c0.stdout.split()
+    # (The discarded worker says why in one line: zyg.py's _discard, after the cell's own error.)
+    said = "CUDA context is broken" in c1.stderr and bool(c1.md.get("device_broken"))
+    ok = not c1.ok and said and c2.ok and out[:1] == ["45"] and out[1:] != c0.stdout.split()
     rep.add("sticky_cuda_error", "PASS" if ok else "FAIL", "" if ok else "%r / %r" % (c1, c2),
-            error=(c1.evalue or "")[:160], next_cell=c2.stdout.strip(), first_worker=c0.stdout.strip())
+            error=(c1.evalue or "")[:160], notice=c1.stderr.strip()[-300:], stays_warm=c1.md.get("stays_warm"),
+            next_cell=c2.stdout.strip(), first_worker=c0.stdout.strip())
 
 
 def check_sigkill(ctx, rep):
@@ -515,37 +618,45 @@ def check_libraries(ctx, rep):
         server, sorted(set(exes.values()))), server=server, pids=ours)
 
 
-# (name, check, seconds it needs on the GPU machine, here)
-CHECKS = [("worker_path", check_worker_path, 30, 15), ("pinned", check_pinned, 20, 0),
+# (name, check, seconds it needs on the GPU machine, here).  The torch-only worker path comes last: with the
+# kernel built, the kernel's own checks matter more when the budget runs short.
+CHECKS = [("pinned", check_pinned, 20, 0),
           ("train", check_train, 40, 25), ("save_restore", check_save_restore, 90, 25),
           ("evict", check_evict, 40, 0), ("oom", check_oom, 20, 0), ("sticky", check_sticky, 20, 0),
           ("sigkill", check_sigkill, 20, 15), ("cold", check_cold_vs_naive, 40, 20),
-          ("hinted", check_hinted, 20, 15), ("three", check_three_kernels, 45, 25)]
+          ("hinted", check_hinted, 20, 15), ("three", check_three_kernels, 45, 25),
+          ("worker_path", check_worker_path, 30, 15)]
 
 
 class Ctx:
     def __init__(self, a):
         self.mode, self.work, self.py = a.mode, a.work, sys.executable
         self.deps, self.deps_note = a.deps or "/", a.deps_note or ""
-        self.t_end = time.monotonic() + a.budget
+        self.deadline = a.deadline  # (epoch seconds, or None)
+        now = time.monotonic()
+        self.t_end = budget_end(now, a.budget, None if a.deadline is None else a.deadline - time.time())
         self.dev = "cuda" if a.mode == "gpu" else "cpu"
         self.pinned = None
         self.pools = set()
         self.kernels = {}
         self.env = json.load(open(a.env)) if a.env and os.path.exists(a.env) else {}
-        shm = self.env.get("dev_shm_free_gib")
-        shm = 8 if shm is None else shm
+        # What e2e_host.py found and did for the payload pool (/dev/shm, huge pages) and the pool size it
+        # chose; without it (an older e2e.sh), /dev/shm's free room as env.json saw it.
+        self.host = json.load(open(a.host)) if a.host and os.path.exists(a.host) else {}
+        pool_mib = self.host.get("pool_mib")
+        if pool_mib is None:
+            shm = self.env.get("dev_shm_free_gib")
+            pool_mib = max(16, min((48 << 10) if a.mode == "gpu" else (2 << 10),
+                                   int((8 if shm is None else shm) * 1024 * 0.8)))
+        self.pool_mib = pool_mib
+        self.sizes, self.sizes_skipped = save_sizes(a.mode, pool_mib)
         if a.mode == "gpu":
-            self.sizes = [s * GiB for s in (1, 4, 16) if 2.5 * s < shm]
             self.per_size_s = 25
             self.state_bytes = GiB
-            pool_mib = min(48 << 10, int(shm * 1024 * 0.8))  # (a container's 64 MiB /dev/shm: what fits)
         else:
-            self.sizes = [64 * MiB]
             self.per_size_s = 10
             self.state_bytes = 64 * MiB
-            pool_mib = 2 << 10
-        os.environ["LL_STORE_POOL_BYTES"] = "%dM" % max(16, pool_mib)
+        os.environ["LL_STORE_POOL_BYTES"] = "%dM" % pool_mib
 
     def left(self):
         return self.t_end - time.monotonic()
@@ -559,14 +670,40 @@ class Ctx:
         return k
 
     def close(self):
+        """Stop the kernels and their pools, each pool's wait cut so that all end before the deadline."""
         from llpool_util import stop_pool
         for k in self.kernels.values():
             k.close()
-        for p in self.pools:
+        for i, p in enumerate(sorted(self.pools)):
+            wait = 30.0
+            if self.deadline is not None:
+                wait = max(2.0, min(wait, (self.deadline - time.time() - 5) / (len(self.pools) - i)))
             try:
-                stop_pool(p, timeout=30)
+                stop_pool(p, timeout=wait)
             except AssertionError as e:
                 print("e2e: %s" % e, flush=True)
+
+    def gather_logs(self, out):
+        """Each pool's pool.log (its last POOL_LOG_TAIL bytes) into OUT/pool.log, under a header line."""
+        parts = []
+        for p in sorted(self.pools):
+            path = os.path.join(p, "pool.log")
+            try:
+                with open(path, "rb") as f:
+                    f.seek(0, os.SEEK_END)
+                    size = f.tell()
+                    f.seek(max(0, size - POOL_LOG_TAIL))
+                    text = f.read()
+            except OSError as e:
+                text = ("(%s)\n" % (e.strerror or e)).encode()
+                size = 0
+            head = "==> %s (%d bytes%s) <==\n" % (path, size, ", the last %d" % POOL_LOG_TAIL
+                                                  if size > POOL_LOG_TAIL else "")
+            parts.append(head.encode() + text + (b"" if text.endswith(b"\n") else b"\n"))
+        tmp = os.path.join(out, ".pool.log.tmp")
+        with open(tmp, "wb") as f:
+            f.write(b"".join(parts))
+        os.replace(tmp, os.path.join(out, "pool.log"))
 
 
 def _kernelspec(a):
@@ -597,6 +734,8 @@ def main():
     ap.add_argument("--binary")
     ap.add_argument("--pyext")
     ap.add_argument("--checks", help="a comma list of check names (default: all)")
+    ap.add_argument("--host", help="e2e_host.py's host.json: /dev/shm, huge pages, the pool's size")
+    ap.add_argument("--deadline", type=float, help="epoch seconds by which the whole run must be over")
     a = ap.parse_args()
     ctx = Ctx(a)
     manifest = {}
@@ -604,7 +743,8 @@ def main():
         manifest = json.load(open(os.path.join(a.bundle, "MANIFEST.json")))
     rep = Report(a.out, {"mode": a.mode, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "env": ctx.env,
                          "status": a.status, "why": a.why, "build_s": a.build_s, "prefix": a.deps_note,
-                         "bundle_bytes": manifest.get("bytes"), "budget_s": a.budget})
+                         "bundle_bytes": manifest.get("bytes"), "budget_s": a.budget,
+                         "checks_s": round(ctx.left(), 1), "host": ctx.host})
     if manifest:
         rep.add("bundle", "PASS" if manifest["bytes"] <= manifest["limit_mb"] * MiB else "FAIL",
                 bytes=manifest["bytes"], limit_mb=manifest["limit_mb"], wheels=len(manifest["wheels"]),
@@ -628,10 +768,16 @@ def main():
             check_worker_path(ctx, rep)  # what runs with torch alone
             check_pinned(ctx, rep)
             return 1
+        if a.pyext:
+            sys.path.insert(0, a.pyext)
         _kernelspec(a)
         t0 = time.perf_counter()
         k = ctx.kernel("pool-warm")
         rep.add("kernel_start", "PASS", start_s=k.start_s, first_s=time.perf_counter() - t0)
+        try:
+            check_pool_pages(ctx, rep)
+        except Exception as e:  # noqa: BLE001
+            rep.add("pool_pages", "FAIL", "%s: %s" % (type(e).__name__, str(e)[:800]))
         only = set(a.checks.split(",")) if a.checks else None
         for name, fn, need_gpu, need_cpu in CHECKS:
             gpu_only = need_cpu == 0  # (here they only say why they skip)
@@ -646,12 +792,14 @@ def main():
                 fn(ctx, rep)
             except Exception as e:  # noqa: BLE001 - one check's failure must not stop the others
                 rep.add(name, "FAIL", "%s: %s" % (type(e).__name__, str(e)[:800]))
+            ctx.gather_logs(a.out)
         try:
             check_libraries(ctx, rep)
         except Exception as e:  # noqa: BLE001
             rep.add("libraries_loaded", "FAIL", "%s: %s" % (type(e).__name__, str(e)[:800]))
     finally:
         ctx.close()
+        ctx.gather_logs(a.out)
     return 1 if rep.failed() else 0
 
 

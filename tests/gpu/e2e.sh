@@ -1,11 +1,14 @@
 #!/bin/bash
-# tests/gpu/e2e.sh [--cpu] [--budget SECONDS of checks] [--checks NAME,...]: the complete looseleaf kernel, built and run end to end (issue 15,
-# "The run"); writes report.json and report.md under $OUT (else build/e2e/report).  tests/gpu/README.md says
-# what it checks and how the device tool runs it.
+# tests/gpu/e2e.sh [--cpu] [--budget SECONDS of checks] [--limit SECONDS in all] [--checks NAME,...]: the
+# complete looseleaf kernel, built and run end to end (issue 15, "The run"); writes report.json, report.md,
+# e2e.log and pool.log under $OUT (else build/e2e/report).  tests/gpu/README.md says what it checks and how
+# the device tool runs it.
 #
-# On the GPU machine (no Debian libraries, no network, Python 3.12 with torch in a venv): find out what its
-# Python offers (headers, a shared libpython) and say so in the report; unpack the carried bundle
-# (.gpubundle, make gpu-bundle: Debian's libraries and headers, redis-server, the kernel's wheels); build the
+# On the GPU machine (no Debian libraries, no network, Python 3.12 with torch in a venv): /dev/shm and huge
+# pages for the payload pool (e2e_host.py setup: remounted and configured as root, else the reason in the
+# report); find out what its Python offers (headers, a shared libpython) and say so in the report; unpack the
+# carried bundle (.gpubundle, make gpu-bundle: Debian's libraries and headers, redis-server, the kernel's
+# wheels; the system's copies of libraries it has too, matched by soname: e2e_host.py swap); build the
 # kernel and the store's extension against that Python (make BUILD=build/e2e PYTHON=... DEPS_PREFIX=...);
 # install the wheels into a private site dir; then tests/gpu/e2e.py starts the kernel with jupyter_client
 # and runs the checks.  When the build cannot be made, the torch-only checks of gpu_worker_path.py still run,
@@ -19,19 +22,25 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 mode=gpu
 budget=""
+limit=""
 checks=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --cpu) mode=cpu ;;
     --budget) budget=$2; shift ;;
+    --limit) limit=$2; shift ;;
     --checks) checks=$2; shift ;;
-    *) echo "usage: $0 [--cpu] [--budget SECONDS] [--checks NAME,NAME,...]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--cpu] [--budget SECONDS] [--limit SECONDS] [--checks NAME,NAME,...]" >&2; exit 2 ;;
     esac
     shift
 done
-# The checks' time (the build and the bundle's set-up come before it).
+# The checks' time (the build and the bundle's set-up come before it).  --limit: the whole script's time (the
+# device call's timeout less a margin): the checks end early enough that e2e.py reports and stops its pools
+# inside it, however long the build took.
 [ -n "$budget" ] || { [ $mode = gpu ] && budget=330 || budget=120; }
 t0=$(date +%s)
+deadline=""
+[ -n "$limit" ] && deadline=$((t0 + limit))
 bundle=${LL_E2E_BUNDLE:-$repo/.gpubundle}
 work=${LL_E2E_WORK:-${TMPDIR:-/tmp}/ll-e2e-$mode}
 report=${OUT:-$repo/build/e2e/report}
@@ -53,7 +62,9 @@ fi
 jobs=$(nproc 2>/dev/null || echo 2)
 [ $mode = cpu ] && jobs=2
 
-# 1. What this machine and its Python offer (into env.json, read by e2e.py for the report).
+# 1. The payload pool's memory: /dev/shm large enough, huge pages where the host allows them (host.json);
+#    then what this machine and its Python offer (env.json; both read by e2e.py for the report).
+"$py" "$here/e2e_host.py" setup --mode $mode --out "$work/host.json" 2>&1 | tee -a "$log"
 "$py" - "$work/env.json" <<'EOF' 2>>"$log"
 import glob, json, os, platform, shutil, subprocess, sys, sysconfig
 def run(*cmd):
@@ -112,14 +123,9 @@ else
         "$bundle/deps.tar.xz" "$deps" 2>>"$log" || { status=no_bundle; why="cannot unpack $bundle/deps.tar.xz"; }
 fi
 libdir=$deps/usr/lib/x86_64-linux-gnu
-if [ $status = ok ] && [ $mode = gpu ] && command -v ldconfig >/dev/null; then
-    for f in "$libdir"/lib*.so.[0-9]*; do
-        [ -f "$f" ] && [ ! -L "$f" ] || continue
-        so=$(basename "$f")
-        case "$so" in libzmq* | libczmq* | libjansson* | libhiredis* | libxxhash* | libsodium* | libpgm* | libnorm*) continue ;; esac
-        sys=$(ldconfig -p | awk -v s="$so" '$1 == s {print $NF; exit}')
-        if [ -n "$sys" ]; then ln -sfn "$sys" "$f" && say "system's $so: $sys"; fi
-    done
+if [ $status = ok ] && [ $mode = gpu ]; then
+    # By soname (read from each ELF file), which is what the loader looks for and ldconfig lists.
+    "$py" "$here/e2e_host.py" swap "$libdir" 2>&1 | tee -a "$log"
 fi
 if [ "$deps" != / ] && [ -x "$deps/usr/bin/redis-check-rdb" ]; then
     # (redis-tools ships the one redis binary as redis-check-rdb; it is the server when run as redis-server,
@@ -194,7 +200,9 @@ fi
 export PYTHONPATH="$work/site${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 args=(--mode "$mode" --out "$report" --env "$work/env.json" --budget "$budget" --status "$status" --why "$why"
-      --build-s "$build_s" --bundle "$bundle" --work "$work" --deps "$deps" --deps-note "$deps_note")
+      --build-s "$build_s" --bundle "$bundle" --work "$work" --deps "$deps" --deps-note "$deps_note"
+      --host "$work/host.json")
+[ -n "$deadline" ] && args+=(--deadline "$deadline")
 [ -n "$checks" ] && args+=(--checks "$checks")
 [ -f "$work/wheels_closure" ] && args+=(--wheels-closure "$(cat "$work/wheels_closure")")
 if [ $status = ok ]; then

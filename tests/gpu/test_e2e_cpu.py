@@ -43,6 +43,15 @@ def test_e2e_cpu_mode(tmp_path):
         assert status.get("bundle") == "SKIP" and report["prefix"].startswith("system"), report
     for name in want:
         assert status.get(name) == "PASS", (name, status)
+    # Not silent about the pool's pages (huge pages where the host allows them, else why not), and the
+    # pools' logs come back beside the report (the device tool returns only what is under $OUT).
+    pages = [c for c in report["checks"] if c["name"] == "pool_pages"]
+    assert pages and pages[0]["status"] in ("PASS", "SKIP") and pages[0]["figures"]["kind"], pages
+    assert pages[0]["status"] == "PASS" or pages[0]["why"].startswith("4 KiB pages"), pages
+    assert report["host"]["pool_mib"] >= 16 and "shm_free_bytes" in report["host"], report["host"]
+    with open(os.path.join(out, "pool.log")) as f:
+        logs = f.read()
+    assert logs.startswith("==> ") and "/pool-warm/pool.log" in logs and "/pool-cold/pool.log" in logs, logs[:500]
     with open(os.path.join(out, "report.md")) as f:
         md = f.read()
     assert "| train_across_cells | PASS |" in md and "Passed %d, failed 0" % report["summary"]["PASS"] in md

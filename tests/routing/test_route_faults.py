@@ -241,3 +241,44 @@ def test_warm_worker_killed_while_running(warm_kernel):
     reply, msgs = run_route(k, "print(wk)", "gpu")
     assert stream_text(msgs) == "tensor([2., 2.])\n"
     assert ll_md(reply)["worker_pid"] != worker
+
+
+# What a sticky CUDA error (a device-side assert, an illegal address) leaves in a worker, without a GPU: every
+# later call fails, torch.cuda.synchronize() first of all.  The cell changes wk in place and binds wk_sticky
+# before the error: neither may be committed.
+_BREAK_DEVICE = ("import torch\nwk.add_(5)\nwk_sticky = 1\n"
+                 "def _sync(device=None):\n"
+                 "    raise RuntimeError('CUDA error: device-side assert triggered')\n"
+                 "torch.cuda.is_initialized = lambda: True\ntorch.cuda.synchronize = _sync\n")
+
+
+@pytest.mark.parametrize("cell_raises", [True, False], ids=["cell_fails", "error_surfaces_after"])
+def test_sticky_cuda_error_discards_the_worker(warm_kernel, cell_raises):
+    """Issue 22, item 3: after a cell, a worker whose CUDA context is broken does not stay warm (not even as
+    the session's warm worker): nothing of the cell is committed, one line says why, and the next GPU cell
+    runs on a fresh worker from the committed versions.  A cell whose own code succeeded (the error surfaced
+    only when the device was synchronised) fails with that error."""
+    k, worker, _ = warm_kernel
+    code = _BREAK_DEVICE + ("raise RuntimeError('CUDA error: device-side assert triggered')\n" if cell_raises
+                            else "print('queued')\n")
+    reply, msgs = execute(k, code)
+    c = reply["content"]
+    assert c["status"] == "error" and c["ename"] == "RuntimeError", c
+    md = ll_md(reply)
+    assert md["route"] == "gpu" and md["worker_pid"] == worker and md["stays_warm"] is False, md
+    assert "device-side assert triggered" in md["device_broken"], md
+    notice = stream_text(msgs, "stderr") if cell_raises else c["evalue"]
+    if cell_raises:
+        assert notice.startswith("LooseLeaf: ") and notice.count("\n") == 1, notice
+    assert "CUDA context is broken" in notice and "discarded" in notice, notice
+    assert "nothing of this cell was committed" in notice, notice
+    assert [m["content"]["ename"] for m in msgs if m["msg_type"] == "error"] == ["RuntimeError"]
+    wait_for(lambda: not alive(worker), 30, "the broken worker %d to leave" % worker)
+    assert k.km.is_alive()
+    reply, msgs = run_route(k, "import os\nprint(wk, 'wk_sticky' in dir(), os.getpid())", "gpu")
+    out, _, pid = stream_text(msgs).rpartition(" ")
+    assert out == "tensor([2., 2.]) False", out
+    assert int(pid) != worker and not ll_md(reply).get("warm_hit"), ll_md(reply)
+    # The fresh worker's context is whole: it stays warm for the next cell.
+    reply, _ = run_route(k, "wk.sum()", "gpu")
+    assert ll_md(reply)["worker_pid"] == int(pid) and ll_md(reply).get("warm_hit"), ll_md(reply)

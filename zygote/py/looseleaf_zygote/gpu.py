@@ -12,6 +12,10 @@ Runs in a worker (after the fork), on the thread that runs cells, called by zyg.
                    does not pay the handle's creation and the kernel's loading.  What it did goes into REP
                    (`cuda_init_ms`, `cublas_warm_ms`, `mem_fraction`, `cuda_error`).  Without CUDA (torch's CPU
                    build, no device) nothing is done and nothing is reported but why.
+  broken()         after each cell: whether the device context is still usable.  A device-side assert (or an
+                   illegal address, a launch failure) is a *sticky* CUDA error: every later call of the
+                   process fails with it, so a worker whose context broke must not stay warm (issue 22, item 3).
+                   Only frameworks that already started CUDA here are asked (asking must never start it).
 
   driver_initialized()  why this process counts as having initialised the CUDA driver, or None (see below).
                    The zygote's pre-fork check (zygote/ll_zygote.c), the CUDA-safety probe (probe.py) and a
@@ -165,3 +169,29 @@ def warm_cublas(torch):
     except Exception:  # noqa: BLE001
         return None
     return (time.perf_counter() - t0) * 1e3
+
+
+def broken():
+    """Why this worker's CUDA context can no longer be used (a sticky error), or None.  Synchronising surfaces
+    an asynchronous error of the cell's last kernels too; it costs nothing when the device is idle (the save
+    would wait for the same work).  Asks torch when it initialised CUDA, and CuPy when it has a context
+    current (its driver call answers "not initialised" rather than starting CUDA)."""
+    torch = sys.modules.get("torch")
+    if _initialized():
+        try:
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - any failure here means the context cannot be trusted
+            return "%s: %s" % (type(e).__name__, e)
+    cupy = sys.modules.get("cupy")
+    cuda = getattr(cupy, "cuda", None)
+    if cuda is not None:
+        try:
+            current = cuda.driver.ctxGetCurrent()
+        except Exception:  # noqa: BLE001 - CUDA never started through the driver: nothing to check
+            current = 0
+        if current:
+            try:
+                cuda.runtime.deviceSynchronize()
+            except Exception as e:  # noqa: BLE001
+                return "%s: %s" % (type(e).__name__, e)
+    return None

@@ -26,6 +26,8 @@ Worker (after the fork, in the child; it stays warm for its session and prepares
                        (looseleaf_store.homes) and stays here: the worker is the session's home for it (and
                        for a value whose autograd graph the store cannot keep, and for what those share
                        objects with), reported as `home`, which keeps it warm and last in line for eviction.
+                       First the device is checked (gpu.broken): after a sticky CUDA error nothing is saved
+                       and the worker leaves (`device_broken`), its session goes on from the store.
 A failed preparation answers {"fatal": why, "fatal_ename": ...}: "StoreUnavailable" when the store did not
 answer, "KeyboardInterrupt" when an interrupt ended the wait (the gateway names the cell's error so).
   worker_exit(arg)     close the store (the worker leaves: evicted, idle, its client gone).
@@ -583,6 +585,9 @@ def worker_finish(arg):
     t0 = time.perf_counter()
     shell = _shell()
     ns = shell.user_ns
+    why = gpu.broken()
+    if why:
+        return _discard(why, t0)
     after = _visible(shell)
     names = set(job.get("defines") or []) | set(job.get("state_closure") or []) | set(job.get("deletes") or [])
     # What the cell rebound or deleted, whatever the analysis said (modules are re-imported, not saved).
@@ -667,6 +672,29 @@ def worker_finish(arg):
     out["held_bytes"] = _held_bytes()
     out["home"] = _home_report()
     out["shapes"] = _shapes(ns, out["saved"])
+    return json.dumps(out)
+
+
+def _discard(why, t0):
+    """The report of a cell after which the device context is broken (gpu.broken: a sticky CUDA error such as
+    a device-side assert): nothing of the cell is committed (its device values are garbage, and copying them
+    out fails with the same error), and `device_broken` tells ll_zygote.c that this worker must leave, even
+    when it is a home (what it holds is unusable now; the pool reports it gone).  `save_error` is the one line
+    the user reads: on stderr after the cell's own error, or the cell's error when its code succeeded and the
+    error surfaced only here."""
+    out = {
+        "save_ms": (time.perf_counter() - t0) * 1e3,
+        "bytes_saved": 0,
+        "saved": [],
+        "deleted": [],
+        "device_broken": why,
+        "save_ename": why.partition(":")[0] or "CUDAError",
+        "save_error": "this worker's CUDA context is broken (%s), so it was discarded: nothing of this cell "
+                      "was committed; the next GPU cell runs on a fresh worker from the last committed "
+                      "variables" % why,
+        "held_bytes": 0,
+        "home": _home_report(),
+    }
     return json.dumps(out)
 
 
