@@ -1,0 +1,108 @@
+"""The host pool is a daemon (issue 23, part 2): it keeps nothing of the kernel that happened to start it.
+
+A kernel whose working directory is a temporary one (a notebook opened and closed, `nbconvert --execute` or
+papermill in a temporary directory) starts the pool, shuts down, and the directory goes.  The pool must not
+have kept it as its working directory (its base zygote could not start again, and every GPU cell of every
+later kernel of the user failed with ZygoteUnavailable); nor the starting kernel's environment, standard
+streams or umask.  Each session's own cwd and environment still reach its cells on workers."""
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+
+from faulthelp import FaultKernel, new_pool_dir, run_route, stop_pool, stream_text, wait_for
+from llpool_util import pool_pids
+
+# A GPU-labelled cell (it imports torch) that says where it runs and what it sees.
+PROBE = ("%%gpu\nimport os\n"
+         "print(os.getcwd(), os.environ.get('LL_DAEMON_PROBE'), os.environ.get('DAEMON_SESSION_VAR'),"
+         " oct(os.umask(0o022)))")
+
+
+@contextlib.contextmanager
+def kernel_in(cwd, pool_dir, env=None):
+    """A FaultKernel started with CWD as its working directory, on POOL_DIR's pool (not stopped with it)."""
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        k = FaultKernel(env=dict(LOOSELEAF_POOL_DIR=pool_dir, **(env or {})))
+    finally:
+        os.chdir(old)
+    try:
+        yield k
+    finally:
+        k.stop()
+
+
+def _status_field(pid, name):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith(name + ":"):
+                return line.split()[1]
+    return None
+
+
+def _environ(pid):
+    with open("/proc/%d/environ" % pid, "rb") as f:
+        return dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
+
+
+def test_a_pool_outlives_the_directory_of_the_kernel_that_started_it():
+    pool_dir = new_pool_dir()
+    first = tempfile.mkdtemp(prefix="ll-daemon-cwd-")
+    second = tempfile.mkdtemp(prefix="ll-daemon-cwd2-")
+    old_umask = os.umask(0o027)  # the starting kernel's umask, which the pool must not keep
+    try:
+        with kernel_in(first, pool_dir, env={"DAEMON_SESSION_VAR": "first", "LL_DAEMON_PROBE": "x"}) as k:
+            os.umask(old_umask)
+            _, msgs = run_route(k, PROBE, "gpu")
+            # The session's cwd, environment and umask reach its cell on the worker.
+            assert stream_text(msgs).split() == [os.path.realpath(first), "x", "first", "0o27"], msgs
+            [pool] = pool_pids(pool_dir)
+            # The daemon itself keeps none of it.
+            assert os.readlink("/proc/%d/cwd" % pool) == "/"
+            env = _environ(pool)
+            assert b"DAEMON_SESSION_VAR" not in env and b"PWD" not in env, sorted(env)
+            assert b"LL_DAEMON_PROBE" in env  # (what configures LooseLeaf does reach it)
+            assert _status_field(pool, "Umask") == "0022"
+            for fd in (1, 2):
+                assert os.readlink("/proc/%d/fd/%d" % (pool, fd)) == os.path.join(pool_dir, "pool.log")
+        shutil.rmtree(first)
+        # The base zygote goes (a crash, an OOM kill): the pool starts it again although the first kernel's
+        # directory is gone, and the next kernel's GPU cells run on workers.
+        bases = [p for p in _children(pool) if "zygote" in _cmd(p)]
+        for p in bases:
+            os.kill(p, signal.SIGKILL)
+        with kernel_in(second, pool_dir, env={"DAEMON_SESSION_VAR": "second"}) as k2:
+            reply, msgs = run_route(k2, PROBE, "gpu")
+            assert stream_text(msgs).split()[:3] == [os.path.realpath(second), "None", "second"], msgs
+            reply, msgs = run_route(k2, "import torch\nprint(torch.ones(2).sum().item())", "gpu")
+            assert stream_text(msgs).strip() == "2.0"
+    finally:
+        os.umask(old_umask)
+        stop_pool(pool_dir)
+        shutil.rmtree(os.path.dirname(pool_dir), ignore_errors=True)
+        shutil.rmtree(first, ignore_errors=True)
+        shutil.rmtree(second, ignore_errors=True)
+
+
+def _children(pid):
+    out = []
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/stat" % p) as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(p))
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+def _cmd(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
