@@ -106,3 +106,34 @@ def _cmd(pid):
     except OSError:
         return ""
 
+
+def test_a_gpu_cell_runs_in_the_kernel_while_the_base_zygote_cannot_start():
+    # The pool's base zygote cannot start (here: a head module that exits until a file exists).  A GPU cell
+    # then runs in the kernel with one line saying why, never fails for the pool's state; once the cause
+    # mends the pool's retry brings the base back, and GPU cells run on workers again.
+    pool_dir = new_pool_dir()
+    tmp = os.path.dirname(pool_dir)
+    mods = os.path.join(tmp, "mods")
+    os.makedirs(mods)
+    mended = os.path.join(tmp, "mended")
+    with open(os.path.join(mods, "llf_exit.py"), "w") as f:
+        f.write("import os\nif not os.path.exists(%r):\n    os._exit(3)\n" % mended)
+    env = {"PYTHONPATH": mods, "LL_POOL_HEAD": "numpy,torch,IPython,looseleaf_kernel,looseleaf_store,llf_exit"}
+    try:
+        with kernel_in(tmp, pool_dir, env=env) as k:
+            reply, msgs = run_route(k, "%%gpu\nx = 41\nprint(x + 1)", "cpu")
+            err = stream_text(msgs, "stderr")
+            notice = [line for line in err.splitlines() if line.startswith("LooseLeaf:")]
+            assert len(notice) == 1 and "base zygote" in notice[0] and "runs in the kernel" in notice[0], err
+            assert stream_text(msgs) == "42\n"
+            md = reply["metadata"]["looseleaf"]
+            assert "base zygote" in md.get("fallback", ""), md
+            log = os.path.join(pool_dir, "pool.log")
+            wait_for(lambda: "trying the base zygote again" in open(log).read(), 60, "a retry: %s" % open(log).read()[-3000:])
+            open(mended, "w").close()
+            wait_for(lambda: "the base zygote is back" in open(log).read(), 120, "the base back")
+            _, msgs = run_route(k, "%%gpu\nprint(x + 2)", "gpu")
+            assert stream_text(msgs).strip() == "43"
+    finally:
+        stop_pool(pool_dir)
+        shutil.rmtree(tmp, ignore_errors=True)
