@@ -482,8 +482,10 @@ static void s_signals(ll_hostpool_t *pool)
     int status;
     pid_t pid;
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
-        if (!ll_ztree_reaped(pool->tree, pid, status))
+        if (!ll_ztree_reaped(pool->tree, pid, status)) {
             ll_hostpool_worker_exited(pool, pid, status); /* orphaned worker, or a node (ignored) */
+            pool->sweep = true; /* (a stray killed: its own orphans are ours now) */
+        }
 }
 
 /* Node N's socket FD is readable: its frames, or its end. */
@@ -551,6 +553,12 @@ static void s_loop(ll_hostpool_t *pool)
             }
         }
         ll_hostpool_schedule(pool);
+        /* A worker went: what its cells started in sessions of their own
+         * came to us (the zygote reaped the worker; its orphans are ours). */
+        if (pool->sweep) {
+            pool->sweep = false;
+            ll_hostpool_kill_strays(pool, false);
+        }
         for (int c = 0; c < LL_HOSTPOOL_MAX_CLIENTS; c++)
             if (pool->clients[c].fd >= 0 && pool->clients[c].dead)
                 s_client_gone(pool, c);

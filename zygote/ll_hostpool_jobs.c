@@ -373,6 +373,7 @@ static void s_finish_dead(ll_hostpool_t *pool, int r)
 
 void ll_hostpool_worker_exited(ll_hostpool_t *pool, pid_t pid, int status)
 {
+    pool->sweep = true; /* what it left out of its group is ours now */
     for (int r = 0; r < LL_SCHED_MAX_JOBS; r++) {
         ll_hostpool_run_t *run = &pool->runs[r];
         if (s_used(pool, r) && run->worker.pid == pid && !run->worker.exited) {
@@ -1145,6 +1146,7 @@ void ll_hostpool_jobs_stop(ll_hostpool_t *pool)
         if (ll_sched_session(pool->sched, i)->used)
             s_session_end(pool, i);
     ll_ztree_stop(pool->tree);
+    ll_hostpool_kill_strays(pool, true); /* what the workers' cells started goes too */
     for (int r = 0; r < LL_SCHED_MAX_JOBS; r++)
         if (s_used(pool, r))
             s_kill_run(pool, r, SIGKILL);

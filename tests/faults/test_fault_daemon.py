@@ -137,3 +137,22 @@ def test_a_gpu_cell_runs_in_the_kernel_while_the_base_zygote_cannot_start():
     finally:
         stop_pool(pool_dir)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_what_a_gpu_cell_started_in_its_own_session_ends_with_the_kernel():
+    # (issue 23, part 3 item 6) Out of its worker's process group, such a process outlived the worker's
+    # eviction, the kernel's shutdown and the pool.  Now it goes with the worker.
+    import random
+    pool_dir = new_pool_dir()
+    tag = "1000.%d" % random.randint(10 ** 7, 10 ** 8 - 1)
+    try:
+        with kernel_in(os.path.dirname(pool_dir), pool_dir) as k:
+            code = "import subprocess\nprint(subprocess.Popen(['sleep', %r], start_new_session=True).pid)" % tag
+            _, msgs = run_route(k, "%%gpu\n" + code, "gpu")
+            pid = int(stream_text(msgs))
+            assert _cmd(pid).split("\0")[:2] == ["sleep", tag]
+        wait_for(lambda: _cmd(pid).split("\0")[:2] != ["sleep", tag], 60, "the sleep to end with the kernel")
+        assert pool_pids(pool_dir)  # (the pool itself serves on)
+    finally:
+        stop_pool(pool_dir)
+        shutil.rmtree(os.path.dirname(pool_dir), ignore_errors=True)
