@@ -156,3 +156,31 @@ def test_what_a_gpu_cell_started_in_its_own_session_ends_with_the_kernel():
     finally:
         stop_pool(pool_dir)
         shutil.rmtree(os.path.dirname(pool_dir), ignore_errors=True)
+
+
+def test_a_kernel_refuses_a_pool_of_another_build_and_says_so():
+    # A dir both builds name (LOOSELEAF_POOL_DIR) holds a pool of another build (here: a copy of the binary with
+    # other bytes): the kernel does not use it; its GPU cells run in the kernel, with one line naming both.
+    import sys
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.join(repo, "tests"))
+    from llpool_util import PoolClient
+    pool_dir = new_pool_dir()
+    tmp = os.path.dirname(pool_dir)
+    other = os.path.join(tmp, "looseleaf")
+    shutil.copy2(os.path.join(repo, "build", "looseleaf"), other)
+    with open(other, "ab") as f:
+        f.write(b"\0")
+    driver = os.path.join(repo, "build", "zygote", "ll_zdriver")
+    c = PoolClient(driver, pool_dir, ["--slots", "1", "--head", "IPython"], env=dict(os.environ, LL_POOL_EXE=other))
+    try:
+        c.stats()
+        with kernel_in(tmp, pool_dir) as k:
+            reply, msgs = run_route(k, "%%gpu\nprint(6 * 7)", "cpu")
+            assert stream_text(msgs) == "42\n"
+            notice = [line for line in stream_text(msgs, "stderr").splitlines() if line.startswith("LooseLeaf:")]
+            assert len(notice) == 1 and "another build of LooseLeaf" in notice[0], notice
+    finally:
+        c.close()
+        stop_pool(pool_dir)
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -6,6 +6,7 @@ tells apart; two plain copies are one build and share."""
 import glob
 import os
 import shutil
+import tempfile
 
 import pytest
 
@@ -55,8 +56,7 @@ def test_a_pool_dir_named_by_two_builds_is_refused_by_the_other(env):
 
 def test_two_builds_get_two_default_pools(env):
     a, b, same = _builds(env.tmp)
-    xdg = os.path.join(env.tmp, "xdg")
-    os.makedirs(xdg, mode=0o700)
+    xdg = tempfile.mkdtemp(prefix="llx-")  # (short: a socket path has at most 107 bytes)
     ca = _connect(env, "-", a, xdg)
     cb = _connect(env, "-", b, xdg)
     try:
@@ -75,3 +75,4 @@ def test_two_builds_get_two_default_pools(env):
         cb.close()
         for d in glob.glob(os.path.join(xdg, "looseleaf-pool-*")):
             stop_pool(d)
+        shutil.rmtree(xdg, ignore_errors=True)
