@@ -235,16 +235,16 @@ static int s_prepare_dir(ll_hostpool_t *pool)
 }
 
 /* Keep nothing of the starting kernel but what the pool needs (a daemon
- * that serves every kernel of the user): its working directory goes to
- * "/" (a kernel's may be a temporary directory, deleted once it shut down:
- * a zygote started later in it could not even import), its environment
- * to what ll_zclient_env_kept says (the
- * kernel started it with no more), its umask to 022.  Why 022 and not 077: what
- * the pool writes itself is private by its own modes (the dir 0700, its
- * log, lock and socket 0600), while zygotes write the user's caches
- * (__pycache__, torch's and matplotlib's) as any process of the user
- * would; a worker takes its session's umask with the rest of the process
- * state, so files a cell writes get the kernel's. */
+ * that serves every kernel of the user): its working directory goes to "/"
+ * (a kernel's may be a temporary directory, deleted once it shut down: a
+ * zygote started later in it could not even import), its environment to
+ * what ll_zclient_env_kept says (the kernel started it with no more), its
+ * umask to 022.  Why 022 and not 077: what the pool writes itself is
+ * private by its own modes (the dir 0700, its log, lock and socket 0600),
+ * while zygotes write the user's caches (__pycache__, torch's and
+ * matplotlib's) as any process of the user would; a worker takes its
+ * session's umask with the rest of the process state, so files a cell
+ * writes get the kernel's. */
 static void s_daemon_hygiene(void)
 {
     if (chdir("/") < 0)
@@ -311,7 +311,10 @@ static int s_write_build(ll_hostpool_t *pool)
     snprintf(path, sizeof path, "%s/pool.build", pool->cfg.dir);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "we");
-    if (!f || fprintf(f, "%s\n", id) < 0 || fclose(f) != 0 || rename(tmp, path) < 0) {
+    bool ok = f && fprintf(f, "%s\n", id) > 0;
+    if (f && fclose(f) != 0)
+        ok = false;
+    if (!ok || rename(tmp, path) < 0) {
         ll_error("pool", "cannot write %s: %s", path, strerror(errno));
         return -1;
     }

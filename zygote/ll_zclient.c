@@ -132,8 +132,9 @@ static int s_same_build(const char *dir, const char *exe, char *err, size_t errl
         return 0;
     snprintf(err, errlen,
              "the pool at %s runs another build of LooseLeaf (%s; this kernel is build %s): stop "
-             "it (its pid is in its pool.log) or give each build its own LOOSELEAF_POOL_DIR",
-             dir, got[0] ? got : "one from before build ids", want);
+             "that `looseleaf pool` (it holds %s/pool.lock) or give each build its own "
+             "LOOSELEAF_POOL_DIR",
+             dir, got[0] ? got : "one from before build ids", want, dir);
     return -1;
 }
 
