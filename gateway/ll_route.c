@@ -828,6 +828,17 @@ int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *re
                                       r.count);
     }
     json_decref(request);
+    /* The pool could fork no worker (its base zygote cannot start; it
+     * tries again with back-off) and nothing of the cell ran: the kernel
+     * runs it itself, with the one-line notice of a pool that cannot
+     * start, rather than fail a cell for the pool's state. */
+    if (json_is_true(json_object_get(json_object_get(r.md, "looseleaf"), "unavailable"))) {
+        const char *why = json_string_value(json_object_get(r.content, "evalue"));
+        snprintf(err, errlen, "%s", why ? why : "the pool has no zygote");
+        json_decref(r.content);
+        json_decref(r.md);
+        return -1;
+    }
     s_settle_reply(&r);
     const char *status = json_string_value(json_object_get(r.content, "status"));
     if (!r.saw_error && status && strcmp(status, "error") == 0 &&

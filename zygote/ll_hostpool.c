@@ -208,7 +208,7 @@ static int s_find_gpus(ll_hostpool_t *pool)
 static int s_parse(ll_hostpool_t *pool, int argc, char **argv)
 {
     ll_hostpool_config_defaults(&pool->cfg);
-    ll_zclient_default_dir(pool->cfg.dir, sizeof pool->cfg.dir);
+    ll_zclient_default_dir(NULL, pool->cfg.dir, sizeof pool->cfg.dir);
     ll_hostpool_config_env(&pool->cfg, getenv);
     char err[1024];
     if (ll_hostpool_config_args(&pool->cfg, argc, argv, err, sizeof err) < 0) {
@@ -232,6 +232,39 @@ static int s_prepare_dir(ll_hostpool_t *pool)
         return -1;
     }
     return 0;
+}
+
+/* Keep nothing of the starting kernel but what the pool needs (a daemon
+ * that serves every kernel of the user): its working directory goes to "/"
+ * (a kernel's may be a temporary directory, deleted once it shut down: a
+ * zygote started later in it could not even import), its environment to
+ * what ll_zclient_env_kept says (the kernel started it with no more), its
+ * umask to 022.  Why 022 and not 077: what the pool writes itself is
+ * private by its own modes (the dir 0700, its log, lock and socket 0600),
+ * while zygotes write the user's caches (__pycache__, torch's and
+ * matplotlib's) as any process of the user would; a worker takes its
+ * session's umask with the rest of the process state, so files a cell
+ * writes get the kernel's. */
+static void s_daemon_hygiene(void)
+{
+    if (chdir("/") < 0)
+        ll_warn("pool", "cannot change to /: %s", strerror(errno));
+    umask(022);
+    extern char **environ;
+    size_t n = 0;
+    while (environ[n])
+        n++;
+    char **keep = calloc(n + 1, sizeof *keep);
+    if (!keep)
+        return;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (ll_zclient_env_kept(environ[i]) && (keep[k] = strdup(environ[i])))
+            k++;
+    clearenv();
+    for (size_t i = 0; i < k; i++)
+        putenv(keep[i]); /* (putenv keeps the string: it is never freed) */
+    free(keep);
 }
 
 /* Detach: the client that started us must not be our parent (it would have
@@ -263,6 +296,29 @@ static int s_detach(ll_hostpool_t *pool)
         close(lfd);
     }
     ll_log_init('P');
+    return 0;
+}
+
+/* Our build id in pool.build, before the socket exists: a client that
+ * connects reads it and refuses a pool of another build (ll_zclient.h). */
+static int s_write_build(ll_hostpool_t *pool)
+{
+    char id[24], path[PATH_MAX + 16], tmp[PATH_MAX + 24];
+    if (ll_zclient_build_id(NULL, id, sizeof id) < 0) {
+        ll_error("pool", "cannot read its own binary for its build id: %s", strerror(errno));
+        return -1;
+    }
+    snprintf(path, sizeof path, "%s/pool.build", pool->cfg.dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "we");
+    bool ok = f && fprintf(f, "%s\n", id) > 0;
+    if (f && fclose(f) != 0)
+        ok = false;
+    if (!ok || rename(tmp, path) < 0) {
+        ll_error("pool", "cannot write %s: %s", path, strerror(errno));
+        return -1;
+    }
+    ll_info("pool", "build %s (pid %d)", id, (int) getpid());
     return 0;
 }
 
@@ -341,6 +397,7 @@ static int s_setup(ll_hostpool_t *pool)
     int detached = pool->cfg.foreground ? 0 : s_detach(pool);
     if (detached != 0)
         return detached > 0 ? 0 : 1;
+    s_daemon_hygiene(); /* the options (LL_POOL_*) were read already */
     pool->lock_fd = open(lockpath, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (pool->lock_fd < 0 || flock(pool->lock_fd, LOCK_EX | LOCK_NB) < 0) {
         ll_info("pool", "another pool already serves %s", pool->cfg.dir);
@@ -355,6 +412,8 @@ static int s_setup(ll_hostpool_t *pool)
     sigprocmask(SIG_BLOCK, &mask, NULL);
     signal(SIGPIPE, SIG_IGN);
     pool->sig_fd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (s_write_build(pool) < 0)
+        return 1;
     pool->listen_fd = s_listen(pool);
     if (pool->listen_fd < 0 || pool->sig_fd < 0)
         return 1;
@@ -426,8 +485,10 @@ static void s_signals(ll_hostpool_t *pool)
     int status;
     pid_t pid;
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
-        if (!ll_ztree_reaped(pool->tree, pid, status))
+        if (!ll_ztree_reaped(pool->tree, pid, status)) {
             ll_hostpool_worker_exited(pool, pid, status); /* orphaned worker, or a node (ignored) */
+            pool->sweep = true; /* (a stray killed: its own orphans are ours now) */
+        }
 }
 
 /* Node N's socket FD is readable: its frames, or its end. */
@@ -495,6 +556,12 @@ static void s_loop(ll_hostpool_t *pool)
             }
         }
         ll_hostpool_schedule(pool);
+        /* A worker went: what its cells started in sessions of their own
+         * came to us (the zygote reaped the worker; its orphans are ours). */
+        if (pool->sweep) {
+            pool->sweep = false;
+            ll_hostpool_kill_strays(pool, false);
+        }
         for (int c = 0; c < LL_HOSTPOOL_MAX_CLIENTS; c++)
             if (pool->clients[c].fd >= 0 && pool->clients[c].dead)
                 s_client_gone(pool, c);

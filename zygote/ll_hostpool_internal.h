@@ -111,6 +111,7 @@ typedef struct {
     int gone_next;                             /* where the next one goes (a ring) */
     double idle_since;                         /* ms, 0 while busy */
     bool stop;                                 /* SIGTERM or SIGINT came */
+    bool sweep; /* a worker went: look for what its cells left (ll_hostpool_kill_strays) */
     ll_hostpool_hostd_t *hostd; /* the slot broker's link; NULL: the pool's own slots */
 } ll_hostpool_t;
 
@@ -168,6 +169,16 @@ const char *ll_hostpool_signame(int sig);
 void ll_hostpool_signal_worker(pid_t pid, int sig);
 /* Whether a process of worker PID's group still exists (a zombie too). */
 bool ll_hostpool_group_alive(pid_t pid);
+/* Kill what cells started out of their worker's process group (a session
+ * of its own, a double fork) and their worker no longer holds: our
+ * children that are neither a worker nor in our own group (zygotes,
+ * probes), and everything under them; with WORKERS_TOO (the pool stops)
+ * every worker and everything under it as well.  Each worker is its
+ * descendants' subreaper (ll_zygote.c), so while it lives what its cells
+ * orphan stays under it, and once it is gone it comes to us (we are
+ * theirs).  Looks through /proc; returns the processes killed, not
+ * counting workers. */
+int ll_hostpool_kill_strays(ll_hostpool_t *pool, bool workers_too);
 /* The OOM kills of this host so far (/proc/vmstat; 0 when unknown). */
 unsigned long long ll_hostpool_oom_kills(void);
 

@@ -50,13 +50,6 @@
 #define S_GROUP_WAIT_MS \
     10000.0 /* ... and its slot given back after this long regardless (logged) */
 
-static void s_nonblock(int fd)
-{
-    int fl = fcntl(fd, F_GETFL);
-    if (fl >= 0)
-        fcntl(fd, F_SETFL, fl | O_NONBLOCK);
-}
-
 /* ------------------------------------------------------------------ */
 /* Jobs: the pool's side of the schedule's entries                    */
 
@@ -207,20 +200,26 @@ static void s_reply_error(ll_hostpool_t *pool, int r, const char *ename, const c
     json_t *ll =
         json_pack("{s:s, s:i, s:i, s:f}", "route", "gpu", "worker_pid", (int) run->worker.pid,
                   "zygote_node", run->worker.node_id, "wait_ms", run->wait_ms);
+    if (strcmp(ename, "ZygoteUnavailable") == 0) /* nothing ran: its kernel runs it */
+        json_object_set_new(ll, "unavailable", json_true());
     json_t *md = json_pack("{s:s, s:o}", "status", "error", "looseleaf", ll);
     ll_hostpool_send(pool, s_job(pool, r)->client,
                      json_pack("{s:s, s:s, s:o, s:o}", "type", "reply", "id", run->id, "content",
                                content, "metadata", md));
 }
 
-/* Every queued cell gets an error reply (no zygote will fork it). */
+/* Every queued cell gets an error reply (no zygote will fork it now): its
+ * kernel runs it itself (gateway/ll_route.c) while the tree tries the base
+ * again (ll_ztree_timeout). */
 void ll_hostpool_fail_queued(ll_hostpool_t *pool)
 {
+    char why[PATH_MAX + 128];
+    snprintf(why, sizeof why,
+             "the pool cannot start its base zygote and tries again (see %s/pool.log)",
+             pool->cfg.dir);
     for (int r = 0; r < LL_SCHED_MAX_JOBS; r++)
         if (s_job(pool, r)->state == LL_SCHED_QUEUED) {
-            s_reply_error(
-                pool, r, "ZygoteUnavailable",
-                "the pool cannot start its base zygote (see pool.log in the pool's runtime dir)");
+            s_reply_error(pool, r, "ZygoteUnavailable", why);
             s_drop_run(pool, r);
         }
 }
@@ -374,6 +373,7 @@ static void s_finish_dead(ll_hostpool_t *pool, int r)
 
 void ll_hostpool_worker_exited(ll_hostpool_t *pool, pid_t pid, int status)
 {
+    pool->sweep = true; /* what it left out of its group is ours now */
     for (int r = 0; r < LL_SCHED_MAX_JOBS; r++) {
         ll_hostpool_run_t *run = &pool->runs[r];
         if (s_used(pool, r) && run->worker.pid == pid && !run->worker.exited) {
@@ -464,7 +464,7 @@ static void s_fork(ll_hostpool_t *pool, int r, int slot)
         ll_sched_fork_failed(pool->sched, r);
         return;
     }
-    s_nonblock(sv[0]);
+    fcntl(sv[0], F_SETFL, fcntl(sv[0], F_GETFL) | O_NONBLOCK);
     run->worker.fd = sv[0];
     run->worker.rd = ll_zreader_new(sv[0]);
     run->worker.node = n;
@@ -1146,6 +1146,7 @@ void ll_hostpool_jobs_stop(ll_hostpool_t *pool)
         if (ll_sched_session(pool->sched, i)->used)
             s_session_end(pool, i);
     ll_ztree_stop(pool->tree);
+    ll_hostpool_kill_strays(pool, true); /* what the workers' cells started goes too */
     for (int r = 0; r < LL_SCHED_MAX_JOBS; r++)
         if (s_used(pool, r))
             s_kill_run(pool, r, SIGKILL);

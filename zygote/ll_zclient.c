@@ -21,11 +21,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 extern char **environ;
 
@@ -51,18 +54,117 @@ static void s_env_suffix(char *out, size_t outlen)
     snprintf(out, outlen, "-%08x", h);
 }
 
-void ll_zclient_default_dir(char *out, size_t outlen)
+/* XXH64 of the bytes of the file open at FD, as 16 hex digits into OUT. */
+static int s_hash_fd(int fd, char *out, size_t outlen)
+{
+    struct stat st;
+    if (fstat(fd, &st) < 0 || st.st_size <= 0)
+        return -1;
+    void *p = mmap(NULL, (size_t) st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED)
+        return -1;
+    unsigned long long h = (unsigned long long) XXH64(p, (size_t) st.st_size, 0);
+    munmap(p, (size_t) st.st_size);
+    snprintf(out, outlen, "%016llx", h);
+    return 0;
+}
+
+int ll_zclient_build_id(const char *exe, char *out, size_t outlen)
+{
+    /* This process's own binary does not change under it (/proc/self/exe
+     * is the inode that runs, even once a rebuild replaced the path): once. */
+    static char self_id[24];
+    if (!exe && self_id[0]) {
+        snprintf(out, outlen, "%s", self_id);
+        return 0;
+    }
+    int fd = open(exe ? exe : "/proc/self/exe", O_RDONLY | O_CLOEXEC);
+    char id[24];
+    int rc = fd >= 0 ? s_hash_fd(fd, id, sizeof id) : -1;
+    if (fd >= 0)
+        close(fd);
+    if (rc < 0)
+        return -1;
+    if (!exe)
+        snprintf(self_id, sizeof self_id, "%s", id);
+    snprintf(out, outlen, "%s", id);
+    return 0;
+}
+
+void ll_zclient_default_dir(const char *exe, char *out, size_t outlen)
 {
     const char *env = getenv("LOOSELEAF_POOL_DIR");
     const char *xdg = getenv("XDG_RUNTIME_DIR");
-    char suffix[16];
+    /* Kernels of two builds of LooseLeaf (two checkouts, an upgrade while a
+     * pool runs) must not share a pool: its zygotes exec its binary and
+     * import its checkout's Python packages, and both sides speak its
+     * protocol.  So the default dir is per build as it is per environment. */
+    char suffix[16], build[24] = "unknown";
     s_env_suffix(suffix, sizeof suffix);
+    ll_zclient_build_id(exe, build, sizeof build);
+    build[8] = '\0';
     if (env && *env)
         snprintf(out, outlen, "%s", env);
     else if (xdg && *xdg)
-        snprintf(out, outlen, "%s/looseleaf-pool%s", xdg, suffix);
+        snprintf(out, outlen, "%s/looseleaf-pool-%s%s", xdg, build, suffix);
     else
-        snprintf(out, outlen, "/tmp/looseleaf-pool-%d%s", (int) getuid(), suffix);
+        snprintf(out, outlen, "/tmp/looseleaf-pool-%d-%s%s", (int) getuid(), build, suffix);
+}
+
+/* Whether the pool serving DIR runs the build EXE (NULL: ours) is: it
+ * writes its build id to DIR/pool.build before it listens.  0, or -1 with
+ * ERR saying which builds met (a dir named by LOOSELEAF_POOL_DIR is shared
+ * by whoever names it). */
+static int s_same_build(const char *dir, const char *exe, char *err, size_t errlen)
+{
+    char want[24], got[64] = "", path[PATH_MAX + 16];
+    if (ll_zclient_build_id(exe, want, sizeof want) < 0)
+        return 0; /* our own binary unreadable: nothing to compare */
+    snprintf(path, sizeof path, "%s/pool.build", dir);
+    FILE *f = fopen(path, "re");
+    if (f) {
+        if (!fgets(got, sizeof got, f))
+            got[0] = '\0';
+        fclose(f);
+    }
+    got[strcspn(got, "\n")] = '\0';
+    if (strcmp(got, want) == 0)
+        return 0;
+    snprintf(err, errlen,
+             "the pool at %s runs another build of LooseLeaf (%s; this kernel is build %s): stop "
+             "that `looseleaf pool` (it holds %s/pool.lock) or give each build its own "
+             "LOOSELEAF_POOL_DIR",
+             dir, got[0] ? got : "one from before build ids", want, dir);
+    return -1;
+}
+
+/* Whether environment entry E ("NAME=value") is one the pool keeps: what
+ * configures LooseLeaf, Python, the CUDA stack and the numeric libraries
+ * its zygotes import, and the user's own locations.  The rest belongs to
+ * the kernel that happened to start the pool (JPY_*, PWD, whatever its
+ * notebook server had): each session's own environment reaches its cells
+ * anyway, restored in the worker with its process state
+ * (store/py/looseleaf_store/procstate.py), and a zygote shared by every
+ * kernel of the user must not import its packages in one kernel's. */
+bool ll_zclient_env_kept(const char *e)
+{
+    static const char *const exact[] = {
+        "PATH",       "HOME",        "USER",         "LOGNAME",    "SHELL",
+        "LANG",       "LANGUAGE",    "TZ",           "TMPDIR",     "LD_LIBRARY_PATH",
+        "LD_PRELOAD", "VIRTUAL_ENV", "CONDA_PREFIX", "IPYTHONDIR", "MPLCONFIGDIR"};
+    static const char *const prefix[] = {
+        "LL_",   "LOOSELEAF_", "PYTHON",   "LC_",     "XDG_", "CUDA_", "NVIDIA_",
+        "NCCL_", "TORCH",      "PYTORCH_", "TRITON_", "OMP_", "MKL_",  "OPENBLAS_",
+        "KMP_",  "JUPYTER_",   "ASAN_",    "UBSAN_",  "LSAN_"};
+    const char *eq = strchr(e, '=');
+    size_t n = eq ? (size_t) (eq - e) : strlen(e);
+    for (size_t i = 0; i < sizeof exact / sizeof exact[0]; i++)
+        if (strlen(exact[i]) == n && strncmp(e, exact[i], n) == 0)
+            return true;
+    for (size_t i = 0; i < sizeof prefix / sizeof prefix[0]; i++)
+        if (strncmp(e, prefix[i], strlen(prefix[i])) == 0)
+            return true;
+    return false;
 }
 
 static int s_connect(const char *sock)
@@ -111,8 +213,9 @@ ll_zclient_t *ll_zclient_connect(const char *runtime_dir, const char *exe,
     if (runtime_dir)
         snprintf(dir, sizeof dir, "%s", runtime_dir);
     else
-        ll_zclient_default_dir(dir, sizeof dir);
+        ll_zclient_default_dir(exe, dir, sizeof dir);
     snprintf(sock, sizeof sock, "%s/pool.sock", dir);
+    const char *build_exe = exe; /* (EXE becomes /proc/self/exe below) */
     int fd = s_connect(sock);
     if (fd < 0) {
         char self[PATH_MAX], name[PATH_MAX];
@@ -149,8 +252,23 @@ ll_zclient_t *ll_zclient_connect(const char *runtime_dir, const char *exe,
             posix_spawn_file_actions_adddup2(&fa, ll_log_fd(), 1);
             posix_spawn_file_actions_adddup2(&fa, ll_log_fd(), 2);
         }
+        /* Only what the pool needs of this kernel's environment. */
+        size_t nenv = 0;
+        while (environ[nenv])
+            nenv++;
+        char **envp = calloc(nenv + 1, sizeof *envp);
+        if (!envp) {
+            posix_spawn_file_actions_destroy(&fa);
+            posix_spawnattr_destroy(&attr);
+            snprintf(err, errlen, "out of memory");
+            return NULL;
+        }
+        for (size_t i = 0, k = 0; i < nenv; i++)
+            if (ll_zclient_env_kept(environ[i]))
+                envp[k++] = environ[i];
         pid_t pid;
-        int rc = posix_spawn(&pid, exe, &fa, &attr, (char *const *) argv, environ);
+        int rc = posix_spawn(&pid, exe, &fa, &attr, (char *const *) argv, envp);
+        free(envp);
         posix_spawn_file_actions_destroy(&fa);
         posix_spawnattr_destroy(&attr);
         if (rc != 0) {
@@ -178,6 +296,10 @@ ll_zclient_t *ll_zclient_connect(const char *runtime_dir, const char *exe,
                      strerror(errno), dir);
             return NULL;
         }
+    }
+    if (s_same_build(dir, build_exe, err, errlen) < 0) {
+        close(fd);
+        return NULL;
     }
     return s_client_new(fd, err, errlen);
 }
@@ -352,26 +474,40 @@ static int s_test_default_dir(void)
     for (int i = 0; i < 3; i++)
         saved[i] = saved[i] ? strdup(saved[i]) : NULL;
     s_test_setenv("LOOSELEAF_PYTHON", NULL);
-    char dir[PATH_MAX], want[64];
+    char dir[PATH_MAX], want[96];
     s_test_setenv("LOOSELEAF_POOL_DIR", "/tmp/pd");
     s_test_setenv("XDG_RUNTIME_DIR", "/run/user/7");
-    ll_zclient_default_dir(dir, sizeof dir);
+    ll_zclient_default_dir(NULL, dir, sizeof dir);
     S_CHECK(strcmp(dir, "/tmp/pd") == 0);
     s_test_setenv("LOOSELEAF_POOL_DIR", "");
-    ll_zclient_default_dir(dir, sizeof dir);
-    S_CHECK(strcmp(dir, "/run/user/7/looseleaf-pool") == 0);
+    char build[24];
+    S_CHECK(ll_zclient_build_id(NULL, build, sizeof build) == 0 && strlen(build) == 16);
+    build[8] = '\0';
+    ll_zclient_default_dir(NULL, dir, sizeof dir);
+    snprintf(want, sizeof want, "/run/user/7/looseleaf-pool-%s", build);
+    S_CHECK(strcmp(dir, want) == 0);
+    /* Another build (here: a file of other bytes) gets a pool of its own. */
+    char other[] = "/tmp/ll-zclient-build-XXXXXX";
+    int ofd = mkstemp(other);
+    S_CHECK(ofd >= 0 && write(ofd, "not this build", 14) == 14);
+    if (ofd >= 0)
+        close(ofd);
+    char odir[PATH_MAX];
+    ll_zclient_default_dir(other, odir, sizeof odir);
+    S_CHECK(strncmp(odir, "/run/user/7/looseleaf-pool-", 27) == 0 && strcmp(odir, dir) != 0);
+    unlink(other);
     s_test_setenv("XDG_RUNTIME_DIR", NULL);
-    ll_zclient_default_dir(dir, sizeof dir);
-    snprintf(want, sizeof want, "/tmp/looseleaf-pool-%d", (int) getuid());
+    ll_zclient_default_dir(NULL, dir, sizeof dir);
+    snprintf(want, sizeof want, "/tmp/looseleaf-pool-%d-%s", (int) getuid(), build);
     S_CHECK(strcmp(dir, want) == 0);
     /* Another environment's kernels get a pool of their own; the build's
      * Python named explicitly is the default pool. */
     s_test_setenv("LOOSELEAF_PYTHON", "/home/u/venv/bin/python");
-    ll_zclient_default_dir(dir, sizeof dir);
+    ll_zclient_default_dir(NULL, dir, sizeof dir);
     S_CHECK(strncmp(dir, want, strlen(want)) == 0 && strlen(dir) == strlen(want) + 9 &&
             dir[strlen(want)] == '-');
     s_test_setenv("LOOSELEAF_PYTHON", ll_pyenv_build_python());
-    ll_zclient_default_dir(dir, sizeof dir);
+    ll_zclient_default_dir(NULL, dir, sizeof dir);
     S_CHECK(strcmp(dir, want) == 0);
     s_test_setenv("LOOSELEAF_POOL_DIR", saved[0]);
     s_test_setenv("XDG_RUNTIME_DIR", saved[1]);

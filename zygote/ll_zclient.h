@@ -12,9 +12,24 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-/* Default runtime dir of the pool: $LOOSELEAF_POOL_DIR, else
- * $XDG_RUNTIME_DIR/looseleaf-pool, else /tmp/looseleaf-pool-<uid>. */
-void ll_zclient_default_dir(char *out, size_t outlen);
+/* Default runtime dir of the pool of binary EXE (NULL: this process's):
+ * $LOOSELEAF_POOL_DIR, else $XDG_RUNTIME_DIR/looseleaf-pool-<build>, else
+ * /tmp/looseleaf-pool-<uid>-<build> (<build>: the first 8 digits of EXE's
+ * build id), with a suffix for a Python environment other than the
+ * build's: kernels of two builds or two environments never share a pool. */
+void ll_zclient_default_dir(const char *exe, char *out, size_t outlen);
+
+/* The build id of binary EXE (NULL: this process's own, computed once): 16
+ * hex digits of the XXH64 of its bytes, so two checkouts, or a build and
+ * its upgrade, differ while copies of one binary agree.  A pool writes its
+ * own to pool.build in its runtime dir; a client refuses a pool of another
+ * build (the dir named by LOOSELEAF_POOL_DIR is not per build).  0, or -1
+ * when EXE cannot be read. */
+int ll_zclient_build_id(const char *exe, char *out, size_t outlen);
+
+/* Whether environment entry E ("NAME=value") is one a pool keeps of the
+ * kernel that starts it (the rest is that kernel's own). */
+bool ll_zclient_env_kept(const char *e);
 
 typedef struct ll_zclient_t ll_zclient_t;
 

@@ -3,7 +3,8 @@
  * that speaks JSON lines, as a kernel would speak to the pool.
  *
  *   ll_zdriver client DIR [POOL ARGS...]   connect through the client API
- *       (zygote/ll_zclient.h) to the pool of DIR, starting it with POOL ARGS
+ *       (zygote/ll_zclient.h) to the pool of DIR ("-": the default one of
+ *       $LL_POOL_EXE's build), starting it with POOL ARGS
  *       when none answers from the binary $LL_POOL_EXE (build/looseleaf:
  *       the pool and its zygotes run as the product runs them); then read
  *       commands as JSON lines on stdin and print every event as a JSON line:
@@ -39,9 +40,10 @@ static int s_client(int argc, char **argv)
     char err[512];
     /* The pool is build/looseleaf's subcommand: this driver is no pool. */
     const char *exe = getenv("LL_POOL_EXE");
-    ll_zclient_t *c = exe && *exe ? ll_zclient_connect(argv[1], exe, (const char *const *) argv + 2,
-                                                       err, sizeof err)
-                                  : NULL;
+    const char *dir = strcmp(argv[1], "-") == 0 ? NULL : argv[1]; /* "-": the default dir */
+    ll_zclient_t *c =
+        exe && *exe ? ll_zclient_connect(dir, exe, (const char *const *) argv + 2, err, sizeof err)
+                    : NULL;
     if (!exe || !*exe)
         snprintf(err, sizeof err, "set LL_POOL_EXE to the looseleaf binary that runs the pool");
     if (!c) {

@@ -23,6 +23,12 @@
 #include <unistd.h>
 
 #define S_PROBE_MS 120000.0 /* a probe that hangs this long is killed (verdict: failed) */
+/* A base zygote that cannot start is tried again after S_RETRY_FIRST_MS,
+ * then twice as long after each failed try, at most S_RETRY_MAX_MS apart:
+ * what broke it (a package being reinstalled, a full disk, memory) may
+ * mend, and the pool must not stay broken until it exits. */
+#define S_RETRY_FIRST_MS 2000.0
+#define S_RETRY_MAX_MS   60000.0
 
 typedef struct {
     bool used;        /* entry in use */
@@ -59,7 +65,9 @@ struct ll_ztree_t {
     int next_node_id;       /* the id of the next node */
     int base_respawns;      /* bases started after the first */
     int base_failures;      /* base deaths in a row before it was ready */
-    bool base_broken;       /* gave up respawning the base */
+    bool base_broken;       /* the base cannot start: retried after base_retry_at */
+    double base_retry_at;   /* ms (ll_clock_ms) of the next try while broken, 0: none due */
+    double base_backoff;    /* ms to wait after the next failed try */
     ll_ztree_gone_fn *gone; /* hears of every node that goes */
     void *gone_arg;         /* its argument */
 };
@@ -228,6 +236,23 @@ static int s_node_by_id(const ll_ztree_t *self, int id)
     return -1;
 }
 
+/* The base cannot start now: GPU cells are answered at once (the kernels
+ * run them themselves) until a try after back-off brings it up. */
+static void s_base_broken(ll_ztree_t *self)
+{
+    if (!self->base_broken)
+        self->base_backoff = S_RETRY_FIRST_MS;
+    else
+        self->base_backoff =
+            self->base_backoff * 2 < S_RETRY_MAX_MS ? self->base_backoff * 2 : S_RETRY_MAX_MS;
+    self->base_broken = true;
+    self->base_retry_at = ll_clock_ms() + self->base_backoff;
+    ll_error("pool",
+             "the base zygote cannot be started (see the lines above): GPU cells run in their "
+             "kernels; trying again in %.0f s",
+             self->base_backoff / 1000.0);
+}
+
 int ll_ztree_node_gone(ll_ztree_t *self, int n, const char *why, bool respawn)
 {
     s_node_t *nd = &self->nodes[n];
@@ -244,18 +269,17 @@ int ll_ztree_node_gone(ll_ztree_t *self, int n, const char *why, bool respawn)
     if (!base || !respawn)
         return 0;
     /* A base that dies before it was ever ready (exec failed, the head
-     * crashes the interpreter) is not respawned forever. */
+     * crashes the interpreter) is not respawned at once forever: after
+     * three tries in a row it is tried again with back-off, and meanwhile
+     * GPU cells are answered at once (their kernels run them themselves). */
     self->base_failures = was_ready ? 0 : self->base_failures + 1;
     int b = -1;
-    if (self->base_failures < 3) {
+    if (self->base_failures < 3 && !self->base_broken) {
         self->base_respawns++;
         b = ll_ztree_spawn_base(self);
     }
-    if (b < 0) {
-        ll_error("pool", "the base zygote cannot be started (see the lines above): GPU cells fail "
-                         "until the pool restarts");
-        self->base_broken = true;
-    }
+    if (b < 0)
+        s_base_broken(self);
     for (int i = 0; i < LL_ZTREE_MAX_NODES; i++)
         if (self->nodes[i].used && self->nodes[i].parent == -2 && b >= 0)
             self->nodes[i].parent = b;
@@ -350,6 +374,12 @@ void ll_ztree_node_ready(ll_ztree_t *self, int n, const json_t *m)
         nd->modules = json_copy(mods);
     }
     nd->last_used = ll_clock_ms();
+    if (nd->parent == -1 && self->base_broken) {
+        ll_warn("pool", "the base zygote is back: GPU cells run on workers again");
+        self->base_broken = false;
+        self->base_failures = 0;
+        self->base_retry_at = 0;
+    }
     ll_info("pool", "zygote node %d ready (pid %d, %zu modules, %.0f ms)", nd->id, (int) nd->pid,
             json_array_size(nd->modules), json_number_value(json_object_get(m, "load_ms")));
 }
@@ -587,6 +617,21 @@ bool ll_ztree_reaped(ll_ztree_t *self, pid_t pid, int status)
 int ll_ztree_timeout(ll_ztree_t *self, double now)
 {
     int timeout = -1;
+    if (self->base_broken && self->base_retry_at > 0) {
+        if (now >= self->base_retry_at) {
+            self->base_retry_at = 0;
+            self->base_respawns++;
+            ll_warn("pool", "trying the base zygote again");
+            if (ll_ztree_spawn_base(self) < 0)
+                s_base_broken(self);
+            else
+                timeout = 0; /* its socket joins the next poll */
+        }
+        if (self->base_retry_at > 0) {
+            int left = (int) (self->base_retry_at - now) + 1;
+            timeout = timeout < 0 || left < timeout ? left : timeout;
+        }
+    }
     for (int j = 0; j < LL_ZTREE_MAX_PROBES; j++)
         if (self->probes[j].pid) {
             if (now - self->probes[j].started > S_PROBE_MS) {

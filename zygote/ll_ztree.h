@@ -90,8 +90,9 @@ void ll_ztree_probe_input(ll_ztree_t *self, int i);
  * node grown when safe).  Returns whether it was a probe. */
 bool ll_ztree_reaped(ll_ztree_t *self, pid_t pid, int status);
 
-/* At NOW: kill probes that hang.  Returns the ms until the tree wants a
- * look again, -1 for never. */
+/* At NOW: kill probes that hang; try a base that could not start again
+ * once its back-off passed (ll_ztree_broken until it is ready).  Returns
+ * the ms until the tree wants a look again, -1 for never. */
 int ll_ztree_timeout(ll_ztree_t *self, double now);
 
 /* ---- reading ---- */

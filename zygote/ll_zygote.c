@@ -48,6 +48,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -731,6 +732,13 @@ static void s_fork_request(json_t *m, int passfd, bool grow)
              * device too.  Both sides set it, so it holds before the pool
              * can learn the pid. */
             setpgid(0, 0);
+            /* And it adopts what its cells start and orphan (a double
+             * fork, `setsid -f`): a process in a session of its own is out
+             * of the group, but stays under the worker, where the pool
+             * finds it once the worker is gone (ll_hostpool_kill_strays).
+             * Such an orphan that exits before the worker stays a zombie
+             * until then. */
+            prctl(PR_SET_CHILD_SUBREAPER, 1);
             s_worker_main(passfd, json_incref(job), t0);
         }
         /* A child node: the passed socket is its control socket now. */

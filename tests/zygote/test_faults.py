@@ -178,18 +178,29 @@ def test_worker_outlives_its_dead_zygote_and_its_fate_is_still_reported(env):
     assert c.run("w3", "print(v)", state_closure=["v"]).stdout == "1\n"
 
 
-def test_a_base_zygote_that_cannot_start_is_not_respawned_forever(env):
+def test_a_base_zygote_that_cannot_start_is_retried_with_back_off(env):
+    # It fails three times in a row, then the pool answers cells at once (marked "unavailable": nothing ran,
+    # so their kernels run them themselves) and tries again after 2 s, 4 s, ...; once what broke it mends,
+    # the base comes back and cells run on workers again.  The pool never stays broken until it exits.
     mods = os.path.join(env.tmp, "mods")
     os.makedirs(mods)
+    mended = os.path.join(env.tmp, "mended")
     with open(os.path.join(mods, "llz_exit.py"), "w") as f:
-        f.write("import os\nos._exit(3)\n")
+        f.write("import os\nif not os.path.exists(%r):\n    os._exit(3)\n" % mended)
     env.environ["PYTHONPATH"] = mods
     c = env.client(head="IPython,llz_exit")
     r = c.run("x", "print(1)")
     assert r.content["ename"] == "ZygoteUnavailable", r.content
+    assert r.ll.get("unavailable") is True, r.ll
     st = c.stats()
-    assert st["base_broken"] and st["base_respawns"] == 2
-    assert c.run("y", "print(1)").content["ename"] == "ZygoteUnavailable"
+    assert st["base_broken"] and st["base_respawns"] >= 2
+    r = c.run("y", "print(1)")
+    assert r.content["ename"] == "ZygoteUnavailable" and r.ll.get("unavailable") is True
+    wait_for(lambda: "trying the base zygote again" in env.log(), 30, "a retry after back-off")
+    open(mended, "w").close()
+    wait_for(lambda: not c.stats()["base_broken"], 90, "the base zygote back")
+    assert "the base zygote is back" in env.log()
+    assert c.run("z", "print(2)").stdout == "2\n"
 
 
 def _head_module(env, name, code):

@@ -3,7 +3,7 @@
 Captured after every cell (in a worker, and by the kernel after CPU cells once it routes) and stored with
 the session's variables as the store entry NAME, in the same commit as the cell's variables; applied before
 the next cell runs, wherever that is.  Covers what notebooks rely on besides their variables: working
-directory, environment variables, sys.path, the random generators of random / numpy / torch (CPU and
+directory, umask, environment variables, sys.path, the random generators of random / numpy / torch (CPU and
 CUDA), torch's default dtype and grad mode.  numpy's and torch's parts are applied only where (or once) the
 framework is imported: a process that never imports torch never pays for it.  Runs in whatever process runs cells; not thread-safe.
 """
@@ -31,6 +31,7 @@ def capture():
     """A picklable dict of this process's state."""
     st = {
         "cwd": os.getcwd(),
+        "umask": _umask(),
         "env": {k: v for k, v in os.environ.items() if k not in _ENV_LOCAL},
         "sys_path": list(sys.path),
         "random": random.getstate(),
@@ -49,6 +50,22 @@ def capture():
         if name not in sys.modules:
             st.update(state)
     return st
+
+
+def _umask():
+    """This process's umask: from /proc (reading it through os.umask sets it for a moment, under any thread
+    creating a file meanwhile), else through os.umask.  A worker takes its session's, so files a cell writes
+    there get the modes they would get in the kernel (the pool's own umask is its own, 022)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    m = os.umask(0o022)
+    os.umask(m)
+    return m
 
 
 def _cuda_rng(torch):
@@ -87,6 +104,8 @@ def apply(st):
             os.chdir(st["cwd"])
     except OSError as e:
         problems.append("cwd %s: %s" % (st.get("cwd"), e))
+    if isinstance(st.get("umask"), int) and 0 <= st["umask"] <= 0o777:
+        os.umask(st["umask"])
     env = st.get("env")
     if isinstance(env, dict):
         for k in [k for k in os.environ if k not in env and k not in _ENV_LOCAL]:
