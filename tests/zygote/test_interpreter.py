@@ -8,7 +8,7 @@ import sys
 from zyghelp import wait_for
 
 RECORD = ("import os, sys\n"
-          "with open(os.environ['LLZ_WHERE'], 'a') as f:\n"
+          "with open(os.environ['LL_TEST_WHERE'], 'a') as f:\n"
           "    f.write('%s %s %s\\n' % (os.path.basename(sys.argv[0]) if sys.argv else '-', sys.executable,\n"
           "                             sys.prefix))\n")
 
@@ -25,7 +25,8 @@ def test_workers_and_probes_run_the_configured_interpreter_with_another_python3_
                 % ((os.path.dirname(os.path.realpath(configured)),) + tuple(sys.version_info[:3])))
     env.environ["PATH"] = os.path.join(other, "bin") + ":" + env.environ.get("PATH", "/usr/bin:/bin")
     where = os.path.join(env.tmp, "where.txt")
-    env.environ["LLZ_WHERE"] = where
+    # LL_* passes the pool's environment allow-list, so the probe the pool runs sees it too.
+    env.environ["LL_TEST_WHERE"] = where
     mods = os.path.join(env.tmp, "mods")
     os.makedirs(mods)
     with open(os.path.join(mods, "llz_where.py"), "w") as f:
