@@ -225,7 +225,9 @@ uint64_t ll_quota_held(ll_quota_t *q)
     return n * S_REGION;
 }
 
-int ll_quota_take(ll_quota_t *q, size_t n, ll_quota_over_t *over)
+/* Add N, then check the user's total against the cap less SPARE_FRAC of it
+ * (a fraction 1/SPARE_FRAC kept free; 0: none). */
+static int s_take(ll_quota_t *q, size_t n, ll_quota_over_t *over, uint64_t spare_frac)
 {
     if (!q || q->ent < 0 || n == 0)
         return 0;
@@ -233,6 +235,8 @@ int ll_quota_take(ll_quota_t *q, size_t n, ll_quota_over_t *over)
     uint64_t cap = atomic_load(&q->l->cap);
     if (cap == 0)
         return 0;
+    if (spare_frac)
+        cap -= cap / spare_frac;
     uint64_t held = ll_quota_held(q);
     if (held <= cap)
         return 0;
@@ -243,6 +247,16 @@ int ll_quota_take(ll_quota_t *q, size_t n, ll_quota_over_t *over)
         over->src = (int) atomic_load(&q->l->src);
     }
     return -1;
+}
+
+int ll_quota_take(ll_quota_t *q, size_t n, ll_quota_over_t *over)
+{
+    return s_take(q, n, over, 0);
+}
+
+int ll_quota_take_spare(ll_quota_t *q, size_t n)
+{
+    return s_take(q, n, NULL, LL_QUOTA_SPARE_FRAC);
 }
 
 void ll_quota_give(ll_quota_t *q, size_t n)
@@ -321,6 +335,11 @@ int ll_quota_selftest(bool verbose)
             over.src == LL_QUOTA_SRC_HOSTD);
     S_CHECK(ll_quota_held(c) == 10 * S_REGION); /* the refused take left nothing */
     ll_quota_give(a, 4);
+    /* Memory held ahead of use (a reserve) leaves a quarter of the cap to
+     * saves: with 6 of 10 regions held, 1 more fits, 2 do not. */
+    S_CHECK(ll_quota_take_spare(a, 2) == -1 && ll_quota_held(a) == 6 * S_REGION);
+    S_CHECK(ll_quota_take_spare(a, 1) == 0 && ll_quota_take_spare(a, 1) == -1);
+    ll_quota_give(a, 1);
     S_CHECK(ll_quota_take(b, 4, NULL) == 0 && ll_quota_take(b, 1, NULL) == -1);
     /* A second process of pool 11 shares its entry; the entry lives while
      * one of them does. */
