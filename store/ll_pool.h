@@ -125,9 +125,13 @@ bool ll_pool_gc_due(ll_pool_t *pool);
 size_t ll_pool_free_backed(ll_pool_t *pool);
 
 /* Give back the memory of backed free regions beyond the lowest KEEP free
- * ones (top down), uncounting them in the user's ledger.  Returns how many
- * were given back. */
+ * ones (top down; at least what the owner set with ll_pool_set_keep stays),
+ * uncounting them in the user's ledger.  Returns how many were given back. */
 size_t ll_pool_trim(ll_pool_t *pool, size_t keep);
+
+/* The session's owner keeps NREGIONS free regions (its reserve): a trim by
+ * any process (a worker reclaiming after its save) leaves them. */
+void ll_pool_set_keep(ll_pool_t *pool, size_t nregions);
 
 /* A commit of the session wrote BYTES: remember the most (shared by every
  * process of the pool; the reserve follows it). */

@@ -44,6 +44,8 @@ typedef struct {
     _Atomic uint64_t gc_epoch;    /* epoch and released as the last complete reclamation */
     _Atomic uint64_t gc_released; /* read them, before choosing its candidates */
     _Atomic uint64_t save_bytes;  /* most bytes one commit of the session wrote (the reserve) */
+    _Atomic uint64_t keep;        /* free regions the session's owner keeps (its reserve): no
+                                   * process's trim goes below it */
     _Atomic uint64_t pending;     /* regions allocated, leased and not committed at the last
                                    * complete reclamation: versions read or written now, space
                                    * that comes back as they end (the reserve waits for it) */

@@ -68,6 +68,11 @@ void ll_pool_note_save(ll_pool_t *pool, size_t bytes)
         ;
 }
 
+void ll_pool_set_keep(ll_pool_t *pool, size_t nregions)
+{
+    atomic_store(&pool->hdr->keep, nregions);
+}
+
 size_t ll_pool_save_bytes(ll_pool_t *pool)
 {
     return (size_t) atomic_load(&pool->hdr->save_bytes);
@@ -183,6 +188,8 @@ out:
 size_t ll_pool_trim(ll_pool_t *pool, size_t keep)
 {
     size_t n = pool->nregions, nfree = 0, trimmed = 0;
+    if (keep < atomic_load(&pool->hdr->keep))
+        keep = (size_t) atomic_load(&pool->hdr->keep); /* the owner's reserve stays */
     /* Keep the lowest KEEP free regions (where allocation and the reserve
      * look first); give back the memory of the backed free ones above. */
     size_t cut = n;
@@ -337,6 +344,9 @@ int ll_pool_reclaim_selftest(bool verbose)
     ll_pool_free_unwritten(pool, &r[7]);
     ll_pool_unlease(pool, r[6].idx);
     ll_pool_unlease(pool, r[7].idx);
+    ll_pool_set_keep(pool, 8); /* the owner's reserve: nobody's trim takes it */
+    S_CHECK(ll_pool_trim(pool, 0) == 0);
+    ll_pool_set_keep(pool, 0);
     S_CHECK(ll_pool_trim(pool, 0) == 2);
     S_CHECK(ll_quota_held(q) == R && s_test_blocks(path) == base + (long long) R); /* region 1 */
     /* A trimmer killed midway (TRIM, its slot cleaned): reclamation undoes

@@ -387,7 +387,9 @@ void ll_store_reserve_update(ll_store_t *st)
     }
     size_t nreg = want / LL_STORE_R + (want % LL_STORE_R != 0);
     st->reserve_regions = nreg;
-    ll_pool_reserve(st->pool, nreg); /* starts its thread only for nreg > 0 */
+    if (st->redis_owned)
+        ll_pool_set_keep(st->pool, nreg); /* a worker's trim leaves the kernel's reserve */
+    ll_pool_reserve(st->pool, nreg);      /* starts its thread only for nreg > 0 */
 }
 
 #define S_IDLE_REDIS_MS 1000 /* the idle reclamation's wait for Redis, at most */
