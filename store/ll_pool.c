@@ -773,6 +773,7 @@ static int s_take(ll_pool_t *pool, uint32_t i, int backed, ll_pool_region_t *reg
             ll_quota_give(pool->quota, 1);
         return 1;
     }
+    atomic_fetch_add(&pool->hdr->allocs, 1);
     reg->idx = i;
     reg->gen = gen;
     reg->hash = 0;

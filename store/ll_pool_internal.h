@@ -46,6 +46,8 @@ typedef struct {
     _Atomic uint64_t save_bytes;  /* most bytes one commit of the session wrote (the reserve) */
     _Atomic uint64_t keep;        /* free regions the session's owner keeps (its reserve): no
                                    * process's trim goes below it */
+    _Atomic uint64_t allocs;      /* bumped at every allocation */
+    _Atomic uint64_t gc_allocs;   /* allocs as the last complete reclamation read it */
     _Atomic uint64_t pending;     /* regions allocated, leased and not committed at the last
                                    * complete reclamation: versions read or written now, space
                                    * that comes back as they end (the reserve waits for it) */
@@ -96,8 +98,10 @@ struct ll_pool_t {
      * rmu, once the store is idle and the pool changed since its last call. */
     int (*idle_fn)(void *ctx);
     void *idle_ctx;
-    bool icalling;     /* idle_fn runs now (ll_pool_set_idle waits for it) */
-    uint64_t iseen[3]; /* epoch, released, save_bytes at the last idle call */
+    bool icalling;       /* idle_fn runs now (ll_pool_set_idle waits for it) */
+    uint64_t iseen[3];   /* epoch, released, save_bytes at the last idle call */
+    uint64_t rallocs;    /* hdr->allocs as the reserve thread last saw it... */
+    uint64_t rallocs_ms; /* ...and since when (ms, monotonic) */
 };
 
 /* Whether this process's prefault of region I is still valid (no trim gave

@@ -101,6 +101,7 @@ int ll_pool_gc(ll_pool_t *pool, ll_pool_refs_fn referenced, void *ctx, char *err
     /* What this reclamation will have seen, read before its candidates. */
     uint64_t epoch = atomic_load(&pool->hdr->epoch);
     uint64_t released = atomic_load(&pool->hdr->released);
+    uint64_t allocs = atomic_load(&pool->hdr->allocs);
     uint32_t *cand = malloc(n * sizeof *cand);
     uint64_t *candst = malloc(n * sizeof *candst);
     uint64_t *mark = calloc(n, sizeof *mark);
@@ -178,6 +179,7 @@ out:
     if (freed >= 0 && complete) {
         atomic_store(&pool->hdr->gc_epoch, epoch);
         atomic_store(&pool->hdr->gc_released, released);
+        atomic_store(&pool->hdr->gc_allocs, allocs);
     }
     free(cand);
     free(candst);

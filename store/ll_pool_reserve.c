@@ -55,6 +55,24 @@ size_t ll_pool_free_warm(ll_pool_t *pool)
     return c;
 }
 
+#define S_FRESH_QUIET_MS 1000 /* no allocation this long: no save in flight (non-owners) */
+
+/* Whether the reserve may take fresh memory now (rmu held): not while a
+ * save may be in flight, since once it commits, what it superseded comes
+ * back.  The owner (who reclaims when idle) knows: no allocation since its
+ * last complete reclamation.  Others: no allocation for a second. */
+static bool s_fresh_ok(ll_pool_t *pool)
+{
+    uint64_t allocs = atomic_load(&pool->hdr->allocs), now = (uint64_t) ll_clock_ms();
+    if (pool->idle_fn)
+        return allocs == atomic_load(&pool->hdr->gc_allocs);
+    if (allocs != pool->rallocs) {
+        pool->rallocs = allocs;
+        pool->rallocs_ms = now;
+    }
+    return now - pool->rallocs_ms >= S_FRESH_QUIET_MS;
+}
+
 /* The next free region to prefault for the reserve, or UINT32_MAX when the
  * lowest WANT free regions are prefaulted in this process already.  The
  * lowest, because that is where any process's next allocation looks (after
@@ -69,6 +87,8 @@ size_t ll_pool_free_warm(ll_pool_t *pool)
 static uint32_t s_unbacked_free(ll_pool_t *pool, size_t want)
 {
     size_t n = pool->nregions, seen = 0, pending = atomic_load(&pool->hdr->pending);
+    if (!s_fresh_ok(pool))
+        pending = want; /* a save may be in flight: what it supersedes comes back */
     for (size_t i = 0; i < n && seen < want; i++) {
         uint64_t s = atomic_load(&pool->state[i]);
         if (LL_POOL_ST(s) != LL_POOL_ST_FREE)

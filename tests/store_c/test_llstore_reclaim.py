@@ -55,7 +55,11 @@ def test_alternating_cells_keep_the_pool_bounded(owner, session):
         vals = {k: np.zeros(v, np.uint8) for k, v in sizes.items()}
 
         def save(st, cell, base):
-            refs = {k: st.put_payload(vals[k], base=base.get(k)) for k in vals}
+            refs = {}
+            for k in vals:
+                refs[k] = st.put_payload(vals[k], base=base.get(k))
+                if st is worker:
+                    time.sleep(0.3)  # a slow save (a device copy, pickling): the kernel's store idles meanwhile
             st.commit(cell, {k: (b"", [refs[k]], []) for k in vals})
             return {k: str(r) for k, r in refs.items()}
 
