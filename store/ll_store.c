@@ -21,8 +21,8 @@
  * EXEC leaves only unreferenced regions, which reclamation frees once the
  * dead process's leases are dropped; committed data is untouched.
  *
- * Reclamation (ll_pool_gc; the rule of when a version may go is in
- * ll_pool.c's DESIGN) runs as soon as something may have become garbage:
+ * Reclamation (ll_pool_gc; the rule of when a version may go is at the top
+ * of ll_pool_reclaim.c) runs as soon as something may have become garbage:
  * in the session's owner (the kernel) on its pool's reserve thread once the
  * store is idle (s_idle: after any process's commit or a reader letting go
  * of a version), before a put that would otherwise take fresh memory, when
