@@ -99,7 +99,7 @@ struct ll_pool_t {
     int (*idle_fn)(void *ctx);
     void *idle_ctx;
     bool icalling;       /* idle_fn runs now (ll_pool_set_idle waits for it) */
-    uint64_t iseen[3];   /* epoch, released, save_bytes at the last idle call */
+    uint64_t iseen[4];   /* epoch, released, save_bytes, cap pressure at the last idle call */
     uint64_t rallocs;    /* hdr->allocs as the reserve thread last saw it... */
     uint64_t rallocs_ms; /* ...and since when (ms, monotonic) */
 };

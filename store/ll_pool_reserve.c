@@ -105,13 +105,15 @@ static uint32_t s_unbacked_free(ll_pool_t *pool, size_t want)
 
 /* Whether the idle hook has something new to look at: a commit, a dropped
  * lease or a bigger save since its last call (rmu held). */
-static bool s_idle_due(ll_pool_t *pool, uint64_t now[3])
+static bool s_idle_due(ll_pool_t *pool, uint64_t now[4])
 {
     now[0] = atomic_load(&pool->hdr->epoch);
     now[1] = atomic_load(&pool->hdr->released);
     now[2] = atomic_load(&pool->hdr->save_bytes);
-    return pool->idle_fn &&
-           (now[0] != pool->iseen[0] || now[1] != pool->iseen[1] || now[2] != pool->iseen[2]);
+    /* (a save of the user that met the cap: give back what is held ahead
+     * of use; and again once that is over, to grow the reserve back) */
+    now[3] = ll_quota_pressed(pool->quota, 30000);
+    return pool->idle_fn && memcmp(now, pool->iseen, sizeof pool->iseen) != 0;
 }
 
 /* The reserve thread: while fewer than rtarget free regions are prefaulted,
@@ -139,7 +141,7 @@ static void *s_reserve_main(void *arg)
         uint64_t now = (uint64_t) ll_clock_ms(), last = atomic_load(&pool->ractive);
         uint64_t quiet = now > last ? now - last : 0; /* (LAST may be set after NOW was read) */
         bool idle = quiet >= S_RESERVE_IDLE_MS;
-        uint64_t now_seen[3];
+        uint64_t now_seen[4];
         if (pool->rhold == 0 && idle && s_idle_due(pool, now_seen)) {
             /* Reclaim (and resize, trim) first: what it frees is what the
              * reserve then needs not take fresh. */

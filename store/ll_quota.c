@@ -38,6 +38,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/ll_log.h"
@@ -54,9 +55,10 @@ typedef struct {
 
 typedef struct {
     char magic[8];
-    _Atomic uint64_t cap; /* bytes, 0: none */
-    _Atomic uint64_t src; /* ll_quota_src_t */
-    uint64_t spare[5];
+    _Atomic uint64_t cap;     /* bytes, 0: none */
+    _Atomic uint64_t src;     /* ll_quota_src_t */
+    _Atomic uint64_t pressed; /* CLOCK_MONOTONIC ms of the last save the cap refused (0: none) */
+    uint64_t spare[4];
     s_entry_t ent[LL_QUOTA_MAX_POOLS];
 } s_ledger_t;
 
@@ -263,6 +265,26 @@ void ll_quota_give(ll_quota_t *q, size_t n)
 {
     if (q && q->ent >= 0 && n)
         atomic_fetch_sub(&q->l->ent[q->ent].regions, n);
+}
+
+void ll_quota_press(ll_quota_t *q)
+{
+    if (!q)
+        return;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* (one clock for every process of the host) */
+    atomic_store(&q->l->pressed, (uint64_t) ts.tv_sec * 1000 + (uint64_t) ts.tv_nsec / 1000000 + 1);
+}
+
+uint64_t ll_quota_pressed(ll_quota_t *q, uint64_t within_ms)
+{
+    uint64_t at = q ? atomic_load(&q->l->pressed) : 0;
+    if (!at)
+        return 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t now = (uint64_t) ts.tv_sec * 1000 + (uint64_t) ts.tv_nsec / 1000000 + 1;
+    return now - at <= within_ms ? at : 0;
 }
 
 uint64_t ll_quota_cap(ll_quota_t *q, int *src)

@@ -63,6 +63,14 @@ int ll_quota_take(ll_quota_t *q, size_t n, ll_quota_over_t *over);
 #define LL_QUOTA_SPARE_FRAC 4
 int ll_quota_take_spare(ll_quota_t *q, size_t n);
 
+/* A save met the cap: pools holding memory ahead of use (reserves, freed
+ * space kept for the next save) give it back for a while (ll_quota_pressed,
+ * the stores' idle hooks). */
+void ll_quota_press(ll_quota_t *q);
+/* When (an opaque nonzero stamp) a save last met the cap, if within
+ * WITHIN_MS; else 0. */
+uint64_t ll_quota_pressed(ll_quota_t *q, uint64_t within_ms);
+
 /* N regions of the joined pool given back. */
 void ll_quota_give(ll_quota_t *q, size_t n);
 

@@ -366,6 +366,8 @@ static int s_attach_pool(ll_store_t *st, const char *want, const char *default_p
     return rc;
 }
 
+#define S_PRESSED_MS 30000 /* after a save met the user's cap, reserves stay empty this long */
+
 /* Tell the pool's reserve how much free space to keep prefaulted, by the
  * store's reserve option (see ll_store.h). */
 void ll_store_reserve_update(ll_store_t *st)
@@ -378,6 +380,14 @@ void ll_store_reserve_update(ll_store_t *st)
         if (cap > LL_STORE_RESERVE_MAX)
             cap = LL_STORE_RESERVE_MAX;
         want = st->largest_put;
+        if (ll_quota_pressed(st->quota, S_PRESSED_MS)) {
+            /* Another save of the user met the cap: hold nothing ahead of use. */
+            st->reserve_regions = 0;
+            if (st->redis_owned)
+                ll_pool_set_keep(st->pool, 0);
+            ll_pool_reserve(st->pool, 0);
+            return;
+        }
         if (ll_pool_save_bytes(st->pool) > want)
             want = ll_pool_save_bytes(st->pool);
         if (st->redis_owned && want < LL_STORE_RESERVE_OWNER_MIN)

@@ -87,6 +87,7 @@ typedef struct {
     size_t ncand;    /* entries in cidx */
     bool copy_first; /* copy every candidate, compare hashes after */
     bool tried_gc;   /* this allocation round reclaimed already */
+    bool waited;     /* waited for the user's other pools to give memory back */
     size_t nwritten; /* bytes copied into fresh regions */
     bool done;       /* leases handed to the pending list */
 } s_put_t;
@@ -304,6 +305,30 @@ static int s_put_quota_fail(s_put_t *p, size_t i)
                          ll_quota_fmt_bytes(held, bheld, sizeof bheld));
 }
 
+#define S_ROOM_WAIT_MS 3000 /* a save at the cap waits this long for other pools' reserves */
+
+/* The user's cap refused region I of this put: tell the user's pools
+ * (ll_quota_press: their owners give back what they hold ahead of use, on
+ * their idle threads) and wait up to S_ROOM_WAIT_MS for the room the rest
+ * of the put needs.  Whether it came. */
+static bool s_put_wait_room(s_put_t *p, size_t i)
+{
+    ll_store_t *st = p->st;
+    uint64_t cap = ll_quota_cap(st->quota, NULL);
+    size_t more = 0;
+    for (size_t j = i; j < p->n; j++)
+        more += !p->reuse[j];
+    if (cap == 0 || more * LL_STORE_R > cap)
+        return false;
+    ll_quota_press(st->quota);
+    ll_store_reserve_update(st); /* (ours too) */
+    ll_pool_trim(st->pool, 0);
+    for (double until = ll_clock_ms() + S_ROOM_WAIT_MS; ll_clock_ms() < until; usleep(20000))
+        if (ll_quota_held(st->quota) + more * LL_STORE_R <= cap)
+            return true;
+    return false;
+}
+
 /* Allocate every region to write; a full pool (or one over the user's
  * cap) first tries reclamation (once per round).  0; 1 when copying first found no room for the
  * unchanged regions too: everything taken is given back, copy_first is
@@ -332,6 +357,10 @@ static int s_put_alloc(s_put_t *p)
                 p->nwritten = 0;
                 p->copy_first = false;
                 return 1;
+            }
+            if (kind == LL_POOL_EQUOTA && !p->waited && s_put_wait_room(p, i)) {
+                p->waited = true;
+                continue;
             }
             if (kind == LL_POOL_EQUOTA)
                 return s_put_quota_fail(p, i);

@@ -142,3 +142,35 @@ def test_reserve_counts_against_the_users_cap(tmp_path, monkeypatch):
         for s, d in stores:
             s.close()
             _llstore.stop_redis(d)
+
+
+def test_a_save_at_the_cap_gets_what_reserves_hold(tmp_path, monkeypatch):
+    """Two kernels of one user under a 64 MiB cap (hostd's store-cap scenario): the first saves 40 MiB, and its
+    reserve grows with that save; the second's 40 MiB do not fit (StoreQuotaExceeded) while the first's
+    variable lives, however its reserve is sized; once the first deletes it, the space it held, reserve and
+    freed space alike, is given back to the ledger and the second's save fits."""
+    ledger = str(tmp_path / "ledger")
+    monkeypatch.setenv("LL_STORE_LEDGER", ledger)
+    monkeypatch.setenv("LL_STORE_USER_CAP", "64M")
+    dirs = [str(tmp_path / "rt1"), str(tmp_path / "rt2")]
+    k1 = _llstore.Store(dirs[0], "k1", pool_bytes=256 << 20)
+    k2 = _llstore.Store(dirs[1], "k2", pool_bytes=256 << 20)
+    try:
+        x = np.ones(20 * R, np.uint8)
+        k1.commit("c1", {"x": (b"", [k1.put_payload(x)], [])})
+        wait_for(lambda: k1.stats()["reserve_bytes"] == 20 * R)  # follows the save...
+        time.sleep(0.5)
+        # ...but grows only within three quarters of the cap: the save and the second kernel's first 16 MiB
+        # took more already
+        assert ledger_held(ledger) <= (40 + 16) << 20
+        with pytest.raises(_llstore.StoreQuotaExceeded):
+            k2.put_payload(np.ones(20 * R, np.uint8))
+        assert ledger_held(ledger) <= 40 << 20 + 2 * R  # the first kernel gave back its reserve meanwhile
+        k1.commit("c2", {}, deletes=["x"])
+        ref = k2.put_payload(np.ones(20 * R, np.uint8))  # the first kernel's idle hook gives the space back
+        assert ref.nbytes == 20 * R
+        assert ledger_held(ledger) <= 64 << 20
+    finally:
+        for st, d in ((k1, dirs[0]), (k2, dirs[1])):
+            st.close()
+            _llstore.stop_redis(d)
