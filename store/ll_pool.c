@@ -4,10 +4,11 @@
  * DESIGN
  * ------
  * The pool is one shared-memory file: a header, then NREGIONS regions of
- * 2 MiB.  The header holds, per region, two 64-bit atomic words:
+ * 2 MiB.  The header holds, per region, three 64-bit atomic words:
  *
- *   state = gen << 2 | FREE | ALLOC | FREEING
+ *   state = gen << 3 | BACKED | FREE, ALLOC, FREEING or TRIM
  *   lease = one bit per process slot that holds the region
+ *   trims = how many times its memory was given back (see Memory)
  *
  * and a table of LL_POOL_MAX_PROCS process slots, each (start time << 22 |
  * pid) of its owner, so a slot whose owner died (pid gone, or reused by a
@@ -17,8 +18,9 @@
  * refers to, both of which reclamation undoes.
  *
  * Allocation (free regions this process already prefaulted first, so a
- * steady-state save does not fault): set my lease bit, then CAS state
- * FREE(g) -> ALLOC(g+1).  The
+ * steady-state save does not fault; then backed free regions, lowest
+ * first; a fresh one only when none is left): set my lease bit, then CAS
+ * state FREE(g) -> ALLOC(g+1).  The
  * new generation makes any older reference to the index stale, so a reader
  * holding a reference from before can never map someone else's bytes.
  * Before writing, the writer backs the region (ll_pool_back: fallocate, or
@@ -39,6 +41,9 @@
  * its writer drops its leases; the reclaimer gives up when the epoch moved,
  * so a region is never freed on the strength of a stale reference set.
  *
+ * When reclamation runs, which versions it may free, and what a region's
+ * memory counts in the user's ledger (BACKED, trims): ll_pool_reclaim.c.
+ *
  * Mapping for readers: reserve an address range, then MAP_FIXED each run of
  * consecutive regions into it, so a payload scattered over the pool reads as
  * one contiguous buffer without a copy.  The mapping holds leases on its
@@ -51,9 +56,10 @@
  * by ll_pool_back right before the copy) so the copy itself does not
  * fault.  Which kind a new pool gets is ll_pagekind's decision.
  *
- * Files: this one (open, allocate, back, lease, reclaim, map); the reserve
- * thread that prefaults free regions ahead of saves, ll_pool_reserve.c; the
- * header layout and the handle they share, ll_pool_internal.h. */
+ * Files: this one (open, allocate, back, lease, map); reclamation and
+ * giving memory back, ll_pool_reclaim.c; the reserve thread that prefaults
+ * free regions ahead of saves, ll_pool_reserve.c; the header layout and the
+ * handle they share, ll_pool_internal.h. */
 #include "store/ll_pool.h"
 
 #include <errno.h>
@@ -82,7 +88,7 @@
 #define S_HUGETLBFS_MAGIC 0x958458f6
 #define S_TMPFS_MAGIC     0x01021994
 
-#define S_MAGIC         "LLPOOL02"
+#define S_MAGIC         "LLPOOL03"
 #define S_PID_BITS      22
 #define S_SLOT_CLEANING UINT64_MAX
 
@@ -143,8 +149,7 @@ static bool s_slot_alive(uint64_t word)
     return s_slot_word(pid) == word;
 }
 
-/* Empty the slots of dead processes: their lease bits go, then the slot. */
-static void s_clean_dead_slots(ll_pool_t *pool)
+void ll_pool_clean_dead_slots(ll_pool_t *pool)
 {
     for (int s = 0; s < LL_POOL_MAX_PROCS; s++) {
         uint64_t w = atomic_load(&pool->hdr->slots[s]);
@@ -171,7 +176,7 @@ static int s_claim_slot(ll_pool_t *pool)
             if (atomic_compare_exchange_strong(&pool->hdr->slots[s], &expect, pool->me))
                 return s;
         }
-        s_clean_dead_slots(pool);
+        ll_pool_clean_dead_slots(pool);
     }
     return -1;
 }
@@ -244,7 +249,7 @@ static int s_init_file(int fd, size_t pool_bytes, const char *path, const char *
         snprintf(err, errlen, "pool of %zu bytes is too large", pool_bytes);
         return -1;
     }
-    size_t hdr_len = sizeof(ll_pool_hdr_t) + 2 * sizeof(uint64_t) * nregions;
+    size_t hdr_len = sizeof(ll_pool_hdr_t) + 3 * sizeof(uint64_t) * nregions;
     size_t data_offset = s_round_up(hdr_len, LL_POOL_REGION_BYTES);
     size_t file_len = data_offset + nregions * LL_POOL_REGION_BYTES;
     if (ftruncate(fd, (off_t) file_len) != 0)
@@ -394,7 +399,7 @@ static int s_map_file(ll_pool_t *pool, const char *path, char *err, size_t errle
     }
     size_t file_len = peek.data_offset + peek.nregions * LL_POOL_REGION_BYTES;
     if ((size_t) st.st_size != file_len ||
-        peek.data_offset < sizeof(ll_pool_hdr_t) + 2 * sizeof(uint64_t) * peek.nregions) {
+        peek.data_offset < sizeof(ll_pool_hdr_t) + 3 * sizeof(uint64_t) * peek.nregions) {
         snprintf(err, errlen, "pool %s has an inconsistent header", path);
         return -1;
     }
@@ -410,6 +415,7 @@ static int s_map_file(ll_pool_t *pool, const char *path, char *err, size_t errle
     pool->data = pool->base + peek.data_offset;
     pool->state = (_Atomic uint64_t *) (pool->hdr + 1);
     pool->lease = pool->state + pool->nregions;
+    pool->trims = pool->lease + pool->nregions;
     snprintf(pool->page_kind, sizeof pool->page_kind, "%.15s", peek.page_kind);
     if (!pool->nameless) {
         char kind[16];
@@ -425,7 +431,7 @@ static int s_map_file(ll_pool_t *pool, const char *path, char *err, size_t errle
 static int s_join(ll_pool_t *pool, const char *path, char *err, size_t errlen)
 {
     pool->counts = calloc(pool->nregions, sizeof *pool->counts);
-    pool->populated = calloc(pool->nregions, 1);
+    pool->populated = calloc(pool->nregions, sizeof *pool->populated);
     pool->warm = calloc(pool->nregions, sizeof *pool->warm);
     if (!pool->counts || !pool->populated || !pool->warm) {
         snprintf(err, errlen, "out of memory");
@@ -534,9 +540,11 @@ void ll_pool_warm_counts(ll_pool_t *pool, size_t *free_warm, size_t *idle_warm)
     for (size_t k = 0; k < nwarm; k++) {
         uint32_t i = pool->warm[k];
         uint64_t s = atomic_load(&pool->state[i]);
-        if ((s & 3) == LL_POOL_ST_FREE)
+        if (!ll_pool_populated(pool, i))
+            continue;
+        if (LL_POOL_ST(s) == LL_POOL_ST_FREE)
             (*free_warm)++;
-        else if ((s & 3) == LL_POOL_ST_ALLOC && atomic_load(&pool->lease[i]) == 0)
+        else if (LL_POOL_ST(s) == LL_POOL_ST_ALLOC && atomic_load(&pool->lease[i]) == 0)
             (*idle_warm)++;
     }
 }
@@ -566,8 +574,7 @@ const char *ll_pool_share_path(ll_pool_t *pool)
     return pool->nameless ? pool->share_path : pool->path;
 }
 
-/* Take one lease count on IDX (the bit is set on the first). */
-static void s_lease_bit(ll_pool_t *pool, uint32_t idx)
+void ll_pool_lease_bit(ll_pool_t *pool, uint32_t idx)
 {
     pthread_mutex_lock(&pool->mu);
     if (pool->counts[idx]++ == 0)
@@ -580,8 +587,11 @@ void ll_pool_unlease(ll_pool_t *pool, uint32_t idx)
     if (idx >= pool->nregions)
         return;
     pthread_mutex_lock(&pool->mu);
-    if (pool->counts[idx] > 0 && --pool->counts[idx] == 0)
+    if (pool->counts[idx] > 0 && --pool->counts[idx] == 0) {
         atomic_fetch_and(&pool->lease[idx], ~(UINT64_C(1) << pool->slot));
+        /* The region may be garbage now: the next reclamation is due. */
+        atomic_fetch_add(&pool->hdr->released, 1);
+    }
     pthread_mutex_unlock(&pool->mu);
 }
 
@@ -589,8 +599,9 @@ int ll_pool_lease(ll_pool_t *pool, const ll_pool_region_t *reg)
 {
     if (reg->idx >= pool->nregions)
         return -1;
-    s_lease_bit(pool, reg->idx);
-    uint64_t alloc = reg->gen << 2 | LL_POOL_ST_ALLOC, freeing = reg->gen << 2 | LL_POOL_ST_FREEING;
+    ll_pool_lease_bit(pool, reg->idx);
+    uint64_t alloc = LL_POOL_MK(reg->gen, 1, LL_POOL_ST_ALLOC);
+    uint64_t freeing = LL_POOL_MK(reg->gen, 1, LL_POOL_ST_FREEING);
     double t0 = ll_clock_ms();
     for (;;) {
         uint64_t s = atomic_load(&pool->state[reg->idx]);
@@ -611,14 +622,39 @@ int ll_pool_lease(ll_pool_t *pool, const ll_pool_region_t *reg)
     return -1;
 }
 
-/* Back region I with memory and prefault it in this process's mapping
- * (neither changes its bytes, so it is safe on a region someone else is
- * writing), populating STEP bytes per call (each call holds the process's
- * mmap lock for reading).  0 or an errno. */
+/* Prefaulting (see ll_pool_internal.h for ll_pool_touch's contract). */
+bool ll_pool_populated(ll_pool_t *pool, uint32_t i)
+{
+    uint64_t p = atomic_load(&pool->populated[i]);
+    return p != 0 && p == atomic_load(&pool->trims[i]) + 1;
+}
+
+/* Count FREE region I in the user's ledger (mark it BACKED) before backing
+ * it.  0 (counted now or before), EDQUOT past the cap, EAGAIN when it is
+ * not FREE any more (allocated, being trimmed: leave it). */
+static int s_count_free(ll_pool_t *pool, uint32_t i)
+{
+    for (;;) {
+        uint64_t s = atomic_load(&pool->state[i]);
+        if (LL_POOL_IS_BACKED(s))
+            return LL_POOL_ST(s) == LL_POOL_ST_TRIM ? EAGAIN : 0;
+        if (LL_POOL_ST(s) != LL_POOL_ST_FREE)
+            return EAGAIN; /* (an ALLOC region is always counted) */
+        if (ll_quota_take_spare(pool->quota, 1) != 0)
+            return EDQUOT; /* (a prefault leaves part of the cap to saves) */
+        if (atomic_compare_exchange_strong(&pool->state[i], &s, s | LL_POOL_BACKED))
+            return 0;
+        ll_quota_give(pool->quota, 1);
+    }
+}
+
 int ll_pool_touch(ll_pool_t *pool, uint32_t i, size_t step)
 {
     char *p = pool->data + (size_t) i * LL_POOL_REGION_BYTES;
-    int rc = 0;
+    uint64_t trims = atomic_load(&pool->trims[i]);
+    int rc = s_count_free(pool, i);
+    if (rc != 0)
+        return rc;
     if (!pool->thp_advise)
         rc = posix_fallocate(pool->fd,
                              (off_t) (pool->hdr->data_offset + (size_t) i * LL_POOL_REGION_BYTES),
@@ -629,13 +665,17 @@ int ll_pool_touch(ll_pool_t *pool, uint32_t i, size_t step)
     if (rc != 0)
         return rc;
     /* ll_pool_back runs this on several copy threads at once (distinct
-     * regions): the warm list is shared bookkeeping. */
+     * regions): the warm list is shared bookkeeping.  A trim that came
+     * meanwhile (only of a FREE region) may have given the memory back:
+     * then this prefault does not count (the next user backs it again). */
     pthread_mutex_lock(&pool->mu);
-    if (!pool->populated[i]) {
-        size_t k = atomic_load(&pool->nwarm);
-        pool->warm[k] = i;
-        atomic_store(&pool->nwarm, k + 1);
-        pool->populated[i] = 1;
+    if (atomic_load(&pool->trims[i]) == trims) {
+        if (atomic_load(&pool->populated[i]) == 0) {
+            size_t k = atomic_load(&pool->nwarm);
+            pool->warm[k] = i;
+            atomic_store(&pool->nwarm, k + 1);
+        }
+        atomic_store(&pool->populated[i], trims + 1);
     }
     pthread_mutex_unlock(&pool->mu);
     return 0;
@@ -650,18 +690,34 @@ int ll_pool_back(ll_pool_t *pool, uint32_t idx)
 {
     if (idx >= pool->nregions)
         return EINVAL;
-    pthread_mutex_lock(&pool->mu);
-    bool done = pool->populated[idx];
-    pthread_mutex_unlock(&pool->mu);
-    return done ? 0 : s_touch(pool, idx);
+    return ll_pool_populated(pool, idx) ? 0 : s_touch(pool, idx);
+}
+
+int ll_pool_punch(ll_pool_t *pool, uint32_t i)
+{
+    atomic_fetch_add(&pool->trims[i], 1);
+    off_t off = (off_t) (pool->hdr->data_offset + (size_t) i * LL_POOL_REGION_BYTES);
+    return fallocate(pool->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off,
+                     (off_t) LL_POOL_REGION_BYTES);
 }
 
 void ll_pool_free_unwritten(ll_pool_t *pool, const ll_pool_region_t *reg)
 {
     if (reg->idx >= pool->nregions)
         return;
-    uint64_t s = reg->gen << 2 | LL_POOL_ST_ALLOC;
-    if (atomic_compare_exchange_strong(&pool->state[reg->idx], &s, reg->gen << 2 | LL_POOL_ST_FREE))
+    uint64_t s = LL_POOL_MK(reg->gen, 1, LL_POOL_ST_ALLOC);
+    /* Backed here (written, or prefaulted): FREE and still counted, ready
+     * for the next save.  Never backed by this process (a put that failed
+     * before its copy): its memory is given back, so a failed put holds
+     * nothing (another process's prefault of it is voided by the trim
+     * count). */
+    if (ll_pool_populated(pool, reg->idx) || ll_pool_punch(pool, reg->idx) != 0) {
+        atomic_compare_exchange_strong(&pool->state[reg->idx], &s,
+                                       LL_POOL_MK(reg->gen, 1, LL_POOL_ST_FREE));
+        return;
+    }
+    if (atomic_compare_exchange_strong(&pool->state[reg->idx], &s,
+                                       LL_POOL_MK(reg->gen, 0, LL_POOL_ST_FREE)))
         ll_quota_give(pool->quota, 1);
 }
 
@@ -671,7 +727,7 @@ void ll_pool_set_quota(ll_pool_t *pool, ll_quota_t *q)
 {
     size_t used = 0;
     for (size_t i = 0; i < pool->nregions; i++)
-        used += (atomic_load(&pool->state[i]) & 3) != LL_POOL_ST_FREE;
+        used += LL_POOL_IS_BACKED(atomic_load(&pool->state[i]));
     if (q && ll_quota_join(q, pool->hdr->id, used, pool->nameless ? NULL : pool->path) != 0) {
         ll_warn("store", "pool %s: the user's store ledger has no room (%d pools): not counted",
                 pool->path, LL_QUOTA_MAX_POOLS);
@@ -684,127 +740,95 @@ size_t ll_pool_prefault(ll_pool_t *pool, size_t nregions)
 {
     size_t done = 0;
     for (size_t i = 0; i < pool->nregions && done < nregions; i++) {
-        if (pool->populated[i] || (atomic_load(&pool->state[i]) & 3) != LL_POOL_ST_FREE)
+        if (ll_pool_populated(pool, (uint32_t) i) ||
+            LL_POOL_ST(atomic_load(&pool->state[i])) != LL_POOL_ST_FREE)
             continue;
-        if (s_touch(pool, (uint32_t) i) != 0)
-            break; /* out of memory: the allocation will say so */
+        int rc = s_touch(pool, (uint32_t) i);
+        if (rc == EAGAIN)
+            continue;
+        if (rc != 0)
+            break; /* out of memory, or the user's cap: the allocation will say so */
         done++;
     }
     return done;
+}
+
+/* Take FREE region I for writing if its backing is as BACKED wants (-1:
+ * either).  Counts an uncounted one in the ledger first.  0, 1 (not
+ * taken), or -1 (the user's cap: nothing taken). */
+static int s_take(ll_pool_t *pool, uint32_t i, int backed, ll_pool_region_t *reg)
+{
+    uint64_t s = atomic_load(&pool->state[i]);
+    if (LL_POOL_ST(s) != LL_POOL_ST_FREE || (backed >= 0 && LL_POOL_IS_BACKED(s) != backed))
+        return 1;
+    bool count = !LL_POOL_IS_BACKED(s);
+    if (count && ll_quota_take(pool->quota, 1, NULL) != 0)
+        return -1;
+    ll_pool_lease_bit(pool, i);
+    uint64_t gen = LL_POOL_GEN(s) + 1;
+    if (!atomic_compare_exchange_strong(&pool->state[i], &s,
+                                        LL_POOL_MK(gen, 1, LL_POOL_ST_ALLOC))) {
+        ll_pool_unlease(pool, i);
+        if (count)
+            ll_quota_give(pool->quota, 1);
+        return 1;
+    }
+    atomic_fetch_add(&pool->hdr->allocs, 1);
+    reg->idx = i;
+    reg->gen = gen;
+    reg->hash = 0;
+    return 0;
 }
 
 int ll_pool_alloc_unbacked(ll_pool_t *pool, ll_pool_region_t *reg, void **addr, int *kind,
                            char *err, size_t errlen)
 {
     size_t n = pool->nregions;
-    /* Counted first (ll_quota: add, then check the user's total). */
-    if (ll_quota_take(pool->quota, 1, NULL) != 0) {
-        *kind = LL_POOL_EQUOTA;
-        snprintf(err, errlen, "over the user's cap on store memory");
-        return -1;
-    }
-    size_t start = atomic_fetch_add(&pool->hdr->cursor, 1) % n;
-    /* Two passes: first the free regions this process already prefaulted
-     * (a steady-state save then costs a copy, not page faults), then any. */
+    /* Three passes, so a save reuses memory before it asks for more: the
+     * free regions this process already prefaulted (a steady-state save
+     * then costs a copy, not page faults), then any free region that is
+     * backed (reclaimed space, another process's reserve), lowest first,
+     * then a fresh one, lowest first, counted in the user's ledger.  Lowest
+     * first keeps the pool's memory at the bottom, where the reserve looks
+     * and from where trimming (top down) does not take it away. */
     size_t nwarm = pool->nwarm;
-    for (size_t k = 0; k < nwarm + n; k++) {
-        uint32_t i;
-        if (k < nwarm) {
-            i = pool->warm[(pool->warm_cursor + k) % nwarm];
-        } else {
-            /* A prefaulted region is looked at again: it may have been
-             * freed, or prefaulted by the reserve, since the first pass. */
-            i = (uint32_t) ((start + k - nwarm) % n);
-        }
-        uint64_t s = atomic_load(&pool->state[i]);
-        if ((s & 3) != LL_POOL_ST_FREE)
+    for (size_t k = 0; k < nwarm; k++) {
+        uint32_t i = pool->warm[(pool->warm_cursor + k) % nwarm];
+        if (!ll_pool_populated(pool, i) || s_take(pool, i, 1, reg) != 0)
             continue;
-        s_lease_bit(pool, i);
-        uint64_t gen = (s >> 2) + 1;
-        if (!atomic_compare_exchange_strong(&pool->state[i], &s, gen << 2 | LL_POOL_ST_ALLOC)) {
-            ll_pool_unlease(pool, i);
-            continue;
-        }
-        if (k < nwarm)
-            pool->warm_cursor = (pool->warm_cursor + k + 1) % nwarm;
-        else
-            atomic_store(&pool->hdr->cursor, i + 1);
-        /* Not backed here: the writer backs it (ll_pool_back) on its copy
-         * thread, right before copying into it. */
-        reg->idx = i;
-        reg->gen = gen;
-        reg->hash = 0;
-        *addr = pool->data + (size_t) i * LL_POOL_REGION_BYTES;
-        return 0;
+        pool->warm_cursor = (pool->warm_cursor + k + 1) % nwarm;
+        goto got;
     }
-    ll_quota_give(pool->quota, 1);
-    *kind = LL_POOL_EFULL;
-    snprintf(err, errlen, "payload pool full: all %zu regions (%zu MiB) of %s are in use", n,
-             n * (LL_POOL_REGION_BYTES >> 20), pool->path);
+    for (size_t i = 0; i < n; i++)
+        if (s_take(pool, (uint32_t) i, 1, reg) == 0)
+            goto got;
+    bool over = false;
+    for (size_t i = 0; i < n; i++) {
+        int rc = s_take(pool, (uint32_t) i, -1, reg);
+        if (rc == 0)
+            goto got;
+        if (rc < 0) {
+            over = true;
+            break;
+        }
+    }
+    *kind = over ? LL_POOL_EQUOTA : LL_POOL_EFULL;
+    if (over)
+        snprintf(err, errlen, "over the user's cap on store memory");
+    else
+        snprintf(err, errlen, "payload pool full: all %zu regions (%zu MiB) of %s are in use", n,
+                 n * (LL_POOL_REGION_BYTES >> 20), pool->path);
     return -1;
+got:
+    /* Not backed here: the writer backs it (ll_pool_back) on its copy
+     * thread, right before copying into it. */
+    *addr = pool->data + (size_t) reg->idx * LL_POOL_REGION_BYTES;
+    return 0;
 }
 
 void ll_pool_commit_done(ll_pool_t *pool)
 {
     atomic_fetch_add(&pool->hdr->epoch, 1);
-}
-
-int ll_pool_gc(ll_pool_t *pool, ll_pool_refs_fn referenced, void *ctx, char *err, size_t errlen)
-{
-    size_t n = pool->nregions;
-    s_clean_dead_slots(pool);
-    uint64_t epoch = atomic_load(&pool->hdr->epoch);
-    uint32_t *cand = malloc(n * sizeof *cand);
-    uint64_t *candst = malloc(n * sizeof *candst);
-    uint64_t *mark = calloc(n, sizeof *mark);
-    size_t ncand = 0;
-    int freed = -1;
-    if (!cand || !candst || !mark) {
-        snprintf(err, errlen, "out of memory");
-        goto out;
-    }
-    for (size_t i = 0; i < n; i++) {
-        uint64_t s = atomic_load(&pool->state[i]);
-        if ((s & 3) == LL_POOL_ST_ALLOC && atomic_load(&pool->lease[i]) == 0) {
-            cand[ncand] = (uint32_t) i;
-            candst[ncand++] = s;
-        }
-    }
-    freed = 0;
-    if (ncand == 0)
-        goto out;
-    /* Only now ask which regions committed versions use (see DESIGN). */
-    if (referenced(ctx, mark, n) != 0) {
-        snprintf(err, errlen, "cannot read the committed payload references");
-        freed = -1;
-        goto out;
-    }
-    for (size_t c = 0; c < ncand; c++) {
-        uint32_t i = cand[c];
-        uint64_t s = candst[c], gen = s >> 2;
-        if (mark[i] == gen)
-            continue;
-        if (!atomic_compare_exchange_strong(&pool->state[i], &s, gen << 2 | LL_POOL_ST_FREEING))
-            continue;
-        /* CAS, not store, out of FREEING: a leaser that waited too long for
-         * us (we were descheduled) may have taken the region back to ALLOC. */
-        uint64_t freeing = gen << 2 | LL_POOL_ST_FREEING;
-        if (atomic_load(&pool->lease[i]) != 0 || atomic_load(&pool->hdr->epoch) != epoch) {
-            atomic_compare_exchange_strong(&pool->state[i], &freeing, gen << 2 | LL_POOL_ST_ALLOC);
-            if (atomic_load(&pool->hdr->epoch) != epoch)
-                break; /* a commit landed: our reference set is stale */
-            continue;
-        }
-        if (atomic_compare_exchange_strong(&pool->state[i], &freeing, gen << 2 | LL_POOL_ST_FREE))
-            freed++;
-    }
-    ll_quota_give(pool->quota, (size_t) freed);
-    ll_debug("store", "pool gc: %zu candidates, %d freed", ncand, freed);
-out:
-    free(cand);
-    free(candst);
-    free(mark);
-    return freed;
 }
 
 /* A private writable mapping of a hugetlb pool makes the kernel reserve a
@@ -966,8 +990,10 @@ void ll_pool_stats(ll_pool_t *pool, ll_pool_stats_t *out)
     out->pool_bytes = pool->nregions * LL_POOL_REGION_BYTES;
     pthread_mutex_lock(&pool->mu);
     for (size_t i = 0; i < pool->nregions; i++) {
-        if ((atomic_load(&pool->state[i]) & 3) != LL_POOL_ST_FREE)
+        uint64_t st = atomic_load(&pool->state[i]);
+        if (LL_POOL_ST(st) != LL_POOL_ST_FREE && LL_POOL_ST(st) != LL_POOL_ST_TRIM)
             out->regions_used++;
+        out->regions_backed += LL_POOL_IS_BACKED(st);
         if (pool->counts[i])
             out->regions_leased++;
     }

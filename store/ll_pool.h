@@ -117,6 +117,35 @@ void ll_pool_unlease(ll_pool_t *pool, uint32_t idx);
  * writer's leases are released (see the reclamation protocol in ll_pool.c). */
 void ll_pool_commit_done(ll_pool_t *pool);
 
+/* Whether a commit landed or a lease was dropped since the last complete
+ * reclamation (by any process): something may have become garbage. */
+bool ll_pool_gc_due(ll_pool_t *pool);
+
+/* Free regions whose memory is backed (reusable without growing the pool). */
+size_t ll_pool_free_backed(ll_pool_t *pool);
+
+/* Give back the memory of backed free regions beyond the lowest KEEP free
+ * ones (top down; at least what the owner set with ll_pool_set_keep stays),
+ * uncounting them in the user's ledger.  Returns how many were given back. */
+size_t ll_pool_trim(ll_pool_t *pool, size_t keep);
+
+/* The session's owner keeps NREGIONS free regions (its reserve): a trim by
+ * any process (a worker reclaiming after its save) leaves them. */
+void ll_pool_set_keep(ll_pool_t *pool, size_t nregions);
+
+/* A commit of the session wrote BYTES: remember the most (shared by every
+ * process of the pool; the reserve follows it). */
+void ll_pool_note_save(ll_pool_t *pool, size_t bytes);
+size_t ll_pool_save_bytes(ll_pool_t *pool);
+
+/* Call FN(CTX) from this process's reserve thread (started if need be)
+ * whenever the store has been idle a moment and the pool changed since the
+ * last call (a commit, a dropped lease, a bigger save), and once at start.
+ * FN runs without the reserve's lock and returns 0, or -1 to be called
+ * again at the next chance (busy).  NULL stops it; it returns once a call
+ * in progress ended. */
+void ll_pool_set_idle(ll_pool_t *pool, int (*fn)(void *ctx), void *ctx);
+
 /* Reclaim regions that no live process leases and that REFERENCED (called
  * once, after the candidates were chosen) does not mark: it fills MARK[idx]
  * with the generation a committed version uses, 0 for none.  Returns the
@@ -142,6 +171,7 @@ typedef struct {
     size_t pool_bytes;
     size_t regions_total;
     size_t regions_used;       /* allocated, committed or not yet reclaimed */
+    size_t regions_backed;     /* holding memory (counted in the user's ledger) */
     size_t regions_leased;     /* by this process */
     size_t regions_prefaulted; /* backed and prefaulted in this process */
     size_t reserve_target;     /* free prefaulted regions the reserve keeps */

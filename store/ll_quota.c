@@ -23,6 +23,14 @@
  * named pool file whose processes all exited is not counted until a
  * process opens it again (kernels' pools have no name).
  *
+ * What counts is memory (issue 23): a pool counts every region it holds
+ * backed, committed or not, free regions kept for the next save and its
+ * reserve included (ll_pool_reclaim.c).  Memory held ahead of use may take
+ * the user only to three quarters of the cap (ll_quota_take_spare); a save
+ * the cap refuses marks the ledger (pressed), and for a while every pool's
+ * owner gives back what it holds ahead of use, so that one kernel's reserve
+ * never keeps another's save out.
+ *
  * The ledger is the user's own file (0600), so the cap binds the user's
  * store code, not a determined user: like the broker's leases it arbitrates
  * between cooperating processes (hostd/API.md, "Limits"). */
@@ -38,6 +46,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/ll_log.h"
@@ -54,9 +63,10 @@ typedef struct {
 
 typedef struct {
     char magic[8];
-    _Atomic uint64_t cap; /* bytes, 0: none */
-    _Atomic uint64_t src; /* ll_quota_src_t */
-    uint64_t spare[5];
+    _Atomic uint64_t cap;     /* bytes, 0: none */
+    _Atomic uint64_t src;     /* ll_quota_src_t */
+    _Atomic uint64_t pressed; /* CLOCK_MONOTONIC ms of the last save the cap refused (0: none) */
+    uint64_t spare[4];
     s_entry_t ent[LL_QUOTA_MAX_POOLS];
 } s_ledger_t;
 
@@ -225,7 +235,9 @@ uint64_t ll_quota_held(ll_quota_t *q)
     return n * S_REGION;
 }
 
-int ll_quota_take(ll_quota_t *q, size_t n, ll_quota_over_t *over)
+/* Add N, then check the user's total against the cap less SPARE_FRAC of it
+ * (a fraction 1/SPARE_FRAC kept free; 0: none). */
+static int s_take(ll_quota_t *q, size_t n, ll_quota_over_t *over, uint64_t spare_frac)
 {
     if (!q || q->ent < 0 || n == 0)
         return 0;
@@ -233,6 +245,8 @@ int ll_quota_take(ll_quota_t *q, size_t n, ll_quota_over_t *over)
     uint64_t cap = atomic_load(&q->l->cap);
     if (cap == 0)
         return 0;
+    if (spare_frac)
+        cap -= cap / spare_frac;
     uint64_t held = ll_quota_held(q);
     if (held <= cap)
         return 0;
@@ -245,10 +259,40 @@ int ll_quota_take(ll_quota_t *q, size_t n, ll_quota_over_t *over)
     return -1;
 }
 
+int ll_quota_take(ll_quota_t *q, size_t n, ll_quota_over_t *over)
+{
+    return s_take(q, n, over, 0);
+}
+
+int ll_quota_take_spare(ll_quota_t *q, size_t n)
+{
+    return s_take(q, n, NULL, LL_QUOTA_SPARE_FRAC);
+}
+
 void ll_quota_give(ll_quota_t *q, size_t n)
 {
     if (q && q->ent >= 0 && n)
         atomic_fetch_sub(&q->l->ent[q->ent].regions, n);
+}
+
+void ll_quota_press(ll_quota_t *q)
+{
+    if (!q)
+        return;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* (one clock for every process of the host) */
+    atomic_store(&q->l->pressed, (uint64_t) ts.tv_sec * 1000 + (uint64_t) ts.tv_nsec / 1000000 + 1);
+}
+
+uint64_t ll_quota_pressed(ll_quota_t *q, uint64_t within_ms)
+{
+    uint64_t at = q ? atomic_load(&q->l->pressed) : 0;
+    if (!at)
+        return 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t now = (uint64_t) ts.tv_sec * 1000 + (uint64_t) ts.tv_nsec / 1000000 + 1;
+    return now - at <= within_ms ? at : 0;
 }
 
 uint64_t ll_quota_cap(ll_quota_t *q, int *src)
@@ -321,6 +365,11 @@ int ll_quota_selftest(bool verbose)
             over.src == LL_QUOTA_SRC_HOSTD);
     S_CHECK(ll_quota_held(c) == 10 * S_REGION); /* the refused take left nothing */
     ll_quota_give(a, 4);
+    /* Memory held ahead of use (a reserve) leaves a quarter of the cap to
+     * saves: with 6 of 10 regions held, 1 more fits, 2 do not. */
+    S_CHECK(ll_quota_take_spare(a, 2) == -1 && ll_quota_held(a) == 6 * S_REGION);
+    S_CHECK(ll_quota_take_spare(a, 1) == 0 && ll_quota_take_spare(a, 1) == -1);
+    ll_quota_give(a, 1);
     S_CHECK(ll_quota_take(b, 4, NULL) == 0 && ll_quota_take(b, 1, NULL) == -1);
     /* A second process of pool 11 shares its entry; the entry lives while
      * one of them does. */

@@ -56,6 +56,21 @@ int ll_quota_join(ll_quota_t *q, uint64_t pool_id, size_t used, const char *path
  * checked (two racing takes may both fail, never both pass the cap). */
 int ll_quota_take(ll_quota_t *q, size_t n, ll_quota_over_t *over);
 
+/* As ll_quota_take, for memory held ahead of use (a pool's reserve): it
+ * may take the user's pools only to the cap less a quarter of it, so the
+ * reserves of a user's many kernels never leave a save without room.
+ * 0 or -1. */
+#define LL_QUOTA_SPARE_FRAC 4
+int ll_quota_take_spare(ll_quota_t *q, size_t n);
+
+/* A save met the cap: pools holding memory ahead of use (reserves, freed
+ * space kept for the next save) give it back for a while (ll_quota_pressed,
+ * the stores' idle hooks). */
+void ll_quota_press(ll_quota_t *q);
+/* When (an opaque nonzero stamp) a save last met the cap, if within
+ * WITHIN_MS; else 0. */
+uint64_t ll_quota_pressed(ll_quota_t *q, uint64_t within_ms);
+
 /* N regions of the joined pool given back. */
 void ll_quota_give(ll_quota_t *q, size_t n);
 

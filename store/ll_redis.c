@@ -73,6 +73,7 @@ struct ll_redis_t {
     int cancel_fd;            /* -1, or: readable ends a wait */
     bool cancel_drain;        /* ll_redis_begin empties cancel_fd */
     bool (*cancel_check)(void *ctx);
+    bool quiet; /* this call ignores the cancel fd and check (ll_redis_begin_quiet) */
     void *cancel_ctx;
 };
 
@@ -168,7 +169,7 @@ static int s_wait_fd(ll_redis_t *r, int fd, short events, double until)
             return 1;
         double left = (until < r->deadline ? until : r->deadline) - now;
         int slice = left < S_SLICE_MS ? (int) left + 1 : S_SLICE_MS;
-        struct pollfd p[2] = {{fd, events, 0}, {r->cancel_fd, POLLIN, 0}};
+        struct pollfd p[2] = {{fd, events, 0}, {r->quiet ? -1 : r->cancel_fd, POLLIN, 0}};
         int n = poll(p, 2, slice); /* (a negative fd is skipped) */
         if (n < 0 && errno != EINTR)
             return s_give_up(r, LL_REDIS_UNAVAILABLE, "Redis at %s: poll: %s", r->url,
@@ -176,7 +177,7 @@ static int s_wait_fd(ll_redis_t *r, int fd, short events, double until)
         if (n > 0 && p[1].revents)
             return s_cancelled(r);
         /* (only after a quiet slice: the check may take a lock, the GIL) */
-        if (n == 0 && r->cancel_check && r->cancel_check(r->cancel_ctx))
+        if (n == 0 && !r->quiet && r->cancel_check && r->cancel_check(r->cancel_ctx))
             return s_cancelled(r);
         if (n > 0 && p[0].revents)
             return 0;
@@ -370,10 +371,18 @@ void ll_redis_destroy(ll_redis_t **r_p)
     *r_p = NULL;
 }
 
+void ll_redis_begin_quiet(ll_redis_t *r, double ms)
+{
+    r->deadline = ll_clock_ms() + (ms < r->timeout_ms ? ms : r->timeout_ms);
+    r->failure = LL_REDIS_OK;
+    r->quiet = true;
+}
+
 void ll_redis_begin(ll_redis_t *r)
 {
     r->deadline = ll_clock_ms() + r->timeout_ms;
     r->failure = LL_REDIS_OK;
+    r->quiet = false;
     if (r->cancel_fd >= 0 && r->cancel_drain) {
         char buf[64]; /* an eventfd gives 8 bytes at once, a pipe what it holds */
         while (read(r->cancel_fd, buf, sizeof buf) > 0)

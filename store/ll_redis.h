@@ -50,6 +50,11 @@ void ll_redis_destroy(ll_redis_t **r_p);
  * is cleared, and (when the cancel fd drains) interrupts from before it are
  * dropped. */
 void ll_redis_begin(ll_redis_t *r);
+/* A call of a background thread (the store's idle reclamation): a
+ * deadline of at most MS, and neither the cancel fd (whose interrupts are
+ * the caller's main thread's) nor the cancel check (which may take the
+ * GIL) is looked at.  The next ll_redis_begin ends it. */
+void ll_redis_begin_quiet(ll_redis_t *r, double ms);
 
 /* What ends a wait early, besides the deadline: FD (>= 0) becoming
  * readable (DRAIN: it is an eventfd or pipe of interrupts that ll_redis_begin

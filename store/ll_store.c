@@ -21,9 +21,14 @@
  * EXEC leaves only unreferenced regions, which reclamation frees once the
  * dead process's leases are dropped; committed data is untouched.
  *
- * Reclamation (ll_pool_gc) runs when an allocation finds the pool full, before
- * a put that would first-touch fresh regions (when that pays) and on request;
- * the regions committed versions use are read from ll:S:prefs.
+ * Reclamation (ll_pool_gc; the rule of when a version may go is at the top
+ * of ll_pool_reclaim.c) runs as soon as something may have become garbage:
+ * in the session's owner (the kernel) on its pool's reserve thread once the
+ * store is idle (s_idle: after any process's commit or a reader letting go
+ * of a version), before a put that would otherwise take fresh memory, when
+ * an allocation finds the pool full, and on request; the regions committed
+ * versions use are read from ll:S:prefs.  The owner then gives back the
+ * memory of free space beyond its reserve (ll_pool_trim).
  *
  * Files: this one; ll_store_ref.c, ll_store_put.c, ll_store_commit.c; what
  * they share, ll_store_internal.h; the page kind of a new pool,
@@ -361,6 +366,8 @@ static int s_attach_pool(ll_store_t *st, const char *want, const char *default_p
     return rc;
 }
 
+#define S_PRESSED_MS 30000 /* after a save met the user's cap, reserves stay empty this long */
+
 /* Tell the pool's reserve how much free space to keep prefaulted, by the
  * store's reserve option (see ll_store.h). */
 void ll_store_reserve_update(ll_store_t *st)
@@ -373,6 +380,16 @@ void ll_store_reserve_update(ll_store_t *st)
         if (cap > LL_STORE_RESERVE_MAX)
             cap = LL_STORE_RESERVE_MAX;
         want = st->largest_put;
+        if (ll_quota_pressed(st->quota, S_PRESSED_MS)) {
+            /* Another save of the user met the cap: hold nothing ahead of use. */
+            st->reserve_regions = 0;
+            if (st->redis_owned)
+                ll_pool_set_keep(st->pool, 0);
+            ll_pool_reserve(st->pool, 0);
+            return;
+        }
+        if (ll_pool_save_bytes(st->pool) > want)
+            want = ll_pool_save_bytes(st->pool);
         if (st->redis_owned && want < LL_STORE_RESERVE_OWNER_MIN)
             want = LL_STORE_RESERVE_OWNER_MIN;
         if (want > cap)
@@ -380,7 +397,36 @@ void ll_store_reserve_update(ll_store_t *st)
     }
     size_t nreg = want / LL_STORE_R + (want % LL_STORE_R != 0);
     st->reserve_regions = nreg;
-    ll_pool_reserve(st->pool, nreg); /* starts its thread only for nreg > 0 */
+    if (st->redis_owned)
+        ll_pool_set_keep(st->pool, nreg); /* a worker's trim leaves the kernel's reserve */
+    ll_pool_reserve(st->pool, nreg);      /* starts its thread only for nreg > 0 */
+}
+
+#define S_IDLE_REDIS_MS 1000 /* the idle reclamation's wait for Redis, at most */
+
+/* The session owner's idle hook (ll_pool_set_idle; on the pool's reserve
+ * thread, once the store has been quiet a moment and a commit, a dropped
+ * lease or a bigger save moved the pool): reclaim what became garbage,
+ * follow the session's saves with the reserve, and give back the memory of
+ * free space beyond it.  Never waits for the store's callers: busy, it
+ * returns -1 and is called again.  Its Redis wait is short and ignores the
+ * interrupt fd and signal check, which belong to the caller's thread. */
+static int s_idle(void *ctx)
+{
+    ll_store_t *st = ctx;
+    if (pthread_mutex_trylock(&st->mu) != 0)
+        return -1;
+    if (ll_pool_gc_due(st->pool)) {
+        ll_redis_begin_quiet(st->redis, S_IDLE_REDIS_MS);
+        if (ll_store_gc_locked(st) < 0)
+            ll_debug("store", "idle reclamation: %s", st->err);
+        st->err[0] = 0;
+        st->errkind = LL_STORE_OK;
+    }
+    ll_store_reserve_update(st);
+    ll_pool_trim(st->pool, st->reserve_regions);
+    pthread_mutex_unlock(&st->mu);
+    return 0;
 }
 
 /* Count the pool in the user's ledger (ll_quota; without one, a warning
@@ -504,8 +550,10 @@ ll_store_t *ll_store_open(const char *runtime_dir, const char *session, const ll
         goto fail;
     st->reserve_opt = opts->reserve_bytes;
     ll_store_reserve_update(st);
-    if (st->redis_owned)
+    if (st->redis_owned) {
         st->guard = ll_redis_guard_new(runtime_dir, session);
+        ll_pool_set_idle(st->pool, s_idle, st);
+    }
     free(url);
     free(pool_path);
     free(fallback);
@@ -523,6 +571,8 @@ void ll_store_destroy(ll_store_t **store_p)
     if (!store_p || !*store_p)
         return;
     ll_store_t *st = *store_p;
+    if (st->pool)
+        ll_pool_set_idle(st->pool, NULL, NULL); /* waits for a call in progress */
     if (st->pool && getpid() == st->pid)
         ll_store_pending_release_all(st);
     if (st->pool)
@@ -600,7 +650,6 @@ static int s_mark_refs(void *ctx, uint64_t *mark, size_t nregions)
             freeReplyObject(vals);
         return -1;
     }
-    st->gc_vars = vals->elements;
     for (size_t i = 0; i < vals->elements; i++) {
         redisReply *r = vals->element[i];
         char **prefs;
@@ -631,9 +680,7 @@ int ll_store_gc_locked(ll_store_t *st)
     char err[256];
     if (ll_redis_ensure(st->redis) != 0)
         return ll_store_redis_fail(st, "reclamation failed");
-    uint64_t epoch = ll_pool_epoch(st->pool);
     int freed = ll_pool_gc(st->pool, s_mark_refs, st, err, sizeof err);
-    st->gc_epoch = epoch;
     st->gc_runs++;
     if (freed < 0)
         return ll_store_fail(st, LL_STORE_EIO, "reclamation failed: %s (%s)", err,
@@ -666,6 +713,8 @@ int ll_store_gc(ll_store_t *st)
     if (ll_store_enter(st) != 0)
         return -1;
     int rc = ll_store_gc_locked(st);
+    if (rc >= 0)
+        ll_pool_trim(st->pool, st->reserve_regions); /* what is free beyond the reserve goes */
     ll_store_leave(st);
     return rc;
 }
@@ -832,7 +881,9 @@ int ll_store_selftest(bool verbose)
     S_CHECK(map && ll_pool_map_len(map) == len && memcmp(ll_pool_map_addr(map), buf, len) == 0);
     ll_pool_unmap(&map);
     /* ref1's own region 1 is garbage now; reclamation finds exactly it. */
-    S_CHECK(ll_store_gc(st) == 1);
+    /* (the owner's idle reclamation may have been first) */
+    int freed = ll_store_gc(st);
+    S_CHECK(freed == 1 || (freed == 0 && st->reclaimed == 1));
     uint64_t lv;
     char *cell;
     S_CHECK(ll_store_last_commit(st, &lv, &cell) == 0 && lv == 2 && cell &&

@@ -37,12 +37,15 @@ typedef struct {
     long long reserve_bytes;
 } ll_store_opts_t;
 
-/* The default reserve: as much as the largest put of this process wrote,
- * at least 256 MiB in the session's owner (the Store that started the
- * private redis-server: the kernel), at most half the pool and 2 GiB.  A
- * process's next save of that size then finds its space prefaulted. */
+/* The default reserve: as much as the largest put of this process, or the
+ * most one commit of the session (any process) wrote, whichever is more;
+ * at least 16 MiB in the session's owner (the Store that started the
+ * private redis-server: the kernel), at most half the pool and 2 GiB.  So
+ * it starts small and grows with what the session saves; the next save of
+ * that size finds its space prefaulted.  What it holds counts against the
+ * user's cap (ll_quota), of which it leaves a quarter to saves. */
 #define LL_STORE_RESERVE_DEFAULT   0
-#define LL_STORE_RESERVE_OWNER_MIN ((size_t) 256 << 20)
+#define LL_STORE_RESERVE_OWNER_MIN ((size_t) 16 << 20)
 #define LL_STORE_RESERVE_MAX       ((size_t) 2 << 30)
 
 /* A size such as "64G", "512M", "1073741824" (K, M, G, T: binary; "iB" or

@@ -442,6 +442,9 @@ static void s_commit_release(s_commit_t *c, bool ok)
         ll_store_fault("after_commit");
         st->commits++;
         ll_pool_commit_done(st->pool);
+        /* The reserve of every process follows the session's saves. */
+        ll_pool_note_save(st->pool, st->save_written);
+        st->save_written = 0;
         for (size_t i = 0; i < c->nwrites; i++)
             for (size_t j = 0; j < c->writes[i].nprefs; j++)
                 ll_store_pending_release(st, c->writes[i].prefs[j]);

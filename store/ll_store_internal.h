@@ -46,11 +46,10 @@ struct ll_store_t {
     char err[768]; /* last failure */
     int errkind;
     uint64_t bytes_written, bytes_shared, puts, commits, gc_runs, reclaimed;
-    uint64_t gc_epoch;      /* commit epoch when this store last reclaimed */
     long long reserve_opt;  /* as ll_store_opts_t.reserve_bytes */
     size_t largest_put;     /* bytes the largest put wrote (default reserve policy) */
+    size_t save_written;    /* bytes the puts since the last commit wrote */
     size_t reserve_regions; /* what the pool's reserve was asked to keep */
-    size_t gc_vars;         /* variables that reclamation read from Redis */
 };
 
 /* ---- ll_store.c ------------------------------------------------------- */

@@ -30,7 +30,6 @@
 #define S_MAX_THREADS  4
 #define S_SAMPLE_MIN   16 /* candidate regions: below this, always hash first */
 #define S_SAMPLES      4  /* candidates hashed to choose copy-first */
-#define S_GC_MIN_GAIN  8  /* regions: reclaim before a put when it may save this many faults */
 
 /* ---- parallel copy/hash ---------------------------------------------- */
 
@@ -88,6 +87,7 @@ typedef struct {
     size_t ncand;    /* entries in cidx */
     bool copy_first; /* copy every candidate, compare hashes after */
     bool tried_gc;   /* this allocation round reclaimed already */
+    bool waited;     /* waited for the user's other pools to give memory back */
     size_t nwritten; /* bytes copied into fresh regions */
     bool done;       /* leases handed to the pending list */
 } s_put_t;
@@ -141,25 +141,14 @@ static void s_put_unlease_base(s_put_t *p, size_t i)
 
 /* ---- the decisions (pure) --------------------------------------------- */
 
-/* Whether to reclaim before allocating NEED fresh regions, when prefaulted
- * regions may have become garbage since the last reclamation.  First touch
- * of a region costs about 1 ms with 4 KiB pages (MEASURED.md; ~10x less
- * with huge pages), a reclamation about 1 us per variable it reads from
- * Redis (GC_VARS last time).  The regions it may save from first touch are
- * those beyond the free prefaulted ones (FREE_WARM, less the RESERVE's
- * share: those are kept for new data, and garbage reclaimed now saves
- * refilling them), at most the prefaulted ones that are allocated but
- * unleased (IDLE_WARM).  Counted in variables, not measured in time, so the
- * choice does not flip with the machine's load. */
-static bool s_gc_pays(size_t need, size_t free_warm, size_t idle_warm, size_t reserve, bool four_k,
-                      size_t gc_vars)
+/* Whether to reclaim before allocating NEED regions: when the backed free
+ * regions (FREE_BACKED, reused before any fresh one) do not cover them and
+ * a commit or a reader letting go (DUE) may have made garbage since the
+ * last reclamation.  Memory first: a save takes fresh memory only when
+ * nothing superseded can be reclaimed for it (issue 23). */
+static bool s_gc_first(size_t need, size_t free_backed, bool due)
 {
-    free_warm = free_warm > reserve ? free_warm - reserve : 0;
-    size_t gain = need > free_warm ? need - free_warm : 0;
-    if (gain > idle_warm)
-        gain = idle_warm;
-    size_t vars_per_region = four_k ? 1000 : 100;
-    return gain >= S_GC_MIN_GAIN && gain * vars_per_region >= gc_vars + 64;
+    return due && need > free_backed;
 }
 
 /* ---- the phases of a put ---------------------------------------------- */
@@ -265,9 +254,9 @@ static void s_put_hash_first(s_put_t *p)
     }
 }
 
-/* Before allocating: reclaim when a commit happened since the last
- * reclamation and s_gc_pays says so.  A failed reclamation is logged and
- * forgotten (the put goes on without it).  Starts an allocation round. */
+/* Before allocating: reclaim when s_gc_first says so.  A failed
+ * reclamation is logged and forgotten (the put goes on without it).
+ * Starts an allocation round. */
 static void s_put_gc_first(s_put_t *p)
 {
     ll_store_t *st = p->st;
@@ -275,12 +264,7 @@ static void s_put_gc_first(s_put_t *p)
     size_t need = 0;
     for (size_t i = 0; i < p->n; i++)
         need += !p->reuse[i];
-    if (need == 0 || ll_pool_epoch(st->pool) == st->gc_epoch)
-        return;
-    size_t free_warm, idle_warm;
-    ll_pool_warm_counts(st->pool, &free_warm, &idle_warm);
-    bool four_k = strcmp(ll_pool_page_kind(st->pool), "4k") == 0;
-    if (!s_gc_pays(need, free_warm, idle_warm, st->reserve_regions, four_k, st->gc_vars))
+    if (need == 0 || !s_gc_first(need, ll_pool_free_backed(st->pool), ll_pool_gc_due(st->pool)))
         return;
     p->tried_gc = true;
     if (ll_store_gc_locked(st) < 0)
@@ -321,6 +305,30 @@ static int s_put_quota_fail(s_put_t *p, size_t i)
                          ll_quota_fmt_bytes(held, bheld, sizeof bheld));
 }
 
+#define S_ROOM_WAIT_MS 3000 /* a save at the cap waits this long for other pools' reserves */
+
+/* The user's cap refused region I of this put: tell the user's pools
+ * (ll_quota_press: their owners give back what they hold ahead of use, on
+ * their idle threads) and wait up to S_ROOM_WAIT_MS for the room the rest
+ * of the put needs.  Whether it came. */
+static bool s_put_wait_room(s_put_t *p, size_t i)
+{
+    ll_store_t *st = p->st;
+    uint64_t cap = ll_quota_cap(st->quota, NULL);
+    size_t more = 0;
+    for (size_t j = i; j < p->n; j++)
+        more += !p->reuse[j];
+    if (cap == 0 || more * LL_STORE_R > cap)
+        return false;
+    ll_quota_press(st->quota);
+    ll_store_reserve_update(st); /* (ours too) */
+    ll_pool_trim(st->pool, 0);
+    for (double until = ll_clock_ms() + S_ROOM_WAIT_MS; ll_clock_ms() < until; usleep(20000))
+        if (ll_quota_held(st->quota) + more * LL_STORE_R <= cap)
+            return true;
+    return false;
+}
+
 /* Allocate every region to write; a full pool (or one over the user's
  * cap) first tries reclamation (once per round).  0; 1 when copying first found no room for the
  * unchanged regions too: everything taken is given back, copy_first is
@@ -349,6 +357,10 @@ static int s_put_alloc(s_put_t *p)
                 p->nwritten = 0;
                 p->copy_first = false;
                 return 1;
+            }
+            if (kind == LL_POOL_EQUOTA && !p->waited && s_put_wait_room(p, i)) {
+                p->waited = true;
+                continue;
             }
             if (kind == LL_POOL_EQUOTA)
                 return s_put_quota_fail(p, i);
@@ -425,6 +437,7 @@ static char *s_put_finish(s_put_t *p)
     p->done = true;
     st->puts++;
     st->bytes_written += p->nwritten;
+    st->save_written += p->nwritten;
     st->bytes_shared += p->len - p->nwritten;
     return ref;
 }
@@ -748,26 +761,17 @@ int ll_store_put_selftest(bool verbose)
         return 1;
     /* Reclaim before allocating, or not. */
     struct {
-        size_t need, free_warm, idle_warm, reserve;
-        bool four_k;
-        size_t gc_vars;
-        bool want;
+        size_t need, free_backed;
+        bool due, want;
     } cases[] = {
-        {0, 0, 50, 0, true, 0, false},      /* nothing to allocate */
-        {20, 0, 20, 0, true, 0, true},      /* 20 first touches to save */
-        {7, 0, 20, 0, true, 0, false},      /* below S_GC_MIN_GAIN */
-        {20, 30, 20, 0, true, 0, false},    /* free prefaulted regions suffice */
-        {20, 30, 20, 30, true, 0, true},    /* ...but they are the reserve's */
-        {20, 30, 20, 15, true, 0, false},   /* 5 to save after the reserve's share */
-        {20, 0, 5, 0, true, 0, false},      /* only 5 could become free */
-        {20, 0, 20, 0, false, 2000, false}, /* huge pages: 2,000 vars cost more */
-        {20, 0, 20, 0, true, 2000, true},   /* 4 KiB pages: they do not */
-        {20, 0, 20, 0, false, 1936, true},  /* the boundary: 20 * 100 >= 1936 + 64 */
-        {20, 0, 20, 0, false, 1937, false},
+        {0, 0, true, false},   /* nothing to allocate */
+        {20, 0, true, true},   /* fresh memory, and garbage may exist */
+        {20, 0, false, false}, /* nothing changed since the last reclamation */
+        {20, 20, true, false}, /* reclaimed space covers it */
+        {21, 20, true, true},  /* one region short */
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        bool got = s_gc_pays(cases[c].need, cases[c].free_warm, cases[c].idle_warm,
-                             cases[c].reserve, cases[c].four_k, cases[c].gc_vars);
+        bool got = s_gc_first(cases[c].need, cases[c].free_backed, cases[c].due);
         if (got != cases[c].want) {
             fprintf(stderr, "ll_store_put selftest: reclaim-first case %zu: got %d\n", c, got);
             return 1;

@@ -910,12 +910,13 @@ static PyObject *Store_stats(StoreObject *self, PyObject *unused)
     ll_store_stats_t s;
     ll_store_stats(self->st, &s);
     return Py_BuildValue(
-        "{s:s,s:s,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:K,s:K,s:K,s:K,s:K,s:K,s:k,s:n,s:s,s:O}",
+        "{s:s,s:s,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:K,s:K,s:K,s:K,s:K,s:K,s:k,s:n,s:s,s:O}",
         "page_kind", s.pool.page_kind, "pool_path", s.pool.path, "pool_bytes",
         (Py_ssize_t) s.pool.pool_bytes, "region_bytes", (Py_ssize_t) LL_POOL_REGION_BYTES,
         "regions_total", (Py_ssize_t) s.pool.regions_total, "regions_used",
-        (Py_ssize_t) s.pool.regions_used, "regions_leased", (Py_ssize_t) s.pool.regions_leased,
-        "regions_prefaulted", (Py_ssize_t) s.pool.regions_prefaulted, "reserve_bytes",
+        (Py_ssize_t) s.pool.regions_used, "regions_backed", (Py_ssize_t) s.pool.regions_backed,
+        "regions_leased", (Py_ssize_t) s.pool.regions_leased, "regions_prefaulted",
+        (Py_ssize_t) s.pool.regions_prefaulted, "reserve_bytes",
         (Py_ssize_t) (s.pool.reserve_target * LL_POOL_REGION_BYTES), "reserve_ready_bytes",
         (Py_ssize_t) (s.pool.reserve_ready * LL_POOL_REGION_BYTES), "bytes_written",
         (unsigned long long) s.bytes_written, "bytes_shared", (unsigned long long) s.bytes_shared,

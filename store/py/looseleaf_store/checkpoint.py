@@ -319,6 +319,19 @@ class Checkpointer:
 
     # ---- save ----------------------------------------------------------------------------------------
     def save(self, names, cell_id=None, stand_in=None, all_or_none=False):
+        """Save NAMES (see _save)."""
+        ctxs = self._save_ctxs = []
+        try:
+            return self._save(names, cell_id, stand_in, all_or_none)
+        finally:
+            # A save's context and its pickler refer to each other: left to the cyclic GC, the objects the
+            # context indexes (arrays over a mapping of a version this process read) would keep that
+            # version's leases, and with them its pool space, until a collection happens to run.
+            for ctx in ctxs:
+                ctx.close()
+            self._save_ctxs = None
+
+    def _save(self, names, cell_id=None, stand_in=None, all_or_none=False):
         """Save NAMES (absent from the namespace = delete) and whatever must go with them; one commit.
         Returns a SaveReport; never raises for a variable that cannot be saved.  STAND_IN(name, value, why),
         when given, is asked for an object to commit instead of a value that cannot be pickled (None: the
@@ -349,6 +362,7 @@ class Checkpointer:
             order = self._stable_order(order)
             saving = set(order)
             ctx = SaveContext(ns, self._owner, saving, self._mem)
+            self._save_ctxs.append(ctx)
             res, failed, need, standins = {}, {}, None, {}
             for n in order:
                 try:
@@ -491,6 +505,10 @@ class Checkpointer:
                 rep.saved[n] = v
             else:
                 st = self._state[n]
+                # Drop the exports the state had *before* replacing them: _install drops the exports of the
+                # state it finds, which would be the new ones by then, and the old objects (arrays over a
+                # mapping of an old version) would stay indexed, holding that version's leases for ever.
+                self._drop_exports(n)
                 st.exports = exports
                 st.track = tracks[n]
                 self._install(n, st)

@@ -461,6 +461,19 @@ class SaveContext:
             self.top_arrays = {id(v) for v in (namespace.get(n) for n in saving) if type(v) is np.ndarray}
 
 
+    def close(self):
+        """Drop what this save held (the save is over): its pickler refers back to it, so the cycle would
+        otherwise keep every object pickled until the cyclic GC runs."""
+        self.pickler = None
+        self.mem = MemIndex()
+        self.old_mem = None
+        self.cur = {}
+        self.old = None
+        self.arrays = {}
+        self.anchors = {}
+        self.namespace = None
+
+
 class Pickled:
     """One variable's pickle: the blob to commit and what leaves the stream."""
 
