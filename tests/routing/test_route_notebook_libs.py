@@ -71,6 +71,21 @@ def test_ipykernel_modules_import_for_real_when_used(pair):
               "cpu")
 
 
+def test_ipykernel_modules_cost_nothing_until_used(pair):
+    # Their real import (~85 ms: jupyter_client, pyzmq, tornado) happens only when code uses them, not when
+    # a traceback (inspect.getmodule) or the kernel's scans walk sys.modules.  On a kernel of its own: the
+    # other tests import ipykernel for real.
+    from itest_util import Kernel
+    k = Kernel("looseleaf")
+    try:
+        for code in ("1/0", GPU + "t = torch.ones(2)", "print(t.sum().item())"):
+            execute(k, code)
+        reply, msgs = execute(k, "import sys\nprint('ipykernel.zmqshell' in sys.modules, 'jupyter_client' in sys.modules)")
+        assert "".join(m["content"]["text"] for m in msgs if m["msg_type"] == "stream") == "True False\n"
+    finally:
+        k.stop()
+
+
 def _have(mod):
     return importlib.util.find_spec(mod) is not None
 

@@ -186,6 +186,22 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 _PRESENT = ("ipykernel", "ipykernel.zmqshell")
 
 
+_LAZY = getattr(importlib.util, "_LazyModule", None)
+if _LAZY is not None:
+    class _QuietLazyModule(_LAZY):
+        """A lazy module whose name and file can be read without running it: code that walks sys.modules
+        reading them (inspect.getmodule, for every traceback; the user-module scan after GPU cells) would
+        otherwise run ipykernel's import (~85 ms) for nothing.  Any other attribute loads it, and then it is
+        an ordinary module."""
+
+        def __getattribute__(self, attr):
+            if attr in ("__name__", "__file__", "__cached__"):
+                return object.__getattribute__(self, "__dict__").get(attr)
+            return _LAZY.__getattribute__(self, attr)
+else:  # pragma: no cover - an importlib without it: plain LazyLoader, which loads on any attribute
+    _QuietLazyModule = None
+
+
 def _present_ipykernel():
     """Put the modules of _PRESENT into sys.modules, lazily; nothing when ipykernel is not installed."""
     locations = None
@@ -202,6 +218,8 @@ def _present_ipykernel():
             module = importlib.util.module_from_spec(spec)
             sys.modules[name] = module
             spec.loader.exec_module(module)
+            if _QuietLazyModule is not None:
+                module.__class__ = _QuietLazyModule
             parent, _, child = name.rpartition(".")
             if parent:
                 setattr(sys.modules[parent], child, module)  # a plain attribute: no load
