@@ -12,6 +12,10 @@ import time
 from routehelp import GPU_TIMEOUT, execute, ll_md, send_execute
 
 PROBE = "import sys\nprint('torch' in sys.modules)\n"
+# Whether jedi's parser cache in the kernel holds any file of torch (and, not to be vacuous, any file).
+PARSED = ("import sys\npc = sys.modules.get('parso.cache')\n"
+          "paths = [str(p) for g in (pc.parser_cache.values() if pc else []) for p in g]\n"
+          "print(any('/torch/' in p for p in paths), bool(paths))\n")
 GPU_CELL = "import torch\nprint(torch.ones(2).sum().item())\n"
 
 
@@ -46,6 +50,12 @@ def test_completion_of_an_unimported_package_matches_ipykernel_without_importing
         assert got["status"] == "ok"
         assert set(want[d]["matches"]) <= set(got["matches"]), (d, want[d]["matches"], got["matches"])
         assert (got["cursor_start"], got["cursor_end"]) == (want[d]["cursor_start"], want[d]["cursor_end"]), d
+    # Inference through the package is not attempted: jedi would read torch's sources (~2.5 s the first
+    # time, the same hold-up as the import); nothing of torch is parsed in the kernel.
+    got = complete(ll, "import torch\nx = torch.zeros(3)\nx.res")
+    assert got["status"] == "ok"
+    reply, msgs = execute(ll, PARSED)
+    assert "".join(m["content"]["text"] for m in msgs if m["msg_type"] == "stream") == "False True\n"
     # Module names after `import` come from the file system, as ipykernel lists them.
     d = "import torch.n"
     assert set(complete(ll, d)["matches"]) == set(complete(ref, d)["matches"])

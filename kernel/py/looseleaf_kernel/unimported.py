@@ -9,9 +9,11 @@ So, on the interpreter thread:
   resolves (through the draft's own imports and aliases) to a package the kernel has not imported and the
   session has no variable of that name, is answered from modindex (the names as dir() sees them, written by
   the zygote or a throwaway process), without jedi: at once, whatever the package's size;
-- imports_held(): around every other completion, jedi's and IPython's import points import nothing new (jedi
-  falls back to reading the package's files and stubs; IPython's import completer lists submodules from
-  the file system and names from the index).
+- imports_held(): around every other completion, jedi's and IPython's import points import nothing new, and
+  jedi does not read such a package's files either (for torch that alone takes ~2.5 s the first time, the
+  same hold-up): `x = torch.zeros(3)` then `x.res` in a draft completes nothing until the cell has run
+  (then x is a session variable, completed from its worker's account); IPython's import completer lists
+  submodules from the file system and names from the index.
 """
 import contextlib
 import importlib.machinery
@@ -151,6 +153,22 @@ def imports_held():
             return load(inference_state, dotted_name, *a, **k)
         patched.append((access, "load_module", load))
         access.load_module = load_module
+    try:
+        from jedi.inference import imports as jedi_imports
+        from jedi.inference.base_value import NO_VALUES
+    except ImportError:
+        jedi_imports = None
+    if jedi_imports is not None and hasattr(jedi_imports, "import_module_by_names"):
+        by_names = jedi_imports.import_module_by_names
+
+        def import_module_by_names(inference_state, import_names, *a, **k):
+            first = import_names[0] if import_names else None
+            first = getattr(first, "value", first)
+            if isinstance(first, str) and _unimported(first):
+                return NO_VALUES  # as for a package that is not installed: nothing read, nothing imported
+            return by_names(inference_state, import_names, *a, **k)
+        patched.append((jedi_imports, "import_module_by_names", by_names))
+        jedi_imports.import_module_by_names = import_module_by_names
     try:
         from IPython.core import completerlib
     except ImportError:
