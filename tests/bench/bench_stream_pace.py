@@ -3,11 +3,12 @@
 
 The cell prints a line every 20 ms with flush=True, 50 times:
     for i in range(50): print(i, flush=True); time.sleep(0.02)
-(and once more without flush=True, where the coalescers' intervals show), and the client (raw ZeroMQ, bench_kernel.RawClient) notes when each stream message arrives.  Reported per
-kernel and route: stream messages, and the gaps between consecutive arrivals (median, p90, max).  A cell whose
-output is relayed as it is flushed shows ~50 messages about 20 ms apart; batching shows fewer messages and
-gaps of the batching interval.  The README promises a flushed line within 50 ms: target p90 gap <= 50 ms on
-both LooseLeaf routes (ipykernel's own flushes come every 200 ms at most, shown for reference).
+(and once more without flush=True, where the coalescers' intervals show), and the client (raw ZeroMQ,
+bench_kernel.RawClient) notes when each stream message arrives.  Reported per kernel and route: stream
+messages, and the gaps between consecutive arrivals (median, p90, max).  A cell whose output is relayed as it
+is flushed shows ~50 messages about 20 ms apart; batching shows fewer messages and gaps of the batching
+interval.  The README promises a flushed line within 50 ms: target p90 gap <= 50 ms on both LooseLeaf routes
+(ipykernel, for reference, in the same run).
 
 Runs on the Python that runs it (`make bench` uses the project's venv).  Exit status 0 when every measurement
 was taken, 1 when a kernel failed.

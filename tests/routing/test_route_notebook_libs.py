@@ -80,7 +80,8 @@ def test_ipykernel_modules_cost_nothing_until_used(pair):
     try:
         for code in ("1/0", GPU + "t = torch.ones(2)", "print(t.sum().item())"):
             execute(k, code)
-        reply, msgs = execute(k, "import sys\nprint('ipykernel.zmqshell' in sys.modules, 'jupyter_client' in sys.modules)")
+        reply, msgs = execute(k, "import sys\n"
+                                 "print('ipykernel.zmqshell' in sys.modules, 'jupyter_client' in sys.modules)")
         assert "".join(m["content"]["text"] for m in msgs if m["msg_type"] == "stream") == "True False\n"
     finally:
         k.stop()
