@@ -1,7 +1,7 @@
 # kernel/: the embedded interpreter and the Python environment it runs in.
 LIB_SRCS  += kernel/ll_interp.c kernel/ll_pyenv.c
 SELFTESTS += ll_interp ll_pyenv
-PYTESTS   += tests/kernel/test_interp.py
+PYTESTS   += tests/kernel/test_interp.py tests/kernel/test_modindex.py
 EXTRA_TARGETS += $(BUILD)/tests/kernel/embed_driver
 
 # The Python the build is for (make PYTHON=...): the environment the kernel

@@ -38,6 +38,10 @@ DEBIAN_SMOKE := tests/integration/test_int_execute.py tests/integration/test_int
 # cells as cheap as on ipykernel.
 BENCHES += tests/bench/bench_responsive.py
 
+# Issue 29 (item 4): a GPU cell's flushed output reaches the client as smoothly as a CPU cell's (the same in
+# JupyterLab: tests/browser/bench_stream_pace.py, run by hand).
+BENCHES += tests/bench/bench_stream_pace.py
+
 # `make test-browser` (issue 14): LooseLeaf as a person uses it in JupyterLab 4, Notebook 7 and Debian's classic
 # notebook 6.4, driven in Debian's chromium by Playwright for Python (tests/browser/).  100 s on an idle 2-core
 # machine, up to 6 minutes on a loaded one, so not part of `make test`; .ci/run runs it after `make test`.  Screenshots of every step go under the

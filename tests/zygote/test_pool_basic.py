@@ -132,3 +132,20 @@ def test_subcommands_reject_bad_arguments_clearly(env):
     p = subprocess.run([LOOSELEAF, "pool", "--foreground", "--runtime-dir", open_dir], capture_output=True,
                        text=True, timeout=30)
     assert p.returncode == 1 and "mode 0700" in p.stderr
+
+
+def test_the_base_zygote_indexes_the_names_of_its_head_for_completion(env):
+    # Completion in a kernel that has not imported numpy answers from this index (looseleaf_kernel.modindex)
+    # instead of importing numpy there; the zygote writes it since it imported numpy anyway.
+    import glob
+    import json
+    cache = os.path.join(env.tmp, "cache")
+    env.environ["XDG_CACHE_HOME"] = cache
+    c = env.client()
+    assert c.run("i", "print(1)").ok
+    pattern = os.path.join(cache, "looseleaf", "modindex", "*", "numpy.json")
+    wait_for(lambda: glob.glob(pattern), 60, "the numpy index")
+    with open(glob.glob(pattern)[0]) as f:
+        index = json.load(f)["modules"]
+    assert index["numpy"]["arange"] == "function" and index["numpy"]["ndarray"] == "class"
+    assert "numpy.linalg" in index

@@ -18,6 +18,8 @@ frontend arrive as requests (looseleaf_kernel.kernel dispatches them here).
 Runs in the kernel's interpreter (and in workers, which inherit it by fork).
 """
 import importlib.abc
+import importlib.machinery
+import importlib.util
 import logging
 import sys
 
@@ -175,9 +177,62 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return None
 
 
+# What ipykernel has loaded that libraries look for in sys.modules to tell a notebook kernel from a terminal:
+# tqdm >= 4.68 (tqdm.auto) draws its widget bar only when `ipykernel.zmqshell` is there, and plotly, wandb and
+# others test for `ipykernel`.  Loaded for real they would cost ~85 ms of every kernel's and worker's start
+# (jupyter_client, pyzmq, tornado), so they are registered lazily (importlib's LazyLoader): present in
+# sys.modules at no cost, executed on first use of one of their attributes (`from ipykernel.zmqshell import
+# X`, `ipykernel.__version__`), which then is an ordinary import.
+_PRESENT = ("ipykernel", "ipykernel.zmqshell")
+
+
+_LAZY = getattr(importlib.util, "_LazyModule", None)
+if _LAZY is not None:
+    class _QuietLazyModule(_LAZY):
+        """A lazy module whose name and file can be read without running it: code that walks sys.modules
+        reading them (inspect.getmodule, for every traceback; the user-module scan after GPU cells) would
+        otherwise run ipykernel's import (~85 ms) for nothing.  Any other attribute loads it, and then it is
+        an ordinary module."""
+
+        def __getattribute__(self, attr):
+            if attr in ("__name__", "__file__", "__cached__"):
+                return object.__getattribute__(self, "__dict__").get(attr)
+            return _LAZY.__getattribute__(self, attr)
+else:  # pragma: no cover - an importlib without it: plain LazyLoader, which loads on any attribute
+    _QuietLazyModule = None
+
+
+def _present_ipykernel():
+    """Put the modules of _PRESENT into sys.modules, lazily; nothing when ipykernel is not installed."""
+    locations = None
+    for name in _PRESENT:
+        module = sys.modules.get(name)
+        if module is None:
+            if locations is None:
+                spec = importlib.util.find_spec(name)  # a top-level name: imports nothing
+            else:  # the parent is lazy: find the child on its path without running the parent
+                spec = importlib.machinery.PathFinder.find_spec(name, locations)
+            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+                return
+            spec.loader = importlib.util.LazyLoader(spec.loader)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+            if _QuietLazyModule is not None:
+                module.__class__ = _QuietLazyModule
+            parent, _, child = name.rpartition(".")
+            if parent:
+                setattr(sys.modules[parent], child, module)  # a plain attribute: no load
+        # __spec__ from the module's dict: reading it as an attribute would load a lazy module.
+        spec = object.__getattribute__(module, "__dict__").get("__spec__")
+        locations = getattr(spec, "submodule_search_locations", None)
+        if locations is None:
+            return
+
+
 def install(kernel):
     """Make the comm package hand out our Comm and manager; register the prefetch target; make ipykernel's
-    Kernel (once imported) send through KERNEL."""
+    Kernel (once imported) send through KERNEL; make sys.modules show what ipykernel's has (_PRESENT)."""
     global _kernel
     _kernel = kernel
     comm.create_comm = _create_comm
@@ -188,6 +243,10 @@ def install(kernel):
     for name, after in _AfterImport.HOOKS.items():
         if name in sys.modules:  # imported before the kernel started (a startup file)
             after(sys.modules[name])
+    try:
+        _present_ipykernel()
+    except Exception:  # noqa: BLE001 - only a library's choice of display depends on it
+        log.warning("cannot register ipykernel's modules", exc_info=True)
 
 
 def comm_info(target_name=None):

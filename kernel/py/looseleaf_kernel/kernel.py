@@ -28,7 +28,7 @@ from traitlets.config import Config
 
 import _looseleaf_kernel as _lk
 
-from . import comms
+from . import comms, unimported
 from .coherence import Coherence
 from ._json import dumps, loads
 from .display import flush_streams, publish
@@ -536,7 +536,12 @@ class Kernel:
 
     def complete_request(self, content, parent):
         code, cursor_pos = _code_and_cursor(content)
-        with self.coherence.complete_view(code):  # variables GPU cells made or changed, as a CPU cell sees them
+        # Names of a package the kernel has not imported: from the index, never by importing it (unimported.py).
+        quick = unimported.answer(code, cursor_pos, self.shell.user_ns)
+        if quick is not None:
+            return dumps(quick), None
+        # variables GPU cells made or changed, as a CPU cell sees them
+        with self.coherence.complete_view(code), unimported.imports_held():
             return self._complete(code, cursor_pos)
 
     def _complete(self, code, cursor_pos):

@@ -189,6 +189,16 @@ def _no_cell_files():
         shell_mod.CellCompiler.stop_sharing()
 
 
+def _index(loaded):
+    """Write the completion index of the packages just imported (looseleaf_kernel.modindex): a kernel that
+    has not imported them completes their names from it instead of importing them (issue 29, item 3)."""
+    try:
+        from looseleaf_kernel import modindex
+        modindex.write_for(sorted({m.split(".")[0] for m in loaded}), missing_only=True)
+    except Exception:  # noqa: BLE001 - completion is then slower to know the names, nothing else
+        pass
+
+
 def load_head(arg):
     mods = json.loads(arg)
     loaded, failed = _import(mods)
@@ -197,6 +207,7 @@ def load_head(arg):
     _private_history()
     _no_cell_files()
     usermods.user_modules()  # which modules are the user's, decided once here for every worker
+    _index(loaded)
     gc.collect()
     gc.freeze()
     return json.dumps({"modules": _modules_now(loaded), "failed": failed})
@@ -207,6 +218,7 @@ def grow(arg):
     _calm_torch()
     _warm_torch()
     usermods.user_modules()
+    _index(loaded)
     gc.freeze()
     return json.dumps({"modules": _modules_now(loaded), "failed": failed})
 
