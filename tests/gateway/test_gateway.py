@@ -160,7 +160,9 @@ def test_install_user_honours_jupyter_data_dir(tmp_path):
     r = _run("install", "--user", env={"JUPYTER_DATA_DIR": str(data)})
     assert r.returncode == 0, r.stderr
     _check_spec(data / "kernels" / "looseleaf" / "kernel.json")
-    # jupyter itself finds it there.
+    # jupyter itself finds it there (the user's data directory ahead of the venv's share/jupyter, where
+    # `make setup` installed a kernelspec of the same name: tests/conftest.py sets JUPYTER_PREFER_ENV_PATH=0).
+    assert os.environ.get("JUPYTER_PREFER_ENV_PATH") == "0"
     env = dict(os.environ, JUPYTER_DATA_DIR=str(data), JUPYTER_PATH="")
     out = subprocess.run([sys.executable, "-m", "jupyter_client.kernelspecapp", "list", "--json"],
                          capture_output=True, text=True, env=env, timeout=TIMEOUT)
