@@ -92,9 +92,15 @@ var _JUPYTERLAB;
     }
 
     function watch(cell) {
-      if (watched) {
-        watched.cell.model && watched.cell.model.sharedModel.changed.disconnect(onChange);
-        if (timer !== null) flush(); /* the last edit of the cell left, sent as it was */
+      if (watched && watched.cell.model) {
+        watched.cell.model.sharedModel.changed.disconnect(onChange);
+      }
+      /* A hint still waiting goes now, the cell's last draft.  When the user left the cell by running it,
+       * this comes before the cell's execute_request (checked in the page), which supersedes it in the
+       * kernel; when the user clicked elsewhere, the kernel can still prepare for the cell as it was left. */
+      if (timer !== null) {
+        clearTimeout(timer);
+        flush();
       }
       watched = null;
       if (!cell || !cell.model || cell.model.type !== 'code' || !tracker.currentWidget) return;
