@@ -33,7 +33,11 @@ from pageutil import LabNotebook, Traffic, expect  # noqa: E402
 from playwright.sync_api import sync_playwright  # noqa: E402
 import subprocess  # noqa: E402
 
-NOTEBOOK = os.path.join(os.path.dirname(REPO), "shared", "notebooks", "mrdbourke_01_pytorch_workflow.ipynb")
+# ../shared beside the main checkout; a worktree (/work/wt/NAME) finds it two levels up.
+NOTEBOOK = next((p for p in (os.path.join(d, "shared", "notebooks", "mrdbourke_01_pytorch_workflow.ipynb")
+                             for d in (os.path.dirname(REPO), os.path.dirname(os.path.dirname(REPO))))
+                 if os.path.exists(p)),
+                os.path.join(os.path.dirname(REPO), "shared", "notebooks", "mrdbourke_01_pytorch_workflow.ipynb"))
 LAB_USER_SETTINGS = {"@jupyterlab/apputils-extension/notification.jupyterlab-settings":
                      '{"fetchNews": "false", "checkForUpdates": false}'}
 
