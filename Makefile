@@ -192,14 +192,20 @@ deps:
 	$(SUDO) apt-get update -q
 	$(APT) $(DEB_BUILD) $(DEB_TEST)
 
+# What the tests need is part of `deps` (DEB_TEST): one list, so that `make
+# setup`, which a new user and .ci/run start with, leaves a machine the whole
+# suite runs on.
 deps-test: deps
 
-# The kernelspec, into the project's venv (with JupyterLab's continuous
-# hinting on there): `looseleaf install --help` for other places.
+# The kernelspec, into the project's venv, with the JupyterLab extension that
+# sends the cell being edited to a LooseLeaf kernel (typing stays JupyterLab's
+# own): `looseleaf install --help` for other places.
 kernelspec: $(BUILD)/looseleaf venv
 	$(BUILD)/looseleaf install --sys-prefix --python $(VENV_PY)
 
-# One command: packages, build, the venv, the kernelspec.
+# One command: packages, build, the venv, the kernelspec.  It starts nothing:
+# .ci/run runs it, then `make test` and `make test-browser`, as README.md tells
+# a new user.
 setup: deps
 	$(MAKE) all
 	$(MAKE) kernelspec

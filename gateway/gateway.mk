@@ -4,6 +4,15 @@ LIB_SRCS  += gateway/ll_iopub.c gateway/ll_stdin.c gateway/ll_exec.c \
 BIN_SRCS  += gateway/main.c
 SELFTESTS += ll_iopub ll_stdin ll_exec ll_kernelspec ll_usage ll_route ll_kernel
 
+# The edit-time hints extension for JupyterLab (gateway/ll_labext.js, hand-written, no npm build), embedded in
+# the binary as a C string that `looseleaf install` writes out (ll_kernelspec.c).  (No "??" in the script: C11
+# would read it as a trigraph.)
+$(BUILD)/gateway/ll_labext_js.h: gateway/ll_labext.js
+	@mkdir -p $(dir $@)
+	sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/"/' -e 's/$$/\\n"/' $< > $@.tmp && mv $@.tmp $@
+$(BUILD)/gateway/ll_kernelspec.o: $(BUILD)/gateway/ll_labext_js.h
+$(BUILD)/gateway/ll_kernelspec.o: CFLAGS += -I$(BUILD)
+
 # A kernelspec directory for `jupyter kernelspec install build/kernelspec/looseleaf [--user]`,
 # written by the binary itself so kernel.json has one source of truth.
 GATEWAY_KERNELSPEC := $(BUILD)/kernelspec/looseleaf/kernel.json

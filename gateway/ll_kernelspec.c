@@ -6,9 +6,11 @@
  * frontend listing kernelspecs never reads half a file. */
 #include "gateway/ll_kernelspec.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -206,33 +208,104 @@ int ll_kernelspec_write(const char *dir, const ll_kernelspec_t *spec, char *err,
     return rc;
 }
 
-/* The settings override that turns continuous hinting on (ll_kernelspec.h). */
-static const char s_hints_json[] = "{\n"
-                                   " \"@jupyterlab/completer-extension:manager\": {\n"
-                                   "  \"autoCompletion\": true\n"
-                                   " }\n"
-                                   "}\n";
+/* The edit-time hints extension (ll_kernelspec.h): gateway/ll_labext.js,
+ * made a C string by the build (gateway/gateway.mk). */
+static const char s_labext_js[] =
+#include "gateway/ll_labext_js.h"
+    ;
+
+/* FNV-1a of TEXT: the script's file name changes with its content, so a
+ * browser never runs a cached copy of an older one. */
+static uint64_t s_fnv1a(const char *text)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (const unsigned char *p = (const unsigned char *) text; *p; p++)
+        h = (h ^ *p) * 0x100000001b3ULL;
+    return h;
+}
+
+/* Remove DIR's files whose names start with PREFIX, except KEEP (may be
+ * NULL); a missing DIR is nothing to remove. */
+static int s_remove_files(const char *dir, const char *prefix, const char *keep, char *err,
+                          size_t errlen)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return errno == ENOENT
+                   ? 0
+                   : (snprintf(err, errlen, "cannot read %s: %s", dir, strerror(errno)), -1);
+    int rc = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char path[PATH_MAX];
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 ||
+            strncmp(e->d_name, prefix, strlen(prefix)) != 0 ||
+            (keep && strcmp(e->d_name, keep) == 0))
+            continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (unlink(path) < 0 && errno != ENOENT) {
+            snprintf(err, errlen, "cannot remove %s: %s", path, strerror(errno));
+            rc = -1;
+        }
+    }
+    closedir(d);
+    return rc;
+}
+
+/* unlink PATH; a missing file is not an error. */
+static int s_unlink(const char *path, char *err, size_t errlen)
+{
+    if (unlink(path) < 0 && errno != ENOENT) {
+        snprintf(err, errlen, "cannot remove %s: %s", path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
 
 int ll_kernelspec_hints(const char *jupyter_dir, bool on, char *err, size_t errlen)
 {
-    char dir[PATH_MAX];
-    int n = snprintf(dir, sizeof dir, "%s/lab/settings/overrides.d", jupyter_dir);
-    if (n < 0 || (size_t) n >= sizeof dir) {
+    char ext[PATH_MAX], stat_dir[PATH_MAX + 16], path[PATH_MAX + 32], script[64];
+    int n = snprintf(ext, sizeof ext, "%s/labextensions/%s", jupyter_dir, LL_LABEXT_NAME);
+    if (n < 0 || (size_t) n >= sizeof ext - 64) {
         snprintf(err, errlen, "directory name too long");
         return -1;
     }
+    snprintf(stat_dir, sizeof stat_dir, "%s/static", ext);
+    /* Earlier releases turned JupyterLab's continuous hinting on with this
+     * settings override; its completer then rewrote code on Enter.  Taken
+     * back by every install. */
+    snprintf(path, sizeof path, "%s/lab/settings/overrides.d/looseleaf.json", jupyter_dir);
+    if (s_unlink(path, err, errlen) < 0)
+        return -1;
     if (!on) {
-        char path[PATH_MAX + 32];
-        snprintf(path, sizeof path, "%s/looseleaf.json", dir);
-        if (unlink(path) < 0 && errno != ENOENT) {
-            snprintf(err, errlen, "cannot remove %s: %s", path, strerror(errno));
+        snprintf(path, sizeof path, "%s/package.json", ext);
+        if (s_remove_files(stat_dir, "", NULL, err, errlen) < 0 || s_unlink(path, err, errlen) < 0)
             return -1;
-        }
+        /* The directories go when empty; anything else put there stays. */
+        rmdir(stat_dir);
+        rmdir(ext);
         return 0;
     }
-    if (s_mkdirs(dir, err, errlen) < 0)
-        return -1;
-    return s_write_file(dir, "looseleaf.json", s_hints_json, err, errlen);
+    snprintf(script, sizeof script, "remoteEntry.%016llx.js",
+             (unsigned long long) s_fnv1a(s_labext_js));
+    json_t *pkg = json_pack("{s:s, s:s, s:s, s:s, s:{s:b, s:{s:s+, s:s}}}", "name", LL_LABEXT_NAME,
+                            "version", "1.0.0", "description",
+                            "LooseLeaf: the cell being edited, sent to a LooseLeaf kernel so that "
+                            "its GPU worker is ready when the cell runs",
+                            "license", "BSD-3-Clause", "jupyterlab", "extension", 1, "_build",
+                            "load", "static/", script, "extension", "./extension");
+    char *text = pkg ? json_dumps(pkg, JSON_INDENT(1) | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(pkg);
+    int rc = -1;
+    if (!text)
+        snprintf(err, errlen, "out of memory");
+    else if (s_mkdirs(stat_dir, err, errlen) == 0 &&
+             s_write_file(stat_dir, script, s_labext_js, err, errlen) == 0 &&
+             s_write_file(ext, "package.json", text, err, errlen) == 0)
+        /* An older script goes only once package.json names the new one. */
+        rc = s_remove_files(stat_dir, "remoteEntry.", script, err, errlen);
+    free(text);
+    return rc;
 }
 
 int ll_kernelspec_self_path(char *buf, size_t len)
@@ -321,15 +394,28 @@ int ll_kernelspec_selftest(bool verbose)
         strcmp(json_string_value(json_object_get(json_object_get(spec, "env"), "LOOSELEAF_PYTHON")),
                "/venv/bin/python") != 0)
         goto out;
-    /* The hints override, written and taken back. */
-    if (ll_kernelspec_hints(tmpl, true, err, sizeof err) != 0)
+    /* The hints extension, written and taken back; the old settings override
+     * goes in both cases. */
+    char old_override[PATH_MAX + 64];
+    snprintf(old_override, sizeof old_override, "%s/lab/settings/overrides.d", tmpl);
+    if (s_mkdirs(old_override, err, sizeof err) != 0 ||
+        s_write_file(old_override, "looseleaf.json", "{}\n", err, sizeof err) != 0)
         goto out;
-    snprintf(file, sizeof file, "%s/lab/settings/overrides.d/looseleaf.json", tmpl);
+    snprintf(old_override, sizeof old_override, "%s/lab/settings/overrides.d/looseleaf.json", tmpl);
+    if (ll_kernelspec_hints(tmpl, true, err, sizeof err) != 0 || access(old_override, F_OK) == 0)
+        goto out;
+    snprintf(file, sizeof file, "%s/labextensions/" LL_LABEXT_NAME "/package.json", tmpl);
     json_decref(spec);
     spec = json_load_file(file, 0, NULL);
-    if (!json_is_true(json_object_get(
-            json_object_get(spec, "@jupyterlab/completer-extension:manager"), "autoCompletion")))
+    const char *load = json_string_value(
+        json_object_get(json_object_get(json_object_get(spec, "jupyterlab"), "_build"), "load"));
+    if (!load || strncmp(load, "static/remoteEntry.", 19) != 0 ||
+        strcmp(json_string_value(json_object_get(spec, "name")), LL_LABEXT_NAME) != 0)
         goto out;
+    snprintf(file, sizeof file, "%s/labextensions/" LL_LABEXT_NAME "/%s", tmpl, load);
+    if (access(file, R_OK) != 0)
+        goto out;
+    snprintf(file, sizeof file, "%s/labextensions/" LL_LABEXT_NAME, tmpl);
     if (ll_kernelspec_hints(tmpl, false, err, sizeof err) != 0 || access(file, F_OK) == 0 ||
         ll_kernelspec_hints(tmpl, false, err, sizeof err) != 0)
         goto out;

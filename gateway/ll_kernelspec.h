@@ -50,14 +50,19 @@ char *ll_kernelspec_json(const ll_kernelspec_t *spec);
  * atomically.  Returns 0, or -1 with a reason in ERR. */
 int ll_kernelspec_write(const char *dir, const ll_kernelspec_t *spec, char *err, size_t errlen);
 
-/* Edit-time hints from JupyterLab itself: JupyterLab sends a cell's code to
- * the kernel while the user types only with continuous hinting on
- * (@jupyterlab/completer-extension:manager autoCompletion, off by default).
- * Write that default for every user of the JupyterLab installed under
- * JUPYTER_DIR (<prefix>/share/jupyter) as a settings override of its own,
- * lab/settings/overrides.d/looseleaf.json (a user's own settings still win;
- * the administrator's overrides.json too).  ON false removes it.  Returns 0,
- * or -1 with a reason in ERR. */
+/* The name of the JupyterLab extension that sends edit-time hints. */
+#define LL_LABEXT_NAME "looseleaf-hints"
+
+/* Edit-time hints from JupyterLab 4 and Notebook 7: write the prebuilt
+ * extension gateway/ll_labext.js (package.json and static/remoteEntry.<hash>.js)
+ * into JUPYTER_DIR/labextensions/looseleaf-hints, for every JupyterLab that
+ * reads that data directory.  It sends the code cell being edited to a
+ * LooseLeaf kernel on a looseleaf.prefetch comm, and nothing to any other
+ * kernel; typing, keys and popups stay JupyterLab's own.  ON false removes
+ * it.  Either way the settings override of earlier releases
+ * (lab/settings/overrides.d/looseleaf.json, continuous hinting, whose
+ * completer accepted on Enter) is removed.  Returns 0, or -1 with a reason
+ * in ERR. */
 int ll_kernelspec_hints(const char *jupyter_dir, bool on, char *err, size_t errlen);
 
 /* Absolute path of the running binary into BUF.  Returns 0 or -1. */

@@ -153,10 +153,9 @@ static int s_install_main(int argc, char **argv)
     }
     printf("Installed kernelspec %s in %s (Python: %s)\n",
            where == LL_KERNELSPEC_DIR ? LL_KERNELSPEC_NAME : name, dir, env.python);
-    /* JupyterLab's continuous hinting, for the environment's JupyterLab:
-     * <data dir> is two levels above kernels/NAME. */
-    if (where == LL_KERNELSPEC_SYS_PREFIX || where == LL_KERNELSPEC_PREFIX ||
-        where == LL_KERNELSPEC_SYSTEM) {
+    /* The edit-time hints extension, for every JupyterLab reading that data
+     * directory: <data dir> is two levels above kernels/NAME. */
+    if (where != LL_KERNELSPEC_DIR) {
         char jupyter_dir[PATH_MAX];
         snprintf(jupyter_dir, sizeof jupyter_dir, "%s", dir);
         for (int up = 0; up < 2; up++) {
@@ -169,9 +168,9 @@ static int s_install_main(int argc, char **argv)
             return 1;
         }
         if (hints)
-            printf("JupyterLab in %s sends edit-time hints (continuous hinting on; "
-                   "--no-hints turns it off)\n",
-                   jupyter_dir);
+            printf("JupyterLab sends edit-time hints to LooseLeaf kernels: extension %s in "
+                   "%s/labextensions (--no-hints removes it)\n",
+                   LL_LABEXT_NAME, jupyter_dir);
     }
     return 0;
 }

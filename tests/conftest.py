@@ -6,7 +6,8 @@ or Debian's /usr/bin/python3 (`make test-debian`: Debian's packages).  Every
 test that starts a kernel does so through the kernelspecs registered here, in
 a temp directory put first on JUPYTER_PATH, so no test depends on (or
 disturbs) a kernelspec, history database or runtime directory of the user who
-runs the tests:
+runs the tests, nor on what `make setup` installed into the venv (the private
+data directory is looked in before the venv's share/jupyter):
 
   looseleaf         argv [<repo>/build/looseleaf, -f, {connection_file}],
                     interrupt_mode signal, env LOOSELEAF_PYTHON = this
@@ -66,6 +67,11 @@ _ENV = {
     "JUPYTER_RUNTIME_DIR": os.path.join(_ROOT, "runtime"),
     "JUPYTER_CONFIG_DIR": os.path.join(_ROOT, "config"),
     "IPYTHONDIR": os.path.join(_ROOT, "ipython"),
+    # Inside a virtual environment jupyter_core looks in the environment's share/jupyter before the user's
+    # data directory (JUPYTER_PREFER_ENV_PATH defaults to on there), so what `make setup` installs into the
+    # project's venv (its LooseLeaf kernelspec, its JupyterLab extension) would shadow what a test puts in
+    # the private JUPYTER_DATA_DIR.  The run's own directories come first, as for a user outside a venv.
+    "JUPYTER_PREFER_ENV_PATH": "0",
     # ipykernel's debugger prints a frozen-modules warning on stderr at start
     # unless told not to; it is noise, not kernel output.
     "PYDEVD_DISABLE_FILE_VALIDATION": "1",

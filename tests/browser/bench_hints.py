@@ -1,10 +1,11 @@
 """Edit-time hints from JupyterLab itself, measured in the browser (issue 14): a simulated user types each GPU
 cell of a real notebook (../shared/notebooks/mrdbourke_01_pytorch_workflow.ipynb, 38 GPU cells of 40) key by
 key at human speed in JupyterLab and runs it with Shift+Enter (the notebook's CPU cells are pasted), once with
-LooseLeaf's JupyterLab settings override (continuous hinting: JupyterLab sends complete_request with the whole
-cell as the user types) and once installed with --no-hints.  For every cell run on a worker, the share whose
+LooseLeaf's JupyterLab extension (hints on: the page sends the cell being edited on a looseleaf.prefetch comm,
+gateway/ll_labext.js) and once installed with --no-hints.  For every cell run on a worker, the share whose
 execution started within 50 ms and within 1 s of Run, from `execute_reply.metadata.looseleaf.visible_wait_ms`,
-read from the page's websocket traffic (page.on("websocket")); also how many complete_requests the page sent.
+read from the page's websocket traffic (page.on("websocket")); also how many hint messages (comm_msg) and
+complete/inspect requests the page sent.
 
 Runs in its own process (not in BENCHES: the first 16 code cells take ~16 minutes on a loaded 2-core machine,
 the whole notebook about an hour):
@@ -27,60 +28,18 @@ sys.path.insert(0, os.path.dirname(HERE))  # tests/: conftest's private Jupyter 
 
 import conftest  # noqa: E402  (sets JUPYTER_*/IPYTHONDIR/LOOSELEAF_POOL_DIR to private temp dirs)
 from browserutil import REPO, LOOSELEAF_BIN, Server, launch_chromium  # noqa: E402
-from pageutil import LabNotebook, expect  # noqa: E402
+from pageutil import LabNotebook, Traffic, expect  # noqa: E402
 
 from playwright.sync_api import sync_playwright  # noqa: E402
 import subprocess  # noqa: E402
 
-NOTEBOOK = os.path.join(os.path.dirname(REPO), "shared", "notebooks", "mrdbourke_01_pytorch_workflow.ipynb")
+# ../shared beside the main checkout; a worktree (/work/wt/NAME) finds it two levels up.
+NOTEBOOK = next((p for p in (os.path.join(d, "shared", "notebooks", "mrdbourke_01_pytorch_workflow.ipynb")
+                             for d in (os.path.dirname(REPO), os.path.dirname(os.path.dirname(REPO))))
+                 if os.path.exists(p)),
+                os.path.join(os.path.dirname(REPO), "shared", "notebooks", "mrdbourke_01_pytorch_workflow.ipynb"))
 LAB_USER_SETTINGS = {"@jupyterlab/apputils-extension/notification.jupyterlab-settings":
                      '{"fetchNews": "false", "checkForUpdates": false}'}
-
-
-def decode_frame(payload):
-    """A kernel websocket frame as (channel, msg dict) for both of jupyter_server's protocols."""
-    if isinstance(payload, str):
-        msg = json.loads(payload)
-        return msg.get("channel"), msg
-    data = bytes(payload)
-    n = int.from_bytes(data[:8], "little")
-    offsets = [int.from_bytes(data[8 * (i + 1):8 * (i + 2)], "little") for i in range(n)]
-    channel = data[offsets[0]:offsets[1]].decode("utf-8")
-    parts = [data[offsets[i]:offsets[i + 1]] for i in range(1, n - 1)]
-    keys = ("header", "parent_header", "metadata", "content")
-    msg = {k: json.loads(parts[i]) for i, k in enumerate(keys) if i < len(parts)}
-    return channel, msg
-
-
-class Traffic:
-    """execute_replies received and complete/inspect requests sent by the page."""
-
-    def __init__(self, page):
-        self.replies = []
-        self.sent = {}
-        page.on("websocket", self._socket)
-
-    def _socket(self, ws):
-        if "/api/kernels/" not in ws.url:
-            return
-        ws.on("framereceived", self._received)
-        ws.on("framesent", self._sent)
-
-    def _received(self, payload):
-        try:
-            channel, msg = decode_frame(payload)
-        except (ValueError, KeyError, UnicodeDecodeError):
-            return
-        if msg.get("header", {}).get("msg_type") == "execute_reply":
-            self.replies.append(msg)
-
-    def _sent(self, payload):
-        try:
-            _, msg = decode_frame(payload)
-        except (ValueError, KeyError, UnicodeDecodeError):
-            return
-        t = msg.get("header", {}).get("msg_type")
-        self.sent[t] = self.sent.get(t, 0) + 1
 
 
 def code_cells(path, limit=None):
@@ -127,7 +86,7 @@ def session(hints, cells, delay_ms, shots):
                 else:
                     page.keyboard.insert_text(code)  # pasted
                 # An open completer would take the Shift+Enter: close it as a person would.
-                if page.locator(".jp-Completer").is_visible():
+                if nb.completer_open():
                     page.keyboard.press("Escape")
                 page.keyboard.press("Shift+Enter")
                 nb.n += 1
@@ -191,8 +150,8 @@ def main():
             s = summarize(rows)
             results["on" if hints else "off"] = s
             failed = [r["cell"] for r in rows if r["status"] != "ok"]
-            print("hints %s: %s; requests sent: complete %d, inspect %d; typed %s; cells failed: %s; %.0f s" % (
-                "on" if hints else "off", json.dumps(s), sent.get("complete_request", 0),
+            print("hints %s: %s; sent: comm_msg %d, complete %d, inspect %d; typed %s; cells failed: %s; %.0f s" % (
+                "on" if hints else "off", json.dumps(s), sent.get("comm_msg", 0), sent.get("complete_request", 0),
                 sent.get("inspect_request", 0), sent["typing"], failed or "none", time.monotonic() - t0),
                 flush=True)
     finally:

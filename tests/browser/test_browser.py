@@ -5,18 +5,26 @@ widget), Notebook 7 on the same server (a shorter set) and, as a smoke, Debian's
 
 Runs in the pytest process (`make test-browser`); the Jupyter servers and chromium are its children (see
 browserutil.py).  Each step saves a screenshot under the test run's temporary directory (printed at the end of
-the run; not committed).  The steps of one frontend share one notebook page and run in file order.
+the run; not committed).  The steps of one frontend share one notebook page and run in file order, each in a
+cell of its own at the end of the notebook (pageutil.LabNotebook.fresh_cell), so one step that fails does not
+take the next ones with it.
+
+LooseLeaf is installed as `make run` installs it, edit-time hints on (its JupyterLab extension sends the cell
+being edited to the kernel); every JupyterLab setting the server reads is the run's own (browserutil.py), never
+the project venv's.  Typing must stay exactly as in stock JupyterLab: test_lab_typing_with_enter_is_exact.
 
 GPU cells: what routes a cell to a worker is the README's ("Cell analysis"): here the cells that use the tensor
 `t`.  They print `os.getpid() != kpid` (the kernel's pid) to show in the page that they ran elsewhere.
 """
+import json
 import os
 import re
+import urllib.request
 
 import pytest
 
 from browserutil import DEBIAN_NOTEBOOK, Server, have_chromium, launch_chromium
-from pageutil import ClassicNotebook, LabNotebook, expect
+from pageutil import HUMAN_KEY_DELAY_MS, ClassicNotebook, LabNotebook, Traffic, expect
 
 sync_api = pytest.importorskip("playwright.sync_api")
 
@@ -42,9 +50,8 @@ def lab_server(tmp_path_factory):
         path = root / "lab-user-settings" / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    # --no-hints: continuous hinting pops completers up while typing, which a scripted typist cannot see
-    # (bench_hints.py measures the hinting itself).
-    srv = Server(str(root), kind="lab", hints=False)
+    # Hints on, as `make run` installs LooseLeaf (bench_hints.py measures what they buy).
+    srv = Server(str(root), kind="lab", hints=True)
     yield srv
     srv.stop()
 
@@ -64,6 +71,7 @@ def lab(lab_server, browser, shots):
     page.set_default_timeout(60_000)
     nb = LabNotebook(page, shots)
     nb.server = lab_server
+    nb.traffic = Traffic(page)
     yield nb
     ctx.close()
 
@@ -130,30 +138,93 @@ def test_lab_input_in_gpu_cell(lab):
 
 def test_lab_tab_completion_on_gpu_tensor(lab):
     lab.type_cell("t.cums")
+    editor = lab.cell(lab.n).locator(".cm-content")
     # A tensor has cumsum and cumsum_: the completer lists both.  JupyterLab drops a completion reply that takes
     # longer than its provider timeout (1 s); the kernel answers from the worker's account of `t` (type and
     # dir()) instead of restoring it when that would import torch, so one Tab is enough.  A machine loaded by
-    # other work can still make a reply late: the test presses again then, and prints how many it took.
+    # other work can still make a reply late: the test presses again then, and prints how many it took.  Each
+    # press waits for what the page shows first: the typed text settled in the editor (type_cell), a pause
+    # as a person makes before Tab, and no list already open.
     item = lab.page.locator('.jp-Completer .jp-Completer-item[data-value="cumsum"]')
     for tries in (1, 2, 3):
-        lab.page.keyboard.press("Tab")
+        lab.page.wait_for_timeout(HUMAN_KEY_DELAY_MS)
+        if not lab.completer_open():
+            lab.page.keyboard.press("Tab")
         try:
             expect(item).to_be_visible(timeout=10_000)
             break
         except AssertionError:
+            # JupyterLab may have inserted the common prefix and hidden the list: the text is still ours.
+            assert lab.editor_text(lab.n) in ("t.cums", "t.cumsum"), lab.editor_text(lab.n)
             if tries == 3:
                 raise
     print("\nTab completion on the GPU-made tensor: completer shown after %d Tab press(es)" % tries)
     lab.shot("lab-09-completer")
     item.click()
-    expect(lab.cell(lab.n).locator(".cm-content")).to_have_text("t.cumsum")
-    lab.page.keyboard.type("(0)[-1].item()", delay=15)
+    expect(editor).to_have_text("t.cumsum")
+    expect(lab.page.locator(".jp-Completer:visible")).to_have_count(0)
+    lab.page.keyboard.type("(0)[-1].item()", delay=HUMAN_KEY_DELAY_MS)
+    expect(editor).to_have_text("t.cumsum(0)[-1].item()")
     lab.page.keyboard.press("Shift+Enter")
     cell = lab.cell(lab.n)
-    lab.n += 1
     lab.wait_done(cell)
     lab.wait_output(cell, "30.0")
     lab.shot("lab-10-completed")
+
+
+# Ordinary code, typed with Enter at the end of each line as a person types it.  The two imports are the lines
+# that JupyterLab's continuous hinting (what `looseleaf install` turned on before) rewrote on Enter into
+# `import numpy as numpy` and `import ipywidgets as %%writefile`.
+ORDINARY_LINES = ["import numpy as np",
+                  "import ipywidgets as w",
+                  "import os",
+                  "arr = np.arange(10)",
+                  "total = t.sum().item() + arr.sum()",
+                  "print('typed', total, w.__name__)"]
+
+
+def _type_lines_with_enter(nb, lines):
+    """Type LINES into the focused editor key by key at a person's pace, Enter after each but the last;
+    nothing in between but what the page shows.  Returns whether a completer was seen open after any Enter."""
+    seen_completer = False
+    for i, line in enumerate(lines):
+        nb.page.keyboard.type(line, delay=HUMAN_KEY_DELAY_MS)
+        if i < len(lines) - 1:
+            nb.page.wait_for_timeout(HUMAN_KEY_DELAY_MS)
+            seen_completer = seen_completer or nb.completer_open()
+            nb.page.keyboard.press("Enter")
+    return seen_completer
+
+
+def _setting(server, plugin, key):
+    """The value of setting KEY of PLUGIN the page gets: the user's own, else the schema's default (where the
+    server has applied the administrators' overrides)."""
+    with urllib.request.urlopen(server.api_url("/lab/api/settings/" + plugin), timeout=30) as r:
+        reply = json.load(r)
+    return (reply.get("settings") or {}).get(key, reply["schema"]["properties"][key].get("default"))
+
+
+def test_lab_typing_with_enter_is_exact(lab):
+    """Typing stays JupyterLab's own with LooseLeaf's hints on: no completer pops up while typing, Enter ends
+    the line, and the cell holds exactly what was typed; the draft still reaches the kernel (on the
+    looseleaf.prefetch comm), and the cell runs."""
+    # JupyterLab's defaults: no continuous hinting; Enter in an open completer is its own business.
+    assert _setting(lab.server, "@jupyterlab/completer-extension:manager", "autoCompletion") is False
+    sent_before = lab.traffic.sent.get("comm_msg", 0)
+    lab.fresh_cell()
+    cell = lab.cell(lab.n)
+    cell.locator(".cm-content").click()
+    seen_completer = _type_lines_with_enter(lab, ORDINARY_LINES)
+    code = "\n".join(ORDINARY_LINES)
+    expect(cell.locator(".cm-content")).to_have_text(code.replace("\n", ""), use_inner_text=False)
+    assert lab.editor_text(lab.n) == code
+    assert not seen_completer and not lab.completer_open()
+    lab.shot("lab-10b-typed")
+    assert "looseleaf.prefetch" in lab.traffic.comm_targets
+    assert lab.traffic.sent.get("comm_msg", 0) > sent_before
+    lab.page.keyboard.press("Shift+Enter")
+    lab.wait_done(cell)
+    lab.wait_output(cell, "typed 75.0 ipywidgets")
 
 
 def test_lab_interrupt_running_gpu_loop_from_toolbar(lab):
@@ -211,6 +282,32 @@ def test_lab_widget_slider_callback(lab):
     lab.shot("lab-16-slider-moved")
     cell = lab.run("print('value is', s.value)")
     lab.wait_output(cell, "value is 4")
+
+
+def test_lab_typing_on_ipykernel_is_exact(lab_server, browser, shots):
+    """The extension sends nothing to a kernel that is not LooseLeaf, and typing there is stock too."""
+    lab_server.write_notebook("ipk.ipynb", kernel="python3")
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = ctx.new_page()
+    page.set_default_timeout(60_000)
+    traffic = Traffic(page)
+    try:
+        page.goto(lab_server.page_url("/lab/tree/ipk.ipynb"))
+        display = lab_server.kernelspecs["python3"]["spec"]["display_name"]
+        expect(page.locator(".jp-StatusBar-Widget", has_text="%s | Idle" % display).first).to_be_visible(
+            timeout=120_000)
+        nb = LabNotebook(page, shots, kernel_display=display)
+        nb.fresh_cell()
+        nb.cell(nb.n).locator(".cm-content").click()
+        lines = ORDINARY_LINES[:4] + ["print('typed', arr.sum(), w.IntSlider(value=2).value)"]
+        assert not _type_lines_with_enter(nb, lines)
+        assert nb.editor_text(nb.n) == "\n".join(lines)
+        page.keyboard.press("Shift+Enter")
+        nb.wait_output(nb.cell(nb.n), "typed 45 2")
+        nb.shot("lab-ipykernel-typed")
+        assert "looseleaf.prefetch" not in traffic.comm_targets
+    finally:
+        ctx.close()
 
 
 # ---- Notebook 7, same server ----------------------------------------------------------------------------------

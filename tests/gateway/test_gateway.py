@@ -160,7 +160,9 @@ def test_install_user_honours_jupyter_data_dir(tmp_path):
     r = _run("install", "--user", env={"JUPYTER_DATA_DIR": str(data)})
     assert r.returncode == 0, r.stderr
     _check_spec(data / "kernels" / "looseleaf" / "kernel.json")
-    # jupyter itself finds it there.
+    # jupyter itself finds it there (the user's data directory ahead of the venv's share/jupyter, where
+    # `make setup` installed a kernelspec of the same name: tests/conftest.py sets JUPYTER_PREFER_ENV_PATH=0).
+    assert os.environ.get("JUPYTER_PREFER_ENV_PATH") == "0"
     env = dict(os.environ, JUPYTER_DATA_DIR=str(data), JUPYTER_PATH="")
     out = subprocess.run([sys.executable, "-m", "jupyter_client.kernelspecapp", "list", "--json"],
                          capture_output=True, text=True, env=env, timeout=TIMEOUT)
@@ -179,6 +181,35 @@ def test_install_prefix_and_name(tmp_path):
     assert spec["env"]["LOOSELEAF_POOL_START_MS"] == "200"
     r = _run("install", "--prefix", str(tmp_path), "--name", "bad/name")
     assert r.returncode == 1 and "invalid kernel name" in r.stderr
+
+
+def _federated_extensions(jupyter_dir):
+    config = pytest.importorskip("jupyterlab_server.config")
+    return config.get_federated_extensions([os.path.join(jupyter_dir, "labextensions")])
+
+
+def test_install_writes_the_hints_extension_and_drops_the_old_override(tmp_path):
+    """Edit-time hints come from a JupyterLab extension that sends the cell being edited on a comm; the
+    continuous-hinting settings override of earlier releases (its completer accepted on Enter and rewrote
+    code) is removed by every install, and --no-hints removes the extension."""
+    jdir = tmp_path / "share" / "jupyter"
+    old = jdir / "lab" / "settings" / "overrides.d" / "looseleaf.json"
+    old.parent.mkdir(parents=True)
+    old.write_text('{"@jupyterlab/completer-extension:manager": {"autoCompletion": true}}\n')
+    r = _run("install", "--prefix", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert not old.exists()
+    # JupyterLab's own discovery finds it, and the script it would load is there.
+    ext = _federated_extensions(str(jdir))["looseleaf-hints"]
+    build = ext["jupyterlab"]["_build"]
+    assert build["extension"] == "./extension"
+    script = os.path.join(ext["ext_path"], build["load"])
+    with open(script) as f, open(os.path.join(REPO, "gateway", "ll_labext.js")) as src:
+        assert f.read() == src.read()
+    r = _run("install", "--prefix", str(tmp_path), "--no-hints")
+    assert r.returncode == 0, r.stderr
+    assert "looseleaf-hints" not in _federated_extensions(str(jdir)) and not os.path.exists(script)
+    assert (jdir / "kernels" / "looseleaf" / "kernel.json").exists()
 
 
 def test_jupyter_kernelspec_install_from_build_dir(tmp_path):
