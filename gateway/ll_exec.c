@@ -635,7 +635,13 @@ void ll_exec_execute(ll_exec_t *self, ll_msg_t *req, json_t **reply_p, json_t **
         } else if (to_home) {
             json_object_set_new(json_object_get(md, "looseleaf"), "to_home", json_true());
         }
-        ll_route_done(self->route, &plan);
+        /* What the namespace showed the cell bound beyond its analysis:
+         * for the session, not for the frontend. */
+        json_t *ll = json_object_get(md, "looseleaf");
+        json_t *dynamic = json_incref(json_object_get(ll, "dynamic"));
+        json_object_del(ll, "dynamic");
+        ll_route_done(self->route, &plan, dynamic);
+        json_decref(dynamic);
     }
     json_decref(why_not);
     json_decref(fail);

@@ -650,6 +650,12 @@ def worker_finish(arg):
     out["held_bytes"] = _held_bytes()
     out["home"] = _home_report()
     out["shapes"] = _shapes(ns, out["saved"])
+    # Names the cell bound beyond its analysis (exec, %run, globals()[k] = v): the gateway's session learns
+    # them, so later cells' closures restore them wherever they run.
+    from looseleaf_kernel.coherence import namespace_diff
+    dynamic = namespace_diff(ns, _before, after, job.get("defines"))
+    if dynamic:
+        out["dynamic"] = dynamic
     return json.dumps(out)
 
 
