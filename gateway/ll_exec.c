@@ -518,6 +518,9 @@ static bool s_execute_on_worker(ll_exec_t *self, ll_msg_t *req, ll_route_plan_t 
                   json_object_get(req->content, "code"), "execution_count",
                   json_object_get(sync, "execution_count"), "saved", saved ? saved : json_array(),
                   "deleted", deleted ? deleted : json_array());
+    /* The commit the store must hold from now on (coherence._lost_data). */
+    if (json_is_integer(json_object_get(wmd, "committed")))
+        json_object_set(after, "committed", json_object_get(wmd, "committed"));
     /* What the worker is the session's home for, now. */
     if (json_is_object(json_object_get(wmd, "home"))) {
         json_object_set(after, "home", json_object_get(wmd, "home"));

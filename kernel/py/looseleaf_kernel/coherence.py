@@ -328,7 +328,10 @@ class Coherence:
         # answers from while restoring them would be slow (complete_view).
         self._shapes = {}
         self._mods_dirty = False  # a CPU cell ran since the user modules' globals were last committed
-        self._seen_version = 0  # the newest commit this process saw in the store (_lost_data)
+        # What the store should hold (_lost_data): the newest commit this process saw in the store, its own
+        # or a worker's (after_gpu), and the names committed there as far as this process knows.
+        self._seen_version = 0
+        self._stored = set()
         self._lost = None  # what _lost_data found, until a GPU cell's Run says so
 
     # ---- the namespace -------------------------------------------------------------------------------
@@ -404,7 +407,10 @@ class Coherence:
             return None
         ns = self.shell.user_ns
         procstate = self._procstate()
-        gone = sorted(n for n in self.cp.known() if n not in ns and n != procstate.NAME)
+        usermods = _usermods()
+        gone = sorted(n for n in set(self.cp.known()) | self._stored
+                      if n not in ns and n != procstate.NAME and not usermods.is_entry(n)
+                      and not (n.startswith("_") and n[1:].isdigit()))
         stale = sorted(n for n in (self._moved or ()) if n in ns)
         log.warning("the checkpoint store lost its data (commit %d, had seen %d): %s only lived there",
                     version, self._seen_version, gone)
@@ -414,7 +420,20 @@ class Coherence:
         self._ps_moved = False
         self._moved = set()
         self._seen_version = version
+        self._stored = set()
         return gone, stale
+
+    def _lost_error(self):
+        """The error ({error: {ename, evalue}}) of the one cell that says the store came back without its
+        data (self._lost, which it clears): what lived only there is gone, naming it."""
+        (gone, stale), self._lost = self._lost, None
+        why = "the checkpoint store came back without its data (its redis-server restarted empty)"
+        if gone:
+            why += "; %s lived only there and %s gone" % (", ".join(gone), "is" if len(gone) == 1 else "are")
+        if stale:
+            why += "; the newest versions of %s are gone, the kernel's older ones stay" % ", ".join(stale)
+        return _cell_error("StoreUnavailable", why + "; the kernel's variables were saved again: run the "
+                           "cells that made the others again")
 
     # ---- process state ------------------------------------------------------------------------------
     def _pull_procstate(self):
@@ -464,6 +483,8 @@ class Coherence:
             self._mods_dirty = False
         if rep.saved:
             self._seen_version = max(self._seen_version, max(rep.saved.values()))
+        self._stored.update(n for n in rep.saved if n != procstate.NAME)
+        self._stored.difference_update(rep.deleted)
         return rep
 
     def _save_batched(self, names):
@@ -543,6 +564,12 @@ class Coherence:
         # "unknown": a cell too big to analyse: it may read any variable.
         state = plan.get("state") or []
         out = self._refresh(None if plan.get("unknown") else state)
+        if self._lost is not None and "error" not in out:
+            # The store came back without its data: a cell reading what lived only there (or whose newest
+            # version did) fails once, naming them, instead of meeting NameError or older values.
+            gone, stale = self._lost
+            if plan.get("unknown") or set(state) & (set(gone) | set(stale)):
+                out.update(self._lost_error())
         for n in state:
             line = self.graph_lost.pop(n, None) if isinstance(n, str) else None
             if line:
@@ -637,6 +664,12 @@ class Coherence:
                     names = sorted((set(self.cp.held()) | self._moved) - {self._procstate().NAME})
                 names = self._stale([n for n in names if n not in self.dirty and not _usermods().is_entry(n)])
                 if names:
+                    # What a worker committed is to be read: a store that came back empty has it no more,
+                    # and the cell must say so rather than meet NameError (or older values).
+                    # (before_cpu then fails a cell that reads what was lost)
+                    self._lost = self._lost_data() or self._lost
+                    if self._lost is not None:
+                        return out
                     rep = self.cp.restore(self._saveable(names), protect=sorted(self.dirty))
                     self._unbind_homerefs(rep.restored)
                     self._moved.difference_update(n for n in names if n not in rep.failed)
@@ -731,6 +764,14 @@ class Coherence:
             return {"skipped": "no store"}
         self.install_outputs()  # in idle time: neither the GPU cell's reply nor the next cell waited for it
         ns = self.shell.user_ns
+        try:
+            # Committing into a store that came back empty would hide that it did (its commit numbers grow
+            # again): the next cell reading what was lost, or the next GPU cell, says so first.
+            self._lost = self._lost_data() or self._lost
+        except Exception as e:  # noqa: BLE001 - the Run finds out
+            return {"skipped": _reason(e)}
+        if self._lost is not None:
+            return {"skipped": "the checkpoint store came back without its data"}
         names = self._saveable(self.dirty)
         if len(names) > _QUICK_NAMES:
             return {"skipped": "%d names" % len(names)}
@@ -806,14 +847,7 @@ class Coherence:
         if self._lost is not None and not plan.get("prefetch"):
             # The kernel's own variables are in the store again; the cell would meet the lost ones with
             # NameError (or older values): it fails once, saying which.
-            (gone, stale), self._lost = self._lost, None
-            why = "the checkpoint store came back without its data (its redis-server restarted empty)"
-            if gone:
-                why += "; %s lived only there and %s gone" % (", ".join(gone), "is" if len(gone) == 1 else "are")
-            if stale:
-                why += "; the newest versions of %s are gone, the kernel's older ones stay" % ", ".join(stale)
-            return dict(out, **_cell_error("StoreUnavailable", why + "; the kernel's variables were saved "
-                                           "again: run the cells that made the others again"))
+            return dict(out, **self._lost_error())
         st = self.store.stats()
         out.update({"store_dir": self.dir, "session": self.session, "redis_url": st.get("redis_url") or "",
                     "execution_count": self.shell.execution_count,
@@ -890,6 +924,13 @@ class Coherence:
                 self.dirty.discard(n)
         for n in info.get("saved") or []:
             self.dirty.discard(n)
+            if isinstance(n, str):
+                self._stored.add(n)
+        self._stored.difference_update(n for n in info.get("deleted") or [] if isinstance(n, str))
+        # The worker's commit is what the store must hold from now on (_lost_data): a store that comes back
+        # empty is then told from one that simply has not moved since the kernel's own last commit.
+        if isinstance(info.get("committed"), int):
+            self._seen_version = max(self._seen_version, info["committed"])
         self._ps_moved = True
         saved, deleted = info.get("saved"), info.get("deleted")
         if self._moved is not None and isinstance(saved, list) and isinstance(deleted, list) and \

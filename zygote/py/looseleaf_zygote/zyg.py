@@ -629,6 +629,8 @@ def worker_finish(arg):
         "saved": sorted(n for n in rep.saved if n != procstate.NAME),
         "deleted": sorted(rep.deleted),
     }
+    if rep.saved and not rep.error:
+        out["committed"] = max(rep.saved.values())  # the kernel tells an emptied store by it
     if rep.error:
         # The store failed (or an interrupt came): nothing of the cell was committed.
         lost = sorted(n for n in names if n != procstate.NAME and not (n.startswith("_") and n[1:].isdigit()))
