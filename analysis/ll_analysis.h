@@ -139,6 +139,18 @@ void ll_analysis_session_destroy(ll_analysis_session_t **self_p);
  * not parse changed nothing and is skipped.  0, or -1 when out of memory. */
 int ll_analysis_session_record(ll_analysis_session_t *self, const ll_analysis_t *cell);
 
+/* What the namespace showed the last recorded cell did beyond what its
+ * analysis saw (exec, %run, globals()[k] = v, setattr on __main__): NAME
+ * is now bound.  With STMT (and PATH), to a module, which STMT ("import
+ * numpy as np2") re-creates; otherwise to an object built with module PATH
+ * (NULL: none known) that looks up DEPS when used (a function's globals),
+ * OPAQUE when using it defeats the analysis.  Replaces NAME's binding.  0,
+ * or -1 (bad name, out of memory: the session is unchanged). */
+int ll_analysis_session_bind(ll_analysis_session_t *self, const char *name, const char *path,
+                             const char *stmt, ll_analysis_strs_t deps, bool opaque);
+/* ... and NAME is no longer bound (`del globals()[k]`, `%reset`). */
+void ll_analysis_session_unbind(ll_analysis_session_t *self, const char *name);
+
 /* Number of cells recorded, and of live variables (bound by a recorded cell,
  * not deleted, not bound by an import). */
 size_t ll_analysis_session_cells(const ll_analysis_session_t *self);

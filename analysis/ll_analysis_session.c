@@ -139,6 +139,56 @@ int ll_analysis_session_record(ll_analysis_session_t *self, const ll_analysis_t 
     return rc;
 }
 
+/* ---- what the namespace showed ------------------------------------------
+ *
+ * exec, %run, globals()[k] = v, setattr(sys.modules['__main__'], ...) bind
+ * names no static analysis sees.  The process that ran the cell diffs its
+ * namespace afterwards and the gateway tells the session here, after
+ * recording the cell: such a name is live like any other, so later closures
+ * name it and it moves between the kernel and workers. */
+
+int ll_analysis_session_bind(ll_analysis_session_t *self, const char *name, const char *path,
+                             const char *stmt, ll_analysis_strs_t deps, bool opaque)
+{
+    if (!self || !name || !*name || name[0] == '*')
+        return -1;
+    ll_binding_t *b = calloc(1, sizeof *b);
+    if (!b)
+        return -1;
+    b->kind = stmt && path ? LL_BK_IMPORT : LL_BK_VALUE;
+    b->cell = self->cells;
+    b->opaque = opaque;
+    int rc = 0;
+    if (b->kind == LL_BK_IMPORT) {
+        b->path = strdup(path);
+        b->stmt = strdup(stmt);
+        rc = b->path && b->stmt ? 0 : -1;
+    } else if (path && *path) {
+        rc = ll_names_add(&b->prov, path) < 0 ? -1 : 0;
+    }
+    for (size_t i = 0; rc == 0 && i < deps.count; i++)
+        if (deps.items[i] && *deps.items[i] && strcmp(deps.items[i], name) != 0)
+            rc = ll_names_add(&b->deps, deps.items[i]) < 0 ? -1 : 0;
+    ll_binding_t *old = ll_map_get(&self->names, name);
+    if (rc == 0)
+        rc = ll_map_set(&self->names, name, b);
+    if (rc != 0) {
+        ll_binding_free(b);
+        return -1;
+    }
+    ll_binding_free(old);
+    return 0;
+}
+
+void ll_analysis_session_unbind(ll_analysis_session_t *self, const char *name)
+{
+    ll_binding_t *old = self && name ? ll_map_get(&self->names, name) : NULL;
+    if (!old)
+        return;
+    ll_map_remove(&self->names, name);
+    ll_binding_free(old);
+}
+
 /* ---- closures ---------------------------------------------------------- */
 
 struct ll_analysis_closure_t {

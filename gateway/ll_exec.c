@@ -518,6 +518,9 @@ static bool s_execute_on_worker(ll_exec_t *self, ll_msg_t *req, ll_route_plan_t 
                   json_object_get(req->content, "code"), "execution_count",
                   json_object_get(sync, "execution_count"), "saved", saved ? saved : json_array(),
                   "deleted", deleted ? deleted : json_array());
+    /* The commit the store must hold from now on (coherence._lost_data). */
+    if (json_is_integer(json_object_get(wmd, "committed")))
+        json_object_set(after, "committed", json_object_get(wmd, "committed"));
     /* What the worker is the session's home for, now. */
     if (json_is_object(json_object_get(wmd, "home"))) {
         json_object_set(after, "home", json_object_get(wmd, "home"));
@@ -635,7 +638,13 @@ void ll_exec_execute(ll_exec_t *self, ll_msg_t *req, json_t **reply_p, json_t **
         } else if (to_home) {
             json_object_set_new(json_object_get(md, "looseleaf"), "to_home", json_true());
         }
-        ll_route_done(self->route, &plan);
+        /* What the namespace showed the cell bound beyond its analysis:
+         * for the session, not for the frontend. */
+        json_t *ll = json_object_get(md, "looseleaf");
+        json_t *dynamic = json_incref(json_object_get(ll, "dynamic"));
+        json_object_del(ll, "dynamic");
+        ll_route_done(self->route, &plan, dynamic);
+        json_decref(dynamic);
     }
     json_decref(why_not);
     json_decref(fail);

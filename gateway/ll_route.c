@@ -217,7 +217,36 @@ void ll_route_plan_free(ll_route_plan_t **plan_p)
     *plan_p = NULL;
 }
 
-void ll_route_done(ll_route_t *self, ll_route_plan_t **plan_p)
+/* The session learns what the namespace showed (ll_route_done's DYNAMIC):
+ * names bound by exec, %run, globals()[k] = v and the like are live from
+ * now on, so later closures restore them wherever the cell runs. */
+static void s_note_dynamic(ll_route_t *self, const json_t *dynamic)
+{
+    const char *name;
+    json_t *v;
+    size_t bound = 0, i;
+    json_object_foreach((json_t *) json_object_get(dynamic, "bound"), name, v) {
+        json_t *jdeps = json_array_get(v, 2);
+        size_t n = json_array_size(jdeps), k = 0;
+        const char **deps = n ? calloc(n, sizeof *deps) : NULL;
+        for (size_t j = 0; deps && j < n; j++)
+            if (json_is_string(json_array_get(jdeps, j)))
+                deps[k++] = json_string_value(json_array_get(jdeps, j));
+        ll_analysis_strs_t d = {deps, k};
+        if (ll_analysis_session_bind(self->session, name, json_string_value(json_array_get(v, 0)),
+                                     json_string_value(json_array_get(v, 1)), d,
+                                     json_is_true(json_array_get(v, 3))) == 0)
+            bound++;
+        free(deps);
+    }
+    json_array_foreach(json_object_get(dynamic, "unbound"), i, v)
+        if (json_is_string(v))
+            ll_analysis_session_unbind(self->session, json_string_value(v));
+    if (bound)
+        ll_debug("route", "%zu names bound beyond the analysis (exec, globals(), ...)", bound);
+}
+
+void ll_route_done(ll_route_t *self, ll_route_plan_t **plan_p, const json_t *dynamic)
 {
     if (!plan_p || !*plan_p)
         return;
@@ -233,6 +262,7 @@ void ll_route_done(ll_route_t *self, ll_route_plan_t **plan_p)
     /* The session mirrors what ran: errors and silent cells included. */
     if (plan->cell && ll_analysis_session_record(self->session, plan->cell) < 0)
         ll_warn("route", "cannot record a cell in the analysis session");
+    s_note_dynamic(self, dynamic);
     ll_route_plan_free(plan_p);
 }
 

@@ -75,9 +75,12 @@ json_t *ll_route_plan_closure(const ll_route_plan_t *plan);
  * where the cell ran ("cpu", "gpu"). */
 json_t *ll_route_plan_json(const ll_route_plan_t *plan, const char *route);
 
-/* The cell ran (successfully or not): record it in the session, free the
- * plan, null *PLAN_P. */
-void ll_route_done(ll_route_t *self, ll_route_plan_t **plan_p);
+/* The cell ran (successfully or not): record it in the session, then what
+ * the namespace showed it bound or deleted beyond its analysis (DYNAMIC,
+ * borrowed, may be NULL: {"bound": {name: [path, stmt, [deps], opaque]},
+ * "unbound": [name]}, from coherence.namespace_diff in the process that ran
+ * it); free the plan, null *PLAN_P. */
+void ll_route_done(ll_route_t *self, ll_route_plan_t **plan_p, const json_t *dynamic);
 
 /* What a GPU cell's relay needs from the kernel process (all borrowed). */
 typedef struct {

@@ -112,6 +112,38 @@ def test_redis_back_without_its_data_one_clear_error():
         k.stop()
 
 
+@pytest.mark.parametrize("route", ["gpu", "cpu"])
+def test_redis_back_without_what_only_workers_committed(route):
+    """The same when only workers committed since the kernel's last commit (issue 23, part 3, item 5): GPU
+    cells made eg_g and eg_h; the store comes back empty; the next cell reading eg_h, GPU or CPU, fails with
+    StoreUnavailable naming both (it gave a bare NameError: the check compared the store's newest commit with
+    the kernel's own last one, which workers' commits never moved).  Then the session goes on."""
+    import shutil
+    k = FaultKernel(env={"LL_STORE_TIMEOUT_S": str(TIMEOUT_S)})
+    try:
+        run_route(k, "import torch\neg_g = torch.ones(2)", "gpu")
+        run_route(k, "eg_h = eg_g * 3", "gpu")
+        run_route(k, "eg_g.add_(1)\nprint(eg_h.sum().item())", "gpu")
+        store = store_of(k.pid)
+        pid = redis_pid(store)
+        os.kill(pid, signal.SIGSTOP)
+        shutil.rmtree(os.path.join(store, "redis-aof"))
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: redis_pid(store) not in (None, pid), 10, "the server to come back")
+        reply, msgs = execute(k, "%%%%%s\nprint(eg_h)" % route)
+        c = reply["content"]
+        assert c["status"] == "error" and c["ename"] == "StoreUnavailable", c
+        assert "without its data" in c["evalue"] and "eg_g" in c["evalue"] and "eg_h" in c["evalue"], c
+        # Once told, the session goes on: the lost names are gone, new ones work on both sides.
+        reply, _ = execute(k, "%%%%%s\nprint(eg_h)" % route)
+        assert reply["content"]["ename"] == "NameError", reply["content"]
+        run_route(k, "eg_h = torch.zeros(1)", "gpu")
+        _, msgs = run_route(k, "%%cpu\nprint(eg_h)", "cpu")
+        assert stream_text(msgs) == "tensor([0.])\n"
+    finally:
+        k.stop()
+
+
 @pytest.mark.parametrize("where", ["kernel", "prepare", "save"])
 def test_interrupt_ends_a_wait_for_a_silent_store(fk, where):
     """Redis stopped while the kernel commits before a GPU cell, while its worker restores (fault

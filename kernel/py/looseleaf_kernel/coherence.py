@@ -82,6 +82,7 @@ _QUICK_SCALARS = (type(None), bool, int, float, complex, str, bytes)
 _QUICK_ITEMS = 10000        # elements of a list, tuple, set or dict (each a scalar)
 _QUICK_BYTES = 16 << 20     # an array's or tensor's own bytes
 _QUICK_NAMES = 200          # dirty names in one idle commit
+_COMMIT_BATCH = 2048        # names in one commit of the kernel's (Coherence._save_batched)
 
 
 def _quick_to_save(value):
@@ -115,6 +116,100 @@ def visible(shell, modules=False):
             continue
         out[k] = id(v)
     return out
+
+
+# ---- names bound beyond the analysis (issue 23, part 3, item 3) -------------------------------------------
+# exec, %run, globals()[k] = v, setattr(sys.modules['__main__'], ...) bind names the static analysis never sees.
+# The process that ran a cell diffs its namespace and tells the gateway's analysis session what the cell bound
+# and deleted beyond what the analysis knew (namespace_diff), so later closures name those variables and they
+# move between the kernel and workers like any other.
+
+# Names whose use in a function's code defeats the analysis of what it reads.
+_OPAQUE_CALLS = frozenset(("exec", "eval", "globals", "locals", "vars", "get_ipython", "__import__"))
+_DEPS_MAX = 512  # names a function's code may name, at most, before it counts as opaque
+
+
+def _code_names(code, out, seen):
+    """Global (and attribute) names CODE and the code nested in it name: what calling it may look up."""
+    if id(code) in seen or len(out) > _DEPS_MAX:
+        return
+    seen.add(id(code))
+    out.update(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            _code_names(c, out, seen)
+
+
+def _code_of(v):
+    """The code objects whose globals using V may look up: a function's, a class's methods' (and
+    properties'), an instance's class's methods' when that class was made in the session."""
+    if isinstance(v, types.MethodType):
+        v = v.__func__
+    if isinstance(v, types.FunctionType):
+        return [v.__code__]
+    cls = v if isinstance(v, type) else type(v)
+    if getattr(cls, "__module__", None) != "__main__":
+        return []
+    out = []
+    for k, m in list(vars(cls).items()):
+        for f in (m, getattr(m, "__func__", None), getattr(m, "fget", None), getattr(m, "fset", None)):
+            if isinstance(f, types.FunctionType):
+                out.append(f.__code__)
+    return out
+
+
+def _top_module(v):
+    """The package V's type (V itself when a class) comes from, None for builtins and the session's own."""
+    cls = v if isinstance(v, type) else type(v)
+    mod = getattr(cls, "__module__", None)
+    if not isinstance(mod, str) or mod in ("builtins", "__main__"):
+        return None
+    return mod.partition(".")[0]
+
+
+def _dyn_entry(name, v):
+    """[path, stmt, deps, opaque] of NAME bound to V, for the analysis session (ll_analysis_session_bind):
+    a module with the import statement that binds it again; otherwise the package V comes from, the names its
+    code may look up, and whether that code defeats the analysis."""
+    if isinstance(v, types.ModuleType):
+        mod = getattr(v, "__name__", None)
+        if isinstance(mod, str) and mod and all(p.isidentifier() for p in mod.split(".")):
+            stmt = "import %s" % mod if mod == name else "import %s as %s" % (mod, name)
+            return [mod, stmt, [], False]
+        return [None, None, [], True]
+    names, seen = set(), set()
+    try:
+        for code in _code_of(v):
+            _code_names(code, names, seen)
+    except Exception:  # noqa: BLE001 - an odd class: whatever uses it gets everything
+        return [_top_module(v), None, [], True]
+    opaque = len(names) > _DEPS_MAX or bool(names & _OPAQUE_CALLS)
+    return [_top_module(v), None, [] if opaque else sorted(names), opaque]
+
+
+def split_visible(shell):
+    """(visible(shell), {name: id} of the session's names bound to modules): one pass."""
+    values, modules = {}, {}
+    hidden = set(getattr(shell, "user_ns_hidden", {})) | _HIDDEN
+    for k, v in shell.user_ns.items():
+        if k in hidden or k.startswith("__") or (k.startswith("_i") and k[2:].isdigit()) or \
+                (k.startswith("_") and k[1:].isdigit()):
+            continue
+        (modules if isinstance(v, types.ModuleType) else values)[k] = id(v)
+    return values, modules
+
+
+def namespace_diff(ns, before, after, known):
+    """What a cell bound and deleted beyond what the analysis KNOWS it binds, from {name: id} snapshots of the
+    namespace NS (modules included) BEFORE and AFTER it: {"bound": {name: _dyn_entry}, "unbound": [names]},
+    or None when there is nothing to tell."""
+    known = set(known or ())
+    bound = {k: _dyn_entry(k, ns[k]) for k, ident in after.items()
+             if before.get(k) != ident and k not in known and k in ns}
+    unbound = sorted(k for k in before if k not in after)
+    if not bound and not unbound:
+        return None
+    return {"bound": bound, "unbound": unbound}
 
 
 def _reason(e):
@@ -211,6 +306,7 @@ class Coherence:
         self.dir = None      # the store's runtime dir (redis socket, append-only file)
         self.session = None
         self._before = None  # {name: id(value)} when the running CPU cell started
+        self._before_mods = {}  # ... and {name: id(module)} of its names bound to modules
         self._ps = None      # the process state this process last applied or saved (procstate.capture())
         self._ps_blob = None  # pickle of a capture() taken right then: unchanged state is not saved again
         # What workers may have committed since this process last looked.  Only this session's workers write
@@ -232,7 +328,10 @@ class Coherence:
         # answers from while restoring them would be slow (complete_view).
         self._shapes = {}
         self._mods_dirty = False  # a CPU cell ran since the user modules' globals were last committed
-        self._seen_version = 0  # the newest commit this process saw in the store (_lost_data)
+        # What the store should hold (_lost_data): the newest commit this process saw in the store, its own
+        # or a worker's (after_gpu), and the names committed there as far as this process knows.
+        self._seen_version = 0
+        self._stored = set()
         self._lost = None  # what _lost_data found, until a GPU cell's Run says so
 
     # ---- the namespace -------------------------------------------------------------------------------
@@ -308,7 +407,10 @@ class Coherence:
             return None
         ns = self.shell.user_ns
         procstate = self._procstate()
-        gone = sorted(n for n in self.cp.known() if n not in ns and n != procstate.NAME)
+        usermods = _usermods()
+        gone = sorted(n for n in set(self.cp.known()) | self._stored
+                      if n not in ns and n != procstate.NAME and not usermods.is_entry(n)
+                      and not (n.startswith("_") and n[1:].isdigit()))
         stale = sorted(n for n in (self._moved or ()) if n in ns)
         log.warning("the checkpoint store lost its data (commit %d, had seen %d): %s only lived there",
                     version, self._seen_version, gone)
@@ -318,7 +420,20 @@ class Coherence:
         self._ps_moved = False
         self._moved = set()
         self._seen_version = version
+        self._stored = set()
         return gone, stale
+
+    def _lost_error(self):
+        """The error ({error: {ename, evalue}}) of the one cell that says the store came back without its
+        data (self._lost, which it clears): what lived only there is gone, naming it."""
+        (gone, stale), self._lost = self._lost, None
+        why = "the checkpoint store came back without its data (its redis-server restarted empty)"
+        if gone:
+            why += "; %s lived only there and %s gone" % (", ".join(gone), "is" if len(gone) == 1 else "are")
+        if stale:
+            why += "; the newest versions of %s are gone, the kernel's older ones stay" % ", ".join(stale)
+        return _cell_error("StoreUnavailable", why + "; the kernel's variables were saved again: run the "
+                           "cells that made the others again")
 
     # ---- process state ------------------------------------------------------------------------------
     def _pull_procstate(self):
@@ -358,7 +473,7 @@ class Coherence:
             return SaveReport()
         ns[procstate.NAME] = st
         try:
-            rep = self.cp.save(list(names) + [procstate.NAME], cell_id="kernel-%s" % uuid.uuid4().hex[:12])
+            rep = self._save_batched(list(names) + [procstate.NAME])
         finally:
             ns.pop(procstate.NAME, None)
         if procstate.NAME in rep.saved or procstate.NAME in rep.unchanged:
@@ -368,7 +483,42 @@ class Coherence:
             self._mods_dirty = False
         if rep.saved:
             self._seen_version = max(self._seen_version, max(rep.saved.values()))
+        self._stored.update(n for n in rep.saved if n != procstate.NAME)
+        self._stored.difference_update(rep.deleted)
         return rep
+
+    def _save_batched(self, names):
+        """Save NAMES in commits of at most _COMMIT_BATCH names each (procstate and the rest of what goes with
+        them last).  A Redis transaction costs more than linearly in its commands (Redis 7.0 grows a queued
+        transaction one command at a time): 200k names made by one exec took one commit past the store's
+        timeout, and since they stayed dirty, every later GPU cell too.  The kernel's commits need not be
+        atomic: no worker reads the store while the kernel commits, a GPU cell runs only once every batch
+        landed, and what a failed batch left out stays dirty (its owners come along in any batch: NeedOwner).
+        One SaveReport for all; after an error, nothing more is saved."""
+        cell = "kernel-%s" % uuid.uuid4().hex[:12]
+        if len(names) <= _COMMIT_BATCH:
+            return self.cp.save(names, cell_id=cell)
+        total = None
+        for i in range(0, len(names), _COMMIT_BATCH):
+            rep = self.cp.save(names[i:i + _COMMIT_BATCH], cell_id="%s-%d" % (cell, i // _COMMIT_BATCH),
+                               sync=i == 0)
+            if total is None:
+                total = rep
+            else:
+                total.saved.update(rep.saved)
+                total.unchanged += rep.unchanged
+                total.deleted += rep.deleted
+                total.failed.update(rep.failed)
+                total.added += rep.added
+                total.bytes_written += rep.bytes_written
+                total.payload_bytes += rep.payload_bytes
+                total.standins.update(rep.standins)
+                total.graphs += rep.graphs
+                total.seconds += rep.seconds
+                total.error, total.error_kind = rep.error, rep.error_kind
+            if rep.error:
+                break
+        return total
 
     # ---- around CPU cells ----------------------------------------------------------------------------
     def _imports(self, stmts):
@@ -414,11 +564,17 @@ class Coherence:
         # "unknown": a cell too big to analyse: it may read any variable.
         state = plan.get("state") or []
         out = self._refresh(None if plan.get("unknown") else state)
+        if self._lost is not None and "error" not in out:
+            # The store came back without its data: a cell reading what lived only there (or whose newest
+            # version did) fails once, naming them, instead of meeting NameError or older values.
+            gone, stale = self._lost
+            if plan.get("unknown") or set(state) & (set(gone) | set(stale)):
+                out.update(self._lost_error())
         for n in state:
             line = self.graph_lost.pop(n, None) if isinstance(n, str) else None
             if line:
                 sys.stderr.write(line)
-        self._before = self._visible()
+        self._before, self._before_mods = split_visible(self.shell)
         return out
 
     def refresh_for(self, code):
@@ -508,6 +664,12 @@ class Coherence:
                     names = sorted((set(self.cp.held()) | self._moved) - {self._procstate().NAME})
                 names = self._stale([n for n in names if n not in self.dirty and not _usermods().is_entry(n)])
                 if names:
+                    # What a worker committed is to be read: a store that came back empty has it no more,
+                    # and the cell must say so rather than meet NameError (or older values).
+                    # (before_cpu then fails a cell that reads what was lost)
+                    self._lost = self._lost_data() or self._lost
+                    if self._lost is not None:
+                        return out
                     rep = self.cp.restore(self._saveable(names), protect=sorted(self.dirty))
                     self._unbind_homerefs(rep.restored)
                     self._moved.difference_update(n for n in names if n not in rep.failed)
@@ -540,9 +702,9 @@ class Coherence:
             out["restore_ms"] = (time.perf_counter() - t0) * 1e3
         return out
 
-    def _rebound_since(self, before):
-        """Names rebound or deleted since BEFORE (a _visible() snapshot), or new."""
-        after = self._visible()
+    def _rebound_since(self, before, after=None):
+        """Names rebound or deleted since BEFORE (a _visible() snapshot; AFTER: the one now), or new."""
+        after = self._visible() if after is None else after
         changed = {k for k, ident in after.items() if before.get(k) != ident}
         changed |= {k for k in before if k not in after}
         return changed
@@ -569,17 +731,25 @@ class Coherence:
         """Mark what the CPU cell may have changed as dirty.  Returns what metadata.looseleaf adds: the
         session's homes when the cell rebound a name a worker held."""
         before, self._before = self._before, None
+        before_mods, self._before_mods = self._before_mods, {}
         if before is None:
             return {}
-        bound = self._rebound_since(before)  # what the namespace shows bound or deleted
+        after, after_mods = split_visible(self.shell)
+        bound = self._rebound_since(before, after)  # what the namespace shows bound or deleted
         changed = set(bound)
+        # Names bound beyond the analysis (exec, %run, globals()[k] = v): for the gateway's session.
+        dynamic = namespace_diff(self.shell.user_ns, dict(before, **before_mods), dict(after, **after_mods),
+                                 plan.get("writes"))
         for key in ("writes", "deletes", "state"):
             changed.update(n for n in plan.get(key) or [] if isinstance(n, str))
         if plan.get("unknown"):
             changed.update(self._visible())  # (an unanalysed cell may have changed anything in place)
         self._mark_dirty(changed)
         self._mods_dirty = True
-        return self._rebound_here(bound)
+        out = self._rebound_here(bound)
+        if dynamic:
+            out["dynamic"] = dynamic
+        return out
 
     # ---- between cells --------------------------------------------------------------------------------
     def commit_idle(self):
@@ -594,6 +764,14 @@ class Coherence:
             return {"skipped": "no store"}
         self.install_outputs()  # in idle time: neither the GPU cell's reply nor the next cell waited for it
         ns = self.shell.user_ns
+        try:
+            # Committing into a store that came back empty would hide that it did (its commit numbers grow
+            # again): the next cell reading what was lost, or the next GPU cell, says so first.
+            self._lost = self._lost_data() or self._lost
+        except Exception as e:  # noqa: BLE001 - the Run finds out
+            return {"skipped": _reason(e)}
+        if self._lost is not None:
+            return {"skipped": "the checkpoint store came back without its data"}
         names = self._saveable(self.dirty)
         if len(names) > _QUICK_NAMES:
             return {"skipped": "%d names" % len(names)}
@@ -669,14 +847,7 @@ class Coherence:
         if self._lost is not None and not plan.get("prefetch"):
             # The kernel's own variables are in the store again; the cell would meet the lost ones with
             # NameError (or older values): it fails once, saying which.
-            (gone, stale), self._lost = self._lost, None
-            why = "the checkpoint store came back without its data (its redis-server restarted empty)"
-            if gone:
-                why += "; %s lived only there and %s gone" % (", ".join(gone), "is" if len(gone) == 1 else "are")
-            if stale:
-                why += "; the newest versions of %s are gone, the kernel's older ones stay" % ", ".join(stale)
-            return dict(out, **_cell_error("StoreUnavailable", why + "; the kernel's variables were saved "
-                                           "again: run the cells that made the others again"))
+            return dict(out, **self._lost_error())
         st = self.store.stats()
         out.update({"store_dir": self.dir, "session": self.session, "redis_url": st.get("redis_url") or "",
                     "execution_count": self.shell.execution_count,
@@ -753,6 +924,13 @@ class Coherence:
                 self.dirty.discard(n)
         for n in info.get("saved") or []:
             self.dirty.discard(n)
+            if isinstance(n, str):
+                self._stored.add(n)
+        self._stored.difference_update(n for n in info.get("deleted") or [] if isinstance(n, str))
+        # The worker's commit is what the store must hold from now on (_lost_data): a store that comes back
+        # empty is then told from one that simply has not moved since the kernel's own last commit.
+        if isinstance(info.get("committed"), int):
+            self._seen_version = max(self._seen_version, info["committed"])
         self._ps_moved = True
         saved, deleted = info.get("saved"), info.get("deleted")
         if self._moved is not None and isinstance(saved, list) and isinstance(deleted, list) and \

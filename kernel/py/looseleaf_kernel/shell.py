@@ -9,6 +9,7 @@ its output reaches the cell's stream; the pager becomes a payload.
 """
 import os
 import shlex
+from ast import Expr as ast_Expr
 import subprocess
 import sys
 import tempfile
@@ -35,6 +36,73 @@ class LostVariable(NameError):
     """A variable of the session whose value lived only in a process that is gone (or that this cell does
     not run in): raised where Python would raise a bare NameError for it.  A NameError, so code that
     catches NameError behaves as before."""
+
+
+# ---- huge cells (issue 23, part 3, item 6) ---------------------------------------------------------------
+# IPython tokenizes a cell for its input transformations, compiles it whole to find out whether it awaits, and
+# parses it into Python AST objects: ~450 bytes of memory per byte of a cell of short statements (a 5 MB
+# cell of `x = 1` lines peaked at 2.3 GB in ipykernel and here alike; 100 MB took the kernel to the OOM
+# killer).  A cell over _HUGE_BYTES is therefore transformed and compiled in pieces of about _PIECE_BYTES cut
+# at top-level statements (a line that starts in column 0 and after which the piece before compiles on its
+# own), every piece before anything runs (a syntax error anywhere still stops the cell before it starts), and
+# run piece by piece as IPython runs a cell statement by statement; the last piece's statements stay AST nodes,
+# so the cell's value is shown as usual.  A cell that cannot be cut so (a literal spanning more than a few
+# pieces, a cell magic) takes IPython's own path.
+_HUGE_BYTES = int(os.environ.get("LOOSELEAF_HUGE_CELL_BYTES") or 0) or 1 << 20
+_PIECE_BYTES = 256 << 10
+_PIECE_GROWTH = 16  # a piece that does not compile grows to the next cut, this many times at most
+
+
+class _Piece:
+    """A placeholder statement for one compiled piece of a huge cell (CellCompiler.__call__ returns CODE)."""
+
+    __slots__ = ("code",)
+
+    def __init__(self, code):
+        self.code = code
+
+
+def _next_cut(text, at):
+    """The offset of the first line at or after offset AT that starts a top-level statement candidate (column
+    0, not blank, not a comment, not a closing bracket), len(TEXT) when none."""
+    while True:
+        nl = text.find("\n", at)
+        if nl < 0 or nl + 1 >= len(text):
+            return len(text)
+        c = text[nl + 1]
+        if c not in " \t\r\n#)]}":
+            return nl + 1
+        at = nl + 1
+
+
+def split_huge_cell(raw, transform, compile_flags, filename):
+    """RAW (a huge cell) cut into pieces that each compile on their own once transformed (TRANSFORM: IPython's
+    input transformation; COMPILE_FLAGS: the shell's compiler's), or None when it cannot be cut so.  Returns
+    (the transformed cell, [code of each piece but the last, compiled as FILENAME with the cell's line
+    numbers], the last piece's AST, its line numbers the cell's too)."""
+    if raw.lstrip().startswith("%%"):
+        return None  # a cell magic takes the whole cell
+    import ast
+    texts, codes, last, pos, line = [], [], None, 0, 0
+    while pos < len(raw):
+        end, grown = _next_cut(raw, pos + _PIECE_BYTES), 0
+        while True:
+            text = transform(raw[pos:end])
+            try:
+                tree = compile(text, filename, "exec", compile_flags | ast.PyCF_ONLY_AST, True)
+                break
+            except (SyntaxError, ValueError, MemoryError):
+                if end >= len(raw) or grown >= _PIECE_GROWTH:
+                    return None
+                end, grown = _next_cut(raw, end), grown + 1
+        ast.increment_lineno(tree, line)
+        if last is not None:
+            codes.append(compile(last, filename, "exec", compile_flags, True))
+        last = tree  # only the newest piece's AST is kept: it may be the last
+        texts.append(text)
+        line += text.count("\n")
+        pos = end
+    return "".join(texts), codes, last
 
 
 class CellCompiler(CachingCompiler):
@@ -77,6 +145,25 @@ class CellCompiler(CachingCompiler):
         if ok:
             CellCompiler._checked = path
         return ok
+
+    huge = None  # split_huge_cell's answer for the huge cell being run
+
+    def ast_parse(self, source, filename="<unknown>", symbol="exec"):
+        huge, self.huge = self.huge, None
+        if huge is None or huge[0] is not source or symbol != "exec":
+            return super().ast_parse(source, filename, symbol)
+        import ast
+        # The pieces run as IPython runs statements (run_ast_nodes); the last piece's statements are the
+        # cell's own, so its value is shown as usual.
+        body = [ast.Expr(value=ast.Constant(value=_Piece(code))) for code in huge[1]] + huge[2].body
+        return ast.Module(body=body, type_ignores=[])
+
+    def __call__(self, source, filename, symbol):
+        body = getattr(source, "body", None)
+        if isinstance(body, list) and len(body) == 1 and isinstance(body[0], ast_Expr) and \
+                isinstance(getattr(body[0].value, "value", None), _Piece):
+            return body[0].value.value.code
+        return super().__call__(source, filename, symbol)
 
     def cache(self, transformed_code, number=0, raw_code=None):
         name = super().cache(transformed_code, number, raw_code)
@@ -385,7 +472,26 @@ class LooseLeafShell(InteractiveShell):
             {"source": "ask_exit", "keepkernel": self.keepkernel_on_exit}
         )
 
+    def transform_cell(self, raw_cell):
+        compiler = self.compile
+        if len(raw_cell) <= _HUGE_BYTES or not isinstance(compiler, CellCompiler):
+            return super().transform_cell(raw_cell)
+        def transform(text):  # IPython's static transformations (the dynamic ones are for one-line cells)
+            lines = self.input_transformer_manager.transform_cell(text).splitlines(keepends=True)
+            for t in self.input_transformers_post:
+                lines = t(lines)
+            return "".join(lines)
+
+        compiler.huge = split_huge_cell(raw_cell, transform, compiler.flags,
+                                        compiler.get_code_name(raw_cell, None, self.execution_count))
+        if compiler.huge is None:
+            return super().transform_cell(raw_cell)
+        return compiler.huge[0]
+
     def should_run_async(self, raw_cell, *, transformed_cell=None, preprocessing_exc_tuple=None):
+        huge = getattr(self.compile, "huge", None)
+        if huge is not None and huge[0] is transformed_cell:
+            return False  # (compiling the whole cell to find out is what a huge cell must not cost)
         # IPython 8.5 lets the ValueError of compile() on code with NUL bytes
         # escape from here; run it synchronously so that run_cell reports it
         # as the cell's error, as it does for any syntax error.

@@ -300,6 +300,8 @@ class Checkpointer:
         return out
 
     def _dependents(self, names):
+        if not names:
+            return set()  # (the scan costs O(variables): a batch of many new names changed nothing)
         return {v for v, (_, deps) in self._graph.items() if deps & names}
 
     def _exports_changed(self, name, pk):
@@ -318,11 +320,11 @@ class Checkpointer:
         return False
 
     # ---- save ----------------------------------------------------------------------------------------
-    def save(self, names, cell_id=None, stand_in=None, all_or_none=False):
+    def save(self, names, cell_id=None, stand_in=None, all_or_none=False, sync=True):
         """Save NAMES (see _save)."""
         ctxs = self._save_ctxs = []
         try:
-            return self._save(names, cell_id, stand_in, all_or_none)
+            return self._save(names, cell_id, stand_in, all_or_none, sync)
         finally:
             # A save's context and its pickler refer to each other: left to the cyclic GC, the objects the
             # context indexes (arrays over a mapping of a version this process read) would keep that
@@ -331,14 +333,16 @@ class Checkpointer:
                 ctx.close()
             self._save_ctxs = None
 
-    def _save(self, names, cell_id=None, stand_in=None, all_or_none=False):
+    def _save(self, names, cell_id=None, stand_in=None, all_or_none=False, sync=True):
         """Save NAMES (absent from the namespace = delete) and whatever must go with them; one commit.
         Returns a SaveReport; never raises for a variable that cannot be saved.  STAND_IN(name, value, why),
         when given, is asked for an object to commit instead of a value that cannot be pickled (None: the
         variable fails as usual); the namespace keeps the value.  ALL_OR_NONE: a variable the store cannot
         take (no room in the pool, Redis unavailable) fails the whole save: nothing is committed and every
         payload this save wrote is given back (a variable that cannot be pickled is still only left out).
-        An interrupt (KeyboardInterrupt) commits nothing either, and propagates."""
+        An interrupt (KeyboardInterrupt) commits nothing either, and propagates.  SYNC=False skips reading
+        what other processes committed (every version of the session: O(variables)), for the second and later
+        saves of one batch that nobody else commits during (the kernel's, coherence.Coherence._save_batched)."""
         t0 = time.perf_counter()
         names = _names(names)
         rep = SaveReport()
@@ -346,7 +350,8 @@ class Checkpointer:
         if cell_id is None:
             cell_id = "save-%d-%d" % (os.getpid(), next(_cell_counter))
         try:
-            self._sync_graph()
+            if sync or not self._graph:
+                self._sync_graph()
         except Exception as e:
             rep.error, rep.error_kind = _reason(e), type(e).__name__
             rep.failed = {n: rep.error for n in names}

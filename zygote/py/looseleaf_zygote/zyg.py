@@ -663,6 +663,8 @@ def worker_finish(arg):
         "saved": sorted(n for n in rep.saved if n != procstate.NAME),
         "deleted": sorted(rep.deleted),
     }
+    if rep.saved and not rep.error:
+        out["committed"] = max(rep.saved.values())  # the kernel tells an emptied store by it
     if rep.error:
         # The store failed (or an interrupt came): nothing of the cell was committed.
         lost = sorted(n for n in names if n != procstate.NAME and not (n.startswith("_") and n[1:].isdigit()))
@@ -684,6 +686,12 @@ def worker_finish(arg):
     out["held_bytes"] = _held_bytes()
     out["home"] = _home_report()
     out["shapes"] = _shapes(ns, out["saved"])
+    # Names the cell bound beyond its analysis (exec, %run, globals()[k] = v): the gateway's session learns
+    # them, so later cells' closures restore them wherever they run.
+    from looseleaf_kernel.coherence import namespace_diff
+    dynamic = namespace_diff(ns, _before, after, job.get("defines"))
+    if dynamic:
+        out["dynamic"] = dynamic
     return json.dumps(out)
 
 
