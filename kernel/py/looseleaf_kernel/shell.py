@@ -13,7 +13,8 @@ import subprocess
 import sys
 import tempfile
 import warnings
-import zlib
+
+import _looseleaf_kernel as _lk
 
 from IPython.core import page, payloadpage
 from IPython.core.autocall import ZMQExitAutocall
@@ -28,7 +29,7 @@ from traitlets import Any, CBool, Instance, Type, default
 
 from .display import LooseLeafDisplayHook, LooseLeafDisplayPublisher, flush_streams, publish
 
-__all__ = ["LooseLeafShell", "ZMQInteractiveShell", "CellCompiler", "connection_file", "LostVariable"]
+__all__ = ["LooseLeafShell", "ZMQInteractiveShell", "CellCompiler", "connection_file", "LostVariable", "get_file_name"]
 
 
 class LostVariable(NameError):
@@ -37,18 +38,35 @@ class LostVariable(NameError):
     catches NameError behaves as before."""
 
 
+# ipykernel's seed for the cell-name hash; JupyterLab's debugger names cells with it (debugger.py's debugInfo).
+CELL_HASH_SEED = 0xC70F6907
+
+
+def get_file_name(code):
+    """The file a cell of CODE (raw, as the frontend holds it) is compiled under: <session dir>/<hash>.py,
+    the hash being ipykernel's Murmur2, which JupyterLab's debugger computes itself to place breakpoints."""
+    return os.path.join(CellCompiler.session_dir(),
+                        "%d.py" % _lk.murmur2(code.encode("utf-8", "surrogatepass"), CELL_HASH_SEED))
+
+
 class CellCompiler(CachingCompiler):
-    """Names each cell like ipykernel does, <tmp>/looseleaf_<pid>/<hash>.py,
+    """Names each cell like ipykernel does, <tmp>/looseleaf_<pid>/<murmur2>.py,
     instead of IPython's <ipython-input-N-hash>: a real-looking path is what
-    debuggers and tools expect, and tracebacks then read as ipykernel's.
-    The hash is CRC-32 (C speed) where ipykernel spends a pure-Python
-    murmur2 loop per byte of every cell."""
+    debuggers and tools expect, JupyterLab's debugger computes the same name to
+    set breakpoints, and tracebacks then read as ipykernel's.  The hash runs in
+    C (_looseleaf_kernel.murmur2) where ipykernel loops over every byte in Python."""
 
     _dir = None
 
     def get_code_name(self, raw_code, code, number):
-        return os.path.join(CellCompiler.session_dir(), "%d.py" % zlib.crc32(raw_code.encode("utf-8",
-                                                                                  "surrogatepass")))
+        return get_file_name(raw_code)
+
+    @staticmethod
+    def write_source(path, code):
+        """Write a cell's source under PATH (the debugger's dumpCell), in the session's private directory."""
+        if CellCompiler._private(os.path.dirname(path)):
+            with open(path, "w", encoding="utf-8", errors="surrogateescape") as f:
+                f.write(code)
 
     @staticmethod
     def session_dir():

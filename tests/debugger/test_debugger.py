@@ -1,0 +1,351 @@
+"""JupyterLab's debugger on CPU cells (issue 27, item 1), compared message by message with ipykernel 7.
+
+Each kernel is driven the way JupyterLab's debugger panel drives it: debug_request on control (initialize, attach,
+dumpCell, setBreakpoints, configurationDone, ...), a cell executed on shell that stops at a breakpoint, the
+debug_events on iopub, the panel's requests while stopped (stackTrace, scopes, variables, stepping, rich
+inspection, copyToGlobals, evaluate), the cell completing, the variable explorer between cells, disconnect, and a
+second session.  The transcript of both kernels is normalized (sequence numbers, object references, the cells'
+directory, which differ between any two runs) and compared step by step; assertions on LooseLeaf's own transcript
+say what each step must show, so a step that fails on both kernels alike still fails the test.
+"""
+import queue
+import re
+import time
+
+import pytest
+from jupyter_client.manager import start_new_kernel
+
+TIMEOUT = 60  # generous: a loaded test machine, debugpy's adapter starting
+
+# A function defined by a cell run before the debugger starts; a breakpoint in it must hit when a later cell calls it.
+DEF_CELL = "def add(p, q):\n    total = p + q\n    return total\n"
+SETUP_CELL = "lst = [1, 2, 3]\nname = 'leaf'\n"
+# The cell debugged: a breakpoint on line 2.
+MAIN_CELL = "x = 1\ny = add(x, 2)\nz = y * 10\nprint(z)\n"
+AFTER_CELL = "print(z + 1)\n"
+
+
+class Session:
+    """One kernel and a debugger client on it."""
+
+    def __init__(self, kernel_name):
+        self.km, self.kc = start_new_kernel(kernel_name=kernel_name, startup_timeout=TIMEOUT)
+        self.seq = 0
+        self.pending = []  # iopub debug_events not consumed yet
+
+    def close(self):
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=True)
+
+    def control(self, msg_type, content):
+        msg = self.kc.session.msg(msg_type, content)
+        self.kc.control_channel.send(msg)
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            try:
+                reply = self.kc.control_channel.get_msg(timeout=1)
+            except queue.Empty:
+                continue
+            if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                return reply
+        raise AssertionError("no reply to %s on control" % msg_type)
+
+    def debug(self, command, arguments=None):
+        self.seq += 1
+        request = {"type": "request", "seq": self.seq, "command": command, "arguments": arguments or {}}
+        reply = self.control("debug_request", request)
+        assert reply["msg_type"] == "debug_reply"
+        return reply["content"]
+
+    def _pump(self, timeout):
+        try:
+            msg = self.kc.iopub_channel.get_msg(timeout=timeout)
+        except queue.Empty:
+            return
+        if msg["msg_type"] == "debug_event":
+            self.pending.append(msg["content"])
+
+    def wait_event(self, name):
+        """Consume debug_events up to the first NAME; return the stopped/continued ones among them (the rest
+        (threads, modules) differ between any two kernels)."""
+        deadline = time.monotonic() + TIMEOUT
+        seen = []
+        while time.monotonic() < deadline:
+            while self.pending:
+                ev = self.pending.pop(0)
+                if ev["event"] in ("stopped", "continued"):
+                    seen.append(ev)
+                if ev["event"] == name:
+                    return seen
+            self._pump(1)
+        raise AssertionError("no %s debug_event (saw %r)" % (name, seen))
+
+    def execute(self, code):
+        return self.kc.execute(code)
+
+    def shell_reply(self, msg_id):
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            try:
+                reply = self.kc.get_shell_msg(timeout=1)
+            except queue.Empty:
+                continue
+            if reply["parent_header"].get("msg_id") == msg_id:
+                return reply
+        raise AssertionError("no execute_reply")
+
+    def run(self, code):
+        reply = self.shell_reply(self.execute(code))
+        assert reply["content"]["status"] == "ok", reply["content"]
+        return reply
+
+
+def script(s, ours):
+    """The debugger session JupyterLab would hold; returns [(step, content)]."""
+    t = []
+    info = s.control("kernel_info_request", {})["content"]
+    t.append(("kernel_info.supported_features", "debugger" in info.get("supported_features", [])))
+    s.run(DEF_CELL)
+    s.run(SETUP_CELL)
+    t.append(("debugInfo before", s.debug("debugInfo")))
+    # The variable explorer before any debug session (JupyterLab shows it as soon as the panel opens).
+    inspected = s.debug("inspectVariables")
+    t.append(("inspectVariables", user_names(inspected)))
+    t.append(("richInspectVariables", s.debug("richInspectVariables", {"variableName": "name"})))
+    t.append(("richInspectVariables bad name", s.debug("richInspectVariables", {"variableName": "1x"})))
+    t.append(("initialize", s.debug("initialize", {
+        "clientID": "jupyterlab", "clientName": "JupyterLab", "adapterID": "python", "pathFormat": "path",
+        "linesStartAt1": True, "columnsStartAt1": True, "supportsVariableType": True,
+        "supportsVariablePaging": True, "supportsRunInTerminalRequest": True, "locale": "en"})))
+    t.append(("attach", s.debug("attach")))
+    main = s.debug("dumpCell", {"code": MAIN_CELL})
+    t.append(("dumpCell", main))
+    main_path = main["body"]["sourcePath"]
+    def_path = s.debug("dumpCell", {"code": DEF_CELL})["body"]["sourcePath"]
+    t.append(("setBreakpoints main", s.debug("setBreakpoints", {
+        "source": {"path": main_path}, "breakpoints": [{"line": 2}], "sourceModified": False})))
+    t.append(("setBreakpoints def", s.debug("setBreakpoints", {
+        "source": {"path": def_path}, "breakpoints": [{"line": 2}], "sourceModified": False})))
+    t.append(("debugInfo started", s.debug("debugInfo")))
+    t.append(("configurationDone", s.debug("configurationDone")))
+    # Started, nothing stopped: a variable the explorer listed expands from the namespace.
+    inspected = s.debug("inspectVariables")
+    ref = [v for v in inspected["body"]["variables"] if v["name"] == "lst"][0]["variablesReference"]
+    t.append(("variables of lst", s.debug("variables", {"variablesReference": ref})))
+
+    msg_id = s.execute(MAIN_CELL)
+    t.append(("stopped at the cell's breakpoint", s.wait_event("stopped")))
+    stack = s.debug("stackTrace", {"threadId": 1})
+    t.append(("stackTrace in the cell", stack))
+    frame = stack["body"]["stackFrames"][0]["id"]
+    scopes = s.debug("scopes", {"frameId": frame})
+    t.append(("scopes", scopes))
+    glob = s.debug("variables", {"variablesReference": scopes["body"]["scopes"][0]["variablesReference"]})
+    t.append(("variables of the cell", user_names(glob)))
+    t.append(("debugInfo stopped", s.debug("debugInfo")))
+    # The control channel answers while the cell is stopped (the interpreter thread is parked in pydevd).
+    t.append(("kernel_info on control while stopped",
+              s.control("kernel_info_request", {})["content"]["status"]))
+    t.append(("richInspectVariables stopped",
+              s.debug("richInspectVariables", {"variableName": "x", "frameId": frame})))
+
+    t.append(("continue", s.debug("continue", {"threadId": 1})))
+    t.append(("stopped in the earlier cell's function", s.wait_event("stopped")))
+    stack = s.debug("stackTrace", {"threadId": 1})
+    t.append(("stackTrace in add", stack))
+    frame = stack["body"]["stackFrames"][0]["id"]
+    scopes = s.debug("scopes", {"frameId": frame})
+    local = s.debug("variables", {"variablesReference": scopes["body"]["scopes"][0]["variablesReference"]})
+    t.append(("locals of add", local))
+
+    t.append(("next", s.debug("next", {"threadId": 1})))
+    t.append(("stopped after next", s.wait_event("stopped")))
+    stack = s.debug("stackTrace", {"threadId": 1})
+    frame = stack["body"]["stackFrames"][0]["id"]
+    t.append(("line after next", [(f["name"], f["line"]) for f in stack["body"]["stackFrames"]]))
+    scopes = s.debug("scopes", {"frameId": frame})
+    local = s.debug("variables", {"variablesReference": scopes["body"]["scopes"][0]["variablesReference"]})
+    t.append(("locals after next", local))
+    t.append(("evaluate", s.debug("evaluate", {"expression": "total * 100", "frameId": frame, "context": "repl"})))
+    t.append(("copyToGlobals", s.debug("copyToGlobals", {
+        "srcVariableName": "total", "dstVariableName": "total_copy", "srcFrameId": frame})))
+
+    t.append(("stepOut", s.debug("stepOut", {"threadId": 1})))
+    t.append(("stopped after stepOut", s.wait_event("stopped")))
+    stack = s.debug("stackTrace", {"threadId": 1})
+    t.append(("line after stepOut", [(f["name"], f["line"]) for f in stack["body"]["stackFrames"]]))
+    t.append(("stepIn", s.debug("stepIn", {"threadId": 1})))
+    t.append(("stopped after stepIn", s.wait_event("stopped")))
+    stack = s.debug("stackTrace", {"threadId": 1})
+    t.append(("line after stepIn", [(f["name"], f["line"]) for f in stack["body"]["stackFrames"]]))
+
+    t.append(("continue to the end", s.debug("continue", {"threadId": 1})))
+    reply = s.shell_reply(msg_id)
+    t.append(("execute_reply", reply["content"]["status"]))
+    info = s.debug("debugInfo")
+    # ipykernel still lists the threads stopped before the continue (see below); LooseLeaf none.
+    t.append(("+debugInfo after the cell", info))
+
+    if ours:
+        # Between cells: the variable explorer reads the namespace.  (ipykernel keeps the thread it stopped as
+        # stopped after a continue, since debugpy sends no "continued" event for one, and then forwards these
+        # to debugpy, which fails them or leaves them unanswered: LooseLeaf only.)
+        inspected = s.debug("inspectVariables")
+        t.append(("+inspectVariables after", user_names(inspected)))
+        ref = [v for v in inspected["body"]["variables"] if v["name"] == "lst"][0]["variablesReference"]
+        t.append(("+variables of lst after", s.debug("variables", {"variablesReference": ref})))
+        t.append(("+richInspectVariables after", s.debug("richInspectVariables", {"variableName": "z"})))
+    t.append(("source", s.debug("source", {"source": {"path": main_path}})))
+    t.append(("source missing", s.debug("source", {"source": {"path": main_path + ".gone"}})))
+    mods = s.debug("modules", {"startModule": 0, "moduleCount": 5})
+    t.append(("modules", sorted(mods.get("body", {}))))
+    t.append(("disconnect", s.debug("disconnect", {"restart": False, "terminateDebuggee": False})))
+    t.append(("debugInfo after disconnect", s.debug("debugInfo")))
+
+    # The cell runs as without the debugger; a second session starts and stops.
+    out = s.run(AFTER_CELL)
+    t.append(("cell after disconnect", out["content"]["status"]))
+    t.append(("initialize again", s.debug("initialize", {"clientID": "jupyterlab", "adapterID": "python",
+                                                         "pathFormat": "path", "linesStartAt1": True,
+                                                         "columnsStartAt1": True})["success"]))
+    t.append(("attach again", s.debug("attach")["success"]))
+    t.append(("disconnect again", s.debug("disconnect", {"restart": False, "terminateDebuggee": False})))
+    return t
+
+
+def user_names(reply):
+    """A variables reply reduced to the user's variables (the kernels' namespaces differ otherwise)."""
+    keep = {"x", "y", "z", "lst", "name", "add", "total_copy", "special variables", "function variables"}
+    return [(v["name"], v.get("value"), v.get("type")) for v in reply["body"]["variables"] if v["name"] in keep]
+
+
+_CELLS_DIR = re.compile(r"/[^\s\"']*/(?:ipykernel|looseleaf)_\d+/")
+_ADDR = re.compile(r" at 0x[0-9a-f]+")
+
+
+def norm(v, key=None):
+    if isinstance(v, dict):
+        # stoppedThreads: ipykernel counts one of its own threads as stopped (checked on LooseLeaf's alone).
+        return {k: norm(x, k) for k, x in v.items()
+                if k not in ("seq", "request_seq", "sequence_seq", "id", "frameId", "variablesReference",
+                             "stoppedThreads") or x == 0}
+    if isinstance(v, (list, tuple)):
+        return [norm(x) for x in v]
+    if isinstance(v, str):
+        return _ADDR.sub(" at 0x?", _CELLS_DIR.sub("<cells>/", v))
+    return v
+
+
+@pytest.fixture(scope="module")
+def transcripts(jupyter_env):
+    out = {}
+    for name in ("looseleaf", "python3"):
+        s = Session(name)
+        try:
+            out[name] = script(s, name == "looseleaf")
+        finally:
+            s.close()
+    return out
+
+
+def test_debug_session_matches_ipykernel(transcripts):
+    ours, ref = transcripts["looseleaf"], transcripts["python3"]
+    ours = [(step, c) for step, c in ours if not step.startswith("+")]
+    ref = [(step, c) for step, c in ref if not step.startswith("+")]
+    assert [step for step, _ in ours] == [step for step, _ in ref]
+    for (step, a), (_, b) in zip(ours, ref):
+        assert norm(a) == norm(b), step
+
+
+def test_debug_session_shows_what_the_panel_needs(transcripts):
+    t = dict(transcripts["looseleaf"])
+    assert t["kernel_info.supported_features"] is True
+    assert t["debugInfo before"]["body"]["isStarted"] is False
+    assert t["initialize"]["success"] and t["attach"]["success"]
+    info = t["debugInfo started"]["body"]
+    assert info["isStarted"] is True and info["hashMethod"] == "Murmur2"
+    assert t["dumpCell"]["body"]["sourcePath"].startswith(info["tmpFilePrefix"])
+    # The cell's own breakpoint, then the one in the function an earlier cell defined.
+    (stop,) = [e for e in t["stopped at the cell's breakpoint"] if e["event"] == "stopped"]
+    assert stop["body"]["reason"] == "breakpoint"
+    frames = t["stackTrace in the cell"]["body"]["stackFrames"]
+    assert (frames[0]["name"], frames[0]["line"]) == ("<module>", 2)
+    assert frames[0]["source"]["path"] == t["dumpCell"]["body"]["sourcePath"]
+    assert ("x", "1", "int") in t["variables of the cell"]
+    assert t["debugInfo stopped"]["body"]["stoppedThreads"] == [1]
+    assert t["kernel_info on control while stopped"] == "ok"
+    assert t["richInspectVariables stopped"]["body"]["data"]["text/plain"] == "1"
+    stops = [e for e in t["stopped in the earlier cell's function"] if e["event"] == "stopped"]
+    assert stops[-1]["body"]["reason"] == "breakpoint"
+    frames = t["stackTrace in add"]["body"]["stackFrames"]
+    assert [(f["name"], f["line"]) for f in frames[:2]] == [("add", 2), ("<module>", 2)]
+    assert {v["name"]: v["value"] for v in t["locals of add"]["body"]["variables"]} == {"p": "1", "q": "2"}
+    assert t["line after next"][0] == ("add", 3)
+    assert {v["name"]: v["value"] for v in t["locals after next"]["body"]["variables"]} == {
+        "p": "1", "q": "2", "total": "3"}
+    assert t["evaluate"]["body"]["result"] == "300"
+    assert t["copyToGlobals"]["success"]
+    assert t["line after stepOut"][0][0] == "<module>"
+    assert t["execute_reply"] == "ok"
+    assert t["+debugInfo after the cell"]["body"]["stoppedThreads"] == []
+    assert ("lst", "[1, 2, 3]", "list") in t["inspectVariables"]
+    assert [v["value"] for v in t["variables of lst"]["body"]["variables"] if v["name"] in "012"] == ["1", "2", "3"]
+    assert t["richInspectVariables"]["body"]["data"]["text/plain"] == "'leaf'"
+    assert t["richInspectVariables bad name"]["success"] is False
+    after = t["+inspectVariables after"]
+    assert ("z", "30", "int") in after and ("total_copy", "3", "int") in after
+    assert t["+variables of lst after"]["success"] is True
+    assert t["+richInspectVariables after"]["body"]["data"]["text/plain"] == "30"
+    assert t["source"]["body"]["content"] == MAIN_CELL
+    assert t["source missing"]["success"] is False
+    assert t["debugInfo after disconnect"]["body"]["isStarted"] is False
+    assert t["cell after disconnect"] == "ok"
+    assert t["initialize again"] and t["attach again"]
+
+
+def test_debugger_advertised(jupyter_env):
+    s = Session("looseleaf")
+    try:
+        info = s.control("kernel_info_request", {})["content"]
+        assert info["debugger"] is True
+        assert "debugger" in info["supported_features"]
+        # A malformed request gets an error response, and the kernel lives on.
+        bad = s.control("debug_request", {"type": "request", "seq": 1, "command": "stackTrace",
+                                           "arguments": {"threadId": 1}})["content"]
+        assert bad["success"] is False and bad["command"] == "stackTrace"
+        assert s.run("print(1)")["content"]["status"] == "ok"
+    finally:
+        s.close()
+
+
+def test_interrupt_and_shutdown_at_a_breakpoint(jupyter_env):
+    """An interrupt while a cell is stopped ends the cell (KeyboardInterrupt) and leaves the debugger usable: the
+    next cell runs, the breakpoint hits again (ipykernel's pydevd keeps the thread marked suspended and never
+    stops again); a shutdown while stopped ends the kernel."""
+    s = Session("looseleaf")
+    try:
+        s.debug("initialize", {"clientID": "jupyterlab", "adapterID": "python", "pathFormat": "path",
+                               "linesStartAt1": True, "columnsStartAt1": True})
+        assert s.debug("attach")["success"]
+        code = "a = 1\nb = 2\n"
+        path = s.debug("dumpCell", {"code": code})["body"]["sourcePath"]
+        s.debug("setBreakpoints", {"source": {"path": path}, "breakpoints": [{"line": 2}]})
+        s.debug("configurationDone")
+        msg_id = s.execute(code)
+        s.wait_event("stopped")
+        s.km.interrupt_kernel()
+        reply = s.shell_reply(msg_id)["content"]
+        assert (reply["status"], reply["ename"]) == ("error", "KeyboardInterrupt")
+        assert any(e["event"] == "continued" for e in s.wait_event("continued"))
+        assert s.debug("debugInfo")["body"]["stoppedThreads"] == []
+        assert s.run("c = 3")["content"]["status"] == "ok"
+        s.execute(code)
+        (stop,) = [e for e in s.wait_event("stopped") if e["event"] == "stopped"]
+        assert stop["body"]["reason"] == "breakpoint"
+        s.kc.shutdown()
+        deadline = time.monotonic() + TIMEOUT
+        while s.km.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not s.km.is_alive()
+    finally:
+        s.close()
