@@ -15,7 +15,7 @@ import time
 import pytest
 from jupyter_client.manager import start_new_kernel
 
-TIMEOUT = 60  # generous: a loaded test machine, debugpy's adapter starting
+TIMEOUT = int(__import__("os").environ.get("DBG_TIMEOUT", "60"))  # generous: a loaded test machine, debugpy's adapter starting
 
 # A function defined by a cell run before the debugger starts; a breakpoint in it must hit when a later cell calls it.
 DEF_CELL = "def add(p, q):\n    total = p + q\n    return total\n"
@@ -349,3 +349,54 @@ def test_interrupt_and_shutdown_at_a_breakpoint(jupyter_env):
         assert not s.km.is_alive()
     finally:
         s.close()
+
+
+def test_exception_breakpoints_and_placement_magic(jupyter_env):
+    """Pause on raised exceptions (the panel's checkbox: setExceptionBreakpoints) stops where the cell raises, with
+    exceptionInfo, as on ipykernel; a breakpoint in a %%cpu cell stops on the line the editor shows."""
+    results = {}
+    for name in ("looseleaf", "python3"):
+        s = Session(name)
+        try:
+            t = results[name] = []
+            # IPython's first traceback imports asttokens, whose import raises and catches (ipykernel would stop
+            # there with "raised" on): a failing cell first.
+            assert s.shell_reply(s.execute("1/0"))["content"]["status"] == "error"
+            s.debug("initialize", {"clientID": "jupyterlab", "adapterID": "python", "pathFormat": "path",
+                                   "linesStartAt1": True, "columnsStartAt1": True})
+            s.debug("attach")
+            t.append(("setExceptionBreakpoints",
+                      s.debug("setExceptionBreakpoints", {"filters": ["raised"], "filterOptions": [],
+                                                          "exceptionOptions": []})))
+            s.debug("configurationDone")
+            code = "v = 7\nraise ValueError('bad %d' % v)\n"
+            msg_id = s.execute(code)
+            t.append(("stopped", s.wait_event("stopped")))
+            stack = s.debug("stackTrace", {"threadId": 1})
+            t.append(("frame", [(f["name"], f["line"]) for f in stack["body"]["stackFrames"]][:1]))
+            info = s.debug("exceptionInfo", {"threadId": 1})
+            t.append(("exceptionInfo", {k: info["body"].get(k) for k in ("exceptionId", "description", "breakMode")}))
+            s.debug("continue", {"threadId": 1})
+            reply = s.shell_reply(msg_id)["content"]
+            t.append(("reply", (reply["status"], reply["ename"], reply["evalue"])))
+            s.debug("setExceptionBreakpoints", {"filters": [], "filterOptions": [], "exceptionOptions": []})
+            if name == "looseleaf":
+                code = "%%cpu\nw = 1\nw = w + 1\nw = w * 5\n"
+                path = s.debug("dumpCell", {"code": code})["body"]["sourcePath"]
+                s.debug("setBreakpoints", {"source": {"path": path}, "breakpoints": [{"line": 3}]})
+                msg_id = s.execute(code)
+                s.wait_event("stopped")
+                frame = s.debug("stackTrace", {"threadId": 1})["body"]["stackFrames"][0]
+                assert (frame["line"], frame["source"]["path"]) == (3, path)
+                # Stopped before the editor's line 3 (w = w + 1), not before the code's third line.
+                value = s.debug("evaluate", {"expression": "w", "frameId": frame["id"], "context": "repl"})
+                assert value["body"]["result"] == "1"
+                s.debug("continue", {"threadId": 1})
+                assert s.shell_reply(msg_id)["content"]["status"] == "ok"
+                assert s.run("assert w == 10")["content"]["status"] == "ok"
+        finally:
+            s.close()
+    ours, ref = results["looseleaf"], results["python3"]
+    assert [norm(c) for _, c in ours] == [norm(c) for _, c in ref]
+    assert ours[2][1] == [("<module>", 2)]
+    assert ours[3][1]["exceptionId"] == "ValueError" and ours[4][1] == ("error", "ValueError", "bad 7")

@@ -282,6 +282,12 @@ class Debugger:
             return False
         self.init_event.clear()
         self.attached = False
+        # IPython imports asttokens at a cell's first traceback, and its import raises and catches exceptions:
+        # with "pause on raised exceptions" the first failing cell would stop inside it (it does on ipykernel).
+        try:
+            import asttokens  # noqa: F401
+        except ImportError:
+            pass
         # Keep a cell's leading empty lines while debugging, so breakpoints land on the lines the editor shows.
         from IPython.core.inputtransformer2 import leading_empty_lines
         cleanup = self.shell.input_transformer_manager.cleanup_transforms
@@ -298,11 +304,19 @@ class Debugger:
         for i in sorted(self.removed_cleanup):
             cleanup.insert(i, self.removed_cleanup.pop(i))
 
-    def trace_this_thread(self):
-        """Called on the interpreter thread before a cell runs: pydevd traces it (breakpoints hit there)."""
+    def trace_this_thread(self, on=True):
+        """On the interpreter thread: pydevd traces it while a cell runs (breakpoints hit there), and not while
+        the kernel's own requests run there (an idle commit importing the store would stop at every exception
+        numpy raises and catches while it loads, with "pause on raised exceptions" on)."""
         if self.started and self.endpoint is not None:
             import debugpy
-            debugpy.debug_this_thread()
+            try:
+                if on:
+                    debugpy.debug_this_thread()
+                else:
+                    debugpy.trace_this_thread(False)
+            except Exception:
+                log.warning("cannot switch tracing of the interpreter thread", exc_info=True)
 
     def cell_ended(self):
         """Called on the interpreter thread once a cell has ended.  A cell interrupted while stopped at a
@@ -311,6 +325,7 @@ class Debugger:
         saw the cell end).  So the thread is marked running again, and the frontend told so."""
         if not self.started:
             return
+        self.trace_this_thread(False)
         info = getattr(threading.current_thread(), "additional_info", None)
         try:
             from _pydevd_bundle.pydevd_constants import STATE_RUN, STATE_SUSPEND

@@ -331,6 +331,8 @@ class Kernel:
                 metadata = {}
         except ValueError as e:
             return self._error_json("BadRequest", "invalid %s: %s" % (msg_type, e))
+        if self.debugger is not None and msg_type != "execute_request":
+            self.debugger.trace_this_thread(False)  # pydevd sees cells only (a breakpoint change traces all)
         handler = self.handlers.get(msg_type)
         if handler is None:
             return self._error_json("UnknownRequest", "unknown request type %r" % (msg_type,))

@@ -184,9 +184,11 @@ def strip_placement_magic(lines):
 
     These are LooseLeaf's per-cell overrides of where a cell runs (read by
     the gateway's analysis, which strips them the same way); for IPython the
-    cell is the rest.  History keeps the raw cell, line numbers stay."""
+    cell is the rest.  History keeps the raw cell.  The line becomes an empty one, which IPython's next cleanup
+    (leading_empty_lines) drops, except while the debugger runs (debugger.py takes that cleanup out, as ipykernel
+    does): then the code keeps the editor's line numbers, where the frontend puts breakpoints."""
     if lines and lines[0].strip() in PLACEMENT_MAGICS:
-        return lines[1:] or ["\n"]
+        return ["\n"] + lines[1:]
     return lines
 
 
