@@ -572,9 +572,13 @@ def request(request_json):
         me.name = "looseleaf-control"
         me.is_pydev_daemon_thread = True
         me.pydev_do_not_trace = True
+    if not isinstance(message.get("command"), str):
+        return json.dumps(_response(message, False, message="invalid debug_request: no command"), default=repr)
     try:
         reply = _debugger.process(message)
     except Exception as e:
-        log.exception("debug request %r failed", message.get("command"))
+        # Mostly a request missing what its command needs: a line, the traceback only when debugging.
+        log.warning("debug request %r failed: %s: %s", message.get("command"), type(e).__name__, e)
+        log.debug("debug request failed", exc_info=True)
         reply = _response(message, False, message="%s: %s" % (type(e).__name__, e))
     return json.dumps(reply, default=repr)
