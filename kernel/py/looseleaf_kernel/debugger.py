@@ -15,6 +15,7 @@ functions it defines that later cells call.  GPU cells run in workers, outside p
 the debugger."""
 
 import importlib.util
+import itertools
 import json
 import logging
 import os
@@ -213,6 +214,9 @@ class Debugger:
         self.removed_cleanup = {}
         self.lock = threading.RLock()  # one request at a time (control is one thread; this is for safety)
         self.event_thread = None  # started with the first debug session
+        # Sequence numbers of the kernel's own requests to debugpy, apart from the frontend's (replies are
+        # matched by request_seq and command).
+        self.own_seq = itertools.count(1 << 30)
 
     # -- events -----------------------------------------------------------
 
@@ -240,7 +244,7 @@ class Debugger:
             if body.get("allThreadsStopped"):
                 # Which threads stopped: ask debugpy (the event names one), as ipykernel does.
                 conn = self.conn
-                rep = conn.request({"seq": msg.get("seq", 0) + 1, "type": "request", "command": "threads"}) \
+                rep = conn.request({"seq": next(self.own_seq), "type": "request", "command": "threads"}) \
                     if conn else None
                 for t in ((rep or {}).get("body") or {}).get("threads", []):
                     if t.get("name") not in ("IPythonHistorySavingThread",):
