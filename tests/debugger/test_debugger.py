@@ -123,6 +123,9 @@ def script(s, ours):
     t.append(("dumpCell", main))
     main_path = main["body"]["sourcePath"]
     def_path = s.debug("dumpCell", {"code": DEF_CELL})["body"]["sourcePath"]
+    # The cell names JupyterLab computes (Murmur2): every tail length, and UTF-8 beyond ASCII.
+    for code in ("a", "ab", "abc", "abcd", "s = 'é ü 𝔘 ✓'\n"):
+        t.append(("dumpCell %r" % code, s.debug("dumpCell", {"code": code})))
     t.append(("setBreakpoints main", s.debug("setBreakpoints", {
         "source": {"path": main_path}, "breakpoints": [{"line": 2}], "sourceModified": False})))
     t.append(("setBreakpoints def", s.debug("setBreakpoints", {
