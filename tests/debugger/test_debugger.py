@@ -66,6 +66,21 @@ class Session:
         if msg["msg_type"] == "debug_event":
             self.pending.append(msg["content"])
 
+    def wait_running(self, msg_id):
+        """Until the cell MSG_ID has started (its execute_input), and a moment more so its loop runs."""
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            try:
+                msg = self.kc.iopub_channel.get_msg(timeout=1)
+            except queue.Empty:
+                continue
+            if msg["msg_type"] == "debug_event":
+                self.pending.append(msg["content"])
+            elif msg["msg_type"] == "execute_input" and msg["parent_header"].get("msg_id") == msg_id:
+                time.sleep(0.5)  # not a timing assertion: a pause earlier would stop on an earlier line
+                return
+        raise AssertionError("the cell did not start")
+
     def wait_event(self, name):
         """Consume debug_events up to the first NAME; return the stopped/continued ones among them (the rest
         (threads, modules) differ between any two kernels)."""
@@ -445,3 +460,45 @@ def test_gpu_cell_runs_as_without_the_debugger(jupyter_env):
         assert s.shell_reply(msg_id)["content"]["status"] == "ok"
     finally:
         s.close()
+
+
+def test_pause_and_breakpoint_set_while_running(jupyter_env):
+    """The panel's pause button stops a running loop where it is; a breakpoint set while the cell runs hits; as on
+    ipykernel."""
+    results = {}
+    for name in ("looseleaf", "python3"):
+        s = Session(name)
+        try:
+            t = results[name] = []
+            s.debug("initialize", {"clientID": "jupyterlab", "adapterID": "python", "pathFormat": "path",
+                                   "linesStartAt1": True, "columnsStartAt1": True})
+            s.debug("attach")
+            s.debug("configurationDone")
+            code = "import time\nn = 0\nwhile n < 3000:\n    n += 1\n    time.sleep(0.01)\n"
+            path = s.debug("dumpCell", {"code": code})["body"]["sourcePath"]
+            msg_id = s.execute(code)
+            s.wait_running(msg_id)
+            t.append(("pause", s.debug("pause", {"threadId": 1})))
+            t.append(("stopped", s.wait_event("stopped")))
+            stack = s.debug("stackTrace", {"threadId": 1})["body"]["stackFrames"]
+            t.append(("where", (stack[0]["name"], stack[0]["line"] in (3, 4, 5), stack[0]["source"]["path"] == path)))
+            t.append(("setBreakpoints", s.debug("setBreakpoints", {"source": {"path": path},
+                                                                   "breakpoints": [{"line": 4}]})["success"]))
+            s.debug("continue", {"threadId": 1})
+            t.append(("stopped at the new breakpoint", s.wait_event("stopped")))
+            s.debug("setBreakpoints", {"source": {"path": path}, "breakpoints": []})
+            frame = s.debug("stackTrace", {"threadId": 1})["body"]["stackFrames"][0]["id"]
+            t.append(("evaluate a statement", s.debug("evaluate", {"expression": "n = 2990", "frameId": frame,
+                                                                   "context": "repl"})))  # the loop ends soon
+            s.debug("continue", {"threadId": 1})
+            t.append(("reply", s.shell_reply(msg_id)["content"]["status"]))
+            t.append(("n", s.run("print(n)")["content"]["status"]))
+        finally:
+            s.close()
+    assert [norm(c) for _, c in results["looseleaf"]] == [norm(c) for _, c in results["python3"]]
+    t = dict(results["looseleaf"])
+    assert [e["body"]["reason"] for e in t["stopped"] if e["event"] == "stopped"] == ["pause"]
+    assert t["where"] == ("<module>", True, True)
+    assert [e["body"]["reason"] for e in t["stopped at the new breakpoint"]
+            if e["event"] == "stopped"] == ["breakpoint"]
+    assert t["reply"] == "ok"
