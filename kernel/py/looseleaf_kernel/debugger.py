@@ -107,10 +107,11 @@ def _daemon(target, name):
 class _Connection:
     """One DAP connection to debugpy's adapter: framed JSON both ways, replies matched to their request."""
 
-    def __init__(self, host, port, on_event):
+    def __init__(self, host, port, on_event, on_response):
         self.sock = socket.create_connection((host, port), timeout=REPLY_TIMEOUT_S)
         self.sock.settimeout(None)
         self.on_event = on_event
+        self.on_response = on_response  # called in arrival order, before any later message is read
         self.lock = threading.Condition()
         self.replies = {}  # (request_seq, command) -> response
         self.closed = False
@@ -149,6 +150,7 @@ class _Connection:
                 if msg.get("type") == "event":
                     self.on_event(msg)
                 elif msg.get("type") == "response":
+                    self.on_response(msg)
                     with self.lock:
                         self.replies[(msg.get("request_seq"), msg.get("command"))] = msg
                         self.lock.notify_all()
@@ -217,6 +219,7 @@ class Debugger:
         # Sequence numbers of the kernel's own requests to debugpy, apart from the frontend's (replies are
         # matched by request_seq and command).
         self.own_seq = itertools.count(1 << 30)
+        self.resuming = {}  # seq of a resuming request in flight -> its threadId
 
     # -- events -----------------------------------------------------------
 
@@ -280,7 +283,7 @@ class Debugger:
             self.event_thread = _daemon(self._event_loop, "looseleaf-debug-events")
         try:
             host, port = self._listen()
-            self.conn = _Connection(host, port, self._on_event)
+            self.conn = _Connection(host, port, self._on_event, self._on_response)
         except Exception as e:
             log.warning("the debugger cannot start: %s", e)
             return False
@@ -368,9 +371,10 @@ class Debugger:
                                                    "variables", "attach", "configurationDone"):
                 reply = handler(message)
             else:
+                if command in self.RESUMING:
+                    self.resuming[message.get("seq")] = (message.get("arguments") or {}).get("threadId")
                 reply = self._forward(message)
-                if command in self.RESUMING and reply.get("success"):
-                    self._resumed(message, reply)
+                self.resuming.pop(message.get("seq"), None)
         else:
             # ipykernel answers {} here; a DAP error says why to the frontend.
             reply = _response(message, False, message="the debugger is not started (send initialize first)")
@@ -384,15 +388,18 @@ class Debugger:
     # Requests that resume stopped threads.  debugpy sends no "continued" event for a continue the client asked
     # for (the DAP says adapters need not), so ipykernel keeps such threads as stopped after the cell has ended,
     # and then sends the variable explorer's requests to debugpy instead of reading the namespace: here the
-    # reply itself says which threads go on.
+    # response itself says which threads go on.  It is read on the reader thread, before the "stopped" event
+    # that may follow at once (the next breakpoint, the end of a step), so that event is never undone.
     RESUMING = ("continue", "next", "stepIn", "stepOut", "stepBack", "reverseContinue", "goto")
 
-    def _resumed(self, message, reply):
-        body = reply.get("body") or {}
-        if body.get("allThreadsContinued", True):
+    def _on_response(self, msg):
+        if msg.get("command") not in self.RESUMING or not msg.get("success"):
+            return
+        thread = self.resuming.get(msg.get("request_seq"))
+        if (msg.get("body") or {}).get("allThreadsContinued", msg.get("command") == "continue"):
             self.stopped_threads = set()
         else:
-            self.stopped_threads.discard((message.get("arguments") or {}).get("threadId"))
+            self.stopped_threads.discard(thread)
 
     def _forward(self, message):
         conn = self.conn
