@@ -11,8 +11,9 @@
  * timers the shell loop polls.  Shell requests run on the main thread, one at a time,
  * because that is where the interpreter lives; control requests run on the
  * control thread and touch the interpreter only through ll_interp_interrupt
- * / ll_interp_busy (async-signal-safe) and the kernel_info reply cached at
- * start-up.
+ * / ll_interp_busy (async-signal-safe), the kernel_info reply cached at
+ * start-up, and ll_interp_debug (debug_request: it takes the GIL like any
+ * Python thread, so it is served while a cell runs or sits at a breakpoint).
  *
  * stop_on_error: when an execute fails, the execute_requests already queued
  * on shell are taken before the error reply leaves and answered "aborted"
@@ -183,6 +184,7 @@ static void s_request_shutdown(void)
 }
 
 static void s_install_handlers(void);
+static bool s_stopping(void);
 
 /* ---- handlers ------------------------------------------------------------ */
 
@@ -231,6 +233,32 @@ static void s_on_shutdown(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
     ll_iopub_send(s_k.iopub, "shutdown_reply", req, json_deep_copy(content), NULL, NULL);
     s_send_reply(sock, req, "shutdown_reply", content, NULL);
     s_request_shutdown();
+}
+
+/* The debugger (JupyterLab's panel): the request's content is one Debug
+ * Adapter Protocol request, served by looseleaf_kernel.debugger with the
+ * GIL taken on this (the control) thread, so it is answered while a cell
+ * runs or is stopped at a breakpoint on the main thread; its events go out
+ * on iopub as debug_event through the publish hook. */
+static void s_on_debug(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
+{
+    char *text = json_dumps(req->content, JSON_COMPACT);
+    char *reply_text = text && !s_stopping() ? ll_interp_debug(text) : NULL;
+    free(text);
+    json_error_t jerr;
+    json_t *reply = reply_text ? json_loads(reply_text, 0, &jerr) : NULL;
+    free(reply_text);
+    if (!json_is_object(reply)) {
+        /* A DAP error response, which frontends show, rather than none. */
+        json_decref(reply);
+        json_t *seq = json_object_get(req->content, "seq");
+        json_t *cmd = json_object_get(req->content, "command");
+        reply = json_pack("{s:s, s:O?, s:b, s:O?, s:s}", "type", "response", "request_seq",
+                          json_is_integer(seq) ? seq : NULL, "success", 0, "command",
+                          json_is_string(cmd) ? cmd : NULL, "message",
+                          "the kernel's debugger is not available");
+    }
+    s_send_reply(sock, req, "debug_reply", reply, NULL);
 }
 
 /* Forward a request to the interpreter and send its reply, if it has one. */
@@ -440,6 +468,7 @@ static const s_handler_t s_handlers[] = {
     {"interrupt_request", S_SHELL | S_CONTROL, s_on_interrupt},
     {"connect_request", S_SHELL | S_CONTROL, s_on_connect},
     {"usage_request", S_CONTROL, s_on_usage},
+    {"debug_request", S_CONTROL, s_on_debug},
     {"complete_request", S_SHELL, s_on_interp},
     {"inspect_request", S_SHELL, s_on_interp},
     {"history_request", S_SHELL, s_on_interp},
@@ -662,10 +691,12 @@ static void s_kernel_info_complete(json_t *info)
     json_object_set_new(info, "implementation", json_string("looseleaf"));
     if (!json_is_string(json_object_get(info, "implementation_version")))
         json_object_set_new(info, "implementation_version", json_string(LL_VERSION));
+    /* "debugger" (and "debugger" in supported_features) is the
+     * interpreter's to say: true when debugpy is there to serve
+     * debug_request (s_on_debug). */
     if (!json_object_get(info, "debugger"))
         json_object_set_new(info, "debugger", json_false());
-    /* Protocol 5.4: optional features the kernel implements (none of the
-     * debugger, kernel subshells (JEP 91)). */
+    /* Protocol 5.4: optional features the kernel implements. */
     if (!json_is_array(json_object_get(info, "supported_features")))
         json_object_set_new(info, "supported_features", json_array());
 }

@@ -110,11 +110,14 @@ int ll_kernelspec_dir(ll_kernelspec_where_t where, const char *arg, const char *
 
 char *ll_kernelspec_json(const ll_kernelspec_t *spec)
 {
+    /* metadata.debugger: JupyterLab offers its debugger panel only for kernels
+     * whose spec says so (as ipykernel's does); the kernel serves it with
+     * debugpy from the environment (looseleaf_kernel/debugger.py). */
     json_t *j = json_pack(
         "{s:[s,s,s], s:s, s:s, s:s, s:s, s:{s:b}}", "argv", spec->binary, "-f", "{connection_file}",
         "display_name", spec->display_name ? spec->display_name : LL_KERNELSPEC_DISPLAY_NAME,
         "language", "python", "interrupt_mode", "signal", "kernel_protocol_version",
-        LL_PROTOCOL_VERSION, "metadata", "debugger", 0);
+        LL_PROTOCOL_VERSION, "metadata", "debugger", 1);
     if (!j)
         return NULL;
     /* An installed kernel starts the user's host pool (its base zygote
@@ -388,7 +391,7 @@ int ll_kernelspec_selftest(bool verbose)
     if (strcmp(json_string_value(json_object_get(spec, "display_name")), "LooseLeaf (GPU)") != 0 ||
         strcmp(json_string_value(json_object_get(spec, "language")), "python") != 0 ||
         strcmp(json_string_value(json_object_get(spec, "interrupt_mode")), "signal") != 0 ||
-        !json_is_false(json_object_get(json_object_get(spec, "metadata"), "debugger")) ||
+        !json_is_true(json_object_get(json_object_get(spec, "metadata"), "debugger")) ||
         strcmp(json_string_value(json_object_get(spec, "kernel_protocol_version")),
                LL_PROTOCOL_VERSION) != 0 ||
         strcmp(json_string_value(json_object_get(json_object_get(spec, "env"), "LOOSELEAF_PYTHON")),

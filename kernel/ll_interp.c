@@ -39,6 +39,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,7 +63,13 @@ static atomic_bool s_hooks_off;      /* fork()ed child, or finalizing: no hooks 
 static pthread_t s_thread;           /* the interpreter (Python main) thread */
 static PyThreadState *s_main_tstate; /* its thread state */
 static PyObject *s_handle_fn;        /* looseleaf_kernel.handle */
-static int s_nbuiltins;              /* builtins registered so far */
+/* ll_interp_debug runs on the gateway's control thread while a cell may run
+ * on the interpreter thread; the lock orders it against finalization, which
+ * sets s_debug_closed first (never while holding the GIL: a debug call in
+ * flight needs the GIL to finish). */
+static pthread_mutex_t s_debug_lock = PTHREAD_MUTEX_INITIALIZER;
+static bool s_debug_closed; /* under s_debug_lock */
+static int s_nbuiltins;     /* builtins registered so far */
 
 /* ------------------------------------------------------------------ */
 /* Builtin module _looseleaf_kernel: the hooks as Python functions.   */
@@ -287,6 +294,43 @@ static PyObject *s_py_set_busy(PyObject *self, PyObject *flag)
     Py_RETURN_NONE;
 }
 
+/* murmur2(data: bytes, seed: int) -> int: MurmurHash2 (32-bit) as
+ * ipykernel names cells with it in pure Python.  JupyterLab's debugger
+ * computes a cell's file name itself with that hash (debugInfo's hashMethod
+ * "Murmur2" is the only one it knows), so every cell is compiled under it;
+ * here in C because the interpreter hashes every cell it compiles. */
+static PyObject *s_py_murmur2(PyObject *self, PyObject *args)
+{
+    Py_buffer buf;
+    unsigned long seed;
+    if (!PyArg_ParseTuple(args, "y*k", &buf, &seed))
+        return NULL;
+    const unsigned char *data = buf.buf;
+    size_t len = (size_t) buf.len;
+    const uint32_t m = 0x5BD1E995u;
+    uint32_t h = (uint32_t) seed ^ (uint32_t) len;
+    size_t i = 0;
+    for (; i + 4 <= len; i += 4) {
+        uint32_t k = (uint32_t) data[i] | (uint32_t) data[i + 1] << 8 |
+                     (uint32_t) data[i + 2] << 16 | (uint32_t) data[i + 3] << 24;
+        k *= m;
+        k ^= k >> 24;
+        k *= m;
+        h *= m;
+        h ^= k;
+    }
+    switch (len & 3) {
+    case 3: h ^= (uint32_t) data[i + 2] << 16; /* fall through */
+    case 2: h ^= (uint32_t) data[i + 1] << 8;  /* fall through */
+    case 1: h ^= (uint32_t) data[i]; h *= m;
+    }
+    h ^= h >> 13;
+    h *= m;
+    h ^= h >> 15;
+    PyBuffer_Release(&buf);
+    return PyLong_FromUnsignedLong(h);
+}
+
 static PyObject *s_py_hooks_off(PyObject *self, PyObject *unused)
 {
     return PyBool_FromLong(atomic_load(&s_hooks_off));
@@ -310,6 +354,8 @@ static PyMethodDef s_methods[] = {
     {"log_level", s_py_log_level, METH_NOARGS, "log_level() -> int: the kernel's log threshold."},
     {"set_busy", s_py_set_busy, METH_O,
      "set_busy(flag): whether user code runs now (interrupts land only then)."},
+    {"murmur2", s_py_murmur2, METH_VARARGS,
+     "murmur2(data, seed) -> int: MurmurHash2 of DATA (bytes), as ipykernel names cells."},
     {"hooks_off", s_py_hooks_off, METH_NOARGS,
      "hooks_off() -> bool: whether the hooks are off (a fork()ed child, or finalizing)."},
     {NULL, NULL, 0, NULL}};
@@ -718,6 +764,36 @@ out:
     return reply;
 }
 
+char *ll_interp_debug(const char *request_json)
+{
+    pthread_mutex_lock(&s_debug_lock);
+    if (s_debug_closed || !s_initialized) {
+        pthread_mutex_unlock(&s_debug_lock);
+        return NULL;
+    }
+    /* No s_busy or pending-interrupt handling here, unlike ll_interp_call:
+     * those belong to the cell that may be running on the interpreter thread
+     * meanwhile. */
+    PyGILState_STATE gil = PyGILState_Ensure();
+    char *reply = NULL;
+    PyObject *mod = PyImport_ImportModule("looseleaf_kernel.kernel");
+    PyObject *res = mod ? PyObject_CallMethod(mod, "debug_request", "s", request_json) : NULL;
+    if (res && PyUnicode_Check(res)) {
+        reply = s_strdup_utf8(res);
+    } else if (!res) {
+        char why[512];
+        s_pyerr_to(why, sizeof why, "looseleaf_kernel.kernel.debug_request raised");
+        ll_error("interp", "%s", why);
+    }
+    if (!reply)
+        PyErr_Clear();
+    Py_XDECREF(res);
+    Py_XDECREF(mod);
+    PyGILState_Release(gil);
+    pthread_mutex_unlock(&s_debug_lock);
+    return reply;
+}
+
 void ll_interp_interrupt(void)
 {
     if (!atomic_load(&s_busy))
@@ -772,6 +848,9 @@ void ll_interp_finalize(void)
 {
     if (!s_initialized)
         return;
+    pthread_mutex_lock(&s_debug_lock); /* waits for a debug request in flight */
+    s_debug_closed = true;
+    pthread_mutex_unlock(&s_debug_lock);
     PyGILState_STATE gil = PyGILState_Ensure();
     (void) gil; /* Py_FinalizeEx below ends the thread state for good */
     bool finalize = true;

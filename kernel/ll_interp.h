@@ -131,6 +131,15 @@ char *ll_interp_call(const ll_interp_request_t *req, char **reply_metadata_json)
 char *ll_interp_handle(const char *msg_type, const char *content_json, const char *parent_json,
                        char **reply_metadata_json);
 
+/* Serve one debug_request (the Debug Adapter Protocol request REQUEST_JSON,
+ * a debug_request's content) with looseleaf_kernel.debugger: the gateway's
+ * control thread calls it while a cell may run, or be stopped at a
+ * breakpoint, on the interpreter thread (it takes the GIL the way any Python
+ * thread does; the DAP traffic itself waits with the GIL released).  Returns
+ * the debug_reply content as JSON text the caller frees, or NULL when the
+ * interpreter is gone or failed (logged). */
+char *ll_interp_debug(const char *request_json);
+
 /* Make the code now running raise KeyboardInterrupt; a no-op when idle.
  * Async-signal-safe. */
 void ll_interp_interrupt(void);

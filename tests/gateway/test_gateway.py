@@ -146,7 +146,8 @@ def _check_spec(path, binary=BIN):
     assert spec["display_name"] == "LooseLeaf (GPU)"
     assert spec["language"] == "python"
     assert spec["interrupt_mode"] == "signal"
-    assert spec["metadata"] == {"debugger": False}
+    # JupyterLab shows its debugger panel for kernels whose spec says so (issue 27).
+    assert spec["metadata"] == {"debugger": True}
     with open(os.path.join(os.path.dirname(path), "logo-svg.svg")) as f:
         assert f.read().startswith("<svg")
 

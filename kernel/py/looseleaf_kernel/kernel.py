@@ -203,6 +203,10 @@ class Kernel:
         CellCompiler.sweep()  # cell sources of kernels that were killed
         from . import magic
         magic.install(self)
+        # The files the kernel itself runs (as ipykernel lists them at start): the debugger never steps into them.
+        from . import debugger
+        self.debugger = debugger.install(self.shell, sorted({
+            m.__file__ for m in list(sys.modules.values()) if isinstance(getattr(m, "__file__", None), str)}))
 
     def _run_startup_files(self):
         """Run the profile's startup/*.py and *.ipy files in the user
@@ -327,6 +331,8 @@ class Kernel:
                 metadata = {}
         except ValueError as e:
             return self._error_json("BadRequest", "invalid %s: %s" % (msg_type, e))
+        if self.debugger is not None and msg_type != "execute_request":
+            self.debugger.trace_this_thread(False)  # pydevd sees cells only (a breakpoint change traces all)
         handler = self.handlers.get(msg_type)
         if handler is None:
             return self._error_json("UnknownRequest", "unknown request type %r" % (msg_type,))
@@ -416,6 +422,8 @@ class Kernel:
                 if isinstance(fail, dict):
                     res = self._fail_cell(code, store_history, silent, cell_id, fail)
                 else:
+                    if self.debugger is not None:
+                        self.debugger.trace_this_thread()  # breakpoints hit in this cell
                     res = shell.run_cell(code, store_history=store_history, silent=silent,
                                          cell_id=cell_id)
             except BaseException as e:
@@ -427,6 +435,8 @@ class Kernel:
                 res.error_in_exec = e
         finally:
             _lk.set_busy(False)
+            if self.debugger is not None:
+                self.debugger.cell_ended()
             self.allow_stdin = False
             self._flush_streams()
             if plan is not None and not fail:
@@ -633,8 +643,8 @@ class Kernel:
             "language_info": self.language_info,
             "banner": self.shell.banner,
             "help_links": HELP_LINKS,
-            "debugger": False,
-            "supported_features": [],
+            "debugger": self.debugger is not None,
+            "supported_features": ["debugger"] if self.debugger is not None else [],
         }
         return dumps(reply), None
 
@@ -723,6 +733,12 @@ def start():
 
 def handle(msg_type, content_json, parent_json, metadata_json="{}", buffers=(), route_json=None):
     return _kernel.handle(msg_type, content_json, parent_json, metadata_json, buffers, route_json)
+
+
+def debug_request(request_json):
+    """A debug_request's content (JSON text) -> the debug_reply's; on the gateway's control thread."""
+    from . import debugger
+    return debugger.request(request_json)
 
 
 def shutdown():

@@ -14,7 +14,8 @@ import subprocess
 import sys
 import tempfile
 import warnings
-import zlib
+
+import _looseleaf_kernel as _lk
 
 from IPython.core import page, payloadpage
 from IPython.core.autocall import ZMQExitAutocall
@@ -29,7 +30,7 @@ from traitlets import Any, CBool, Instance, Type, default
 
 from .display import LooseLeafDisplayHook, LooseLeafDisplayPublisher, flush_streams, publish
 
-__all__ = ["LooseLeafShell", "ZMQInteractiveShell", "CellCompiler", "connection_file", "LostVariable"]
+__all__ = ["LooseLeafShell", "ZMQInteractiveShell", "CellCompiler", "connection_file", "LostVariable", "get_file_name"]
 
 
 class LostVariable(NameError):
@@ -105,18 +106,35 @@ def split_huge_cell(raw, transform, compile_flags, filename):
     return "".join(texts), codes, last
 
 
+# ipykernel's seed for the cell-name hash; JupyterLab's debugger names cells with it (debugger.py's debugInfo).
+CELL_HASH_SEED = 0xC70F6907
+
+
+def get_file_name(code):
+    """The file a cell of CODE (raw, as the frontend holds it) is compiled under: <session dir>/<hash>.py,
+    the hash being ipykernel's Murmur2, which JupyterLab's debugger computes itself to place breakpoints."""
+    return os.path.join(CellCompiler.session_dir(),
+                        "%d.py" % _lk.murmur2(code.encode("utf-8", "surrogatepass"), CELL_HASH_SEED))
+
+
 class CellCompiler(CachingCompiler):
-    """Names each cell like ipykernel does, <tmp>/looseleaf_<pid>/<hash>.py,
+    """Names each cell like ipykernel does, <tmp>/looseleaf_<pid>/<murmur2>.py,
     instead of IPython's <ipython-input-N-hash>: a real-looking path is what
-    debuggers and tools expect, and tracebacks then read as ipykernel's.
-    The hash is CRC-32 (C speed) where ipykernel spends a pure-Python
-    murmur2 loop per byte of every cell."""
+    debuggers and tools expect, JupyterLab's debugger computes the same name to
+    set breakpoints, and tracebacks then read as ipykernel's.  The hash runs in
+    C (_looseleaf_kernel.murmur2) where ipykernel loops over every byte in Python."""
 
     _dir = None
 
     def get_code_name(self, raw_code, code, number):
-        return os.path.join(CellCompiler.session_dir(), "%d.py" % zlib.crc32(raw_code.encode("utf-8",
-                                                                                  "surrogatepass")))
+        return get_file_name(raw_code)
+
+    @staticmethod
+    def write_source(path, code):
+        """Write a cell's source under PATH (the debugger's dumpCell), in the session's private directory."""
+        if CellCompiler._private(os.path.dirname(path)):
+            with open(path, "w", encoding="utf-8", errors="surrogateescape") as f:
+                f.write(code)
 
     @staticmethod
     def session_dir():
@@ -253,9 +271,11 @@ def strip_placement_magic(lines):
 
     These are LooseLeaf's per-cell overrides of where a cell runs (read by
     the gateway's analysis, which strips them the same way); for IPython the
-    cell is the rest.  History keeps the raw cell, line numbers stay."""
+    cell is the rest.  History keeps the raw cell.  The line becomes an empty one, which IPython's next cleanup
+    (leading_empty_lines) drops, except while the debugger runs (debugger.py takes that cleanup out, as ipykernel
+    does): then the code keeps the editor's line numbers, where the frontend puts breakpoints."""
     if lines and lines[0].strip() in PLACEMENT_MAGICS:
-        return lines[1:] or ["\n"]
+        return ["\n"] + lines[1:]
     return lines
 
 

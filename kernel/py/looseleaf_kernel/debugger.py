@@ -1,0 +1,595 @@
+"""JupyterLab's debugger for CPU cells: debug_request on control, debug_event on iopub.
+
+Threads.  debug_request() runs on the gateway's control thread (ll_interp_debug takes the GIL there), while a
+cell may run, or sit stopped at a breakpoint, on the interpreter thread.  It forwards most requests to debugpy's
+adapter (a subprocess started by debugpy.listen) over one TCP connection and waits for the answer with the GIL
+released; a reader thread parses what comes back (responses to the waiting request, events), and an event thread
+handles events (a "stopped" event first asks debugpy which threads stopped, which needs the reader) and publishes
+them as debug_event.  pydevd, inside this process, traces the interpreter thread: a breakpoint parks that thread
+in pydevd's wait loop, which sleeps with the GIL released, so the control thread and pydevd's own threads go on.
+
+What the frontend sees follows ipykernel 7's debugger message by message (its requests, the replies' shapes, the
+variables it hides); cells are compiled under the names dumpCell gives (shell.CellCompiler: Murmur2 of the raw
+cell, as ipykernel names them), so breakpoints set in a cell's editor match the code that runs, in the cell and in
+functions it defines that later cells call.  GPU cells run in workers, outside pydevd's reach: they run as without
+the debugger."""
+
+import importlib.util
+import itertools
+import json
+import logging
+import os
+import re
+import socket
+import sys
+import threading
+
+from .shell import CellCompiler, get_file_name
+
+log = logging.getLogger("looseleaf_kernel.debugger")
+
+HASH_SEED = 0xC70F6907  # ipykernel's (compiler.get_tmp_hash_seed): JupyterLab hashes cells with what debugInfo says
+REPLY_TIMEOUT_S = 30.0  # a request debugpy never answers must not hold the control channel for good
+
+# Imported only when a frontend starts the debugger: zygotes run this package too, and must stay single-threaded
+# and quick to start (pydevd is large).
+available = importlib.util.find_spec("debugpy") is not None
+
+
+def _pydevd():
+    """pydevd's variable machinery (ipykernel's VariableExplorer uses the same)."""
+    from debugpy.server import api  # noqa: F401  (sets up the _pydevd_bundle imports)
+    from _pydevd_bundle import pydevd_frame_utils
+    from _pydevd_bundle.pydevd_api import PyDevdAPI
+    from _pydevd_bundle.pydevd_suspended_frames import SuspendedFramesManager, _FramesTracker
+    return pydevd_frame_utils, PyDevdAPI, SuspendedFramesManager, _FramesTracker
+
+
+# Names the variable explorer hides (ipykernel's list: IPython's bookkeeping, not the user's variables).
+_HIDDEN = frozenset([
+    "__name__", "__doc__", "__package__", "__loader__", "__spec__", "__annotations__", "__builtins__",
+    "__builtin__", "__display__", "get_ipython", "debugpy", "exit", "quit", "In", "Out", "_oh", "_dh", "_", "__",
+    "___",
+])
+
+
+def accept_variable(name):
+    return name not in _HIDDEN and not re.match(r"^_\d", name) and name[0:2] != "_i"
+
+
+class _FakeCode:
+    def __init__(self, co_filename, co_name):
+        self.co_filename = co_filename
+        self.co_name = co_name
+
+
+class _FakeFrame:
+    """The user namespace as a frame, so pydevd's variable machinery lists it between cells."""
+
+    def __init__(self, f_code, f_globals, f_locals):
+        self.f_code = f_code
+        self.f_globals = f_globals
+        self.f_locals = f_locals
+        self.f_back = None
+
+
+class _VariableExplorer:
+    """The user namespace's variables, with pydevd's references, while nothing is stopped."""
+
+    def __init__(self, user_ns):
+        pydevd_frame_utils, PyDevdAPI, SuspendedFramesManager, _FramesTracker = _pydevd()
+
+        class _PyDB:
+            variable_presentation = PyDevdAPI.VariablePresentation()
+
+        self.manager = SuspendedFramesManager()
+        self.tracker = _FramesTracker(self.manager, _PyDB())
+        self.frame = _FakeFrame(_FakeCode("<module>", get_file_name("sys._getframe()")), user_ns, user_ns)
+        self.tracker.track("thread1", pydevd_frame_utils.create_frames_list_from_frame(self.frame))
+
+    def untrack(self):
+        self.tracker.untrack_all()
+
+    def children(self, ref=None):
+        variables = self.manager.get_variable(ref or id(self.frame))
+        return [v.get_var_data() for v in variables.get_children_variables()]
+
+
+def _daemon(target, name):
+    t = threading.Thread(target=target, name=name, daemon=True)
+    # pydevd neither traces these nor lists them among the debuggee's threads.
+    t.is_pydev_daemon_thread = True
+    t.pydev_do_not_trace = True
+    t.start()
+    return t
+
+
+class _Connection:
+    """One DAP connection to debugpy's adapter: framed JSON both ways, replies matched to their request."""
+
+    def __init__(self, host, port, on_event, on_response):
+        self.sock = socket.create_connection((host, port), timeout=REPLY_TIMEOUT_S)
+        self.sock.settimeout(None)
+        self.on_event = on_event
+        self.on_response = on_response  # called in arrival order, before any later message is read
+        self.lock = threading.Condition()
+        self.replies = {}  # (request_seq, command) -> response
+        self.closed = False
+        self.send_lock = threading.Lock()
+        _daemon(self._read_loop, "looseleaf-debug-reader")
+
+    def _read_loop(self):
+        buf = b""
+        try:
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    chunk = self.sock.recv(65536)
+                    if not chunk:
+                        return
+                    buf += chunk
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                length = None
+                for line in head.split(b"\r\n"):
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value.strip())
+                if length is None:
+                    log.warning("debugpy sent a frame without Content-Length: dropped")
+                    continue
+                while len(buf) < length:
+                    chunk = self.sock.recv(65536)
+                    if not chunk:
+                        return
+                    buf += chunk
+                body, buf = buf[:length], buf[length:]
+                try:
+                    msg = json.loads(body)
+                except ValueError:
+                    log.warning("debugpy sent a frame that is not JSON: dropped")
+                    continue
+                if msg.get("type") == "event":
+                    self.on_event(msg)
+                elif msg.get("type") == "response":
+                    self.on_response(msg)
+                    with self.lock:
+                        self.replies[(msg.get("request_seq"), msg.get("command"))] = msg
+                        self.lock.notify_all()
+        except OSError:
+            pass
+        finally:
+            with self.lock:
+                self.closed = True
+                self.lock.notify_all()
+
+    def send(self, msg):
+        body = json.dumps(msg, ensure_ascii=False, allow_nan=False).encode("utf-8")
+        with self.send_lock:
+            self.sock.sendall(b"Content-Length: %d\r\n\r\n" % len(body) + body)
+
+    def wait(self, seq, command, timeout=REPLY_TIMEOUT_S):
+        """The response to request SEQ/COMMAND, or None (timed out, or the adapter went away)."""
+        key = (seq, command)
+        with self.lock:
+            ok = self.lock.wait_for(lambda: key in self.replies or self.closed, timeout)
+            return self.replies.pop(key, None) if ok else None
+
+    def request(self, msg):
+        self.send(msg)
+        return self.wait(msg.get("seq"), msg.get("command"))
+
+    def close(self):
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+def _response(req, success=True, body=None, **extra):
+    reply = {"type": "response", "request_seq": req.get("seq"), "success": success, "command": req.get("command")}
+    if body is not None:
+        reply["body"] = body
+    reply.update(extra)
+    return reply
+
+
+class Debugger:
+    """The kernel's debugger (one per kernel; see the module's docstring)."""
+
+    # Served even while no debug session is started (JupyterLab asks debugInfo on every kernel it meets).
+    STATIC = ("debugInfo", "inspectVariables", "richInspectVariables", "modules", "copyToGlobals")
+
+    def __init__(self, shell, kernel_modules):
+        self.shell = shell
+        self.kernel_modules = kernel_modules  # files of what the kernel imported at start: stepping skips them
+        self.started = False
+        self.endpoint = None  # (host, port) of debugpy's adapter, once listening
+        self.conn = None
+        self.breakpoints = {}  # source path -> [{"line": n}], as debugpy placed them
+        self.stopped_threads = set()
+        self.init_event = threading.Event()
+        self.init_seq = -1
+        self.attached = False
+        self.explorer = None
+        self.events = []  # events for the event thread
+        self.events_cv = threading.Condition()
+        self.removed_cleanup = {}
+        self.lock = threading.RLock()  # one request at a time (control is one thread; this is for safety)
+        self.event_thread = None  # started with the first debug session
+        # Sequence numbers of the kernel's own requests to debugpy, apart from the frontend's (replies are
+        # matched by request_seq and command).
+        self.own_seq = itertools.count(1 << 30)
+        self.resuming = {}  # seq of a resuming request in flight -> its threadId
+
+    # -- events -----------------------------------------------------------
+
+    def _on_event(self, msg):
+        with self.events_cv:
+            self.events.append(msg)
+            self.events_cv.notify()
+
+    def _event_loop(self):
+        while True:
+            with self.events_cv:
+                self.events_cv.wait_for(lambda: self.events)
+                msg = self.events.pop(0)
+            try:
+                self._handle_event(msg)
+            except Exception:
+                log.exception("debug event %r failed", msg.get("event"))
+
+    def _handle_event(self, msg):
+        event, body = msg.get("event"), msg.get("body") or {}
+        if event == "initialized":
+            self.init_seq = msg.get("seq", 0)
+            self.init_event.set()
+        elif event == "stopped":
+            if body.get("allThreadsStopped"):
+                # Which threads stopped: ask debugpy (the event names one), as ipykernel does.
+                conn = self.conn
+                rep = conn.request({"seq": next(self.own_seq), "type": "request", "command": "threads"}) \
+                    if conn else None
+                for t in ((rep or {}).get("body") or {}).get("threads", []):
+                    if t.get("name") not in ("IPythonHistorySavingThread",):
+                        self.stopped_threads.add(t.get("id"))
+            else:
+                self.stopped_threads.add(body.get("threadId"))
+        elif event == "continued":
+            if body.get("allThreadsContinued", True):
+                self.stopped_threads = set()
+            else:
+                self.stopped_threads.discard(body.get("threadId"))
+        self._publish(msg)
+
+    def _publish(self, msg):
+        from .display import publish
+        publish("debug_event", msg)
+
+    # -- start and stop ------------------------------------------------------
+
+    def _listen(self):
+        import debugpy
+        if self.endpoint is None:
+            # subProcess: do not inject debugpy into the Python processes cells start.  The adapter runs with
+            # the interpreter of the kernel's environment, which has debugpy.
+            python = os.environ.get("LOOSELEAF_PYTHON") or sys.executable
+            debugpy.configure(python=python, subProcess=False)
+            host, port = debugpy.listen(("127.0.0.1", 0))
+            self.endpoint = (host, port)
+        return self.endpoint
+
+    def start(self):
+        if self.event_thread is None:
+            self.event_thread = _daemon(self._event_loop, "looseleaf-debug-events")
+        try:
+            host, port = self._listen()
+            self.conn = _Connection(host, port, self._on_event, self._on_response)
+        except Exception as e:
+            log.warning("the debugger cannot start: %s", e)
+            return False
+        self.init_event.clear()
+        self.attached = False
+        # IPython imports asttokens at a cell's first traceback, and its import raises and catches exceptions:
+        # with "pause on raised exceptions" the first failing cell would stop inside it (it does on ipykernel).
+        try:
+            import asttokens  # noqa: F401
+        except ImportError:
+            pass
+        # Keep a cell's leading empty lines while debugging, so breakpoints land on the lines the editor shows.
+        from IPython.core.inputtransformer2 import leading_empty_lines
+        cleanup = self.shell.input_transformer_manager.cleanup_transforms
+        if leading_empty_lines in cleanup:
+            i = cleanup.index(leading_empty_lines)
+            self.removed_cleanup[i] = cleanup.pop(i)
+        return True
+
+    def stop(self):
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+        cleanup = self.shell.input_transformer_manager.cleanup_transforms
+        for i in sorted(self.removed_cleanup):
+            cleanup.insert(i, self.removed_cleanup.pop(i))
+
+    def trace_this_thread(self, on=True):
+        """On the interpreter thread: pydevd traces it while a cell runs (breakpoints hit there), and not while
+        the kernel's own requests run there (an idle commit importing the store would stop at every exception
+        numpy raises and catches while it loads, with "pause on raised exceptions" on)."""
+        if self.started and self.endpoint is not None:
+            import debugpy
+            try:
+                if on:
+                    debugpy.debug_this_thread()
+                else:
+                    debugpy.trace_this_thread(False)
+            except Exception:
+                log.warning("cannot switch tracing of the interpreter thread", exc_info=True)
+
+    def cell_ended(self):
+        """Called on the interpreter thread once a cell has ended.  A cell interrupted while stopped at a
+        breakpoint leaves pydevd's wait loop by the KeyboardInterrupt, with the thread still marked suspended:
+        pydevd would park the next cell at its first line, waiting for a "continue" nobody sends (the frontend
+        saw the cell end).  So the thread is marked running again, and the frontend told so."""
+        if not self.started:
+            return
+        self.trace_this_thread(False)
+        info = getattr(threading.current_thread(), "additional_info", None)
+        try:
+            from _pydevd_bundle.pydevd_constants import STATE_RUN, STATE_SUSPEND
+        except ImportError:
+            return
+        if info is None or getattr(info, "pydev_state", None) != STATE_SUSPEND:
+            return
+        info.pydev_state = STATE_RUN
+        info.pydev_step_cmd = -1
+        info.pydev_original_step_cmd = -1
+        info.pydev_step_stop = None
+        stopped, self.stopped_threads = self.stopped_threads, set()
+        self._publish({"type": "event", "event": "continued", "seq": 0,
+                       "body": {"threadId": min(stopped) if stopped else 1, "allThreadsContinued": True}})
+
+    # -- the entry --------------------------------------------------------
+
+    def process(self, message):
+        with self.lock:
+            return self._process(message)
+
+    def _process(self, message):
+        command = message.get("command")
+        reply = {}
+        if command == "initialize":
+            if not self.started:
+                self.started = self.start()
+                if not self.started:
+                    return {"command": "initialize", "request_seq": message.get("seq"), "seq": 3,
+                            "success": False, "type": "response"}
+        handler = getattr(self, "_" + command, None) if isinstance(command, str) else None
+        if command in self.STATIC:
+            reply = handler(message)
+        elif self.started:
+            if handler is not None and command in ("dumpCell", "setBreakpoints", "source", "stackTrace",
+                                                   "variables", "attach", "configurationDone"):
+                reply = handler(message)
+            else:
+                if command in self.RESUMING:
+                    self.resuming[message.get("seq")] = (message.get("arguments") or {}).get("threadId")
+                reply = self._forward(message)
+                self.resuming.pop(message.get("seq"), None)
+        else:
+            # ipykernel answers {} here; a DAP error says why to the frontend.
+            reply = _response(message, False, message="the debugger is not started (send initialize first)")
+        if command == "disconnect":
+            self.stop()
+            self.breakpoints = {}
+            self.stopped_threads = set()
+            self.started = False
+        return reply
+
+    # Requests that resume stopped threads.  debugpy sends no "continued" event for a continue the client asked
+    # for (the DAP says adapters need not), so ipykernel keeps such threads as stopped after the cell has ended,
+    # and then sends the variable explorer's requests to debugpy instead of reading the namespace: here the
+    # response itself says which threads go on.  It is read on the reader thread, before the "stopped" event
+    # that may follow at once (the next breakpoint, the end of a step), so that event is never undone.
+    RESUMING = ("continue", "next", "stepIn", "stepOut", "stepBack", "reverseContinue", "goto")
+
+    def _on_response(self, msg):
+        if msg.get("command") not in self.RESUMING or not msg.get("success"):
+            return
+        thread = self.resuming.get(msg.get("request_seq"))
+        if (msg.get("body") or {}).get("allThreadsContinued", msg.get("command") == "continue"):
+            self.stopped_threads = set()
+        else:
+            self.stopped_threads.discard(thread)
+
+    def _forward(self, message):
+        conn = self.conn
+        rep = conn.request(message) if conn is not None else None
+        if rep is None:
+            return _response(message, False, message="debugpy did not answer")
+        return rep
+
+    # -- handlers ---------------------------------------------------------
+
+    def _dumpCell(self, message):
+        code = message["arguments"]["code"]
+        path = get_file_name(code)
+        CellCompiler.write_source(path, code)
+        return _response(message, body={"sourcePath": path})
+
+    def _setBreakpoints(self, message):
+        source = message["arguments"]["source"]["path"]
+        self.breakpoints[source] = message["arguments"].get("breakpoints", [])
+        rep = self._forward(message)
+        if rep.get("success"):
+            # debugpy may move a breakpoint to another line: keep where it really is.
+            self.breakpoints[source] = [{"line": b["line"]} for b in rep["body"]["breakpoints"]]
+        return rep
+
+    def _source(self, message):
+        path = message["arguments"]["source"]["path"]
+        try:
+            with open(path, encoding="utf-8") as f:
+                return _response(message, body={"content": f.read()})
+        except (OSError, UnicodeDecodeError):
+            return _response(message, False, body={}, message="source unavailable")
+
+    def _stackTrace(self, message):
+        return self._forward(message)
+
+    def _variables(self, message):
+        if not self.stopped_threads:
+            if self.explorer is None:
+                self.explorer = _VariableExplorer(self.shell.user_ns)
+            try:
+                variables = self.explorer.children(message["arguments"]["variablesReference"])
+            except KeyError:
+                variables = []
+            return self._variables_response(message, variables)
+        rep = self._forward(message)
+        if rep.get("success"):
+            rep["body"]["variables"] = [v for v in rep["body"]["variables"] if accept_variable(v["name"])]
+        return rep
+
+    @staticmethod
+    def _variables_response(message, variables):
+        return {"seq": message.get("seq"), "type": "response", "request_seq": message.get("seq"), "success": True,
+                "command": message.get("command"),
+                "body": {"variables": [v for v in variables if accept_variable(v["name"])]}}
+
+    def _attach(self, message):
+        host, port = self.endpoint
+        args = message.setdefault("arguments", {})
+        args["connect"] = {"host": host, "port": port}
+        args["debugOptions"] = ["DebugStdLib"]
+        args["rules"] = [{"path": path, "include": False} for path in self.kernel_modules]
+        conn = self.conn
+        conn.send(message)
+        if self.attached:
+            return conn.wait(message.get("seq"), "attach") or _response(message, False, message="no answer")
+        # debugpy answers attach only once configured: wait for "initialized", send configurationDone
+        # ourselves (the frontend's comes later and is answered here), then the attach response.
+        if not self.init_event.wait(REPLY_TIMEOUT_S):
+            return _response(message, False, message="debugpy did not initialize")
+        done = {"type": "request", "seq": int(self.init_seq) + 1, "command": "configurationDone"}
+        conn.request(done)
+        rep = conn.wait(message.get("seq"), "attach")
+        self.attached = rep is not None
+        return rep or _response(message, False, message="debugpy did not answer attach")
+
+    def _configurationDone(self, message):
+        return {"seq": message.get("seq"), "type": "response", "request_seq": message.get("seq"), "success": True,
+                "command": message.get("command")}
+
+    def _debugInfo(self, message):
+        return _response(message, body={
+            "isStarted": self.started,
+            "hashMethod": "Murmur2",
+            "hashSeed": HASH_SEED,
+            "tmpFilePrefix": CellCompiler.session_dir() + os.sep,
+            "tmpFileSuffix": ".py",
+            "breakpoints": [{"source": k, "breakpoints": v} for k, v in self.breakpoints.items()],
+            "stoppedThreads": sorted(self.stopped_threads),
+            "richRendering": True,
+            "exceptionPaths": ["Python Exceptions"],
+            "copyToGlobals": True,
+        })
+
+    def _inspectVariables(self, message):
+        if self.explorer is not None:
+            self.explorer.untrack()
+        self.explorer = _VariableExplorer(self.shell.user_ns)
+        return self._variables_response(message, self.explorer.children())
+
+    def _richInspectVariables(self, message):
+        reply = {"type": "response", "sequence_seq": message.get("seq"), "success": False,
+                 "command": message.get("command")}
+        name = message["arguments"]["variableName"]
+        if not name.isidentifier():
+            reply["body"] = {"data": {}, "metadata": {}}
+            reply["success"] = name in ("special variables", "function variables")
+            return reply
+        data, metadata = {}, {}
+        if not self.stopped_threads:
+            result = self.shell.user_expressions({name: name})[name]
+            if result.get("status", "error") == "ok":
+                data, metadata = result.get("data", {}), result.get("metadata", {})
+        else:
+            reply = self._forward({"type": "request", "command": "evaluate", "seq": message["seq"] + 1,
+                                   "arguments": {"expression": "get_ipython().display_formatter.format(%s)" % name,
+                                                 "frameId": message["arguments"].get("frameId"),
+                                                 "context": "clipboard"}})
+            if reply.get("success"):
+                import ast
+                try:
+                    data, metadata = ast.literal_eval(reply["body"]["result"])
+                except (ValueError, SyntaxError):
+                    data, metadata = {"text/plain": reply["body"]["result"]}, {}
+        reply["body"] = {"data": data, "metadata": {k: v for k, v in metadata.items() if k in data}}
+        reply["success"] = True
+        return reply
+
+    def _copyToGlobals(self, message):
+        args = message["arguments"]
+        dst, src = args["dstVariableName"], args["srcVariableName"]
+        if not dst.isidentifier() or not src.isidentifier():
+            return _response(message, False,
+                             message="dstVariableName and srcVariableName must be valid identifiers")
+        return self._forward({"type": "request", "command": "setExpression", "seq": message["seq"] + 1,
+                              "arguments": {"expression": "globals()['%s']" % dst, "value": src,
+                                            "frameId": args["srcFrameId"]}})
+
+    def _modules(self, message):
+        modules = list(sys.modules.copy().values())
+        args = message.get("arguments") or {}
+        start = args.get("startModule", 0)
+        count = args.get("moduleCount") or len(modules)
+        mods = []
+        for i in range(start, min(start + count, len(modules))):
+            path = getattr(getattr(modules[i], "__spec__", None), "origin", None)
+            if path and path.endswith(".py"):
+                mods.append({"id": i, "name": modules[i].__name__, "path": path})
+        return _response(message, body={"modules": mods, "totalModules": len(modules)})
+
+
+_debugger = None
+
+
+def install(shell, kernel_modules):
+    global _debugger
+    _debugger = Debugger(shell, kernel_modules) if available else None
+    return _debugger
+
+
+def get():
+    return _debugger
+
+
+def request(request_json):
+    """One debug_request content (JSON text) -> its debug_reply content (JSON text)."""
+    try:
+        message = json.loads(request_json)
+        if not isinstance(message, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as e:
+        return json.dumps({"type": "response", "request_seq": None, "success": False, "command": None,
+                           "message": "invalid debug_request: %s" % e})
+    if _debugger is None:
+        return json.dumps(_response(message, False, message="debugpy is not installed in the kernel's environment"))
+    # This is the gateway's control thread (a "Dummy-N" thread to Python, the same object on every call): it is
+    # the kernel's, not the debuggee's, so pydevd neither traces nor lists it (a stopped thread the frontend
+    # would offer to inspect).
+    me = threading.current_thread()
+    if not getattr(me, "is_pydev_daemon_thread", False):
+        me.name = "looseleaf-control"
+        me.is_pydev_daemon_thread = True
+        me.pydev_do_not_trace = True
+    if not isinstance(message.get("command"), str):
+        return json.dumps(_response(message, False, message="invalid debug_request: no command"), default=repr)
+    try:
+        reply = _debugger.process(message)
+    except Exception as e:
+        # Mostly a request missing what its command needs: a line, the traceback only when debugging.
+        log.warning("debug request %r failed: %s: %s", message.get("command"), type(e).__name__, e)
+        log.debug("debug request failed", exc_info=True)
+        reply = _response(message, False, message="%s: %s" % (type(e).__name__, e))
+    return json.dumps(reply, default=repr)
