@@ -43,8 +43,8 @@ BENCHES += tests/bench/bench_responsive.py
 BENCHES += tests/bench/bench_stream_pace.py
 
 # `make test-browser` (issue 14): LooseLeaf as a person uses it in JupyterLab 4, Notebook 7 and Debian's classic
-# notebook 6.4, driven in Debian's chromium by Playwright for Python (tests/browser/).  100 s on an idle 2-core
-# machine, up to 6 minutes on a loaded one, so not part of `make test`; .ci/run runs it after `make test`.  Screenshots of every step go under the
+# notebook 6.4, driven in Debian's chromium by Playwright for Python (tests/browser/).  4 minutes on a 2-core
+# machine at a load of 3, longer on a more loaded one, so not part of `make test`; .ci/run runs it after `make test`.  Screenshots of every step go under the
 # run's pytest temporary directory (printed at the end).  The in-browser hint measurement is
 # tests/browser/bench_hints.py (16 minutes for 16 cells, run by hand; not in BENCHES).
 BROWSER_TESTS := tests/browser/test_browser.py

@@ -1,7 +1,9 @@
 """LooseLeaf in a real browser, used as a person would: JupyterLab 4 (the launcher, CPU and GPU cells, a
 matplotlib plot, an error's traceback, input() in a GPU cell, Tab completion on a GPU-made tensor, an interrupt
 from the toolbar, a restart from the Kernel menu, an ipywidgets slider whose callback writes into an Output
-widget), Notebook 7 on the same server (a shorter set) and, as a smoke, Debian's classic notebook 6.4.
+widget), then in a fresh notebook on LooseLeaf and one on ipykernel the same steps (Tab completion of a
+package not yet imported, tqdm.auto's widget bar in a CPU and a GPU cell), Notebook 7 on the same server (a
+shorter set) and, as a smoke, Debian's classic notebook 6.4.
 
 Runs in the pytest process (`make test-browser`); the Jupyter servers and chromium are its children (see
 browserutil.py).  Each step saves a screenshot under the test run's temporary directory (printed at the end of
@@ -308,6 +310,124 @@ def test_lab_typing_on_ipykernel_is_exact(lab_server, browser, shots):
         assert "looseleaf.prefetch" not in traffic.comm_targets
     finally:
         ctx.close()
+
+
+# ---- Libraries in a notebook of each kernel: LooseLeaf's and ipykernel's, the same steps ----------------------
+
+PYKERNELS = ["looseleaf", "python3"]
+TORCH_LOADED = "import sys\nprint('torch in sys.modules:', 'torch' in sys.modules)"
+
+
+@pytest.fixture(scope="module", params=PYKERNELS)
+def kernel_nb(request, lab_server, browser, shots):
+    """A notebook of its own, with a fresh kernel, on LooseLeaf and then on ipykernel (the reference): the tests
+    that take it run on both, in file order, each in a cell of its own."""
+    kernel = request.param
+    name = "libs-%s.ipynb" % kernel
+    lab_server.write_notebook(name, kernel=kernel)
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = ctx.new_page()
+    page.set_default_timeout(60_000)
+    display = lab_server.kernelspecs[kernel]["spec"]["display_name"]
+    nb = LabNotebook(page, shots, kernel_display=display)
+    nb.kernel = kernel
+    nb.traffic = Traffic(page)
+    page.goto(lab_server.page_url("/lab/tree/" + name))
+    expect(page.locator(".jp-StatusBar-Widget", has_text="%s | Idle" % display).first).to_be_visible(
+        timeout=120_000)
+    yield nb
+    ctx.close()
+
+
+def _route(nb, n0):
+    """Where LooseLeaf ran the cell sent after NB had received N0 execute_replies (its metadata.looseleaf.route);
+    None on ipykernel.  The reply's websocket frame event reaches this process on its own time: waited for."""
+    if nb.kernel != "looseleaf":
+        return None
+    for _ in range(300):
+        if len(nb.traffic.replies) > n0:
+            break
+        nb.page.wait_for_timeout(100)  # Playwright delivers the frame events while the page waits
+    assert len(nb.traffic.replies) == n0 + 1, nb.traffic.replies[n0:]
+    return nb.traffic.replies[n0].get("metadata", {}).get("looseleaf", {}).get("route")
+
+
+def _run(nb, code):
+    """nb.run(CODE); returns (its cell, its LooseLeaf route or None)."""
+    n0 = len(nb.traffic.replies)
+    cell = nb.run(code)
+    return cell, _route(nb, n0)
+
+
+def test_lab_completion_of_an_unimported_package(kernel_nb):
+    """Issue 29, item 3: Tab on `torch.ar` in a fresh kernel, torch imported only in the cell's text (not run),
+    lists `arange` as on ipykernel; the completed GPU cell then runs, and LooseLeaf's kernel still has not
+    imported torch (ipykernel imports it to answer)."""
+    nb = kernel_nb
+    cell, route = _run(nb, TORCH_LOADED)
+    nb.wait_output(cell, "torch in sys.modules: False")  # a fresh kernel
+    assert route in (None, "cpu")
+    draft = "import torch\ntorch.ar"
+    cell = nb.type_cell(draft)
+    editor = cell.locator(".cm-content")
+    # The first answer can come late or empty: ipykernel imports torch to answer (JupyterLab drops a reply
+    # slower than its 1 s provider timeout), LooseLeaf answers from its index of torch's names once that is
+    # written.  Each press waits for what the page shows (as test_lab_tab_completion_on_gpu_tensor does).
+    item = nb.page.locator('.jp-Completer .jp-Completer-item[data-value="arange"]')
+    tries = 0
+    while True:
+        tries += 1
+        nb.page.wait_for_timeout(HUMAN_KEY_DELAY_MS)
+        if not nb.completer_open():
+            nb.page.keyboard.press("Tab")
+        try:
+            expect(item).to_be_visible(timeout=10_000)
+            break
+        except AssertionError:
+            assert nb.editor_text(nb.n) == draft, nb.editor_text(nb.n)
+            if nb.completer_open():
+                nb.page.keyboard.press("Escape")  # a list without arange: a person closes it, asks again
+            if tries == 8:
+                raise
+    print("\n%s: `torch.ar` listed arange after %d Tab press(es)" % (nb.kernel, tries))
+    nb.shot("libs-%s-01-completer" % nb.kernel)
+    item.click()
+    expect(editor).to_have_text("import torchtorch.arange", use_inner_text=False)
+    expect(nb.page.locator(".jp-Completer:visible")).to_have_count(0)
+    nb.page.keyboard.type("(5).sum().item()", delay=HUMAN_KEY_DELAY_MS)
+    assert nb.editor_text(nb.n) == "import torch\ntorch.arange(5).sum().item()"
+    n0 = len(nb.traffic.replies)
+    nb.page.keyboard.press("Shift+Enter")
+    nb.wait_done(cell)
+    nb.wait_output(cell, "10")
+    assert _route(nb, n0) in (None, "gpu")
+    nb.shot("libs-%s-02-completed" % nb.kernel)
+    # `torch` not named: a CPU cell on LooseLeaf, run in the kernel itself.
+    cell, route = _run(nb, TORCH_LOADED)
+    text = "".join(nb.wait_output(cell, "torch in sys.modules:"))
+    print("%s after the completion and the GPU cell: %s" % (nb.kernel, text.strip()))
+    if nb.kernel == "looseleaf":
+        assert route == "cpu"
+        assert text == "torch in sys.modules: False\n"
+
+
+TQDM_CELLS = {"cpu": "from tqdm.auto import tqdm\nfor i in tqdm(range(30)): pass",
+              "gpu": "import torch\nfrom tqdm.auto import tqdm\nfor i in tqdm(range(30)): torch.ones(2) * i"}
+STDERR = '.jp-RenderedText[data-mime-type="application/vnd.jupyter.stderr"]'
+
+
+@pytest.mark.parametrize("route", ["cpu", "gpu"])
+def test_lab_tqdm_auto_draws_the_widget_bar(kernel_nb, route):
+    """Issue 29, item 2: tqdm.auto draws ipywidgets' progress bar (FloatProgress between two HTML labels), as on
+    ipykernel, not a text bar on the red stderr background, in a CPU cell and in a GPU cell alike."""
+    nb = kernel_nb
+    cell, ran = _run(nb, TQDM_CELLS[route])
+    # The right label's last update says the loop is done; by then a text bar would have been written.
+    expect(cell.locator(".widget-html", has_text="30/30")).to_be_visible(timeout=120_000)
+    expect(cell.locator(".widget-hprogress")).to_be_visible()
+    expect(cell.locator(STDERR)).to_have_count(0)
+    assert ran in (None, route)
+    nb.shot("libs-%s-tqdm-%s" % (nb.kernel, route))
 
 
 # ---- Notebook 7, same server ----------------------------------------------------------------------------------
