@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(HERE))  # tests/: conftest's private Jupyter 
 
 import conftest  # noqa: E402  (sets JUPYTER_*/IPYTHONDIR/LOOSELEAF_POOL_DIR to private temp dirs)
 from browserutil import Server, launch_chromium  # noqa: E402
-from pageutil import LabNotebook, expect  # noqa: E402
+from pageutil import LabNotebook, decode_frame, expect  # noqa: E402
 
 from playwright.sync_api import sync_playwright  # noqa: E402
 
@@ -38,21 +38,6 @@ GPU_LOOP = "import torch\n" + LOOP
 
 LAB_USER_SETTINGS = {"@jupyterlab/apputils-extension/notification.jupyterlab-settings":
                      '{"fetchNews": "false", "checkForUpdates": false}'}
-
-
-def decode_frame(payload):
-    """A kernel websocket frame as (channel, msg dict) for both of jupyter_server's protocols (as
-    bench_hints.py reads them)."""
-    if isinstance(payload, str):
-        msg = json.loads(payload)
-        return msg.get("channel"), msg
-    data = bytes(payload)
-    n = int.from_bytes(data[:8], "little")
-    offsets = [int.from_bytes(data[8 * (i + 1):8 * (i + 2)], "little") for i in range(n)]
-    channel = data[offsets[0]:offsets[1]].decode("utf-8")
-    parts = [data[offsets[i]:offsets[i + 1]] for i in range(1, n - 1)]
-    keys = ("header", "parent_header", "metadata", "content")
-    return channel, {k: json.loads(parts[i]) for i, k in enumerate(keys) if i < len(parts)}
 
 
 # Records every change of the output area's text in the page: [performance.now() ms, lines shown].  The
