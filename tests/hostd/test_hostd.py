@@ -422,8 +422,12 @@ def test_notebooks_of_three_users(hostd, users, bins, mpl_cache):
                 mds = [r["reply"]["metadata"]["looseleaf"] for r in recs]
                 assert not [md for md in mds if "fallback" in md], mds
                 routes = [md["route"] for md in mds]
-                # The kernel's own cells went where they asked; most of the notebook's ran on workers.
-                assert routes[:2] == ["cpu", "gpu"] and routes[-2:] == ["gpu", "cpu"], routes
+                # The kernel's own cells went where they asked; most of the notebook's ran on workers.  The last
+                # one (%%cpu, reading dir(): every name) runs on the session's home worker instead while one
+                # holds a value of the notebook's (a tensor's autograd graph lives only there: README, "homes"),
+                # which depends on whether slot pressure evicted that worker first.
+                assert routes[:2] == ["cpu", "gpu"] and routes[-2] == "gpu", routes
+                assert routes[-1] == "cpu" or mds[-1].get("to_home"), (routes, mds[-1])
                 assert routes.count("gpu") >= n // 2, routes
                 nb_routes.update(routes[2:-2])
             # The GPU marker cell ran as the user; each kernel sees its own marker only (and ipykernel too).
