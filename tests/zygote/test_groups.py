@@ -50,7 +50,7 @@ def test_eviction_kills_the_warm_workers_group_before_the_next_session_runs(env)
     assert all(pid_alive(k) for k in kids)
     assert [w["state"] for w in c1.stats()["workers"]] == ["warm"]
     c2 = env.client(slots=1, extra=["--warm-idle", "60"])
-    c2.submit("b", _check_gone(kids), session=env.session + "-other")
+    c2.submit("b", _check_gone(kids), session=env.other_session("other"))
     ev = c2.collect("b")
     reply = ev[-1]
     assert reply["type"] == "reply" and reply["content"]["status"] == "ok", ev

@@ -109,6 +109,7 @@ class Env:
         self.pool_dir = os.path.join(tmp, "pool")
         Env._count += 1
         self.session = "llzyg-%d-%d" % (os.getpid(), Env._count)
+        self.others = []  # further sessions a test ran cells of (other_session), dropped with this one
         self.redis_url = "unix://" + _llstore.start_redis(self.store_dir)
         self.environ = dict(os.environ)
         self.environ["IPYTHONDIR"] = os.path.join(tmp, "ipython")
@@ -126,6 +127,12 @@ class Env:
             self.pool_pid = c.stats()["pid"]
         return c
 
+    def other_session(self, suffix):
+        """A session besides ENV's own (another kernel's, as far as the pool can tell), dropped at close."""
+        name = "%s-%s" % (self.session, suffix)
+        self.others.append(name)
+        return name
+
     def log(self):
         try:
             with open(os.path.join(self.pool_dir, "pool.log")) as f:
@@ -140,11 +147,12 @@ class Env:
                 c.close()
             stop_pool(self.pool_dir)
         finally:
-            # The session's payload pool lives in /dev/shm: drop it with the session's keys.
+            # A session's payload pool lives in /dev/shm: drop it with the session's keys.
             try:
-                st = _llstore.Store(self.store_dir, self.session, redis_url=self.redis_url)
-                st.delete_session()
-                st.close()
+                for session in [self.session] + self.others:
+                    st = _llstore.Store(self.store_dir, session, redis_url=self.redis_url)
+                    st.delete_session()
+                    st.close()
             finally:
                 _llstore.stop_redis(self.store_dir)
 
