@@ -30,27 +30,13 @@ import time
 import pytest
 
 import hdhelp
-from hdhelp import Binaries, Hostd, User, reply_ok, started, stdout, user_stats, wait_for
+from hdhelp import Hostd, User, reply_ok, started, stdout, user_stats, wait_for
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "routing"))
 from routehelp import comparable  # noqa: E402
 from itest_util import norm_varying  # noqa: E402,I100  (tests/integration: put on sys.path by routehelp)
 
 pytestmark = pytest.mark.skipif(not hdhelp.usable(), reason="needs root, useradd and setpriv (real OS users)")
-
-
-@pytest.fixture(scope="module")
-def bins():
-    b = Binaries()
-    yield b
-    b.close()
-
-
-@pytest.fixture
-def hostd(bins):
-    h = Hostd(bins, nslots=2)
-    yield h
-    h.close()
 
 
 @pytest.fixture

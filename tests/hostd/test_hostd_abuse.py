@@ -26,25 +26,11 @@ import time
 import pytest
 
 import hdhelp
-from hdhelp import Binaries, Hostd, User, recv_frame, reply_ok, send_frame, stdout, wait_for
+from hdhelp import User, recv_frame, reply_ok, send_frame, stdout, wait_for
 
 pytestmark = pytest.mark.skipif(not hdhelp.usable(), reason="needs root, useradd and setpriv (real OS users)")
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-
-
-@pytest.fixture(scope="module")
-def bins():
-    b = Binaries()
-    yield b
-    b.close()
-
-
-@pytest.fixture
-def hostd(bins):
-    h = Hostd(bins, nslots=2)
-    yield h
-    h.close()
 
 
 class RawPool:
