@@ -14,6 +14,7 @@ measurement was taken (whatever the ratios), 1 when a kernel failed (did not
 start, lost output, answered wrongly).
 """
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -129,6 +130,36 @@ class RawClient:
             except BenchError:
                 continue
         raise BenchError("iopub never delivered")
+
+
+@contextlib.contextmanager
+def kernels_on_a_private_pool(prefix):
+    """One started kernel of each of KERNELS ({name: RawClient}, iopub ready) in a private Jupyter environment,
+    LooseLeaf's on a host pool of its own (a temp dir named PREFIX...); on exit the clients are closed, the
+    kernels shut down, the pool stopped and the directories removed."""
+    root = private_jupyter_env()
+    pool_dir = tempfile.mkdtemp(prefix=prefix)
+    os.rmdir(pool_dir)  # the pool makes its own (0700)
+    os.environ["LOOSELEAF_POOL_DIR"] = pool_dir
+    kms, clients = {}, {}
+    try:
+        for name in KERNELS:
+            km = KernelManager(kernel_name=name)
+            km.start_kernel()
+            kms[name] = km
+            clients[name] = RawClient(km)
+            clients[name].wait_iopub_ready()
+        yield clients
+    finally:
+        for c in clients.values():
+            c.close()
+        for km in kms.values():
+            km.shutdown_kernel(now=True)
+        sys.path.insert(0, os.path.join(REPO, "tests"))
+        from llpool_util import stop_pool
+        stop_pool(pool_dir)
+        shutil.rmtree(pool_dir, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def execute_content(code):

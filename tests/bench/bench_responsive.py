@@ -15,15 +15,12 @@ Python's, and the LooseLeaf kernel runs in the same environment.  Exit status 0 
 taken (whatever the ratios), 1 when a kernel failed.
 """
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_kernel as bk  # noqa: E402
-from jupyter_client import KernelManager  # noqa: E402
 
 ROUNDS = int(os.environ.get("LL_BENCH_ROUNDS", "30"))
 GPU_PRINT = "import torch\nprint('tick', flush=True)\n_ = torch.zeros(1)"
@@ -63,65 +60,46 @@ def p95(values):
 
 
 def main():
-    root = bk.private_jupyter_env()
-    pool_dir = tempfile.mkdtemp(prefix="ll-bench-resp-pool-")
-    os.rmdir(pool_dir)  # the pool makes its own (0700)
-    os.environ["LOOSELEAF_POOL_DIR"] = pool_dir
-    kms, clients = {}, {}
     try:
-        for name in bk.KERNELS:
-            km = KernelManager(kernel_name=name)
-            km.start_kernel()
-            kms[name] = km
-            clients[name] = bk.RawClient(km)
-            clients[name].wait_iopub_ready()
-        ll, ref = clients["looseleaf"], clients["ipykernel"]
-        for client in (ll, ref):  # warm: torch imported, the worker forked
-            run_to_idle(client, "import torch\nx = torch.ones(4)\nx.sum()")
-            run_to_idle(client, GPU_PRINT)
-        late, ll_first, ll_cpu_first, ref_first = [], [], [], []
-        after_ll, after_ref = [], []
-        for _ in range(ROUNDS):
-            t, reply = first_output(ll, GPU_PRINT)
-            md = reply["metadata"].get("looseleaf", {})
-            if md.get("route") != "gpu" or "visible_wait_ms" not in md:
-                raise bk.BenchError("the GPU cell did not run on a worker: %s" % md)
-            ll_first.append(t)
-            late.append(t - md["visible_wait_ms"] / 1e3)
-            ref_first.append(first_output(ref, GPU_PRINT)[0])
-            ll_cpu_first.append(first_output(ll, CPU_PRINT)[0])
-            run_to_idle(ll, GPU_PRINT)
-            after_ll.append(run_to_idle(ll, "z = 1"))
-            run_to_idle(ref, GPU_PRINT)
-            after_ref.append(run_to_idle(ref, "z = 1"))
-        ms = lambda v: v * 1e3  # noqa: E731
-        med_late = statistics.median(late)
-        print("warm GPU cell, Run to first flushed output (median of %d):" % ROUNDS)
-        print("  looseleaf GPU %7.2f ms (visible wait excluded: %5.2f ms, target <= 5 ms: %s)"
-              % (ms(statistics.median(ll_first)), ms(med_late), "met" if med_late <= 0.005 else "MISSED"))
-        print("  looseleaf CPU %7.2f ms   ipykernel %7.2f ms"
-              % (ms(statistics.median(ll_cpu_first)), ms(statistics.median(ref_first))))
-        r50 = statistics.median(after_ll) / statistics.median(after_ref)
-        r95 = p95(after_ll) / p95(after_ref)
-        print("trivial CPU cell after a GPU cell, Run to idle: looseleaf median %.2f ms p95 %.2f ms, ipykernel "
-              "median %.2f ms p95 %.2f ms: ratio %.2f / %.2f (target <= 1.5: %s)"
-              % (ms(statistics.median(after_ll)), ms(p95(after_ll)), ms(statistics.median(after_ref)),
-                 ms(p95(after_ref)), r50, r95, "met" if max(r50, r95) <= 1.5 else "MISSED"))
-        print('{"bench": "responsive", "first_output_late_ms_median": %.3f, "cpu_after_gpu_ratio": %.3f, '
-              '"cpu_after_gpu_ratio_p95": %.3f}' % (ms(med_late), r50, r95))
-        return 0
+        with bk.kernels_on_a_private_pool("ll-bench-resp-pool-") as clients:
+            ll, ref = clients["looseleaf"], clients["ipykernel"]
+            for client in (ll, ref):  # warm: torch imported, the worker forked
+                run_to_idle(client, "import torch\nx = torch.ones(4)\nx.sum()")
+                run_to_idle(client, GPU_PRINT)
+            late, ll_first, ll_cpu_first, ref_first = [], [], [], []
+            after_ll, after_ref = [], []
+            for _ in range(ROUNDS):
+                t, reply = first_output(ll, GPU_PRINT)
+                md = reply["metadata"].get("looseleaf", {})
+                if md.get("route") != "gpu" or "visible_wait_ms" not in md:
+                    raise bk.BenchError("the GPU cell did not run on a worker: %s" % md)
+                ll_first.append(t)
+                late.append(t - md["visible_wait_ms"] / 1e3)
+                ref_first.append(first_output(ref, GPU_PRINT)[0])
+                ll_cpu_first.append(first_output(ll, CPU_PRINT)[0])
+                run_to_idle(ll, GPU_PRINT)
+                after_ll.append(run_to_idle(ll, "z = 1"))
+                run_to_idle(ref, GPU_PRINT)
+                after_ref.append(run_to_idle(ref, "z = 1"))
+            ms = lambda v: v * 1e3  # noqa: E731
+            med_late = statistics.median(late)
+            print("warm GPU cell, Run to first flushed output (median of %d):" % ROUNDS)
+            print("  looseleaf GPU %7.2f ms (visible wait excluded: %5.2f ms, target <= 5 ms: %s)"
+                  % (ms(statistics.median(ll_first)), ms(med_late), "met" if med_late <= 0.005 else "MISSED"))
+            print("  looseleaf CPU %7.2f ms   ipykernel %7.2f ms"
+                  % (ms(statistics.median(ll_cpu_first)), ms(statistics.median(ref_first))))
+            r50 = statistics.median(after_ll) / statistics.median(after_ref)
+            r95 = p95(after_ll) / p95(after_ref)
+            print("trivial CPU cell after a GPU cell, Run to idle: looseleaf median %.2f ms p95 %.2f ms, ipykernel "
+                  "median %.2f ms p95 %.2f ms: ratio %.2f / %.2f (target <= 1.5: %s)"
+                  % (ms(statistics.median(after_ll)), ms(p95(after_ll)), ms(statistics.median(after_ref)),
+                     ms(p95(after_ref)), r50, r95, "met" if max(r50, r95) <= 1.5 else "MISSED"))
+            print('{"bench": "responsive", "first_output_late_ms_median": %.3f, "cpu_after_gpu_ratio": %.3f, '
+                  '"cpu_after_gpu_ratio_p95": %.3f}' % (ms(med_late), r50, r95))
+            return 0
     except bk.BenchError as e:
         print("bench_responsive: %s" % e, file=sys.stderr)
         return 1
-    finally:
-        for c in clients.values():
-            c.close()
-        for km in kms.values():
-            km.shutdown_kernel(now=True)
-        sys.path.insert(0, os.path.join(bk.REPO, "tests"))
-        from llpool_util import stop_pool
-        stop_pool(pool_dir)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

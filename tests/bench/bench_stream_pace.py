@@ -14,15 +14,12 @@ Runs on the Python that runs it (`make bench` uses the project's venv).  Exit st
 was taken, 1 when a kernel failed.
 """
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_kernel as bk  # noqa: E402
-from jupyter_client import KernelManager  # noqa: E402
 
 ROUNDS = int(os.environ.get("LL_BENCH_ROUNDS", "3"))
 LOOP = "import time\nfor i in range(50):\n    print(i, flush=True)\n    time.sleep(0.02)\n"
@@ -58,56 +55,37 @@ def summary(runs):
 
 
 def main():
-    root = bk.private_jupyter_env()
-    pool_dir = tempfile.mkdtemp(prefix="ll-bench-pace-pool-")
-    os.rmdir(pool_dir)  # the pool makes its own (0700)
-    os.environ["LOOSELEAF_POOL_DIR"] = pool_dir
-    kms, clients = {}, {}
     try:
-        for name in bk.KERNELS:
-            km = KernelManager(kernel_name=name)
-            km.start_kernel()
-            kms[name] = km
-            clients[name] = bk.RawClient(km)
-            clients[name].wait_iopub_ready()
-        results = {}
-        for name, client in clients.items():
-            arrivals(client, GPU + LOOP)  # warm: torch imported, a worker forked
-            for route, code in (("cpu", LOOP), ("gpu", GPU + LOOP)):
-                for loop, what in ((LOOP, "flushed"), (UNFLUSHED, "unflushed")):
-                    runs = []
-                    for _ in range(ROUNDS):
-                        times, reply = arrivals(client, code.replace(LOOP, loop))
-                        got = reply["metadata"].get("looseleaf", {}).get("route")
-                        if name == "looseleaf" and got != route:
-                            raise bk.BenchError("the %s cell ran on %s" % (route, got))
-                        runs.append(times)
-                    results[(name, route, what)] = summary(runs)
-        print("a cell printing a flushed line every 20 ms, 50 lines (%d rounds): stream messages at the client"
-              % ROUNDS)
-        for (name, route, what), s in results.items():
-            line = "  %-9s %s %-9s: %4.1f messages, gap median %6.1f ms, p90 %6.1f ms, max %6.1f ms" % (
-                name, route, what, s["messages"], s["gap_median_ms"], s["gap_p90_ms"], s["gap_max_ms"])
-            if name == "looseleaf" and what == "flushed":
-                line += " (target p90 <= 50 ms: %s)" % ("met" if s["gap_p90_ms"] <= 50 else "MISSED")
-            print(line)
-        ll_cpu, ll_gpu = results[("looseleaf", "cpu", "flushed")], results[("looseleaf", "gpu", "flushed")]
-        print('{"bench": "stream_pace", "cpu_gap_p90_ms": %.1f, "gpu_gap_p90_ms": %.1f, "cpu_messages": %.1f, '
-              '"gpu_messages": %.1f}' % (ll_cpu["gap_p90_ms"], ll_gpu["gap_p90_ms"], ll_cpu["messages"],
-                                         ll_gpu["messages"]))
-        return 0
+        with bk.kernels_on_a_private_pool("ll-bench-pace-pool-") as clients:
+            results = {}
+            for name, client in clients.items():
+                arrivals(client, GPU + LOOP)  # warm: torch imported, a worker forked
+                for route, code in (("cpu", LOOP), ("gpu", GPU + LOOP)):
+                    for loop, what in ((LOOP, "flushed"), (UNFLUSHED, "unflushed")):
+                        runs = []
+                        for _ in range(ROUNDS):
+                            times, reply = arrivals(client, code.replace(LOOP, loop))
+                            got = reply["metadata"].get("looseleaf", {}).get("route")
+                            if name == "looseleaf" and got != route:
+                                raise bk.BenchError("the %s cell ran on %s" % (route, got))
+                            runs.append(times)
+                        results[(name, route, what)] = summary(runs)
+            print("a cell printing a flushed line every 20 ms, 50 lines (%d rounds): stream messages at the client"
+                  % ROUNDS)
+            for (name, route, what), s in results.items():
+                line = "  %-9s %s %-9s: %4.1f messages, gap median %6.1f ms, p90 %6.1f ms, max %6.1f ms" % (
+                    name, route, what, s["messages"], s["gap_median_ms"], s["gap_p90_ms"], s["gap_max_ms"])
+                if name == "looseleaf" and what == "flushed":
+                    line += " (target p90 <= 50 ms: %s)" % ("met" if s["gap_p90_ms"] <= 50 else "MISSED")
+                print(line)
+            ll_cpu, ll_gpu = results[("looseleaf", "cpu", "flushed")], results[("looseleaf", "gpu", "flushed")]
+            print('{"bench": "stream_pace", "cpu_gap_p90_ms": %.1f, "gpu_gap_p90_ms": %.1f, "cpu_messages": %.1f, '
+                  '"gpu_messages": %.1f}' % (ll_cpu["gap_p90_ms"], ll_gpu["gap_p90_ms"], ll_cpu["messages"],
+                                             ll_gpu["messages"]))
+            return 0
     except bk.BenchError as e:
         print("bench_stream_pace: %s" % e, file=sys.stderr)
         return 1
-    finally:
-        for c in clients.values():
-            c.close()
-        for km in kms.values():
-            km.shutdown_kernel(now=True)
-        sys.path.insert(0, os.path.join(bk.REPO, "tests"))
-        from llpool_util import stop_pool
-        stop_pool(pool_dir)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
