@@ -141,11 +141,27 @@ class LabNotebook:
         self.fresh_cell()
         cell = self.cell(self.n)
         content = cell.locator(".cm-content")
-        content.click()
-        type_code(self.page, code, delay_ms, newline=lambda: content.evaluate(_CM_NEWLINE))
-        # What reached the editor is what was meant (no auto-closed bracket, no auto-indent added): first wait
-        # for it (whitespace-insensitive), then compare line by line, exactly.
-        expect(cell.locator(".cm-content")).to_have_text(code.replace("\n", ""), use_inner_text=False)
+        for attempt in (1, 2):
+            content.click()
+            # Keys go to the editor only once it has the focus (the notebook in edit mode); the first cell of a
+            # freshly opened notebook gets it a moment after the click.
+            expect(cell.locator(".cm-editor.cm-focused")).to_have_count(1)
+            type_code(self.page, code, delay_ms, newline=lambda: content.evaluate(_CM_NEWLINE))
+            # What reached the editor is what was meant (no auto-closed bracket, no auto-indent added): first
+            # wait for it (whitespace-insensitive), then compare line by line, exactly.
+            try:
+                expect(content).to_have_text(code.replace("\n", ""), use_inner_text=False, timeout=10_000)
+                break
+            except AssertionError:
+                typed = self.editor_text(self.n)
+                # Only one failure is the page's and not the kernel's: the first keys of a freshly loaded page
+                # lost before JupyterLab had wired the editor (seen once in CI: "import sys..." arrived as
+                # "sys...").  A person retypes such a cell; anything else fails the step.
+                if attempt == 2 or not typed or typed == code or not code.endswith(typed):
+                    raise
+                print("\n(the page lost the first keys typed: %r arrived as %r; typed again)" % (code, typed))
+                content.evaluate("e => { const v = e.cmView.view; "
+                                 "v.dispatch({changes: {from: 0, to: v.state.doc.length, insert: ''}}); }")
         typed = self.editor_text(self.n)
         assert typed == code, "the editor holds %r, not the %r typed" % (typed, code)
         return cell
