@@ -78,10 +78,17 @@ print(st.versions(), flush=True)
 """
 
 
+def _sigint_as_from_a_terminal():
+    # A child inherits an ignored SIGINT (a test process that ran something ignoring it, or a suite started
+    # in the background by a shell without job control), and then Python installs no KeyboardInterrupt
+    # handler: the interrupt under test would never arrive.  The child starts as a terminal would start it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _stalled_child(runtime_dir, session, redis_url, pool_path, **env):
     return subprocess.Popen([sys.executable, "-c", STALLED, runtime_dir, session, redis_url, pool_path],
                             env=child_env(**env), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=_sigint_as_from_a_terminal)
 
 
 def _tell(child, line="go"):
