@@ -29,9 +29,9 @@
  *   frames of LL_HOSTD_FRAME_MAX bytes (the reader buffers one), queues of
  *   S_OUT_SOFT plus one reply; a metrics connection lives S_HTTP_MS at most;
  * - when it stops, pools see their connection close and fall back. */
-#include "zygote/ll_gpu.h"
+#include "base/ll_gpu.h"
 #include "zygote/ll_hostd.h"
-#include "zygote/ll_hostd_policy.h"
+#include "policy/ll_hostd_policy.h"
 #include "zygote/ll_hostd_wire.h"
 #include "zygote/ll_zframe.h"
 #include "store/ll_store.h"

@@ -11,7 +11,7 @@
 #ifndef LL_HOSTD_WIRE_H
 #define LL_HOSTD_WIRE_H
 
-#include "zygote/ll_hostd_policy.h"
+#include "policy/ll_hostd_policy.h"
 
 #include <jansson.h>
 #include <stdbool.h>

@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "zygote/ll_hostd_policy.h"
+#include "policy/ll_hostd_policy.h"
 #include "zygote/ll_hostd_wire.h"
 
 #define S_SLOTS 3
