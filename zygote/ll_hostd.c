@@ -33,7 +33,7 @@
 #include "zygote/ll_hostd.h"
 #include "policy/ll_hostd_policy.h"
 #include "zygote/ll_hostd_wire.h"
-#include "zygote/ll_zframe.h"
+#include "proto/ll_zframe.h"
 #include "store/ll_store.h"
 #include "base/ll_clock.h"
 #include "base/ll_log.h"

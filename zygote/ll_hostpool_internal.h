@@ -14,7 +14,7 @@
 #include "policy/ll_gpu_plan.h"
 #include "zygote/ll_hostpool_config.h"
 #include "policy/ll_sched.h"
-#include "zygote/ll_zframe.h"
+#include "proto/ll_zframe.h"
 #include "zygote/ll_ztree.h"
 
 #include <jansson.h>
