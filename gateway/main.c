@@ -20,7 +20,7 @@
 #include "gateway/ll_kernelspec.h"
 #include "kernel/ll_pyenv.h"
 #include "sim/ll_sim_cli.h"
-#include "zygote/ll_hostd.h"
+#include "hostd/ll_hostd.h"
 #include "zygote/ll_hostpool.h"
 #include "zygote/ll_zygote.h"
 

@@ -38,7 +38,7 @@
  * adopt we give up as if it were taken back (unheld: nothing of it is said
  * to the broker).  A frame to the broker waits S_SEND_MS at most: a broker
  * that does not read is given up like one that went away. */
-#include "zygote/ll_hostd.h"
+#include "hostd/ll_hostd_wire.h"
 #include "zygote/ll_hostpool_internal.h"
 #include "store/ll_quota.h"
 #include "base/ll_clock.h"

@@ -4,7 +4,7 @@ SELFTESTS += ll_ztree ll_hostpool_config ll_hostpool ll_hostpool_jobs \
 LIB_SRCS  += zygote/ll_ztree.c \
              zygote/ll_hostpool_config.c zygote/ll_hostpool.c zygote/ll_hostpool_jobs.c \
              zygote/ll_hostpool_stats.c zygote/ll_hostpool_homes.c zygote/ll_hostpool_procs.c \
-             zygote/ll_zygote.c zygote/ll_zclient.c
+             zygote/ll_hostpool_hostd.c zygote/ll_zygote.c zygote/ll_zclient.c
 EXTRA_TARGETS += $(BUILD)/zygote/ll_zdriver
 
 # The test driver: a JSON-lines client of the host pool (tests/zygote/, tests/prefetch/).  The pool it
