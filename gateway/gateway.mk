@@ -1,7 +1,7 @@
-# gateway/: the kernel process and the `looseleaf` command (owned by the gateway engineer).
+# gateway/: the kernel process, the gateway between Jupyter and the workers (owned by the gateway engineer).
+# The `looseleaf` command's dispatcher, which also starts the other roles, is cli/main.c (cli/cli.mk).
 LIB_SRCS  += gateway/ll_iopub.c gateway/ll_stdin.c gateway/ll_exec.c \
              gateway/ll_kernelspec.c gateway/ll_usage.c gateway/ll_route.c gateway/ll_kernel.c
-BIN_SRCS  += gateway/main.c
 SELFTESTS += ll_iopub ll_stdin ll_exec ll_kernelspec ll_usage ll_route ll_kernel
 
 # The edit-time hints extension for JupyterLab (gateway/ll_labext.js, hand-written, no npm build), embedded in

@@ -1,9 +1,11 @@
 # proto/: connection file, JSON writer, Jupyter wire format (owned by
-# the proto engineer).  Self-tests live in tests/proto/*_test.c.
-LIB_SRCS  += proto/ll_conn.c proto/ll_json.c proto/ll_wire.c
+# the proto engineer), and the frames LooseLeaf's own processes speak on
+# their unix sockets (ll_zframe: pool, zygotes, workers, clients, the
+# broker).  Self-tests live in tests/proto/*_test.c, ll_zframe's in its file.
+LIB_SRCS  += proto/ll_conn.c proto/ll_json.c proto/ll_wire.c proto/ll_zframe.c
 TEST_SRCS += tests/proto/ll_conn_test.c tests/proto/ll_json_test.c \
              tests/proto/ll_wire_test.c
-SELFTESTS += ll_conn ll_json ll_wire
+SELFTESTS += ll_conn ll_json ll_wire ll_zframe
 
 PROTO_OBJS := $(BUILD)/proto/ll_wire.o $(BUILD)/proto/ll_json.o $(BASE_OBJS)
 

@@ -4,7 +4,7 @@
  * same sessions: LooseLeaf (with and without edit-time prefetch) and the
  * baselines (session-pinned, keep-alive, NotebookOS, naive serverless).
  * LooseLeaf's hosts run the host pool's own policy code: each host's slots,
- * queue, warm workers and prefetch credit are an ll_sched (zygote/ll_sched.h,
+ * queue, warm workers and prefetch credit are an ll_sched (policy/ll_sched.h,
  * GreedyDual inside), jobs go to hosts by ll_place and the fleet's size
  * follows ll_provision, the same modules a multi-host service uses.
  *

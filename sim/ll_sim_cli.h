@@ -1,5 +1,5 @@
 /* ll_sim_cli: the fleet simulator's subcommands, dispatched by
- * gateway/main.c (the only file outside sim/ that may include a sim/
+ * cli/main.c (the only file outside sim/ that may include a sim/
  * header).  Each runs in its own short-lived process; argv[0] is the
  * subcommand's name.  sim/API.md describes both. */
 #ifndef LL_SIM_CLI_H

@@ -1,6 +1,6 @@
 /* ll_sim_fleet: an elastic fleet of GPU hosts in the simulator (see
  * ll_sim_internal.h): hosts power on when the provisioning controller
- * (zygote/ll_provision.h) wants more, take host_boot_s plus the base
+ * (policy/ll_provision.h) wants more, take host_boot_s plus the base
  * zygote's start to accept work, drain when it wants fewer (the least
  * loaded first, ll_place_drain) and power off once a draining host holds
  * nothing, warm workers included.  Jobs go to hosts by ll_place.  The

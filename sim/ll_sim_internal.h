@@ -11,9 +11,9 @@
 #define LL_SIM_INTERNAL_H
 
 #include "sim/ll_sim.h"
-#include "zygote/ll_place.h"
-#include "zygote/ll_provision.h"
-#include "zygote/ll_sched.h"
+#include "policy/ll_place.h"
+#include "policy/ll_provision.h"
+#include "policy/ll_sched.h"
 
 /* A session as one design sees it. */
 typedef struct {

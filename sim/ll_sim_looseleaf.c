@@ -3,7 +3,7 @@
  *
  * Each powered host is what the host pool is, minus the processes: its
  * slots, queue, warm workers, staged workers and prefetch credits are an
- * ll_sched (zygote/ll_sched.h, GreedyDual eviction inside: zygote/ll_gdsf.h),
+ * ll_sched (policy/ll_sched.h, GreedyDual eviction inside: policy/ll_greedydual.h),
  * driven the way zygote/ll_hostpool_jobs.c drives it: a pass after every
  * event on the host, each decision applied (a fork, a hand-over to a warm
  * worker, an eviction and the restaged preparation it asks for, a skip),

@@ -1,7 +1,7 @@
 # sim/: the fleet simulator (issue 18; owned by the fleet-simulation engineer): `looseleaf trace` and
 # `looseleaf simulate`.  sim/API.md describes the commands, the trace format and the cost file.  It uses
-# the host pool's pure policies (zygote/ll_sched, ll_gdsf, ll_place, ll_provision) and the cell analysis;
-# nothing depends on it but gateway/main.c, which dispatches the two subcommands.
+# the host pool's pure policies (policy/ll_sched, ll_greedydual, ll_place, ll_provision) and the cell analysis;
+# nothing depends on it but cli/main.c, which dispatches the two subcommands.
 SIM_SRCS  := sim/ll_cost.c sim/ll_trace.c sim/ll_trace_gen.c sim/ll_sim.c sim/ll_sim_fleet.c \
              sim/ll_sim_looseleaf.c sim/ll_sim_baselines.c sim/ll_sim_cli.c
 LIB_SRCS  += $(SIM_SRCS)

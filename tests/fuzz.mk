@@ -19,8 +19,8 @@ FUZZ_SRCS_wire       := tests/fuzz/fuzz_wire.c proto/ll_wire.c proto/ll_json.c $
 FUZZ_SRCS_hmac       := tests/fuzz/fuzz_hmac.c proto/ll_wire.c proto/ll_json.c $(FUZZ_BASE)
 FUZZ_SRCS_conn       := tests/fuzz/fuzz_conn.c proto/ll_conn.c
 FUZZ_SRCS_store_meta := tests/fuzz/fuzz_store_meta.c store/ll_store_ref.c
-FUZZ_SRCS_hostd      := tests/fuzz/fuzz_hostd.c zygote/ll_hostd_wire.c zygote/ll_hostd_policy.c \
-                        zygote/ll_gpu.c $(FUZZ_BASE)
+FUZZ_SRCS_hostd      := tests/fuzz/fuzz_hostd.c hostd/ll_hostd_wire.c policy/ll_hostd_policy.c \
+                        policy/ll_gpu_plan.c $(FUZZ_BASE)
 FUZZ_SRCS_analysis   := tests/fuzz/fuzz_analysis.c $(ANALYSIS_SRCS) kernel/ll_interp.c kernel/ll_pyenv.c $(FUZZ_BASE)
 
 $(FUZZ_DIR)/obj/%.o: %.c

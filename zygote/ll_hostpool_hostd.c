@@ -38,7 +38,7 @@
  * adopt we give up as if it were taken back (unheld: nothing of it is said
  * to the broker).  A frame to the broker waits S_SEND_MS at most: a broker
  * that does not read is given up like one that went away. */
-#include "zygote/ll_hostd.h"
+#include "hostd/ll_hostd_wire.h"
 #include "zygote/ll_hostpool_internal.h"
 #include "store/ll_quota.h"
 #include "base/ll_clock.h"
@@ -187,7 +187,7 @@ static void s_connect(ll_hostpool_t *pool)
     hd->rd = ll_zreader_new(fd);
     json_t *held = json_array();
     int nslots = ll_sched_nslots(pool->sched);
-    const ll_gdsf_t *g = ll_sched_gdsf(pool->sched);
+    const ll_gd_t *g = ll_sched_gd(pool->sched);
     /* The broker slots claimed: the one a slot had when known (and not
      * claimed twice), else its own number, else the lowest unclaimed. */
     bool claimed[LL_GPU_MAX_SLOTS] = {false};
@@ -218,11 +218,11 @@ static void s_connect(ll_hostpool_t *pool)
             continue;
         const ll_sched_job_t *j = ll_sched_job(pool->sched, r);
         double l = 0;
-        ll_gdsf_value(g, j->worker.key, &l);
+        ll_gd_value(g, j->worker.key, &l);
         json_array_append_new(held,
                               json_pack("{s:i, s:b, s:f, s:i, s:i, s:b}", "slot", hd->bslot[s],
                                         "idle", j->state == LL_SCHED_WARM, "value",
-                                        l - ll_gdsf_clock(g), "pid", j->worker.key, "cells",
+                                        l - ll_gd_clock(g), "pid", j->worker.key, "cells",
                                         j->worker.cells, "prefetch", s_holds_prefetch(j)));
     }
     memset(hd->mark, 0, sizeof hd->mark);
@@ -336,7 +336,7 @@ void ll_hostpool_hostd_sync(ll_hostpool_t *pool)
     if (!hd || hd->fd < 0 || !hd->registered)
         return;
     int nslots = ll_sched_nslots(pool->sched);
-    const ll_gdsf_t *g = ll_sched_gdsf(pool->sched);
+    const ll_gd_t *g = ll_sched_gd(pool->sched);
     for (int s = 0; s < nslots; s++) {
         if (!hd->lease[s])
             continue;
@@ -373,16 +373,15 @@ void ll_hostpool_hostd_sync(ll_hostpool_t *pool)
             hd->mark[s].cells == j->worker.cells && hd->mark[s].prefetch == pf)
             continue;
         double l = 0;
-        ll_gdsf_value(g, j->worker.key, &l);
+        ll_gd_value(g, j->worker.key, &l);
         hd->mark[s].sent = true;
         hd->mark[s].idle = idle;
         hd->mark[s].pid = j->worker.key;
         hd->mark[s].cells = j->worker.cells;
         hd->mark[s].prefetch = pf;
-        s_send(pool,
-               json_pack("{s:s, s:i, s:b, s:f, s:i, s:i, s:b}", "type", "mark", "slot",
-                         hd->bslot[s], "idle", idle, "value", idle ? l - ll_gdsf_clock(g) : 0.0,
-                         "pid", j->worker.key, "cells", j->worker.cells, "prefetch", pf));
+        s_send(pool, json_pack("{s:s, s:i, s:b, s:f, s:i, s:i, s:b}", "type", "mark", "slot",
+                               hd->bslot[s], "idle", idle, "value", idle ? l - ll_gd_clock(g) : 0.0,
+                               "pid", j->worker.key, "cells", j->worker.cells, "prefetch", pf));
         if (hd->fd < 0)
             return; /* the broker went (s_send): our own slots now */
     }

@@ -10,10 +10,11 @@
 #ifndef LL_HOSTPOOL_INTERNAL_H
 #define LL_HOSTPOOL_INTERNAL_H
 
-#include "zygote/ll_gpu.h"
+#include "base/ll_gpu.h"
+#include "policy/ll_gpu_plan.h"
 #include "zygote/ll_hostpool_config.h"
-#include "zygote/ll_sched.h"
-#include "zygote/ll_zframe.h"
+#include "policy/ll_sched.h"
+#include "proto/ll_zframe.h"
 #include "zygote/ll_ztree.h"
 
 #include <jansson.h>

@@ -521,7 +521,7 @@ static void s_worker_leaves(ll_hostpool_t *pool, int w, const char *why, double 
         "pool",
         "warm worker %d of session %s leaves (%s; L %.0f, %.0f bytes held, %d cells, clock %.0f)",
         (int) run->worker.pid, j->session ? j->session : "?", why, l, j->worker.held_bytes,
-        j->worker.cells, ll_gdsf_clock(ll_sched_gdsf(pool->sched)));
+        j->worker.cells, ll_gd_clock(ll_sched_gd(pool->sched)));
     bool asked = false;
     if (!pressure && run->worker.fd >= 0) {
         json_t *m = json_pack("{s:s}", "type", "exit");

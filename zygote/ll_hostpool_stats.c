@@ -17,7 +17,7 @@ static json_t *s_stats_workers(ll_hostpool_t *pool, double now)
 {
     static const char *const state_names[] = {"",       "queued",    "forking", "running",
                                               "saving", "preparing", "warm",    "evicting"};
-    const ll_gdsf_t *gdsf = ll_sched_gdsf(pool->sched);
+    const ll_gd_t *gd = ll_sched_gd(pool->sched);
     json_t *workers = json_array();
     for (int r = 0; r < LL_SCHED_MAX_JOBS; r++) {
         const ll_hostpool_run_t *run = &pool->runs[r];
@@ -26,11 +26,11 @@ static json_t *s_stats_workers(ll_hostpool_t *pool, double now)
             continue;
         int key = (int) run->worker.pid;
         const char *st = j->state == LL_SCHED_WARM && j->slot < 0 ? "staged"
-                         : j->state == LL_SCHED_WARM && ll_gdsf_speculative(gdsf, key, now)
+                         : j->state == LL_SCHED_WARM && ll_gd_speculative(gd, key, now)
                              ? "speculative"
                              : state_names[j->state];
         double l = 0;
-        bool known = ll_gdsf_value(gdsf, key, &l);
+        bool known = ll_gd_value(gd, key, &l);
         json_array_append_new(
             workers,
             json_pack("{s:s, s:i, s:i, s:s, s:o, s:f, s:i, s:b, s:i, s:f, s:i}", "session",
@@ -116,11 +116,11 @@ json_t *ll_hostpool_stats(ll_hostpool_t *pool)
                                             (int) pool->runs[r].worker.pid));
     double now = ll_clock_ms();
     json_t *workers = s_stats_workers(pool, now), *sessions = s_stats_sessions(pool, now);
-    return json_pack(
-        "{s:s, s:i, s:o, s:o, s:o, s:b, s:o, s:i, s:O, s:i, s:b, s:o, s:o, s:f, s:i}", "type",
-        "stats", "pid", (int) getpid(), "nodes", nodes, "slots", slots, "runs", runs, "cuda",
-        pool->cuda, "gpus", s_stats_gpus(pool), "max_nodes", pool->cfg.max_nodes, "safety",
-        (json_t *) ll_ztree_safety(pool->tree), "base_respawns", ll_ztree_base_respawns(pool->tree),
-        "base_broken", ll_ztree_broken(pool->tree), "workers", workers, "sessions", sessions,
-        "clock", ll_gdsf_clock(ll_sched_gdsf(pool->sched)), "warm_idle_s", pool->cfg.warm_idle_s);
+    return json_pack("{s:s, s:i, s:o, s:o, s:o, s:b, s:o, s:i, s:O, s:i, s:b, s:o, s:o, s:f, s:i}",
+                     "type", "stats", "pid", (int) getpid(), "nodes", nodes, "slots", slots, "runs",
+                     runs, "cuda", pool->cuda, "gpus", s_stats_gpus(pool), "max_nodes",
+                     pool->cfg.max_nodes, "safety", (json_t *) ll_ztree_safety(pool->tree),
+                     "base_respawns", ll_ztree_base_respawns(pool->tree), "base_broken",
+                     ll_ztree_broken(pool->tree), "workers", workers, "sessions", sessions, "clock",
+                     ll_gd_clock(ll_sched_gd(pool->sched)), "warm_idle_s", pool->cfg.warm_idle_s);
 }

@@ -4,10 +4,10 @@
  * Runs in the kernel process, which has ZeroMQ threads and therefore never
  * forks: a missing pool is started with posix_spawn (exec), and the pool
  * detaches itself.  One thread uses a client at a time.  Requests go out as
- * frames (zygote/ll_zframe.h) on a blocking write; events come in through a
+ * frames (proto/ll_zframe.h) on a blocking write; events come in through a
  * reader fed from the non-blocking socket. */
 #include "zygote/ll_zclient.h"
-#include "zygote/ll_zframe.h"
+#include "proto/ll_zframe.h"
 #include "base/ll_clock.h"
 #include "base/ll_log.h"
 #include "kernel/ll_pyenv.h"

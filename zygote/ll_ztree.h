@@ -17,7 +17,7 @@
 #ifndef LL_ZTREE_H
 #define LL_ZTREE_H
 
-#include "zygote/ll_zframe.h"
+#include "proto/ll_zframe.h"
 
 #include <jansson.h>
 #include <stdbool.h>

@@ -27,7 +27,7 @@
  * job (a cell or a prefetch) and prepares again (only what moved).
  * Errors after the fork end the child (_exit), never return into the loop. */
 #include "zygote/ll_zygote.h"
-#include "zygote/ll_zframe.h"
+#include "proto/ll_zframe.h"
 #include "base/ll_fdcap.h"
 #include "kernel/ll_interp.h"
 #include "base/ll_b64.h"

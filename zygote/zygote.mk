@@ -1,17 +1,16 @@
 # zygote/: host pool, zygote import cache, workers (owned by the zygote engineer).  zygote/API.md.
-SELFTESTS += ll_zframe ll_gdsf ll_sched ll_place ll_provision ll_ztree ll_gpu ll_hostpool_config ll_hostpool ll_hostpool_jobs \
+SELFTESTS += ll_ztree ll_hostpool_config ll_hostpool ll_hostpool_jobs \
              ll_zclient ll_zygote
-LIB_SRCS  += zygote/ll_zframe.c zygote/ll_gdsf.c zygote/ll_sched.c zygote/ll_sched_selftest.c zygote/ll_place.c \
-             zygote/ll_provision.c zygote/ll_ztree.c zygote/ll_gpu.c \
+LIB_SRCS  += zygote/ll_ztree.c \
              zygote/ll_hostpool_config.c zygote/ll_hostpool.c zygote/ll_hostpool_jobs.c \
              zygote/ll_hostpool_stats.c zygote/ll_hostpool_homes.c zygote/ll_hostpool_procs.c \
-             zygote/ll_zygote.c zygote/ll_zclient.c
+             zygote/ll_hostpool_hostd.c zygote/ll_zygote.c zygote/ll_zclient.c
 EXTRA_TARGETS += $(BUILD)/zygote/ll_zdriver
 
 # The test driver: a JSON-lines client of the host pool (tests/zygote/, tests/prefetch/).  The pool it
 # starts is build/looseleaf's (LL_POOL_EXE), so it links only the client.
 $(BUILD)/zygote/ll_zdriver: $(BUILD)/zygote/ll_zdriver.o $(BUILD)/zygote/ll_zclient.o \
-                            $(BUILD)/zygote/ll_zframe.o $(BUILD)/kernel/ll_pyenv.o $(BASE_OBJS)
+                            $(BUILD)/proto/ll_zframe.o $(BUILD)/kernel/ll_pyenv.o $(BASE_OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 PYTESTS   += tests/zygote
 BENCHES   += tests/bench/bench_zygote.py

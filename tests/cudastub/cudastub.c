@@ -1,6 +1,6 @@
 /* A stub CUDA driver (soname libcuda.so.1) for the tests: the host a GPU
  * machine is, without its GPU.  It exports the part of the driver API that
- * torch, cudart and LooseLeaf's own detection (zygote/ll_gpu.c) touch when
+ * torch, cudart and LooseLeaf's own detection (base/ll_gpu.c) touch when
  * they load the driver, initialise it and count devices, and records which
  * process called what, so a test can tell "the driver is mapped" (cuBLASLt
  * and cuSPARSELt dlopen it at `import torch`) from "the driver was

@@ -1,6 +1,6 @@
 /* Fuzz target (libFuzzer, under ASan/UBSan): what clients of `looseleaf
  * hostd` say, checked by ll_hostd_wire and applied to the broker's policy
- * as the broker applies it (zygote/ll_hostd.c, s_frame), with the policy's
+ * as the broker applies it (hostd/ll_hostd.c, s_frame), with the policy's
  * promises checked after every frame: no slot is leased twice, never more
  * leases than slots, no pool above its own slots' worth.
  *
@@ -12,8 +12,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "zygote/ll_hostd_policy.h"
-#include "zygote/ll_hostd_wire.h"
+#include "policy/ll_hostd_policy.h"
+#include "hostd/ll_hostd_wire.h"
 
 #define S_SLOTS 3
 #define S_CONNS 4

@@ -3,12 +3,17 @@ file or function grows past what one reader can hold without saying why.
 
 Layers (a module may include or import only its own and lower layers):
 
-    base  <-  proto  <-  store, kernel  <-  analysis  <-  zygote  <-  sim  <-  gateway
+    base  <-  proto, policy  <-  store, kernel  <-  analysis  <-  hostd  <-  zygote  <-  sim  <-  gateway  <-  cli
 
-store and kernel are siblings (neither includes the other); the gateway is the program that puts every module
-together (it uses the host pool's client API), so it sits above zygote.  sim/ (the fleet simulator) uses the
-host pool's policies and the cell analysis; only gateway/main.c, which dispatches its subcommands, may use it.  The Python packages follow the same
-order: looseleaf_store <- looseleaf_kernel <- looseleaf_zygote.
+policy/ holds the pure decisions (scheduling, GreedyDual, placement, provisioning, the GPU slot plan, the broker's
+policy): it includes nothing but base/ and the C standard library, and sits below every user of it (the host
+pool, the broker, the simulator).  store and kernel are siblings (neither includes the other).  hostd/, the host's
+slot broker, lends slots to host pools and must never depend on one: it includes nothing of zygote/, and the
+pool's side of it (zygote/ll_hostpool_hostd.c) uses only its wire header.  sim/ (the fleet simulator) uses the
+policies and the cell analysis.  gateway/ is the kernel gateway (it uses the host pool's client API).  cli/ is
+the `looseleaf` program's dispatcher, the only module at the top: it starts every role, and nothing includes it;
+only it may use sim/.  The Python packages follow the same order: looseleaf_store <- looseleaf_kernel <-
+looseleaf_zygote.
 
 Size limits: a C source file over 1,200 lines, or a function over 150 lines, must say why at the top of its
 file, in a comment line starting "Why this file is long:" / "Why <function> is long:".
@@ -20,7 +25,8 @@ import re
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-RANK = {"base": 0, "proto": 1, "store": 2, "kernel": 2, "analysis": 3, "zygote": 4, "sim": 5, "gateway": 6}
+RANK = {"base": 0, "proto": 1, "policy": 1, "store": 2, "kernel": 2, "analysis": 3, "hostd": 4, "zygote": 5,
+        "sim": 6, "gateway": 7, "cli": 8}
 PY_RANK = {"looseleaf_store": 0, "looseleaf_kernel": 1, "looseleaf_zygote": 2}
 PY_ROOTS = {"looseleaf_store": "store/py/looseleaf_store", "looseleaf_kernel": "kernel/py/looseleaf_kernel",
             "looseleaf_zygote": "zygote/py/looseleaf_zygote"}
@@ -56,11 +62,73 @@ def test_c_includes_point_down():
     assert not bad, "includes against the layering:\n  " + "\n  ".join(bad)
 
 
+def _includes(prefix):
+    """(file, module, header) for each tree include of the C files under PREFIX ("policy/", ...)."""
+    return [(rel, dep_mod, header) for rel in _c_files() if rel.startswith(prefix)
+            for dep_mod, header in INCLUDE.findall(_read(rel))]
+
+
+def test_every_c_module_is_ranked():
+    """A new top-level directory of C code must take its place in RANK, or none of these rules would see it."""
+    skip = {"tests", "build", "docs", "examples"}
+    unranked = sorted(d for d in os.listdir(REPO)
+                      if os.path.isdir(os.path.join(REPO, d)) and d not in skip and not d.startswith(".")
+                      and d not in RANK and any(n.endswith((".c", ".h")) for n in os.listdir(os.path.join(REPO, d))))
+    assert not unranked, "modules of C code missing from RANK: %s" % unranked
+
+
+# What a pure decision may use of the system: the C standard library (stdio for a self-test's messages), no
+# POSIX, no sockets, no threads, no clock.
+POLICY_SYSTEM_HEADERS = {"assert.h", "float.h", "inttypes.h", "limits.h", "math.h", "stdbool.h", "stddef.h",
+                         "stdint.h", "stdio.h", "stdlib.h", "string.h"}
+SYSTEM_INCLUDE = re.compile(r'^\s*#\s*include\s+<([^>]+)>', re.M)
+
+
+def test_policy_is_pure_and_below_its_users():
+    bad = ["%s includes %s/%s" % (rel, dep, header) for rel, dep, header in _includes("policy/")
+           if dep not in ("policy", "base")]
+    bad += ["%s includes <%s>" % (rel, header) for rel in _c_files() if rel.startswith("policy/")
+            for header in SYSTEM_INCLUDE.findall(_read(rel)) if header not in POLICY_SYSTEM_HEADERS]
+    assert not bad, "policy/ is pure decisions on base/ only:\n  " + "\n  ".join(bad)
+    users = {rel.split("/")[0] for rel in _c_files() for dep, _ in INCLUDE.findall(_read(rel)) if dep == "policy"}
+    users.discard("policy")
+    assert {"zygote", "hostd", "sim"} <= users, users
+    below = [u for u in sorted(users) if RANK[u] <= RANK["policy"]]
+    assert not below, "policy/ must sit below its users: %s" % below
+
+
+def test_hostd_never_depends_on_the_pool():
+    bad = ["%s includes zygote/%s" % (rel, header) for rel, dep, header in _includes("hostd/") if dep == "zygote"]
+    assert not bad, "the broker lends slots and must not depend on the host pool:\n  " + "\n  ".join(bad)
+    # Nor does it link the pool's files: its build fragment names none.
+    mk = [m for m in os.listdir(os.path.join(REPO, "hostd")) if m.endswith(".mk")]
+    assert mk, "hostd/ has no build fragment"
+    bad = ["hostd/%s names %s" % (m, src) for m in mk for line in _read("hostd/" + m).split("\n")
+           if not line.lstrip().startswith("#") for src in re.findall(r"\bzygote/[\w./]+", line)]
+    assert not bad, "the broker's build links nothing of zygote/:\n  " + "\n  ".join(bad)
+    # The pool's side of the broker speaks its protocol and nothing more of it.
+    bad = ["%s includes hostd/%s" % (rel, header) for rel, dep, header in _includes("zygote/")
+           if dep == "hostd" and header != "ll_hostd_wire.h"]
+    assert not bad, "zygote/ uses only hostd/ll_hostd_wire.h of the broker:\n  " + "\n  ".join(bad)
+
+
+def test_only_the_dispatcher_at_the_top():
+    top = max(RANK.values())
+    assert [m for m, r in RANK.items() if r == top] == ["cli"], "cli/ alone is at the top"
+    bad = ["%s includes cli/%s" % (rel, header) for rel in _c_files()
+           for dep, header in INCLUDE.findall(_read(rel)) if dep == "cli" and not rel.startswith("cli/")]
+    assert not bad, "nothing includes the dispatcher:\n  " + "\n  ".join(bad)
+    # The kernel gateway is not a dispatcher: the other roles' entry points are cli/'s business.
+    bad = ["%s includes %s/%s" % (rel, dep, header) for rel, dep, header in _includes("gateway/")
+           if dep in ("hostd", "sim", "cli")]
+    assert not bad, "gateway/ is the kernel gateway only:\n  " + "\n  ".join(bad)
+
+
 def test_only_main_uses_sim():
     bad = ["%s includes sim/%s" % (rel, header) for rel in _c_files()
            for dep_mod, header in INCLUDE.findall(_read(rel))
-           if dep_mod == "sim" and not rel.startswith("sim/") and rel != "gateway/main.c"]
-    assert not bad, "sim/ is used only by gateway/main.c:\n  " + "\n  ".join(bad)
+           if dep_mod == "sim" and not rel.startswith("sim/") and rel != "cli/main.c"]
+    assert not bad, "sim/ is used only by cli/main.c:\n  " + "\n  ".join(bad)
 
 
 def _cycle(graph):

@@ -1,7 +1,7 @@
 """Warm workers (issue 6, pool side): after its cell committed its save a worker stays warm for its client's
 session and the session's next cell runs on it (same pid, no fork), restoring only what moved; what a CPU-side
 commit changed is seen (nothing stale); under slot pressure idle warm workers are evicted smallest L first
-(GreedyDual, zygote/ll_gdsf.c), never one that runs or saves; killing a warm worker loses nothing; interrupts
+(GreedyDual, policy/ll_greedydual.c), never one that runs or saves; killing a warm worker loses nothing; interrupts
 reach a warm worker's cell; prefetch prepares a worker; stats list warm workers and each session's GPU-seconds,
 and the pool logs one line per session end.  Pools here run with --warm-idle (warm workers are off by
 default until tests/routing expects them)."""

@@ -1,4 +1,4 @@
-"""looseleaf_zygote.gpu: a worker's device, from the pool's job (zygote/ll_gpu.h lays the slots out).
+"""looseleaf_zygote.gpu: a worker's device, from the pool's job (policy/ll_gpu_plan.h lays the slots out).
 
 Runs in a worker (after the fork), on the thread that runs cells, called by zyg.worker_prepare.
 

@@ -1,5 +1,5 @@
 /* ll_provision: how many GPU hosts a fleet keeps powered (DESIGN.md "Many
- * users, many hosts", paper §3.4).  Pure policy on the model of ll_gdsf.h:
+ * users, many hosts", paper §3.4).  Pure policy on the model of ll_greedydual.h:
  * the caller observes the fleet's load and passes the clock; the module
  * says how many hosts to have, and whether a draining host may go.  Run by
  * the provisioning controller (a service exporting the demand to a cluster
@@ -33,7 +33,7 @@
 #ifndef LL_PROVISION_H
 #define LL_PROVISION_H
 
-#include "zygote/ll_place.h"
+#include "policy/ll_place.h"
 
 #include <stdbool.h>
 

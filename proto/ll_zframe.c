@@ -1,7 +1,8 @@
 /* ll_zframe: length-prefixed JSON frames (+ optional SCM_RIGHTS fd) over unix
- * stream sockets; used by the pool, the zygotes, the workers and the client.
+ * stream sockets; used by the pool, the zygotes, the workers, the client and
+ * the broker.
  * No threads, no state besides a reader's buffer. */
-#include "zygote/ll_zframe.h"
+#include "proto/ll_zframe.h"
 
 #include <limits.h>
 

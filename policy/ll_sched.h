@@ -1,12 +1,12 @@
 /* ll_sched: the host pool's scheduling decisions (zygote/API.md, "Warm
- * workers").  Pure policy on the model of ll_gdsf.h: no processes, no I/O,
+ * workers").  Pure policy on the model of ll_greedydual.h: no processes, no I/O,
  * no clock of its own (callers pass NOW), so a self-test scripts it.  Run
  * by the pool's one thread.
  *
  * The schedule holds, for every job (a cell or a prefetch, named by its
  * entry index R) and the worker it runs on once it has one, what the
  * decisions depend on: one state (ll_sched_state_t), the slot it holds,
- * its client and session, and the worker's eviction value (ll_gdsf.h, keyed
+ * its client and session, and the worker's eviction value (ll_greedydual.h, keyed
  * by the worker's pid).  It also holds each session's prefetch credit and
  * its slot-held time.  The pool keeps the processes and sockets beside it,
  * in entries of the same index, tells the schedule what happened (a job
@@ -50,7 +50,7 @@
 #ifndef LL_SCHED_H
 #define LL_SCHED_H
 
-#include "zygote/ll_gdsf.h"
+#include "policy/ll_greedydual.h"
 
 #include <stdbool.h>
 
@@ -277,6 +277,6 @@ int ll_sched_prefetch_wanting(const ll_sched_t *self);
 
 /* The eviction order of warm workers (values, clock, speculation), owned
  * by the schedule. */
-const ll_gdsf_t *ll_sched_gdsf(const ll_sched_t *self);
+const ll_gd_t *ll_sched_gd(const ll_sched_t *self);
 
 #endif

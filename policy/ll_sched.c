@@ -2,7 +2,7 @@
  * the pool's one thread; a few hundred entries at most, so plain arrays
  * scanned, as the pool always did, but only up to the last entry in use
  * (the fleet simulator runs thousands of these schedules). */
-#include "zygote/ll_sched.h"
+#include "policy/ll_sched.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +27,7 @@ struct ll_sched_t {
     int nslots;                        /* slots */
     int max_staged;                    /* staged workers at most */
     bool keep_warm;                    /* workers may stay warm */
-    ll_gdsf_t *gdsf;                   /* eviction order of warm workers */
+    ll_gd_t *gd;                       /* eviction order of warm workers */
     int slot_job[LL_SCHED_MAX_SLOTS];  /* job holding each slot, -1 free */
     bool unleased[LL_SCHED_MAX_SLOTS]; /* hostd: the slot is not ours (ll_sched_slot_lease) */
     bool evict_hold;                   /* hostd: no eviction for a slot (ll_sched_evict_hold) */
@@ -61,8 +61,8 @@ ll_sched_t *ll_sched_new(int nslots, int max_staged, double spec_window_ms, bool
     ll_sched_t *self = calloc(1, sizeof *self);
     if (!self)
         return NULL;
-    self->gdsf = ll_gdsf_new(spec_window_ms);
-    if (!self->gdsf) {
+    self->gd = ll_gd_new(spec_window_ms);
+    if (!self->gd) {
         free(self);
         return NULL;
     }
@@ -85,7 +85,7 @@ void ll_sched_destroy(ll_sched_t **self_p)
         free(self->jobs[r].session);
     for (int i = 0; i < LL_SCHED_MAX_SESSIONS; i++)
         free(self->sessions[i].name);
-    ll_gdsf_destroy(&self->gdsf);
+    ll_gd_destroy(&self->gd);
     free(self);
     *self_p = NULL;
 }
@@ -237,9 +237,9 @@ static void s_make_warm(ll_sched_t *self, int r, bool changed, double now)
     j->worker.idle_since = now;
     if (j->slot < 0)
         return;
-    if (changed || !ll_gdsf_value(self->gdsf, j->worker.key, NULL))
-        ll_gdsf_changed(self->gdsf, j->worker.key, j->worker.held_bytes, j->worker.spec, now);
-    ll_gdsf_set_idle(self->gdsf, j->worker.key, j->worker.home == 0);
+    if (changed || !ll_gd_value(self->gd, j->worker.key, NULL))
+        ll_gd_changed(self->gd, j->worker.key, j->worker.held_bytes, j->worker.spec, now);
+    ll_gd_set_idle(self->gd, j->worker.key, j->worker.home == 0);
 }
 
 /* Whether R's worker may stay after its job (MAY_STAY: it and the pool's
@@ -265,7 +265,7 @@ bool ll_sched_prepared(ll_sched_t *self, int r, bool may_stay, bool changed, dou
     if (!s_stays(self, j, may_stay) || s_slot_revoked(self, j))
         return false;
     s_make_warm(self, r, changed, now);
-    ll_gdsf_prepared(self->gdsf, j->worker.key, true, now); /* for the session's coming cell */
+    ll_gd_prepared(self->gd, j->worker.key, true, now); /* for the session's coming cell */
     return true;
 }
 
@@ -281,7 +281,7 @@ bool ll_sched_replied(ll_sched_t *self, int r, bool may_stay, double held_bytes,
         return false;
     j->worker.cells++;
     j->worker.spec = false;
-    ll_gdsf_prepared(self->gdsf, j->worker.key, false, 0); /* the cell it was prepared for ran */
+    ll_gd_prepared(self->gd, j->worker.key, false, 0); /* the cell it was prepared for ran */
     s_make_warm(self, r, true, now);
     return true;
 }
@@ -295,7 +295,7 @@ void ll_sched_requeue(ll_sched_t *self, int r, double now)
 {
     ll_sched_job_t *j = &self->jobs[r];
     s_release_slot(self, r, now);
-    ll_gdsf_remove(self->gdsf, j->worker.key);
+    ll_gd_remove(self->gd, j->worker.key);
     j->worker.key = 0;
     j->worker.gone = false;
     j->worker.cells = 0;
@@ -307,8 +307,8 @@ void ll_sched_release(ll_sched_t *self, int w, double *l_out)
 {
     ll_sched_job_t *j = &self->jobs[w];
     double l = 0;
-    ll_gdsf_value(self->gdsf, j->worker.key, &l);
-    ll_gdsf_remove(self->gdsf, j->worker.key);
+    ll_gd_value(self->gd, j->worker.key, &l);
+    ll_gd_remove(self->gd, j->worker.key);
     j->state = LL_SCHED_EVICTING;
     if (l_out)
         *l_out = l;
@@ -319,7 +319,7 @@ void ll_sched_drop(ll_sched_t *self, int r, double now)
     ll_sched_job_t *j = &self->jobs[r];
     s_release_slot(self, r, now);
     if (j->worker.key > 0)
-        ll_gdsf_remove(self->gdsf, j->worker.key);
+        ll_gd_remove(self->gd, j->worker.key);
     s_job_clear(j);
     s_jobs_shrink(self);
 }
@@ -408,7 +408,7 @@ static int s_warm_for(const ll_sched_t *self, int r, bool *busy, bool *running)
  * whose state is oldest (smallest L) is, as the last choice. */
 static int s_victim(const ll_sched_t *self, double now)
 {
-    int key = ll_gdsf_victim(self->gdsf, now);
+    int key = ll_gd_victim(self->gd, now);
     for (int v = 0; v < self->njobs && key >= 0; v++)
         if (self->jobs[v].state == LL_SCHED_WARM && self->jobs[v].worker.key == key)
             return v;
@@ -418,7 +418,7 @@ static int s_victim(const ll_sched_t *self, double now)
         const ll_sched_job_t *j = &self->jobs[v];
         double l = 0;
         if (j->state != LL_SCHED_WARM || j->worker.home == 0 || j->slot < 0 || j->worker.gone ||
-            !ll_gdsf_value(self->gdsf, j->worker.key, &l))
+            !ll_gd_value(self->gd, j->worker.key, &l))
             continue;
         if (best < 0 || l < best_l)
             best = v, best_l = l;
@@ -456,7 +456,7 @@ static bool s_hand(ll_sched_t *self, int r, int w, ll_sched_decision_t *d)
     s_job_clear(wk);
     s_jobs_shrink(self);
     j->state = j->kind == LL_SCHED_CELL ? LL_SCHED_FORKING : LL_SCHED_PREPARING;
-    ll_gdsf_set_idle(self->gdsf, j->worker.key, false);
+    ll_gd_set_idle(self->gd, j->worker.key, false);
     d->op = LL_SCHED_HAND;
     d->r = r;
     d->w = w;
@@ -471,8 +471,8 @@ static bool s_evict(ll_sched_t *self, int r, int v, bool credit, ll_sched_decisi
 {
     ll_sched_job_t *wk = &self->jobs[v];
     d->l = 0;
-    ll_gdsf_value(self->gdsf, wk->worker.key, &d->l);
-    ll_gdsf_evict(self->gdsf, wk->worker.key);
+    ll_gd_value(self->gd, wk->worker.key, &d->l);
+    ll_gd_evict(self->gd, wk->worker.key);
     wk->state = LL_SCHED_EVICTING;
     d->op = LL_SCHED_EVICT;
     d->r = r;
@@ -493,7 +493,7 @@ static bool s_skip(ll_sched_t *self, int r, const char *why, ll_sched_decision_t
 /* Prefetch R finds every slot held: whether it evicts the GreedyDual
  * victim among idle warm workers (completed before speculative, smallest
  * L), never one that is speculative (prepared by a prefetch for its
- * session's coming cell, ll_gdsf.h: a cell may take it, a prefetch not),
+ * session's coming cell, ll_greedydual.h: a cell may take it, a prefetch not),
  * when either
  * - the victim's L is below the L the prefetched worker would get (the
  *   clock now plus the bytes of its closure, when the request gives them,
@@ -513,11 +513,11 @@ static bool s_prefetch_evicts(ll_sched_t *self, int r, ll_sched_decision_t *d)
     double now = self->pass.now, l = 0;
     if (self->evict_hold)
         return false; /* hostd: a slot may come from the broker */
-    int victim = ll_gdsf_victim(self->gdsf, now);
-    if (victim < 0 || !ll_gdsf_value(self->gdsf, victim, &l) ||
-        ll_gdsf_speculative(self->gdsf, victim, now))
+    int victim = ll_gd_victim(self->gd, now);
+    if (victim < 0 || !ll_gd_value(self->gd, victim, &l) ||
+        ll_gd_speculative(self->gd, victim, now))
         return false; /* every idle worker is prepared for its session's coming cell */
-    bool older = l < ll_gdsf_clock(self->gdsf) + j->closure_bytes;
+    bool older = l < ll_gd_clock(self->gd) + j->closure_bytes;
     int si = ll_sched_session_find(self, j->client, j->session);
     bool credit = si >= 0 && self->sessions[si].credit > 0;
     int v = s_victim(self, now);
@@ -807,7 +807,7 @@ int ll_sched_slot_job(const ll_sched_t *self, int s)
     return self->slot_job[s];
 }
 
-const ll_gdsf_t *ll_sched_gdsf(const ll_sched_t *self)
+const ll_gd_t *ll_sched_gd(const ll_sched_t *self)
 {
-    return self->gdsf;
+    return self->gd;
 }

@@ -7,10 +7,6 @@
 #ifndef LL_HOSTD_H
 #define LL_HOSTD_H
 
-#include <stddef.h>
-
-#define LL_HOSTD_DEFAULT_SOCKET "/run/looseleaf/hostd.sock"
-
 /* `looseleaf hostd [--socket PATH] [--slots N] [--metrics-port PORT]`
  * (ARGV[0] = "hostd"): serve until SIGTERM/SIGINT.  Exit status. */
 int ll_hostd_main(int argc, char **argv);
@@ -19,8 +15,5 @@ int ll_hostd_main(int argc, char **argv);
  * broker's slots, users, leases and waiting cells once.  Exit status (1:
  * no broker answers). */
 int ll_hostd_top_main(int argc, char **argv);
-
-/* The broker's socket path: $LL_HOSTD_SOCKET, else the default, into OUT. */
-void ll_hostd_socket_path(char *out, size_t len);
 
 #endif

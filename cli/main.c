@@ -5,10 +5,14 @@
  *   looseleaf install [...]               write the kernelspec
  *   looseleaf analyze ...                 cell analysis (analysis/ll_analyze_cli.c)
  *   looseleaf trace ... | simulate ...    the fleet simulator (sim/ll_sim_cli.h)
+ *   looseleaf pool ... | zygote ...       the host pool and its zygotes (zygote/)
+ *   looseleaf hostd ... | top ...         the host's slot broker (hostd/)
  *   looseleaf --version | --help
  *
- * Runs in the kernel process (or a short-lived command-line process); only
- * argument parsing lives here. */
+ * Runs in the kernel process (or whichever role the subcommand starts);
+ * only argument parsing lives here.  This is the top of the tree (cli/):
+ * it includes every role's entry point and nothing includes it, so no
+ * module depends on another just to be dispatched. */
 #include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -20,7 +24,7 @@
 #include "gateway/ll_kernelspec.h"
 #include "kernel/ll_pyenv.h"
 #include "sim/ll_sim_cli.h"
-#include "zygote/ll_hostd.h"
+#include "hostd/ll_hostd.h"
 #include "zygote/ll_hostpool.h"
 #include "zygote/ll_zygote.h"
 

@@ -1,12 +1,19 @@
 /* ll_hostd_wire: a broker client's frames checked field by field (see
  * ll_hostd_wire.h).  Pure; used by the broker's one thread. */
-#include "zygote/ll_hostd_wire.h"
+#include "hostd/ll_hostd_wire.h"
 
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+void ll_hostd_socket_path(char *out, size_t len)
+{
+    const char *e = getenv("LL_HOSTD_SOCKET");
+    snprintf(out, len, "%s", e && *e ? e : LL_HOSTD_DEFAULT_SOCKET);
+}
 
 static int s_bad(char *why, size_t wlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

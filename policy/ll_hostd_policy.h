@@ -1,7 +1,7 @@
 /* ll_hostd_policy: the slot broker's decisions (`looseleaf hostd`,
  * hostd/API.md): which user's pool gets which of the host's slots, and
  * whose lease is taken back when a pool waits.  Pure policy on the model
- * of ll_gdsf.h and ll_sched.h: no processes, no I/O, no clock of its own
+ * of ll_greedydual.h and ll_sched.h: no processes, no I/O, no clock of its own
  * (callers pass NOW), so a self-test scripts it.  Run by the broker's one
  * thread.
  *
@@ -48,7 +48,7 @@
 #ifndef LL_HOSTD_POLICY_H
 #define LL_HOSTD_POLICY_H
 
-#include "zygote/ll_gpu.h"
+#include "policy/ll_gpu_plan.h"
 
 #include <stdbool.h>
 

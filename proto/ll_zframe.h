@@ -1,5 +1,6 @@
-/* ll_zframe: the framing every zygote-module process speaks on its unix
- * sockets (client <-> pool, pool <-> zygote, pool <-> worker): a 4-byte
+/* ll_zframe: the framing LooseLeaf's own processes speak on their unix
+ * sockets (client <-> pool, pool <-> zygote, pool <-> worker, pool <->
+ * broker, `looseleaf top` <-> broker): a 4-byte
  * big-endian length, then one compact JSON object.  A frame may carry one
  * file descriptor (SCM_RIGHTS) attached to its first byte.
  *

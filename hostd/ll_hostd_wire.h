@@ -11,7 +11,7 @@
 #ifndef LL_HOSTD_WIRE_H
 #define LL_HOSTD_WIRE_H
 
-#include "zygote/ll_hostd_policy.h"
+#include "policy/ll_hostd_policy.h"
 
 #include <jansson.h>
 #include <stdbool.h>
@@ -20,6 +20,14 @@
 /* The longest frame a client may send: a `hello` claiming
  * LL_HOSTD_MAX_SLOTS slots is ~7 KiB; anything longer is not a pool's. */
 #define LL_HOSTD_FRAME_MAX 16384
+
+/* Where the broker listens, which both ends of the protocol must agree on
+ * (the pool's side, zygote/ll_hostpool_hostd.c, includes only this file
+ * of hostd/). */
+#define LL_HOSTD_DEFAULT_SOCKET "/run/looseleaf/hostd.sock"
+
+/* The broker's socket path: $LL_HOSTD_SOCKET, else the default, into OUT. */
+void ll_hostd_socket_path(char *out, size_t len);
 
 typedef enum {
     LL_HOSTD_MSG_STATS,

@@ -1,6 +1,6 @@
 /* ll_place: which GPU host a session's next job goes to, when a fleet has
  * many (DESIGN.md "Many users, many hosts", paper §3.4): placement by
- * consolidation.  Pure policy on the model of ll_gdsf.h: the caller
+ * consolidation.  Pure policy on the model of ll_greedydual.h: the caller
  * describes its hosts as they are now, the module decides; no processes,
  * no I/O, no clock.  Run by whoever places jobs: the fleet's placement
  * step in a service, `looseleaf simulate` (sim/) in a simulation.

@@ -1,8 +1,7 @@
-/* ll_gpu: CUDA devices counted in a short-lived child, and the pool's
- * slots laid out over them (see ll_gpu.h).  Run by the pool's one thread
- * at its start (the detection forks once; the rest is pure and scripted by
- * the self-test). */
-#include "zygote/ll_gpu.h"
+/* ll_gpu: CUDA devices counted in a short-lived child (see ll_gpu.h).  Run
+ * by the pool's or the broker's one thread at its start (the detection
+ * forks once; the parsing is pure and scripted by the self-test). */
+#include "base/ll_gpu.h"
 #include "base/ll_clock.h"
 
 #include <dlfcn.h>
@@ -226,28 +225,6 @@ int ll_gpu_detect(ll_gpu_info_t *out, int timeout_ms)
     return out->count;
 }
 
-int ll_gpu_plan(int ngpu, int per_gpu, int total, double fraction, ll_gpu_plan_t *plan)
-{
-    memset(plan, 0, sizeof *plan);
-    if (ngpu < 1)
-        return -1;
-    if (ngpu > LL_GPU_MAX)
-        ngpu = LL_GPU_MAX;
-    int n = per_gpu > 0 ? ngpu * per_gpu : total > 0 ? total : ngpu;
-    if (n > LL_GPU_MAX_SLOTS)
-        n = LL_GPU_MAX_SLOTS;
-    plan->nslots = n;
-    for (int s = 0; s < n; s++) {
-        plan->slot_dev[s] = s % ngpu;
-        plan->per_dev[s % ngpu]++;
-    }
-    for (int s = 0; s < n; s++) {
-        int k = plan->per_dev[plan->slot_dev[s]];
-        plan->mem_fraction[s] = fraction >= 0 ? fraction : k > 1 ? 0.95 / k : 0;
-    }
-    return 0;
-}
-
 void ll_gpu_visible_entry(const char *visible, int dev, char *buf, size_t len)
 {
     snprintf(buf, len, "%d", dev);
@@ -266,7 +243,7 @@ void ll_gpu_visible_entry(const char *visible, int dev, char *buf, size_t len)
 }
 
 /* ------------------------------------------------------------------ */
-/* Self-test: the child's answers parsed, the plans, the visible list.  */
+/* Self-test: the child's answers parsed, the visible list.            */
 
 int ll_gpu_selftest(bool verbose)
 {
@@ -304,25 +281,6 @@ int ll_gpu_selftest(bool verbose)
     memset(&g, 0, sizeof g);
     S_CHECK(ll_gpu_parse("count 1\ndev 99 5 X\ndev 0 7\ngarbage\n", &g) == 0 && g.count == 1 &&
             g.dev[0].name[0] == '\0');
-
-    /* Plans: one per device by default, uncapped. */
-    ll_gpu_plan_t p;
-    S_CHECK(ll_gpu_plan(0, 0, 0, -1, &p) == -1);
-    S_CHECK(ll_gpu_plan(1, 0, 0, -1, &p) == 0 && p.nslots == 1 && p.slot_dev[0] == 0 &&
-            p.mem_fraction[0] == 0);
-    /* Three per device on two devices: six slots, alternating, each capped at a third. */
-    S_CHECK(ll_gpu_plan(2, 3, 0, -1, &p) == 0 && p.nslots == 6);
-    S_CHECK(p.slot_dev[0] == 0 && p.slot_dev[1] == 1 && p.slot_dev[4] == 0 && p.slot_dev[5] == 1);
-    S_CHECK(p.per_dev[0] == 3 && p.per_dev[1] == 3);
-    S_CHECK(p.mem_fraction[2] > 0.3166 && p.mem_fraction[2] < 0.3167);
-    /* A total (LL_POOL_SLOTS) spread unevenly: caps follow each device's share. */
-    S_CHECK(ll_gpu_plan(2, 0, 3, -1, &p) == 0 && p.nslots == 3 && p.per_dev[0] == 2 &&
-            p.per_dev[1] == 1);
-    S_CHECK(p.mem_fraction[0] == 0.475 && p.mem_fraction[1] == 0 && p.mem_fraction[2] == 0.475);
-    /* The per-device count wins over the total; an explicit fraction (0: none) over the default. */
-    S_CHECK(ll_gpu_plan(1, 4, 2, 0, &p) == 0 && p.nslots == 4 && p.mem_fraction[3] == 0);
-    S_CHECK(ll_gpu_plan(1, 2, 0, 0.3, &p) == 0 && p.mem_fraction[0] == 0.3);
-    S_CHECK(ll_gpu_plan(8, 16, 0, -1, &p) == 0 && p.nslots == LL_GPU_MAX_SLOTS);
 
     /* The pool's own CUDA_VISIBLE_DEVICES maps device indices to its entries. */
     char b[64];

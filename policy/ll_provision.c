@@ -1,6 +1,6 @@
 /* ll_provision: target utilisation plus square-root staffing (see
  * ll_provision.h).  Pure: a few numbers of state, the caller's clock. */
-#include "zygote/ll_provision.h"
+#include "policy/ll_provision.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,7 +1,9 @@
-/* ll_gpu: the host pool's view of the GPUs: how many CUDA devices there
- * are, asked of the driver in a short-lived child, and how the pool's slots
- * are laid out over them (several workers per device, each with a memory
- * cap).  Run by the pool's one thread at its start.
+/* ll_gpu: how many CUDA devices this host has, asked of the driver in a
+ * short-lived child, and how a device index is named to a worker
+ * (CUDA_VISIBLE_DEVICES).  Below both the host pool and the broker, which
+ * each detect at their start; how slots are laid out over the devices is
+ * a pure decision, policy/ll_gpu_plan.h.  Run by the process's one thread
+ * at its start.
  *
  * Why a child: cuInit in the pool would give it a CUDA context it does not
  * need, and a broken driver may hang or crash in it; the child is killed
@@ -20,8 +22,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#define LL_GPU_MAX       64 /* devices looked at, at most */
-#define LL_GPU_MAX_SLOTS 64 /* slots planned, at most (LL_SCHED_MAX_SLOTS) */
+#define LL_GPU_MAX 64 /* devices looked at, at most */
 
 /* What the detection found. */
 typedef struct {
@@ -45,24 +46,6 @@ int ll_gpu_detect(ll_gpu_info_t *out, int timeout_ms);
  * "dev I BYTES NAME", "error WHY") into *OUT.  0, or -1 when it says
  * nothing usable (OUT->why then says so). */
 int ll_gpu_parse(const char *text, ll_gpu_info_t *out);
-
-/* How the slots lie over the devices. */
-typedef struct {
-    int nslots;                            /* slots */
-    int slot_dev[LL_GPU_MAX_SLOTS];        /* slot -> device index (among the visible ones) */
-    int per_dev[LL_GPU_MAX];               /* workers sharing each device */
-    double mem_fraction[LL_GPU_MAX_SLOTS]; /* cap of slot's worker, a share of its device's
-                                              memory (torch.cuda.set_per_process_memory_fraction);
-                                              0: none */
-} ll_gpu_plan_t;
-
-/* The slots for NGPU devices (> 0): PER_GPU workers on each when > 0; else
- * TOTAL (> 0) spread round-robin (slot s on device s % NGPU); else one per
- * device.  At most LL_GPU_MAX_SLOTS.  Each worker of a device shared by k
- * gets a cap of FRACTION when >= 0 (0: no cap), else 0.95 / k when k > 1
- * (what its CUDA context and libraries take beside the allocator is left
- * over), none when alone.  0, or -1 when NGPU < 1. */
-int ll_gpu_plan(int ngpu, int per_gpu, int total, double fraction, ll_gpu_plan_t *plan);
 
 /* The CUDA_VISIBLE_DEVICES value for device index DEV (among the visible
  * ones) given the pool's own VISIBLE (NULL or "": every device, by index):

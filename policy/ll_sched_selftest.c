@@ -1,7 +1,7 @@
 /* ll_sched_selftest: the scheduler's self-test (ll_sched_selftest in
  * ll_sched.h), scripted sequences of events with each decision checked,
  * through the public interface only.  Run by build/ll_selftest. */
-#include "zygote/ll_sched.h"
+#include "policy/ll_sched.h"
 
 #include <stdbool.h>
 #include <stdio.h>
@@ -88,7 +88,7 @@ static int s_test_cells(bool verbose)
     S_CHECK(n == 1 && d[0].op == LL_SCHED_EVICT && d[0].r == c1 && d[0].w == a1);
     S_CHECK(d[0].l == 100 && !d[0].credit && d[0].restage); /* a's client is there */
     S_CHECK(ll_sched_job(s, a1)->state == LL_SCHED_EVICTING && ll_sched_job(s, a1)->slot == 0);
-    S_CHECK(ll_gdsf_clock(ll_sched_gdsf(s)) == 100);
+    S_CHECK(ll_gd_clock(ll_sched_gd(s)) == 100);
     /* b1 is warm too, but the eviction under way is c1's slot: no second one. */
     S_CHECK(s_test_cell_done(s, b1, 102, 50, 12));
     S_CHECK(s_test_pass(s, 13, true, d, 8) == 0 && ll_sched_job(s, b1)->state == LL_SCHED_WARM);
@@ -176,7 +176,7 @@ static int s_test_credit(bool verbose)
     n = s_test_pass(s, 4, true, d, 8);
     S_CHECK(n == 1 && d[0].op == LL_SCHED_FORK && d[0].r == p1 && d[0].slot == 0);
     S_CHECK(s_test_prepared(s, p1, 402, 10, 5) && ll_sched_job(s, p1)->worker.spec);
-    S_CHECK(ll_gdsf_speculative(ll_sched_gdsf(s), 402, 6));
+    S_CHECK(ll_gd_speculative(ll_sched_gd(s), 402, 6));
     /* x prefetches (credit 1): the only idle worker is speculative: kept. */
     int p2 = ll_sched_add(s, 0, "x", LL_SCHED_PREFETCH, 0, 6);
     n = s_test_pass(s, 6, true, d, 8);
@@ -247,13 +247,13 @@ static int s_test_staged(bool verbose)
     S_CHECK(n == 1 && d[0].op == LL_SCHED_HAND && d[0].r == bp && d[0].slot == 0);
     S_CHECK(ll_sched_job(s, bp)->state == LL_SCHED_PREPARING);
     S_CHECK(ll_sched_prepared(s, bp, true, false, 10, 2) &&
-            ll_gdsf_speculative(ll_sched_gdsf(s), 501, 3));
+            ll_gd_speculative(ll_sched_gd(s), 501, 3));
     int ap = ll_sched_add(s, 0, "a", LL_SCHED_PREFETCH, 0, 3);
     n = s_test_pass(s, 3, true, d, 8);
     S_CHECK(n == 1 && d[0].op == LL_SCHED_FORK && d[0].r == ap && d[0].slot == -1);
     S_CHECK(ll_sched_session(s, sa)->credit == 1); /* no eviction: credit kept */
     S_CHECK(s_test_prepared(s, ap, 502, 20, 4) && ll_sched_job(s, ap)->slot == -1);
-    S_CHECK(!ll_gdsf_value(ll_sched_gdsf(s), 502, NULL)); /* staged: nobody's victim */
+    S_CHECK(!ll_gd_value(ll_sched_gd(s), 502, NULL)); /* staged: nobody's victim */
     /* a prefetches again: its staged worker re-checks versions, still
      * staged (the only idle slot holder is speculative). */
     int ap2 = ll_sched_add(s, 0, "a", LL_SCHED_PREFETCH, 0, 5);
@@ -337,8 +337,7 @@ static int s_test_sessions(bool verbose)
     S_CHECK(ll_sched_session_held(s, si, 350) == 250);
     S_CHECK(s_test_cell_done(s, a1, 701, 10, 400));
     ll_sched_release(s, a1, NULL); /* idle timeout: no clock change */
-    S_CHECK(ll_sched_job(s, a1)->state == LL_SCHED_EVICTING &&
-            ll_gdsf_clock(ll_sched_gdsf(s)) == 0);
+    S_CHECK(ll_sched_job(s, a1)->state == LL_SCHED_EVICTING && ll_gd_clock(ll_sched_gd(s)) == 0);
     ll_sched_drop(s, a1, 500);
     S_CHECK(ll_sched_session_held(s, si, 900) == 400 && ll_sched_slot_job(s, 0) == -1);
     ll_sched_session_close(s, si);

@@ -1,7 +1,7 @@
 /* ll_hostd_policy: the slot broker's decisions (see ll_hostd_policy.h).
  * Used by the broker's one thread; a few hundred entries at most, so plain
  * arrays scanned. */
-#include "zygote/ll_hostd_policy.h"
+#include "policy/ll_hostd_policy.h"
 
 #include <stdio.h>
 #include <stdlib.h>

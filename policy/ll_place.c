@@ -1,6 +1,6 @@
 /* ll_place: placement by consolidation (see ll_place.h).  Pure: a scan over
  * the caller's snapshot of its hosts, a few hundred at most per call. */
-#include "zygote/ll_place.h"
+#include "policy/ll_place.h"
 
 #include <stdio.h>
 

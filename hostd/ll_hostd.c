@@ -29,11 +29,11 @@
  *   frames of LL_HOSTD_FRAME_MAX bytes (the reader buffers one), queues of
  *   S_OUT_SOFT plus one reply; a metrics connection lives S_HTTP_MS at most;
  * - when it stops, pools see their connection close and fall back. */
-#include "zygote/ll_gpu.h"
-#include "zygote/ll_hostd.h"
-#include "zygote/ll_hostd_policy.h"
-#include "zygote/ll_hostd_wire.h"
-#include "zygote/ll_zframe.h"
+#include "base/ll_gpu.h"
+#include "hostd/ll_hostd.h"
+#include "policy/ll_hostd_policy.h"
+#include "hostd/ll_hostd_wire.h"
+#include "proto/ll_zframe.h"
 #include "store/ll_store.h"
 #include "base/ll_clock.h"
 #include "base/ll_log.h"
@@ -109,12 +109,6 @@ typedef struct {
 /* What any local user can cause, logged at most once per interval each. */
 static ll_log_limit_t s_log_refused = LL_LOG_LIMIT_INIT, s_log_dropped = LL_LOG_LIMIT_INIT,
                       s_log_conns = LL_LOG_LIMIT_INIT, s_log_http = LL_LOG_LIMIT_INIT;
-
-void ll_hostd_socket_path(char *out, size_t len)
-{
-    const char *e = getenv("LL_HOSTD_SOCKET");
-    snprintf(out, len, "%s", e && *e ? e : LL_HOSTD_DEFAULT_SOCKET);
-}
 
 /* GPUs the NVIDIA driver knows (/proc/driver/nvidia/gpus/ holds one entry
  * per GPU): the broker counts without loading CUDA.  0 when none. */

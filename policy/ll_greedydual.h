@@ -1,4 +1,4 @@
-/* ll_gdsf: which idle warm worker the host pool evicts under slot pressure
+/* ll_greedydual: which idle warm worker the host pool evicts under slot pressure
  * (GreedyDual, DESIGN.md mechanism 4).  Pure policy: no processes, no
  * clock of its own (callers pass NOW), so a self-test can script it.
  *
@@ -14,49 +14,49 @@
  * window.  Evicting advances the clock to the victim's L, so newer
  * state outranks state that went unused.  Busy entries (preparing,
  * running, saving) are never victims.  Run by the pool's one thread. */
-#ifndef LL_GDSF_H
-#define LL_GDSF_H
+#ifndef LL_GREEDYDUAL_H
+#define LL_GREEDYDUAL_H
 
 #include <stdbool.h>
 
-typedef struct ll_gdsf_t ll_gdsf_t;
+typedef struct ll_gd_t ll_gd_t;
 
 /* A policy with clock 0.  NULL when out of memory. */
-ll_gdsf_t *ll_gdsf_new(double spec_window_ms);
-void ll_gdsf_destroy(ll_gdsf_t **self_p);
+ll_gd_t *ll_gd_new(double spec_window_ms);
+void ll_gd_destroy(ll_gd_t **self_p);
 
 /* KEY's state changed at NOW_MS (added if new): H = clock, c = BYTES.
  * SPECULATIVE: it holds a prefetch's preparation and never ran a cell.
- * New entries are busy until ll_gdsf_set_idle.  Returns 0 or -1 (memory). */
-int ll_gdsf_changed(ll_gdsf_t *self, int key, double bytes, bool speculative, double now_ms);
+ * New entries are busy until ll_gd_set_idle.  Returns 0 or -1 (memory). */
+int ll_gd_changed(ll_gd_t *self, int key, double bytes, bool speculative, double now_ms);
 
 /* ON: a prefetch prepared KEY, a worker that already ran cells, for its
  * session's coming cell: it ranks as speculative for SPEC_WINDOW_MS from
  * the first such prefetch (later ones do not renew the window); OFF: that
  * cell ran.  No-op for an unknown key. */
-void ll_gdsf_prepared(ll_gdsf_t *self, int key, bool on, double now_ms);
+void ll_gd_prepared(ll_gd_t *self, int key, bool on, double now_ms);
 
 /* Whether KEY may be evicted now (idle, its save committed).  No-op for an
  * unknown key. */
-void ll_gdsf_set_idle(ll_gdsf_t *self, int key, bool idle);
+void ll_gd_set_idle(ll_gd_t *self, int key, bool idle);
 
 /* Forget KEY (it exited, or left for a reason other than pressure: its
  * client went away, idle timeout).  The clock stays. */
-void ll_gdsf_remove(ll_gdsf_t *self, int key);
+void ll_gd_remove(ll_gd_t *self, int key);
 
 /* The idle entry to evict at NOW_MS, or -1 when none is idle. */
-int ll_gdsf_victim(const ll_gdsf_t *self, double now_ms);
+int ll_gd_victim(const ll_gd_t *self, double now_ms);
 
 /* Evict KEY under pressure: forget it and advance the clock to its L (never
  * backwards).  Returns 0, or -1 for an unknown key. */
-int ll_gdsf_evict(ll_gdsf_t *self, int key);
+int ll_gd_evict(ll_gd_t *self, int key);
 
 /* The clock, and KEY's L (false for an unknown key). */
-double ll_gdsf_clock(const ll_gdsf_t *self);
-bool ll_gdsf_value(const ll_gdsf_t *self, int key, double *l_out);
+double ll_gd_clock(const ll_gd_t *self);
+bool ll_gd_value(const ll_gd_t *self, int key, double *l_out);
 
 /* Whether KEY counts as speculative at NOW_MS (prepared, never ran a cell,
  * inside its window). */
-bool ll_gdsf_speculative(const ll_gdsf_t *self, int key, double now_ms);
+bool ll_gd_speculative(const ll_gd_t *self, int key, double now_ms);
 
 #endif
