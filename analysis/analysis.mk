@@ -1,4 +1,4 @@
-# Cell analysis (issue 3; owned by the analysis engineer): per-cell facts from
+# Cell analysis (owned by the analysis engineer): per-cell facts from
 # CPython's AST, the session's def-use graph and closures, `looseleaf analyze`.
 # analysis/API.md describes the module and its files.
 ANALYSIS_SRCS := analysis/ll_analysis.c analysis/ll_analysis_ast.c analysis/ll_analysis_ipython.c \

@@ -12,8 +12,9 @@
  * Plus two counters: the epoch (interpreter requests that may have run user
  * code: a kept commit is valid only in the epoch it was made) and the time
  * user code last ran (the idle commit is due a while after it); and the
- * session's homes (issue 13, item 1): the names whose live value only a
- * worker holds, which every cell reading one runs on, whatever its label.
+ * session's homes (values no store can hold stay where they were made):
+ * the names whose live value only a worker holds, which every cell reading
+ * one runs on, whatever its label.
  *
  * The interpreter is called in two ways: requests of the frontend
  * (s_interp_call: content, header, metadata, buffers, and for an executed

@@ -210,7 +210,7 @@ static void s_on_usage(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
     json_t *content = ll_usage_reply();
     if (!content)
         content = s_error_content("MemoryError", "cannot build usage_reply");
-    /* The session's GPU-seconds held against a pinned session (issue 6). */
+    /* The session's GPU-seconds, so a monitor sees what its warm worker holds. */
     json_t *gpu = ll_exec_usage();
     if (gpu)
         json_object_set_new(content, "looseleaf", gpu);
@@ -941,7 +941,7 @@ int ll_kernel_run(const char *connection_file, const ll_kernel_opts_t *opts)
     /* The store's waits for Redis end on the interrupt eventfd (SIGINT,
      * SIGTERM, a shutdown): coherence.py gives it to its Store. */
     ll_interp_set_interrupt_fd(s_k.intr_fd);
-    /* The checkpoint store's module is part of the binary (issue 4): cells
+    /* The checkpoint store's module is part of the binary, so nothing to install: cells
      * and the interpreter's own code `import _llstore` without a .so. */
     if (ll_interp_add_builtin("_llstore", ll_store_pyinit) < 0)
         ll_warn("kernel", "cannot register the _llstore module: 'import _llstore' will fail");

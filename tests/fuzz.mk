@@ -1,4 +1,4 @@
-# Fuzz targets (issue 16): libFuzzer (clang-14 from Debian, with libclang-rt-14-dev) under AddressSanitizer
+# Fuzz targets: libFuzzer (clang-14 from Debian, with libclang-rt-14-dev) under AddressSanitizer
 # and UndefinedBehaviorSanitizer, for what reads untrusted input: the wire decoder, the HMAC check, the
 # connection-file reader, the store's metadata decoder, the cell analysis and what the host's slot broker
 # (root) takes from any local user (its frames, applied to its policy).  `make test` runs each for a

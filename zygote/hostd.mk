@@ -1,4 +1,4 @@
-# zygote/: `looseleaf hostd`, the host's GPU slot broker, and `looseleaf top` (issue 17; hostd/API.md).
+# zygote/: `looseleaf hostd`, the host's GPU slot broker, and `looseleaf top` (hostd/API.md).
 # The broker's policy is pure (ll_hostd_policy, scripted self-test); the pool's link to it is
 # ll_hostpool_hostd.c.  The systemd unit is hostd/looseleaf-hostd.service.
 SELFTESTS += ll_hostd_policy ll_hostd_wire

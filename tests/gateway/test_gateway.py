@@ -146,7 +146,7 @@ def _check_spec(path, binary=BIN):
     assert spec["display_name"] == "LooseLeaf (GPU)"
     assert spec["language"] == "python"
     assert spec["interrupt_mode"] == "signal"
-    # JupyterLab shows its debugger panel for kernels whose spec says so (issue 27).
+    # JupyterLab shows its debugger panel for kernels whose spec says so.
     assert spec["metadata"] == {"debugger": True}
     with open(os.path.join(os.path.dirname(path), "logo-svg.svg")) as f:
         assert f.read().startswith("<svg")
@@ -537,7 +537,7 @@ def test_usage_request_on_control(proc):
 
 
 def test_store_module_is_built_in(proc):
-    # The kernel binary registers the store's extension (issue 4) before
+    # The kernel binary registers the store's extension before
     # starting Python: importable in a cell without any .so on sys.path.
     reply, msgs = proc.execute("import sys, _llstore\n"
                                "print('_llstore' in sys.builtin_module_names, _llstore.__name__)")
@@ -586,7 +586,7 @@ def test_routing_can_be_turned_off(tmp_path):
 
 
 def test_looseleaf_magic_and_usage_report_gpu_time(tmp_path):
-    # Issue 6: %looseleaf says where each variable lives and which warm worker holds the session's slot;
+    # %looseleaf says where each variable lives and which warm worker holds the session's slot;
     # usage_request (what JupyterLab's resource panels poll) carries the GPU-seconds held vs connected.
     p = Proc(tmp_path)
     try:
