@@ -1,6 +1,6 @@
 # proto/: connection file, JSON writer, Jupyter wire format (owned by
 # the proto engineer).  Self-tests live in tests/proto/*_test.c.
-LIB_SRCS  += proto/ll_conn.c proto/ll_json.c proto/ll_wire.c
+LIB_SRCS  += proto/ll_conn.c proto/ll_json.c proto/ll_wire.c proto/ll_msgtype.c
 TEST_SRCS += tests/proto/ll_conn_test.c tests/proto/ll_json_test.c \
              tests/proto/ll_wire_test.c
 SELFTESTS += ll_conn ll_json ll_wire
