@@ -425,6 +425,24 @@ def test_unknown_and_bad_requests_keep_kernel_alive(proc):
     assert "unknown message type 'no_such_request'" in proc.stderr()
 
 
+def test_request_on_the_other_channel_gets_an_error_reply(proc):
+    # Shell requests run Python on the main thread, so on control they are refused, with a reply rather than
+    # silence (a client waiting for it would wait for ever); the kernel lives on and nothing ran.
+    msg = proc.kc.session.msg("execute_request", {"code": "print('ran on control')", "silent": False})
+    proc.kc.control_channel.send(msg)
+    rep = proc.kc.get_control_msg(timeout=TIMEOUT)
+    assert rep["msg_type"] == "execute_reply" and rep["parent_header"]["msg_id"] == msg["header"]["msg_id"]
+    assert rep["content"]["status"] == "error" and rep["content"]["ename"] == "ChannelError"
+    assert "shell" in rep["content"]["evalue"]
+    states = proc.iopub_until_idle(msg["header"]["msg_id"])
+    assert [m["content"]["execution_state"] for m in states] == ["busy", "idle"]
+    msg = proc.kc.session.msg("usage_request", {})
+    proc.kc.shell_channel.send(msg)
+    assert proc.reply(msg["header"]["msg_id"])["ename"] == "ChannelError"
+    reply, msgs = proc.execute("print('still here')")
+    assert _stream_text(msgs) == "still here\n"
+
+
 def test_control_answers_while_cell_runs(proc, tmp_path):
     # The cell ends only after the control reply arrived.
     marker = tmp_path / "go"
