@@ -21,7 +21,8 @@ FUZZ_SRCS_conn       := tests/fuzz/fuzz_conn.c proto/ll_conn.c
 FUZZ_SRCS_store_meta := tests/fuzz/fuzz_store_meta.c store/ll_store_ref.c
 FUZZ_SRCS_hostd      := tests/fuzz/fuzz_hostd.c zygote/ll_hostd_wire.c zygote/ll_hostd_policy.c \
                         zygote/ll_gpu.c $(FUZZ_BASE)
-FUZZ_SRCS_analysis   := tests/fuzz/fuzz_analysis.c $(ANALYSIS_SRCS) kernel/ll_interp.c kernel/ll_pyenv.c $(FUZZ_BASE)
+FUZZ_SRCS_analysis   := tests/fuzz/fuzz_analysis.c $(ANALYSIS_SRCS) kernel/ll_interp.c kernel/ll_pyenv.c \
+                        proto/ll_msgtype.c $(FUZZ_BASE)
 
 $(FUZZ_DIR)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
