@@ -1,4 +1,4 @@
-# Cell analysis (issue 3; owned by the analysis engineer): per-cell facts from
+# Cell analysis (owned by the analysis engineer): per-cell facts from
 # CPython's AST, the session's def-use graph and closures, `looseleaf analyze`.
 # analysis/API.md describes the module and its files.
 ANALYSIS_SRCS := analysis/ll_analysis.c analysis/ll_analysis_ast.c analysis/ll_analysis_ipython.c \
@@ -17,7 +17,7 @@ SELFTESTS += ll_analysis ll_analysis_modules ll_analysis_magic ll_analysis_scope
 # read before base/base.mk, so base's objects are named here rather than
 # taken from BASE_OBJS.)
 ANALYSIS_OBJS := $(ANALYSIS_SRCS:%.c=$(BUILD)/%.o) $(BUILD)/kernel/ll_interp.o $(BUILD)/kernel/ll_pyenv.o \
-                 $(BUILD)/base/ll_log.o $(BUILD)/base/ll_clock.o
+                 $(BUILD)/proto/ll_msgtype.o $(BUILD)/base/ll_log.o $(BUILD)/base/ll_clock.o
 
 # Benchmark: analysis of a 30-line cell and closures in a 500-cell session,
 # against the same analysis in pure Python (tests/analysis/pyoracle.py).

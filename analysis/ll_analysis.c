@@ -1,4 +1,4 @@
-/* ll_analysis: the analysis of one cell (issue 3): ll_analysis_new turns a
+/* ll_analysis: the analysis of one cell: ll_analysis_new turns a
  * cell's source into its facts, and the object answers for them
  * (accessors, JSON).  Runs on whichever thread calls it, with the GIL held
  * (the gateway's shell thread, or the CLI's main thread); the accessors do

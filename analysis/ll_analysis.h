@@ -1,4 +1,4 @@
-/* ll_analysis: static analysis of notebook cells (issue 3, DESIGN.md
+/* ll_analysis: static analysis of notebook cells (DESIGN.md
  * mechanism 1).  For a cell's source it finds the names the cell binds and
  * reads, what it imports, and for each function or class it defines the
  * global names its body reads; a session of executed cells then yields a

@@ -1,5 +1,5 @@
 /* ll_analysis_ipython: IPython's input transformation for the cell
- * analysis (issue 3): %magics, !shell, x?, `x = !cmd`, leading indentation.
+ * analysis: %magics, !shell, x?, `x = !cmd`, leading indentation.
  * Runs with the GIL held, on the thread that analyses (see ll_analysis.h).
  *
  * IPython's TransformerManager is the authority on what a magic line means,

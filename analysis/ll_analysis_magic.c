@@ -1,5 +1,5 @@
-/* ll_analysis_magic: what the cell analysis knows about IPython's magics
- * (issue 3): the table of magics whose effect on the user namespace is
+/* ll_analysis_magic: what the cell analysis knows about IPython's magics:
+ * the table of magics whose effect on the user namespace is
  * known, which get_ipython() calls are magics, and the text rules IPython
  * applies to a magic's line ($name and {expr} expansion, leading options,
  * the names --out/--err/--proc and %%capture bind).  Pure C, no Python: the

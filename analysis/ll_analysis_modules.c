@@ -1,5 +1,5 @@
-/* ll_analysis_modules: which modules the cell analysis treats specially
- * (issue 3): the GPU frameworks, whose use labels a cell GPU, and the comm
+/* ll_analysis_modules: which modules the cell analysis treats specially:
+ * the GPU frameworks, whose use labels a cell GPU, and the comm
  * machinery (comm, ipykernel, ipywidgets), whose use keeps a cell in the
  * kernel; and the top-level package of a module path.  Pure C, no Python:
  * runs wherever the analysis runs (the gateway's shell thread, or the

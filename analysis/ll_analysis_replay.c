@@ -1,5 +1,5 @@
-/* ll_analysis_replay: the replay of a cell's events against a session
- * (issue 3): what a cell reads, which live variables and imports it
+/* ll_analysis_replay: the replay of a cell's events against a session:
+ * what a cell reads, which live variables and imports it
  * reaches, what it binds, changes and deletes.  The session
  * (ll_analysis_session.c) replays a draft cell to get its closures and an
  * executed cell to record it; the cell object replays against no session

@@ -1,5 +1,5 @@
 /* ll_analysis_replay: the types the replay of a cell's events and the
- * session share (issue 3), private to analysis/: a small map from names to
+ * session share, private to analysis/: a small map from names to
  * pointers, a binding (what a live name holds, as far as the analysis
  * knows), the session's state, and the replay's own state, which
  * ll_analysis_session.c reads after a run to build a closure or commit a

@@ -1,4 +1,4 @@
-/* ll_analysis_scope: the scope rules the AST walker applies (issue 3), as
+/* ll_analysis_scope: the scope rules the AST walker applies, as
  * pure C over name sets: which scope a read name resolves to, where a
  * binding lands, the scope a walrus binds in, and the tree of conditional
  * blocks (branches, loop bodies, handlers) a cell's bindings are made in.

@@ -1,5 +1,5 @@
 /* ll_analysis_session: the def-use graph over executed cells, and the
- * closures of a candidate cell (issue 3).  Pure C: no Python, no GIL; runs
+ * closures of a candidate cell.  Pure C: no Python, no GIL; runs
  * on the gateway's shell thread (or the CLI).
  *
  * The session is the live names and their bindings (ll_analysis_replay.h).

@@ -1,5 +1,5 @@
-/* ll_analysis_walk: the AST walker of the cell analysis, node by node
- * (issue 3): turns a cell's ast.Module into the events, groups and imports
+/* ll_analysis_walk: the AST walker of the cell analysis, node by node:
+ * turns a cell's ast.Module into the events, groups and imports
  * the session replays (ll_analysis_internal.h).  GIL held, on the thread
  * that analyses.  Python objects are only read: node types are compared by
  * pointer and fields read through interned names (ll_analysis_ast.h), so a

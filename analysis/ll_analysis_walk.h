@@ -1,4 +1,4 @@
-/* ll_analysis_walk: the AST walker of the cell analysis (issue 3): its
+/* ll_analysis_walk: the AST walker of the cell analysis: its
  * state and the operations its three files share.  Private to analysis/:
  *   ll_analysis_walk.c        the walk, node by node (statements, scopes,
  *                             definitions, control flow) and its entry

@@ -1,4 +1,4 @@
-/* ll_analysis_walk_call: how the AST walker reads a call (issue 3):
+/* ll_analysis_walk_call: how the AST walker reads a call:
  * IPython's magics and shell escapes (get_ipython().run_line_magic(...) and
  * friends, after IPython's input transformation), calls that defeat static
  * analysis (exec, eval, globals(), ...), and the arguments a call may keep

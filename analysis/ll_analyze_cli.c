@@ -1,5 +1,5 @@
 /* ll_analyze_cli: `looseleaf analyze [--json] NOTEBOOK.ipynb|-`, the
- * command-line front end of the cell analysis (issue 3).  Runs in its own
+ * command-line front end of the cell analysis.  Runs in its own
  * short-lived process (log role A), single-threaded, with CPython started
  * the way the kernel starts it (ll_interp_start_python).
  *

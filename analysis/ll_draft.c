@@ -1,5 +1,5 @@
 /* ll_draft: a cell still being typed, made parseable for the edit-time
- * prefetch (issue 14).  JupyterLab sends the whole cell with each typed
+ * prefetch.  JupyterLab sends the whole cell with each typed
  * identifier character, so most drafts of a short cell end inside a call
  * (`out = model(X`): they do not parse, the analysis gives them no label, and
  * a cell typed in a few seconds was never prefetched before its Run.  The

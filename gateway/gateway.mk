@@ -1,8 +1,11 @@
 # gateway/: the kernel process, the gateway between Jupyter and the workers (owned by the gateway engineer).
 # The `looseleaf` command's dispatcher, which also starts the other roles, is cli/main.c (cli/cli.mk).
 LIB_SRCS  += gateway/ll_iopub.c gateway/ll_stdin.c gateway/ll_exec.c \
-             gateway/ll_kernelspec.c gateway/ll_usage.c gateway/ll_route.c gateway/ll_kernel.c
-SELFTESTS += ll_iopub ll_stdin ll_exec ll_kernelspec ll_usage ll_route ll_kernel
+             gateway/ll_kernelspec.c gateway/ll_usage.c gateway/ll_route.c gateway/ll_dispatch.c \
+             gateway/ll_kernel.c
+SELFTESTS += ll_iopub ll_stdin ll_exec ll_kernelspec ll_usage ll_route ll_dispatch ll_kernel
+# The dispatcher against an in-memory transport, with stub handlers (no Python).
+TEST_SRCS += gateway/ll_dispatch_selftest.c
 
 # The edit-time hints extension for JupyterLab (gateway/ll_labext.js, hand-written, no npm build), embedded in
 # the binary as a C string that `looseleaf install` writes out (ll_kernelspec.c).  (No "??" in the script: C11

@@ -12,8 +12,9 @@
  * Plus two counters: the epoch (interpreter requests that may have run user
  * code: a kept commit is valid only in the epoch it was made) and the time
  * user code last ran (the idle commit is due a while after it); and the
- * session's homes (issue 13, item 1): the names whose live value only a
- * worker holds, which every cell reading one runs on, whatever its label.
+ * session's homes (values no store can hold stay where they were made):
+ * the names whose live value only a worker holds, which every cell reading
+ * one runs on, whatever its label.
  *
  * The interpreter is called in two ways: requests of the frontend
  * (s_interp_call: content, header, metadata, buffers, and for an executed
@@ -32,6 +33,7 @@
 #include "base/ll_log.h"
 #include "gateway/ll_route.h"
 #include "kernel/ll_interp.h"
+#include "proto/ll_msgtype.h"
 
 #define S_PREFETCH_TARGET "looseleaf.prefetch"
 
@@ -95,16 +97,11 @@ static long s_ms_until(double due, double now)
 
 /* Requests whose handling in the interpreter runs no user code and changes
  * no variable (an edit-time hint, introspection): they leave a kept
- * prefetch commit valid and need no idle commit. */
+ * prefetch commit valid and need no idle commit.  proto/ll_msgtype.c says
+ * which. */
 static bool s_read_only_request(const char *msg_type)
 {
-    static const char *const ro[] = {"complete_request",    "inspect_request",
-                                     "is_complete_request", "history_request",
-                                     "kernel_info_request", "comm_info_request"};
-    for (size_t i = 0; i < sizeof ro / sizeof ro[0]; i++)
-        if (strcmp(msg_type, ro[i]) == 0)
-            return true;
-    return false;
+    return ll_msgtype_has(msg_type, LL_MSG_READ_ONLY);
 }
 
 /* A newer hint replaces the pending one; the burst starts with the first. */

@@ -1,5 +1,6 @@
 /* ll_kernel: the kernel process (`looseleaf -f CONNECTION_FILE`): sockets,
- * threads, the request dispatcher, and the interpreter hooks.
+ * threads, the handlers that reach the interpreter (the dispatcher that
+ * calls them is gateway/ll_dispatch.h), and the interpreter hooks.
  *
  * Threads of the kernel process and what each owns:
  *   main       the shell ROUTER socket and the interpreter: every shell

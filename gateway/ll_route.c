@@ -396,7 +396,8 @@ static int s_connect(ll_route_t *self, char *err, size_t errlen)
     if (self->pool && !ll_zclient_ok(self->pool))
         ll_zclient_destroy(&self->pool);
     if (!self->pool) {
-        /* Warm workers (issue 6) unless the user set the pool up otherwise. */
+        /* Warm workers (no fork before a session's next GPU cell) unless the
+         * user set the pool up otherwise. */
         setenv("LL_POOL_WARM_IDLE_S", "300", 0);
         self->pool = ll_zclient_connect(NULL, NULL, NULL, err, errlen);
         self->prefetch_id[0] = '\0';

@@ -1,4 +1,4 @@
-/* ll_route: the two mechanisms GPU routing is made of (issue 5; DESIGN.md
+/* ll_route: the two mechanisms GPU routing is made of (DESIGN.md
  * "life of a cell"), driven by the execution policy in gateway/ll_exec.h:
  *
  *   the plan   every executed cell is analysed against the session's def-use
@@ -108,12 +108,13 @@ int ll_route_run_gpu(ll_route_t *self, ll_route_plan_t *plan, const ll_msg_t *re
 /* Drop a plan without recording it (an edit-time hint, never executed). */
 void ll_route_plan_free(ll_route_plan_t **plan_p);
 
-/* Edit-time prefetch (issue 6): ask the host pool to prepare the session's
- * worker for the GPU cell of PLAN (state and import closure), with SYNC the
- * interpreter's looseleaf_before_gpu answer (the kernel committed what CPU
- * cells changed).  A prefetch still in flight is superseded (cancelled when
- * it prepared a different closure).  Answers arrive as `prefetched` events,
- * read by the next ll_route_run_gpu or ll_route_poll.  0, or -1 with ERR. */
+/* Edit-time prefetch, so a GPU cell starts the moment Run is pressed: ask the
+ * host pool to prepare the session's worker for the GPU cell of PLAN (state
+ * and import closure), with SYNC the interpreter's looseleaf_before_gpu
+ * answer (the kernel committed what CPU cells changed).  A prefetch still in
+ * flight is superseded (cancelled when it prepared a different
+ * closure).  Answers arrive as `prefetched` events, read by the next
+ * ll_route_run_gpu or ll_route_poll.  0, or -1 with ERR. */
 int ll_route_prefetch(ll_route_t *self, ll_route_plan_t *plan, const json_t *sync, char *err,
                       size_t errlen);
 

@@ -1,4 +1,4 @@
-# hostd/: `looseleaf hostd`, the host's GPU slot broker, and `looseleaf top` (issue 17; hostd/API.md).
+# hostd/: `looseleaf hostd`, the host's GPU slot broker, and `looseleaf top` (hostd/API.md).
 # The broker's policy is pure (policy/ll_hostd_policy, scripted self-test); the pool's link to it is
 # zygote/ll_hostpool_hostd.c, which includes only hostd/ll_hostd_wire.h: the broker lends slots and never
 # depends on the pool (tests/tree checks).  The systemd unit is hostd/looseleaf-hostd.service.

@@ -10,5 +10,6 @@ $(BUILD)/kernel/ll_pyenv.o: CFLAGS += -DLL_PYTHON_EXE='"$(PYTHON)"'
 
 # The embedding-scenario driver that tests/kernel/test_interp.py runs.
 $(BUILD)/tests/kernel/embed_driver: $(BUILD)/tests/kernel/embed_driver.o \
-		$(BUILD)/kernel/ll_interp.o $(BUILD)/kernel/ll_pyenv.o $(BASE_OBJS)
+		$(BUILD)/kernel/ll_interp.o $(BUILD)/kernel/ll_pyenv.o $(BUILD)/proto/ll_msgtype.o \
+		$(BASE_OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)

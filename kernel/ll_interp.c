@@ -33,6 +33,7 @@
 #include "kernel/ll_interp.h"
 #include "kernel/ll_pyenv.h"
 #include "base/ll_log.h"
+#include "proto/ll_msgtype.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -336,6 +337,29 @@ static PyObject *s_py_hooks_off(PyObject *self, PyObject *unused)
     return PyBool_FromLong(atomic_load(&s_hooks_off));
 }
 
+/* The request types the interpreter serves (proto/ll_msgtype.c): the Kernel
+ * builds its handler table from them, so the two cannot disagree. */
+static PyObject *s_py_request_types(PyObject *self, PyObject *unused)
+{
+    PyObject *out = PyList_New(0);
+    for (const ll_msgtype_t *t = ll_msgtype_table(); out && t->msg_type; t++) {
+        if (!(t->flags & LL_MSG_INTERP))
+            continue;
+        PyObject *name = PyUnicode_FromString(t->msg_type);
+        if (!name || PyList_Append(out, name) < 0) {
+            Py_XDECREF(name);
+            Py_CLEAR(out);
+            break;
+        }
+        Py_DECREF(name);
+    }
+    if (!out)
+        return NULL;
+    PyObject *tuple = PyList_AsTuple(out);
+    Py_DECREF(out);
+    return tuple;
+}
+
 static PyMethodDef s_methods[] = {
     {"stream_write", s_py_stream_write, METH_VARARGS,
      "stream_write(name, text) -> int: send text to stream NAME now."},
@@ -356,6 +380,8 @@ static PyMethodDef s_methods[] = {
      "set_busy(flag): whether user code runs now (interrupts land only then)."},
     {"murmur2", s_py_murmur2, METH_VARARGS,
      "murmur2(data, seed) -> int: MurmurHash2 of DATA (bytes), as ipykernel names cells."},
+    {"request_types", s_py_request_types, METH_NOARGS,
+     "request_types() -> tuple[str]: the request types the interpreter serves."},
     {"hooks_off", s_py_hooks_off, METH_NOARGS,
      "hooks_off() -> bool: whether the hooks are off (a fork()ed child, or finalizing)."},
     {NULL, NULL, 0, NULL}};

@@ -60,7 +60,7 @@ typedef struct {
      * *ERR = 1 (interrupted) or 2 (stdin not allowed / no frontend). */
     char *(*input_request)(void *ctx, const char *prompt, bool password, int *err);
 
-    /* The host pool's state for this kernel (issue 6: %looseleaf): a
+    /* The host pool's state for this kernel (for %looseleaf): a
      * malloc'd JSON object text (the pool's `stats` answer), or NULL when
      * there is no pool connection.  Called on the interpreter's thread with
      * the GIL released.  May be NULL. */

@@ -2,7 +2,7 @@
 # the proto engineer), and the frames LooseLeaf's own processes speak on
 # their unix sockets (ll_zframe: pool, zygotes, workers, clients, the
 # broker).  Self-tests live in tests/proto/*_test.c, ll_zframe's in its file.
-LIB_SRCS  += proto/ll_conn.c proto/ll_json.c proto/ll_wire.c proto/ll_zframe.c
+LIB_SRCS  += proto/ll_conn.c proto/ll_json.c proto/ll_wire.c proto/ll_zframe.c proto/ll_msgtype.c
 TEST_SRCS += tests/proto/ll_conn_test.c tests/proto/ll_json_test.c \
              tests/proto/ll_wire_test.c
 SELFTESTS += ll_conn ll_json ll_wire ll_zframe

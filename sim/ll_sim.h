@@ -1,5 +1,5 @@
 /* ll_sim: the trace-driven fleet simulator behind `looseleaf simulate`
- * (issue 18).  A discrete-event simulation of notebook sessions (a trace,
+ * (sim/API.md).  A discrete-event simulation of notebook sessions (a trace,
  * sim/ll_trace.h) on GPU hosts, run for several designs at once over the
  * same sessions: LooseLeaf (with and without edit-time prefetch) and the
  * baselines (session-pinned, keep-alive, NotebookOS, naive serverless).

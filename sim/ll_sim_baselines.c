@@ -1,5 +1,5 @@
 /* ll_sim_baselines: the designs LooseLeaf is compared with in the fleet
- * simulator (issue 18), each as simple as its published description and
+ * simulator, each as simple as its published description and
  * charged from the same cost table (sim/costs.json).  Runs in the
  * `looseleaf simulate` process, single-threaded.
  *

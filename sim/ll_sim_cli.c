@@ -1,5 +1,5 @@
 /* ll_sim_cli: `looseleaf simulate [--json] TRACE [--hosts N --gpus-per-host 8
- * ...]`, the fleet simulator's command line (issue 18; sim/API.md).  Runs
+ * ...]`, the fleet simulator's command line (sim/API.md).  Runs
  * in its own short-lived process, single-threaded: reads the trace, runs
  * every design over it (ll_sim.h), prints a table (or one JSON object keyed
  * by design) and, with --out DIR, writes CSV files and the plots. */

@@ -1,4 +1,4 @@
-# sim/: the fleet simulator (issue 18; owned by the fleet-simulation engineer): `looseleaf trace` and
+# sim/: the fleet simulator (owned by the fleet-simulation engineer): `looseleaf trace` and
 # `looseleaf simulate`.  sim/API.md describes the commands, the trace format and the cost file.  It uses
 # the host pool's pure policies (policy/ll_sched, ll_greedydual, ll_place, ll_provision) and the cell analysis;
 # nothing depends on it but cli/main.c, which dispatches the two subcommands.

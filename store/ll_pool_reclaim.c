@@ -5,7 +5,7 @@
  * store's idle hook).  See ll_pool.c's DESIGN for the words (state, lease,
  * generation, epoch) and the Dekker pattern between leaser and reclaimer.
  *
- * THE RULE (issue 23).  The store is the only copy of a user's variables
+ * THE RULE.  The store is the only copy of a user's variables
  * between GPU cells, so a region is freed only when (a) no committed
  * version refers to it (Redis's ll:S:prefs, read after the candidates were
  * chosen; a commit meanwhile moves the epoch and the reclaimer gives up)
@@ -254,7 +254,7 @@ static long long s_test_blocks(const char *path)
     return stat(path, &sb) == 0 ? (long long) sb.st_blocks * 512 : -1;
 }
 
-/* Reclamation, memory and the ledger (issue 23): a freed region stays
+/* Reclamation, memory and the ledger: a freed region stays
  * backed and counted and is reused before fresh memory; a trim gives the
  * memory of free regions beyond what is kept back to the system and the
  * ledger, voids prefaults of them, and a trimmer that died is undone; the

@@ -23,13 +23,13 @@
  * named pool file whose processes all exited is not counted until a
  * process opens it again (kernels' pools have no name).
  *
- * What counts is memory (issue 23): a pool counts every region it holds
- * backed, committed or not, free regions kept for the next save and its
- * reserve included (ll_pool_reclaim.c).  Memory held ahead of use may take
- * the user only to three quarters of the cap (ll_quota_take_spare); a save
- * the cap refuses marks the ledger (pressed), and for a while every pool's
- * owner gives back what it holds ahead of use, so that one kernel's reserve
- * never keeps another's save out.
+ * What counts is memory (what the host gives up, not what is committed): a
+ * pool counts every region it holds backed, committed or not, free regions
+ * kept for the next save and its reserve included (ll_pool_reclaim.c).  Memory
+ * held ahead of use may take the user only to three quarters of the cap
+ * (ll_quota_take_spare); a save the cap refuses marks the ledger (pressed),
+ * and for a while every pool's owner gives back what it holds ahead of use,
+ * so that one kernel's reserve never keeps another's save out.
  *
  * The ledger is the user's own file (0600), so the cap binds the user's
  * store code, not a determined user: like the broker's leases it arbitrates

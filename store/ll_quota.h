@@ -1,11 +1,12 @@
 /* ll_quota: a user's cap on checkpoint-store memory, counted across every
- * payload pool of that user on the host (issue 17).  Each kernel has its
- * own store and pool, so the cap cannot be a pool size: the user's pools
- * count the regions they hold in one small shared file per user, the
- * ledger, and an allocation that would take the user past the cap fails.
- * Used by ll_pool (counting) and ll_store (the error) in every process of
- * the user's sessions, and by the host pool, which writes the cap the slot
- * broker gives it (hostd/API.md).  Thread-safe: every word is atomic. */
+ * payload pool of that user on the host, so users sharing a host cannot
+ * starve each other.  Each kernel has its own store and pool, so the cap
+ * cannot be a pool size: the user's pools count the regions they hold in one
+ * small shared file per user, the ledger, and an allocation that would take
+ * the user past the cap fails.  Used by ll_pool (counting) and ll_store (the
+ * error) in every process of the user's sessions, and by the host pool, which
+ * writes the cap the slot broker gives it (hostd/API.md).  Thread-safe: every
+ * word is atomic. */
 #ifndef LL_QUOTA_H
 #define LL_QUOTA_H
 

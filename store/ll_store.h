@@ -1,4 +1,4 @@
-/* ll_store: the checkpoint store's C interface (issue 4).  Per-variable
+/* ll_store: the checkpoint store's C interface.  Per-variable
  * entries in Redis (version, structure blob, payload refs, refs) committed
  * a cell at a time, payload bytes in the shared-memory pool (ll_pool).
  * Used by the _llstore Python module (ll_store_py.c) in the kernel, in

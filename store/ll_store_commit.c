@@ -128,7 +128,7 @@ static int s_commit_lease(s_commit_t *c)
             return ll_store_fail(st, LL_STORE_EINVAL, "empty variable name");
         /* Checks for the caller's mistakes, pairwise, so only where that
          * stays cheap: run for every write of a 100k-name commit they took
-         * seconds, past the store's timeout (issue 23; the Python layer
+         * seconds, past the store's timeout (the Python layer
          * passes a dict and disjoint deletes anyway). */
         for (size_t j = 0; nw * nd <= S_PAIRWISE_MAX && j < nd; j++)
             if (strcmp(c->deletes[j], w->name) == 0)

@@ -145,7 +145,8 @@ static void s_put_unlease_base(s_put_t *p, size_t i)
  * regions (FREE_BACKED, reused before any fresh one) do not cover them and
  * a commit or a reader letting go (DUE) may have made garbage since the
  * last reclamation.  Memory first: a save takes fresh memory only when
- * nothing superseded can be reclaimed for it (issue 23). */
+ * nothing superseded can be reclaimed for it, so a long session's memory
+ * stays near what its live variables need. */
 static bool s_gc_first(size_t need, size_t free_backed, bool due)
 {
     return due && need > free_backed;

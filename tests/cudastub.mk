@@ -1,4 +1,4 @@
-# tests/cudastub/: a stub CUDA driver (build/cudastub/libcuda.so.1, soname libcuda.so.1; issue 22) that exports
+# tests/cudastub/: a stub CUDA driver (build/cudastub/libcuda.so.1, soname libcuda.so.1) that exports
 # the driver API torch, cudart and the pool's detection touch at import and when counting devices, with
 # LL_CUDA_STUB_DEVICES devices, honours CUDA_VISIBLE_DEVICES at cuInit as the real driver does, and records
 # "<pid> <call>" lines in LL_CUDA_STUB_LOG.  tests/gpustub/ runs the kernel's GPU paths against it with the

@@ -1,4 +1,4 @@
-# Fuzz targets (issue 16): libFuzzer (clang-14 from Debian, with libclang-rt-14-dev) under AddressSanitizer
+# Fuzz targets: libFuzzer (clang-14 from Debian, with libclang-rt-14-dev) under AddressSanitizer
 # and UndefinedBehaviorSanitizer, for what reads untrusted input: the wire decoder, the HMAC check, the
 # connection-file reader, the store's metadata decoder, the cell analysis and what the host's slot broker
 # (root) takes from any local user (its frames, applied to its policy).  `make test` runs each for a
@@ -21,7 +21,8 @@ FUZZ_SRCS_conn       := tests/fuzz/fuzz_conn.c proto/ll_conn.c
 FUZZ_SRCS_store_meta := tests/fuzz/fuzz_store_meta.c store/ll_store_ref.c
 FUZZ_SRCS_hostd      := tests/fuzz/fuzz_hostd.c hostd/ll_hostd_wire.c policy/ll_hostd_policy.c \
                         policy/ll_gpu_plan.c $(FUZZ_BASE)
-FUZZ_SRCS_analysis   := tests/fuzz/fuzz_analysis.c $(ANALYSIS_SRCS) kernel/ll_interp.c kernel/ll_pyenv.c $(FUZZ_BASE)
+FUZZ_SRCS_analysis   := tests/fuzz/fuzz_analysis.c $(ANALYSIS_SRCS) kernel/ll_interp.c kernel/ll_pyenv.c \
+                        proto/ll_msgtype.c $(FUZZ_BASE)
 
 $(FUZZ_DIR)/obj/%.o: %.c
 	@mkdir -p $(dir $@)

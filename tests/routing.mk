@@ -1,4 +1,4 @@
-# GPU routing through the real kernel (issue 5; routing-test engineer): tests/routing/test_route_*.py drive
+# GPU routing through the real kernel (routing-test engineer): tests/routing/test_route_*.py drive
 # build/looseleaf through jupyter_client and compare mixed CPU/GPU notebooks with ipykernel, check the routing
 # report in execute_reply.metadata.looseleaf, worker/zygote faults, interrupt, input and kernels sharing a pool.
 PYTESTS += tests/routing

@@ -18,7 +18,7 @@ BENCHES += tests/bench/bench_kernel.py
 # The issue-5 session through the real kernel: GPU cells on workers vs the naive path, per-cell prep split.
 BENCHES += tests/bench/bench_route.py
 
-# Issue 6: scripted editing sessions (several kernels, fewer slots), visible wait with and without prefetch.
+# Edit-time prefetch: scripted editing sessions (several kernels, fewer slots), visible wait with and without prefetch.
 BENCHES += tests/bench/bench_prefetch.py
 
 # The tree's shape: dependencies point one way (base <- proto <- store, kernel <- analysis <- zygote <- gateway),
@@ -34,15 +34,15 @@ DEBIAN_SMOKE := tests/integration/test_int_execute.py tests/integration/test_int
                 tests/routing/test_route_metadata.py tests/store/test_store_checkpoint.py \
                 tests/integration/test_int_widgets.py
 
-# Issue 13 (items 6, 7): a warm GPU cell's first flushed output as prompt as a CPU cell's; a CPU cell after GPU
+# Responsiveness: a warm GPU cell's first flushed output as prompt as a CPU cell's; a CPU cell after GPU
 # cells as cheap as on ipykernel.
 BENCHES += tests/bench/bench_responsive.py
 
-# Issue 29 (item 4): a GPU cell's flushed output reaches the client as smoothly as a CPU cell's (the same in
+# Output pace: a GPU cell's flushed output reaches the client as smoothly as a CPU cell's (the same in
 # JupyterLab: tests/browser/bench_stream_pace.py, run by hand).
 BENCHES += tests/bench/bench_stream_pace.py
 
-# `make test-browser` (issue 14): LooseLeaf as a person uses it in JupyterLab 4, Notebook 7 and Debian's classic
+# `make test-browser`: LooseLeaf as a person uses it in JupyterLab 4, Notebook 7 and Debian's classic
 # notebook 6.4, driven in Debian's chromium by Playwright for Python (tests/browser/).  4 minutes on a 2-core
 # machine at a load of 3, longer on a more loaded one, so not part of `make test`; .ci/run runs it after `make test`.  Screenshots of every step go under the
 # run's pytest temporary directory (printed at the end).  The in-browser hint measurement is

@@ -1,5 +1,5 @@
 /* ll_hostpool_homes: the host pool's record of home workers that went
- * (issue 13, item 1; zygote/API.md "Homes").  A worker holding values no
+ * (zygote/API.md "Homes").  Nothing a cell made may be lost.  A worker holding values no
  * store can hold is its session's home for them; when it goes, its client
  * is told once, and the session's later jobs carry {pid: why} so the
  * worker that meets a HomeRef of a gone home names why the value is lost.

@@ -1,4 +1,4 @@
-/* bench_analysis: how long the cell analysis takes (make bench, issue 3).
+/* bench_analysis: how long the cell analysis takes (make bench).
  * Prints one JSON object: microseconds per analysis of a typical 30-line
  * cell, per closure query in a session of 500 executed cells, and per
  * recorded cell.  tests/bench/bench_analysis.py runs this and the pure-Python

@@ -11,7 +11,7 @@ from playwright.sync_api import expect
 
 # A person types ~5-8 characters a second (125-200 ms a key); the functional steps type as a fast typist does
 # (still key by key, 20 keys a second) to stay short; the typing test types at HUMAN_KEY_DELAY_MS.  At 15 ms a
-# key JupyterLab's completer could hide its list again (issue 29).
+# key JupyterLab's completer could hide its list again before the next key.
 TEST_KEY_DELAY_MS = 50
 HUMAN_KEY_DELAY_MS = 150
 CELL_TIMEOUT_MS = 120_000  # a cold GPU worker on 2 shared cores

@@ -140,7 +140,7 @@ def test_a_gpu_cell_runs_in_the_kernel_while_the_base_zygote_cannot_start():
 
 
 def test_what_a_gpu_cell_started_in_its_own_session_ends_with_the_kernel():
-    # (issue 23, part 3 item 6) Out of its worker's process group, such a process outlived the worker's
+    # Out of its worker's process group, such a process outlived the worker's
     # eviction, the kernel's shutdown and the pool.  Now it goes with the worker.
     import random
     pool_dir = new_pool_dir()

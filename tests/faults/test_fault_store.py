@@ -204,7 +204,7 @@ def test_pool_full_a_cell_is_saved_whole_or_not_at_all(small_pool):
     errors = [m["content"] for m in msgs if m["msg_type"] == "error"]
     assert [e["ename"] for e in errors] == ["PoolFullError"], errors
     # All or nothing in the store: pf_a was not committed either, the older variables are intact.  The worker
-    # holds the only copy of both, so it stays as their home (issue 16, item 2; README "Failure model"): a
+    # holds the only copy of both, so it stays as their home (README "Failure model"): a
     # later cell reading them runs there, whatever its label, and sees them.
     md = ll_md(reply)
     assert md["home"]["pf_a"]["what"] == "not saved: PoolFullError" and "pf_big" in md["home"], md

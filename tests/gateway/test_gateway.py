@@ -146,7 +146,7 @@ def _check_spec(path, binary=BIN):
     assert spec["display_name"] == "LooseLeaf (GPU)"
     assert spec["language"] == "python"
     assert spec["interrupt_mode"] == "signal"
-    # JupyterLab shows its debugger panel for kernels whose spec says so (issue 27).
+    # JupyterLab shows its debugger panel for kernels whose spec says so.
     assert spec["metadata"] == {"debugger": True}
     with open(os.path.join(os.path.dirname(path), "logo-svg.svg")) as f:
         assert f.read().startswith("<svg")
@@ -425,6 +425,24 @@ def test_unknown_and_bad_requests_keep_kernel_alive(proc):
     assert "unknown message type 'no_such_request'" in proc.stderr()
 
 
+def test_request_on_the_other_channel_gets_an_error_reply(proc):
+    # Shell requests run Python on the main thread, so on control they are refused, with a reply rather than
+    # silence (a client waiting for it would wait for ever); the kernel lives on and nothing ran.
+    msg = proc.kc.session.msg("execute_request", {"code": "print('ran on control')", "silent": False})
+    proc.kc.control_channel.send(msg)
+    rep = proc.kc.get_control_msg(timeout=TIMEOUT)
+    assert rep["msg_type"] == "execute_reply" and rep["parent_header"]["msg_id"] == msg["header"]["msg_id"]
+    assert rep["content"]["status"] == "error" and rep["content"]["ename"] == "ChannelError"
+    assert "shell" in rep["content"]["evalue"]
+    states = proc.iopub_until_idle(msg["header"]["msg_id"])
+    assert [m["content"]["execution_state"] for m in states] == ["busy", "idle"]
+    msg = proc.kc.session.msg("usage_request", {})
+    proc.kc.shell_channel.send(msg)
+    assert proc.reply(msg["header"]["msg_id"])["ename"] == "ChannelError"
+    reply, msgs = proc.execute("print('still here')")
+    assert _stream_text(msgs) == "still here\n"
+
+
 def test_control_answers_while_cell_runs(proc, tmp_path):
     # The cell ends only after the control reply arrived.
     marker = tmp_path / "go"
@@ -537,7 +555,7 @@ def test_usage_request_on_control(proc):
 
 
 def test_store_module_is_built_in(proc):
-    # The kernel binary registers the store's extension (issue 4) before
+    # The kernel binary registers the store's extension before
     # starting Python: importable in a cell without any .so on sys.path.
     reply, msgs = proc.execute("import sys, _llstore\n"
                                "print('_llstore' in sys.builtin_module_names, _llstore.__name__)")
@@ -586,7 +604,7 @@ def test_routing_can_be_turned_off(tmp_path):
 
 
 def test_looseleaf_magic_and_usage_report_gpu_time(tmp_path):
-    # Issue 6: %looseleaf says where each variable lives and which warm worker holds the session's slot;
+    # %looseleaf says where each variable lives and which warm worker holds the session's slot;
     # usage_request (what JupyterLab's resource panels poll) carries the GPU-seconds held vs connected.
     p = Proc(tmp_path)
     try:

@@ -1,6 +1,6 @@
 #!/bin/bash
 # tests/gpu/e2e.sh [--cpu] [--budget SECONDS of checks] [--limit SECONDS in all] [--checks NAME,...]: the
-# complete looseleaf kernel, built and run end to end (issue 15, "The run"); writes report.json, report.md,
+# complete looseleaf kernel, built and run end to end on a GPU machine; writes report.json, report.md,
 # e2e.log and pool.log under $OUT (else build/e2e/report).  tests/gpu/README.md says what it checks and how
 # the device tool runs it.
 #

@@ -1,5 +1,6 @@
 #!/bin/sh
-# tests/gpu/run.sh: the worker side of issue 5 on a real GPU (CUDA, PyTorch; any python3 >= 3.10).
+# tests/gpu/run.sh: the worker side of GPU routing (forked workers, the store) on a real GPU (CUDA,
+# PyTorch; any python3 >= 3.10).
 #
 # The GPU machines have no Debian libraries, so build/looseleaf (libzmq, hiredis, libpython3.11, redis-server)
 # cannot run there.  This runs what can run with only python3 + torch + CUDA, using the repo's own Python code

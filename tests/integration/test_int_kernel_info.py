@@ -17,7 +17,7 @@ def test_kernel_info_fields(kernel):
     assert major == 5 and minor >= 3
     impl = {"looseleaf": "looseleaf", "python3": "ipython"}[kernel.name]
     if kernel.name == "looseleaf":
-        # Protocol 5.4: the optional features implemented: the debugger (issue 27; not kernel subshells).
+        # Protocol 5.4: the optional features implemented: the debugger (not kernel subshells).
         assert c["protocol_version"] == "5.4" and c["supported_features"] == ["debugger"]
         assert c["debugger"] is True
     assert c["implementation"] == impl

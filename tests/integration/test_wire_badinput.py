@@ -343,7 +343,8 @@ def test_empty_key_runs_unsigned(kernel_name, jupyter_env):
     """An empty key: messages go unsigned both ways, as Jupyter allows."""
     from jupyter_client import KernelManager
     from itest_util import kernel_env
-    # looseleaf runs unsigned only when told to (issue 16): its kernelspec then passes --allow-empty-key.
+    # looseleaf runs unsigned only when told to (an empty key lets anyone run code): its kernelspec then passes
+    # --allow-empty-key.
     km = KernelManager(kernel_name=kernel_name + "-unsigned" if kernel_name == "looseleaf" else kernel_name)
     km.session.key = b""
     km.start_kernel(env=kernel_env())

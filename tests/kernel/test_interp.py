@@ -142,6 +142,28 @@ def test_parent_is_the_request(env):
         "('driver-1', 'execute_request', 'k = g', True, True)"
 
 
+def test_handlers_are_the_gateways_request_types(env):
+    """The interpreter serves exactly the types proto/ll_msgtype.c flags for it: its handler table is built
+    from that list, every method shaped like a handler (content, parent) is in it, and a type without a
+    handler stops the Kernel with a message naming it."""
+    evs = run(env, ex(
+        "import _looseleaf_kernel, inspect\n"
+        "from looseleaf_kernel import kernel as kmod\n"
+        "k = get_ipython().kernel\n"
+        "types = _looseleaf_kernel.request_types()\n"
+        "shaped = {n for n, f in inspect.getmembers(type(k), inspect.isfunction)\n"
+        "          if list(inspect.signature(f).parameters) == ['self', 'content', 'parent']}\n"
+        "try:\n"
+        "    kmod._request_handlers(k, types + ('no_such_request',))\n"
+        "    err = None\n"
+        "except RuntimeError as e:\n"
+        "    err = str(e)\n"
+        "(sorted(k.handlers) == sorted(types), sorted(shaped - set(types)), 'execute_request' in types,\n"
+        " 'debug_request' in types, 'no_such_request' in (err or ''))"))
+    ((g, r),) = split_replies(evs)
+    assert pubs(g, "execute_result")[0]["data"]["text/plain"] == "(True, [], True, False, True)"
+
+
 def test_user_expressions_and_payload(env):
     evs = run(env, ex("a = 1", user_expressions={"ok": "a + 1", "bad": "1/0"}),
               ex("get_ipython().set_next_input('next')"), ex("exit"))

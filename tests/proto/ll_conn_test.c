@@ -1,6 +1,7 @@
 /* Self-test of proto/ll_conn (run by build/ll_selftest): valid files for
- * both transports, endpoint strings, and every bad case of issue 2 with a
- * check that the error names the field. */
+ * both transports, endpoint strings, and every bad case (missing or
+ * mistyped fields, bad ports, keys, schemes) with a check that the error
+ * names the field. */
 #include "proto/ll_conn.h"
 
 #include <errno.h>

@@ -3,7 +3,8 @@
  * Known-answer vectors come from jupyter_client's Session
  * (tests/proto/wire_vectors.h, made by make_vectors.py): our decoder must
  * accept Session's frames and our HMAC must equal Session's signature.  Then
- * every bad-input case from issue 2, encode/decode round trips, replay
+ * every bad-input case the decoder must drop (each named field missing or of
+ * the wrong type, bad signatures, replays), encode/decode round trips, replay
  * history eviction, concurrent decoding, waiting on a socket and a stop fd,
  * and a randomized mutation loop that must never crash the decoder. */
 #include "proto/ll_wire.h"
@@ -325,7 +326,7 @@ static void s_test_bad_input(void)
 
     /* A header that names a key twice (readers would disagree on which
      * counts) or whose version does not read as one is dropped too; a
-     * version in any good form, or none, is fine (issue 16). */
+     * version in any good form, or none, is fine (ipykernel accepts all of those). */
     const char *bad_more[] = {
         "{\"msg_id\":\"d1\",\"msg_type\":\"kernel_info_request\",\"msg_type\":\"execute_request\"}",
         "{\"msg_id\":\"d2\",\"msg_id\":\"d3\",\"msg_type\":\"execute_request\"}",

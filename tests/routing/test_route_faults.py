@@ -91,7 +91,7 @@ def test_base_zygote_killed(ll, committed, jupyter_env):
     reply, msgs = run_route(ll, "print(fk * 2, fk_n)", "gpu")
     assert stream_text(msgs) == "tensor([2., 2.]) 1\n"
     if ll_md(reply).get("warm_hit"):
-        # A warm worker (issue 6) needed no fork: a new kernel's first GPU cell does.
+        # A warm worker (kept after its cell) needed no fork: a new kernel's first GPU cell does.
         other = Kernel("looseleaf")
         try:
             reply, _ = run_route(other, "import torch\nprint(torch.ones(1))", "gpu")

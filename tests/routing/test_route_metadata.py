@@ -53,7 +53,7 @@ def test_gpu_cell_report(ll):
     assert md["deleted"] == ["rm_gone"], md
 
     # The next GPU cell gets either a fresh worker (which restores the 1 MiB tensor) or, with warm workers
-    # (issue 6), the same worker again (which holds the tensor already and restores nothing that did not move).
+    # kept, the same worker again (which holds the tensor already and restores nothing that did not move).
     reply, msgs = run_route(ll, "print(rm_t.sum().item(), os.getpid())", "gpu")
     md2 = ll_md(reply)
     total, pid2 = stream_text(msgs).split()

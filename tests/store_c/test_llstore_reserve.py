@@ -92,7 +92,7 @@ def test_owner_reserves_ahead_of_its_first_save(runtime_dir, session, pool_path)
     st = _llstore.Store(runtime_dir, session, pool_path=pool_path, pool_bytes=64 << 20)
     try:
         assert st.stats()["redis_owned"]
-        assert st.stats()["reserve_bytes"] == 16 << 20  # starts small (issue 23)...
+        assert st.stats()["reserve_bytes"] == 16 << 20  # starts small (memory held ahead of use counts)...
         assert wait_for(lambda: st.stats()["reserve_ready_bytes"] == 16 << 20), st.stats()
         # ...and grows with what the session saves, capped at half this pool
         st.commit("c1", {"a": (b"", [st.put_payload(np.ones(24 * R, np.uint8))], [])})

@@ -86,7 +86,7 @@ def test_process_state_follows_the_session(env):
 
 
 def test_a_variable_that_cannot_be_saved_stays_in_its_worker(env):
-    # (issue 13: no "could not save": the generator stays in its worker, a HomeRef stands for it in the store)
+    # (nothing lost, no "could not save": the generator stays in its worker, a HomeRef stands for it in the store)
     c = env.client()
     r = c.run("g", "g = (i for i in range(3))\nok = 5", defines=["g", "ok"])
     assert r.ok and r.stderr == "" and "save_failed" not in r.ll, (r.ll, r.stderr)

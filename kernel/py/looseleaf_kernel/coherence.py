@@ -1,4 +1,4 @@
-"""Coherence between the kernel's namespace and the checkpoint store, for GPU routing (issue 5).
+"""Coherence between the kernel's namespace and the checkpoint store, for GPU routing.
 
 When the gateway routes GPU-labelled cells to forked workers, a variable lives in two places: the kernel's
 namespace (CPU cells run there) and the store (workers restore from it and save into it).  Variables flow
@@ -12,11 +12,11 @@ only through the store, lazily, and this object keeps the two sides coherent:
   grad mode; looseleaf_store.procstate) and the globals of the user's own modules (looseleaf_store.usermods).
   A closure name that cannot be saved (made here, it lives here) makes the gateway run the cell here
   instead, with a one-line notice.
-* Homes (issue 13, item 1).  A value a worker made that cannot be saved stays in that worker, which is the
-  session's home for it (and for values whose autograd graph it holds, and what they share objects with):
-  `home` maps those names to the worker, and the gateway sends every cell reading one there.  When the
-  worker goes, its held names are `lost` (reading one raises LostVariable naming why), a graph name comes
-  back without its graph (a notice says so when a cell next reads it).
+* Homes (nothing a cell made is ever lost).  A value a worker made that cannot be saved stays in that worker, which
+  is the session's home for it (and for values whose autograd graph it holds, and what they share objects with):
+  `home` maps those names to the worker, and the gateway sends every cell reading one there.  When the worker goes,
+  its held names are `lost` (reading one raises LostVariable naming why), a graph name comes back without its
+  graph (a notice says so when a cell next reads it).
 * After a GPU cell the names its worker deleted leave the namespace; the ones it saved are no longer
   dirty (the store's copy is now the newer one) and the cell enters IPython's history and counter.
 * Before a CPU cell, closure names whose store version moved (a worker changed them) are restored (payloads
@@ -118,7 +118,7 @@ def visible(shell, modules=False):
     return out
 
 
-# ---- names bound beyond the analysis (issue 23, part 3, item 3) -------------------------------------------
+# ---- names bound beyond the analysis ---------------------------------------------------------------------
 # exec, %run, globals()[k] = v, setattr(sys.modules['__main__'], ...) bind names the static analysis never sees.
 # The process that ran a cell diffs its namespace and tells the gateway's analysis session what the cell bound
 # and deleted beyond what the analysis knew (namespace_diff), so later closures name those variables and they
@@ -216,7 +216,7 @@ def _reason(e):
     return "%s: %s" % (type(e).__name__, e)
 
 
-# What the store's failures mean for a cell (issue 16): the store is gone or silent, or an interrupt ended
+# What the store's failures mean for a cell: the store is gone or silent, or an interrupt ended
 # the wait.  The cell then fails with that error instead of running somewhere its variables are not.
 _CELL_ERRORS = ("StoreUnavailable", "KeyboardInterrupt")
 
@@ -318,7 +318,7 @@ class Coherence:
         # GPU cells' results not yet in the output history: [(execution count, "_N")], oldest first.
         self._pending_out = []
         self._ps_moved = False
-        # Homes (issue 13, item 1): {name: {pid, kind: held | graph | tied, what}} of names whose live value
+        # Homes (values no store can hold): {name: {pid, kind: held | graph | tied, what}} of names whose live value
         # is in a worker; {name: message} of held names whose worker is gone; {name: message} of graph
         # names whose worker is gone, told once to the next cell that reads them.
         self.home = {}
@@ -947,7 +947,7 @@ class Coherence:
         self._update_lost_names()
         return {"home": self.home}
 
-    # ---- homes (issue 13, item 1) --------------------------------------------------------------------
+    # ---- homes ----------------------------------------------------------------------------------------
     def _adopt_home(self, home, pid):
         """HOME: what the worker PID that ran the session's last cell is the home of.  A held name another
         worker was home of, and which this one does not hold, went with that worker."""
@@ -1051,7 +1051,7 @@ class Coherence:
             out["notices"] = notices
         return out
 
-    # ---- user modules (issue 13, item 4) -----------------------------------------------------------------
+    # ---- user modules ------------------------------------------------------------------------------------
     def _module_entries(self):
         """The entries of the user's modules when code run here may have changed their globals (bound in the
         namespace, usermods.py), else []."""

@@ -53,9 +53,9 @@ def _create_comm(*args, **kwargs):
     return Comm(*args, **kwargs)
 
 
-# Edit-time prefetch hints (issue 6): a frontend opens a comm on this target and sends {code} as the user
-# edits a cell.  The gateway reads those messages itself (gateway/ll_kernel.c, s_hint); here the comm only
-# has to exist, so the frontend's comm_open is accepted like any other.
+# Edit-time prefetch hints (a GPU cell's worker prepared while the user types): a frontend opens a comm on this
+# target and sends {code} as the user edits a cell.  The gateway reads those messages itself (gateway/ll_kernel.c,
+# s_hint); here the comm only has to exist, so the frontend's comm_open is accepted like any other.
 PREFETCH_TARGET = "looseleaf.prefetch"
 
 

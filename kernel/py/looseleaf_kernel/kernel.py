@@ -181,24 +181,9 @@ class Kernel:
                             after_in_child=self._after_fork_child)
         self._fork_held = []
         self._run_startup_files()
-        self.handlers = {
-            "execute_request": self.execute_request,
-            "complete_request": self.complete_request,
-            "inspect_request": self.inspect_request,
-            "history_request": self.history_request,
-            "is_complete_request": self.is_complete_request,
-            "kernel_info_request": self.kernel_info_request,
-            "comm_info_request": self.comm_info_request,
-            "comm_open": self.comm_open,
-            "comm_msg": self.comm_msg,
-            "comm_close": self.comm_close,
-            "shutdown_request": self.shutdown_request,
-            # The gateway's own requests, around GPU cells run by workers (coherence.py).
-            "looseleaf_before_gpu": self.looseleaf_before_gpu,
-            "looseleaf_after_gpu": self.looseleaf_after_gpu,
-            "looseleaf_commit_idle": self.looseleaf_commit_idle,
-            "looseleaf_home_lost": self.looseleaf_home_lost,
-        }
+        # One handler per type the gateway forwards here, named as the type; the list is the gateway's
+        # (proto/ll_msgtype.c), so a type added there without a handler here stops the kernel at start-up.
+        self.handlers = _request_handlers(self, _lk.request_types())
         self.coherence = Coherence(self.shell)
         CellCompiler.sweep()  # cell sources of kernels that were killed
         from . import magic
@@ -691,6 +676,16 @@ class Kernel:
         self.shell.exit_now = True
         return dumps({"status": "ok", "restart": restart}), None
 
+
+
+def _request_handlers(kernel, types):
+    """{msg_type: bound method of KERNEL named msg_type} for each of TYPES; RuntimeError naming every type
+    KERNEL has no handler for."""
+    missing = [t for t in types if not callable(getattr(kernel, t, None))]
+    if missing:
+        raise RuntimeError("the gateway forwards %s to the interpreter, which has no handler for %s"
+                           % (", ".join(missing), "it" if len(missing) == 1 else "them"))
+    return {t: getattr(kernel, t) for t in types}
 
 
 def _profile_config():

@@ -1,4 +1,4 @@
-"""The names of modules the kernel has not imported, for completion (issue 29, item 3).
+"""The names of modules the kernel has not imported, for completion.
 
 Completing `torch.ar` or `from torch import ar` in a kernel that never imported torch made jedi and IPython
 import it into the kernel (3-4 s), and the GPU cell sent meanwhile waited behind that completion.  Completion

@@ -39,7 +39,7 @@ class LostVariable(NameError):
     catches NameError behaves as before."""
 
 
-# ---- huge cells (issue 23, part 3, item 6) ---------------------------------------------------------------
+# ---- huge cells ---------------------------------------------------------------------------------------------
 # IPython tokenizes a cell for its input transformations, compiles it whole to find out whether it awaits, and
 # parses it into Python AST objects: ~450 bytes of memory per byte of a cell of short statements (a 5 MB
 # cell of `x = 1` lines peaked at 2.3 GB in ipykernel and here alike; 100 MB took the kernel to the OOM
@@ -142,7 +142,7 @@ class CellCompiler(CachingCompiler):
             CellCompiler._dir = os.path.join(tempfile.gettempdir(), "looseleaf_%d" % os.getpid())
         return CellCompiler._dir
 
-    # GPU cells run in workers (issue 5), and a function defined in one cell may fail in a cell that another
+    # GPU cells run in workers (forked processes), and a function defined in one cell may fail in a cell that another
     # process runs.  So that its traceback shows the source line and "Cell In[N]" as in one process, every
     # process of a session writes each cell it compiles under its name in one directory (the kernel's,
     # passed to workers) and appends "N<TAB>name" to an index there, which the others read into
@@ -444,7 +444,7 @@ class LooseLeafShell(InteractiveShell):
 
     keepkernel_on_exit = None
     _last_traceback = None
-    # {name: message} of variables whose value is not in this process (issue 13, item 1): reading one
+    # {name: message} of variables whose value is not in this process (its home is a worker): reading one
     # raises LostVariable(message) instead of NameError.  Kept by coherence.py (the kernel) and zyg.py.
     lost_names = {}
     _lost_swapped = None  # (the NameError, the LostVariable shown for it) of the running cell

@@ -1,4 +1,4 @@
-"""Completion that never imports a package into the kernel (issue 29, item 3).
+"""Completion that never imports a package into the kernel.
 
 jedi imports the compiled modules of a package it reads (`import torch\\ntorch.a` imports torch._C, so torch)
 and IPython's import completer imports the package of `from torch import ar`: 3-4 s of the interpreter thread

@@ -1,4 +1,4 @@
-"""Values that stay in the process that made them (issue 13, item 1).
+"""Values that stay in the process that made them, so nothing a cell made is lost.
 
 A value no pickle can take (a generator, an iterator over a live DataLoader, an open file, a socket, a lock, a
 thread, a CUDA stream or event) cannot move between processes.  A worker that made one keeps it: it commits a

@@ -1,4 +1,4 @@
-"""Modules the user wrote are session state (issue 13, item 4).
+"""Modules the user wrote are session state.
 
 A module imported from the user's own files (not the standard library, not site-packages, not LooseLeaf) keeps
 module globals a notebook changes: a counter a function of it bumps, an attribute a cell sets on it, a cache.

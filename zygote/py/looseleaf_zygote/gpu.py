@@ -14,7 +14,7 @@ Runs in a worker (after the fork), on the thread that runs cells, called by zyg.
                    build, no device) nothing is done and nothing is reported but why.
   broken()         after each cell: whether the device context is still usable.  A device-side assert (or an
                    illegal address, a launch failure) is a *sticky* CUDA error: every later call of the
-                   process fails with it, so a worker whose context broke must not stay warm (issue 22, item 3).
+                   process fails with it, so a worker whose context broke must not stay warm.
                    Only frameworks that already started CUDA here are asked (asking must never start it).
 
   driver_initialized()  why this process counts as having initialised the CUDA driver, or None (see below).

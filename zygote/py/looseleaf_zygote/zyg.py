@@ -49,7 +49,7 @@ _store = None            # the worker's _llstore.Store
 _before = None           # {name: id(value)} of the namespace after restore
 _store_key = None        # (store_dir, session, redis_url) _store was opened with
 _orig_run_cell = None    # the shell's run_cell before _guard_interrupts wrapped it
-# The session's home here (issue 13, item 1): values only this process holds, and what they share.
+# The session's home here (nothing a cell made is lost): values only this process holds, and what they share.
 _token = None            # tells this worker from a later process with the same pid (HomeRef.token)
 _home = {}               # name -> {"kind": "held" | "graph", "what": ...}: home values held here
 _home_refs = {}          # name -> the HomeRef committed for it (the same object each save: an unchanged blob)
@@ -191,7 +191,8 @@ def _no_cell_files():
 
 def _index(loaded):
     """Write the completion index of the packages just imported (looseleaf_kernel.modindex): a kernel that
-    has not imported them completes their names from it instead of importing them (issue 29, item 3)."""
+    has not imported them completes their names from it instead of importing them
+    (importing torch there would take seconds and memory)."""
     try:
         from looseleaf_kernel import modindex
         modindex.write_for(sorted({m.split(".")[0] for m in loaded}), missing_only=True)
@@ -672,9 +673,9 @@ def worker_finish(arg):
         out["save_error"] = "the cell's results (%s) were not saved, nothing of this cell was committed: %s" % (
             ", ".join(lost) or "none", rep.error)
         out["save_failed"] = rep.failed or {n: rep.error for n in lost}
-        # This process holds the only copy of what the cell made or changed: it stays as their home (issue 16,
-        # item 2), and later cells reading them run here, until a cell binds them again (then saved) or the
-        # worker must go (then LostVariable says why).
+        # This process holds the only copy of what the cell made or changed: it stays as their home (the store
+        # could not take them, and dropping them would lose data), and later cells reading them run here, until a
+        # cell binds them again (then saved) or the worker must go (then LostVariable says why).
         held = _cp.held() if _cp is not None else {}
         for n in lost:
             if n in ns and not isinstance(ns[n], type(sys)) and not usermods.is_entry(n):
