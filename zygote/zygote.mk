@@ -1,9 +1,10 @@
 # zygote/: host pool, zygote import cache, workers (owned by the zygote engineer).  zygote/API.md.
-SELFTESTS += ll_zframe ll_gdsf ll_sched ll_place ll_provision ll_ztree ll_gpu ll_hostpool_config ll_hostpool ll_hostpool_jobs \
+SELFTESTS += ll_zframe ll_gdsf ll_sched ll_place ll_provision ll_ztree ll_gpu ll_hostpool_config ll_hostpool_clients ll_hostpool_schedule \
              ll_zclient ll_zygote
 LIB_SRCS  += zygote/ll_zframe.c zygote/ll_gdsf.c zygote/ll_sched.c zygote/ll_sched_selftest.c zygote/ll_place.c \
              zygote/ll_provision.c zygote/ll_ztree.c zygote/ll_gpu.c \
              zygote/ll_hostpool_config.c zygote/ll_hostpool.c zygote/ll_hostpool_jobs.c \
+             zygote/ll_hostpool_clients.c zygote/ll_hostpool_runs.c zygote/ll_hostpool_schedule.c \
              zygote/ll_hostpool_stats.c zygote/ll_hostpool_homes.c zygote/ll_hostpool_procs.c \
              zygote/ll_zygote.c zygote/ll_zclient.c
 EXTRA_TARGETS += $(BUILD)/zygote/ll_zdriver
