@@ -64,7 +64,8 @@ def uses_graph(module):
         else:
             objs[src] = obj
     if missing or stale:
-        pytest.fail("run `make all` first: no object for %s; stale object for %s" % (missing, stale))
+        pytest.fail("run `make all` first:%s%s" % (" no object for %s." % missing if missing else "",
+                                                   " stale object for %s." % stale if stale else ""))
     definer, undefined = {}, {}
     for src, obj in objs.items():
         defined, undefined[src] = _symbols(obj)
