@@ -3,6 +3,7 @@
  * formula.  A file of its own because it drives the engine (ll_sim.c)
  * through every design, which sit between the two. */
 #include "sim/ll_sim_internal.h"
+#include "base/ll_check.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -42,14 +43,6 @@ static ll_sim_t *s_test_run(const char *trace, const ll_cost_t *cost, unsigned m
 int ll_sim_selftest(bool verbose)
 {
     int fails = 0;
-#define S_CHECK(cond)                                                               \
-    do {                                                                            \
-        if (!(cond)) {                                                              \
-            fails++;                                                                \
-            if (verbose)                                                            \
-                fprintf(stderr, "ll_sim: failed: %s (line %d)\n", #cond, __LINE__); \
-        }                                                                           \
-    } while (0)
 #define S_NEAR(a, b) (fabs((double) (a) - (double) (b)) < 1e-6 * (1 + fabs((double) (b))))
     ll_cost_t c;
     char err[256];

@@ -20,15 +20,7 @@
 #include "base/ll_clock.h"
 #include "base/ll_log.h"
 #include "store/ll_redis_server.h"
-
-#define S_CHECK(cond)                                                                         \
-    do {                                                                                      \
-        if (!(cond)) {                                                                        \
-            fprintf(stderr, "ll_redis selftest: %s:%d: %s failed (%s)\n", __FILE__, __LINE__, \
-                    #cond, err[0] ? err : (r && r->err[0] ? r->err : ""));                    \
-            goto fail;                                                                        \
-        }                                                                                     \
-    } while (0)
+#include "base/ll_check.h"
 
 /* Whether REPLY is the string WANT (and free it). */
 static bool s_reply_is(redisReply *reply, int type, const char *want)
@@ -74,15 +66,6 @@ static long long s_try_commit(ll_redis_t *r, ll_redis_t *other)
 
 /* The checks of the self-test below, on connection R to the server on
  * SOCK in DIR: true when they all pass (a failure is printed). */
-#define T_CHECK(cond)                                                                         \
-    do {                                                                                      \
-        if (!(cond)) {                                                                        \
-            fprintf(stderr, "ll_redis selftest: %s:%d: %s failed (%s)\n", __FILE__, __LINE__, \
-                    #cond, r->err);                                                           \
-            return false;                                                                     \
-        }                                                                                     \
-    } while (0)
-
 static bool s_selftest_acl(ll_redis_t *r, const char *sock)
 {
     /* ACL: nobody gets in without logging in (the default user is off); the
@@ -97,13 +80,16 @@ static bool s_selftest_acl(ll_redis_t *r, const char *sock)
         freeReplyObject(no);
     if (anon)
         redisFree(anon);
-    T_CHECK(refused);
-    T_CHECK(s_reply_is(ll_redis_cmdf(r, "FLUSHALL"), REDIS_REPLY_ERROR, NULL));
-    T_CHECK(s_reply_is(ll_redis_cmdf(r, "CONFIG SET appendonly no"), REDIS_REPLY_ERROR, NULL));
-    T_CHECK(s_reply_is(ll_redis_cmdf(r, "SET other 1"), REDIS_REPLY_ERROR, NULL));
-    T_CHECK(s_reply_is(ll_redis_cmdf(r, "GET ll:t:k"), REDIS_REPLY_STRING, "v"));
-
+    S_REQUIRE(refused, fail);
+    S_REQUIRE(s_reply_is(ll_redis_cmdf(r, "FLUSHALL"), REDIS_REPLY_ERROR, NULL), fail);
+    S_REQUIRE(s_reply_is(ll_redis_cmdf(r, "CONFIG SET appendonly no"), REDIS_REPLY_ERROR, NULL),
+              fail);
+    S_REQUIRE(s_reply_is(ll_redis_cmdf(r, "SET other 1"), REDIS_REPLY_ERROR, NULL), fail);
+    S_REQUIRE(s_reply_is(ll_redis_cmdf(r, "GET ll:t:k"), REDIS_REPLY_STRING, "v"), fail);
     return true;
+fail:
+    fprintf(stderr, "ll_redis selftest: last error: %s\n", ll_redis_errstr(r));
+    return false;
 }
 
 static bool s_selftest_waits(ll_redis_t *r, const char *dir)
@@ -112,7 +98,7 @@ static bool s_selftest_waits(ll_redis_t *r, const char *dir)
      * unavailable, and every later command of the call fails at once; the
      * next call, once the server runs again, reconnects. */
     pid_t spid = ll_redis_server_pid(dir);
-    T_CHECK(spid > 0);
+    S_REQUIRE(spid > 0, fail);
     r->timeout_ms = 300;
     ll_redis_begin(r);
     kill(spid, SIGSTOP);
@@ -121,21 +107,21 @@ static bool s_selftest_waits(ll_redis_t *r, const char *dir)
     double waited = ll_clock_ms() - t0;
     redisReply *after = ll_redis_cmdf(r, "PING");
     kill(spid, SIGCONT);
-    T_CHECK(!stalled && !after && ll_redis_failure(r) == LL_REDIS_UNAVAILABLE);
-    T_CHECK(waited >= 250 && waited < 3000 && strstr(ll_redis_errstr(r), "did not answer"));
+    S_REQUIRE(!stalled && !after && ll_redis_failure(r) == LL_REDIS_UNAVAILABLE, fail);
+    S_REQUIRE(waited >= 250 && waited < 3000 && strstr(ll_redis_errstr(r), "did not answer"), fail);
     r->timeout_ms = 10000;
     ll_redis_begin(r);
-    T_CHECK(s_reply_is(ll_redis_cmdf(r, "PING"), REDIS_REPLY_STATUS, "PONG"));
+    S_REQUIRE(s_reply_is(ll_redis_cmdf(r, "PING"), REDIS_REPLY_STATUS, "PONG"), fail);
 
     /* An interrupt (the cancel fd) ends a wait at once; one from before
      * the call is not for it (drained). */
     int ifd[2] = {-1, -1};
-    T_CHECK(pipe2(ifd, O_NONBLOCK | O_CLOEXEC) == 0);
+    S_REQUIRE(pipe2(ifd, O_NONBLOCK | O_CLOEXEC) == 0, fail);
     ll_redis_set_cancel(r, ifd[0], true, NULL, NULL);
     bool wrote = write(ifd[1], "i", 1) == 1;
     ll_redis_begin(r);
     redisReply *pong = ll_redis_cmdf(r, "PING");
-    T_CHECK(wrote && s_reply_is(pong, REDIS_REPLY_STATUS, "PONG"));
+    S_REQUIRE(wrote && s_reply_is(pong, REDIS_REPLY_STATUS, "PONG"), fail);
     kill(spid, SIGSTOP);
     wrote = write(ifd[1], "i", 1) == 1;
     t0 = ll_clock_ms();
@@ -145,11 +131,15 @@ static bool s_selftest_waits(ll_redis_t *r, const char *dir)
     ll_redis_set_cancel(r, -1, false, NULL, NULL);
     close(ifd[0]);
     close(ifd[1]);
-    T_CHECK(wrote && !stalled && ll_redis_failure(r) == LL_REDIS_CANCELLED && waited < 1000 &&
-            strstr(ll_redis_errstr(r), "interrupted"));
+    S_REQUIRE(wrote && !stalled && ll_redis_failure(r) == LL_REDIS_CANCELLED && waited < 1000 &&
+                  strstr(ll_redis_errstr(r), "interrupted"),
+              fail);
     ll_redis_begin(r);
-    T_CHECK(s_reply_is(ll_redis_cmdf(r, "PING"), REDIS_REPLY_STATUS, "PONG"));
+    S_REQUIRE(s_reply_is(ll_redis_cmdf(r, "PING"), REDIS_REPLY_STATUS, "PONG"), fail);
     return true;
+fail:
+    fprintf(stderr, "ll_redis selftest: last error: %s\n", ll_redis_errstr(r));
+    return false;
 }
 
 int ll_redis_selftest(bool verbose)
@@ -165,48 +155,54 @@ int ll_redis_selftest(bool verbose)
     }
 
     /* What fails without a server, and fails at once. */
-    S_CHECK(!ll_redis_connect("tcp://localhost:6379", err, sizeof err) &&
-            strstr(err, "bad Redis URL"));
-    S_CHECK(!ll_redis_connect("redis://localhost:0", err, sizeof err) && strstr(err, "port"));
-    S_CHECK(!ll_redis_connect("redis://localhost:12x", err, sizeof err) && strstr(err, "port"));
+    S_REQUIRE(!ll_redis_connect("tcp://localhost:6379", err, sizeof err) &&
+                  strstr(err, "bad Redis URL"),
+              fail);
+    S_REQUIRE(!ll_redis_connect("redis://localhost:0", err, sizeof err) && strstr(err, "port"),
+              fail);
+    S_REQUIRE(!ll_redis_connect("redis://localhost:12x", err, sizeof err) && strstr(err, "port"),
+              fail);
     snprintf(url, sizeof url, "unix://%s/none.sock", dir);
-    S_CHECK(!ll_redis_connect(url, err, sizeof err) &&
-            strstr(err, "cannot connect to Redis at unix://"));
-    S_CHECK(ll_redis_stop(dir, err, sizeof err) == 0); /* none runs */
-    snprintf(path, sizeof path, "%s/%0110d", dir, 0);  /* no room for "/redis.sock" */
-    S_CHECK(!ll_redis_start(path, NULL, &started, err, sizeof err) && strstr(err, "too long"));
+    S_REQUIRE(!ll_redis_connect(url, err, sizeof err) &&
+                  strstr(err, "cannot connect to Redis at unix://"),
+              fail);
+    S_REQUIRE(ll_redis_stop(dir, err, sizeof err) == 0, fail); /* none runs */
+    snprintf(path, sizeof path, "%s/%0110d", dir, 0);          /* no room for "/redis.sock" */
+    S_REQUIRE(!ll_redis_start(path, NULL, &started, err, sizeof err) && strstr(err, "too long"),
+              fail);
     err[0] = 0;
 
     /* A private server; a second start finds it answering. */
     sock = ll_redis_start(dir, NULL, &started, err, sizeof err);
     server = sock != NULL;
-    S_CHECK(sock && started);
+    S_REQUIRE(sock && started, fail);
     again = ll_redis_start(dir, NULL, &started, err, sizeof err);
-    S_CHECK(again && !started && strcmp(again, sock) == 0);
+    S_REQUIRE(again && !started && strcmp(again, sock) == 0, fail);
     snprintf(url, sizeof url, "unix://%s", sock);
     r = ll_redis_connect(url, err, sizeof err);
-    S_CHECK(r && ll_redis_connected(r) && strcmp(ll_redis_url(r), url) == 0);
+    S_REQUIRE(r && ll_redis_connected(r) && strcmp(ll_redis_url(r), url) == 0, fail);
     r2 = ll_redis_connect(sock, err, sizeof err); /* a bare socket path */
-    S_CHECK(r2);
+    S_REQUIRE(r2, fail);
     ll_redis_begin(r); /* (every call of the store begins so; here, one per step) */
     ll_redis_begin(r2);
 
     /* Replies, error replies returned as such, numbers. */
-    S_CHECK(s_reply_is(ll_redis_cmdf(r, "SET ll:t:k %s", "v"), REDIS_REPLY_STATUS, "OK"));
-    S_CHECK(s_reply_is(ll_redis_cmdf(r, "INCR ll:t:k"), REDIS_REPLY_ERROR, NULL));
+    S_REQUIRE(s_reply_is(ll_redis_cmdf(r, "SET ll:t:k %s", "v"), REDIS_REPLY_STATUS, "OK"), fail);
+    S_REQUIRE(s_reply_is(ll_redis_cmdf(r, "INCR ll:t:k"), REDIS_REPLY_ERROR, NULL), fail);
     const char *argv[] = {"SET", "ll:t:bin"};
     size_t lens[] = {3, 8};
     ll_redis_argv_t a = {0};
-    S_CHECK(ll_redis_argn(&a, argv[0], lens[0]) == 0 && ll_redis_arg(&a, argv[1]) == 0 &&
-            ll_redis_argn(&a, "a\0b", 3) == 0 && a.argc == 3);
+    S_REQUIRE(ll_redis_argn(&a, argv[0], lens[0]) == 0 && ll_redis_arg(&a, argv[1]) == 0 &&
+                  ll_redis_argn(&a, "a\0b", 3) == 0 && a.argc == 3,
+              fail);
     redisReply *x = ll_redis_cmd(r, a.argc, a.argv, a.lens);
     ll_redis_argv_free(&a);
-    S_CHECK(a.argc == 0 && a.argv == NULL && s_reply_is(x, REDIS_REPLY_STATUS, "OK"));
+    S_REQUIRE(a.argc == 0 && a.argv == NULL && s_reply_is(x, REDIS_REPLY_STATUS, "OK"), fail);
     x = ll_redis_cmdf(r, "STRLEN ll:t:bin");
-    S_CHECK(ll_redis_u64(x) == 3);
+    S_REQUIRE(ll_redis_u64(x) == 3, fail);
     freeReplyObject(x);
     x = ll_redis_cmdf(r, "GET ll:t:k");
-    S_CHECK(ll_redis_u64(x) == 0 && ll_redis_u64(NULL) == 0); /* "v" is no number */
+    S_REQUIRE(ll_redis_u64(x) == 0 && ll_redis_u64(NULL) == 0, fail); /* "v" is no number */
     freeReplyObject(x);
 
     /* WATCH/EXEC: overtaken between WATCH and EXEC, EXEC says nil and
@@ -215,52 +211,59 @@ int ll_redis_selftest(bool verbose)
     int attempts = 0;
     while (got <= 0 && attempts < 3)
         got = s_try_commit(r, attempts++ == 0 ? r2 : NULL);
-    S_CHECK(got == 2 && attempts == 2); /* 0, the other's INCR made 1, ours 2 */
+    S_REQUIRE(got == 2 && attempts == 2, fail); /* 0, the other's INCR made 1, ours 2 */
 
     ll_redis_begin(r);
     ll_redis_begin(r2);
     /* The connection cut right after sending (drop_after_exec): the reply
      * is lost, the command ran; the next call reconnects by itself. */
-    S_CHECK(ll_redis_append(r, 3, (const char *[]){"SET", "ll:t:dropped", "yes"},
-                            (const size_t[]){3, 12, 3}) == 0);
+    S_REQUIRE(ll_redis_append(r, 3, (const char *[]){"SET", "ll:t:dropped", "yes"},
+                              (const size_t[]){3, 12, 3}) == 0,
+              fail);
     ll_redis_fault_drop(r);
-    S_CHECK(ll_redis_reply(r) == NULL && !ll_redis_connected(r) && ll_redis_errstr(r)[0]);
-    S_CHECK(ll_redis_append(r, 1, (const char *[]){"PING"}, (const size_t[]){4}) == -1);
+    S_REQUIRE(ll_redis_reply(r) == NULL && !ll_redis_connected(r) && ll_redis_errstr(r)[0], fail);
+    S_REQUIRE(ll_redis_append(r, 1, (const char *[]){"PING"}, (const size_t[]){4}) == -1, fail);
     bool seen = false;
     for (double until = ll_clock_ms() + 2000; !seen && ll_clock_ms() < until;) {
         seen = s_reply_is(ll_redis_cmdf(r2, "GET ll:t:dropped"), REDIS_REPLY_STRING, "yes");
         if (!seen)
             poll(NULL, 0, 1); /* 1 ms, then look again */
     }
-    S_CHECK(seen);
-    S_CHECK(ll_redis_ensure(r) == 0 && ll_redis_connected(r) && ll_redis_reconnects(r) == 1);
+    S_REQUIRE(seen, fail);
+    S_REQUIRE(ll_redis_ensure(r) == 0 && ll_redis_connected(r) && ll_redis_reconnects(r) == 1,
+              fail);
     ll_redis_reset(r); /* a reset connection: the next command reconnects */
-    S_CHECK(!ll_redis_connected(r));
-    S_CHECK(s_reply_is(ll_redis_cmdf(r, "PING"), REDIS_REPLY_STATUS, "PONG"));
-    S_CHECK(ll_redis_reconnects(r) == 2);
+    S_REQUIRE(!ll_redis_connected(r), fail);
+    S_REQUIRE(s_reply_is(ll_redis_cmdf(r, "PING"), REDIS_REPLY_STATUS, "PONG"), fail);
+    S_REQUIRE(ll_redis_reconnects(r) == 2, fail);
 
     ll_redis_begin(r);
     /* The server restarts: acknowledged writes come back (append-only file),
      * and both connections find the new server on their next command. */
-    S_CHECK(ll_redis_stop(dir, err, sizeof err) == 1);
+    S_REQUIRE(ll_redis_stop(dir, err, sizeof err) == 1, fail);
     server = false;
-    S_CHECK(ll_redis_stop(dir, err, sizeof err) == 0);
+    S_REQUIRE(ll_redis_stop(dir, err, sizeof err) == 0, fail);
     free(sock);
     sock = ll_redis_start(dir, NULL, &started, err, sizeof err);
     server = sock != NULL;
-    S_CHECK(sock && started);
+    S_REQUIRE(sock && started, fail);
     ll_redis_begin(r);
     ll_redis_begin(r2);
-    S_CHECK(s_reply_is(ll_redis_cmdf(r, "GET ll:t:k"), REDIS_REPLY_STRING, "v"));
-    S_CHECK(ll_redis_reconnects(r) == 3);
-    S_CHECK(s_try_commit(r2, NULL) == 3 && ll_redis_reconnects(r2) == 1);
+    S_REQUIRE(s_reply_is(ll_redis_cmdf(r, "GET ll:t:k"), REDIS_REPLY_STRING, "v"), fail);
+    S_REQUIRE(ll_redis_reconnects(r) == 3, fail);
+    S_REQUIRE(s_try_commit(r2, NULL) == 3 && ll_redis_reconnects(r2) == 1, fail);
 
-    S_CHECK(s_selftest_acl(r, sock));
-    S_CHECK(s_selftest_waits(r, dir));
+    S_REQUIRE(s_selftest_acl(r, sock), fail);
+    S_REQUIRE(s_selftest_waits(r, dir), fail);
     if (verbose)
         printf("(redis in %s) ", dir);
     rc = 0;
 fail:
+    if (rc != 0) /* what the failed check's call said */
+        fprintf(stderr, "ll_redis selftest: last error: %s\n",
+                err[0] ? err
+                : r    ? ll_redis_errstr(r)
+                       : "");
     ll_redis_destroy(&r);
     ll_redis_destroy(&r2);
     free(sock);

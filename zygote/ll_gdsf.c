@@ -1,6 +1,7 @@
 /* ll_gdsf: GreedyDual eviction of idle warm workers (see ll_gdsf.h).  Used by
  * the host pool's one thread; a few dozen entries, so a plain array. */
 #include "zygote/ll_gdsf.h"
+#include "base/ll_check.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -163,14 +164,6 @@ bool ll_gdsf_speculative(const ll_gdsf_t *self, int key, double now_ms)
 int ll_gdsf_selftest(bool verbose)
 {
     int fails = 0;
-#define S_CHECK(cond)                                                                \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            fails++;                                                                 \
-            if (verbose)                                                             \
-                fprintf(stderr, "ll_gdsf: failed: %s (line %d)\n", #cond, __LINE__); \
-        }                                                                            \
-    } while (0)
     const double win = 10000.0; /* speculation window: 10 s */
     double t = 0, l = 0;
 
@@ -299,7 +292,6 @@ int ll_gdsf_selftest(bool verbose)
     ll_gdsf_set_idle(g, 99, true); /* unknown: ignored */
     ll_gdsf_remove(g, 99);
     ll_gdsf_destroy(&g);
-#undef S_CHECK
     if (verbose)
         fprintf(stderr, "ll_gdsf: %s\n", fails ? "FAILED" : "ok");
     return fails ? 1 : 0;

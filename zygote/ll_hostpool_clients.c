@@ -6,6 +6,7 @@
  * Run by the pool's one thread. */
 #include "zygote/ll_hostpool_internal.h"
 #include "base/ll_log.h"
+#include "base/ll_check.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -82,14 +83,6 @@ void ll_hostpool_send(ll_hostpool_t *pool, int c, json_t *msg)
 int ll_hostpool_clients_selftest(bool verbose)
 {
     int fails = 0;
-#define S_CHECK(cond)                                                                            \
-    do {                                                                                         \
-        if (!(cond)) {                                                                           \
-            fails++;                                                                             \
-            if (verbose)                                                                         \
-                fprintf(stderr, "ll_hostpool_clients: failed: %s (line %d)\n", #cond, __LINE__); \
-        }                                                                                        \
-    } while (0)
     ll_hostpool_t *pool = calloc(1, sizeof *pool);
     int sv[2];
     S_CHECK(pool && socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) == 0);
@@ -139,7 +132,6 @@ int ll_hostpool_clients_selftest(bool verbose)
     close(sv[0]);
     free(pool->clients[0].out);
     free(pool);
-#undef S_CHECK
     if (verbose)
         fprintf(stderr, "ll_hostpool_clients: %s\n", fails ? "FAILED" : "ok");
     return fails ? 1 : 0;

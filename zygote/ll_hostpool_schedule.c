@@ -12,6 +12,7 @@
 #include "zygote/ll_hostpool_internal.h"
 #include "base/ll_clock.h"
 #include "base/ll_log.h"
+#include "base/ll_check.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -295,14 +296,6 @@ void ll_hostpool_schedule(ll_hostpool_t *pool)
 int ll_hostpool_schedule_selftest(bool verbose)
 {
     int fails = 0;
-#define S_CHECK(cond)                                                                             \
-    do {                                                                                          \
-        if (!(cond)) {                                                                            \
-            fails++;                                                                              \
-            if (verbose)                                                                          \
-                fprintf(stderr, "ll_hostpool_schedule: failed: %s (line %d)\n", #cond, __LINE__); \
-        }                                                                                         \
-    } while (0)
     /* A cell's closure grows by what it defined, not what it deleted; its
      * code goes; the rest of the request stays. */
     json_t *cell = json_pack("{s:s, s:s, s:[s], s:[s, s, s], s:[s], s:[s]}", "id", "c1", "code",
@@ -328,7 +321,6 @@ int ll_hostpool_schedule_selftest(bool verbose)
     json_decref(pf);
     json_decref(cell);
     json_decref(want);
-#undef S_CHECK
     if (verbose)
         fprintf(stderr, "ll_hostpool_schedule: %s\n", fails ? "FAILED" : "ok");
     return fails ? 1 : 0;
