@@ -80,8 +80,9 @@ typedef struct {
     unsigned long long oom_kills; /* the host's OOM kills when the job went to its worker */
 } ll_hostpool_run_t;
 
-/* A home worker that went (ll_hostpool_jobs.c, s_tell_gone): its session's
- * next workers are told, so a cell reading what it held names why. */
+/* A home worker that went (ll_hostpool_tell_gone, ll_hostpool_homes.c):
+ * its session's next workers are told, so a cell reading what it held
+ * names why. */
 #define LL_HOSTPOOL_GONE 32
 typedef struct {
     int client;       /* its client (-1: entry unused) */
