@@ -7,8 +7,8 @@ import re
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HEADER = "base/ll_check.h"
-# A check macro of a self-test: S_CHECK, S_REQUIRE, or the like under another prefix (T_CHECK, X_CHECK).
-DEFINE = re.compile(r"^\s*#\s*define\s+([A-Z]_(?:CHECK|REQUIRE))\b", re.M)
+# A check macro of a self-test: S_CHECK, S_REQUIRE, or the like under another prefix or none (T_CHECK, CHECK).
+DEFINE = re.compile(r"^\s*#\s*define\s+((?:[A-Z]_)?(?:CHECK|REQUIRE))\b", re.M)
 
 
 def _module_c_files(repo):
