@@ -5,7 +5,7 @@ ANALYSIS_SRCS := analysis/ll_analysis.c analysis/ll_analysis_ast.c analysis/ll_a
                  analysis/ll_analysis_magic.c analysis/ll_analysis_modules.c \
                  analysis/ll_analysis_names.c analysis/ll_analysis_replay.c \
                  analysis/ll_analysis_scope.c analysis/ll_analysis_session.c analysis/ll_analysis_walk.c \
-                 analysis/ll_analysis_walk_call.c analysis/ll_analysis_walk_state.c \
+                 analysis/ll_analysis_walk_state.c \
                  analysis/ll_analyze_cli.c analysis/ll_draft.c
 LIB_SRCS  += $(ANALYSIS_SRCS)
 TEST_SRCS += analysis/ll_analysis_selftest.c

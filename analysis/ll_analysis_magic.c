@@ -13,6 +13,7 @@
  * not in the table, or one whose effect is unknown (%run, %reset, %who, ...),
  * makes the cell opaque: its closure is then everything live. */
 #include "analysis/ll_analysis_internal.h"
+#include "base/ll_check.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -301,14 +302,6 @@ static int s_st_bind(void *ctx, const char *name)
 int ll_analysis_magic_selftest(bool verbose)
 {
     int fails = 0;
-#define S_CHECK(cond)                                                                          \
-    do {                                                                                       \
-        if (!(cond)) {                                                                         \
-            fails++;                                                                           \
-            if (verbose)                                                                       \
-                fprintf(stderr, "ll_analysis_magic: failed: %s (line %d)\n", #cond, __LINE__); \
-        }                                                                                      \
-    } while (0)
 #define S_SEEN(log, i, text) ((log).n > (i) && strcmp((log).seen[i], text) == 0)
     /* The table. */
     const ll_magic_t *m = ll_magic_find("timeit");
@@ -380,6 +373,5 @@ int ll_analysis_magic_selftest(bool verbose)
     ll_magic_object("*int*", buf, sizeof buf);
     S_CHECK(strcmp(buf, "*int*") == 0);
 #undef S_SEEN
-#undef S_CHECK
     return fails ? 1 : 0;
 }

@@ -12,6 +12,7 @@
  * its submodules, never a mere prefix ("torchx" is not "torch"). */
 #include "analysis/ll_analysis.h"
 #include "analysis/ll_analysis_internal.h"
+#include "base/ll_check.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -137,14 +138,6 @@ const char *ll_analysis_package_of(const char *path, char *buf, size_t buflen)
 int ll_analysis_modules_selftest(bool verbose)
 {
     int fails = 0;
-#define S_CHECK(cond)                                                                            \
-    do {                                                                                         \
-        if (!(cond)) {                                                                           \
-            fails++;                                                                             \
-            if (verbose)                                                                         \
-                fprintf(stderr, "ll_analysis_modules: failed: %s (line %d)\n", #cond, __LINE__); \
-        }                                                                                        \
-    } while (0)
     /* A package matches itself and its submodules, not a longer name. */
     S_CHECK(ll_analysis_is_gpu_module("torch"));
     S_CHECK(ll_analysis_is_gpu_module("torch.nn.functional"));
@@ -198,6 +191,5 @@ int ll_analysis_modules_selftest(bool verbose)
     S_CHECK(ll_analysis_package_of("averyveryverylongname.x", buf, sizeof buf) == NULL);
     S_CHECK(ll_analysis_package_of("exactly15chars_", buf, sizeof buf) != NULL);
     S_CHECK(ll_analysis_package_of("exactly16chars__", buf, sizeof buf) == NULL);
-#undef S_CHECK
     return fails ? 1 : 0;
 }

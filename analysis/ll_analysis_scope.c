@@ -12,6 +12,7 @@
  * scopes but skips class bodies (a method does not see its class's
  * attributes); at module level every name is global. */
 #include "analysis/ll_analysis_internal.h"
+#include "base/ll_check.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -118,14 +119,6 @@ static void s_st_names(ll_names_t *set, const char *csv)
 int ll_analysis_scope_selftest(bool verbose)
 {
     int fails = 0;
-#define S_CHECK(cond)                                                                          \
-    do {                                                                                       \
-        if (!(cond)) {                                                                         \
-            fails++;                                                                           \
-            if (verbose)                                                                       \
-                fprintf(stderr, "ll_analysis_scope: failed: %s (line %d)\n", #cond, __LINE__); \
-        }                                                                                      \
-    } while (0)
     /* module
      *   class C:        attr = ...
      *     def m(self):  global g; v = ...; nonlocal-free names
@@ -208,6 +201,5 @@ int ll_analysis_scope_selftest(bool verbose)
     S_CHECK(!ll_blocks_encloses(&b, else_body, last));
     ll_blocks_free(&b);
     S_CHECK(b.count == 0 && b.parent == NULL);
-#undef S_CHECK
     return fails ? 1 : 0;
 }

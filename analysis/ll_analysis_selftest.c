@@ -8,6 +8,7 @@
 #include <Python.h>
 
 #include "analysis/ll_analysis.h"
+#include "base/ll_check.h"
 #include "analysis/ll_analysis_internal.h"
 #include "kernel/ll_interp.h"
 
@@ -18,16 +19,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
-static int s_failures;
 static bool s_verbose;
-
-#define CHECK(cond)                                                                    \
-    do {                                                                               \
-        if (!(cond)) {                                                                 \
-            fprintf(stderr, "\n  %s:%d: check failed: %s", __FILE__, __LINE__, #cond); \
-            s_failures++;                                                              \
-        }                                                                              \
-    } while (0)
 
 /* "a,b,c" (sorted or in order) equals the list. */
 static bool s_same(ll_analysis_strs_t l, const char *expect)
@@ -63,25 +55,28 @@ static ll_analysis_t *s_new(const char *code)
     return a;
 }
 
-static void s_test_names(void)
+static int s_test_names(void)
 {
+    int fails = 0;
     ll_names_t n = {0};
     char buf[32];
     for (int i = 0; i < 1000; i++) {
         snprintf(buf, sizeof buf, "n%d", i % 500);
-        CHECK(ll_names_add(&n, buf) == (i < 500 ? 1 : 0));
+        S_CHECK(ll_names_add(&n, buf) == (i < 500 ? 1 : 0));
     }
-    CHECK(n.count == 500);
-    CHECK(ll_names_has(&n, "n499") && !ll_names_has(&n, "n500"));
+    S_CHECK(n.count == 500);
+    S_CHECK(ll_names_has(&n, "n499") && !ll_names_has(&n, "n500"));
     ll_names_remove(&n, "n3");
-    CHECK(n.count == 499 && !ll_names_has(&n, "n3") && ll_names_has(&n, "n4"));
-    CHECK(ll_names_find(&n, "n4") == 3);
+    S_CHECK(n.count == 499 && !ll_names_has(&n, "n3") && ll_names_has(&n, "n4"));
+    S_CHECK(ll_names_find(&n, "n4") == 3);
     ll_names_clear(&n);
-    CHECK(n.count == 0 && !ll_names_has(&n, "n4"));
+    S_CHECK(n.count == 0 && !ll_names_has(&n, "n4"));
+    return fails;
 }
 
-static void s_test_facts(void)
+static int s_test_facts(void)
 {
+    int fails = 0;
     ll_analysis_t *a = s_new("import numpy as np\n"
                              "from os import path as p\n"
                              "x = np.zeros(3) + y\n"
@@ -95,26 +90,27 @@ static void s_test_facts(void)
                              "        return attr + u\n"
                              "x.shape = 3\n"
                              "lst[0] = f(1)\n");
-    CHECK(a && !ll_analysis_error(a));
+    S_CHECK(a && !ll_analysis_error(a));
     if (!a)
-        return;
-    CHECK(s_same(ll_analysis_defs(a), "np,p,x,f,C"));
+        return fails;
+    S_CHECK(s_same(ll_analysis_defs(a), "np,p,x,f,C"));
     /* f(1) is called: its globals w, k are read too (g is assigned). */
-    CHECK(s_same(ll_analysis_reads(a), "y,z,Base,v,lst,w,k"));
-    CHECK(s_same(ll_analysis_mutates(a), "x,lst"));
-    CHECK(s_same(ll_analysis_imports(a), "numpy,os"));
-    CHECK(ll_analysis_function_count(a) == 2);
-    CHECK(s_same(ll_analysis_function_globals(a, 0), "w,k"));
+    S_CHECK(s_same(ll_analysis_reads(a), "y,z,Base,v,lst,w,k"));
+    S_CHECK(s_same(ll_analysis_mutates(a), "x,lst"));
+    S_CHECK(s_same(ll_analysis_imports(a), "numpy,os"));
+    S_CHECK(ll_analysis_function_count(a) == 2);
+    S_CHECK(s_same(ll_analysis_function_globals(a, 0), "w,k"));
     /* class attributes are invisible to methods: attr is a global read */
-    CHECK(s_same(ll_analysis_function_globals(a, 1), "attr,u"));
-    CHECK(ll_analysis_function_is_class(a, 1));
-    CHECK(!ll_analysis_is_opaque(a));
+    S_CHECK(s_same(ll_analysis_function_globals(a, 1), "attr,u"));
+    S_CHECK(ll_analysis_function_is_class(a, 1));
+    S_CHECK(!ll_analysis_is_opaque(a));
     json_t *j = ll_analysis_json(a);
-    CHECK(j && json_array_size(json_object_get(j, "defs")) == 5);
+    S_CHECK(j && json_array_size(json_object_get(j, "defs")) == 5);
     json_decref(j);
     ll_analysis_destroy(&a);
-    CHECK(a == NULL);
+    S_CHECK(a == NULL);
     ll_analysis_destroy(&a); /* safe twice */
+    return fails;
 }
 
 static const char *s_paper[] = {
@@ -150,39 +146,40 @@ static const char *s_paper[] = {
     "trainer.train()\n",
 };
 
-static void s_test_paper(void)
+static int s_test_paper(void)
 {
+    int fails = 0;
     ll_analysis_session_t *s = ll_analysis_session_new();
-    CHECK(s);
+    S_CHECK(s);
     if (!s)
-        return;
+        return fails;
     ll_analysis_closure_t *c5 = NULL;
     for (size_t i = 0; i < 5; i++) {
         ll_analysis_t *a = s_new(s_paper[i]);
-        CHECK(a && !ll_analysis_error(a));
+        S_CHECK(a && !ll_analysis_error(a));
         if (!a)
             break;
         ll_analysis_closure_t *c = ll_analysis_session_closure(s, a);
-        CHECK(c);
+        S_CHECK(c);
         if (i == 0 && c) /* imports alone use nothing: CPU */
-            CHECK(ll_analysis_closure_label(c) == LL_ANALYSIS_CPU);
+            S_CHECK(ll_analysis_closure_label(c) == LL_ANALYSIS_CPU);
         if (i == 4)
             c5 = c;
         else
             ll_analysis_closure_destroy(&c);
-        CHECK(ll_analysis_session_record(s, a) == 0);
+        S_CHECK(ll_analysis_session_record(s, a) == 0);
         ll_analysis_destroy(&a);
     }
-    CHECK(c5);
+    S_CHECK(c5);
     if (c5) {
-        CHECK(s_same(ll_analysis_closure_state(c5),
-                     "tokenizer,train_ds,val_ds,model,args,compute_map3,rank_w"));
-        CHECK(s_same(ll_analysis_closure_imports(c5), "datasets,transformers,torch,numpy"));
-        CHECK(ll_analysis_closure_label(c5) == LL_ANALYSIS_GPU);
-        CHECK(!ll_analysis_closure_is_opaque(c5));
-        CHECK(ll_analysis_closure_live_count(c5) == 10);
-        CHECK(s_same(ll_analysis_closure_import_stmts(c5),
-                     "from transformers import Trainer,import numpy as np"));
+        S_CHECK(s_same(ll_analysis_closure_state(c5),
+                       "tokenizer,train_ds,val_ds,model,args,compute_map3,rank_w"));
+        S_CHECK(s_same(ll_analysis_closure_imports(c5), "datasets,transformers,torch,numpy"));
+        S_CHECK(ll_analysis_closure_label(c5) == LL_ANALYSIS_GPU);
+        S_CHECK(!ll_analysis_closure_is_opaque(c5));
+        S_CHECK(ll_analysis_closure_live_count(c5) == 10);
+        S_CHECK(s_same(ll_analysis_closure_import_stmts(c5),
+                       "from transformers import Trainer,import numpy as np"));
         ll_analysis_closure_destroy(&c5);
     }
     /* A later cell that only uses the trainer still needs compute_map3's
@@ -190,67 +187,71 @@ static void s_test_paper(void)
      * datasets, which may hold the function they were mapped with). */
     ll_analysis_t *a = s_new("trainer.evaluate()\n");
     ll_analysis_closure_t *c = a ? ll_analysis_session_closure(s, a) : NULL;
-    CHECK(c && s_same(ll_analysis_closure_state(c), "trainer,rank_w,tokenizer"));
+    S_CHECK(c && s_same(ll_analysis_closure_state(c), "trainer,rank_w,tokenizer"));
     ll_analysis_closure_destroy(&c);
     ll_analysis_destroy(&a);
-    CHECK(ll_analysis_session_cells(s) == 5);
+    S_CHECK(ll_analysis_session_cells(s) == 5);
     ll_analysis_session_destroy(&s);
-    CHECK(s == NULL);
+    S_CHECK(s == NULL);
+    return fails;
 }
 
-static void s_test_session(void)
+static int s_test_session(void)
 {
+    int fails = 0;
     ll_analysis_session_t *s = ll_analysis_session_new();
     const char *cells[] = {"x = 1\ny = 2\n", "def f():\n    return x\n", "x = 5\ndel y\n",
                            "%%cpu\nz = f()\n"};
     for (size_t i = 0; i < 4; i++) {
         ll_analysis_t *a = s_new(cells[i]);
-        CHECK(a && ll_analysis_session_record(s, a) == 0);
+        S_CHECK(a && ll_analysis_session_record(s, a) == 0);
         ll_analysis_destroy(&a);
     }
-    CHECK(ll_analysis_session_live_count(s) == 3); /* x, f, z */
+    S_CHECK(ll_analysis_session_live_count(s) == 3); /* x, f, z */
     ll_analysis_t *a = s_new("%%gpu\nprint(z, y)\n");
     ll_analysis_closure_t *c = ll_analysis_session_closure(s, a);
     /* z was built by calling f, so it may hold code that reads x */
-    CHECK(c && s_same(ll_analysis_closure_state(c), "z,x"));
-    CHECK(c && ll_analysis_closure_label(c) == LL_ANALYSIS_GPU);
-    CHECK(ll_analysis_forced_label(a) == LL_ANALYSIS_GPU);
+    S_CHECK(c && s_same(ll_analysis_closure_state(c), "z,x"));
+    S_CHECK(c && ll_analysis_closure_label(c) == LL_ANALYSIS_GPU);
+    S_CHECK(ll_analysis_forced_label(a) == LL_ANALYSIS_GPU);
     ll_analysis_closure_destroy(&c);
     ll_analysis_destroy(&a);
     a = s_new("exec('print(x)')\n");
     c = ll_analysis_session_closure(s, a);
-    CHECK(c && ll_analysis_closure_is_opaque(c));
-    CHECK(c && s_same(ll_analysis_closure_state(c), "x,f,z"));
-    CHECK(c && !ll_analysis_closure_is_kernel_bound(c));
+    S_CHECK(c && ll_analysis_closure_is_opaque(c));
+    S_CHECK(c && s_same(ll_analysis_closure_state(c), "x,f,z"));
+    S_CHECK(c && !ll_analysis_closure_is_kernel_bound(c));
     ll_analysis_closure_destroy(&c);
     ll_analysis_destroy(&a);
     /* comm machinery keeps a cell in the kernel though it uses torch */
     a = s_new("import torch\nimport ipywidgets\nw = "
               "ipywidgets.IntSlider(max=int(torch.ones(3).sum()))\n");
     c = ll_analysis_session_closure(s, a);
-    CHECK(c && ll_analysis_closure_is_kernel_bound(c) &&
-          ll_analysis_closure_label(c) == LL_ANALYSIS_CPU);
+    S_CHECK(c && ll_analysis_closure_is_kernel_bound(c) &&
+            ll_analysis_closure_label(c) == LL_ANALYSIS_CPU);
     ll_analysis_closure_destroy(&c);
     ll_analysis_destroy(&a);
     ll_analysis_session_destroy(&s);
+    return fails;
 }
 
-static void s_test_bad_input(void)
+static int s_test_bad_input(void)
 {
+    int fails = 0;
     ll_analysis_t *a = ll_analysis_new("", 0);
-    CHECK(a && !ll_analysis_error(a) && ll_analysis_defs(a).count == 0);
+    S_CHECK(a && !ll_analysis_error(a) && ll_analysis_defs(a).count == 0);
     ll_analysis_destroy(&a);
 
     a = ll_analysis_new("x = 1\0y = 2", 11);
-    CHECK(a && ll_analysis_error(a) && strstr(ll_analysis_error(a), "null"));
+    S_CHECK(a && ll_analysis_error(a) && strstr(ll_analysis_error(a), "null"));
     ll_analysis_destroy(&a);
 
     a = s_new("x = '\xff\xfe'\n");
-    CHECK(a && ll_analysis_error(a));
+    S_CHECK(a && ll_analysis_error(a));
     ll_analysis_destroy(&a);
 
     a = s_new("def f(:\n");
-    CHECK(a && ll_analysis_error(a) && strstr(ll_analysis_error(a), "line 1"));
+    S_CHECK(a && ll_analysis_error(a) && strstr(ll_analysis_error(a), "line 1"));
     ll_analysis_destroy(&a);
 
     char *deep = malloc(1000);
@@ -264,7 +265,7 @@ static void s_test_bad_input(void)
             deep[n++] = ')';
         deep[n] = '\0';
         a = s_new(deep);
-        CHECK(a); /* a verdict or an error, not a crash */
+        S_CHECK(a); /* a verdict or an error, not a crash */
         ll_analysis_destroy(&a);
         free(deep);
     }
@@ -277,37 +278,39 @@ static void s_test_bad_input(void)
         for (size_t i = 0; n + 16 < big; i++)
             n += (size_t) sprintf(src + n, "v%zu = w + 1\n", i % 1000);
         a = ll_analysis_new(src, n);
-        CHECK(a && !ll_analysis_error(a));
-        CHECK(a && ll_analysis_defs(a).count == 1000);
+        S_CHECK(a && !ll_analysis_error(a));
+        S_CHECK(a && ll_analysis_defs(a).count == 1000);
         ll_analysis_destroy(&a);
         n = (size_t) sprintf(src, "x = 0");
         while (n + 8 < big)
             n += (size_t) sprintf(src + n, "+y");
         a = ll_analysis_new(src, n);
-        CHECK(a); /* RecursionError from CPython or from the walker */
+        S_CHECK(a); /* RecursionError from CPython or from the walker */
         ll_analysis_destroy(&a);
         free(src);
     }
+    return fails;
 }
 
-static void s_test_config_and_contracts(void)
+static int s_test_config_and_contracts(void)
 {
-    CHECK(ll_analysis_is_gpu_module("torch"));
-    CHECK(ll_analysis_is_gpu_module("torch.nn.functional"));
-    CHECK(ll_analysis_is_gpu_module("numba.cuda"));
-    CHECK(!ll_analysis_is_gpu_module("numba"));
-    CHECK(!ll_analysis_is_gpu_module("torchx")); /* a prefix is not a package */
-    CHECK(!ll_analysis_is_gpu_module("selftestgpu"));
-    CHECK(ll_analysis_gpu_add("selftestgpu") == 0);
-    CHECK(ll_analysis_gpu_add("") == -1);
-    CHECK(ll_analysis_is_gpu_module("selftestgpu.sub"));
+    int fails = 0;
+    S_CHECK(ll_analysis_is_gpu_module("torch"));
+    S_CHECK(ll_analysis_is_gpu_module("torch.nn.functional"));
+    S_CHECK(ll_analysis_is_gpu_module("numba.cuda"));
+    S_CHECK(!ll_analysis_is_gpu_module("numba"));
+    S_CHECK(!ll_analysis_is_gpu_module("torchx")); /* a prefix is not a package */
+    S_CHECK(!ll_analysis_is_gpu_module("selftestgpu"));
+    S_CHECK(ll_analysis_gpu_add("selftestgpu") == 0);
+    S_CHECK(ll_analysis_gpu_add("") == -1);
+    S_CHECK(ll_analysis_is_gpu_module("selftestgpu.sub"));
 
     ll_analysis_session_t *s = ll_analysis_session_new();
     ll_analysis_t *a = s_new("import selftestgpu\nselftestgpu.go()\n");
     ll_analysis_closure_t *c = ll_analysis_session_closure(s, a);
-    CHECK(c && ll_analysis_closure_label(c) == LL_ANALYSIS_GPU);
+    S_CHECK(c && ll_analysis_closure_label(c) == LL_ANALYSIS_GPU);
     json_t *j = c ? ll_analysis_closure_json(c) : NULL;
-    CHECK(j && strcmp(json_string_value(json_object_get(j, "label")), "gpu") == 0);
+    S_CHECK(j && strcmp(json_string_value(json_object_get(j, "label")), "gpu") == 0);
     json_decref(j);
     ll_analysis_closure_destroy(&c);
     ll_analysis_closure_destroy(&c); /* safe twice */
@@ -315,24 +318,25 @@ static void s_test_config_and_contracts(void)
 
     /* A cell that did not parse has no closure and records nothing. */
     a = s_new("def (:\n");
-    CHECK(a && ll_analysis_error(a));
-    CHECK(ll_analysis_session_closure(s, a) == NULL);
-    CHECK(ll_analysis_session_record(s, a) == 0);
-    CHECK(ll_analysis_session_cells(s) == 0);
-    CHECK(ll_analysis_defs(a).count == 0 && ll_analysis_reads(a).count == 0);
+    S_CHECK(a && ll_analysis_error(a));
+    S_CHECK(ll_analysis_session_closure(s, a) == NULL);
+    S_CHECK(ll_analysis_session_record(s, a) == 0);
+    S_CHECK(ll_analysis_session_cells(s) == 0);
+    S_CHECK(ll_analysis_defs(a).count == 0 && ll_analysis_reads(a).count == 0);
     j = ll_analysis_json(a);
-    CHECK(j && json_is_string(json_object_get(j, "error")));
+    S_CHECK(j && json_is_string(json_object_get(j, "error")));
     json_decref(j);
     ll_analysis_destroy(&a);
 
     a = s_new("def f():\n    return 1\n");
-    CHECK(ll_analysis_function_name(a, 1) == NULL);
-    CHECK(ll_analysis_function_globals(a, 7).count == 0);
-    CHECK(ll_analysis_session_record(NULL, a) == -1);
-    CHECK(ll_analysis_session_closure(NULL, a) == NULL);
+    S_CHECK(ll_analysis_function_name(a, 1) == NULL);
+    S_CHECK(ll_analysis_function_globals(a, 7).count == 0);
+    S_CHECK(ll_analysis_session_record(NULL, a) == -1);
+    S_CHECK(ll_analysis_session_closure(NULL, a) == NULL);
     ll_analysis_destroy(&a);
     ll_analysis_session_destroy(&s);
     ll_analysis_session_destroy(&s); /* safe twice */
+    return fails;
 }
 
 static int s_rm(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
@@ -346,8 +350,9 @@ static int s_rm(const char *path, const struct stat *sb, int flag, struct FTW *f
 /* In a running IPython shell (the kernel), cells are transformed by the
  * shell's own manager, so transformers an extension registered apply.  The
  * shell's profile lives in DIR (IPython writes to it until Py_Finalize). */
-static void s_test_shell_transformer(const char *dir)
+static int s_test_shell_transformer(const char *dir)
 {
+    int fails = 0;
     char script[1024];
     snprintf(script, sizeof script,
              "import os\n"
@@ -360,23 +365,24 @@ static void s_test_shell_transformer(const char *dir)
              "    lambda lines: [l.replace('%%llselftest', 'made = source') for l in lines])\n",
              dir);
     int rc = PyRun_SimpleString(script);
-    CHECK(rc == 0);
+    S_CHECK(rc == 0);
     ll_analysis_t *a = s_new("%llselftest\n");
-    CHECK(a && !ll_analysis_error(a));
-    CHECK(a && s_same(ll_analysis_defs(a), "made") && s_same(ll_analysis_reads(a), "source"));
-    CHECK(a && !ll_analysis_is_opaque(a));
+    S_CHECK(a && !ll_analysis_error(a));
+    S_CHECK(a && s_same(ll_analysis_defs(a), "made") && s_same(ll_analysis_reads(a), "source"));
+    S_CHECK(a && !ll_analysis_is_opaque(a));
     ll_analysis_destroy(&a);
     /* (the shell made itself __main__: nothing from the first script is
      * visible here) */
     rc = PyRun_SimpleString("from IPython.core.interactiveshell import InteractiveShell\n"
                             "InteractiveShell.clear_instance()\n");
-    CHECK(rc == 0);
+    S_CHECK(rc == 0);
+    return fails;
 }
 
 int ll_analysis_selftest(bool verbose)
 {
     s_verbose = verbose;
-    s_failures = 0;
+    int fails = 0;
     bool started = !Py_IsInitialized();
     char err[256];
     if (ll_interp_start_python("ll_selftest", err, sizeof err) != 0 ||
@@ -385,22 +391,22 @@ int ll_analysis_selftest(bool verbose)
         return 1;
     }
     PyGILState_STATE gil = PyGILState_Ensure();
-    s_test_names();
-    s_test_facts();
-    s_test_paper();
-    s_test_session();
-    s_test_bad_input();
-    s_test_config_and_contracts();
+    fails += s_test_names();
+    fails += s_test_facts();
+    fails += s_test_paper();
+    fails += s_test_session();
+    fails += s_test_bad_input();
+    fails += s_test_config_and_contracts();
     char dir[] = "/tmp/ll-analysis-selftest-XXXXXX";
     /* never install a shell in someone else's interpreter */
     bool shell = started && mkdtemp(dir) != NULL;
     if (shell)
-        s_test_shell_transformer(dir);
+        fails += s_test_shell_transformer(dir);
     ll_analysis_shutdown();
     PyGILState_Release(gil);
     if (started)
         Py_FinalizeEx();
     if (shell)
         nftw(dir, s_rm, 16, FTW_DEPTH | FTW_PHYS);
-    return s_failures ? 1 : 0;
+    return fails ? 1 : 0;
 }

@@ -11,6 +11,7 @@
  * When anything reached is opaque the closure is every live variable and
  * every live import: imprecision may cost time, never correctness. */
 #include "analysis/ll_analysis_replay.h"
+#include "base/ll_check.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -593,23 +594,13 @@ static bool s_st_reads(const char *script, const char *expect, bool verbose)
     return ok;
 }
 
-static int s_st_fails;
-static bool s_st_verbose;
-
-#define S_CHECK(cond)                                                                            \
-    do {                                                                                         \
-        if (!(cond)) {                                                                           \
-            s_st_fails++;                                                                        \
-            if (s_st_verbose)                                                                    \
-                fprintf(stderr, "ll_analysis_session: failed: %s (line %d)\n", #cond, __LINE__); \
-        }                                                                                        \
-    } while (0)
-#define S_IS(list, expect) s_st_is(list, expect, s_st_verbose)
+#define S_IS(list, expect) s_st_is(list, expect, verbose)
 
 /* What a cell reaches: functions' globals, values' held code, imports,
  * the label. */
-static void s_st_reach(ll_analysis_session_t *s)
+static int s_st_reach(ll_analysis_session_t *s, bool verbose)
 {
+    int fails = 0;
     ll_analysis_closure_t *c;
     /* Calling f needs f and what its body reads. */
     c = s_st_closure(s, "U; L f");
@@ -656,11 +647,13 @@ static void s_st_reach(ll_analysis_session_t *s)
     S_CHECK(c && ll_analysis_closure_is_kernel_bound(c) &&
             ll_analysis_closure_label(c) == LL_ANALYSIS_CPU);
     ll_analysis_closure_destroy(&c);
+    return fails;
 }
 
 /* The cell's own bindings, branches, in-place changes, global writes. */
-static void s_st_bindings(ll_analysis_session_t *s)
+static int s_st_bindings(ll_analysis_session_t *s, bool verbose)
 {
+    int fails = 0;
     ll_analysis_closure_t *c;
     /* The cell's own bindings hide the session's, unless made in a branch
      * that may not run; when every branch binds, the old value is gone. */
@@ -674,10 +667,10 @@ static void s_st_bindings(ll_analysis_session_t *s)
     c = s_st_closure(s, "U; L x; {; B y; }; {; B y; }; S y; U; L y");
     S_CHECK(c && S_IS(ll_analysis_closure_state(c), "x"));
     ll_analysis_closure_destroy(&c);
-    S_CHECK(s_st_reads("U; L c; {; B w; }; U; L w", "c,w", s_st_verbose));
-    S_CHECK(s_st_reads("U; B w; U; L w; L len", "len", s_st_verbose));
+    S_CHECK(s_st_reads("U; L c; {; B w; }; U; L w", "c,w", verbose));
+    S_CHECK(s_st_reads("U; B w; U; L w; L len", "len", verbose));
     /* A binding made earlier in an enclosing block is certainly done. */
-    S_CHECK(s_st_reads("U; L c; {; B w; {; L w; }; }", "c", s_st_verbose));
+    S_CHECK(s_st_reads("U; L c; {; B w; {; L w; }; }", "c", verbose));
 
     /* In-place changes: reg.append(g) makes reg hold g, and so need what
      * g's body reads; the change is a write.  Changing a module is not. */
@@ -705,11 +698,13 @@ static void s_st_bindings(ll_analysis_session_t *s)
     c = s_st_closure(s, "U; L setter");
     S_CHECK(c && S_IS(ll_analysis_closure_writes(c), "counter"));
     ll_analysis_closure_destroy(&c);
+    return fails;
 }
 
 /* Deletions, and an opaque cell. */
-static void s_st_ends(ll_analysis_session_t *s)
+static int s_st_ends(ll_analysis_session_t *s, bool verbose)
 {
+    int fails = 0;
     ll_analysis_closure_t *c;
     /* Deleting: the name is no longer live and a later read of it finds
      * nothing; a draft's deletes are reported. */
@@ -732,12 +727,12 @@ static void s_st_ends(ll_analysis_session_t *s)
     S_CHECK(c && S_IS(ll_analysis_closure_import_stmts(c), "import numpy as np,import torch"));
     S_CHECK(c && ll_analysis_closure_label(c) == LL_ANALYSIS_GPU);
     ll_analysis_closure_destroy(&c);
+    return fails;
 }
 
 int ll_analysis_session_selftest(bool verbose)
 {
-    s_st_fails = 0;
-    s_st_verbose = verbose;
+    int fails = 0;
     ll_analysis_session_t *s = ll_analysis_session_new();
     /* x = 1; y = 2 | def f(): return x | import numpy as np | import torch
      * | b = x + 1 | z = f() | t = torch.ones(3) | reg = [] */
@@ -747,13 +742,12 @@ int ll_analysis_session_selftest(bool verbose)
     s_st_record(s, history);
     S_CHECK(ll_analysis_session_cells(s) == 8);
     S_CHECK(ll_analysis_session_live_count(s) == 7); /* x y f b z t reg; not np, torch */
-    s_st_reach(s);
-    s_st_bindings(s);
-    s_st_ends(s);
+    fails += s_st_reach(s, verbose);
+    fails += s_st_bindings(s, verbose);
+    fails += s_st_ends(s, verbose);
     S_CHECK(ll_analysis_session_closure(NULL, NULL) == NULL);
     ll_analysis_session_destroy(&s);
     S_CHECK(s == NULL);
-    return s_st_fails ? 1 : 0;
+    return fails ? 1 : 0;
 }
 #undef S_IS
-#undef S_CHECK

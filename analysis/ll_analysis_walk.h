@@ -1,16 +1,15 @@
 /* ll_analysis_walk: the AST walker of the cell analysis: its
- * state and the operations its three files share.  Private to analysis/:
+ * state and the operations its two files share.  Private to analysis/:
  *   ll_analysis_walk.c        the walk, node by node (statements, scopes,
- *                             definitions, control flow) and its entry
- *                             point ll_walk_cell;
- *   ll_analysis_walk_call.c   calls: IPython magics, get_ipython(),
- *                             exec/eval, arguments that may be kept;
+ *                             definitions, control flow, calls: IPython
+ *                             magics, get_ipython(), exec/eval, arguments
+ *                             that may be kept) and its entry point
+ *                             ll_walk_cell;
  *   ll_analysis_walk_state.c  what the walk records into the cell (events,
  *                             groups, imports, blocks), name resolution
  *                             against the scope stack, the symtable-like
  *                             pre-scan of a scope, the C stack guard.
- * The walk and the call files recurse into each other (a call's arguments
- * are expressions); the state file calls neither.
+ * The walk uses the state file, which calls nothing of the walk.
  *
  * Runs with the GIL held on the thread that analyses (the gateway's shell
  * thread, or the `looseleaf analyze` CLI), inside ll_analysis_new. */
@@ -63,7 +62,7 @@ void ll_walk_generic(ll_walker_t *w, PyObject *node);
 /* A statement list; at module level each statement starts a unit. */
 void ll_walk_body(ll_walker_t *w, PyObject *list);
 
-/* ---- ll_analysis_walk_call.c ------------------------------------------- */
+/* ---- ll_analysis_walk.c: calls ------------------------------------------ */
 
 /* A Call node: a magic, a call that makes the cell opaque, or a call whose
  * arguments it may keep (ARG/PASS events). */

@@ -3,6 +3,7 @@
  * forks once; the parsing is pure and scripted by the self-test). */
 #include "base/ll_gpu.h"
 #include "base/ll_clock.h"
+#include "base/ll_check.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -248,14 +249,6 @@ void ll_gpu_visible_entry(const char *visible, int dev, char *buf, size_t len)
 int ll_gpu_selftest(bool verbose)
 {
     int fails = 0;
-#define S_CHECK(cond)                                                               \
-    do {                                                                            \
-        if (!(cond)) {                                                              \
-            fails++;                                                                \
-            if (verbose)                                                            \
-                fprintf(stderr, "ll_gpu: failed: %s (line %d)\n", #cond, __LINE__); \
-        }                                                                           \
-    } while (0)
     ll_gpu_info_t g;
     memset(&g, 0, sizeof g);
     S_CHECK(
@@ -305,7 +298,6 @@ int ll_gpu_selftest(bool verbose)
     else
         unsetenv("LL_CUDA_DRIVER");
     free(saved);
-#undef S_CHECK
     if (verbose)
         fprintf(stderr, "ll_gpu: %s\n", fails ? "FAILED" : "ok");
     return fails ? 1 : 0;

@@ -13,6 +13,7 @@
  * speed of the million-line benchmark on two cores). */
 #include "base/ll_stream.h"
 #include "base/ll_clock.h"
+#include "base/ll_check.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -391,14 +392,6 @@ static int s_record_chunks(s_record_t *r)
     return n;
 }
 
-#define S_CHECK(cond)                                                                     \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            fprintf(stderr, "ll_stream selftest %s:%d: %s\n", __FILE__, __LINE__, #cond); \
-            goto out_fail;                                                                \
-        }                                                                                 \
-    } while (0)
-
 static void s_marker(void *arg)
 {
     s_record_emit(arg, "marker", "|", 1);
@@ -413,75 +406,77 @@ int ll_stream_selftest(bool verbose)
 
     /* UTF-8 cleaning. */
     n = ll_stream_utf8_clean("abc", 3, false, out, &used);
-    S_CHECK(n == 3 && used == 3 && memcmp(out, "abc", 3) == 0);
+    S_REQUIRE(n == 3 && used == 3 && memcmp(out, "abc", 3) == 0, out_fail);
     n = ll_stream_utf8_clean("a\xC3\xA9z", 4, false, out, &used); /* é */
-    S_CHECK(n == 4 && used == 4);
+    S_REQUIRE(n == 4 && used == 4, out_fail);
     n = ll_stream_utf8_clean("a\xE2\x82", 3, false, out, &used); /* € cut after 2 bytes */
-    S_CHECK(n == 1 && used == 1);
+    S_REQUIRE(n == 1 && used == 1, out_fail);
     n = ll_stream_utf8_clean("a\xE2\x82", 3, true, out, &used);
-    S_CHECK(used == 3 && n == 7 && memcmp(out + 1, "\xEF\xBF\xBD\xEF\xBF\xBD", 6) == 0);
+    S_REQUIRE(used == 3 && n == 7 && memcmp(out + 1, "\xEF\xBF\xBD\xEF\xBF\xBD", 6) == 0, out_fail);
     n = ll_stream_utf8_clean("\xFF"
                              "b",
                              2, false, out, &used);
-    S_CHECK(n == 4 && used == 2 &&
-            memcmp(out,
-                   "\xEF\xBF\xBD"
-                   "b",
-                   4) == 0);
+    S_REQUIRE(n == 4 && used == 2 &&
+                  memcmp(out,
+                         "\xEF\xBF\xBD"
+                         "b",
+                         4) == 0,
+              out_fail);
     n = ll_stream_utf8_clean("\xED\xA0\x80", 3, false, out, &used); /* surrogate */
-    S_CHECK(n == 9 && used == 3);
+    S_REQUIRE(n == 9 && used == 3, out_fail);
     n = ll_stream_utf8_clean("x\0y", 3, false, out, &used); /* NUL kept */
-    S_CHECK(n == 3 && out[1] == '\0');
+    S_REQUIRE(n == 3 && out[1] == '\0', out_fail);
 
     memset(&r, 0, sizeof r);
     pthread_mutex_init(&r.lock, NULL);
     st = ll_stream_new(s_record_emit, &r, 20, 1024);
-    S_CHECK(st);
+    S_REQUIRE(st, out_fail);
 
     /* Many small writes become one chunk on flush. */
     for (int i = 0; i < 100; i++)
         ll_stream_write(st, "stdout", "x\n", 2);
     ll_stream_flush(st);
-    S_CHECK(r.chunks == 1 && r.len == 200 && strcmp(r.names[0], "stdout") == 0);
+    S_REQUIRE(r.chunks == 1 && r.len == 200 && strcmp(r.names[0], "stdout") == 0, out_fail);
 
     /* Switching streams keeps the order: out, err, out. */
     ll_stream_write(st, "stdout", "a", 1);
     ll_stream_write(st, "stderr", "b", 1);
     ll_stream_write(st, "stdout", "c", 1);
     ll_stream_flush_then(st, s_marker, &r);
-    S_CHECK(r.chunks == 5);
-    S_CHECK(strcmp(r.names[1], "stdout") == 0 && strcmp(r.names[2], "stderr") == 0 &&
-            strcmp(r.names[3], "stdout") == 0 && strcmp(r.names[4], "marker") == 0);
-    S_CHECK(memcmp(r.text + 200, "abc|", 4) == 0);
+    S_REQUIRE(r.chunks == 5, out_fail);
+    S_REQUIRE(strcmp(r.names[1], "stdout") == 0 && strcmp(r.names[2], "stderr") == 0 &&
+                  strcmp(r.names[3], "stdout") == 0 && strcmp(r.names[4], "marker") == 0,
+              out_fail);
+    S_REQUIRE(memcmp(r.text + 200, "abc|", 4) == 0, out_fail);
 
     /* The timer flushes without anyone calling flush (poll, no fixed sleep). */
     ll_stream_write(st, "stdout", "tick", 4);
     for (int i = 0; i < 2000 && s_record_chunks(&r) < 6; i++)
         nanosleep(&(struct timespec){0, 1000000}, NULL);
-    S_CHECK(s_record_chunks(&r) == 6);
+    S_REQUIRE(s_record_chunks(&r) == 6, out_fail);
 
     /* A multi-byte character split across writes is not split across chunks:
      * the timer sends "ab" and holds the cut euro sign back until its last
      * byte comes, however long that takes. */
     ll_stream_t *slow = ll_stream_new(s_record_emit, &r, 200, 1024);
-    S_CHECK(slow);
+    S_REQUIRE(slow, out_fail);
     ll_stream_write(slow, "stdout", "ab\xE2\x82", 4);
     for (int i = 0; i < 5000 && s_record_chunks(&r) < 7; i++)
         nanosleep(&(struct timespec){0, 1000000}, NULL);
     /* Three intervals with no write: still held (a timer never sends it). */
     nanosleep(&(struct timespec){0, 600000000}, NULL);
-    S_CHECK(s_record_chunks(&r) == 7);
+    S_REQUIRE(s_record_chunks(&r) == 7, out_fail);
     /* A program's flush() (a Python print(..., flush=True) at the end of a
      * cell while fd output is still being drained) does not send it either. */
     ll_stream_flush_whole(slow);
-    S_CHECK(s_record_chunks(&r) == 7);
+    S_REQUIRE(s_record_chunks(&r) == 7, out_fail);
     ll_stream_write(slow, "stdout", "\xAC", 1);
     ll_stream_flush(slow);
     ll_stream_destroy(&slow);
     pthread_mutex_lock(&r.lock);
     bool split_ok = r.chunks == 8 && memcmp(r.text + r.len - 5, "ab\xE2\x82\xAC", 5) == 0;
     pthread_mutex_unlock(&r.lock);
-    S_CHECK(split_ok);
+    S_REQUIRE(split_ok, out_fail);
 
     /* Large output: past the threshold the flusher sends without waiting;
      * nothing is lost. */
@@ -491,10 +486,10 @@ int ll_stream_selftest(bool verbose)
     for (int i = 0; i < 5000; i++)
         ll_stream_write(st, "stdout", line, sizeof line);
     ll_stream_flush(st);
-    S_CHECK(r.total - before == 5000 * sizeof line);
+    S_REQUIRE(r.total - before == 5000 * sizeof line, out_fail);
 
     ll_stream_destroy(&st);
-    S_CHECK(st == NULL);
+    S_REQUIRE(st == NULL, out_fail);
     ll_stream_destroy(&st); /* safe twice */
     if (verbose)
         printf("(%d chunks) ", r.chunks);

@@ -34,6 +34,7 @@
 #include "gateway/ll_route.h"
 #include "kernel/ll_interp.h"
 #include "proto/ll_msgtype.h"
+#include "base/ll_check.h"
 
 #define S_PREFETCH_TARGET "looseleaf.prefetch"
 
@@ -764,14 +765,6 @@ void ll_exec_destroy(ll_exec_t **self_p)
 
 /* ---- self-test: the decisions, scripted ------------------------------------------- */
 
-#define S_CHECK(cond)                                                                    \
-    do {                                                                                 \
-        if (!(cond)) {                                                                   \
-            fprintf(stderr, "ll_exec selftest: %s:%d: %s\n", __FILE__, __LINE__, #cond); \
-            goto fail;                                                                   \
-        }                                                                                \
-    } while (0)
-
 int ll_exec_selftest(bool verbose)
 {
     s_hint_t h = {0};
@@ -781,60 +774,62 @@ int ll_exec_selftest(bool verbose)
     const s_config_t cfg = {.debounce_ms = 250, .max_wait_ms = 1000, .idle_commit_ms = 250};
 
     /* Which requests may run user code. */
-    S_CHECK(s_read_only_request("complete_request") && s_read_only_request("history_request"));
-    S_CHECK(!s_read_only_request("execute_request") && !s_read_only_request("comm_msg"));
+    S_REQUIRE(s_read_only_request("complete_request") && s_read_only_request("history_request"),
+              fail);
+    S_REQUIRE(!s_read_only_request("execute_request") && !s_read_only_request("comm_msg"), fail);
 
     /* A hint waits out the debounce; a newer one restarts it ... */
-    S_CHECK(s_hint_due_in(&h, &cfg, 0) == -1);
+    S_REQUIRE(s_hint_due_in(&h, &cfg, 0) == -1, fail);
     s_hint_note(&h, "a", 1000);
-    S_CHECK(s_hint_due_in(&h, &cfg, 1000) == 251);
-    S_CHECK(s_hint_due_in(&h, &cfg, 1249.5) == 1 && s_hint_due_in(&h, &cfg, 1250) == 0);
+    S_REQUIRE(s_hint_due_in(&h, &cfg, 1000) == 251, fail);
+    S_REQUIRE(s_hint_due_in(&h, &cfg, 1249.5) == 1 && s_hint_due_in(&h, &cfg, 1250) == 0, fail);
     s_hint_note(&h, "b", 1200);
-    S_CHECK(s_hint_due_in(&h, &cfg, 1250) > 0 && s_hint_due_in(&h, &cfg, 1450) == 0);
+    S_REQUIRE(s_hint_due_in(&h, &cfg, 1250) > 0 && s_hint_due_in(&h, &cfg, 1450) == 0, fail);
     /* ... but a burst that never pauses is due MAX_WAIT after its first hint. */
     for (double t = 1300; t <= 1900; t += 100)
         s_hint_note(&h, "typing", t);
-    S_CHECK(s_hint_due_in(&h, &cfg, 1999) == 2 && s_hint_due_in(&h, &cfg, 2000) == 0);
+    S_REQUIRE(s_hint_due_in(&h, &cfg, 1999) == 2 && s_hint_due_in(&h, &cfg, 2000) == 0, fail);
     char *code = s_hint_take(&h);
-    S_CHECK(code && strcmp(code, "typing") == 0 && s_hint_due_in(&h, &cfg, 2000) == -1);
+    S_REQUIRE(code && strcmp(code, "typing") == 0 && s_hint_due_in(&h, &cfg, 2000) == -1, fail);
     free(code);
     s_hint_note(&h, "next", 5000); /* a new burst */
-    S_CHECK(s_hint_due_in(&h, &cfg, 5000) == 251);
+    S_REQUIRE(s_hint_due_in(&h, &cfg, 5000) == 251, fail);
     s_hint_note(&h, NULL, 5100); /* a request without code changes nothing */
-    S_CHECK(s_hint_due_in(&h, &cfg, 5000) == 251);
+    S_REQUIRE(s_hint_due_in(&h, &cfg, 5000) == 251, fail);
     s_hint_drop(&h);
 
     /* The idle commit: only after user code ran, never when switched off. */
-    S_CHECK(s_idle_due_in(0, &cfg, 100) == -1);
-    S_CHECK(s_idle_due_in(100, &cfg, 100) == 251 && s_idle_due_in(100, &cfg, 350) == 0);
+    S_REQUIRE(s_idle_due_in(0, &cfg, 100) == -1, fail);
+    S_REQUIRE(s_idle_due_in(100, &cfg, 100) == 251 && s_idle_due_in(100, &cfg, 350) == 0, fail);
     const s_config_t off = {.idle_commit_ms = 0};
-    S_CHECK(s_idle_due_in(100, &off, 1000) == -1);
+    S_REQUIRE(s_idle_due_in(100, &off, 1000) == -1, fail);
 
     /* A kept prefetch commit serves the Run of the same code in the same
      * epoch, once; another code or a moved epoch finds nothing. */
     sync = json_pack("{s:s, s:i, s:i}", "session", "s1", "execution_count", 3, "closure_bytes", 9);
     s_kept_set(&k, "x = t * 2", sync, 7);
-    S_CHECK(!s_kept_take(&k, "x = t * 3", 7) && !k.sync); /* used once, even unmatched */
+    S_REQUIRE(!s_kept_take(&k, "x = t * 3", 7) && !k.sync, fail); /* used once, even unmatched */
     s_kept_set(&k, "x = t * 2", sync, 7);
-    S_CHECK(!s_kept_take(&k, "x = t * 2", 8));
+    S_REQUIRE(!s_kept_take(&k, "x = t * 2", 8), fail);
     s_kept_set(&k, "x = t * 2", sync, 7);
     got = s_kept_take(&k, "x = t * 2", 7);
-    S_CHECK(got && json_is_true(json_object_get(got, "kernel_commit_by_prefetch")));
-    S_CHECK(!json_object_get(got, "closure_bytes") &&
-            json_integer_value(json_object_get(got, "execution_count")) == 3);
-    S_CHECK(!s_kept_take(&k, "x = t * 2", 7));
+    S_REQUIRE(got && json_is_true(json_object_get(got, "kernel_commit_by_prefetch")), fail);
+    S_REQUIRE(!json_object_get(got, "closure_bytes") &&
+                  json_integer_value(json_object_get(got, "execution_count")) == 3,
+              fail);
+    S_REQUIRE(!s_kept_take(&k, "x = t * 2", 7), fail);
 
     /* Prefetch comms: the open on the target, then messages on that comm
      * only, until it closes. */
-    S_CHECK(!s_comms_is_prefetch(&c, "comm_open", "c1", "jupyter.widget"));
-    S_CHECK(s_comms_is_prefetch(&c, "comm_open", "c1", S_PREFETCH_TARGET));
+    S_REQUIRE(!s_comms_is_prefetch(&c, "comm_open", "c1", "jupyter.widget"), fail);
+    S_REQUIRE(s_comms_is_prefetch(&c, "comm_open", "c1", S_PREFETCH_TARGET), fail);
     s_comms_update(&c, "comm_open", "c1");
-    S_CHECK(s_comms_is_prefetch(&c, "comm_msg", "c1", NULL));
-    S_CHECK(!s_comms_is_prefetch(&c, "comm_msg", "c2", NULL));
-    S_CHECK(!s_comms_is_prefetch(&c, "comm_msg", NULL, NULL));
-    S_CHECK(s_comms_is_prefetch(&c, "comm_close", "c1", NULL));
+    S_REQUIRE(s_comms_is_prefetch(&c, "comm_msg", "c1", NULL), fail);
+    S_REQUIRE(!s_comms_is_prefetch(&c, "comm_msg", "c2", NULL), fail);
+    S_REQUIRE(!s_comms_is_prefetch(&c, "comm_msg", NULL, NULL), fail);
+    S_REQUIRE(s_comms_is_prefetch(&c, "comm_close", "c1", NULL), fail);
     s_comms_update(&c, "comm_close", "c1");
-    S_CHECK(!s_comms_is_prefetch(&c, "comm_msg", "c1", NULL));
+    S_REQUIRE(!s_comms_is_prefetch(&c, "comm_msg", "c1", NULL), fail);
 
     json_decref(got);
     json_decref(sync);

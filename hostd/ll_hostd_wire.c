@@ -1,6 +1,7 @@
 /* ll_hostd_wire: a broker client's frames checked field by field (see
  * ll_hostd_wire.h).  Pure; used by the broker's one thread. */
 #include "hostd/ll_hostd_wire.h"
+#include "base/ll_check.h"
 
 #include <limits.h>
 #include <math.h>
@@ -152,15 +153,6 @@ int ll_hostd_wire_parse(const json_t *m, int nslots, ll_hostd_msg_t *out, char *
 /* ------------------------------------------------------------------ */
 /* Self-test: what a pool of this code sends passes; every lie the issue
  * found (and its neighbours) is refused with a reason. */
-
-#define S_CHECK(cond)                                                                      \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            fails++;                                                                       \
-            if (verbose)                                                                   \
-                fprintf(stderr, "ll_hostd_wire: failed: %s (line %d)\n", #cond, __LINE__); \
-        }                                                                                  \
-    } while (0)
 
 /* Parse TEXT on a broker of 2 slots: 0 or -1; WHY filled. */
 static int s_try(const char *text, ll_hostd_msg_t *msg, char *why, size_t wlen)

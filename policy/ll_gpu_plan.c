@@ -1,6 +1,7 @@
 /* ll_gpu_plan: a host's slots laid out over its devices (see
  * ll_gpu_plan.h).  Pure; scripted by the self-test. */
 #include "policy/ll_gpu_plan.h"
+#include "base/ll_check.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -32,14 +33,6 @@ int ll_gpu_plan(int ngpu, int per_gpu, int total, double fraction, ll_gpu_plan_t
 int ll_gpu_plan_selftest(bool verbose)
 {
     int fails = 0;
-#define S_CHECK(cond)                                                                    \
-    do {                                                                                 \
-        if (!(cond)) {                                                                   \
-            fails++;                                                                     \
-            if (verbose)                                                                 \
-                fprintf(stderr, "ll_gpu_plan: failed: %s (line %d)\n", #cond, __LINE__); \
-        }                                                                                \
-    } while (0)
     /* Plans: one per device by default, uncapped. */
     ll_gpu_plan_t p;
     S_CHECK(ll_gpu_plan(0, 0, 0, -1, &p) == -1);
@@ -59,7 +52,6 @@ int ll_gpu_plan_selftest(bool verbose)
     S_CHECK(ll_gpu_plan(1, 2, 0, 0.3, &p) == 0 && p.mem_fraction[0] == 0.3);
     S_CHECK(ll_gpu_plan(8, 16, 0, -1, &p) == 0 && p.nslots == LL_GPU_MAX_SLOTS);
 
-#undef S_CHECK
     if (verbose)
         fprintf(stderr, "ll_gpu_plan: %s\n", fails ? "FAILED" : "ok");
     return fails ? 1 : 0;

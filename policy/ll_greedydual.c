@@ -1,6 +1,7 @@
 /* ll_greedydual: GreedyDual eviction of idle warm workers (see ll_greedydual.h).  Used by
  * the host pool's one thread; a few dozen entries, so a plain array. */
 #include "policy/ll_greedydual.h"
+#include "base/ll_check.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -163,14 +164,6 @@ bool ll_gd_speculative(const ll_gd_t *self, int key, double now_ms)
 int ll_greedydual_selftest(bool verbose)
 {
     int fails = 0;
-#define S_CHECK(cond)                                                                      \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            fails++;                                                                       \
-            if (verbose)                                                                   \
-                fprintf(stderr, "ll_greedydual: failed: %s (line %d)\n", #cond, __LINE__); \
-        }                                                                                  \
-    } while (0)
     const double win = 10000.0; /* speculation window: 10 s */
     double t = 0, l = 0;
 
@@ -298,7 +291,6 @@ int ll_greedydual_selftest(bool verbose)
     ll_gd_set_idle(g, 99, true); /* unknown: ignored */
     ll_gd_remove(g, 99);
     ll_gd_destroy(&g);
-#undef S_CHECK
     if (verbose)
         fprintf(stderr, "ll_greedydual: %s\n", fails ? "FAILED" : "ok");
     return fails ? 1 : 0;

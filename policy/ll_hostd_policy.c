@@ -2,6 +2,7 @@
  * Used by the broker's one thread; a few hundred entries at most, so plain
  * arrays scanned. */
 #include "policy/ll_hostd_policy.h"
+#include "base/ll_check.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -580,15 +581,6 @@ int ll_hostd_policy_busy_slots(const ll_hostd_policy_t *self)
 
 /* ------------------------------------------------------------------ */
 /* Self-test: scripted sequences, each decision checked.               */
-
-#define S_CHECK(cond)                                                                        \
-    do {                                                                                     \
-        if (!(cond)) {                                                                       \
-            fails++;                                                                         \
-            if (verbose)                                                                     \
-                fprintf(stderr, "ll_hostd_policy: failed: %s (line %d)\n", #cond, __LINE__); \
-        }                                                                                    \
-    } while (0)
 
 /* Every decision of a pass at NOW into OUT (at most MAX); their count. */
 static int s_test_pass(ll_hostd_policy_t *p, double now, ll_hostd_decision_t *out, int max)

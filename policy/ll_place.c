@@ -1,6 +1,7 @@
 /* ll_place: placement by consolidation (see ll_place.h).  Pure: a scan over
  * the caller's snapshot of its hosts, a few hundred at most per call. */
 #include "policy/ll_place.h"
+#include "base/ll_check.h"
 
 #include <stdio.h>
 
@@ -96,14 +97,6 @@ int ll_place_drain(const ll_place_host_t *hosts, int n)
 int ll_place_selftest(bool verbose)
 {
     int fails = 0;
-#define S_CHECK(cond)                                                                 \
-    do {                                                                              \
-        if (!(cond)) {                                                                \
-            fails++;                                                                  \
-            if (verbose)                                                              \
-                fprintf(stderr, "ll_place: failed: %s (line %d)\n", #cond, __LINE__); \
-        }                                                                             \
-    } while (0)
     const double GB = 1e9;
     ll_place_how_t how;
     /* Three 8-slot hosts: 0 lightly, 1 heavily loaded with a free slot, 2
@@ -191,7 +184,6 @@ int ll_place_selftest(bool verbose)
     S_CHECK(ll_place_drain(d, 3) == 1);
     d[1].accepting = false; /* already draining */
     S_CHECK(ll_place_drain(d, 3) == 2);
-#undef S_CHECK
     if (verbose)
         fprintf(stderr, "ll_place: %s\n", fails ? "FAILED" : "ok");
     return fails ? 1 : 0;

@@ -1,6 +1,7 @@
 /* ll_provision: target utilisation plus square-root staffing (see
  * ll_provision.h).  Pure: a few numbers of state, the caller's clock. */
 #include "policy/ll_provision.h"
+#include "base/ll_check.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -128,14 +129,6 @@ bool ll_provision_may_power_off(const ll_place_host_t *h)
 int ll_provision_selftest(bool verbose)
 {
     int fails = 0;
-#define S_CHECK(cond)                                                                     \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            fails++;                                                                      \
-            if (verbose)                                                                  \
-                fprintf(stderr, "ll_provision: failed: %s (line %d)\n", #cond, __LINE__); \
-        }                                                                                 \
-    } while (0)
     /* Halfin–Whitt: alpha(0) = 1, falls with beta; the textbook points
      * alpha(1) ~ 0.223 (1/(1 + 0.8413/0.2420)), alpha(2) ~ 0.0269
      * (1/(1 + 2 * 0.9772/0.0540)). */
@@ -226,7 +219,6 @@ int ll_provision_selftest(bool verbose)
     S_CHECK(!ll_provision_may_power_off(&h));
     h.busy = 0;
     S_CHECK(ll_provision_may_power_off(&h));
-#undef S_CHECK
     if (verbose)
         fprintf(stderr, "ll_provision: %s\n", fails ? "FAILED" : "ok");
     return fails ? 1 : 0;

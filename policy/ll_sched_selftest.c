@@ -2,6 +2,7 @@
  * ll_sched.h), scripted sequences of events with each decision checked,
  * through the public interface only.  Run by build/ll_selftest. */
 #include "policy/ll_sched.h"
+#include "base/ll_check.h"
 
 #include <stdbool.h>
 #include <stdio.h>
@@ -43,15 +44,6 @@ static bool s_test_prepared(ll_sched_t *s, int r, int pid, double bytes, double 
     ll_sched_ready(s, r);
     return ll_sched_prepared(s, r, true, true, bytes, now);
 }
-
-#define S_CHECK(cond)                                                                 \
-    do {                                                                              \
-        if (!(cond)) {                                                                \
-            fails++;                                                                  \
-            if (verbose)                                                              \
-                fprintf(stderr, "ll_sched: failed: %s (line %d)\n", #cond, __LINE__); \
-        }                                                                             \
-    } while (0)
 
 /* Cells: oldest first, no node no fork, told once they wait; an
  * eviction under pressure, one per waiting cell; a warm hit. */
@@ -491,4 +483,3 @@ int ll_sched_selftest(bool verbose)
         fprintf(stderr, "ll_sched: %s\n", fails ? "FAILED" : "ok");
     return fails ? 1 : 0;
 }
-#undef S_CHECK

@@ -3,6 +3,7 @@
  * the broker.
  * No threads, no state besides a reader's buffer. */
 #include "proto/ll_zframe.h"
+#include "base/ll_check.h"
 
 #include <limits.h>
 
@@ -320,14 +321,6 @@ int ll_zframe_selftest(bool verbose)
     int sv[2], fails = 0;
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
         return 1;
-#define S_CHECK(cond)                                                                  \
-    do {                                                                               \
-        if (!(cond)) {                                                                 \
-            fails++;                                                                   \
-            if (verbose)                                                               \
-                fprintf(stderr, "ll_zframe: failed: %s (line %d)\n", #cond, __LINE__); \
-        }                                                                              \
-    } while (0)
     /* Blocking round trip with a descriptor. */
     int pfd[2];
     S_CHECK(pipe2(pfd, O_CLOEXEC) == 0);
@@ -438,7 +431,6 @@ int ll_zframe_selftest(bool verbose)
     S_CHECK(!ll_zframe_recv(sv[1], NULL, true) && errno == 0);
     close(sv[1]);
     json_decref(m);
-#undef S_CHECK
     if (verbose)
         fprintf(stderr, "ll_zframe: %s\n", fails ? "FAILED" : "ok");
     return fails ? 1 : 0;

@@ -1,6 +1,7 @@
 /* ll_cost: the cost file and --set (see ll_cost.h).  Runs in the
  * `looseleaf simulate` process. */
 #include "sim/ll_cost.h"
+#include "base/ll_check.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -172,14 +173,6 @@ void ll_cost_no_gpu(ll_cost_t *costs)
 int ll_cost_selftest(bool verbose)
 {
     int fails = 0;
-#define S_CHECK(cond)                                                                \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            fails++;                                                                 \
-            if (verbose)                                                             \
-                fprintf(stderr, "ll_cost: failed: %s (line %d)\n", #cond, __LINE__); \
-        }                                                                            \
-    } while (0)
     ll_cost_t c;
     char err[256] = "";
     S_CHECK(ll_cost_load(&c, NULL, err, sizeof err) == 0);
@@ -201,7 +194,6 @@ int ll_cost_selftest(bool verbose)
     while (names[n])
         n++;
     S_CHECK(n == S_NCOSTS && strcmp(names[0], "kernel_route_s") == 0);
-#undef S_CHECK
     if (verbose)
         fprintf(stderr, "ll_cost: %s\n", fails ? "FAILED" : "ok");
     return fails ? 1 : 0;

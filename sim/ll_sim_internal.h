@@ -94,6 +94,12 @@ extern const ll_sim_ops_t ll_sim_looseleaf_ops, ll_sim_looseleaf_nopf_ops, ll_si
 
 /* ---- the engine, for designs ---- */
 
+/* ll_sim_new with the designs' OPS (in ll_sim_design_t's order; the
+ * config's mask picks among them): ll_sim_designs.c's table. */
+ll_sim_t *ll_sim_new_designs(const ll_sim_config_t *cfg,
+                             const ll_sim_ops_t *const ops[LL_SIM_NDESIGNS], char *err,
+                             size_t errlen);
+
 /* Schedule an event of design D at T (>= now). */
 void ll_sim_at(ll_sim_t *sim, double t, int d, int kind, ll_sim_sess_t *s, int a, int b,
                uint32_t gen);

@@ -4,7 +4,7 @@
  * Each powered host is what the host pool is, minus the processes: its
  * slots, queue, warm workers, staged workers and prefetch credits are an
  * ll_sched (policy/ll_sched.h, GreedyDual eviction inside: policy/ll_greedydual.h),
- * driven the way zygote/ll_hostpool_jobs.c drives it: a pass after every
+ * driven the way zygote/ll_hostpool_schedule.c drives it: a pass after every
  * event on the host, each decision applied (a fork, a hand-over to a warm
  * worker, an eviction and the restaged preparation it asks for, a skip),
  * workers' messages (ready, prepared, saving, reply, exit) arriving when the
@@ -165,7 +165,7 @@ static void s_idle(s_ll_t *L, int i, int key, double now)
     s_pass(L, i, now);
 }
 
-/* ---- decisions, applied as ll_hostpool_jobs.c applies them ---- */
+/* ---- decisions, applied as ll_hostpool_schedule.c applies them ---- */
 
 static void s_fork(s_ll_t *L, int i, int r, int slot, double now)
 {
@@ -234,7 +234,7 @@ static void s_evict(s_ll_t *L, int i, const ll_sched_decision_t *d, double now)
     const ll_sched_job_t *wj = ll_sched_job(h->sched, d->w);
     if (!d->restage || !h->jobs[d->w].s)
         return;
-    /* Its session is prepared again, staged (ll_hostpool_jobs.c s_restage). */
+    /* Its session is prepared again, staged (ll_hostpool_schedule.c s_restage). */
     int r = ll_sched_add(h->sched, wj->client, wj->session, LL_SCHED_RESTAGE, 0, now * 1000.0);
     if (r < 0)
         return;

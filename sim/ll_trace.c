@@ -4,6 +4,7 @@
  * header's import times are kept for the whole trace, sessions are handed
  * out and forgotten. */
 #include "sim/ll_trace.h"
+#include "base/ll_check.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -430,14 +431,6 @@ int ll_trace_reader_next(ll_trace_reader_t *self, ll_trace_session_t **out, char
 int ll_trace_selftest(bool verbose)
 {
     int fails = 0;
-#define S_CHECK(cond)                                                                 \
-    do {                                                                              \
-        if (!(cond)) {                                                                \
-            fails++;                                                                  \
-            if (verbose)                                                              \
-                fprintf(stderr, "ll_trace: failed: %s (line %d)\n", #cond, __LINE__); \
-        }                                                                             \
-    } while (0)
     ll_cost_t cost = {
         .debounce_s = 0.25, .max_wait_s = 1.0, .rehint_s = 2.0, .import_default_s = 0.15};
     char err[256];
@@ -529,7 +522,6 @@ int ll_trace_selftest(bool verbose)
     }
     remove(path);
     S_CHECK(ll_trace_reader_new("/nonexistent/trace", &cost, NULL, err, sizeof err) == NULL);
-#undef S_CHECK
     if (verbose)
         fprintf(stderr, "ll_trace: %s\n", fails ? "FAILED" : "ok");
     return fails ? 1 : 0;

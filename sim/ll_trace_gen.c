@@ -23,6 +23,7 @@
 #include "base/ll_log.h"
 #include "kernel/ll_interp.h"
 #include "sim/ll_sim_cli.h"
+#include "base/ll_check.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -783,14 +784,6 @@ int ll_trace_main(int argc, char **argv)
 int ll_trace_gen_selftest(bool verbose)
 {
     int fails = 0;
-#define S_CHECK(cond)                                                                     \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            fails++;                                                                      \
-            if (verbose)                                                                  \
-                fprintf(stderr, "ll_trace_gen: failed: %s (line %d)\n", #cond, __LINE__); \
-        }                                                                                 \
-    } while (0)
     s_rng_t a, b;
     s_rng_seed(&a, 42, 7);
     s_rng_seed(&b, 42, 7);
@@ -825,7 +818,6 @@ int ll_trace_gen_selftest(bool verbose)
     S_CHECK(s_dist_arg("30:1.5", &dd) == 0 && dd.median == 30 && dd.sigma == 1.5);
     S_CHECK(s_dist_arg("30", &dd) < 0 && s_dist_arg("30:x", &dd) < 0 &&
             s_dist_arg("-1:1", &dd) < 0);
-#undef S_CHECK
     if (verbose)
         fprintf(stderr, "ll_trace_gen: %s\n", fails ? "FAILED" : "ok");
     return fails ? 1 : 0;

@@ -3,7 +3,8 @@
 # the host pool's pure policies (policy/ll_sched, ll_greedydual, ll_place, ll_provision) and the cell analysis;
 # nothing depends on it but cli/main.c, which dispatches the two subcommands.
 SIM_SRCS  := sim/ll_cost.c sim/ll_trace.c sim/ll_trace_gen.c sim/ll_sim.c sim/ll_sim_fleet.c \
-             sim/ll_sim_looseleaf.c sim/ll_sim_baselines.c sim/ll_sim_cli.c
+             sim/ll_sim_looseleaf.c sim/ll_sim_baselines.c sim/ll_sim_cli.c \
+             sim/ll_sim_designs.c sim/ll_sim_selftest.c
 LIB_SRCS  += $(SIM_SRCS)
 SELFTESTS += ll_cost ll_trace ll_trace_gen ll_sim
 

@@ -56,10 +56,12 @@
  * by ll_pool_back right before the copy) so the copy itself does not
  * fault.  Which kind a new pool gets is ll_pagekind's decision.
  *
- * Files: this one (open, allocate, back, lease, map); reclamation and
- * giving memory back, ll_pool_reclaim.c; the reserve thread that prefaults
- * free regions ahead of saves, ll_pool_reserve.c; the header layout and the
- * handle they share, ll_pool_internal.h. */
+ * Files, lowest first (each uses only those before it): a region's memory
+ * (back, prefault, punch), ll_pool_pages.c; the reserve thread that
+ * prefaults free regions ahead of saves, ll_pool_reserve.c; this one (open,
+ * allocate, lease, map); reclamation and giving memory back,
+ * ll_pool_reclaim.c; the self-test, ll_pool_selftest.c.  The header layout
+ * and the handle they share: ll_pool_internal.h. */
 #include "store/ll_pool.h"
 
 #include <errno.h>
@@ -622,85 +624,6 @@ int ll_pool_lease(ll_pool_t *pool, const ll_pool_region_t *reg)
     return -1;
 }
 
-/* Prefaulting (see ll_pool_internal.h for ll_pool_touch's contract). */
-bool ll_pool_populated(ll_pool_t *pool, uint32_t i)
-{
-    uint64_t p = atomic_load(&pool->populated[i]);
-    return p != 0 && p == atomic_load(&pool->trims[i]) + 1;
-}
-
-/* Count FREE region I in the user's ledger (mark it BACKED) before backing
- * it.  0 (counted now or before), EDQUOT past the cap, EAGAIN when it is
- * not FREE any more (allocated, being trimmed: leave it). */
-static int s_count_free(ll_pool_t *pool, uint32_t i)
-{
-    for (;;) {
-        uint64_t s = atomic_load(&pool->state[i]);
-        if (LL_POOL_IS_BACKED(s))
-            return LL_POOL_ST(s) == LL_POOL_ST_TRIM ? EAGAIN : 0;
-        if (LL_POOL_ST(s) != LL_POOL_ST_FREE)
-            return EAGAIN; /* (an ALLOC region is always counted) */
-        if (ll_quota_take_spare(pool->quota, 1) != 0)
-            return EDQUOT; /* (a prefault leaves part of the cap to saves) */
-        if (atomic_compare_exchange_strong(&pool->state[i], &s, s | LL_POOL_BACKED))
-            return 0;
-        ll_quota_give(pool->quota, 1);
-    }
-}
-
-int ll_pool_touch(ll_pool_t *pool, uint32_t i, size_t step)
-{
-    char *p = pool->data + (size_t) i * LL_POOL_REGION_BYTES;
-    uint64_t trims = atomic_load(&pool->trims[i]);
-    int rc = s_count_free(pool, i);
-    if (rc != 0)
-        return rc;
-    if (!pool->thp_advise)
-        rc = posix_fallocate(pool->fd,
-                             (off_t) (pool->hdr->data_offset + (size_t) i * LL_POOL_REGION_BYTES),
-                             (off_t) LL_POOL_REGION_BYTES);
-    for (size_t off = 0; rc == 0 && off < LL_POOL_REGION_BYTES; off += step)
-        if (madvise(p + off, step, MADV_POPULATE_WRITE) != 0 && errno != EINVAL)
-            rc = errno;
-    if (rc != 0)
-        return rc;
-    /* ll_pool_back runs this on several copy threads at once (distinct
-     * regions): the warm list is shared bookkeeping.  A trim that came
-     * meanwhile (only of a FREE region) may have given the memory back:
-     * then this prefault does not count (the next user backs it again). */
-    pthread_mutex_lock(&pool->mu);
-    if (atomic_load(&pool->trims[i]) == trims) {
-        if (atomic_load(&pool->populated[i]) == 0) {
-            size_t k = atomic_load(&pool->nwarm);
-            pool->warm[k] = i;
-            atomic_store(&pool->nwarm, k + 1);
-        }
-        atomic_store(&pool->populated[i], trims + 1);
-    }
-    pthread_mutex_unlock(&pool->mu);
-    return 0;
-}
-
-static int s_touch(ll_pool_t *pool, uint32_t i)
-{
-    return ll_pool_touch(pool, i, LL_POOL_REGION_BYTES);
-}
-
-int ll_pool_back(ll_pool_t *pool, uint32_t idx)
-{
-    if (idx >= pool->nregions)
-        return EINVAL;
-    return ll_pool_populated(pool, idx) ? 0 : s_touch(pool, idx);
-}
-
-int ll_pool_punch(ll_pool_t *pool, uint32_t i)
-{
-    atomic_fetch_add(&pool->trims[i], 1);
-    off_t off = (off_t) (pool->hdr->data_offset + (size_t) i * LL_POOL_REGION_BYTES);
-    return fallocate(pool->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off,
-                     (off_t) LL_POOL_REGION_BYTES);
-}
-
 void ll_pool_free_unwritten(ll_pool_t *pool, const ll_pool_region_t *reg)
 {
     if (reg->idx >= pool->nregions)
@@ -734,23 +657,6 @@ void ll_pool_set_quota(ll_pool_t *pool, ll_quota_t *q)
         q = NULL;
     }
     pool->quota = q;
-}
-
-size_t ll_pool_prefault(ll_pool_t *pool, size_t nregions)
-{
-    size_t done = 0;
-    for (size_t i = 0; i < pool->nregions && done < nregions; i++) {
-        if (ll_pool_populated(pool, (uint32_t) i) ||
-            LL_POOL_ST(atomic_load(&pool->state[i])) != LL_POOL_ST_FREE)
-            continue;
-        int rc = s_touch(pool, (uint32_t) i);
-        if (rc == EAGAIN)
-            continue;
-        if (rc != 0)
-            break; /* out of memory, or the user's cap: the allocation will say so */
-        done++;
-    }
-    return done;
 }
 
 /* Take FREE region I for writing if its backing is as BACKED wants (-1:
@@ -998,146 +904,4 @@ void ll_pool_stats(ll_pool_t *pool, ll_pool_stats_t *out)
             out->regions_leased++;
     }
     pthread_mutex_unlock(&pool->mu);
-}
-
-/* ---- self-test (no Redis needed) -------------------------------------- */
-
-#include <sys/wait.h>
-
-static uint64_t s_test_mark_gen[8];
-static ll_pool_t *volatile s_test_child_pool; /* reachable, so leak checkers see no leak */
-
-static int s_test_refs(void *ctx, uint64_t *mark, size_t nregions)
-{
-    for (size_t i = 0; i < nregions && i < 8; i++)
-        mark[i] = s_test_mark_gen[i];
-    return 0;
-}
-
-#define S_CHECK(cond)                                                                           \
-    do {                                                                                        \
-        if (!(cond)) {                                                                          \
-            fprintf(stderr, "ll_pool selftest: %s:%d: %s failed\n", __FILE__, __LINE__, #cond); \
-            goto fail;                                                                          \
-        }                                                                                       \
-    } while (0)
-
-int ll_pool_selftest(bool verbose)
-{
-    char err[256];
-    ll_pool_map_t *map = NULL;
-    char path[64];
-    snprintf(path, sizeof path, "/dev/shm/ll-pool-selftest-%d.pool", (int) getpid());
-    unlink(path);
-    ll_pool_t *pool = ll_pool_open(path, 4 * LL_POOL_REGION_BYTES, err, sizeof err);
-    S_CHECK(pool);
-    ll_pool_region_t r[4];
-    void *addr[4];
-    int kind;
-    /* Fill the pool as a put does (allocate, back, write); the fifth
-     * allocation is a clear "full" error. */
-    for (int i = 0; i < 4; i++) {
-        S_CHECK(ll_pool_alloc_unbacked(pool, &r[i], &addr[i], &kind, err, sizeof err) == 0);
-        S_CHECK(ll_pool_back(pool, r[i].idx) == 0);
-        S_CHECK(ll_pool_back(pool, r[i].idx) == 0); /* once is enough; twice is harmless */
-        memset(addr[i], 'a' + i, LL_POOL_REGION_BYTES);
-    }
-    S_CHECK(ll_pool_back(pool, 4) == EINVAL);
-    ll_pool_stats_t stats;
-    ll_pool_stats(pool, &stats);
-    S_CHECK(stats.regions_used == 4 && stats.regions_leased == 4 && stats.regions_prefaulted == 4);
-    ll_pool_region_t extra;
-    void *xa;
-    S_CHECK(ll_pool_alloc_unbacked(pool, &extra, &xa, &kind, err, sizeof err) == -1);
-    S_CHECK(kind == LL_POOL_EFULL && strstr(err, "full"));
-    /* Map regions 3 and 1 (not adjacent, reversed) as one buffer. */
-    ll_pool_region_t pick[2] = {r[3], r[1]};
-    map = ll_pool_map(pool, pick, 2, LL_POOL_REGION_BYTES + 10, false, &kind, err, sizeof err);
-    S_CHECK(map);
-    const char *m = ll_pool_map_addr(map);
-    S_CHECK(m[0] == 'd' && m[LL_POOL_REGION_BYTES - 1] == 'd' && m[LL_POOL_REGION_BYTES] == 'b');
-    S_CHECK(ll_pool_map_len(map) == LL_POOL_REGION_BYTES + 10);
-    /* Bad spans are refused. */
-    S_CHECK(!ll_pool_map(pool, pick, 2, 10, false, &kind, err, sizeof err) &&
-            kind == LL_POOL_EINVAL);
-    /* The writer drops its allocation leases: only region 0 is "committed",
-     * regions 1 and 3 are held by the mapping, region 2 is garbage. */
-    for (int i = 0; i < 4; i++)
-        ll_pool_unlease(pool, r[i].idx);
-    memset(s_test_mark_gen, 0, sizeof s_test_mark_gen);
-    s_test_mark_gen[r[0].idx] = r[0].gen;
-    int freed = ll_pool_gc(pool, s_test_refs, NULL, err, sizeof err);
-    S_CHECK(freed == 1);
-    S_CHECK(ll_pool_lease(pool, &r[2]) == -1); /* reclaimed */
-    S_CHECK(ll_pool_lease(pool, &r[0]) == 0);
-    ll_pool_unlease(pool, r[0].idx);
-    /* Prefaulted here: region 2 is free, region 0 allocated but unleased. */
-    size_t free_warm, idle_warm;
-    ll_pool_warm_counts(pool, &free_warm, &idle_warm);
-    S_CHECK(free_warm == 1 && idle_warm == 1);
-    /* A reused index gets a new generation: the old reference stays dead. */
-    ll_pool_region_t again, again2;
-    S_CHECK(ll_pool_alloc_unbacked(pool, &again, &xa, &kind, err, sizeof err) == 0);
-    S_CHECK(again.idx == r[2].idx && again.gen > r[2].gen);
-    S_CHECK(xa == addr[2]); /* the same place in the pool */
-    S_CHECK(ll_pool_lease(pool, &r[2]) == -1);
-    /* Given back unwritten (a put that failed): free again, and the next
-     * allocation moves the generation on. */
-    ll_pool_free_unwritten(pool, &again);
-    ll_pool_unlease(pool, again.idx);
-    S_CHECK(ll_pool_lease(pool, &again) == -1);
-    S_CHECK(ll_pool_alloc_unbacked(pool, &again2, &xa, &kind, err, sizeof err) == 0);
-    S_CHECK(again2.idx == again.idx && again2.gen == again.gen + 1);
-    ll_pool_unlease(pool, again2.idx);
-    /* Unmapping releases the mapping's leases; the bytes were intact. */
-    S_CHECK(m[LL_POOL_REGION_BYTES + 5] == 'b');
-    ll_pool_unmap(&map);
-    S_CHECK(map == NULL);
-    ll_pool_unmap(&map); /* safe twice */
-    freed = ll_pool_gc(pool, s_test_refs, NULL, err, sizeof err);
-    S_CHECK(freed == 3); /* 1, 3 and the re-allocated 2 */
-
-    /* A process that dies holding leases: its slot and leases are dropped. */
-    pid_t child = fork();
-    if (child == 0) {
-        char e2[256];
-        ll_pool_t *p2 = s_test_child_pool = ll_pool_open(path, 0, e2, sizeof e2);
-        ll_pool_region_t cr;
-        void *ca;
-        int k2;
-        _exit(p2 && ll_pool_alloc_unbacked(p2, &cr, &ca, &k2, e2, sizeof e2) == 0 ? 0 : 1);
-    }
-    int status;
-    S_CHECK(child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) &&
-            WEXITSTATUS(status) == 0);
-    ll_pool_stats(pool, &stats);
-    S_CHECK(stats.regions_used == 2); /* region 0 and the dead child's */
-    freed = ll_pool_gc(pool, s_test_refs, NULL, err, sizeof err);
-    S_CHECK(freed == 1);
-    /* A second handle in this process opens the same pool. */
-    ll_pool_t *p3 = ll_pool_open(path, 0, err, sizeof err);
-    S_CHECK(p3 && p3->nregions == 4 && p3->slot != pool->slot);
-    S_CHECK(ll_pool_lease(p3, &r[0]) == 0);
-    ll_pool_destroy(&p3);
-    if (verbose)
-        printf("(page kind %s) ", pool->page_kind);
-    ll_pool_unlink(pool);
-    ll_pool_destroy(&pool);
-    S_CHECK(pool == NULL);
-    ll_pool_destroy(&pool);
-    /* A creator killed between sizing the file and writing the magic left a
-     * sized file of zeros: the next opener initialises it. */
-    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    S_CHECK(fd >= 0 && ftruncate(fd, 3 * LL_POOL_REGION_BYTES) == 0);
-    close(fd);
-    pool = ll_pool_open(path, 2 * LL_POOL_REGION_BYTES, err, sizeof err);
-    S_CHECK(pool && pool->nregions == 2);
-    ll_pool_unlink(pool);
-    ll_pool_destroy(&pool);
-    return 0;
-fail:
-    ll_pool_unmap(&map);
-    unlink(path);
-    ll_pool_destroy(&pool);
-    return 1;
 }

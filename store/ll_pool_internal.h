@@ -1,7 +1,9 @@
 /* ll_pool_internal: what the files of the payload pool share and nobody
  * else should see: the shared header's layout, the handle, and the calls
- * between ll_pool.c (the pool: open, allocate, lease, reclaim, map) and
- * ll_pool_reserve.c (the reserve thread that keeps free regions prefaulted).
+ * between ll_pool_pages.c (a region's memory: back, prefault, punch),
+ * ll_pool_reserve.c (the reserve thread that keeps free regions
+ * prefaulted), ll_pool.c (the pool: open, allocate, lease, map) and
+ * ll_pool_reclaim.c (reclamation), each using only those before it.
  * See ll_pool.c's DESIGN for what the words mean and which rules keep them
  * consistent across processes. */
 #ifndef LL_POOL_INTERNAL_H

@@ -60,6 +60,7 @@
 
 #include "base/ll_log.h"
 #include "store/ll_pool_internal.h"
+#include "base/ll_check.h"
 
 void ll_pool_note_save(ll_pool_t *pool, size_t bytes)
 {
@@ -238,15 +239,6 @@ static int s_test_refs(void *ctx, uint64_t *mark, size_t nregions)
     return 0;
 }
 
-#define S_CHECK(cond)                                                                           \
-    do {                                                                                        \
-        if (!(cond)) {                                                                          \
-            fprintf(stderr, "ll_pool_reclaim selftest: %s:%d: %s failed\n", __FILE__, __LINE__, \
-                    #cond);                                                                     \
-            goto fail;                                                                          \
-        }                                                                                       \
-    } while (0)
-
 /* Bytes of memory the pool file at PATH holds. */
 static long long s_test_blocks(const char *path)
 {
@@ -275,98 +267,102 @@ int ll_pool_reclaim_selftest(bool verbose)
     unlink(path);
     q = ll_quota_open(lpath, err, sizeof err);
     pool = ll_pool_open(path, 8 * R, err, sizeof err);
-    S_CHECK(q && pool);
+    S_REQUIRE(q && pool, fail);
     ll_pool_set_quota(pool, q);
     long long base = s_test_blocks(path); /* the header */
-    S_CHECK(base >= 0 && ll_quota_held(q) == 0);
+    S_REQUIRE(base >= 0 && ll_quota_held(q) == 0, fail);
     /* Three fresh regions written: counted as they are taken. */
     ll_pool_region_t r[8];
     for (int i = 0; i < 3; i++) {
-        S_CHECK(ll_pool_alloc_unbacked(pool, &r[i], &a, &kind, err, sizeof err) == 0);
-        S_CHECK(r[i].idx == (uint32_t) i); /* lowest first */
-        S_CHECK(ll_pool_back(pool, r[i].idx) == 0);
+        S_REQUIRE(ll_pool_alloc_unbacked(pool, &r[i], &a, &kind, err, sizeof err) == 0, fail);
+        S_REQUIRE(r[i].idx == (uint32_t) i, fail); /* lowest first */
+        S_REQUIRE(ll_pool_back(pool, r[i].idx) == 0, fail);
         memset(a, 'x', R);
     }
-    S_CHECK(ll_quota_held(q) == 3 * R && s_test_blocks(path) == base + 3 * (long long) R);
+    S_REQUIRE(ll_quota_held(q) == 3 * R && s_test_blocks(path) == base + 3 * (long long) R, fail);
     /* Region 1 is committed; 0 and 2 superseded; 2 still read. */
     for (int i = 0; i < 3; i++)
         ll_pool_unlease(pool, r[i].idx);
-    S_CHECK(ll_pool_lease(pool, &r[2]) == 0);
-    S_CHECK(ll_pool_gc_due(pool));
+    S_REQUIRE(ll_pool_lease(pool, &r[2]) == 0, fail);
+    S_REQUIRE(ll_pool_gc_due(pool), fail);
     memset(s_test_mark_gen, 0, sizeof s_test_mark_gen);
     s_test_mark_gen[r[1].idx] = r[1].gen;
-    S_CHECK(ll_pool_gc(pool, s_test_refs, NULL, err, sizeof err) == 1);      /* 0 only */
-    S_CHECK(!ll_pool_gc_due(pool) && atomic_load(&pool->hdr->pending) == 1); /* 2 */
+    S_REQUIRE(ll_pool_gc(pool, s_test_refs, NULL, err, sizeof err) == 1, fail);      /* 0 only */
+    S_REQUIRE(!ll_pool_gc_due(pool) && atomic_load(&pool->hdr->pending) == 1, fail); /* 2 */
     /* Freed, yet backed and counted: the next allocation reuses it (even
      * from another process, which never prefaulted it) before any fresh. */
-    S_CHECK(ll_quota_held(q) == 3 * R && ll_pool_free_backed(pool) == 1);
+    S_REQUIRE(ll_quota_held(q) == 3 * R && ll_pool_free_backed(pool) == 1, fail);
     other = ll_pool_open(path, 0, err, sizeof err);
     q2 = ll_quota_open(lpath, err, sizeof err); /* (a handle joins one pool) */
-    S_CHECK(other && q2);
+    S_REQUIRE(other && q2, fail);
     ll_pool_set_quota(other, q2);
-    S_CHECK(ll_pool_alloc_unbacked(other, &r[3], &a, &kind, err, sizeof err) == 0);
-    S_CHECK(r[3].idx == 0 && ll_quota_held(q) == 3 * R);
+    S_REQUIRE(ll_pool_alloc_unbacked(other, &r[3], &a, &kind, err, sizeof err) == 0, fail);
+    S_REQUIRE(r[3].idx == 0 && ll_quota_held(q) == 3 * R, fail);
     /* The reader lets go: due again; the superseded region goes. */
     ll_pool_unlease(pool, r[2].idx);
-    S_CHECK(ll_pool_gc_due(pool));
-    S_CHECK(ll_pool_gc(pool, s_test_refs, NULL, err, sizeof err) == 1);
-    S_CHECK(atomic_load(&pool->hdr->pending) == 1); /* the other's uncommitted region 0 */
+    S_REQUIRE(ll_pool_gc_due(pool), fail);
+    S_REQUIRE(ll_pool_gc(pool, s_test_refs, NULL, err, sizeof err) == 1, fail);
+    S_REQUIRE(atomic_load(&pool->hdr->pending) == 1, fail); /* the other's uncommitted region 0 */
     /* A put that fails before writing gives its fresh region back whole:
      * counted while taken, uncounted and unbacked after. */
-    S_CHECK(ll_pool_alloc_unbacked(other, &r[4], &a, &kind, err, sizeof err) == 0);
-    S_CHECK(r[4].idx == 2); /* the backed free one, before fresh region 3 */
-    S_CHECK(ll_pool_alloc_unbacked(other, &r[5], &a, &kind, err, sizeof err) == 0);
-    S_CHECK(r[5].idx == 3 && ll_quota_held(q) == 4 * R);
+    S_REQUIRE(ll_pool_alloc_unbacked(other, &r[4], &a, &kind, err, sizeof err) == 0, fail);
+    S_REQUIRE(r[4].idx == 2, fail); /* the backed free one, before fresh region 3 */
+    S_REQUIRE(ll_pool_alloc_unbacked(other, &r[5], &a, &kind, err, sizeof err) == 0, fail);
+    S_REQUIRE(r[5].idx == 3 && ll_quota_held(q) == 4 * R, fail);
     ll_pool_free_unwritten(other, &r[5]);
     ll_pool_unlease(other, r[5].idx);
-    S_CHECK(ll_quota_held(q) == 3 * R && s_test_blocks(path) == base + 3 * (long long) R);
+    S_REQUIRE(ll_quota_held(q) == 3 * R && s_test_blocks(path) == base + 3 * (long long) R, fail);
     ll_pool_free_unwritten(other, &r[4]); /* never written by OTHER: punched too */
     ll_pool_unlease(other, r[4].idx);
-    S_CHECK(ll_quota_held(q) == 2 * R && s_test_blocks(path) == base + 2 * (long long) R);
+    S_REQUIRE(ll_quota_held(q) == 2 * R && s_test_blocks(path) == base + 2 * (long long) R, fail);
     ll_pool_free_unwritten(other, &r[3]);
     ll_pool_unlease(other, r[3].idx);
     ll_pool_destroy(&other);
     ll_quota_destroy(&q2);
     /* Prefault two free regions here (counted), then trim keeping one:
      * the memory of the top one goes back, its prefault is void. */
-    S_CHECK(ll_pool_prefault(pool, 2) == 2);
-    S_CHECK(ll_pool_populated(pool, 0) && ll_pool_populated(pool, 2));
-    S_CHECK(ll_quota_held(q) == 3 * R);
-    S_CHECK(ll_pool_trim(pool, 1) == 1);
-    S_CHECK(ll_pool_populated(pool, 0) && !ll_pool_populated(pool, 2));
-    S_CHECK(ll_quota_held(q) == 2 * R && s_test_blocks(path) == base + 2 * (long long) R);
+    S_REQUIRE(ll_pool_prefault(pool, 2) == 2, fail);
+    S_REQUIRE(ll_pool_populated(pool, 0) && ll_pool_populated(pool, 2), fail);
+    S_REQUIRE(ll_quota_held(q) == 3 * R, fail);
+    S_REQUIRE(ll_pool_trim(pool, 1) == 1, fail);
+    S_REQUIRE(ll_pool_populated(pool, 0) && !ll_pool_populated(pool, 2), fail);
+    S_REQUIRE(ll_quota_held(q) == 2 * R && s_test_blocks(path) == base + 2 * (long long) R, fail);
     /* A writer taking the trimmed region backs it again (not trusting the
      * void prefault); then everything free goes. */
-    S_CHECK(ll_pool_alloc_unbacked(pool, &r[6], &a, &kind, err, sizeof err) == 0);
-    S_CHECK(r[6].idx == 0); /* still prefaulted here */
-    S_CHECK(ll_pool_alloc_unbacked(pool, &r[7], &a, &kind, err, sizeof err) == 0);
-    S_CHECK(r[7].idx == 2 && ll_pool_back(pool, 2) == 0 && ll_pool_populated(pool, 2));
-    S_CHECK(ll_quota_held(q) == 3 * R && s_test_blocks(path) == base + 3 * (long long) R);
+    S_REQUIRE(ll_pool_alloc_unbacked(pool, &r[6], &a, &kind, err, sizeof err) == 0, fail);
+    S_REQUIRE(r[6].idx == 0, fail); /* still prefaulted here */
+    S_REQUIRE(ll_pool_alloc_unbacked(pool, &r[7], &a, &kind, err, sizeof err) == 0, fail);
+    S_REQUIRE(r[7].idx == 2 && ll_pool_back(pool, 2) == 0 && ll_pool_populated(pool, 2), fail);
+    S_REQUIRE(ll_quota_held(q) == 3 * R && s_test_blocks(path) == base + 3 * (long long) R, fail);
     ll_pool_free_unwritten(pool, &r[6]);
     ll_pool_free_unwritten(pool, &r[7]);
     ll_pool_unlease(pool, r[6].idx);
     ll_pool_unlease(pool, r[7].idx);
     ll_pool_set_keep(pool, 8); /* the owner's reserve: nobody's trim takes it */
-    S_CHECK(ll_pool_trim(pool, 0) == 0);
+    S_REQUIRE(ll_pool_trim(pool, 0) == 0, fail);
     ll_pool_set_keep(pool, 0);
-    S_CHECK(ll_pool_trim(pool, 0) == 2);
-    S_CHECK(ll_quota_held(q) == R && s_test_blocks(path) == base + (long long) R); /* region 1 */
+    S_REQUIRE(ll_pool_trim(pool, 0) == 2, fail);
+    S_REQUIRE(ll_quota_held(q) == R && s_test_blocks(path) == base + (long long) R,
+              fail); /* region 1 */
     /* A trimmer killed midway (TRIM, its slot cleaned): reclamation undoes
      * it, the region counted as backed until the next trim settles it. */
-    S_CHECK(ll_quota_take(q, 1, NULL) == 0); /* (it was counted when backed) */
+    S_REQUIRE(ll_quota_take(q, 1, NULL) == 0, fail); /* (it was counted when backed) */
     atomic_store(&pool->state[4], LL_POOL_MK(9, 1, LL_POOL_ST_TRIM));
-    S_CHECK(ll_pool_gc(pool, s_test_refs, NULL, err, sizeof err) == 0);
-    S_CHECK(atomic_load(&pool->state[4]) == LL_POOL_MK(9, 1, LL_POOL_ST_FREE));
+    S_REQUIRE(ll_pool_gc(pool, s_test_refs, NULL, err, sizeof err) == 0, fail);
+    S_REQUIRE(atomic_load(&pool->state[4]) == LL_POOL_MK(9, 1, LL_POOL_ST_FREE), fail);
     /* The user's cap: a fresh region past it is refused; prefaults leave a
      * quarter of it to saves. */
     ll_quota_set_cap(q, 3 * R, LL_QUOTA_SRC_ENV);
-    S_CHECK(ll_pool_trim(pool, 0) == 1 && ll_quota_held(q) == R);
-    S_CHECK(ll_pool_prefault(pool, 8) == 1 && ll_quota_held(q) == 2 * R);          /* 2 of 2.25 */
-    S_CHECK(ll_pool_alloc_unbacked(pool, &r[0], &a, &kind, err, sizeof err) == 0); /* warm */
-    S_CHECK(ll_pool_alloc_unbacked(pool, &r[2], &a, &kind, err, sizeof err) == 0); /* fresh */
-    S_CHECK(ll_quota_held(q) == 3 * R);
-    S_CHECK(ll_pool_alloc_unbacked(pool, &r[3], &a, &kind, err, sizeof err) == -1 &&
-            kind == LL_POOL_EQUOTA);
+    S_REQUIRE(ll_pool_trim(pool, 0) == 1 && ll_quota_held(q) == R, fail);
+    S_REQUIRE(ll_pool_prefault(pool, 8) == 1 && ll_quota_held(q) == 2 * R, fail); /* 2 of 2.25 */
+    S_REQUIRE(ll_pool_alloc_unbacked(pool, &r[0], &a, &kind, err, sizeof err) == 0,
+              fail); /* warm */
+    S_REQUIRE(ll_pool_alloc_unbacked(pool, &r[2], &a, &kind, err, sizeof err) == 0,
+              fail); /* fresh */
+    S_REQUIRE(ll_quota_held(q) == 3 * R, fail);
+    S_REQUIRE(ll_pool_alloc_unbacked(pool, &r[3], &a, &kind, err, sizeof err) == -1 &&
+                  kind == LL_POOL_EQUOTA,
+              fail);
     ll_pool_unlink(pool);
     ll_pool_destroy(&pool);
     ll_quota_destroy(&q);

@@ -50,6 +50,7 @@
 #include <unistd.h>
 
 #include "base/ll_log.h"
+#include "base/ll_check.h"
 
 #define S_MAGIC  "LLQUOTA1"
 #define S_REGION ((uint64_t) 2 << 20) /* LL_POOL_REGION_BYTES (checked in ll_pool.c) */
@@ -332,14 +333,6 @@ const char *ll_quota_fmt_bytes(uint64_t n, char *buf, size_t len)
 
 /* ---- self-test ---------------------------------------------------------- */
 
-#define S_CHECK(c)                                                                     \
-    do {                                                                               \
-        if (!(c)) {                                                                    \
-            fprintf(stderr, "ll_quota selftest: %s:%d: %s\n", __FILE__, __LINE__, #c); \
-            goto out;                                                                  \
-        }                                                                              \
-    } while (0)
-
 int ll_quota_selftest(bool verbose)
 {
     char dir[] = "/tmp/ll_quota_XXXXXX", path[64], named[64], err[256], buf[32];
@@ -349,34 +342,35 @@ int ll_quota_selftest(bool verbose)
     if (!mkdtemp(dir))
         return -1;
     snprintf(path, sizeof path, "%s/ledger", dir);
-    S_CHECK(ll_quota_open("off", err, sizeof err) == NULL && err[0] == 0);
+    S_REQUIRE(ll_quota_open("off", err, sizeof err) == NULL && err[0] == 0, out);
     a = ll_quota_open(path, err, sizeof err);
     b = ll_quota_open(path, err, sizeof err);
     c = ll_quota_open(path, err, sizeof err);
-    S_CHECK(a && b && c);
+    S_REQUIRE(a && b && c, out);
     /* Two pools of the user; no cap: everything is counted, nothing refused. */
-    S_CHECK(ll_quota_join(a, 11, 3, NULL) == 0 && ll_quota_join(b, 22, 0, NULL) == 0);
-    S_CHECK(ll_quota_take(b, 5, NULL) == 0 && ll_quota_held(a) == 8 * S_REGION);
+    S_REQUIRE(ll_quota_join(a, 11, 3, NULL) == 0 && ll_quota_join(b, 22, 0, NULL) == 0, out);
+    S_REQUIRE(ll_quota_take(b, 5, NULL) == 0 && ll_quota_held(a) == 8 * S_REGION, out);
     /* A cap of 10 regions covers both pools: 2 more fit, a third does not. */
     ll_quota_set_cap(c, 10 * S_REGION, LL_QUOTA_SRC_HOSTD);
-    S_CHECK(ll_quota_take(a, 2, &over) == 0);
-    S_CHECK(ll_quota_take(b, 1, &over) == -1);
-    S_CHECK(over.cap == 10 * S_REGION && over.held == 10 * S_REGION &&
-            over.src == LL_QUOTA_SRC_HOSTD);
-    S_CHECK(ll_quota_held(c) == 10 * S_REGION); /* the refused take left nothing */
+    S_REQUIRE(ll_quota_take(a, 2, &over) == 0, out);
+    S_REQUIRE(ll_quota_take(b, 1, &over) == -1, out);
+    S_REQUIRE(over.cap == 10 * S_REGION && over.held == 10 * S_REGION &&
+                  over.src == LL_QUOTA_SRC_HOSTD,
+              out);
+    S_REQUIRE(ll_quota_held(c) == 10 * S_REGION, out); /* the refused take left nothing */
     ll_quota_give(a, 4);
     /* Memory held ahead of use (a reserve) leaves a quarter of the cap to
      * saves: with 6 of 10 regions held, 1 more fits, 2 do not. */
-    S_CHECK(ll_quota_take_spare(a, 2) == -1 && ll_quota_held(a) == 6 * S_REGION);
-    S_CHECK(ll_quota_take_spare(a, 1) == 0 && ll_quota_take_spare(a, 1) == -1);
+    S_REQUIRE(ll_quota_take_spare(a, 2) == -1 && ll_quota_held(a) == 6 * S_REGION, out);
+    S_REQUIRE(ll_quota_take_spare(a, 1) == 0 && ll_quota_take_spare(a, 1) == -1, out);
     ll_quota_give(a, 1);
-    S_CHECK(ll_quota_take(b, 4, NULL) == 0 && ll_quota_take(b, 1, NULL) == -1);
+    S_REQUIRE(ll_quota_take(b, 4, NULL) == 0 && ll_quota_take(b, 1, NULL) == -1, out);
     /* A second process of pool 11 shares its entry; the entry lives while
      * one of them does. */
-    S_CHECK(ll_quota_join(c, 11, 99, NULL) == 0 && ll_quota_held(c) == 10 * S_REGION);
+    S_REQUIRE(ll_quota_join(c, 11, 99, NULL) == 0 && ll_quota_held(c) == 10 * S_REGION, out);
     ll_quota_destroy(&a);
-    S_CHECK(ll_quota_join((a = ll_quota_open(path, err, sizeof err)), 33, 0, NULL) == 0);
-    S_CHECK(ll_quota_held(a) == 10 * S_REGION);
+    S_REQUIRE(ll_quota_join((a = ll_quota_open(path, err, sizeof err)), 33, 0, NULL) == 0, out);
+    S_REQUIRE(ll_quota_held(a) == 10 * S_REGION, out);
     /* Pool 22's only process dies (a child that joins, takes and is killed):
      * its count goes at the next join; a pool whose processes all died is
      * recounted when joined again. */
@@ -390,35 +384,37 @@ int ll_quota_selftest(bool verbose)
         _exit(1);
     }
     int status = 0;
-    S_CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFSIGNALED(status));
+    S_REQUIRE(pid > 0 && waitpid(pid, &status, 0) == pid && WIFSIGNALED(status), out);
     /* 11: 1, 33: 0, 44: 2 (dead, until the next join); 22 went at the
      * child's join. */
-    S_CHECK(ll_quota_held(a) == 3 * S_REGION);
+    S_REQUIRE(ll_quota_held(a) == 3 * S_REGION, out);
     b = ll_quota_open(path, err, sizeof err);
-    S_CHECK(b && ll_quota_join(b, 22, 1, NULL) == 0);
-    S_CHECK(ll_quota_held(a) == 2 * S_REGION); /* 11 holds 1, 22 joined anew with 1, 44 gone */
+    S_REQUIRE(b && ll_quota_join(b, 22, 1, NULL) == 0, out);
+    S_REQUIRE(ll_quota_held(a) == 2 * S_REGION,
+              out); /* 11 holds 1, 22 joined anew with 1, 44 gone */
     /* A named pool file outlives its processes, and so does its count,
      * until the file goes. */
     ll_quota_t *f = ll_quota_open(path, err, sizeof err);
-    S_CHECK(f && ll_quota_join(f, 55, 7, path) == 0);
+    S_REQUIRE(f && ll_quota_join(f, 55, 7, path) == 0, out);
     ll_quota_destroy(&f);
     f = ll_quota_open(path, err, sizeof err);
-    S_CHECK(f && ll_quota_join(f, 66, 0, NULL) == 0 && ll_quota_held(a) == 9 * S_REGION);
+    S_REQUIRE(f && ll_quota_join(f, 66, 0, NULL) == 0 && ll_quota_held(a) == 9 * S_REGION, out);
     ll_quota_destroy(&f);
     snprintf(named, sizeof named, "%s/ledger2", dir);
-    S_CHECK(rename(path, named) == 0 && rename(named, path) == 0); /* same file: still counted */
+    S_REQUIRE(rename(path, named) == 0 && rename(named, path) == 0,
+              out); /* same file: still counted */
     f = ll_quota_open(path, err, sizeof err);
-    S_CHECK(f && ll_quota_join(f, 77, 0, NULL) == 0 && ll_quota_held(a) == 9 * S_REGION);
+    S_REQUIRE(f && ll_quota_join(f, 77, 0, NULL) == 0 && ll_quota_held(a) == 9 * S_REGION, out);
     ll_quota_destroy(&f);
     ll_quota_set_cap(a, 0, LL_QUOTA_SRC_NONE);
-    S_CHECK(ll_quota_take(b, 1000, NULL) == 0);
-    S_CHECK(strcmp(ll_quota_fmt_bytes(256 << 20, buf, sizeof buf), "256 MiB") == 0);
-    S_CHECK(strcmp(ll_quota_fmt_bytes(3 << 29, buf, sizeof buf), "1.5 GiB") == 0);
-    S_CHECK(strcmp(ll_quota_fmt_bytes(100, buf, sizeof buf), "100 bytes") == 0);
+    S_REQUIRE(ll_quota_take(b, 1000, NULL) == 0, out);
+    S_REQUIRE(strcmp(ll_quota_fmt_bytes(256 << 20, buf, sizeof buf), "256 MiB") == 0, out);
+    S_REQUIRE(strcmp(ll_quota_fmt_bytes(3 << 29, buf, sizeof buf), "1.5 GiB") == 0, out);
+    S_REQUIRE(strcmp(ll_quota_fmt_bytes(100, buf, sizeof buf), "100 bytes") == 0, out);
     /* Another user's (or a too open) file is refused. */
     chmod(path, 0644);
     ll_quota_t *open_file = ll_quota_open(path, err, sizeof err);
-    S_CHECK(!open_file && strstr(err, "not this user's own file"));
+    S_REQUIRE(!open_file && strstr(err, "not this user's own file"), out);
     rc = 0;
     if (verbose)
         printf("ll_quota selftest: ok\n");

@@ -1,6 +1,6 @@
 /* ll_store: per-variable checkpoints in Redis plus the payload pool (see
  * ll_store.h): opening a session's store (Redis, the pool), closing it,
- * reclamation, the store's own bookkeeping, and the end-to-end self-test.
+ * reclamation and the store's own bookkeeping.
  * Runs in the kernel, in workers and in tests, on whatever thread calls it;
  * one mutex serializes calls on a store.
  *
@@ -30,9 +30,11 @@
  * versions use are read from ll:S:prefs.  The owner then gives back the
  * memory of free space beyond its reserve (ll_pool_trim).
  *
- * Files: this one; ll_store_ref.c, ll_store_put.c, ll_store_commit.c; what
- * they share, ll_store_internal.h; the page kind of a new pool,
- * ll_pagekind.c; the pool itself, ll_pool.c; Redis, ll_redis.c. */
+ * Files, lowest first (each uses only those before it): payload refs,
+ * ll_store_ref.c; this one; ll_store_put.c; ll_store_commit.c; the
+ * end-to-end self-test, ll_store_selftest.c.  What they share,
+ * ll_store_internal.h; the page kind of a new pool, ll_pagekind.c; the
+ * pool itself, ll_pool.c; Redis, ll_redis.c. */
 #include "store/ll_store.h"
 
 #include <errno.h>
@@ -785,160 +787,4 @@ void ll_store_stats(ll_store_t *st, ll_store_stats_t *out)
     out->redis_url = ll_redis_url(st->redis);
     out->redis_owned = st->redis_owned;
     pthread_mutex_unlock(&st->mu);
-}
-
-/* ---- self-test (starts its own redis-server) ------------------------- */
-
-#define S_CHECK(cond)                                                                         \
-    do {                                                                                      \
-        if (!(cond)) {                                                                        \
-            fprintf(stderr, "ll_store selftest: %s:%d: %s failed (%s)\n", __FILE__, __LINE__, \
-                    #cond, st ? st->err : "");                                                \
-            goto fail;                                                                        \
-        }                                                                                     \
-    } while (0)
-
-int ll_store_selftest(bool verbose)
-{
-    char dir[] = "/tmp/ll-store-selftest-XXXXXX", err[512];
-    ll_store_t *st = NULL;
-    ll_store_entry_t *e = NULL;
-    size_t ne = 0;
-    char *ref1 = NULL, *ref2 = NULL;
-    ll_pool_map_t *map = NULL;
-    int rc = 1;
-    if (!mkdtemp(dir)) {
-        fprintf(stderr, "ll_store selftest: mkdtemp: %s\n", strerror(errno));
-        return 1;
-    }
-    char pool_path[128];
-    snprintf(pool_path, sizeof pool_path, "/dev/shm/ll-store-selftest-%d.pool", (int) getpid());
-    /* A short timeout for the stall below (read by the store and its guard
-     * when they start). */
-    const char *timeout_env = getenv("LL_STORE_TIMEOUT_S");
-    char *saved_timeout = timeout_env ? strdup(timeout_env) : NULL;
-    setenv("LL_STORE_TIMEOUT_S", "2", 1);
-    /* Sizes as LL_STORE_POOL_BYTES takes them. */
-    size_t nb = 0;
-    S_CHECK(ll_store_parse_bytes("64G", &nb) == 0 && nb == (size_t) 64 << 30);
-    S_CHECK(ll_store_parse_bytes("512MiB", &nb) == 0 && nb == (size_t) 512 << 20);
-    S_CHECK(ll_store_parse_bytes("3k", &nb) == 0 && nb == 3072);
-    S_CHECK(ll_store_parse_bytes("1TB", &nb) == 0 && nb == (size_t) 1 << 40);
-    S_CHECK(ll_store_parse_bytes("1048576", &nb) == 0 && nb == 1048576);
-    S_CHECK(ll_store_parse_bytes("", &nb) == -1 && ll_store_parse_bytes("G", &nb) == -1);
-    S_CHECK(ll_store_parse_bytes("-1G", &nb) == -1 && ll_store_parse_bytes("12X", &nb) == -1);
-    S_CHECK(ll_store_parse_bytes("1Gx", &nb) == -1 &&
-            ll_store_parse_bytes("99999999999T", &nb) == -1);
-    ll_store_opts_t opts = {.pool_bytes = 8 * LL_STORE_R, .pool_path = pool_path};
-    st = ll_store_open(dir, "bad session!", &opts, err, sizeof err);
-    S_CHECK(!st && strstr(err, "session id"));
-    st = ll_store_open(dir, "selftest", &opts, err, sizeof err);
-    if (!st)
-        fprintf(stderr, "ll_store selftest: open: %s\n", err);
-    S_CHECK(st);
-    S_CHECK(st->redis_owned);
-    /* A 3-region payload, then the same with one byte changed in region 1. */
-    size_t len = 2 * LL_STORE_R + 100, written;
-    char *buf = malloc(len);
-    S_CHECK(buf);
-    for (size_t i = 0; i < len; i++)
-        buf[i] = (char) (i * 7);
-    ref1 = ll_store_put(st, buf, len, NULL, NULL, &written);
-    S_CHECK(ref1 && written == len && ll_store_ref_nbytes(ref1) == (long long) len);
-    buf[LL_STORE_R + 5] ^= 1;
-    ref2 = ll_store_put(st, buf, len, ref1, NULL, &written);
-    S_CHECK(ref2 && written == LL_STORE_R);
-    S_CHECK(ll_store_put(st, buf, len, "P1/zz", NULL, &written) == NULL &&
-            st->errkind == LL_STORE_EINVAL);
-    const char *prefs[] = {ref2};
-    const char *refs[] = {"y"};
-    ll_store_write_t w[2] = {
-        {.name = "x",
-         .blob = "blob-x",
-         .bloblen = 6,
-         .prefs = prefs,
-         .nprefs = 1,
-         .refs = refs,
-         .nrefs = 1},
-        {.name = "y", .blob = "", .bloblen = 0},
-    };
-    uint64_t v1 = 0, v2 = 0;
-    S_CHECK(ll_store_commit(st, "cell-1", w, 2, NULL, 0, NULL, 0, &v1) == 0 && v1 == 1);
-    S_CHECK(ll_store_discard(st, ref1) == 0); /* never committed */
-    /* A stale base version is a conflict and writes nothing. */
-    ll_store_base_t stale = {"x", 0};
-    S_CHECK(ll_store_commit(st, "cell-2", w, 1, NULL, 0, &stale, 1, &v2) == -1 &&
-            st->errkind == LL_STORE_ECONFLICT);
-    const char *del[] = {"y"};
-    ll_store_base_t ok = {"x", v1};
-    S_CHECK(ll_store_commit(st, "cell-2", w, 1, del, 1, &ok, 1, &v2) == 0 && v2 == 2);
-    const char *names[] = {"x", "y", "nope"};
-    S_CHECK(ll_store_fetch(st, names, 3, &e, &ne) == 0 && ne == 1);
-    S_CHECK(strcmp(e[0].name, "x") == 0 && e[0].version == 2 && e[0].bloblen == 6 &&
-            memcmp(e[0].blob, "blob-x", 6) == 0 && e[0].nprefs == 1 &&
-            strcmp(e[0].prefs[0], ref2) == 0 && e[0].nrefs == 1 && strcmp(e[0].refs[0], "y") == 0);
-    map = ll_store_map(st, e[0].prefs[0], false);
-    S_CHECK(map && ll_pool_map_len(map) == len && memcmp(ll_pool_map_addr(map), buf, len) == 0);
-    ll_pool_unmap(&map);
-    /* ref1's own region 1 is garbage now; reclamation finds exactly it. */
-    /* (the owner's idle reclamation may have been first) */
-    int freed = ll_store_gc(st);
-    S_CHECK(freed == 1 || (freed == 0 && st->reclaimed == 1));
-    uint64_t lv;
-    char *cell;
-    S_CHECK(ll_store_last_commit(st, &lv, &cell) == 0 && lv == 2 && cell &&
-            strcmp(cell, "cell-2") == 0);
-    free(cell);
-
-    /* The owner's guard: its redis-server killed, a new one comes up on the
-     * same data and the dead one is reaped; one stopped (SIGSTOP) is killed
-     * after half the timeout and comes back too, and a call that met the
-     * stall either rode it out or failed as unavailable, never hung. */
-    S_CHECK(st->guard);
-    pid_t rp = ll_redis_server_pid(dir);
-    S_CHECK(rp > 0 && kill(rp, SIGKILL) == 0);
-    for (double until = ll_clock_ms() + 15000;
-         ll_redis_guard_restarts(st->guard) < 1 && ll_clock_ms() < until;)
-        usleep(10000);
-    S_CHECK(ll_redis_guard_restarts(st->guard) == 1);
-    S_CHECK(kill(rp, 0) != 0 && errno == ESRCH); /* reaped, not <defunct> */
-    S_CHECK(ll_store_last_commit(st, &lv, &cell) == 0 && lv == 2);
-    free(cell);
-    rp = ll_redis_server_pid(dir);
-    S_CHECK(rp > 0 && kill(rp, SIGSTOP) == 0);
-    double t0 = ll_clock_ms();
-    int got = ll_store_last_commit(st, &lv, &cell);
-    double waited = ll_clock_ms() - t0;
-    if (got == 0)
-        free(cell);
-    S_CHECK(got == 0 || ll_store_errkind(st) == LL_STORE_EUNAVAIL);
-    S_CHECK(waited < 2000 * 1.5 + 500);
-    for (double until = ll_clock_ms() + 15000;
-         ll_redis_guard_restarts(st->guard) < 2 && ll_clock_ms() < until;)
-        usleep(10000);
-    S_CHECK(ll_redis_guard_restarts(st->guard) == 2);
-    S_CHECK(ll_store_last_commit(st, &lv, &cell) == 0 && lv == 2);
-    free(cell);
-    S_CHECK(ll_store_delete_session(st) == 0);
-    free(buf);
-    if (verbose)
-        printf("(redis in %s) ", dir);
-    rc = 0;
-fail:
-    ll_store_entries_free(e, ne);
-    ll_pool_unmap(&map);
-    free(ref1);
-    free(ref2);
-    ll_store_destroy(&st); /* stops the redis-server it started */
-    if (saved_timeout)
-        setenv("LL_STORE_TIMEOUT_S", saved_timeout, 1);
-    else
-        unsetenv("LL_STORE_TIMEOUT_S");
-    free(saved_timeout);
-    unlink(pool_path);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "ll_store selftest: could not remove %s\n", dir);
-    return rc;
 }

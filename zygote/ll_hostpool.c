@@ -42,70 +42,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* Frames to a client are queued and written as its socket takes them, so a
- * client that stops reading stalls only itself; past S_CLIENT_QUEUE_MAX it
- * is dropped (its cells are cancelled) instead of growing without bound. */
-#define S_CLIENT_QUEUE_MAX (512u << 20)
-
 /* ------------------------------------------------------------------ */
 /* Clients' connections                                               */
-
-/* Write what client C's socket takes now. */
-static void s_client_flush(ll_hostpool_t *pool, int c)
-{
-    ll_hostpool_client_t *cl = &pool->clients[c];
-    size_t done = 0;
-    while (done < cl->olen) {
-        ssize_t w = send(cl->fd, cl->out + done, cl->olen - done, MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (w > 0) {
-            done += (size_t) w;
-            continue;
-        }
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0 && errno != EAGAIN) {
-            ll_debug("pool", "client %d: send failed: %s", c, strerror(errno));
-            cl->dead = true;
-        }
-        break;
-    }
-    memmove(cl->out, cl->out + done, cl->olen - done);
-    cl->olen -= done;
-}
-
-void ll_hostpool_send(ll_hostpool_t *pool, int c, json_t *msg)
-{
-    size_t n = 0;
-    char *bytes = c >= 0 && pool->clients[c].fd >= 0 && !pool->clients[c].dead
-                      ? ll_zframe_encode(msg, &n)
-                      : NULL;
-    json_decref(msg);
-    if (!bytes)
-        return;
-    ll_hostpool_client_t *cl = &pool->clients[c];
-    if (cl->olen + n > S_CLIENT_QUEUE_MAX) {
-        ll_warn("pool", "client %d does not read its events (%zu bytes queued): dropping it", c,
-                cl->olen);
-        cl->dead = true;
-        free(bytes);
-        return;
-    }
-    if (cl->olen + n > cl->ocap) {
-        size_t cap = (cl->olen + n) * 2;
-        char *nb = realloc(cl->out, cap);
-        if (!nb) {
-            cl->dead = true;
-            free(bytes);
-            return;
-        }
-        cl->out = nb;
-        cl->ocap = cap;
-    }
-    memcpy(cl->out + cl->olen, bytes, n);
-    cl->olen += n;
-    free(bytes);
-    s_client_flush(pool, c);
-}
 
 /* Accept every client waiting on the listening socket. */
 static void s_accept(ll_hostpool_t *pool)
@@ -153,7 +91,7 @@ static void s_client_gone(ll_hostpool_t *pool, int c)
 static void s_client_input(ll_hostpool_t *pool, int c, short revents)
 {
     if (revents & POLLOUT)
-        s_client_flush(pool, c);
+        ll_hostpool_flush(pool, c);
     if (!(revents & (POLLIN | POLLHUP | POLLERR)))
         return;
     int fr = ll_zreader_fill(pool->clients[c].rd);
@@ -523,7 +461,10 @@ static void s_loop(ll_hostpool_t *pool)
             pool->idle_since = now;
         int timeout = ll_ztree_timeout(pool->tree, now);
         timeout = ll_hostpool_worker_timers(pool, now, timeout);
-        timeout = ll_hostpool_hostd_timer(pool, now, timeout);
+        bool pass;
+        timeout = ll_hostpool_hostd_timer(pool, now, timeout, &pass);
+        if (pass)
+            ll_hostpool_schedule(pool); /* the broker given up: our own slots */
         if (pool->idle_since) {
             double left = pool->idle_since + pool->cfg.idle_exit_s * 1000.0 - now;
             if (left <= 0) {
@@ -550,8 +491,8 @@ static void s_loop(ll_hostpool_t *pool)
             case K_WORKER: ll_hostpool_worker_input(pool, k, fd); break;
             case K_PROBE: ll_ztree_probe_input(pool->tree, k); break;
             case K_HOSTD:
-                if (ll_hostpool_hostd_fd(pool) == fd)
-                    ll_hostpool_hostd_input(pool);
+                if (ll_hostpool_hostd_fd(pool) == fd && ll_hostpool_hostd_input(pool))
+                    ll_hostpool_schedule(pool); /* what it lent or took back */
                 break;
             }
         }
@@ -605,81 +546,10 @@ int ll_hostpool_main(int argc, char **argv)
     if (rc < 0) {
         s_loop(pool);
         ll_info("pool", "stopping");
-        ll_hostpool_jobs_stop(pool);
+        ll_hostpool_runs_stop(pool);
         unlink(pool->sock);
         rc = 0;
     }
     s_destroy(pool);
     return rc;
-}
-
-/* ------------------------------------------------------------------ */
-/* Self-test: a client's queue of frames on a socketpair (no process is */
-/* started): a client that does not read stalls nobody, gets every     */
-/* frame in order once it reads; a dead or gone one gets nothing.      */
-
-int ll_hostpool_selftest(bool verbose)
-{
-    int fails = 0;
-#define S_CHECK(cond)                                                                    \
-    do {                                                                                 \
-        if (!(cond)) {                                                                   \
-            fails++;                                                                     \
-            if (verbose)                                                                 \
-                fprintf(stderr, "ll_hostpool: failed: %s (line %d)\n", #cond, __LINE__); \
-        }                                                                                \
-    } while (0)
-    ll_hostpool_t *pool = calloc(1, sizeof *pool);
-    int sv[2];
-    S_CHECK(pool && socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) == 0);
-    if (!pool)
-        return 1;
-    for (int c = 0; c < LL_HOSTPOOL_MAX_CLIENTS; c++)
-        pool->clients[c].fd = -1;
-    int small = 4096;
-    setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
-    setsockopt(sv[1], SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
-    pool->clients[0].fd = sv[0];
-    char text[1001];
-    memset(text, 'a', 1000);
-    text[1000] = '\0';
-    const int nframes = 300; /* ~300 KiB: more than the socket holds */
-    for (int i = 0; i < nframes; i++)
-        ll_hostpool_send(pool, 0,
-                         json_pack("{s:s, s:i, s:s}", "type", "stream", "n", i, "text", text));
-    S_CHECK(pool->clients[0].olen > 0 && !pool->clients[0].dead); /* queued, not blocked */
-    /* The client reads: every frame, in order, as the queue drains. */
-    ll_zreader_t *rd = ll_zreader_new(sv[1]);
-    int next = 0;
-    bool bad = false;
-    for (int turn = 0; turn < 100000 && next < nframes && !bad; turn++) {
-        s_client_flush(pool, 0);
-        ll_zreader_fill(rd);
-        json_t *m;
-        while ((m = ll_zreader_pop(rd, &bad))) {
-            bad = bad || json_integer_value(json_object_get(m, "n")) != next++;
-            json_decref(m);
-        }
-    }
-    S_CHECK(next == nframes && !bad && pool->clients[0].olen == 0);
-    /* A client marked dead, or one that is gone, gets nothing. */
-    pool->clients[0].dead = true;
-    ll_hostpool_send(pool, 0, json_pack("{s:s}", "type", "stats"));
-    S_CHECK(pool->clients[0].olen == 0);
-    ll_hostpool_send(pool, 1, json_pack("{s:s}", "type", "stats"));
-    ll_hostpool_send(pool, -1, json_pack("{s:s}", "type", "stats"));
-    S_CHECK(pool->clients[1].olen == 0);
-    /* A client whose end closed is marked dead at the next write. */
-    pool->clients[0].dead = false;
-    close(sv[1]);
-    ll_hostpool_send(pool, 0, json_pack("{s:s}", "type", "stats"));
-    S_CHECK(pool->clients[0].dead);
-    ll_zreader_destroy(&rd);
-    close(sv[0]);
-    free(pool->clients[0].out);
-    free(pool);
-#undef S_CHECK
-    if (verbose)
-        fprintf(stderr, "ll_hostpool: %s\n", fails ? "FAILED" : "ok");
-    return fails ? 1 : 0;
 }

@@ -1,6 +1,7 @@
 /* ll_hostpool_config: the host pool's options, read once (see
  * ll_hostpool_config.h).  Run by the pool's one thread at its start. */
 #include "zygote/ll_hostpool_config.h"
+#include "base/ll_check.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -125,14 +126,6 @@ static char *s_fake_getenv(const char *name)
 int ll_hostpool_config_selftest(bool verbose)
 {
     int fails = 0;
-#define S_CHECK(cond)                                                                           \
-    do {                                                                                        \
-        if (!(cond)) {                                                                          \
-            fails++;                                                                            \
-            if (verbose)                                                                        \
-                fprintf(stderr, "ll_hostpool_config: failed: %s (line %d)\n", #cond, __LINE__); \
-        }                                                                                       \
-    } while (0)
     ll_hostpool_config_t cfg;
     char err[512];
 
@@ -242,7 +235,6 @@ int ll_hostpool_config_selftest(bool verbose)
     ll_hostpool_config_env(&cfg, s_fake_getenv);
     S_CHECK(ll_hostpool_config_args(&cfg, 1, none, err, sizeof err) == -1);
     s_fake_env = NULL;
-#undef S_CHECK
     if (verbose)
         fprintf(stderr, "ll_hostpool_config: %s\n", fails ? "FAILED" : "ok");
     return fails ? 1 : 0;

@@ -274,14 +274,15 @@ int ll_hostpool_hostd_fd(const ll_hostpool_t *pool)
     return pool->hostd ? pool->hostd->fd : -1;
 }
 
-int ll_hostpool_hostd_timer(ll_hostpool_t *pool, double now, int timeout)
+int ll_hostpool_hostd_timer(ll_hostpool_t *pool, double now, int timeout, bool *pass)
 {
     ll_hostpool_hostd_t *hd = pool->hostd;
+    *pass = false;
     if (hd && hd->fd >= 0 && !hd->registered) {
         /* Until it welcomes us the pool takes no new slot: not for long. */
         if (now >= hd->hello_t + S_WELCOME_MS) {
             s_private(pool, "did not answer");
-            ll_hostpool_schedule(pool);
+            *pass = true;
             return 0;
         }
         int left = (int) (hd->hello_t + S_WELCOME_MS - now) + 1;
@@ -553,11 +554,11 @@ static void s_frame(ll_hostpool_t *pool, json_t *m)
     }
 }
 
-void ll_hostpool_hostd_input(ll_hostpool_t *pool)
+bool ll_hostpool_hostd_input(ll_hostpool_t *pool)
 {
     ll_hostpool_hostd_t *hd = pool->hostd;
     if (!hd || hd->fd < 0)
-        return;
+        return false;
     int fr = ll_zreader_fill(hd->rd);
     json_t *m;
     bool bad = false;
@@ -567,7 +568,7 @@ void ll_hostpool_hostd_input(ll_hostpool_t *pool)
     }
     if (fr < 0 || bad) {
         s_private(pool, bad ? "sent a malformed frame" : "went away");
-        return;
+        return false;
     }
-    ll_hostpool_schedule(pool);
+    return true;
 }

@@ -1,9 +1,11 @@
 /* ll_hostpool_internal: what the parts of the host pool share and nobody
  * else should see.  ll_hostpool.c is the process: its set-up, the poll
  * loop, the clients' connections; ll_hostpool_jobs.c is what clients ask
- * and workers say: jobs applied to processes as the schedule (ll_sched.h)
- * decides; ll_hostpool_stats.c answers `stats`.  All run on the pool's one
- * thread.
+ * and workers say; ll_hostpool_schedule.c applies the schedule's
+ * (ll_sched.h) decisions to processes; ll_hostpool_runs.c keeps the job
+ * entries and ends their workers; ll_hostpool_stats.c answers `stats`.
+ * Each file uses only the ones listed before it below (tests/tree checks
+ * that no two need each other).  All run on the pool's one thread.
  *
  * The pool's state is one ll_hostpool_t, made by ll_hostpool_main and
  * passed to every function (one pool per process). */
@@ -79,8 +81,9 @@ typedef struct {
     unsigned long long oom_kills; /* the host's OOM kills when the job went to its worker */
 } ll_hostpool_run_t;
 
-/* A home worker that went (ll_hostpool_jobs.c, s_tell_gone): its session's
- * next workers are told, so a cell reading what it held names why. */
+/* A home worker that went (ll_hostpool_tell_gone, ll_hostpool_homes.c):
+ * its session's next workers are told, so a cell reading what it held
+ * names why. */
 #define LL_HOSTPOOL_GONE 32
 typedef struct {
     int client;       /* its client (-1: entry unused) */
@@ -116,51 +119,33 @@ typedef struct {
     ll_hostpool_hostd_t *hostd; /* the slot broker's link; NULL: the pool's own slots */
 } ll_hostpool_t;
 
-/* ---- ll_hostpool.c ---- */
+/* The schedule's side of job R (its state, slot, client, session). */
+static inline const ll_sched_job_t *ll_hostpool_job(const ll_hostpool_t *pool, int r)
+{
+    return ll_sched_job(pool->sched, r);
+}
+/* Whether entry R is in use. */
+static inline bool ll_hostpool_used(const ll_hostpool_t *pool, int r)
+{
+    return ll_hostpool_job(pool, r)->state != LL_SCHED_FREE;
+}
+/* Whether job R is a prefetch (asked, or the pool's own restage). */
+static inline bool ll_hostpool_is_prefetch(const ll_hostpool_t *pool, int r)
+{
+    return ll_hostpool_job(pool, r)->kind != LL_SCHED_CELL;
+}
+/* A warm worker, or one leaving: it has nothing to say and runs no job. */
+static inline bool ll_hostpool_idle_worker(const ll_hostpool_t *pool, int r)
+{
+    return ll_hostpool_job(pool, r)->state == LL_SCHED_WARM ||
+           ll_hostpool_job(pool, r)->state == LL_SCHED_EVICTING;
+}
 
-/* Queue MSG (stolen) for client C and write what its socket takes now; a
- * client gone, or one that does not read (past 512 MiB queued), gets
- * nothing (the latter is marked dead). */
-void ll_hostpool_send(ll_hostpool_t *pool, int c, json_t *msg);
-
-/* ---- ll_hostpool_jobs.c ---- */
-
-/* One pass of the schedule, its decisions applied. */
-void ll_hostpool_schedule(ll_hostpool_t *pool);
-
-/* Frame M (borrowed) from client C: a request, a signal, stats. */
-void ll_hostpool_client_frame(ll_hostpool_t *pool, int c, json_t *m);
-
-/* Client C left: its queued jobs go, its warm workers leave, its running
- * ones are killed (a saving one finishes its save), its sessions end. */
-void ll_hostpool_client_left(ll_hostpool_t *pool, int c);
-
-/* Frame M (borrowed) from node N's zygote. */
-void ll_hostpool_node_frame(ll_hostpool_t *pool, int n, json_t *m);
-
-/* ll_ztree_gone_fn (ARG: the pool): node N is going; cells whose worker it
- * was forking get a ZygoteDied reply. */
-void ll_hostpool_node_lost(void *arg, int n);
-
-/* Every queued job gets an error reply (the base zygote cannot start). */
-void ll_hostpool_fail_queued(ll_hostpool_t *pool);
-
-/* Job R's worker socket FD is readable (R's worker may have moved on). */
-void ll_hostpool_worker_input(ll_hostpool_t *pool, int r, int fd);
-
-/* PID (no probe) was reaped with STATUS: a worker's fate, if it was one. */
-void ll_hostpool_worker_exited(ll_hostpool_t *pool, pid_t pid, int status);
-
-/* At NOW: warm workers unused for --warm-idle leave, workers overdue are
- * killed.  Returns TIMEOUT, or the ms until the next such deadline when
- * sooner. */
-int ll_hostpool_worker_timers(ll_hostpool_t *pool, double now, int timeout);
-
-/* Whether a job or a worker exists (the pool is not idle). */
-bool ll_hostpool_busy(const ll_hostpool_t *pool);
-
-/* The pool stops: every session's line is logged, every worker killed. */
-void ll_hostpool_jobs_stop(ll_hostpool_t *pool);
+/* The files below, lowest first: each uses only those above it.
+ * ll_hostpool_procs.c and ll_hostpool_clients.c need no other;
+ * ll_hostpool_homes.c, ll_hostpool_runs.c, ll_hostpool_hostd.c,
+ * ll_hostpool_stats.c, ll_hostpool_schedule.c and ll_hostpool_jobs.c
+ * follow in that order, and ll_hostpool.c (the process) is on top. */
 
 /* ---- ll_hostpool_procs.c: workers as processes ---- */
 
@@ -183,6 +168,15 @@ int ll_hostpool_kill_strays(ll_hostpool_t *pool, bool workers_too);
 /* The OOM kills of this host so far (/proc/vmstat; 0 when unknown). */
 unsigned long long ll_hostpool_oom_kills(void);
 
+/* ---- ll_hostpool_clients.c: frames to the clients ---- */
+
+/* Queue MSG (stolen) for client C and write what its socket takes now; a
+ * client gone, or one that does not read (past 512 MiB queued), gets
+ * nothing (the latter is marked dead). */
+void ll_hostpool_send(ll_hostpool_t *pool, int c, json_t *msg);
+/* Write what client C's socket takes now (it polled writable). */
+void ll_hostpool_flush(ll_hostpool_t *pool, int c);
+
 /* ---- ll_hostpool_homes.c ---- */
 
 /* R's worker, the home of values of its session, goes (HOW: "evicted for
@@ -193,13 +187,59 @@ void ll_hostpool_tell_gone(ll_hostpool_t *pool, int r, const char *how);
  * the caller owns, NULL when none. */
 json_t *ll_hostpool_gone_of(ll_hostpool_t *pool, int r);
 
-/* ---- ll_hostpool_stats.c ---- */
+/* ---- ll_hostpool_runs.c: entries, and how their workers end ---- */
 
-/* The `stats` event (zygote/API.md); the caller owns it. */
-json_t *ll_hostpool_stats(ll_hostpool_t *pool);
+/* A new queued job of client C (ID, SESSION; REQ: the request, the entry
+ * takes its own reference), or -1 when the table is full (or memory). */
+int ll_hostpool_new_run(ll_hostpool_t *pool, int c, const char *id, const char *session,
+                        json_t *req, ll_sched_kind_t kind);
+/* Forget the pool's side of entry R (the schedule's is the caller's). */
+void ll_hostpool_run_free(ll_hostpool_t *pool, int r);
+/* Forget job R: its slot is free, its worker (if any) unknown. */
+void ll_hostpool_drop_run(ll_hostpool_t *pool, int r);
+/* Job R's worker is gone: the rest of its process group is killed and its
+ * slot waits for that group; then R is dropped. */
+void ll_hostpool_drop_worker(ll_hostpool_t *pool, int r);
+/* Job R's worker will not stay warm (MAY_STAY: it said it could, so it
+ * waits and is told to exit); it keeps its slot until it is gone. */
+void ll_hostpool_let_go(ll_hostpool_t *pool, int r, bool may_stay);
+/* Answer M (stolen, "prefetched") to the client of prefetch R, if any. */
+void ll_hostpool_answer_prefetch(ll_hostpool_t *pool, int r, json_t *m);
+/* Prefetch R will not be prepared (WHY): answer so and drop it. */
+void ll_hostpool_skip_prefetch(ll_hostpool_t *pool, int r, const char *why);
+/* The reply of job R whose worker never replied (ENAME, EVALUE). */
+void ll_hostpool_reply_error(ll_hostpool_t *pool, int r, const char *ename, const char *evalue);
+/* The client of session I left: one line on the pool log, then forget it. */
+void ll_hostpool_session_end(ll_hostpool_t *pool, int i);
+/* Warm worker W leaves (WHY; L its GreedyDual value), keeping its slot
+ * until it is gone; PRESSURE: killed at once, else asked to exit. */
+void ll_hostpool_worker_leaves(ll_hostpool_t *pool, int w, const char *why, double l,
+                               bool pressure);
+/* Let warm worker W go, not under pressure (WHY: logged). */
+void ll_hostpool_release_worker(ll_hostpool_t *pool, int w, const char *why);
 /* hostd takes back the slot of warm worker W: it leaves at once (killed:
  * its save committed), holding its slot until it is gone.  WHY: logged. */
 void ll_hostpool_evict_warm(ll_hostpool_t *pool, int w, const char *why);
+/* Signal SIG to job R's worker, or hold it until the worker can take it. */
+void ll_hostpool_kill_run(ll_hostpool_t *pool, int r, int sig);
+
+/* Every queued job gets an error reply (the base zygote cannot start). */
+void ll_hostpool_fail_queued(ll_hostpool_t *pool);
+
+/* ll_ztree_gone_fn (ARG: the pool): node N is going; cells whose worker it
+ * was forking get a ZygoteDied reply. */
+void ll_hostpool_node_lost(void *arg, int n);
+
+/* At NOW: warm workers unused for --warm-idle leave, workers overdue are
+ * killed.  Returns TIMEOUT, or the ms until the next such deadline when
+ * sooner. */
+int ll_hostpool_worker_timers(ll_hostpool_t *pool, double now, int timeout);
+
+/* Whether a job or a worker exists (the pool is not idle). */
+bool ll_hostpool_busy(const ll_hostpool_t *pool);
+
+/* The pool stops: every session's line is logged, every worker killed. */
+void ll_hostpool_runs_stop(ll_hostpool_t *pool);
 
 /* ---- ll_hostpool_hostd.c: slots leased from `looseleaf hostd` ---- */
 
@@ -208,11 +248,15 @@ void ll_hostpool_hostd_start(ll_hostpool_t *pool);
 void ll_hostpool_hostd_stop(ll_hostpool_t *pool);
 /* The broker's connection to poll for POLLIN, -1 none. */
 int ll_hostpool_hostd_fd(const ll_hostpool_t *pool);
-/* Its frames (grants, revocations, answers); then a pass of the schedule. */
-void ll_hostpool_hostd_input(ll_hostpool_t *pool);
-/* At NOW: try to reach it again when due.  TIMEOUT, or the ms to the next
- * attempt when sooner. */
-int ll_hostpool_hostd_timer(ll_hostpool_t *pool, double now, int timeout);
+/* Its frames (grants, revocations, answers).  Returns whether the caller
+ * is to run a pass of the schedule now (the link is below the schedule, so
+ * it asks for one: what it was lent or lost changes what the pass does). */
+bool ll_hostpool_hostd_input(ll_hostpool_t *pool);
+/* At NOW: try to reach it again when due, give it up when it does not
+ * welcome us in time (then *PASS: the caller runs a pass of the schedule,
+ * on the pool's own slots).  TIMEOUT, or the ms to the next attempt when
+ * sooner. */
+int ll_hostpool_hostd_timer(ll_hostpool_t *pool, double now, int timeout, bool *pass);
 /* After a pass: tell the broker what changed (cells waiting, leases busy or
  * idle, leases free to return), and evict warm workers on slots it takes
  * back. */
@@ -225,5 +269,33 @@ bool ll_hostpool_hostd_device(const ll_hostpool_t *pool, int slot, int *dev, con
                               double *frac);
 /* The broker's slot our SLOT holds a lease on, -1 none (or no broker). */
 int ll_hostpool_hostd_slot(const ll_hostpool_t *pool, int slot);
+
+/* ---- ll_hostpool_stats.c ---- */
+
+/* The `stats` event (zygote/API.md); the caller owns it. */
+json_t *ll_hostpool_stats(ll_hostpool_t *pool);
+
+/* ---- ll_hostpool_schedule.c ---- */
+
+/* One pass of the schedule, its decisions applied. */
+void ll_hostpool_schedule(ll_hostpool_t *pool);
+
+/* ---- ll_hostpool_jobs.c: what clients ask and zygotes and workers say ---- */
+
+/* Frame M (borrowed) from client C: a request, a signal, stats. */
+void ll_hostpool_client_frame(ll_hostpool_t *pool, int c, json_t *m);
+
+/* Client C left: its queued jobs go, its warm workers leave, its running
+ * ones are killed (a saving one finishes its save), its sessions end. */
+void ll_hostpool_client_left(ll_hostpool_t *pool, int c);
+
+/* Frame M (borrowed) from node N's zygote. */
+void ll_hostpool_node_frame(ll_hostpool_t *pool, int n, json_t *m);
+
+/* Job R's worker socket FD is readable (R's worker may have moved on). */
+void ll_hostpool_worker_input(ll_hostpool_t *pool, int r, int fd);
+
+/* PID (no probe) was reaped with STATUS: a worker's fate, if it was one. */
+void ll_hostpool_worker_exited(ll_hostpool_t *pool, pid_t pid, int status);
 
 #endif

@@ -11,6 +11,7 @@
 #include "base/ll_clock.h"
 #include "base/ll_log.h"
 #include "kernel/ll_pyenv.h"
+#include "base/ll_check.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -462,13 +463,6 @@ static void s_test_setenv(const char *name, const char *value)
 static int s_test_default_dir(void)
 {
     int fails = 0;
-#define S_CHECK(cond)                                                                       \
-    do {                                                                                    \
-        if (!(cond)) {                                                                      \
-            fprintf(stderr, "ll_zclient selftest: %s:%d: %s\n", __FILE__, __LINE__, #cond); \
-            fails++;                                                                        \
-        }                                                                                   \
-    } while (0)
     char *saved[3] = {getenv("LOOSELEAF_POOL_DIR"), getenv("XDG_RUNTIME_DIR"),
                       getenv("LOOSELEAF_PYTHON")};
     for (int i = 0; i < 3; i++)
@@ -514,21 +508,12 @@ static int s_test_default_dir(void)
     s_test_setenv("LOOSELEAF_PYTHON", saved[2]);
     for (int i = 0; i < 3; i++)
         free(saved[i]);
-#undef S_CHECK
     return fails;
 }
 
 int ll_zclient_selftest(bool verbose)
 {
     int fails = 0;
-#define S_CHECK(cond)                                                                   \
-    do {                                                                                \
-        if (!(cond)) {                                                                  \
-            fails++;                                                                    \
-            if (verbose)                                                                \
-                fprintf(stderr, "ll_zclient: failed: %s (line %d)\n", #cond, __LINE__); \
-        }                                                                               \
-    } while (0)
     char err[256];
     int sv[2];
     S_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
@@ -637,7 +622,6 @@ int ll_zclient_selftest(bool verbose)
     close(sv[1]);
 
     fails += s_test_default_dir();
-#undef S_CHECK
     if (verbose)
         fprintf(stderr, "ll_zclient: %s\n", fails ? "FAILED" : "ok");
     return fails ? 1 : 0;

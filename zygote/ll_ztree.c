@@ -10,6 +10,7 @@
 #include "base/ll_clock.h"
 #include "base/ll_log.h"
 #include "kernel/ll_pyenv.h"
+#include "base/ll_check.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -729,14 +730,6 @@ static void s_test_node(ll_ztree_t *t, int n, int parent, bool ready, const char
 int ll_ztree_selftest(bool verbose)
 {
     int fails = 0;
-#define S_CHECK(cond)                                                                 \
-    do {                                                                              \
-        if (!(cond)) {                                                                \
-            fails++;                                                                  \
-            if (verbose)                                                              \
-                fprintf(stderr, "ll_ztree: failed: %s (line %d)\n", #cond, __LINE__); \
-        }                                                                             \
-    } while (0)
     ll_ztree_t *t =
         ll_ztree_new("/nonexistent", "looseleaf", "numpy", 3, true, s_test_on_gone, NULL);
     S_CHECK(t && !ll_ztree_any_ready(t));
@@ -800,7 +793,6 @@ int ll_ztree_selftest(bool verbose)
     ll_ztree_destroy(&t);
     S_CHECK(t == NULL);
     ll_ztree_destroy(&t); /* safe twice */
-#undef S_CHECK
     if (verbose)
         fprintf(stderr, "ll_ztree: %s\n", fails ? "FAILED" : "ok");
     return fails ? 1 : 0;

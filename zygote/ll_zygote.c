@@ -35,6 +35,7 @@
 #include "base/ll_log.h"
 #include "base/ll_stream.h"
 #include "store/ll_store.h"
+#include "base/ll_check.h"
 
 #include <Python.h>
 #include <dirent.h>
@@ -892,14 +893,6 @@ int ll_zygote_main(int argc, char **argv)
 int ll_zygote_selftest(bool verbose)
 {
     int fails = 0;
-#define S_CHECK(cond)                                                                  \
-    do {                                                                               \
-        if (!(cond)) {                                                                 \
-            fails++;                                                                   \
-            if (verbose)                                                               \
-                fprintf(stderr, "ll_zygote: failed: %s (line %d)\n", #cond, __LINE__); \
-        }                                                                              \
-    } while (0)
     /* /proc/self/maps: a mapped NVIDIA device refuses a fork (the driver was
      * initialised); the driver's or NVIDIA's libraries mapped do not (a CUDA
      * build of torch maps libcuda at import without initialising it): the
@@ -965,7 +958,6 @@ int ll_zygote_selftest(bool verbose)
     S_CHECK(json_integer_value(json_object_get(ll, "restore_ms")) == 4);
     S_CHECK(json_integer_value(json_object_get(ll, "save_ms")) == 5 && json_object_size(ll) == 2);
     json_decref(md);
-#undef S_CHECK
     if (verbose)
         fprintf(stderr, "ll_zygote: %s\n", fails ? "FAILED" : "ok");
     return fails ? 1 : 0;
