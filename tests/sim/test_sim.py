@@ -17,7 +17,9 @@ median visible waits without hints of 23, 58 and 92 ms (a factor of 4 between ru
 come from a quieter `make bench` run.  The rates and the held share depend on the schedule, not on the machine's
 load, and are held to 5 points.
 """
+import csv
 import json
+import math
 import os
 import subprocess
 import sys
@@ -307,3 +309,45 @@ def test_ablations_each_mechanism_moves_its_metric(tmp_path):
     # Naive serverless: every cell cold, the whole namespace in and out.
     assert doc["naive"]["share_within_1s"] == 0 and doc["naive"]["latency_p95_s"] > ll["latency_p95_s"]
     assert _run(["simulate", "--ablations", "--designs", "pinned", str(t)]).returncode == 2
+
+
+sys.path.insert(0, os.path.join(REPO, "sim"))
+import experiments  # noqa: E402
+
+
+def test_confidence_interval_known_values():
+    """sim/experiments.py: mean and the t-based 95% half-width on inputs worked by hand."""
+    m, h = experiments.mean_ci([1, 2, 3, 4, 5])  # s = sqrt(2.5), t(0.975, 4) = 2.7764
+    assert m == 3 and h == pytest.approx(2.7764 * math.sqrt(2.5) / math.sqrt(5), rel=1e-6)
+    m, h = experiments.mean_ci([10, 12])  # s = sqrt(2), t(0.975, 1) = 12.7062
+    assert m == 11 and h == pytest.approx(12.7062 * math.sqrt(2) / math.sqrt(2), rel=1e-6)
+    assert experiments.mean_ci([7, 7, 7]) == (7, 0)
+    assert experiments.mean_ci([4.2]) == (4.2, None)
+    with pytest.raises(ValueError):
+        experiments.mean_ci([])
+    # Beyond the table: within 1e-3 of the exact quantiles (t(0.975, 40) = 2.0211, t(0.975, 120) = 1.9799).
+    assert experiments.t975(40) == pytest.approx(2.0211, abs=1e-3)
+    assert experiments.t975(120) == pytest.approx(1.9799, abs=1e-3)
+    try:
+        from scipy import stats
+    except ImportError:
+        return
+    for df in (1, 2, 3, 7, 15, 30, 31, 60, 1000):
+        assert experiments.t975(df) == pytest.approx(stats.t.ppf(0.975, df), abs=1e-3)
+    assert experiments.fmt([1, 2, 3, 4, 5]) == "3.0 ± 2.0"
+
+
+def test_experiments_ablation_table(trace, tmp_path):
+    """`sim/experiments.py ablations`: one command, every mechanism's row, figures with their intervals, a CSV."""
+    env = dict(os.environ, XDG_CACHE_HOME=str(trace.parent / "cache"))
+    nb = os.path.join(REPO, "examples", "looseleaf_torch_training.ipynb")
+    r = subprocess.run([sys.executable, os.path.join(REPO, "sim", "experiments.py"), "ablations", "--seeds", "2",
+                        "--sessions", "4", "--duration", "1800", "--notebooks", nb, "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    for what in ("LooseLeaf", "closures off", "incremental save off", "prefetch off", "import cache off",
+                 "warm worker cache off", "naive serverless"):
+        assert "| " + what in r.stdout, what
+    assert "t-based 95% CI" in r.stdout and " ± " in r.stdout
+    rows = list(csv.reader(open(tmp_path / "ablations_4.csv")))
+    assert rows[0][:2] == ["design", "GPU-h"] and len(rows) == 8
