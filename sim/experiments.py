@@ -78,6 +78,27 @@ def pct(values, digits=1):
     return fmt(values, 100.0, digits, "%")
 
 
+SIZES = ("closure_bytes", "written_bytes", "namespace_bytes")
+
+
+def scale_state(text, factor):
+    """TEXT (a trace) with every cell's state sizes times FACTOR (notebook lines and inline session cells): the
+    same sessions with larger state, a what-if for the mechanisms that move state (--state-scale)."""
+    if factor == 1:
+        return text
+    out = []
+    for line in text.splitlines():
+        if '"cells"' in line:
+            doc = json.loads(line)
+            for c in doc["cells"]:
+                for k in SIZES:
+                    if k in c:
+                        c[k] *= factor
+            line = json.dumps(doc, separators=(",", ":"))
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
 class Runner:
     """Traces (made once per size and seed, in a scratch directory) and simulations of them."""
 
@@ -90,10 +111,11 @@ class Runner:
         key = (sessions, seed)
         if key not in self.traces:
             path = os.path.join(self.tmp.name, "t%d_%d.jsonl" % key)
-            with open(path, "w") as f:
-                subprocess.run([LOOSELEAF, "trace", "--sessions", str(sessions), "--seed", str(seed),
+            r = subprocess.run([LOOSELEAF, "trace", "--sessions", str(sessions), "--seed", str(seed),
                                 "--duration", str(self.args.duration), "--gpu-busy", str(self.args.gpu_busy)]
-                               + self.args.notebooks, stdout=f, check=True)
+                               + self.args.notebooks, stdout=subprocess.PIPE, text=True, check=True)
+            with open(path, "w") as f:
+                f.write(scale_state(r.stdout, self.args.state_scale))
             self.traces[key] = path
         return self.traces[key]
 
@@ -131,7 +153,8 @@ def table(title, head, rows, out=None, name=None):
 
 def _conf(args):
     return ("%d seeds (mean ± t-based 95%% CI over seeds), %s sessions over %.0f h, GPU busy %.0f%% of a pinned "
-            "session" % (args.seeds, args.sessions, args.duration / 3600, 100 * args.gpu_busy))
+            "session%s" % (args.seeds, args.sessions, args.duration / 3600, 100 * args.gpu_busy,
+                           ", state sizes x %g" % args.state_scale if args.state_scale != 1 else ""))
 
 
 # ---- the frontier ----
@@ -254,6 +277,9 @@ def main(argv=None):
     p.add_argument("--gpu-busy", type=float, default=0.19, help="looseleaf trace --gpu-busy (default 0.19)")
     p.add_argument("--notebooks", nargs="+", default=NOTEBOOKS, help="the notebooks (default the tree's three "
                    "GPU notebooks)")
+    p.add_argument("--state-scale", type=float, default=1.0,
+                   help="multiply every cell's closure, written and namespace bytes (a what-if: the tree's "
+                   "notebooks hold at most 1.8 MB; default 1)")
     p.add_argument("--out", help="also write each table as DIR/NAME.csv")
     args = p.parse_args(argv)
     if args.seeds < 1:
