@@ -511,6 +511,8 @@ static void s_dispatch(ll_sim_t *sim, const ll_sim_ev_t *ev)
     default:
         if (!dd->closed)
             dd->ops->event(dd->st, ev);
+        else if (dd->ops->dropped)
+            dd->ops->dropped(dd->st, ev); /* (a keep-alive timer held its session) */
         break;
     }
 }

@@ -560,6 +560,14 @@ static void s_el_event(void *st, const ll_sim_ev_t *ev)
     }
 }
 
+/* An idle timer that fires after the run closed still holds its session. */
+static void s_ka_dropped(void *st, const ll_sim_ev_t *ev)
+{
+    s_base_t *b = st;
+    if (ev->kind == EV_IDLE)
+        ll_sim_unhold(b->sim, ev->s);
+}
+
 const ll_sim_ops_t ll_sim_keepalive_ops = {
     .create = s_el_create,
     .destroy = s_destroy,
@@ -570,6 +578,7 @@ const ll_sim_ops_t ll_sim_keepalive_ops = {
     .leave = s_el_leave,
     .event = s_el_event,
     .finish = s_finish_own,
+    .dropped = s_ka_dropped,
 };
 
 const ll_sim_ops_t ll_sim_naive_ops = {

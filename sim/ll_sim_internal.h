@@ -92,6 +92,9 @@ typedef struct {
     void (*leave)(void *st, ll_sim_sess_t *s, double now);    /* the session disconnects */
     void (*event)(void *st, const ll_sim_ev_t *ev);           /* its own events, and TICK */
     void (*finish)(void *st, double now); /* the run is over: power everything off */
+    /* Its own event EV came after its figures closed (it is dropped): let go
+     * of what EV held (ll_sim_hold).  NULL: its events hold nothing. */
+    void (*dropped)(void *st, const ll_sim_ev_t *ev);
 } ll_sim_ops_t;
 
 extern const ll_sim_ops_t ll_sim_looseleaf_ops, ll_sim_looseleaf_nopf_ops, ll_sim_pinned_ops,

@@ -116,6 +116,9 @@ def test_simulate_threads_agree(trace):
     one = json.loads(_run(["simulate", "--json", "--threads", "1", str(trace)]).stdout)
     two = json.loads(_run(["simulate", "--json", "--threads", "2", str(trace)]).stdout)
     assert one == two
+    one = json.loads(_run(["simulate", "--json", "--ablations", "--threads", "1", str(trace)]).stdout)
+    two = json.loads(_run(["simulate", "--json", "--ablations", "--threads", "2", str(trace)]).stdout)
+    assert one == two and len(one) == 7
 
 
 def test_simulate_bad_input(tmp_path):
@@ -351,3 +354,36 @@ def test_experiments_ablation_table(trace, tmp_path):
     assert "t-based 95% CI" in r.stdout and " ± " in r.stdout
     rows = list(csv.reader(open(tmp_path / "ablations_4.csv")))
     assert rows[0][:2] == ["design", "GPU-h"] and len(rows) == 8
+
+
+def test_experiments_state_scale():
+    """--state-scale multiplies every state size of a trace, in notebook lines and inline cells, nothing else."""
+    text = "\n".join([json.dumps({"trace": "looseleaf-fleet", "version": 1}),
+                      json.dumps({"notebook": "nb0", "cells": [{"label": "gpu", "exec_s": 1, "closure_bytes": 10,
+                                                               "written_bytes": 2, "namespace_bytes": 30}]}),
+                      json.dumps({"session": "s0", "seat": 0, "arrival_s": 0, "notebook": "nb0",
+                                  "cells": [{"cell": 0, "gap_s": 3}, {"label": "cpu", "exec_s": 2,
+                                                                      "written_bytes": 5}]})]) + "\n"
+    lines = [json.loads(l) for l in experiments.scale_state(text, 1000).splitlines()]
+    assert lines[0] == {"trace": "looseleaf-fleet", "version": 1}
+    assert lines[1]["cells"][0] == {"label": "gpu", "exec_s": 1, "closure_bytes": 10000, "written_bytes": 2000,
+                                    "namespace_bytes": 30000}
+    assert lines[2]["cells"] == [{"cell": 0, "gap_s": 3}, {"label": "cpu", "exec_s": 2, "written_bytes": 5000}]
+    assert experiments.scale_state(text, 1) == text
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/valgrind"), reason="needs valgrind")
+def test_no_session_leaks(tmp_path):
+    """Sessions are freed, whichever design held them last: a keep-alive idle timer still pending when the run
+    closed held its session forever (every session of a run leaked), and a session waiting for its seat when a
+    bad line cuts the run short is freed with the simulator."""
+    t = tmp_path / "seats.jsonl"
+    _seated(t, 8)
+    vg = ["/usr/bin/valgrind", "-q", "--leak-check=full", "--errors-for-leak-kinds=definite", "--error-exitcode=9",
+          LOOSELEAF, "simulate", "--threads", "1"]
+    r = subprocess.run(vg + [str(t)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    with open(t, "a") as f:
+        f.write("not json\n")
+    r = subprocess.run(vg + [str(t)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "definitely lost" not in r.stderr, r.stderr[-3000:]
