@@ -206,7 +206,7 @@ def ablations(run, args):
 
 # ---- the baselines' assumed numbers ----
 
-NBOS_SUBSCRIPTION = [1, 2, 3, 4, 6, 8]
+NBOS_SUBSCRIPTION = [1, 2, 3, 4, 6, 8, 21]
 KEEPALIVE_IDLE = [60, 300, 600, 1200]
 
 
