@@ -387,3 +387,15 @@ def test_no_session_leaks(tmp_path):
         f.write("not json\n")
     r = subprocess.run(vg + [str(t)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 1 and "definitely lost" not in r.stderr, r.stderr[-3000:]
+
+
+def test_pinned_packed_is_the_floor(tmp_path):
+    """16 sessions fill two hosts (best fit: the first 8 on one); four leave each host at 10 s.  Best-fit pinned
+    keeps both hosts to 100 s (200 host-seconds); the ideally packed bound needs one from 10 s (110)."""
+    t = tmp_path / "packed.jsonl"
+    _write(t, [{"session": "s%d" % k, "arrival_s": 0, "tail_s": 10 if k % 8 < 4 else 100, "cells": []}
+               for k in range(16)])
+    doc = json.loads(_run(["simulate", "--json", "--designs", "pinned,pinned_packed", str(t)]).stdout)
+    assert doc["pinned"]["gpu_hours"] == pytest.approx(200 * 8 / 3600, rel=1e-6)
+    assert doc["pinned_packed"]["gpu_hours"] == pytest.approx(110 * 8 / 3600, rel=1e-6)
+    assert doc["pinned"]["peak_gpus"] == doc["pinned_packed"]["peak_gpus"] == 16
