@@ -333,12 +333,12 @@ static int s_session(ll_trace_reader_t *self, json_t *line, ll_trace_session_t *
     double tail = s_num(line, "tail_s", 0, &bad);
     json_t *seat = json_object_get(line, "seat");
     bad = bad || (seat && (!json_is_integer(seat) || json_integer_value(seat) < 0 ||
-                           json_integer_value(seat) > 100000000));
+                           json_integer_value(seat) > 1000000));
     if (!(json_is_string(id) || json_is_integer(id)) || !json_is_array(cells) || bad ||
         arrival < 0) {
         snprintf(err, errlen,
                  "line %ld: a session line needs \"session\", \"arrival_s\" >= 0 and \"cells\" "
-                 "(and \"seat\", if given, an integer 0..1e8)",
+                 "(and \"seat\", if given, an integer 0..1000000)",
                  self->lineno);
         return -1;
     }

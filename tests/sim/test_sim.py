@@ -239,9 +239,10 @@ def test_seat_handover_never_holds_both(tmp_path):
     # seat, not more.
     assert doc["pinned"]["held_gpu_hours"] * 3600 == pytest.approx(8 * 2 * (5 + 0.68 + 10 + 5), rel=1e-3)
     bad = tmp_path / "bad.jsonl"
-    _write(bad, [{"session": "a", "seat": -1, "arrival_s": 0, "cells": []}])
-    r = _run(["simulate", str(bad)])
-    assert r.returncode == 1 and "seat" in r.stderr
+    for seat in (-1, 1000001, 1.5, "x"):
+        _write(bad, [{"session": "a", "seat": seat, "arrival_s": 0, "cells": []}])
+        r = _run(["simulate", str(bad)])
+        assert r.returncode == 1 and "seat" in r.stderr, seat
 
 
 def test_departure_before_arrival_at_the_same_instant(tmp_path):
