@@ -21,8 +21,24 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const s_names[LL_SIM_NDESIGNS] = {
-    "pinned", "keepalive", "notebookos", "naive", "looseleaf_noprefetch", "looseleaf"};
+static const char *const s_names[LL_SIM_NDESIGNS] = {"pinned",
+                                                     "pinned_packed",
+                                                     "keepalive",
+                                                     "notebookos",
+                                                     "naive",
+                                                     "looseleaf_noprefetch",
+                                                     "looseleaf_noclosure",
+                                                     "looseleaf_fullsave",
+                                                     "looseleaf_noimportcache",
+                                                     "looseleaf_nowarm",
+                                                     "looseleaf"};
+
+/* A seat of a design: the session in it, and those waiting for it (a
+ * seat's next user comes when the previous one's day, computed without
+ * waits, ends; with waits the previous one may still be there). */
+typedef struct {
+    ll_sim_sess_t *occ, *head, *tail;
+} s_seat_t;
 
 typedef struct {
     const ll_sim_ops_t *ops; /* NULL: not run */
@@ -33,6 +49,8 @@ typedef struct {
     double t_first;    /* the first arrival */
     ll_sim_result_t r; /* the figures */
     int cap_samples;
+    s_seat_t *seats; /* by seat number */
+    long nseats;
 } s_design_t;
 
 struct ll_sim_t {
@@ -188,6 +206,8 @@ double ll_sim_latency_share(const ll_sim_result_t *r, double t)
         return 1.0;
     if (t == 1.0)
         return (double) r->within_1s / (double) r->gpu_cells;
+    if (t == 0.05)
+        return (double) r->within_50ms / (double) r->gpu_cells;
     double cum = 0;
     for (int b = 0; b < LL_SIM_LAT_BINS && ll_sim_latency_bin_edge(b) <= t * (1 + 1e-12); b++)
         cum += r->lat_bins[b];
@@ -202,6 +222,7 @@ void ll_sim_started(ll_sim_t *sim, int d, ll_sim_sess_t *s, double now, int flag
         lat = 0;
     r->gpu_cells++;
     r->within_1s += lat <= 1.0;
+    r->within_50ms += lat <= 0.05;
     r->warm_hits += (flags & LL_SIM_WARM) != 0;
     r->prefetched += (flags & LL_SIM_PREFETCHED) != 0;
     r->staged += (flags & LL_SIM_STAGED) != 0;
@@ -305,6 +326,34 @@ void ll_sim_cell_done(ll_sim_t *sim, int d, ll_sim_sess_t *s, double now)
     s_next_cell(sim, d, s, now);
 }
 
+/* S connects in design D at NOW. */
+static void s_connect(ll_sim_t *sim, int d, ll_sim_sess_t *s, double now)
+{
+    s_design_t *dd = &sim->d[d];
+    s->ds[d].t_arrive = now;
+    dd->ops->start(dd->st, s, now);
+    s_next_cell(sim, d, s, now);
+}
+
+/* S's seat in design D (growing the table); NULL without one. */
+static s_seat_t *s_seat(s_design_t *dd, long seat)
+{
+    if (seat < 0)
+        return NULL;
+    if (seat >= dd->nseats) {
+        long n = seat + 1 > 2 * dd->nseats ? seat + 1 : 2 * dd->nseats;
+        s_seat_t *t = realloc(dd->seats, (size_t) n * sizeof *t);
+        if (!t) {
+            fprintf(stderr, "looseleaf simulate: out of memory (seats)\n");
+            abort();
+        }
+        memset(t + dd->nseats, 0, (size_t) (n - dd->nseats) * sizeof *t);
+        dd->seats = t;
+        dd->nseats = n;
+    }
+    return &dd->seats[seat];
+}
+
 static void s_start_session(ll_sim_t *sim, ll_trace_session_t *tr)
 {
     ll_sim_sess_t *s = calloc(1, sizeof *s);
@@ -327,8 +376,21 @@ static void s_start_session(ll_sim_t *sim, ll_trace_session_t *tr)
             ds->replica[k] = -1;
         s->pending++;
         dd->alive++;
-        dd->ops->start(dd->st, s, now);
-        s_next_cell(sim, d, s, now);
+        s_seat_t *seat = s_seat(dd, tr->seat);
+        if (seat && seat->occ) {
+            /* Its seat's previous user is still there (it waited for GPUs
+             * in this design): this one connects when that one leaves, so
+             * a seat never holds two sessions. */
+            if (seat->tail)
+                seat->tail->ds[d].seat_next = s;
+            else
+                seat->head = s;
+            seat->tail = s;
+            continue;
+        }
+        if (seat)
+            seat->occ = s;
+        s_connect(sim, d, s, now);
     }
     if (!sim->started) {
         sim->started = true;
@@ -412,8 +474,22 @@ static void s_leave(ll_sim_t *sim, int d, ll_sim_sess_t *s, double now)
     dd->ops->leave(dd->st, s, now);
     s->ds[d].done = true;
     dd->r.sessions++;
-    dd->r.connected_s += now - s->tr->arrival_s;
+    dd->r.connected_s += now - s->ds[d].t_arrive;
     dd->alive--;
+    s_seat_t *seat = s_seat(dd, s->tr->seat);
+    if (seat && seat->occ == s) {
+        /* The seat's next user, if it came meanwhile, connects now: after
+         * this one left (the handover never holds both). */
+        ll_sim_sess_t *n = seat->head;
+        seat->occ = n;
+        if (n) {
+            seat->head = n->ds[d].seat_next;
+            if (!seat->head)
+                seat->tail = NULL;
+            n->ds[d].seat_next = NULL;
+            s_connect(sim, d, n, now);
+        }
+    }
     if (--s->pending == 0 && s->holds == 0)
         s_free_session(s);
     if (dd->alive == 0 && sim->trace_done)
@@ -439,6 +515,8 @@ static void s_dispatch(ll_sim_t *sim, const ll_sim_ev_t *ev)
     default:
         if (!dd->closed)
             dd->ops->event(dd->st, ev);
+        else if (dd->ops->dropped)
+            dd->ops->dropped(dd->st, ev); /* (a keep-alive timer held its session) */
         break;
     }
 }
@@ -488,9 +566,24 @@ void ll_sim_destroy(ll_sim_t **self_p)
     ll_sim_t *sim = *self_p;
     /* Sessions still referenced by queued events (a run cut short). */
     ll_sim_sess_t **seen = NULL;
-    size_t nseen = 0;
-    for (size_t i = 0; i < sim->nheap; i++) {
-        ll_sim_sess_t *s = sim->heap[i].s;
+    size_t nseen = 0, ncand = sim->nheap;
+    for (int d = 0; d < LL_SIM_NDESIGNS; d++)
+        for (long k = 0; k < sim->d[d].nseats; k++)
+            for (ll_sim_sess_t *w = sim->d[d].seats[k].head; w; w = w->ds[d].seat_next)
+                ncand++;
+    for (size_t i = 0; i < ncand; i++) {
+        ll_sim_sess_t *s = NULL;
+        if (i < sim->nheap) {
+            s = sim->heap[i].s;
+        } else { /* sessions waiting for their seat (the i-th of them) */
+            size_t want = i - sim->nheap, at = 0;
+            for (int d = 0; d < LL_SIM_NDESIGNS && !s; d++)
+                for (long k = 0; k < sim->d[d].nseats && !s; k++)
+                    for (ll_sim_sess_t *w = sim->d[d].seats[k].head; w && !s;
+                         w = w->ds[d].seat_next)
+                        if (at++ == want)
+                            s = w;
+        }
         bool dup = !s;
         for (size_t k = 0; k < nseen && !dup; k++)
             dup = seen[k] == s;
@@ -513,6 +606,7 @@ void ll_sim_destroy(ll_sim_t **self_p)
         free(sim->d[d].r.t_s);
         free(sim->d[d].r.powered_gpus);
         free(sim->d[d].r.busy_gpus);
+        free(sim->d[d].seats);
     }
     free(sim->heap);
     free(sim);
@@ -527,7 +621,10 @@ int ll_sim_run(ll_sim_t *sim, ll_trace_reader_t *reader, char *err, size_t errle
         return -1;
     sim->trace_done = rc == 0;
     for (;;) {
-        if (next && (sim->nheap == 0 || next->arrival_s <= sim->heap[0].t)) {
+        /* At the same instant, what is already scheduled (a departure
+         * among it) goes before an arrival: a seat's handover at T never
+         * holds both sessions, and a GPU freed at T is free for it. */
+        if (next && (sim->nheap == 0 || next->arrival_s < sim->heap[0].t)) {
             sim->now = next->arrival_s;
             s_sample(sim, sim->now);
             s_start_session(sim, next);

@@ -24,16 +24,38 @@
 /* The designs, in the order of every report. */
 typedef enum {
     LL_SIM_PINNED = 0,     /* a GPU per session from connect to close, best-fit hosts */
+    LL_SIM_PINNED_PACKED,  /* ... its lower bound: hosts = ceil(sessions / G) at every instant */
     LL_SIM_KEEPALIVE,      /* a GPU container per session, discarded after an idle timeout */
     LL_SIM_NOTEBOOKOS,     /* three replicas per kernel, a GPU bound per cell */
     LL_SIM_NAIVE,          /* a fresh process per GPU cell, the whole namespace in and out */
     LL_SIM_LOOSELEAF_NOPF, /* LooseLeaf without edit-time prefetch */
-    LL_SIM_LOOSELEAF,      /* LooseLeaf */
+    /* Ablations: LooseLeaf with one mechanism off each. */
+    LL_SIM_LOOSELEAF_NOCLOSURE, /* restores the whole namespace, not the cell's closure */
+    LL_SIM_LOOSELEAF_FULLSAVE,  /* saves the whole namespace after a cell, not what it wrote */
+    LL_SIM_LOOSELEAF_NOIMPORT,  /* no zygote import cache: a cold worker is a fresh interpreter */
+    LL_SIM_LOOSELEAF_NOWARM,    /* no warm workers: every cell in a newly forked worker */
+    LL_SIM_LOOSELEAF,           /* LooseLeaf */
     LL_SIM_NDESIGNS
 } ll_sim_design_t;
 
-/* The design's report name (JSON key): "pinned", "keepalive", "notebookos",
- * "naive", "looseleaf_noprefetch", "looseleaf". */
+/* What `looseleaf simulate` runs without --designs: the comparison. */
+#define LL_SIM_DEFAULT_DESIGNS                                                    \
+    (1u << LL_SIM_PINNED | 1u << LL_SIM_PINNED_PACKED | 1u << LL_SIM_KEEPALIVE |  \
+     1u << LL_SIM_NOTEBOOKOS | 1u << LL_SIM_NAIVE | 1u << LL_SIM_LOOSELEAF_NOPF | \
+     1u << LL_SIM_LOOSELEAF)
+/* ... with --ablations: LooseLeaf, each mechanism off, naive serverless. */
+#define LL_SIM_ABLATION_DESIGNS                                                            \
+    (1u << LL_SIM_NAIVE | 1u << LL_SIM_LOOSELEAF_NOPF | 1u << LL_SIM_LOOSELEAF_NOCLOSURE | \
+     1u << LL_SIM_LOOSELEAF_FULLSAVE | 1u << LL_SIM_LOOSELEAF_NOIMPORT |                   \
+     1u << LL_SIM_LOOSELEAF_NOWARM | 1u << LL_SIM_LOOSELEAF)
+
+/* Whether D is LooseLeaf or one of its ablations. */
+#define LL_SIM_IS_LOOSELEAF(d) ((d) >= LL_SIM_LOOSELEAF_NOPF && (d) <= LL_SIM_LOOSELEAF)
+
+/* The design's report name (JSON key): "pinned", "pinned_packed",
+ * "keepalive", "notebookos", "naive", "looseleaf_noprefetch",
+ * "looseleaf_noclosure", "looseleaf_fullsave", "looseleaf_noimportcache",
+ * "looseleaf_nowarm", "looseleaf". */
 const char *ll_sim_design_name(ll_sim_design_t d);
 
 /* The design named NAME ('-' and '_' alike), or -1. */
@@ -65,6 +87,7 @@ typedef struct {
     long sessions;           /* sessions that ended */
     long gpu_cells;          /* GPU cells that started */
     long within_1s;          /* ... within 1 s of Run */
+    long within_50ms;        /* ... within 50 ms of Run */
     long warm_hits;          /* ... on a process that held the session's state */
     long prefetched;         /* ... on a worker a prefetch prepared */
     long staged;             /* ... on a staged worker (prepared without a slot) */
@@ -105,7 +128,7 @@ double ll_sim_gpu_hours(const ll_sim_t *self, ll_sim_design_t d);
 double ll_sim_latency_quantile(const ll_sim_result_t *r, double q);
 
 /* The share of R's GPU cells that started within T seconds (from the bins,
- * but exact at 1 s). */
+ * but exact at 1 s and 50 ms). */
 double ll_sim_latency_share(const ll_sim_result_t *r, double t);
 
 /* The upper edge of latency bin B, seconds. */

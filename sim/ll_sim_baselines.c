@@ -9,6 +9,11 @@
  *             session connects (the wait to connect is no cell's latency:
  *             pinned's best case).  A GPU cell starts at once; the session's
  *             first pays the CUDA start.
+ * pinned_packed  pinned's lower bound, an ideally packed fleet: at every
+ *             instant ceil(sessions connected / G) hosts, as if sessions
+ *             moved between hosts for free whenever one left (no real
+ *             scheduler does that; it is the floor any pinned placement
+ *             sits on).  Cells as pinned's.
  * keepalive   Modal-style: a GPU container per session, made at a GPU cell
  *             when there is none (a fresh process: interpreter, every import
  *             of the cell's closure, CUDA start, the whole namespace loaded:
@@ -69,6 +74,7 @@ typedef struct {
     int *used;             /* ... GPUs in use per fleet host */
     int nused;
     ll_sim_queue_t wait; /* GPU cells (keep-alive, naive, NotebookOS) or sessions (pinned) */
+    int packed_sessions, packed_hosts; /* pinned_packed: sessions connected, hosts powered */
 } s_base_t;
 
 static s_base_t *s_new(ll_sim_t *sim, int d)
@@ -255,6 +261,58 @@ static void s_pinned_event(void *st, const ll_sim_ev_t *ev)
         break;
     }
 }
+
+/* ---- pinned_packed: the ideally packed bound ---- */
+
+static void s_packed_hosts(s_base_t *b, double now)
+{
+    int want = (b->packed_sessions + b->G - 1) / b->G;
+    if (want != b->packed_hosts)
+        ll_sim_level(b->sim, b->d, LL_SIM_POWERED, now, want - b->packed_hosts);
+    b->packed_hosts = want;
+}
+
+static void s_packed_start(void *st, ll_sim_sess_t *s, double now)
+{
+    s_base_t *b = st;
+    b->packed_sessions++;
+    s->ds[b->d].bound = true;
+    ll_sim_level(b->sim, b->d, LL_SIM_HELD, now, 1);
+    s_packed_hosts(b, now);
+}
+
+static void s_packed_run_gpu(void *st, ll_sim_sess_t *s, double now)
+{
+    s_pinned_run(st, s, now);
+}
+
+static void s_packed_leave(void *st, ll_sim_sess_t *s, double now)
+{
+    s_base_t *b = st;
+    b->packed_sessions--;
+    s->ds[b->d].bound = false;
+    ll_sim_level(b->sim, b->d, LL_SIM_HELD, now, -1);
+    s_packed_hosts(b, now);
+}
+
+static void s_packed_finish(void *st, double now)
+{
+    s_base_t *b = st;
+    b->packed_sessions = 0;
+    s_packed_hosts(b, now);
+}
+
+const ll_sim_ops_t ll_sim_pinned_packed_ops = {
+    .create = s_pinned_create,
+    .destroy = s_destroy,
+    .start = s_packed_start,
+    .prefetch = NULL,
+    .run_gpu = s_packed_run_gpu,
+    .cpu_done = NULL,
+    .leave = s_packed_leave,
+    .event = s_pinned_event,
+    .finish = s_packed_finish,
+};
 
 const ll_sim_ops_t ll_sim_pinned_ops = {
     .create = s_pinned_create,
@@ -502,6 +560,14 @@ static void s_el_event(void *st, const ll_sim_ev_t *ev)
     }
 }
 
+/* An idle timer that fires after the run closed still holds its session. */
+static void s_ka_dropped(void *st, const ll_sim_ev_t *ev)
+{
+    s_base_t *b = st;
+    if (ev->kind == EV_IDLE)
+        ll_sim_unhold(b->sim, ev->s);
+}
+
 const ll_sim_ops_t ll_sim_keepalive_ops = {
     .create = s_el_create,
     .destroy = s_destroy,
@@ -512,6 +578,7 @@ const ll_sim_ops_t ll_sim_keepalive_ops = {
     .leave = s_el_leave,
     .event = s_el_event,
     .finish = s_finish_own,
+    .dropped = s_ka_dropped,
 };
 
 const ll_sim_ops_t ll_sim_naive_ops = {

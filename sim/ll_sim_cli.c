@@ -31,7 +31,7 @@ static int s_usage(FILE *out)
             "usage: looseleaf simulate [--json] [--out DIR] [--no-plots] [--hosts N]\n"
             "                          [--gpus-per-host G] [--gpu a100|none] [--designs LIST]\n"
             "                          [--costs FILE] [--set NAME=VALUE]... [--sample S]\n"
-            "                          [--head PKG,...] [--threads 1|2] TRACE|-\n"
+            "                          [--head PKG,...] [--threads 1|2] [--ablations] TRACE|-\n"
             "Replays the sessions of TRACE (JSON lines from `looseleaf trace`, or your own:\n"
             "sim/API.md) on a fleet of GPU hosts for every design at once, and prints per\n"
             "design: GPU-hours at whole-host granularity, peak and busy GPUs, the share of\n"
@@ -41,8 +41,11 @@ static int s_usage(FILE *out)
             "  --hosts N       the fleet has at most N hosts (default: unbounded)\n"
             "  --gpus-per-host G   GPU slots per host (default 8)\n"
             "  --gpu none      hosts without GPUs, as this project's machines (default a100)\n"
-            "  --designs LIST  of pinned,keepalive,notebookos,naive,looseleaf_noprefetch,\n"
-            "                  looseleaf (default: all)\n"
+            "  --designs LIST  of pinned,pinned_packed,keepalive,notebookos,naive,\n"
+            "                  looseleaf_noprefetch,looseleaf_noclosure,looseleaf_fullsave,\n"
+            "                  looseleaf_noimportcache,looseleaf_nowarm,looseleaf (default:\n"
+            "                  the comparison: all but the four ablations)\n"
+            "  --ablations     LooseLeaf with each mechanism off, and naive serverless\n"
             "  --costs FILE    the cost table (default: the tree's sim/costs.json)\n"
             "  --set NAME=V    change one cost (names: sim/costs.json)\n"
             "  --sample S      timeline step, seconds (default 60)\n"
@@ -52,7 +55,7 @@ static int s_usage(FILE *out)
 }
 
 typedef struct {
-    bool json, plots;
+    bool json, plots, ablations;
     const char *out, *trace, *costs, *gpu, *designs, *head;
     const char *sets[64];
     int nsets;
@@ -80,6 +83,8 @@ static int s_parse(int argc, char **argv, s_args_t *a)
         bool more = i + 1 < argc;
         if (strcmp(o, "--json") == 0)
             a->json = true;
+        else if (strcmp(o, "--ablations") == 0)
+            a->ablations = true;
         else if (strcmp(o, "--no-plots") == 0)
             a->plots = false;
         else if (strcmp(o, "-h") == 0 || strcmp(o, "--help") == 0) {
@@ -119,6 +124,10 @@ static int s_parse(int argc, char **argv, s_args_t *a)
     }
     if (!a->trace)
         return s_usage(stderr);
+    if (a->ablations && a->designs) {
+        fprintf(stderr, "looseleaf simulate: --ablations or --designs, not both\n");
+        return 2;
+    }
     if (strcmp(a->gpu, "a100") != 0 && strcmp(a->gpu, "none") != 0) {
         fprintf(stderr, "looseleaf simulate: --gpu is a100 or none\n");
         return 2;
@@ -126,10 +135,10 @@ static int s_parse(int argc, char **argv, s_args_t *a)
     return -1;
 }
 
-static int s_designs(const char *list, unsigned *mask)
+static int s_designs(const char *list, bool ablations, unsigned *mask)
 {
     if (!list) {
-        *mask = (1u << LL_SIM_NDESIGNS) - 1;
+        *mask = ablations ? LL_SIM_ABLATION_DESIGNS : LL_SIM_DEFAULT_DESIGNS;
         return 0;
     }
     *mask = 0;
@@ -182,7 +191,7 @@ static double s_hours(const s_runs_t *runs, int d)
 /* ---- figures ---- */
 
 typedef struct {
-    double gpu_hours, peak_gpus, mean_gpus, busy_gpus, held_gpus, within, p50, p95, p99;
+    double gpu_hours, peak_gpus, mean_gpus, busy_gpus, held_gpus, within, within50, p50, p95, p99;
     double warm, prefetched, staged, held_share;
 } s_fig_t;
 
@@ -200,6 +209,7 @@ static s_fig_t s_figures(const s_runs_t *runs, ll_sim_design_t d)
         .busy_gpus = r->exec_gpu_s / span,
         .held_gpus = r->held_gpu_s / span,
         .within = ll_sim_latency_share(r, 1.0),
+        .within50 = ll_sim_latency_share(r, 0.05),
         .p50 = ll_sim_latency_quantile(r, 0.50),
         .p95 = ll_sim_latency_quantile(r, 0.95),
         .p99 = ll_sim_latency_quantile(r, 0.99),
@@ -227,8 +237,9 @@ static void s_table(const s_runs_t *runs, long sessions, double wall)
 {
     double pin_h = s_hours(runs, LL_SIM_PINNED);
     uint64_t events = 0;
-    printf("%-21s %9s %8s %6s %7s %7s %8s %7s %9s %9s %9s %6s\n", "design", "GPU-h", "vs pinned",
-           "peak", "busy", "held", "cells", "<=1 s", "p50", "p95", "p99", "warm");
+    printf("%-23s %9s %8s %6s %7s %7s %8s %7s %7s %9s %9s %9s %6s\n", "design", "GPU-h",
+           "vs pinned", "peak", "busy", "held", "cells", "<=50ms", "<=1 s", "p50", "p95", "p99",
+           "warm");
     for (int d = 0; d < LL_SIM_NDESIGNS; d++) {
         if (!s_ran(runs, d))
             continue;
@@ -237,14 +248,15 @@ static void s_table(const s_runs_t *runs, long sessions, double wall)
         char vs[16] = "-", b1[24], b2[24], b3[24];
         if (pin_h > 0)
             snprintf(vs, sizeof vs, "%+.0f%%", 100.0 * (f.gpu_hours / pin_h - 1));
-        printf("%-21s %9.1f %8s %6.0f %7.1f %7.1f %8ld %6.1f%% %9s %9s %9s %5.1f%%\n",
+        printf("%-23s %9.1f %8s %6.0f %7.1f %7.1f %8ld %6.1f%% %6.1f%% %9s %9s %9s %5.1f%%\n",
                ll_sim_design_name(d), f.gpu_hours, vs, f.peak_gpus, f.busy_gpus, f.held_gpus,
-               r->gpu_cells, 100 * f.within, s_dur(f.p50, b1, sizeof b1),
+               r->gpu_cells, 100 * f.within50, 100 * f.within, s_dur(f.p50, b1, sizeof b1),
                s_dur(f.p95, b2, sizeof b2), s_dur(f.p99, b3, sizeof b3), 100 * f.warm);
     }
     printf("(GPU-h: powered hosts x %d GPUs; peak: GPUs powered at most; busy / held: mean GPUs "
-           "running a cell / held by a job, warm worker or container; <=1 s: GPU cells starting "
-           "within 1 s of Run; warm: cells on a process holding the session's state)\n",
+           "running a cell / held by a job, warm worker or container; <=50ms, <=1 s: GPU cells "
+           "starting within 50 ms, 1 s of Run; warm: cells on a process holding the session's "
+           "state)\n",
            ll_sim_config(runs->sim[0])->gpus_per_host);
     for (int k = 0; k < runs->n; k++)
         events += ll_sim_events(runs->sim[k]);
@@ -275,6 +287,7 @@ static json_t *s_json_design(const s_runs_t *runs, ll_sim_design_t d)
     json_object_set_new(o, "gpu_cells", json_integer(r->gpu_cells));
     json_object_set_new(o, "share_within_1s", json_real(f.within));
     json_object_set_new(o, "share_missing_1s", json_real(1 - f.within));
+    json_object_set_new(o, "share_within_50ms", json_real(f.within50));
     json_object_set_new(o, "latency_p50_s", json_real(f.p50));
     json_object_set_new(o, "latency_p95_s", json_real(f.p95));
     json_object_set_new(o, "latency_p99_s", json_real(f.p99));
@@ -284,7 +297,7 @@ static json_t *s_json_design(const s_runs_t *runs, ll_sim_design_t d)
     json_object_set_new(o, "warm_hit_rate", json_real(f.warm));
     json_object_set_new(o, "prefetched_share", json_real(f.prefetched));
     json_object_set_new(o, "staged_share", json_real(f.staged));
-    if (d == LL_SIM_LOOSELEAF || d == LL_SIM_LOOSELEAF_NOPF)
+    if (LL_SIM_IS_LOOSELEAF(d))
         json_object_set_new(o, "session_held_share", json_real(f.held_share));
     json_t *cdf = json_array();
     for (size_t k = 0; k < S_NCDF; k++)
@@ -333,7 +346,8 @@ static int s_write_csv(const s_runs_t *runs, const char *dir)
     if (rc == 0) {
         fprintf(sum, "design,gpu_hours,peak_gpus,mean_provisioned_gpus,mean_busy_gpus,"
                      "mean_held_gpus,sessions,gpu_cells,share_within_1s,latency_p50_s,"
-                     "latency_p95_s,latency_p99_s,warm_hit_rate,prefetched_share,span_s\n");
+                     "latency_p95_s,latency_p99_s,warm_hit_rate,prefetched_share,span_s,"
+                     "share_within_50ms\n");
         fprintf(cdf, "design,latency_s,share\n");
         fprintf(tl, "design,t_s,provisioned_gpus,busy_gpus\n");
     }
@@ -343,9 +357,11 @@ static int s_write_csv(const s_runs_t *runs, const char *dir)
         const ll_sim_result_t *r = ll_sim_result(s_owner(runs, d), d);
         s_fig_t f = s_figures(runs, d);
         const char *n = ll_sim_design_name(d);
-        fprintf(sum, "%s,%.6g,%.0f,%.6g,%.6g,%.6g,%ld,%ld,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g\n", n,
+        fprintf(sum,
+                "%s,%.6g,%.0f,%.6g,%.6g,%.6g,%ld,%ld,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g\n", n,
                 f.gpu_hours, f.peak_gpus, f.mean_gpus, f.busy_gpus, f.held_gpus, r->sessions,
-                r->gpu_cells, f.within, f.p50, f.p95, f.p99, f.warm, f.prefetched, r->span_s);
+                r->gpu_cells, f.within, f.p50, f.p95, f.p99, f.warm, f.prefetched, r->span_s,
+                f.within50);
         for (int b = 0; b < LL_SIM_LAT_BINS; b += 5)
             fprintf(cdf, "%s,%.6g,%.6g\n", n, ll_sim_latency_bin_edge(b),
                     ll_sim_latency_share(r, ll_sim_latency_bin_edge(b)));
@@ -404,14 +420,23 @@ static void s_runs_free(s_runs_t *runs)
 
 /* One simulator, or two (a thread each, each reading the trace: a file,
  * not stdin) with the designs split so that the two take about as long:
- * LooseLeaf with prefetch is the slowest. */
+ * LooseLeaf and its ablations are the slowest (weight 3 against 1), the
+ * heaviest first to the lighter side. */
 static int s_setup(const s_args_t *a, const ll_sim_config_t *cfg, s_runs_t *runs)
 {
-    unsigned heavy = cfg->designs & (1u << LL_SIM_LOOSELEAF | 1u << LL_SIM_PINNED);
     unsigned split[2] = {cfg->designs, 0};
-    if (a->threads > 1 && strcmp(a->trace, "-") != 0 && heavy && heavy != cfg->designs) {
-        split[0] = heavy;
-        split[1] = cfg->designs & ~heavy;
+    if (a->threads > 1 && strcmp(a->trace, "-") != 0 && (cfg->designs & (cfg->designs - 1)) != 0) {
+        int w[2] = {0, 0};
+        split[0] = 0;
+        for (int pass = 0; pass < 2; pass++)
+            for (int d = LL_SIM_NDESIGNS - 1; d >= 0; d--) {
+                int weight = LL_SIM_IS_LOOSELEAF(d) ? 3 : 1;
+                if (!(cfg->designs & (1u << d)) || (weight == 3) != (pass == 0))
+                    continue;
+                int k = w[1] < w[0];
+                split[k] |= 1u << d;
+                w[k] += weight;
+            }
     }
     json_object_seed(0); /* before any thread makes a JSON object */
     char err[512];
@@ -441,7 +466,7 @@ int ll_simulate_main(int argc, char **argv)
                            .sample_s = a.sample,
                            .head = a.head};
     char err[512];
-    if (s_designs(a.designs, &cfg.designs) < 0)
+    if (s_designs(a.designs, a.ablations, &cfg.designs) < 0)
         return 2;
     if (ll_cost_load(&cfg.cost, a.costs, err, sizeof err) < 0) {
         fprintf(stderr, "looseleaf simulate: costs: %s\n", err);

@@ -15,14 +15,19 @@
 #include "policy/ll_provision.h"
 #include "policy/ll_sched.h"
 
+typedef struct ll_sim_sess ll_sim_sess_t;
+
 /* A session as one design sees it. */
 typedef struct {
-    int cell;      /* the cell being edited, run or waited for */
-    double t_edit; /* its edit window's start */
-    double t_run;  /* its Run */
-    uint32_t gen;  /* bumped at each Run: stale prefetch events are dropped */
-    bool done;     /* the session left */
-    bool waiting;  /* a GPU cell waits for a host (a design's queue) */
+    double t_arrive;          /* when it connected in this design (a seat's next session
+                               * connects once the previous one left) */
+    ll_sim_sess_t *seat_next; /* the next session waiting for the same seat */
+    int cell;                 /* the cell being edited, run or waited for */
+    double t_edit;            /* its edit window's start */
+    double t_run;             /* its Run */
+    uint32_t gen;             /* bumped at each Run: stale prefetch events are dropped */
+    bool done;                /* the session left */
+    bool waiting;             /* a GPU cell waits for a host (a design's queue) */
     /* where its state and processes are */
     int host;           /* home host (its worker, GPU, container, or replica leader); -1 none */
     bool remote;        /* its state is on another host than HOME: the next restore pulls it */
@@ -41,12 +46,12 @@ typedef struct {
 } ll_sim_ds_t;
 
 /* A session of the trace, with every design's view of it. */
-typedef struct {
+struct ll_sim_sess {
     ll_trace_session_t *tr;          /* owned */
     int pending;                     /* designs not done with it */
     int holds;                       /* events of designs still referring to it */
     ll_sim_ds_t ds[LL_SIM_NDESIGNS]; /* per design */
-} ll_sim_sess_t;
+};
 
 /* Event kinds the engine handles; designs use LL_SIM_EV_DESIGN and up. */
 enum {
@@ -87,10 +92,13 @@ typedef struct {
     void (*leave)(void *st, ll_sim_sess_t *s, double now);    /* the session disconnects */
     void (*event)(void *st, const ll_sim_ev_t *ev);           /* its own events, and TICK */
     void (*finish)(void *st, double now); /* the run is over: power everything off */
+    /* Its own event EV came after its figures closed (it is dropped): let go
+     * of what EV held (ll_sim_hold).  NULL: its events hold nothing. */
+    void (*dropped)(void *st, const ll_sim_ev_t *ev);
 } ll_sim_ops_t;
 
 extern const ll_sim_ops_t ll_sim_looseleaf_ops, ll_sim_looseleaf_nopf_ops, ll_sim_pinned_ops,
-    ll_sim_keepalive_ops, ll_sim_naive_ops, ll_sim_notebookos_ops;
+    ll_sim_pinned_packed_ops, ll_sim_keepalive_ops, ll_sim_naive_ops, ll_sim_notebookos_ops;
 
 /* ---- the engine, for designs ---- */
 

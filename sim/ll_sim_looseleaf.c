@@ -19,6 +19,17 @@
  *                  hosts: a staged worker only imported)
  *   prefetch       as a cold cell into a slot; staged: fork + imports
  *   after the cell save of what it wrote, then the reply (the output)
+ * Ablations, each LooseLeaf with one mechanism off, the rest as
+ * above:
+ *   noclosure      a worker restores the whole namespace, not the closure
+ *   fullsave       after a cell the whole namespace is saved, not its writes
+ *   noimportcache  a cold worker is a fresh interpreter importing the whole
+ *                  import closure (python_start_s + import_all_s), not a
+ *                  fork of a zygote holding the head (fork_s + import_tail_s)
+ *   nowarm         the schedule keeps no worker warm (the pool with
+ *                  LL_POOL_WARM_IDLE_S=0): every cell is a cold one; as in
+ *                  the pool, a prefetched worker is not kept either, so this
+ *                  loses prefetch's gain too
  * A session's jobs live on one host at a time, its home; a job placed on
  * another host first lets the old home go, as a kernel leaving that pool
  * would (ll_hostpool_client_left). */
@@ -69,7 +80,17 @@ typedef struct {
     ll_sim_fleet_t *fleet;
     int next_key;        /* worker pids */
     ll_sim_queue_t wait; /* GPU cells no host could take yet */
+    bool closures;       /* restore the closure (off: the namespace) */
+    bool incremental;    /* save what the cell wrote (off: the namespace) */
+    bool import_cache;   /* fork from a zygote with the head (off: a fresh interpreter) */
+    bool warm;           /* keep workers warm after their cell */
 } s_ll_t;
+
+/* What S's current cell J restores when its worker is made, and saves. */
+static double s_closure_bytes(const s_ll_t *L, const ll_trace_cell_t *c)
+{
+    return L->closures ? c->closure_bytes : c->namespace_bytes;
+}
 
 static s_host_t *s_host(s_ll_t *L, int i)
 {
@@ -174,14 +195,15 @@ static void s_fork(s_ll_t *L, int i, int r, int slot, double now)
     ll_sim_sess_t *s = j->s;
     const ll_trace_cell_t *c = &s->tr->cells[j->cell];
     ll_sched_set_worker(h->sched, r, ++L->next_key);
-    double prep = L->c->fork_s + c->import_tail_s;
+    double prep =
+        L->import_cache ? L->c->fork_s + c->import_tail_s : L->c->python_start_s + c->import_all_s;
     j->had_slot = slot >= 0;
     j->changed = true;
     j->prepared = j->warm = j->staged_hit = j->deferred = false;
     if (slot >= 0 || !L->gpu) {
         if (slot >= 0 && L->gpu)
             prep += L->c->cuda_init_s;
-        prep += s_restore(L, s, c->closure_bytes);
+        prep += s_restore(L, s, s_closure_bytes(L, c));
         s->ds[L->d].dirty_bytes = 0;
     } else {
         j->deferred = true; /* staged on a GPU host: it only imports */
@@ -209,14 +231,14 @@ static void s_hand(s_ll_t *L, int i, const ll_sched_decision_t *d, double now)
         if (L->gpu)
             prep += L->c->cuda_init_s;
         if (j->deferred) {
-            prep += s_restore(L, s, c->closure_bytes);
+            prep += s_restore(L, s, s_closure_bytes(L, c));
             j->deferred = false;
             ds->dirty_bytes = 0;
             j->changed = true;
         }
     }
     if (!j->deferred && ds->dirty_bytes > 0) {
-        prep += s_restore(L, s, fmin(ds->dirty_bytes, c->closure_bytes));
+        prep += s_restore(L, s, fmin(ds->dirty_bytes, s_closure_bytes(L, c)));
         ds->dirty_bytes = 0;
         j->changed = true;
     }
@@ -366,7 +388,7 @@ static void s_place(s_ll_t *L, ll_sim_sess_t *s, ll_sched_kind_t kind, double no
     ds->resident = c->namespace_bytes;
     ll_sched_session_open(h->sched, s_client(s), s->tr->id);
     int r = ll_sched_add(h->sched, s_client(s), s->tr->id, kind,
-                         kind == LL_SCHED_CELL ? 0 : c->closure_bytes, now * 1000.0);
+                         kind == LL_SCHED_CELL ? 0 : s_closure_bytes(L, c), now * 1000.0);
     if (r < 0) {
         if (kind == LL_SCHED_CELL)
             s_wait(L, s); /* its table is full: as if no host could take it */
@@ -394,7 +416,8 @@ static void s_ready(s_ll_t *L, int i, int r, double now)
         ll_sim_level(L->sim, L->d, LL_SIM_EXEC, now, 1);
         j->executing = true;
         ll_sim_at(L->sim, now + c->exec_s, L->d, EV_EXEC_END, NULL, i, r, j->tok);
-    } else if (ll_sched_prepared(h->sched, r, true, j->changed, c->closure_bytes, now * 1000.0)) {
+    } else if (ll_sched_prepared(h->sched, r, true, j->changed, s_closure_bytes(L, c),
+                                 now * 1000.0)) {
         j->prepared = true;
         s_idle_timer(L, i, r, now);
     } else {
@@ -412,7 +435,8 @@ static void s_exec_end(s_ll_t *L, int i, int r, double now)
     ll_sched_saving(h->sched, r);
     ll_sim_level(L->sim, L->d, LL_SIM_EXEC, now, -1);
     j->executing = false;
-    double save = L->c->save_fixed_s + c->written_bytes / L->c->d2h_bw;
+    double save = L->c->save_fixed_s +
+                  (L->incremental ? c->written_bytes : c->namespace_bytes) / L->c->d2h_bw;
     ll_sim_at(L->sim, now + save, L->d, EV_SAVED, NULL, i, r, j->tok);
 }
 
@@ -422,7 +446,7 @@ static void s_saved(s_ll_t *L, int i, int r, double now)
     s_job_t *j = &h->jobs[r];
     ll_sim_sess_t *s = j->s;
     const ll_trace_cell_t *c = &s->tr->cells[j->cell];
-    double held = c->closure_bytes + c->written_bytes;
+    double held = s_closure_bytes(L, c) + c->written_bytes;
     if (ll_sched_replied(h->sched, r, true, held, now * 1000.0)) {
         j->prepared = j->warm = j->staged_hit = false;
         s_idle_timer(L, i, r, now);
@@ -495,7 +519,7 @@ static void s_host_on(void *st, int i, double now)
     s_host_t *h = calloc(1, sizeof *h);
     if (h)
         h->sched = ll_sched_new(L->G, (int) (L->c->staged_per_slot * L->G),
-                                L->c->spec_window_s * 1000.0, L->c->warm_idle_s > 0);
+                                L->c->spec_window_s * 1000.0, L->warm && L->c->warm_idle_s > 0);
     if (!h || !h->sched) {
         fprintf(stderr, "looseleaf simulate: out of memory (a host)\n");
         abort();
@@ -553,6 +577,10 @@ static void *s_create(ll_sim_t *sim, int d)
     L->c = &cfg->cost;
     L->gpu = cfg->gpu;
     L->G = cfg->gpus_per_host;
+    L->closures = d != LL_SIM_LOOSELEAF_NOCLOSURE;
+    L->incremental = d != LL_SIM_LOOSELEAF_FULLSAVE;
+    L->import_cache = d != LL_SIM_LOOSELEAF_NOIMPORT;
+    L->warm = d != LL_SIM_LOOSELEAF_NOWARM;
     L->fleet = ll_sim_fleet_new(sim, d, &s_fleet_ops, L);
     if (!L->fleet) {
         free(L);

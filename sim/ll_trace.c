@@ -332,10 +332,14 @@ static int s_session(ll_trace_reader_t *self, json_t *line, ll_trace_session_t *
     bool bad = false;
     double arrival = s_num(line, "arrival_s", -1, &bad);
     double tail = s_num(line, "tail_s", 0, &bad);
+    json_t *seat = json_object_get(line, "seat");
+    bad = bad || (seat && (!json_is_integer(seat) || json_integer_value(seat) < 0 ||
+                           json_integer_value(seat) > 1000000));
     if (!(json_is_string(id) || json_is_integer(id)) || !json_is_array(cells) || bad ||
         arrival < 0) {
         snprintf(err, errlen,
-                 "line %ld: a session line needs \"session\", \"arrival_s\" >= 0 and \"cells\"",
+                 "line %ld: a session line needs \"session\", \"arrival_s\" >= 0 and \"cells\" "
+                 "(and \"seat\", if given, an integer 0..1000000)",
                  self->lineno);
         return -1;
     }
@@ -369,6 +373,7 @@ static int s_session(ll_trace_reader_t *self, json_t *line, ll_trace_session_t *
     }
     s->arrival_s = arrival;
     s->tail_s = tail;
+    s->seat = seat ? (long) json_integer_value(seat) : -1;
     s->index = self->sessions;
     size_t k;
     json_t *c;

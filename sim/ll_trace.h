@@ -39,6 +39,8 @@ typedef struct {
     long index;             /* 0, 1, ... in the trace's order */
     double arrival_s;       /* when its kernel connected */
     double tail_s;          /* after its last cell's output, it stays connected this long */
+    long seat;              /* its seat, 0..1000000 (it connects once the seat's previous
+                             * session left, in each design); -1: none */
     int ncells;             /* cells */
     ll_trace_cell_t *cells; /* owned */
 } ll_trace_session_t;

@@ -573,8 +573,9 @@ static double s_session(const s_opts_t *o, s_nb_t *nbs, int nnb, s_seat_t *seat,
     if (o->gpu_busy > 0 && busy > 0)
         scale = o->gpu_busy * (total - busy) / (busy * (1 - o->gpu_busy));
     printf(
-        "{\"session\":\"s%ld\",\"arrival_s\":%.3f,\"notebook\":\"%s\",\"tail_s\":%.3f,\"cells\":[",
-        id, seat->next, nb->id, tail);
+        "{\"session\":\"s%ld\",\"seat\":%ld,\"arrival_s\":%.3f,\"notebook\":\"%s\",\"tail_s\":%.3f,"
+        "\"cells\":[",
+        id, seat->index, seat->next, nb->id, tail);
     double end = seat->next + tail;
     for (int k = 0; k < n; k++) {
         const s_cell_t *c = &nb->cells[cell[k]];

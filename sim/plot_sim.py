@@ -18,11 +18,16 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-ORDER = ["pinned", "keepalive", "notebookos", "naive", "looseleaf_noprefetch", "looseleaf"]
-LABEL = {"pinned": "session-pinned", "keepalive": "keep-alive 10 min", "notebookos": "NotebookOS",
-         "naive": "naive serverless", "looseleaf_noprefetch": "LooseLeaf, no prefetch", "looseleaf": "LooseLeaf"}
-MARK = {"pinned": "s", "keepalive": "^", "notebookos": "D", "naive": "x", "looseleaf_noprefetch": "o",
-        "looseleaf": "*"}
+ORDER = ["pinned", "pinned_packed", "keepalive", "notebookos", "naive", "looseleaf_noprefetch",
+         "looseleaf_noclosure", "looseleaf_fullsave", "looseleaf_noimportcache", "looseleaf_nowarm", "looseleaf"]
+LABEL = {"pinned": "session-pinned", "pinned_packed": "pinned, ideally packed", "keepalive": "keep-alive 10 min",
+         "notebookos": "NotebookOS", "naive": "naive serverless", "looseleaf_noprefetch": "LooseLeaf, no prefetch",
+         "looseleaf_noclosure": "LooseLeaf, no closures", "looseleaf_fullsave": "LooseLeaf, full saves",
+         "looseleaf_noimportcache": "LooseLeaf, no import cache", "looseleaf_nowarm": "LooseLeaf, no warm workers",
+         "looseleaf": "LooseLeaf"}
+MARK = {"pinned": "s", "pinned_packed": "P", "keepalive": "^", "notebookos": "D", "naive": "x",
+        "looseleaf_noprefetch": "o", "looseleaf_noclosure": "v", "looseleaf_fullsave": "<",
+        "looseleaf_noimportcache": ">", "looseleaf_nowarm": "h", "looseleaf": "*"}
 
 
 def _rows(path):

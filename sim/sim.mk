@@ -15,3 +15,12 @@ $(BUILD)/sim/ll_trace_gen.o $(BUILD)/sim/ll_sim_cli.o: CFLAGS += -DLL_PYTHON_EXE
 PYTESTS   += tests/sim/test_sim.py
 # The paper's frontier at 24/48/72 sessions (plots into docs/sim/) and scale: 10,000 sessions over a day.
 BENCHES   += tests/bench/bench_sim.py
+
+# The README's fleet tables over several seeds, each figure with its 95% confidence interval
+# (sim/experiments.py): `make sim-tables`, or one of them.  SIM_ARGS adds options
+# (e.g. SIM_ARGS="--seeds 10 --out docs/sim").
+.PHONY: sim-tables sim-frontier sim-ablations sim-baselines sim-autoscaler
+sim-frontier sim-ablations sim-baselines sim-autoscaler: $(BUILD)/looseleaf
+	$(PYTHON) sim/experiments.py $(@:sim-%=%) $(SIM_ARGS)
+sim-tables: $(BUILD)/looseleaf
+	$(PYTHON) sim/experiments.py all $(SIM_ARGS)

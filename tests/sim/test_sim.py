@@ -17,7 +17,9 @@ median visible waits without hints of 23, 58 and 92 ms (a factor of 4 between ru
 come from a quieter `make bench` run.  The rates and the held share depend on the schedule, not on the machine's
 load, and are held to 5 points.
 """
+import csv
 import json
+import math
 import os
 import subprocess
 import sys
@@ -31,7 +33,7 @@ sys.path.insert(0, os.path.join(REPO, "sim", "fidelity"))
 
 import to_trace  # noqa: E402
 
-DESIGNS = ["pinned", "keepalive", "notebookos", "naive", "looseleaf_noprefetch", "looseleaf"]
+DESIGNS = ["pinned", "pinned_packed", "keepalive", "notebookos", "naive", "looseleaf_noprefetch", "looseleaf"]
 
 
 def _run(args, **kw):
@@ -114,6 +116,9 @@ def test_simulate_threads_agree(trace):
     one = json.loads(_run(["simulate", "--json", "--threads", "1", str(trace)]).stdout)
     two = json.loads(_run(["simulate", "--json", "--threads", "2", str(trace)]).stdout)
     assert one == two
+    one = json.loads(_run(["simulate", "--json", "--ablations", "--threads", "1", str(trace)]).stdout)
+    two = json.loads(_run(["simulate", "--json", "--ablations", "--threads", "2", str(trace)]).stdout)
+    assert one == two and len(one) == 7
 
 
 def test_simulate_bad_input(tmp_path):
@@ -205,3 +210,193 @@ def test_trace_from_recorded_timing(tmp_path):
     assert [c["cell"] for c in cells] == list(range(k))
     assert [round(c["exec_s"], 3) for c in cells] == [2.0 + i for i in range(k)]
     assert all(abs(c["gap_s"] + c["edit_s"] - 40) < 1e-3 for c in cells[1:])  # output to next Run: 40 s
+
+
+def _seated(path, seats, gpus_first=True):
+    """SEATS seats with two sessions each, the second arriving when the first would end without waits (the
+    generator's handover): one GPU cell each, so pinned's first cell waits the CUDA start and ends later."""
+    lines = []
+    for k in range(seats):
+        lines.append({"session": "a%d" % k, "seat": k, "arrival_s": k, "tail_s": 5,
+                      "cells": [{"label": "gpu", "exec_s": 10, "edit_s": 5, "hints_s": []}]})
+    for k in range(seats):  # each ends at k + 5 + 10 + 5 without waits
+        lines.append({"session": "b%d" % k, "seat": k, "arrival_s": k + 20, "tail_s": 5,
+                      "cells": [{"label": "gpu", "exec_s": 10, "edit_s": 5, "hints_s": []}]})
+    _write(path, lines)
+
+
+def test_seat_handover_never_holds_both(tmp_path):
+    """Issue 26: a seat's next session arrives when the previous one would have ended without waits; with waits
+    (pinned's CUDA start) the previous one is still there, and the seat must not hold both: 8 seats on 8-GPU hosts
+    are one host, for pinned and its packed bound, and every session still runs."""
+    t = tmp_path / "seats.jsonl"
+    _seated(t, 8)
+    doc = json.loads(_run(["simulate", "--json", "--designs", "pinned,pinned_packed,looseleaf", str(t)]).stdout)
+    for name in ("pinned", "pinned_packed"):
+        assert doc[name]["peak_gpus"] == 8, (name, doc[name]["peak_gpus"])
+        assert doc[name]["sessions"] == 16 and doc[name]["gpu_cells"] == 16
+    # The second session of a seat connects when the first left: 2 x (5 + 0.68 + 10 + 5) s of pinned GPU time per
+    # seat, not more.
+    assert doc["pinned"]["held_gpu_hours"] * 3600 == pytest.approx(8 * 2 * (5 + 0.68 + 10 + 5), rel=1e-3)
+    bad = tmp_path / "bad.jsonl"
+    for seat in (-1, 1000001, 1.5, "x"):
+        _write(bad, [{"session": "a", "seat": seat, "arrival_s": 0, "cells": []}])
+        r = _run(["simulate", str(bad)])
+        assert r.returncode == 1 and "seat" in r.stderr, seat
+
+
+def test_departure_before_arrival_at_the_same_instant(tmp_path):
+    """Without seats: a session leaving at T and one arriving at T never hold 9 GPUs on 8-GPU hosts."""
+    t = tmp_path / "same.jsonl"
+    lines = [{"session": "a%d" % k, "arrival_s": 0, "tail_s": 10, "cells": []} for k in range(8)]
+    lines.append({"session": "b", "arrival_s": 10, "cells": []})
+    _write(t, lines)
+    doc = json.loads(_run(["simulate", "--json", "--designs", "pinned", str(t)]).stdout)
+    assert doc["pinned"]["peak_gpus"] == 8
+
+
+def test_generated_day_pinned_peak_is_the_session_count(trace, tmp_path):
+    """`looseleaf trace --duration`: seats run sessions back to back; pinned's peak is the seat count (issue 26: it
+    was 32 for 24 seats), its packed bound never above it."""
+    env = dict(os.environ, XDG_CACHE_HOME=str(trace.parent / "cache"))
+    nb = os.path.join(REPO, "examples", "looseleaf_torch_training.ipynb")
+    day = tmp_path / "day.jsonl"
+    r = _run(["trace", "--sessions", "16", "--seed", "3", "--duration", "7200", "--gpu-busy", "0.19", nb], env=env)
+    assert r.returncode == 0, r.stderr
+    day.write_text(r.stdout)
+    seats = {json.loads(l)["seat"] for l in r.stdout.splitlines() if '"session"' in l}
+    assert seats == set(range(16))
+    doc = json.loads(_run(["simulate", "--json", "--designs", "pinned,pinned_packed", str(day)]).stdout)
+    assert doc["pinned"]["peak_gpus"] == 16 and doc["pinned_packed"]["peak_gpus"] == 16
+    assert doc["pinned_packed"]["gpu_hours"] <= doc["pinned"]["gpu_hours"]
+
+
+def _ablation_trace(path):
+    """Sessions whose state is large (a 20 GB namespace, a 100 MB closure), importing torch: the first GPU cell's
+    edit window too short for a prefetch (its cold start shows), the others long; the fourth comes after a pause
+    longer than warm_idle_s (its worker left; a prefetch prepares another while the user edits).  Every mechanism
+    LooseLeaf adds has something to do."""
+    lines = [{"trace": "looseleaf-fleet", "version": 1, "import_s": {"torch": 1.5}}]
+    for k in range(4):
+        cells = []
+        for i in range(6):
+            cells.append({"label": "gpu", "exec_s": 5, "edit_s": 0.5 if i == 0 else 10,
+                          "gap_s": 400 if i == 3 else 30, "closure_bytes": 1e8, "written_bytes": 1e8,
+                          "namespace_bytes": 2e10, "imports": ["torch"]})
+            cells.append({"label": "cpu", "exec_s": 1, "edit_s": 2, "gap_s": 2, "written_bytes": 1e6})
+        lines.append({"session": "s%d" % k, "arrival_s": 3 * k, "cells": cells})
+    _write(path, lines)
+
+
+def test_ablations_each_mechanism_moves_its_metric(tmp_path):
+    """`simulate --ablations`: each mechanism off costs what it should, on a trace that exercises it."""
+    t = tmp_path / "abl.jsonl"
+    _ablation_trace(t)
+    r = _run(["simulate", "--ablations", str(t)])
+    assert r.returncode == 0 and "looseleaf_nowarm" in r.stdout and "<=50ms" in r.stdout
+    doc = json.loads(_run(["simulate", "--json", "--ablations", str(t)]).stdout)
+    assert list(doc) == ["naive", "looseleaf_noprefetch", "looseleaf_noclosure", "looseleaf_fullsave",
+                         "looseleaf_noimportcache", "looseleaf_nowarm", "looseleaf"]
+    ll = doc["looseleaf"]
+    # Closures off: a cold worker restores 20 GB (2.8 s at h2d_bw), not 100 MB; slots are held longer preparing.
+    assert doc["looseleaf_noclosure"]["latency_max_s"] > ll["latency_max_s"] + 2.0
+    assert doc["looseleaf_noclosure"]["working_gpu_hours"] > ll["working_gpu_hours"]
+    # Incremental save off: 20 GB saved after every cell (GPUs held longer), not 100 MB.
+    assert doc["looseleaf_fullsave"]["working_gpu_hours"] > ll["working_gpu_hours"] * 1.2
+    # Import cache off: a cold worker imports torch (1.5 s) in a fresh interpreter.
+    assert doc["looseleaf_noimportcache"]["latency_max_s"] > ll["latency_max_s"] + 1.0
+    # Warm cache off: no warm hits, fewer cells within 50 ms.
+    assert doc["looseleaf_nowarm"]["warm_hit_rate"] == 0 and ll["warm_hit_rate"] > 0.8
+    assert doc["looseleaf_nowarm"]["share_within_50ms"] < ll["share_within_50ms"]
+    # Prefetch off: the first cell of each session (and any after an idle worker left) waits.
+    assert doc["looseleaf_noprefetch"]["share_within_50ms"] < ll["share_within_50ms"]
+    # Naive serverless: every cell cold, the whole namespace in and out.
+    assert doc["naive"]["share_within_1s"] == 0 and doc["naive"]["latency_p95_s"] > ll["latency_p95_s"]
+    assert _run(["simulate", "--ablations", "--designs", "pinned", str(t)]).returncode == 2
+
+
+sys.path.insert(0, os.path.join(REPO, "sim"))
+import experiments  # noqa: E402
+
+
+def test_confidence_interval_known_values():
+    """sim/experiments.py: mean and the t-based 95% half-width on inputs worked by hand."""
+    m, h = experiments.mean_ci([1, 2, 3, 4, 5])  # s = sqrt(2.5), t(0.975, 4) = 2.7764
+    assert m == 3 and h == pytest.approx(2.7764 * math.sqrt(2.5) / math.sqrt(5), rel=1e-6)
+    m, h = experiments.mean_ci([10, 12])  # s = sqrt(2), t(0.975, 1) = 12.7062
+    assert m == 11 and h == pytest.approx(12.7062 * math.sqrt(2) / math.sqrt(2), rel=1e-6)
+    assert experiments.mean_ci([7, 7, 7]) == (7, 0)
+    assert experiments.mean_ci([4.2]) == (4.2, None)
+    with pytest.raises(ValueError):
+        experiments.mean_ci([])
+    # Beyond the table: within 1e-3 of the exact quantiles (t(0.975, 40) = 2.0211, t(0.975, 120) = 1.9799).
+    assert experiments.t975(40) == pytest.approx(2.0211, abs=1e-3)
+    assert experiments.t975(120) == pytest.approx(1.9799, abs=1e-3)
+    try:
+        from scipy import stats
+    except ImportError:
+        return
+    for df in (1, 2, 3, 7, 15, 30, 31, 60, 1000):
+        assert experiments.t975(df) == pytest.approx(stats.t.ppf(0.975, df), abs=1e-3)
+    assert experiments.fmt([1, 2, 3, 4, 5]) == "3.0 ± 2.0"
+
+
+def test_experiments_ablation_table(trace, tmp_path):
+    """`sim/experiments.py ablations`: one command, every mechanism's row, figures with their intervals, a CSV."""
+    env = dict(os.environ, XDG_CACHE_HOME=str(trace.parent / "cache"))
+    nb = os.path.join(REPO, "examples", "looseleaf_torch_training.ipynb")
+    r = subprocess.run([sys.executable, os.path.join(REPO, "sim", "experiments.py"), "ablations", "--seeds", "2",
+                        "--sessions", "4", "--duration", "1800", "--notebooks", nb, "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    for what in ("LooseLeaf", "closures off", "incremental save off", "prefetch off", "import cache off",
+                 "warm worker cache off", "naive serverless"):
+        assert "| " + what in r.stdout, what
+    assert "t-based 95% CI" in r.stdout and " ± " in r.stdout
+    rows = list(csv.reader(open(tmp_path / "ablations_4.csv")))
+    assert rows[0][:2] == ["design", "GPU-h"] and len(rows) == 8
+
+
+def test_experiments_state_scale():
+    """--state-scale multiplies every state size of a trace, in notebook lines and inline cells, nothing else."""
+    text = "\n".join([json.dumps({"trace": "looseleaf-fleet", "version": 1}),
+                      json.dumps({"notebook": "nb0", "cells": [{"label": "gpu", "exec_s": 1, "closure_bytes": 10,
+                                                               "written_bytes": 2, "namespace_bytes": 30}]}),
+                      json.dumps({"session": "s0", "seat": 0, "arrival_s": 0, "notebook": "nb0",
+                                  "cells": [{"cell": 0, "gap_s": 3}, {"label": "cpu", "exec_s": 2,
+                                                                      "written_bytes": 5}]})]) + "\n"
+    lines = [json.loads(l) for l in experiments.scale_state(text, 1000).splitlines()]
+    assert lines[0] == {"trace": "looseleaf-fleet", "version": 1}
+    assert lines[1]["cells"][0] == {"label": "gpu", "exec_s": 1, "closure_bytes": 10000, "written_bytes": 2000,
+                                    "namespace_bytes": 30000}
+    assert lines[2]["cells"] == [{"cell": 0, "gap_s": 3}, {"label": "cpu", "exec_s": 2, "written_bytes": 5000}]
+    assert experiments.scale_state(text, 1) == text
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/valgrind"), reason="needs valgrind")
+def test_no_session_leaks(tmp_path):
+    """Sessions are freed, whichever design held them last: a keep-alive idle timer still pending when the run
+    closed held its session forever (every session of a run leaked), and a session waiting for its seat when a
+    bad line cuts the run short is freed with the simulator."""
+    t = tmp_path / "seats.jsonl"
+    _seated(t, 8)
+    vg = ["/usr/bin/valgrind", "-q", "--leak-check=full", "--errors-for-leak-kinds=definite", "--error-exitcode=9",
+          LOOSELEAF, "simulate", "--threads", "1"]
+    r = subprocess.run(vg + [str(t)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    with open(t, "a") as f:
+        f.write("not json\n")
+    r = subprocess.run(vg + [str(t)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "definitely lost" not in r.stderr, r.stderr[-3000:]
+
+
+def test_pinned_packed_is_the_floor(tmp_path):
+    """16 sessions fill two hosts (best fit: the first 8 on one); four leave each host at 10 s.  Best-fit pinned
+    keeps both hosts to 100 s (200 host-seconds); the ideally packed bound needs one from 10 s (110)."""
+    t = tmp_path / "packed.jsonl"
+    _write(t, [{"session": "s%d" % k, "arrival_s": 0, "tail_s": 10 if k % 8 < 4 else 100, "cells": []}
+               for k in range(16)])
+    doc = json.loads(_run(["simulate", "--json", "--designs", "pinned,pinned_packed", str(t)]).stdout)
+    assert doc["pinned"]["gpu_hours"] == pytest.approx(200 * 8 / 3600, rel=1e-6)
+    assert doc["pinned_packed"]["gpu_hours"] == pytest.approx(110 * 8 / 3600, rel=1e-6)
+    assert doc["pinned"]["peak_gpus"] == doc["pinned_packed"]["peak_gpus"] == 16
