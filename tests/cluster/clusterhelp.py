@@ -12,11 +12,11 @@ them (their veths go with them) and the run's temp dir, whatever failed before. 
 """
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -59,6 +59,32 @@ def wait_for(cond, timeout, what):
         time.sleep(0.2)
 
 
+def _run_alive(name):
+    """Whether the run that named NAME (llc<pid>x...) is still alive; None when NAME is not a run's."""
+    m = re.match(r"llc(\d+)x[0-9a-f]{4}(-|$)", name)
+    if not m:
+        return None
+    return os.path.exists("/proc/%s" % m.group(1))
+
+
+def sweep_dead_runs():
+    """Namespaces and temp dirs of earlier runs whose test process died without its teardown (killed): their
+    processes SIGKILLed, the namespaces deleted.  Only names this module makes (llc<pid>x<hex4>-...) whose pid
+    is gone; another live run's are left alone."""
+    for line in ip("netns", "list", check=False).splitlines():
+        name = line.split()[0] if line.split() else ""
+        if _run_alive(name) is False:
+            try:
+                Cluster.kill_ns(name)
+            except AssertionError:
+                continue
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    tmp = tempfile.gettempdir()
+    for d in os.listdir(tmp):
+        if re.fullmatch(r"llc\d+x[0-9a-f]{4}", d) and _run_alive(d) is False:
+            shutil.rmtree(os.path.join(tmp, d), True)
+
+
 class Cluster:
     """NHOSTS GPU-host namespaces of SLOTS slots each plus a server namespace, with Ray, brokers and agents."""
 
@@ -66,7 +92,9 @@ class Cluster:
         self.prefix = "llc%dx%s" % (os.getpid(), secrets.token_hex(2))
         self.namespaces = []  # made so far, torn down by close()
         self.procs = []
-        self.dir = tempfile.mkdtemp(prefix="ll-cluster-")
+        # Short: Ray's unix sockets live under it (session_<date>_<pid>/sockets/plasma_store, 107 bytes at most).
+        self.dir = os.path.join(tempfile.gettempdir(), self.prefix)
+        os.mkdir(self.dir, 0o700)
         self.slots = slots
         self.hosts = ["h%d" % (i + 1) for i in range(nhosts)]
         self.token = secrets.token_hex(32)
@@ -101,6 +129,7 @@ class Cluster:
         ip("-n", name, "link", "set", "lo", "up")
 
     def start(self):
+        sweep_dead_runs()
         self._add_ns(self.server)
         ip("-n", self.server, "link", "add", "br0", "type", "bridge")
         ip("-n", self.server, "addr", "add", "%s.1/24" % SUBNET, "dev", "br0")
@@ -174,15 +203,17 @@ class Cluster:
         return json.loads(r.stdout)
 
     # -- faults and teardown ----------------------------------------------
-    def pids(self, ns):
+    @staticmethod
+    def pids(ns):
         r = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
         return [int(p) for p in r.stdout.split()]
 
-    def kill_ns(self, ns, timeout=30):
+    @staticmethod
+    def kill_ns(ns, timeout=30):
         """SIGKILL every process of namespace NS (a host's raylet, broker, agent...) until none is left."""
         deadline = time.monotonic() + timeout
         while True:
-            pids = self.pids(ns)
+            pids = Cluster.pids(ns)
             if not pids:
                 return
             for p in pids:
@@ -215,6 +246,9 @@ class Cluster:
                 errors.append("ip netns del %s: %s" % (ns, r.stderr.strip()))
         self.namespaces = []
         shutil.rmtree(self.dir, True)
+        left = [ns for ns in ip("netns", "list", check=False).split() if ns.startswith(self.prefix)]
+        if left or os.path.exists(self.dir):
+            errors.append("left behind: %s" % (left + ([self.dir] if os.path.exists(self.dir) else [])))
         if errors:
             raise AssertionError("cluster teardown: " + "; ".join(errors))
 

@@ -19,7 +19,10 @@ def cluster():
     c = clusterhelp.Cluster(nhosts=int(os.environ.get("LL_CLUSTER_HOSTS", "3")),
                             slots=int(os.environ.get("LL_POOL_SLOTS", "4")))
     try:  # close() is armed before anything is made: a failing start tears down what it made
-        c.start()
+        try:
+            c.start()
+        except Exception as e:
+            raise RuntimeError("the cluster did not start: %s\n%s" % (e, c.logs()[-8000:])) from e
         yield c
     finally:
         c.close()

@@ -2,7 +2,6 @@
 each with its raylet, hostd and agent).  The tests of this module share one cluster and run in order; the
 host-killed one is last (it leaves a host dead)."""
 import json
-import os
 import subprocess
 
 import pytest
@@ -44,14 +43,20 @@ def test_nodes_joined_with_slots_and_labels(cluster):
     code = ("import json, ray\n"
             "ray.init(address=%r, logging_level='ERROR', log_to_driver=False)\n"
             "print(json.dumps([[n['Alive'], n['Labels'].get('looseleaf_host'), n['Resources'], "
-            "n['NodeManagerAddress']] for n in ray.nodes()]))\n"
-            "print(json.dumps(ray.available_resources()))\n" % cluster.head)
+            "n['NodeManagerAddress'], n['NodeID']] for n in ray.nodes()]))\n"
+            "print(json.dumps(ray.available_resources()))\n"
+            "print(json.dumps([ray.get(ray.get_actor('ll-agent-' + h, namespace='looseleaf').info.remote()) "
+            "for h in %r]))\n" % (cluster.head, cluster.hosts))
     out = cluster.py_in(cluster.server, ["-c", code]).stdout.splitlines()
-    nodes, avail = json.loads(out[-2]), json.loads(out[-1])
+    nodes, avail, agents = json.loads(out[-3]), json.loads(out[-2]), json.loads(out[-1])
     hosts = {n[1]: n for n in nodes if n[1]}
     assert sorted(hosts) == cluster.hosts
-    for h, (alive, _, res, addr) in hosts.items():
+    for h, (alive, _, res, addr, _) in hosts.items():
         assert alive and res.get("looseleaf_slot") == cluster.slots and addr == cluster.addr(h)
+    # Each agent runs on its own host's node, registered with that host's broker.
+    for h, a in zip(cluster.hosts, agents):
+        assert a["host"] == h and a["node_id"] == hosts[h][4], (h, a, hosts[h])
+        assert a["hostd_socket"] == cluster.hostd_socket(h) and a["hostd_slots"] == cluster.slots, a
     # The agents hold every slot: Ray has none left to give anything else.
     assert avail.get("looseleaf_slot", 0) == 0, avail
     st = {s["host"]: s for s in cluster.client("status")[0]}
