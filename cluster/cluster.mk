@@ -12,6 +12,10 @@ $(CLUSTER_PLACE_LIB): cluster/ll_cluster_place.c $(BUILD)/looseleaf
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -shared -Wl,--no-undefined -o $@ $< $(filter %/ll_place.o,$(LIB_OBJS))
 
+# The placement bridge (the C rule through ctypes, the broker's stats as load) needs neither Ray nor root:
+# `make test` runs it, so a change to ll_place or its build that breaks the cluster's placer shows there.
+PYTESTS += tests/cluster/test_place_unit.py tests/cluster/test_hostd_client_unit.py
+
 # `make test-cluster`: a Ray cluster of network namespaces on this machine (root only; see
 # tests/cluster/clusterhelp.py).  Not part of `make test`: it needs root, ip(8) and ~2 GB of memory.
 .PHONY: test-cluster

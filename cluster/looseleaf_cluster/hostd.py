@@ -107,8 +107,12 @@ class Lease:
         deadline = time.monotonic() + (timeout or self.timeout)
         send_frame(self.sock, {"type": "want", "n": 1, "prefetch": 0})
         m = self._reply(deadline)
+        while m.get("type") == "wait" and m.get("revoking"):
+            m = self._reply(deadline)  # the broker takes a slot back for us: its grant follows
         if m.get("type") == "wait":
-            send_frame(self.sock, {"type": "want", "n": 0, "prefetch": 0})  # we no longer wait
+            # No slot for us now: we no longer wait (the placer tries another host).  A grant the broker
+            # sent before it read this comes as the answer to our next want, so no lease is lost.
+            send_frame(self.sock, {"type": "want", "n": 0, "prefetch": 0})
             return None
         if m.get("type") != "grant":
             raise HostdError("hostd %s: unexpected %s" % (self.path, m))
