@@ -5,7 +5,9 @@
  * and Python never mirrors the struct's layout: a change to
  * ll_place_host_t breaks this file's build, not a silent ctypes mismatch.
  * Linked into build/cluster/libllplace.so with ll_place's object (see
- * cluster/cluster.mk); not part of the looseleaf binary. */
+ * cluster/cluster.mk); not part of the looseleaf binary.  Runs in the
+ * server's placer process (Python, any thread: it is pure and reentrant,
+ * its only state the caller's arrays). */
 #if __has_include("policy/ll_place.h")
 #include "policy/ll_place.h" /* where the policy code is moving (issue 19's split) */
 #else
