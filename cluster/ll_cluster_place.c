@@ -9,7 +9,7 @@
  * server's placer process (Python, any thread: it is pure and reentrant,
  * its only state the caller's arrays). */
 #if __has_include("policy/ll_place.h")
-#include "policy/ll_place.h" /* where the policy code is moving (issue 19's split) */
+#include "policy/ll_place.h" /* where the policy code is moving */
 #else
 #include "zygote/ll_place.h"
 #endif
