@@ -5,9 +5,9 @@
 CLUSTER_PLACE_LIB := $(BUILD)/cluster/libllplace.so
 EXTRA_TARGETS += $(CLUSTER_PLACE_LIB)
 
-$(CLUSTER_PLACE_LIB): cluster/ll_cluster_place.c $(BUILD)/policy/ll_place.o
+$(CLUSTER_PLACE_LIB): $(BUILD)/cluster/ll_cluster_place.o $(BUILD)/policy/ll_place.o
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -shared -Wl,--no-undefined -o $@ $^
+	$(CC) $(LDFLAGS) -shared -Wl,--no-undefined -o $@ $^
 
 # The placement bridge (the C rule through ctypes, the broker's stats as load) needs neither Ray nor root:
 # `make test` runs it, so a change to ll_place or its build that breaks the cluster's placer shows there.
