@@ -48,6 +48,7 @@
 
 #include "base/ll_clock.h"
 #include "base/ll_log.h"
+#include "store/ll_history.h"
 #include "store/ll_pagekind.h"
 #include "store/ll_redis.h"
 #include "store/ll_store_internal.h"
@@ -642,6 +643,9 @@ void ll_store_leave(ll_store_t *st)
 static int s_mark_refs(void *ctx, uint64_t *mark, size_t nregions)
 {
     ll_store_t *st = ctx;
+    /* Versions kept as history are readers too (ll_history.c). */
+    if (ll_history_mark(st, mark, nregions) != 0)
+        return -1;
     char *k = ll_store_key(st, "prefs", NULL);
     redisReply *vals = k ? ll_redis_cmdf(st->redis, "HVALS %s", k) : NULL;
     free(k);

@@ -2,7 +2,7 @@
 # payload pool, Redis metadata, the _llstore Python extension, its tests and
 # benchmark.  See store/API.md.
 STORE_SRCS := store/ll_pool.c store/ll_redis.c store/ll_redis_server.c store/ll_store.c store/ll_store_py.c \
-              store/ll_store_ref.c store/ll_store_put.c store/ll_store_commit.c \
+              store/ll_store_ref.c store/ll_store_put.c store/ll_store_commit.c store/ll_history.c \
               store/ll_pool_reserve.c store/ll_pool_reclaim.c store/ll_pagekind.c store/ll_quota.c \
               store/ll_hash.c store/ll_hash_avx2.c
 LIB_SRCS   += $(STORE_SRCS)

@@ -333,6 +333,7 @@ class Coherence:
         self._seen_version = 0
         self._stored = set()
         self._lost = None  # what _lost_data found, until a GPU cell's Run says so
+        self._history_budget = 0  # bytes of superseded versions kept (_history_on)
 
     # ---- the namespace -------------------------------------------------------------------------------
     def _procstate(self):
@@ -378,9 +379,37 @@ class Coherence:
                 self.store.set_interrupt_fd(fd, drain=True)
             self.cp = Checkpointer(self.store, self.shell.user_ns)
             self.cp.cpu_only = True  # a CUDA tensor refreshed here comes back on the CPU: no context here
+            self._history_on()
         except BaseException:
             self.close()
             raise
+
+    def _history_on(self):
+        """Keep superseded versions (time travel, issue 28) within LL_HISTORY_BYTES (a quarter of the pool,
+        at most 4 GiB; "0": off).  Before any worker commits: each Store reads the setting at its first
+        commit."""
+        from looseleaf_store import history
+        try:
+            self._history_budget = history.budget_bytes(self.store)
+        except ValueError as e:
+            log.warning("LL_HISTORY_BYTES: %s; the history stays off", e)
+            self._history_budget = 0
+        if self._history_budget > 0:
+            history.enable(self.store)
+
+    def _keep_history(self):
+        """Drop the oldest superseded versions beyond the budget (idle time: never before a cell)."""
+        if self.cp is None or not self._history_budget:
+            return
+        from looseleaf_store import history
+        try:
+            dropped = history.prune(self.store, self._history_budget)
+        except Exception:  # noqa: BLE001 - the next idle time tries again
+            log.info("history prune failed", exc_info=True)
+            return
+        if dropped:
+            log.info("history: dropped %d old versions to stay within %d bytes", len(dropped),
+                     self._history_budget)
 
     def close(self):
         """Stop the session's redis-server and remove its store: the directory holds every key (the
@@ -495,7 +524,8 @@ class Coherence:
         atomic: no worker reads the store while the kernel commits, a GPU cell runs only once every batch
         landed, and what a failed batch left out stays dirty (its owners come along in any batch: NeedOwner).
         One SaveReport for all; after an error, nothing more is saved."""
-        cell = "kernel-%s" % uuid.uuid4().hex[:12]
+        # The commit's id starts with the cell it comes after (the history lists it: In[N]).
+        cell = "In[%d] kernel-%s" % (max(0, self.shell.execution_count - 1), uuid.uuid4().hex[:12])
         if len(names) <= _COMMIT_BATCH:
             return self.cp.save(names, cell_id=cell)
         total = None
@@ -753,6 +783,13 @@ class Coherence:
 
     # ---- between cells --------------------------------------------------------------------------------
     def commit_idle(self):
+        """commit_idle_now, then the history's budget kept (looseleaf_store.history)."""
+        try:
+            return self.commit_idle_now()
+        finally:
+            self._keep_history()
+
+    def commit_idle_now(self):
         """The kernel stayed idle after user code ran here (a CPU cell, a widget's callback; the gateway's
         idle commit): commit what it made dirty, and the process state, so that the next GPU cell's Run finds
         nothing to commit even when its edit window was too short for a prefetch.  Only in a session whose
@@ -945,6 +982,11 @@ class Coherence:
         if isinstance(info.get("home"), dict):
             self._adopt_home(info["home"], info.get("worker_pid"))
         self._update_lost_names()
+        if info.get("saved") or info.get("unknown"):
+            # What the worker committed superseded versions: keep the history's budget now (one read of its
+            # index, bounded by LL_HISTORY_VERSIONS), not only when idle, which a "Run all" never is, so
+            # old versions hold at most the budget even between cells.
+            self._keep_history()
         return {"home": self.home}
 
     # ---- homes (issue 13, item 1) --------------------------------------------------------------------
