@@ -228,6 +228,7 @@ static void s_on_shutdown(ll_msg_t *req, s_chan_t chan, zsock_t *sock)
 {
     bool restart = json_is_true(json_object_get(req->content, "restart"));
     ll_info("kernel", "shutdown_request (restart: %s)", restart ? "yes" : "no");
+    ll_interp_set_restart(restart); /* a notebook's store stays for the next kernel */
     json_t *content = json_pack("{s:s, s:b}", "status", "ok", "restart", restart);
     /* ipykernel 6 also publishes the reply on iopub, for other frontends. */
     ll_iopub_send(s_k.iopub, "shutdown_reply", req, json_deep_copy(content), NULL, NULL);

@@ -71,10 +71,49 @@ def report(kernel):
         else:
             where = "store (the kernel's copy is older: refreshed when a CPU cell reads it)"
         out["variables"][name] = {"where": where, "version": v}
+    out["at_risk"] = at_risk(coh, committed)
     return out
 
 
-_USAGE = ("usage: %looseleaf [--json] | %looseleaf history NAME | %looseleaf checkout NAME@N [as OTHER]")
+def at_risk(coh, committed):
+    """{name: why} of the variables a crash of the kernel right now would lose: what no commit holds (or
+    holds only an older version of), and what no store can hold (issue 28, item 4).  COH: the kernel's
+    coherence; COMMITTED: {name: version} in its store."""
+    from looseleaf_store import homes
+    from . import keep
+    from .coherence import _quick_to_save, visible
+    ns = coh.shell.user_ns
+    out = {}
+    if coh.cp is None:
+        for name in sorted(visible(coh.shell)):
+            out[name] = "nothing is committed before the session's first GPU cell"
+        return out
+    if keep.notebook_key() is None:
+        for name in sorted(set(visible(coh.shell)) | set(committed)):
+            if not name.startswith("_"):
+                out[name] = "no store outlives a kernel run for no known notebook (JPY_SESSION_NAME)"
+        return out
+    for name, h in coh.home.items():
+        if h.get("kind") == "held":
+            out[name] = "%s, living only in worker %s: no store can hold it" % (h.get("what"), h.get("pid"))
+    for name in sorted(coh._saveable(coh.dirty | {n for n in visible(coh.shell) if n not in committed})):
+        if name not in ns or name in out:
+            continue
+        value = ns[name]
+        what = homes._WHAT.get(type(value).__name__)
+        if what:
+            out[name] = "%s: no store can hold it" % what
+        elif _quick_to_save(value):
+            out[name] = "not committed yet: committed once the kernel is idle"
+        else:
+            out[name] = ("slow to save, so not committed when idle: committed by the next GPU cell's Run"
+                         if name in committed else "slow to save, never committed: the next GPU cell's Run "
+                         "commits it")
+    return out
+
+
+_USAGE = ("usage: %looseleaf [--json] | %looseleaf history NAME | %looseleaf checkout NAME@N [as OTHER] | "
+          "%looseleaf restore")
 
 
 def _cell_label(cell):
@@ -152,6 +191,13 @@ def checkout(kernel, spec, target=None):
 
 def looseleaf_magic(kernel, line):
     words = line.split()
+    if words == ["restore"]:
+        from . import keep
+        res = keep.restore(kernel.coherence)
+        if "error" in res:
+            raise UsageError(keep.summary(res))
+        print(keep.summary(res))
+        return None
     if words and words[0] in ("history", "checkout"):
         from looseleaf_store.history import HistoryError
         try:
@@ -193,6 +239,15 @@ def looseleaf_magic(kernel, line):
         for name, v in rep["variables"].items():
             ver = " v%d" % v["version"] if v["version"] is not None else ""
             lines.append("  %-*s  %s%s" % (width, name, v["where"], ver))
+    whys = set(rep["at_risk"].values())
+    if len(whys) == 1 and len(rep["at_risk"]) > 1 and not rep["at_risk"].keys() - rep["variables"].keys():
+        lines.append("Would not survive a crash of the kernel right now: any variable (%s)" % whys.pop())
+    elif rep["at_risk"]:
+        lines.append("Would not survive a crash of the kernel right now:")
+        for name, why in rep["at_risk"].items():
+            lines.append("  - %s: %s" % (name, why))
+    elif rep["variables"]:
+        lines.append("Every variable would survive a crash of the kernel (its last committed version).")
     print("\n".join(lines))
     return None
 
