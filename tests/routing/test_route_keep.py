@@ -7,10 +7,11 @@ import glob
 import os
 import re
 import signal
+import tempfile
 import time
 import uuid
 
-from routehelp import Kernel, _error_text, execute, redis_processes, run_route, store_dirs, stream_text, wait_for
+from routehelp import Kernel, _error_text, execute, redis_processes, run_route, stream_text, wait_for
 
 
 def _env(**kw):
@@ -23,10 +24,26 @@ def _stderr(msgs):
     return stream_text(msgs, "stderr")
 
 
+def _kept_dirs():
+    """looseleaf-keep-* dirs of this uid where kernels put stores (as routehelp.store_dirs)."""
+    out = []
+    for base in (os.environ.get("XDG_RUNTIME_DIR"), "/dev/shm", tempfile.gettempdir()):
+        if base and os.path.isdir(base):
+            out += glob.glob(os.path.join(base, "looseleaf-keep-*"))
+    return out
+
+
 def _keyed_dirs(pid):
     """Store dirs owned by kernel PID that are kept for a notebook."""
-    return [d for d in store_dirs() if os.path.exists(os.path.join(d, "notebook")) and
-            (open(os.path.join(d, "owner")).read().split() or ["0"])[0] == str(pid)]
+    out = []
+    for d in set(_kept_dirs()):
+        try:
+            if os.path.exists(os.path.join(d, "notebook")) and \
+                    open(os.path.join(d, "owner")).read().split()[0] == str(pid):
+                out.append(d)
+        except (OSError, IndexError):
+            pass
+    return out
 
 
 def _pool_files(d):

@@ -345,7 +345,9 @@ class Coherence:
         if adopt is not None:
             self.dir, self.session = adopt
         else:
-            self.dir = tempfile.mkdtemp(prefix="looseleaf-store-", dir=base)  # 0700
+            # 0700.  A kept store's name is not looseleaf-store-*: a kernel of an older build sweeps those
+            # as soon as their owner is gone.
+            self.dir = tempfile.mkdtemp(prefix="looseleaf-keep-" if key else "looseleaf-store-", dir=base)
             self.session = uuid.uuid4().hex[:16]
         try:
             keep.claim(self.dir, self.session)
@@ -355,7 +357,8 @@ class Coherence:
                 pool = keep._read(self.dir, keep.POOL) or keep.pool_path(self.session)
                 keep._write(self.dir, keep.POOL, pool + "\n")
                 keep._write(self.dir, keep.NOTEBOOK, key + "\n")
-            self.store = _llstore.Store(self.dir, self.session, pool_path=pool)
+            self.store = _llstore.Store(self.dir, self.session, pool_path=pool,
+                                        pool_bytes=keep.pool_bytes() if pool and not os.path.exists(pool) else None)
             fd = _interrupt_fd()
             if fd >= 0:
                 # An interrupt ends a wait for a silent Redis (the kernel's interrupt eventfd: one from

@@ -1,7 +1,8 @@
 """A notebook's store that outlives its kernel (issue 28): restart and crash without losing variables.
 
 A kernel started for a notebook (jupyter_server puts its path in the kernel's environment as JPY_SESSION_NAME;
-LOOSELEAF_NOTEBOOK overrides it) keeps its checkpoint store *keyed*: its directory holds a `notebook` file with
+LOOSELEAF_NOTEBOOK overrides it) keeps its checkpoint store *keyed*: its directory (looseleaf-keep-*, a name
+older builds' sweeps leave alone) holds a `notebook` file with
 a hash of the user and that path, and its payload pool is a named file in /dev/shm (`pool` says which) instead
 of a memfd that dies with the kernel.  So when the kernel dies (SIGKILL, a segfault, the OOM killer) or is
 restarted, the redis-server's append-only file and the payloads stay, for LOOSELEAF_KEEP_S (3600) seconds
@@ -56,6 +57,21 @@ def notebook_key():
 
 def pool_path(session):
     return "/dev/shm/looseleaf-%d-keep-%s.pool" % (os.getuid(), session)
+
+
+def pool_bytes():
+    """The size of a named pool: what the store would choose for a pool of its own in /dev/shm (store/API.md:
+    LL_STORE_POOL_BYTES, else half of RAM at most 16 GiB, shrunk to 90% of the room /dev/shm has when that is
+    less), which it does not check for a path it is given.  None: the store's default."""
+    if os.environ.get("LL_STORE_POOL_BYTES"):
+        return None
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        st = os.statvfs("/dev/shm")
+    except (OSError, ValueError):
+        return None
+    want, room = min(ram // 2, 16 << 30), int(st.f_bavail * st.f_frsize * 0.9)
+    return min(want, room) if room >= 16 << 20 else None
 
 
 def _read(d, name):
@@ -138,7 +154,7 @@ def kept(base, key):
     """Store dirs under BASE of notebook KEY whose kernel is gone and whose time has not run out, newest
     death first: [(dir, dead since)]."""
     out = []
-    for d in glob.glob(os.path.join(base or "/nonexistent", "looseleaf-store-*")):
+    for d in glob.glob(os.path.join(base or "/nonexistent", "looseleaf-keep-*")):
         if not mine(d) or _read(d, NOTEBOOK) != key or owner(d) is None:
             continue
         t = dead_since(d)
@@ -153,7 +169,8 @@ def sweep(base):
     directory with the append-only file stays), a keyed one once its time ran out.  Only our own directories
     (0700, our uid), and only when the owner process is gone (pid and start time: a recycled pid keeps
     nothing alive)."""
-    for d in glob.glob(os.path.join(base or "/nonexistent", "looseleaf-store-*")):
+    for d in glob.glob(os.path.join(base or "/nonexistent", "looseleaf-store-*")) + \
+            glob.glob(os.path.join(base or "/nonexistent", "looseleaf-keep-*")):
         o = owner(d)
         if not mine(d) or o is None or o[0] == os.getpid():
             continue
