@@ -604,6 +604,24 @@ out:
     return rc;
 }
 
+int ll_history_relieve(ll_store_t *st)
+{
+    if (ll_history_on(st) <= 0) /* (a worker may put before its first commit) */
+        return 0;
+    s_buf_t out = {0};
+    if (s_prune(st, 0, SIZE_MAX, &out) != 0) {
+        free(out.s);
+        return -1;
+    }
+    int n = 0;
+    for (size_t i = 0; out.s && i < out.len; i++)
+        n += out.s[i] == '\n';
+    free(out.s);
+    if (n)
+        ll_warn("store", "pool full: dropped the %d old versions the history kept", n);
+    return n;
+}
+
 int ll_history_op(ll_store_t *st, const char *op, const char *name, uint64_t num, char **text,
                   ll_store_entry_t **entry)
 {

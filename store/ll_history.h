@@ -34,6 +34,12 @@ int ll_history_queue(ll_store_t *st, ll_redis_argv_t *a, const char *vkey,
  * ll_pool_refs_fn does for current ones).  0 or -1. */
 int ll_history_mark(ll_store_t *st, uint64_t *mark, size_t nregions);
 
+/* Mutex held; for a put that found the pool full (or the user's cap
+ * reached): drop every superseded version the history keeps, so a save
+ * never fails for old versions' sake.  The number dropped (0 when the
+ * history is off or keeps none), or -1. */
+int ll_history_relieve(ll_store_t *st);
+
 /* One operation of the Python layer (ll_store_py.c), OP:
  *   "set"    NUM != 0: on, else off;                        *TEXT ""
  *   "list"   NAME (NULL: every name): one line per kept version, oldest

@@ -143,3 +143,25 @@ def test_version_cap_drops_oldest_small_values(store):
     assert [k.version for k in kept if k.name == "step"] == vers[19:]
     assert len(dropped) == 19
     assert history.fetch(store, "step", vers[25])[1] == b"25"
+
+
+def test_full_pool_drops_history_before_failing_a_save(store, runtime_dir, redis_url, session, pool_path):
+    """The fixture's pool holds 32 regions: a version of 8 regions, fully rewritten each time, fills it with
+    history after four commits; the fifth save (by another process, as a worker's is) drops the kept old
+    versions instead of failing with PoolFullError (before: PoolFullError)."""
+    history.enable(store)
+    vers = [commit_fill(store, "w", 8, 40 + i, "c%d" % i)[1] for i in range(4)]
+    store.gc()
+    assert store.stats()["regions_used"] == 32
+    other = _llstore.Store(runtime_dir, session, redis_url=redis_url, pool_path=pool_path, reserve_bytes=0)
+    try:
+        _, v5 = commit_fill(other, "w", 8, 50, "c5")
+    finally:
+        other.close()
+    kept, dropped = history.versions(store, "w")
+    # The version current while the save ran stays (the save superseded it only at its commit).
+    assert [k.version for k in kept] == [vers[3], v5] and [d[0] for d in dropped] == vers[:3]
+    assert bytes_of(store, history.fetch(store, "w", v5))[0] == 50
+    assert bytes_of(store, history.fetch(store, "w", vers[3]))[0] == 43
+    with pytest.raises(history.HistoryError, match="dropped"):
+        history.fetch(store, "w", vers[0])

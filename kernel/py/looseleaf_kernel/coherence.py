@@ -806,9 +806,9 @@ class Coherence:
 
     def _note_state(self):
         """In a store kept for the notebook: what a restore after a crash needs beyond the store (keep.py)."""
-        if self.cp is None:
-            return
         from . import keep
+        if self.cp is None or keep.notebook_key() is None:
+            return
         from .magic import at_risk
         try:
             keep.note_state(self, at_risk(self, self.cp.versions()))

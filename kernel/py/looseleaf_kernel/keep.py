@@ -244,7 +244,14 @@ while os.path.isdir(d):
 
 
 def spawn_reaper(d):
-    """Start D's reaper (detached: its own session, no inherited fds, cwd /)."""
+    """Start D's reaper (detached: its own session, no inherited fds, cwd /), unless one runs (an adopted
+    store's: it follows the store's new owner)."""
+    from .procs import pid_alive
+    try:
+        if pid_alive(int(_read(d, "reaper") or "0")):
+            return
+    except ValueError:
+        pass
     python = os.environ.get("LOOSELEAF_PYTHON") or sys.executable or "/usr/bin/python3"
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "HOME", "TMPDIR")}
     try:
@@ -404,10 +411,13 @@ def restore(coh):
         for n in out["restored"]:
             out["not_committed"].pop(n, None)  # an older version came back; said below
         out["older"] = sorted(n for n in out["restored"] if n in (state.get("not_committed") or {}))
-    finally:
+    except BaseException:
         if not adopt:
-            store.close()
-            remove(d)
+            store.close()  # the kept store stays (ours until we end; then its reaper's again)
+        raise
+    if not adopt:
+        store.close()
+        remove(d)  # read into this kernel's namespace: committed into its own store from there
     return out
 
 

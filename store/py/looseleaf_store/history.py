@@ -81,7 +81,8 @@ def fetch(store, name, version):
         import time
         when = float(text.split()[1])
         raise HistoryError("%s@%d was dropped from the history at %s to keep it within its budget "
-                           "(LL_HISTORY_BYTES, now %s); versions still kept: %%looseleaf history %s"
+                           "(LL_HISTORY_BYTES, now %s; a full pool drops old versions too); versions still "
+                           "kept: %%looseleaf history %s"
                            % (name, version, time.strftime("%H:%M:%S", time.localtime(when)),
                               _fmt(budget_bytes(store)), name))
     raise HistoryError("%s@%d is not a version of %s: see %%looseleaf history %s" % (name, version, name, name))
