@@ -101,9 +101,11 @@ def test_restart_is_clean_then_restore_brings_the_session_back(jupyter_env):
         assert _stderr(msgs) == ""
         reply, msgs = execute(k, "%looseleaf restore")
         _check_restored(k, reply, msgs)
-        # The new kernel adopted the store: the old directory is its own now, and a second restore has
-        # nothing to bring.
+        # The new kernel adopted the store: the old directory is its own now (the history goes on), and a
+        # second restore has nothing to bring.
         assert _keyed_dirs(k.pid) == old
+        reply, msgs = execute(k, "%looseleaf history kw")
+        assert re.match(r"kw@\d+  In\[1\]", stream_text(msgs)), stream_text(msgs)
         reply, msgs = execute(k, "%looseleaf restore")
         assert reply["content"]["status"] == "error" and "nothing to restore" in _error_text(reply, msgs)
         pool = _pool_files(old[0])
