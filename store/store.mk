@@ -6,7 +6,7 @@ STORE_SRCS := store/ll_pool.c store/ll_redis.c store/ll_redis_server.c store/ll_
               store/ll_pool_reserve.c store/ll_pool_reclaim.c store/ll_pagekind.c store/ll_quota.c \
               store/ll_hash.c store/ll_hash_avx2.c
 LIB_SRCS   += $(STORE_SRCS)
-SELFTESTS  += ll_pagekind ll_pool ll_pool_reclaim ll_quota ll_redis ll_store ll_store_put
+SELFTESTS  += ll_pagekind ll_pool ll_pool_reclaim ll_quota ll_redis ll_store ll_store_put ll_history
 PYTESTS    += tests/store_c
 BENCHES    += $(BUILD)/ll_store_bench
 
