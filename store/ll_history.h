@@ -22,6 +22,17 @@ int ll_history_set(ll_store_t *st, bool on);
  * first time).  -1 when Redis could not say (the commit then fails). */
 int ll_history_on(ll_store_t *st);
 
+/* Whether a commit of NWRITES names keeps write W as a version of its own:
+ * one with payloads always; one without (a scalar, a small list) only in a
+ * commit of at most LL_HISTORY_SMALL_MAX names, so that a cell binding 100k
+ * names neither grows its transaction fourfold nor makes every prune read
+ * 100k index entries. */
+#define LL_HISTORY_SMALL_MAX 64
+static inline bool ll_history_keeps(const ll_store_write_t *w, size_t nwrites)
+{
+    return w->nprefs > 0 || nwrites <= LL_HISTORY_SMALL_MAX;
+}
+
 /* Mutex held.  Queue, inside a commit's MULTI, what keeps write W (its
  * entry key VKEY, its payload refs as JSON PREFS_JSON) as version VBUF of
  * cell CELL: *SENT grows by the replies to drain.  Nonzero when a command

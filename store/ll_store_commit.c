@@ -271,7 +271,7 @@ static int s_commit_queue(s_commit_t *c, const char *vbuf, const char *k_commit,
                ll_redis_arg(a, "refs") || ll_redis_arg(a, c->refs_json[i]) ||
                ll_redis_arg(a, "cell") || ll_redis_arg(a, c->cell_id) || ll_redis_send(rd, a);
         *sent += 2;
-        if (c->st->history_on && !bad) /* kept as a version of its own (ll_history.c) */
+        if (c->st->history_on && !bad && ll_history_keeps(w, c->nwrites)) /* (ll_history.c) */
             bad |= ll_history_queue(c->st, a, c->vkeys[i], w, vbuf, c->prefs_json[i], c->cell_id,
                                     sent);
     }

@@ -165,3 +165,15 @@ def test_full_pool_drops_history_before_failing_a_save(store, runtime_dir, redis
     assert bytes_of(store, history.fetch(store, "w", vers[3]))[0] == 43
     with pytest.raises(history.HistoryError, match="dropped"):
         history.fetch(store, "w", vers[0])
+
+
+def test_big_commits_keep_only_payload_versions(store):
+    """A commit of more than LL_HISTORY_SMALL_MAX (64) names keeps only the versions that have payloads."""
+    history.enable(store)
+    writes = {"s%d" % i: (b"%d" % i, [], []) for i in range(100)}
+    writes["arr"] = (b"a", [store.put_payload(np.ones(10, np.uint8))], [])
+    store.commit("big", writes)
+    kept, _ = history.versions(store)
+    assert [k.name for k in kept] == ["arr"]
+    store.commit("small", {"s1": (b"x", [], [])})
+    assert [k.name for k in history.versions(store)[0]] == ["arr", "s1"]
