@@ -223,9 +223,6 @@ def _cell_error(kind, why):
     return {"error": {"ename": kind, "evalue": why}}
 
 
-_OWNER = "owner"  # in a store dir: "<kernel pid> <session> <its start time>", for _sweep
-
-
 def _interrupt_fd():
     """The kernel's interrupt eventfd (the hooks' interrupt_fd), -1 outside the kernel."""
     try:
@@ -370,7 +367,7 @@ class Coherence:
             if key is not None:
                 keep.spawn_reaper(self.dir)
         except BaseException:
-            self.close()
+            self.close(keep_store=adopt is not None)  # a kept store we failed to adopt stays kept
             raise
 
     def _history_on(self):
@@ -387,7 +384,7 @@ class Coherence:
             history.enable(self.store)
 
     def _keep_history(self):
-        """Drop the oldest superseded versions beyond the budget (idle time: never before a cell)."""
+        """Drop the oldest superseded versions beyond the budget (after a worker's commit, and when idle)."""
         if self.cp is None or not self._history_budget:
             return
         from looseleaf_store import history
