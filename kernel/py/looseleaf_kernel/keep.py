@@ -417,7 +417,18 @@ def restore(coh):
         raise
     if not adopt:
         store.close()
-        remove(d)  # read into this kernel's namespace: committed into its own store from there
+        # Read into this kernel's namespace: committed into its own store now, so that a crash before its
+        # next commit loses nothing; the kept store goes only once they are there.
+        try:
+            rep = coh._push(out["restored"], modules=False)
+            err = rep.error or (", ".join(sorted(rep.failed)) if rep.failed else None)
+        except Exception as e:  # noqa: BLE001 - said
+            err = "%s: %s" % (type(e).__name__, e)
+        if err:
+            out["kept"] = "the kept store stays (committing them here failed: %s)" % err
+        else:
+            coh.dirty.difference_update(out["restored"])
+            remove(d)
     return out
 
 
@@ -434,6 +445,8 @@ def summary(res):
         lines.append("  not imported: %s (%s)" % (stmt, why))
     if res.get("older"):
         lines.append("  an older version (the last committed one) of: %s" % ", ".join(res["older"]))
+    if res.get("kept"):
+        lines.append("  " + res["kept"])
     gone = dict(res["failed"])
     for n, why in res["not_committed"].items():
         gone.setdefault(n, why)
