@@ -85,3 +85,21 @@ def test_budget_drops_oldest_and_checkout_says_so(jupyter_env):
         assert stream_text(msgs) == "2.0 3.0\n", stream_text(msgs)
     finally:
         k.stop()
+
+
+def test_checkout_of_an_optimizer_shares_the_current_model(jupyter_env):
+    """A version that shares objects with another variable (an optimizer's parameters are the model's) comes
+    back sharing them with that variable as it is now: the model is brought into the kernel first."""
+    k = Kernel("looseleaf")
+    try:
+        run_route(k, "import torch\nhm = torch.nn.Linear(2, 2)\nhopt = torch.optim.SGD(hm.parameters(), lr=0.1)",
+                  "gpu")
+        run_route(k, "hopt.param_groups[0]['lr'] = 0.5", "gpu")
+        first = _versions(_history(k, "hopt"), "hopt")[0]
+        reply, msgs = execute(k, "%%looseleaf checkout hopt@%d as hopt0" % first)
+        assert reply["content"]["status"] == "ok", _error_text(reply, msgs)
+        reply, msgs = run_route(k, "print(hopt0.param_groups[0]['params'][0] is hm.weight, "
+                                   "hopt0.param_groups[0]['lr'], hopt.param_groups[0]['lr'])", "gpu")
+        assert stream_text(msgs) == "True 0.1 0.5\n", stream_text(msgs)
+    finally:
+        k.stop()

@@ -111,7 +111,19 @@ def load(cp, name, version):
     shares with other variables are the ones those variables hold now in CP's namespace.  Nothing is bound.
     HistoryError when the version is not kept or its payloads are gone."""
     from .checkpoint import RestoreReport, _reason
+    from .serial import split_blob
     entry = fetch(cp.store, name, version)
+    # The variables it shares objects with (an optimizer's model) come first, at their current versions,
+    # when this process does not hold them yet (a GPU cell made them).
+    try:
+        hard = sorted(set(split_blob(entry[1])[0].get("hard", ())) - set(cp._state))
+    except Exception:  # noqa: BLE001 - then _load_one says what is wrong with it
+        hard = []
+    if hard:
+        rep = cp.restore(hard)
+        if rep.failed:
+            raise HistoryError("%s@%d shares objects with %s, which could not be restored: %s" % (
+                name, version, ", ".join(sorted(rep.failed)), "; ".join(sorted(rep.failed.values()))))
 
     def resolve(owner, kind, idx):
         st = cp._state.get(owner)
