@@ -168,3 +168,16 @@ def test_kernelspec_option_restores_at_start(jupyter_env):
         assert stream_text(msgs) == "30.0\n"
     finally:
         k.stop()
+
+
+def test_restore_without_a_notebook_says_why(jupyter_env):
+    k = Kernel("looseleaf", env={"JPY_SESSION_NAME": "", "LOOSELEAF_NOTEBOOK": ""})
+    try:
+        reply, msgs = execute(k, "%looseleaf restore")
+        err = _error_text(reply, msgs)
+        assert reply["content"]["status"] == "error" and "runs for no known notebook" in err, err
+        run_route(k, "import torch\nnt = torch.ones(2)", "gpu")
+        reply, msgs = execute(k, "%looseleaf")
+        assert "- nt: no store outlives a kernel run for no known notebook" in stream_text(msgs), stream_text(msgs)
+    finally:
+        k.stop()
