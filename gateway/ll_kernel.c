@@ -290,9 +290,11 @@ static void s_after_shell(void *ctx)
 }
 
 /* A shutdown_request was answered: wake the main loop and an input() wait,
- * and end a running cell, so we can exit cleanly. */
-static void s_after_shutdown(void *ctx)
+ * and end a running cell, so we can exit cleanly.  A restart keeps a
+ * notebook's store for the next kernel (keep.py). */
+static void s_after_shutdown(void *ctx, bool restart)
 {
+    ll_interp_set_restart(restart);
     s_eventfd_signal(s_k.wake_fd);
     s_eventfd_signal(s_k.intr_fd);
     ll_interp_interrupt();

@@ -630,8 +630,8 @@ def worker_finish(arg):
         _fault(job, "save")
     try:
         # All or nothing when the store fails: a cell is never committed torn.
-        rep = procstate.save_with(_cp, sorted(names), cell_id=str(job.get("id")), stand_in=_stand_in,
-                                  all_or_none=True)
+        rep = procstate.save_with(_cp, sorted(names), cell_id="In[%s] %s" % (count, job.get("id")),
+                                  stand_in=_stand_in, all_or_none=True)
         _note_home(ns, rep)
         if _home and not rep.error:
             # What the home values reach is used here too; a newly reached variable is committed now, so
