@@ -1,8 +1,9 @@
 # gateway/: the kernel process and the `looseleaf` command (owned by the gateway engineer).
 LIB_SRCS  += gateway/ll_iopub.c gateway/ll_stdin.c gateway/ll_exec.c \
-             gateway/ll_kernelspec.c gateway/ll_usage.c gateway/ll_route.c gateway/ll_kernel.c
+             gateway/ll_kernelspec.c gateway/ll_usage.c gateway/ll_route.c gateway/ll_kernel.c \
+             gateway/ll_curve.c
 BIN_SRCS  += gateway/main.c
-SELFTESTS += ll_iopub ll_stdin ll_exec ll_kernelspec ll_usage ll_route ll_kernel
+SELFTESTS += ll_iopub ll_stdin ll_exec ll_kernelspec ll_usage ll_route ll_kernel ll_curve
 
 # The edit-time hints extension for JupyterLab (gateway/ll_labext.js, hand-written, no npm build), embedded in
 # the binary as a C string that `looseleaf install` writes out (ll_kernelspec.c).  (No "??" in the script: C11

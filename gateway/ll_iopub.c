@@ -61,7 +61,8 @@ static void s_emit_stream(void *ctx, const char *name, const char *text, size_t 
         s_send_locked(self, &msg);
 }
 
-ll_iopub_t *ll_iopub_new(ll_session_t *session, const char *endpoint, char *err, size_t errlen)
+ll_iopub_t *ll_iopub_new(ll_session_t *session, const char *endpoint, const ll_curve_t *curve,
+                         char *err, size_t errlen)
 {
     ll_iopub_t *self = calloc(1, sizeof *self);
     if (!self) {
@@ -81,6 +82,8 @@ ll_iopub_t *ll_iopub_new(ll_session_t *session, const char *endpoint, char *err,
     if (strstr(endpoint, "://["))
         zsock_set_ipv6(self->pub, 1); /* tcp://[::1]:port */
     ll_wire_limit_frames(self->pub);  /* (what comes in on PUB: subscriptions) */
+    if (ll_curve_serve(curve, self->pub, err, errlen) != 0)
+        goto out_fail;
     if (zsock_bind(self->pub, "%s", endpoint) == -1) {
         snprintf(err, errlen, "cannot bind iopub to %s: %s", endpoint, zmq_strerror(zmq_errno()));
         goto out_fail;
@@ -272,7 +275,7 @@ int ll_iopub_selftest(bool verbose)
     zsock_t *sub = NULL;
     ll_session_t *session = ll_session_new((const unsigned char *) "k", 1, "hmac-sha256", 0);
     ll_iopub_t *iopub =
-        session ? ll_iopub_new(session, "inproc://ll-iopub-selftest", err, sizeof err) : NULL;
+        session ? ll_iopub_new(session, "inproc://ll-iopub-selftest", NULL, err, sizeof err) : NULL;
     if (!iopub)
         goto out;
     sub = zsock_new_sub(">inproc://ll-iopub-selftest", "");

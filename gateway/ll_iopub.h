@@ -21,13 +21,16 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "gateway/ll_curve.h"
 #include "proto/ll_wire.h"
 
 typedef struct ll_iopub_t ll_iopub_t;
 
 /* Bind a PUB socket at ENDPOINT and start the stream coalescer.  SESSION is
- * borrowed and must outlive the result.  Returns NULL with a reason in ERR. */
-ll_iopub_t *ll_iopub_new(ll_session_t *session, const char *endpoint, char *err, size_t errlen);
+ * borrowed and must outlive the result; CURVE (NULL: plain) is only read
+ * here.  Returns NULL with a reason in ERR. */
+ll_iopub_t *ll_iopub_new(ll_session_t *session, const char *endpoint, const ll_curve_t *curve,
+                         char *err, size_t errlen);
 
 /* Flush, give queued messages up to a second to leave, close.  Nulls *SELF_P. */
 void ll_iopub_destroy(ll_iopub_t **self_p);

@@ -47,6 +47,7 @@
 #include <unistd.h>
 
 #include "base/ll_fdcap.h"
+#include "gateway/ll_curve.h"
 #include "gateway/ll_iopub.h"
 #include "gateway/ll_kernelspec.h"
 #include "gateway/ll_exec.h"
@@ -649,7 +650,7 @@ static void s_block_signals(bool block)
 
 /* ---- start-up and the shell loop ------------------------------------------ */
 
-static zsock_t *s_bind(int type, ll_channel_t ch, char *err, size_t errlen)
+static zsock_t *s_bind(int type, ll_channel_t ch, const ll_curve_t *curve, char *err, size_t errlen)
 {
     char endpoint[300];
     if (ll_conn_endpoint(&s_k.conn, ch, endpoint, sizeof endpoint) < 0) {
@@ -673,6 +674,10 @@ static zsock_t *s_bind(int type, ll_channel_t ch, char *err, size_t errlen)
          * one KernelManager shares its session id) takes the route over, as
          * ipykernel does; otherwise its replies would go to the dead peer. */
         zsock_set_router_handover(sock, 1);
+    }
+    if (ll_curve_serve(curve, sock, err, errlen) != 0) {
+        zsock_destroy(&sock);
+        return NULL;
     }
     if (zsock_bind(sock, "%s", endpoint) == -1) {
         snprintf(err, errlen, "%s: cannot bind %.300s: %.100s", ll_conn_channel_name(ch), endpoint,
@@ -863,9 +868,21 @@ int ll_kernel_run(const char *connection_file, const ll_kernel_opts_t *opts)
     ll_log_init('G');
     if (s_load_connection(connection_file, opts) < 0)
         return 1;
+    /* Transport encryption (ll_curve.h): taken before the file's secrets
+     * are wiped, kept until every socket is bound. */
+    ll_curve_t *curve = NULL;
+    if (ll_curve_new(s_k.conn.curve_publickey, s_k.conn.curve_secretkey, &curve, err, sizeof err) !=
+        0) {
+        ll_conn_clear(&s_k.conn);
+        fprintf(stderr, "looseleaf: connection file %s: %s\n", connection_file, err);
+        return 1;
+    }
+    ll_info("kernel", "transport: %s%s", s_k.conn.transport,
+            curve ? ", CurveZMQ-encrypted on every socket" : " without encryption");
     s_k.session = ll_session_new(s_k.conn.key, s_k.conn.key_len, s_k.conn.signature_scheme, 0);
     ll_conn_clear(&s_k.conn); /* the session keeps its own copy of the key */
     if (!s_k.session) {
+        ll_curve_destroy(&curve);
         fprintf(stderr,
                 "looseleaf: bad connection file %s: signature_scheme '%s' is not supported\n",
                 connection_file, s_k.conn.signature_scheme);
@@ -884,10 +901,10 @@ int ll_kernel_run(const char *connection_file, const ll_kernel_opts_t *opts)
         goto out_fail;
     }
     char endpoint[512];
-    if (!(s_k.shell = s_bind(ZMQ_ROUTER, LL_CHAN_SHELL, err, sizeof err)) ||
-        !(s_k.control = s_bind(ZMQ_ROUTER, LL_CHAN_CONTROL, err, sizeof err)) ||
-        !(s_k.stdin_sock = s_bind(ZMQ_ROUTER, LL_CHAN_STDIN, err, sizeof err)) ||
-        !(s_k.hb = s_bind(ZMQ_REP, LL_CHAN_HB, err, sizeof err)))
+    if (!(s_k.shell = s_bind(ZMQ_ROUTER, LL_CHAN_SHELL, curve, err, sizeof err)) ||
+        !(s_k.control = s_bind(ZMQ_ROUTER, LL_CHAN_CONTROL, curve, err, sizeof err)) ||
+        !(s_k.stdin_sock = s_bind(ZMQ_ROUTER, LL_CHAN_STDIN, curve, err, sizeof err)) ||
+        !(s_k.hb = s_bind(ZMQ_REP, LL_CHAN_HB, curve, err, sizeof err)))
         goto out_fail;
     if (ll_conn_endpoint(&s_k.conn, LL_CHAN_IOPUB, endpoint, sizeof endpoint) < 0) {
         snprintf(err, sizeof err, "iopub: endpoint too long");
@@ -897,8 +914,9 @@ int ll_kernel_run(const char *connection_file, const ll_kernel_opts_t *opts)
      * under the shell identity) must fail at once, not leave input() waiting
      * forever: the cell then gets StdinNotImplementedError. */
     zsock_set_router_mandatory(s_k.stdin_sock, 1);
-    if (!(s_k.iopub = ll_iopub_new(s_k.session, endpoint, err, sizeof err)))
+    if (!(s_k.iopub = ll_iopub_new(s_k.session, endpoint, curve, err, sizeof err)))
         goto out_fail;
+    ll_curve_destroy(&curve); /* every socket holds its copy */
     if (!(s_k.stdin_chan = ll_stdin_new(s_k.stdin_sock, s_k.session, s_k.iopub))) {
         snprintf(err, sizeof err, "out of memory");
         goto out_fail;
@@ -980,6 +998,7 @@ int ll_kernel_run(const char *connection_file, const ll_kernel_opts_t *opts)
     return 0;
 
 out_fail:
+    ll_curve_destroy(&curve);
     ll_error("kernel", "cannot start: %s", err);
     s_teardown(interp_started);
     fprintf(stderr, "looseleaf: cannot start: %s\n", err);
