@@ -22,8 +22,11 @@
 #include <jansson.h>
 
 /* The Jupyter messaging protocol version the kernel speaks (message headers,
- * kernel_info_reply, the kernelspec). */
-#define LL_PROTOCOL_VERSION "5.4"
+ * kernel_info_reply, the kernelspec).  5.5: debug_request / debug_event,
+ * kernel_info on control, supported_features, and an XPUB iopub socket that
+ * welcomes each subscription (gateway/ll_iopub.c); kernel subshells, the
+ * optional part of 5.5, are not offered (not in supported_features). */
+#define LL_PROTOCOL_VERSION "5.5"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
