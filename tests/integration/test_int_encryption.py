@@ -186,6 +186,25 @@ def test_shutdown_on_control(curve_name):
         k.stop()
 
 
+def test_restart_keeps_the_keys(curve_name):
+    """jupyter_client keeps the keypair across a restart (as the HMAC key): the new process reads the
+    same one, and the old clients' server key still holds."""
+    k = Kernel(curve_name, transport_encryption="required")
+    try:
+        public, old_pid = k.km.curve_publickey, k.pid
+        k.km.restart_kernel(now=False)
+        k.connect()
+        assert k.pid != old_pid and k.km.curve_publickey == public
+        assert stream_text(k.run_ok("print('restarted')")) == "restarted\n"
+        sock, mon = _client_socket(k, "hb")
+        try:
+            assert _handshake(mon) == "failed"
+        finally:
+            _close(sock, mon)
+    finally:
+        k.stop()
+
+
 # ---- a client without the key gets nothing -------------------------------------------------------
 
 @pytest.mark.parametrize("channel", CHANNELS)
