@@ -1,8 +1,8 @@
-/* ll_iopub: the kernel's IOPub channel (PUB socket) and the "current parent".
+/* ll_iopub: the kernel's IOPub channel (XPUB socket) and the "current parent".
  *
  * Every message on iopub goes through here: status, execute_input, stream
  * text (coalesced by ll_stream), and what the interpreter publishes through
- * its hooks.  One lock (ll_stream's send lock) serializes all use of the PUB
+ * its hooks.  One lock (ll_stream's send lock) serializes all use of the XPUB
  * socket and keeps stream text in order with every other message: a publish
  * first flushes buffered text.  ZeroMQ sockets are not thread-safe; a mutex
  * is cheaper than an inproc hop per message, and lets the stream flusher send
@@ -26,7 +26,8 @@
 
 typedef struct ll_iopub_t ll_iopub_t;
 
-/* Bind a PUB socket at ENDPOINT and start the stream coalescer.  SESSION is
+/* Bind an XPUB socket at ENDPOINT, start the stream coalescer and the
+ * thread that welcomes subscriptions (iopub_welcome, protocol 5.5).  SESSION is
  * borrowed and must outlive the result; CURVE (NULL: plain) is only read
  * here.  Returns NULL with a reason in ERR. */
 ll_iopub_t *ll_iopub_new(ll_session_t *session, const char *endpoint, const ll_curve_t *curve,

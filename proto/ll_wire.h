@@ -1,4 +1,4 @@
-/* ll_wire: Jupyter messages (protocol 5.3) on the wire.
+/* ll_wire: Jupyter messages (protocol 5.5, LL_PROTOCOL_VERSION) on the wire.
  *
  * A message on a ROUTER/DEALER socket is
  *     [identities...] "<IDS|MSG>" signature header parent_header metadata content [buffers...]
