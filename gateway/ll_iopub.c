@@ -141,8 +141,13 @@ static void s_emit_stream(void *ctx, const char *name, const char *text, size_t 
         s_send_locked(self, &msg);
 }
 
-ll_iopub_t *ll_iopub_new(ll_session_t *session, const char *endpoint, const ll_curve_t *curve,
-                         char *err, size_t errlen)
+ll_iopub_t *ll_iopub_new(ll_session_t *session, const char *endpoint, char *err, size_t errlen)
+{
+    return ll_iopub_new_curve(session, endpoint, NULL, err, errlen);
+}
+
+ll_iopub_t *ll_iopub_new_curve(ll_session_t *session, const char *endpoint, const ll_curve_t *curve,
+                               char *err, size_t errlen)
 {
     ll_iopub_t *self = calloc(1, sizeof *self);
     if (!self) {
@@ -392,7 +397,7 @@ int ll_iopub_selftest(bool verbose)
     zsock_t *sub = NULL, *sub2 = NULL;
     ll_session_t *session = ll_session_new((const unsigned char *) "k", 1, "hmac-sha256", 0);
     ll_iopub_t *iopub =
-        session ? ll_iopub_new(session, "inproc://ll-iopub-selftest", NULL, err, sizeof err) : NULL;
+        session ? ll_iopub_new(session, "inproc://ll-iopub-selftest", err, sizeof err) : NULL;
     if (!iopub)
         goto out;
     sub = zsock_new_sub(">inproc://ll-iopub-selftest", "");

@@ -27,11 +27,15 @@
 typedef struct ll_iopub_t ll_iopub_t;
 
 /* Bind an XPUB socket at ENDPOINT, start the stream coalescer and the
- * thread that welcomes subscriptions (iopub_welcome, protocol 5.5).  SESSION is
- * borrowed and must outlive the result; CURVE (NULL: plain) is only read
- * here.  Returns NULL with a reason in ERR. */
-ll_iopub_t *ll_iopub_new(ll_session_t *session, const char *endpoint, const ll_curve_t *curve,
-                         char *err, size_t errlen);
+ * thread that welcomes subscriptions (iopub_welcome, protocol 5.5).  SESSION
+ * is borrowed and must outlive the result.  Returns NULL with a reason in
+ * ERR. */
+ll_iopub_t *ll_iopub_new(ll_session_t *session, const char *endpoint, char *err, size_t errlen);
+
+/* The same with the socket a CurveZMQ server of CURVE's keypair (NULL:
+ * plain; only read here), for an encrypted kernel (gateway/ll_curve.h). */
+ll_iopub_t *ll_iopub_new_curve(ll_session_t *session, const char *endpoint, const ll_curve_t *curve,
+                               char *err, size_t errlen);
 
 /* Flush, give queued messages up to a second to leave, close.  Nulls *SELF_P. */
 void ll_iopub_destroy(ll_iopub_t **self_p);

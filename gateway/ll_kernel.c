@@ -914,7 +914,7 @@ int ll_kernel_run(const char *connection_file, const ll_kernel_opts_t *opts)
      * under the shell identity) must fail at once, not leave input() waiting
      * forever: the cell then gets StdinNotImplementedError. */
     zsock_set_router_mandatory(s_k.stdin_sock, 1);
-    if (!(s_k.iopub = ll_iopub_new(s_k.session, endpoint, curve, err, sizeof err)))
+    if (!(s_k.iopub = ll_iopub_new_curve(s_k.session, endpoint, curve, err, sizeof err)))
         goto out_fail;
     ll_curve_destroy(&curve); /* every socket holds its copy */
     if (!(s_k.stdin_chan = ll_stdin_new(s_k.stdin_sock, s_k.session, s_k.iopub))) {

@@ -181,7 +181,7 @@ int ll_stdin_selftest(bool verbose)
     char iopub_ep[80];
     snprintf(iopub_ep, sizeof iopub_ep, "inproc://ll-stdin-selftest-iopub-%d", (int) getpid());
     char err[256];
-    if (!(iopub = ll_iopub_new(session, iopub_ep, NULL, err, sizeof err)))
+    if (!(iopub = ll_iopub_new(session, iopub_ep, err, sizeof err)))
         goto out;
     if (!(in = ll_stdin_new(router, session, iopub)))
         goto out;
