@@ -45,7 +45,7 @@ except ImportError:  # pragma: no cover - older IPython
 __all__ = ["Kernel", "start", "handle", "shutdown", "get_kernel"]
 
 __version__ = "0.1.0"
-PROTOCOL_VERSION = "5.4"
+PROTOCOL_VERSION = "5.5"  # the gateway's LL_PROTOCOL_VERSION (proto/ll_wire.h)
 _EXPERIMENTAL_KEY = "_jupyter_types_experimental"
 
 log = logging.getLogger("looseleaf_kernel")
