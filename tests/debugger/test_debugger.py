@@ -429,35 +429,149 @@ def test_exception_breakpoints_and_placement_magic(jupyter_env):
     assert ours[3][1]["exceptionId"] == "ValueError" and ours[4][1] == ("error", "ValueError", "bad 7")
 
 
-def test_gpu_cell_runs_as_without_the_debugger(jupyter_env):
-    """GPU cells (here forced with %%gpu, which runs on a worker with or without a GPU) are outside the debugger
-    for now (issue 27 item 2): with a breakpoint set in one, it runs on its worker to the end; a CPU cell after it
-    stops at its breakpoint and sees what the GPU cell made."""
+def _iopub_until_idle(s, msg_id):
+    """The cell MSG_ID's stream text, read from iopub up to its idle status (debug_events kept for wait_event)."""
+    text, deadline = [], time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        try:
+            msg = s.kc.iopub_channel.get_msg(timeout=1)
+        except queue.Empty:
+            continue
+        if msg["msg_type"] == "debug_event":
+            s.pending.append(msg["content"])
+        elif msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        elif msg["msg_type"] == "stream":
+            text.append(msg["content"]["text"])
+        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            return "".join(text)
+    raise AssertionError("the cell did not go idle")
+
+
+def _gpu_session(jupyter_env):
     if os.path.isdir(jupyter_env["LOOSELEAF_POOL_DIR"]):
         os.chmod(jupyter_env["LOOSELEAF_POOL_DIR"], 0o700)  # the pool refuses a directory others may read
     s = Session("looseleaf")
+    s.debug("initialize", {"clientID": "jupyterlab", "adapterID": "python", "pathFormat": "path",
+                           "linesStartAt1": True, "columnsStartAt1": True, "supportsVariableType": True})
+    assert s.debug("attach")["success"]
+    return s
+
+
+# A GPU cell (%%gpu: on a worker with or without a GPU; CPU tensors here).  Line numbers are the editor's.
+GPU_CELL = ("%%gpu\n"                        # 1
+            "import torch\n"                 # 2
+            "t = torch.ones(2, 3)\n"         # 3
+            "g = 5\n"                        # 4
+            "g = g + 1\n"                    # 5
+            "h = g * 7\n"                    # 6
+            "print('result', h)\n")          # 7
+
+
+def test_gpu_cell_stops_in_its_worker(jupyter_env):
+    """A breakpoint set while no GPU cell runs stops the next GPU cell in its worker: the stack shows the cell's
+    file as dumpCell named it, its variables (a tensor among them) are listed, next steps a line, evaluate reads
+    the worker's frame, a breakpoint set while stopped there hits, continue ends the cell with its result as
+    without the debugger; the warm worker's next debugged cell stops again; a CPU cell after stops in the
+    kernel."""
+    s = _gpu_session(jupyter_env)
     try:
-        s.debug("initialize", {"clientID": "jupyterlab", "adapterID": "python", "pathFormat": "path",
-                               "linesStartAt1": True, "columnsStartAt1": True})
-        assert s.debug("attach")["success"]
-        gpu = "%%gpu\ng = 5\ng = g + 1\nprint(g)\n"
-        path = s.debug("dumpCell", {"code": gpu})["body"]["sourcePath"]
-        s.debug("setBreakpoints", {"source": {"path": path}, "breakpoints": [{"line": 3}]})
-        cpu = "h = g * 2\nh = h + 1\n"
+        path = s.debug("dumpCell", {"code": GPU_CELL})["body"]["sourcePath"]
+        bp = s.debug("setBreakpoints", {"source": {"path": path}, "breakpoints": [{"line": 5}],
+                                        "sourceModified": False})
+        assert bp["success"] and bp["body"]["breakpoints"][0]["line"] == 5
+        s.debug("configurationDone")
+        msg_id = s.execute(GPU_CELL)
+        (stop,) = [e for e in s.wait_event("stopped") if e["event"] == "stopped"]
+        assert stop["body"]["reason"] == "breakpoint"
+        thread = stop["body"]["threadId"]
+        assert s.debug("debugInfo")["body"]["stoppedThreads"] == [thread]
+        stack = s.debug("stackTrace", {"threadId": thread})
+        assert stack["success"], stack
+        frame = stack["body"]["stackFrames"][0]
+        assert (frame["name"], frame["line"], frame["source"]["path"]) == ("<module>", 5, path)
+        # The worker's frame, not the kernel's: the cell's code ran there.
+        pid = s.debug("evaluate", {"expression": "__import__('os').getpid()", "frameId": frame["id"],
+                                   "context": "repl"})
+        assert int(pid["body"]["result"]) != s.km.provisioner.process.pid
+        scopes = s.debug("scopes", {"frameId": frame["id"]})
+        ref = scopes["body"]["scopes"][0]["variablesReference"]
+        variables = {v["name"]: v for v in s.debug("variables", {"variablesReference": ref})["body"]["variables"]}
+        assert variables["g"]["value"] == "5" and variables["g"]["type"] == "int"
+        assert variables["t"]["type"] == "Tensor"
+        rich = s.debug("richInspectVariables", {"variableName": "g", "frameId": frame["id"]})
+        assert rich["body"]["data"]["text/plain"] == "5"
+
+        assert s.debug("next", {"threadId": thread})["success"]
+        (stop,) = [e for e in s.wait_event("stopped") if e["event"] == "stopped"]
+        assert stop["body"]["reason"] == "step"
+        frame = s.debug("stackTrace", {"threadId": thread})["body"]["stackFrames"][0]
+        assert frame["line"] == 6
+        value = s.debug("evaluate", {"expression": "g", "frameId": frame["id"], "context": "repl"})
+        assert value["body"]["result"] == "6"
+
+        # A breakpoint set while stopped in the worker hits there.
+        bp = s.debug("setBreakpoints", {"source": {"path": path}, "breakpoints": [{"line": 5}, {"line": 7}]})
+        assert bp["success"] and [b["line"] for b in bp["body"]["breakpoints"]] == [5, 7]
+        s.debug("continue", {"threadId": thread})
+        (stop,) = [e for e in s.wait_event("stopped") if e["event"] == "stopped"]
+        frame = s.debug("stackTrace", {"threadId": stop["body"]["threadId"]})["body"]["stackFrames"][0]
+        assert frame["line"] == 7
+        s.debug("continue", {"threadId": stop["body"]["threadId"]})
+        reply = s.shell_reply(msg_id)
+        assert reply["content"]["status"] == "ok"
+        worker = reply["metadata"]["looseleaf"]["worker_pid"]
+        assert worker != s.km.provisioner.process.pid
+        assert "result 42" in _iopub_until_idle(s, msg_id)
+        assert s.debug("debugInfo")["body"]["stoppedThreads"] == []
+
+        # The warm worker's next debugged cell stops again (the session's breakpoints replayed there).
+        again = "%%gpu\ng = g + 1\ng = g + 1\n"
+        again_path = s.debug("dumpCell", {"code": again})["body"]["sourcePath"]
+        s.debug("setBreakpoints", {"source": {"path": again_path}, "breakpoints": [{"line": 3}]})
+        msg_id = s.execute(again)
+        (stop,) = [e for e in s.wait_event("stopped") if e["event"] == "stopped"]
+        frame = s.debug("stackTrace", {"threadId": stop["body"]["threadId"]})["body"]["stackFrames"][0]
+        assert (frame["line"], frame["source"]["path"]) == (3, again_path)
+        value = s.debug("evaluate", {"expression": "g", "frameId": frame["id"], "context": "repl"})
+        assert value["body"]["result"] == "7"
+        s.debug("continue", {"threadId": stop["body"]["threadId"]})
+        reply = s.shell_reply(msg_id)
+        assert reply["content"]["status"] == "ok"
+        assert reply["metadata"]["looseleaf"]["worker_pid"] == worker
+
+        # A CPU cell after: it stops in the kernel and sees what the GPU cells made.
+        cpu = "k = g * 2\nk = k + 1\n"
         cpu_path = s.debug("dumpCell", {"code": cpu})["body"]["sourcePath"]
         s.debug("setBreakpoints", {"source": {"path": cpu_path}, "breakpoints": [{"line": 2}]})
+        msg_id = s.execute(cpu)
+        (stop,) = [e for e in s.wait_event("stopped") if e["event"] == "stopped"]
+        frame = s.debug("stackTrace", {"threadId": stop["body"]["threadId"]})["body"]["stackFrames"][0]
+        value = s.debug("evaluate", {"expression": "k", "frameId": frame["id"], "context": "repl"})
+        assert value["body"]["result"] == "16"
+        s.debug("continue", {"threadId": stop["body"]["threadId"]})
+        assert s.shell_reply(msg_id)["content"]["status"] == "ok"
+    finally:
+        s.close()
+
+
+def test_gpu_cell_without_a_breakpoint_runs_as_without_the_debugger(jupyter_env):
+    """With the debugger on and no breakpoint in it, a GPU cell runs to its end on its worker, its result as
+    without the debugger; after a disconnect GPU cells run without pydevd."""
+    s = _gpu_session(jupyter_env)
+    try:
         s.debug("configurationDone")
-        reply = s.shell_reply(s.execute(gpu))
+        code = "%%gpu\nq = sum(range(10))\nprint('q is', q)\n"
+        msg_id = s.execute(code)
+        reply = s.shell_reply(msg_id)
         assert reply["content"]["status"] == "ok"
         assert reply["metadata"]["looseleaf"]["worker_pid"] != s.km.provisioner.process.pid
+        assert "q is 45" in _iopub_until_idle(s, msg_id)
         assert not [e for e in s.pending if e["event"] == "stopped"]
-        msg_id = s.execute(cpu)
-        s.wait_event("stopped")
-        frame = s.debug("stackTrace", {"threadId": 1})["body"]["stackFrames"][0]
-        value = s.debug("evaluate", {"expression": "h", "frameId": frame["id"], "context": "repl"})
-        assert value["body"]["result"] == "12"
-        s.debug("continue", {"threadId": 1})
+        s.debug("disconnect", {"restart": False, "terminateDebuggee": False})
+        msg_id = s.execute("%%gpu\nq = q + 1\nprint('q is', q)\n")
         assert s.shell_reply(msg_id)["content"]["status"] == "ok"
+        assert "q is 46" in _iopub_until_idle(s, msg_id)
     finally:
         s.close()
 

@@ -11,8 +11,19 @@ in pydevd's wait loop, which sleeps with the GIL released, so the control thread
 What the frontend sees follows ipykernel 7's debugger message by message (its requests, the replies' shapes, the
 variables it hides); cells are compiled under the names dumpCell gives (shell.CellCompiler: Murmur2 of the raw
 cell, as ipykernel names them), so breakpoints set in a cell's editor match the code that runs, in the cell and in
-functions it defines that later cells call.  GPU cells run in workers, outside pydevd's reach: they run as without
-the debugger."""
+functions it defines that later cells call.
+
+GPU cells run in workers (issue 27 item 2).  When the session's debugger is attached, the gateway asks
+gpu_cell_starting before it hands a GPU cell to its worker, and the job then says so; the worker starts pydevd
+after the fork (zygote/py/looseleaf_zygote/debug.py: debugpy's in-process adapter, so pydevd itself answers the
+Debug Adapter Protocol), says where it listens, and waits.  worker_listening (on the interpreter thread, from the
+gateway's relay) connects to it, initializes and attaches as the frontend did, replays the session's breakpoints
+and exception filters, and sends configurationDone: the cell starts.  Until the cell ends (gpu_cell_ended, from
+looseleaf_after_gpu) the frontend's requests go to the worker (setBreakpoints to both: the kernel keeps them for
+later cells), and the worker's events come back as debug_event.  The worker compiles the cell under the same name
+(the session's cell directory), so its frames show the cell's file as dumpCell named it.  Between cells the
+variable explorer lists the kernel's namespace, and what GPU cells made that the kernel does not hold from the
+store's metadata (coherence: their committed type and shape), without restoring them."""
 
 import importlib.util
 import itertools
@@ -220,33 +231,48 @@ class Debugger:
         # matched by request_seq and command).
         self.own_seq = itertools.count(1 << 30)
         self.resuming = {}  # seq of a resuming request in flight -> its threadId
+        # The running GPU cell's worker: a DAP connection to its pydevd while the cell runs, else None.
+        self.worker = None
+        self.worker_pid = None
+        self.worker_init = threading.Event()
+        self.gpu_token = 0  # the GPU cell whose worker may attach (a late worker of an earlier one may not)
+        self.init_args = None  # the frontend's initialize arguments, replayed to each worker
+        self.bp_args = {}  # source path -> the frontend's last setBreakpoints arguments, replayed likewise
+        self.exc_args = None  # the frontend's last setExceptionBreakpoints arguments
 
     # -- events -----------------------------------------------------------
 
-    def _on_event(self, msg):
+    def _on_event(self, msg, conn=None):
         with self.events_cv:
-            self.events.append(msg)
+            self.events.append((conn, msg))
             self.events_cv.notify()
 
     def _event_loop(self):
         while True:
             with self.events_cv:
                 self.events_cv.wait_for(lambda: self.events)
-                msg = self.events.pop(0)
+                conn, msg = self.events.pop(0)
             try:
-                self._handle_event(msg)
+                self._handle_event(msg, conn)
             except Exception:
                 log.exception("debug event %r failed", msg.get("event"))
 
-    def _handle_event(self, msg):
+    WORKER = object()  # the origin of a worker's events that came before its connection object was made
+
+    def _handle_event(self, msg, worker=None):
         event, body = msg.get("event"), msg.get("body") or {}
+        if worker is not None and event == "initialized":
+            self.worker_init.set()  # the worker's pydevd, to worker_listening (not the frontend's business)
+            return
+        if worker is self.WORKER:
+            worker = self.worker
         if event == "initialized":
             self.init_seq = msg.get("seq", 0)
             self.init_event.set()
         elif event == "stopped":
             if body.get("allThreadsStopped"):
                 # Which threads stopped: ask debugpy (the event names one), as ipykernel does.
-                conn = self.conn
+                conn = worker or self.conn
                 rep = conn.request({"seq": next(self.own_seq), "type": "request", "command": "threads"}) \
                     if conn else None
                 for t in ((rep or {}).get("body") or {}).get("threads", []):
@@ -348,6 +374,104 @@ class Debugger:
         self._publish({"type": "event", "event": "continued", "seq": 0,
                        "body": {"threadId": min(stopped) if stopped else 1, "allThreadsContinued": True}})
 
+    # -- GPU cells: the worker's pydevd -----------------------------------
+
+    def gpu_cell_starting(self):
+        """The gateway hands a GPU cell to a worker: what its job says of the debugger (None: off)."""
+        self.gpu_cell_ended()  # a worker session whose cell's end went unseen
+        if not (self.started and self.attached):
+            return None
+        self.gpu_token += 1
+        return {"token": self.gpu_token}
+
+    def _worker_rules(self):
+        """What stepping skips in a worker: the kernel's own files, and the worker's packages (the cell runs
+        under looseleaf_zygote's wrapper, which the kernel never imports)."""
+        rules = [{"path": path, "include": False} for path in self.kernel_modules]
+        for pkg in ("looseleaf_zygote", "looseleaf_store", "looseleaf_kernel"):
+            spec = importlib.util.find_spec(pkg)
+            for d in (spec.submodule_search_locations or []) if spec else []:
+                rules.append({"path": d, "include": False})
+        return rules
+
+    def worker_listening(self, content):
+        """The GPU cell's worker listens (CONTENT: host, port, pid, token), its cell waiting: attach as the
+        frontend did, replay the session's breakpoints and exception filters, configurationDone (the cell
+        starts).  On the interpreter thread, from the gateway's relay."""
+        with self.lock:
+            if not (self.started and self.attached) or self.worker is not None:
+                return
+            if content.get("token") != self.gpu_token:
+                log.warning("a worker of an earlier GPU cell asked for the debugger: ignored")
+                return
+            holder = []  # the connection, for its events (the reader starts at once)
+            try:
+                self.worker_init.clear()
+                conn = _Connection(str(content["host"]), int(content["port"]),
+                                   lambda msg: self._on_event(msg, holder[0] if holder else self.WORKER),
+                                   self._on_response)
+                holder.append(conn)
+            except (OSError, KeyError, ValueError, TypeError) as e:
+                log.warning("cannot attach to the GPU cell's worker: %s", e)
+                return
+            ok = False
+            try:
+                ok = self._configure_worker(conn)
+            finally:
+                if ok:
+                    self.worker, self.worker_pid = conn, content.get("pid")
+                else:
+                    log.warning("the GPU cell's worker did not take the debugger's configuration")
+                    conn.close()
+
+    def _configure_worker(self, conn):
+        seq = itertools.count(next(self.own_seq))
+
+        def request(command, arguments):
+            rep = conn.request({"type": "request", "seq": next(seq), "command": command, "arguments": arguments})
+            return rep is not None and rep.get("success")
+
+        args = dict(self.init_args or {})
+        args.setdefault("adapterID", "python")
+        if not request("initialize", args):
+            return False
+        attach = {"type": "request", "seq": next(seq), "command": "attach",
+                  "arguments": {"debugOptions": ["DebugStdLib"], "rules": self._worker_rules()}}
+        conn.send(attach)
+        if not self.worker_init.wait(REPLY_TIMEOUT_S):
+            return False
+        for path, arguments in list(self.bp_args.items()):
+            request("setBreakpoints", arguments)
+        if self.exc_args is not None:
+            request("setExceptionBreakpoints", self.exc_args)
+        request("configurationDone", {})
+        rep = conn.wait(attach["seq"], "attach")
+        return rep is not None and rep.get("success")
+
+    def gpu_cell_ended(self):
+        """The GPU cell's reply is in: its worker's session ends (pydevd there resumes and drops its
+        breakpoints; the warm worker's next debugged cell attaches again)."""
+        with self.lock:
+            self._drop_worker()
+
+    def _drop_worker(self):
+        conn, self.worker = self.worker, None
+        if conn is None:
+            return
+        try:
+            seq = next(self.own_seq)
+            conn.send({"type": "request", "seq": seq, "command": "disconnect",
+                       "arguments": {"restart": False, "terminateDebuggee": False}})
+            conn.wait(seq, "disconnect", timeout=5.0)
+        except OSError:
+            pass
+        conn.close()
+        if self.stopped_threads:
+            # Interrupted at a breakpoint, or the worker died there: the frontend must not show it stopped.
+            stopped, self.stopped_threads = self.stopped_threads, set()
+            self._publish({"type": "event", "event": "continued", "seq": 0,
+                           "body": {"threadId": min(stopped), "allThreadsContinued": True}})
+
     # -- the entry --------------------------------------------------------
 
     def process(self, message):
@@ -358,6 +482,7 @@ class Debugger:
         command = message.get("command")
         reply = {}
         if command == "initialize":
+            self.init_args = dict(message.get("arguments") or {})
             if not self.started:
                 self.started = self.start()
                 if not self.started:
@@ -378,7 +503,16 @@ class Debugger:
         else:
             # ipykernel answers {} here; a DAP error says why to the frontend.
             reply = _response(message, False, message="the debugger is not started (send initialize first)")
+        if command == "setExceptionBreakpoints" and self.started:
+            self.exc_args = message.get("arguments")
+            if self.worker is not None:
+                self._forward(message, self.conn)  # the kernel's too: later CPU cells
         if command == "disconnect":
+            if self.worker is not None:
+                self._forward(message, self.conn)
+            self._drop_worker()
+            self.bp_args = {}
+            self.exc_args = None
             self.stop()
             self.breakpoints = {}
             self.stopped_threads = set()
@@ -401,8 +535,9 @@ class Debugger:
         else:
             self.stopped_threads.discard(thread)
 
-    def _forward(self, message):
-        conn = self.conn
+    def _forward(self, message, conn=None):
+        """MESSAGE to the debuggee: the running GPU cell's worker if any, else the kernel's debugpy."""
+        conn = conn or self.worker or self.conn
         rep = conn.request(message) if conn is not None else None
         if rep is None:
             return _response(message, False, message="debugpy did not answer")
@@ -419,10 +554,17 @@ class Debugger:
     def _setBreakpoints(self, message):
         source = message["arguments"]["source"]["path"]
         self.breakpoints[source] = message["arguments"].get("breakpoints", [])
-        rep = self._forward(message)
+        self.bp_args[source] = message["arguments"]
+        rep = self._forward(message, self.conn)  # the kernel keeps every breakpoint, for later cells
         if rep.get("success"):
             # debugpy may move a breakpoint to another line: keep where it really is.
             self.breakpoints[source] = [{"line": b["line"]} for b in rep["body"]["breakpoints"]]
+        if self.worker is not None:
+            # Set while a GPU cell runs: its worker too (the answer the frontend sees, the cell's code being
+            # there).
+            wrep = self._forward(message, self.worker)
+            if wrep.get("success"):
+                return wrep
         return rep
 
     def _source(self, message):

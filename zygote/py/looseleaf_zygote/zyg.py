@@ -41,7 +41,7 @@ import time
 
 from looseleaf_store import homes, procstate, usermods
 
-from . import gpu
+from . import debug, gpu
 
 _orig_threads = None     # torch's intra-op threads before the zygote set 1 (workers restore it)
 _cp = None               # the worker's Checkpointer
@@ -285,11 +285,12 @@ def _fault(job, stage):
         os.kill(pid, signal.SIGKILL)
 
 
-def _guard_interrupts(shell, fd):
+def _guard_interrupts(shell, fd, dbg=None):
     """An interrupt that reached the worker before the cell's code ran (ll_zygote.c leaves it in pipe FD)
-    interrupts the cell at its start, as in ipykernel."""
+    interrupts the cell at its start, as in ipykernel.  With DBG (the job's "debug": the session's debugger is
+    on) the cell runs under the debugger (debug.py)."""
     global _orig_run_cell
-    if fd is None:
+    if fd is None and not dbg:
         return
     if _orig_run_cell is None:
         _orig_run_cell = shell.run_cell
@@ -297,14 +298,19 @@ def _guard_interrupts(shell, fd):
 
     def guarded(*a, **k):
         try:
-            pending = os.read(fd, 64)
+            pending = os.read(fd, 64) if fd is not None else b""
         except BlockingIOError:
             pending = b""
         if pending:
             raise KeyboardInterrupt()
         while _notices:
             sys.stderr.write(_notices.pop(0))
-        return run_cell(*a, **k)
+        if not (dbg and debug.begin(dbg, shell)):
+            return run_cell(*a, **k)
+        try:
+            return run_cell(*a, **k)
+        finally:
+            debug.end(shell)
     shell.run_cell = guarded
 
 
@@ -481,7 +487,7 @@ def worker_prepare(arg):
         compiler.use_dir(job["cells_dir"])
         compiler.load_index()
     ns = shell.user_ns
-    _guard_interrupts(shell, job.get("int_fd"))
+    _guard_interrupts(shell, job.get("int_fd"), job.get("debug"))
     # Staged on a CUDA host: no device yet, and restored variables may hold device tensors, so only the imports
     # of the closure now; the cell's run (a warm job, with its device) restores the rest.
     defer = bool(job.get("defer_restore"))
