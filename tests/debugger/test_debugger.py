@@ -498,7 +498,15 @@ def test_gpu_cell_stops_in_its_worker(jupyter_env):
         ref = scopes["body"]["scopes"][0]["variablesReference"]
         variables = {v["name"]: v for v in s.debug("variables", {"variablesReference": ref})["body"]["variables"]}
         assert variables["g"]["value"] == "5" and variables["g"]["type"] == "int"
+        # A tensor: device, shape and dtype in the value column; its expansion lists them; evaluate keeps repr.
         assert variables["t"]["type"] == "Tensor"
+        assert variables["t"]["value"] == "Tensor(shape=(2, 3), dtype=torch.float32, device=cpu)"
+        children = {v["name"]: v["value"] for v in s.debug("variables", {
+            "variablesReference": variables["t"]["variablesReference"]})["body"]["variables"]}
+        assert (children["device"], children["shape"], children["dtype"]) == ("cpu", "(2, 3)", "torch.float32")
+        assert children["numel"] == "6" and children["requires_grad"] == "False"
+        shown = s.debug("evaluate", {"expression": "t", "frameId": frame["id"], "context": "repl"})
+        assert shown["body"]["result"].startswith("tensor([[1., 1., 1.]")
         rich = s.debug("richInspectVariables", {"variableName": "g", "frameId": frame["id"]})
         assert rich["body"]["data"]["text/plain"] == "5"
 

@@ -106,6 +106,100 @@ class _VariableExplorer:
         return [v.get_var_data() for v in variables.get_children_variables()]
 
 
+# -- tensors in the variable explorer ----------------------------------------
+
+TENSOR_PREVIEW = 100  # leading elements a tensor's expansion shows (copied to the host: a few, never the tensor)
+
+
+def tensor_summary(t):
+    """A tensor as the variable explorer's value column shows it: what a GPU user checks first (device, shape,
+    dtype), without printing (or copying to the host) its data."""
+    text = "Tensor(shape=%s, dtype=%s, device=%s" % (tuple(t.shape), t.dtype, t.device)
+    if t.requires_grad:
+        text += ", requires_grad=True"
+    return text + ")"
+
+
+def _tensor_type():
+    torch = sys.modules.get("torch")
+    return getattr(torch, "Tensor", None) if torch is not None else None
+
+
+class _TensorStr:
+    """pydevd's string for a tensor in the variables list (context None); evaluate, hover and the clipboard
+    (repl, hover, clipboard, watch) keep its repr."""
+
+    def can_provide(self, type_object, type_name):
+        tensor = _tensor_type()
+        return tensor is not None and isinstance(type_object, type) and issubclass(type_object, tensor)
+
+    def get_str(self, o):
+        return tensor_summary(o)
+
+    def get_str_in_context(self, o, context):
+        return tensor_summary(o) if context is None else None
+
+
+class _DeviceStr:
+    """A torch.device as the user writes it ("cuda:0", "cpu"), not device(type='cuda', index=0)."""
+
+    def can_provide(self, type_object, type_name):
+        torch = sys.modules.get("torch")
+        return torch is not None and type_object is getattr(torch, "device", None)
+
+    def get_str(self, o):
+        return str(o)
+
+
+class _TensorChildren(_TensorStr):
+    """A tensor's expansion: device, shape, dtype, requires_grad, grad_fn, numel, its first elements
+    (flattened), and pydevd's usual attribute listing under __internals__."""
+
+    def _fields(self, t):
+        out = {"device": t.device, "shape": tuple(t.shape), "dtype": t.dtype, "requires_grad": t.requires_grad,
+               "numel": t.numel()}
+        if t.grad_fn is not None:
+            out["grad_fn"] = type(t.grad_fn).__name__
+        return out
+
+    def _preview(self, t):
+        n = min(t.numel(), TENSOR_PREVIEW)
+        try:
+            return t.detach().reshape(-1)[:n].tolist()
+        except Exception as e:  # a meta or sparse tensor
+            return "(no preview: %s)" % e
+
+    def resolve(self, t, attribute):
+        from _pydevd_bundle.pydevd_resolver import defaultResolver
+        if attribute == "__internals__":
+            return defaultResolver.get_dictionary(t)
+        if attribute.startswith("["):
+            return self._preview(t)
+        return self._fields(t).get(attribute)
+
+    def get_dictionary(self, t):
+        from _pydevd_bundle.pydevd_resolver import defaultResolver
+        out = self._fields(t)
+        out["[0:%d] (flattened)" % min(t.numel(), TENSOR_PREVIEW)] = self._preview(t)
+        out["__internals__"] = defaultResolver.get_dictionary(t)
+        return out
+
+
+def install_tensor_view():
+    """Tensors in pydevd's variables (the debugger's, in the kernel or a GPU cell's worker) as a GPU user reads
+    them: device, shape and dtype in the value column, without the data's repr (a CUDA tensor's repr copies it
+    to the host and syncs the device).  pydevd takes providers from plugin packages only; these go first into
+    the lists it keeps of them."""
+    from debugpy.server import api  # noqa: F401  (sets up the _pydevd_bundle imports)
+    from _pydevd_bundle import pydevd_extension_utils
+    from _pydevd_bundle.pydevd_extension_api import StrPresentationProvider, TypeResolveProvider
+    for kind, provider in ((TypeResolveProvider, _TensorChildren), (StrPresentationProvider, _TensorStr),
+                           (StrPresentationProvider, _DeviceStr)):
+        providers = pydevd_extension_utils.extensions_of_type(kind)
+        if not any(type(p) is provider for p in providers):
+            providers.insert(0, provider())
+
+
 def _daemon(target, name):
     t = threading.Thread(target=target, name=name, daemon=True)
     # pydevd neither traces these nor lists them among the debuggee's threads.
@@ -302,6 +396,7 @@ class Debugger:
             debugpy.configure(python=python, subProcess=False)
             host, port = debugpy.listen(("127.0.0.1", 0))
             self.endpoint = (host, port)
+            install_tensor_view()
         return self.endpoint
 
     def start(self):

@@ -48,6 +48,11 @@ def begin(dbg, shell):
             finally:
                 if not had:
                     os.environ.pop("PYDEVD_DISABLE_FILE_VALIDATION", None)
+            try:
+                from looseleaf_kernel.debugger import install_tensor_view
+                install_tensor_view()  # device, shape, dtype in the variable explorer
+            except Exception as e:  # noqa: BLE001 - tensors then show as pydevd shows any object
+                sys.stderr.write("LooseLeaf: the debugger shows tensors without their summary (%s)\n" % e)
         import debugpy
         import pydevd
         host, port = _endpoint
