@@ -584,6 +584,38 @@ def test_gpu_cell_without_a_breakpoint_runs_as_without_the_debugger(jupyter_env)
         s.close()
 
 
+def test_variable_explorer_lists_what_gpu_cells_made(jupyter_env):
+    """Between cells the variable explorer (inspectVariables, richInspectVariables) lists what GPU cells made,
+    by their workers' account (a tensor's device, shape and dtype), without restoring it in the kernel; once a
+    CPU cell brought a variable to the kernel it is listed from there."""
+    s = _gpu_session(jupyter_env)
+    try:
+        s.debug("configurationDone")
+        s.run("%%gpu\nimport torch\nt = torch.ones(2, 3)\ng = 6\nlabel = 'gpu'\n")
+
+        def listed():
+            return {v["name"]: v for v in s.debug("inspectVariables")["body"]["variables"]}
+
+        seen = listed()
+        assert (seen["t"]["value"], seen["t"]["type"]) == ("Tensor(shape=(2, 3), dtype=torch.float32, device=cpu)",
+                                                           "Tensor")
+        assert seen["t"]["variablesReference"] == 0  # not restored here to be expanded
+        assert (seen["g"]["value"], seen["g"]["type"]) == ("6", "int")
+        assert seen["label"]["value"] == "'gpu'"
+        rich = s.debug("richInspectVariables", {"variableName": "t"})
+        assert rich["body"]["data"]["text/plain"] == "Tensor(shape=(2, 3), dtype=torch.float32, device=cpu)"
+        # A CPU cell reads g (it is restored for it) and makes g2: both listed from the kernel's namespace.
+        s.run("g2 = g + 1\n")
+        seen = listed()
+        assert seen["g"]["value"] == "6" and seen["g2"]["value"] == "7"
+        assert seen["t"]["value"].startswith("Tensor(shape=(2, 3)")
+        # The GPU cell's next value replaces it.
+        s.run("%%gpu\ng = g * 10\n")
+        assert listed()["g"]["value"] == "60"
+    finally:
+        s.close()
+
+
 def test_pause_and_breakpoint_set_while_running(jupyter_env):
     """The panel's pause button stops a running loop where it is; a breakpoint set while the cell runs hits; as on
     ipykernel."""

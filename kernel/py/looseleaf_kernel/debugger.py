@@ -731,11 +731,34 @@ class Debugger:
             "copyToGlobals": True,
         })
 
+    @staticmethod
+    def _worker_made():
+        """{name: (type, value)} of what GPU cells made that the kernel does not hold (coherence.worker_made)."""
+        from .kernel import get_kernel
+        coherence = getattr(get_kernel(), "coherence", None)
+        try:
+            return coherence.worker_made() if coherence is not None else {}
+        except Exception:  # noqa: BLE001 - the explorer lists the namespace alone
+            log.warning("cannot list what GPU cells made", exc_info=True)
+            return {}
+
     def _inspectVariables(self, message):
         if self.explorer is not None:
             self.explorer.untrack()
         self.explorer = _VariableExplorer(self.shell.user_ns)
-        return self._variables_response(message, self.explorer.children())
+        variables = self.explorer.children()
+        # What GPU cells made lives in the store (and their workers): listed by the workers' account, as they
+        # saved it, without restoring it here (a CUDA tensor cannot come to the kernel; a large one would be
+        # mapped for a look).  Not expandable: a CPU cell or the variable's inspection brings it.
+        made = self._worker_made()
+        if made:
+            variables = [v for v in variables if v.get("name") not in made]
+            for name in sorted(made):
+                type_name, value = made[name]
+                short = type_name.rsplit(".", 1)[-1]
+                variables.append({"name": name, "value": value if value is not None else "<%s>" % short,
+                                  "type": short, "evaluateName": name, "variablesReference": 0})
+        return self._variables_response(message, variables)
 
     def _richInspectVariables(self, message):
         reply = {"type": "response", "sequence_seq": message.get("seq"), "success": False,
@@ -746,7 +769,10 @@ class Debugger:
             reply["success"] = name in ("special variables", "function variables")
             return reply
         data, metadata = {}, {}
-        if not self.stopped_threads:
+        made = self._worker_made().get(name) if not self.stopped_threads else None
+        if made is not None and made[1] is not None:
+            data = {"text/plain": made[1]}  # a GPU cell's, by its worker's account (not restored here)
+        elif not self.stopped_threads:
             result = self.shell.user_expressions({name: name})[name]
             if result.get("status", "error") == "ok":
                 data, metadata = result.get("data", {}), result.get("metadata", {})

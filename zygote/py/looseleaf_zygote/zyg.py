@@ -749,8 +749,33 @@ def _shapes(ns, names):
         t = type(v)
         named[n] = ["%s.%s" % (getattr(t, "__module__", "builtins"), t.__qualname__), index[attrs],
                     _payload_bytes(n),
-                    sorted(_value_modules(v))]
+                    sorted(_value_modules(v)),
+                    _explorer_value(v)]
     return {"names": named, "dirs": dirs}
+
+
+_EXPLORER_VALUE_MAX = 200  # characters of a value the variable explorer shows without restoring it
+
+
+def _explorer_value(v):
+    """What JupyterLab's variable explorer shows for V between cells, where the kernel lists what GPU cells made
+    without restoring it (looseleaf_kernel/debugger.py): a tensor's device, shape and dtype, an array's shape
+    and dtype, a number's or a short string's repr; None for the rest (the explorer shows its type)."""
+    try:
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(v, torch.Tensor):
+            from looseleaf_kernel.debugger import tensor_summary
+            return tensor_summary(v)
+        np = sys.modules.get("numpy")
+        if np is not None and isinstance(v, np.ndarray):
+            return "ndarray(shape=%s, dtype=%s)" % (v.shape, v.dtype)
+        if v is None or type(v) in (bool, int, float, complex) or \
+                type(v) in (str, bytes) and len(v) <= _EXPLORER_VALUE_MAX:
+            text = repr(v)
+            return text if len(text) <= _EXPLORER_VALUE_MAX else None
+    except Exception:  # noqa: BLE001 - (an int too long for repr, a tensor subclass that fails): type only
+        pass
+    return None
 
 
 def _value_modules(v, depth=2, out=None):
