@@ -584,6 +584,48 @@ def test_gpu_cell_without_a_breakpoint_runs_as_without_the_debugger(jupyter_env)
         s.close()
 
 
+def test_gpu_cell_pause_interrupt_and_disconnect(jupyter_env):
+    """The panel's pause stops a running GPU cell in its worker; an interrupt while it is stopped ends the cell
+    with KeyboardInterrupt and the frontend is told it runs again; the next GPU cell stops at its breakpoint;
+    a disconnect while stopped there lets the cell run to its end."""
+    s = _gpu_session(jupyter_env)
+    try:
+        s.debug("configurationDone")
+        loop = ("%%gpu\nimport time\nn = 0\nprint('started', flush=True)\nwhile n < 3000:\n    n += 1\n"
+                "    time.sleep(0.01)\n")
+        loop_path = s.debug("dumpCell", {"code": loop})["body"]["sourcePath"]
+        msg_id = s.execute(loop)
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:  # the loop runs in the worker, under its pydevd
+            msg = s.kc.iopub_channel.get_msg(timeout=TIMEOUT)
+            if msg["msg_type"] == "stream" and "started" in msg["content"]["text"]:
+                break
+        assert s.debug("pause", {"threadId": 1})["success"]
+        (stop,) = [e for e in s.wait_event("stopped") if e["event"] == "stopped"]
+        assert stop["body"]["reason"] == "pause"
+        frame = s.debug("stackTrace", {"threadId": stop["body"]["threadId"]})["body"]["stackFrames"][0]
+        assert frame["source"]["path"] == loop_path and frame["line"] in (5, 6, 7)
+        s.km.interrupt_kernel()
+        reply = s.shell_reply(msg_id)["content"]
+        assert (reply["status"], reply["ename"]) == ("error", "KeyboardInterrupt")
+        assert any(e["event"] == "continued" for e in s.wait_event("continued"))
+        assert s.debug("debugInfo")["body"]["stoppedThreads"] == []
+
+        code = "%%gpu\nm = 1\nm = m + 1\nprint('m', m)\n"
+        path = s.debug("dumpCell", {"code": code})["body"]["sourcePath"]
+        s.debug("setBreakpoints", {"source": {"path": path}, "breakpoints": [{"line": 3}]})
+        msg_id = s.execute(code)
+        (stop,) = [e for e in s.wait_event("stopped") if e["event"] == "stopped"]
+        assert stop["body"]["reason"] == "breakpoint"
+        assert s.debug("disconnect", {"restart": False, "terminateDebuggee": False})["success"]
+        assert s.shell_reply(msg_id)["content"]["status"] == "ok"
+        assert "m 2" in _iopub_until_idle(s, msg_id)
+        assert s.debug("debugInfo")["body"] == dict(s.debug("debugInfo")["body"], isStarted=False,
+                                                    stoppedThreads=[])
+    finally:
+        s.close()
+
+
 def test_variable_explorer_lists_what_gpu_cells_made(jupyter_env):
     """Between cells the variable explorer (inspectVariables, richInspectVariables) lists what GPU cells made,
     by their workers' account (a tensor's device, shape and dtype), without restoring it in the kernel; once a
