@@ -517,6 +517,8 @@ def test_gpu_cell_stops_in_its_worker(jupyter_env):
         assert frame["line"] == 6
         value = s.debug("evaluate", {"expression": "g", "frameId": frame["id"], "context": "repl"})
         assert value["body"]["result"] == "6"
+        assert s.debug("copyToGlobals", {"srcVariableName": "g", "dstVariableName": "g_copy",
+                                         "srcFrameId": frame["id"]})["success"]
 
         # A breakpoint set while stopped in the worker hits there.
         bp = s.debug("setBreakpoints", {"source": {"path": path}, "breakpoints": [{"line": 5}, {"line": 7}]})
@@ -548,8 +550,8 @@ def test_gpu_cell_stops_in_its_worker(jupyter_env):
         assert reply["content"]["status"] == "ok"
         assert reply["metadata"]["looseleaf"]["worker_pid"] == worker
 
-        # A CPU cell after: it stops in the kernel and sees what the GPU cells made.
-        cpu = "k = g * 2\nk = k + 1\n"
+        # A CPU cell after: it stops in the kernel and sees what the GPU cells made (copyToGlobals' too).
+        cpu = "k = g * 2 + g_copy - 6\nk = k + 1\n"
         cpu_path = s.debug("dumpCell", {"code": cpu})["body"]["sourcePath"]
         s.debug("setBreakpoints", {"source": {"path": cpu_path}, "breakpoints": [{"line": 2}]})
         msg_id = s.execute(cpu)
