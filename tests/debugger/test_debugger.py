@@ -628,6 +628,33 @@ def test_gpu_cell_pause_interrupt_and_disconnect(jupyter_env):
         s.close()
 
 
+def test_gpu_cell_stops_on_a_raised_exception(jupyter_env):
+    """Pause on raised exceptions, set before the GPU cell runs, is replayed to its worker: the cell stops where
+    it raises, exceptionInfo names the exception, and continue ends the cell with that error, as in a CPU
+    cell."""
+    s = _gpu_session(jupyter_env)
+    try:
+        # IPython's first traceback imports asttokens, whose import raises and catches: a failing cell first.
+        assert s.shell_reply(s.execute("%%gpu\n1/0\n"))["content"]["status"] == "error"
+        s.debug("setExceptionBreakpoints", {"filters": ["raised"], "filterOptions": [], "exceptionOptions": []})
+        s.debug("configurationDone")
+        code = "%%gpu\nv = 7\nraise ValueError('bad %d' % v)\n"
+        path = s.debug("dumpCell", {"code": code})["body"]["sourcePath"]
+        msg_id = s.execute(code)
+        (stop,) = [e for e in s.wait_event("stopped") if e["event"] == "stopped"]
+        assert stop["body"]["reason"] == "exception"
+        thread = stop["body"]["threadId"]
+        frame = s.debug("stackTrace", {"threadId": thread})["body"]["stackFrames"][0]
+        assert (frame["line"], frame["source"]["path"]) == (3, path)
+        info = s.debug("exceptionInfo", {"threadId": thread})["body"]
+        assert (info["exceptionId"], info["description"]) == ("ValueError", "bad 7")
+        s.debug("continue", {"threadId": thread})
+        reply = s.shell_reply(msg_id)["content"]
+        assert (reply["status"], reply["ename"], reply["evalue"]) == ("error", "ValueError", "bad 7")
+    finally:
+        s.close()
+
+
 def test_variable_explorer_lists_what_gpu_cells_made(jupyter_env):
     """Between cells the variable explorer (inspectVariables, richInspectVariables) lists what GPU cells made,
     by their workers' account (a tensor's device, shape and dtype), without restoring it in the kernel; once a

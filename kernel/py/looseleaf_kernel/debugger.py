@@ -479,10 +479,12 @@ class Debugger:
         self.gpu_token += 1
         return {"token": self.gpu_token}
 
-    def _worker_rules(self):
-        """What stepping skips in a worker: the kernel's own files, and the worker's packages (the cell runs
-        under looseleaf_zygote's wrapper, which the kernel never imports)."""
+    def _worker_rules(self, skip):
+        """What stepping skips in a worker: the kernel's own files, the worker's packages (the cell runs under
+        looseleaf_zygote's wrapper, which the kernel never imports), and SKIP, what the worker held before the
+        cell (debug._own_paths)."""
         rules = [{"path": path, "include": False} for path in self.kernel_modules]
+        rules += [{"path": path, "include": False} for path in skip if isinstance(path, str)]
         for pkg in ("looseleaf_zygote", "looseleaf_store", "looseleaf_kernel"):
             spec = importlib.util.find_spec(pkg)
             for d in (spec.submodule_search_locations or []) if spec else []:
@@ -511,7 +513,8 @@ class Debugger:
                 return
             ok = False
             try:
-                ok = self._configure_worker(conn)
+                skip = content.get("skip")
+                ok = self._configure_worker(conn, skip if isinstance(skip, list) else [])
             finally:
                 if ok:
                     self.worker, self.worker_pid = conn, content.get("pid")
@@ -519,7 +522,7 @@ class Debugger:
                     log.warning("the GPU cell's worker did not take the debugger's configuration")
                     conn.close()
 
-    def _configure_worker(self, conn):
+    def _configure_worker(self, conn, skip):
         seq = itertools.count(next(self.own_seq))
 
         def request(command, arguments):
@@ -531,7 +534,7 @@ class Debugger:
         if not request("initialize", args):
             return False
         attach = {"type": "request", "seq": next(seq), "command": "attach",
-                  "arguments": {"debugOptions": ["DebugStdLib"], "rules": self._worker_rules()}}
+                  "arguments": {"debugOptions": ["DebugStdLib"], "rules": self._worker_rules(skip)}}
         conn.send(attach)
         if not self.worker_init.wait(REPLY_TIMEOUT_S):
             return False

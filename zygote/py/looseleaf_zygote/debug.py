@@ -29,6 +29,32 @@ def _publish(msg_type, content):
     publish(msg_type, content)
 
 
+def _own_paths():
+    """What stepping and "pause on raised exceptions" skip here, as the kernel skips the files it imported at
+    start: the installed packages and standard modules this worker holds before the cell (its zygote's head,
+    torch among them: IPython's traceback of a cell's error reads every module's __file__, and torch._VF raises
+    and catches AttributeError there, which would stop the cell a second time).  Top-level package directories
+    and single-file modules, under the interpreter's library directories only: the session's own modules stay
+    debuggable."""
+    import sysconfig
+    roots = set()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        path = sysconfig.get_paths().get(key)
+        if path and os.path.isdir(path):
+            # pydevd matches a frame's absolute path, not its real one (a venv may be a symbolic link).
+            roots.update((os.path.abspath(path) + os.sep, os.path.realpath(path) + os.sep))
+    out = set()
+    for mod in list(sys.modules.values()):
+        f = getattr(mod, "__file__", None)
+        if not isinstance(f, str):
+            continue
+        f = os.path.abspath(f)
+        for root in roots:
+            if f.startswith(root):
+                out.add(root + f[len(root):].split(os.sep, 1)[0])
+    return sorted(out)
+
+
 def begin(dbg, shell):
     """Before the cell's code (DBG: the job's "debug"): pydevd listening, the kernel told, its client attached
     and configured; True when the cell then runs under the debugger.  A failure is one stderr line: the cell
@@ -57,7 +83,8 @@ def begin(dbg, shell):
         import pydevd
         host, port = _endpoint
         _publish("looseleaf_debug_worker", {"host": host, "port": port, "pid": os.getpid(),
-                                            "token": dbg.get("token") if isinstance(dbg, dict) else None})
+                                            "token": dbg.get("token") if isinstance(dbg, dict) else None,
+                                            "skip": _own_paths()})
         cancel = threading.Event()
         timer = threading.Timer(ATTACH_TIMEOUT_S, cancel.set)
         timer.daemon = True
