@@ -22,8 +22,9 @@ and exception filters, and sends configurationDone: the cell starts.  Until the 
 looseleaf_after_gpu) the frontend's requests go to the worker (setBreakpoints to both: the kernel keeps them for
 later cells), and the worker's events come back as debug_event.  The worker compiles the cell under the same name
 (the session's cell directory), so its frames show the cell's file as dumpCell named it.  Between cells the
-variable explorer lists the kernel's namespace, and what GPU cells made that the kernel does not hold from the
-store's metadata (coherence: their committed type and shape), without restoring them."""
+variable explorer lists the kernel's namespace, and what GPU cells made that the kernel does not hold as
+committed by the workers' account of what they saved (coherence.worker_made: type, and a tensor's device, shape
+and dtype), without restoring it."""
 
 import importlib.util
 import itertools
