@@ -448,6 +448,16 @@ def _iopub_until_idle(s, msg_id):
     raise AssertionError("the cell did not go idle")
 
 
+def _proc_status(pid):
+    with open("/proc/%s/status" % pid) as f:
+        return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+
+
+def _proc_maps(pid):
+    with open("/proc/%s/maps" % pid) as f:
+        return f.read()
+
+
 def _gpu_session(jupyter_env):
     if os.path.isdir(jupyter_env["LOOSELEAF_POOL_DIR"]):
         os.chmod(jupyter_env["LOOSELEAF_POOL_DIR"], 0o700)  # the pool refuses a directory others may read
@@ -534,6 +544,12 @@ def test_gpu_cell_stops_in_its_worker(jupyter_env):
         assert worker != s.km.provisioner.process.pid
         assert "result 42" in _iopub_until_idle(s, msg_id)
         assert s.debug("debugInfo")["body"]["stoppedThreads"] == []
+        # pydevd runs in the worker only: the zygote it was forked from stays single-threaded, without it.
+        zygote = _proc_status(worker)["PPid"]
+        with open("/proc/%s/cmdline" % zygote, "rb") as f:
+            assert b"zygote" in f.read()
+        assert _proc_status(zygote)["Threads"] == "1"
+        assert "debugpy" not in _proc_maps(zygote) and "debugpy" in _proc_maps(worker)
 
         # The warm worker's next debugged cell stops again (the session's breakpoints replayed there).
         again = "%%gpu\ng = g + 1\ng = g + 1\n"
