@@ -493,21 +493,24 @@ class Debugger:
         return rules
 
     def worker_listening(self, content):
-        """The GPU cell's worker listens (CONTENT: host, port, pid, token), its cell waiting: attach as the
-        frontend did, replay the session's breakpoints and exception filters, configurationDone (the cell
-        starts).  On the interpreter thread, from the gateway's relay."""
+        """The GPU cell's worker listens (CONTENT: host, port, pid, token, skip), its cell waiting: attach as
+        the frontend did, replay the session's breakpoints and exception filters, configurationDone (the cell
+        starts).  On the interpreter thread, from the gateway's relay.  A worker nobody debugs any more (the
+        frontend disconnected since the cell started, or it is a late one of an earlier cell) is configured
+        without breakpoints and let go at once, rather than left waiting for its timeout."""
         with self.lock:
-            if not (self.started and self.attached) or self.worker is not None:
-                return
-            if content.get("token") != self.gpu_token:
-                log.warning("a worker of an earlier GPU cell asked for the debugger: ignored")
-                return
+            wanted = self.started and self.attached and self.worker is None and \
+                content.get("token") == self.gpu_token
+            mute = [not wanted]  # a worker let go: its events are not the frontend's
+
+            def on_event(msg):
+                if not mute[0] or msg.get("event") == "initialized":
+                    self._on_event(msg, holder[0] if holder else self.WORKER)
+
             holder = []  # the connection, for its events (the reader starts at once)
             try:
                 self.worker_init.clear()
-                conn = _Connection(str(content["host"]), int(content["port"]),
-                                   lambda msg: self._on_event(msg, holder[0] if holder else self.WORKER),
-                                   self._on_response)
+                conn = _Connection(str(content["host"]), int(content["port"]), on_event, self._on_response)
                 holder.append(conn)
             except (OSError, KeyError, ValueError, TypeError) as e:
                 log.warning("cannot attach to the GPU cell's worker: %s", e)
@@ -515,21 +518,37 @@ class Debugger:
             ok = False
             try:
                 skip = content.get("skip")
-                ok = self._configure_worker(conn, skip if isinstance(skip, list) else [])
+                ok = self._configure_worker(conn, skip if isinstance(skip, list) else [], wanted)
             finally:
-                if ok:
+                if ok and wanted:
                     self.worker, self.worker_pid = conn, content.get("pid")
                 else:
-                    log.warning("the GPU cell's worker did not take the debugger's configuration")
-                    conn.close()
+                    if not ok:
+                        log.warning("the GPU cell's worker did not take the debugger's configuration")
+                    mute[0] = True
+                    self._end_session(conn)
 
-    def _configure_worker(self, conn, skip):
-        seq = itertools.count(next(self.own_seq))
+    def _configure_worker(self, conn, skip, replay=True):
+        """Attach to a worker's pydevd; with REPLAY the session's breakpoints and exception filters.  Whatever
+        fails, configurationDone goes out when the connection is up, so the cell does not wait for it."""
+        seq, sent = self.own_seq, set()
 
         def request(command, arguments):
+            sent.add(command)
             rep = conn.request({"type": "request", "seq": next(seq), "command": command, "arguments": arguments})
             return rep is not None and rep.get("success")
 
+        try:
+            return self._configure_steps(conn, skip, replay, seq, request)
+        finally:
+            if "configurationDone" not in sent and not conn.closed:
+                try:
+                    conn.send({"type": "request", "seq": next(seq), "command": "configurationDone",
+                               "arguments": {}})
+                except OSError:
+                    pass
+
+    def _configure_steps(self, conn, skip, replay, seq, request):
         args = dict(self.init_args or {})
         args.setdefault("adapterID", "python")
         if not request("initialize", args):
@@ -539,9 +558,9 @@ class Debugger:
         conn.send(attach)
         if not self.worker_init.wait(REPLY_TIMEOUT_S):
             return False
-        for path, arguments in list(self.bp_args.items()):
+        for path, arguments in list(self.bp_args.items()) if replay else ():
             request("setBreakpoints", arguments)
-        if self.exc_args is not None:
+        if self.exc_args is not None and replay:
             request("setExceptionBreakpoints", self.exc_args)
         request("configurationDone", {})
         rep = conn.wait(attach["seq"], "attach")
@@ -557,6 +576,15 @@ class Debugger:
         conn, self.worker = self.worker, None
         if conn is None:
             return
+        self._end_session(conn)
+        if self.stopped_threads:
+            # Interrupted at a breakpoint, or the worker died there: the frontend must not show it stopped.
+            stopped, self.stopped_threads = self.stopped_threads, set()
+            self._publish({"type": "event", "event": "continued", "seq": 0,
+                           "body": {"threadId": min(stopped), "allThreadsContinued": True}})
+
+    def _end_session(self, conn):
+        """Disconnect from a worker's pydevd (it resumes, drops its breakpoints, and may be attached again)."""
         try:
             seq = next(self.own_seq)
             conn.send({"type": "request", "seq": seq, "command": "disconnect",
@@ -565,11 +593,6 @@ class Debugger:
         except OSError:
             pass
         conn.close()
-        if self.stopped_threads:
-            # Interrupted at a breakpoint, or the worker died there: the frontend must not show it stopped.
-            stopped, self.stopped_threads = self.stopped_threads, set()
-            self._publish({"type": "event", "event": "continued", "seq": 0,
-                           "body": {"threadId": min(stopped), "allThreadsContinued": True}})
 
     # -- the entry --------------------------------------------------------
 
