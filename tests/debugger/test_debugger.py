@@ -644,6 +644,41 @@ def test_gpu_cell_pause_interrupt_and_disconnect(jupyter_env):
         s.close()
 
 
+def test_gpu_cell_step_in_and_out(jupyter_env):
+    """Step in and step out in a GPU cell's worker: into a function the cell defines, and back to the cell."""
+    s = _gpu_session(jupyter_env)
+    try:
+        code = ("%%gpu\n"                 # 1
+                "def twice(a):\n"         # 2
+                "    b = a * 2\n"         # 3
+                "    return b\n"          # 4
+                "r = twice(21)\n"         # 5
+                "print('r', r)\n")        # 6
+        path = s.debug("dumpCell", {"code": code})["body"]["sourcePath"]
+        s.debug("setBreakpoints", {"source": {"path": path}, "breakpoints": [{"line": 5}]})
+        s.debug("configurationDone")
+        msg_id = s.execute(code)
+        (stop,) = [e for e in s.wait_event("stopped") if e["event"] == "stopped"]
+        thread = stop["body"]["threadId"]
+
+        def where():
+            frames = s.debug("stackTrace", {"threadId": thread})["body"]["stackFrames"]
+            return [(f["name"], f["line"]) for f in frames[:2]]
+
+        assert where()[0] == ("<module>", 5)
+        s.debug("stepIn", {"threadId": thread})
+        s.wait_event("stopped")
+        assert where() == [("twice", 3), ("<module>", 5)]
+        s.debug("stepOut", {"threadId": thread})
+        s.wait_event("stopped")
+        assert where()[0][0] == "<module>"
+        s.debug("continue", {"threadId": thread})
+        assert s.shell_reply(msg_id)["content"]["status"] == "ok"
+        assert "r 42" in _iopub_until_idle(s, msg_id)
+    finally:
+        s.close()
+
+
 def test_gpu_cell_stops_on_a_raised_exception(jupyter_env):
     """Pause on raised exceptions, set before the GPU cell runs, is replayed to its worker: the cell stops where
     it raises, exceptionInfo names the exception, and continue ends the cell with that error, as in a CPU
