@@ -287,6 +287,7 @@ class Coherence:
         # {name: (type, dir list, payload bytes, top-level modules)} of values GPU cells saved: what completion
         # answers from while restoring them would be slow (complete_view).
         self._shapes = {}
+        self._values = {}  # name -> (type, explorer value or None): a worker's account of what it saved
         self._mods_dirty = False  # a CPU cell ran since the user modules' globals were last committed
         # What the store should hold (_lost_data): the newest commit this process saw in the store, its own
         # or a worker's (after_gpu), and the names committed there as far as this process knows.
@@ -658,12 +659,20 @@ class Coherence:
                 else:
                     ns[n] = old
 
+    def worker_made(self):
+        """{name: (type, value or None)} of the variables GPU cells saved that this process does not hold as
+        committed (it has an older copy or none), by the workers' account: the debugger's variable explorer
+        lists them without restoring them.  Empty while the kernel cannot tell which moved."""
+        moved = self._moved or ()
+        return {n: self._values[n] for n in moved if n in self._values and n not in self.dirty}
+
     def _note_shapes(self, shapes, saved, deleted):
         """Keep the worker's account (after_gpu's `shapes`) of the values it saved; forget what the cell
         deleted or saved without one."""
         for n in (saved or []) + (deleted or []):
             if isinstance(n, str):
                 self._shapes.pop(n, None)
+                self._values.pop(n, None)
         if not isinstance(shapes, dict):
             return
         dirs, named = shapes.get("dirs"), shapes.get("names")
@@ -671,8 +680,11 @@ class Coherence:
             return
         for n, entry in named.items():
             try:
-                type_name, idx, nbytes, mods = entry
+                type_name, idx, nbytes, mods = entry[:4]
                 attrs = dirs[idx]
+                # The variable explorer's value (zyg._explorer_value), None when the worker gave none.
+                value = entry[4] if len(entry) > 4 and isinstance(entry[4], str) else None
+                self._values[n] = (str(type_name), value)
                 self._shapes[n] = (str(type_name), [a for a in attrs if isinstance(a, str)], int(nbytes),
                                    tuple(m for m in mods if isinstance(m, str)))
             except (TypeError, ValueError, IndexError):

@@ -515,7 +515,20 @@ class Kernel:
             return "LooseLeaf: restoring the previous kernel's variables failed: %s: %s\n" % (type(e).__name__, e)
 
     def looseleaf_after_gpu(self, content, parent):
+        if self.debugger is not None:
+            self.debugger.gpu_cell_ended()  # the worker's debug session ends with its cell
         return dumps(self.coherence.after_gpu(content)), None
+
+    def looseleaf_debug_gpu(self, content, parent):
+        """A GPU cell is about to go to its worker: {"debug": {...}} when it runs under the debugger there."""
+        on = self.debugger.gpu_cell_starting() if self.debugger is not None else None
+        return dumps({"debug": on} if on else {}), None
+
+    def looseleaf_debug_worker(self, content, parent):
+        """The worker's pydevd listens (debugger.Debugger.worker_listening); answered once attached."""
+        if self.debugger is not None:
+            self.debugger.worker_listening(content)
+        return dumps({}), None
 
     def looseleaf_commit_idle(self, content, parent):
         return dumps(self.coherence.commit_idle()), None
