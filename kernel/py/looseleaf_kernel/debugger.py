@@ -13,7 +13,7 @@ variables it hides); cells are compiled under the names dumpCell gives (shell.Ce
 cell, as ipykernel names them), so breakpoints set in a cell's editor match the code that runs, in the cell and in
 functions it defines that later cells call.
 
-GPU cells run in workers (issue 27 item 2).  When the session's debugger is attached, the gateway asks
+GPU cells run in workers.  When the session's debugger is attached, the gateway asks
 gpu_cell_starting before it hands a GPU cell to its worker, and the job then says so; the worker starts pydevd
 after the fork (zygote/py/looseleaf_zygote/debug.py: debugpy's in-process adapter, so pydevd itself answers the
 Debug Adapter Protocol), says where it listens, and waits.  worker_listening (on the interpreter thread, from the
@@ -305,8 +305,11 @@ class Debugger:
     # Served even while no debug session is started (JupyterLab asks debugInfo on every kernel it meets).
     STATIC = ("debugInfo", "inspectVariables", "richInspectVariables", "modules", "copyToGlobals")
 
-    def __init__(self, shell, kernel_modules):
+    def __init__(self, shell, kernel_modules, coherence=None):
         self.shell = shell
+        # The kernel's coherence now (None before the first GPU cell), for what GPU cells made: a function,
+        # since a restore replaces it (and the kernel module is above this one).
+        self.coherence = coherence or (lambda: None)
         self.kernel_modules = kernel_modules  # files of what the kernel imported at start: stepping skips them
         self.started = False
         self.endpoint = None  # (host, port) of debugpy's adapter, once listening
@@ -758,11 +761,9 @@ class Debugger:
             "copyToGlobals": True,
         })
 
-    @staticmethod
-    def _worker_made():
+    def _worker_made(self):
         """{name: (type, value)} of what GPU cells made that the kernel does not hold (coherence.worker_made)."""
-        from .kernel import get_kernel
-        coherence = getattr(get_kernel(), "coherence", None)
+        coherence = self.coherence()
         try:
             return coherence.worker_made() if coherence is not None else {}
         except Exception:  # noqa: BLE001 - the explorer lists the namespace alone
@@ -844,9 +845,9 @@ class Debugger:
 _debugger = None
 
 
-def install(shell, kernel_modules):
+def install(shell, kernel_modules, coherence=None):
     global _debugger
-    _debugger = Debugger(shell, kernel_modules) if available else None
+    _debugger = Debugger(shell, kernel_modules, coherence) if available else None
     return _debugger
 
 

@@ -194,7 +194,8 @@ class Kernel:
         # The files the kernel itself runs (as ipykernel lists them at start): the debugger never steps into them.
         from . import debugger
         self.debugger = debugger.install(self.shell, sorted({
-            m.__file__ for m in list(sys.modules.values()) if isinstance(getattr(m, "__file__", None), str)}))
+            m.__file__ for m in list(sys.modules.values()) if isinstance(getattr(m, "__file__", None), str)}),
+            coherence=lambda: getattr(self, "coherence", None))
 
     def _run_startup_files(self):
         """Run the profile's startup/*.py and *.ipy files in the user

@@ -1,4 +1,4 @@
-"""JupyterLab's debugger in a GPU cell's worker (issue 27 item 2; the kernel's side: looseleaf_kernel/debugger.py).
+"""JupyterLab's debugger in a GPU cell's worker (the kernel's side: looseleaf_kernel/debugger.py).
 
 When the cell's job says the session's debugger is on (job["debug"], put there by the kernel), the worker, after
 the fork and never in a zygote (zygotes stay single-threaded and free of pydevd), starts pydevd listening on
