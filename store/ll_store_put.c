@@ -80,18 +80,18 @@ typedef struct {
     int *backerr;           /* per region: errno of a failed backing */
 
     ll_store_t *st;
-    size_t n;        /* regions of the payload */
-    size_t bn, bnb;  /* regions and bytes of the base (bn 0: nothing to share) */
-    uint8_t *bl;     /* per region: base region leased by this put */
-    uint32_t *held;  /* the payload's region indices, for the pending list */
-    size_t *cidx;    /* candidate indices, for sampling */
-    size_t ncand;    /* entries in cidx */
-    bool copy_first; /* copy every candidate, compare hashes after */
-    bool tried_gc;   /* this allocation round reclaimed already */
+    size_t n;           /* regions of the payload */
+    size_t bn, bnb;     /* regions and bytes of the base (bn 0: nothing to share) */
+    uint8_t *bl;        /* per region: base region leased by this put */
+    uint32_t *held;     /* the payload's region indices, for the pending list */
+    size_t *cidx;       /* candidate indices, for sampling */
+    size_t ncand;       /* entries in cidx */
+    bool copy_first;    /* copy every candidate, compare hashes after */
+    bool tried_gc;      /* this allocation round reclaimed already */
     bool tried_history; /* the history's old versions were dropped for this put */
-    bool waited;     /* waited for the user's other pools to give memory back */
-    size_t nwritten; /* bytes copied into fresh regions */
-    bool done;       /* leases handed to the pending list */
+    bool waited;        /* waited for the user's other pools to give memory back */
+    size_t nwritten;    /* bytes copied into fresh regions */
+    bool done;          /* leases handed to the pending list */
 } s_put_t;
 
 static size_t s_chunk(size_t len, size_t i)
