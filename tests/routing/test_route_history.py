@@ -68,7 +68,7 @@ def test_budget_drops_oldest_and_checkout_says_so(jupyter_env):
         run_route(k, "import torch\nbw = torch.zeros(%d)" % N, "gpu")
         for step in range(3):
             run_route(k, "bw += 1", "gpu")
-        # The budget is kept before the next GPU cell's commit, in idle time, and before a listing.
+        # The budget is kept right after each GPU cell's commit.
         lines = _history(k, "bw")
         kept = _versions(lines, "bw")
         assert "2 older versions dropped" in lines[-1], lines

@@ -277,9 +277,6 @@ class Coherence:
         self._moved = set()
         # GPU cells' results not yet in the output history: [(execution count, "_N")], oldest first.
         self._pending_out = []
-        # A worker committed since the history's budget was last kept: kept before the next GPU cell's
-        # commit or in idle time (_keep_history), never between a cell and its reply.
-        self._history_due = False
         self._ps_moved = False
         # Homes (values no store can hold): {name: {pid, kind: held | graph | tied, what}} of names whose live value
         # is in a worker; {name: message} of held names whose worker is gone; {name: message} of graph
@@ -387,7 +384,6 @@ class Coherence:
 
     def _keep_history(self):
         """Drop the oldest superseded versions beyond the budget (after a worker's commit, and when idle)."""
-        self._history_due = False
         if self.cp is None or not self._history_budget:
             return
         from looseleaf_store import history
@@ -881,8 +877,6 @@ class Coherence:
             return {"fallback": "the checkpoint store cannot start (%s)" % _reason(e)}
         try:
             lost = self._lost_data()
-            if self._history_due:
-                self._keep_history()  # what the last GPU cells superseded: a "Run all" is never idle
         except KeyboardInterrupt:
             return _cell_error("KeyboardInterrupt", "interrupted while the kernel asked the checkpoint store")
         except Exception as e:  # noqa: BLE001 - the store is unusable
@@ -1027,12 +1021,13 @@ class Coherence:
         if isinstance(info.get("home"), dict):
             self._adopt_home(info["home"], info.get("worker_pid"))
         self._update_lost_names()
-        if info.get("saved") or info.get("unknown"):
-            # What the worker committed superseded versions: the history's budget is kept before the next GPU
-            # cell's commit (a "Run all" is never idle) or in idle time, whichever comes first, so old
-            # versions hold at most the budget between cells.  Not here: this runs before the cell's reply,
-            # which a slow or silent store (the cell was interrupted because it was) must not hold up.
-            self._history_due = True
+        if info.get("saved") and not info.get("unknown"):
+            # What the worker committed superseded versions: keep the history's budget now (one read of its
+            # index, bounded by LL_HISTORY_VERSIONS), not only when idle, which a "Run all" never is, so
+            # old versions hold at most the budget even between cells.  Only after a commit that happened
+            # (Redis answered it a moment ago): a cell that failed or was interrupted, perhaps because the
+            # store went silent, must not wait for that store again before its reply; idle time prunes.
+            self._keep_history()
         return {"home": self.home}
 
     # ---- homes ----------------------------------------------------------------------------------------

@@ -86,19 +86,11 @@ def _cell_label(cell):
     return first if first.startswith("In[") else (cell or "?")
 
 
-def _budget_kept(coh):
-    """What the user is shown is the history within its budget: kept now if GPU cells committed since it
-    last was (the kernel keeps it before the next GPU cell, or when idle)."""
-    if coh is not None and getattr(coh, "_history_due", False):
-        coh._keep_history()
-
-
 def history_lines(kernel, name):
     """The lines `%looseleaf history NAME` prints: one per kept version, oldest first, each starting NAME@N."""
     import time
     from looseleaf_store import history
     coh = kernel.coherence
-    _budget_kept(coh)
     if not name.isidentifier():
         raise ValueError("%r is not a variable name; " % name + _USAGE)
     if coh.cp is None:
@@ -128,7 +120,6 @@ def checkout(kernel, spec, target=None):
     committed as the newest version like any value a CPU cell binds.  Returns the line to print."""
     from looseleaf_store import history
     coh = kernel.coherence
-    _budget_kept(coh)
     name, at, num = spec.partition("@")
     if not at or not name.isidentifier() or not num.isdigit():
         raise ValueError("%r is not NAME@N (a version number from %%looseleaf history NAME); %s" % (spec, _USAGE))
