@@ -20,7 +20,7 @@ def _versions(lines, name):
 
 
 def test_history_and_checkout_over_a_training_loop(jupyter_env):
-    k = Kernel("looseleaf")
+    k = Kernel("looseleaf", env={"LL_HISTORY_BYTES": "auto"})
     try:
         run_route(k, "import torch\nhw = torch.zeros(%d)\nhlr = 0.5" % N, "gpu")
         for step in range(3):
@@ -90,7 +90,7 @@ def test_budget_drops_oldest_and_checkout_says_so(jupyter_env):
 def test_checkout_of_an_optimizer_shares_the_current_model(jupyter_env):
     """A version that shares objects with another variable (an optimizer's parameters are the model's) comes
     back sharing them with that variable as it is now: the model is brought into the kernel first."""
-    k = Kernel("looseleaf")
+    k = Kernel("looseleaf", env={"LL_HISTORY_BYTES": "auto"})
     try:
         run_route(k, "import torch\nhm = torch.nn.Linear(2, 2)\nhopt = torch.optim.SGD(hm.parameters(), lr=0.1)",
                   "gpu")

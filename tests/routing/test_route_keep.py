@@ -15,7 +15,7 @@ from routehelp import Kernel, _error_text, execute, redis_processes, run_route, 
 
 
 def _env(**kw):
-    env = {"JPY_SESSION_NAME": "/tmp/nb-%s.ipynb" % uuid.uuid4().hex[:8]}
+    env = {"JPY_SESSION_NAME": "/tmp/nb-%s.ipynb" % uuid.uuid4().hex[:8], "LL_HISTORY_BYTES": "auto"}
     env.update(kw)
     return env
 

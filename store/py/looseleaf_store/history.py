@@ -13,8 +13,8 @@ beyond the current versions fits the budget (`budget_bytes`).  A dropped version
 import collections
 import os
 
-# Superseded versions kept at most (bytes of pool regions and blobs no current version uses), unless
-# LL_HISTORY_BYTES says otherwise ("0": keep none; sizes as LL_STORE_POOL_BYTES: "2G", "512M").
+# Superseded versions kept at most (bytes of pool regions and blobs no current version uses): LL_HISTORY_BYTES
+# (unset or "0": keep none; sizes as LL_STORE_POOL_BYTES: "2G", "512M"; "auto": the default below).
 _DEFAULT_SHARE = 4          # a quarter of the pool ...
 _DEFAULT_MAX = 4 << 30      # ... and at most 4 GiB
 _DEFAULT_VERSIONS = 1000    # superseded versions, whatever their size (LL_HISTORY_VERSIONS)
@@ -39,9 +39,14 @@ def parse_bytes(text):
 
 
 def budget_bytes(store=None):
-    """The session's history budget: LL_HISTORY_BYTES, else a quarter of the pool, at most 4 GiB."""
-    env = os.environ.get("LL_HISTORY_BYTES")
-    if env:
+    """The session's history budget: LL_HISTORY_BYTES ("auto": a quarter of the pool, at most 4 GiB).
+    Unset: 0, no history.  Kept versions still count against a user's store cap (LL_STORE_USER_CAP, the
+    broker's) and do not yet give way to a save over the cap as they do to a full pool, so a capped user's
+    saves could fail for them: the history is opt-in until they do."""
+    env = os.environ.get("LL_HISTORY_BYTES", "").strip()
+    if not env:
+        return 0
+    if env != "auto":
         return parse_bytes(env)
     pool = 16 << 30
     if store is not None:
