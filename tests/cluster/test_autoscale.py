@@ -239,3 +239,23 @@ def test_a_failed_host_start_is_cleaned_and_retried(ascluster):
                     logs += fh.read()
     assert "Failed to launch" in logs and "did not start: raylet failed" in logs, logs[-3000:]
     c.client("release", placed["host"], "f0")  # (the fixture's teardown ends the host: shrinking is tested above)
+
+
+def test_a_half_made_host_is_deleted(ascluster):
+    """A namespace of the provider's naming without its record (a monitor that died mid-start leaves one:
+    made here by hand, with a process in it) is ended and deleted the next time the autoscaler lists the
+    nodes; the hosts that are whole stay."""
+    c = ascluster
+    whole = host_namespaces(c)
+    ns = c.prefix + "-a99"
+    clusterhelp.ip("netns", "add", ns)
+    sleeper = subprocess.Popen(["ip", "netns", "exec", ns, "sleep", "600"])
+    try:
+        clusterhelp.wait_for(lambda: ns not in host_namespaces(c), 60, "%s deleted" % ns)
+        assert sleeper.wait(30) != 0  # ended by the provider, not by itself
+        assert host_namespaces(c) == whole
+        assert any(e["event"] == "half_made_deleted" and e["node"] == ns for e in events(c)), events(c)
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait()
