@@ -86,12 +86,14 @@ class HostAgent:
         deadline = time.monotonic() + timeout
         while True:
             with self.lock:
+                if self.accepting:  # resumed meanwhile (the load came back): the host stays
+                    return {"drained": False, "host": self.host, "resumed": True}
                 mine = dict(self.requests)
             left = hostd.stats(self.socket).get("lease_list", [])
-            if not mine and not left:
-                with self.lock:
+            with self.lock:
+                if not mine and not left and not self.accepting:
                     self.lease.close()
-                return {"drained": True, "host": self.host}
+                    return {"drained": True, "host": self.host}
             if time.monotonic() > deadline:
                 return {"drained": False, "host": self.host, "requests": sorted(mine),
                         "left": [{k: lease.get(k) for k in ("slot", "uid", "state")} for lease in left]}

@@ -169,6 +169,14 @@ def test_grows_from_zero_to_two_hosts_and_shrinks_back(ascluster):
             if p["host"] == "a2" and p is not keep:
                 c.client("release", p["host"], p["request_id"])
         clusterhelp.wait_for(lambda: scaler_status(c)["draining"] == ["a2"], 60, "a2 draining")
+        # The load comes back while a2 drains: a1 takes what it can, and the request left waiting puts a2
+        # back to work (no third host is asked for).  Then the load falls again and a2 drains again.
+        back = place_all(c, ["b0", "b1", "b2", "b3"], 120)
+        assert sorted(p.get("host") for p in back) == ["a1", "a1", "a1", "a2"], back
+        assert host_namespaces(c) == [a1, c.prefix + "-a2"] and scaler_status(c)["draining"] == []
+        for p in back:
+            c.client("release", p["host"], p["request_id"])
+        clusterhelp.wait_for(lambda: scaler_status(c)["draining"] == ["a2"], 60, "a2 draining again")
         other = c.client("place", "while-draining")[0]
         assert other["host"] == "a1", other  # a draining host takes no new request
         c.client("release", "a1", "while-draining")
