@@ -20,7 +20,8 @@ Ray's autoscaler (the monitor on the head, `ray start --head --autoscaling-confi
       head_ip: 10.251.0.1
       state_dir: /var/lib/looseleaf/autoscale   # records, logs, hostd sockets, Ray temp dirs
       slots: 4                           # LL_POOL_SLOTS of each host
-      (optional) ray, python, looseleaf, pythonpath, object_store_bytes, start_timeout_s, drain_timeout_s
+      (optional) ray, python, looseleaf, pythonpath, object_store_bytes, start_timeout_s, drain_timeout_s,
+      hostd_args: [...]                  # more `looseleaf hostd` arguments; "{host}" becomes the host's name
 
 A host is made whole or not at all.  Its record (STATE_DIR/NS.json) is written only once its raylet joined and
 its agent answered; a start that fails at any step (the namespace, the broker, `ray start`, the agent) ends
@@ -128,6 +129,7 @@ class NamespaceProvider(NodeProvider):
         self.object_store = int(c.get("object_store_bytes", 80 * 1024 * 1024))
         self.start_timeout = float(c.get("start_timeout_s", 180))
         self.drain_timeout = float(c.get("drain_timeout_s", 60))
+        self.hostd_args = [str(a) for a in c.get("hostd_args", [])]
         os.makedirs(self.state_dir, 0o700, exist_ok=True)
         self.lock = threading.RLock()
         self.creating = set()  # namespaces a create of this process is making now: not half-made
@@ -323,7 +325,8 @@ class NamespaceProvider(NodeProvider):
             sock = os.path.join(hdir, "hostd.sock")
             with open(os.path.join(hdir, "hostd.log"), "a") as log:
                 proc = subprocess.Popen(["ip", "netns", "exec", ns, self.looseleaf, "hostd", "--socket", sock,
-                                         "--slots", str(self.slots)], stdout=log, stderr=log,
+                                         "--slots", str(self.slots)] +
+                                        [a.replace("{host}", name) for a in self.hostd_args], stdout=log, stderr=log,
                                         env=dict(env, LL_POOL_NO_CUDA="1"), start_new_session=True)
             self.procs[ns] = proc
             deadline = time.monotonic() + 30
