@@ -66,3 +66,33 @@ def test_sigterm_is_a_shutdown_and_removes_the_store(jupyter_env):
         assert reply["content"]["status"] == "error" and "nothing to restore" in _error_text(reply, msgs)
     finally:
         k2.stop()
+
+
+def test_pool_file_gone_restores_what_has_no_payload(jupyter_env):
+    """/dev/shm emptied (a reboot with the store directory on a disk, a cleanup) while the store directory
+    stayed: the restore brings back the values without payloads and names the rest, never a tensor read from
+    the empty pool put in its place."""
+    env = _env(LOOSELEAF_KEEP_S="600")
+    k1 = Kernel("looseleaf", env=env)
+    try:
+        run_route(k1, "import torch\npt = torch.arange(700000.)\npc = 5", "gpu")
+        d, = _keyed_dirs(k1.pid)
+        pool = _pool_files(d)
+        os.kill(k1.pid, signal.SIGKILL)
+        wait_for(lambda: not k1.km.is_alive(), 30, "the kernel to die")
+        wait_for(lambda: not redis_processes(d), 30, "its redis-server to go")
+    finally:
+        k1.stop()
+    os.unlink(pool)
+    k2 = Kernel("looseleaf", env=env)
+    try:
+        reply, msgs = execute(k2, "%looseleaf restore")
+        out = stream_text(msgs)
+        assert reply["content"]["status"] == "ok", _error_text(reply, msgs)
+        assert "restored 1 variable from the kernel that died at" in out and out.split("\n")[0].endswith(": pc"), out
+        assert "could not come back:\n    pt: PayloadGoneError" in out, out
+        reply, msgs = execute(k2, "print(pc, 'pt' in globals())")
+        assert stream_text(msgs) == "5 False\n", stream_text(msgs)
+    finally:
+        k2.stop()
+    wait_for(lambda: not os.path.exists(d) and not os.path.exists(pool), 30, "the store to go at shutdown")
