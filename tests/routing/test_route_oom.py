@@ -119,6 +119,8 @@ def test_oom_killed_kernel_then_restore(jupyter_env, memcg):
         pool = _pool_files(d)
         _write(memcg, "cgroup.procs", k1.pid)
         assert _procs(memcg) == [k1.pid]
+        with open(os.path.join(memcg, "memory.limit_in_bytes")) as f:
+            assert int(f.read()) == LIMIT
         # CPU and GPU cells, bound under the limit; then idle until what the CPU cells changed is committed.
         run_route(k1, "oc = {'epoch': 3, 'tag': 'x' * 10}\nog = (i for i in range(3))\n"
                      "obig = np.ones(3_000_000)", "cpu")
@@ -129,8 +131,9 @@ def test_oom_killed_kernel_then_restore(jupyter_env, memcg):
         assert _procs(memcg) == [k1.pid], "the cgroup holds more than the kernel: %s" % _procs(memcg)
         assert _oom_kills(memcg) == 0
         # A cell that mutates committed variables, then allocates past the limit: the kernel dies mid-cell.
+        # (Bounded, at 4 times the limit: were the limit not in force, the test fails, the machine unharmed.)
         send_execute(k1, "oc['epoch'] = 99\nol.append(99)\nhog = []\n"
-                         "while True:\n    hog.append(np.ones(1 << 23))")
+                         "for _ in range(%d):\n    hog.append(np.ones(1 << 23))" % (4 * LIMIT >> 26))
         wait_for(lambda: not k1.km.is_alive(), 120, "the kernel to be OOM-killed")
         status = k1.km.provisioner.process.wait(timeout=30)
         assert status == -signal.SIGKILL, "the kernel ended with %s, not SIGKILL" % status
