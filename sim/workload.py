@@ -188,7 +188,7 @@ def session(p, rng, pools):
     """One session drawn with RNG: (facts, cells, tail_s).  Its length, task count, the share of its tasks that
     use a GPU, the delay to the first task and the time between tasks come from the Adobe tables; CPU cells
     (the tree's, by their analysis labels) are added between tasks so that the share of GPU cells follows the
-    paper's; GPU cells take the model's time per step times a number of steps."""
+    paper's; a GPU cell lasts what a GPU task of the trace lasted, at least min_steps of its model's steps."""
     cpu_pool, gpu_pool = pools
     cats = p["categories"]
     cname = choose(rng, {k: val(c["share"]) for k, c in cats.items()})
