@@ -155,3 +155,19 @@ def test_set_and_bad_parameters():
     assert bad.returncode != 0 and "sum to 1" in bad.stderr
     bad = _gen("--set", "categories.nosuch.share=0.1")
     assert bad.returncode != 0 and "no such parameter" in bad.stderr
+
+
+def test_looseleaf_trace_workload_option():
+    """`looseleaf trace --workload paper` is sim/workload.py; `tree` is the notebooks' trace; others refused."""
+    args = ["--sessions", "3", "--seed", "9", "--no-measure"]
+    r = subprocess.run([LOOSELEAF, "trace", "--workload", "paper"] + args, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == _gen("--sessions", "3", "--seed", "9").stdout
+    nb = os.path.join(REPO, "examples", "looseleaf_cpu_basics.ipynb")
+    tree = subprocess.run([LOOSELEAF, "trace", "--workload", "tree", "--no-run", nb], capture_output=True,
+                          text=True, timeout=120)
+    assert tree.returncode == 0 and json.loads(tree.stdout.splitlines()[0])["generator"] == "looseleaf trace"
+    bad = subprocess.run([LOOSELEAF, "trace", "--workload", "nosuch", nb], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2 and "tree or paper" in bad.stderr
