@@ -136,10 +136,6 @@ def step_s(p, kind, entry):
     return fwd * per_step / rate
 
 
-def kinds_of(cat):
-    return cat["kinds"]
-
-
 # ---- the tree's cells (labels by looseleaf analyze, CPU times measured by looseleaf trace) ----
 
 def tree_cells(p, measure=True):
@@ -199,7 +195,7 @@ def session(p, rng, pools):
     data = lognormal(rng, p["state"]["data_bytes"])
     extra_mean = val(p["cells"]["extra_cpu_cells_per_interval"])
     steps = p["gpu_cell"]
-    kinds = kinds_of(cat)
+    kinds = cat["kinds"]  # one kind, or [train, infer] for training with inference
     train_share = val(cat.get("train_share", 1.0))
     edit = p["edit_s"]
 
