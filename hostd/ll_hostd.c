@@ -33,6 +33,7 @@
 #include "hostd/ll_hostd.h"
 #include "policy/ll_hostd_policy.h"
 #include "hostd/ll_hostd_wire.h"
+#include "hostd/ll_lease.h"
 #include "proto/ll_zframe.h"
 #include "store/ll_store.h"
 #include "base/ll_clock.h"
@@ -101,6 +102,7 @@ typedef struct {
     int listen_fd, sig_fd, http_fd;
     double started;
     ll_hostd_policy_t *policy;
+    ll_lease_ctx_t *lease; /* cluster leases (ll_lease.h); NULL: no cluster key */
     s_conn_t conns[LL_HOSTD_MAX_CONNS];
     s_http_t http[S_MAX_HTTP];
     bool stop;
@@ -345,12 +347,39 @@ static void s_hello(s_hostd_t *h, int c, const ll_hostd_msg_t *q)
 }
 
 static json_t *s_stats(s_hostd_t *h);
+static json_t *s_user_name(unsigned uid);
+
+static const char *s_lease_user(unsigned uid, void *arg)
+{
+    json_t *n = s_user_name(uid); /* (a string of its cache, or null) */
+    snprintf(arg, 64, "%s", json_is_string(n) ? json_string_value(n) : "");
+    json_decref(n);
+    return *(char *) arg ? arg : NULL;
+}
+
+/* Cluster leases (ll_lease.h): answered to any caller, by its uid.  False:
+ * M is not a lease request. */
+static bool s_lease_frame(s_hostd_t *h, int c, const json_t *m)
+{
+    char line[400], name[64];
+    json_t *r =
+        ll_lease_answer(h->lease, m, h->conns[c].uid, s_lease_user, name, line, sizeof line);
+    if (!r)
+        return false;
+    bool err = strcmp(json_string_value(json_object_get(r, "type")), "error") == 0;
+    ll_info_limited(err ? &s_log_refused : &s_log_pools, "hostd", "client pid %d (uid %u): %s",
+                    h->conns[c].pid, h->conns[c].uid, line);
+    s_send(h, c, r);
+    return true;
+}
 
 static void s_frame(s_hostd_t *h, int c, json_t *m)
 {
     double now = ll_clock_ms();
     ll_hostd_msg_t q;
     char why[256];
+    if (s_lease_frame(h, c, m))
+        return;
     if (ll_hostd_wire_parse(m, h->nslots, &q, why, sizeof why) < 0) {
         s_error(h, c, why);
     } else if (q.type == LL_HOSTD_MSG_STATS) {
@@ -826,6 +855,7 @@ static int s_args(s_hostd_t *h, int argc, char **argv)
     int total = e && *e ? atoi(e) : 0, per_gpu = pg && *pg ? atoi(pg) : 0;
     double fraction = fr && *fr ? atof(fr) : -1;
     const char *cap = getenv("LL_HOSTD_STORE_CAP");
+    const char *conf = getenv("LL_CLUSTER_CONFIG"), *key = NULL, *host = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--socket") == 0 && v) {
@@ -843,9 +873,16 @@ static int s_args(s_hostd_t *h, int argc, char **argv)
         } else if (strcmp(a, "--store-cap") == 0 && v) {
             cap = v;
             i++;
+        } else if (strcmp(a, "--cluster-config") == 0 && v) {
+            conf = argv[++i];
+        } else if (strcmp(a, "--cluster-key") == 0 && v) {
+            key = argv[++i];
+        } else if (strcmp(a, "--host") == 0 && v) {
+            host = argv[++i];
         } else {
             fprintf(stderr, "usage: looseleaf hostd [--socket PATH] [--slots N] [--gpu-slots N] "
                             "[--metrics-port PORT] [--store-cap BYTES]\n"
+                            "       [--cluster-config PATH] [--cluster-key PATH] [--host NAME]\n"
                             "  PATH default $LL_HOSTD_SOCKET, else " LL_HOSTD_DEFAULT_SOCKET "\n"
                             "  --gpu-slots default $LL_POOL_GPU_SLOTS: slots per GPU, each capped "
                             "at a share of its memory\n"
@@ -888,7 +925,11 @@ static int s_args(s_hostd_t *h, int argc, char **argv)
                 h->gpus.dev[d].name[0] ? h->gpus.dev[d].name : "?",
                 (double) h->gpus.dev[d].mem_bytes / (1 << 30), h->plan.per_dev[d],
                 h->plan.per_dev[d] > 1 ? ", each capped" : "");
-    return 0;
+    char why[512];
+    h->lease = ll_lease_ctx_setup(conf, key, host, ll_lease_now_ms(), why, sizeof why);
+    if (!h->lease && why[0])
+        fprintf(stderr, "looseleaf hostd: %s\n", why);
+    return !h->lease && why[0] ? -1 : 0;
 }
 
 /* Ms until the next deadline at NOW (a stalled client, a metrics
@@ -1057,6 +1098,7 @@ int ll_hostd_main(int argc, char **argv)
     if (h->sig_fd >= 0)
         close(h->sig_fd);
     ll_hostd_policy_destroy(&h->policy);
+    ll_lease_ctx_destroy(&h->lease);
     free(h);
     return rc;
 }
