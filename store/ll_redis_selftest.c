@@ -167,6 +167,9 @@ static bool s_selftest_tcp_auth(const char *dir)
     snprintf(url, sizeof url, "redis://127.0.0.1:%s", port_s);
     pid_t pid = fork();
     if (pid == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        dup2(null, 2);
         execlp("redis-server", "redis-server", "--bind", "127.0.0.1", "--port", port_s, "--save",
                "", "--appendonly", "no", "--dir", dir, "--user", "default", "off", "--user",
                "ll-cluster", "on", ">s3cret-pw", "~ll:*", "+@all", "--loglevel", "warning",
