@@ -2,4 +2,4 @@
 # (gateway/), `pool` and `zygote` (zygote/), `hostd` and `top` (hostd/), `analyze` (analysis/), `trace` and
 # `simulate` (sim/).  The top of the tree: it may include every module and nothing includes it (tests/tree),
 # so no module sits above another for the dispatcher's sake.
-BIN_SRCS  += cli/main.c
+BIN_SRCS  += cli/main.c cli/ll_cluster_cmd.c
