@@ -79,7 +79,9 @@ def raylet_argv(c, ray="ray"):
     else:
         argv += ["--address", c["head"], "--resources", json.dumps({SLOT_RESOURCE: c["slots"]}),
                  "--labels", "%s=%s" % (HOST_LABEL, c["host"])]
-    return argv
+    if "node_ip" in c:
+        argv += ["--node-ip-address", c["node_ip"]]
+    return argv + list(c.get("ray_args", []))
 
 
 # -- top --cluster ----------------------------------------------------------------------------------------

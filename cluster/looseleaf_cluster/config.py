@@ -14,7 +14,9 @@ its "host" and "key_file").  JSON, not TOML: the hostd (C) reads it with the JSO
       "hostd_socket": "/run/looseleaf/hostd.sock",
       "redis": {"address": "10.0.0.1:6380", "user": "looseleaf",
                 "password_file": "/etc/looseleaf/redis.pass"},
-      "python": "/opt/looseleaf/.venv/bin/python"      the Python with Ray (for `looseleaf cluster`)
+      "python": "/opt/looseleaf/.venv/bin/python",     the Python with Ray (for `looseleaf cluster`)
+      "node_ip": "10.0.0.11",               optional: this host's address in the cluster (multi-homed hosts)
+      "ray_args": ["--object-store-memory", "8000000000"]   optional: more `ray start` arguments
     }
 
 Every key is checked (type, range, unknown keys are refused: a typo is an error, not a default), and every
@@ -29,7 +31,7 @@ DEFAULT_PATH = "/etc/looseleaf/cluster.json"
 DEFAULTS = {"role": "gpu", "key_file": "/etc/looseleaf/cluster.key", "hostd_socket": "/run/looseleaf/hostd.sock",
             "ray_token_file": "/etc/looseleaf/ray.token"}
 KEYS = {"head", "host", "role", "slots", "key_file", "ray_token_file", "hostd_socket", "redis", "python",
-        "metrics_port"}
+        "node_ip", "ray_args"}
 REDIS_KEYS = {"address", "user", "password_file"}
 NAME = re.compile(r"[A-Za-z0-9._-]{1,63}\Z")
 ADDRESS = re.compile(r"(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:]+\]):(?P<port>[0-9]{1,5})\Z")
@@ -79,10 +81,11 @@ def parse(text, where="cluster config"):
     for key in ("key_file", "ray_token_file", "hostd_socket", "python"):
         if key in out and (not isinstance(out[key], str) or not out[key].startswith("/")):
             raise ConfigError("%s: '%s' must be an absolute path, not %r" % (where, key, out[key]))
-    if "metrics_port" in out:
-        p = out["metrics_port"]
-        if not isinstance(p, int) or isinstance(p, bool) or not 0 < p < 65536:
-            raise ConfigError("%s: 'metrics_port' must be a port 1..65535, not %r" % (where, p))
+    if "node_ip" in out and (not isinstance(out["node_ip"], str) or not out["node_ip"]):
+        raise ConfigError("%s: 'node_ip' must be an address" % where)
+    if "ray_args" in out and (not isinstance(out["ray_args"], list)
+                              or not all(isinstance(x, str) for x in out["ray_args"])):
+        raise ConfigError("%s: 'ray_args' must be a list of strings" % where)
     r = out.get("redis")
     if r is not None:
         if not isinstance(r, dict):
