@@ -34,6 +34,7 @@
 #include "policy/ll_hostd_policy.h"
 #include "hostd/ll_hostd_wire.h"
 #include "hostd/ll_lease.h"
+#include "hostd/ll_hostd_metrics.h"
 #include "proto/ll_zframe.h"
 #include "store/ll_store.h"
 #include "base/ll_clock.h"
@@ -592,6 +593,8 @@ static json_t *s_stats(s_hostd_t *h)
                   ll_hostd_policy_busy_slots(h->policy), "leases",
                   ll_hostd_policy_nleases(h->policy), "waiting", waiting, "uptime_s",
                   (now - h->started) / 1000, "lease_list", leases, "users", users, "pools", pools);
+    if (h->lease)
+        json_object_set_new(st, "cluster_leases", ll_lease_ctx_stats(h->lease, ll_lease_now_ms()));
     json_object_set_new(st, "store_cap", json_integer((json_int_t) h->store_cap));
     json_object_set_new(st, "cuda", json_boolean(h->ngpu > 0));
     json_object_set_new(st, "devices", devs);
@@ -599,73 +602,6 @@ static json_t *s_stats(s_hostd_t *h)
     json_object_set_new(st, "gpu_via", json_string(h->gpus.via));
     json_object_set_new(st, "gpu_why", json_string(h->gpus.why));
     return st;
-}
-
-/* The Prometheus text of stats ST (borrowed); the caller frees it. */
-static char *s_prometheus(const json_t *st)
-{
-    char *out = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&out, &len);
-    if (!f)
-        return NULL;
-    json_t *users = json_object_get(st, "users"), *u;
-    size_t i;
-    long hits = 0, cold = 0;
-    fprintf(f,
-            "# HELP looseleaf_hostd_slots GPU slots the broker lends.\n"
-            "# TYPE looseleaf_hostd_slots gauge\nlooseleaf_hostd_slots %lld\n",
-            json_integer_value(json_object_get(st, "slots")));
-    fprintf(f,
-            "# HELP looseleaf_hostd_slots_held Slots lent to a pool (busy or warm).\n"
-            "# TYPE looseleaf_hostd_slots_held gauge\nlooseleaf_hostd_slots_held %lld\n",
-            json_integer_value(json_object_get(st, "busy_slots")));
-    fprintf(f,
-            "# HELP looseleaf_hostd_waiting_cells Cells waiting for a slot.\n"
-            "# TYPE looseleaf_hostd_waiting_cells gauge\nlooseleaf_hostd_waiting_cells %lld\n",
-            json_integer_value(json_object_get(st, "waiting")));
-    fprintf(f,
-            "# HELP looseleaf_hostd_store_cap_bytes Checkpoint store each user may hold (0: no "
-            "cap).\n# TYPE looseleaf_hostd_store_cap_bytes gauge\n"
-            "looseleaf_hostd_store_cap_bytes %lld\n",
-            json_integer_value(json_object_get(st, "store_cap")));
-    static const struct {
-        const char *key, *name, *type, *help;
-    } per_user[] = {
-        {"busy", "looseleaf_hostd_user_busy_slots", "gauge", "Slots running a cell."},
-        {"warm", "looseleaf_hostd_user_warm_slots", "gauge", "Slots held by an idle warm worker."},
-        {"waiting", "looseleaf_hostd_user_waiting_cells", "gauge", "Cells waiting for a slot."},
-        {"gpu_held_s", "looseleaf_hostd_user_gpu_held_seconds_total", "counter",
-         "Slot-seconds held (busy or warm)."},
-        {"gpu_busy_s", "looseleaf_hostd_user_gpu_busy_seconds_total", "counter",
-         "Slot-seconds running cells."},
-        {"grants", "looseleaf_hostd_user_grants_total", "counter", "Slots lent."},
-        {"revokes", "looseleaf_hostd_user_revokes_total", "counter", "Slots taken back."},
-    };
-    for (size_t k = 0; k < sizeof per_user / sizeof per_user[0]; k++) {
-        fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", per_user[k].name, per_user[k].help,
-                per_user[k].name, per_user[k].type);
-        json_array_foreach(users, i, u) {
-            json_t *v = json_object_get(u, per_user[k].key);
-            fprintf(f, "%s{uid=\"%lld\"} %g\n", per_user[k].name,
-                    json_integer_value(json_object_get(u, "uid")), json_number_value(v));
-        }
-    }
-    json_array_foreach(users, i, u) {
-        hits += (long) json_integer_value(json_object_get(u, "warm_hits"));
-        cold += (long) json_integer_value(json_object_get(u, "cold_starts"));
-    }
-    fprintf(f,
-            "# HELP looseleaf_hostd_warm_hits_total Cells that started on a warm worker.\n"
-            "# TYPE looseleaf_hostd_warm_hits_total counter\nlooseleaf_hostd_warm_hits_total %ld\n"
-            "# HELP looseleaf_hostd_cold_starts_total Cells that started on a fresh worker.\n"
-            "# TYPE looseleaf_hostd_cold_starts_total counter\n"
-            "looseleaf_hostd_cold_starts_total %ld\n"
-            "# HELP looseleaf_hostd_warm_hit_ratio Warm hits over cells started.\n"
-            "# TYPE looseleaf_hostd_warm_hit_ratio gauge\nlooseleaf_hostd_warm_hit_ratio %g\n",
-            hits, cold, hits + cold ? (double) hits / (double) (hits + cold) : 0.0);
-    fclose(f);
-    return out;
 }
 
 static void s_http_close(s_http_t *q)
@@ -715,7 +651,7 @@ static void s_http_input(s_hostd_t *h, int k)
     }
     bool metrics = strncmp(q->buf, "GET /metrics", 12) == 0;
     json_t *st = s_stats(h);
-    char *body = metrics ? s_prometheus(st) : NULL;
+    char *body = metrics ? ll_hostd_prometheus(st) : NULL;
     json_decref(st);
     size_t bl = body ? strlen(body) : 0;
     char head[256];
@@ -1140,7 +1076,7 @@ int ll_hostd_top_main(int argc, char **argv)
         return 1;
     }
     if (json || prom) {
-        char *s = json ? json_dumps(st, JSON_INDENT(1)) : s_prometheus(st);
+        char *s = json ? json_dumps(st, JSON_INDENT(1)) : ll_hostd_prometheus(st);
         printf("%s%s", s ? s : "", json ? "\n" : "");
         free(s);
         json_decref(st);
@@ -1156,6 +1092,13 @@ int ll_hostd_top_main(int argc, char **argv)
     json_int_t cap = json_integer_value(json_object_get(st, "store_cap"));
     if (cap)
         printf("checkpoint store: at most %lld MiB per user\n", (long long) (cap >> 20));
+    json_t *cl = json_object_get(st, "cluster_leases");
+    if (cl)
+        printf("cluster leases (this is host %s): %lld issued, %lld redeemed, %lld refused\n",
+               json_string_value(json_object_get(cl, "host")),
+               json_integer_value(json_object_get(cl, "issued")),
+               json_integer_value(json_object_get(cl, "redeemed")),
+               json_integer_value(json_object_get(cl, "refused")));
     json_t *sm;
     size_t k;
     if (json_is_true(json_object_get(st, "cuda"))) {

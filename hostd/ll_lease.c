@@ -50,8 +50,9 @@ struct ll_lease_ctx {
     char host[S_NAME];
     unsigned char key[LL_LEASE_KEY_MAX];
     size_t klen;
-    long long started; /* ms: leases issued before are refused */
-    s_seen_t *seen;    /* LL_LEASE_REPLAY_MAX entries */
+    long long started;                   /* ms: leases issued before are refused */
+    s_seen_t *seen;                      /* LL_LEASE_REPLAY_MAX entries */
+    long long issued, redeemed, refused; /* requests answered so (ll_lease_answer) */
 };
 
 /* The fields of a lease, checked for shape. */
@@ -306,6 +307,14 @@ ll_lease_ctx_t *ll_lease_ctx_setup(const char *config, const char *key_file, con
     return ctx;
 }
 
+json_t *ll_lease_ctx_stats(const ll_lease_ctx_t *ctx, long long now_ms)
+{
+    return json_pack("{s:s, s:I, s:I, s:I, s:i}", "host", ctx->host, "issued",
+                     (json_int_t) ctx->issued, "redeemed", (json_int_t) ctx->redeemed, "refused",
+                     (json_int_t) ctx->refused, "replay_cache",
+                     ll_lease_ctx_replay_count(ctx, now_ms));
+}
+
 static json_t *s_to_json(const s_lease_t *l)
 {
     char nonce[2 * S_NONCE + 1], sig[2 * S_SIG + 1];
@@ -532,8 +541,15 @@ json_t *ll_lease_answer(ll_lease_ctx_t *ctx, const json_t *m, unsigned caller,
         r = ll_lease_issue(ctx, m, caller, ll_lease_now_ms(), user, arg, line, llen);
     else
         r = ll_lease_redeem(ctx, m, caller, ll_lease_now_ms(), user, arg, line, llen);
-    if (!r)
+    if (!r) {
+        if (ctx)
+            ctx->refused++;
         return json_pack("{s:s, s:s}", "type", "error", "error", line);
+    }
+    if (issue)
+        ctx->issued++;
+    else
+        ctx->redeemed++;
     const json_t *l = r;
     if (issue)
         r = json_pack("{s:s, s:o}", "type", "lease", "lease", r);

@@ -46,6 +46,11 @@ const char *ll_lease_ctx_host(const ll_lease_ctx_t *ctx);
 /* Nonces in the replay cache now (expired ones not counted). */
 int ll_lease_ctx_replay_count(const ll_lease_ctx_t *ctx, long long now_ms);
 
+/* {host, issued, redeemed, refused, replay_cache}: what CTX did since it
+ * started and the live nonces it keeps (a new reference; `looseleaf top`,
+ * metrics). */
+json_t *ll_lease_ctx_stats(const ll_lease_ctx_t *ctx, long long now_ms);
+
 /* A user as this host's NSS knows it: NAME (NULL when the uid has none). */
 typedef const char *(*ll_lease_user_fn)(unsigned uid, void *arg);
 

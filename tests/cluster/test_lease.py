@@ -178,3 +178,27 @@ def test_operator_errors_are_clear(tmp_path):
     assert "host name 'bad name'" in hostd_refuses(["--cluster-config", str(conf)], tmp_path)
     conf.write_text(json.dumps({"host": "h1", "key_file": missing}))
     assert "No such file" in hostd_refuses(["--cluster-config", str(conf)], tmp_path)
+
+
+def top(sock, *args):
+    r = subprocess.run([LOOSELEAF, "top", "--socket", sock] + list(args), capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_top_and_metrics_count_leases(hostds):
+    before = {h: json.loads(top(hostds[h], "--json"))["cluster_leases"] for h in ("srv", "h1", "h2")}
+    assert before["h1"]["host"] == "h1" and before["srv"]["host"] == "srv"
+    lease = hostd.issue_lease(hostds["srv"], "h1", "r-count")
+    with pytest.raises(hostd.LeaseRefused):
+        hostd.redeem_lease(hostds["h2"], lease)
+    hostd.redeem_lease(hostds["h1"], lease)
+    after = {h: json.loads(top(hostds[h], "--json"))["cluster_leases"] for h in ("srv", "h1", "h2")}
+    assert after["srv"]["issued"] == before["srv"]["issued"] + 1
+    assert after["h1"]["redeemed"] == before["h1"]["redeemed"] + 1 and after["h1"]["replay_cache"] >= 1
+    assert after["h2"]["refused"] == before["h2"]["refused"] + 1
+    assert "cluster leases (this is host h1): " in top(hostds["h1"])
+    prom = top(hostds["h2"], "--prometheus")
+    assert 'looseleaf_hostd_cluster_leases_refused_total{host="h2"} %d' % after["h2"]["refused"] in prom, prom
+    assert "looseleaf_hostd_slots 2" in prom  # the broker's own metrics, as before
