@@ -87,11 +87,13 @@ def raylet_argv(c, ray="ray"):
 # -- top --cluster ----------------------------------------------------------------------------------------
 
 def _users(h):
-    return ", ".join("%s(%s)" % (u.get("name") or "uid %s" % u.get("uid"),
-                                 " ".join("%d %s" % (u.get(k, 0), k) for k in ("busy", "warm", "waiting")
-                                          if u.get(k))) if any(u.get(k) for k in ("busy", "warm", "waiting"))
-                     else (u.get("name") or "uid %s" % u.get("uid"))
-                     for u in h.get("users", []))
+    """HOST's users as `alice(2 busy) bob(1 warm 1 waiting)`."""
+    out = []
+    for u in h.get("users", []):
+        name = u.get("name") or "uid %s" % u.get("uid")
+        load = " ".join("%d %s" % (u[k], k) for k in ("busy", "warm", "waiting") if u.get(k))
+        out.append("%s(%s)" % (name, load) if load else name)
+    return " ".join(out)
 
 
 def render_table(status):
@@ -158,7 +160,8 @@ def _cluster(a):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="looseleaf cluster", description="The cluster administrator's commands (README, \"Cluster mode\").")
+    ap = argparse.ArgumentParser(prog="looseleaf cluster",
+                                 description="The cluster administrator's commands (README, \"Cluster mode\").")
     ap.add_argument("--config", default=None)
     sub = ap.add_subparsers(dest="cmd", required=True)
     k = sub.add_parser("keygen")
