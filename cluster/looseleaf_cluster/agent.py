@@ -39,7 +39,9 @@ class HostAgent:
         """The host as placement sees it (its broker's count, every user's leases included)."""
         st = hostd.stats(self.socket)
         snap = hostd.load(st)
-        snap.update(host=self.host, accepting=True, held=sorted(self.requests))
+        snap.update(host=self.host, accepting=True, held=sorted(self.requests),
+                    users=[{k: u.get(k) for k in ("uid", "name", "busy", "warm", "waiting")}
+                           for u in st.get("users", [])])
         return snap
 
     def acquire(self, request_id):
