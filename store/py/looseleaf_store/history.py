@@ -14,7 +14,7 @@ import collections
 import os
 
 # Superseded versions kept at most (bytes of pool regions and blobs no current version uses): LL_HISTORY_BYTES
-# (unset or "0": keep none; sizes as LL_STORE_POOL_BYTES: "2G", "512M"; "auto": the default below).
+# (unset or "auto": the default below; "0": keep none; sizes as LL_STORE_POOL_BYTES: "2G", "512M").
 _DEFAULT_SHARE = 4          # a quarter of the pool ...
 _DEFAULT_MAX = 4 << 30      # ... and at most 4 GiB
 _DEFAULT_VERSIONS = 1000    # superseded versions, whatever their size (LL_HISTORY_VERSIONS)
@@ -39,13 +39,10 @@ def parse_bytes(text):
 
 
 def budget_bytes(store=None):
-    """The session's history budget: LL_HISTORY_BYTES ("auto": a quarter of the pool, at most 4 GiB).
-    Unset: 0, no history.  Kept versions still count against a user's store cap (LL_STORE_USER_CAP, the
-    broker's) and do not yet give way to a save over the cap as they do to a full pool, so a capped user's
-    saves could fail for them: the history is opt-in until they do."""
-    env = os.environ.get("LL_HISTORY_BYTES", "").strip()
-    if not env:
-        return 0
+    """The session's history budget: LL_HISTORY_BYTES, unset or "auto": a quarter of the pool, at most 4 GiB;
+    "0": no history.  Kept versions never cost a save its room: a save into a full pool or over the user's
+    store cap drops the oldest first (store/ll_history.c, ll_history_relieve)."""
+    env = os.environ.get("LL_HISTORY_BYTES", "").strip() or "auto"
     if env != "auto":
         return parse_bytes(env)
     pool = 16 << 30
