@@ -419,6 +419,37 @@ static int s_put_check_backing(s_put_t *p)
     return 0;
 }
 
+/* After the copy: regions that could not be backed (the host's memory or the
+ * pool's tmpfs ran out, while the pool still had regions) may be backed once
+ * the history's old versions give their memory back, the oldest first, as
+ * many as hold that many regions: dropped, reclaimed, and their memory
+ * trimmed, then the copy into those regions is tried again.  Whatever is
+ * still unbacked then fails the put (s_put_check_backing). */
+static void s_put_retry_backing(s_put_t *p)
+{
+    ll_store_t *st = p->st;
+    size_t failed = 0;
+    for (size_t i = 0; i < p->n; i++)
+        failed += p->backerr[i] != 0;
+    if (!failed || p->tried_history)
+        return;
+    p->tried_history = true;
+    if (ll_history_relieve(st, failed, "pool") <= 0 || ll_store_gc_locked(st) <= 0) {
+        st->err[0] = 0;
+        st->errkind = LL_STORE_OK;
+        return;
+    }
+    ll_pool_trim(st->pool, 0); /* (what was reclaimed goes back to the host) */
+    size_t bytes = 0;
+    for (size_t i = 0; i < p->n; i++)
+        if (p->backerr[i]) {
+            p->backerr[i] = 0;
+            s_copy_hash(p, i); /* (one thread: a few regions, the host short of memory) */
+            bytes += s_chunk(p->len, i);
+        }
+    ll_debug("store", "put: backed %zu bytes again after the history gave way", bytes);
+}
+
 /* Copied first: a candidate whose fresh copy hashes as its base region is
  * shared after all, its copy given back.  Returns how many were. */
 static size_t s_put_settle(s_put_t *p)
@@ -532,6 +563,7 @@ char *ll_store_put(ll_store_t *st, const void *data, size_t len, const char *bas
     if (p.nwritten)
         s_parallel(p.n, p.nwritten, s_copy_hash, &p);
     ts3 = ll_clock_ms();
+    s_put_retry_backing(&p);
     if (s_put_check_backing(&p) != 0)
         goto out;
     size_t late_same = s_put_settle(&p);
