@@ -497,6 +497,28 @@ static void s_count_one(void *ctx, uint32_t idx, uint64_t gen)
 }
 
 /* Drop the items DROP[] of IT, remembering when and why (WHY, one word). */
+/* Whether a region of a kept version is one no current version uses (the
+ * version holds memory of its own). */
+typedef struct {
+    const s_cost_t *c;
+    bool own;
+} s_own_t;
+
+static void s_own_one(void *ctx, uint32_t idx, uint64_t gen)
+{
+    s_own_t *o = ctx;
+    if (idx < o->c->n && o->c->cur[idx] != gen)
+        o->own = true;
+}
+
+static bool s_holds_own(ll_store_t *st, const s_cost_t *c, const s_item_t *it)
+{
+    s_own_t o = {c, false};
+    if (it->prefs)
+        s_each_region(st, it->prefs->str, it->prefs->len, s_own_one, &o);
+    return o.own;
+}
+
 static int s_drop(ll_store_t *st, s_item_t *it, const size_t *drop, size_t ndrop, const char *why)
 {
     char *k_hist = ll_store_key(st, "hist", NULL), *k_hprefs = ll_store_key(st, "hprefs", NULL),
@@ -547,8 +569,9 @@ static int s_drop(ll_store_t *st, s_item_t *it, const size_t *drop, size_t ndrop
 /* What a prune keeps: the oldest superseded versions go until what the rest
  * hold fits BUDGET bytes and they number at most MAXKEPT, and until SHED
  * regions are no longer held by any of them (a save that needs room: then
- * versions that hold no region of their own are left alone, their going
- * would free nothing).  WHY is remembered with each dropped version:
+ * versions every region of which a current version uses are left alone,
+ * their going would free nothing; a region is never counted for a kept
+ * version while the current one uses it).  WHY is remembered with each dropped version:
  * "budget", "pool" (a save found the pool full) or "cap" (the user's cap). */
 typedef struct {
     size_t budget, maxkept, shed;
@@ -600,7 +623,9 @@ static int s_prune(ll_store_t *st, const s_keep_t *keep, s_buf_t *out)
         bool short_ = held - c.regions < keep->shed;
         if (!over && !short_)
             break;
-        if (it[i].current || (!over && !it[i].prefs))
+        /* (making room: a version all of whose regions the current ones use
+         * would free nothing, and is kept) */
+        if (it[i].current || (!over && !s_holds_own(st, &c, &it[i])))
             continue;
         superseded--;
         blobs -= it[i].bloblen;

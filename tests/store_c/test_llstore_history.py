@@ -251,3 +251,32 @@ def test_kept_versions_never_fail_a_save_that_fits_without_them(tmp_path, monkey
         assert k1[0].stats()["regions_used"] == 0
     finally:
         _close(k1, k2)
+
+
+def test_making_room_keeps_versions_that_hold_nothing_of_their_own(tmp_path, monkeypatch):
+    """A kept version whose regions the current version still uses (an incremental save that changed
+    nothing) costs no memory: a save at the cap never drops it for room, nor counts its regions twice; the
+    oldest version that does hold memory of its own goes instead.  Cap 40 MiB (20 regions): w (6 regions,
+    saved twice unchanged: its first version shares all 6), x twice (6 + 6: the first holds 6 of its own),
+    then a 4-region save needs 2 regions."""
+    monkeypatch.setenv("LL_STORE_LEDGER", str(tmp_path / "ledger"))
+    monkeypatch.setenv("LL_STORE_USER_CAP", "40M")
+    k = _owner(tmp_path, "hs", reserve_bytes=0)
+    st = k[0]
+    try:
+        history.enable(st)
+        w = np.full(6 * R, 3, np.uint8)
+        r1 = st.put_payload(w)
+        w1 = st.commit("c1", {"w": (b"w1", [r1], [])})["w"]
+        r2 = st.put_payload(w, base=r1)
+        assert r2.written == 0
+        w2 = st.commit("c2", {"w": (b"w2", [r2], [])})["w"]
+        _, x1 = commit_fill(st, "x", 6, 1, "c3")
+        _, x2 = commit_fill(st, "x", 6, 2, "c4")
+        _, y = commit_fill(st, "y", 4, 5, "c5")
+        kept, dropped = history.versions(st)
+        assert [(d[1], d[0], d[3]) for d in dropped] == [("x", x1, "cap")], (kept, dropped)
+        assert [(v.name, v.version) for v in kept] == [("w", w1), ("w", w2), ("x", x2), ("y", y)]
+        assert history.fetch(st, "w", w1)[1] == b"w1"
+    finally:
+        _close(k)
