@@ -373,6 +373,20 @@ static int s_idle(void *ctx)
     ll_store_t *st = ctx;
     if (pthread_mutex_trylock(&st->mu) != 0)
         return -1;
+    /* A save of the user (another session's, or a worker's of this one)
+     * waits at the cap: old versions this session's history keeps give way
+     * to it, oldest first, as many as bring the user's pools under the cap
+     * for it, and their regions are reclaimed and trimmed below, so that the
+     * ledger stops counting them. */
+    uint64_t excess = ll_quota_excess(st->quota, S_PRESSED_MS);
+    if (excess) {
+        ll_redis_begin_quiet(st->redis, S_IDLE_REDIS_MS);
+        /* (a drop makes the reclamation below due) */
+        if (ll_history_relieve(st, (size_t) ((excess + LL_STORE_R - 1) / LL_STORE_R), "cap") < 0)
+            ll_debug("store", "history at the cap: %s", st->err);
+        st->err[0] = 0;
+        st->errkind = LL_STORE_OK;
+    }
     if (ll_pool_gc_due(st->pool)) {
         ll_redis_begin_quiet(st->redis, S_IDLE_REDIS_MS);
         if (ll_store_gc_locked(st) < 0)
