@@ -458,6 +458,19 @@ def _proc_maps(pid):
         return f.read()
 
 
+def lab_tree_shows(variable):
+    """What JupyterLab 4's variables tree shows beside a variable's name (@jupyterlab/debugger's convertType):
+    the value of an int, float, bool or str (a str without its quotes when pydevd marks it rawString), the type
+    name of anything else."""
+    kind, value = variable.get("type"), variable["value"]
+    if kind in ("int", "float", "bool"):
+        return value
+    if kind == "str":
+        raw = "rawString" in (variable.get("presentationHint") or {}).get("attributes", [])
+        return value[1:-1] if raw else value
+    return kind if kind is not None else value
+
+
 def _gpu_session(jupyter_env):
     if os.path.isdir(jupyter_env["LOOSELEAF_POOL_DIR"]):
         os.chmod(jupyter_env["LOOSELEAF_POOL_DIR"], 0o700)  # the pool refuses a directory others may read
@@ -511,7 +524,8 @@ def test_gpu_cell_stops_in_its_worker(jupyter_env):
         # A tensor: device, shape and dtype in the value column; its expansion lists them; evaluate keeps repr.
         assert variables["t"]["type"] == "Tensor"
         assert variables["t"]["value"] == "Tensor(shape=(2, 3), dtype=torch.float32, device=cpu)"
-        children = {v["name"]: v["value"] for v in s.debug("variables", {
+        # Expanded in JupyterLab's variables tree (its default view), the fields read as text there.
+        children = {v["name"]: lab_tree_shows(v) for v in s.debug("variables", {
             "variablesReference": variables["t"]["variablesReference"]})["body"]["variables"]}
         assert (children["device"], children["shape"], children["dtype"]) == ("cpu", "(2, 3)", "torch.float32")
         assert children["numel"] == "6" and children["requires_grad"] == "False"
