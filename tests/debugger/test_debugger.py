@@ -33,6 +33,7 @@ class Session:
         self.km, self.kc = start_new_kernel(kernel_name=kernel_name, startup_timeout=TIMEOUT)
         self.seq = 0
         self.pending = []  # iopub debug_events not consumed yet
+        self.event_parents = []  # (event, its parent's msg_type) of every debug_event seen, in order
 
     def close(self):
         self.kc.stop_channels()
@@ -64,7 +65,11 @@ class Session:
         except queue.Empty:
             return
         if msg["msg_type"] == "debug_event":
-            self.pending.append(msg["content"])
+            self._event(msg)
+
+    def _event(self, msg):
+        self.pending.append(msg["content"])
+        self.event_parents.append((msg["content"].get("event"), msg["parent_header"].get("msg_type")))
 
     def wait_running(self, msg_id):
         """Until the cell MSG_ID has started (its execute_input), and a moment more so its loop runs."""
@@ -75,7 +80,7 @@ class Session:
             except queue.Empty:
                 continue
             if msg["msg_type"] == "debug_event":
-                self.pending.append(msg["content"])
+                self._event(msg)
             elif msg["msg_type"] == "execute_input" and msg["parent_header"].get("msg_id") == msg_id:
                 time.sleep(0.5)  # not a timing assertion: a pause earlier would stop on an earlier line
                 return
@@ -792,3 +797,48 @@ def test_pause_and_breakpoint_set_while_running(jupyter_env):
     assert [e["body"]["reason"] for e in t["stopped at the new breakpoint"]
             if e["event"] == "stopped"] == ["breakpoint"]
     assert t["reply"] == "ok"
+
+
+def _stop_once(s, code, line):
+    """A breakpoint on LINE of CODE, the cell run to it, continued and ended: the (event, parent msg_type) of
+    the debug_events seen from the stop on."""
+    path = s.debug("dumpCell", {"code": code})["body"]["sourcePath"]
+    s.debug("setBreakpoints", {"source": {"path": path}, "breakpoints": [{"line": line}], "sourceModified": False})
+    s.debug("configurationDone")
+    first = len(s.event_parents)
+    msg_id = s.execute(code)
+    (stop,) = [e for e in s.wait_event("stopped") if e["event"] == "stopped"]
+    thread = stop["body"]["threadId"]
+    s.debug("stackTrace", {"threadId": thread})
+    s.debug("next", {"threadId": thread})
+    s.wait_event("stopped")
+    s.debug("continue", {"threadId": thread})
+    assert s.shell_reply(msg_id)["content"]["status"] == "ok"
+    return s.event_parents[first:]
+
+
+STEP_CELL = "a = 5\nb = a + 1\nc = b * 2\n"  # stopped on b's line, then next to c's
+
+
+@pytest.mark.parametrize("kernel,code", [("python3", STEP_CELL), ("looseleaf", STEP_CELL),
+                                         ("looseleaf", "%%gpu\n" + STEP_CELL)],
+                         ids=["ipykernel", "looseleaf-cpu", "looseleaf-gpu"])
+def test_debug_events_answer_the_control_request(jupyter_env, kernel, code):
+    """debug_events go out under the last debug_request (control), as ipykernel's do, never under the running
+    cell's execute_request: JupyterLab takes any iopub message of an execute_request, while it knows no stopped
+    thread, as the sign to refresh the variable explorer from inspectVariables (the kernel's globals), so a
+    `stopped` event under the cell made it race the stopped frame's own variables (a GPU cell's panel could end
+    up with the kernel's namespace instead of the worker's frame)."""
+    if kernel == "looseleaf":
+        s = _gpu_session(jupyter_env)
+    else:
+        s = Session(kernel)
+        s.debug("initialize", {"clientID": "jupyterlab", "adapterID": "python", "pathFormat": "path",
+                               "linesStartAt1": True, "columnsStartAt1": True, "supportsVariableType": True})
+        assert s.debug("attach")["success"]
+    try:
+        seen = _stop_once(s, code, code.split("\n").index("b = a + 1") + 1)
+        assert [e for e, _ in seen].count("stopped") == 2, seen
+        assert {p for e, p in seen if e in ("stopped", "continued")} == {"debug_request"}, seen
+    finally:
+        s.close()
