@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import zlib
 
 from looseleaf_cluster import AGENT_PREFIX, HOST_LABEL, RAY_NAMESPACE, SLOT_RESOURCE, hostd
 
@@ -36,7 +37,7 @@ class HostAgent:
         self.lock = threading.Lock()  # the lease connection is one request at a time
         self.lease = hostd.Lease(hostd_socket, self.nslots)
         self.requests = {}  # request id -> broker slot
-        self.relays = {}  # uid -> {"proc", "info"}: each user's relay on this host (relay.py)
+        self.relays = {}  # (uid, python) -> {"proc", "info"}: each user's relay on this host (relay.py)
 
     def info(self):
         return {"host": self.host, "node_id": self.node_id, "pid": os.getpid(), "slots": self.nslots,
@@ -61,12 +62,17 @@ class HostAgent:
             self.requests[request_id] = slot
             return {"host": self.host, "slot": slot}
 
-    def relay(self, user, lease=None):
+    def relay(self, user, lease=None, python=None):
         """The relay (relay.py) carrying USER's cells to USER's host pool on this host, started as USER
-        when none runs: {host, addr, port, token}.  The token goes only through Ray (token-authenticated)."""
+        when none runs: {host, addr, port, token}.  The token goes only through Ray (token-authenticated).
+        PYTHON: the kernel's Python environment (LOOSELEAF_PYTHON), which the pool's zygotes and workers
+        here must run too (the same path on every host, as the same users are); None: the build's."""
         pw = authorize_remote_user(self.host, user, lease)
+        if python and not os.access(python, os.X_OK):
+            raise RuntimeError("the kernel's Python %s is not on host %s" % (python, self.host))
+        key = (pw.pw_uid, python or "")
         with self.lock:
-            r = self.relays.get(pw.pw_uid)
+            r = self.relays.get(key)
             if r is not None and r["proc"].poll() is None:
                 return dict(r["info"])
             import ray
@@ -74,11 +80,16 @@ class HostAgent:
             token = secrets.token_hex(32)
             # The user's host pool here: its own runtime dir per host (hosts may share a file system).
             rdir = os.path.join(os.environ.get("LL_REMOTE_POOL_ROOT") or tempfile.gettempdir(),
-                                "looseleaf-pool-%d-%s" % (pw.pw_uid, self.host))
+                                "looseleaf-pool-%d-%s%s" % (pw.pw_uid, self.host,
+                                                            "-%08x" % zlib.crc32(python.encode()) if python else ""))
             env = {k: v for k, v in os.environ.items()
                    if not k.startswith(("RAY_", "LOOSELEAF_CLUSTER")) and k not in ("USER", "LOGNAME", "HOME")}
-            env.update(HOME=pw.pw_dir, USER=pw.pw_name, LOGNAME=pw.pw_name, LL_HOSTD_SOCKET=self.socket)
+            # LL_STORE_FOREIGN_HOST: the workers here never make a session's payload pool anew (store/ll_store.c).
+            env.update(HOME=pw.pw_dir, USER=pw.pw_name, LOGNAME=pw.pw_name, LL_HOSTD_SOCKET=self.socket,
+                       LL_STORE_FOREIGN_HOST=self.host)
             env.setdefault("LL_POOL_WARM_IDLE_S", "300")  # as a local kernel starts its pool
+            if python:
+                env["LOOSELEAF_PYTHON"] = python
             kw = {}
             if os.geteuid() != pw.pw_uid:
                 kw = dict(user=pw.pw_uid, group=pw.pw_gid, extra_groups=os.getgrouplist(pw.pw_name, pw.pw_gid))
@@ -97,7 +108,7 @@ class HostAgent:
                 proc.wait()
                 raise RuntimeError("the relay for %s on %s did not start: %r" % (user, self.host, line))
             info = {"host": self.host, "addr": addr, "port": port, "token": token, "pid": proc.pid}
-            self.relays[pw.pw_uid] = {"proc": proc, "info": info}
+            self.relays[key] = {"proc": proc, "info": info}
             return dict(info)
 
     def release(self, request_id):

@@ -146,7 +146,7 @@ class ClusterPool:
 
     def relay_of(self, host):
         """(addr, port, token) of the user's relay on HOST (started by its agent when none runs)."""
-        info = self.ray().call(host, "relay", self.user, None)
+        info = self.ray().call(host, "relay", self.user, None, os.environ.get("LOOSELEAF_PYTHON") or None)
         return info["addr"], int(info["port"]), info["token"]
 
 
@@ -200,6 +200,7 @@ class KernelConn:
         self.links = {}  # host -> HostLink
         self.jobs = {}  # id -> {"host", "session", "kind"}
         self.homes = {}  # session -> host of its warm worker
+        self.held = {}  # session -> (host, {pid}): its workers holding values no store holds (reply "home")
         self.last_host = None
 
     def to_kernel(self, msg):
@@ -220,7 +221,7 @@ class KernelConn:
         return ln
 
     # -- kernel -> hosts ------------------------------------------------
-    def _fail(self, m, ename, evalue):
+    def _fail(self, m, ename, evalue, host=None):
         kind = m.get("type")
         if kind == "prefetch":
             self.to_kernel({"type": "prefetched", "id": m.get("id"), "ok": False, "skipped": evalue})
@@ -229,7 +230,7 @@ class KernelConn:
                         "content": {"status": "error", "ename": ename, "evalue": evalue, "traceback": [
                             "\x1b[0;31m%s\x1b[0m: %s" % (ename, evalue)],
                             "execution_count": m.get("execution_count")},
-                        "metadata": {"looseleaf": {"route": "gpu", "host": None, "cluster_error": evalue}}})
+                        "metadata": {"looseleaf": {"route": "gpu", "host": host, "cluster_error": evalue}}})
 
     def submit(self, m):
         session = m.get("session")
@@ -291,6 +292,13 @@ class KernelConn:
                     self.homes[job["session"]] = ln.host
                 elif job and self.homes.get(job["session"]) == ln.host:
                     del self.homes[job["session"]]
+            if job and isinstance(ll, dict) and isinstance(ll.get("home"), dict):
+                pids = {v.get("pid") for v in ll["home"].values() if isinstance(v, dict) and v.get("pid")}
+                with self.lock:
+                    if pids:
+                        self.held[job["session"]] = (ln.host, pids)
+                    else:
+                        self.held.pop(job["session"], None)
             if isinstance(ll, dict):
                 ll["host"] = ln.host
                 if job:
@@ -304,7 +312,11 @@ class KernelConn:
         self.to_kernel(m)
 
     def host_lost(self, ln, why):
-        """HOST's connection broke: its cells end with HostGone; its sessions lose their home there."""
+        """HOST's connection broke (the host, or its relay, died): its cells end with HostGone naming it,
+        its sessions lose their home there, and the kernel hears that the workers holding values no store
+        holds are gone (``worker_gone``, as a host pool says it), so reading such a value raises
+        LostVariable naming the host instead of a NameError."""
+        at = time.strftime("%H:%M:%S")
         with self.lock:
             if self.links.get(ln.host) is ln:
                 del self.links[ln.host]
@@ -313,18 +325,19 @@ class KernelConn:
                 del self.jobs[i]
             for s in [s for s, h in self.homes.items() if h == ln.host]:
                 del self.homes[s]
-        if not lost:
-            return
-        detail = ""
-        try:
-            st = {h["host"]: h for h in self.pool.ray().status()}
-            detail = st.get(ln.host, {}).get("gone", "")
-        except Exception:  # noqa: BLE001 - the message names the host either way
-            pass
-        msg = ("GPU host %s is gone while the cell ran there (%s); the session continues from the last "
-               "committed versions of its variables" % (ln.host, detail or why or "its connection broke"))
+            held = [(s, pids) for s, (h, pids) in self.held.items() if h == ln.host]
+            for s, _ in held:
+                del self.held[s]
+        log.warning("GPU host %s is gone (%s): %d cell(s) lost", ln.host, why, len(lost))
+        for session, pids in held:
+            for pid in sorted(pids):
+                self.to_kernel({"type": "worker_gone", "pid": pid, "session": session,
+                                "why": "which was on GPU host %s, gone at %s" % (ln.host, at)})
+        msg = ("GPU host %s is gone while the cell ran there (its connection broke at %s: %s); the session "
+               "continues from the last committed versions of its variables" % (
+                   ln.host, at, why or "end of stream"))
         for i, j in lost:
-            self._fail({"type": j["kind"], "id": i}, "HostGone", msg)
+            self._fail({"type": j["kind"], "id": i}, "HostGone", msg, ln.host)
 
     def serve(self):
         try:
@@ -398,6 +411,8 @@ def main(argv=None):
     os.chmod(path, 0o600)
     srv.listen(64)
     pool = ClusterPool(a.address)
+    # Connecting to Ray takes seconds: done now, while the user writes the first GPU cell.
+    threading.Thread(target=pool.ray, daemon=True).start()
     log.info("cluster pool for %s on %s, Ray head %s", pool.user, d, a.address)
     if w is not None:
         os.write(w, b"1")

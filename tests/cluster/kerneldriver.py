@@ -4,6 +4,8 @@ Run as a script in the server namespace (``ip netns exec``), reading JSON comman
 and answering each with one JSON line:
     {"op": "start", "name": KERNELSPEC, "env": {...}}    -> {"kernel": K}
     {"op": "exec", "kernel": K, "code": CODE}             -> {"status", "reply_md", "outputs": [...]}
+    {"op": "send", "kernel": K, "code": CODE}             -> {"msg_id"}
+    {"op": "collect", "kernel": K, "msg_id": M}           -> as exec, for that request
     {"op": "stop", "kernel": K}                           -> {}
 Outputs are what a notebook shows, normalised for comparison between kernels: ["stream", name, text],
 ["result", text/plain], ["display", text/plain], ["error", ename, evalue].
@@ -22,8 +24,10 @@ from jupyter_client import KernelManager
 REPLY_TIMEOUT = 180
 
 
-def run_cell(kc, code):
-    msg_id = kc.execute(code)
+def run_cell(kc, code=None, msg_id=None):
+    """CODE's (or the sent request MSG_ID's) reply and outputs."""
+    if msg_id is None:
+        msg_id = kc.execute(code)
     deadline = time.monotonic() + REPLY_TIMEOUT
     reply = None
     outputs = []
@@ -86,6 +90,10 @@ def main():
                 out = {"kernel": k, "pid": km.provisioner.process.pid}
             elif cmd["op"] == "exec":
                 out = run_cell(kernels[cmd["kernel"]][1], cmd["code"])
+            elif cmd["op"] == "send":  # the reply is collected later (the test acts meanwhile)
+                out = {"msg_id": kernels[cmd["kernel"]][1].execute(cmd["code"])}
+            elif cmd["op"] == "collect":
+                out = run_cell(kernels[cmd["kernel"]][1], msg_id=cmd["msg_id"])
             elif cmd["op"] == "stop":
                 km, kc = kernels.pop(cmd["kernel"])
                 kc.stop_channels()

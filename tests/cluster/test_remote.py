@@ -7,6 +7,7 @@ Own module, own cluster (conftest's fixture is per module): test_cluster.py leav
 run in order and share the kernels."""
 import json
 import os
+import signal
 import subprocess
 
 import pytest
@@ -72,7 +73,7 @@ def kernels(cluster, driver):
           "ref": driver.call(op="start", name="python3")["kernel"]}
     REF[0] = ks["ref"]
     yield ks
-    for k in ks.values():
+    for k in ks.values():  # (a test may have stopped one: it pops it)
         driver.call(op="stop", kernel=k)
 
 
@@ -91,6 +92,17 @@ def host_of(r):
 
 def in_namespace(cluster, host, pid):
     return pid in clusterhelp.Cluster.pids(cluster.ns(host))
+
+
+def pool_logs(cluster):
+    """The tails of the pools' logs (the cluster pool's, the hosts' pools'), for a failure's message."""
+    out = []
+    for root, _, files in os.walk(cluster.dir):
+        for f in files:
+            if f == "pool.log":
+                with open(os.path.join(root, f), errors="replace") as fh:
+                    out.append("== %s\n%s" % (os.path.join(root, f), fh.read()[-3000:]))
+    return "\n".join(out)
 
 
 def busy_slots(cluster, host):
@@ -154,13 +166,20 @@ def test_cells_pack_onto_the_fullest_host(cluster, driver, kernels):
 
 
 def test_next_cell_on_another_host_sees_its_variables(cluster, driver, kernels):
-    """The session's host is taken by a local user (its warm worker evicted by that host's broker): the
-    session's next cells run on another host, restore what the earlier cells committed, commit what they
-    change, and the kernel (CPU cell) sees it: same outputs as ipykernel."""
+    """The session's home host fills with a local user's cells and its warm worker there is gone (killed:
+    an OOM kill, say): the session's next cells run on another host, restore what the earlier cells
+    committed, commit what they change, and the kernel (CPU cell) sees it: same outputs as ipykernel."""
     r = gpu(driver, kernels["ll"], "%%gpu\nx")
     home = host_of(r)
-    holder = Holder(cluster, home, cluster.slots)  # every slot of the home: the broker takes ours back
+    warm_pid = r["reply_md"]["looseleaf"]["worker_pid"]
+    driver.call(op="stop", kernel=kernels.pop("ll2"))  # its warm worker on the home leaves with it
+    clusterhelp.wait_for(lambda: busy_slots(cluster, home) == 1, 60, "the other session's lease on %s" % home)
+    holders = [Holder(cluster, home, cluster.slots - 1)]
     try:
+        os.kill(warm_pid, signal.SIGKILL)
+        clusterhelp.wait_for(lambda: busy_slots(cluster, home) == cluster.slots - 1, 60,
+                             "the killed warm worker's lease on %s" % home)
+        holders.append(Holder(cluster, home, 1))  # the home is full: no slot, no warm worker of ours
         for code in CELLS_2:
             r = gpu(driver, kernels["ll"], code)
             ref = gpu(driver, kernels["ref"], code)
@@ -171,4 +190,41 @@ def test_next_cell_on_another_host_sees_its_variables(cluster, driver, kernels):
                 assert h in cluster.hosts and h != home, (home, r["reply_md"])
                 assert in_namespace(cluster, h, r["reply_md"]["looseleaf"]["worker_pid"])
     finally:
-        holder.close()
+        for h in holders:
+            h.close()
+
+
+def test_host_killed_mid_cell(cluster, driver, kernels):
+    """Last (it leaves a host dead).  The host running a session's cell dies (its namespace: raylet, hostd,
+    relay, pool, workers): the cell ends in HostGone naming the host, the session's next cell runs on another
+    host from the last committed versions (same outputs as ipykernel), and a value whose only copy was in a
+    worker on the dead host (a generator: no store holds it) raises LostVariable naming the host."""
+    ll, ref = kernels["ll"], kernels["ref"]
+    code = "%%gpu\ngen = (i * i for i in range(5))\nnext(gen)"
+    r = gpu(driver, ll, code)
+    assert r["status"] == "ok" and r["outputs"] == gpu(driver, ref, code)["outputs"], r
+    home = host_of(r)
+    assert "gen" in r["reply_md"]["looseleaf"].get("home", {}), r["reply_md"]  # it lives only there
+    mark = os.path.join(cluster.dir, "mid-cell.pid")
+    sent = driver.call(op="send", kernel=ll, code="%%gpu\nimport os, time\n" + (
+        "with open(%r, 'w') as f:\n    f.write(str(os.getpid()))\n" % mark) +
+        "print('started', flush=True)\ntime.sleep(300)")
+    try:
+        pid = int(clusterhelp.wait_for(lambda: os.path.exists(mark) and open(mark).read(), 120,
+                                       "the cell to start"))
+    except AssertionError as e:
+        raise AssertionError("%s\n%s" % (e, pool_logs(cluster))) from None
+    assert in_namespace(cluster, home, pid), (home, pid)
+    cluster.kill_host(home)
+    r = driver.call(op="collect", kernel=ll, msg_id=sent["msg_id"])
+    assert r["status"] == "error" and r["reply"]["ename"] == "HostGone", r
+    assert "GPU host %s is gone" % home in r["reply"]["evalue"], r
+    assert any(o[0] == "error" and o[1] == "HostGone" for o in r["outputs"]), r
+    # The session goes on elsewhere from its last committed versions.
+    for code in ("%%gpu\nprint(x, names, conf)\nx", "print(x + 1)"):
+        r = gpu(driver, ll, code)
+        assert r["status"] == "ok" and r["outputs"] == gpu(driver, ref, code)["outputs"], r
+    assert host_of(gpu(driver, ll, "%%gpu\nx")) not in (home, None)
+    r = gpu(driver, ll, "%%gpu\nnext(gen)")
+    assert r["status"] == "error" and r["reply"]["ename"] == "LostVariable", r
+    assert "GPU host %s" % home in r["reply"]["evalue"], r
