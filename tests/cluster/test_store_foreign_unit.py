@@ -91,3 +91,43 @@ def test_foreign_host_never_replaces_the_kernels_pool(store_dir):
     assert record.encode() in redis_cmd(sock, password, "GET", "ll:%s:pool" % session)
     out = open_store(d, session, sock, delete=True)
     assert out.startswith("opened"), out
+
+
+TCP = """
+import sys
+sys.path.insert(0, %r)
+import _llstore
+try:
+    st = _llstore.Store(sys.argv[1], sys.argv[2], redis_url=sys.argv[3])
+    st.commit("c1", {"x": (b"blob-x", [], [])})
+    print("ok", st.fetch(["x"])["x"][1].decode())
+    st.delete_session()
+    st.close()
+except _llstore.StoreError as e:
+    print("error", e)
+""" % BUILD_PY
+
+
+def test_redis_over_tcp_with_the_acl_password(store_dir):
+    """How a worker on a GPU host reaches the kernel's private Redis: the cluster pool's forward of its unix
+    socket on a TCP address, logged in as its ACL user with the password in the URL, which no message
+    repeats."""
+    sys.path.insert(0, os.path.join(REPO, "cluster"))
+    from looseleaf_cluster.remote import RedisForward
+    d, sock = store_dir
+    fw = RedisForward(sock, "127.0.0.1")
+    try:
+        def run(url):
+            r = subprocess.run([PYTHON, "-c", TCP, d, "s-tcp-%d" % os.getpid(), url], capture_output=True,
+                               text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+            return r.stdout.strip()
+        assert run(fw.url()) == "ok blob-x"
+        wrong = fw.url().replace(fw.password, "not-the-password-42")
+        out = run(wrong)
+        assert out.startswith("error") and "cannot log in" in out, out
+        assert "not-the-password-42" not in out and fw.password not in out, out
+    finally:
+        fw.close()
+        for f in glob.glob("/dev/shm/looseleaf-%d-*-s-tcp-%d.pool" % (os.getuid(), os.getpid())):
+            os.unlink(f)
