@@ -6,6 +6,7 @@ and answering each with one JSON line:
     {"op": "exec", "kernel": K, "code": CODE}             -> {"status", "reply_md", "outputs": [...]}
     {"op": "send", "kernel": K, "code": CODE}             -> {"msg_id"}
     {"op": "collect", "kernel": K, "msg_id": M}           -> as exec, for that request
+    {"op": "interrupt", "kernel": K}                      -> {}  (as the frontend's interrupt button)
     {"op": "stop", "kernel": K}                           -> {}
 Outputs are what a notebook shows, normalised for comparison between kernels: ["stream", name, text],
 ["result", text/plain], ["display", text/plain], ["error", ename, evalue].
@@ -92,6 +93,9 @@ def main():
                 out = run_cell(kernels[cmd["kernel"]][1], cmd["code"])
             elif cmd["op"] == "send":  # the reply is collected later (the test acts meanwhile)
                 out = {"msg_id": kernels[cmd["kernel"]][1].execute(cmd["code"])}
+            elif cmd["op"] == "interrupt":
+                kernels[cmd["kernel"]][0].interrupt_kernel()
+                out = {}
             elif cmd["op"] == "collect":
                 out = run_cell(kernels[cmd["kernel"]][1], msg_id=cmd["msg_id"])
             elif cmd["op"] == "stop":

@@ -194,6 +194,30 @@ def test_next_cell_on_another_host_sees_its_variables(cluster, driver, kernels):
             h.close()
 
 
+def send_marked(driver, kernel, mark, body="print('started', flush=True)\ntime.sleep(300)"):
+    """Send a GPU cell that writes its worker's pid to MARK, then runs BODY; its msg_id and the pid."""
+    sent = driver.call(op="send", kernel=kernel, code="%%gpu\nimport os, time\n" + (
+        "with open(%r, 'w') as f:\n    f.write(str(os.getpid()))\n" % mark) + body)
+    pid = int(clusterhelp.wait_for(lambda: os.path.exists(mark) and open(mark).read(), 120,
+                                   "the cell to start"))
+    return sent["msg_id"], pid
+
+
+def test_interrupt_reaches_the_remote_worker(cluster, driver, kernels):
+    """The frontend's interrupt (a signal to the kernel) reaches the worker on the GPU host: the cell ends in
+    KeyboardInterrupt there, and the session's next cell runs on."""
+    mark = os.path.join(cluster.dir, "interrupt.pid")
+    msg_id, pid = send_marked(driver, kernels["ll"], mark)
+    assert any(in_namespace(cluster, h, pid) for h in cluster.hosts), pid
+    driver.call(op="interrupt", kernel=kernels["ll"])
+    r = driver.call(op="collect", kernel=kernels["ll"], msg_id=msg_id)
+    assert r["status"] == "error" and r["reply"]["ename"] == "KeyboardInterrupt", r
+    assert r["outputs"][0] == ["stream", "stdout", "started\n"], r
+    assert host_of(r) in cluster.hosts and in_namespace(cluster, host_of(r), pid), r["reply_md"]
+    r = gpu(driver, kernels["ll"], "%%gpu\nx")
+    assert r["status"] == "ok" and r["outputs"] == [["result", "42"]], r
+
+
 def test_host_killed_mid_cell(cluster, driver, kernels):
     """Last (it leaves a host dead).  The host running a session's cell dies (its namespace: raylet, hostd,
     relay, pool, workers): the cell ends in HostGone naming the host, the session's next cell runs on another
@@ -205,18 +229,13 @@ def test_host_killed_mid_cell(cluster, driver, kernels):
     assert r["status"] == "ok" and r["outputs"] == gpu(driver, ref, code)["outputs"], r
     home = host_of(r)
     assert "gen" in r["reply_md"]["looseleaf"].get("home", {}), r["reply_md"]  # it lives only there
-    mark = os.path.join(cluster.dir, "mid-cell.pid")
-    sent = driver.call(op="send", kernel=ll, code="%%gpu\nimport os, time\n" + (
-        "with open(%r, 'w') as f:\n    f.write(str(os.getpid()))\n" % mark) +
-        "print('started', flush=True)\ntime.sleep(300)")
     try:
-        pid = int(clusterhelp.wait_for(lambda: os.path.exists(mark) and open(mark).read(), 120,
-                                       "the cell to start"))
+        msg_id, pid = send_marked(driver, ll, os.path.join(cluster.dir, "mid-cell.pid"))
     except AssertionError as e:
         raise AssertionError("%s\n%s" % (e, pool_logs(cluster))) from None
     assert in_namespace(cluster, home, pid), (home, pid)
     cluster.kill_host(home)
-    r = driver.call(op="collect", kernel=ll, msg_id=sent["msg_id"])
+    r = driver.call(op="collect", kernel=ll, msg_id=msg_id)
     assert r["status"] == "error" and r["reply"]["ename"] == "HostGone", r
     assert "GPU host %s is gone" % home in r["reply"]["evalue"], r
     assert any(o[0] == "error" and o[1] == "HostGone" for o in r["outputs"]), r
