@@ -328,8 +328,23 @@ static int s_parse_url(ll_redis_t *r, const char *url, char *err, size_t errlen)
     } else if (strncmp(url, "redis://", 8) == 0) {
         const char *hp = url + 8;
         const char *at = strrchr(hp, '@');
-        if (at)
+        if (at) {
+            /* redis://looseleaf:PASSWORD@host:port: a kernel's Redis reached
+             * over TCP from another host (cluster mode: the password of its
+             * ACL user, the only user it has).  The URL kept for messages
+             * leaves it out. */
+            const char *colon_pw = memchr(hp, ':', (size_t) (at - hp));
+            if (colon_pw && colon_pw + 1 < at) {
+                free(r->password);
+                r->password = strndup(colon_pw + 1, (size_t) (at - colon_pw - 1));
+            }
+            char *redacted = NULL;
+            if (asprintf(&redacted, "redis://%s", at + 1) > 0) {
+                free(r->url);
+                r->url = redacted;
+            }
             hp = at + 1;
+        }
         const char *colon = strrchr(hp, ':');
         size_t hl = colon ? (size_t) (colon - hp) : strcspn(hp, "/");
         r->host = strndup(hp, hl);

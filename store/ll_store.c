@@ -258,6 +258,23 @@ static int s_attach_pool(ll_store_t *st, const char *want, const char *default_p
                 snprintf(err, errlen, "%s", e2);
                 break;
             }
+            /* A worker on another host than the kernel's (cluster mode: its
+             * host's agent sets LL_STORE_FOREIGN_HOST) never makes the
+             * session's pool anew: the recorded one is the kernel's, alive
+             * on its own host, and replacing the record would cut the
+             * kernel off its payloads.  Until payloads move between hosts
+             * (README "Cluster mode"), such a worker can use the session's
+             * store only where it reaches the kernel's pool. */
+            const char *foreign = getenv("LL_STORE_FOREIGN_HOST");
+            if (foreign && *foreign) {
+                snprintf(err, errlen,
+                         "the payload pool of session %s (%s) is not reachable from GPU host %s "
+                         "(%s): moving payloads between hosts is not done yet",
+                         st->session, rec_path, foreign, pool ? "another pool is there now" : e2);
+                if (pool)
+                    ll_pool_destroy(&pool);
+                break;
+            }
             ll_warn("store", "session %s: pool %s is gone (%s); payloads saved in it are lost",
                     st->session, rec_path, pool ? "recreated" : e2);
         }
