@@ -116,6 +116,14 @@ static int s_tcp_credentials(ll_redis_t *r, char *err, size_t errlen)
 {
     const char *user = getenv("LL_REDIS_USER"), *file = getenv("LL_REDIS_PASSWORD_FILE");
     const char *pass = getenv("LL_REDIS_PASSWORD");
+    if (r->password) {
+        /* The URL's own USER:PASSWORD@ (a cluster-mode kernel's Redis
+         * forward names its ACL user): it is for this server, the
+         * environment's login is not. */
+        if (!r->user)
+            r->user = strdup("default");
+        return 0;
+    }
     if (file && *file) {
         int fd = open(file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
         struct stat st;
@@ -337,6 +345,10 @@ static int s_parse_url(ll_redis_t *r, const char *url, char *err, size_t errlen)
             if (colon_pw && colon_pw + 1 < at) {
                 free(r->password);
                 r->password = strndup(colon_pw + 1, (size_t) (at - colon_pw - 1));
+                if (colon_pw > hp) {
+                    free(r->user);
+                    r->user = strndup(hp, (size_t) (colon_pw - hp));
+                }
             }
             char *redacted = NULL;
             if (asprintf(&redacted, "redis://%s", at + 1) > 0) {
