@@ -29,9 +29,8 @@
  * directory), where this connection finds it.  A Redis over TCP (the
  * cluster's, shared across hosts) is logged in to as the ACL user and
  * password the environment names: LL_REDIS_USER, and LL_REDIS_PASSWORD_FILE
- * (a file of ours closed to others) or LL_REDIS_PASSWORD; else the
- * URL's user and password (redis://USER:PASS@HOST:PORT, the URL kept for
- * messages without them).
+ * (a file of ours closed to others) or LL_REDIS_PASSWORD; never from the
+ * URL, which error messages quote.
  *
  * The self-test at the bottom starts a throwaway server in a temp dir and
  * drives connect, reconnect (after a cut connection and after the server
@@ -117,20 +116,14 @@ static int s_tcp_credentials(ll_redis_t *r, char *err, size_t errlen)
 {
     const char *user = getenv("LL_REDIS_USER"), *file = getenv("LL_REDIS_PASSWORD_FILE");
     const char *pass = getenv("LL_REDIS_PASSWORD");
-    /* No credentials in the environment but some in the URL (a kernel's own
-     * Redis handed to a worker on another host, redis://USER:PASS@...: its
-     * ACL user by default): the URL's stand. */
-    if (!(user && *user) && !(file && *file) && !(pass && *pass) && r->password) {
-        if (!r->user && !(r->user = strdup(S_USER))) {
-            snprintf(err, errlen, "out of memory");
-            return -1;
-        }
+    if (r->password) {
+        /* The URL's own USER:PASSWORD@ (a cluster-mode kernel's Redis
+         * forward names its ACL user): it is for this server, the
+         * environment's login is not. */
+        if (!r->user)
+            r->user = strdup("default");
         return 0;
     }
-    free(r->password);
-    r->password = NULL;
-    free(r->user);
-    r->user = NULL;
     if (file && *file) {
         int fd = open(file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
         struct stat st;
@@ -352,8 +345,10 @@ static int s_parse_url(ll_redis_t *r, const char *url, char *err, size_t errlen)
             if (colon_pw && colon_pw + 1 < at) {
                 free(r->password);
                 r->password = strndup(colon_pw + 1, (size_t) (at - colon_pw - 1));
-                free(r->user);
-                r->user = colon_pw > hp ? strndup(hp, (size_t) (colon_pw - hp)) : NULL;
+                if (colon_pw > hp) {
+                    free(r->user);
+                    r->user = strndup(hp, (size_t) (colon_pw - hp));
+                }
             }
             char *redacted = NULL;
             if (asprintf(&redacted, "redis://%s", at + 1) > 0) {

@@ -5,8 +5,9 @@ leases slots from the broker for the cluster's requests (``acquire`` / ``release
 
 It never runs a user's cell: per-cell workers stay LooseLeaf's own forks from its zygotes (CUDA-clean,
 fork-fast), run as their user in that user's pool.  For remote cells (``relay``) it starts, once per user and
-once ``authorize_remote_user`` accepted, that user's relay (relay.py) on this host, as that user: the relay
-carries the user's cluster pool's frames to the user's host pool here.
+once ``authorize_remote_user`` redeemed the request's signed lease on this host's hostd, the lease's user's
+relay (relay.py) on this host, as that user: the relay carries the user's cluster pool's frames to the
+user's host pool here.
 
 Started on the host (in its network namespace, by its systemd unit or a test) as a detached named actor:
     python -m looseleaf_cluster.agent --address HEAD:PORT --host NAME --hostd-socket PATH
@@ -66,10 +67,12 @@ class HostAgent:
 
     def relay(self, user, lease=None, python=None):
         """The relay (relay.py) carrying USER's cells to USER's host pool on this host, started as USER
-        when none runs: {host, addr, port, token}.  The token goes only through Ray (token-authenticated).
+        when none runs: {host, addr, port, token}, once LEASE (issued for this host to USER by the kernels'
+        host's hostd) is redeemed here; every call spends one, a running relay's included (its token is
+        the credential).  The token goes only through Ray (token-authenticated).
         PYTHON: the kernel's Python environment (LOOSELEAF_PYTHON), which the pool's zygotes and workers
         here must run too (the same path on every host, as the same users are); None: the build's."""
-        pw = authorize_remote_user(self.host, user, lease)
+        pw = authorize_remote_user(self.host, user, lease, self.socket)
         if python and not os.access(python, os.X_OK):
             raise RuntimeError("the kernel's Python %s is not on host %s" % (python, self.host))
         key = (pw.pw_uid, python or "")
@@ -122,23 +125,34 @@ class HostAgent:
             return slot
 
 
-def authorize_remote_user(host, user, lease):
-    """THE SEAM FOR SIGNED LEASES: whether HOST may run workers for USER (a user name) on behalf of a kernel
-    elsewhere; the user's passwd entry, or PermissionError.
-
-    Today the request came through Ray, which runs with token authentication (only the cluster's own
-    processes reach the agent), and names the user the cluster pool runs as; LEASE is None.  Once hostds
-    sign leases (branch ``clusterops``), LEASE is the lease the kernel host's hostd issued (it knows the
-    caller by SO_PEERCRED): check here its signature (a key only the hostds hold), that it names USER and
-    HOST, its expiry and its nonce (no replay), and refuse anything else."""
+def authorize_remote_user(host, user, lease, hostd_socket):
+    """Whether HOST may run workers on behalf of a kernel elsewhere, and as whom: LEASE, the signed lease the
+    kernel host's hostd issued to the user's cluster pool (it knows the caller by SO_PEERCRED), is redeemed
+    on this host's hostd (HOSTD_SOCKET), which checks its signature (a key only the hostds hold), that it
+    names this host, its expiry and its nonce (spent now: no replay).  The user is the redeemed lease's uid,
+    never USER (the request's own claim, only compared with it); its passwd entry, or PermissionError saying
+    why (the hostd's own reason for a refused lease).  Ray's token only says the caller is one of the
+    cluster's processes, and every user's cluster pool is one of them: the lease says which user it is."""
+    if not isinstance(lease, dict):
+        raise PermissionError("GPU host %s runs nothing without a lease from the kernels' host's hostd "
+                              "(the request for %s carried none)" % (host, user))
     try:
-        pw = pwd.getpwnam(user)
+        redeemed = hostd.redeem_lease(hostd_socket, lease)
+    except hostd.LeaseRefused as e:
+        raise PermissionError("GPU host %s refused the lease for %s: %s" % (
+            host, user, hostd.refusal(e))) from None
+    uid = redeemed["uid"]
+    try:
+        pw = pwd.getpwuid(uid)
     except KeyError:
-        raise PermissionError("user %r is unknown on host %s (the same users must exist on every host)" % (
-            user, host)) from None
+        raise PermissionError("uid %d is unknown on host %s (the same users must exist on every host)" % (
+            uid, host)) from None
+    if user != pw.pw_name:
+        raise PermissionError("the request to host %s names user %r but its lease is %s's (uid %d)" % (
+            host, user, pw.pw_name, uid))
     if os.geteuid() != 0 and pw.pw_uid != os.geteuid():
         raise PermissionError("the agent of %s runs as uid %d and cannot run workers as %s" % (
-            host, os.geteuid(), user))
+            host, os.geteuid(), pw.pw_name))
     return pw
 
 

@@ -143,6 +143,13 @@ class LeaseRefused(HostdError):
     expired, another host's, another user's, no cluster key)."""
 
 
+def refusal(err):
+    """The hostd's reason in a LeaseRefused ERR, without the socket path and request name
+    ("bad signature (forged or altered, ...)", "replayed", "no cluster key"), for a user's message."""
+    why = str(err).split(": ", 1)[-1]
+    return why.split(": refused: ", 1)[-1] if ": refused: " in why else why
+
+
 def _ask(path, frame, want, timeout):
     try:
         with _connect(path, timeout) as s:

@@ -12,7 +12,8 @@ kernel's relay of GPU cells (gateway/ll_route.c) is unchanged, and sends each ce
   free slot: consolidation).  The host's own pool then leases its slot from the host's hostd, as for a local
   user, so the broker counts it and the next placement sees it.
 - Carrying: one TCP connection per (kernel, host) to the user's relay on that host (agent.relay, through Ray:
-  address and token), on which the kernel's frames go as they are, but for the store's address: the
+  address and token; asked with a lease this host's hostd issues for that host and our uid, which the host's
+  agent redeems on its hostd before it starts anything, as the lease's user), on which the kernel's frames go as they are, but for the store's address: the
   kernel's private redis-server (a unix socket here) is forwarded on this host's cluster address and the
   run's ``redis_url`` becomes ``redis://looseleaf:PASSWORD@ADDR:PORT`` (the ACL user of the kernel's server,
   its password from ``redis.pass`` beside the socket).  Events come back as they are;
@@ -30,6 +31,7 @@ import fcntl
 import json
 import logging
 import os
+import secrets
 import socket
 import struct
 import sys
@@ -37,10 +39,28 @@ import threading
 import time
 import traceback
 
-from looseleaf_cluster import HostGone, NoHost, frames, place
+from looseleaf_cluster import HostGone, NoHost, config, frames, hostd, place
 from looseleaf_cluster.relay import keepalive, pump
 
 log = logging.getLogger("looseleaf.cluster")
+
+LEASE_TTL_S = 30  # a relay's lease covers the Ray call to the host's agent (CALL_TIMEOUT, 20 s) and its redeem
+
+
+class LeaseError(RuntimeError):
+    """No lease for a host: this host's hostd could not issue one, or the GPU host refused it."""
+
+
+def hostd_socket():
+    """(path, whence) of this host's hostd, the one that issues our leases: $LL_HOSTD_SOCKET, else the
+    cluster config's hostd_socket when there is a config, else the default."""
+    p = os.environ.get("LL_HOSTD_SOCKET")
+    if p:
+        return p, "LL_HOSTD_SOCKET"
+    path = config.path_of()
+    if os.path.exists(path):
+        return config.load(path)["hostd_socket"], "cluster config %s" % path
+    return config.DEFAULTS["hostd_socket"], "the default; set LL_HOSTD_SOCKET or the cluster config"
 
 
 def _peer_uid(sock):
@@ -144,9 +164,30 @@ class ClusterPool:
                 len(hosts), "; " + "; ".join(gone) if gone else ""))
         return hosts[i]["host"], how
 
+    def lease_for(self, host, request):
+        """A lease for HOST to act for our user on REQUEST, from this host's hostd (hostd/API.md, "Cluster
+        leases"): it names our uid as SO_PEERCRED says, so no request of ours can claim another user."""
+        try:
+            sock, whence = hostd_socket()
+        except config.ConfigError as e:
+            raise LeaseError("cluster mode needs this host's looseleaf hostd to issue leases: %s" % e) from None
+        try:
+            return hostd.issue_lease(sock, host, request, ttl_s=LEASE_TTL_S)
+        except hostd.LeaseRefused as e:
+            raise LeaseError("the kernels' host's hostd issued no lease for GPU host %s: %s" % (
+                host, hostd.refusal(e))) from None
+        except hostd.HostdError as e:
+            raise LeaseError("cluster mode needs this host's looseleaf hostd to issue leases for GPU host %s, "
+                             "and none answers at %s (%s): %s" % (host, sock, whence, e)) from None
+
     def relay_of(self, host):
-        """(addr, port, token) of the user's relay on HOST (started by its agent when none runs)."""
-        info = self.ray().call(host, "relay", self.user, None, os.environ.get("LOOSELEAF_PYTHON") or None)
+        """(addr, port, token) of the user's relay on HOST (started by its agent when none runs), asked
+        with a fresh lease (the agent redeems it on HOST's hostd before anything)."""
+        lease = self.lease_for(host, "relay-%s-%s" % (host, secrets.token_hex(8)))
+        try:
+            info = self.ray().call(host, "relay", self.user, lease, os.environ.get("LOOSELEAF_PYTHON") or None)
+        except PermissionError as e:  # the host's agent refused (its hostd's reason, naming the host)
+            raise LeaseError(str(e)) from None
         return info["addr"], int(info["port"]), info["token"]
 
 
@@ -242,6 +283,8 @@ class KernelConn:
             fwd["redis_url"] = self.pool.redis_url(m.get("redis_url"))
         except (HostGone, NoHost) as e:
             return self._fail(m, type(e).__name__, str(e))
+        except LeaseError as e:
+            return self._fail(m, "LeaseRefused", str(e), host)
         except Exception as e:  # noqa: BLE001 - the cell ends with why, the kernel goes on
             log.error("placing %s: %s", m.get("id"), traceback.format_exc())
             return self._fail(m, "ClusterError", "the cluster could not take the cell: %s" % e)

@@ -86,7 +86,7 @@ def main():
                 kc = km.client()
                 kc.start_channels()
                 kc.wait_for_ready(timeout=120)
-                k = "k%d" % len(kernels)
+                k = "k%d" % (len(dirs) - 1)  # one dir per start: ids stay unique when kernels stop
                 kernels[k] = (km, kc)
                 out = {"kernel": k, "pid": km.provisioner.process.pid}
             elif cmd["op"] == "exec":

@@ -7,6 +7,8 @@ Own module, own cluster (conftest's fixture is per module): test_cluster.py leav
 run in order and share the kernels."""
 import json
 import os
+import pwd
+import secrets
 import signal
 import subprocess
 
@@ -63,7 +65,7 @@ def cluster_env(cluster):
     """What an administrator puts in the kernelspec's env for cluster mode (README "Cluster mode")."""
     return {"LOOSELEAF_CLUSTER": cluster.head, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": cluster.token,
             "LOOSELEAF_PYTHON": clusterhelp.PYTHON, "LOOSELEAF_POOL_DIR": os.path.join(cluster.dir, "srvpool"),
-            "LOOSELEAF_POOL_START_MS": "0"}
+            "LOOSELEAF_POOL_START_MS": "0", "LL_HOSTD_SOCKET": cluster.hostd_socket("srv")}
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +139,15 @@ def test_gpu_cell_runs_on_a_cluster_host(cluster, driver, kernels):
     # that host's broker (the warm worker holds it).
     assert busy_slots(cluster, host) == 1, cluster.hostd_stats(host)
     assert all(busy_slots(cluster, h) == 0 for h in cluster.hosts if h != host)
+    # The relay there was asked with a lease the server's hostd issued (to the cluster pool, as its user)
+    # and that host's hostd redeemed.
+    assert leases(cluster, "srv")["issued"] >= 1, cluster.hostd_stats("srv")
+    assert leases(cluster, host)["redeemed"] >= 1, cluster.hostd_stats(host)
+
+
+def leases(cluster, host):
+    """HOST's hostd's cluster lease counts: {issued, redeemed, refused, ...}."""
+    return cluster.hostd_stats(host)["cluster_leases"]
 
 
 def test_cells_pack_onto_the_fullest_host(cluster, driver, kernels):
@@ -216,6 +227,95 @@ def test_interrupt_reaches_the_remote_worker(cluster, driver, kernels):
     assert host_of(r) in cluster.hosts and in_namespace(cluster, host_of(r), pid), r["reply_md"]
     r = gpu(driver, kernels["ll"], "%%gpu\nx")
     assert r["status"] == "ok" and r["outputs"] == [["result", "42"]], r
+
+
+@pytest.fixture(scope="module")
+def rogue(cluster):
+    """A hostd in the server namespace calling itself srv but holding another key than the cluster's: what
+    a user who ran their own broker, or guessed at the key, could sign with.  Its socket path."""
+    key = os.path.join(cluster.dir, "rogue.key")
+    with open(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        f.write(secrets.token_hex(32) + "\n")
+    cluster.start_hostd(cluster.server, "rogue", ["--cluster-key", key, "--host", "srv"])
+    return cluster.hostd_socket("rogue")
+
+
+# Asks HOST's agent (through Ray, as the cluster's processes may) for relays with leases of every kind; the
+# answers as JSON.  Run as root in the server namespace: the server's hostd issues root a lease for any uid.
+ASK_RELAYS = r"""
+import json, sys
+from looseleaf_cluster import hostd
+from looseleaf_cluster.client import Cluster
+a = json.loads(sys.argv[1])
+c = Cluster(a["head"])
+out = {}
+def ask(name, user, lease):
+    try:
+        out[name] = {"ok": c.call(a["host"], "relay", user, lease, None)}
+    except Exception as e:
+        out[name] = {"error": type(e).__name__, "message": str(e)}
+real = hostd.issue_lease(a["srv"], a["host"], "t-real")
+ask("real", "root", real)
+ask("replayed", "root", real)
+altered = dict(hostd.issue_lease(a["srv"], a["host"], "t-altered"), uid=a["uid"], user=a["user"])
+ask("altered", a["user"], altered)
+ask("wrong_key", a["user"], hostd.issue_lease(a["rogue"], a["host"], "t-rogue", uid=a["uid"]))
+ask("none", a["user"], None)
+print(json.dumps(out))
+"""
+
+
+def uid_procs(cluster, host, uid):
+    """Pids of HOST's namespace running as UID."""
+    out = []
+    for pid in clusterhelp.Cluster.pids(cluster.ns(host)):
+        try:
+            with open("/proc/%d/status" % pid) as f:
+                if any(ln.split()[1] == str(uid) for ln in f if ln.startswith("Uid:")):
+                    out.append(pid)
+        except OSError:
+            pass
+    return out
+
+
+def test_forged_and_replayed_leases_start_nothing(cluster, rogue):
+    """Straight to a host's agent through Ray (what any process holding Ray's token can do): a lease for
+    root altered to name another uid, one signed with another key, one sent twice, and none at all are each
+    refused with the hostd's reason naming the host, and nothing runs there as the user they named."""
+    host = cluster.hosts[0]
+    victim = pwd.getpwuid(65534)
+    before = leases(cluster, host)
+    r = cluster.py_in(cluster.server, ["-c", ASK_RELAYS, json.dumps(
+        {"head": cluster.head, "host": host, "srv": cluster.hostd_socket("srv"), "rogue": rogue,
+         "uid": victim.pw_uid, "user": victim.pw_name})])
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert "ok" in out["real"] and out["real"]["ok"]["host"] == host, out
+    for name, why in (("replayed", "replayed"), ("altered", "bad signature"), ("wrong_key", "bad signature"),
+                      ("none", "without a lease")):
+        assert out[name].get("error") == "PermissionError", (name, out)
+        assert "GPU host %s" % host in out[name]["message"] and why in out[name]["message"], (name, out)
+    after = leases(cluster, host)
+    assert after["redeemed"] == before["redeemed"] + 1 and after["refused"] == before["refused"] + 3, after
+    assert uid_procs(cluster, host, victim.pw_uid) == [], "a process of uid %d on %s" % (victim.pw_uid, host)
+
+
+def test_refused_lease_ends_the_cell_naming_the_host(cluster, driver, rogue):
+    """A kernel whose cluster pool gets its leases from a hostd with the wrong key (or from none): its GPU
+    cell ends in LeaseRefused naming the host and why; nothing ran there."""
+    for sock, why in ((rogue, "refused the lease for root: bad signature"),
+                      (os.path.join(cluster.dir, "no-hostd.sock"), "needs this host's looseleaf hostd")):
+        env = dict(cluster_env(cluster), LL_HOSTD_SOCKET=sock,
+                   LOOSELEAF_POOL_DIR=os.path.join(cluster.dir, "pool-" + os.path.basename(sock)))
+        k = driver.call(op="start", name="looseleaf", env=env)["kernel"]
+        try:
+            r = driver.call(op="exec", kernel=k, code="%%gpu\nprint('ran')\n1")
+            assert r["status"] == "error" and r["reply"]["ename"] == "LeaseRefused", r
+            assert why in r["reply"]["evalue"] and "GPU host h" in r["reply"]["evalue"], r
+            assert not any(o[0] == "stream" for o in r["outputs"]), r
+            r = driver.call(op="exec", kernel=k, code="2 + 2")  # the kernel goes on
+            assert r["status"] == "ok" and r["outputs"] == [["result", "4"]], r
+        finally:
+            driver.call(op="stop", kernel=k)
 
 
 def test_host_killed_mid_cell(cluster, driver, kernels):
