@@ -29,8 +29,10 @@
  * directory), where this connection finds it.  A Redis over TCP (the
  * cluster's, shared across hosts) is logged in to as the ACL user and
  * password the environment names: LL_REDIS_USER, and LL_REDIS_PASSWORD_FILE
- * (a file of ours closed to others) or LL_REDIS_PASSWORD; never from the
- * URL, which error messages quote.
+ * (a file of ours closed to others) or LL_REDIS_PASSWORD, unless the URL
+ * names its own (redis://USER:PASSWORD@HOST:PORT: a cluster-mode kernel's
+ * Redis handed to a worker on another host), which the URL kept for
+ * messages leaves out.
  *
  * The self-test at the bottom starts a throwaway server in a temp dir and
  * drives connect, reconnect (after a cut connection and after the server
