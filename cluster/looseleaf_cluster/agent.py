@@ -6,7 +6,10 @@ before the autoscaler releases it (``drain``: it takes no new request and waits 
 host's broker is returned; see autoscale.py).
 
 It never runs a user's cell: per-cell workers stay LooseLeaf's own forks from its zygotes (CUDA-clean,
-fork-fast), run as their user in that user's pool; the agent only lends slots.
+fork-fast), run as their user in that user's pool.  For remote cells (``relay``) it starts, once per user and
+once ``authorize_remote_user`` redeemed the request's signed lease on this host's hostd, the lease's user's
+relay (relay.py) on this host, as that user: the relay carries the user's cluster pool's frames to the
+user's host pool here.
 
 Started on the host (in its network namespace, by its systemd unit or a test) as a detached named actor:
     python -m looseleaf_cluster.agent --address HEAD:PORT --host NAME --hostd-socket PATH
@@ -16,8 +19,13 @@ the environment, as for every Ray process of the cluster.
 import argparse
 import json
 import os
+import pwd
+import secrets
+import subprocess
 import sys
+import tempfile
 import threading
+import zlib
 
 from looseleaf_cluster import AGENT_PREFIX, HOST_LABEL, RAY_NAMESPACE, SLOT_RESOURCE, hostd
 
@@ -33,6 +41,7 @@ class HostAgent:
         self.lease = hostd.Lease(hostd_socket, self.nslots)
         self.requests = {}  # request id -> broker slot
         self.accepting = True  # False while draining: placement skips the host, acquire grants nothing
+        self.relays = {}  # (uid, python) -> {"proc", "info"}: each user's relay on this host (relay.py)
 
     def info(self):
         return {"host": self.host, "node_id": self.node_id, "pid": os.getpid(), "slots": self.nslots,
@@ -42,7 +51,9 @@ class HostAgent:
         """The host as placement sees it (its broker's count, every user's leases included)."""
         st = hostd.stats(self.socket)
         snap = hostd.load(st)
-        snap.update(host=self.host, accepting=self.accepting, held=sorted(self.requests))
+        snap.update(host=self.host, accepting=self.accepting, held=sorted(self.requests),
+                    users=[{k: u.get(k) for k in ("uid", "name", "busy", "warm", "waiting")}
+                           for u in st.get("users", [])])
         if not self.accepting:
             snap["draining"] = True
         return snap
@@ -64,6 +75,57 @@ class HostAgent:
                 return None
             self.requests[request_id] = slot
             return {"host": self.host, "slot": slot}
+
+    def relay(self, user, lease=None, python=None):
+        """The relay (relay.py) carrying USER's cells to USER's host pool on this host, started as USER
+        when none runs: {host, addr, port, token}, once LEASE (issued for this host to USER by the kernels'
+        host's hostd) is redeemed here; every call spends one, a running relay's included (its token is
+        the credential).  The token goes only through Ray (token-authenticated).
+        PYTHON: the kernel's Python environment (LOOSELEAF_PYTHON), which the pool's zygotes and workers
+        here must run too (the same path on every host, as the same users are); None: the build's."""
+        pw = authorize_remote_user(self.host, user, lease, self.socket)
+        if python and not os.access(python, os.X_OK):
+            raise RuntimeError("the kernel's Python %s is not on host %s" % (python, self.host))
+        key = (pw.pw_uid, python or "")
+        with self.lock:
+            r = self.relays.get(key)
+            if r is not None and r["proc"].poll() is None:
+                return dict(r["info"])
+            import ray
+            addr = ray.util.get_node_ip_address()
+            token = secrets.token_hex(32)
+            # The user's host pool here: its own runtime dir per host (hosts may share a file system).
+            rdir = os.path.join(os.environ.get("LL_REMOTE_POOL_ROOT") or tempfile.gettempdir(),
+                                "looseleaf-pool-%d-%s%s" % (pw.pw_uid, self.host,
+                                                            "-%08x" % zlib.crc32(python.encode()) if python else ""))
+            env = {k: v for k, v in os.environ.items()
+                   if not k.startswith(("RAY_", "LOOSELEAF_CLUSTER")) and k not in ("USER", "LOGNAME", "HOME")}
+            # LL_STORE_FOREIGN_HOST: the workers here never make a session's payload pool anew (store/ll_store.c).
+            env.update(HOME=pw.pw_dir, USER=pw.pw_name, LOGNAME=pw.pw_name, LL_HOSTD_SOCKET=self.socket,
+                       LL_STORE_FOREIGN_HOST=self.host)
+            env.setdefault("LL_POOL_WARM_IDLE_S", "300")  # as a local kernel starts its pool
+            if python:
+                env["LOOSELEAF_PYTHON"] = python
+            kw = {}
+            if os.geteuid() != pw.pw_uid:
+                kw = dict(user=pw.pw_uid, group=pw.pw_gid, extra_groups=os.getgrouplist(pw.pw_name, pw.pw_gid))
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "looseleaf_cluster.relay", "--bind", addr, "--host", self.host,
+                 "--runtime-dir", rdir, "--looseleaf", looseleaf_exe()],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd="/",
+                start_new_session=True, **kw)
+            proc.stdin.write(token + "\n")
+            proc.stdin.flush()  # stdin stays open: the relay ends when we do
+            line = proc.stdout.readline()
+            try:
+                port = int(json.loads(line)["port"])
+            except (ValueError, KeyError, TypeError):
+                proc.kill()
+                proc.wait()
+                raise RuntimeError("the relay for %s on %s did not start: %r" % (user, self.host, line))
+            info = {"host": self.host, "addr": addr, "port": port, "token": token, "pid": proc.pid}
+            self.relays[key] = {"proc": proc, "info": info}
+            return dict(info)
 
     def release(self, request_id):
         with self.lock:
@@ -106,6 +168,42 @@ class HostAgent:
                 self.lease = hostd.Lease(self.socket, self.nslots)
             self.accepting = True
         return self.info()
+
+
+def authorize_remote_user(host, user, lease, hostd_socket):
+    """Whether HOST may run workers on behalf of a kernel elsewhere, and as whom: LEASE, the signed lease the
+    kernel host's hostd issued to the user's cluster pool (it knows the caller by SO_PEERCRED), is redeemed
+    on this host's hostd (HOSTD_SOCKET), which checks its signature (a key only the hostds hold), that it
+    names this host, its expiry and its nonce (spent now: no replay).  The user is the redeemed lease's uid,
+    never USER (the request's own claim, only compared with it); its passwd entry, or PermissionError saying
+    why (the hostd's own reason for a refused lease).  Ray's token only says the caller is one of the
+    cluster's processes, and every user's cluster pool is one of them: the lease says which user it is."""
+    if not isinstance(lease, dict):
+        raise PermissionError("GPU host %s runs nothing without a lease from the kernels' host's hostd "
+                              "(the request for %s carried none)" % (host, user))
+    try:
+        redeemed = hostd.redeem_lease(hostd_socket, lease)
+    except hostd.LeaseRefused as e:
+        raise PermissionError("GPU host %s refused the lease for %s: %s" % (
+            host, user, hostd.refusal(e))) from None
+    uid = redeemed["uid"]
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:
+        raise PermissionError("uid %d is unknown on host %s (the same users must exist on every host)" % (
+            uid, host)) from None
+    if user != pw.pw_name:
+        raise PermissionError("the request to host %s names user %r but its lease is %s's (uid %d)" % (
+            host, user, pw.pw_name, uid))
+    if os.geteuid() != 0 and pw.pw_uid != os.geteuid():
+        raise PermissionError("the agent of %s runs as uid %d and cannot run workers as %s" % (
+            host, os.geteuid(), pw.pw_name))
+    return pw
+
+
+def looseleaf_exe():
+    from looseleaf_cluster import place
+    return os.environ.get("LL_LOOSELEAF_EXE") or os.path.join(place._REPO, "build", "looseleaf")
 
 
 def node_slots(ray, host):
