@@ -5,14 +5,16 @@
 CLUSTER_PLACE_LIB := $(BUILD)/cluster/libllplace.so
 EXTRA_TARGETS += $(CLUSTER_PLACE_LIB)
 
-$(CLUSTER_PLACE_LIB): $(BUILD)/cluster/ll_cluster_place.o $(BUILD)/policy/ll_place.o
+# The autoscaler's provisioning controller (ll_provision, the simulator's) is in the same library.
+$(CLUSTER_PLACE_LIB): $(BUILD)/cluster/ll_cluster_place.o $(BUILD)/policy/ll_place.o \
+                      $(BUILD)/cluster/ll_cluster_provision.o $(BUILD)/policy/ll_provision.o
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -shared -Wl,--no-undefined -o $@ $^
+	$(CC) $(LDFLAGS) -shared -Wl,--no-undefined -o $@ $^ -lm
 
 # The placement bridge (the C rule through ctypes, the broker's stats as load) needs neither Ray nor root:
 # `make test` runs it, so a change to ll_place or its build that breaks the cluster's placer shows there.
 PYTESTS += tests/cluster/test_place_unit.py tests/cluster/test_hostd_client_unit.py \
-           tests/cluster/test_store_foreign_unit.py
+           tests/cluster/test_autoscale_unit.py tests/cluster/test_store_foreign_unit.py
 
 # `make test-cluster`: a Ray cluster of network namespaces on this machine (root only; see
 # tests/cluster/clusterhelp.py).  Not part of `make test`: it needs root, ip(8) and ~2 GB of memory.

@@ -12,20 +12,18 @@
 
 #include <stdlib.h>
 
-/* The host for a job among N hosts described column by column (ACCEPTING
- * non-zero: takes jobs; MEM_FREE may be NULL: unbounded), the session's
- * home HOME (-1: none) and whether its worker holds a slot there, the
- * bytes its state needs elsewhere; the rule that chose it in *HOW
- * (ll_place_how_t; may be NULL).  -1: no host can take it (or N < 0). */
-int ll_cluster_place(int n, const int *accepting, const int *slots, const int *busy,
-                     const int *warm, const int *staged, const int *queued, const double *mem_free,
-                     int home, int home_slot, double state_bytes, int *how)
+/* N hosts described column by column (see ll_cluster_place) as
+ * ll_place's structs, in a calloc'd array the caller frees; NULL when N
+ * is out of range or memory is short. */
+static ll_place_host_t *s_hosts(int n, const int *accepting, const int *slots, const int *busy,
+                                const int *warm, const int *staged, const int *queued,
+                                const double *mem_free)
 {
     if (n < 0 || n > 4096)
-        return -1;
+        return NULL;
     ll_place_host_t *h = calloc(n > 0 ? (size_t) n : 1, sizeof *h);
     if (!h)
-        return -1;
+        return NULL;
     for (int i = 0; i < n; i++) {
         h[i].accepting = accepting[i] != 0;
         h[i].slots = slots[i];
@@ -35,11 +33,41 @@ int ll_cluster_place(int n, const int *accepting, const int *slots, const int *b
         h[i].queued = queued[i];
         h[i].mem_free = mem_free ? mem_free[i] : 1e300;
     }
+    return h;
+}
+
+/* The host for a job among N hosts described column by column (ACCEPTING
+ * non-zero: takes jobs; MEM_FREE may be NULL: unbounded), the session's
+ * home HOME (-1: none) and whether its worker holds a slot there, the
+ * bytes its state needs elsewhere; the rule that chose it in *HOW
+ * (ll_place_how_t; may be NULL).  -1: no host can take it (or N < 0). */
+int ll_cluster_place(int n, const int *accepting, const int *slots, const int *busy,
+                     const int *warm, const int *staged, const int *queued, const double *mem_free,
+                     int home, int home_slot, double state_bytes, int *how)
+{
+    ll_place_host_t *h = s_hosts(n, accepting, slots, busy, warm, staged, queued, mem_free);
+    if (!h)
+        return -1;
     ll_place_ask_t ask = {.home = home, .home_slot = home_slot != 0, .state_bytes = state_bytes};
     ll_place_how_t chose = LL_PLACE_NONE;
     int r = ll_place_choose(h, n, &ask, &chose);
     free(h);
     if (how)
         *how = (int) chose;
+    return r;
+}
+
+/* The host to drain when the fleet shrinks (ll_place_drain: the accepting
+ * host holding the fewest slots...), the same columns; -1: none accepts.
+ * The autoscaler (cluster/looseleaf_cluster/autoscale.py) asks it, so the
+ * cluster and the simulator pick alike. */
+int ll_cluster_drain(int n, const int *accepting, const int *slots, const int *busy,
+                     const int *warm, const int *staged, const int *queued, const double *mem_free)
+{
+    ll_place_host_t *h = s_hosts(n, accepting, slots, busy, warm, staged, queued, mem_free);
+    if (!h)
+        return -1;
+    int r = ll_place_drain(h, n);
+    free(h);
     return r;
 }

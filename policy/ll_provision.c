@@ -55,7 +55,7 @@ ll_provision_t *ll_provision_new(const ll_provision_config_t *cfg)
 {
     if (!cfg || cfg->gpus_per_host <= 0 || !(cfg->target_util > 0 && cfg->target_util <= 1) ||
         !(cfg->p_wait > 0 && cfg->p_wait < 1) || !(cfg->window_s > 0) || cfg->down_hold_s < 0 ||
-        cfg->min_hosts < 0 || cfg->max_hosts < 0 ||
+        cfg->min_hosts < 0 || cfg->max_hosts < 0 || !(cfg->idle_load >= 0) ||
         (cfg->max_hosts > 0 && cfg->max_hosts < cfg->min_hosts))
         return NULL;
     ll_provision_t *self = calloc(1, sizeof *self);
@@ -94,6 +94,8 @@ void ll_provision_observe(ll_provision_t *self, double now_s, double busy, int q
 double ll_provision_load(const ll_provision_t *self)
 {
     double now = self->busy + self->queued;
+    if (now <= 0 && self->avg < self->cfg.idle_load)
+        return 0;
     return now > self->avg ? now : self->avg;
 }
 
@@ -203,6 +205,35 @@ int ll_provision_selftest(bool verbose)
     S_CHECK(ll_provision_decide(p, 0, 0) == 0);
     ll_provision_observe(p, 0, 100, 0);
     S_CHECK(ll_provision_decide(p, 0, 0) == 2);
+    ll_provision_destroy(&p);
+
+    /* Down to no host: without idle_load the decaying average keeps one
+     * host for good; with it, an idle fleet empties once the average fell
+     * below it (and the hold passed), and work now counts whatever the
+     * average. */
+    cfg.max_hosts = 0;
+    cfg.down_hold_s = 10;
+    p = ll_provision_new(&cfg);
+    ll_provision_observe(p, 0, 8, 0);
+    S_CHECK(ll_provision_decide(p, 0, 0) == 2); /* 10 + 4.8 -> 15 GPUs */
+    ll_provision_observe(p, 1, 0, 0);
+    ll_provision_observe(p, 6000, 0, 0); /* 20 windows: ~1.6e-8 */
+    S_CHECK(ll_provision_load(p) > 0 && ll_provision_decide(p, 6000, 2) == 2);
+    S_CHECK(ll_provision_decide(p, 6020, 2) == 1); /* 1 GPU for the residue */
+    ll_provision_destroy(&p);
+    cfg.idle_load = 0.01;
+    p = ll_provision_new(&cfg);
+    ll_provision_observe(p, 0, 8, 0);
+    ll_provision_observe(p, 1, 0, 0);
+    ll_provision_observe(p, 600, 0, 0); /* 2 windows: ~1.1, above idle_load */
+    S_CHECK(ll_provision_decide(p, 600, 2) == 2);
+    ll_provision_observe(p, 6000, 0, 0);
+    S_CHECK(ll_provision_load(p) == 0 && ll_provision_decide(p, 6000, 2) == 0);
+    ll_provision_observe(p, 6030, 0, 1); /* a cell waits: seen at once */
+    S_CHECK(ll_provision_load(p) == 1 && ll_provision_decide(p, 6030, 0) == 1);
+    bad = cfg;
+    bad.idle_load = -1;
+    S_CHECK(ll_provision_new(&bad) == NULL);
     ll_provision_destroy(&p);
 
     /* Power-off: a draining host, only once nothing is held there. */

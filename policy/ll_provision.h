@@ -45,6 +45,14 @@ typedef struct {
     double down_hold_s; /* how long the target stays lower before hosts are drained */
     int min_hosts;      /* hosts kept powered whatever the load (>= 0) */
     int max_hosts;      /* the fleet's size at most; 0: unbounded */
+    /* Below this load (the window's average), with no cell running or
+     * waiting, no GPU is wanted.  The average decays exponentially and
+     * never reaches 0, and square-root staffing wants a GPU for any load
+     * above 0, so with MIN_HOSTS 0 the last host would stay up forever;
+     * e.g. 0.01 (1% of one GPU over the window) lets an idle fleet
+     * shrink to nothing.  0: only at exactly no load (the simulator's
+     * fleets keep MIN_HOSTS > 0). */
+    double idle_load;
 } ll_provision_config_t;
 
 typedef struct ll_provision_t ll_provision_t;

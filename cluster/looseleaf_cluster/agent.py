@@ -1,7 +1,9 @@
 """The per-host agent: a Ray actor pinned to its host's node (the node's ``looseleaf_host`` label), holding
 all of the node's ``looseleaf_slot`` resource (so Ray schedules nothing else onto those slots), and bridging
 Ray to that host's ``looseleaf hostd``: it reports the host's load as the broker counts it (``snapshot``) and
-leases slots from the broker for the cluster's requests (``acquire`` / ``release``).
+leases slots from the broker for the cluster's requests (``acquire`` / ``release``), and drains the host
+before the autoscaler releases it (``drain``: it takes no new request and waits until every lease of the
+host's broker is returned; see autoscale.py).
 
 It never runs a user's cell: per-cell workers stay LooseLeaf's own forks from its zygotes (CUDA-clean,
 fork-fast), run as their user in that user's pool.  For remote cells (``relay``) it starts, once per user and
@@ -38,6 +40,7 @@ class HostAgent:
         self.lock = threading.Lock()  # the lease connection is one request at a time
         self.lease = hostd.Lease(hostd_socket, self.nslots)
         self.requests = {}  # request id -> broker slot
+        self.accepting = True  # False while draining: placement skips the host, acquire grants nothing
         self.relays = {}  # (uid, python) -> {"proc", "info"}: each user's relay on this host (relay.py)
 
     def info(self):
@@ -48,9 +51,11 @@ class HostAgent:
         """The host as placement sees it (its broker's count, every user's leases included)."""
         st = hostd.stats(self.socket)
         snap = hostd.load(st)
-        snap.update(host=self.host, accepting=True, held=sorted(self.requests),
+        snap.update(host=self.host, accepting=self.accepting, held=sorted(self.requests),
                     users=[{k: u.get(k) for k in ("uid", "name", "busy", "warm", "waiting")}
                            for u in st.get("users", [])])
+        if not self.accepting:
+            snap["draining"] = True
         return snap
 
     def acquire(self, request_id):
@@ -59,6 +64,12 @@ class HostAgent:
         with self.lock:
             if request_id in self.requests:
                 return {"host": self.host, "slot": self.requests[request_id]}
+            if not self.accepting:
+                return None  # draining since the caller's snapshot: it places again
+            if len(self.requests) >= self.nslots:
+                # Every slot of ours is held (placements racing on one snapshot): the broker would not
+                # answer a `want` beyond our slots at all, so none is sent; the caller places again.
+                return None
             slot = self.lease.take()
             if slot is None:
                 return None
@@ -123,6 +134,40 @@ class HostAgent:
                 raise KeyError("request %s holds no slot on host %s" % (request_id, self.host))
             self.lease.give_back(slot)
             return slot
+
+
+    def drain(self, timeout=600.0, poll=0.2):
+        """Take no new request, then wait until the host's broker lends nothing: the cluster's requests
+        released by their holders and every local pool's lease returned.  {"drained": True, "host"} (the
+        agent's broker connection is closed: the caller may end the agent, and the host then holds nothing),
+        or after TIMEOUT s {"drained": False, "host", "left": the leases still held}; the host stays
+        draining until ``resume``."""
+        import time
+        with self.lock:
+            self.accepting = False
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.lock:
+                if self.accepting:  # resumed meanwhile (the load came back): the host stays
+                    return {"drained": False, "host": self.host, "resumed": True}
+                mine = dict(self.requests)
+            left = hostd.stats(self.socket).get("lease_list", [])
+            with self.lock:
+                if not mine and not left and not self.accepting:
+                    self.lease.close()
+                    return {"drained": True, "host": self.host}
+            if time.monotonic() > deadline:
+                return {"drained": False, "host": self.host, "requests": sorted(mine),
+                        "left": [{k: lease.get(k) for k in ("slot", "uid", "state")} for lease in left]}
+            time.sleep(poll)
+
+    def resume(self):
+        """Take requests again (a drain given up, or the load came back before the host went)."""
+        with self.lock:
+            if self.lease.sock.fileno() < 0:  # drained: register with the broker again
+                self.lease = hostd.Lease(self.socket, self.nslots)
+            self.accepting = True
+        return self.info()
 
 
 def authorize_remote_user(host, user, lease, hostd_socket):

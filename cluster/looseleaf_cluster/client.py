@@ -4,12 +4,13 @@ broker is gone is reported so (``HostGone``, naming the host and why), never a b
 
 CLI (JSON on stdout), for administrators and the tests:
     python -m looseleaf_cluster.client --address HEAD:PORT status
-    python -m looseleaf_cluster.client --address HEAD:PORT place REQUEST_ID [REQUEST_ID ...]
+    python -m looseleaf_cluster.client --address HEAD:PORT place [--wait SECONDS] REQUEST_ID [REQUEST_ID ...]
     python -m looseleaf_cluster.client --address HEAD:PORT release HOST REQUEST_ID
 """
 import argparse
 import json
 import sys
+import time
 
 from looseleaf_cluster import AGENT_PREFIX, HOST_LABEL, RAY_NAMESPACE, HostGone, NoHost, place
 
@@ -95,9 +96,42 @@ class Cluster:
                             "gone": str(g)})
         return out
 
-    def place(self, request_id, tries=5):
+    def place(self, request_id, tries=5, wait_s=0.0, poll_s=0.5):
         """Place REQUEST_ID: the host ll_place's rule picks among the hosts as they are now, whose agent then
-        leases a slot from its broker.  {host, slot, how, request_id}; NoHost when no host can take it."""
+        leases a slot from its broker.  {host, slot, how, request_id}.  When no host can take it: NoHost at
+        once (WAIT_S 0), else the request is demand: it is registered with the scaler (autoscale.py), which
+        counts it in the target it hands Ray's autoscaler, and placed again every POLL_S until a host takes
+        it, or NoHost after WAIT_S saying what the autoscaler was asked for.  NoHost at once too when
+        autoscaling is off (no scaler: nothing would add a host)."""
+        deadline = time.monotonic() + wait_s
+        sc = None
+        try:
+            while True:
+                try:
+                    return self._place_now(request_id, tries)
+                except NoHost as e:
+                    if wait_s <= 0:
+                        raise
+                    if sc is None:
+                        from looseleaf_cluster import autoscale
+                        sc = autoscale.scaler(self.ray)
+                        if sc is None:
+                            raise NoHost("%s; autoscaling is off (no scaler), so no host will come" % e) from None
+                    st = self.ray.get(sc.want.remote(request_id), timeout=CALL_TIMEOUT)
+                    if time.monotonic() > deadline:
+                        raise NoHost("no GPU host took %s within %.0f s: Ray's autoscaler was asked for %s "
+                                     "host(s) of %s slot(s), %s take requests now (%s)" % (
+                                         request_id, wait_s, st.get("requested_hosts"), st.get("slots"),
+                                         st.get("accepting"), e)) from None
+                    time.sleep(poll_s)
+        finally:
+            if sc is not None:
+                try:
+                    sc.done.remote(request_id)
+                except Exception:  # noqa: BLE001 - the scaler drops it after its TTL anyway
+                    pass
+
+    def _place_now(self, request_id, tries):
         last = None
         for _ in range(tries):
             hosts = self.status()
@@ -130,6 +164,8 @@ def main(argv=None):
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("status")
     p = sub.add_parser("place")
+    p.add_argument("--wait", type=float, default=0.0,
+                   help="seconds to wait for a host (the autoscaler adds hosts meanwhile); 0: fail at once")
     p.add_argument("request_ids", nargs="+")
     r = sub.add_parser("release")
     r.add_argument("host")
@@ -141,7 +177,7 @@ def main(argv=None):
             print(json.dumps(c.status()))
         elif a.cmd == "place":
             for rid in a.request_ids:
-                print(json.dumps(c.place(rid)), flush=True)
+                print(json.dumps(c.place(rid, wait_s=a.wait)), flush=True)
         else:
             print(json.dumps({"host": a.host, "slot": c.release(a.host, a.request_id)}))
     except (HostGone, NoHost) as e:

@@ -27,6 +27,8 @@ def _load():
         lib.ll_cluster_place.argtypes = [ctypes.c_int, ip, ip, ip, ip, ip, ip, dp, ctypes.c_int, ctypes.c_int,
                                          ctypes.c_double, ip]
         lib.ll_cluster_place.restype = ctypes.c_int
+        lib.ll_cluster_drain.argtypes = [ctypes.c_int, ip, ip, ip, ip, ip, ip, dp]
+        lib.ll_cluster_drain.restype = ctypes.c_int
         _lib = lib
     return _lib
 
@@ -36,11 +38,21 @@ def choose(hosts, home=-1, home_slot=False, state_bytes=0.0):
     optionally ``accepting`` (default True), ``staged``, ``queued``, ``mem_free``); index -1 and how
     "none" when no host can take it."""
     lib = _load()
+    how = ctypes.c_int(0)
+    i = lib.ll_cluster_place(*_columns(hosts), int(home), int(bool(home_slot)), float(state_bytes),
+                             ctypes.byref(how))
+    return i, HOW.get(how.value, "none")
+
+
+def drain(hosts):
+    """The index of the host to drain when the fleet shrinks (ll_place_drain: the accepting host holding the
+    fewest slots, then the fewest queued...), -1 when none accepts; HOSTS as for ``choose``."""
+    return _load().ll_cluster_drain(*_columns(hosts))
+
+
+def _columns(hosts):
     n = len(hosts)
     col = lambda key, default: (ctypes.c_int * max(n, 1))(*[int(h.get(key, default)) for h in hosts])
     mem = (ctypes.c_double * max(n, 1))(*[float(h.get("mem_free", 1e300)) for h in hosts])
-    how = ctypes.c_int(0)
-    i = lib.ll_cluster_place(n, col("accepting", 1), col("slots", 0), col("busy", 0), col("warm", 0),
-                             col("staged", 0), col("queued", 0), mem, int(home), int(bool(home_slot)),
-                             float(state_bytes), ctypes.byref(how))
-    return i, HOW.get(how.value, "none")
+    return (n, col("accepting", 1), col("slots", 0), col("busy", 0), col("warm", 0), col("staged", 0),
+            col("queued", 0), mem)

@@ -91,7 +91,7 @@ def sweep_dead_runs():
 class Cluster:
     """NHOSTS GPU-host namespaces of SLOTS slots each plus a server namespace, with Ray, brokers and agents."""
 
-    def __init__(self, nhosts=3, slots=4, manual=()):
+    def __init__(self, nhosts=3, slots=4, manual=(), autoscale=None):
         self.prefix = "llc%dx%s" % (os.getpid(), secrets.token_hex(2))
         self.namespaces = []  # made so far, torn down by close()
         self.procs = []
@@ -100,6 +100,7 @@ class Cluster:
         os.mkdir(self.dir, 0o700)
         self.slots = slots
         self.hosts = ["h%d" % (i + 1) for i in range(nhosts)]
+        self.autoscale = autoscale  # {max_hosts, idle_timeout_minutes, provider: {...}} or None: no autoscaler
         self.manual = set(manual)
         self.token = secrets.token_hex(32)
         self.key = os.path.join(self.dir, "cluster.key")  # the cluster key every hostd holds (0600, root's)
@@ -114,6 +115,9 @@ class Cluster:
             # A dead host is noticed within seconds, not Ray's default half minute.
             RAY_health_check_initial_delay_ms="1000", RAY_health_check_period_ms="1000",
             RAY_health_check_timeout_ms="1000", RAY_health_check_failure_threshold="3")
+        if autoscale is not None:  # the head's monitor looks every second, not every 5
+            # A raylet on a busy 2-core machine may take more than Ray's 30 s to register.
+            self.env.update(AUTOSCALER_UPDATE_INTERVAL_S="1", RAY_raylet_start_wait_time_s="120")
 
     # -- names -----------------------------------------------------------
     def ns(self, host):
@@ -150,12 +154,49 @@ class Cluster:
             ip("-n", ns, "addr", "add", "%s/24" % self.addr(h), "dev", "eth0")
             ip("-n", ns, "link", "set", "eth0", "up")
         self.start_hostd(self.server, "srv")
-        self.ray_start(self.server, ["--head", "--port", str(HEAD_PORT), "--node-ip-address", "%s.1" % SUBNET,
-                                     "--num-cpus", "0"], "srv")
+        head = ["--head", "--port", str(HEAD_PORT), "--node-ip-address", "%s.1" % SUBNET, "--num-cpus", "0"]
+        if self.autoscale is not None:
+            head += ["--autoscaling-config", self.write_autoscaling_config()]
+        self.ray_start(self.server, head, "srv")
         for h in self.hosts:
             if h not in self.manual:
                 self.start_host(h)
         return self
+
+    # -- autoscaling (cluster/looseleaf_cluster/provider.py) ---------------
+    @property
+    def autoscale_dir(self):
+        return os.path.join(self.dir, "as")
+
+    def write_autoscaling_config(self):
+        """Ray's autoscaling config (JSON is YAML) naming the namespace provider; its hosts are namespaces
+        PREFIX-a1, PREFIX-a2... (so close() and the sweeper of dead runs delete them too)."""
+        a = self.autoscale
+        provider = dict(type="external", module="looseleaf_cluster.provider.NamespaceProvider",
+                        disable_node_updaters=True, disable_launch_config_check=True, prefix=self.prefix,
+                        bridge_ns=self.server, bridge="br0", subnet=SUBNET, first_addr=100, head=self.head,
+                        head_ip="%s.1" % SUBNET, state_dir=self.autoscale_dir, slots=self.slots,
+                        head_type="head", drain_timeout_s=30,
+                        hostd_args=["--cluster-key", self.key, "--host", "{host}"])
+        provider.update(a.get("provider", {}))
+        cfg = {"cluster_name": self.prefix, "max_workers": a["max_hosts"], "upscaling_speed": 10.0,
+               "idle_timeout_minutes": a.get("idle_timeout_minutes", 0.1), "provider": provider, "auth": {},
+               "available_node_types": {
+                   "head": {"resources": {}, "node_config": {}, "max_workers": 0},
+                   "gpuhost": {"resources": {"CPU": 1, "looseleaf_slot": self.slots}, "node_config": {},
+                               "min_workers": 0, "max_workers": a["max_hosts"]}},
+               "head_node_type": "head", "file_mounts": {}, "cluster_synced_files": [],
+               "file_mounts_sync_continuously": False, "initialization_commands": [], "setup_commands": [],
+               "head_setup_commands": [], "worker_setup_commands": [], "head_start_ray_commands": [],
+               "worker_start_ray_commands": []}
+        path = os.path.join(self.dir, "autoscaling.yaml")
+        with open(path, "w") as fh:
+            json.dump(cfg, fh, indent=1)
+        return path
+
+    def our_namespaces(self):
+        """Every namespace of this run (the ones made here and the autoscaler's hosts)."""
+        return [ns for ns in ip("netns", "list", check=False).split() if ns.startswith(self.prefix + "-")]
 
     def ray_start(self, ns, args, tag):
         tmp = os.path.join(self.dir, tag, "ray")
@@ -164,7 +205,10 @@ class Cluster:
         argv = [RAY, "start"] + args + head + [
             "--num-gpus", "0", "--include-log-monitor=false",
             "--object-store-memory", str(80 * 1024 * 1024), "--temp-dir", tmp, "--disable-usage-stats"]
-        r = self.run_in(ns, argv, timeout=180)
+        # An autoscaling head enters the server's network namespace only (nsenter --net), keeping the machine's
+        # mount namespace: its monitor's node provider adds the hosts' namespaces, which `ip netns exec`'s
+        # private mount namespace would hide from everyone else (see looseleaf_cluster/provider.py).
+        r = self.run_in(ns, argv, timeout=180, net_only=self.autoscale is not None and ns == self.server)
         if r.returncode != 0:
             raise RuntimeError("ray start in %s failed:\n%s\n%s" % (ns, r.stdout[-3000:], r.stderr[-3000:]))
 
@@ -191,9 +235,10 @@ class Cluster:
         assert info["host"] == h and info["slots"] == self.slots, info
 
     # -- running things --------------------------------------------------
-    def run_in(self, ns, argv, timeout=120, check=False):
-        r = subprocess.run(["ip", "netns", "exec", ns] + list(argv), capture_output=True, text=True,
-                           env=self.env, timeout=timeout, cwd=self.dir)
+    def run_in(self, ns, argv, timeout=120, check=False, net_only=False):
+        enter = ["nsenter", "--net=/run/netns/" + ns] if net_only else ["ip", "netns", "exec", ns]
+        r = subprocess.run(enter + list(argv), capture_output=True, text=True, env=self.env, timeout=timeout,
+                           cwd=self.dir)
         if check and r.returncode != 0:
             raise AssertionError("%s in %s: rc %d\n%s\n%s" % (argv, ns, r.returncode, r.stdout[-3000:],
                                                                r.stderr[-3000:]))
@@ -244,6 +289,13 @@ class Cluster:
 
     def close(self):
         errors = []
+        if self.autoscale is not None and self.server in self.namespaces:
+            try:  # the head's monitor first: it makes no host while the others are torn down
+                self.kill_ns(self.server)
+            except Exception as e:  # noqa: BLE001
+                errors.append(str(e))
+        # The autoscaler's hosts too (its provider made them: not in self.namespaces).
+        self.namespaces += [ns for ns in self.our_namespaces() if ns not in self.namespaces]
         for ns in reversed(self.namespaces):  # the hosts first, the head last
             try:
                 self.kill_ns(ns)
