@@ -738,14 +738,15 @@ char *ll_interp_call(const ll_interp_request_t *req, char **reply_metadata_json)
     const char *msg_type = req->msg_type;
     if (!msg_type)
         return s_internal_error_reply("no message type");
-    if (!pthread_equal(pthread_self(), s_thread))
-        ll_warn("interp",
-                "%s handled on a thread other than the one that started Python: "
-                "interrupts will not reach it",
-                msg_type);
+    /* Another thread (a subshell's) runs its request alongside the
+     * interpreter thread's: the busy flag and a pending interrupt belong to
+     * the cell there, so they are left alone, and interrupts do not reach
+     * this request (as in ipykernel, whose subshells are threads too). */
+    bool main = pthread_equal(pthread_self(), s_thread);
 
     PyGILState_STATE gil = PyGILState_Ensure();
-    s_drop_pending_interrupt();
+    if (main)
+        s_drop_pending_interrupt();
 
     char *reply = NULL;
     PyObject *buffers = req->nbufs && req->bufs && req->buflens
@@ -758,7 +759,8 @@ char *ll_interp_call(const ll_interp_request_t *req, char **reply_metadata_json)
                                                     buffers, req->route_json)
                             : NULL;
     Py_XDECREF(buffers);
-    atomic_store(&s_busy, false); /* in case Python did not get to say so */
+    if (main)
+        atomic_store(&s_busy, false); /* in case Python did not get to say so */
     if (!res) {
         char why[512];
         s_pyerr_to(why, sizeof why, "looseleaf_kernel.handle raised");
@@ -785,7 +787,8 @@ char *ll_interp_call(const ll_interp_request_t *req, char **reply_metadata_json)
     }
 out:
     Py_XDECREF(res);
-    s_drop_pending_interrupt();
+    if (main)
+        s_drop_pending_interrupt();
     PyGILState_Release(gil);
     return reply;
 }

@@ -9,7 +9,9 @@
  *
  * Threads: ll_interp_init/handle/finalize run on one thread, the gateway's
  * shell thread; it becomes Python's main thread (where signal handlers, hence
- * KeyboardInterrupt, run).  Between requests the GIL is released, so Python
+ * KeyboardInterrupt, run).  ll_interp_call may also run on a subshell's
+ * thread, concurrently (the GIL is shared): interrupts never reach it and it
+ * leaves the busy flag to the interpreter thread.  Between requests the GIL is released, so Python
  * threads of the user keep running while the kernel is idle.
  * ll_interp_interrupt may be called from any thread or from a signal handler.
  * The hooks are called by Python code on whatever thread it runs (user

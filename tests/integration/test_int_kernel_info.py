@@ -17,8 +17,9 @@ def test_kernel_info_fields(kernel):
     assert major == 5 and minor >= 3
     impl = {"looseleaf": "looseleaf", "python3": "ipython"}[kernel.name]
     if kernel.name == "looseleaf":
-        # Protocol 5.4: the optional features implemented: the debugger (not kernel subshells).
-        assert c["protocol_version"] == "5.4" and c["supported_features"] == ["debugger"]
+        # Protocol 5.4: the optional features implemented: the debugger and kernel subshells.
+        assert c["protocol_version"] == "5.4"
+        assert sorted(c["supported_features"]) == ["debugger", "kernel subshells"]
         assert c["debugger"] is True
     assert c["implementation"] == impl
     assert isinstance(c["implementation_version"], str) and c["implementation_version"]
