@@ -483,8 +483,12 @@ static void s_sub_free(s_sub_t **sub_p)
  * receive timeout 0.  0, or -1. */
 static int s_pipe_pair(const void *key, const char *what, zsock_t **a, zsock_t **b)
 {
+    /* A name never used before: a socket closed a moment ago may still
+     * hold its endpoint (ZeroMQ closes sockets asynchronously), and a new
+     * subshell may get the same address as a freed one. */
+    static atomic_uint seq;
     char ep[96];
-    snprintf(ep, sizeof ep, "inproc://ll-dispatch-%s-%p", what, key);
+    snprintf(ep, sizeof ep, "inproc://ll-dispatch-%s-%p-%u", what, key, atomic_fetch_add(&seq, 1));
     char bind[100], conn[100];
     snprintf(bind, sizeof bind, "@%s", ep);
     snprintf(conn, sizeof conn, ">%s", ep);
