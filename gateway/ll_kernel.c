@@ -325,6 +325,13 @@ static void s_on_subshell(ll_dispatch_t *d, void *ctx, ll_msg_t *req, unsigned c
         json_decref(md);
         md = execute ? json_object() : NULL;
     }
+    /* What the cell bound beyond any analysis: for the session's analysis
+     * (so a later GPU cell restores it), not for the frontend. */
+    json_t *ll = json_object_get(md, "looseleaf");
+    if (json_is_object(ll)) {
+        ll_exec_note_dynamic(s_k.exec, json_object_get(ll, "dynamic"));
+        json_object_del(md, "looseleaf");
+    }
     if (execute) {
         const char *status = json_string_value(json_object_get(reply, "status"));
         json_t *ours =

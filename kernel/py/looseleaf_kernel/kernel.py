@@ -29,7 +29,7 @@ from traitlets.config import Config
 import _looseleaf_kernel as _lk
 
 from . import comms, unimported
-from .coherence import Coherence
+from .coherence import Coherence, namespace_diff, split_visible
 from ._json import dumps, loads
 from .display import flush_streams, publish
 from .iostream import OutStream
@@ -373,14 +373,19 @@ class Kernel:
                 coh.refresh_for(code)
             except Exception:  # noqa: BLE001 - the cell still runs on the values the kernel holds
                 log.warning("refreshing for a subshell's cell failed", exc_info=True)
-            before = coh._visible()
+            before, before_mods = split_visible(self.shell)
+        self._tls.dynamic = None
         try:
             yield
         finally:
-            bound = coh._rebound_since(before)
+            after, after_mods = split_visible(self.shell)
+            bound = coh._rebound_since(before, after)
             if bound:
                 with self._sub_lock:
                     self._sub_dirty.update(bound)
+            # No analysis saw this code: the gateway's session learns what it bound (reply metadata).
+            self._tls.dynamic = namespace_diff(self.shell.user_ns, dict(before, **before_mods),
+                                               dict(after, **after_mods), None)
 
     _LOCKED_TYPES = frozenset(("complete_request", "inspect_request", "looseleaf_before_gpu",
                                "looseleaf_after_gpu", "looseleaf_commit_idle", "looseleaf_home_lost"))
@@ -555,6 +560,8 @@ class Kernel:
         if route_md is not None:
             route_md["exec_ms"] = (time.perf_counter() - t_exec) * 1e3
             metadata["looseleaf"] = route_md
+        elif subshell and getattr(self._tls, "dynamic", None):
+            metadata["looseleaf"] = {"dynamic": self._tls.dynamic}  # for the gateway (gateway/ll_kernel.c)
         return dumps(reply), dumps(metadata)
 
     def _fail_cell(self, code, store_history, silent, cell_id, fail):
