@@ -38,8 +38,9 @@ void ll_iopub_set_parent(ll_iopub_t *self, const ll_msg_t *req);
 
 /* On the calling thread only (a subshell's), output without an explicit
  * parent belongs to REQ (borrowed until cleared with NULL), and stream text
- * goes out at once under it instead of through the coalescer, whose buffer
- * and parent are the main shell's. */
+ * goes out under it line by line (and before any other message of the
+ * thread) instead of through the coalescer, whose buffer and parent are the
+ * main shell's. */
 void ll_iopub_set_thread_parent(ll_iopub_t *self, const ll_msg_t *req);
 
 /* Whether the calling thread serves a subshell's request. */
