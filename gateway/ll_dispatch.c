@@ -611,6 +611,8 @@ static void s_relay_route(ll_dispatch_t *self, ll_msg_t *req)
 {
     json_t *sid = json_object_get(req->header, "subshell_id");
     zsock_t *to = NULL;
+    ll_debug("kernel", "relay: %.64s for %s", req->msg_type,
+             sid && !json_is_null(sid) ? "a subshell" : "main");
     if (!sid || json_is_null(sid)) {
         to = self->main_relay;
     } else {
@@ -631,8 +633,10 @@ static void s_relay_route(ll_dispatch_t *self, ll_msg_t *req)
         ll_msg_destroy(&req);
         return;
     }
-    if (zsock_send(to, "p", req) != 0)
+    if (zsock_send(to, "p", req) != 0) {
+        ll_warn("kernel", "relay: cannot pass a request on: %s", zmq_strerror(zmq_errno()));
         ll_msg_destroy(&req);
+    }
 }
 
 /* Forward every reply waiting on FROM to the ROUTER.  True when FROM's
@@ -647,8 +651,11 @@ static bool s_relay_out(ll_dispatch_t *self, zsock_t *from)
             zmsg_destroy(&m);
             continue;
         }
-        if (zmsg_send(&m, self->env.shell) != 0)
+        ll_debug("kernel", "relay: a reply of %zu frames out", zmsg_size(m));
+        if (zmsg_send(&m, self->env.shell) != 0) {
+            ll_warn("kernel", "relay: cannot send a reply: %s", zmq_strerror(zmq_errno()));
             zmsg_destroy(&m);
+        }
     }
     return gone;
 }
