@@ -492,8 +492,20 @@ static int s_pipe_pair(const void *key, const char *what, zsock_t **a, zsock_t *
     char bind[100], conn[100];
     snprintf(bind, sizeof bind, "@%s", ep);
     snprintf(conn, sizeof conn, ">%s", ep);
-    *a = zsock_new_pair(bind);
-    *b = *a ? zsock_new_pair(conn) : NULL;
+    /* No high-water mark (set before the pipe exists): a PAIR at its mark
+     * blocks the sender, and a relay blocked behind a main shell busy in a
+     * long cell (a burst of completion hints) would starve the subshells.
+     * What waits is small: pointers one way, replies the other. */
+    *a = zsock_new(ZMQ_PAIR);
+    *b = zsock_new(ZMQ_PAIR);
+    if (*a && *b) {
+        zsock_set_sndhwm(*a, 0);
+        zsock_set_rcvhwm(*a, 0);
+        zsock_set_sndhwm(*b, 0);
+        zsock_set_rcvhwm(*b, 0);
+        if (zsock_attach(*a, bind, true) < 0 || zsock_attach(*b, conn, false) < 0)
+            zsock_destroy(b);
+    }
     if (!*a || !*b) {
         zsock_destroy(a);
         zsock_destroy(b);
