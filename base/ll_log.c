@@ -131,11 +131,26 @@ void ll_log_write(int level, const char *module, const char *fmt, ...)
 bool ll_log_limit(ll_log_limit_t *lim, double now_ms, double interval_ms, unsigned long *suppressed)
 {
     pthread_mutex_lock(&lim->mu);
-    bool ok = now_ms >= lim->next_ms;
+    bool ok;
+    if (lim->burst > 0) {
+        if (lim->last_ms == 0)
+            lim->tokens = lim->burst;
+        else if (now_ms > lim->last_ms)
+            lim->tokens += (now_ms - lim->last_ms) / interval_ms;
+        if (lim->tokens > lim->burst)
+            lim->tokens = lim->burst;
+        lim->last_ms = now_ms;
+        ok = lim->tokens >= 1;
+        if (ok)
+            lim->tokens -= 1;
+    } else {
+        ok = now_ms >= lim->next_ms;
+        if (ok)
+            lim->next_ms = now_ms + interval_ms;
+    }
     if (ok) {
         *suppressed = lim->suppressed;
         lim->suppressed = 0;
-        lim->next_ms = now_ms + interval_ms;
     } else {
         lim->suppressed++;
     }

@@ -61,15 +61,28 @@ void ll_log_write(int level, const char *module, const char *fmt, ...)
  * message dropped, a request refused): at most one such line every
  * LL_LOG_LIMIT_MS, and the next line written says how many were left out
  * meanwhile, so a flood of 50,000 junk frames costs a few lines, not
- * 50,000.  One static limit per call site; safe across threads. */
+ * 50,000.  One static limit per call site; safe across threads.
+ *
+ * A limit made with LL_LOG_LIMIT_BURST_INIT(N) lets N lines through at
+ * once before that, and earns one back each LL_LOG_LIMIT_MS: for lines a
+ * peer can cause but that are worth every copy in normal use (a pool that
+ * registers, a pool that leaves), so a few in a row all show while a
+ * client that reconnects in a loop still costs one line per interval. */
 typedef struct {
     pthread_mutex_t mu;
     double next_ms;           /* monotonic ms: no line before then */
     unsigned long suppressed; /* lines left out since the last one written */
+    int burst;                /* 0: one line per interval; N: N at once, one earned per interval */
+    double tokens;            /* lines that may go now (burst limits) */
+    double last_ms;           /* when TOKENS was last brought up to date (0: never) */
 } ll_log_limit_t;
-#define LL_LOG_LIMIT_INIT               \
-    {                                   \
-        PTHREAD_MUTEX_INITIALIZER, 0, 0 \
+#define LL_LOG_LIMIT_INIT                        \
+    {                                            \
+        PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, 0, 0 \
+    }
+#define LL_LOG_LIMIT_BURST_INIT(n)                 \
+    {                                              \
+        PTHREAD_MUTEX_INITIALIZER, 0, 0, (n), 0, 0 \
     }
 #define LL_LOG_LIMIT_MS 5000.0
 

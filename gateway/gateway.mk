@@ -2,8 +2,8 @@
 # The `looseleaf` command's dispatcher, which also starts the other roles, is cli/main.c (cli/cli.mk).
 LIB_SRCS  += gateway/ll_iopub.c gateway/ll_stdin.c gateway/ll_exec.c \
              gateway/ll_kernelspec.c gateway/ll_usage.c gateway/ll_route.c gateway/ll_dispatch.c \
-             gateway/ll_kernel.c
-SELFTESTS += ll_iopub ll_stdin ll_exec ll_kernelspec ll_usage ll_route ll_dispatch ll_kernel
+             gateway/ll_kernel.c gateway/ll_curve.c
+SELFTESTS += ll_iopub ll_stdin ll_exec ll_kernelspec ll_usage ll_route ll_dispatch ll_kernel ll_curve
 # The dispatcher against an in-memory transport, with stub handlers (no Python).
 TEST_SRCS += gateway/ll_dispatch_selftest.c
 

@@ -166,7 +166,7 @@ static void s_on_shutdown(ll_dispatch_t *d, void *ctx, ll_msg_t *req, unsigned c
     ll_dispatch_reply(d, sock, req, "shutdown_reply", content, NULL);
     atomic_store(&d->shutdown, true);
     if (d->env.on_shutdown)
-        d->env.on_shutdown(d->env.ctx);
+        d->env.on_shutdown(d->env.ctx, restart);
 }
 
 static ll_dispatch_fn s_on_create_subshell, s_on_delete_subshell, s_on_list_subshell;

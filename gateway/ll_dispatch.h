@@ -69,8 +69,9 @@ typedef struct {
     /* Called after every shell request's handler, before its idle: make
      * what it wrote to fds 1/2 stream text, put signal handlers back. */
     void (*after_shell)(void *ctx);
-    /* Called after a shutdown_request was answered: wake whoever waits. */
-    void (*on_shutdown)(void *ctx);
+    /* Called after a shutdown_request was answered (RESTART: the request's
+     * restart flag): wake whoever waits. */
+    void (*on_shutdown)(void *ctx, bool restart);
     /* Whether the process is going anyway (SIGTERM); may be NULL.  Requests
      * taken from the queue are then dropped unanswered. */
     bool (*stopping)(void *ctx);

@@ -122,7 +122,7 @@ static void s_stub_after_shell(void *ctx)
     ((s_test_t *) ctx)->after_shell++;
 }
 
-static void s_stub_on_shutdown(void *ctx)
+static void s_stub_on_shutdown(void *ctx, bool restart)
 {
     ((s_test_t *) ctx)->shutdowns++;
 }

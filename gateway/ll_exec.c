@@ -485,6 +485,14 @@ static void s_home_sync(ll_exec_t *self)
 
 /* ---- execute ---------------------------------------------------------------- */
 
+/* A GPU cell's worker listens for the debugger (CONTENT: where): the
+ * kernel's debugger attaches and replays the session's breakpoints, on this
+ * thread, while the cell waits for it. */
+static void s_debug_worker(const json_t *content)
+{
+    json_decref(s_interp_own("looseleaf_debug_worker", content, NULL));
+}
+
 /* Run a GPU-labelled cell on a worker.  True with *REPLY_P / *MD_P set when
  * it ran there; false when it must run in the interpreter instead, *WHY_P
  * saying why (for the notice and the metadata), or must fail there without
@@ -518,6 +526,14 @@ static bool s_execute_on_worker(ll_exec_t *self, ll_msg_t *req, ll_route_plan_t 
         json_decref(sync);
         return false;
     }
+    /* The session's debugger on: the worker runs the cell under it, the
+     * kernel's debugger attached (looseleaf_kernel/debugger.py). */
+    json_t *none = json_object();
+    json_t *dbg = s_interp_own("looseleaf_debug_gpu", none, req);
+    json_decref(none);
+    if (json_is_object(json_object_get(dbg, "debug")))
+        json_object_set(sync, "debug", json_object_get(dbg, "debug"));
+    json_decref(dbg);
     ll_route_io_t io = {.iopub = self->env.iopub,
                         .stdin_chan = self->env.stdin_chan,
                         .intr_fd = self->env.intr_fd,
@@ -525,7 +541,8 @@ static bool s_execute_on_worker(ll_exec_t *self, ll_msg_t *req, ll_route_plan_t 
                         .t_run = t_run,
                         .shell_handle = self->env.shell_handle,
                         .shell_readable = self->env.shell_readable,
-                        .ctx = self->env.ctx};
+                        .ctx = self->env.ctx,
+                        .debug_worker = s_debug_worker};
     char err[512];
     uint64_t v; /* an interrupt from before this cell is not for it */
     ssize_t r = read(self->env.intr_fd, &v, sizeof v);

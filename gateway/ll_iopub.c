@@ -1,16 +1,32 @@
-/* ll_iopub: the IOPub PUB socket, the stream coalescer feeding it, and the
+/* ll_iopub: the IOPub XPUB socket, the stream coalescer feeding it, and the
  * current parent (see ll_iopub.h).  Kernel process; every function is called
  * from several threads (shell loop, control thread, Python threads through
- * the hooks, the fd-capture reader, the stream flusher).
+ * the hooks, the fd-capture reader, the stream flusher, the welcome watcher).
  *
- * What must stay true: the PUB socket and `parent` are touched only with the
- * coalescer's send lock held, i.e. inside an ll_stream emit callback or an
- * ll_stream_flush_then function. */
+ * What must stay true: the XPUB socket and `parent` are touched only with
+ * the coalescer's send lock held, i.e. inside an ll_stream emit callback or
+ * an ll_stream_flush_then function.
+ *
+ * Welcomes (protocol 5.5): a subscription arrives as a message on the XPUB
+ * socket and is answered by an iopub_welcome.  Nobody may block in a
+ * receive on a socket that other threads send on, so the watcher thread
+ * waits on the socket's ZMQ_FD (a plain file descriptor: poll() on it is not
+ * a use of the socket) and only then takes the lock.  That fd is reset by
+ * whichever call on the socket processes libzmq's pending commands, sends
+ * included, so every holder of the lock that used the socket answers the
+ * subscriptions waiting there before letting go (s_welcome_locked): a
+ * subscription that a send took in is answered by that sender, one that
+ * came later leaves the fd readable for the watcher. */
 #include "gateway/ll_iopub.h"
 
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include "base/ll_stream.h"
 #include "base/ll_log.h"
@@ -20,9 +36,13 @@
 
 struct ll_iopub_t {
     ll_session_t *session; /* borrowed */
-    zsock_t *pub;          /* send lock */
+    zsock_t *pub;          /* XPUB; send lock */
     ll_stream_t *stream;   /* coalescer; owns the send lock */
     ll_msg_t *parent;      /* current parent (identities + header); send lock */
+    int pub_fd;            /* the XPUB socket's ZMQ_FD, polled by the watcher */
+    int stop_fd;           /* eventfd: the watcher leaves */
+    pthread_t watcher;     /* answers subscriptions while nobody sends */
+    bool watcher_started;
 };
 
 /* Topic frame as ipykernel writes it; subscribers filter on a prefix, and
@@ -36,15 +56,75 @@ static void s_set_topic(ll_iopub_t *self, ll_msg_t *msg)
                      msg->msg_type ? msg->msg_type : "");
 }
 
+/* iopub_welcome for a subscription to TOPIC (LEN bytes), as ipykernel 7
+ * sends it: no parent, content {"subscription": topic}, the topic itself as
+ * the topic frame (none for the empty topic, which every client uses), so
+ * it reaches the subscriber that asked.  A topic that is not UTF-8 cannot
+ * be put in the content and gets no welcome (ipykernel skips it too). */
+static void s_send_welcome(ll_iopub_t *self, const char *topic, size_t len)
+{
+    json_t *content = json_pack("{s:s%}", "subscription", topic, len);
+    ll_msg_t *msg = content ? ll_msg_new(self->session, "iopub_welcome", NULL, content) : NULL;
+    if (!msg)
+        return;
+    if (len)
+        zmsg_addmem(msg->identities, topic, len);
+    if (ll_session_send(self->session, self->pub, &msg) != 0)
+        ll_warn("iopub", "cannot send an iopub_welcome");
+}
+
+/* Answer every subscription waiting on the socket.  Send lock held; called
+ * by every holder that used the socket (see the top of the file).  What else
+ * a peer may send up an XPUB (unsubscriptions, XSUB messages) is dropped. */
+static void s_welcome_locked(ll_iopub_t *self)
+{
+    while (zsock_events(self->pub) & ZMQ_POLLIN) {
+        zmsg_t *in = zmsg_recv(self->pub); /* receive timeout 0: never waits */
+        if (!in)
+            break;
+        zframe_t *f = zmsg_first(in);
+        if (zmsg_size(in) == 1 && zframe_size(f) >= 1 && zframe_data(f)[0] == 1)
+            s_send_welcome(self, (const char *) zframe_data(f) + 1, zframe_size(f) - 1);
+        zmsg_destroy(&in);
+    }
+}
+
 /* Send under the send lock; consumes *MSG_P. */
 static int s_send_locked(ll_iopub_t *self, ll_msg_t **msg_p)
 {
     s_set_topic(self, *msg_p);
-    if (ll_session_send(self->session, self->pub, msg_p) != 0) {
+    int rc = ll_session_send(self->session, self->pub, msg_p);
+    if (rc != 0)
         ll_warn("iopub", "cannot send an iopub message");
-        return -1;
+    s_welcome_locked(self);
+    return rc != 0 ? -1 : 0;
+}
+
+static void s_welcome_cb(void *arg)
+{
+    s_welcome_locked(arg);
+}
+
+/* The watcher: wakes when the socket may have a subscription and no sender
+ * took it in, and answers it under the lock. */
+static void *s_watch_main(void *arg)
+{
+    ll_iopub_t *self = arg;
+    struct pollfd fds[2] = {{.fd = self->pub_fd, .events = POLLIN},
+                            {.fd = self->stop_fd, .events = POLLIN}};
+    for (;;) {
+        if (poll(fds, 2, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            ll_error("iopub", "poll: %s: no more iopub_welcome", strerror(errno));
+            break;
+        }
+        if (fds[1].revents)
+            break;
+        if (fds[0].revents)
+            ll_stream_flush_then(self->stream, s_welcome_cb, self);
     }
-    return 0;
+    return NULL;
 }
 
 /* Stream emit callback: one "stream" message per coalesced chunk. */
@@ -64,13 +144,24 @@ static void s_emit_stream(void *ctx, const char *name, const char *text, size_t 
 
 ll_iopub_t *ll_iopub_new(ll_session_t *session, const char *endpoint, char *err, size_t errlen)
 {
+    return ll_iopub_new_curve(session, endpoint, NULL, err, errlen);
+}
+
+ll_iopub_t *ll_iopub_new_curve(ll_session_t *session, const char *endpoint, const ll_curve_t *curve,
+                               char *err, size_t errlen)
+{
     ll_iopub_t *self = calloc(1, sizeof *self);
     if (!self) {
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
     self->session = session;
-    self->pub = zsock_new(ZMQ_PUB);
+    self->stop_fd = -1;
+    /* XPUB (protocol 5.5), so that subscriptions reach us and get their
+     * iopub_welcome; verbose, so that every client's subscription does, not
+     * only the first to a topic (ipykernel 7.4 welcomes only that one, and a
+     * second frontend waiting for its welcome would wait forever). */
+    self->pub = zsock_new(ZMQ_XPUB);
     if (!self->pub) {
         snprintf(err, errlen, "cannot create the iopub socket");
         goto out_fail;
@@ -79,9 +170,13 @@ ll_iopub_t *ll_iopub_new(ll_session_t *session, const char *endpoint, char *err,
     /* Never drop output because a slow frontend fills the queue (the
      * default high-water mark of 1000 messages loses text silently). */
     zsock_set_sndhwm(self->pub, 0);
+    zsock_set_xpub_verbose(self->pub, 1);
+    zsock_set_rcvtimeo(self->pub, 0);
     if (strstr(endpoint, "://["))
         zsock_set_ipv6(self->pub, 1); /* tcp://[::1]:port */
     ll_wire_limit_frames(self->pub);  /* (what comes in on PUB: subscriptions) */
+    if (ll_curve_serve(curve, self->pub, err, errlen) != 0)
+        goto out_fail;
     if (zsock_bind(self->pub, "%s", endpoint) == -1) {
         snprintf(err, errlen, "cannot bind iopub to %s: %s", endpoint, zmq_strerror(zmq_errno()));
         goto out_fail;
@@ -91,9 +186,19 @@ ll_iopub_t *ll_iopub_new(ll_session_t *session, const char *endpoint, char *err,
         snprintf(err, errlen, "cannot start the stream flusher");
         goto out_fail;
     }
+    self->pub_fd = zsock_fd(self->pub);
+    self->stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (self->stop_fd < 0 || pthread_create(&self->watcher, NULL, s_watch_main, self) != 0) {
+        snprintf(err, errlen, "cannot start the iopub subscription watcher");
+        goto out_fail;
+    }
+    self->watcher_started = true;
     return self;
 
 out_fail:
+    ll_stream_destroy(&self->stream);
+    if (self->stop_fd >= 0)
+        close(self->stop_fd);
     zsock_destroy(&self->pub);
     free(self);
     return NULL;
@@ -104,6 +209,14 @@ void ll_iopub_destroy(ll_iopub_t **self_p)
     if (!self_p || !*self_p)
         return;
     ll_iopub_t *self = *self_p;
+    if (self->watcher_started) {
+        uint64_t one = 1;
+        ssize_t w = write(self->stop_fd, &one, sizeof one);
+        (void) w;
+        pthread_join(self->watcher, NULL);
+    }
+    if (self->stop_fd >= 0)
+        close(self->stop_fd);
     ll_stream_destroy(&self->stream); /* flushes */
     ll_msg_destroy(&self->parent);
     zsock_destroy(&self->pub); /* lingers for queued messages */
@@ -320,8 +433,7 @@ ll_msg_t *ll_iopub_msg_to_parent(ll_iopub_t *self, const char *msg_type, json_t 
 
 /* ---- self-test ----------------------------------------------------------- */
 
-/* Next message on SUB within 5 s, decoded, or NULL; late subscription
- * probes ("starting" without a parent) are skipped. */
+/* Next message on SUB within 5 s, decoded, or NULL; welcomes are skipped. */
 static ll_msg_t *s_st_recv(ll_session_t *session, zsock_t *sub)
 {
     zpoller_t *poller = zpoller_new(sub, NULL);
@@ -331,10 +443,23 @@ static ll_msg_t *s_st_recv(ll_session_t *session, zsock_t *sub)
         zmsg_t *raw = zmsg_recv(sub);
         if (raw)
             msg = ll_session_decode(session, &raw, why, sizeof why);
-        const char *state =
-            msg ? json_string_value(json_object_get(msg->content, "execution_state")) : NULL;
-        if (state && strcmp(state, "starting") == 0)
+        if (msg && strcmp(msg->msg_type, "iopub_welcome") == 0)
             ll_msg_destroy(&msg);
+    }
+    zpoller_destroy(&poller);
+    return msg;
+}
+
+/* Next message on SUB within 5 s, decoded, welcomes included. */
+static ll_msg_t *s_st_recv_any(ll_session_t *session, zsock_t *sub)
+{
+    zpoller_t *poller = zpoller_new(sub, NULL);
+    ll_msg_t *msg = NULL;
+    char why[128];
+    if (poller && zpoller_wait(poller, 5000)) {
+        zmsg_t *raw = zmsg_recv(sub);
+        if (raw)
+            msg = ll_session_decode(session, &raw, why, sizeof why);
     }
     zpoller_destroy(&poller);
     return msg;
@@ -354,7 +479,7 @@ int ll_iopub_selftest(bool verbose)
     int rc = -1;
     char err[256];
     ll_msg_t *req1 = NULL, *req2 = NULL, *got = NULL;
-    zsock_t *sub = NULL;
+    zsock_t *sub = NULL, *sub2 = NULL;
     ll_session_t *session = ll_session_new((const unsigned char *) "k", 1, "hmac-sha256", 0);
     ll_iopub_t *iopub =
         session ? ll_iopub_new(session, "inproc://ll-iopub-selftest", err, sizeof err) : NULL;
@@ -363,18 +488,25 @@ int ll_iopub_selftest(bool verbose)
     sub = zsock_new_sub(">inproc://ll-iopub-selftest", "");
     if (!sub)
         goto out;
-    /* A subscription takes a moment to reach the publisher: publish probes
-     * until one arrives. */
-    for (int i = 0; i < 500 && !got; i++) {
-        ll_iopub_status(iopub, "starting", NULL);
-        zpoller_t *p = zpoller_new(sub, NULL);
-        if (p && zpoller_wait(p, 10)) {
-            zmsg_t *raw = zmsg_recv(sub);
-            got = raw ? ll_session_decode(session, &raw, err, sizeof err) : NULL;
-        }
-        zpoller_destroy(&p);
+    /* The subscription is answered by a welcome (no parent, the topic in
+     * its content), sent by the watcher since nothing else is published:
+     * from then on the subscriber gets everything. */
+    zpoller_t *p = zpoller_new(sub, NULL);
+    if (p && zpoller_wait(p, 5000)) {
+        zmsg_t *raw = zmsg_recv(sub);
+        got = raw ? ll_session_decode(session, &raw, err, sizeof err) : NULL;
     }
-    if (!s_st_is(got, "status", ""))
+    zpoller_destroy(&p);
+    if (!s_st_is(got, "iopub_welcome", "") ||
+        strcmp(json_string_value(json_object_get(got->content, "subscription")), "") != 0)
+        goto out;
+    ll_msg_destroy(&got);
+    /* A second subscriber gets its own welcome (verbose XPUB), and so does
+     * the first, which must take it as one more to ignore (protocol 5.5). */
+    sub2 = zsock_new_sub(">inproc://ll-iopub-selftest", "kernel.");
+    got = sub2 ? s_st_recv_any(session, sub2) : NULL;
+    if (!s_st_is(got, "iopub_welcome", "") ||
+        strcmp(json_string_value(json_object_get(got->content, "subscription")), "kernel.") != 0)
         goto out;
     ll_msg_destroy(&got);
 
@@ -438,6 +570,7 @@ out:
     ll_msg_destroy(&req1);
     ll_msg_destroy(&req2);
     zsock_destroy(&sub);
+    zsock_destroy(&sub2);
     ll_iopub_destroy(&iopub);
     ll_session_destroy(&session);
     return rc;

@@ -1,8 +1,8 @@
-/* ll_iopub: the kernel's IOPub channel (PUB socket) and the "current parent".
+/* ll_iopub: the kernel's IOPub channel (XPUB socket) and the "current parent".
  *
  * Every message on iopub goes through here: status, execute_input, stream
  * text (coalesced by ll_stream), and what the interpreter publishes through
- * its hooks.  One lock (ll_stream's send lock) serializes all use of the PUB
+ * its hooks.  One lock (ll_stream's send lock) serializes all use of the XPUB
  * socket and keeps stream text in order with every other message: a publish
  * first flushes buffered text.  ZeroMQ sockets are not thread-safe; a mutex
  * is cheaper than an inproc hop per message, and lets the stream flusher send
@@ -21,13 +21,21 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "gateway/ll_curve.h"
 #include "proto/ll_wire.h"
 
 typedef struct ll_iopub_t ll_iopub_t;
 
-/* Bind a PUB socket at ENDPOINT and start the stream coalescer.  SESSION is
- * borrowed and must outlive the result.  Returns NULL with a reason in ERR. */
+/* Bind an XPUB socket at ENDPOINT, start the stream coalescer and the
+ * thread that welcomes subscriptions (iopub_welcome, protocol 5.5).  SESSION
+ * is borrowed and must outlive the result.  Returns NULL with a reason in
+ * ERR. */
 ll_iopub_t *ll_iopub_new(ll_session_t *session, const char *endpoint, char *err, size_t errlen);
+
+/* The same with the socket a CurveZMQ server of CURVE's keypair (NULL:
+ * plain; only read here), for an encrypted kernel (gateway/ll_curve.h). */
+ll_iopub_t *ll_iopub_new_curve(ll_session_t *session, const char *endpoint, const ll_curve_t *curve,
+                               char *err, size_t errlen);
 
 /* Flush, give queued messages up to a second to leave, close.  Nulls *SELF_P. */
 void ll_iopub_destroy(ll_iopub_t **self_p);

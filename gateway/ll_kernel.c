@@ -41,6 +41,7 @@
 #include <unistd.h>
 
 #include "base/ll_fdcap.h"
+#include "gateway/ll_curve.h"
 #include "gateway/ll_dispatch.h"
 #include "gateway/ll_iopub.h"
 #include "gateway/ll_kernelspec.h"
@@ -368,9 +369,11 @@ static void s_after_shell(void *ctx)
 }
 
 /* A shutdown_request was answered: wake the main loop and an input() wait,
- * and end a running cell, so we can exit cleanly. */
-static void s_after_shutdown(void *ctx)
+ * and end a running cell, so we can exit cleanly.  A restart keeps a
+ * notebook's store for the next kernel (keep.py). */
+static void s_after_shutdown(void *ctx, bool restart)
 {
+    ll_interp_set_restart(restart);
     s_eventfd_signal(s_k.wake_fd);
     s_eventfd_signal(s_k.intr_fd);
     ll_interp_interrupt();
@@ -511,7 +514,7 @@ static void s_block_signals(bool block)
 
 /* ---- start-up and the shell loop ------------------------------------------ */
 
-static zsock_t *s_bind(int type, ll_channel_t ch, char *err, size_t errlen)
+static zsock_t *s_bind(int type, ll_channel_t ch, const ll_curve_t *curve, char *err, size_t errlen)
 {
     char endpoint[300];
     if (ll_conn_endpoint(&s_k.conn, ch, endpoint, sizeof endpoint) < 0) {
@@ -536,6 +539,10 @@ static zsock_t *s_bind(int type, ll_channel_t ch, char *err, size_t errlen)
          * ipykernel does; otherwise its replies would go to the dead peer. */
         zsock_set_router_handover(sock, 1);
     }
+    if (ll_curve_serve(curve, sock, err, errlen) != 0) {
+        zsock_destroy(&sock);
+        return NULL;
+    }
     if (zsock_bind(sock, "%s", endpoint) == -1) {
         snprintf(err, errlen, "%s: cannot bind %.300s: %.100s", ll_conn_channel_name(ch), endpoint,
                  zmq_strerror(zmq_errno()));
@@ -558,7 +565,7 @@ static void s_kernel_info_complete(json_t *info)
      * debug_request (s_on_debug). */
     if (!json_object_get(info, "debugger"))
         json_object_set_new(info, "debugger", json_false());
-    /* Protocol 5.4: optional features the kernel implements. */
+    /* Protocol 5.5: optional features the kernel implements. */
     if (!json_is_array(json_object_get(info, "supported_features")))
         json_object_set_new(info, "supported_features", json_array());
     json_array_append_new(json_object_get(info, "supported_features"),
@@ -733,7 +740,7 @@ static int s_load_connection(const char *connection_file, const ll_kernel_opts_t
 
 /* The wake-up eventfds, the five channels, the stdin prompts and the
  * heartbeat thread.  0, or -1 with ERR. */
-static int s_open_channels(char *err, size_t errlen)
+static int s_open_channels(const ll_curve_t *curve, char *err, size_t errlen)
 {
     s_k.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     s_k.intr_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -743,10 +750,10 @@ static int s_open_channels(char *err, size_t errlen)
         return -1;
     }
     char endpoint[512];
-    if (!(s_k.shell = s_bind(ZMQ_ROUTER, LL_CHAN_SHELL, err, errlen)) ||
-        !(s_k.control = s_bind(ZMQ_ROUTER, LL_CHAN_CONTROL, err, errlen)) ||
-        !(s_k.stdin_sock = s_bind(ZMQ_ROUTER, LL_CHAN_STDIN, err, errlen)) ||
-        !(s_k.hb = s_bind(ZMQ_REP, LL_CHAN_HB, err, errlen)))
+    if (!(s_k.shell = s_bind(ZMQ_ROUTER, LL_CHAN_SHELL, curve, err, errlen)) ||
+        !(s_k.control = s_bind(ZMQ_ROUTER, LL_CHAN_CONTROL, curve, err, errlen)) ||
+        !(s_k.stdin_sock = s_bind(ZMQ_ROUTER, LL_CHAN_STDIN, curve, err, errlen)) ||
+        !(s_k.hb = s_bind(ZMQ_REP, LL_CHAN_HB, curve, err, errlen)))
         return -1;
     if (ll_conn_endpoint(&s_k.conn, LL_CHAN_IOPUB, endpoint, sizeof endpoint) < 0) {
         snprintf(err, errlen, "iopub: endpoint too long");
@@ -756,7 +763,7 @@ static int s_open_channels(char *err, size_t errlen)
      * under the shell identity) must fail at once, not leave input() waiting
      * forever: the cell then gets StdinNotImplementedError. */
     zsock_set_router_mandatory(s_k.stdin_sock, 1);
-    if (!(s_k.iopub = ll_iopub_new(s_k.session, endpoint, err, errlen)))
+    if (!(s_k.iopub = ll_iopub_new_curve(s_k.session, endpoint, curve, err, errlen)))
         return -1;
     if (!(s_k.stdin_chan = ll_stdin_new(s_k.stdin_sock, s_k.session, s_k.iopub))) {
         snprintf(err, errlen, "out of memory");
@@ -888,9 +895,21 @@ int ll_kernel_run(const char *connection_file, const ll_kernel_opts_t *opts)
     ll_log_init('G');
     if (s_load_connection(connection_file, opts) < 0)
         return 1;
+    /* Transport encryption (ll_curve.h): taken before the file's secrets
+     * are wiped, kept until every socket is bound. */
+    ll_curve_t *curve = NULL;
+    if (ll_curve_new(s_k.conn.curve_publickey, s_k.conn.curve_secretkey, &curve, err, sizeof err) !=
+        0) {
+        ll_conn_clear(&s_k.conn);
+        fprintf(stderr, "looseleaf: connection file %s: %s\n", connection_file, err);
+        return 1;
+    }
+    ll_info("kernel", "transport: %s%s", s_k.conn.transport,
+            curve ? ", CurveZMQ-encrypted on every socket" : " without encryption");
     s_k.session = ll_session_new(s_k.conn.key, s_k.conn.key_len, s_k.conn.signature_scheme, 0);
     ll_conn_clear(&s_k.conn); /* the session keeps its own copy of the key */
     if (!s_k.session) {
+        ll_curve_destroy(&curve);
         fprintf(stderr,
                 "looseleaf: bad connection file %s: signature_scheme '%s' is not supported\n",
                 connection_file, s_k.conn.signature_scheme);
@@ -901,7 +920,9 @@ int ll_kernel_run(const char *connection_file, const ll_kernel_opts_t *opts)
      * SIGTERM: they belong to the main thread (see ll_kernel.h). */
     s_block_signals(true);
     zsys_handler_set(NULL); /* czmq must not install its own SIGINT handler */
-    if (s_open_channels(err, sizeof err) < 0)
+    int open_rc = s_open_channels(curve, err, sizeof err);
+    ll_curve_destroy(&curve); /* every socket holds its copy */
+    if (open_rc < 0)
         goto out_fail;
     s_capture_output();
     s_block_signals(false);
@@ -918,6 +939,7 @@ int ll_kernel_run(const char *connection_file, const ll_kernel_opts_t *opts)
     return 0;
 
 out_fail:
+    ll_curve_destroy(&curve);
     ll_error("kernel", "cannot start: %s", err);
     s_teardown(interp_started);
     fprintf(stderr, "looseleaf: cannot start: %s\n", err);

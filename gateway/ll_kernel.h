@@ -10,6 +10,8 @@
  *              answered while a cell runs;
  *   heartbeat  the REP echo, answering however long a cell runs;
  *   stream     ll_stream's flusher (iopub text every ~50 ms);
+ *   welcome    ll_iopub's watcher: answers iopub subscriptions (XPUB) with
+ *              iopub_welcome while nothing else is published;
  *   fdcap      the reader of the fd 1/2 capture pipes.
  * The iopub socket is shared under one lock (ll_iopub); the stdin socket is
  * used only by whichever thread calls input(), under its own lock.  SIGINT

@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "gateway/ll_curve.h"
 #include "proto/ll_wire.h"
 
 /* The launcher icon (JupyterLab shows logo-svg.svg from the kernelspec
@@ -120,6 +121,13 @@ char *ll_kernelspec_json(const ll_kernelspec_t *spec)
         LL_PROTOCOL_VERSION, "metadata", "debugger", 1);
     if (!j)
         return NULL;
+    /* metadata.supported_encryption: jupyter_client 8.10+ provisions CurveZMQ
+     * keys for a kernel whose spec lists "curve" (transport_encryption
+     * "auto"), and refuses "required" for one that does not; declared only
+     * when this binary's libzmq can serve them (gateway/ll_curve.h). */
+    if (ll_curve_available())
+        json_object_set_new(json_object_get(j, "metadata"), "supported_encryption",
+                            json_pack("[s]", "curve"));
     /* An installed kernel starts the user's host pool (its base zygote
      * importing torch: seconds) 200 ms after it starts, so the session's
      * first GPU cell finds it ready (ll_exec.c). */
@@ -396,6 +404,11 @@ int ll_kernelspec_selftest(bool verbose)
                LL_PROTOCOL_VERSION) != 0 ||
         strcmp(json_string_value(json_object_get(json_object_get(spec, "env"), "LOOSELEAF_PYTHON")),
                "/venv/bin/python") != 0)
+        goto out;
+    /* "curve" declared exactly when libzmq can serve it. */
+    json_t *enc = json_object_get(json_object_get(spec, "metadata"), "supported_encryption");
+    if ((enc != NULL) != ll_curve_available() ||
+        (enc && strcmp(json_string_value(json_array_get(enc, 0)), "curve") != 0))
         goto out;
     /* The hints extension, written and taken back; the old settings override
      * goes in both cases. */

@@ -321,8 +321,9 @@ static json_t *s_run_request(ll_route_plan_t *plan, const ll_msg_t *req, const j
     if (r && json_is_string(cells))
         json_object_set(r, "cells_dir", cells);
     /* What the worker must know of values that lived in other workers
-     * (coherence.py: lost names it reads, notices of lost graphs). */
-    const char *homes[] = {"lost", "notices"};
+     * (coherence.py: lost names it reads, notices of lost graphs), and
+     * whether the session's debugger is on (debug: ll_exec asks). */
+    const char *homes[] = {"lost", "notices", "debug"};
     for (size_t i = 0; r && i < sizeof homes / sizeof homes[0]; i++)
         if (json_object_get(sync, homes[i]))
             json_object_set(r, homes[i], json_object_get(sync, homes[i]));
@@ -675,6 +676,11 @@ static void s_relay_input_request(s_relay_t *r, json_t *ev)
         ll_zclient_input_reply(r->route->pool, r->id, "\x04"); /* EOF: EOFError in the cell */
 }
 
+static bool s_str_is(const json_t *v, const char *text)
+{
+    return json_is_string(v) && strcmp(json_string_value(v), text) == 0;
+}
+
 /* One event from the pool (EV borrowed). */
 static void s_relay_event(s_relay_t *r, json_t *ev)
 {
@@ -711,6 +717,12 @@ static void s_relay_event(s_relay_t *r, json_t *ev)
                                   json_string_length(text));
             ll_iopub_stream_flush(io->iopub);
         }
+    } else if (strcmp(type, "iopub") == 0 &&
+               s_str_is(json_object_get(ev, "msg_type"), "looseleaf_debug_worker")) {
+        /* The kernel's, not the frontend's: the cell waits until the
+         * kernel's debugger has attached (zygote/py/looseleaf_zygote/debug.py). */
+        if (io->debug_worker)
+            io->debug_worker(json_object_get(ev, "content"));
     } else if (strcmp(type, "iopub") == 0) {
         const char *t = s_publish(io, ev);
         bool input = t && strcmp(t, "execute_input") == 0;

@@ -96,6 +96,10 @@ typedef struct {
     void *shell_handle;     /* the shell socket (zmq handle), polled while the cell runs, or NULL */
     void (*shell_readable)(void *ctx); /* ... read ahead by this when readable */
     void *ctx;                         /* for shell_readable */
+    /* The worker's debugger listens (its "looseleaf_debug_worker" message,
+     * CONTENT borrowed: host, port): the kernel's debugger attaches to it.
+     * NULL: such messages are dropped. */
+    void (*debug_worker)(const json_t *content);
 } ll_route_io_t;
 
 /* Run the GPU cell of PLAN for REQ (its execute_request) on a worker.

@@ -109,6 +109,10 @@ typedef struct {
 /* What any local user can cause, logged at most once per interval each. */
 static ll_log_limit_t s_log_refused = LL_LOG_LIMIT_INIT, s_log_dropped = LL_LOG_LIMIT_INIT,
                       s_log_conns = LL_LOG_LIMIT_INIT, s_log_http = LL_LOG_LIMIT_INIT;
+/* Pools registering and leaving: every one shows in normal use (a host's
+ * few users, a pool restarted), but a client that registers and leaves in
+ * a loop costs a line per interval once the burst is spent. */
+static ll_log_limit_t s_log_pools = LL_LOG_LIMIT_BURST_INIT(32);
 
 /* GPUs the NVIDIA driver knows (/proc/driver/nvidia/gpus/ holds one entry
  * per GPU): the broker counts without loading CUDA.  0 when none. */
@@ -329,8 +333,10 @@ static void s_hello(s_hostd_t *h, int c, const ll_hostd_msg_t *q)
         json_array_append_new(adopted, json_integer(e->slot));
         h->record_dirty = true;
     }
-    ll_info("hostd", "pool pid %d of uid %u registered (%d slots, %zu of %d claimed adopted)",
-            h->conns[c].pid, h->conns[c].uid, q->nslots, json_array_size(adopted), q->nheld);
+    ll_info_limited(&s_log_pools, "hostd",
+                    "pool pid %d of uid %u registered (%d slots, %zu of %d claimed adopted)",
+                    h->conns[c].pid, h->conns[c].uid, q->nslots, json_array_size(adopted),
+                    q->nheld);
     s_send(h, c,
            json_pack("{s:s, s:i, s:o, s:b, s:o, s:b, s:I}", "type", "welcome", "slots",
                      ll_hostd_policy_nslots(h->policy), "adopted", adopted, "cuda", h->ngpu > 0,
@@ -415,8 +421,8 @@ static void s_accept(s_hostd_t *h)
 static void s_conn_gone(s_hostd_t *h, int c)
 {
     if (h->conns[c].pool) {
-        ll_info("hostd", "pool pid %d of uid %u left: its leases end", h->conns[c].pid,
-                h->conns[c].uid);
+        ll_info_limited(&s_log_pools, "hostd", "pool pid %d of uid %u left: its leases end",
+                        h->conns[c].pid, h->conns[c].uid);
         ll_hostd_policy_close(h->policy, c, ll_clock_ms());
         h->record_dirty = true;
     }

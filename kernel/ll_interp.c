@@ -873,6 +873,13 @@ int ll_interp_set_hooks(const ll_interp_hooks_t *hooks)
     return 0;
 }
 
+static atomic_bool s_restart; /* ll_interp_set_restart */
+
+void ll_interp_set_restart(bool restart)
+{
+    atomic_store(&s_restart, restart);
+}
+
 void ll_interp_finalize(void)
 {
     if (!s_initialized)
@@ -884,7 +891,9 @@ void ll_interp_finalize(void)
     (void) gil; /* Py_FinalizeEx below ends the thread state for good */
     bool finalize = true;
     PyObject *mod = PyImport_ImportModule("looseleaf_kernel");
-    PyObject *res = mod ? PyObject_CallMethod(mod, "shutdown", NULL) : NULL;
+    PyObject *res = mod ? PyObject_CallMethod(mod, "shutdown", "(O)",
+                                              atomic_load(&s_restart) ? Py_True : Py_False)
+                        : NULL;
     if (!res) {
         char why[512];
         s_pyerr_to(why, sizeof why, "looseleaf_kernel.shutdown");

@@ -164,4 +164,9 @@ int ll_interp_set_hooks(const ll_interp_hooks_t *hooks);
 /* Stop the interpreter (atexit handlers run, history saved). */
 void ll_interp_finalize(void);
 
+/* The shutdown_request that ends the kernel asked for a restart: the
+ * finalization tells looseleaf_kernel.shutdown(restart=True), which keeps a
+ * notebook's store for the next kernel (keep.py).  Any thread. */
+void ll_interp_set_restart(bool restart);
+
 #endif

@@ -3,7 +3,9 @@
  *
  * Required: ip, shell_port, control_port, stdin_port, iopub_port, hb_port,
  * key.  Optional, with jupyter_client's defaults: transport ("tcp"),
- * signature_scheme ("hmac-sha256"), kernel_name ("").  Unknown fields are
+ * signature_scheme ("hmac-sha256"), kernel_name (""), and the CurveZMQ
+ * keypair curve_publickey / curve_secretkey (both or neither; their pairing
+ * is checked where libzmq can, gateway/ll_curve.c).  Unknown fields are
  * ignored, as jupyter_client does.  Every error names the field, so a
  * frontend's mistake is fixed from the kernel's one-line message.
  *
@@ -104,12 +106,56 @@ static int s_get_string(const json_t *root, const char *name, bool required, con
     return 0;
 }
 
-/* The parsed tree holds a copy of the key too; wipe it before freeing. */
+/* The parsed tree holds a copy of the keys too; wipe them before freeing. */
 static void s_wipe_key(json_t *root)
 {
-    json_t *key = json_object_get(root, "key");
-    if (json_is_string(key))
-        OPENSSL_cleanse((char *) json_string_value(key), json_string_length(key));
+    static const char *const secrets[] = {"key", "curve_secretkey"};
+    for (size_t i = 0; i < sizeof secrets / sizeof secrets[0]; i++) {
+        json_t *key = json_object_get(root, secrets[i]);
+        if (json_is_string(key))
+            OPENSSL_cleanse((char *) json_string_value(key), json_string_length(key));
+    }
+}
+
+/* A CurveZMQ key as the connection file carries it: 40 characters of the
+ * Z85 alphabet (ZeroMQ RFC 32), the text form of 32 bytes. */
+static bool s_z85_key(const char *s)
+{
+    static const char alphabet[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                   ".-:+=^!/*?&<>()[]{}@%$#";
+    if (strlen(s) != 40)
+        return false;
+    for (; *s; s++)
+        if (!strchr(alphabet, *s))
+            return false;
+    return true;
+}
+
+/* curve_publickey / curve_secretkey: optional, but a file with one and not
+ * the other is a frontend's mistake that must not silently run unencrypted
+ * (the frontend would then fail every handshake). */
+static int s_get_curve(const json_t *root, ll_conn_info_t *info, char *err, size_t errlen)
+{
+    static const char *const names[2] = {"curve_publickey", "curve_secretkey"};
+    char *bufs[2] = {info->curve_publickey, info->curve_secretkey};
+    bool present[2];
+    for (int i = 0; i < 2; i++) {
+        present[i] = json_object_get(root, names[i]) != NULL;
+        if (s_get_string(root, names[i], false, "", bufs[i], sizeof info->curve_publickey, err,
+                         errlen))
+            return -1; /* (too long: "max 40 bytes") */
+        if (present[i] && !s_z85_key(bufs[i]))
+            return s_fail(err, errlen,
+                          "connection file: field \"%s\" is not a CurveZMQ key (40 characters "
+                          "of Z85 text)",
+                          names[i]);
+    }
+    if (present[0] != present[1])
+        return s_fail(err, errlen,
+                      "connection file: field \"%s\" is there but \"%s\" is missing; transport "
+                      "encryption needs both",
+                      names[present[0] ? 0 : 1], names[present[0] ? 1 : 0]);
+    return 0;
 }
 
 int ll_conn_parse(const char *json_text, ll_conn_info_t *info, char *err, size_t errlen)
@@ -231,6 +277,8 @@ int ll_conn_parse(const char *json_text, ll_conn_info_t *info, char *err, size_t
 
     if (s_get_string(root, "kernel_name", false, "", info->kernel_name, sizeof info->kernel_name,
                      err, errlen))
+        goto out_clear;
+    if (s_get_curve(root, info, err, errlen))
         goto out_clear;
 
     rc = 0;
@@ -359,4 +407,5 @@ void ll_conn_clear(ll_conn_info_t *info)
         return;
     OPENSSL_cleanse(info->key, sizeof info->key);
     info->key_len = 0;
+    OPENSSL_cleanse(info->curve_secretkey, sizeof info->curve_secretkey);
 }

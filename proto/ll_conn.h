@@ -26,6 +26,11 @@ typedef struct {
     unsigned char key[512];    /* HMAC key bytes as found in the file */
     size_t key_len;            /* 0: unsigned messages (loud warning) */
     char kernel_name[128];     /* optional, "" when absent */
+    /* CurveZMQ server keypair (Z85, 40 characters) that jupyter_client
+     * writes when it asks for transport encryption; both "" when absent,
+     * never only one (see gateway/ll_curve.h). */
+    char curve_publickey[41];
+    char curve_secretkey[41];
 } ll_conn_info_t;
 
 /* ll_conn_load FLAGS. */
@@ -46,7 +51,7 @@ int ll_conn_parse(const char *json_text, ll_conn_info_t *info, char *err, size_t
  * "ipc://kernel-ipc-3").  Returns 0, or -1 if BUF is too small. */
 int ll_conn_endpoint(const ll_conn_info_t *info, ll_channel_t ch, char *buf, size_t len);
 
-/* Wipe the key from memory. */
+/* Wipe the keys (HMAC key, CurveZMQ secret key) from memory. */
 void ll_conn_clear(ll_conn_info_t *info);
 
 const char *ll_conn_channel_name(ll_channel_t ch);

@@ -38,6 +38,9 @@ static const ll_msgtype_t s_types[] = {
     {"looseleaf_after_gpu", 0, INTERP},
     {"looseleaf_commit_idle", 0, INTERP},
     {"looseleaf_home_lost", 0, INTERP},
+    /* ... and the debugger's in GPU cells (looseleaf_kernel/debugger.py). */
+    {"looseleaf_debug_gpu", 0, INTERP},
+    {"looseleaf_debug_worker", 0, INTERP},
     {NULL, 0, 0},
 };
 

@@ -1,4 +1,4 @@
-/* ll_wire: Jupyter messages (protocol 5.3) on the wire.
+/* ll_wire: Jupyter messages (protocol 5.5, LL_PROTOCOL_VERSION) on the wire.
  *
  * A message on a ROUTER/DEALER socket is
  *     [identities...] "<IDS|MSG>" signature header parent_header metadata content [buffers...]
@@ -22,8 +22,11 @@
 #include <jansson.h>
 
 /* The Jupyter messaging protocol version the kernel speaks (message headers,
- * kernel_info_reply, the kernelspec). */
-#define LL_PROTOCOL_VERSION "5.4"
+ * kernel_info_reply, the kernelspec).  5.5: debug_request / debug_event,
+ * kernel_info on control, supported_features, and an XPUB iopub socket that
+ * welcomes each subscription (gateway/ll_iopub.c); kernel subshells, the
+ * optional part of 5.5, are not offered (not in supported_features). */
+#define LL_PROTOCOL_VERSION "5.5"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>

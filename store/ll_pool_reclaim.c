@@ -8,7 +8,9 @@
  * THE RULE.  The store is the only copy of a user's variables
  * between GPU cells, so a region is freed only when (a) no committed
  * version refers to it (Redis's ll:S:prefs, read after the candidates were
- * chosen; a commit meanwhile moves the epoch and the reclaimer gives up)
+ * chosen; a commit meanwhile moves the epoch and the reclaimer gives up;
+ * versions the session's history keeps count as committed: ll:S:hprefs,
+ * ll_history.c)
  * and (b) no live process holds a lease on it.  Every reader leases before
  * it reads and holds the lease while it reads: a worker restoring or a
  * prefetch (ll_pool_map, for as long as the objects built on the mapping

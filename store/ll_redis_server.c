@@ -73,7 +73,7 @@
 /* The commands the store sends (ll_store*.c), and nothing else. */
 #define S_ACL_COMMANDS                                                                           \
     "+ping +auth +hello +select +get +set +incr +strlen +exists +del +unlink +scan +hget +hset " \
-    "+hdel +hmget +hgetall +hvals +watch +unwatch +multi +exec +discard"
+    "+hdel +hmget +hgetall +hvals +copy +watch +unwatch +multi +exec +discard"
 
 static void s_nap_ms(double ms)
 {

@@ -31,7 +31,8 @@
  * memory of free space beyond its reserve (ll_pool_trim).
  *
  * Files, lowest first (each uses only those before it): payload refs,
- * ll_store_ref.c; this one; ll_store_put.c; ll_store_commit.c; the
+ * ll_store_ref.c; a call's frame (errors, keys, the lock), ll_store_call.c;
+ * kept versions, ll_history.c; this one; ll_store_put.c; ll_store_commit.c; the
  * end-to-end self-test, ll_store_selftest.c.  What they share,
  * ll_store_internal.h; the page kind of a new pool, ll_pagekind.c; the
  * pool itself, ll_pool.c; Redis, ll_redis.c. */
@@ -50,56 +51,10 @@
 
 #include "base/ll_clock.h"
 #include "base/ll_log.h"
+#include "store/ll_history.h"
 #include "store/ll_pagekind.h"
 #include "store/ll_redis.h"
 #include "store/ll_store_internal.h"
-
-/* ---- small helpers -------------------------------------------------- */
-
-int ll_store_fail(ll_store_t *st, int kind, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(st->err, sizeof st->err, fmt, ap);
-    va_end(ap);
-    /* A failure the call met because Redis was gone or silent, or because
-     * it was interrupted, says so to the caller, whatever step failed. */
-    int why = kind == LL_STORE_EIO && st->redis ? ll_redis_failure(st->redis) : LL_REDIS_OK;
-    st->errkind = why == LL_REDIS_UNAVAILABLE ? LL_STORE_EUNAVAIL
-                  : why == LL_REDIS_CANCELLED ? LL_STORE_EINTR
-                                              : kind;
-    return -1;
-}
-
-int ll_store_redis_fail(ll_store_t *st, const char *what)
-{
-    return ll_store_fail(st, LL_STORE_EIO, "%s: %s", what, ll_redis_errstr(st->redis));
-}
-
-bool ll_store_fault_is(const char *step)
-{
-    const char *f = getenv("LL_STORE_FAULT");
-    return f && strcmp(f, step) == 0;
-}
-
-/* Fault injection: SIGKILL ourselves when LL_STORE_FAULT names STEP. */
-void ll_store_fault(const char *step)
-{
-    const char *f = getenv("LL_STORE_FAULT");
-    if (f && strcmp(f, step) == 0) {
-        ll_warn("store", "LL_STORE_FAULT=%s: killing this process", step);
-        raise(SIGKILL);
-    }
-}
-
-char *ll_store_key(ll_store_t *st, const char *a, const char *b)
-{
-    size_t n = strlen(st->prefix) + strlen(a) + (b ? strlen(b) : 0) + 1;
-    char *k = malloc(n);
-    if (k)
-        snprintf(k, n, "%s%s%s", st->prefix, a, b ? b : "");
-    return k;
-}
 
 static bool s_session_ok(const char *s)
 {
@@ -596,54 +551,15 @@ void ll_store_destroy(ll_store_t **store_p)
     *store_p = NULL;
 }
 
-const char *ll_store_errstr(ll_store_t *st)
-{
-    return st->err;
-}
-
-int ll_store_errkind(ll_store_t *st)
-{
-    return st->errkind;
-}
-
-/* Lock and check the store is usable here.  0, or -1 (unlocked). */
-int ll_store_enter(ll_store_t *st)
-{
-    pthread_mutex_lock(&st->mu);
-    st->errkind = LL_STORE_OK;
-    st->err[0] = 0;
-    if (getpid() != st->pid) {
-        ll_store_fail(st, LL_STORE_EIO,
-                      "this store was opened by process %d; open a new one after fork",
-                      (int) st->pid);
-        pthread_mutex_unlock(&st->mu);
-        return -1;
-    }
-    if (st->pool)
-        ll_pool_reserve_busy(st->pool); /* the reserve refills once we are idle */
-    if (st->redis)
-        ll_redis_begin(st->redis); /* the call's deadline */
-    return 0;
-}
-
-void ll_store_set_cancel(ll_store_t *st, int fd, bool drain, bool (*check)(void *ctx), void *ctx)
-{
-    pthread_mutex_lock(&st->mu);
-    ll_redis_set_cancel(st->redis, fd, drain, check, ctx);
-    pthread_mutex_unlock(&st->mu);
-}
-
-void ll_store_leave(ll_store_t *st)
-{
-    pthread_mutex_unlock(&st->mu);
-}
-
 /* ---- reclamation ----------------------------------------------------- */
 
 /* ll_pool_refs_fn: mark the regions every committed entry refers to. */
 static int s_mark_refs(void *ctx, uint64_t *mark, size_t nregions)
 {
     ll_store_t *st = ctx;
+    /* Versions kept as history are readers too (ll_history.c). */
+    if (ll_history_mark(st, mark, nregions) != 0)
+        return -1;
     char *k = ll_store_key(st, "prefs", NULL);
     redisReply *vals = k ? ll_redis_cmdf(st->redis, "HVALS %s", k) : NULL;
     free(k);

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "base/ll_log.h"
+#include "store/ll_history.h"
 #include "store/ll_store_internal.h"
 
 #define S_COMMIT_RECORDS_KEPT 1000
@@ -270,6 +271,9 @@ static int s_commit_queue(s_commit_t *c, const char *vbuf, const char *k_commit,
                ll_redis_arg(a, "refs") || ll_redis_arg(a, c->refs_json[i]) ||
                ll_redis_arg(a, "cell") || ll_redis_arg(a, c->cell_id) || ll_redis_send(rd, a);
         *sent += 2;
+        if (c->st->history_on && !bad && ll_history_keeps(w, c->nwrites)) /* (ll_history.c) */
+            bad |= ll_history_queue(c->st, a, c->vkeys[i], w, vbuf, c->prefs_json[i], c->cell_id,
+                                    sent);
     }
     if (nwrites && !bad) {
         bad |= ll_redis_arg(a, "HSET") || ll_redis_arg(a, c->k_ver);
@@ -417,6 +421,8 @@ static int s_commit_loop(s_commit_t *c, uint64_t *version)
             return ll_store_redis_fail(st, "commit failed");
         if (s_commit_landed(c, version))
             return 0;
+        if (ll_history_on(st) < 0) /* one read per Store, at its first commit */
+            return ll_store_redis_fail(st, "commit failed (history setting)");
         uint64_t cur = 0;
         int rc = s_commit_watch(c, &cur);
         if (rc < 0)
@@ -504,23 +510,6 @@ int ll_store_commit(ll_store_t *st, const char *cell_id, const ll_store_write_t 
 }
 
 /* ---- reads ---------------------------------------------------------- */
-
-void ll_store_entries_free(ll_store_entry_t *e, size_t n)
-{
-    if (!e)
-        return;
-    for (size_t i = 0; i < n; i++) {
-        free(e[i].name);
-        free(e[i].blob);
-        for (size_t k = 0; k < e[i].nprefs; k++)
-            free(e[i].prefs[k]);
-        free(e[i].prefs);
-        for (size_t k = 0; k < e[i].nrefs; k++)
-            free(e[i].refs[k]);
-        free(e[i].refs);
-    }
-    free(e);
-}
 
 /* One atomic read of NAMES: the EXEC reply (array of HMGET arrays). */
 static redisReply *s_fetch_raw(ll_store_t *st, const char *const *names, size_t n)

@@ -50,6 +50,8 @@ struct ll_store_t {
     size_t largest_put;     /* bytes the largest put wrote (default reserve policy) */
     size_t save_written;    /* bytes the puts since the last commit wrote */
     size_t reserve_regions; /* what the pool's reserve was asked to keep */
+    bool history_known;     /* ll_history.c: ll:S:hon was read (or set) ... */
+    bool history_on;        /* ... and says commits keep history */
 };
 
 /* ---- ll_store.c ------------------------------------------------------- */

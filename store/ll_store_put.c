@@ -24,6 +24,7 @@
 #include "base/ll_clock.h"
 #include "base/ll_log.h"
 #include "store/ll_hash.h"
+#include "store/ll_history.h"
 #include "store/ll_store_internal.h"
 
 #define S_PARALLEL_MIN ((size_t) 32 << 20) /* below this one thread copies */
@@ -79,17 +80,18 @@ typedef struct {
     int *backerr;           /* per region: errno of a failed backing */
 
     ll_store_t *st;
-    size_t n;        /* regions of the payload */
-    size_t bn, bnb;  /* regions and bytes of the base (bn 0: nothing to share) */
-    uint8_t *bl;     /* per region: base region leased by this put */
-    uint32_t *held;  /* the payload's region indices, for the pending list */
-    size_t *cidx;    /* candidate indices, for sampling */
-    size_t ncand;    /* entries in cidx */
-    bool copy_first; /* copy every candidate, compare hashes after */
-    bool tried_gc;   /* this allocation round reclaimed already */
-    bool waited;     /* waited for the user's other pools to give memory back */
-    size_t nwritten; /* bytes copied into fresh regions */
-    bool done;       /* leases handed to the pending list */
+    size_t n;           /* regions of the payload */
+    size_t bn, bnb;     /* regions and bytes of the base (bn 0: nothing to share) */
+    uint8_t *bl;        /* per region: base region leased by this put */
+    uint32_t *held;     /* the payload's region indices, for the pending list */
+    size_t *cidx;       /* candidate indices, for sampling */
+    size_t ncand;       /* entries in cidx */
+    bool copy_first;    /* copy every candidate, compare hashes after */
+    bool tried_gc;      /* this allocation round reclaimed already */
+    bool tried_history; /* the history's old versions were dropped for this put */
+    bool waited;        /* waited for the user's other pools to give memory back */
+    size_t nwritten;    /* bytes copied into fresh regions */
+    bool done;          /* leases handed to the pending list */
 } s_put_t;
 
 static size_t s_chunk(size_t len, size_t i)
@@ -350,6 +352,12 @@ static int s_put_alloc(s_put_t *p)
             if (room && !p->tried_gc) {
                 p->tried_gc = true;
                 if (ll_store_gc_locked(st) > 0)
+                    continue;
+            }
+            /* Old versions the history keeps give way to a save (ll_history.c). */
+            if (room && !p->tried_history) {
+                p->tried_history = true;
+                if (ll_history_relieve(st) > 0 && ll_store_gc_locked(st) > 0)
                     continue;
             }
             if (room && p->copy_first) {

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "base/ll_log.h"
+#include "store/ll_history.h"
 #include "store/ll_redis.h"
 #include "store/ll_redis_server.h"
 #include "store/ll_store.h"
@@ -756,6 +757,35 @@ out:
     return result;
 }
 
+/* history_op(op, name=None, num=0) -> (text, entry or None): ll_history_op
+ * (the operations and their text: ll_history.h; looseleaf_store.history
+ * reads them). */
+static PyObject *Store_history_op(StoreObject *self, PyObject *args)
+{
+    const char *op, *name = NULL;
+    unsigned long long num = 0;
+    if (s_check_open(self) != 0 || !PyArg_ParseTuple(args, "s|zK", &op, &name, &num))
+        return NULL;
+    char *text = NULL;
+    ll_store_entry_t *e = NULL;
+    int rc;
+    S_NOGIL(self, rc = ll_history_op(self->st, op, name, num, &text, &e));
+    if (rc != 0)
+        return s_raise(self);
+    PyObject *prefs = e ? s_list_of_str(e->prefs, e->nprefs) : NULL;
+    PyObject *refs = e ? s_list_of_str(e->refs, e->nrefs) : NULL;
+    PyObject *r = !e ? Py_BuildValue("(sO)", text, Py_None)
+                  : prefs && refs
+                      ? Py_BuildValue("(s(Ky#OO))", text, (unsigned long long) e->version, e->blob,
+                                      (Py_ssize_t) e->bloblen, prefs, refs)
+                      : NULL;
+    Py_XDECREF(prefs);
+    Py_XDECREF(refs);
+    ll_store_entries_free(e, e ? 1 : 0);
+    free(text);
+    return r;
+}
+
 static PyObject *Store_versions(StoreObject *self, PyObject *unused)
 {
     if (s_check_open(self) != 0)
@@ -941,6 +971,8 @@ static PyMethodDef Store_methods[] = {
     {"fetch", (PyCFunction) Store_fetch, METH_O,
      "fetch(names) -> {name: (version, blob, payload_refs, refs)}"},
     {"versions", (PyCFunction) Store_versions, METH_NOARGS, "versions() -> {name: version}"},
+    {"history_op", (PyCFunction) Store_history_op, METH_VARARGS,
+     "history_op(op, name=None, num=0) -> (text, entry or None): kept versions (ll_history.h)"},
     {"last_commit", (PyCFunction) Store_last_commit, METH_NOARGS,
      "last_commit() -> (version, cell_id) of the newest commit"},
     {"discard", (PyCFunction) Store_discard, METH_O,

@@ -2,13 +2,14 @@
 # payload pool, Redis metadata, the _llstore Python extension, its tests and
 # benchmark.  See store/API.md.
 STORE_SRCS := store/ll_pool.c store/ll_redis.c store/ll_redis_server.c store/ll_store.c store/ll_store_py.c \
-              store/ll_store_ref.c store/ll_store_put.c store/ll_store_commit.c \
+              store/ll_store_ref.c store/ll_store_put.c store/ll_store_commit.c store/ll_history.c \
+              store/ll_store_call.c store/ll_history_selftest.c \
               store/ll_pool_reserve.c store/ll_pool_reclaim.c store/ll_pagekind.c store/ll_quota.c \
               store/ll_hash.c store/ll_hash_avx2.c
 # A region's memory below the pool, and the self-tests that drive a whole part (each above what it tests).
 STORE_SRCS += store/ll_pool_pages.c store/ll_pool_selftest.c store/ll_redis_selftest.c store/ll_store_selftest.c
 LIB_SRCS   += $(STORE_SRCS)
-SELFTESTS  += ll_pagekind ll_pool ll_pool_reclaim ll_quota ll_redis ll_store ll_store_put
+SELFTESTS  += ll_pagekind ll_pool ll_pool_reclaim ll_quota ll_redis ll_store ll_store_put ll_history
 PYTESTS    += tests/store_c
 BENCHES    += $(BUILD)/ll_store_bench
 

@@ -129,6 +129,17 @@ int ll_log_selftest(bool verbose)
         LL_CHECK(!ll_log_limit(&lim, 1099, 100, &left));
         LL_CHECK(ll_log_limit(&lim, 1100, 100, &left) && left == 50001);
         LL_CHECK(!ll_log_limit(&lim, 1150, 100, &left));
+        /* A burst limit: three at once, then one earned per interval. */
+        ll_log_limit_t b = LL_LOG_LIMIT_BURST_INIT(3);
+        for (int i = 0; i < 3; i++)
+            LL_CHECK(ll_log_limit(&b, 2000 + i, 100, &left) && left == 0);
+        LL_CHECK(!ll_log_limit(&b, 2003, 100, &left));
+        LL_CHECK(!ll_log_limit(&b, 2050, 100, &left));
+        LL_CHECK(ll_log_limit(&b, 2103, 100, &left) && left == 2);
+        LL_CHECK(!ll_log_limit(&b, 2110, 100, &left));
+        LL_CHECK(ll_log_limit(&b, 9000, 100, &left) && left == 1); /* idle long: full again */
+        LL_CHECK(ll_log_limit(&b, 9000, 100, &left) && ll_log_limit(&b, 9000, 100, &left));
+        LL_CHECK(!ll_log_limit(&b, 9000, 100, &left));
         ll_log_limit_t w = LL_LOG_LIMIT_INIT;
         ll_log_level = LL_LOG_INFO;
         for (int i = 0; i < 1000; i++)

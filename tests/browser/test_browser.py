@@ -1,9 +1,9 @@
-"""LooseLeaf in a real browser, used as a person would: JupyterLab 4 (the launcher, CPU and GPU cells, a
-matplotlib plot, an error's traceback, input() in a GPU cell, Tab completion on a GPU-made tensor, an interrupt
-from the toolbar, a restart from the Kernel menu, an ipywidgets slider whose callback writes into an Output
-widget), then in a fresh notebook on LooseLeaf and one on ipykernel the same steps (Tab completion of a
-package not yet imported, tqdm.auto's widget bar in a CPU and a GPU cell), Notebook 7 on the same server (a
-shorter set) and, as a smoke, Debian's classic notebook 6.4.
+"""LooseLeaf in a real browser, used as a person would: JupyterLab 4 (the launcher, CPU and GPU cells, a matplotlib
+plot, an error's traceback, input() in a GPU cell, Tab completion on a GPU-made tensor, an interrupt from the
+toolbar, a restart from the Kernel menu then `%looseleaf restore` of what the GPU cell made, an ipywidgets slider
+whose callback writes into an Output widget), then in a fresh notebook on LooseLeaf and one on ipykernel the same
+steps (Tab completion of a package not yet imported, tqdm.auto's widget bar in a CPU and a GPU cell), Notebook 7
+on the same server (a shorter set) and, as a smoke, Debian's classic notebook 6.4.
 
 Runs in the pytest process (`make test-browser`); the Jupyter servers and chromium are its children (see
 browserutil.py).  Each step saves a screenshot under the test run's temporary directory (printed at the end of
@@ -253,7 +253,21 @@ def test_lab_restart_from_kernel_menu(lab):
     _kernel_idle(page)
     cell = lab.run("print('after restart', 't' in globals(), 'kpid' in globals())")
     lab.wait_output(cell, "after restart False False")
+    # A clean restart, as users know it; the store the notebook's GPU cells committed to was kept, and the
+    # first reply offers it (keep.py), once.
+    texts = lab.wait_output(cell, "%looseleaf restore brings them back")
+    assert any("previous kernel of this notebook" in t for t in texts), texts
     lab.shot("lab-14-restarted")
+    cell = lab.run("%looseleaf restore")
+    text = "".join(lab.wait_output(cell, "LooseLeaf: restored"))
+    assert re.search(r"restored \d+ variables? .*\bt\b", text), text
+    # (t is what the GPU cells left it, the interrupted loop's last value: its type and the kernel pid's are
+    # what is checked.)
+    cell = lab.run("print('restored', type(t).__name__, kpid > 0, torch.__name__)")
+    lab.wait_output(cell, "restored Tensor True torch")
+    cell = lab.run("print('offered again:', 1)")
+    assert lab.wait_output(cell, "offered again: 1") == ["offered again: 1\n"]
+    lab.shot("lab-14b-restored")
 
 
 SLIDER_CELL = ("import ipywidgets as w\n"

@@ -429,35 +429,311 @@ def test_exception_breakpoints_and_placement_magic(jupyter_env):
     assert ours[3][1]["exceptionId"] == "ValueError" and ours[4][1] == ("error", "ValueError", "bad 7")
 
 
-def test_gpu_cell_runs_as_without_the_debugger(jupyter_env):
-    """GPU cells (here forced with %%gpu, which runs on a worker with or without a GPU) are outside the debugger
-    for now (issue 27 item 2): with a breakpoint set in one, it runs on its worker to the end; a CPU cell after it
-    stops at its breakpoint and sees what the GPU cell made."""
+def _iopub_until_idle(s, msg_id):
+    """The cell MSG_ID's stream text, read from iopub up to its idle status (debug_events kept for wait_event)."""
+    text, deadline = [], time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        try:
+            msg = s.kc.iopub_channel.get_msg(timeout=1)
+        except queue.Empty:
+            continue
+        if msg["msg_type"] == "debug_event":
+            s.pending.append(msg["content"])
+        elif msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        elif msg["msg_type"] == "stream":
+            text.append(msg["content"]["text"])
+        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            return "".join(text)
+    raise AssertionError("the cell did not go idle")
+
+
+def _proc_status(pid):
+    with open("/proc/%s/status" % pid) as f:
+        return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+
+
+def _proc_maps(pid):
+    with open("/proc/%s/maps" % pid) as f:
+        return f.read()
+
+
+def _gpu_session(jupyter_env):
     if os.path.isdir(jupyter_env["LOOSELEAF_POOL_DIR"]):
         os.chmod(jupyter_env["LOOSELEAF_POOL_DIR"], 0o700)  # the pool refuses a directory others may read
     s = Session("looseleaf")
+    s.debug("initialize", {"clientID": "jupyterlab", "adapterID": "python", "pathFormat": "path",
+                           "linesStartAt1": True, "columnsStartAt1": True, "supportsVariableType": True})
+    assert s.debug("attach")["success"]
+    return s
+
+
+# A GPU cell (%%gpu: on a worker with or without a GPU; CPU tensors here).  Line numbers are the editor's.
+GPU_CELL = ("%%gpu\n"                        # 1
+            "import torch\n"                 # 2
+            "t = torch.ones(2, 3)\n"         # 3
+            "g = 5\n"                        # 4
+            "g = g + 1\n"                    # 5
+            "h = g * 7\n"                    # 6
+            "print('result', h)\n")          # 7
+
+
+def test_gpu_cell_stops_in_its_worker(jupyter_env):
+    """A breakpoint set while no GPU cell runs stops the next GPU cell in its worker: the stack shows the cell's
+    file as dumpCell named it, its variables (a tensor among them) are listed, next steps a line, evaluate reads
+    the worker's frame, a breakpoint set while stopped there hits, continue ends the cell with its result as
+    without the debugger; the warm worker's next debugged cell stops again; a CPU cell after stops in the
+    kernel."""
+    s = _gpu_session(jupyter_env)
     try:
-        s.debug("initialize", {"clientID": "jupyterlab", "adapterID": "python", "pathFormat": "path",
-                               "linesStartAt1": True, "columnsStartAt1": True})
-        assert s.debug("attach")["success"]
-        gpu = "%%gpu\ng = 5\ng = g + 1\nprint(g)\n"
-        path = s.debug("dumpCell", {"code": gpu})["body"]["sourcePath"]
-        s.debug("setBreakpoints", {"source": {"path": path}, "breakpoints": [{"line": 3}]})
-        cpu = "h = g * 2\nh = h + 1\n"
+        path = s.debug("dumpCell", {"code": GPU_CELL})["body"]["sourcePath"]
+        bp = s.debug("setBreakpoints", {"source": {"path": path}, "breakpoints": [{"line": 5}],
+                                        "sourceModified": False})
+        assert bp["success"] and bp["body"]["breakpoints"][0]["line"] == 5
+        s.debug("configurationDone")
+        msg_id = s.execute(GPU_CELL)
+        (stop,) = [e for e in s.wait_event("stopped") if e["event"] == "stopped"]
+        assert stop["body"]["reason"] == "breakpoint"
+        thread = stop["body"]["threadId"]
+        assert s.debug("debugInfo")["body"]["stoppedThreads"] == [thread]
+        stack = s.debug("stackTrace", {"threadId": thread})
+        assert stack["success"], stack
+        frame = stack["body"]["stackFrames"][0]
+        assert (frame["name"], frame["line"], frame["source"]["path"]) == ("<module>", 5, path)
+        # The worker's frame, not the kernel's: the cell's code ran there.
+        pid = s.debug("evaluate", {"expression": "__import__('os').getpid()", "frameId": frame["id"],
+                                   "context": "repl"})
+        assert int(pid["body"]["result"]) != s.km.provisioner.process.pid
+        scopes = s.debug("scopes", {"frameId": frame["id"]})
+        ref = scopes["body"]["scopes"][0]["variablesReference"]
+        variables = {v["name"]: v for v in s.debug("variables", {"variablesReference": ref})["body"]["variables"]}
+        assert variables["g"]["value"] == "5" and variables["g"]["type"] == "int"
+        # A tensor: device, shape and dtype in the value column; its expansion lists them; evaluate keeps repr.
+        assert variables["t"]["type"] == "Tensor"
+        assert variables["t"]["value"] == "Tensor(shape=(2, 3), dtype=torch.float32, device=cpu)"
+        children = {v["name"]: v["value"] for v in s.debug("variables", {
+            "variablesReference": variables["t"]["variablesReference"]})["body"]["variables"]}
+        assert (children["device"], children["shape"], children["dtype"]) == ("cpu", "(2, 3)", "torch.float32")
+        assert children["numel"] == "6" and children["requires_grad"] == "False"
+        shown = s.debug("evaluate", {"expression": "t", "frameId": frame["id"], "context": "repl"})
+        assert shown["body"]["result"].startswith("tensor([[1., 1., 1.]")
+        rich = s.debug("richInspectVariables", {"variableName": "g", "frameId": frame["id"]})
+        assert rich["body"]["data"]["text/plain"] == "5"
+
+        assert s.debug("next", {"threadId": thread})["success"]
+        (stop,) = [e for e in s.wait_event("stopped") if e["event"] == "stopped"]
+        assert stop["body"]["reason"] == "step"
+        frame = s.debug("stackTrace", {"threadId": thread})["body"]["stackFrames"][0]
+        assert frame["line"] == 6
+        value = s.debug("evaluate", {"expression": "g", "frameId": frame["id"], "context": "repl"})
+        assert value["body"]["result"] == "6"
+        assert s.debug("copyToGlobals", {"srcVariableName": "g", "dstVariableName": "g_copy",
+                                         "srcFrameId": frame["id"]})["success"]
+
+        # A breakpoint set while stopped in the worker hits there.
+        bp = s.debug("setBreakpoints", {"source": {"path": path}, "breakpoints": [{"line": 5}, {"line": 7}]})
+        assert bp["success"] and [b["line"] for b in bp["body"]["breakpoints"]] == [5, 7]
+        s.debug("continue", {"threadId": thread})
+        (stop,) = [e for e in s.wait_event("stopped") if e["event"] == "stopped"]
+        frame = s.debug("stackTrace", {"threadId": stop["body"]["threadId"]})["body"]["stackFrames"][0]
+        assert frame["line"] == 7
+        s.debug("continue", {"threadId": stop["body"]["threadId"]})
+        reply = s.shell_reply(msg_id)
+        assert reply["content"]["status"] == "ok"
+        worker = reply["metadata"]["looseleaf"]["worker_pid"]
+        assert worker != s.km.provisioner.process.pid
+        assert "result 42" in _iopub_until_idle(s, msg_id)
+        assert s.debug("debugInfo")["body"]["stoppedThreads"] == []
+        # pydevd runs in the worker only: the zygote it was forked from stays single-threaded, without it.
+        zygote = _proc_status(worker)["PPid"]
+        with open("/proc/%s/cmdline" % zygote, "rb") as f:
+            assert b"zygote" in f.read()
+        assert _proc_status(zygote)["Threads"] == "1"
+        assert "debugpy" not in _proc_maps(zygote) and "debugpy" in _proc_maps(worker)
+
+        # The warm worker's next debugged cell stops again (the session's breakpoints replayed there).
+        again = "%%gpu\ng = g + 1\ng = g + 1\n"
+        again_path = s.debug("dumpCell", {"code": again})["body"]["sourcePath"]
+        s.debug("setBreakpoints", {"source": {"path": again_path}, "breakpoints": [{"line": 3}]})
+        msg_id = s.execute(again)
+        (stop,) = [e for e in s.wait_event("stopped") if e["event"] == "stopped"]
+        frame = s.debug("stackTrace", {"threadId": stop["body"]["threadId"]})["body"]["stackFrames"][0]
+        assert (frame["line"], frame["source"]["path"]) == (3, again_path)
+        value = s.debug("evaluate", {"expression": "g", "frameId": frame["id"], "context": "repl"})
+        assert value["body"]["result"] == "7"
+        s.debug("continue", {"threadId": stop["body"]["threadId"]})
+        reply = s.shell_reply(msg_id)
+        assert reply["content"]["status"] == "ok"
+        assert reply["metadata"]["looseleaf"]["worker_pid"] == worker
+
+        # A CPU cell after: it stops in the kernel and sees what the GPU cells made (copyToGlobals' too).
+        cpu = "k = g * 2 + g_copy - 6\nk = k + 1\n"
         cpu_path = s.debug("dumpCell", {"code": cpu})["body"]["sourcePath"]
         s.debug("setBreakpoints", {"source": {"path": cpu_path}, "breakpoints": [{"line": 2}]})
+        msg_id = s.execute(cpu)
+        (stop,) = [e for e in s.wait_event("stopped") if e["event"] == "stopped"]
+        frame = s.debug("stackTrace", {"threadId": stop["body"]["threadId"]})["body"]["stackFrames"][0]
+        value = s.debug("evaluate", {"expression": "k", "frameId": frame["id"], "context": "repl"})
+        assert value["body"]["result"] == "16"
+        s.debug("continue", {"threadId": stop["body"]["threadId"]})
+        assert s.shell_reply(msg_id)["content"]["status"] == "ok"
+    finally:
+        s.close()
+
+
+def test_gpu_cell_without_a_breakpoint_runs_as_without_the_debugger(jupyter_env):
+    """With the debugger on and no breakpoint in it, a GPU cell runs to its end on its worker, its result as
+    without the debugger; after a disconnect GPU cells run without pydevd."""
+    s = _gpu_session(jupyter_env)
+    try:
         s.debug("configurationDone")
-        reply = s.shell_reply(s.execute(gpu))
+        code = "%%gpu\nq = sum(range(10))\nprint('q is', q)\n"
+        msg_id = s.execute(code)
+        reply = s.shell_reply(msg_id)
         assert reply["content"]["status"] == "ok"
         assert reply["metadata"]["looseleaf"]["worker_pid"] != s.km.provisioner.process.pid
+        assert "q is 45" in _iopub_until_idle(s, msg_id)
         assert not [e for e in s.pending if e["event"] == "stopped"]
-        msg_id = s.execute(cpu)
-        s.wait_event("stopped")
-        frame = s.debug("stackTrace", {"threadId": 1})["body"]["stackFrames"][0]
-        value = s.debug("evaluate", {"expression": "h", "frameId": frame["id"], "context": "repl"})
-        assert value["body"]["result"] == "12"
-        s.debug("continue", {"threadId": 1})
+        s.debug("disconnect", {"restart": False, "terminateDebuggee": False})
+        msg_id = s.execute("%%gpu\nq = q + 1\nprint('q is', q)\n")
         assert s.shell_reply(msg_id)["content"]["status"] == "ok"
+        assert "q is 46" in _iopub_until_idle(s, msg_id)
+    finally:
+        s.close()
+
+
+def test_gpu_cell_pause_interrupt_and_disconnect(jupyter_env):
+    """The panel's pause stops a running GPU cell in its worker; an interrupt while it is stopped ends the cell
+    with KeyboardInterrupt and the frontend is told it runs again; the next GPU cell stops at its breakpoint;
+    a disconnect while stopped there lets the cell run to its end."""
+    s = _gpu_session(jupyter_env)
+    try:
+        s.debug("configurationDone")
+        loop = ("%%gpu\nimport time\nn = 0\nprint('started', flush=True)\nwhile n < 3000:\n    n += 1\n"
+                "    time.sleep(0.01)\n")
+        loop_path = s.debug("dumpCell", {"code": loop})["body"]["sourcePath"]
+        msg_id = s.execute(loop)
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:  # the loop runs in the worker, under its pydevd
+            msg = s.kc.iopub_channel.get_msg(timeout=TIMEOUT)
+            if msg["msg_type"] == "stream" and "started" in msg["content"]["text"]:
+                break
+        assert s.debug("pause", {"threadId": 1})["success"]
+        (stop,) = [e for e in s.wait_event("stopped") if e["event"] == "stopped"]
+        assert stop["body"]["reason"] == "pause"
+        frame = s.debug("stackTrace", {"threadId": stop["body"]["threadId"]})["body"]["stackFrames"][0]
+        assert frame["source"]["path"] == loop_path and frame["line"] in (5, 6, 7)
+        s.km.interrupt_kernel()
+        reply = s.shell_reply(msg_id)["content"]
+        assert (reply["status"], reply["ename"]) == ("error", "KeyboardInterrupt")
+        assert any(e["event"] == "continued" for e in s.wait_event("continued"))
+        assert s.debug("debugInfo")["body"]["stoppedThreads"] == []
+
+        code = "%%gpu\nm = 1\nm = m + 1\nprint('m', m)\n"
+        path = s.debug("dumpCell", {"code": code})["body"]["sourcePath"]
+        s.debug("setBreakpoints", {"source": {"path": path}, "breakpoints": [{"line": 3}]})
+        msg_id = s.execute(code)
+        (stop,) = [e for e in s.wait_event("stopped") if e["event"] == "stopped"]
+        assert stop["body"]["reason"] == "breakpoint"
+        assert s.debug("disconnect", {"restart": False, "terminateDebuggee": False})["success"]
+        assert s.shell_reply(msg_id)["content"]["status"] == "ok"
+        assert "m 2" in _iopub_until_idle(s, msg_id)
+        assert s.debug("debugInfo")["body"] == dict(s.debug("debugInfo")["body"], isStarted=False,
+                                                    stoppedThreads=[])
+    finally:
+        s.close()
+
+
+def test_gpu_cell_step_in_and_out(jupyter_env):
+    """Step in and step out in a GPU cell's worker: into a function the cell defines, and back to the cell."""
+    s = _gpu_session(jupyter_env)
+    try:
+        code = ("%%gpu\n"                 # 1
+                "def twice(a):\n"         # 2
+                "    b = a * 2\n"         # 3
+                "    return b\n"          # 4
+                "r = twice(21)\n"         # 5
+                "print('r', r)\n")        # 6
+        path = s.debug("dumpCell", {"code": code})["body"]["sourcePath"]
+        s.debug("setBreakpoints", {"source": {"path": path}, "breakpoints": [{"line": 5}]})
+        s.debug("configurationDone")
+        msg_id = s.execute(code)
+        (stop,) = [e for e in s.wait_event("stopped") if e["event"] == "stopped"]
+        thread = stop["body"]["threadId"]
+
+        def where():
+            frames = s.debug("stackTrace", {"threadId": thread})["body"]["stackFrames"]
+            return [(f["name"], f["line"]) for f in frames[:2]]
+
+        assert where()[0] == ("<module>", 5)
+        s.debug("stepIn", {"threadId": thread})
+        s.wait_event("stopped")
+        assert where() == [("twice", 3), ("<module>", 5)]
+        s.debug("stepOut", {"threadId": thread})
+        s.wait_event("stopped")
+        assert where()[0][0] == "<module>"
+        s.debug("continue", {"threadId": thread})
+        assert s.shell_reply(msg_id)["content"]["status"] == "ok"
+        assert "r 42" in _iopub_until_idle(s, msg_id)
+    finally:
+        s.close()
+
+
+def test_gpu_cell_stops_on_a_raised_exception(jupyter_env):
+    """Pause on raised exceptions, set before the GPU cell runs, is replayed to its worker: the cell stops where
+    it raises, exceptionInfo names the exception, and continue ends the cell with that error, as in a CPU
+    cell."""
+    s = _gpu_session(jupyter_env)
+    try:
+        # IPython's first traceback imports asttokens, whose import raises and catches: a failing cell first.
+        assert s.shell_reply(s.execute("%%gpu\n1/0\n"))["content"]["status"] == "error"
+        s.debug("setExceptionBreakpoints", {"filters": ["raised"], "filterOptions": [], "exceptionOptions": []})
+        s.debug("configurationDone")
+        code = "%%gpu\nv = 7\nraise ValueError('bad %d' % v)\n"
+        path = s.debug("dumpCell", {"code": code})["body"]["sourcePath"]
+        msg_id = s.execute(code)
+        (stop,) = [e for e in s.wait_event("stopped") if e["event"] == "stopped"]
+        assert stop["body"]["reason"] == "exception"
+        thread = stop["body"]["threadId"]
+        frame = s.debug("stackTrace", {"threadId": thread})["body"]["stackFrames"][0]
+        assert (frame["line"], frame["source"]["path"]) == (3, path)
+        info = s.debug("exceptionInfo", {"threadId": thread})["body"]
+        assert (info["exceptionId"], info["description"]) == ("ValueError", "bad 7")
+        s.debug("continue", {"threadId": thread})
+        reply = s.shell_reply(msg_id)["content"]
+        assert (reply["status"], reply["ename"], reply["evalue"]) == ("error", "ValueError", "bad 7")
+    finally:
+        s.close()
+
+
+def test_variable_explorer_lists_what_gpu_cells_made(jupyter_env):
+    """Between cells the variable explorer (inspectVariables, richInspectVariables) lists what GPU cells made,
+    by their workers' account (a tensor's device, shape and dtype), without restoring it in the kernel; once a
+    CPU cell brought a variable to the kernel it is listed from there."""
+    s = _gpu_session(jupyter_env)
+    try:
+        s.debug("configurationDone")
+        s.run("%%gpu\nimport torch\nt = torch.ones(2, 3)\ng = 6\nlabel = 'gpu'\n")
+
+        def listed():
+            return {v["name"]: v for v in s.debug("inspectVariables")["body"]["variables"]}
+
+        seen = listed()
+        assert (seen["t"]["value"], seen["t"]["type"]) == ("Tensor(shape=(2, 3), dtype=torch.float32, device=cpu)",
+                                                           "Tensor")
+        assert seen["t"]["variablesReference"] == 0  # not restored here to be expanded
+        assert (seen["g"]["value"], seen["g"]["type"]) == ("6", "int")
+        assert seen["label"]["value"] == "'gpu'"
+        rich = s.debug("richInspectVariables", {"variableName": "t"})
+        assert rich["body"]["data"]["text/plain"] == "Tensor(shape=(2, 3), dtype=torch.float32, device=cpu)"
+        # A CPU cell reads g (it is restored for it) and makes g2: both listed from the kernel's namespace.
+        s.run("g2 = g + 1\n")
+        seen = listed()
+        assert seen["g"]["value"] == "6" and seen["g2"]["value"] == "7"
+        assert seen["t"]["value"].startswith("Tensor(shape=(2, 3)")
+        # The GPU cell's next value replaces it.
+        s.run("%%gpu\ng = g * 10\n")
+        assert listed()["g"]["value"] == "60"
     finally:
         s.close()
 

@@ -133,3 +133,37 @@ def test_oversized_frame_is_refused_before_it_is_held(tmp_path):
         assert grew_mb < 32, "the kernel's peak memory grew by %.0f MB" % grew_mb
     finally:
         p.close()
+
+
+def _with_curve(path, public, secret):
+    """Put a CurveZMQ keypair into the connection file at PATH (None leaves a field out)."""
+    with open(path) as f:
+        info = json.load(f)
+    for field, value in (("curve_publickey", public), ("curve_secretkey", secret)):
+        if value is not None:
+            info[field] = value.decode()
+    with open(path, "w") as f:
+        json.dump(info, f)
+
+
+def test_curve_keys_that_do_not_pair_are_refused(tmp_path):
+    """(Transport encryption, issue 27.)  A public key that is not the secret key's would fail every
+    client's handshake with nothing said; the kernel says it and exits."""
+    path = _connection_file(tmp_path)
+    _with_curve(path, zmq.curve_keypair()[0], zmq.curve_keypair()[1])
+    rc, err = _start(path)
+    assert rc == 1 and "curve_publickey is not the public key of its curve_secretkey" in err, err
+    assert "Traceback" not in err
+
+
+def test_half_a_curve_keypair_is_refused(tmp_path):
+    """Encryption the frontend asked for is never dropped silently: half a keypair stops the kernel,
+    naming the missing field."""
+    path = _connection_file(tmp_path)
+    _with_curve(path, zmq.curve_keypair()[0], None)
+    rc, err = _start(path)
+    assert rc == 1 and '"curve_secretkey" is missing' in err, err
+    public, secret = zmq.curve_keypair()
+    _with_curve(path, public, secret)
+    rc, err = _start(path)
+    assert rc is None, err  # a good pair: it runs

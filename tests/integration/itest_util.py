@@ -62,8 +62,9 @@ def kernel_env():
 class Kernel:
     """A running kernel and a blocking client connected to it."""
 
-    def __init__(self, name, env=None):
-        """Start kernel NAME; ENV adds to (or overrides) the environment."""
+    def __init__(self, name, env=None, **km_options):
+        """Start kernel NAME; ENV adds to (or overrides) the environment; KM_OPTIONS go to its
+        KernelManager (e.g. transport_encryption="required")."""
         if name.startswith("looseleaf") and not os.access(LOOSELEAF_BIN, os.X_OK):
             raise AssertionError("%s is not built (run `make all`)" % LOOSELEAF_BIN)
         self.name = name
@@ -79,7 +80,7 @@ class Kernel:
             f.write("c.Completer.jedi_compute_type_timeout = 10000\n")
         full_env = dict(kernel_env(), IPYTHONDIR=self._ipython_dir)
         full_env.update(env or {})
-        self.km = KernelManager(kernel_name=name)
+        self.km = KernelManager(kernel_name=name, **km_options)
         self.km.start_kernel(env=full_env)
         self.kc = None
         self.connect()

@@ -17,8 +17,9 @@ def test_kernel_info_fields(kernel):
     assert major == 5 and minor >= 3
     impl = {"looseleaf": "looseleaf", "python3": "ipython"}[kernel.name]
     if kernel.name == "looseleaf":
-        # Protocol 5.4: the optional features implemented: the debugger and kernel subshells.
-        assert c["protocol_version"] == "5.4"
+        # Protocol 5.5 (iopub_welcome included); the optional features implemented, as
+        # ipykernel 7.4 lists them: the debugger and kernel subshells.
+        assert c["protocol_version"] == "5.5"
         assert sorted(c["supported_features"]) == ["debugger", "kernel subshells"]
         assert c["debugger"] is True
     assert c["implementation"] == impl
@@ -39,7 +40,8 @@ def test_language_info_matches_ipykernel(kernel, reference):
     mine = kernel.reply(kernel.send("kernel_info_request", {}))["content"]
     ref = reference.reply(reference.send("kernel_info_request", {}))["content"]
     assert mine["language_info"] == ref["language_info"]
-    # (ipykernel 7 still reports 5.3 with 5.4's supported_features; LooseLeaf speaks 5.4.)
+    # (ipykernel 7.4 still reports 5.3 in kernel_info while its kernelspec and its XPUB iopub say 5.5;
+    # LooseLeaf reports 5.5 in both.)
     assert mine["protocol_version"] >= ref["protocol_version"]
 
 

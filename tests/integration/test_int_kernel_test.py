@@ -57,4 +57,4 @@ class LooseLeafGpuRouteKernelTests(LooseLeafKernelTests):
 
 class LooseLeafIopubWelcomeTests(jkt.IopubWelcomeTests):
     kernel_name = "looseleaf"
-    support_iopub_welcome = False  # JEP 65 (an XPUB iopub socket): not implemented
+    support_iopub_welcome = True  # JEP 65: an XPUB iopub socket that welcomes each subscription

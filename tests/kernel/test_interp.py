@@ -487,7 +487,7 @@ def test_kernel_info(env):
     evs = run(env, req("kernel_info_request"))
     ((_, r),) = split_replies(evs)
     c = r["content"]
-    assert c["status"] == "ok" and c["protocol_version"] == "5.4"
+    assert c["status"] == "ok" and c["protocol_version"] == "5.5"
     assert c["implementation"] == "looseleaf" and c["implementation_version"]
     assert c["language_info"] == {
         "name": "python", "version": platform.python_version(), "mimetype": "text/x-python",

@@ -296,12 +296,51 @@ static void s_test_files(void)
     rmdir(dir);
 }
 
+/* The CurveZMQ keypair (transport encryption): both or neither, each 40
+ * characters of Z85; the secret is wiped with the HMAC key. */
+#define S_PUB        "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"
+#define S_SEC        "JTKVSB%%)wK0E.X)V>+}o?pNmC{O&4W4b!Ni{Lh6"
+#define S_CURVE_BASE "{\"ip\": \"127.0.0.1\", " S_PORTS ", \"key\": \"k\""
+
+static void s_test_curve(void)
+{
+    ll_conn_info_t info;
+    char err[300] = "";
+    LL_CHECK(ll_conn_parse(s_good, &info, err, sizeof err) == 0);
+    LL_CHECK(info.curve_publickey[0] == 0 && info.curve_secretkey[0] == 0);
+    LL_CHECK(ll_conn_parse(S_CURVE_BASE ", \"curve_publickey\": \"" S_PUB
+                                        "\", \"curve_secretkey\": \"" S_SEC "\"}",
+                           &info, err, sizeof err) == 0);
+    LL_CHECK(strcmp(info.curve_publickey, S_PUB) == 0 && strcmp(info.curve_secretkey, S_SEC) == 0);
+    ll_conn_clear(&info);
+    LL_CHECK(info.curve_secretkey[0] == 0 && info.curve_secretkey[39] == 0);
+    LL_CHECK(strcmp(info.curve_publickey, S_PUB) == 0); /* public: nothing to hide */
+
+    S_EXPECT_ERROR(S_CURVE_BASE ", \"curve_publickey\": \"" S_PUB "\"}",
+                   "\"curve_secretkey\" is missing");
+    S_EXPECT_ERROR(S_CURVE_BASE ", \"curve_secretkey\": \"" S_SEC "\"}",
+                   "\"curve_publickey\" is missing");
+    S_EXPECT_ERROR(S_CURVE_BASE ", \"curve_publickey\": \"short\", \"curve_secretkey\": \"" S_SEC
+                                "\"}",
+                   "\"curve_publickey\" is not a CurveZMQ key");
+    S_EXPECT_ERROR(S_CURVE_BASE
+                   ", \"curve_publickey\": \"" S_PUB
+                   "\", \"curve_secretkey\": \"JTKVSB%%)wK0E.X)V>+}o?pNmC{O&4W4b!Ni{Lh\\\\\"}",
+                   "\"curve_secretkey\" is not a CurveZMQ key");
+    S_EXPECT_ERROR(S_CURVE_BASE ", \"curve_publickey\": \"" S_PUB
+                                "x\", \"curve_secretkey\": \"" S_SEC "\"}",
+                   "\"curve_publickey\" is too long");
+    S_EXPECT_ERROR(S_CURVE_BASE ", \"curve_publickey\": 5, \"curve_secretkey\": \"" S_SEC "\"}",
+                   "\"curve_publickey\" must be a string");
+}
+
 int ll_conn_selftest(bool verbose)
 {
     s_failures = 0;
     s_test_good();
     s_test_bad();
     s_test_files();
+    s_test_curve();
     if (s_failures)
         fprintf(stderr, "\n");
     return s_failures ? -1 : 0;

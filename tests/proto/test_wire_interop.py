@@ -98,7 +98,7 @@ def test_roundtrip_through_ll_wire(key):
         assert _canonical(reply["metadata"]) == _canonical(msg["metadata"])
         assert [bytes(b) for b in reply["buffers"]] == buffers
         header = reply["header"]
-        assert header["version"] == "5.4"
+        assert header["version"] == "5.5"
         assert header["date"].tzinfo is not None          # ISO 8601 with Z, parsed by jupyter_client
         assert uuid.UUID(header["msg_id"]).version == 4
         assert uuid.UUID(header["session"])

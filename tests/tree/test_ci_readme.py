@@ -34,7 +34,7 @@ def test_ci_runs_the_readme_commands_in_order():
     # `make run` is `make setup` and then JupyterLab, which a CI machine cannot use: CI runs its first half.
     told = ["make setup" if c == "make run" else c for c in readme]
     assert ci[:len(told)] == told, (ci, readme)
-    assert ci[len(told):len(told) + 1] == ["make test-browser"], ci
+    assert ci[len(told):] == ["make test-browser", "make test-cluster"], ci
 
 
 def _dry_run(target):

@@ -25,7 +25,7 @@ import re
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-RANK = {"base": 0, "proto": 1, "policy": 1, "store": 2, "kernel": 2, "analysis": 3, "hostd": 4, "zygote": 5,
+RANK = {"base": 0, "proto": 1, "policy": 1, "store": 2, "kernel": 2, "cluster": 2, "analysis": 3, "hostd": 4, "zygote": 5,
         "sim": 6, "gateway": 7, "cli": 8}
 PY_RANK = {"looseleaf_store": 0, "looseleaf_kernel": 1, "looseleaf_zygote": 2}
 PY_ROOTS = {"looseleaf_store": "store/py/looseleaf_store", "looseleaf_kernel": "kernel/py/looseleaf_kernel",

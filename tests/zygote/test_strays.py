@@ -1,4 +1,4 @@
-"""Processes a cell starts in a session of its own (issue 23, part 3 item 6): `Popen(start_new_session=True)`,
+"""Processes a cell starts in a session of its own (a daemon's children must never outlive it): `Popen(start_new_session=True)`,
 `setsid -f`, a double fork.  They are out of the worker's process group, which is what eviction kills, so they
 outlived the worker's exit, its eviction, its client's end and the pool.  A worker is its descendants'
 subreaper (an orphan of a double fork stays under it), and the pool kills what a worker left behind once it is
@@ -23,10 +23,25 @@ def env(tmp_path):
 def _start(tag):
     """A cell that starts `sleep` twice out of its process group: a Popen in a new session, and a `setsid -f`
     (fork, setsid, exec: its parent exits at once, so the sleep is an orphan while the worker lives).  Neither
-    is bound to a name (a Popen object would make the worker the session's home, which stays)."""
-    return ("import subprocess\n"
-            "print(subprocess.Popen(['sleep', '1000.%s1'], start_new_session=True).pid)\n"
-            "subprocess.run(['setsid', '-f', 'sleep', '1000.%s2'], check=True)\n" % (tag, tag))
+    is bound to a name (a Popen object would make the worker the session's home, which stays).  The cell ends
+    once it sees both running and prints how many it saw: a worker that exits after its cell may have them
+    killed before the test could look."""
+    return ("import subprocess, os, time\n"
+            "subprocess.Popen(['sleep', '1000.%s1'], start_new_session=True)\n"
+            "subprocess.run(['setsid', '-f', 'sleep', '1000.%s2'], check=True)\n"
+            "_t = time.time()\n"
+            "while time.time() - _t < 20:\n"
+            "    _n = 0\n"
+            "    for _p in filter(str.isdigit, os.listdir('/proc')):\n"
+            "        try:\n"
+            "            _a = open('/proc/%%s/cmdline' %% _p, 'rb').read().split(b'\\0')\n"
+            "        except OSError:\n"
+            "            continue\n"
+            "        _n += _a[0] == b'sleep' and _a[1].startswith(b'1000.%s')\n"
+            "    if _n == 2:\n"
+            "        break\n"
+            "    time.sleep(0.05)\n"
+            "print('sleeps running:', _n)\n" % (tag, tag, tag))
 
 
 def _sleeps(tag):
@@ -45,7 +60,7 @@ def _sleeps(tag):
 def _started(c, tag, **kw):
     r = c.run("s-" + tag, _start(tag), **kw)
     assert r.ok, r.events
-    wait_for(lambda: len(_sleeps(tag)) == 2, 30, "both sleeps running")
+    assert r.stdout == "sleeps running: 2\n", r.stdout
     return r
 
 

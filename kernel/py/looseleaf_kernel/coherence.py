@@ -30,19 +30,16 @@ Runs on the interpreter thread, inside request handling; not thread-safe.
 """
 import ast
 import contextlib
-import glob
 import logging
 import os
 import pickle
 import re
-import shutil
 import sys
 import tempfile
 import time
 import types
 import uuid
 
-from .procs import same_process, start_time
 
 log = logging.getLogger("looseleaf_kernel")
 
@@ -172,11 +169,9 @@ def _dyn_entry(name, v):
     a module with the import statement that binds it again; otherwise the package V comes from, the names its
     code may look up, and whether that code defeats the analysis."""
     if isinstance(v, types.ModuleType):
-        mod = getattr(v, "__name__", None)
-        if isinstance(mod, str) and mod and all(p.isidentifier() for p in mod.split(".")):
-            stmt = "import %s" % mod if mod == name else "import %s as %s" % (mod, name)
-            return [mod, stmt, [], False]
-        return [None, None, [], True]
+        from .keep import import_statement
+        stmt = import_statement(name, v)
+        return [v.__name__, stmt, [], False] if stmt else [None, None, [], True]
     names, seen = set(), set()
     try:
         for code in _code_of(v):
@@ -226,9 +221,6 @@ def _cell_error(kind, why):
     return {"error": {"ename": kind, "evalue": why}}
 
 
-_OWNER = "owner"  # in a store dir: "<kernel pid> <session> <its start time>", for _sweep
-
-
 def _interrupt_fd():
     """The kernel's interrupt eventfd (the hooks' interrupt_fd), -1 outside the kernel."""
     try:
@@ -257,42 +249,10 @@ def _usermods():
 
 
 def _sweep(base):
-    """Remove the stores of kernels that died without shutting down (SIGKILL, OOM).  Their redis-server
-    dies with them (parent-death signal) and their pool has no name (it goes with its last process), but
-    the directory, with the append-only file, stays.  Only our own directories (owner file, 0700, our
-    uid) whose owner process is gone: the pid and its start time decide, so a recycled pid cannot keep a
-    dead kernel's store alive."""
-    import _llstore
-    try:
-        names = [n for n in os.listdir(base) if n.startswith("looseleaf-store-")]
-    except OSError:
-        return
-    for n in names:
-        d = os.path.join(base, n)
-        try:
-            st = os.lstat(d)
-            with open(os.path.join(d, _OWNER)) as f:
-                fields = f.read().split()
-            pid, session = int(fields[0]), fields[1]
-            started = int(fields[2]) if len(fields) > 2 else None
-        except (OSError, ValueError, IndexError):
-            continue
-        if st.st_uid != os.getuid() or st.st_mode & 0o077 or pid == os.getpid():
-            continue
-        if same_process(pid, started):
-            continue
-        # Its redis-server died with it (parent-death signal) and its pool had no name; what an older
-        # kernel may have left: a server still running, a pool file named after the session.
-        try:
-            _llstore.stop_redis(d)
-        except Exception:  # noqa: BLE001 - best effort
-            pass
-        for pool in glob.glob("/dev/shm/looseleaf-%d-*-%s.pool" % (os.getuid(), session)):
-            try:
-                os.unlink(pool)
-            except OSError:
-                pass
-        shutil.rmtree(d, ignore_errors=True)
+    """Remove the stores of kernels that died without shutting down (keep.sweep: a notebook's keyed store
+    stays for its time, the others go)."""
+    from . import keep
+    keep.sweep(base)
 
 
 class Coherence:
@@ -327,12 +287,18 @@ class Coherence:
         # {name: (type, dir list, payload bytes, top-level modules)} of values GPU cells saved: what completion
         # answers from while restoring them would be slow (complete_view).
         self._shapes = {}
+        self._values = {}  # name -> (type, explorer value or None): a worker's account of what it saved
         self._mods_dirty = False  # a CPU cell ran since the user modules' globals were last committed
         # What the store should hold (_lost_data): the newest commit this process saw in the store, its own
         # or a worker's (after_gpu), and the names committed there as far as this process knows.
         self._seen_version = 0
         self._stored = set()
         self._lost = None  # what _lost_data found, until a GPU cell's Run says so
+        self._history_budget = 0  # bytes of superseded versions kept (_history_on)
+        # Names bound outside any cell (a restore, keep.py): the next cell reports them as if it bound them,
+        # so the gateway's analysis learns them and they are committed.
+        self._fresh = set()
+        self.imports = {}  # the top-level import statements of the cells run so far, in order (keep.py)
 
     # ---- the namespace -------------------------------------------------------------------------------
     def _procstate(self):
@@ -352,25 +318,43 @@ class Coherence:
                       (not isinstance(ns.get(n), types.ModuleType) or usermods.is_user_module(ns[n])))
 
     # ---- the store -----------------------------------------------------------------------------------
-    def _open(self):
+    @staticmethod
+    def store_base():
+        """Where stores live.  On tmpfs: the private redis-server fsyncs its append-only file at every commit."""
+        for d in (os.environ.get("XDG_RUNTIME_DIR"), "/dev/shm", tempfile.gettempdir()):
+            if d and os.path.isdir(d) and os.access(d, os.W_OK):
+                return d
+        return None
+
+    def _open(self, adopt=None):
+        """Open the session's store: a new one, or ADOPT (dir, session) that an earlier kernel of this
+        notebook left (keep.restore).  A kernel run for a notebook keys its store so that it outlives the
+        kernel (keep.py)."""
         if self.cp is not None:
             return
         import _llstore
         from looseleaf_store import Checkpointer
-        # On tmpfs: the private redis-server fsyncs its append-only file at every commit.
-        base = None
-        for d in (os.environ.get("XDG_RUNTIME_DIR"), "/dev/shm", tempfile.gettempdir()):
-            if d and os.path.isdir(d) and os.access(d, os.W_OK):
-                base = d
-                break
+        from . import keep
+        base = self.store_base()
         _sweep(base)
-        self.dir = tempfile.mkdtemp(prefix="looseleaf-store-", dir=base)  # 0700
-        self.session = uuid.uuid4().hex[:16]
+        key = keep.notebook_key()
+        if adopt is not None:
+            self.dir, self.session = adopt
+        else:
+            # 0700.  A kept store's name is not looseleaf-store-*: a kernel of an older build sweeps those
+            # as soon as their owner is gone.
+            self.dir = tempfile.mkdtemp(prefix="looseleaf-keep-" if key else "looseleaf-store-", dir=base)
+            self.session = uuid.uuid4().hex[:16]
         try:
-            with open(os.path.join(self.dir, _OWNER), "w") as f:
-                started = start_time(os.getpid())
-                f.write("%d %s%s\n" % (os.getpid(), self.session, " %d" % started if started else ""))
-            self.store = _llstore.Store(self.dir, self.session)
+            keep.claim(self.dir, self.session)
+            pool = None
+            if key is not None:
+                # A named pool (a memfd would die with this kernel), removed with the store.
+                pool = keep._read(self.dir, keep.POOL) or keep.pool_path(self.session)
+                keep._write(self.dir, keep.POOL, pool + "\n")
+                keep._write(self.dir, keep.NOTEBOOK, key + "\n")
+            self.store = _llstore.Store(self.dir, self.session, pool_path=pool,
+                                        pool_bytes=keep.pool_bytes() if pool and not os.path.exists(pool) else None)
             fd = _interrupt_fd()
             if fd >= 0:
                 # An interrupt ends a wait for a silent Redis (the kernel's interrupt eventfd: one from
@@ -378,14 +362,46 @@ class Coherence:
                 self.store.set_interrupt_fd(fd, drain=True)
             self.cp = Checkpointer(self.store, self.shell.user_ns)
             self.cp.cpu_only = True  # a CUDA tensor refreshed here comes back on the CPU: no context here
+            self._history_on()
+            if key is not None:
+                keep.spawn_reaper(self.dir)
         except BaseException:
-            self.close()
+            self.close(keep_store=adopt is not None)  # a kept store we failed to adopt stays kept
             raise
 
-    def close(self):
+    def _history_on(self):
+        """Keep superseded versions (time travel: %looseleaf history/checkout) within LL_HISTORY_BYTES (a quarter of the pool,
+        at most 4 GiB; "0": off).  Before any worker commits: each Store reads the setting at its first
+        commit."""
+        from looseleaf_store import history
+        try:
+            self._history_budget = history.budget_bytes(self.store)
+        except ValueError as e:
+            log.warning("LL_HISTORY_BYTES: %s; the history stays off", e)
+            self._history_budget = 0
+        if self._history_budget > 0:
+            history.enable(self.store)
+
+    def _keep_history(self):
+        """Drop the oldest superseded versions beyond the budget (after a worker's commit, and when idle)."""
+        if self.cp is None or not self._history_budget:
+            return
+        from looseleaf_store import history
+        try:
+            dropped = history.prune(self.store, self._history_budget)
+        except Exception:  # noqa: BLE001 - the next idle time tries again
+            log.info("history prune failed", exc_info=True)
+            return
+        if dropped:
+            log.info("history: dropped %d old versions to stay within %d bytes", len(dropped),
+                     self._history_budget)
+
+    def close(self, keep_store=False):
         """Stop the session's redis-server and remove its store: the directory holds every key (the
-        append-only file), and the pool has no name (it goes with the last process that maps it), so no
-        round trip to Redis is needed, and a silent Redis cannot hold up a shutdown."""
+        append-only file), and the pool has no name (it goes with the last process that maps it) or is the
+        named file the directory names, so no round trip to Redis is needed, and a silent Redis cannot hold
+        up a shutdown.  KEEP_STORE (a restart): a keyed store stays for the next kernel (keep.py)."""
+        from . import keep
         store, self.store, self.cp = self.store, None, None
         if store is not None:
             try:
@@ -393,7 +409,11 @@ class Coherence:
             except Exception:  # noqa: BLE001 - shutting down: log and go on
                 log.warning("closing the checkpoint store", exc_info=True)
         if self.dir:
-            shutil.rmtree(self.dir, ignore_errors=True)
+            if keep_store and keep._read(self.dir, keep.NOTEBOOK):
+                keep._write(self.dir, keep.DEAD, "%f restart\n" % time.time())
+                keep._write(self.dir, keep.OWNER, "0 %s\n" % self.session)
+            else:
+                keep.remove(self.dir)
             self.dir = None
 
     def _lost_data(self):
@@ -495,7 +515,8 @@ class Coherence:
         atomic: no worker reads the store while the kernel commits, a GPU cell runs only once every batch
         landed, and what a failed batch left out stays dirty (its owners come along in any batch: NeedOwner).
         One SaveReport for all; after an error, nothing more is saved."""
-        cell = "kernel-%s" % uuid.uuid4().hex[:12]
+        # The commit's id starts with the cell it comes after (the history lists it: In[N]).
+        cell = "In[%d] kernel-%s" % (max(0, self.shell.execution_count - 1), uuid.uuid4().hex[:12])
         if len(names) <= _COMMIT_BATCH:
             return self.cp.save(names, cell_id=cell)
         total = None
@@ -553,10 +574,25 @@ class Coherence:
         stale = None  # the recursive closure would keep itself alive until gc
         return out
 
+    def note_imports(self, code):
+        """Remember the top-level import statements of CODE (a cell run here or on a worker): what a restore
+        after a crash or restart runs again."""
+        if not isinstance(code, str) or "import" not in code:
+            return
+        try:
+            tree = ast.parse(self.shell.transform_cell(code))
+        except Exception:  # noqa: BLE001 - magics, syntax errors: nothing to remember
+            return
+        for node in tree.body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and not (
+                    isinstance(node, ast.ImportFrom) and (node.level or node.module == "__future__")):
+                self.imports[ast.unparse(node)] = None
+
     def before_cpu(self, plan):
         """Refresh the cell's closure from the store where a worker changed it, and bring in the imports
         it reads; remember the namespace.  Returns the refresh's report for metadata.looseleaf."""
         self.install_outputs(plan.get("code"))
+        self.note_imports(plan.get("code"))
         self._imports(plan.get("import_stmts"))
         load_index = getattr(self.shell.compile, "load_index", None)
         if load_index is not None:
@@ -623,12 +659,20 @@ class Coherence:
                 else:
                     ns[n] = old
 
+    def worker_made(self):
+        """{name: (type, value or None)} of the variables GPU cells saved that this process does not hold as
+        committed (it has an older copy or none), by the workers' account: the debugger's variable explorer
+        lists them without restoring them.  Empty while the kernel cannot tell which moved."""
+        moved = self._moved or ()
+        return {n: self._values[n] for n in moved if n in self._values and n not in self.dirty}
+
     def _note_shapes(self, shapes, saved, deleted):
         """Keep the worker's account (after_gpu's `shapes`) of the values it saved; forget what the cell
         deleted or saved without one."""
         for n in (saved or []) + (deleted or []):
             if isinstance(n, str):
                 self._shapes.pop(n, None)
+                self._values.pop(n, None)
         if not isinstance(shapes, dict):
             return
         dirs, named = shapes.get("dirs"), shapes.get("names")
@@ -636,8 +680,11 @@ class Coherence:
             return
         for n, entry in named.items():
             try:
-                type_name, idx, nbytes, mods = entry
+                type_name, idx, nbytes, mods = entry[:4]
                 attrs = dirs[idx]
+                # The variable explorer's value (zyg._explorer_value), None when the worker gave none.
+                value = entry[4] if len(entry) > 4 and isinstance(entry[4], str) else None
+                self._values[n] = (str(type_name), value)
                 self._shapes[n] = (str(type_name), [a for a in attrs if isinstance(a, str)], int(nbytes),
                                    tuple(m for m in mods if isinstance(m, str)))
             except (TypeError, ValueError, IndexError):
@@ -734,6 +781,10 @@ class Coherence:
         before_mods, self._before_mods = self._before_mods, {}
         if before is None:
             return {}
+        if self._fresh:
+            before = {k: v for k, v in before.items() if k not in self._fresh}
+            before_mods = {k: v for k, v in before_mods.items() if k not in self._fresh}
+            self._fresh = set()
         after, after_mods = split_visible(self.shell)
         bound = self._rebound_since(before, after)  # what the namespace shows bound or deleted
         changed = set(bound)
@@ -753,6 +804,24 @@ class Coherence:
 
     # ---- between cells --------------------------------------------------------------------------------
     def commit_idle(self):
+        """commit_idle_now, then the history's budget kept (looseleaf_store.history)."""
+        try:
+            return self.commit_idle_now()
+        finally:
+            self._keep_history()
+            self._note_state()
+
+    def _note_state(self):
+        """In a store kept for the notebook: what a restore after a crash needs beyond the store (keep.py)."""
+        from . import keep
+        if self.cp is None or keep.notebook_key() is None:
+            return
+        try:
+            keep.note_state(self, at_risk(self, self.cp.versions()))
+        except Exception:  # noqa: BLE001 - a restore then says less
+            log.info("cannot note the session's state", exc_info=True)
+
+    def commit_idle_now(self):
         """The kernel stayed idle after user code ran here (a CPU cell, a widget's callback; the gateway's
         idle commit): commit what it made dirty, and the process state, so that the next GPU cell's Run finds
         nothing to commit even when its edit window was too short for a prefetch.  Only in a session whose
@@ -775,8 +844,11 @@ class Coherence:
         names = self._saveable(self.dirty)
         if len(names) > _QUICK_NAMES:
             return {"skipped": "%d names" % len(names)}
+        # What is slow to save waits for the Run; the rest is committed now, so that a crash loses as little
+        # as it can.  (The kernel's commits need not be atomic: _save_batched.)
         slow = [n for n in names if n in ns and not _quick_to_save(ns[n])]
-        if slow:
+        names = [n for n in names if n not in slow]
+        if slow and not names:
             return {"skipped": "not quick to save: %s" % ", ".join(slow[:5])}
         try:
             self._pull_procstate()  # a worker's newer state first, as before_gpu
@@ -787,7 +859,10 @@ class Coherence:
         if rep.error:
             return {"skipped": rep.error}
         self.dirty -= set(rep.saved) | set(rep.unchanged) | set(rep.deleted)
-        return {"saved": sorted(n for n in rep.saved if n != self._procstate().NAME)}
+        out = {"saved": sorted(n for n in rep.saved if n != self._procstate().NAME)}
+        if slow:
+            out["skipped"] = "not quick to save: %s" % ", ".join(slow[:5])
+        return out
 
     # ---- around GPU cells ----------------------------------------------------------------------------
     def before_gpu(self, plan):
@@ -901,6 +976,7 @@ class Coherence:
         the namespace follows what the worker saved and deleted."""
         shell = self.shell
         code = info.get("code")
+        self.note_imports(code)
         count = info.get("execution_count")
         # store_history=False: IPython neither records the cell nor advances its counter.
         keep = bool(info.get("store_history", True)) and not info.get("silent")
@@ -945,6 +1021,13 @@ class Coherence:
         if isinstance(info.get("home"), dict):
             self._adopt_home(info["home"], info.get("worker_pid"))
         self._update_lost_names()
+        if info.get("saved") and not info.get("unknown"):
+            # What the worker committed superseded versions: keep the history's budget now (one read of its
+            # index, bounded by LL_HISTORY_VERSIONS), not only when idle, which a "Run all" never is, so
+            # old versions hold at most the budget even between cells.  Only after a commit that happened
+            # (Redis answered it a moment ago): a cell that failed or was interrupted, perhaps because the
+            # store went silent, must not wait for that store again before its reply; idle time prunes.
+            self._keep_history()
         return {"home": self.home}
 
     # ---- homes ----------------------------------------------------------------------------------------
@@ -1080,3 +1163,39 @@ class Coherence:
         if rep.failed:
             log.warning("cannot bring user modules' globals from the store: %s", rep.failed)
         self._moved.difference_update(n for n in entries if n not in rep.failed)
+
+
+def at_risk(coh, committed):
+    """{name: why} of the variables a crash of the kernel right now would lose: what no commit holds (or
+    holds only an older version of), and what no store can hold (a crash now would lose them).  COH: the kernel's
+    coherence; COMMITTED: {name: version} in its store."""
+    from looseleaf_store import homes
+    from . import keep
+    ns = coh.shell.user_ns
+    out = {}
+    if coh.cp is None:
+        for name in sorted(visible(coh.shell)):
+            out[name] = "nothing is committed before the session's first GPU cell"
+        return out
+    if keep.notebook_key() is None:
+        for name in sorted(set(visible(coh.shell)) | set(committed)):
+            if not name.startswith("_"):
+                out[name] = "no store outlives a kernel run for no known notebook (JPY_SESSION_NAME)"
+        return out
+    for name, h in coh.home.items():
+        if h.get("kind") == "held":
+            out[name] = "%s, living only in worker %s: no store can hold it" % (h.get("what"), h.get("pid"))
+    for name in sorted(coh._saveable(coh.dirty | {n for n in visible(coh.shell) if n not in committed})):
+        if name not in ns or name in out:
+            continue
+        value = ns[name]
+        what = homes._WHAT.get(type(value).__name__)
+        if what:
+            out[name] = "%s: no store can hold it" % what
+        elif _quick_to_save(value):
+            out[name] = "not committed yet: committed once the kernel is idle"
+        else:
+            out[name] = ("slow to save, so not committed when idle: committed by the next GPU cell's Run"
+                         if name in committed else "slow to save, never committed: the next GPU cell's Run "
+                         "commits it")
+    return out

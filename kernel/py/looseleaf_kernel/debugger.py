@@ -11,8 +11,20 @@ in pydevd's wait loop, which sleeps with the GIL released, so the control thread
 What the frontend sees follows ipykernel 7's debugger message by message (its requests, the replies' shapes, the
 variables it hides); cells are compiled under the names dumpCell gives (shell.CellCompiler: Murmur2 of the raw
 cell, as ipykernel names them), so breakpoints set in a cell's editor match the code that runs, in the cell and in
-functions it defines that later cells call.  GPU cells run in workers, outside pydevd's reach: they run as without
-the debugger."""
+functions it defines that later cells call.
+
+GPU cells run in workers.  When the session's debugger is attached, the gateway asks
+gpu_cell_starting before it hands a GPU cell to its worker, and the job then says so; the worker starts pydevd
+after the fork (zygote/py/looseleaf_zygote/debug.py: debugpy's in-process adapter, so pydevd itself answers the
+Debug Adapter Protocol), says where it listens, and waits.  worker_listening (on the interpreter thread, from the
+gateway's relay) connects to it, initializes and attaches as the frontend did, replays the session's breakpoints
+and exception filters, and sends configurationDone: the cell starts.  Until the cell ends (gpu_cell_ended, from
+looseleaf_after_gpu) the frontend's requests go to the worker (setBreakpoints to both: the kernel keeps them for
+later cells), and the worker's events come back as debug_event.  The worker compiles the cell under the same name
+(the session's cell directory), so its frames show the cell's file as dumpCell named it.  Between cells the
+variable explorer lists the kernel's namespace, and what GPU cells made that the kernel does not hold as
+committed by the workers' account of what they saved (coherence.worker_made: type, and a tensor's device, shape
+and dtype), without restoring it."""
 
 import importlib.util
 import itertools
@@ -93,6 +105,100 @@ class _VariableExplorer:
     def children(self, ref=None):
         variables = self.manager.get_variable(ref or id(self.frame))
         return [v.get_var_data() for v in variables.get_children_variables()]
+
+
+# -- tensors in the variable explorer ----------------------------------------
+
+TENSOR_PREVIEW = 100  # leading elements a tensor's expansion shows (copied to the host: a few, never the tensor)
+
+
+def tensor_summary(t):
+    """A tensor as the variable explorer's value column shows it: what a GPU user checks first (device, shape,
+    dtype), without printing (or copying to the host) its data."""
+    text = "Tensor(shape=%s, dtype=%s, device=%s" % (tuple(t.shape), t.dtype, t.device)
+    if t.requires_grad:
+        text += ", requires_grad=True"
+    return text + ")"
+
+
+def _tensor_type():
+    torch = sys.modules.get("torch")
+    return getattr(torch, "Tensor", None) if torch is not None else None
+
+
+class _TensorStr:
+    """pydevd's string for a tensor in the variables list (context None); evaluate, hover and the clipboard
+    (repl, hover, clipboard, watch) keep its repr."""
+
+    def can_provide(self, type_object, type_name):
+        tensor = _tensor_type()
+        return tensor is not None and isinstance(type_object, type) and issubclass(type_object, tensor)
+
+    def get_str(self, o):
+        return tensor_summary(o)
+
+    def get_str_in_context(self, o, context):
+        return tensor_summary(o) if context is None else None
+
+
+class _DeviceStr:
+    """A torch.device as the user writes it ("cuda:0", "cpu"), not device(type='cuda', index=0)."""
+
+    def can_provide(self, type_object, type_name):
+        torch = sys.modules.get("torch")
+        return torch is not None and type_object is getattr(torch, "device", None)
+
+    def get_str(self, o):
+        return str(o)
+
+
+class _TensorChildren(_TensorStr):
+    """A tensor's expansion: device, shape, dtype, requires_grad, grad_fn, numel, its first elements
+    (flattened), and pydevd's usual attribute listing under __internals__."""
+
+    def _fields(self, t):
+        out = {"device": t.device, "shape": tuple(t.shape), "dtype": t.dtype, "requires_grad": t.requires_grad,
+               "numel": t.numel()}
+        if t.grad_fn is not None:
+            out["grad_fn"] = type(t.grad_fn).__name__
+        return out
+
+    def _preview(self, t):
+        n = min(t.numel(), TENSOR_PREVIEW)
+        try:
+            return t.detach().reshape(-1)[:n].tolist()
+        except Exception as e:  # a meta or sparse tensor
+            return "(no preview: %s)" % e
+
+    def resolve(self, t, attribute):
+        from _pydevd_bundle.pydevd_resolver import defaultResolver
+        if attribute == "__internals__":
+            return defaultResolver.get_dictionary(t)
+        if attribute.startswith("["):
+            return self._preview(t)
+        return self._fields(t).get(attribute)
+
+    def get_dictionary(self, t):
+        from _pydevd_bundle.pydevd_resolver import defaultResolver
+        out = self._fields(t)
+        out["[0:%d] (flattened)" % min(t.numel(), TENSOR_PREVIEW)] = self._preview(t)
+        out["__internals__"] = defaultResolver.get_dictionary(t)
+        return out
+
+
+def install_tensor_view():
+    """Tensors in pydevd's variables (the debugger's, in the kernel or a GPU cell's worker) as a GPU user reads
+    them: device, shape and dtype in the value column, without the data's repr (a CUDA tensor's repr copies it
+    to the host and syncs the device).  pydevd takes providers from plugin packages only; these go first into
+    the lists it keeps of them."""
+    from debugpy.server import api  # noqa: F401  (sets up the _pydevd_bundle imports)
+    from _pydevd_bundle import pydevd_extension_utils
+    from _pydevd_bundle.pydevd_extension_api import StrPresentationProvider, TypeResolveProvider
+    for kind, provider in ((TypeResolveProvider, _TensorChildren), (StrPresentationProvider, _TensorStr),
+                           (StrPresentationProvider, _DeviceStr)):
+        providers = pydevd_extension_utils.extensions_of_type(kind)
+        if not any(type(p) is provider for p in providers):
+            providers.insert(0, provider())
 
 
 def _daemon(target, name):
@@ -199,8 +305,11 @@ class Debugger:
     # Served even while no debug session is started (JupyterLab asks debugInfo on every kernel it meets).
     STATIC = ("debugInfo", "inspectVariables", "richInspectVariables", "modules", "copyToGlobals")
 
-    def __init__(self, shell, kernel_modules):
+    def __init__(self, shell, kernel_modules, coherence=None):
         self.shell = shell
+        # The kernel's coherence now (None before the first GPU cell), for what GPU cells made: a function,
+        # since a restore replaces it (and the kernel module is above this one).
+        self.coherence = coherence or (lambda: None)
         self.kernel_modules = kernel_modules  # files of what the kernel imported at start: stepping skips them
         self.started = False
         self.endpoint = None  # (host, port) of debugpy's adapter, once listening
@@ -220,33 +329,48 @@ class Debugger:
         # matched by request_seq and command).
         self.own_seq = itertools.count(1 << 30)
         self.resuming = {}  # seq of a resuming request in flight -> its threadId
+        # The running GPU cell's worker: a DAP connection to its pydevd while the cell runs, else None.
+        self.worker = None
+        self.worker_pid = None
+        self.worker_init = threading.Event()
+        self.gpu_token = 0  # the GPU cell whose worker may attach (a late worker of an earlier one may not)
+        self.init_args = None  # the frontend's initialize arguments, replayed to each worker
+        self.bp_args = {}  # source path -> the frontend's last setBreakpoints arguments, replayed likewise
+        self.exc_args = None  # the frontend's last setExceptionBreakpoints arguments
 
     # -- events -----------------------------------------------------------
 
-    def _on_event(self, msg):
+    def _on_event(self, msg, conn=None):
         with self.events_cv:
-            self.events.append(msg)
+            self.events.append((conn, msg))
             self.events_cv.notify()
 
     def _event_loop(self):
         while True:
             with self.events_cv:
                 self.events_cv.wait_for(lambda: self.events)
-                msg = self.events.pop(0)
+                conn, msg = self.events.pop(0)
             try:
-                self._handle_event(msg)
+                self._handle_event(msg, conn)
             except Exception:
                 log.exception("debug event %r failed", msg.get("event"))
 
-    def _handle_event(self, msg):
+    WORKER = object()  # the origin of a worker's events that came before its connection object was made
+
+    def _handle_event(self, msg, worker=None):
         event, body = msg.get("event"), msg.get("body") or {}
+        if worker is not None and event == "initialized":
+            self.worker_init.set()  # the worker's pydevd, to worker_listening (not the frontend's business)
+            return
+        if worker is self.WORKER:
+            worker = self.worker
         if event == "initialized":
             self.init_seq = msg.get("seq", 0)
             self.init_event.set()
         elif event == "stopped":
             if body.get("allThreadsStopped"):
                 # Which threads stopped: ask debugpy (the event names one), as ipykernel does.
-                conn = self.conn
+                conn = worker or self.conn
                 rep = conn.request({"seq": next(self.own_seq), "type": "request", "command": "threads"}) \
                     if conn else None
                 for t in ((rep or {}).get("body") or {}).get("threads", []):
@@ -276,6 +400,7 @@ class Debugger:
             debugpy.configure(python=python, subProcess=False)
             host, port = debugpy.listen(("127.0.0.1", 0))
             self.endpoint = (host, port)
+            install_tensor_view()
         return self.endpoint
 
     def start(self):
@@ -348,6 +473,130 @@ class Debugger:
         self._publish({"type": "event", "event": "continued", "seq": 0,
                        "body": {"threadId": min(stopped) if stopped else 1, "allThreadsContinued": True}})
 
+    # -- GPU cells: the worker's pydevd -----------------------------------
+
+    def gpu_cell_starting(self):
+        """The gateway hands a GPU cell to a worker: what its job says of the debugger (None: off)."""
+        self.gpu_cell_ended()  # a worker session whose cell's end went unseen
+        if not (self.started and self.attached):
+            return None
+        self.gpu_token += 1
+        return {"token": self.gpu_token}
+
+    def _worker_rules(self, skip):
+        """What stepping skips in a worker: the kernel's own files, the worker's packages (the cell runs under
+        looseleaf_zygote's wrapper, which the kernel never imports), and SKIP, what the worker held before the
+        cell (debug._own_paths)."""
+        rules = [{"path": path, "include": False} for path in self.kernel_modules]
+        rules += [{"path": path, "include": False} for path in skip if isinstance(path, str)]
+        for pkg in ("looseleaf_zygote", "looseleaf_store", "looseleaf_kernel"):
+            spec = importlib.util.find_spec(pkg)
+            for d in (spec.submodule_search_locations or []) if spec else []:
+                rules.append({"path": d, "include": False})
+        return rules
+
+    def worker_listening(self, content):
+        """The GPU cell's worker listens (CONTENT: host, port, pid, token, skip), its cell waiting: attach as
+        the frontend did, replay the session's breakpoints and exception filters, configurationDone (the cell
+        starts).  On the interpreter thread, from the gateway's relay.  A worker nobody debugs any more (the
+        frontend disconnected since the cell started, or it is a late one of an earlier cell) is configured
+        without breakpoints and let go at once, rather than left waiting for its timeout."""
+        with self.lock:
+            wanted = self.started and self.attached and self.worker is None and \
+                content.get("token") == self.gpu_token
+            mute = [not wanted]  # a worker let go: its events are not the frontend's
+
+            def on_event(msg):
+                if not mute[0] or msg.get("event") == "initialized":
+                    self._on_event(msg, holder[0] if holder else self.WORKER)
+
+            holder = []  # the connection, for its events (the reader starts at once)
+            try:
+                self.worker_init.clear()
+                conn = _Connection(str(content["host"]), int(content["port"]), on_event, self._on_response)
+                holder.append(conn)
+            except (OSError, KeyError, ValueError, TypeError) as e:
+                log.warning("cannot attach to the GPU cell's worker: %s", e)
+                return
+            ok = False
+            try:
+                skip = content.get("skip")
+                ok = self._configure_worker(conn, skip if isinstance(skip, list) else [], wanted)
+            finally:
+                if ok and wanted:
+                    self.worker, self.worker_pid = conn, content.get("pid")
+                else:
+                    if not ok:
+                        log.warning("the GPU cell's worker did not take the debugger's configuration")
+                    mute[0] = True
+                    self._end_session(conn)
+
+    def _configure_worker(self, conn, skip, replay=True):
+        """Attach to a worker's pydevd; with REPLAY the session's breakpoints and exception filters.  Whatever
+        fails, configurationDone goes out when the connection is up, so the cell does not wait for it."""
+        seq, sent = self.own_seq, set()
+
+        def request(command, arguments):
+            sent.add(command)
+            rep = conn.request({"type": "request", "seq": next(seq), "command": command, "arguments": arguments})
+            return rep is not None and rep.get("success")
+
+        try:
+            return self._configure_steps(conn, skip, replay, seq, request)
+        finally:
+            if "configurationDone" not in sent and not conn.closed:
+                try:
+                    conn.send({"type": "request", "seq": next(seq), "command": "configurationDone",
+                               "arguments": {}})
+                except OSError:
+                    pass
+
+    def _configure_steps(self, conn, skip, replay, seq, request):
+        args = dict(self.init_args or {})
+        args.setdefault("adapterID", "python")
+        if not request("initialize", args):
+            return False
+        attach = {"type": "request", "seq": next(seq), "command": "attach",
+                  "arguments": {"debugOptions": ["DebugStdLib"], "rules": self._worker_rules(skip)}}
+        conn.send(attach)
+        if not self.worker_init.wait(REPLY_TIMEOUT_S):
+            return False
+        for path, arguments in list(self.bp_args.items()) if replay else ():
+            request("setBreakpoints", arguments)
+        if self.exc_args is not None and replay:
+            request("setExceptionBreakpoints", self.exc_args)
+        request("configurationDone", {})
+        rep = conn.wait(attach["seq"], "attach")
+        return rep is not None and rep.get("success")
+
+    def gpu_cell_ended(self):
+        """The GPU cell's reply is in: its worker's session ends (pydevd there resumes and drops its
+        breakpoints; the warm worker's next debugged cell attaches again)."""
+        with self.lock:
+            self._drop_worker()
+
+    def _drop_worker(self):
+        conn, self.worker = self.worker, None
+        if conn is None:
+            return
+        self._end_session(conn)
+        if self.stopped_threads:
+            # Interrupted at a breakpoint, or the worker died there: the frontend must not show it stopped.
+            stopped, self.stopped_threads = self.stopped_threads, set()
+            self._publish({"type": "event", "event": "continued", "seq": 0,
+                           "body": {"threadId": min(stopped), "allThreadsContinued": True}})
+
+    def _end_session(self, conn):
+        """Disconnect from a worker's pydevd (it resumes, drops its breakpoints, and may be attached again)."""
+        try:
+            seq = next(self.own_seq)
+            conn.send({"type": "request", "seq": seq, "command": "disconnect",
+                       "arguments": {"restart": False, "terminateDebuggee": False}})
+            conn.wait(seq, "disconnect", timeout=5.0)
+        except OSError:
+            pass
+        conn.close()
+
     # -- the entry --------------------------------------------------------
 
     def process(self, message):
@@ -358,6 +607,7 @@ class Debugger:
         command = message.get("command")
         reply = {}
         if command == "initialize":
+            self.init_args = dict(message.get("arguments") or {})
             if not self.started:
                 self.started = self.start()
                 if not self.started:
@@ -378,7 +628,16 @@ class Debugger:
         else:
             # ipykernel answers {} here; a DAP error says why to the frontend.
             reply = _response(message, False, message="the debugger is not started (send initialize first)")
+        if command == "setExceptionBreakpoints" and self.started:
+            self.exc_args = message.get("arguments")
+            if self.worker is not None:
+                self._forward(message, self.conn)  # the kernel's too: later CPU cells
         if command == "disconnect":
+            if self.worker is not None:
+                self._forward(message, self.conn)
+            self._drop_worker()
+            self.bp_args = {}
+            self.exc_args = None
             self.stop()
             self.breakpoints = {}
             self.stopped_threads = set()
@@ -401,8 +660,9 @@ class Debugger:
         else:
             self.stopped_threads.discard(thread)
 
-    def _forward(self, message):
-        conn = self.conn
+    def _forward(self, message, conn=None):
+        """MESSAGE to the debuggee: the running GPU cell's worker if any, else the kernel's debugpy."""
+        conn = conn or self.worker or self.conn
         rep = conn.request(message) if conn is not None else None
         if rep is None:
             return _response(message, False, message="debugpy did not answer")
@@ -419,10 +679,17 @@ class Debugger:
     def _setBreakpoints(self, message):
         source = message["arguments"]["source"]["path"]
         self.breakpoints[source] = message["arguments"].get("breakpoints", [])
-        rep = self._forward(message)
+        self.bp_args[source] = message["arguments"]
+        rep = self._forward(message, self.conn)  # the kernel keeps every breakpoint, for later cells
         if rep.get("success"):
             # debugpy may move a breakpoint to another line: keep where it really is.
             self.breakpoints[source] = [{"line": b["line"]} for b in rep["body"]["breakpoints"]]
+        if self.worker is not None:
+            # Set while a GPU cell runs: its worker too (the answer the frontend sees, the cell's code being
+            # there).
+            wrep = self._forward(message, self.worker)
+            if wrep.get("success"):
+                return wrep
         return rep
 
     def _source(self, message):
@@ -494,11 +761,32 @@ class Debugger:
             "copyToGlobals": True,
         })
 
+    def _worker_made(self):
+        """{name: (type, value)} of what GPU cells made that the kernel does not hold (coherence.worker_made)."""
+        coherence = self.coherence()
+        try:
+            return coherence.worker_made() if coherence is not None else {}
+        except Exception:  # noqa: BLE001 - the explorer lists the namespace alone
+            log.warning("cannot list what GPU cells made", exc_info=True)
+            return {}
+
     def _inspectVariables(self, message):
         if self.explorer is not None:
             self.explorer.untrack()
         self.explorer = _VariableExplorer(self.shell.user_ns)
-        return self._variables_response(message, self.explorer.children())
+        variables = self.explorer.children()
+        # What GPU cells made lives in the store (and their workers): listed by the workers' account, as they
+        # saved it, without restoring it here (a CUDA tensor cannot come to the kernel; a large one would be
+        # mapped for a look).  Not expandable: a CPU cell or the variable's inspection brings it.
+        made = self._worker_made()
+        if made:
+            variables = [v for v in variables if v.get("name") not in made]
+            for name in sorted(made):
+                type_name, value = made[name]
+                short = type_name.rsplit(".", 1)[-1]
+                variables.append({"name": name, "value": value if value is not None else "<%s>" % short,
+                                  "type": short, "evaluateName": name, "variablesReference": 0})
+        return self._variables_response(message, variables)
 
     def _richInspectVariables(self, message):
         reply = {"type": "response", "sequence_seq": message.get("seq"), "success": False,
@@ -509,7 +797,10 @@ class Debugger:
             reply["success"] = name in ("special variables", "function variables")
             return reply
         data, metadata = {}, {}
-        if not self.stopped_threads:
+        made = self._worker_made().get(name) if not self.stopped_threads else None
+        if made is not None and made[1] is not None:
+            data = {"text/plain": made[1]}  # a GPU cell's, by its worker's account (not restored here)
+        elif not self.stopped_threads:
             result = self.shell.user_expressions({name: name})[name]
             if result.get("status", "error") == "ok":
                 data, metadata = result.get("data", {}), result.get("metadata", {})
@@ -554,9 +845,9 @@ class Debugger:
 _debugger = None
 
 
-def install(shell, kernel_modules):
+def install(shell, kernel_modules, coherence=None):
     global _debugger
-    _debugger = Debugger(shell, kernel_modules) if available else None
+    _debugger = Debugger(shell, kernel_modules, coherence) if available else None
     return _debugger
 
 

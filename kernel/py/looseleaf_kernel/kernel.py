@@ -45,7 +45,7 @@ except ImportError:  # pragma: no cover - older IPython
 __all__ = ["Kernel", "start", "handle", "shutdown", "get_kernel"]
 
 __version__ = "0.1.0"
-PROTOCOL_VERSION = "5.4"
+PROTOCOL_VERSION = "5.5"  # the gateway's LL_PROTOCOL_VERSION (proto/ll_wire.h)
 _EXPERIMENTAL_KEY = "_jupyter_types_experimental"
 
 log = logging.getLogger("looseleaf_kernel")
@@ -191,13 +191,17 @@ class Kernel:
         # (proto/ll_msgtype.c), so a type added there without a handler here stops the kernel at start-up.
         self.handlers = _request_handlers(self, _lk.request_types())
         self.coherence = Coherence(self.shell)
+        self._note_pending = True  # first_note not asked yet
+        self._restore_note = None  # a restore's summary for the first cell to show
+        self.restarting = False
         CellCompiler.sweep()  # cell sources of kernels that were killed
         from . import magic
         magic.install(self)
         # The files the kernel itself runs (as ipykernel lists them at start): the debugger never steps into them.
         from . import debugger
         self.debugger = debugger.install(self.shell, sorted({
-            m.__file__ for m in list(sys.modules.values()) if isinstance(getattr(m, "__file__", None), str)}))
+            m.__file__ for m in list(sys.modules.values()) if isinstance(getattr(m, "__file__", None), str)}),
+            coherence=lambda: getattr(self, "coherence", None))
 
     def _run_startup_files(self):
         """Run the profile's startup/*.py and *.ipy files in the user
@@ -498,6 +502,12 @@ class Kernel:
         if plan is not None and not fail:
             with self._coh_lock:
                 route_md = self.coherence.before_cpu(dict(plan, code=code))
+        if not silent and not subshell:
+            # A store an earlier kernel of this notebook left (keep.py), once; the main shell's first cell
+            # restores or offers it (the coherence state is the main thread's).
+            note = self.first_note()
+            if note:
+                sys.stderr.write(note)
         if route_md and isinstance(route_md.get("error"), dict):
             fail = route_md.pop("error")
         t_exec = time.perf_counter()
@@ -584,10 +594,54 @@ class Kernel:
         return res
 
     def looseleaf_before_gpu(self, content, parent):
+        if not content.get("prefetch") and self._note_pending:
+            from . import keep
+            if _auto_restore() and keep.pending(self.coherence):
+                # The restored names are news to the gateway's analysis: this cell runs here, and its
+                # metadata tells the analysis what it bound (coherence._fresh).
+                self._restore_note = self.first_note()
+                return dumps({"fallback": "the session was just restored (LOOSELEAF_RESTORE)"}), None
+            note = self.first_note()
+            if note:
+                publish("stream", {"name": "stderr", "text": note})
         return dumps(self.coherence.before_gpu(content)), None
 
+    def first_note(self):
+        """Once per kernel, before its first cell: restore what an earlier kernel of this notebook left when
+        LOOSELEAF_RESTORE says so (the summary is the note), else offer it.  The note's text, or None."""
+        if not self._note_pending:
+            note, self._restore_note = self._restore_note, None
+            return note
+        self._note_pending = False
+        from . import keep
+        try:
+            if _auto_restore():
+                res = keep.restore(self.coherence)
+                if "error" in res:
+                    return None
+                self.coherence._fresh.update(res["restored"])
+                self.coherence._fresh.update(_bound_by(res["imports"]))
+                return keep.summary(res) + "\n"
+            return keep.offer(self.coherence)
+        except Exception as e:  # noqa: BLE001 - said; the cell runs on
+            log.warning("restore at start failed", exc_info=True)
+            return "LooseLeaf: restoring the previous kernel's variables failed: %s: %s\n" % (type(e).__name__, e)
+
     def looseleaf_after_gpu(self, content, parent):
+        if self.debugger is not None:
+            self.debugger.gpu_cell_ended()  # the worker's debug session ends with its cell
         return dumps(self.coherence.after_gpu(content)), None
+
+    def looseleaf_debug_gpu(self, content, parent):
+        """A GPU cell is about to go to its worker: {"debug": {...}} when it runs under the debugger there."""
+        on = self.debugger.gpu_cell_starting() if self.debugger is not None else None
+        return dumps({"debug": on} if on else {}), None
+
+    def looseleaf_debug_worker(self, content, parent):
+        """The worker's pydevd listens (debugger.Debugger.worker_listening); answered once attached."""
+        if self.debugger is not None:
+            self.debugger.worker_listening(content)
+        return dumps({}), None
 
     def looseleaf_commit_idle(self, content, parent):
         return dumps(self.coherence.commit_idle()), None
@@ -787,6 +841,7 @@ class Kernel:
 
     def shutdown_request(self, content, parent):
         restart = bool(content.get("restart", False))
+        self.restarting = restart
         self.shell.exit_now = True
         return dumps({"status": "ok", "restart": restart}), None
 
@@ -850,9 +905,30 @@ def debug_request(request_json):
     return debugger.request(request_json)
 
 
-def shutdown():
+def _auto_restore():
+    """LOOSELEAF_RESTORE (the kernelspec's env): restore an earlier kernel's variables before the first cell."""
+    return os.environ.get("LOOSELEAF_RESTORE", "").strip().lower() in ("1", "yes", "true", "on", "auto")
+
+
+def _bound_by(stmts):
+    """The names import statements bind."""
+    import ast
+    out = set()
+    for stmt in stmts:
+        try:
+            for node in ast.parse(stmt).body:
+                for a in getattr(node, "names", []):
+                    out.add(a.asname or a.name.partition(".")[0])
+        except SyntaxError:
+            pass
+    return out
+
+
+def shutdown(restart=False):
     """Run exit handlers; return whether Python may be finalized (no live
-    non-daemon thread that Py_FinalizeEx would wait for)."""
+    non-daemon thread that Py_FinalizeEx would wait for).  RESTART: the
+    shutdown_request asked for a restart (the gateway says so): a store kept
+    for the notebook stays for the next kernel (keep.py)."""
     import atexit
     import threading
 
@@ -860,7 +936,8 @@ def shutdown():
     # removed); run them now, while the hooks still work.
     atexit._run_exitfuncs()
     if _kernel is not None:
-        _kernel.coherence.close()  # the session's store: its pool file would keep its memory
+        # The session's store: its pool file would keep its memory (a restart keeps a notebook's).
+        _kernel.coherence.close(keep_store=restart or getattr(_kernel, "restarting", False))
         # The session's cell sources (shell.CellCompiler), if this kernel made the directory.
         from .shell import CellCompiler
         d = CellCompiler._dir

@@ -5,9 +5,13 @@ Runs in the kernel's interpreter (the cell analysis knows the magic touches no v
 only it is a CPU cell).  The pool's state comes from the gateway (`_looseleaf_kernel.pool_stats()`, which
 asks the host pool over the kernel's own connection); the variables' state from coherence.py.
 
-`%looseleaf` prints a report; `%looseleaf --json` returns the same as a dict.
+`%looseleaf` prints a report; `%looseleaf --json` returns the same as a dict.  Time travel:
+`%looseleaf history NAME` lists NAME's kept versions, one line each starting NAME@N (the cell, the time, the
+size); `%looseleaf checkout NAME@N [as OTHER]` binds that version in the kernel (looseleaf_store.history).
 """
 import json
+
+from IPython.core.error import UsageError
 
 import _looseleaf_kernel as _lk
 
@@ -67,10 +71,113 @@ def report(kernel):
         else:
             where = "store (the kernel's copy is older: refreshed when a CPU cell reads it)"
         out["variables"][name] = {"where": where, "version": v}
+    from .coherence import at_risk
+    out["at_risk"] = at_risk(coh, committed)
     return out
 
 
+_USAGE = ("usage: %looseleaf [--json] | %looseleaf history NAME | %looseleaf checkout NAME@N [as OTHER] | "
+          "%looseleaf restore")
+
+
+def _cell_label(cell):
+    """The cell a commit came from, as a user reads it: "In[7]" (a commit's id starts with it), else the id."""
+    first = (cell or "").split(" ", 1)[0]
+    return first if first.startswith("In[") else (cell or "?")
+
+
+def history_lines(kernel, name):
+    """The lines `%looseleaf history NAME` prints: one per kept version, oldest first, each starting NAME@N."""
+    import time
+    from looseleaf_store import history
+    coh = kernel.coherence
+    if not name.isidentifier():
+        raise ValueError("%r is not a variable name; " % name + _USAGE)
+    if coh.cp is None:
+        return ["%s has no committed versions: the session's store opens with its first GPU cell "
+                "(what CPU cells change is committed from then on)" % name]
+    kept, dropped = history.versions(coh.store, name)
+    if not kept and not dropped:
+        return ["%s has no committed versions%s" % (
+            name, " (it lives only in the kernel so far)" if name in kernel.shell.user_ns else "")]
+    out = []
+    for v in kept:
+        note = ""
+        if v.current:
+            note = "  (current%s)" % ("; the kernel's copy is newer, not committed yet" if name in coh.dirty else "")
+        out.append("%s@%d  %-8s %s  %s%s" % (name, v.version, _cell_label(v.cell),
+                                            time.strftime("%H:%M:%S", time.localtime(v.time)),
+                                            _fmt_bytes(v.nbytes), note))
+    if dropped:
+        out.append("(%d older version%s dropped to keep the history within its budget of %s: %s)" % (
+            len(dropped), "" if len(dropped) == 1 else "s", _fmt_bytes(history.budget_bytes(coh.store)),
+            ", ".join("%s@%d" % (name, d[0]) for d in dropped[-5:]) + (", ..." if len(dropped) > 5 else "")))
+    return out
+
+
+def checkout(kernel, spec, target=None):
+    """Bind the value NAME had at version N (SPEC "NAME@N") as TARGET (default NAME) in the kernel; it is
+    committed as the newest version like any value a CPU cell binds.  Returns the line to print."""
+    from looseleaf_store import history
+    coh = kernel.coherence
+    name, at, num = spec.partition("@")
+    if not at or not name.isidentifier() or not num.isdigit():
+        raise ValueError("%r is not NAME@N (a version number from %%looseleaf history NAME); %s" % (spec, _USAGE))
+    target = target or name
+    import keyword
+    if not target.isidentifier() or keyword.iskeyword(target):
+        raise ValueError("%r is not a variable name to bind" % target)
+    if coh.cp is None:
+        raise history.HistoryError("%s has no committed versions: the session's store opens with its first "
+                                   "GPU cell" % name)
+    ns = kernel.shell.user_ns
+    if target in coh.dirty and target in ns:
+        # The kernel's value of TARGET is newer than anything committed: commit it first, so that the
+        # checkout never loses it (it becomes a version of its own, in the history).
+        rep = coh._push([target], modules=False)
+        if rep.error or target in rep.failed:
+            raise history.HistoryError(
+                "the kernel's current %s could not be committed first (%s), and a checkout would lose it: "
+                "check out under another name, e.g. %%looseleaf checkout %s as %s_%s"
+                % (target, rep.error or rep.failed.get(target), spec, name, num))
+        coh.dirty.difference_update(rep.saved)
+        coh.dirty.difference_update(rep.unchanged)
+    value, rep = history.load(coh.cp, name, int(num))
+    ns[target] = value
+    coh._rebound_here([target])
+    coh._mark_dirty([target])
+    line = "%s@%s checked out as %s (it is committed as the newest version of %s when the kernel is idle " \
+        "or a GPU cell reads it)" % (name, num, target, target)
+    for w in rep.warnings:
+        line += "\n  " + w
+    return line
+
+
 def looseleaf_magic(kernel, line):
+    words = line.split()
+    if words == ["restore"]:
+        from . import keep
+        res = keep.restore(kernel.coherence)
+        if "error" in res:
+            raise UsageError(keep.summary(res))
+        print(keep.summary(res))
+        return None
+    if words and words[0] in ("history", "checkout"):
+        from looseleaf_store.history import HistoryError
+        try:
+            if words[0] == "history" and len(words) == 2:
+                print("\n".join(history_lines(kernel, words[1])))
+            elif words[0] == "checkout" and len(words) in (2, 4) and (len(words) == 2 or words[2] == "as"):
+                print(checkout(kernel, words[1], words[3] if len(words) == 4 else None))
+            else:
+                raise ValueError(_USAGE)
+        except (HistoryError, ValueError) as e:
+            # One clear line and the cell fails (a "Run all" stops), no traceback: the kernel and its
+            # variables are as they were.
+            raise UsageError("LooseLeaf: %s" % e) from None
+        return None
+    if words and words != ["--json"]:
+        raise UsageError("LooseLeaf: " + _USAGE)
     rep = report(kernel)
     if line.strip() == "--json":
         return rep
@@ -96,6 +203,15 @@ def looseleaf_magic(kernel, line):
         for name, v in rep["variables"].items():
             ver = " v%d" % v["version"] if v["version"] is not None else ""
             lines.append("  %-*s  %s%s" % (width, name, v["where"], ver))
+    whys = set(rep["at_risk"].values())
+    if len(whys) == 1 and len(rep["at_risk"]) > 1 and not rep["at_risk"].keys() - rep["variables"].keys():
+        lines.append("Would not survive a crash of the kernel right now: any variable (%s)" % whys.pop())
+    elif rep["at_risk"]:
+        lines.append("Would not survive a crash of the kernel right now:")
+        for name, why in rep["at_risk"].items():
+            lines.append("  - %s: %s" % (name, why))
+    elif rep["variables"]:
+        lines.append("Every variable would survive a crash of the kernel (its last committed version).")
     print("\n".join(lines))
     return None
 

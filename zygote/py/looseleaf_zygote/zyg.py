@@ -41,7 +41,7 @@ import time
 
 from looseleaf_store import homes, procstate, usermods
 
-from . import gpu
+from . import debug, gpu
 
 _orig_threads = None     # torch's intra-op threads before the zygote set 1 (workers restore it)
 _cp = None               # the worker's Checkpointer
@@ -285,11 +285,12 @@ def _fault(job, stage):
         os.kill(pid, signal.SIGKILL)
 
 
-def _guard_interrupts(shell, fd):
+def _guard_interrupts(shell, fd, dbg=None):
     """An interrupt that reached the worker before the cell's code ran (ll_zygote.c leaves it in pipe FD)
-    interrupts the cell at its start, as in ipykernel."""
+    interrupts the cell at its start, as in ipykernel.  With DBG (the job's "debug": the session's debugger is
+    on) the cell runs under the debugger (debug.py)."""
     global _orig_run_cell
-    if fd is None:
+    if fd is None and not dbg:
         return
     if _orig_run_cell is None:
         _orig_run_cell = shell.run_cell
@@ -297,14 +298,19 @@ def _guard_interrupts(shell, fd):
 
     def guarded(*a, **k):
         try:
-            pending = os.read(fd, 64)
+            pending = os.read(fd, 64) if fd is not None else b""
         except BlockingIOError:
             pending = b""
         if pending:
             raise KeyboardInterrupt()
         while _notices:
             sys.stderr.write(_notices.pop(0))
-        return run_cell(*a, **k)
+        if not (dbg and debug.begin(dbg, shell)):
+            return run_cell(*a, **k)
+        try:
+            return run_cell(*a, **k)
+        finally:
+            debug.end(shell)
     shell.run_cell = guarded
 
 
@@ -481,7 +487,7 @@ def worker_prepare(arg):
         compiler.use_dir(job["cells_dir"])
         compiler.load_index()
     ns = shell.user_ns
-    _guard_interrupts(shell, job.get("int_fd"))
+    _guard_interrupts(shell, job.get("int_fd"), job.get("debug"))
     # Staged on a CUDA host: no device yet, and restored variables may hold device tensors, so only the imports
     # of the closure now; the cell's run (a warm job, with its device) restores the rest.
     defer = bool(job.get("defer_restore"))
@@ -630,8 +636,8 @@ def worker_finish(arg):
         _fault(job, "save")
     try:
         # All or nothing when the store fails: a cell is never committed torn.
-        rep = procstate.save_with(_cp, sorted(names), cell_id=str(job.get("id")), stand_in=_stand_in,
-                                  all_or_none=True)
+        rep = procstate.save_with(_cp, sorted(names), cell_id="In[%s] %s" % (count, job.get("id")),
+                                  stand_in=_stand_in, all_or_none=True)
         _note_home(ns, rep)
         if _home and not rep.error:
             # What the home values reach is used here too; a newly reached variable is committed now, so
@@ -743,8 +749,33 @@ def _shapes(ns, names):
         t = type(v)
         named[n] = ["%s.%s" % (getattr(t, "__module__", "builtins"), t.__qualname__), index[attrs],
                     _payload_bytes(n),
-                    sorted(_value_modules(v))]
+                    sorted(_value_modules(v)),
+                    _explorer_value(v)]
     return {"names": named, "dirs": dirs}
+
+
+_EXPLORER_VALUE_MAX = 200  # characters of a value the variable explorer shows without restoring it
+
+
+def _explorer_value(v):
+    """What JupyterLab's variable explorer shows for V between cells, where the kernel lists what GPU cells made
+    without restoring it (looseleaf_kernel/debugger.py): a tensor's device, shape and dtype, an array's shape
+    and dtype, a number's or a short string's repr; None for the rest (the explorer shows its type)."""
+    try:
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(v, torch.Tensor):
+            from looseleaf_kernel.debugger import tensor_summary
+            return tensor_summary(v)
+        np = sys.modules.get("numpy")
+        if np is not None and isinstance(v, np.ndarray):
+            return "ndarray(shape=%s, dtype=%s)" % (v.shape, v.dtype)
+        if v is None or type(v) in (bool, int, float, complex) or \
+                type(v) in (str, bytes) and len(v) <= _EXPLORER_VALUE_MAX:
+            text = repr(v)
+            return text if len(text) <= _EXPLORER_VALUE_MAX else None
+    except Exception:  # noqa: BLE001 - (an int too long for repr, a tensor subclass that fails): type only
+        pass
+    return None
 
 
 def _value_modules(v, depth=2, out=None):
