@@ -44,6 +44,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -280,6 +281,86 @@ static PyObject *s_py_log_level(PyObject *self, PyObject *unused)
 
 static void s_drop_pending_interrupt(void);
 
+/* Interrupt delivery.  A signal cannot end a blocking call that its thread
+ * enters after the handler ran: an interrupt landing between the eval loop's
+ * last check and the system call (time.sleep between its call and
+ * clock_nanosleep; a loaded machine preempts the thread right there now and
+ * then) would raise only when the call returns, e.g. after sleep(60).  So a
+ * nudger thread sees each interrupt through: it sends the wake signal again,
+ * spaced out, until the interpreter thread has run a pending call queued
+ * after the trip (CPython runs those on the main thread only, after handling
+ * tripped signals at the same check), or the cell ended.  Only the first
+ * wake of an interrupt trips the flag; the others only make a blocking call
+ * return EINTR (retried by Python when nothing is tripped): a cell that
+ * catches KeyboardInterrupt gets no second one.  The thread starts with the
+ * first cell (a zygote, which runs none, stays single-threaded). */
+static atomic_uint s_intr_gen;      /* interrupts that tripped the flag */
+static atomic_uint s_intr_seen;     /* the latest of them the interpreter thread ran past */
+static atomic_bool s_intr_retrip;   /* the next wake trips the flag (once per interrupt) */
+static _Atomic int s_nudge_fd = -1; /* eventfd: an interrupt to see through, or stop */
+static atomic_bool s_nudge_stop;
+static pthread_t s_nudger;
+static bool s_nudger_started; /* interpreter thread */
+
+static int s_intr_ran_past(void *arg)
+{
+    unsigned gen = (unsigned) (uintptr_t) arg, seen = atomic_load(&s_intr_seen);
+    while ((int) (gen - seen) > 0 && !atomic_compare_exchange_weak(&s_intr_seen, &seen, gen))
+        ;
+    return 0;
+}
+
+static void *s_nudger_main(void *arg)
+{
+    int fd = (int) (intptr_t) arg;
+    uint64_t n;
+    while (read(fd, &n, sizeof n) == (ssize_t) sizeof n && !atomic_load(&s_nudge_stop)) {
+        unsigned gen = atomic_load(&s_intr_gen);
+        bool queued = false; /* Py_AddPendingCall needs no GIL; fails while its queue is full */
+        for (long ms = 10; !atomic_load(&s_nudge_stop) && atomic_load(&s_busy) &&
+                           (int) (atomic_load(&s_intr_seen) - gen) < 0;
+             ms = ms < 160 ? ms * 2 : 250) {
+            if (!queued)
+                queued = Py_AddPendingCall(s_intr_ran_past, (void *) (uintptr_t) gen) == 0;
+            nanosleep(&(struct timespec){0, ms * 1000000L}, NULL);
+            if (atomic_load(&s_busy) && (int) (atomic_load(&s_intr_seen) - gen) < 0)
+                pthread_kill(s_thread, LL_WAKE_SIGNAL);
+        }
+    }
+    return NULL;
+}
+
+static void s_nudger_start(void)
+{
+    int fd = eventfd(0, EFD_CLOEXEC);
+    if (fd < 0)
+        return; /* interrupts still work, without the nudges */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    atomic_store(&s_nudge_stop, false);
+    s_nudger_started = pthread_create(&s_nudger, NULL, s_nudger_main, (void *) (intptr_t) fd) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (s_nudger_started)
+        atomic_store(&s_nudge_fd, fd);
+    else
+        close(fd);
+}
+
+static void s_nudger_stop(void)
+{
+    if (!s_nudger_started)
+        return;
+    int fd = atomic_exchange(&s_nudge_fd, -1);
+    atomic_store(&s_nudge_stop, true);
+    uint64_t one = 1;
+    if (write(fd, &one, sizeof one) < 0)
+        ll_warn("interp", "cannot stop the interrupt nudger: %s", strerror(errno));
+    pthread_join(s_nudger, NULL);
+    close(fd);
+    s_nudger_started = false;
+}
+
 /* set_busy(flag): the user's code runs from now on (True) / no longer
  * (False).  Only then may an interrupt land; turning it off also swallows
  * an interrupt that tripped just too late, so it cannot hit the kernel's own
@@ -289,6 +370,9 @@ static PyObject *s_py_set_busy(PyObject *self, PyObject *flag)
     int on = PyObject_IsTrue(flag);
     if (on < 0)
         return NULL;
+    if (on && !s_nudger_started)
+        s_nudger_start();
+    atomic_store(&s_intr_retrip, false); /* a wake still in flight is not this cell's */
     atomic_store(&s_busy, on != 0);
     if (!on)
         s_drop_pending_interrupt();
@@ -411,7 +495,7 @@ static PyObject *s_module_init(void)
 static void s_wake_handler(int sig)
 {
     (void) sig;
-    if (atomic_load(&s_busy))
+    if (atomic_load(&s_busy) && atomic_exchange(&s_intr_retrip, false))
         PyErr_SetInterruptEx(SIGINT);
 }
 
@@ -419,6 +503,9 @@ static void s_atfork_child(void)
 {
     atomic_store(&s_hooks_off, true);
     atomic_store(&s_busy, false);
+    /* The nudger is the parent's (its eventfd too): the child starts its own. */
+    atomic_store(&s_nudge_fd, -1);
+    s_nudger_started = false;
 }
 
 /* Install the wake handler, keep SIGPIPE from killing the process (Python
@@ -827,9 +914,17 @@ void ll_interp_interrupt(void)
 {
     if (!atomic_load(&s_busy))
         return;
-    /* Both calls are async-signal-safe. */
+    /* All async-signal-safe.  The wake handler trips the flag again, on the
+     * interpreter thread; the nudger sees the interrupt through (above). */
+    atomic_fetch_add(&s_intr_gen, 1);
+    atomic_store(&s_intr_retrip, true);
     PyErr_SetInterruptEx(SIGINT);
     pthread_kill(s_thread, LL_WAKE_SIGNAL);
+    int fd = atomic_load(&s_nudge_fd);
+    uint64_t one = 1;
+    if (fd >= 0 && write(fd, &one, sizeof one) < 0) {
+        /* counter full: the nudger has interrupts to see through already */
+    }
 }
 
 bool ll_interp_busy(void)
@@ -884,6 +979,7 @@ void ll_interp_finalize(void)
 {
     if (!s_initialized)
         return;
+    s_nudger_stop();                   /* it queues pending calls: not into a finalized Python */
     pthread_mutex_lock(&s_debug_lock); /* waits for a debug request in flight */
     s_debug_closed = true;
     pthread_mutex_unlock(&s_debug_lock);
@@ -968,6 +1064,39 @@ static int s_st_check(bool verbose, bool ok, const char *what)
     return ok ? 0 : 1;
 }
 
+/* _ll_interp_st.trip_then_sleep(secs) -> bool: an interrupt lands in the
+ * worst place, after the eval loop's last check and before time.sleep's
+ * system call (C calling C, no check between); True if the sleep ended with
+ * KeyboardInterrupt, False if it ran its course (the interrupt then raises
+ * right after the call). */
+static PyObject *s_st_trip_then_sleep(PyObject *self, PyObject *secs)
+{
+    PyObject *time = PyImport_ImportModule("time");
+    if (!time)
+        return NULL;
+    ll_interp_interrupt(); /* on this thread: the wake handler has run when it returns */
+    PyObject *res = PyObject_CallMethod(time, "sleep", "O", secs);
+    Py_DECREF(time);
+    if (res) {
+        Py_DECREF(res);
+        Py_RETURN_FALSE;
+    }
+    if (!PyErr_ExceptionMatches(PyExc_KeyboardInterrupt))
+        return NULL;
+    PyErr_Clear();
+    Py_RETURN_TRUE;
+}
+
+static PyMethodDef s_st_methods[] = {{"trip_then_sleep", s_st_trip_then_sleep, METH_O, NULL},
+                                     {NULL, NULL, 0, NULL}};
+static struct PyModuleDef s_st_module = {
+    PyModuleDef_HEAD_INIT, "_ll_interp_st", NULL, -1, s_st_methods, NULL, NULL, NULL, NULL};
+
+static void *s_st_module_init(void)
+{
+    return PyModule_Create(&s_st_module);
+}
+
 static int s_st_child(bool verbose)
 {
     ll_interp_hooks_t hooks = {NULL, s_st_stream, s_st_flush, s_st_publish, s_st_input, NULL};
@@ -977,6 +1106,7 @@ static int s_st_child(bool verbose)
     memset(&ign, 0, sizeof ign);
     ign.sa_handler = SIG_IGN;
     sigaction(SIGINT, &ign, NULL);
+    ll_interp_add_builtin("_ll_interp_st", s_st_module_init);
     if (ll_interp_init("ll_selftest", &hooks, err, sizeof err) != 0) {
         fprintf(stderr, "  init: %s\n", err);
         return 1;
@@ -1006,6 +1136,19 @@ static int s_st_child(bool verbose)
         "execute_request", "{\"code\": \"x = input('? ')\\nprint(x * 2)\", \"allow_stdin\": true}",
         "{}", NULL);
     fails += s_st_check(verbose, reply && strstr(s_st_out, "forty-twoforty-two"), "input()");
+    free(reply);
+
+    /* An interrupt just before a blocking call still ends it (the nudger);
+     * without it this sleep would run its 20 s. */
+    s_st_outlen = 0;
+    reply = ll_interp_handle("execute_request",
+                             "{\"code\": \"import _ll_interp_st\\ntry:\\n"
+                             "    r = _ll_interp_st.trip_then_sleep(20)\\n"
+                             "except KeyboardInterrupt:\\n    r = 'late'\\n"
+                             "print('sleep interrupted:', r)\"}",
+                             "{}", NULL);
+    fails += s_st_check(verbose, reply && strstr(s_st_out, "sleep interrupted: True"),
+                        "interrupt just before a blocking call");
     free(reply);
 
     reply = ll_interp_handle("kernel_info_request", "{}", "{}", NULL);
