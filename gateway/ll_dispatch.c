@@ -457,6 +457,8 @@ static void *s_sub_main(void *arg)
             s_refuse_subshell(self, req, sub->pipe, "SubshellDeleted", evalue);
         ll_msg_destroy(&req);
     }
+    if (self->env.subshell_end)
+        self->env.subshell_end(self->env.ctx);
     zstr_send(sub->pipe, S_GONE);
     s_tl_sub = NULL;
     return NULL;

@@ -80,6 +80,9 @@ typedef struct {
      * main-thread state).  NULL: subshell_id is ignored, as before JEP 91,
      * and create_subshell_request gets an error reply. */
     ll_dispatch_fn *subshell_forward;
+    /* Called on a subshell's thread as it ends, after its last request;
+     * may be NULL. */
+    void (*subshell_end)(void *ctx);
     void *ctx;
     const int *ports;    /* connect_reply's, indexed by ll_channel_t (LL_CHAN_COUNT) */
     json_t *kernel_info; /* kernel_info_reply content; the dispatcher takes the reference */

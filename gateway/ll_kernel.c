@@ -348,6 +348,12 @@ static void s_on_subshell(ll_dispatch_t *d, void *ctx, ll_msg_t *req, unsigned c
     ll_dispatch_reply(d, sock, req, reply_type, reply, md);
 }
 
+/* A subshell's thread ends: its Python thread state goes with it. */
+static void s_subshell_end(void *ctx)
+{
+    ll_interp_thread_end();
+}
+
 /* The process's handlers; the dispatcher serves kernel_info, connect and
  * shutdown itself and forwards the interpreter's other types (s_on_interp). */
 static const ll_dispatch_handler_t s_handlers[] = {
@@ -859,6 +865,7 @@ static int s_start_dispatch(char *err, size_t errlen)
                              .handlers = s_handlers,
                              .forward = s_on_interp,
                              .subshell_forward = s_on_subshell,
+                             .subshell_end = s_subshell_end,
                              .after_shell = s_after_shell,
                              .on_shutdown = s_after_shutdown,
                              .stopping = s_terminating,

@@ -142,6 +142,11 @@ char *ll_interp_handle(const char *msg_type, const char *content_json, const cha
  * interpreter is gone or failed (logged). */
 char *ll_interp_debug(const char *request_json);
 
+/* A thread other than the interpreter's that called ll_interp_call is
+ * ending: the Python thread state it kept since its first call goes.  Call
+ * it on that thread, before Python is finalized. */
+void ll_interp_thread_end(void);
+
 /* Make the code now running raise KeyboardInterrupt; a no-op when idle.
  * Async-signal-safe. */
 void ll_interp_interrupt(void);

@@ -67,3 +67,26 @@ def test_subshell_changes_reach_the_next_gpu_cell(ll):
     _, msgs = run_route(ll, "%%gpu\nprint(ss_set + 1)", "gpu")
     assert stream_text(msgs) == "42\n"
     _control(ll, "delete_subshell_request", {"subshell_id": sid})
+
+
+def test_subshell_inspects_a_tensor_while_a_gpu_cell_trains(ll):
+    """The issue's case: a long GPU cell trains on its worker while a subshell looks at a tensor that an
+    earlier GPU cell made (without a GPU the worker path runs with CPU tensors).  The subshell answers
+    first, with the tensor as committed before the running cell, which goes on to finish on its worker."""
+    run_route(ll, "%%gpu\nimport torch\nss_w = torch.arange(6, dtype=torch.float32).reshape(2, 3)", "gpu")
+    sid = _control(ll, "create_subshell_request")["subshell_id"]
+    main = send_execute(ll, "%%gpu\nimport time\nprint('started', flush=True)\nfor _ in range(40):\n"
+                            "    ss_w = ss_w * 2\n    time.sleep(0.25)\nss_trained = True")
+    ll.iopub_next(main, lambda m: m["msg_type"] == "stream" and "started" in m["content"]["text"],
+                  timeout=GPU_TIMEOUT)
+    sub = _sub_execute(ll, sid, "print(tuple(ss_w.shape), ss_w.dtype, ss_w.device.type, float(ss_w.sum()))")
+    order = _first_replies(ll, [main, sub])
+    assert [mid for mid, _ in order] == [sub, main], "the subshell waited for the GPU cell"
+    assert order[0][1]["content"]["status"] == "ok", order[0][1]["content"]
+    assert order[0][1]["parent_header"]["subshell_id"] == sid
+    assert stream_text(ll.iopub_until_idle(sub)) == "(2, 3) torch.float32 cpu 15.0\n"
+    assert order[1][1]["content"]["status"] == "ok"
+    assert ll_md(order[1][1])["route"] == "gpu"
+    # The trained tensor is the committed one from then on, in a subshell as on the main shell.
+    assert _sub_run(ll, sid, "print(float(ss_w.sum()), ss_trained)") == "%.1f True\n" % (15.0 * 2 ** 40)
+    _control(ll, "delete_subshell_request", {"subshell_id": sid})
