@@ -571,10 +571,11 @@ static void s_kernel_info_complete(json_t *info)
      * debug_request (s_on_debug). */
     if (!json_object_get(info, "debugger"))
         json_object_set_new(info, "debugger", json_false());
-    /* Protocol 5.5: optional features the kernel implements. */
+    /* Protocol 5.5: optional features the kernel implements, in ipykernel
+     * 7.4's order (subshells first). */
     if (!json_is_array(json_object_get(info, "supported_features")))
         json_object_set_new(info, "supported_features", json_array());
-    json_array_append_new(json_object_get(info, "supported_features"),
+    json_array_insert_new(json_object_get(info, "supported_features"), 0,
                           json_string("kernel subshells"));
 }
 

@@ -63,9 +63,11 @@ def _shell_replies(k, msg_ids, timeout=REPLY_TIMEOUT + LONG_S * 3):
     return got
 
 
-def test_kernel_info_advertises_subshells(kernel):
-    reply, _ = kernel.request("kernel_info_request", {})
-    assert "kernel subshells" in reply["content"].get("supported_features", [])
+def test_kernel_info_advertises_subshells(kernel, reference):
+    """The same list as ipykernel 7.4 (with debugpy installed): subshells, then the debugger."""
+    feats = [k.request("kernel_info_request", {})[0]["content"].get("supported_features") for k in
+             (kernel, reference)]
+    assert feats[0] == feats[1] == ["kernel subshells", "debugger"]
 
 
 def test_create_list_delete(kernel, reference):
