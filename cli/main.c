@@ -7,6 +7,7 @@
  *   looseleaf trace ... | simulate ...    the fleet simulator (sim/ll_sim_cli.h)
  *   looseleaf pool ... | zygote ...       the host pool and its zygotes (zygote/)
  *   looseleaf hostd ... | top ...         the host's slot broker (hostd/)
+ *   looseleaf cluster ... | top --cluster the cluster's commands (ll_cluster_cmd.c)
  *   looseleaf --version | --help
  *
  * Runs in the kernel process (or whichever role the subcommand starts);
@@ -25,6 +26,7 @@
 #include "kernel/ll_pyenv.h"
 #include "sim/ll_sim_cli.h"
 #include "hostd/ll_hostd.h"
+#include "cli/ll_cluster_cmd.h"
 #include "zygote/ll_hostpool.h"
 #include "zygote/ll_zygote.h"
 
@@ -53,6 +55,8 @@ static void s_usage(FILE *out)
         "kernels)\n"
         "       looseleaf hostd ... | top ...        the host's GPU slot broker (a system service) "
         "and what it holds\n"
+        "       looseleaf cluster ... | top --cluster  the cluster: keygen, check, raylet, agent, "
+        "status (README)\n"
         "       looseleaf --version | --help\n",
         LL_KERNELSPEC_NAME);
 }
@@ -198,6 +202,9 @@ int main(int argc, char **argv)
         return s_kernel_main(argc - 2, argv + 2);
     if (strcmp(cmd, "install") == 0)
         return s_install_main(argc - 2, argv + 2);
+    if (strcmp(cmd, "cluster") == 0 ||
+        (strcmp(cmd, "top") == 0 && ll_cluster_cmd_is_top(argc - 1, argv + 1)))
+        return ll_cluster_cmd_main(argc - 1, argv + 1, strcmp(cmd, "top") == 0);
     /* The subcommands of other modules get argv[0] = their name. */
     static const struct {
         const char *name;

@@ -152,8 +152,39 @@ static void s_on_interrupt(ll_dispatch_t *d, void *ctx, ll_msg_t *req, unsigned 
  * GIL taken on this (the control) thread, so it is answered while a cell
  * runs or is stopped at a breakpoint on the main thread; its events go out
  * on iopub as debug_event through the publish hook. */
+/* The last debug_request (its identities and header): the debugger's
+ * debug_events go out under it, as ipykernel's do (its debugpy client runs
+ * on the control thread), not under the cell that runs.  JupyterLab reads
+ * any iopub message of an execute_request, while it knows no stopped thread,
+ * as the cue to refresh its variable explorer from inspectVariables (the
+ * kernel's globals): a `stopped` event under the cell raced the stopped
+ * frame's own variables, and a GPU cell's panel could end up listing the
+ * kernel's namespace instead of the worker's frame.  Set on the control
+ * thread, read by whichever thread publishes the event. */
+static pthread_mutex_t s_debug_parent_lock = PTHREAD_MUTEX_INITIALIZER;
+static ll_msg_t *s_debug_parent;
+
+static void s_debug_parent_set(const ll_msg_t *req)
+{
+    ll_msg_t *copy = req ? ll_iopub_parent_copy(req) : NULL;
+    pthread_mutex_lock(&s_debug_parent_lock);
+    ll_msg_t *old = s_debug_parent;
+    s_debug_parent = copy;
+    pthread_mutex_unlock(&s_debug_parent_lock);
+    ll_msg_destroy(&old);
+}
+
+static ll_msg_t *s_debug_parent_get(void)
+{
+    pthread_mutex_lock(&s_debug_parent_lock);
+    ll_msg_t *copy = s_debug_parent ? ll_iopub_parent_copy(s_debug_parent) : NULL;
+    pthread_mutex_unlock(&s_debug_parent_lock);
+    return copy;
+}
+
 static void s_on_debug(ll_dispatch_t *d, void *ctx, ll_msg_t *req, unsigned chan, zsock_t *sock)
 {
+    s_debug_parent_set(req);
     char *text = json_dumps(req->content, JSON_COMPACT);
     char *reply_text = text && !s_stopping() ? ll_interp_debug(text) : NULL;
     free(text);
@@ -449,7 +480,11 @@ static void s_hook_publish(void *ctx, const char *msg_type, const char *content_
         for (size_t i = 0; buffers && i < nbufs; i++)
             zmsg_addmem(buffers, bufs[i], buflens[i]);
     }
-    ll_iopub_send(s_k.iopub, msg_type, NULL, content, md, &buffers);
+    /* A debug_event answers the control channel's last debug_request (see
+     * s_debug_parent); anything else belongs to the current parent. */
+    ll_msg_t *parent = strcmp(msg_type, "debug_event") == 0 ? s_debug_parent_get() : NULL;
+    ll_iopub_send(s_k.iopub, msg_type, parent, content, md, &buffers);
+    ll_msg_destroy(&parent);
 }
 
 /* input()/getpass(): input_request on stdin to the frontend of the current
@@ -694,6 +729,7 @@ static void s_teardown(bool interp_started)
     ll_dispatch_destroy(&s_k.dispatch); /* no thread serves requests any more */
     ll_stdin_destroy(&s_k.stdin_chan);
     ll_iopub_destroy(&s_k.iopub);
+    s_debug_parent_set(NULL);
     zsock_destroy(&s_k.shell);
     zsock_destroy(&s_k.control);
     zsock_destroy(&s_k.stdin_sock);

@@ -2,8 +2,8 @@
 # The broker's policy is pure (policy/ll_hostd_policy, scripted self-test); the pool's link to it is
 # zygote/ll_hostpool_hostd.c, which includes only hostd/ll_hostd_wire.h: the broker lends slots and never
 # depends on the pool (tests/tree checks).  The systemd unit is hostd/looseleaf-hostd.service.
-SELFTESTS += ll_hostd_wire
-LIB_SRCS  += hostd/ll_hostd_wire.c hostd/ll_hostd.c
+SELFTESTS += ll_hostd_wire ll_lease
+LIB_SRCS  += hostd/ll_hostd_wire.c hostd/ll_hostd.c hostd/ll_hostd_metrics.c hostd/ll_lease.c
 
 # Real OS users (useradd, setpriv; root only, skipped otherwise) sharing one broker, and three users'
 # kernels through jupyter_client against ipykernel (~90 s on 2 cores, alone, of which the fake-GPU slot map

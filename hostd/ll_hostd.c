@@ -33,6 +33,8 @@
 #include "hostd/ll_hostd.h"
 #include "policy/ll_hostd_policy.h"
 #include "hostd/ll_hostd_wire.h"
+#include "hostd/ll_lease.h"
+#include "hostd/ll_hostd_metrics.h"
 #include "proto/ll_zframe.h"
 #include "store/ll_store.h"
 #include "base/ll_clock.h"
@@ -101,6 +103,7 @@ typedef struct {
     int listen_fd, sig_fd, http_fd;
     double started;
     ll_hostd_policy_t *policy;
+    ll_lease_ctx_t *lease; /* cluster leases (ll_lease.h); NULL: no cluster key */
     s_conn_t conns[LL_HOSTD_MAX_CONNS];
     s_http_t http[S_MAX_HTTP];
     bool stop;
@@ -345,12 +348,39 @@ static void s_hello(s_hostd_t *h, int c, const ll_hostd_msg_t *q)
 }
 
 static json_t *s_stats(s_hostd_t *h);
+static json_t *s_user_name(unsigned uid);
+
+static const char *s_lease_user(unsigned uid, void *arg)
+{
+    json_t *n = s_user_name(uid); /* (a string of its cache, or null) */
+    snprintf(arg, 64, "%s", json_is_string(n) ? json_string_value(n) : "");
+    json_decref(n);
+    return *(char *) arg ? arg : NULL;
+}
+
+/* Cluster leases (ll_lease.h): answered to any caller, by its uid.  False:
+ * M is not a lease request. */
+static bool s_lease_frame(s_hostd_t *h, int c, const json_t *m)
+{
+    char line[400], name[64];
+    json_t *r =
+        ll_lease_answer(h->lease, m, h->conns[c].uid, s_lease_user, name, line, sizeof line);
+    if (!r)
+        return false;
+    bool err = strcmp(json_string_value(json_object_get(r, "type")), "error") == 0;
+    ll_info_limited(err ? &s_log_refused : &s_log_pools, "hostd", "client pid %d (uid %u): %s",
+                    h->conns[c].pid, h->conns[c].uid, line);
+    s_send(h, c, r);
+    return true;
+}
 
 static void s_frame(s_hostd_t *h, int c, json_t *m)
 {
     double now = ll_clock_ms();
     ll_hostd_msg_t q;
     char why[256];
+    if (s_lease_frame(h, c, m))
+        return;
     if (ll_hostd_wire_parse(m, h->nslots, &q, why, sizeof why) < 0) {
         s_error(h, c, why);
     } else if (q.type == LL_HOSTD_MSG_STATS) {
@@ -563,6 +593,8 @@ static json_t *s_stats(s_hostd_t *h)
                   ll_hostd_policy_busy_slots(h->policy), "leases",
                   ll_hostd_policy_nleases(h->policy), "waiting", waiting, "uptime_s",
                   (now - h->started) / 1000, "lease_list", leases, "users", users, "pools", pools);
+    if (h->lease)
+        json_object_set_new(st, "cluster_leases", ll_lease_ctx_stats(h->lease, ll_lease_now_ms()));
     json_object_set_new(st, "store_cap", json_integer((json_int_t) h->store_cap));
     json_object_set_new(st, "cuda", json_boolean(h->ngpu > 0));
     json_object_set_new(st, "devices", devs);
@@ -570,73 +602,6 @@ static json_t *s_stats(s_hostd_t *h)
     json_object_set_new(st, "gpu_via", json_string(h->gpus.via));
     json_object_set_new(st, "gpu_why", json_string(h->gpus.why));
     return st;
-}
-
-/* The Prometheus text of stats ST (borrowed); the caller frees it. */
-static char *s_prometheus(const json_t *st)
-{
-    char *out = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&out, &len);
-    if (!f)
-        return NULL;
-    json_t *users = json_object_get(st, "users"), *u;
-    size_t i;
-    long hits = 0, cold = 0;
-    fprintf(f,
-            "# HELP looseleaf_hostd_slots GPU slots the broker lends.\n"
-            "# TYPE looseleaf_hostd_slots gauge\nlooseleaf_hostd_slots %lld\n",
-            json_integer_value(json_object_get(st, "slots")));
-    fprintf(f,
-            "# HELP looseleaf_hostd_slots_held Slots lent to a pool (busy or warm).\n"
-            "# TYPE looseleaf_hostd_slots_held gauge\nlooseleaf_hostd_slots_held %lld\n",
-            json_integer_value(json_object_get(st, "busy_slots")));
-    fprintf(f,
-            "# HELP looseleaf_hostd_waiting_cells Cells waiting for a slot.\n"
-            "# TYPE looseleaf_hostd_waiting_cells gauge\nlooseleaf_hostd_waiting_cells %lld\n",
-            json_integer_value(json_object_get(st, "waiting")));
-    fprintf(f,
-            "# HELP looseleaf_hostd_store_cap_bytes Checkpoint store each user may hold (0: no "
-            "cap).\n# TYPE looseleaf_hostd_store_cap_bytes gauge\n"
-            "looseleaf_hostd_store_cap_bytes %lld\n",
-            json_integer_value(json_object_get(st, "store_cap")));
-    static const struct {
-        const char *key, *name, *type, *help;
-    } per_user[] = {
-        {"busy", "looseleaf_hostd_user_busy_slots", "gauge", "Slots running a cell."},
-        {"warm", "looseleaf_hostd_user_warm_slots", "gauge", "Slots held by an idle warm worker."},
-        {"waiting", "looseleaf_hostd_user_waiting_cells", "gauge", "Cells waiting for a slot."},
-        {"gpu_held_s", "looseleaf_hostd_user_gpu_held_seconds_total", "counter",
-         "Slot-seconds held (busy or warm)."},
-        {"gpu_busy_s", "looseleaf_hostd_user_gpu_busy_seconds_total", "counter",
-         "Slot-seconds running cells."},
-        {"grants", "looseleaf_hostd_user_grants_total", "counter", "Slots lent."},
-        {"revokes", "looseleaf_hostd_user_revokes_total", "counter", "Slots taken back."},
-    };
-    for (size_t k = 0; k < sizeof per_user / sizeof per_user[0]; k++) {
-        fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", per_user[k].name, per_user[k].help,
-                per_user[k].name, per_user[k].type);
-        json_array_foreach(users, i, u) {
-            json_t *v = json_object_get(u, per_user[k].key);
-            fprintf(f, "%s{uid=\"%lld\"} %g\n", per_user[k].name,
-                    json_integer_value(json_object_get(u, "uid")), json_number_value(v));
-        }
-    }
-    json_array_foreach(users, i, u) {
-        hits += (long) json_integer_value(json_object_get(u, "warm_hits"));
-        cold += (long) json_integer_value(json_object_get(u, "cold_starts"));
-    }
-    fprintf(f,
-            "# HELP looseleaf_hostd_warm_hits_total Cells that started on a warm worker.\n"
-            "# TYPE looseleaf_hostd_warm_hits_total counter\nlooseleaf_hostd_warm_hits_total %ld\n"
-            "# HELP looseleaf_hostd_cold_starts_total Cells that started on a fresh worker.\n"
-            "# TYPE looseleaf_hostd_cold_starts_total counter\n"
-            "looseleaf_hostd_cold_starts_total %ld\n"
-            "# HELP looseleaf_hostd_warm_hit_ratio Warm hits over cells started.\n"
-            "# TYPE looseleaf_hostd_warm_hit_ratio gauge\nlooseleaf_hostd_warm_hit_ratio %g\n",
-            hits, cold, hits + cold ? (double) hits / (double) (hits + cold) : 0.0);
-    fclose(f);
-    return out;
 }
 
 static void s_http_close(s_http_t *q)
@@ -686,7 +651,7 @@ static void s_http_input(s_hostd_t *h, int k)
     }
     bool metrics = strncmp(q->buf, "GET /metrics", 12) == 0;
     json_t *st = s_stats(h);
-    char *body = metrics ? s_prometheus(st) : NULL;
+    char *body = metrics ? ll_hostd_prometheus(st) : NULL;
     json_decref(st);
     size_t bl = body ? strlen(body) : 0;
     char head[256];
@@ -826,6 +791,7 @@ static int s_args(s_hostd_t *h, int argc, char **argv)
     int total = e && *e ? atoi(e) : 0, per_gpu = pg && *pg ? atoi(pg) : 0;
     double fraction = fr && *fr ? atof(fr) : -1;
     const char *cap = getenv("LL_HOSTD_STORE_CAP");
+    const char *conf = getenv("LL_CLUSTER_CONFIG"), *key = NULL, *host = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--socket") == 0 && v) {
@@ -843,9 +809,16 @@ static int s_args(s_hostd_t *h, int argc, char **argv)
         } else if (strcmp(a, "--store-cap") == 0 && v) {
             cap = v;
             i++;
+        } else if (strcmp(a, "--cluster-config") == 0 && v) {
+            conf = argv[++i];
+        } else if (strcmp(a, "--cluster-key") == 0 && v) {
+            key = argv[++i];
+        } else if (strcmp(a, "--host") == 0 && v) {
+            host = argv[++i];
         } else {
             fprintf(stderr, "usage: looseleaf hostd [--socket PATH] [--slots N] [--gpu-slots N] "
                             "[--metrics-port PORT] [--store-cap BYTES]\n"
+                            "       [--cluster-config PATH] [--cluster-key PATH] [--host NAME]\n"
                             "  PATH default $LL_HOSTD_SOCKET, else " LL_HOSTD_DEFAULT_SOCKET "\n"
                             "  --gpu-slots default $LL_POOL_GPU_SLOTS: slots per GPU, each capped "
                             "at a share of its memory\n"
@@ -888,7 +861,11 @@ static int s_args(s_hostd_t *h, int argc, char **argv)
                 h->gpus.dev[d].name[0] ? h->gpus.dev[d].name : "?",
                 (double) h->gpus.dev[d].mem_bytes / (1 << 30), h->plan.per_dev[d],
                 h->plan.per_dev[d] > 1 ? ", each capped" : "");
-    return 0;
+    char why[512];
+    h->lease = ll_lease_ctx_setup(conf, key, host, ll_lease_now_ms(), why, sizeof why);
+    if (!h->lease && why[0])
+        fprintf(stderr, "looseleaf hostd: %s\n", why);
+    return !h->lease && why[0] ? -1 : 0;
 }
 
 /* Ms until the next deadline at NOW (a stalled client, a metrics
@@ -1057,6 +1034,7 @@ int ll_hostd_main(int argc, char **argv)
     if (h->sig_fd >= 0)
         close(h->sig_fd);
     ll_hostd_policy_destroy(&h->policy);
+    ll_lease_ctx_destroy(&h->lease);
     free(h);
     return rc;
 }
@@ -1098,7 +1076,7 @@ int ll_hostd_top_main(int argc, char **argv)
         return 1;
     }
     if (json || prom) {
-        char *s = json ? json_dumps(st, JSON_INDENT(1)) : s_prometheus(st);
+        char *s = json ? json_dumps(st, JSON_INDENT(1)) : ll_hostd_prometheus(st);
         printf("%s%s", s ? s : "", json ? "\n" : "");
         free(s);
         json_decref(st);
@@ -1114,6 +1092,13 @@ int ll_hostd_top_main(int argc, char **argv)
     json_int_t cap = json_integer_value(json_object_get(st, "store_cap"));
     if (cap)
         printf("checkpoint store: at most %lld MiB per user\n", (long long) (cap >> 20));
+    json_t *cl = json_object_get(st, "cluster_leases");
+    if (cl)
+        printf("cluster leases (this is host %s): %lld issued, %lld redeemed, %lld refused\n",
+               json_string_value(json_object_get(cl, "host")),
+               json_integer_value(json_object_get(cl, "issued")),
+               json_integer_value(json_object_get(cl, "redeemed")),
+               json_integer_value(json_object_get(cl, "refused")));
     json_t *sm;
     size_t k;
     if (json_is_true(json_object_get(st, "cuda"))) {

@@ -6,8 +6,13 @@
     python3 sim/experiments.py baselines  [--seeds 5] [--sessions 48]         # the baselines' assumed numbers swept
     python3 sim/experiments.py autoscaler [--seeds 5] [--sessions 48]         # the autoscaler's settings swept
     python3 sim/experiments.py all        ...                                 # the four, one after the other
+    python3 sim/experiments.py mix --workload paper [--seeds 5] [--sessions 48] # the assumed session mix swept
 
-(`make sim-frontier`, `make sim-ablations`, `make sim-baselines`, `make sim-autoscaler`, `make sim-tables`.)
+`--workload paper` draws the traces from sim/workload.py (the paper's workload, sim/workload.json) instead of the
+tree's notebooks; `--workload-set PATH=VALUE` changes one of its parameters.
+
+(`make sim-frontier`, `make sim-ablations`, `make sim-baselines`, `make sim-autoscaler`, `make sim-tables`;
+`make sim-paper` runs the frontier, the ablations and the mix on the paper's workload.)
 
 Each seed is its own trace (`looseleaf trace --seed S`: the seats' arrivals, notebooks, reruns, edit windows and
 gaps drawn anew) of the same workload: by default the tree's three GPU notebooks, N seats over a simulated day,
@@ -33,6 +38,7 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOOSELEAF = os.path.join(REPO, "build", "looseleaf")
+WORKLOAD = os.path.join(REPO, "sim", "workload.py")
 NOTEBOOKS = [os.path.join(REPO, "examples", n) for n in (
     "looseleaf_torch_training.ipynb", "mrdbourke_00_pytorch_fundamentals.ipynb",
     "mrdbourke_01_pytorch_workflow.ipynb")]
@@ -106,14 +112,22 @@ class Runner:
         self.args = args
         self.tmp = tempfile.TemporaryDirectory(prefix="ll-sim-exp-")
         self.traces = {}
+        self.extra_sets = ()  # sim/workload.py --set, for the mix sweep
 
     def trace(self, sessions, seed):
-        key = (sessions, seed)
+        key = (sessions, seed, tuple(self.extra_sets))
         if key not in self.traces:
-            path = os.path.join(self.tmp.name, "t%d_%d.jsonl" % key)
-            r = subprocess.run([LOOSELEAF, "trace", "--sessions", str(sessions), "--seed", str(seed),
-                                "--duration", str(self.args.duration), "--gpu-busy", str(self.args.gpu_busy)]
-                               + self.args.notebooks, stdout=subprocess.PIPE, text=True, check=True)
+            path = os.path.join(self.tmp.name, "t%d_%d_%d.jsonl" % (sessions, seed, len(self.traces)))
+            if self.args.workload == "paper":
+                cmd = [sys.executable, WORKLOAD, "--sessions", str(sessions), "--seed", str(seed),
+                       "--duration", str(self.args.duration)]
+                for s in self.args.workload_set + list(self.extra_sets):
+                    cmd += ["--set", s]
+            else:
+                cmd = [LOOSELEAF, "trace", "--sessions", str(sessions), "--seed", str(seed),
+                       "--duration", str(self.args.duration), "--gpu-busy", str(self.args.gpu_busy)]
+                cmd += self.args.notebooks
+            r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
             with open(path, "w") as f:
                 f.write(scale_state(r.stdout, self.args.state_scale))
             self.traces[key] = path
@@ -152,6 +166,12 @@ def table(title, head, rows, out=None, name=None):
 
 
 def _conf(args):
+    if args.workload == "paper":
+        return ("%d seeds (mean ± t-based 95%% CI over seeds), %s seats over %.0f h (sessions end after it), "
+                "the paper's workload (sim/workload.json%s)%s" % (
+                    args.seeds, args.sessions, args.duration / 3600,
+                    "; " + ", ".join(args.workload_set) if args.workload_set else "",
+                    ", state sizes x %g" % args.state_scale if args.state_scale != 1 else ""))
     return ("%d seeds (mean ± t-based 95%% CI over seeds), %s sessions over %.0f h, GPU busy %.0f%% of a pinned "
             "session%s" % (args.seeds, args.sessions, args.duration / 3600, 100 * args.gpu_busy,
                            ", state sizes x %g" % args.state_scale if args.state_scale != 1 else ""))
@@ -266,10 +286,43 @@ def autoscaler(run, args):
               rows, args.out, "autoscaler_%d" % n)
 
 
+# ---- the paper's workload: the assumed session mix swept ----
+
+CATEGORIES = ["training", "training_inference", "peft", "inference"]
+MIX_DESIGNS = ["pinned", "keepalive", "notebookos", "naive", "looseleaf"]
+
+
+def mix(run, args):
+    """Each of the four kinds at 55% of sessions (the others 15% each) and the default equal shares: what the
+    assumed shares move (sim/workload.json marks them assumed)."""
+    if args.workload != "paper":
+        sys.exit("mix sweeps sim/workload.json's session mix: use --workload paper")
+    mixes = [("equal shares (default)", {})]
+    for c in CATEGORIES:
+        mixes.append(("%s 55%%, others 15%%" % c, {k: (0.55 if k == c else 0.15) for k in CATEGORIES}))
+    for n in args.sizes:
+        rows = []
+        for what, shares in mixes:
+            run.extra_sets = tuple("categories.%s.share=%g" % kv for kv in sorted(shares.items()))
+            docs = [run.simulate(n, s, designs=MIX_DESIGNS) for s in run.seeds()]
+            col = lambda d, key: [doc[d][key] for doc in docs]  # noqa: E731
+            save = lambda b: [1 - doc["looseleaf"]["gpu_hours"] / doc[b]["gpu_hours"] for doc in docs]  # noqa: E731
+            rows.append([what, fmt(col("looseleaf", "gpu_hours")), pct(save("pinned")), pct(save("keepalive")),
+                         pct(save("notebookos")), pct(save("naive")), pct(col("looseleaf", "share_within_1s")),
+                         fmt(col("looseleaf", "latency_p99_s"), 1000, 0, " ms"),
+                         pct(col("naive", "share_within_1s"))])
+        run.extra_sets = ()
+        a = argparse.Namespace(**vars(args))
+        a.sessions = str(n)
+        table("The session mix swept (the paper's Table 2 shares are not available; equal shares assumed): " + _conf(a),
+              ["mix", "LooseLeaf GPU-h", "saves vs pinned", "vs keep-alive", "vs NotebookOS", "vs naive",
+               "LooseLeaf <= 1 s", "LooseLeaf p99 wait", "naive <= 1 s"], rows, args.out, "mix_%d" % n)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["frontier", "ablations", "baselines", "autoscaler", "all"])
+    p.add_argument("what", choices=["frontier", "ablations", "baselines", "autoscaler", "mix", "all"])
     p.add_argument("--seeds", type=int, default=5, help="traces per size, seeds 1..N (default 5)")
     p.add_argument("--sessions", default=None,
                    help="concurrent sessions, comma-separated (default 24,48,72 for the frontier, else 48)")
@@ -280,12 +333,19 @@ def main(argv=None):
     p.add_argument("--state-scale", type=float, default=1.0,
                    help="multiply every cell's closure, written and namespace bytes (a what-if: the tree's "
                    "notebooks hold at most 1.8 MB; default 1)")
+    p.add_argument("--workload", choices=["tree", "paper"], default="tree",
+                   help="tree: `looseleaf trace` on the tree's notebooks (default); paper: sim/workload.py, the "
+                   "paper's workload from sim/workload.json (--gpu-busy and --notebooks do not apply)")
+    p.add_argument("--workload-set", action="append", default=[], metavar="PATH=VALUE",
+                   help="with --workload paper: change one parameter of sim/workload.json (repeatable)")
     p.add_argument("--out", help="also write each table as DIR/NAME.csv")
     args = p.parse_args(argv)
     if args.seeds < 1:
         p.error("--seeds must be at least 1")
     if not os.access(LOOSELEAF, os.X_OK):
         sys.exit("%s is missing: run `make all` first" % LOOSELEAF)
+    if args.workload_set and args.workload != "paper":
+        p.error("--workload-set needs --workload paper")
     run = Runner(args)
     todo = ["frontier", "ablations", "baselines", "autoscaler"] if args.what == "all" else [args.what]
     for what in todo:

@@ -123,28 +123,34 @@ typedef struct {
 
 static int s_usage(FILE *out)
 {
-    fprintf(out, "usage: looseleaf trace [--sessions N] [--seed S] [--duration S] [--spread S]\n"
-                 "                       [--edit MEDIAN:SIGMA] [--gap MEDIAN:SIGMA] [--rerun P]\n"
-                 "                       [--gpu-busy SHARE] [--no-run] [--no-cache] [--timing]\n"
-                 "                       [--cell-timeout S] NOTEBOOK.ipynb...\n"
-                 "Writes a trace of N concurrent notebook sessions (JSON lines) for\n"
-                 "`looseleaf simulate`.  Cells are analysed (labels, closures) and each\n"
-                 "notebook run once to measure cell times and variable sizes (cached).\n"
-                 "  --sessions N     concurrent sessions (default 1)\n"
-                 "  --seed S         the generator's seed (default 1)\n"
-                 "  --duration S     seats start a new session when one ends, until S\n"
-                 "                   seconds (default 0: one session per seat)\n"
-                 "  --spread S       first sessions arrive uniformly over S s (default 600)\n"
-                 "  --edit M:SIGMA   edit windows, lognormal (default 10:1.0)\n"
-                 "  --gap M:SIGMA    think time before each edit, lognormal (default 30:1.5)\n"
-                 "  --rerun P        a cell runs once more with probability P (default 0.25)\n"
-                 "  --gpu-busy F     scale GPU cells' measured times so that a session's GPU\n"
-                 "                   would be busy F of its time (default: measured times)\n"
-                 "  --no-run         do not run notebooks: sizes and times are 0\n"
-                 "  --no-cache       measure again even when a notebook is cached\n"
-                 "  --cell-timeout S a measured cell stops after S s (default 60)\n"
-                 "  --timing         one session per notebook, replaying the execution times\n"
-                 "                   JupyterLab recorded in it (its Record Timing setting)\n");
+    fprintf(out,
+            "usage: looseleaf trace [--sessions N] [--seed S] [--duration S] [--spread S]\n"
+            "                       [--edit MEDIAN:SIGMA] [--gap MEDIAN:SIGMA] [--rerun P]\n"
+            "                       [--gpu-busy SHARE] [--no-run] [--no-cache] [--timing]\n"
+            "                       [--cell-timeout S] NOTEBOOK.ipynb...\n"
+            "       looseleaf trace --workload paper [--sessions N] [--seed S] [--duration S]\n"
+            "                       [--set PATH=VALUE]... [--no-measure]\n"
+            "Writes a trace of N concurrent notebook sessions (JSON lines) for\n"
+            "`looseleaf simulate`.  Cells are analysed (labels, closures) and each\n"
+            "notebook run once to measure cell times and variable sizes (cached).\n"
+            "  --sessions N     concurrent sessions (default 1)\n"
+            "  --seed S         the generator's seed (default 1)\n"
+            "  --duration S     seats start a new session when one ends, until S\n"
+            "                   seconds (default 0: one session per seat)\n"
+            "  --spread S       first sessions arrive uniformly over S s (default 600)\n"
+            "  --edit M:SIGMA   edit windows, lognormal (default 10:1.0)\n"
+            "  --gap M:SIGMA    think time before each edit, lognormal (default 30:1.5)\n"
+            "  --rerun P        a cell runs once more with probability P (default 0.25)\n"
+            "  --gpu-busy F     scale GPU cells' measured times so that a session's GPU\n"
+            "                   would be busy F of its time (default: measured times)\n"
+            "  --no-run         do not run notebooks: sizes and times are 0\n"
+            "  --no-cache       measure again even when a notebook is cached\n"
+            "  --cell-timeout S a measured cell stops after S s (default 60)\n"
+            "  --timing         one session per notebook, replaying the execution times\n"
+            "                   JupyterLab recorded in it (its Record Timing setting)\n"
+            "  --workload paper sessions drawn after the paper's description from\n"
+            "                   sim/workload.json (sim/workload.py) instead of notebooks;\n"
+            "                   --workload tree (the default) is the above\n");
     return 2;
 }
 
@@ -690,9 +696,49 @@ static void s_header(const s_opts_t *o, json_t *imports)
     json_decref(h);
 }
 
+/* `--workload paper`: the other trace source, sim/workload.py, run in this
+ * process's place with the other arguments (it draws sessions from a
+ * parameter file, not from notebooks it analyses here; it calls this
+ * command back for the tree's CPU cells).  Returns only on failure; 0
+ * when ARGV names no workload or the default one (removed from ARGV). */
+static int s_workload(int *argc, char **argv)
+{
+    int at = -1;
+    for (int i = 1; i < *argc; i++)
+        if (strcmp(argv[i], "--workload") == 0)
+            at = i;
+    if (at < 0)
+        return 0;
+    const char *w = at + 1 < *argc ? argv[at + 1] : "";
+    if (strcmp(w, "tree") != 0 && strcmp(w, "paper") != 0) {
+        fprintf(stderr, "looseleaf trace: --workload wants tree or paper, not '%s'\n", w);
+        return 2;
+    }
+    for (int i = at; i + 2 <= *argc; i++)
+        argv[i] = argv[i + 2];
+    *argc -= 2;
+    if (strcmp(w, "tree") == 0)
+        return 0;
+    char **args = calloc((size_t) *argc + 2, sizeof *args);
+    if (!args)
+        return 1;
+    args[0] = (char *) LL_PYTHON_EXE;
+    args[1] = (char *) LL_SRCDIR "/sim/workload.py";
+    for (int i = 1; i < *argc; i++)
+        args[i + 1] = argv[i];
+    fflush(stdout);
+    execv(LL_PYTHON_EXE, args);
+    fprintf(stderr, "looseleaf trace: cannot start %s: %s\n", LL_PYTHON_EXE, strerror(errno));
+    free(args);
+    return 2;
+}
+
 int ll_trace_main(int argc, char **argv)
 {
     ll_log_init('A');
+    int wrc = s_workload(&argc, argv);
+    if (wrc != 0)
+        return wrc;
     s_opts_t o;
     int rc = s_parse(argc, argv, &o);
     if (rc >= 0)

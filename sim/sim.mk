@@ -12,15 +12,22 @@ SELFTESTS += ll_cost ll_trace ll_trace_gen ll_sim
 $(BUILD)/sim/ll_trace_gen.o $(BUILD)/sim/ll_sim_cli.o: CFLAGS += -DLL_PYTHON_EXE='"$(PYTHON)"'
 
 # The commands on small traces, the fidelity check against a recorded bench_prefetch run (< 1 minute).
-PYTESTS   += tests/sim/test_sim.py
+PYTESTS   += tests/sim/test_sim.py tests/sim/test_workload.py
 # The paper's frontier at 24/48/72 sessions (plots into docs/sim/) and scale: 10,000 sessions over a day.
 BENCHES   += tests/bench/bench_sim.py
 
 # The README's fleet tables over several seeds, each figure with its 95% confidence interval
 # (sim/experiments.py): `make sim-tables`, or one of them.  SIM_ARGS adds options
 # (e.g. SIM_ARGS="--seeds 10 --out docs/sim").
-.PHONY: sim-tables sim-frontier sim-ablations sim-baselines sim-autoscaler
+.PHONY: sim-tables sim-frontier sim-ablations sim-baselines sim-autoscaler sim-paper
 sim-frontier sim-ablations sim-baselines sim-autoscaler: $(BUILD)/looseleaf
 	$(PYTHON) sim/experiments.py $(@:sim-%=%) $(SIM_ARGS)
 sim-tables: $(BUILD)/looseleaf
 	$(PYTHON) sim/experiments.py all $(SIM_ARGS)
+
+# The same tables on the paper's workload (sim/workload.py from sim/workload.json; README "The paper's
+# workload"): the frontier at 24/48/72 seats, the ablations at 48, the assumed session mix swept at 48.
+sim-paper: $(BUILD)/looseleaf
+	$(PYTHON) sim/experiments.py frontier --workload paper $(SIM_ARGS)
+	$(PYTHON) sim/experiments.py ablations --workload paper $(SIM_ARGS)
+	$(PYTHON) sim/experiments.py mix --workload paper $(SIM_ARGS)

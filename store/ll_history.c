@@ -389,9 +389,13 @@ static int s_list(ll_store_t *st, const char *name, s_buf_t *out)
     for (size_t j = 0; j + 1 < d->elements; j += 2) {
         uint64_t v;
         char *nm = s_parse_field(d->element[j], &v);
-        if (nm && (!name || strcmp(nm, name) == 0) && d->element[j + 1]->type == REDIS_REPLY_STRING)
-            s_printf(out, "dropped\t%llu\t%s\t%s\n", (unsigned long long) v, nm,
-                     d->element[j + 1]->str);
+        if (nm && (!name || strcmp(nm, name) == 0) &&
+            d->element[j + 1]->type == REDIS_REPLY_STRING) {
+            /* "TIME WHY" ("TIME": the budget, as before the reason was kept) */
+            const char *val = d->element[j + 1]->str, *sp = strchr(val, ' ');
+            s_printf(out, "dropped\t%llu\t%s\t%.*s\t%s\n", (unsigned long long) v, nm,
+                     (int) (sp ? (size_t) (sp - val) : strlen(val)), val, sp ? sp + 1 : "budget");
+        }
         free(nm);
     }
     freeReplyObject(r);
@@ -492,12 +496,35 @@ static void s_count_one(void *ctx, uint32_t idx, uint64_t gen)
         c->regions--;
 }
 
-static int s_drop(ll_store_t *st, s_item_t *it, const size_t *drop, size_t ndrop)
+/* Drop the items DROP[] of IT, remembering when and why (WHY, one word). */
+/* Whether a region of a kept version is one no current version uses (the
+ * version holds memory of its own). */
+typedef struct {
+    const s_cost_t *c;
+    bool own;
+} s_own_t;
+
+static void s_own_one(void *ctx, uint32_t idx, uint64_t gen)
+{
+    s_own_t *o = ctx;
+    if (idx < o->c->n && o->c->cur[idx] != gen)
+        o->own = true;
+}
+
+static bool s_holds_own(ll_store_t *st, const s_cost_t *c, const s_item_t *it)
+{
+    s_own_t o = {c, false};
+    if (it->prefs)
+        s_each_region(st, it->prefs->str, it->prefs->len, s_own_one, &o);
+    return o.own;
+}
+
+static int s_drop(ll_store_t *st, s_item_t *it, const size_t *drop, size_t ndrop, const char *why)
 {
     char *k_hist = ll_store_key(st, "hist", NULL), *k_hprefs = ll_store_key(st, "hprefs", NULL),
          *k_drop = ll_store_key(st, "hdrop", NULL);
-    char now[32];
-    snprintf(now, sizeof now, "%lld", (long long) time(NULL));
+    char now[48];
+    snprintf(now, sizeof now, "%lld %s", (long long) time(NULL), why);
     ll_redis_argv_t a = {0};
     int sent = 0;
     int bad = !k_hist || !k_hprefs || !k_drop || ll_redis_arg(&a, "MULTI") ||
@@ -539,7 +566,19 @@ static int s_drop(ll_store_t *st, s_item_t *it, const size_t *drop, size_t ndrop
     return rc;
 }
 
-static int s_prune(ll_store_t *st, size_t budget, size_t maxkept, s_buf_t *out)
+/* What a prune keeps: the oldest superseded versions go until what the rest
+ * hold fits BUDGET bytes and they number at most MAXKEPT, and until SHED
+ * regions are no longer held by any of them (a save that needs room: then
+ * versions every region of which a current version uses are left alone,
+ * their going would free nothing; a region is never counted for a kept
+ * version while the current one uses it).  WHY is remembered with each dropped version:
+ * "budget", "pool" (a save found the pool full) or "cap" (the user's cap). */
+typedef struct {
+    size_t budget, maxkept, shed;
+    const char *why;
+} s_keep_t;
+
+static int s_prune(ll_store_t *st, const s_keep_t *keep, s_buf_t *out)
 {
     char *k_hist = ll_store_key(st, "hist", NULL), *k_ver = ll_store_key(st, "ver", NULL),
          *k_hprefs = ll_store_key(st, "hprefs", NULL), *k_prefs = ll_store_key(st, "prefs", NULL);
@@ -575,13 +614,18 @@ static int s_prune(ll_store_t *st, size_t budget, size_t maxkept, s_buf_t *out)
             if (it[i].prefs)
                 s_each_region(st, it[i].prefs->str, it[i].prefs->len, s_count_one, &c);
         }
-    size_t superseded = 0;
+    size_t superseded = 0, held = c.regions;
     for (size_t i = 0; i < n; i++)
         superseded += !it[i].current;
     c.delta = -1;
-    for (size_t i = 0; i < n && (c.regions * LL_STORE_R + blobs > budget || superseded > maxkept);
-         i++) {
-        if (it[i].current)
+    for (size_t i = 0; i < n; i++) {
+        bool over = c.regions * LL_STORE_R + blobs > keep->budget || superseded > keep->maxkept;
+        bool short_ = held - c.regions < keep->shed;
+        if (!over && !short_)
+            break;
+        /* (making room: a version all of whose regions the current ones use
+         * would free nothing, and is kept) */
+        if (it[i].current || (!over && !s_holds_own(st, &c, &it[i])))
             continue;
         superseded--;
         blobs -= it[i].bloblen;
@@ -589,12 +633,14 @@ static int s_prune(ll_store_t *st, size_t budget, size_t maxkept, s_buf_t *out)
             s_each_region(st, it[i].prefs->str, it[i].prefs->len, s_count_one, &c);
         drop[ndrop++] = i;
     }
-    if (ndrop && s_drop(st, it, drop, ndrop) != 0)
+    if (ndrop && s_drop(st, it, drop, ndrop, keep->why) != 0)
         goto out;
     for (size_t i = 0; i < ndrop; i++)
         s_printf(out, "%llu\t%s\n", (unsigned long long) it[drop[i]].ver, it[drop[i]].name);
     if (ndrop)
-        ll_info("store", "history: dropped %zu old versions (budget %zu bytes)", ndrop, budget);
+        ll_info("store",
+                "history: dropped %zu old versions (%s; %zu of %zu regions they held freed)", ndrop,
+                keep->why, held - c.regions, held);
     rc = 0;
 out:
     s_items_free(it, n);
@@ -605,12 +651,13 @@ out:
     return rc;
 }
 
-int ll_history_relieve(ll_store_t *st)
+int ll_history_relieve(ll_store_t *st, size_t regions, const char *why)
 {
-    if (ll_history_on(st) <= 0) /* (a worker may put before its first commit) */
+    if (regions == 0 || ll_history_on(st) <= 0) /* (a worker may put before its first commit) */
         return 0;
     s_buf_t out = {0};
-    if (s_prune(st, 0, SIZE_MAX, &out) != 0) {
+    s_keep_t keep = {SIZE_MAX, SIZE_MAX, regions, why};
+    if (s_prune(st, &keep, &out) != 0) {
         free(out.s);
         return -1;
     }
@@ -619,7 +666,8 @@ int ll_history_relieve(ll_store_t *st)
         n += out.s[i] == '\n';
     free(out.s);
     if (n)
-        ll_warn("store", "pool full: dropped the %d old versions the history kept", n);
+        ll_warn("store", "%s: dropped the %d oldest versions the history kept",
+                strcmp(why, "cap") == 0 ? "at the user's store cap" : "pool full", n);
     return n;
 }
 
@@ -646,9 +694,11 @@ int ll_history_op(ll_store_t *st, const char *op, const char *name, uint64_t num
         rc = s_list(st, name, &out);
     else if (strcmp(op, "fetch") == 0 && name && entry)
         rc = s_fetch(st, name, num, &out, entry);
-    else if (strcmp(op, "prune") == 0)
-        rc = s_prune(st, (size_t) num, name ? (size_t) strtoull(name, NULL, 10) : SIZE_MAX, &out);
-    else
+    else if (strcmp(op, "prune") == 0) {
+        s_keep_t keep = {(size_t) num, name ? (size_t) strtoull(name, NULL, 10) : SIZE_MAX, 0,
+                         "budget"};
+        rc = s_prune(st, &keep, &out);
+    } else
         rc = ll_store_fail(st, LL_STORE_EINVAL, "unknown history operation '%s'", op);
     if (rc == 0 && out.oom)
         rc = ll_store_fail(st, LL_STORE_EIO, "out of memory");

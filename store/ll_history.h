@@ -45,21 +45,26 @@ int ll_history_queue(ll_store_t *st, ll_redis_argv_t *a, const char *vkey,
  * ll_pool_refs_fn does for current ones).  0 or -1. */
 int ll_history_mark(ll_store_t *st, uint64_t *mark, size_t nregions);
 
-/* Mutex held; for a put that found the pool full (or the user's cap
- * reached): drop every superseded version the history keeps, so a save
- * never fails for old versions' sake.  The number dropped (0 when the
- * history is off or keeps none), or -1. */
-int ll_history_relieve(ll_store_t *st);
+/* Mutex held; for a save that found the pool full (WHY "pool") or met the
+ * user's cap ("cap", in the save's own process or, for another session's
+ * save, in the owner's idle hook): drop the oldest superseded versions the
+ * history keeps until REGIONS of the pool's regions are held by none of
+ * them any more (SIZE_MAX: every one), so that a save never fails for old
+ * versions' sake.  Each is remembered as dropped, and why.  The caller
+ * reclaims (and trims, for the cap) what they held.  The number dropped
+ * (0 when the history is off or keeps none), or -1. */
+int ll_history_relieve(ll_store_t *st, size_t regions, const char *why);
 
 /* One operation of the Python layer (ll_store_py.c), OP:
  *   "set"    NUM != 0: on, else off;                        *TEXT ""
  *   "list"   NAME (NULL: every name): one line per kept version, oldest
  *            first: "VER\tNAME\tTIME\tNBYTES\tCURRENT\tCELL" (TIME unix
  *            seconds, CURRENT 1 for the name's committed version), then one
- *            "dropped\tVER\tNAME\tTIME" per version the budget dropped
+ *            "dropped\tVER\tNAME\tTIME\tWHY" per dropped version (WHY:
+ *            "budget", "pool" or "cap", see ll_history_relieve)
  *   "fetch"  NAME at version NUM: *ENTRY (caller frees with
  *            ll_store_entries_free(*entry, 1)) or NULL when not kept;
- *            *TEXT "kept", "dropped TIME" (the budget dropped it then) or
+ *            *TEXT "kept", "dropped TIME WHY" (dropped then, why) or
  *            "unknown"
  *   "prune"  keep at most NUM bytes of superseded versions (their payload
  *            regions that no current version uses, and their blobs), and

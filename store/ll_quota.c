@@ -67,7 +67,8 @@ typedef struct {
     _Atomic uint64_t cap;     /* bytes, 0: none */
     _Atomic uint64_t src;     /* ll_quota_src_t */
     _Atomic uint64_t pressed; /* CLOCK_MONOTONIC ms of the last save the cap refused (0: none) */
-    uint64_t spare[4];
+    _Atomic uint64_t need;    /* bytes that save still waits for (0: none, or it is over) */
+    uint64_t spare[3];
     s_entry_t ent[LL_QUOTA_MAX_POOLS];
 } s_ledger_t;
 
@@ -276,13 +277,29 @@ void ll_quota_give(ll_quota_t *q, size_t n)
         atomic_fetch_sub(&q->l->ent[q->ent].regions, n);
 }
 
-void ll_quota_press(ll_quota_t *q)
+void ll_quota_press(ll_quota_t *q, uint64_t need)
 {
     if (!q)
         return;
+    atomic_store(&q->l->need, need);
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts); /* (one clock for every process of the host) */
     atomic_store(&q->l->pressed, (uint64_t) ts.tv_sec * 1000 + (uint64_t) ts.tv_nsec / 1000000 + 1);
+}
+
+void ll_quota_unpress(ll_quota_t *q, uint64_t need)
+{
+    if (q)
+        atomic_compare_exchange_strong(&q->l->need, &need, 0); /* (a later waiter's stays) */
+}
+
+uint64_t ll_quota_excess(ll_quota_t *q, uint64_t within_ms)
+{
+    if (!ll_quota_pressed(q, within_ms))
+        return 0;
+    uint64_t need = atomic_load(&q->l->need), cap = atomic_load(&q->l->cap);
+    uint64_t held = ll_quota_held(q);
+    return need && cap && held + need > cap ? held + need - cap : 0;
 }
 
 uint64_t ll_quota_pressed(ll_quota_t *q, uint64_t within_ms)
@@ -406,6 +423,16 @@ int ll_quota_selftest(bool verbose)
     f = ll_quota_open(path, err, sizeof err);
     S_REQUIRE(f && ll_quota_join(f, 77, 0, NULL) == 0 && ll_quota_held(a) == 9 * S_REGION, out);
     ll_quota_destroy(&f);
+    /* A save waiting for 4 regions under a cap of 10 with 9 held: the
+     * user's pools are 3 regions over until it is done. */
+    ll_quota_set_cap(a, 10 * S_REGION, LL_QUOTA_SRC_ENV);
+    S_REQUIRE(ll_quota_excess(a, 30000) == 0, out);
+    ll_quota_press(b, 4 * S_REGION);
+    S_REQUIRE(ll_quota_excess(a, 30000) == 3 * S_REGION, out);
+    ll_quota_unpress(b, 5 * S_REGION); /* another waiter's: stays */
+    S_REQUIRE(ll_quota_excess(a, 30000) == 3 * S_REGION, out);
+    ll_quota_unpress(b, 4 * S_REGION);
+    S_REQUIRE(ll_quota_excess(a, 30000) == 0 && ll_quota_pressed(a, 30000), out);
     ll_quota_set_cap(a, 0, LL_QUOTA_SRC_NONE);
     S_REQUIRE(ll_quota_take(b, 1000, NULL) == 0, out);
     S_REQUIRE(strcmp(ll_quota_fmt_bytes(256 << 20, buf, sizeof buf), "256 MiB") == 0, out);

@@ -64,10 +64,17 @@ int ll_quota_take(ll_quota_t *q, size_t n, ll_quota_over_t *over);
 #define LL_QUOTA_SPARE_FRAC 4
 int ll_quota_take_spare(ll_quota_t *q, size_t n);
 
-/* A save met the cap: pools holding memory ahead of use (reserves, freed
- * space kept for the next save) give it back for a while (ll_quota_pressed,
- * the stores' idle hooks). */
-void ll_quota_press(ll_quota_t *q);
+/* A save met the cap and waits for NEED more bytes: pools holding memory
+ * ahead of use (reserves, freed space kept for the next save) give it back
+ * for a while (ll_quota_pressed, the stores' idle hooks), and the sessions'
+ * kept old versions give way to it (ll_quota_excess).  The waiting save
+ * calls ll_quota_unpress with the same NEED once it is done. */
+void ll_quota_press(ll_quota_t *q, uint64_t need);
+void ll_quota_unpress(ll_quota_t *q, uint64_t need);
+/* While a save that met the cap within WITHIN_MS waits: by how many bytes
+ * the user's pools exceed what would let it through (what an idle owner
+ * may still free for it); else 0. */
+uint64_t ll_quota_excess(ll_quota_t *q, uint64_t within_ms);
 /* When (an opaque nonzero stamp) a save last met the cap, if within
  * WITHIN_MS; else 0. */
 uint64_t ll_quota_pressed(ll_quota_t *q, uint64_t within_ms);

@@ -26,7 +26,11 @@
  *
  * The private server (ll_redis_server.c) lets in only its ACL user; its
  * password sits next to its socket (redis.pass, 0600, in a 0700
- * directory), where this connection finds it.
+ * directory), where this connection finds it.  A Redis over TCP (the
+ * cluster's, shared across hosts) is logged in to as the ACL user and
+ * password the environment names: LL_REDIS_USER, and LL_REDIS_PASSWORD_FILE
+ * (a file of ours closed to others) or LL_REDIS_PASSWORD; never from the
+ * URL, which error messages quote.
  *
  * The self-test at the bottom starts a throwaway server in a temp dir and
  * drives connect, reconnect (after a cut connection and after the server
@@ -104,6 +108,54 @@ static char *s_find_password(const char *sock)
     buf[n] = 0;
     buf[strcspn(buf, "\r\n")] = 0;
     return buf[0] ? strdup(buf) : NULL;
+}
+
+/* Over TCP: the ACL user and password the environment names into R (see
+ * DESIGN).  0 (none named: no AUTH), or -1 with ERR. */
+static int s_tcp_credentials(ll_redis_t *r, char *err, size_t errlen)
+{
+    const char *user = getenv("LL_REDIS_USER"), *file = getenv("LL_REDIS_PASSWORD_FILE");
+    const char *pass = getenv("LL_REDIS_PASSWORD");
+    if (file && *file) {
+        int fd = open(file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        struct stat st;
+        char buf[512];
+        ssize_t n = -1;
+        if (fd < 0) {
+            snprintf(err, errlen, "Redis password file %s (LL_REDIS_PASSWORD_FILE): %s", file,
+                     strerror(errno));
+            return -1;
+        }
+        if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+            !(st.st_mode & 077))
+            n = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (n < 0) {
+            snprintf(err, errlen,
+                     "Redis password file %s (LL_REDIS_PASSWORD_FILE): must be a regular file "
+                     "of uid %u that others cannot read (chmod 600)",
+                     file, (unsigned) geteuid());
+            return -1;
+        }
+        buf[n] = 0;
+        buf[strcspn(buf, "\r\n")] = 0;
+        r->password = strdup(buf);
+        memset(buf, 0, sizeof buf);
+    } else if (pass && *pass) {
+        r->password = strdup(pass);
+    }
+    if (user && *user && !r->password) {
+        snprintf(err, errlen,
+                 "LL_REDIS_USER=%s but no password (LL_REDIS_PASSWORD_FILE or LL_REDIS_PASSWORD)",
+                 user);
+        return -1;
+    }
+    r->user = strdup(user && *user ? user : "default");
+    if (r->password && !r->password[0]) {
+        snprintf(err, errlen, "the Redis password (LL_REDIS_PASSWORD_FILE) is empty");
+        return -1;
+    }
+    return 0;
 }
 
 /* ---- waiting ----------------------------------------------------------- */
@@ -250,14 +302,15 @@ static int s_connect(ll_redis_t *r)
     r->c->flags &= ~REDIS_BLOCK; /* our waits, not hiredis' */
     if (!r->password)
         return 0;
-    const char *argv[] = {"AUTH", S_USER, r->password};
-    const size_t lens[] = {4, strlen(S_USER), strlen(r->password)};
+    const char *user = r->user ? r->user : S_USER;
+    const char *argv[] = {"AUTH", user, r->password};
+    const size_t lens[] = {4, strlen(user), strlen(r->password)};
     redisReply *reply = NULL;
     if (redisAppendCommandArgv(r->c, 3, argv, lens) == REDIS_OK)
         reply = s_read_reply(r);
     bool ok = reply && reply->type == REDIS_REPLY_STATUS;
     if (!ok && reply)
-        snprintf(r->err, sizeof r->err, "cannot log in to Redis at %s: %s", r->url,
+        snprintf(r->err, sizeof r->err, "cannot log in to Redis at %s as %s: %s", r->url, user,
                  reply->type == REDIS_REPLY_ERROR ? reply->str : "unexpected reply");
     else if (!ok && !r->failure)
         snprintf(r->err, sizeof r->err, "cannot connect to Redis at %s: no answer to AUTH", r->url);
@@ -275,8 +328,23 @@ static int s_parse_url(ll_redis_t *r, const char *url, char *err, size_t errlen)
     } else if (strncmp(url, "redis://", 8) == 0) {
         const char *hp = url + 8;
         const char *at = strrchr(hp, '@');
-        if (at)
+        if (at) {
+            /* redis://looseleaf:PASSWORD@host:port: a kernel's Redis reached
+             * over TCP from another host (cluster mode: the password of its
+             * ACL user, the only user it has).  The URL kept for messages
+             * leaves it out. */
+            const char *colon_pw = memchr(hp, ':', (size_t) (at - hp));
+            if (colon_pw && colon_pw + 1 < at) {
+                free(r->password);
+                r->password = strndup(colon_pw + 1, (size_t) (at - colon_pw - 1));
+            }
+            char *redacted = NULL;
+            if (asprintf(&redacted, "redis://%s", at + 1) > 0) {
+                free(r->url);
+                r->url = redacted;
+            }
             hp = at + 1;
+        }
         const char *colon = strrchr(hp, ':');
         size_t hl = colon ? (size_t) (colon - hp) : strcspn(hp, "/");
         r->host = strndup(hp, hl);
@@ -326,6 +394,10 @@ ll_redis_t *ll_redis_connect_timeout(const char *url, double timeout_ms, int can
     }
     if (r->path)
         r->password = s_find_password(r->path);
+    else if (s_tcp_credentials(r, err, errlen) != 0) {
+        ll_redis_destroy(&r);
+        return NULL;
+    }
     ll_redis_begin(r);
     if (s_connect(r) != 0) {
         snprintf(err, errlen, "%s", r->err);
@@ -344,6 +416,7 @@ void ll_redis_destroy(ll_redis_t **r_p)
     free(r->url);
     free(r->path);
     free(r->host);
+    free(r->user);
     if (r->password) {
         memset(r->password, 0, strlen(r->password));
         free(r->password);

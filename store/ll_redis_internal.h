@@ -16,6 +16,7 @@ struct ll_redis_t {
     char *host;               /* tcp host, or NULL */
     int port;                 /* tcp port */
     char *password;           /* the private server's (AUTH looseleaf ...), or NULL */
+    char *user;               /* TCP: the ACL user of LL_REDIS_USER (NULL: S_USER) */
     char err[256];            /* last error */
     unsigned long reconnects; /* successful reconnects after a failure */
     double timeout_ms;        /* of one call */

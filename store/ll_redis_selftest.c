@@ -12,8 +12,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -142,6 +145,84 @@ fail:
     return false;
 }
 
+/* A Redis over TCP (the cluster's, shared across hosts) with an ACL user:
+ * LL_REDIS_USER and LL_REDIS_PASSWORD_FILE log in; a wrong password, a
+ * password file others may read, a user without a password are refused
+ * with errors that say so.  Its own redis-server on 127.0.0.1, in DIR. */
+static bool s_selftest_tcp_auth(const char *dir)
+{
+    int fails = 0;
+    char err[512], url[64], pass[300], port_s[16];
+    /* A free port: the kernel's choice for a socket bound to port 0. */
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof sa;
+    if (fd < 0 || bind(fd, (struct sockaddr *) &sa, sizeof sa) < 0 ||
+        getsockname(fd, (struct sockaddr *) &sa, &sl) < 0) {
+        fprintf(stderr, "ll_redis selftest: no TCP port: %s\n", strerror(errno));
+        return false;
+    }
+    close(fd);
+    snprintf(port_s, sizeof port_s, "%d", ntohs(sa.sin_port));
+    snprintf(url, sizeof url, "redis://127.0.0.1:%s", port_s);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        dup2(null, 2);
+        execlp("redis-server", "redis-server", "--bind", "127.0.0.1", "--port", port_s, "--save",
+               "", "--appendonly", "no", "--dir", dir, "--user", "default", "off", "--user",
+               "ll-cluster", "on", ">s3cret-pw", "~ll:*", "+@all", "--loglevel", "warning",
+               (char *) NULL);
+        _exit(127);
+    }
+    if (pid < 0)
+        return false;
+    snprintf(pass, sizeof pass, "%s/cluster-redis.pass", dir);
+    int pf = open(pass, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    S_CHECK(pf >= 0 && write(pf, "s3cret-pw\n", 10) == 10);
+    if (pf >= 0)
+        close(pf);
+    setenv("LL_REDIS_USER", "ll-cluster", 1);
+    setenv("LL_REDIS_PASSWORD_FILE", pass, 1);
+    ll_redis_t *r = NULL;
+    for (double until = ll_clock_ms() + 10000;
+         !r && ll_clock_ms() < until && waitpid(pid, NULL, WNOHANG) == 0;) {
+        r = ll_redis_connect_timeout(url, 2000, -1, err, sizeof err);
+        if (!r)
+            poll(NULL, 0, 20); /* the server is still starting */
+    }
+    S_CHECK(r != NULL);
+    if (r) {
+        ll_redis_begin(r);
+        S_CHECK(s_reply_is(ll_redis_cmdf(r, "SET ll:t:tcp %s", "1"), REDIS_REPLY_STATUS, "OK"));
+        ll_redis_destroy(&r);
+    }
+    setenv("LL_REDIS_PASSWORD_FILE", "", 1);
+    setenv("LL_REDIS_PASSWORD", "wrong", 1);
+    r = ll_redis_connect_timeout(url, 2000, -1, err, sizeof err);
+    S_CHECK(!r && strstr(err, "cannot log in to Redis at") && strstr(err, "as ll-cluster") &&
+            strstr(err, "WRONGPASS"));
+    ll_redis_destroy(&r);
+    unsetenv("LL_REDIS_PASSWORD");
+    r = ll_redis_connect_timeout(url, 2000, -1, err, sizeof err);
+    S_CHECK(!r && strstr(err, "LL_REDIS_USER=ll-cluster but no password"));
+    ll_redis_destroy(&r);
+    chmod(pass, 0644);
+    setenv("LL_REDIS_PASSWORD_FILE", pass, 1);
+    r = ll_redis_connect_timeout(url, 2000, -1, err, sizeof err);
+    S_CHECK(!r && strstr(err, "that others cannot read"));
+    ll_redis_destroy(&r);
+    unsetenv("LL_REDIS_USER");
+    unsetenv("LL_REDIS_PASSWORD_FILE");
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    unlink(pass);
+    if (fails)
+        fprintf(stderr, "ll_redis selftest: TCP login: last error: %s\n", err);
+    return fails == 0;
+}
+
 int ll_redis_selftest(bool verbose)
 {
     char dir[] = "/tmp/ll-redis-selftest-XXXXXX", err[512] = "", url[600], path[600];
@@ -255,6 +336,7 @@ int ll_redis_selftest(bool verbose)
 
     S_REQUIRE(s_selftest_acl(r, sock), fail);
     S_REQUIRE(s_selftest_waits(r, dir), fail);
+    S_REQUIRE(s_selftest_tcp_auth(dir), fail);
     if (verbose)
         printf("(redis in %s) ", dir);
     rc = 0;

@@ -258,6 +258,23 @@ static int s_attach_pool(ll_store_t *st, const char *want, const char *default_p
                 snprintf(err, errlen, "%s", e2);
                 break;
             }
+            /* A worker on another host than the kernel's (cluster mode: its
+             * host's agent sets LL_STORE_FOREIGN_HOST) never makes the
+             * session's pool anew: the recorded one is the kernel's, alive
+             * on its own host, and replacing the record would cut the
+             * kernel off its payloads.  Until payloads move between hosts
+             * (README "Cluster mode"), such a worker can use the session's
+             * store only where it reaches the kernel's pool. */
+            const char *foreign = getenv("LL_STORE_FOREIGN_HOST");
+            if (foreign && *foreign) {
+                snprintf(err, errlen,
+                         "the payload pool of session %s (%s) is not reachable from GPU host %s "
+                         "(%s): moving payloads between hosts is not done yet",
+                         st->session, rec_path, foreign, pool ? "another pool is there now" : e2);
+                if (pool)
+                    ll_pool_destroy(&pool);
+                break;
+            }
             ll_warn("store", "session %s: pool %s is gone (%s); payloads saved in it are lost",
                     st->session, rec_path, pool ? "recreated" : e2);
         }
@@ -373,6 +390,20 @@ static int s_idle(void *ctx)
     ll_store_t *st = ctx;
     if (pthread_mutex_trylock(&st->mu) != 0)
         return -1;
+    /* A save of the user (another session's, or a worker's of this one)
+     * waits at the cap: old versions this session's history keeps give way
+     * to it, oldest first, as many as bring the user's pools under the cap
+     * for it, and their regions are reclaimed and trimmed below, so that the
+     * ledger stops counting them. */
+    uint64_t excess = ll_quota_excess(st->quota, S_PRESSED_MS);
+    if (excess) {
+        ll_redis_begin_quiet(st->redis, S_IDLE_REDIS_MS);
+        /* (a drop makes the reclamation below due) */
+        if (ll_history_relieve(st, (size_t) ((excess + LL_STORE_R - 1) / LL_STORE_R), "cap") < 0)
+            ll_debug("store", "history at the cap: %s", st->err);
+        st->err[0] = 0;
+        st->errkind = LL_STORE_OK;
+    }
     if (ll_pool_gc_due(st->pool)) {
         ll_redis_begin_quiet(st->redis, S_IDLE_REDIS_MS);
         if (ll_store_gc_locked(st) < 0)

@@ -276,6 +276,15 @@ static void s_put_gc_first(s_put_t *p)
     st->errkind = LL_STORE_OK;
 }
 
+/* Regions of the put still to allocate from region I on. */
+static size_t s_put_more(const s_put_t *p, size_t i)
+{
+    size_t more = 0;
+    for (size_t j = i; j < p->n; j++)
+        more += !p->reuse[j];
+    return more;
+}
+
 /* The user's pools would hold more than the cap with the regions of this
  * put still to allocate (from I on): the error names the user, the cap and
  * its knob, what the put needs and what the user holds apart from it. */
@@ -311,25 +320,28 @@ static int s_put_quota_fail(s_put_t *p, size_t i)
 #define S_ROOM_WAIT_MS 3000 /* a save at the cap waits this long for other pools' reserves */
 
 /* The user's cap refused region I of this put: tell the user's pools
- * (ll_quota_press: their owners give back what they hold ahead of use, on
- * their idle threads) and wait up to S_ROOM_WAIT_MS for the room the rest
+ * (ll_quota_press: their owners give back what they hold ahead of use and
+ * drop the old versions their history keeps, on their idle threads, see
+ * ll_store.c's s_idle) and wait up to S_ROOM_WAIT_MS for the room the rest
  * of the put needs.  Whether it came. */
 static bool s_put_wait_room(s_put_t *p, size_t i)
 {
     ll_store_t *st = p->st;
     uint64_t cap = ll_quota_cap(st->quota, NULL);
-    size_t more = 0;
-    for (size_t j = i; j < p->n; j++)
-        more += !p->reuse[j];
-    if (cap == 0 || more * LL_STORE_R > cap)
+    uint64_t more = (uint64_t) s_put_more(p, i) * LL_STORE_R;
+    if (cap == 0 || more > cap)
         return false;
-    ll_quota_press(st->quota);
-    ll_store_reserve_update(st); /* (ours too) */
+    ll_quota_press(st->quota, more); /* (the other sessions' history gives way to it too) */
+    ll_store_reserve_update(st);     /* (ours too) */
     ll_pool_trim(st->pool, 0);
-    for (double until = ll_clock_ms() + S_ROOM_WAIT_MS; ll_clock_ms() < until; usleep(20000))
-        if (ll_quota_held(st->quota) + more * LL_STORE_R <= cap)
-            return true;
-    return false;
+    bool room = false;
+    for (double until = ll_clock_ms() + S_ROOM_WAIT_MS; !room && ll_clock_ms() < until;) {
+        room = ll_quota_held(st->quota) + more <= cap;
+        if (!room)
+            usleep(20000);
+    }
+    ll_quota_unpress(st->quota, more);
+    return room;
 }
 
 /* Allocate every region to write; a full pool (or one over the user's
@@ -354,10 +366,16 @@ static int s_put_alloc(s_put_t *p)
                 if (ll_store_gc_locked(st) > 0)
                     continue;
             }
-            /* Old versions the history keeps give way to a save (ll_history.c). */
+            /* Old versions the history keeps give way to a save
+             * (ll_history.c), the oldest first and only as many as the rest
+             * of this put needs: what they held is reclaimed into this pool's
+             * free regions, which the put then takes without counting them
+             * against the user's cap again (they are counted while backed). */
             if (room && !p->tried_history) {
                 p->tried_history = true;
-                if (ll_history_relieve(st) > 0 && ll_store_gc_locked(st) > 0)
+                if (ll_history_relieve(st, s_put_more(p, i),
+                                       kind == LL_POOL_EQUOTA ? "cap" : "pool") > 0 &&
+                    ll_store_gc_locked(st) > 0)
                     continue;
             }
             if (room && p->copy_first) {
@@ -399,6 +417,37 @@ static int s_put_check_backing(s_put_t *p)
                  : "");
     }
     return 0;
+}
+
+/* After the copy: regions that could not be backed (the host's memory or the
+ * pool's tmpfs ran out, while the pool still had regions) may be backed once
+ * the history's old versions give their memory back, the oldest first, as
+ * many as hold that many regions: dropped, reclaimed, and their memory
+ * trimmed, then the copy into those regions is tried again.  Whatever is
+ * still unbacked then fails the put (s_put_check_backing). */
+static void s_put_retry_backing(s_put_t *p)
+{
+    ll_store_t *st = p->st;
+    size_t failed = 0;
+    for (size_t i = 0; i < p->n; i++)
+        failed += p->backerr[i] != 0;
+    if (!failed || p->tried_history)
+        return;
+    p->tried_history = true;
+    if (ll_history_relieve(st, failed, "pool") <= 0 || ll_store_gc_locked(st) <= 0) {
+        st->err[0] = 0;
+        st->errkind = LL_STORE_OK;
+        return;
+    }
+    ll_pool_trim(st->pool, 0); /* (what was reclaimed goes back to the host) */
+    size_t bytes = 0;
+    for (size_t i = 0; i < p->n; i++)
+        if (p->backerr[i]) {
+            p->backerr[i] = 0;
+            s_copy_hash(p, i); /* (one thread: a few regions, the host short of memory) */
+            bytes += s_chunk(p->len, i);
+        }
+    ll_debug("store", "put: backed %zu bytes again after the history gave way", bytes);
 }
 
 /* Copied first: a candidate whose fresh copy hashes as its base region is
@@ -514,6 +563,7 @@ char *ll_store_put(ll_store_t *st, const void *data, size_t len, const char *bas
     if (p.nwritten)
         s_parallel(p.n, p.nwritten, s_copy_hash, &p);
     ts3 = ll_clock_ms();
+    s_put_retry_backing(&p);
     if (s_put_check_backing(&p) != 0)
         goto out;
     size_t late_same = s_put_settle(&p);

@@ -207,85 +207,154 @@ static ll_zclient_t *s_client_new(int fd, char *err, size_t errlen)
     return self;
 }
 
+/* Whether environment entry E goes to the cluster's pool (cluster mode,
+ * below): what the host pool keeps, plus Ray's token and the cluster's
+ * settings, which the placer (a Ray driver) needs. */
+static bool s_env_kept_cluster(const char *e)
+{
+    return ll_zclient_env_kept(e) || strncmp(e, "RAY_", 4) == 0 ||
+           strncmp(e, "PYTHONPATH=", 11) == 0;
+}
+
+/* Start the pool serving DIR: ARGV[0] run as EXE with the entries of our
+ * environment KEEP accepts (plus EXTRA_ENV, may be NULL), waited for until
+ * its launcher exits (it detaches itself).  0, or -1 with ERR set. */
+static int s_spawn(const char *exe, const char *const *argv, bool (*keep)(const char *),
+                   const char *extra_env, const char *dir, char *err, size_t errlen)
+{
+    /* The pool outlives this kernel and serves others: its own session
+     * (a notebook interrupt signals the kernel's process group), no
+     * signal blocked (the kernel's threads block some), and not the
+     * kernel's stdout/stderr (they may be the capture pipes that feed the
+     * notebook): the pool redirects them to its log as it detaches. */
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    sigset_t none;
+    sigemptyset(&none);
+    posix_spawnattr_setsigmask(&attr, &none);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    if (ll_log_fd() > 2) {
+        posix_spawn_file_actions_adddup2(&fa, ll_log_fd(), 1);
+        posix_spawn_file_actions_adddup2(&fa, ll_log_fd(), 2);
+    }
+    /* Only what the pool needs of this kernel's environment. */
+    size_t nenv = 0;
+    while (environ[nenv])
+        nenv++;
+    char **envp = calloc(nenv + 2, sizeof *envp);
+    if (!envp) {
+        posix_spawn_file_actions_destroy(&fa);
+        posix_spawnattr_destroy(&attr);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < nenv; i++)
+        if (keep(environ[i]) &&
+            !(extra_env && strncmp(environ[i], extra_env, strcspn(extra_env, "=") + 1) == 0))
+            envp[k++] = environ[i];
+    if (extra_env)
+        envp[k++] = (char *) extra_env;
+    pid_t pid;
+    int rc = posix_spawn(&pid, exe, &fa, &attr, (char *const *) argv, envp);
+    free(envp);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&attr);
+    if (rc != 0) {
+        snprintf(err, errlen, "cannot start the pool (%s): %s", exe, strerror(rc));
+        return -1;
+    }
+    int status;
+    waitpid(pid, &status, 0); /* the pool detached; this is its launcher */
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        snprintf(err, errlen, "the pool failed to start (status %d); see %s/pool.log", status, dir);
+        return -1;
+    }
+    return 0;
+}
+
+/* Cluster mode (README "Cluster mode"): LOOSELEAF_CLUSTER names the Ray
+ * head (HOST:PORT) of a cluster of GPU hosts.  The kernel then talks to the
+ * user's *cluster pool* instead of a host pool: `python -m
+ * looseleaf_cluster.remote` (cluster/looseleaf_cluster/remote.py), which
+ * speaks the pool's protocol on DIR/pool.sock, places each cell with
+ * ll_place's rule and relays it to the user's host pool on the chosen GPU
+ * host.  Its dir is the host pool's default dir with "-cluster" (the two
+ * never share a socket).  The placer needs Ray, so it runs in the
+ * environment's Python (LOOSELEAF_PYTHON, else the build's), with the
+ * checkout's cluster/ on its path. */
+static int s_spawn_cluster(const char *dir, const char *head, char *err, size_t errlen)
+{
+    ll_pyenv_t env;
+    if (ll_pyenv_find(NULL, &env, err, errlen) < 0)
+        return -1;
+    char build[24] = "unknown", pypath[PATH_MAX + 64];
+    ll_zclient_build_id(NULL, build, sizeof build);
+    const char *old = getenv("PYTHONPATH");
+    snprintf(pypath, sizeof pypath, "PYTHONPATH=%s/cluster%s%s", LL_SRCDIR, old && *old ? ":" : "",
+             old && *old ? old : "");
+    const char *argv[] = {env.python,
+                          "-m",
+                          "looseleaf_cluster.remote",
+                          "--runtime-dir",
+                          dir,
+                          "--address",
+                          head,
+                          "--build",
+                          build,
+                          NULL};
+    return s_spawn(env.python, argv, s_env_kept_cluster, pypath, dir, err, errlen);
+}
+
 ll_zclient_t *ll_zclient_connect(const char *runtime_dir, const char *exe,
                                  const char *const *extra_args, char *err, size_t errlen)
 {
     char dir[PATH_MAX], sock[PATH_MAX + 16];
-    if (runtime_dir)
+    const char *cluster = getenv("LOOSELEAF_CLUSTER");
+    if (cluster && !*cluster)
+        cluster = NULL;
+    if (runtime_dir) {
         snprintf(dir, sizeof dir, "%s", runtime_dir);
-    else
+        cluster = NULL; /* a named dir is a host pool (the tests' drivers) */
+    } else {
         ll_zclient_default_dir(exe, dir, sizeof dir);
+        if (cluster && strlen(dir) + 9 < sizeof dir)
+            strcat(dir, "-cluster");
+    }
     snprintf(sock, sizeof sock, "%s/pool.sock", dir);
     const char *build_exe = exe; /* (EXE becomes /proc/self/exe below) */
     int fd = s_connect(sock);
     if (fd < 0) {
-        char self[PATH_MAX], name[PATH_MAX];
-        const char *argv0 = exe;
-        if (!exe) {
-            /* Our own binary, even when a rebuild replaced it on disk. */
-            if (ll_zframe_self_exe(self, sizeof self, name, sizeof name) < 0) {
-                snprintf(err, errlen, "cannot find the looseleaf binary: %s", strerror(errno));
+        if (cluster) {
+            if (s_spawn_cluster(dir, cluster, err, errlen) < 0)
                 return NULL;
+        } else {
+            char self[PATH_MAX], name[PATH_MAX];
+            const char *argv0 = exe;
+            if (!exe) {
+                /* Our own binary, even when a rebuild replaced it on disk. */
+                if (ll_zframe_self_exe(self, sizeof self, name, sizeof name) < 0) {
+                    snprintf(err, errlen, "cannot find the looseleaf binary: %s", strerror(errno));
+                    return NULL;
+                }
+                exe = self;
+                argv0 = name;
             }
-            exe = self;
-            argv0 = name;
+            const char *argv[64] = {argv0, "pool", "--runtime-dir", dir};
+            int na = 4;
+            for (int i = 0; extra_args && extra_args[i] && na < 62; i++)
+                argv[na++] = extra_args[i];
+            argv[na] = NULL;
+            if (s_spawn(exe, argv, ll_zclient_env_kept, NULL, dir, err, errlen) < 0)
+                return NULL;
         }
-        const char *argv[64] = {argv0, "pool", "--runtime-dir", dir};
-        int na = 4;
-        for (int i = 0; extra_args && extra_args[i] && na < 62; i++)
-            argv[na++] = extra_args[i];
-        argv[na] = NULL;
-        /* The pool outlives this kernel and serves others: its own session
-         * (a notebook interrupt signals the kernel's process group), no
-         * signal blocked (the kernel's threads block some), and not the
-         * kernel's stdout/stderr (they may be the capture pipes that feed the
-         * notebook): the pool redirects them to its log as it detaches. */
-        posix_spawnattr_t attr;
-        posix_spawnattr_init(&attr);
-        sigset_t none;
-        sigemptyset(&none);
-        posix_spawnattr_setsigmask(&attr, &none);
-        posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK);
-        posix_spawn_file_actions_t fa;
-        posix_spawn_file_actions_init(&fa);
-        posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-        if (ll_log_fd() > 2) {
-            posix_spawn_file_actions_adddup2(&fa, ll_log_fd(), 1);
-            posix_spawn_file_actions_adddup2(&fa, ll_log_fd(), 2);
-        }
-        /* Only what the pool needs of this kernel's environment. */
-        size_t nenv = 0;
-        while (environ[nenv])
-            nenv++;
-        char **envp = calloc(nenv + 1, sizeof *envp);
-        if (!envp) {
-            posix_spawn_file_actions_destroy(&fa);
-            posix_spawnattr_destroy(&attr);
-            snprintf(err, errlen, "out of memory");
-            return NULL;
-        }
-        for (size_t i = 0, k = 0; i < nenv; i++)
-            if (ll_zclient_env_kept(environ[i]))
-                envp[k++] = environ[i];
-        pid_t pid;
-        int rc = posix_spawn(&pid, exe, &fa, &attr, (char *const *) argv, envp);
-        free(envp);
-        posix_spawn_file_actions_destroy(&fa);
-        posix_spawnattr_destroy(&attr);
-        if (rc != 0) {
-            snprintf(err, errlen, "cannot start the pool (%s): %s", exe, strerror(rc));
-            return NULL;
-        }
-        int status;
-        waitpid(pid, &status, 0); /* the pool detached; this is its launcher */
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-            snprintf(err, errlen, "the pool failed to start (status %d); see %s/pool.log", status,
-                     dir);
-            return NULL;
-        }
-        /* The detached pool binds its socket within milliseconds; wait for it
+        /* The detached pool binds its socket within milliseconds (the
+         * cluster's within a second or two: Python); wait for it
          * (connecting is the condition, there is nothing else to watch). */
-        for (int i = 0; i < 1000 && fd < 0; i++) {
+        for (int i = 0; i < 3000 && fd < 0; i++) {
             fd = s_connect(sock);
             if (fd < 0) {
                 struct timespec ts = {0, 10 * 1000000};

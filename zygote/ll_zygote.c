@@ -834,8 +834,9 @@ int ll_zygote_main(int argc, char **argv)
         return 1;
     }
     PyGILState_STATE gil = PyGILState_Ensure();
-    int prc = PyRun_SimpleString("import sys\nsys.path.insert(1, "
-                                 "'" LL_SRCDIR "/zygote/py')\n");
+    /* (Run in __main__, the workers' user namespace: bind nothing there.) */
+    int prc = PyRun_SimpleString("import sys as _ll_sys\n_ll_sys.path.insert(1, "
+                                 "'" LL_SRCDIR "/zygote/py')\ndel _ll_sys\n");
     PyGILState_Release(gil);
     char *hj = s_head_json(head);
     char *loaded = prc == 0 ? s_py_call("load_head", hj, err, sizeof err) : NULL;

@@ -5,6 +5,10 @@
 - ``agent``: the per-host Ray actor that holds its node's slots and leases them from that host's hostd.
 - ``client``: the server side: finds the agents, asks them how loaded they are, places a request with the
   C rule and has the chosen host's agent take the slot.
+- ``remote``: the user's cluster pool on the kernels' host (a kernel with LOOSELEAF_CLUSTER talks to it as to
+  a host pool): places each GPU cell and carries its frames to the user's relay on the chosen host.
+- ``relay``: on a GPU host, as the user (started by the agent): TCP from the cluster pool to the user's host
+  pool there.  ``frames``: the length + JSON frames they speak (proto/ll_zframe.h).
 
 Ray is imported only by ``agent`` and ``client``: ``place`` and ``hostd`` work without it.
 """

@@ -4,7 +4,9 @@ Ray to that host's ``looseleaf hostd``: it reports the host's load as the broker
 leases slots from the broker for the cluster's requests (``acquire`` / ``release``).
 
 It never runs a user's cell: per-cell workers stay LooseLeaf's own forks from its zygotes (CUDA-clean,
-fork-fast), run as their user in that user's pool; the agent only lends slots.
+fork-fast), run as their user in that user's pool.  For remote cells (``relay``) it starts, once per user and
+once ``authorize_remote_user`` accepted, that user's relay (relay.py) on this host, as that user: the relay
+carries the user's cluster pool's frames to the user's host pool here.
 
 Started on the host (in its network namespace, by its systemd unit or a test) as a detached named actor:
     python -m looseleaf_cluster.agent --address HEAD:PORT --host NAME --hostd-socket PATH
@@ -14,8 +16,13 @@ the environment, as for every Ray process of the cluster.
 import argparse
 import json
 import os
+import pwd
+import secrets
+import subprocess
 import sys
+import tempfile
 import threading
+import zlib
 
 from looseleaf_cluster import AGENT_PREFIX, HOST_LABEL, RAY_NAMESPACE, SLOT_RESOURCE, hostd
 
@@ -30,6 +37,7 @@ class HostAgent:
         self.lock = threading.Lock()  # the lease connection is one request at a time
         self.lease = hostd.Lease(hostd_socket, self.nslots)
         self.requests = {}  # request id -> broker slot
+        self.relays = {}  # (uid, python) -> {"proc", "info"}: each user's relay on this host (relay.py)
 
     def info(self):
         return {"host": self.host, "node_id": self.node_id, "pid": os.getpid(), "slots": self.nslots,
@@ -39,7 +47,9 @@ class HostAgent:
         """The host as placement sees it (its broker's count, every user's leases included)."""
         st = hostd.stats(self.socket)
         snap = hostd.load(st)
-        snap.update(host=self.host, accepting=True, held=sorted(self.requests))
+        snap.update(host=self.host, accepting=True, held=sorted(self.requests),
+                    users=[{k: u.get(k) for k in ("uid", "name", "busy", "warm", "waiting")}
+                           for u in st.get("users", [])])
         return snap
 
     def acquire(self, request_id):
@@ -54,6 +64,55 @@ class HostAgent:
             self.requests[request_id] = slot
             return {"host": self.host, "slot": slot}
 
+    def relay(self, user, lease=None, python=None):
+        """The relay (relay.py) carrying USER's cells to USER's host pool on this host, started as USER
+        when none runs: {host, addr, port, token}.  The token goes only through Ray (token-authenticated).
+        PYTHON: the kernel's Python environment (LOOSELEAF_PYTHON), which the pool's zygotes and workers
+        here must run too (the same path on every host, as the same users are); None: the build's."""
+        pw = authorize_remote_user(self.host, user, lease)
+        if python and not os.access(python, os.X_OK):
+            raise RuntimeError("the kernel's Python %s is not on host %s" % (python, self.host))
+        key = (pw.pw_uid, python or "")
+        with self.lock:
+            r = self.relays.get(key)
+            if r is not None and r["proc"].poll() is None:
+                return dict(r["info"])
+            import ray
+            addr = ray.util.get_node_ip_address()
+            token = secrets.token_hex(32)
+            # The user's host pool here: its own runtime dir per host (hosts may share a file system).
+            rdir = os.path.join(os.environ.get("LL_REMOTE_POOL_ROOT") or tempfile.gettempdir(),
+                                "looseleaf-pool-%d-%s%s" % (pw.pw_uid, self.host,
+                                                            "-%08x" % zlib.crc32(python.encode()) if python else ""))
+            env = {k: v for k, v in os.environ.items()
+                   if not k.startswith(("RAY_", "LOOSELEAF_CLUSTER")) and k not in ("USER", "LOGNAME", "HOME")}
+            # LL_STORE_FOREIGN_HOST: the workers here never make a session's payload pool anew (store/ll_store.c).
+            env.update(HOME=pw.pw_dir, USER=pw.pw_name, LOGNAME=pw.pw_name, LL_HOSTD_SOCKET=self.socket,
+                       LL_STORE_FOREIGN_HOST=self.host)
+            env.setdefault("LL_POOL_WARM_IDLE_S", "300")  # as a local kernel starts its pool
+            if python:
+                env["LOOSELEAF_PYTHON"] = python
+            kw = {}
+            if os.geteuid() != pw.pw_uid:
+                kw = dict(user=pw.pw_uid, group=pw.pw_gid, extra_groups=os.getgrouplist(pw.pw_name, pw.pw_gid))
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "looseleaf_cluster.relay", "--bind", addr, "--host", self.host,
+                 "--runtime-dir", rdir, "--looseleaf", looseleaf_exe()],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd="/",
+                start_new_session=True, **kw)
+            proc.stdin.write(token + "\n")
+            proc.stdin.flush()  # stdin stays open: the relay ends when we do
+            line = proc.stdout.readline()
+            try:
+                port = int(json.loads(line)["port"])
+            except (ValueError, KeyError, TypeError):
+                proc.kill()
+                proc.wait()
+                raise RuntimeError("the relay for %s on %s did not start: %r" % (user, self.host, line))
+            info = {"host": self.host, "addr": addr, "port": port, "token": token, "pid": proc.pid}
+            self.relays[key] = {"proc": proc, "info": info}
+            return dict(info)
+
     def release(self, request_id):
         with self.lock:
             slot = self.requests.pop(request_id, None)
@@ -61,6 +120,31 @@ class HostAgent:
                 raise KeyError("request %s holds no slot on host %s" % (request_id, self.host))
             self.lease.give_back(slot)
             return slot
+
+
+def authorize_remote_user(host, user, lease):
+    """THE SEAM FOR SIGNED LEASES: whether HOST may run workers for USER (a user name) on behalf of a kernel
+    elsewhere; the user's passwd entry, or PermissionError.
+
+    Today the request came through Ray, which runs with token authentication (only the cluster's own
+    processes reach the agent), and names the user the cluster pool runs as; LEASE is None.  Once hostds
+    sign leases (branch ``clusterops``), LEASE is the lease the kernel host's hostd issued (it knows the
+    caller by SO_PEERCRED): check here its signature (a key only the hostds hold), that it names USER and
+    HOST, its expiry and its nonce (no replay), and refuse anything else."""
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        raise PermissionError("user %r is unknown on host %s (the same users must exist on every host)" % (
+            user, host)) from None
+    if os.geteuid() != 0 and pw.pw_uid != os.geteuid():
+        raise PermissionError("the agent of %s runs as uid %d and cannot run workers as %s" % (
+            host, os.geteuid(), user))
+    return pw
+
+
+def looseleaf_exe():
+    from looseleaf_cluster import place
+    return os.environ.get("LL_LOOSELEAF_EXE") or os.path.join(place._REPO, "build", "looseleaf")
 
 
 def node_slots(ray, host):

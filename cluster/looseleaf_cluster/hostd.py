@@ -134,3 +134,45 @@ class Lease:
             self.sock.close()
         except OSError:
             pass
+
+
+# -- cluster leases (hostd/API.md, "Cluster leases") ------------------------------------------------------
+
+class LeaseRefused(HostdError):
+    """A hostd refused to issue or redeem a cluster lease; the message says why (bad signature, replayed,
+    expired, another host's, another user's, no cluster key)."""
+
+
+def _ask(path, frame, want, timeout):
+    try:
+        with _connect(path, timeout) as s:
+            send_frame(s, frame)
+            m = recv_frame(s)
+    except (OSError, ValueError) as e:
+        raise HostdError("hostd %s: %s" % (path, e)) from e
+    if m.get("type") == "error":
+        raise LeaseRefused("hostd %s: %s" % (path, m.get("error")))
+    if m.get("type") != want:
+        raise HostdError("hostd %s: unexpected %s" % (path, m))
+    return m
+
+
+def issue_lease(path, target, request, ttl_s=None, uid=None, timeout=5.0):
+    """A lease, signed by the hostd at PATH (this host's), for host TARGET to run REQUEST's worker for the
+    calling process's user (the hostd knows it by SO_PEERCRED; only root may name another UID).  The lease
+    is a dict to hand, as it is, to TARGET (e.g. through Ray), where ``redeem_lease`` spends it."""
+    frame = {"type": "lease_issue", "target": target, "request": request}
+    if ttl_s is not None:
+        frame["ttl_s"] = int(ttl_s)
+    if uid is not None:
+        frame["uid"] = int(uid)
+    return _ask(path, frame, "lease", timeout)["lease"]
+
+
+def redeem_lease(path, lease, timeout=5.0):
+    """Have the hostd at PATH (the target host's) check LEASE and spend it (once only): {"uid", "user",
+    "issuer", "target", "request", "expires"} as the lease says, now verified.  Raises LeaseRefused (forged,
+    altered, replayed, expired, for another host, for another uid than the caller's unless root)."""
+    m = _ask(path, {"type": "lease_redeem", "lease": lease}, "redeemed", timeout)
+    m.pop("type", None)
+    return m

@@ -4,7 +4,10 @@ One "server" namespace (the kernels' host, running the Ray head) and N "GPU host
 the server's bridge by a veth pair (every interface lives inside a namespace: nothing is added to the
 machine's own network), each running its `looseleaf hostd` (LL_POOL_SLOTS virtual slots), a raylet joined with
 `ray start --address` (a `looseleaf_slot` resource of that many slots, a `looseleaf_host` label) and its agent
-(cluster/looseleaf_cluster/agent.py).  Ray runs with token authentication.
+(cluster/looseleaf_cluster/agent.py).  Ray runs with token authentication.  The server runs a hostd too (it
+issues cluster leases), and every hostd knows its host name and the cluster key (hostd/API.md, "Cluster
+leases"); hosts named in `manual` get their namespace and link only (a test joins them, as an administrator
+would, from a cluster config).
 
 Names carry a per-run prefix (`llc<pid>x<random>-`); everything made is recorded before it is made, and
 close() ends every process of the namespaces (by the pids `ip netns pids` lists: only ours live there), deletes
@@ -88,7 +91,7 @@ def sweep_dead_runs():
 class Cluster:
     """NHOSTS GPU-host namespaces of SLOTS slots each plus a server namespace, with Ray, brokers and agents."""
 
-    def __init__(self, nhosts=3, slots=4):
+    def __init__(self, nhosts=3, slots=4, manual=()):
         self.prefix = "llc%dx%s" % (os.getpid(), secrets.token_hex(2))
         self.namespaces = []  # made so far, torn down by close()
         self.procs = []
@@ -97,7 +100,11 @@ class Cluster:
         os.mkdir(self.dir, 0o700)
         self.slots = slots
         self.hosts = ["h%d" % (i + 1) for i in range(nhosts)]
+        self.manual = set(manual)
         self.token = secrets.token_hex(32)
+        self.key = os.path.join(self.dir, "cluster.key")  # the cluster key every hostd holds (0600, root's)
+        with open(os.open(self.key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
         self.head = "%s.1:%d" % (SUBNET, HEAD_PORT)
         self.env = {k: v for k, v in os.environ.items()
                     if not k.startswith(("RAY_", "LL_", "LOOSELEAF_")) and k not in ("PYTHONPATH",)}
@@ -142,10 +149,12 @@ class Cluster:
             ip("-n", self.server, "link", "set", "v" + h, "up")
             ip("-n", ns, "addr", "add", "%s/24" % self.addr(h), "dev", "eth0")
             ip("-n", ns, "link", "set", "eth0", "up")
+        self.start_hostd(self.server, "srv")
         self.ray_start(self.server, ["--head", "--port", str(HEAD_PORT), "--node-ip-address", "%s.1" % SUBNET,
                                      "--num-cpus", "0"], "srv")
         for h in self.hosts:
-            self.start_host(h)
+            if h not in self.manual:
+                self.start_host(h)
         return self
 
     def ray_start(self, ns, args, tag):
@@ -159,15 +168,20 @@ class Cluster:
         if r.returncode != 0:
             raise RuntimeError("ray start in %s failed:\n%s\n%s" % (ns, r.stdout[-3000:], r.stderr[-3000:]))
 
-    def start_host(self, h):
-        ns = self.ns(h)
+    def start_hostd(self, ns, h, args=None):
+        """HOST's `looseleaf hostd` in namespace NS (ARGS: its cluster arguments, default the key and name)."""
         os.makedirs(os.path.join(self.dir, h), exist_ok=True)
         log = open(os.path.join(self.dir, h, "hostd.log"), "a")
         self.procs.append(subprocess.Popen(
             ["ip", "netns", "exec", ns, LOOSELEAF, "hostd", "--socket", self.hostd_socket(h),
-             "--slots", str(self.slots)], stdout=log, stderr=log, env=dict(self.env, LL_POOL_NO_CUDA="1")))
+             "--slots", str(self.slots)] + (args or ["--cluster-key", self.key, "--host", h]),
+            stdout=log, stderr=log, env=dict(self.env, LL_POOL_NO_CUDA="1")))
         log.close()
         wait_for(lambda: os.path.exists(self.hostd_socket(h)), 30, "hostd of %s" % h)
+
+    def start_host(self, h):
+        ns = self.ns(h)
+        self.start_hostd(ns, h)
         self.ray_start(ns, ["--address", self.head, "--node-ip-address", self.addr(h), "--num-cpus", "1",
                             "--resources", json.dumps({"looseleaf_slot": self.slots}),
                             "--labels", "looseleaf_host=%s" % h], h)

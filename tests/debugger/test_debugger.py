@@ -33,6 +33,7 @@ class Session:
         self.km, self.kc = start_new_kernel(kernel_name=kernel_name, startup_timeout=TIMEOUT)
         self.seq = 0
         self.pending = []  # iopub debug_events not consumed yet
+        self.event_parents = []  # (event, its parent's msg_type) of every debug_event seen, in order
 
     def close(self):
         self.kc.stop_channels()
@@ -64,7 +65,11 @@ class Session:
         except queue.Empty:
             return
         if msg["msg_type"] == "debug_event":
-            self.pending.append(msg["content"])
+            self._event(msg)
+
+    def _event(self, msg):
+        self.pending.append(msg["content"])
+        self.event_parents.append((msg["content"].get("event"), msg["parent_header"].get("msg_type")))
 
     def wait_running(self, msg_id):
         """Until the cell MSG_ID has started (its execute_input), and a moment more so its loop runs."""
@@ -75,7 +80,7 @@ class Session:
             except queue.Empty:
                 continue
             if msg["msg_type"] == "debug_event":
-                self.pending.append(msg["content"])
+                self._event(msg)
             elif msg["msg_type"] == "execute_input" and msg["parent_header"].get("msg_id") == msg_id:
                 time.sleep(0.5)  # not a timing assertion: a pause earlier would stop on an earlier line
                 return
@@ -458,6 +463,19 @@ def _proc_maps(pid):
         return f.read()
 
 
+def lab_tree_shows(variable):
+    """What JupyterLab 4's variables tree shows beside a variable's name (@jupyterlab/debugger's convertType):
+    the value of an int, float, bool or str (a str without its quotes when pydevd marks it rawString), the type
+    name of anything else."""
+    kind, value = variable.get("type"), variable["value"]
+    if kind in ("int", "float", "bool"):
+        return value
+    if kind == "str":
+        raw = "rawString" in (variable.get("presentationHint") or {}).get("attributes", [])
+        return value[1:-1] if raw else value
+    return kind if kind is not None else value
+
+
 def _gpu_session(jupyter_env):
     if os.path.isdir(jupyter_env["LOOSELEAF_POOL_DIR"]):
         os.chmod(jupyter_env["LOOSELEAF_POOL_DIR"], 0o700)  # the pool refuses a directory others may read
@@ -511,7 +529,8 @@ def test_gpu_cell_stops_in_its_worker(jupyter_env):
         # A tensor: device, shape and dtype in the value column; its expansion lists them; evaluate keeps repr.
         assert variables["t"]["type"] == "Tensor"
         assert variables["t"]["value"] == "Tensor(shape=(2, 3), dtype=torch.float32, device=cpu)"
-        children = {v["name"]: v["value"] for v in s.debug("variables", {
+        # Expanded in JupyterLab's variables tree (its default view), the fields read as text there.
+        children = {v["name"]: lab_tree_shows(v) for v in s.debug("variables", {
             "variablesReference": variables["t"]["variablesReference"]})["body"]["variables"]}
         assert (children["device"], children["shape"], children["dtype"]) == ("cpu", "(2, 3)", "torch.float32")
         assert children["numel"] == "6" and children["requires_grad"] == "False"
@@ -778,3 +797,48 @@ def test_pause_and_breakpoint_set_while_running(jupyter_env):
     assert [e["body"]["reason"] for e in t["stopped at the new breakpoint"]
             if e["event"] == "stopped"] == ["breakpoint"]
     assert t["reply"] == "ok"
+
+
+def _stop_once(s, code, line):
+    """A breakpoint on LINE of CODE, the cell run to it, continued and ended: the (event, parent msg_type) of
+    the debug_events seen from the stop on."""
+    path = s.debug("dumpCell", {"code": code})["body"]["sourcePath"]
+    s.debug("setBreakpoints", {"source": {"path": path}, "breakpoints": [{"line": line}], "sourceModified": False})
+    s.debug("configurationDone")
+    first = len(s.event_parents)
+    msg_id = s.execute(code)
+    (stop,) = [e for e in s.wait_event("stopped") if e["event"] == "stopped"]
+    thread = stop["body"]["threadId"]
+    s.debug("stackTrace", {"threadId": thread})
+    s.debug("next", {"threadId": thread})
+    s.wait_event("stopped")
+    s.debug("continue", {"threadId": thread})
+    assert s.shell_reply(msg_id)["content"]["status"] == "ok"
+    return s.event_parents[first:]
+
+
+STEP_CELL = "a = 5\nb = a + 1\nc = b * 2\n"  # stopped on b's line, then next to c's
+
+
+@pytest.mark.parametrize("kernel,code", [("python3", STEP_CELL), ("looseleaf", STEP_CELL),
+                                         ("looseleaf", "%%gpu\n" + STEP_CELL)],
+                         ids=["ipykernel", "looseleaf-cpu", "looseleaf-gpu"])
+def test_debug_events_answer_the_control_request(jupyter_env, kernel, code):
+    """debug_events go out under the last debug_request (control), as ipykernel's do, never under the running
+    cell's execute_request: JupyterLab takes any iopub message of an execute_request, while it knows no stopped
+    thread, as the sign to refresh the variable explorer from inspectVariables (the kernel's globals), so a
+    `stopped` event under the cell made it race the stopped frame's own variables (a GPU cell's panel could end
+    up with the kernel's namespace instead of the worker's frame)."""
+    if kernel == "looseleaf":
+        s = _gpu_session(jupyter_env)
+    else:
+        s = Session(kernel)
+        s.debug("initialize", {"clientID": "jupyterlab", "adapterID": "python", "pathFormat": "path",
+                               "linesStartAt1": True, "columnsStartAt1": True, "supportsVariableType": True})
+        assert s.debug("attach")["success"]
+    try:
+        seen = _stop_once(s, code, code.split("\n").index("b = a + 1") + 1)
+        assert [e for e, _ in seen].count("stopped") == 2, seen
+        assert {p for e, p in seen if e in ("stopped", "continued")} == {"debug_request"}, seen
+    finally:
+        s.close()

@@ -586,8 +586,9 @@ def test_store_cap_per_user(bins):
     """`looseleaf hostd --store-cap 64M`: a user's kernels together may hold 64 MiB of checkpoint store (each
     kernel has a store of its own).  a's first kernel saves 40 MiB; 40 MiB more in a's second kernel get
     StoreQuotaExceeded naming the user, the cap, the variable and what to do; the variable stays in its
-    worker (a later cell reads it there); once a deletes the first, it is saved.  b, saving 40 MiB at the same
-    time, is unaffected."""
+    worker (a later cell reads it there); once a deletes the first, it is saved: the first kernel's history
+    kept the deleted value, and that old version gives way to the save (%looseleaf history says so).  b,
+    saving 40 MiB at the same time, is unaffected."""
     import json
     h = Hostd(bins, nslots=2, extra=["--store-cap", "64M"])
     made = []
@@ -601,7 +602,8 @@ def test_store_cap_per_user(bins):
                      ["looseleaf2", "%%gpu\n" + mib40 % "y" + "\nprint('ran')"],
                      ["looseleaf2", "print(y.sum())"],
                      ["looseleaf", "%%gpu\ndel x"],
-                     ["looseleaf2", "%%gpu\ny = y * 2\nprint(y[0])"]],
+                     ["looseleaf2", "%%gpu\ny = y * 2\nprint(y[0])"],
+                     ["looseleaf", "%looseleaf history x"]],
                  b: [["looseleaf", "%%gpu\n" + mib40 % "z" + "\nprint(z.sum())"]]}
         procs = {u: subprocess.Popen(u.cmd([hdhelp.PYTHON, "-c", PLAN_SCRIPT, json.dumps(plan)]),
                                      env=_kernel_env(u, bins), cwd=u.dir, stdout=subprocess.PIPE,
@@ -611,7 +613,7 @@ def test_store_cap_per_user(bins):
             so, se = p.communicate(timeout=300)
             assert p.returncode == 0, se[-3000:]
             outs[u] = json.loads(so.strip().splitlines()[-1])
-        x, y, ry, dx, y2 = outs[a]
+        x, y, ry, dx, y2, hx = outs[a]
         assert x["status"] == "ok" and x["route"] == "gpu", x
         # Over the cap: the cell ran, its results were not saved; the error says who, how much and what to do.
         assert y["out"] == "ran\n" and y["status"] == "error" and y["ename"] == "StoreQuotaExceeded", y
@@ -627,6 +629,8 @@ def test_store_cap_per_user(bins):
         # Room made (x deleted): y is saved, its worker no home for it any more.
         assert dx["status"] == "ok" and y2["status"] == "ok" and y2["out"] == "2.0\n", (dx, y2)
         assert "y" not in y2["home"], y2
+        # The history (on by default) kept x's deleted value; it gave way to y's save, and says so.
+        assert hx["status"] == "ok" and "dropped to make room for a save at your store cap: x@" in hx["out"], hx
         (z,) = outs[b]
         assert z["status"] == "ok" and z["out"] == "%r\n" % float(5 << 20), z
         assert h.stats()["store_cap"] == 64 << 20

@@ -3,6 +3,7 @@ readable after newer ones supersede it, reclamation leaves its regions alone, an
 superseded versions first (store/ll_history.c)."""
 import os
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -159,11 +160,13 @@ def test_full_pool_drops_history_before_failing_a_save(store, runtime_dir, redis
     finally:
         other.close()
     kept, dropped = history.versions(store, "w")
-    # The version current while the save ran stays (the save superseded it only at its commit).
-    assert [k.version for k in kept] == [vers[3], v5] and [d[0] for d in dropped] == vers[:3]
+    # Only as many as the save needs go, the oldest first (8 regions: the first version); the version
+    # current while the save ran stays (the save superseded it only at its commit).
+    assert [k.version for k in kept] == vers[1:] + [v5], (kept, dropped)
+    assert [(d[0], d[3]) for d in dropped] == [(vers[0], "pool")]
     assert bytes_of(store, history.fetch(store, "w", v5))[0] == 50
     assert bytes_of(store, history.fetch(store, "w", vers[3]))[0] == 43
-    with pytest.raises(history.HistoryError, match="dropped"):
+    with pytest.raises(history.HistoryError, match="dropped from the history at .* full pool"):
         history.fetch(store, "w", vers[0])
 
 
@@ -177,3 +180,103 @@ def test_big_commits_keep_only_payload_versions(store):
     assert [k.name for k in kept] == ["arr"]
     store.commit("small", {"s1": (b"x", [], [])})
     assert [k.name for k in history.versions(store)[0]] == ["arr", "s1"]
+
+
+def _owner(tmp_path, name, **kw):
+    """A Store that owns its redis-server, as a kernel's does (its idle hook runs on its pool's thread)."""
+    d = str(tmp_path / ("rt-" + name))
+    return _llstore.Store(d, name, pool_bytes=256 << 20, **kw), d
+
+
+def _close(*owners):
+    for st, d in owners:
+        try:
+            st.delete_session()
+        except _llstore.StoreError:
+            pass
+        st.close()
+        _llstore.stop_redis(d)
+
+
+def test_save_at_the_cap_drops_the_oldest_versions_it_needs(tmp_path, monkeypatch):
+    """A user near the cap with the history on still saves new values: a save the cap refuses drops the
+    session's oldest kept versions, only as many as it needs, reclaims their regions and takes them (without
+    counting them twice); the dropped ones say why.  Cap 40 MiB (20 regions), a 6-region value saved four
+    times: the fourth save needs 4 regions more than the cap leaves, and the first version (6) gives them."""
+    monkeypatch.setenv("LL_STORE_LEDGER", str(tmp_path / "ledger"))
+    monkeypatch.setenv("LL_STORE_USER_CAP", "40M")
+    k = _owner(tmp_path, "hc", reserve_bytes=0)
+    st = k[0]
+    try:
+        history.enable(st)
+        vers = [commit_fill(st, "w", 6, 60 + i, "c%d" % i)[1] for i in range(4)]
+        kept, dropped = history.versions(st, "w")
+        assert [v.version for v in kept] == vers[1:], (kept, dropped)
+        assert [(d[0], d[3]) for d in dropped] == [(vers[0], "cap")]
+        assert bytes_of(st, history.fetch(st, "w", vers[3]))[0] == 63
+        assert bytes_of(st, history.fetch(st, "w", vers[1]))[0] == 61
+        with pytest.raises(history.HistoryError, match="to make room for a save at your store cap"):
+            history.fetch(st, "w", vers[0])
+    finally:
+        _close(k)
+
+
+def test_kept_versions_never_fail_a_save_that_fits_without_them(tmp_path, monkeypatch):
+    """Two kernels of one user under a 64 MiB cap (hostd's store-cap scenario, history on): the first saves
+    40 MiB and deletes it, its history keeping the deleted value; the second's 40 MiB save, which fits once
+    that value is gone, meets the cap: the first kernel's idle hook drops the kept version, reclaims its
+    regions and gives their memory back to the ledger, so the save goes through (before: StoreQuotaExceeded).
+    The first kernel's history says the version was dropped, and why."""
+    ledger = str(tmp_path / "ledger")
+    monkeypatch.setenv("LL_STORE_LEDGER", ledger)
+    monkeypatch.setenv("LL_STORE_USER_CAP", "64M")
+    k1 = _owner(tmp_path, "h1")
+    k2 = _owner(tmp_path, "h2")
+    try:
+        history.enable(k1[0])
+        _, vx = commit_fill(k1[0], "x", 20, 7, "In[1]")
+        k1[0].commit("In[2]", {}, deletes=["x"])
+        k1[0].gc()
+        assert [v.version for v in history.versions(k1[0], "x")[0]] == [vx]
+        ref = k2[0].put_payload(np.ones(20 * R, np.uint8))
+        assert ref.nbytes == 20 * R
+        k2[0].commit("In[1]", {"y": (b"", [ref], [])})
+        kept, dropped = history.versions(k1[0], "x")
+        assert kept == [] and [(d[0], d[3]) for d in dropped] == [(vx, "cap")], (kept, dropped)
+        # What the kept version held is no longer counted: the user holds about the new value (and the
+        # reserves, which stay empty while the cap presses).
+        deadline = time.monotonic() + 30
+        while k1[0].stats()["regions_used"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert k1[0].stats()["regions_used"] == 0
+    finally:
+        _close(k1, k2)
+
+
+def test_making_room_keeps_versions_that_hold_nothing_of_their_own(tmp_path, monkeypatch):
+    """A kept version whose regions the current version still uses (an incremental save that changed
+    nothing) costs no memory: a save at the cap never drops it for room, nor counts its regions twice; the
+    oldest version that does hold memory of its own goes instead.  Cap 40 MiB (20 regions): w (6 regions,
+    saved twice unchanged: its first version shares all 6), x twice (6 + 6: the first holds 6 of its own),
+    then a 4-region save needs 2 regions."""
+    monkeypatch.setenv("LL_STORE_LEDGER", str(tmp_path / "ledger"))
+    monkeypatch.setenv("LL_STORE_USER_CAP", "40M")
+    k = _owner(tmp_path, "hs", reserve_bytes=0)
+    st = k[0]
+    try:
+        history.enable(st)
+        w = np.full(6 * R, 3, np.uint8)
+        r1 = st.put_payload(w)
+        w1 = st.commit("c1", {"w": (b"w1", [r1], [])})["w"]
+        r2 = st.put_payload(w, base=r1)
+        assert r2.written == 0
+        w2 = st.commit("c2", {"w": (b"w2", [r2], [])})["w"]
+        _, x1 = commit_fill(st, "x", 6, 1, "c3")
+        _, x2 = commit_fill(st, "x", 6, 2, "c4")
+        _, y = commit_fill(st, "y", 4, 5, "c5")
+        kept, dropped = history.versions(st)
+        assert [(d[1], d[0], d[3]) for d in dropped] == [("x", x1, "cap")], (kept, dropped)
+        assert [(v.name, v.version) for v in kept] == [("w", w1), ("w", w2), ("x", x2), ("y", y)]
+        assert history.fetch(st, "w", w1)[1] == b"w1"
+    finally:
+        _close(k)

@@ -157,8 +157,11 @@ class _TensorChildren(_TensorStr):
     (flattened), and pydevd's usual attribute listing under __internals__."""
 
     def _fields(self, t):
-        out = {"device": t.device, "shape": tuple(t.shape), "dtype": t.dtype, "requires_grad": t.requires_grad,
-               "numel": t.numel()}
+        # device, shape and dtype as text: JupyterLab's variables tree (its default view) shows the value of an
+        # int, float, bool or str and only the type name of anything else, so a torch.device, a tuple and a
+        # torch.dtype would read "device", "tuple", "dtype" there (the objects are under __internals__).
+        out = {"device": str(t.device), "shape": str(tuple(t.shape)), "dtype": str(t.dtype),
+               "requires_grad": t.requires_grad, "numel": t.numel()}
         if t.grad_fn is not None:
             out["grad_fn"] = type(t.grad_fn).__name__
         return out

@@ -108,10 +108,20 @@ def history_lines(kernel, name):
         out.append("%s@%d  %-8s %s  %s%s" % (name, v.version, _cell_label(v.cell),
                                             time.strftime("%H:%M:%S", time.localtime(v.time)),
                                             _fmt_bytes(v.nbytes), note))
-    if dropped:
-        out.append("(%d older version%s dropped to keep the history within its budget of %s: %s)" % (
-            len(dropped), "" if len(dropped) == 1 else "s", _fmt_bytes(history.budget_bytes(coh.store)),
-            ", ".join("%s@%d" % (name, d[0]) for d in dropped[-5:]) + (", ..." if len(dropped) > 5 else "")))
+    # Dropped versions, by why (the budget; a save into a full pool or at the user's cap): one line each.
+    for why in ("budget", "pool", "cap"):
+        ds = [d for d in dropped if d[3] == why]
+        if not ds:
+            continue
+        if why == "budget":
+            because = "to keep the history within its budget of %s" % _fmt_bytes(history.budget_bytes(coh.store))
+        elif why == "pool":
+            because = "to make room for a save in the session's full pool"
+        else:
+            because = "to make room for a save at your store cap"
+        out.append("(%d older version%s dropped %s: %s)" % (
+            len(ds), "" if len(ds) == 1 else "s", because,
+            ", ".join("%s@%d" % (name, d[0]) for d in ds[-5:]) + (", ..." if len(ds) > 5 else "")))
     return out
 
 

@@ -14,7 +14,7 @@ import collections
 import os
 
 # Superseded versions kept at most (bytes of pool regions and blobs no current version uses): LL_HISTORY_BYTES
-# (unset or "0": keep none; sizes as LL_STORE_POOL_BYTES: "2G", "512M"; "auto": the default below).
+# (unset or "auto": the default below; "0": keep none; sizes as LL_STORE_POOL_BYTES: "2G", "512M").
 _DEFAULT_SHARE = 4          # a quarter of the pool ...
 _DEFAULT_MAX = 4 << 30      # ... and at most 4 GiB
 _DEFAULT_VERSIONS = 1000    # superseded versions, whatever their size (LL_HISTORY_VERSIONS)
@@ -39,13 +39,10 @@ def parse_bytes(text):
 
 
 def budget_bytes(store=None):
-    """The session's history budget: LL_HISTORY_BYTES ("auto": a quarter of the pool, at most 4 GiB).
-    Unset: 0, no history.  Kept versions still count against a user's store cap (LL_STORE_USER_CAP, the
-    broker's) and do not yet give way to a save over the cap as they do to a full pool, so a capped user's
-    saves could fail for them: the history is opt-in until they do."""
-    env = os.environ.get("LL_HISTORY_BYTES", "").strip()
-    if not env:
-        return 0
+    """The session's history budget: LL_HISTORY_BYTES, unset or "auto": a quarter of the pool, at most 4 GiB;
+    "0": no history.  Kept versions never cost a save its room: a save into a full pool or over the user's
+    store cap drops the oldest first (store/ll_history.c, ll_history_relieve)."""
+    env = os.environ.get("LL_HISTORY_BYTES", "").strip() or "auto"
     if env != "auto":
         return parse_bytes(env)
     pool = 16 << 30
@@ -62,14 +59,15 @@ def enable(store, on=True):
 
 
 def versions(store, name=None):
-    """([Version] kept of NAME (None: every name), oldest first; [(version, name, dropped_at)] the budget
-    dropped)."""
+    """([Version] kept of NAME (None: every name), oldest first; [(version, name, dropped_at, why)] of
+    dropped ones, why: "budget", "pool" (a save found the pool full) or "cap" (a save met the user's store
+    cap))."""
     text, _ = store.history_op("list", name, 0)
     kept, dropped = [], []
     for line in text.splitlines():
         f = line.split("\t")
         if f[0] == "dropped" and len(f) >= 4:
-            dropped.append((int(f[1]), f[2], float(f[3])))
+            dropped.append((int(f[1]), f[2], float(f[3]), f[4] if len(f) >= 5 else "budget"))
         elif len(f) >= 6:
             kept.append(Version(f[1], int(f[0]), float(f[2]), int(f[3]), f[4] == "1", "\t".join(f[5:])))
     dropped.sort()
@@ -84,13 +82,22 @@ def fetch(store, name, version):
         return entry
     if text.startswith("dropped"):
         import time
-        when = float(text.split()[1])
-        raise HistoryError("%s@%d was dropped from the history at %s to keep it within its budget "
-                           "(LL_HISTORY_BYTES, now %s; a full pool drops old versions too); versions still "
-                           "kept: %%looseleaf history %s"
+        words = text.split()
+        when, why = float(words[1]), words[2] if len(words) > 2 else "budget"
+        raise HistoryError("%s@%d was dropped from the history at %s %s; versions still kept: "
+                           "%%looseleaf history %s"
                            % (name, version, time.strftime("%H:%M:%S", time.localtime(when)),
-                              _fmt(budget_bytes(store)), name))
+                              why_dropped(why, store), name))
     raise HistoryError("%s@%d is not a version of %s: see %%looseleaf history %s" % (name, version, name, name))
+
+
+def why_dropped(why, store=None):
+    """Why old versions were dropped, as a user reads it (WHY as versions() gives it)."""
+    if why == "cap":
+        return "to make room for a save at your store cap (old versions give way to new values)"
+    if why == "pool":
+        return "to make room for a save in the session's full pool (old versions give way to new values)"
+    return "to keep it within its budget (LL_HISTORY_BYTES, now %s)" % _fmt(budget_bytes(store))
 
 
 def max_versions():
