@@ -15,6 +15,19 @@
  * cached kernel_info, which do not change after ll_dispatch_new.  What
  * crosses threads is atomic: the shutdown flag.
  *
+ * Subshells (JEP 91, as ipykernel 7 has them), when the env gives
+ * SUBSHELL_FORWARD: a relay thread then owns the shell ROUTER.  It verifies
+ * each request and routes it by header.subshell_id: none to the main shell
+ * (an inproc pipe the main thread reads and replies on, so the functions
+ * below keep their meaning), a live subshell's to that subshell's thread,
+ * an unknown one gets an error reply at once (busy, reply, idle).  Each
+ * subshell thread serves its requests in order, busy -> handler -> idle
+ * like the main shell, its output under its own request
+ * (ll_iopub_set_thread_parent); the interpreter's types go to
+ * SUBSHELL_FORWARD there.  A subshell's queue is its own: stop_on_error
+ * (ll_dispatch_take_queue on that thread) aborts its requests only.
+ * create/delete/list_subshell_request on control manage them.
+ *
  * Bad wire input (a bad signature, a replay, a malformed header) is logged,
  * the reason only and at most a line per interval, and dropped: nothing
  * here asserts on it. */
@@ -62,6 +75,14 @@ typedef struct {
     /* Whether the process is going anyway (SIGTERM); may be NULL.  Requests
      * taken from the queue are then dropped unanswered. */
     bool (*stopping)(void *ctx);
+    /* Subshells on when set: serves every LL_MSG_INTERP type on a subshell
+     * thread (not the main thread: it must not need the interpreter's
+     * main-thread state).  NULL: subshell_id is ignored, as before JEP 91,
+     * and create_subshell_request gets an error reply. */
+    ll_dispatch_fn *subshell_forward;
+    /* Called on a subshell's thread as it ends, after its last request;
+     * may be NULL. */
+    void (*subshell_end)(void *ctx);
     void *ctx;
     const int *ports;    /* connect_reply's, indexed by ll_channel_t (LL_CHAN_COUNT) */
     json_t *kernel_info; /* kernel_info_reply content; the dispatcher takes the reference */
@@ -70,6 +91,19 @@ typedef struct {
 /* A dispatcher over ENV, or NULL (out of memory; ENV's kernel_info is then
  * released). */
 ll_dispatch_t *ll_dispatch_new(const ll_dispatch_env_t *env);
+
+/* Stop the subshells: each finishes the request it serves (waiting at most
+ * WAIT_MS for it), answers what it had queued with an error, and ends; the
+ * relay keeps going.  Before the interpreter is finalized.  Main thread. */
+void ll_dispatch_stop_subshells(ll_dispatch_t *self, int wait_ms);
+
+/* The socket the main thread polls for shell requests: the ROUTER, or with
+ * subshells the relay's pipe (borrowed). */
+zsock_t *ll_dispatch_shell_socket(ll_dispatch_t *self);
+
+/* The subshell that the calling thread serves, or NULL (the main shell, or
+ * any other thread).  The id is borrowed for the request's handler. */
+const char *ll_dispatch_current_subshell(void);
 
 /* Destroy *SELF_P (requests still queued are dropped unanswered); NULL-safe,
  * nulls the caller's pointer. */

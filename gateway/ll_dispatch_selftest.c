@@ -9,12 +9,17 @@
  * rules of proto/ll_msgtype.c (a shell-only request on control gets an
  * error reply, an unknown or internal type none), shutdown on control,
  * unsigned messages dropped with a log line, stop_on_error aborting what
- * was queued, and kernel_info answered while a GPU cell runs.
+ * was queued, and kernel_info answered while a GPU cell runs.  With
+ * subshells on (a second dispatcher): the routing by header.subshell_id
+ * through the relay thread (main shell, a subshell's thread, an unknown id
+ * refused), a subshell answering while the main shell serves nothing,
+ * stop_on_error per subshell, create/list/delete on control.
  *
  * Waits poll for a condition with a generous limit; nothing is timed. */
 #include "gateway/ll_dispatch.h"
 
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +40,7 @@ typedef struct {
     int saved_log_fd;
     /* what the stubs saw */
     int executes, forwarded, after_shell, shutdowns;
+    atomic_int sub_served; /* requests the subshell stub served (its thread) */
 } s_test_t;
 
 static bool s_ok(bool cond, const char *what)
@@ -54,6 +60,10 @@ static void s_stub_execute(ll_dispatch_t *d, void *ctx, ll_msg_t *req, unsigned 
     t->executes++;
     const char *code = ll_msg_content_str(req, "code");
     if (code && strcmp(code, "fail") == 0) {
+        /* The test sends the next request at once: wait until the relay
+         * passed it, so that it is queued behind the failure for sure. */
+        for (int waited = 0; !(zsock_events(sock) & ZMQ_POLLIN) && waited < S_WAIT_MS; waited++)
+            usleep(1000);
         ll_dispatch_take_queue(d);
         json_t *err = ll_dispatch_error_content("ValueError", "failed");
         json_object_set_new(err, "execution_count", json_integer(t->executes));
@@ -79,6 +89,34 @@ static void s_stub_forward(ll_dispatch_t *d, void *ctx, ll_msg_t *req, unsigned 
     s_stub_ok(d, ctx, req, chan, sock);
 }
 
+/* A subshell's interpreter stand-in, on its thread: execute "fail" fails
+ * (taking that subshell's queue), anything else prints and succeeds; it
+ * notes the subshell it ran on in the reply. */
+static void s_stub_subshell(ll_dispatch_t *d, void *ctx, ll_msg_t *req, unsigned chan,
+                            zsock_t *sock)
+{
+    s_test_t *t = ctx;
+    atomic_fetch_add(&t->sub_served, 1);
+    const char *code = ll_msg_content_str(req, "code");
+    const char *on = ll_dispatch_current_subshell();
+    char reply_type[96];
+    if (!ll_dispatch_reply_type(req->msg_type, reply_type, sizeof reply_type))
+        return;
+    if (code && strcmp(code, "fail") == 0) {
+        /* The test sends the next request at once: wait until the relay
+         * passed it, so that it is queued behind the failure for sure. */
+        for (int waited = 0; !(zsock_events(sock) & ZMQ_POLLIN) && waited < S_WAIT_MS; waited++)
+            usleep(1000);
+        ll_dispatch_take_queue(d);
+        ll_dispatch_reply(d, sock, req, reply_type, ll_dispatch_error_content("ValueError", "x"),
+                          NULL);
+        return;
+    }
+    ll_iopub_stream_write(t->iopub, "stdout", "sub\n", 4);
+    ll_dispatch_reply(d, sock, req, reply_type,
+                      json_pack("{s:s, s:s}", "status", "ok", "on", on ? on : ""), NULL);
+}
+
 static void s_stub_after_shell(void *ctx)
 {
     ((s_test_t *) ctx)->after_shell++;
@@ -98,6 +136,22 @@ static const ll_dispatch_handler_t s_stubs[] = {
 };
 
 /* ---- the client side --------------------------------------------------------- */
+
+/* Send a signed MSG_TYPE with CONTENT (taken) on SOCK, for subshell SUB
+ * (header.subshell_id; NULL: none); its msg_id into ID. */
+static bool s_send_to(s_test_t *t, zsock_t *sock, const char *msg_type, json_t *content,
+                      json_t *sub, char id[64])
+{
+    ll_msg_t *msg = ll_msg_new(t->client, msg_type, NULL, content ? content : json_object());
+    if (!msg) {
+        json_decref(sub);
+        return false;
+    }
+    if (sub)
+        json_object_set_new(msg->header, "subshell_id", sub);
+    snprintf(id, 64, "%s", json_string_value(json_object_get(msg->header, "msg_id")));
+    return ll_session_send(t->client, sock, &msg) == 0;
+}
 
 /* Send a signed MSG_TYPE with CONTENT (taken) on SOCK; its msg_id into ID. */
 static bool s_send(s_test_t *t, zsock_t *sock, const char *msg_type, json_t *content, char id[64])
@@ -135,14 +189,15 @@ static bool s_expect(s_test_t *t, zsock_t *sock, const char *msg_type, const cha
                      const char *id, ll_msg_t **out_p)
 {
     ll_msg_t *msg = s_recv(t, sock);
-    bool ok = msg && strcmp(msg->msg_type, msg_type) == 0 && s_parent_is(msg, id);
+    bool ok = msg && (!msg_type || strcmp(msg->msg_type, msg_type) == 0) && s_parent_is(msg, id);
     if (ok && state) {
         const char *s = json_string_value(json_object_get(msg->content, "execution_state"));
         ok = s && strcmp(s, state) == 0;
     }
     if (!ok)
-        fprintf(stderr, "ll_dispatch selftest: wanted %s %s under %s, got %s\n", msg_type,
-                state ? state : "", id, msg ? msg->msg_type : "nothing");
+        fprintf(stderr, "ll_dispatch selftest: wanted %s %s under %s, got %s\n",
+                msg_type ? msg_type : "a reply", state ? state : "", id,
+                msg ? msg->msg_type : "nothing");
     if (ok && out_p)
         *out_p = msg;
     else
@@ -205,7 +260,7 @@ static bool s_logged(s_test_t *t, const char *needle)
 
 /* ---- set-up ------------------------------------------------------------------- */
 
-static int s_setup(s_test_t *t)
+static int s_setup(s_test_t *t, bool subshells)
 {
     static const unsigned char key[] = "dispatch-selftest-key";
     char ep[128], err[256];
@@ -213,7 +268,9 @@ static int s_setup(s_test_t *t)
     t->client = ll_session_new(key, sizeof key - 1, "hmac-sha256", 0);
     if (!t->kernel || !t->client)
         return -1;
-    int pid = (int) getpid();
+    /* Endpoints of their own per set-up: a closed socket's may linger. */
+    static int setups;
+    int pid = (int) getpid() * 10 + setups++;
     snprintf(ep, sizeof ep, "inproc://ll-dispatch-%d-iopub", pid);
     if (!(t->iopub = ll_iopub_new(t->kernel, ep, err, sizeof err)))
         return -1;
@@ -247,6 +304,7 @@ static int s_setup(s_test_t *t)
         return -1;
     ll_msg_destroy(&probe);
 
+    zsock_set_rcvtimeo(t->sub, 200); /* a drain ends */
     if (pipe(t->log_pipe) < 0)
         return -1;
     fcntl(t->log_pipe[0], F_SETFL, O_NONBLOCK);
@@ -265,6 +323,7 @@ static int s_setup(s_test_t *t)
                              .control = t->control,
                              .handlers = s_stubs,
                              .forward = s_stub_forward,
+                             .subshell_forward = subshells ? s_stub_subshell : NULL,
                              .after_shell = s_stub_after_shell,
                              .on_shutdown = s_stub_on_shutdown,
                              .ctx = t,
@@ -524,6 +583,129 @@ static bool s_check_shutdown(s_test_t *t)
     return ok;
 }
 
+/* A control request and its reply (served here); NULL when none came. */
+static ll_msg_t *s_control(s_test_t *t, const char *msg_type, json_t *content)
+{
+    char id[64];
+    ll_msg_t *reply = s_send(t, t->c_control, msg_type, content, id) ? s_serve_control(t) : NULL;
+    if (reply && !s_expect_busy_idle(t, id)) /* on iopub, like every request */
+        ll_msg_destroy(&reply);
+    return reply;
+}
+
+/* create_subshell_request: the new id into ID. */
+static bool s_create_subshell(s_test_t *t, char id[64])
+{
+    ll_msg_t *reply = s_control(t, "create_subshell_request", NULL);
+    const char *sid = reply ? ll_msg_content_str(reply, "subshell_id") : NULL;
+    bool ok = s_ok(sid && strlen(sid) == 36, "create_subshell_reply with a uuid");
+    if (ok)
+        snprintf(id, 64, "%s", sid);
+    ll_msg_destroy(&reply);
+    return ok;
+}
+
+/* The subshell_id list of list_subshell_reply has exactly N entries, the
+ * first (when N > 0) FIRST. */
+static bool s_listed(s_test_t *t, size_t n, const char *first)
+{
+    ll_msg_t *reply = s_control(t, "list_subshell_request", NULL);
+    json_t *ids = reply ? json_object_get(reply->content, "subshell_id") : NULL;
+    bool ok = json_is_array(ids) && json_array_size(ids) == n &&
+              (n == 0 || strcmp(json_string_value(json_array_get(ids, 0)), first) == 0);
+    ll_msg_destroy(&reply);
+    return s_ok(ok, "list_subshell_reply");
+}
+
+/* A reply on the client's shell under ID whose content's KEY is VALUE,
+ * after busy (and a stream when STREAM) and idle under ID on iopub; no
+ * main-shell serving needed. */
+static bool s_expect_sub_answer(s_test_t *t, const char *id, const char *key, const char *value,
+                                bool stream)
+{
+    ll_msg_t *reply = NULL;
+    bool ok = s_expect(t, t->sub, "status", "busy", id, NULL) &&
+              (!stream || s_expect(t, t->sub, "stream", NULL, id, NULL)) &&
+              s_expect(t, t->sub, "status", "idle", id, NULL) &&
+              s_expect(t, t->c_shell, NULL, NULL, id, &reply);
+    const char *got = reply ? ll_msg_content_str(reply, key) : NULL;
+    ok = ok && s_ok(got && strcmp(got, value) == 0, key);
+    ll_msg_destroy(&reply);
+    return ok;
+}
+
+/* The routing rules with subshells on. */
+static bool s_check_subshells(s_test_t *t)
+{
+    char sid[64], id1[64], id2[64], id3[64], id4[64];
+    bool ok = s_create_subshell(t, sid) && s_listed(t, 1, sid);
+    /* A subshell's request is served on its thread although the main
+     * shell serves nothing meanwhile (it would be "busy in a cell"). */
+    ok = ok &&
+         s_send_to(t, t->c_shell, "execute_request", json_pack("{s:s}", "code", "print"),
+                   json_string(sid), id1) &&
+         s_expect_sub_answer(t, id1, "on", sid, true) &&
+         s_ok(atomic_load(&t->sub_served) == 1, "served by the subshell stub") &&
+         s_ok(ll_dispatch_next_shell(t->d) == NULL, "nothing reached the main shell");
+    /* Without subshell_id (or a null one): the main shell, replying
+     * through the relay. */
+    ok = ok &&
+         s_send_to(t, t->c_shell, "execute_request", json_pack("{s:s}", "code", "print"),
+                   json_null(), id2) &&
+         s_serve_shell(t) && s_expect(t, t->sub, "status", "busy", id2, NULL) &&
+         s_expect(t, t->sub, "stream", NULL, id2, NULL) &&
+         s_expect(t, t->sub, "status", "idle", id2, NULL) &&
+         s_expect(t, t->c_shell, "execute_reply", NULL, id2, NULL);
+    /* An unknown id, or one that is not a string: an error reply with its
+     * busy/idle, from the relay. */
+    ok = ok && s_send_to(t, t->c_shell, "complete_request", NULL, json_string("nope"), id3) &&
+         s_expect_sub_answer(t, id3, "ename", "UnknownSubshellError", false) &&
+         s_send_to(t, t->c_shell, "execute_request", NULL, json_integer(3), id4) &&
+         s_expect_sub_answer(t, id4, "ename", "UnknownSubshellError", false) &&
+         s_ok(ll_dispatch_next_shell(t->d) == NULL, "refused ones never reach the main shell");
+    /* stop_on_error on the subshell aborts its own queue only: the main
+     * shell's request sent in between is untouched. */
+    char f[64], a[64], m[64];
+    int sub_before = atomic_load(&t->sub_served);
+    ok =
+        ok &&
+        s_send_to(t, t->c_shell, "execute_request", json_pack("{s:s}", "code", "fail"),
+                  json_string(sid), f) &&
+        s_send_to(t, t->c_shell, "execute_request", json_pack("{s:s}", "code", "print"), NULL, m) &&
+        s_send_to(t, t->c_shell, "execute_request", json_pack("{s:s}", "code", "print"),
+                  json_string(sid), a);
+    ll_msg_t *r1 = NULL, *r2 = NULL;
+    ok = ok && s_expect(t, t->c_shell, "execute_reply", NULL, f, &r1) &&
+         s_expect(t, t->c_shell, "execute_reply", NULL, a, &r2) &&
+         s_ok(strcmp(ll_msg_content_str(r1, "status"), "error") == 0, "the failure") &&
+         s_ok(strcmp(ll_msg_content_str(r2, "status"), "aborted") == 0, "its queue aborted") &&
+         s_ok(atomic_load(&t->sub_served) == sub_before + 1, "the aborted one never ran") &&
+         s_serve_shell(t);
+    ll_msg_destroy(&r1);
+    ll_msg_destroy(&r2);
+    ok = ok && s_expect(t, t->c_shell, "execute_reply", NULL, m, &r1) &&
+         s_ok(strcmp(ll_msg_content_str(r1, "status"), "ok") == 0, "the main shell's ran");
+    ll_msg_destroy(&r1);
+    for (zmsg_t *old; ok && (old = zmsg_recv(t->sub));) /* the iopub of the checks above */
+        zmsg_destroy(&old);
+    /* Delete: listed no more, its id unknown from then on; a second delete
+     * is an error. */
+    ll_msg_t *del =
+        ok ? s_control(t, "delete_subshell_request", json_pack("{s:s}", "subshell_id", sid)) : NULL;
+    ok = ok && s_ok(del && strcmp(ll_msg_content_str(del, "status"), "ok") == 0, "deleted");
+    ll_msg_destroy(&del);
+    del =
+        ok ? s_control(t, "delete_subshell_request", json_pack("{s:s}", "subshell_id", sid)) : NULL;
+    ok = ok && s_ok(del && strcmp(ll_msg_content_str(del, "status"), "error") == 0,
+                    "deleted twice: an error");
+    ll_msg_destroy(&del);
+    ok = ok && s_listed(t, 0, NULL) &&
+         s_send_to(t, t->c_shell, "execute_request", json_pack("{s:s}", "code", "print"),
+                   json_string(sid), id1) &&
+         s_expect_sub_answer(t, id1, "ename", "UnknownSubshellError", false);
+    return ok;
+}
+
 int ll_dispatch_selftest(bool verbose)
 {
     char buf[64];
@@ -535,10 +717,16 @@ int ll_dispatch_selftest(bool verbose)
         !s_check_tables())
         return -1;
     s_test_t t = {.log_pipe = {-1, -1}};
-    bool ok = s_ok(s_setup(&t) == 0, "set-up") && s_check_execute_order(&t) &&
+    bool ok = s_ok(s_setup(&t, false) == 0, "set-up") && s_check_execute_order(&t) &&
               s_check_channels(&t) && s_check_unsigned(&t) && s_check_stop_on_error(&t) &&
               s_check_read_ahead(&t) && s_check_shutdown(&t);
     s_teardown(&t);
+    if (!ok)
+        return -1;
+    s_test_t st = {.log_pipe = {-1, -1}};
+    atomic_init(&st.sub_served, 0);
+    ok = s_ok(s_setup(&st, true) == 0, "set-up with subshells") && s_check_subshells(&st);
+    s_teardown(&st);
     if (verbose && ok)
         printf("(inproc transport, %d executes) ", t.executes);
     return ok ? 0 : -1;

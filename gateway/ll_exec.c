@@ -24,6 +24,7 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -76,7 +77,34 @@ struct ll_exec_t {
     double commit_at;    /* when user code last ran here (ll_clock_ms), 0 once committed */
     double pool_at;      /* when to start the host pool ahead of the first GPU cell, 0: done */
     json_t *home;        /* {name: {pid, kind, what}}: names living in a worker (coherence.home) */
+    pthread_mutex_t dyn_lock; /* guards dyn_pending */
+    json_t *dyn_pending;      /* [dynamic] of subshells' cells, for the analysis; dyn_lock */
 };
+
+void ll_exec_note_dynamic(ll_exec_t *self, const json_t *dynamic)
+{
+    if (!self || !json_is_object(dynamic))
+        return;
+    pthread_mutex_lock(&self->dyn_lock);
+    if (!self->dyn_pending)
+        self->dyn_pending = json_array();
+    json_array_append_new(self->dyn_pending, json_deep_copy(dynamic));
+    pthread_mutex_unlock(&self->dyn_lock);
+}
+
+/* Main thread, before planning a cell: what subshells' cells bound. */
+static void s_take_dynamic(ll_exec_t *self)
+{
+    pthread_mutex_lock(&self->dyn_lock);
+    json_t *pending = self->dyn_pending;
+    self->dyn_pending = NULL;
+    pthread_mutex_unlock(&self->dyn_lock);
+    size_t i;
+    json_t *d;
+    json_array_foreach(pending, i, d)
+        ll_route_note_dynamic(self->route, d);
+    json_decref(pending);
+}
 
 /* ---- pure pieces ----------------------------------------------------------- */
 
@@ -606,6 +634,7 @@ void ll_exec_execute(ll_exec_t *self, ll_msg_t *req, json_t **reply_p, json_t **
     double t_run = ll_clock_ms();
     s_hint_drop(&self->hint); /* the Run itself supersedes a hint still waiting */
     self->commit_at = 0;      /* and commits itself what an idle commit would have */
+    s_take_dynamic(self);
     ll_route_plan_t *plan =
         self->route ? ll_route_plan(self->route, json_string_value(code), json_string_length(code))
                     : NULL;
@@ -754,6 +783,7 @@ ll_exec_t *ll_exec_new(const ll_exec_env_t *env)
     if (!self)
         return NULL;
     self->env = *env;
+    pthread_mutex_init(&self->dyn_lock, NULL);
     self->cfg = s_config_read();
     if (ll_route_enabled()) {
         char err[256];
@@ -771,6 +801,8 @@ void ll_exec_destroy(ll_exec_t **self_p)
     if (!self_p || !*self_p)
         return;
     ll_exec_t *self = *self_p;
+    json_decref(self->dyn_pending);
+    pthread_mutex_destroy(&self->dyn_lock);
     ll_route_destroy(&self->route);
     s_hint_drop(&self->hint);
     s_kept_forget(&self->kept);

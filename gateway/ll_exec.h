@@ -81,6 +81,12 @@ void ll_exec_execute(ll_exec_t *self, ll_msg_t *req, json_t **reply_p, json_t **
  * its metadata text or NULL (the caller frees it). */
 char *ll_exec_request(ll_exec_t *self, const ll_msg_t *req, char **md_text);
 
+/* DYNAMIC ({bound, unbound}: what a subshell's cell bound, as the
+ * interpreter reports it in metadata.looseleaf.dynamic) reaches the cell
+ * analysis before the next cell is planned, so later GPU cells restore
+ * those names.  Any thread (a subshell's); DYNAMIC is copied. */
+void ll_exec_note_dynamic(ll_exec_t *self, const json_t *dynamic);
+
 /* The cell being edited will not run as prepared (an execute failed with
  * stop_on_error, so the queue is aborted): drop the prefetch. */
 void ll_exec_cancel_prefetch(ll_exec_t *self);

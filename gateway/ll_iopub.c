@@ -22,6 +22,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -292,8 +293,82 @@ static void s_publish(void *arg)
     a->rc = s_send_locked(a->self, &msg);
 }
 
+/* The request a subshell thread serves (ll_iopub_set_thread_parent); NULL
+ * on every other thread. */
+static _Thread_local const ll_msg_t *s_thread_parent;
+
+/* That thread's stream text not yet sent: a line goes out once complete
+ * (print() writes its text and the newline apart), the rest before any other
+ * message of the thread and at a flush. */
+static _Thread_local struct {
+    char name[8]; /* "stdout" or "stderr" */
+    char *data;   /* malloc'd */
+    size_t len, cap;
+} s_tbuf;
+
+static int s_send_now(ll_iopub_t *self, const char *msg_type, const ll_msg_t *parent,
+                      json_t *content, json_t *metadata, zmsg_t **buffers_p);
+
+static void s_thread_flush(ll_iopub_t *self)
+{
+    if (!s_tbuf.len || !s_thread_parent)
+        return;
+    /* Text that is not UTF-8 keeps what it can (Python sends whole strings). */
+    json_t *text = json_stringn(s_tbuf.data, s_tbuf.len);
+    if (!text)
+        text = json_string("\ufffd");
+    s_tbuf.len = 0;
+    s_send_now(self, "stream", s_thread_parent,
+               json_pack("{s:s, s:o}", "name", s_tbuf.name, "text", text), NULL, NULL);
+}
+
+static void s_thread_write(ll_iopub_t *self, const char *name, const char *data, size_t len)
+{
+    if (strncmp(s_tbuf.name, name, sizeof s_tbuf.name) != 0) {
+        s_thread_flush(self);
+        snprintf(s_tbuf.name, sizeof s_tbuf.name, "%s", name);
+    }
+    if (s_tbuf.len + len > s_tbuf.cap) {
+        size_t cap = s_tbuf.len + len + 4096;
+        char *p = realloc(s_tbuf.data, cap);
+        if (!p) {
+            s_thread_flush(self); /* and lose this piece: no memory */
+            return;
+        }
+        s_tbuf.data = p;
+        s_tbuf.cap = cap;
+    }
+    memcpy(s_tbuf.data + s_tbuf.len, data, len);
+    s_tbuf.len += len;
+    if (memchr(data, '\n', len) || s_tbuf.len >= 65536)
+        s_thread_flush(self);
+}
+
+void ll_iopub_set_thread_parent(ll_iopub_t *self, const ll_msg_t *req)
+{
+    s_thread_flush(self);
+    s_thread_parent = req;
+    if (!req) {
+        free(s_tbuf.data);
+        memset(&s_tbuf, 0, sizeof s_tbuf);
+    }
+}
+
+bool ll_iopub_has_thread_parent(void)
+{
+    return s_thread_parent != NULL;
+}
+
 int ll_iopub_send(ll_iopub_t *self, const char *msg_type, const ll_msg_t *parent, json_t *content,
                   json_t *metadata, zmsg_t **buffers_p)
+{
+    s_thread_flush(self); /* a subshell's text keeps its place */
+    return s_send_now(self, msg_type, parent ? parent : s_thread_parent, content, metadata,
+                      buffers_p);
+}
+
+static int s_send_now(ll_iopub_t *self, const char *msg_type, const ll_msg_t *parent,
+                      json_t *content, json_t *metadata, zmsg_t **buffers_p)
 {
     s_pub_t a = {self, parent, msg_type, content, metadata, buffers_p ? *buffers_p : NULL, -1};
     if (buffers_p)
@@ -314,11 +389,21 @@ int ll_iopub_status(ll_iopub_t *self, const char *state, const ll_msg_t *parent)
 
 void ll_iopub_stream_write(ll_iopub_t *self, const char *name, const char *data, size_t len)
 {
+    if (s_thread_parent) {
+        /* A subshell's text: its own messages under its own request, since
+         * the coalescer's buffer belongs to the main shell's parent. */
+        s_thread_write(self, name, data, len);
+        return;
+    }
     ll_stream_write(self->stream, name, data, len);
 }
 
 void ll_iopub_stream_flush(ll_iopub_t *self)
 {
+    if (s_thread_parent) {
+        s_thread_flush(self);
+        return;
+    }
     ll_stream_flush_whole(self->stream); /* a cut fd character waits for the drain */
 }
 

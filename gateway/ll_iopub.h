@@ -44,6 +44,16 @@ void ll_iopub_destroy(ll_iopub_t **self_p);
  * Buffered text is sent under the previous parent first. */
 void ll_iopub_set_parent(ll_iopub_t *self, const ll_msg_t *req);
 
+/* On the calling thread only (a subshell's), output without an explicit
+ * parent belongs to REQ (borrowed until cleared with NULL), and stream text
+ * goes out under it line by line (and before any other message of the
+ * thread) instead of through the coalescer, whose buffer and parent are the
+ * main shell's. */
+void ll_iopub_set_thread_parent(ll_iopub_t *self, const ll_msg_t *req);
+
+/* Whether the calling thread serves a subshell's request. */
+bool ll_iopub_has_thread_parent(void);
+
 /* Publish MSG_TYPE with CONTENT (stolen; NULL = {}), METADATA (stolen, may be
  * NULL) and BUFFERS (*BUFFERS_P taken and nulled; may be NULL) under PARENT,
  * or under the current parent when PARENT is NULL.  Returns 0 or -1. */

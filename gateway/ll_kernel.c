@@ -301,6 +301,90 @@ static void s_on_execute(ll_dispatch_t *d, void *ctx, ll_msg_t *req, unsigned ch
     ll_dispatch_reply(d, sock, req, "execute_reply", reply, md);
 }
 
+/* A subshell's request for the interpreter (ll_dispatch_env_t
+ * subshell_forward), on that subshell's thread.  It goes to Python
+ * directly: no cell analysis, no worker, no prefetch, which are the main
+ * thread's (ll_exec); coherence.py keeps what a subshell's cell rebinds
+ * dirty for the next GPU cell.  execute_request gets its reply metadata
+ * and stop_on_error (aborting this subshell's queue only) as on the main
+ * shell. */
+static void s_on_subshell(ll_dispatch_t *d, void *ctx, ll_msg_t *req, unsigned chan, zsock_t *sock)
+{
+    enum { S_MAX_BUFS = 64 };
+    const void *bufs[S_MAX_BUFS];
+    size_t lens[S_MAX_BUFS], nbufs = 0;
+    for (zframe_t *f = req->buffers ? zmsg_first(req->buffers) : NULL; f && nbufs < S_MAX_BUFS;
+         f = zmsg_next(req->buffers)) {
+        bufs[nbufs] = zframe_data(f);
+        lens[nbufs++] = zframe_size(f);
+    }
+    char reply_type[96], started[32];
+    bool has_reply = ll_dispatch_reply_type(req->msg_type, reply_type, sizeof reply_type);
+    bool execute = strcmp(req->msg_type, "execute_request") == 0;
+    ll_wire_now(started);
+    char *content = json_dumps(req->content, JSON_COMPACT);
+    char *header = json_dumps(req->header, JSON_COMPACT);
+    char *metadata = req->metadata ? json_dumps(req->metadata, JSON_COMPACT) : NULL;
+    char *md_text = NULL, *reply_text = NULL;
+    if (content && header && !s_stopping()) {
+        ll_interp_request_t r = {.msg_type = req->msg_type,
+                                 .content_json = content,
+                                 .parent_json = header,
+                                 .metadata_json = metadata,
+                                 .bufs = bufs,
+                                 .buflens = lens,
+                                 .nbufs = nbufs};
+        reply_text = ll_interp_call(&r, &md_text);
+    }
+    free(content);
+    free(header);
+    free(metadata);
+    json_error_t jerr;
+    json_t *reply = reply_text ? json_loads(reply_text, JSON_ALLOW_NUL, &jerr) : NULL;
+    json_t *md = md_text ? json_loads(md_text, 0, &jerr) : NULL;
+    free(reply_text);
+    free(md_text);
+    if (!has_reply) {
+        json_decref(reply);
+        json_decref(md);
+        return;
+    }
+    if (!json_is_object(reply)) {
+        json_decref(reply);
+        reply = ll_dispatch_error_content("InternalError", "the interpreter gave no valid reply");
+    }
+    if (!json_is_object(md)) {
+        json_decref(md);
+        md = execute ? json_object() : NULL;
+    }
+    /* What the cell bound beyond any analysis: for the session's analysis
+     * (so a later GPU cell restores it), not for the frontend. */
+    json_t *ll = json_object_get(md, "looseleaf");
+    if (json_is_object(ll)) {
+        ll_exec_note_dynamic(s_k.exec, json_object_get(ll, "dynamic"));
+        json_object_del(md, "looseleaf");
+    }
+    if (execute) {
+        const char *status = json_string_value(json_object_get(reply, "status"));
+        json_t *ours =
+            json_pack("{s:s, s:b, s:s, s:s}", "started", started, "dependencies_met", 1, "engine",
+                      ll_session_id(s_k.session), "status", status ? status : "error");
+        json_object_update_missing(md, ours);
+        json_decref(ours);
+        json_t *stop = json_object_get(req->content, "stop_on_error");
+        if ((!status || strcmp(status, "error") == 0) && (stop ? json_is_true(stop) : true) &&
+            !json_is_true(json_object_get(req->content, "silent")))
+            ll_dispatch_take_queue(d); /* this subshell's queue */
+    }
+    ll_dispatch_reply(d, sock, req, reply_type, reply, md);
+}
+
+/* A subshell's thread ends: its Python thread state goes with it. */
+static void s_subshell_end(void *ctx)
+{
+    ll_interp_thread_end();
+}
+
 /* The process's handlers; the dispatcher serves kernel_info, connect and
  * shutdown itself and forwards the interpreter's other types (s_on_interp). */
 static const ll_dispatch_handler_t s_handlers[] = {
@@ -408,7 +492,9 @@ static void s_hook_publish(void *ctx, const char *msg_type, const char *content_
  * thread that called input(), with the GIL released. */
 static char *s_hook_input(void *ctx, const char *prompt, bool password, int *err)
 {
-    if (!atomic_load(&s_k.allow_stdin)) {
+    /* allow_stdin is the main shell's request's; a subshell has no prompt
+     * of its own (stdin replies go to the main shell's request). */
+    if (!atomic_load(&s_k.allow_stdin) || ll_iopub_has_thread_parent()) {
         *err = 2;
         return NULL;
     }
@@ -520,9 +606,12 @@ static void s_kernel_info_complete(json_t *info)
      * debug_request (s_on_debug). */
     if (!json_object_get(info, "debugger"))
         json_object_set_new(info, "debugger", json_false());
-    /* Protocol 5.5: optional features the kernel implements. */
+    /* Protocol 5.5: optional features the kernel implements, in ipykernel
+     * 7.4's order (subshells first). */
     if (!json_is_array(json_object_get(info, "supported_features")))
         json_object_set_new(info, "supported_features", json_array());
+    json_array_insert_new(json_object_get(info, "supported_features"), 0,
+                          json_string("kernel subshells"));
 }
 
 /* The interpreter's kernel_info, completed (s_kernel_info_complete), into
@@ -557,9 +646,10 @@ static ll_msg_t *s_wait_shell(bool *failed)
     if (req)
         return req;
     int exec_fd = ll_exec_fd(s_k.exec);
-    zmq_pollitem_t items[3] = {{zsock_resolve(s_k.shell), 0, ZMQ_POLLIN, 0},
-                               {NULL, s_k.wake_fd, ZMQ_POLLIN, 0},
-                               {NULL, exec_fd, ZMQ_POLLIN, 0}};
+    zmq_pollitem_t items[3] = {
+        {zsock_resolve(ll_dispatch_shell_socket(s_k.dispatch)), 0, ZMQ_POLLIN, 0},
+        {NULL, s_k.wake_fd, ZMQ_POLLIN, 0},
+        {NULL, exec_fd, ZMQ_POLLIN, 0}};
     int rc = zmq_poll(items, exec_fd >= 0 ? 3 : 2, ll_exec_timeout(s_k.exec));
     if (rc < 0) {
         if (errno != EINTR) {
@@ -620,6 +710,8 @@ static void s_teardown(bool interp_started)
     if (pthread_create(&watchdog, NULL, s_exit_watchdog, NULL) == 0)
         pthread_detach(watchdog);
     s_block_signals(false);
+    /* Subshell threads may be inside Python: they end before it does. */
+    ll_dispatch_stop_subshells(s_k.dispatch, 2000);
     ll_exec_destroy(&s_k.exec); /* before Python goes */
     if (interp_started)
         ll_interp_finalize(); /* atexit handlers may still print: keep iopub up */
@@ -775,12 +867,19 @@ static int s_start_interpreter(bool *started, char *err, size_t errlen)
         return -1;
     *started = true;
     s_install_handlers(); /* in case Python's start-up replaced them */
+    return 0;
+}
+
+/* The execution side, which polls the shell socket the dispatcher gives
+ * the main thread.  0, or -1 with ERR. */
+static int s_start_exec(char *err, size_t errlen)
+{
     ll_exec_env_t env = {.iopub = s_k.iopub,
                          .stdin_chan = s_k.stdin_chan,
                          .intr_fd = s_k.intr_fd,
                          .stopping = s_stopping,
                          .next_queued_execute = s_next_queued_execute,
-                         .shell_handle = zsock_resolve(s_k.shell),
+                         .shell_handle = zsock_resolve(ll_dispatch_shell_socket(s_k.dispatch)),
                          .shell_readable = s_shell_readable};
     if (!(s_k.exec = ll_exec_new(&env))) {
         snprintf(err, errlen, "out of memory");
@@ -802,6 +901,8 @@ static int s_start_dispatch(char *err, size_t errlen)
                              .control = s_k.control,
                              .handlers = s_handlers,
                              .forward = s_on_interp,
+                             .subshell_forward = s_on_subshell,
+                             .subshell_end = s_subshell_end,
                              .after_shell = s_after_shell,
                              .on_shutdown = s_after_shutdown,
                              .stopping = s_terminating,
@@ -811,6 +912,8 @@ static int s_start_dispatch(char *err, size_t errlen)
         snprintf(err, errlen, "cannot set up the dispatcher (see the log)");
         return -1;
     }
+    if (s_start_exec(err, errlen) < 0)
+        return -1;
     s_block_signals(true);
     int rc = pthread_create(&s_k.control_thread, NULL, s_control_main, NULL);
     s_block_signals(false);

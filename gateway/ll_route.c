@@ -246,6 +246,12 @@ static void s_note_dynamic(ll_route_t *self, const json_t *dynamic)
         ll_debug("route", "%zu names bound beyond the analysis (exec, globals(), ...)", bound);
 }
 
+void ll_route_note_dynamic(ll_route_t *self, const json_t *dynamic)
+{
+    if (self)
+        s_note_dynamic(self, dynamic);
+}
+
 void ll_route_done(ll_route_t *self, ll_route_plan_t **plan_p, const json_t *dynamic)
 {
     if (!plan_p || !*plan_p)

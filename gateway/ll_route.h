@@ -82,6 +82,10 @@ json_t *ll_route_plan_json(const ll_route_plan_t *plan, const char *route);
  * it); free the plan, null *PLAN_P. */
 void ll_route_done(ll_route_t *self, ll_route_plan_t **plan_p, const json_t *dynamic);
 
+/* The session learns DYNAMIC ({bound, unbound}, as ll_route_done's) of code
+ * that ran with no plan: a subshell's cells. */
+void ll_route_note_dynamic(ll_route_t *self, const json_t *dynamic);
+
 /* What a GPU cell's relay needs from the kernel process (all borrowed). */
 typedef struct {
     ll_iopub_t *iopub;      /* output goes out under the current parent */

@@ -1,6 +1,8 @@
 # kernel/: the embedded interpreter and the Python environment it runs in.
 LIB_SRCS  += kernel/ll_interp.c kernel/ll_pyenv.c
 SELFTESTS += ll_interp ll_pyenv
+# ll_interp's self-test: a real interpreter through the public API.
+TEST_SRCS += kernel/ll_interp_selftest.c
 PYTESTS   += tests/kernel/test_interp.py tests/kernel/test_modindex.py
 EXTRA_TARGETS += $(BUILD)/tests/kernel/embed_driver
 

@@ -44,6 +44,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -280,6 +281,86 @@ static PyObject *s_py_log_level(PyObject *self, PyObject *unused)
 
 static void s_drop_pending_interrupt(void);
 
+/* Interrupt delivery.  A signal cannot end a blocking call that its thread
+ * enters after the handler ran: an interrupt landing between the eval loop's
+ * last check and the system call (time.sleep between its call and
+ * clock_nanosleep; a loaded machine preempts the thread right there now and
+ * then) would raise only when the call returns, e.g. after sleep(60).  So a
+ * nudger thread sees each interrupt through: it sends the wake signal again,
+ * spaced out, until the interpreter thread has run a pending call queued
+ * after the trip (CPython runs those on the main thread only, after handling
+ * tripped signals at the same check), or the cell ended.  Only the first
+ * wake of an interrupt trips the flag; the others only make a blocking call
+ * return EINTR (retried by Python when nothing is tripped): a cell that
+ * catches KeyboardInterrupt gets no second one.  The thread starts with the
+ * first cell (a zygote, which runs none, stays single-threaded). */
+static atomic_uint s_intr_gen;      /* interrupts that tripped the flag */
+static atomic_uint s_intr_seen;     /* the latest of them the interpreter thread ran past */
+static atomic_bool s_intr_retrip;   /* the next wake trips the flag (once per interrupt) */
+static _Atomic int s_nudge_fd = -1; /* eventfd: an interrupt to see through, or stop */
+static atomic_bool s_nudge_stop;
+static pthread_t s_nudger;
+static bool s_nudger_started; /* interpreter thread */
+
+static int s_intr_ran_past(void *arg)
+{
+    unsigned gen = (unsigned) (uintptr_t) arg, seen = atomic_load(&s_intr_seen);
+    while ((int) (gen - seen) > 0 && !atomic_compare_exchange_weak(&s_intr_seen, &seen, gen))
+        ;
+    return 0;
+}
+
+static void *s_nudger_main(void *arg)
+{
+    int fd = (int) (intptr_t) arg;
+    uint64_t n;
+    while (read(fd, &n, sizeof n) == (ssize_t) sizeof n && !atomic_load(&s_nudge_stop)) {
+        unsigned gen = atomic_load(&s_intr_gen);
+        bool queued = false; /* Py_AddPendingCall needs no GIL; fails while its queue is full */
+        for (long ms = 10; !atomic_load(&s_nudge_stop) && atomic_load(&s_busy) &&
+                           (int) (atomic_load(&s_intr_seen) - gen) < 0;
+             ms = ms < 160 ? ms * 2 : 250) {
+            if (!queued)
+                queued = Py_AddPendingCall(s_intr_ran_past, (void *) (uintptr_t) gen) == 0;
+            nanosleep(&(struct timespec){0, ms * 1000000L}, NULL);
+            if (atomic_load(&s_busy) && (int) (atomic_load(&s_intr_seen) - gen) < 0)
+                pthread_kill(s_thread, LL_WAKE_SIGNAL);
+        }
+    }
+    return NULL;
+}
+
+static void s_nudger_start(void)
+{
+    int fd = eventfd(0, EFD_CLOEXEC);
+    if (fd < 0)
+        return; /* interrupts still work, without the nudges */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    atomic_store(&s_nudge_stop, false);
+    s_nudger_started = pthread_create(&s_nudger, NULL, s_nudger_main, (void *) (intptr_t) fd) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (s_nudger_started)
+        atomic_store(&s_nudge_fd, fd);
+    else
+        close(fd);
+}
+
+static void s_nudger_stop(void)
+{
+    if (!s_nudger_started)
+        return;
+    int fd = atomic_exchange(&s_nudge_fd, -1);
+    atomic_store(&s_nudge_stop, true);
+    uint64_t one = 1;
+    if (write(fd, &one, sizeof one) < 0)
+        ll_warn("interp", "cannot stop the interrupt nudger: %s", strerror(errno));
+    pthread_join(s_nudger, NULL);
+    close(fd);
+    s_nudger_started = false;
+}
+
 /* set_busy(flag): the user's code runs from now on (True) / no longer
  * (False).  Only then may an interrupt land; turning it off also swallows
  * an interrupt that tripped just too late, so it cannot hit the kernel's own
@@ -289,6 +370,9 @@ static PyObject *s_py_set_busy(PyObject *self, PyObject *flag)
     int on = PyObject_IsTrue(flag);
     if (on < 0)
         return NULL;
+    if (on && !s_nudger_started)
+        s_nudger_start();
+    atomic_store(&s_intr_retrip, false); /* a wake still in flight is not this cell's */
     atomic_store(&s_busy, on != 0);
     if (!on)
         s_drop_pending_interrupt();
@@ -411,7 +495,7 @@ static PyObject *s_module_init(void)
 static void s_wake_handler(int sig)
 {
     (void) sig;
-    if (atomic_load(&s_busy))
+    if (atomic_load(&s_busy) && atomic_exchange(&s_intr_retrip, false))
         PyErr_SetInterruptEx(SIGINT);
 }
 
@@ -419,6 +503,9 @@ static void s_atfork_child(void)
 {
     atomic_store(&s_hooks_off, true);
     atomic_store(&s_busy, false);
+    /* The nudger is the parent's (its eventfd too): the child starts its own. */
+    atomic_store(&s_nudge_fd, -1);
+    s_nudger_started = false;
 }
 
 /* Install the wake handler, keep SIGPIPE from killing the process (Python
@@ -729,6 +816,33 @@ static PyObject *s_buffers_list(const void *const *bufs, const size_t *buflens, 
     return list;
 }
 
+/* A thread other than the interpreter's (a subshell's, the control thread
+ * for debug requests) keeps one Python thread state from its first call to
+ * ll_interp_thread_end, not one per call (PyGILState_Release would delete it
+ * after each): torch frees a tensor through pybind11's gil_scoped_acquire,
+ * which can hold on to the thread state it saw, and took the GIL with a
+ * freed one on a subshell's next cell (a crash in take_gil). */
+static _Thread_local PyThreadState *s_pinned;
+
+static void s_pin_thread_state(void)
+{
+    if (s_pinned || pthread_equal(pthread_self(), s_thread))
+        return;
+    PyGILState_STATE st = PyGILState_Ensure(); /* a new state: counter 1 */
+    s_pinned = PyThreadState_Get();
+    if (st == PyGILState_UNLOCKED)
+        PyEval_SaveThread();
+}
+
+void ll_interp_thread_end(void)
+{
+    if (!s_pinned || !s_initialized)
+        return;
+    PyEval_RestoreThread(s_pinned);
+    s_pinned = NULL;
+    PyGILState_Release(PyGILState_UNLOCKED); /* counter 0: cleared, deleted, GIL released */
+}
+
 char *ll_interp_call(const ll_interp_request_t *req, char **reply_metadata_json)
 {
     if (reply_metadata_json)
@@ -738,14 +852,16 @@ char *ll_interp_call(const ll_interp_request_t *req, char **reply_metadata_json)
     const char *msg_type = req->msg_type;
     if (!msg_type)
         return s_internal_error_reply("no message type");
-    if (!pthread_equal(pthread_self(), s_thread))
-        ll_warn("interp",
-                "%s handled on a thread other than the one that started Python: "
-                "interrupts will not reach it",
-                msg_type);
+    /* Another thread (a subshell's) runs its request alongside the
+     * interpreter thread's: the busy flag and a pending interrupt belong to
+     * the cell there, so they are left alone, and interrupts do not reach
+     * this request (as in ipykernel, whose subshells are threads too). */
+    bool main = pthread_equal(pthread_self(), s_thread);
 
+    s_pin_thread_state();
     PyGILState_STATE gil = PyGILState_Ensure();
-    s_drop_pending_interrupt();
+    if (main)
+        s_drop_pending_interrupt();
 
     char *reply = NULL;
     PyObject *buffers = req->nbufs && req->bufs && req->buflens
@@ -758,7 +874,8 @@ char *ll_interp_call(const ll_interp_request_t *req, char **reply_metadata_json)
                                                     buffers, req->route_json)
                             : NULL;
     Py_XDECREF(buffers);
-    atomic_store(&s_busy, false); /* in case Python did not get to say so */
+    if (main)
+        atomic_store(&s_busy, false); /* in case Python did not get to say so */
     if (!res) {
         char why[512];
         s_pyerr_to(why, sizeof why, "looseleaf_kernel.handle raised");
@@ -785,7 +902,8 @@ char *ll_interp_call(const ll_interp_request_t *req, char **reply_metadata_json)
     }
 out:
     Py_XDECREF(res);
-    s_drop_pending_interrupt();
+    if (main)
+        s_drop_pending_interrupt();
     PyGILState_Release(gil);
     return reply;
 }
@@ -824,9 +942,17 @@ void ll_interp_interrupt(void)
 {
     if (!atomic_load(&s_busy))
         return;
-    /* Both calls are async-signal-safe. */
+    /* All async-signal-safe.  The wake handler trips the flag again, on the
+     * interpreter thread; the nudger sees the interrupt through (above). */
+    atomic_fetch_add(&s_intr_gen, 1);
+    atomic_store(&s_intr_retrip, true);
     PyErr_SetInterruptEx(SIGINT);
     pthread_kill(s_thread, LL_WAKE_SIGNAL);
+    int fd = atomic_load(&s_nudge_fd);
+    uint64_t one = 1;
+    if (fd >= 0 && write(fd, &one, sizeof one) < 0) {
+        /* counter full: the nudger has interrupts to see through already */
+    }
 }
 
 bool ll_interp_busy(void)
@@ -881,6 +1007,7 @@ void ll_interp_finalize(void)
 {
     if (!s_initialized)
         return;
+    s_nudger_stop();                   /* it queues pending calls: not into a finalized Python */
     pthread_mutex_lock(&s_debug_lock); /* waits for a debug request in flight */
     s_debug_closed = true;
     pthread_mutex_unlock(&s_debug_lock);
@@ -915,135 +1042,4 @@ void ll_interp_finalize(void)
         PyEval_SaveThread();
     }
     s_initialized = false;
-}
-
-/* ------------------------------------------------------------------ */
-/* Self-test: runs in a forked child so the runner process stays free of
- * Python (another module's test may embed it too). */
-
-static char s_st_out[1 << 16]; /* stream text received */
-static size_t s_st_outlen;
-static char s_st_pub[1 << 16]; /* "msg_type content\n" per publish */
-static size_t s_st_publen;
-
-static void s_st_append(char *buf, size_t *len, size_t cap, const char *data, size_t n)
-{
-    if (*len + n >= cap)
-        n = cap - *len - 1;
-    memcpy(buf + *len, data, n);
-    *len += n;
-    buf[*len] = '\0';
-}
-
-static void s_st_stream(void *ctx, const char *name, const char *data, size_t len)
-{
-    s_st_append(s_st_out, &s_st_outlen, sizeof s_st_out, data, len);
-}
-
-static void s_st_flush(void *ctx)
-{
-}
-
-static void s_st_publish(void *ctx, const char *msg_type, const char *content, const char *md,
-                         const void *const *bufs, const size_t *buflens, size_t nbufs)
-{
-    s_st_append(s_st_pub, &s_st_publen, sizeof s_st_pub, msg_type, strlen(msg_type));
-    s_st_append(s_st_pub, &s_st_publen, sizeof s_st_pub, " ", 1);
-    s_st_append(s_st_pub, &s_st_publen, sizeof s_st_pub, content, strlen(content));
-    s_st_append(s_st_pub, &s_st_publen, sizeof s_st_pub, "\n", 1);
-}
-
-static char *s_st_input(void *ctx, const char *prompt, bool password, int *err)
-{
-    return strdup("forty-two");
-}
-
-static int s_st_check(bool verbose, bool ok, const char *what)
-{
-    if (verbose || !ok)
-        fprintf(stderr, "  %s: %s\n", what, ok ? "ok" : "FAILED");
-    return ok ? 0 : 1;
-}
-
-static int s_st_child(bool verbose)
-{
-    ll_interp_hooks_t hooks = {NULL, s_st_stream, s_st_flush, s_st_publish, s_st_input, NULL};
-    char err[512];
-    int fails = 0;
-    struct sigaction ign, after;
-    memset(&ign, 0, sizeof ign);
-    ign.sa_handler = SIG_IGN;
-    sigaction(SIGINT, &ign, NULL);
-    if (ll_interp_init("ll_selftest", &hooks, err, sizeof err) != 0) {
-        fprintf(stderr, "  init: %s\n", err);
-        return 1;
-    }
-    sigaction(SIGINT, NULL, &after);
-    fails += s_st_check(verbose, after.sa_handler == SIG_IGN, "caller's SIGINT action kept");
-    fails += s_st_check(verbose, !ll_interp_busy(), "idle after init");
-    ll_interp_interrupt(); /* idle: must be a no-op */
-
-    char *md = NULL;
-    char *reply =
-        ll_interp_handle("execute_request", "{\"code\": \"print('hi'); 6*7\", \"silent\": false}",
-                         "{\"msg_id\": \"t1\", \"msg_type\": \"execute_request\"}", &md);
-    fails += s_st_check(verbose, reply && strstr(reply, "\"status\": \"ok\""), "execute ok");
-    fails += s_st_check(verbose, strstr(s_st_out, "hi\n") != NULL, "stream text");
-    fails += s_st_check(verbose, strstr(s_st_pub, "execute_result") && strstr(s_st_pub, "\"42\""),
-                        "execute_result 42");
-    fails += s_st_check(verbose, md && strstr(md, "\"status\""), "reply metadata");
-    free(reply);
-    free(md);
-
-    reply = ll_interp_handle("execute_request", "{\"code\": \"1/0\"}", "{}", NULL);
-    fails += s_st_check(verbose, reply && strstr(reply, "ZeroDivisionError"), "error reply");
-    free(reply);
-
-    reply = ll_interp_handle(
-        "execute_request", "{\"code\": \"x = input('? ')\\nprint(x * 2)\", \"allow_stdin\": true}",
-        "{}", NULL);
-    fails += s_st_check(verbose, reply && strstr(s_st_out, "forty-twoforty-two"), "input()");
-    free(reply);
-
-    reply = ll_interp_handle("kernel_info_request", "{}", "{}", NULL);
-    fails += s_st_check(verbose, reply && strstr(reply, "\"implementation\": \"looseleaf\""),
-                        "kernel_info");
-    free(reply);
-
-    reply = ll_interp_handle("no_such_request", "{}", "{}", NULL);
-    fails += s_st_check(verbose, reply == NULL || strstr(reply, "error"), "unknown request");
-    free(reply);
-
-    reply = ll_interp_handle("execute_request", "not json", "{}", NULL);
-    fails += s_st_check(verbose, reply && strstr(reply, "\"status\": \"error\""), "bad JSON");
-    free(reply);
-
-    ll_interp_finalize();
-    return fails ? 1 : 0;
-}
-
-int ll_interp_selftest(bool verbose)
-{
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid < 0)
-        return 1;
-    if (pid == 0) {
-        /* A private IPython directory: no history of the user's touched. */
-        char dir[] = "/tmp/ll-interp-selftest-XXXXXX";
-        if (!mkdtemp(dir))
-            _exit(1);
-        setenv("IPYTHONDIR", dir, 1);
-        int rc = s_st_child(verbose);
-        char cmd[sizeof dir + 16];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-        if (system(cmd) != 0)
-            rc = rc ? rc : 0;
-        fflush(NULL);
-        _exit(rc);
-    }
-    int st = 0;
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
-        ;
-    return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 1;
 }

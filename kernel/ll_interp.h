@@ -9,7 +9,9 @@
  *
  * Threads: ll_interp_init/handle/finalize run on one thread, the gateway's
  * shell thread; it becomes Python's main thread (where signal handlers, hence
- * KeyboardInterrupt, run).  Between requests the GIL is released, so Python
+ * KeyboardInterrupt, run).  ll_interp_call may also run on a subshell's
+ * thread, concurrently (the GIL is shared): interrupts never reach it and it
+ * leaves the busy flag to the interpreter thread.  Between requests the GIL is released, so Python
  * threads of the user keep running while the kernel is idle.
  * ll_interp_interrupt may be called from any thread or from a signal handler.
  * The hooks are called by Python code on whatever thread it runs (user
@@ -139,6 +141,11 @@ char *ll_interp_handle(const char *msg_type, const char *content_json, const cha
  * the debug_reply content as JSON text the caller frees, or NULL when the
  * interpreter is gone or failed (logged). */
 char *ll_interp_debug(const char *request_json);
+
+/* A thread other than the interpreter's that called ll_interp_call is
+ * ending: the Python thread state it kept since its first call goes.  Call
+ * it on that thread, before Python is finalized. */
+void ll_interp_thread_end(void);
 
 /* Make the code now running raise KeyboardInterrupt; a no-op when idle.
  * Async-signal-safe. */

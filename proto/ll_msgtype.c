@@ -19,6 +19,10 @@ static const ll_msgtype_t s_types[] = {
     {"connect_request", SHELL | CONTROL, 0},
     {"usage_request", CONTROL, 0},
     {"debug_request", CONTROL, 0}, /* its own entry point: it runs while a cell runs */
+    /* Subshells (JEP 91): the dispatcher's own registry of shell threads. */
+    {"create_subshell_request", CONTROL, 0},
+    {"delete_subshell_request", CONTROL, 0},
+    {"list_subshell_request", CONTROL, 0},
     {"complete_request", SHELL, INTERP | RO},
     {"inspect_request", SHELL, INTERP | RO},
     {"history_request", SHELL, INTERP | RO},

@@ -17,9 +17,10 @@ def test_kernel_info_fields(kernel):
     assert major == 5 and minor >= 3
     impl = {"looseleaf": "looseleaf", "python3": "ipython"}[kernel.name]
     if kernel.name == "looseleaf":
-        # Protocol 5.5 (iopub_welcome included); the optional features implemented: the debugger,
-        # not kernel subshells.
-        assert c["protocol_version"] == "5.5" and c["supported_features"] == ["debugger"]
+        # Protocol 5.5 (iopub_welcome included); the optional features implemented, as
+        # ipykernel 7.4 lists them: the debugger and kernel subshells.
+        assert c["protocol_version"] == "5.5"
+        assert c["supported_features"] == ["kernel subshells", "debugger"]
         assert c["debugger"] is True
     assert c["implementation"] == impl
     assert isinstance(c["implementation_version"], str) and c["implementation_version"]

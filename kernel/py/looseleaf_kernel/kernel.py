@@ -29,7 +29,7 @@ from traitlets.config import Config
 import _looseleaf_kernel as _lk
 
 from . import comms, unimported
-from .coherence import Coherence
+from .coherence import Coherence, namespace_diff, split_visible
 from ._json import dumps, loads
 from .display import flush_streams, publish
 from .iostream import OutStream
@@ -137,10 +137,16 @@ class Kernel:
 
     def __init__(self):
         self.ident = str(uuid.uuid4())
-        self.parent_header = {}
-        self._request_metadata = {}
-        self._route_plan = None
-        self._request_buffers = []
+        self._parent_main = {}
+        # A request's own state, per thread: the interpreter thread serves the main shell, each subshell
+        # (JEP 91) has a thread of its own that runs its requests alongside (gateway/ll_dispatch.c).
+        self._tls = threading.local()
+        # Subshells and the store: the coherence state is the main thread's; a subshell takes this lock
+        # to refresh what its cell names, and leaves the names its cells rebind in _sub_dirty, which the
+        # main thread marks dirty before its next request (so a later GPU cell sees them).
+        self._coh_lock = threading.Lock()
+        self._sub_lock = threading.Lock()
+        self._sub_dirty = set()
         self.allow_stdin = False
         self._stdout = OutStream("stdout", 1)
         self._stderr = OutStream("stderr", 2)
@@ -305,8 +311,94 @@ class Kernel:
 
     # -- entry ------------------------------------------------------------
 
+    # -- per-thread request state (subshells) ------------------------------
+
+    @staticmethod
+    def on_subshell():
+        """Whether this thread serves a subshell: any thread but the interpreter's (Python's main)."""
+        return threading.current_thread() is not threading.main_thread()
+
+    @property
+    def _route_plan(self):
+        return getattr(self._tls, "route_plan", None)
+
+    @_route_plan.setter
+    def _route_plan(self, value):
+        self._tls.route_plan = value
+
+    @property
+    def _request_metadata(self):
+        return getattr(self._tls, "metadata", {})
+
+    @_request_metadata.setter
+    def _request_metadata(self, value):
+        self._tls.metadata = value
+
+    @property
+    def _request_buffers(self):
+        return getattr(self._tls, "buffers", [])
+
+    @_request_buffers.setter
+    def _request_buffers(self, value):
+        self._tls.buffers = value
+
+    @property
+    def parent_header(self):
+        if self.on_subshell():
+            return getattr(self._tls, "parent", {})
+        return self._parent_main
+
+    @parent_header.setter
+    def parent_header(self, value):
+        if self.on_subshell():
+            self._tls.parent = value
+        else:
+            self._parent_main = value
+
+    def _merge_subshell_changes(self):
+        """Main thread: what subshells' code rebound becomes dirty, as after a CPU cell."""
+        with self._sub_lock:
+            bound, self._sub_dirty = self._sub_dirty, set()
+        if bound:
+            with self._coh_lock:
+                self.coherence._mark_dirty(bound)
+                self.coherence._mods_dirty = True
+                self.coherence._rebound_here(bound)
+
+    @contextlib.contextmanager
+    def _subshell_code(self, code):
+        """User code on a subshell (a cell, a comm's callback): the variables CODE names come up to date
+        from the store where a worker changed them, as a CPU cell's closure does, and what the code rebinds
+        is handed to the main thread (_merge_subshell_changes).  In-place changes are as invisible as in a
+        widget's callback (coherence.untracked_code)."""
+        coh = self.coherence
+        with self._coh_lock:
+            try:
+                coh.refresh_for(code)
+            except Exception:  # noqa: BLE001 - the cell still runs on the values the kernel holds
+                log.warning("refreshing for a subshell's cell failed", exc_info=True)
+            before, before_mods = split_visible(self.shell)
+        self._tls.dynamic = None
+        try:
+            yield
+        finally:
+            after, after_mods = split_visible(self.shell)
+            bound = coh._rebound_since(before, after)
+            if bound:
+                with self._sub_lock:
+                    self._sub_dirty.update(bound)
+            # No analysis saw this code: the gateway's session learns what it bound (reply metadata).
+            self._tls.dynamic = namespace_diff(self.shell.user_ns, dict(before, **before_mods),
+                                               dict(after, **after_mods), None)
+
+    _LOCKED_TYPES = frozenset(("complete_request", "inspect_request", "looseleaf_before_gpu",
+                               "looseleaf_after_gpu", "looseleaf_commit_idle", "looseleaf_home_lost"))
+
     def handle(self, msg_type, content_json, parent_json, metadata_json="{}", buffers=(), route_json=None):
         """Run one request (API.md); returns (reply_json or None, metadata_json or None)."""
+        subshell = self.on_subshell()
+        if not subshell:
+            self._merge_subshell_changes()
         try:
             content = loads(content_json)
             parent = loads(parent_json) if parent_json else {}
@@ -320,13 +412,13 @@ class Kernel:
                 metadata = {}
         except ValueError as e:
             return self._error_json("BadRequest", "invalid %s: %s" % (msg_type, e))
-        if self.debugger is not None and msg_type != "execute_request":
+        if self.debugger is not None and msg_type != "execute_request" and not subshell:
             self.debugger.trace_this_thread(False)  # pydevd sees cells only (a breakpoint change traces all)
         handler = self.handlers.get(msg_type)
         if handler is None:
             return self._error_json("UnknownRequest", "unknown request type %r" % (msg_type,))
         # An executed cell's plan under GPU routing (the gateway's, never the client's).
-        self._route_plan = route if isinstance(route, dict) else None
+        self._route_plan = route if isinstance(route, dict) and not subshell else None
         self._request_metadata = metadata
         self._request_buffers = list(buffers) if buffers else []
         # The whole request, as ipykernel's get_parent() gives it (the
@@ -341,6 +433,9 @@ class Kernel:
             "buffers": self._request_buffers,
         })
         try:
+            if not subshell and msg_type in self._LOCKED_TYPES:
+                with self._coh_lock:  # a subshell's refresh waits for the coherence state
+                    return handler(content, parent)
             return handler(content, parent)
         except BaseException as e:  # KeyboardInterrupt too: the kernel lives on
             log.exception("%s failed", msg_type)
@@ -352,9 +447,10 @@ class Kernel:
 
     def set_parent(self, parent):
         """PARENT: the current request as a message dict (header, content,
-        metadata, ...), like ipykernel's."""
+        metadata, ...), like ipykernel's; a subshell's stays its thread's."""
         self.parent_header = parent
-        self.shell.set_parent(parent)
+        if not self.on_subshell():
+            self.shell.set_parent(parent)
 
     def get_parent(self, channel="shell"):
         return self.parent_header
@@ -383,7 +479,9 @@ class Kernel:
         silent = bool(content.get("silent", False))
         store_history = bool(content.get("store_history", not silent))
         user_expressions = content.get("user_expressions") or {}
-        self.allow_stdin = bool(content.get("allow_stdin", False))
+        subshell = self.on_subshell()
+        if not subshell:
+            self.allow_stdin = bool(content.get("allow_stdin", False))
         cell_id = self._request_metadata.get("cellId")
         metadata = {"started": _now(), "dependencies_met": True, "engine": self.ident}
 
@@ -400,20 +498,30 @@ class Kernel:
         # while committing) fails with that error instead of running; so does a CPU cell whose variables
         # a worker changed when the store cannot give them back.
         fail = plan.get("raise") if plan is not None else None
-        route_md = self.coherence.before_cpu(dict(plan, code=code)) if plan is not None and not fail else None
-        if not silent:
-            note = self.first_note()  # a store an earlier kernel of this notebook left (keep.py), once
+        route_md = None
+        if plan is not None and not fail:
+            with self._coh_lock:
+                route_md = self.coherence.before_cpu(dict(plan, code=code))
+        if not silent and not subshell:
+            # A store an earlier kernel of this notebook left (keep.py), once; the main shell's first cell
+            # restores or offers it (the coherence state is the main thread's).
+            note = self.first_note()
             if note:
                 sys.stderr.write(note)
         if route_md and isinstance(route_md.get("error"), dict):
             fail = route_md.pop("error")
         t_exec = time.perf_counter()
-        # Interrupts land only while the cell runs, never in the reply.
-        _lk.set_busy(not fail)
+        # Interrupts land only while the cell runs, never in the reply; they never reach a subshell's.
+        if not subshell:
+            _lk.set_busy(not fail)
         try:
             try:
                 if isinstance(fail, dict):
                     res = self._fail_cell(code, store_history, silent, cell_id, fail)
+                elif subshell:
+                    with self._subshell_code(code):
+                        res = shell.run_cell(code, store_history=store_history, silent=silent,
+                                             cell_id=cell_id)
                 else:
                     if self.debugger is not None:
                         self.debugger.trace_this_thread()  # breakpoints hit in this cell
@@ -427,13 +535,15 @@ class Kernel:
                 res = ExecutionResult(ExecutionInfo(code, store_history, silent, False, cell_id))
                 res.error_in_exec = e
         finally:
-            _lk.set_busy(False)
-            if self.debugger is not None:
-                self.debugger.cell_ended()
-            self.allow_stdin = False
+            if not subshell:
+                _lk.set_busy(False)
+                if self.debugger is not None:
+                    self.debugger.cell_ended()
+                self.allow_stdin = False
             self._flush_streams()
             if plan is not None and not fail:
-                extra = self.coherence.after_cpu(plan)
+                with self._coh_lock:
+                    extra = self.coherence.after_cpu(plan)
                 if route_md is not None and extra:
                     route_md.update(extra)
 
@@ -460,6 +570,8 @@ class Kernel:
         if route_md is not None:
             route_md["exec_ms"] = (time.perf_counter() - t_exec) * 1e3
             metadata["looseleaf"] = route_md
+        elif subshell and getattr(self._tls, "dynamic", None):
+            metadata["looseleaf"] = {"dynamic": self._tls.dynamic}  # for the gateway (gateway/ll_kernel.c)
         return dumps(reply), dumps(metadata)
 
     def _fail_cell(self, code, store_history, silent, cell_id, fail):
@@ -701,7 +813,11 @@ class Kernel:
         comm (hints for the gateway; its handler ignores them), which must not refresh or mark anything."""
         comm_id = content.get("comm_id")
         target = content.get("target_name") or getattr(self.comm_manager.comms.get(comm_id), "target_name", None)
-        return contextlib.nullcontext() if target == comms.PREFETCH_TARGET else self.coherence.untracked_code()
+        if target == comms.PREFETCH_TARGET:
+            return contextlib.nullcontext()
+        if self.on_subshell():
+            return self._subshell_code("")
+        return self.coherence.untracked_code()
 
     def comm_open(self, content, parent):
         if self._comm_args_ok(content, "comm_id", "target_name"):
