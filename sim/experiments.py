@@ -5,14 +5,16 @@
     python3 sim/experiments.py ablations  [--seeds 5] [--sessions 48]         # what each mechanism buys
     python3 sim/experiments.py baselines  [--seeds 5] [--sessions 48]         # the baselines' assumed numbers swept
     python3 sim/experiments.py autoscaler [--seeds 5] [--sessions 48]         # the autoscaler's settings swept
-    python3 sim/experiments.py all        ...                                 # the four, one after the other
+    python3 sim/experiments.py fleet      [--seeds 5] [--sessions 48]         # each design under each fleet rule
+    python3 sim/experiments.py all        ...                                 # the five, one after the other
     python3 sim/experiments.py mix --workload paper [--seeds 5] [--sessions 48] # the assumed session mix swept
 
 `--workload paper` draws the traces from sim/workload.py (the paper's workload, sim/workload.json) instead of the
 tree's notebooks; `--workload-set PATH=VALUE` changes one of its parameters.
 
-(`make sim-frontier`, `make sim-ablations`, `make sim-baselines`, `make sim-autoscaler`, `make sim-tables`;
-`make sim-paper` runs the frontier, the ablations and the mix on the paper's workload.)
+(`make sim-frontier`, `make sim-ablations`, `make sim-baselines`, `make sim-autoscaler`, `make sim-fleet`,
+`make sim-tables`; `make sim-paper` runs the frontier, the ablations, the fleet's rules, the autoscaler and the mix
+on the paper's workload.)
 
 Each seed is its own trace (`looseleaf trace --seed S`: the seats' arrivals, notebooks, reruns, edit windows and
 gaps drawn anew) of the same workload: by default the tree's three GPU notebooks, N seats over a simulated day,
@@ -260,8 +262,8 @@ def baselines(run, args):
 # ---- the autoscaler ----
 
 AUTOSCALER = [("target_util", [0.5, 0.6, 0.75, 0.9]), ("p_wait", [0.01, 0.05, 0.2]),
-              ("load_window_s", [60, 300, 900]), ("down_hold_s", [0, 600, 1800]), ("control_s", [1, 10, 60]),
-              ("host_boot_s", [30, 120, 300])]
+              ("load_window_s", [60, 300, 900]), ("down_hold_s", [0, 120, 600, 1800]), ("min_hosts", [0, 1, 2]),
+              ("control_s", [1, 10, 60]), ("host_boot_s", [30, 120, 300])]
 
 
 def autoscaler(run, args):
@@ -272,18 +274,48 @@ def autoscaler(run, args):
         rows = []
         for name, values in AUTOSCALER:
             for v in values:
-                docs = {s: run.simulate(n, s, designs=["looseleaf", "naive"], sets=["%s=%g" % (name, v)])
-                        for s in run.seeds()}
+                docs = {s: run.simulate(n, s, designs=["looseleaf", "keepalive", "naive"],
+                                        sets=["%s=%g" % (name, v)]) for s in run.seeds()}
                 col = lambda d, key: [docs[s][d][key] for s in run.seeds()]  # noqa: E731
                 save = [1 - docs[s]["looseleaf"]["gpu_hours"] / pin[s]["pinned"]["gpu_hours"] for s in run.seeds()]
+                ka = [1 - docs[s]["looseleaf"]["gpu_hours"] / docs[s]["keepalive"]["gpu_hours"] for s in run.seeds()]
                 rows.append(["%s = %g" % (name, v), fmt(col("looseleaf", "gpu_hours")), pct(save),
                              pct(col("looseleaf", "share_within_50ms")), pct(col("looseleaf", "share_within_1s")),
                              fmt(col("looseleaf", "latency_p99_s"), 1000, 0, " ms"),
-                             fmt(col("naive", "gpu_hours"))])
-        table("Autoscaler sensitivity (one setting changed at a time; sim/costs.json's defaults: target_util 0.75, "
-              "p_wait 0.05, load_window_s 300, down_hold_s 600, control_s 10, host_boot_s 120): " + _conf(a),
-              ["setting", "LooseLeaf GPU-h", "saves vs pinned", "<= 50 ms", "<= 1 s", "p99 wait", "naive GPU-h"],
-              rows, args.out, "autoscaler_%d" % n)
+                             fmt(col("keepalive", "gpu_hours")), pct(ka), fmt(col("naive", "gpu_hours"))])
+        table("Autoscaler sensitivity (one setting changed at a time, for every design on the elastic fleet; "
+              "sim/costs.json's defaults: target_util 0.75, p_wait 0.05, load_window_s 300, down_hold_s 600, "
+              "min_hosts 1, control_s 10, host_boot_s 120): " + _conf(a),
+              ["setting", "LooseLeaf GPU-h", "saves vs pinned", "<= 50 ms", "<= 1 s", "p99 wait", "keep-alive GPU-h",
+               "LooseLeaf saves vs keep-alive", "naive GPU-h"], rows, args.out, "autoscaler_%d" % n)
+
+
+# ---- the fleet's rules: the same for every design, three ways ----
+
+FLEETS = [("elastic fleet (default: min_hosts 1, down_hold_s 600)", []),
+          ("elastic fleet, min_hosts 0, down_hold_s 0", ["min_hosts=0", "down_hold_s=0"]),
+          ("shared capacity (fleet_shared=1)", ["fleet_shared=1"])]
+FLEET_DESIGNS = ["keepalive", "naive", "looseleaf"]
+
+
+def fleet(run, args):
+    """LooseLeaf, keep-alive and naive serverless under each of the fleet's rules, every design under the same
+    one: what the hosts' accounting costs, apart from what each design holds."""
+    for n in args.sizes:
+        rows = []
+        for what, sets in FLEETS:
+            docs = [run.simulate(n, s, designs=FLEET_DESIGNS, sets=sets) for s in run.seeds()]
+            col = lambda d, key: [doc[d][key] for doc in docs]  # noqa: E731
+            for d in FLEET_DESIGNS:
+                ka = [1 - doc[d]["gpu_hours"] / doc["keepalive"]["gpu_hours"] for doc in docs]
+                rows.append([what, d, fmt(col(d, "gpu_hours")), fmt(col(d, "held_gpu_hours")),
+                             fmt(col(d, "peak_gpus"), digits=0), pct(ka), pct(col(d, "share_within_50ms")),
+                             pct(col(d, "share_within_1s")), fmt(col(d, "latency_p99_s"), 1000, 0, " ms")])
+        a = argparse.Namespace(**vars(args))
+        a.sessions = str(n)
+        table("The fleet's rules, the same for each design: " + _conf(a),
+              ["fleet", "design", "GPU-h", "GPU-h held", "peak GPUs", "saves vs keep-alive", "<= 50 ms", "<= 1 s",
+               "p99 wait"], rows, args.out, "fleet_%d" % n)
 
 
 # ---- the paper's workload: the assumed session mix swept ----
@@ -322,7 +354,7 @@ def mix(run, args):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["frontier", "ablations", "baselines", "autoscaler", "mix", "all"])
+    p.add_argument("what", choices=["frontier", "ablations", "baselines", "autoscaler", "fleet", "mix", "all"])
     p.add_argument("--seeds", type=int, default=5, help="traces per size, seeds 1..N (default 5)")
     p.add_argument("--sessions", default=None,
                    help="concurrent sessions, comma-separated (default 24,48,72 for the frontier, else 48)")
@@ -347,7 +379,7 @@ def main(argv=None):
     if args.workload_set and args.workload != "paper":
         p.error("--workload-set needs --workload paper")
     run = Runner(args)
-    todo = ["frontier", "ablations", "baselines", "autoscaler"] if args.what == "all" else [args.what]
+    todo = ["frontier", "ablations", "baselines", "autoscaler", "fleet"] if args.what == "all" else [args.what]
     for what in todo:
         a = argparse.Namespace(**vars(args))
         a.sessions = args.sessions or ("24,48,72" if what == "frontier" else "48")

@@ -54,6 +54,7 @@ static const struct {
     S_COST(down_hold_s),
     S_COST(control_s),
     S_COST(min_hosts),
+    S_COST(fleet_shared),
 };
 #define S_NCOSTS (sizeof s_table / sizeof s_table[0])
 
@@ -89,6 +90,8 @@ static bool s_valid(const char *name, double v)
                     strcmp(name, "control_s") == 0 || strcmp(name, "nbos_replicas") == 0 ||
                     strcmp(name, "nbos_subscription") == 0 || strcmp(name, "host_mem_bytes") == 0;
     if (positive && v <= 0)
+        return false;
+    if (strcmp(name, "fleet_shared") == 0 && v != 0 && v != 1)
         return false;
     if ((strcmp(name, "target_util") == 0 && v > 1) || (strcmp(name, "p_wait") == 0 && v >= 1))
         return false;

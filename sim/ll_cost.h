@@ -55,6 +55,11 @@ typedef struct {
     double down_hold_s;   /* the target stays lower this long before hosts drain */
     double control_s;     /* the controller looks this often */
     double min_hosts;     /* hosts kept powered */
+    /* 1: every design on the elastic fleet (LooseLeaf, keep-alive, naive)
+     * gets a serverless provider's shared capacity instead: a host ready
+     * at once when a job finds no room, powered off once it holds nothing,
+     * no controller (the knobs above unused).  0: the controller above. */
+    double fleet_shared;
 } ll_cost_t;
 
 /* COSTS from the cost file at PATH (NULL: the tree's sim/costs.json).

@@ -19,10 +19,12 @@
  *             of the cell's closure, CUDA start, the whole namespace loaded:
  *             the state was discarded, and reloading it from a snapshot is
  *             its cheapest way back) and discarded keepalive_idle_s after
- *             the session's last cell.  Containers are packed best-fit on
- *             hosts that power off once empty, a new host ready at once (a
- *             serverless provider's shared capacity: no cell waits for a
- *             boot, and only hosts with containers are counted).
+ *             the session's last cell.  Hosts: the elastic fleet, the same
+ *             rules as LooseLeaf's and naive's (a container holds a slot
+ *             while it lives; the controller provisions for the containers
+ *             held).  It used to get its own idealised hosts (ready at
+ *             once, off once empty) while LooseLeaf paid for boots and
+ *             headroom; fleet_shared=1 gives that to all three alike.
  * notebookos  NotebookOS: nbos_replicas replicas per kernel on distinct
  *             hosts (the least subscribed; a host takes replicas up to
  *             nbos_subscription GPU requests per GPU, more hosts boot when
@@ -327,8 +329,8 @@ const ll_sim_ops_t ll_sim_pinned_ops = {
 };
 
 /* ------------------------------------------------------------------ */
-/* keep-alive and naive serverless: a GPU taken per container (best fit
- * on the design's own hosts) or per cell (on the elastic fleet)      */
+/* keep-alive and naive serverless, on the elastic fleet: a GPU taken
+ * per container (keep-alive) or per cell (naive)                     */
 
 static int *s_used(s_base_t *b, int i)
 {
@@ -384,8 +386,8 @@ static const ll_sim_fleet_ops_t s_el_ops = {
 static void *s_el_create(ll_sim_t *sim, int d)
 {
     s_base_t *b = s_new(sim, d);
-    if (!b || d == LL_SIM_KEEPALIVE)
-        return b;
+    if (!b)
+        return NULL;
     b->fleet = ll_sim_fleet_new(sim, d, &s_el_ops, b);
     if (!b->fleet) {
         free(b);
@@ -414,21 +416,13 @@ static double s_cold(s_base_t *b, ll_sim_sess_t *s)
  * waits; the controller sees it). */
 static bool s_el_take(s_base_t *b, ll_sim_sess_t *s, double now)
 {
-    int i;
-    if (b->fleet) {
-        ll_place_ask_t ask = {.home = -1, .state_bytes = 0};
-        ll_place_how_t how;
-        i = ll_sim_fleet_place(b->fleet, &ask, &how, now);
-        if (i < 0 || how != LL_PLACE_FREE)
-            return false;
-        (*s_used(b, i))++;
-        ll_sim_fleet_touched(b->fleet, i, now);
-    } else {
-        i = s_best_fit(b, now);
-        if (i < 0)
-            return false;
-        b->h[i].used++;
-    }
+    ll_place_ask_t ask = {.home = -1, .state_bytes = 0};
+    ll_place_how_t how;
+    int i = ll_sim_fleet_place(b->fleet, &ask, &how, now);
+    if (i < 0 || how != LL_PLACE_FREE)
+        return false;
+    (*s_used(b, i))++;
+    ll_sim_fleet_touched(b->fleet, i, now);
     s->ds[b->d].host = i;
     s->ds[b->d].bound = true;
     ll_sim_level(b->sim, b->d, LL_SIM_BUSY, now, 1);
@@ -442,12 +436,8 @@ static void s_el_give(s_base_t *b, ll_sim_sess_t *s, double now)
     ds->bound = false;
     ll_sim_level(b->sim, b->d, LL_SIM_BUSY, now, -1);
     ll_sim_level(b->sim, b->d, LL_SIM_HELD, now, -1);
-    if (b->fleet) {
-        (*s_used(b, ds->host))--;
-        ll_sim_fleet_touched(b->fleet, ds->host, now);
-    } else if (--b->h[ds->host].used == 0) {
-        s_bhost_off(b, ds->host, now);
-    }
+    (*s_used(b, ds->host))--;
+    ll_sim_fleet_touched(b->fleet, ds->host, now);
     s_el_capacity(b, now);
 }
 

@@ -5,7 +5,13 @@
  * loaded first, ll_place_drain) and power off once a draining host holds
  * nothing, warm workers included.  Jobs go to hosts by ll_place.  The
  * designs that run on it (LooseLeaf, keep-alive, naive serverless) say what
- * their hosts hold.  Runs in the `looseleaf simulate` process. */
+ * their hosts hold.  With fleet_shared set it is a serverless provider's
+ * shared capacity instead, for all of them alike: a job that finds no room
+ * gets a new host ready at once, and a host that holds nothing (no job, no
+ * warm worker or container) powers off; no controller runs.  Both modes
+ * apply one set of rules to every design, so a difference in GPU-hours
+ * between two designs is what they hold, not how their hosts are counted.
+ * Runs in the `looseleaf simulate` process. */
 #include "sim/ll_sim_internal.h"
 
 #include <stdio.h>
@@ -27,6 +33,7 @@ struct ll_sim_fleet_t {
     int nstale;
     ll_provision_t *prov; /* the controller */
     bool started;         /* the first session came */
+    bool shared;          /* fleet_shared: hosts on demand, no controller */
 };
 
 ll_sim_fleet_t *ll_sim_fleet_new(ll_sim_t *sim, int d, const ll_sim_fleet_ops_t *ops, void *design)
@@ -42,7 +49,8 @@ ll_sim_fleet_t *ll_sim_fleet_new(ll_sim_t *sim, int d, const ll_sim_fleet_ops_t 
     f->c = &cfg->cost;
     f->G = cfg->gpus_per_host;
     f->max_hosts = cfg->max_hosts;
-    int min_hosts = (int) f->c->min_hosts;
+    f->shared = f->c->fleet_shared != 0;
+    int min_hosts = f->shared ? 0 : (int) f->c->min_hosts;
     if (f->max_hosts > 0 && min_hosts > f->max_hosts)
         min_hosts = f->max_hosts;
     ll_provision_config_t pc = {.gpus_per_host = f->G,
@@ -193,11 +201,25 @@ void ll_sim_fleet_touched(ll_sim_fleet_t *f, int i, double now)
 {
     ll_sim_host_t *h = &f->h[i];
     s_mark(f, i);
+    if (f->shared && h->state == LL_SIM_HOST_ON) {
+        /* Shared capacity: an empty host is given back at once. */
+        s_refresh(f, i);
+        const ll_place_host_t *v = &h->snap;
+        if (v->busy == 0 && v->warm == 0 && v->staged == 0 && v->queued == 0)
+            s_power_off(f, i, now);
+        return;
+    }
     if (h->state != LL_SIM_HOST_DRAINING)
         return;
     s_refresh(f, i);
     if (ll_provision_may_power_off(&h->snap))
         s_power_off(f, i, now);
+}
+
+/* Hosts powered (booting, on or draining). */
+static int s_powered(const ll_sim_fleet_t *f)
+{
+    return f->n - s_count(f, LL_SIM_HOST_OFF);
 }
 
 int ll_sim_fleet_place(ll_sim_fleet_t *f, const ll_place_ask_t *ask, ll_place_how_t *how,
@@ -213,6 +235,16 @@ int ll_sim_fleet_place(ll_sim_fleet_t *f, const ll_place_ask_t *ask, ll_place_ho
             return ask->home;
     }
     int i = ll_place_choose(f->snaps, f->n, ask, how);
+    if (f->shared) {
+        /* Shared capacity: no room means a new host, ready now (unless
+         * the fleet is at its size: then the job queues or waits). */
+        if ((i < 0 || *how == LL_PLACE_QUEUE) &&
+            (f->max_hosts == 0 || s_powered(f) < f->max_hosts)) {
+            s_power_on(f, now, true);
+            i = ll_place_choose(f->snaps, f->n, ask, how);
+        }
+        return i;
+    }
     if (i < 0 || *how == LL_PLACE_QUEUE)
         ll_sim_fleet_control(f, now); /* more work than room: the controller sees it now */
     return i;
@@ -220,6 +252,8 @@ int ll_sim_fleet_place(ll_sim_fleet_t *f, const ll_place_ask_t *ask, ll_place_ho
 
 void ll_sim_fleet_control(ll_sim_fleet_t *f, double now)
 {
+    if (f->shared)
+        return; /* no controller: hosts come with jobs and go when empty */
     double busy = 0;
     int queued = f->ops->waiting(f->design);
     s_refresh_stale(f);
@@ -246,7 +280,7 @@ void ll_sim_fleet_control(ll_sim_fleet_t *f, double now)
             f->ops->capacity(f->design, now);
             continue;
         }
-        if (f->max_hosts > 0 && f->n - s_count(f, LL_SIM_HOST_OFF) >= f->max_hosts)
+        if (f->max_hosts > 0 && s_powered(f) >= f->max_hosts)
             break;
         s_power_on(f, now, false);
     }
@@ -288,6 +322,8 @@ void ll_sim_fleet_start(ll_sim_fleet_t *f, double now)
     if (f->started)
         return;
     f->started = true;
+    if (f->shared)
+        return; /* hosts come with the first jobs */
     int k = ll_provision_decide(f->prov, now, 0);
     for (int i = 0; i < k; i++)
         s_power_on(f, now, true);

@@ -19,15 +19,18 @@ BENCHES   += tests/bench/bench_sim.py
 # The README's fleet tables over several seeds, each figure with its 95% confidence interval
 # (sim/experiments.py): `make sim-tables`, or one of them.  SIM_ARGS adds options
 # (e.g. SIM_ARGS="--seeds 10 --out docs/sim").
-.PHONY: sim-tables sim-frontier sim-ablations sim-baselines sim-autoscaler sim-paper
-sim-frontier sim-ablations sim-baselines sim-autoscaler: $(BUILD)/looseleaf
+.PHONY: sim-tables sim-frontier sim-ablations sim-baselines sim-autoscaler sim-fleet sim-paper
+sim-frontier sim-ablations sim-baselines sim-autoscaler sim-fleet: $(BUILD)/looseleaf
 	$(PYTHON) sim/experiments.py $(@:sim-%=%) $(SIM_ARGS)
 sim-tables: $(BUILD)/looseleaf
 	$(PYTHON) sim/experiments.py all $(SIM_ARGS)
 
 # The same tables on the paper's workload (sim/workload.py from sim/workload.json; README "The paper's
-# workload"): the frontier at 24/48/72 seats, the ablations at 48, the assumed session mix swept at 48.
+# workload"): the frontier at 24/48/72 seats, the ablations, the fleet's rules, the autoscaler and the assumed
+# session mix swept at 48.
 sim-paper: $(BUILD)/looseleaf
 	$(PYTHON) sim/experiments.py frontier --workload paper $(SIM_ARGS)
 	$(PYTHON) sim/experiments.py ablations --workload paper $(SIM_ARGS)
+	$(PYTHON) sim/experiments.py fleet --workload paper $(SIM_ARGS)
+	$(PYTHON) sim/experiments.py autoscaler --workload paper $(SIM_ARGS)
 	$(PYTHON) sim/experiments.py mix --workload paper $(SIM_ARGS)
