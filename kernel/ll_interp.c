@@ -246,6 +246,15 @@ static PyObject *s_py_pool_stats(PyObject *self, PyObject *unused)
     return res;
 }
 
+/* request_waiting() -> bool: a request waits on shell (the background
+ * commit stops for it: coherence.commit_slow). */
+static PyObject *s_py_request_waiting(PyObject *self, PyObject *unused)
+{
+    if (atomic_load(&s_hooks_off) || !s_hooks.request_waiting)
+        Py_RETURN_FALSE;
+    return PyBool_FromLong(s_hooks.request_waiting(s_hooks.ctx));
+}
+
 static _Atomic int s_interrupt_fd = -1; /* ll_interp_set_interrupt_fd */
 
 void ll_interp_set_interrupt_fd(int fd)
@@ -459,6 +468,8 @@ static PyMethodDef s_methods[] = {
      "interrupt_fd() -> int: an fd readable once the running cell is interrupted, -1 if none."},
     {"pool_stats", s_py_pool_stats, METH_NOARGS,
      "pool_stats() -> str | None: the host pool's state (JSON), None without a pool."},
+    {"request_waiting", s_py_request_waiting, METH_NOARGS,
+     "request_waiting() -> bool: a request waits on shell (work in idle time gives way)."},
     {"log_level", s_py_log_level, METH_NOARGS, "log_level() -> int: the kernel's log threshold."},
     {"set_busy", s_py_set_busy, METH_O,
      "set_busy(flag): whether user code runs now (interrupts land only then)."},

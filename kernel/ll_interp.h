@@ -67,6 +67,12 @@ typedef struct {
      * there is no pool connection.  Called on the interpreter's thread with
      * the GIL released.  May be NULL. */
     char *(*pool_stats)(void *ctx);
+
+    /* Whether a request waits on shell (read ahead, never taken): the
+     * background commit of slow-to-save values gives way to it.  Called on
+     * the interpreter's thread (the main thread, which owns shell) with the
+     * GIL held; must not block.  May be NULL (then: never). */
+    bool (*request_waiting)(void *ctx);
 } ll_interp_hooks_t;
 
 /* FD (an eventfd of interrupts, borrowed: it must outlive the interpreter)
