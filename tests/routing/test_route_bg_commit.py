@@ -122,3 +122,23 @@ def test_nothing_slow_is_committed_before_the_idle_threshold(jupyter_env):
                                                  "once the kernel is idle 600 s"), risk
     finally:
         k.stop()
+
+
+def test_a_subshell_cell_during_the_background_commit_starts_at_once(jupyter_env, tmp_path):
+    from test_route_subshells import _control, _sub_run
+    hold = str(tmp_path / "hold")
+    k = Kernel("looseleaf", env=_env(LOOSELEAF_SLOW_COMMIT_IDLE_S="0.5", LOOSELEAF_TEST_COMMIT_HOLD=hold))
+    try:
+        sid = _control(k, "create_subshell_request")["subshell_id"]
+        run_route(k, "import torch\nimport numpy as np\nt0 = torch.ones(2)", "gpu")
+        open(hold, "w").close()
+        run_route(k, "big = np.full(20_000_000, 3.0)", "cpu")
+        wait_for(lambda: os.path.exists(hold + ".held"), 60, "the background commit to reach big's pieces")
+        # The subshell's cell waits for the coherence lock the commit holds: the commit gives way to it.
+        assert _sub_run(k, sid, "print(float(big[0]))") == "3.0\n"
+        risk = _risk(k)
+        assert "never committed" in risk.get("big", ""), risk
+        os.unlink(hold)
+        wait_for(lambda: "big" not in _idle_then_risk(k, 1), 90, "the background commit")
+    finally:
+        k.stop()

@@ -943,6 +943,7 @@ class Coherence:
             log.info("background commit failed", exc_info=True)
             return {"skipped": _reason(e)}
         finally:
+            self._keep_history()
             self._note_state()
         if rep.error:
             return {"skipped": rep.error}
