@@ -313,9 +313,9 @@ static char *s_interp_call(ll_exec_t *self, const ll_msg_t *req, const char *rou
         ll_error("exec", "cannot serialize a %.64s for the interpreter", req->msg_type);
     }
     /* The idle commit, once the kernel stays idle; only in a session that
-     * has used the host pool (so has a store): a CPU-only notebook's cells
-     * cost no extra interpreter call. */
-    if (user_code && ll_route_fd(self->route) >= 0)
+     * has a store (it used the host pool, or a restore opened one): a
+     * CPU-only notebook's cells cost no extra interpreter call. */
+    if (user_code && (ll_route_fd(self->route) >= 0 || ll_interp_store_opened()))
         self->commit_at = self->slow_at = ll_clock_ms();
     free(content);
     free(header);

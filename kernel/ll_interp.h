@@ -82,6 +82,12 @@ typedef struct {
  * default): none. */
 void ll_interp_set_interrupt_fd(int fd);
 
+/* Whether the interpreter opened the session's checkpoint store (Python's
+ * _looseleaf_kernel.store_opened(), from coherence.py): then the gateway
+ * commits what CPU cells change when idle, even in a session that never
+ * connected to the host pool (one restored after a crash). */
+bool ll_interp_store_opened(void);
+
 /* Register a builtin extension module (PyImport_AppendInittab) so Python
  * code in the interpreter can import it.  Only before ll_interp_init; NAME
  * must stay valid for the life of the process (a string literal).  INITFUNC

@@ -93,9 +93,8 @@ def test_a_cell_sent_during_the_background_commit_starts_at_once(jupyter_env, tm
     try:
         reply, msgs = run_route(k, "print(big.shape, float(big.min()), float(big.max()))", "cpu")
         assert stream_text(msgs) == "(20000000,) 0.0 0.0\n", _error_text(reply, msgs)
-        # Without the hold, the background commit takes the new value (whole) in the next idle spell.  (The
-        # idle commits run in a session that used the host pool: a GPU cell first.)
-        run_route(k, "t1 = torch.ones(1)", "gpu")
+        # Without the hold, the background commit takes the new value (whole) in the next idle spell (in a
+        # restored session that never used the host pool too).
         run_route(k, "big += 9", "cpu")
         wait_for(lambda: "big" not in _idle_then_risk(k, 1), 90, "the background commit")
         _kill(k)

@@ -401,6 +401,11 @@ class Coherence:
                 # before the call is not for it).
                 self.store.set_interrupt_fd(fd, drain=True)
             self.cp = Checkpointer(self.store, self.shell.user_ns)
+            try:
+                import _looseleaf_kernel
+                _looseleaf_kernel.store_opened()  # idle commits from now on, pool or not (ll_exec.c)
+            except (ImportError, AttributeError):
+                pass
             self.cp.cpu_only = True  # a CUDA tensor refreshed here comes back on the CPU: no context here
             self._history_on()
             if key is not None:
