@@ -11,7 +11,8 @@
  *                messages are hints, and run no user code).
  * Plus two counters: the epoch (interpreter requests that may have run user
  * code: a kept commit is valid only in the epoch it was made) and the time
- * user code last ran (the idle commit is due a while after it); and the
+ * user code last ran (the idle commit is due a while after it, the
+ * background commit of slow-to-save values a longer while); and the
  * session's homes (values no store can hold stay where they were made):
  * the names whose live value only a worker holds, which every cell reading
  * one runs on, whatever its label.
@@ -450,8 +451,8 @@ static void s_hint_queued(ll_exec_t *self)
  * when the kernel has stayed idle LOOSELEAF_IDLE_COMMIT_MS after it, so that
  * the next GPU cell's Run finds nothing to commit even when its edit window
  * was too short for a prefetch.  The interpreter leaves out what would make
- * it slow (coherence.commit_idle): those values are committed by a prefetch
- * or the Run, as before.  Runs no user code: a kept prefetch commit stays
+ * it slow (coherence.commit_idle): those values are committed by the
+ * background commit below, a prefetch or the Run.  Runs no user code: a kept prefetch commit stays
  * valid. */
 
 static void s_idle_commit(ll_exec_t *self)
@@ -473,8 +474,8 @@ static void s_idle_commit(ll_exec_t *self)
  * nested containers) is committed too, so that a crash loses nothing a
  * GPU cell's Run would have saved.  It must never delay a cell, so it runs
  * here, on the main thread, in the interpreter (coherence.commit_slow), and
- * gives way: between payloads (and in the copy of a large one, between its
- * pieces: the store copies with the GIL released) it asks the request_waiting
+ * gives way: between variables and payloads, and between the 64 MiB pieces
+ * of a large payload (each piece a store copy, ~10 ms), it asks the request_waiting
  * hook whether shell has a request, and if so abandons the commit before it
  * is published (a put is private until the commit lists it: store/API.md),
  * giving back what it wrote.  Why not a thread: the cell that arrives would
