@@ -644,6 +644,7 @@ class Checkpointer:
         oldm = st.pmeta if st is not None else []
         oldt = st.track if st is not None else {}
         out, new, written, tracks = [], [], 0, {}
+        made = []  # subscriptions this call started: an abandoned save must not leave them tracking
         try:
             for k, (meta, obj) in enumerate(pk.payloads):
                 base = oldp[k] if k < len(oldp) and tuple(oldm[k]) == tuple(meta) else None
@@ -673,6 +674,8 @@ class Checkpointer:
                         and (own[1], meta[1]) not in self._untrackable):
                     # Start tracking before the copy, so a write during it shows next time.
                     sub = self._wp.subscribe(own[1], meta[1])
+                    if sub is not None:
+                        made.append(sub)
                     if sub is None:
                         if len(self._untrackable) > 4096:
                             self._untrackable.clear()
@@ -706,6 +709,8 @@ class Checkpointer:
                     self.store.discard(r)
                 except Exception:
                     pass
+            for sub in made:
+                self._wp.unsubscribe(sub)
             raise
         return out, written, new, tracks
 
