@@ -11,7 +11,8 @@
  *                messages are hints, and run no user code).
  * Plus two counters: the epoch (interpreter requests that may have run user
  * code: a kept commit is valid only in the epoch it was made) and the time
- * user code last ran (the idle commit is due a while after it); and the
+ * user code last ran (the idle commit is due a while after it, the
+ * background commit of slow-to-save values a longer while); and the
  * session's homes (values no store can hold stay where they were made):
  * the names whose live value only a worker holds, which every cell reading
  * one runs on, whatever its label.
@@ -44,6 +45,7 @@ typedef struct {
     double debounce_ms;    /* a hint waits this long for a newer one */
     double max_wait_ms;    /* ... but no longer than this after the first of a burst */
     double idle_commit_ms; /* idle time before the idle commit; 0: never */
+    double slow_commit_ms; /* idle time before the background commit of slow values; 0: never */
     double pool_start_ms;  /* after the kernel starts, connect to (start) the pool; <0: never */
 } s_config_t;
 
@@ -75,6 +77,7 @@ struct ll_exec_t {
     s_comms_t comms;     /* open looseleaf.prefetch comms */
     unsigned long epoch; /* interpreter requests that may have run user code */
     double commit_at;    /* when user code last ran here (ll_clock_ms), 0 once committed */
+    double slow_at;      /* idle since then with slow-to-save values dirty, 0: none left */
     double pool_at;      /* when to start the host pool ahead of the first GPU cell, 0: done */
     json_t *home;        /* {name: {pid, kind, what}}: names living in a worker (coherence.home) */
     pthread_mutex_t dyn_lock; /* guards dyn_pending */
@@ -122,6 +125,16 @@ static long s_ms_until(double due, double now)
 {
     double left = due - now;
     return left > 0 ? (long) left + 1 : 0;
+}
+
+/* Milliseconds until the background commit of slow-to-save values is due
+ * (the kernel idle SLOW_COMMIT_MS since SLOW_AT, and the idle commit done);
+ * -1 when none is pending. */
+static long s_slow_due_in(double slow_at, double commit_at, const s_config_t *cfg, double now)
+{
+    if (slow_at <= 0 || commit_at > 0 || cfg->slow_commit_ms <= 0)
+        return -1;
+    return s_ms_until(slow_at + cfg->slow_commit_ms, now);
 }
 
 /* Requests whose handling in the interpreter runs no user code and changes
@@ -301,10 +314,10 @@ static char *s_interp_call(ll_exec_t *self, const ll_msg_t *req, const char *rou
         ll_error("exec", "cannot serialize a %.64s for the interpreter", req->msg_type);
     }
     /* The idle commit, once the kernel stays idle; only in a session that
-     * has used the host pool (so has a store): a CPU-only notebook's cells
-     * cost no extra interpreter call. */
-    if (user_code && ll_route_fd(self->route) >= 0)
-        self->commit_at = ll_clock_ms();
+     * has a store (it used the host pool, or a restore opened one): a
+     * CPU-only notebook's cells cost no extra interpreter call. */
+    if (user_code && (ll_route_fd(self->route) >= 0 || ll_interp_store_opened()))
+        self->commit_at = self->slow_at = ll_clock_ms();
     free(content);
     free(header);
     free(metadata);
@@ -438,16 +451,48 @@ static void s_hint_queued(ll_exec_t *self)
  * when the kernel has stayed idle LOOSELEAF_IDLE_COMMIT_MS after it, so that
  * the next GPU cell's Run finds nothing to commit even when its edit window
  * was too short for a prefetch.  The interpreter leaves out what would make
- * it slow (coherence.commit_idle): those values are committed by a prefetch
- * or the Run, as before.  Runs no user code: a kept prefetch commit stays
+ * it slow (coherence.commit_idle): those values are committed by the
+ * background commit below, a prefetch or the Run.  Runs no user code: a kept prefetch commit stays
  * valid. */
 
 static void s_idle_commit(ll_exec_t *self)
 {
     self->commit_at = 0;
     json_t *content = json_object();
-    json_decref(s_interp_own("looseleaf_commit_idle", content, NULL));
+    json_t *reply = s_interp_own("looseleaf_commit_idle", content, NULL);
+    /* What it left out as slow to save waits for the background commit. */
+    if (!json_array_size(json_object_get(reply, "slow")))
+        self->slow_at = 0;
+    json_decref(reply);
     json_decref(content);
+}
+
+/* ---- background commit of slow-to-save values ---------------------------------
+ *
+ * Once the kernel has stayed idle LOOSELEAF_SLOW_COMMIT_IDLE_S after user
+ * code ran, what the idle commit left out as slow to save (big arrays, models,
+ * nested containers) is committed too, so that a crash loses nothing a
+ * GPU cell's Run would have saved.  It must never delay a cell, so it runs
+ * here, on the main thread, in the interpreter (coherence.commit_slow), and
+ * gives way: between variables and payloads, and between the 64 MiB pieces
+ * of a large payload (each piece a store copy, ~10 ms), it asks the request_waiting
+ * hook whether shell has a request, and if so abandons the commit before it
+ * is published (a put is private until the commit lists it: store/API.md),
+ * giving back what it wrote.  Why not a thread: the cell that arrives would
+ * run user code against the very values being copied, so a version could mix
+ * old and new bytes; abandoning on the thread that owns shell needs no lock
+ * and leaves no window.  Abandoned, it waits for another idle spell. */
+
+static void s_slow_commit(ll_exec_t *self)
+{
+    json_t *content = json_object();
+    json_t *reply = s_interp_own("looseleaf_commit_slow", content, NULL);
+    json_decref(content);
+    if (reply && json_is_true(json_object_get(reply, "abandoned")))
+        self->slow_at = ll_clock_ms(); /* a request came: after it, a fresh idle spell */
+    else
+        self->slow_at = 0; /* done, or failed: the Run commits those, as before */
+    json_decref(reply);
 }
 
 /* ---- homes -------------------------------------------------------------------
@@ -721,6 +766,9 @@ long ll_exec_timeout(ll_exec_t *self)
     double now = ll_clock_ms();
     long h = s_hint_due_in(&self->hint, &self->cfg, now);
     long c = s_idle_due_in(self->commit_at, &self->cfg, now);
+    long sl = s_slow_due_in(self->slow_at, self->commit_at, &self->cfg, now);
+    if (sl >= 0 && (c < 0 || sl < c))
+        c = sl;
     long p = self->pool_at > 0 ? s_ms_until(self->pool_at, now) : -1;
     long t = h < 0 ? c : c < 0 ? h : h < c ? h : c;
     return t < 0 ? p : p < 0 ? t : p < t ? p : t;
@@ -742,6 +790,10 @@ bool ll_exec_on_timer(ll_exec_t *self, bool shell_waiting)
     }
     if (!shell_waiting && s_idle_due_in(self->commit_at, &self->cfg, now) == 0) {
         s_idle_commit(self);
+        return true;
+    }
+    if (!shell_waiting && s_slow_due_in(self->slow_at, self->commit_at, &self->cfg, now) == 0) {
+        s_slow_commit(self);
         return true;
     }
     if (!shell_waiting && self->pool_at > 0 && s_ms_until(self->pool_at, now) == 0) {
@@ -773,6 +825,7 @@ static s_config_t s_config_read(void)
     s_config_t cfg = {.debounce_ms = s_env_ms("LOOSELEAF_PREFETCH_DEBOUNCE_MS", 250),
                       .max_wait_ms = s_env_ms("LOOSELEAF_PREFETCH_MAX_WAIT_MS", 1000),
                       .idle_commit_ms = s_env_ms("LOOSELEAF_IDLE_COMMIT_MS", 250),
+                      .slow_commit_ms = 1000 * s_env_ms("LOOSELEAF_SLOW_COMMIT_IDLE_S", 5),
                       .pool_start_ms = s_env_ms("LOOSELEAF_POOL_START_MS", -1)};
     return cfg;
 }
@@ -852,6 +905,13 @@ int ll_exec_selftest(bool verbose)
     S_REQUIRE(s_idle_due_in(100, &cfg, 100) == 251 && s_idle_due_in(100, &cfg, 350) == 0, fail);
     const s_config_t off = {.idle_commit_ms = 0};
     S_REQUIRE(s_idle_due_in(100, &off, 1000) == -1, fail);
+    /* The background commit: after the idle commit, SLOW_COMMIT_MS idle. */
+    const s_config_t sc = {.idle_commit_ms = 250, .slow_commit_ms = 5000};
+    S_REQUIRE(s_slow_due_in(0, 0, &sc, 100) == -1 && s_slow_due_in(100, 100, &sc, 9000) == -1,
+              fail);
+    S_REQUIRE(s_slow_due_in(100, 0, &sc, 200) == 4901 && s_slow_due_in(100, 0, &sc, 5100) == 0,
+              fail);
+    S_REQUIRE(s_slow_due_in(100, 0, &off, 9000) == -1, fail);
 
     /* A kept prefetch commit serves the Run of the same code in the same
      * epoch, once; another code or a moved epoch finds nothing. */

@@ -20,7 +20,8 @@
  *     reuses that commit;
  *   - idle commit: what user code changed in the interpreter is committed
  *     once the kernel stays idle a while, so a GPU cell's Run finds nothing
- *     to commit.
+ *     to commit; what is slow to save, once it stays idle longer
+ *     (LOOSELEAF_SLOW_COMMIT_IDLE_S), giving way to any request.
  * Its timers and the pool connection's fd feed the shell loop's poll
  * (ll_exec_fd, ll_exec_timeout, ll_exec_on_fd, ll_exec_on_timer).
  *
@@ -103,7 +104,9 @@ long ll_exec_timeout(ll_exec_t *self);
 void ll_exec_on_fd(ll_exec_t *self);
 
 /* After the poll: do a timer's work if one is due (a debounced hint first;
- * the idle commit only when SHELL_WAITING is false: a request goes first).
+ * the idle commit and the background commit of slow-to-save values only
+ * when SHELL_WAITING is false: a request goes first, and one arriving during
+ * the background commit makes it give way).
  * True when it did something. */
 bool ll_exec_on_timer(ll_exec_t *self, bool shell_waiting);
 

@@ -511,6 +511,20 @@ static char *s_hook_pool_stats(void *ctx)
     return text;
 }
 
+/* The background commit's check between payloads (coherence.commit_slow):
+ * read shell ahead (main thread: it owns the socket) and say whether a
+ * request waits there.  Also true once a shutdown or SIGTERM woke us. */
+static bool s_hook_request_waiting(void *ctx)
+{
+    (void) ctx;
+    if (s_stopping())
+        return true;
+    if (!s_k.dispatch)
+        return false;
+    ll_dispatch_shell_readable(s_k.dispatch);
+    return ll_dispatch_queued(s_k.dispatch) > 0;
+}
+
 /* ---- signals ------------------------------------------------------------- */
 
 static void s_on_sigint(int sig)
@@ -855,6 +869,7 @@ static int s_start_interpreter(bool *started, char *err, size_t errlen)
         .publish = s_hook_publish,
         .input_request = s_hook_input,
         .pool_stats = s_hook_pool_stats,
+        .request_waiting = s_hook_request_waiting,
     };
     /* The store's waits for Redis end on the interrupt eventfd (SIGINT,
      * SIGTERM, a shutdown): coherence.py gives it to its Store. */

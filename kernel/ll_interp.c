@@ -246,6 +246,30 @@ static PyObject *s_py_pool_stats(PyObject *self, PyObject *unused)
     return res;
 }
 
+/* request_waiting() -> bool: a request waits on shell (the background
+ * commit stops for it: coherence.commit_slow). */
+static PyObject *s_py_request_waiting(PyObject *self, PyObject *unused)
+{
+    if (atomic_load(&s_hooks_off) || !s_hooks.request_waiting)
+        Py_RETURN_FALSE;
+    return PyBool_FromLong(s_hooks.request_waiting(s_hooks.ctx));
+}
+
+static _Atomic bool s_store_opened; /* ll_interp_store_opened */
+
+bool ll_interp_store_opened(void)
+{
+    return atomic_load(&s_store_opened);
+}
+
+/* store_opened(): the session's checkpoint store is open (see
+ * ll_interp_store_opened). */
+static PyObject *s_py_store_opened(PyObject *self, PyObject *unused)
+{
+    atomic_store(&s_store_opened, true);
+    Py_RETURN_NONE;
+}
+
 static _Atomic int s_interrupt_fd = -1; /* ll_interp_set_interrupt_fd */
 
 void ll_interp_set_interrupt_fd(int fd)
@@ -459,6 +483,10 @@ static PyMethodDef s_methods[] = {
      "interrupt_fd() -> int: an fd readable once the running cell is interrupted, -1 if none."},
     {"pool_stats", s_py_pool_stats, METH_NOARGS,
      "pool_stats() -> str | None: the host pool's state (JSON), None without a pool."},
+    {"request_waiting", s_py_request_waiting, METH_NOARGS,
+     "request_waiting() -> bool: a request waits on shell (work in idle time gives way)."},
+    {"store_opened", s_py_store_opened, METH_NOARGS,
+     "store_opened(): the session's checkpoint store is open (idle commits are due from now on)."},
     {"log_level", s_py_log_level, METH_NOARGS, "log_level() -> int: the kernel's log threshold."},
     {"set_busy", s_py_set_busy, METH_O,
      "set_busy(flag): whether user code runs now (interrupts land only then)."},

@@ -67,6 +67,12 @@ typedef struct {
      * there is no pool connection.  Called on the interpreter's thread with
      * the GIL released.  May be NULL. */
     char *(*pool_stats)(void *ctx);
+
+    /* Whether a request waits on shell (read ahead, never taken): the
+     * background commit of slow-to-save values gives way to it.  Called on
+     * the interpreter's thread (the main thread, which owns shell) with the
+     * GIL held; must not block.  May be NULL (then: never). */
+    bool (*request_waiting)(void *ctx);
 } ll_interp_hooks_t;
 
 /* FD (an eventfd of interrupts, borrowed: it must outlive the interpreter)
@@ -75,6 +81,12 @@ typedef struct {
  * it.  Python sees it as _looseleaf_kernel.interrupt_fd(); -1 (the
  * default): none. */
 void ll_interp_set_interrupt_fd(int fd);
+
+/* Whether the interpreter opened the session's checkpoint store (Python's
+ * _looseleaf_kernel.store_opened(), from coherence.py): then the gateway
+ * commits what CPU cells change when idle, even in a session that never
+ * connected to the host pool (one restored after a crash). */
+bool ll_interp_store_opened(void);
 
 /* Register a builtin extension module (PyImport_AppendInittab) so Python
  * code in the interpreter can import it.  Only before ll_interp_init; NAME

@@ -97,7 +97,7 @@ static void *s_st_module_init(void)
 
 static int s_st_child(bool verbose)
 {
-    ll_interp_hooks_t hooks = {NULL, s_st_stream, s_st_flush, s_st_publish, s_st_input, NULL};
+    ll_interp_hooks_t hooks = {NULL, s_st_stream, s_st_flush, s_st_publish, s_st_input, NULL, NULL};
     char err[512];
     int fails = 0;
     struct sigaction ign, after;

@@ -37,6 +37,7 @@ static const ll_msgtype_t s_types[] = {
     {"looseleaf_before_gpu", 0, INTERP},
     {"looseleaf_after_gpu", 0, INTERP},
     {"looseleaf_commit_idle", 0, INTERP},
+    {"looseleaf_commit_slow", 0, INTERP},
     {"looseleaf_home_lost", 0, INTERP},
     /* ... and the debugger's in GPU cells (looseleaf_kernel/debugger.py). */
     {"looseleaf_debug_gpu", 0, INTERP},

@@ -577,7 +577,7 @@ static void s_worker_main(int wfd, json_t *job, double t_before_fork)
     close(s_sigfd);
     signal(SIGCHLD, SIG_DFL);
     s_wfd = wfd;
-    ll_interp_hooks_t hooks = {NULL, s_w_stream, s_w_flush, s_w_publish, s_w_input, NULL};
+    ll_interp_hooks_t hooks = {NULL, s_w_stream, s_w_flush, s_w_publish, s_w_input, NULL, NULL};
     if (ll_interp_set_hooks(&hooks) < 0)
         _exit(70);
     if (!(s_wstream = ll_stream_new(s_w_emit, NULL, S_FLUSH_MS, S_FLUSH_BYTES)))

@@ -300,8 +300,8 @@ int main(int argc, char **argv)
     sa.sa_handler = s_on_sigint;
     sigaction(SIGINT, &sa, NULL);
 
-    ll_interp_hooks_t hooks = {NULL,      s_stream_write,  s_stream_flush,
-                               s_publish, s_input_request, NULL};
+    ll_interp_hooks_t hooks = {
+        NULL, s_stream_write, s_stream_flush, s_publish, s_input_request, NULL, NULL};
     s_hooks = hooks;
     char err[512];
     if (ll_interp_init(argv[0], &hooks, err, sizeof err) != 0) {

@@ -15,7 +15,9 @@ from routehelp import Kernel, _error_text, execute, redis_processes, run_route, 
 
 
 def _env(**kw):
-    env = {"JPY_SESSION_NAME": "/tmp/nb-%s.ipynb" % uuid.uuid4().hex[:8], "LL_HISTORY_BYTES": "auto"}
+    # (no background commit: these tests want a value that is still slow to save when the kernel dies)
+    env = {"JPY_SESSION_NAME": "/tmp/nb-%s.ipynb" % uuid.uuid4().hex[:8], "LL_HISTORY_BYTES": "auto",
+           "LOOSELEAF_SLOW_COMMIT_IDLE_S": "0"}
     env.update(kw)
     return env
 

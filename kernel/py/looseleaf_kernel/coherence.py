@@ -101,6 +101,45 @@ def _quick_to_save(value):
     return False
 
 
+def slow_commit_idle_s():
+    """LOOSELEAF_SLOW_COMMIT_IDLE_S (5; 0: never): how long the kernel stays idle after user code ran before
+    what is slow to save is committed in the background (the gateway reads the same setting: ll_exec.c)."""
+    try:
+        v = float(os.environ.get("LOOSELEAF_SLOW_COMMIT_IDLE_S", "5"))
+    except ValueError:
+        return 5.0
+    return v if v >= 0 else 5.0
+
+
+class _GaveWay(BaseException):
+    """A request came during the background commit (Coherence.commit_slow): abandon it.  A BaseException,
+    as KeyboardInterrupt, so that the Checkpointer gives back what it wrote and commits nothing."""
+
+
+def _request_waiting():
+    """Whether a request waits on shell (the gateway's hook; False outside the kernel)."""
+    try:
+        import _looseleaf_kernel
+        return _looseleaf_kernel.request_waiting()
+    except (ImportError, AttributeError):
+        return False
+
+
+def _give_way(coh):
+    """Coherence.commit_slow's check: raise _GaveWay when a request waits on shell, or a subshell's code for
+    the coherence lock (COH.subshells_waiting).  LOOSELEAF_TEST_COMMIT_HOLD (a test hook: a file path) makes
+    the commit slow where it is most delicate, between the pieces of a large payload (Checkpointer.
+    _put_in_pieces): while that file exists, such a check writes PATH.held and waits, asking every 10 ms."""
+    hold = os.environ.get("LOOSELEAF_TEST_COMMIT_HOLD")
+    if hold and os.path.exists(hold) and sys._getframe(2).f_code.co_name == "_put_in_pieces":
+        with open(hold + ".held", "w"):
+            pass
+        while os.path.exists(hold) and not coh.subshells_waiting and not _request_waiting():
+            time.sleep(0.01)
+    if coh.subshells_waiting or _request_waiting():
+        raise _GaveWay()
+
+
 def visible(shell, modules=False):
     """{name: id(value)} of the session's variables in SHELL's namespace, in the kernel and in workers:
     IPython's own names, dunder names (the process state entry among them) and the input/output history
@@ -299,6 +338,7 @@ class Coherence:
         # so the gateway's analysis learns them and they are committed.
         self._fresh = set()
         self.imports = {}  # the top-level import statements of the cells run so far, in order (keep.py)
+        self.subshells_waiting = []  # one item per subshell's code waiting for the coherence lock (kernel.py)
 
     # ---- the namespace -------------------------------------------------------------------------------
     def _procstate(self):
@@ -361,6 +401,11 @@ class Coherence:
                 # before the call is not for it).
                 self.store.set_interrupt_fd(fd, drain=True)
             self.cp = Checkpointer(self.store, self.shell.user_ns)
+            try:
+                import _looseleaf_kernel
+                _looseleaf_kernel.store_opened()  # idle commits from now on, pool or not (ll_exec.c)
+            except (ImportError, AttributeError):
+                pass
             self.cp.cpu_only = True  # a CUDA tensor refreshed here comes back on the CPU: no context here
             self._history_on()
             if key is not None:
@@ -477,7 +522,7 @@ class Coherence:
                 log.warning("process state not fully applied: %s", problems)
             self._ps_blob = _state_blob(procstate.capture())
 
-    def _push(self, names, modules=True):
+    def _push(self, names, modules=True, give_way=None):
         """Save NAMES with this process's state in one commit (procstate.save_with, remembering what was
         saved so _pull_procstate knows it), and when MODULES the user modules' globals if code run here may
         have changed them."""
@@ -493,7 +538,7 @@ class Coherence:
             return SaveReport()
         ns[procstate.NAME] = st
         try:
-            rep = self._save_batched(list(names) + [procstate.NAME])
+            rep = self._save_batched(list(names) + [procstate.NAME], give_way)
         finally:
             ns.pop(procstate.NAME, None)
         if procstate.NAME in rep.saved or procstate.NAME in rep.unchanged:
@@ -507,7 +552,7 @@ class Coherence:
         self._stored.difference_update(rep.deleted)
         return rep
 
-    def _save_batched(self, names):
+    def _save_batched(self, names, give_way=None):
         """Save NAMES in commits of at most _COMMIT_BATCH names each (procstate and the rest of what goes with
         them last).  A Redis transaction costs more than linearly in its commands (Redis 7.0 grows a queued
         transaction one command at a time): 200k names made by one exec took one commit past the store's
@@ -518,11 +563,11 @@ class Coherence:
         # The commit's id starts with the cell it comes after (the history lists it: In[N]).
         cell = "In[%d] kernel-%s" % (max(0, self.shell.execution_count - 1), uuid.uuid4().hex[:12])
         if len(names) <= _COMMIT_BATCH:
-            return self.cp.save(names, cell_id=cell)
+            return self.cp.save(names, cell_id=cell, give_way=give_way)
         total = None
         for i in range(0, len(names), _COMMIT_BATCH):
             rep = self.cp.save(names[i:i + _COMMIT_BATCH], cell_id="%s-%d" % (cell, i // _COMMIT_BATCH),
-                               sync=i == 0)
+                               sync=i == 0, give_way=give_way)
             if total is None:
                 total = rep
             else:
@@ -843,13 +888,14 @@ class Coherence:
             return {"skipped": "the checkpoint store came back without its data"}
         names = self._saveable(self.dirty)
         if len(names) > _QUICK_NAMES:
-            return {"skipped": "%d names" % len(names)}
-        # What is slow to save waits for the Run; the rest is committed now, so that a crash loses as little
-        # as it can.  (The kernel's commits need not be atomic: _save_batched.)
+            return {"skipped": "%d names" % len(names), "slow": names}
+        # What is slow to save waits for the background commit (commit_slow) or the Run; the rest is
+        # committed now, so that a crash loses as little as it can.  (The kernel's commits need not be
+        # atomic: _save_batched.)
         slow = [n for n in names if n in ns and not _quick_to_save(ns[n])]
         names = [n for n in names if n not in slow]
         if slow and not names:
-            return {"skipped": "not quick to save: %s" % ", ".join(slow[:5])}
+            return {"skipped": "not quick to save: %s" % ", ".join(slow[:5]), "slow": slow}
         try:
             self._pull_procstate()  # a worker's newer state first, as before_gpu
             rep = self._push(names, modules=False)  # (a module's globals may be slow: the Run commits them)
@@ -862,7 +908,52 @@ class Coherence:
         out = {"saved": sorted(n for n in rep.saved if n != self._procstate().NAME)}
         if slow:
             out["skipped"] = "not quick to save: %s" % ", ".join(slow[:5])
+            out["slow"] = slow
         return out
+
+    def commit_slow(self):
+        """The kernel stayed idle LOOSELEAF_SLOW_COMMIT_IDLE_S after user code ran (the gateway's background
+        commit, after the idle commit): commit every dirty name, the slow to save ones included (big arrays,
+        models, nested containers), and the user modules' globals, so that a crash loses nothing.
+
+        It must never hold up a cell, and it runs on the interpreter's (the main) thread, so it gives way:
+        the Checkpointer asks _give_way before each variable is pickled, before each payload and between
+        the ~64 MiB pieces of a large one (the copies run with the GIL released), and before the commit;
+        when a request waits, the save is abandoned: nothing is published (a put is private until a commit
+        lists it), the payloads are given back, the names stay dirty, and the gateway tries again after
+        another idle spell.  So the committed version of a name is the one before or the whole new one.  A
+        thread would not do: the cell it gave way to would change the values under its copy.  What it
+        cannot split: pickling one variable's object graph (a nested container of millions of items) runs
+        in one piece.  Returns {"saved": [...]}, {"abandoned": true} or {"skipped": why}."""
+        if self.cp is None:
+            return {"skipped": "no store"}
+        try:
+            self._lost = self._lost_data() or self._lost
+        except Exception as e:  # noqa: BLE001 - the Run finds out
+            return {"skipped": _reason(e)}
+        if self._lost is not None:
+            return {"skipped": "the checkpoint store came back without its data"}
+        names = self._saveable(self.dirty)
+        if not names and not self._mods_dirty:
+            return {"saved": []}
+        try:
+            check = lambda: _give_way(self)  # noqa: E731
+            check()
+            self._pull_procstate()
+            rep = self._push(names, give_way=check)
+        except _GaveWay:
+            log.info("background commit of %s gave way to a request", ", ".join(names[:5]))
+            return {"abandoned": True}
+        except Exception as e:  # noqa: BLE001 - the Run commits instead
+            log.info("background commit failed", exc_info=True)
+            return {"skipped": _reason(e)}
+        finally:
+            self._keep_history()
+            self._note_state()
+        if rep.error:
+            return {"skipped": rep.error}
+        self.dirty -= set(rep.saved) | set(rep.unchanged) | set(rep.deleted)
+        return {"saved": sorted(n for n in rep.saved if n != self._procstate().NAME)}
 
     # ---- around GPU cells ----------------------------------------------------------------------------
     def before_gpu(self, plan):
@@ -1182,6 +1273,7 @@ def at_risk(coh, committed):
             if not name.startswith("_"):
                 out[name] = "no store outlives a kernel run for no known notebook (JPY_SESSION_NAME)"
         return out
+    slow_s = slow_commit_idle_s()
     for name, h in coh.home.items():
         if h.get("kind") == "held":
             out[name] = "%s, living only in worker %s: no store can hold it" % (h.get("what"), h.get("pid"))
@@ -1194,6 +1286,11 @@ def at_risk(coh, committed):
             out[name] = "%s: no store can hold it" % what
         elif _quick_to_save(value):
             out[name] = "not committed yet: committed once the kernel is idle"
+        elif slow_s:
+            out[name] = ("slow to save, %s: committed in the background once the kernel is idle %g s "
+                         "(LOOSELEAF_SLOW_COMMIT_IDLE_S), or by the next GPU cell's Run"
+                         % ("its newest version not committed yet" if name in committed else "never committed",
+                            slow_s))
         else:
             out[name] = ("slow to save, so not committed when idle: committed by the next GPU cell's Run"
                          if name in committed else "slow to save, never committed: the next GPU cell's Run "

@@ -366,13 +366,28 @@ class Kernel:
                 self.coherence._rebound_here(bound)
 
     @contextlib.contextmanager
+    def _coh_for_subshell(self):
+        """_coh_lock for a subshell's code, listed while it waits: the background commit, which holds the
+        lock, gives way to it (coherence.commit_slow).  (list.append/pop: atomic under the GIL.)"""
+        waiting = self.coherence.subshells_waiting
+        waiting.append(None)
+        try:
+            self._coh_lock.acquire()
+        finally:
+            waiting.pop()
+        try:
+            yield
+        finally:
+            self._coh_lock.release()
+
+    @contextlib.contextmanager
     def _subshell_code(self, code):
         """User code on a subshell (a cell, a comm's callback): the variables CODE names come up to date
         from the store where a worker changed them, as a CPU cell's closure does, and what the code rebinds
         is handed to the main thread (_merge_subshell_changes).  In-place changes are as invisible as in a
         widget's callback (coherence.untracked_code)."""
         coh = self.coherence
-        with self._coh_lock:
+        with self._coh_for_subshell():
             try:
                 coh.refresh_for(code)
             except Exception:  # noqa: BLE001 - the cell still runs on the values the kernel holds
@@ -392,7 +407,8 @@ class Kernel:
                                                dict(after, **after_mods), None)
 
     _LOCKED_TYPES = frozenset(("complete_request", "inspect_request", "looseleaf_before_gpu",
-                               "looseleaf_after_gpu", "looseleaf_commit_idle", "looseleaf_home_lost"))
+                               "looseleaf_after_gpu", "looseleaf_commit_idle", "looseleaf_commit_slow",
+                               "looseleaf_home_lost"))
 
     def handle(self, msg_type, content_json, parent_json, metadata_json="{}", buffers=(), route_json=None):
         """Run one request (API.md); returns (reply_json or None, metadata_json or None)."""
@@ -645,6 +661,9 @@ class Kernel:
 
     def looseleaf_commit_idle(self, content, parent):
         return dumps(self.coherence.commit_idle()), None
+
+    def looseleaf_commit_slow(self, content, parent):
+        return dumps(self.coherence.commit_slow()), None
 
     def looseleaf_home_lost(self, content, parent):
         return dumps(self.coherence.home_lost(content)), None

@@ -47,6 +47,10 @@ from .serial import (MemIndex, NeedOwner, SaveContext, Unpickler, blob_digest, p
 
 _cell_counter = itertools.count(1)
 
+# A save that may give way (save(give_way=...)) puts payloads larger than this in pieces of about this size,
+# asking between them: at memcpy speed one piece is ~10 ms of copying.
+_PIECE_BYTES = 64 << 20
+
 
 def _names(names):
     if isinstance(names, (str, bytes)):
@@ -184,6 +188,7 @@ class Checkpointer:
         self._mapped_purge = 64
         self._devh = devsave.Hashes()  # device hashes of the payloads device storages were saved as
         self._put_dirty = True  # whether put_payload takes dirty= (regions known written)
+        self._give_way = None  # during a save(give_way=...): its check
         # Restore CUDA tensors on the CPU without asking CUDA anything: the kernel process, which must
         # never hold a CUDA context (only workers do), sets this.
         self.cpu_only = False
@@ -320,12 +325,18 @@ class Checkpointer:
         return False
 
     # ---- save ----------------------------------------------------------------------------------------
-    def save(self, names, cell_id=None, stand_in=None, all_or_none=False, sync=True):
-        """Save NAMES (see _save)."""
+    def save(self, names, cell_id=None, stand_in=None, all_or_none=False, sync=True, give_way=None):
+        """Save NAMES (see _save).  GIVE_WAY, when given, is called before each variable is pickled, before
+        each payload is put and between the pieces of a large one (_put_in_pieces), and right before the
+        commit: it raises (a BaseException, like KeyboardInterrupt) to abandon the save, which then commits
+        nothing and gives back every payload it wrote (the kernel's background commit, which must never
+        hold up a cell: looseleaf_kernel/coherence.py, commit_slow)."""
         ctxs = self._save_ctxs = []
+        self._give_way = give_way
         try:
             return self._save(names, cell_id, stand_in, all_or_none, sync)
         finally:
+            self._give_way = None
             # A save's context and its pickler refer to each other: left to the cyclic GC, the objects the
             # context indexes (arrays over a mapping of a version this process read) would keep that
             # version's leases, and with them its pool space, until a collection happens to run.
@@ -370,6 +381,8 @@ class Checkpointer:
             self._save_ctxs.append(ctx)
             res, failed, need, standins = {}, {}, None, {}
             for n in order:
+                if self._give_way is not None:
+                    self._give_way()
                 try:
                     pk = pickle_var(ctx, n, ns[n])
                 except NeedOwner as e:
@@ -472,6 +485,8 @@ class Checkpointer:
         versions = {}
         if writes or deletes:
             try:
+                if self._give_way is not None:
+                    self._give_way()  # the last point where abandoning costs nothing but the copies
                 versions = self.store.commit(cell_id, writes, deletes)
             except BaseException as e:
                 self._discard(fresh)
@@ -530,6 +545,10 @@ class Checkpointer:
                 pass
 
     def _put(self, buf, base, dirty):
+        if self._give_way is not None:
+            self._give_way()
+            if memoryview(buf).nbytes > _PIECE_BYTES:
+                return self._put_in_pieces(buf, base, dirty)
         if dirty is not None and self._put_dirty:
             try:
                 return self.store.put_payload(buf, base=base, dirty=dirty)
@@ -542,6 +561,35 @@ class Checkpointer:
                 raise
             # The base was superseded by another process's commit and reclaimed: write it all.
             return self.store.put_payload(buf)
+
+    def _put_in_pieces(self, buf, base, dirty):
+        """_put, through a payload writer in pieces of about _PIECE_BYTES, asking _give_way between them: a
+        save that may give way holds up what it gives way to by one piece's copy at most (~10 ms), not the
+        whole payload's.  Same results as put_payload; abandoned, the writer gives its regions back."""
+        try:
+            w = self.store.payload_writer(memoryview(buf).nbytes, base=base,
+                                          dirty=dirty if self._put_dirty else None)
+        except Exception as e:
+            if base is None or type(e).__name__ != "PayloadGoneError":
+                raise
+            w = self.store.payload_writer(memoryview(buf).nbytes)
+        try:
+            mv = memoryview(buf).cast("B")
+            per = max(1, _PIECE_BYTES // self._region_bytes)
+            needed = sorted(w.needed)
+            i = 0
+            while i < len(needed):
+                run = [needed[i]]  # consecutive regions, one contiguous slice of BUF
+                while len(run) < per and i + len(run) < len(needed) and needed[i + len(run)] == run[-1] + 1:
+                    run.append(needed[i + len(run)])
+                w.write(run, mv[run[0] * self._region_bytes:(run[-1] + 1) * self._region_bytes])
+                i += len(run)
+                if i < len(needed):
+                    self._give_way()
+            return w.finish()
+        except BaseException:
+            w.abort()
+            raise
 
     def _payload_buffer(self, meta, obj):
         if meta[0] != "s":
@@ -596,6 +644,7 @@ class Checkpointer:
         oldm = st.pmeta if st is not None else []
         oldt = st.track if st is not None else {}
         out, new, written, tracks = [], [], 0, {}
+        made = []  # subscriptions this call started: an abandoned save must not leave them tracking
         try:
             for k, (meta, obj) in enumerate(pk.payloads):
                 base = oldp[k] if k < len(oldp) and tuple(oldm[k]) == tuple(meta) else None
@@ -625,6 +674,8 @@ class Checkpointer:
                         and (own[1], meta[1]) not in self._untrackable):
                     # Start tracking before the copy, so a write during it shows next time.
                     sub = self._wp.subscribe(own[1], meta[1])
+                    if sub is not None:
+                        made.append(sub)
                     if sub is None:
                         if len(self._untrackable) > 4096:
                             self._untrackable.clear()
@@ -658,6 +709,8 @@ class Checkpointer:
                     self.store.discard(r)
                 except Exception:
                     pass
+            for sub in made:
+                self._wp.unsubscribe(sub)
             raise
         return out, written, new, tracks
 
