@@ -4,7 +4,7 @@ pause still prefetch once LOOSELEAF_PREFETCH_MAX_WAIT_MS (default 1000 ms) passe
 import time
 import uuid
 
-from pfhelp import run_cpu, run_gpu
+from pfhelp import run_cpu, run_gpu, wait_for
 
 
 def test_pf_burst_of_hints_makes_one_prefetch_latest_wins(pool):
@@ -52,9 +52,22 @@ def test_pf_no_debounce_each_gpu_hint_prefetches_cpu_hints_none(pool):
         before = len(pool.prefetches())
         for code in ["b1 + b2", "print(int((w * b1).sum()))", "b2 * 3", "print(int((w * b2).sum()))"]:
             k.reply(k.send("is_complete_request", {"code": code}))
+        # The hints' prefetches are sent from the kernel's loop, after their replies, and run in the pool in
+        # the background: the Run comes once the pool has started one and none is in flight, for a whole
+        # second (on a loaded machine the second hint's may still be on its way when the replies are in).
+        settled = []
+
+        def quiet():
+            started = pool.prefetches()[before:]
+            busy = any(r["id"].startswith("pf-") for r in pool.stats()["runs"])
+            settled[:] = settled + [time.monotonic()] if started and not busy else []
+            return settled and settled[-1] - settled[0] >= 1.0
+        wait_for(quiet, 60, "the GPU hints' prefetches to be prepared")
         md, out = run_gpu(k, "print(int((w * b2).sum()))")
         assert out == "20\n" and md["prepared_by_prefetch"] and "b2" not in md["restored"], md
-        assert [w for _, w in pool.prefetches()[before:]] == [pid, pid], "two GPU hints, two prefetches"
+        # Each GPU hint sends its own prefetch; the second replaces the first, which the pool may not have
+        # started yet (then one started, else two); the CPU hints send none (else up to four).
+        assert [w for _, w in pool.prefetches()[before:]] in ([pid], [pid, pid]), pool.prefetches()[before:]
     finally:
         k.stop()
 
